@@ -1,0 +1,1 @@
+//! Login/text key=value segments and the RFC 7143 negotiation rules.
