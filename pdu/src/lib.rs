@@ -4,7 +4,22 @@
 //! It knows the iSCSI PDUs of RFC 7143, the iSER header of RFC 7145, the
 //! login/text keys and their negotiation, and the SCSI structures (CDBs,
 //! sense data, VPD pages) that a target and an initiator exchange.
+//!
+//! Decoding never panics on any input, and every length read from the wire
+//! is checked against the buffer and the negotiated limits before use.
 #![forbid(unsafe_code)]
 
+pub mod digest;
+mod error;
+pub mod framing;
+pub mod iser;
 pub mod keys;
+pub mod pdu;
 pub mod scsi;
+pub mod serial;
+
+pub use digest::Digests;
+pub use error::DecodeError;
+pub use framing::{Frame, FrameDecoder, FrameSize};
+pub use pdu::codes::{LoginStatus, Stage};
+pub use pdu::{Ahs, Bhs, Lun, Opcode, Pdu};
