@@ -301,3 +301,57 @@ fn lun_addressing() {
     }
     assert_eq!(Lun([0x80, 0, 0, 0, 0, 0, 0, 0]).index(), None);
 }
+
+mod iser {
+    use blockwire_pdu::iser::{IserHeader, RemoteBuffer, ISER_HEADER_LEN};
+    use proptest::prelude::*;
+
+    fn remote() -> impl Strategy<Value = Option<RemoteBuffer>> {
+        proptest::option::of(
+            (any::<u32>(), any::<u64>()).prop_map(|(stag, base_offset)| RemoteBuffer { stag, base_offset }),
+        )
+    }
+
+    fn any_iser() -> impl Strategy<Value = IserHeader> {
+        prop_oneof![
+            (remote(), remote()).prop_map(|(write, read)| IserHeader::Control { write, read }),
+            (0u8..16, 0u8..16, any::<u16>()).prop_map(|(max_version, min_version, ird)| {
+                IserHeader::Hello { max_version, min_version, ird }
+            }),
+            (any::<bool>(), 0u8..16, 0u8..16, any::<u16>()).prop_map(
+                |(reject, max_version, current_version, ord)| IserHeader::HelloReply {
+                    reject,
+                    max_version,
+                    current_version,
+                    ord,
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn roundtrip(h in any_iser()) {
+            prop_assert_eq!(IserHeader::decode(&h.encode()).unwrap(), h);
+        }
+
+        #[test]
+        fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let _ = IserHeader::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn control_header_layout() {
+        // RFC 7145 §9.2: opcode 0x1 in the high nibble, then WSV and RSV.
+        let h = IserHeader::Control {
+            write: Some(RemoteBuffer { stag: 0x11223344, base_offset: 0x1000 }),
+            read: None,
+        };
+        let b = h.encode();
+        assert_eq!(b.len(), ISER_HEADER_LEN);
+        assert_eq!(b[0], 0x18);
+        assert_eq!(&b[4..8], &[0x11, 0x22, 0x33, 0x44]);
+        assert_eq!(&b[8..16], &[0, 0, 0, 0, 0, 0, 0x10, 0]);
+    }
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The test command of the README: every test of the repository.
+#
+# Needs the Debian packages that .ci/run installs (libiscsi-bin, tgt,
+# open-iscsi, tshark, ...). Starts its own servers on free 127.0.0.1 ports
+# and stops them by PID.
+#   FUZZ_RUNS=N   executions per fuzz target in the fuzz smoke (default 200000; 0 skips)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==== %s\n' "$*"; }
+
+step "format"
+cargo fmt --all -- --check
+
+step "build (debug, all targets)"
+cargo build --workspace --all-targets
+
+step "unit, property, golden and end-to-end tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast
+fi
+# nextest does not run doctests.
+cargo test --workspace --doc
+
+step "interop scripts"
+for t in interop/test-*.sh; do
+  [ -x "$t" ] || continue
+  echo "-- $t"
+  timeout 600 "$t"
+done
+
+runs="${FUZZ_RUNS:-200000}"
+if [ "$runs" != 0 ]; then
+  step "fuzz smoke: $runs executions per target"
+  if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install --locked cargo-fuzz
+  fi
+  for fuzzdir in */fuzz; do
+    (
+      cd "$fuzzdir"
+      for target in $(RUSTC_BOOTSTRAP=1 cargo fuzz list); do
+        echo "-- $fuzzdir $target"
+        RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_len=4096 2>&1 | tail -n 2
+        test "${PIPESTATUS[0]}" = 0
+      done
+    )
+  done
+fi
+
+step "all tests passed"
