@@ -1,1 +1,10 @@
-//! Placeholder: see README status.
+//! blockwire's iSCSI target.
+//!
+//! Three layers, as in LIO and SPDK: `scsi` emulates SCSI block devices and
+//! knows nothing of iSCSI; `backstore` stores blocks; `iscsi` is the fabric
+//! (portals, login, authentication, discovery, sessions, the command
+//! lifecycle). `scsi` never imports from `iscsi`.
+
+pub mod backstore;
+pub mod iscsi;
+pub mod scsi;

@@ -1,0 +1,129 @@
+//! What the fabric serves: targets, their portal groups, access lists,
+//! CHAP credentials and logical units. Built from the configuration by the
+//! daemon; read by login, discovery and sessions.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::scsi::LunTable;
+
+/// One CHAP credential: a user name and its secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ChapSecret {
+    /// CHAP_N.
+    pub user: String,
+    /// The shared secret (never logged).
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ChapSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapSecret")
+            .field("user", &self.user)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+/// How initiators authenticate to a target (or to discovery).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthPolicy {
+    /// Credentials initiators may use (one-way CHAP). Empty: no CHAP, AuthMethod=None.
+    pub incoming: Vec<ChapSecret>,
+    /// Per-initiator credentials: (InitiatorName, credential). Checked
+    /// before `incoming` when the initiator's name matches.
+    pub per_initiator: Vec<(String, ChapSecret)>,
+    /// The target's own credential for mutual CHAP, if it offers it.
+    pub outgoing: Option<ChapSecret>,
+    /// CHAP algorithms accepted, in the target's order of preference when
+    /// the initiator leaves a choice (IANA numbers: 5 MD5, 6 SHA1, 7 SHA-256, 8 SHA3-256).
+    pub algorithms: Vec<u8>,
+}
+
+impl AuthPolicy {
+    /// Whether CHAP is required.
+    pub fn requires_chap(&self) -> bool {
+        !self.incoming.is_empty() || !self.per_initiator.is_empty()
+    }
+
+    /// The secrets an initiator may prove knowledge of.
+    pub fn credentials_for<'a>(&'a self, initiator_name: &'a str) -> impl Iterator<Item = &'a ChapSecret> + 'a {
+        let own: Vec<&ChapSecret> = self
+            .per_initiator
+            .iter()
+            .filter(|(name, _)| name == initiator_name)
+            .map(|(_, c)| c)
+            .collect();
+        let fallback = own.is_empty();
+        own.into_iter()
+            .chain(self.incoming.iter().filter(move |_| fallback))
+    }
+}
+
+/// A group of portals sharing one target portal group tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortalGroup {
+    /// Target Portal Group Tag.
+    pub tag: u16,
+    /// Addresses the group listens on.
+    pub addresses: Vec<SocketAddr>,
+}
+
+/// Which initiators may see and log in to a target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acl {
+    /// Any initiator.
+    Any,
+    /// Only these InitiatorNames (compared case-insensitively, as iSCSI names are).
+    Only(Vec<String>),
+}
+
+impl Acl {
+    /// Whether `initiator_name` may access the target.
+    pub fn allows(&self, initiator_name: &str) -> bool {
+        match self {
+            Acl::Any => true,
+            Acl::Only(names) => names.iter().any(|n| n.eq_ignore_ascii_case(initiator_name)),
+        }
+    }
+}
+
+/// One iSCSI target.
+#[derive(Debug)]
+pub struct TargetEntry {
+    /// iSCSI name (iqn./eui./naa.).
+    pub name: String,
+    /// TargetAlias, if any.
+    pub alias: Option<String>,
+    /// Tags of the portal groups it is reachable through.
+    pub portal_groups: Vec<u16>,
+    /// Access control.
+    pub acl: Acl,
+    /// Authentication for normal sessions to this target.
+    pub auth: AuthPolicy,
+    /// Its logical units.
+    pub luns: Arc<LunTable>,
+}
+
+/// Everything the fabric serves.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    /// Portal groups.
+    pub portal_groups: Vec<PortalGroup>,
+    /// Targets.
+    pub targets: Vec<Arc<TargetEntry>>,
+    /// Authentication for discovery sessions.
+    pub discovery_auth: AuthPolicy,
+}
+
+impl Catalog {
+    /// The target with this name (iSCSI names compare case-insensitively).
+    pub fn target(&self, name: &str) -> Option<&Arc<TargetEntry>> {
+        self.targets.iter().find(|t| t.name.eq_ignore_ascii_case(name))
+    }
+
+    /// The portal group with this tag.
+    pub fn portal_group(&self, tag: u16) -> Option<&PortalGroup> {
+        self.portal_groups.iter().find(|g| g.tag == tag)
+    }
+}

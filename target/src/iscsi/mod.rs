@@ -1,0 +1,4 @@
+//! The iSCSI fabric: portals, login, authentication, discovery, sessions
+//! and the command lifecycle over TCP.
+
+pub mod catalog;
