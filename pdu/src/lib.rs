@@ -9,6 +9,7 @@
 //! is checked against the buffer and the negotiated limits before use.
 #![forbid(unsafe_code)]
 
+pub mod chap;
 pub mod digest;
 mod error;
 pub mod framing;
