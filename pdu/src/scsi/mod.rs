@@ -1,1 +1,49 @@
 //! SCSI wire types shared by target and initiator: CDBs, sense data, status, VPD pages.
+//!
+//! Everything here is a pure codec over byte slices (SPC-4, SBC-3, SAM-5):
+//! no I/O, no `unsafe`, and no panics on any input. Decoders of untrusted
+//! bytes (`Cdb::decode`, `Sense::decode`, `parse_sense_segment`,
+//! `StandardInquiry::decode`, `VpdPage::decode`, `ReadCapacity10::decode`,
+//! `ReadCapacity16::decode`, `Lun::decode`, `ReportLuns::decode`,
+//! `ModeParameters::decode6/decode10`, `UnmapList::decode`,
+//! `PrOutData::decode`) are the fuzz entry points.
+
+pub mod asc;
+pub mod capacity;
+pub mod cdb;
+pub mod error;
+pub mod inquiry;
+pub mod lun;
+pub mod mode;
+pub mod opcode;
+pub mod param;
+pub mod sense;
+pub mod status;
+pub mod vpd;
+mod wire;
+
+pub use asc::{asc_name, Asc};
+pub use capacity::{ReadCapacity10, ReadCapacity16};
+pub use cdb::{
+    Cdb, CdbError, CdbSize, DataDirection, PageControl, PrInAction, PrOutAction, PrType, Rw,
+    TransferLength,
+};
+pub use error::DataError;
+pub use inquiry::{Peripheral, StandardInquiry};
+pub use lun::{Lun, ReportLuns};
+pub use mode::{
+    BlockDescriptor, CachingPage, ControlPage, InformationalExceptionsPage, ModeHeader, ModePage,
+    ModeParameters,
+};
+pub use param::{
+    PrOutData, PrOutParameters, RegisterAndMoveParameters, TransportId, UnmapDescriptor, UnmapList,
+};
+pub use sense::{
+    parse_sense_segment, sense_segment, split_sense_segment, FieldPointer, Sense, SenseError,
+    SenseFormat, SenseKey, SenseKeySpecific,
+};
+pub use status::ScsiStatus;
+pub use vpd::{
+    Association, BlockDeviceCharacteristics, BlockLimits, CodeSet, Designator, DesignatorId,
+    ExtendedInquiry, LogicalBlockProvisioning, Naa, Vpd, VpdPage,
+};
