@@ -47,7 +47,10 @@ impl AuthPolicy {
     }
 
     /// The secrets an initiator may prove knowledge of.
-    pub fn credentials_for<'a>(&'a self, initiator_name: &'a str) -> impl Iterator<Item = &'a ChapSecret> + 'a {
+    pub fn credentials_for<'a>(
+        &'a self,
+        initiator_name: &'a str,
+    ) -> impl Iterator<Item = &'a ChapSecret> + 'a {
         let own: Vec<&ChapSecret> = self
             .per_initiator
             .iter()
@@ -119,7 +122,9 @@ pub struct Catalog {
 impl Catalog {
     /// The target with this name (iSCSI names compare case-insensitively).
     pub fn target(&self, name: &str) -> Option<&Arc<TargetEntry>> {
-        self.targets.iter().find(|t| t.name.eq_ignore_ascii_case(name))
+        self.targets
+            .iter()
+            .find(|t| t.name.eq_ignore_ascii_case(name))
     }
 
     /// The portal group with this tag.

@@ -2,3 +2,69 @@
 //! and the command lifecycle over TCP.
 
 pub mod catalog;
+// pub mod connection;
+pub mod datain;
+pub mod dataout;
+pub mod io;
+// pub mod portal;
+pub mod response;
+pub mod session;
+pub mod window;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub use catalog::Catalog;
+pub use session::SessionTable;
+
+/// Tunables of the fabric, with defaults suited to Linux initiators.
+#[derive(Debug, Clone)]
+pub struct FabricSettings {
+    /// Commands a session may have in flight (the CmdSN window).
+    pub queue_depth: u32,
+    /// Largest data transfer of one command the target will buffer.
+    pub max_io_bytes: u32,
+    /// Interval of NOP-In keepalive pings; None disables them.
+    pub nop_interval: Option<Duration>,
+    /// A connection whose initiator leaves a ping unanswered this long is dropped.
+    pub nop_timeout: Duration,
+    /// Time a login may take between PDUs.
+    pub login_timeout: Duration,
+    /// Time initiators get to log out when the target shuts down.
+    pub logout_grace: Duration,
+}
+
+impl Default for FabricSettings {
+    fn default() -> Self {
+        FabricSettings {
+            queue_depth: 128,
+            max_io_bytes: 32 << 20,
+            nop_interval: Some(Duration::from_secs(15)),
+            nop_timeout: Duration::from_secs(30),
+            login_timeout: Duration::from_secs(15),
+            logout_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+impl FabricSettings {
+    /// The CmdSN window offered at login.
+    pub fn login_window(&self) -> u32 {
+        self.queue_depth
+    }
+}
+
+/// The shared state of every connection.
+#[derive(Debug)]
+pub struct Fabric {
+    /// What is served.
+    pub catalog: Arc<Catalog>,
+    /// Live sessions.
+    pub sessions: SessionTable,
+    /// Tunables.
+    pub settings: FabricSettings,
+    /// Turns true when the daemon shuts down.
+    pub shutdown: watch::Receiver<bool>,
+}

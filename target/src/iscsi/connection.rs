@@ -1,0 +1,803 @@
+//! One TCP connection: login, then the full-feature phase.
+//!
+//! The reader (this task) decodes PDUs and drives the sans-IO pieces:
+//! the login machine, the CmdSN window, write-data collectors and text
+//! exchanges. SCSI commands run on the blocking pool; their PDUs go to a
+//! writer task through a bounded channel. The writer stamps StatSN,
+//! ExpCmdSN and MaxCmdSN as PDUs leave, so numbering follows send order.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use blockwire_pdu::keys::{Digest, SessionParams};
+use blockwire_pdu::pdu::codes::{
+    AsyncEvent, LogoutReason, LogoutResponseCode, RejectReason, TmfFunction, TmfResponse,
+};
+use blockwire_pdu::pdu::{
+    AsyncMessage, DataOut, LogoutRequest, LogoutResponse, NopIn, NopOut, R2t, Reject,
+    ScsiCommand, TaskMgmtRequest, TaskMgmtResponse, RESERVED_TAG,
+};
+use blockwire_pdu::{Bhs, DecodeError, Digests, FrameDecoder, Lun, Pdu};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use super::dataout::{WriteCollector, WriteLimits};
+use super::io::{advances_stat_sn, stamp, PduReader, PduWriter, ReadError};
+use super::login::{LoginMachine, LoginStep};
+use super::response::{response_pdus, status_only, DataInLimits};
+use super::session::{Session, SessionError, SessionRequest};
+use super::text::TextExchange;
+use super::window::{Admission, CmdWindow};
+use super::Fabric;
+use crate::scsi::{LunTable, ScsiRequest};
+
+/// CHECK CONDITION.
+const CHECK_CONDITION: u8 = 0x02;
+
+/// A PDU or an instruction for the writer task.
+#[derive(Debug)]
+enum Outgoing {
+    /// Stamp and send.
+    Pdu(Pdu),
+    /// Flush, then close the connection.
+    Close,
+}
+
+/// State shared by the reader, the writer and running commands.
+struct Shared {
+    window: Mutex<CmdWindow<Admitted>>,
+    tasks: Mutex<HashMap<u32, TaskInfo>>,
+}
+
+impl Shared {
+    fn complete(&self) {
+        self.window.lock().unwrap_or_else(|e| e.into_inner()).complete();
+    }
+}
+
+/// A running SCSI task, as task management sees it.
+#[derive(Debug, Clone)]
+struct TaskInfo {
+    lun: u16,
+    aborted: Arc<AtomicBool>,
+}
+
+/// A PDU that took a CmdSN and waits for its turn.
+#[derive(Debug)]
+enum Admitted {
+    Scsi(Pdu),
+    Nop(Pdu),
+    Text(Pdu),
+    Tmf(TaskMgmtRequest),
+    Logout(LogoutRequest),
+}
+
+/// Serves one accepted connection until it ends.
+pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
+    let peer = stream.peer_addr().ok();
+    let local = match stream.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            warn!(error = %e, "connection without a local address");
+            return;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    let mut reader = PduReader::new(rd);
+    let mut writer = PduWriter::new(wr);
+    let Some((session, login_exp_cmd_sn, stat_sn)) =
+        login(&fabric, &mut reader, &mut writer, tpgt, local, peer).await
+    else {
+        let _ = writer.shutdown().await;
+        return;
+    };
+    let generation = session.generation();
+    info!(
+        tsih = session.tsih,
+        initiator = %session.initiator_name,
+        target = session.target.as_ref().map(|t| t.name.as_str()).unwrap_or("discovery"),
+        ?peer,
+        "login complete: full feature phase"
+    );
+    full_feature(&fabric, &session, reader, writer, login_exp_cmd_sn, stat_sn, local).await;
+    fabric.sessions.detach(&session, generation);
+    if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
+        t.luns.nexus_lost(nexus);
+    }
+    info!(tsih = session.tsih, initiator = %session.initiator_name, "connection closed");
+}
+
+/// Runs the login phase. Returns the session, ExpCmdSN and the next StatSN.
+async fn login(
+    fabric: &Arc<Fabric>,
+    reader: &mut PduReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: &mut PduWriter<tokio::net::tcp::OwnedWriteHalf>,
+    tpgt: u16,
+    local: SocketAddr,
+    peer: Option<SocketAddr>,
+) -> Option<(Arc<Session>, u32, u32)> {
+    let mut machine = LoginMachine::new(fabric.catalog.clone(), tpgt, local, fabric.settings.login_window());
+    loop {
+        let pdu = match tokio::time::timeout(fabric.settings.login_timeout, reader.next()).await {
+            Err(_) => {
+                info!(?peer, "login timed out");
+                return None;
+            }
+            Ok(Ok(Some(p))) => p,
+            Ok(Ok(None)) => return None,
+            Ok(Err(e)) => {
+                info!(?peer, error = %e, "login aborted");
+                return None;
+            }
+        };
+        let Bhs::LoginRequest(req) = pdu.bhs else {
+            info!(?peer, opcode = ?pdu.bhs.opcode(), "non-login PDU during login: closing");
+            return None;
+        };
+        match machine.on_request(&req, &pdu.data) {
+            LoginStep::Respond(resp) => {
+                writer.push(&resp).await.ok()?;
+                writer.flush().await.ok()?;
+            }
+            LoginStep::Fail(resp) => {
+                let _ = writer.push(&resp).await;
+                let _ = writer.flush().await;
+                return None;
+            }
+            LoginStep::Complete(outcome) => {
+                let request = SessionRequest {
+                    initiator_name: outcome.initiator_name.clone(),
+                    isid: outcome.isid,
+                    tsih: outcome.tsih_requested,
+                    cid: outcome.cid,
+                    target: outcome.target.clone(),
+                    tpgt,
+                    params: outcome.params.clone(),
+                };
+                let window = fabric.settings.queue_depth;
+                match fabric.sessions.attach(request) {
+                    Ok(session) => {
+                        let stat_sn = machine.next_stat_sn();
+                        let resp = machine.final_response(
+                            session.tsih,
+                            outcome.exp_cmd_sn.wrapping_add(window).wrapping_sub(1),
+                        );
+                        writer.push(&resp).await.ok()?;
+                        writer.flush().await.ok()?;
+                        return Some((session, outcome.exp_cmd_sn, stat_sn));
+                    }
+                    Err(e) => {
+                        info!(?peer, error = %e, "login refused by the session table");
+                        let status = match e {
+                            SessionError::DoesNotExist(_) => blockwire_pdu::LoginStatus::SESSION_DOES_NOT_EXIST,
+                            SessionError::TooManyConnections => blockwire_pdu::LoginStatus::TOO_MANY_CONNECTIONS,
+                            SessionError::OutOfResources => blockwire_pdu::LoginStatus::OUT_OF_RESOURCES,
+                        };
+                        let _ = writer.push(&machine.reject(status)).await;
+                        let _ = writer.flush().await;
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn digests_of(params: &SessionParams) -> Digests {
+    Digests {
+        header: params.header_digest == Digest::Crc32c,
+        data: params.data_digest == Digest::Crc32c,
+    }
+}
+
+/// Everything the reader needs while in full feature phase.
+struct Conn<'a> {
+    fabric: &'a Arc<Fabric>,
+    session: &'a Arc<Session>,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Outgoing>,
+    collectors: HashMap<u32, Collecting>,
+    text: TextExchange,
+    limits: DataInLimits,
+    write_limits: WriteLimits,
+    next_ttt: u32,
+    /// TTT of our NOP-In ping still unanswered, and when it was sent.
+    ping: Option<(u32, tokio::time::Instant)>,
+    logout_requested: bool,
+}
+
+/// A WRITE waiting for its data.
+struct Collecting {
+    cmd: ScsiCommand,
+    cdb: Vec<u8>,
+    collector: WriteCollector,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn full_feature(
+    fabric: &Arc<Fabric>,
+    session: &Arc<Session>,
+    mut reader: PduReader<tokio::net::tcp::OwnedReadHalf>,
+    mut writer: PduWriter<tokio::net::tcp::OwnedWriteHalf>,
+    exp_cmd_sn: u32,
+    first_stat_sn: u32,
+    local: SocketAddr,
+) {
+    let params = &session.params;
+    let digests = digests_of(params);
+    reader.framer = FrameDecoder::new(params.target_max_recv_data_segment_length, digests);
+    writer.digests = digests;
+    let shared = Arc::new(Shared {
+        window: Mutex::new(CmdWindow::new(exp_cmd_sn, fabric.settings.queue_depth)),
+        tasks: Mutex::new(HashMap::new()),
+    });
+    // Room for a full window of responses plus their Data-In PDUs.
+    let (tx, rx) = mpsc::channel::<Outgoing>(1024);
+    let writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), first_stat_sn));
+
+    let mut conn = Conn {
+        fabric,
+        session,
+        shared: shared.clone(),
+        tx: tx.clone(),
+        collectors: HashMap::new(),
+        text: TextExchange::new(fabric.catalog.clone(), session.target.clone(), &session.initiator_name, local, params),
+        limits: DataInLimits {
+            max_recv_data_segment_length: params.initiator_max_recv_data_segment_length,
+            max_burst_length: params.max_burst_length,
+        },
+        write_limits: WriteLimits {
+            first_burst_length: params.first_burst_length,
+            max_burst_length: params.max_burst_length,
+            initial_r2t: params.initial_r2t,
+            immediate_data: params.immediate_data,
+            max_outstanding_r2t: params.max_outstanding_r2t,
+            data_pdu_in_order: params.data_pdu_in_order,
+        },
+        next_ttt: 1,
+        ping: None,
+        logout_requested: false,
+    };
+
+    let mut stop = session.stop_signal();
+    let my_generation = session.generation();
+    let mut shutdown = fabric.shutdown.clone();
+    let mut nop_timer = tokio::time::interval(fabric.settings.nop_interval.unwrap_or(Duration::from_secs(3600)));
+    nop_timer.tick().await;
+    let mut logout_deadline: Option<tokio::time::Instant> = None;
+    if *shutdown.borrow() {
+        conn.request_logout().await;
+        logout_deadline = Some(tokio::time::Instant::now() + fabric.settings.logout_grace);
+    }
+
+    loop {
+        let deadline = logout_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
+        tokio::select! {
+            next = reader.next() => match next {
+                Ok(Some(pdu)) => {
+                    if !conn.handle(pdu).await {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(ReadError::Decode { error, header, skip }) => {
+                    let recoverable = skip.is_some() && matches!(error, DecodeError::UnknownOpcode(_));
+                    warn!(tsih = session.tsih, error = %error, "bad PDU");
+                    let reason = match error {
+                        DecodeError::UnknownOpcode(_) => RejectReason::CommandNotSupported,
+                        DecodeError::DataDigest { .. } => RejectReason::DataDigestError,
+                        _ => RejectReason::ProtocolError,
+                    };
+                    if !matches!(error, DecodeError::HeaderDigest { .. }) {
+                        conn.reject(reason, header.map(|h| h.to_vec()).unwrap_or_default()).await;
+                    }
+                    if !recoverable {
+                        break;
+                    }
+                }
+                Err(ReadError::Io(e)) => {
+                    debug!(tsih = session.tsih, error = %e, "connection read failed");
+                    break;
+                }
+            },
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() != my_generation {
+                    info!(tsih = session.tsih, "connection replaced or reset: closing");
+                    break;
+                }
+            }
+            _ = shutdown.changed(), if logout_deadline.is_none() => {
+                if *shutdown.borrow() {
+                    conn.request_logout().await;
+                    logout_deadline = Some(tokio::time::Instant::now() + fabric.settings.logout_grace);
+                }
+            }
+            _ = tokio::time::sleep_until(deadline), if logout_deadline.is_some() => {
+                info!(tsih = session.tsih, "initiator did not log out in time: closing");
+                break;
+            }
+            _ = nop_timer.tick(), if fabric.settings.nop_interval.is_some() => {
+                if let Some((_, sent)) = conn.ping {
+                    if sent.elapsed() >= fabric.settings.nop_timeout {
+                        warn!(tsih = session.tsih, initiator = %session.initiator_name, "no answer to NOP-In: dropping the connection");
+                        break;
+                    }
+                } else {
+                    conn.send_ping().await;
+                }
+            }
+        }
+    }
+    // Abort whatever is still running: its responses have nowhere to go.
+    for task in shared.tasks.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        task.aborted.store(true, Ordering::SeqCst);
+    }
+    let _ = tx.send(Outgoing::Close).await;
+    drop(conn);
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+}
+
+/// Sends PDUs in order, stamping sequence numbers as they leave.
+async fn write_loop(
+    mut writer: PduWriter<tokio::net::tcp::OwnedWriteHalf>,
+    mut rx: mpsc::Receiver<Outgoing>,
+    shared: Arc<Shared>,
+    mut stat_sn: u32,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        // Drain what is queued before flushing, so small PDUs share writes.
+        while let Some(item) = next.take() {
+            match item {
+                Outgoing::Close => {
+                    let _ = writer.shutdown().await;
+                    return;
+                }
+                Outgoing::Pdu(mut pdu) => {
+                    let (exp, max) = {
+                        let w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
+                        (w.exp_cmd_sn(), w.max_cmd_sn())
+                    };
+                    stamp(&mut pdu.bhs, stat_sn, exp, max);
+                    if advances_stat_sn(&pdu.bhs) {
+                        stat_sn = stat_sn.wrapping_add(1);
+                    }
+                    if writer.push(&pdu).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+        if writer.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = writer.shutdown().await;
+}
+
+impl Conn<'_> {
+    async fn send(&self, pdu: Pdu) {
+        let _ = self.tx.send(Outgoing::Pdu(pdu)).await;
+    }
+
+    async fn reject(&self, reason: RejectReason, header: Vec<u8>) {
+        let bhs = Bhs::Reject(Reject {
+            reason,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            data_sn_or_r2t_sn: 0,
+        });
+        self.send(Pdu::with_data(bhs, header)).await;
+    }
+
+    fn new_ttt(&mut self) -> u32 {
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        self.next_ttt
+    }
+
+    async fn send_ping(&mut self) {
+        let ttt = self.new_ttt();
+        self.ping = Some((ttt, tokio::time::Instant::now()));
+        self.send(Pdu::new(Bhs::NopIn(NopIn {
+            lun: Lun::default(),
+            itt: RESERVED_TAG,
+            ttt,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+        })))
+        .await;
+    }
+
+    async fn request_logout(&mut self) {
+        if self.logout_requested {
+            return;
+        }
+        self.logout_requested = true;
+        info!(tsih = self.session.tsih, "asking the initiator to log out");
+        let secs = self.fabric.settings.logout_grace.as_secs().min(3600) as u16;
+        self.send(Pdu::new(Bhs::AsyncMessage(AsyncMessage {
+            lun: Lun::default(),
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+            event: AsyncEvent::LogoutRequest,
+            vcode: 0,
+            parameter1: 0,
+            parameter2: 0,
+            parameter3: secs,
+        })))
+        .await;
+    }
+
+    /// Handles one PDU; false ends the connection.
+    async fn handle(&mut self, pdu: Pdu) -> bool {
+        let (cmd_sn, immediate, admitted) = match pdu.bhs {
+            Bhs::ScsiCommand(c) => (c.cmd_sn, c.immediate, Admitted::Scsi(pdu)),
+            Bhs::NopOut(n) => {
+                if n.itt == RESERVED_TAG {
+                    // The answer to our ping; it takes no CmdSN.
+                    if self.ping.is_some_and(|(ttt, _)| ttt == n.ttt) {
+                        self.ping = None;
+                    }
+                    return true;
+                }
+                (n.cmd_sn, n.immediate, Admitted::Nop(pdu))
+            }
+            Bhs::TextRequest(t) => (t.cmd_sn, t.immediate, Admitted::Text(pdu)),
+            Bhs::TaskMgmtRequest(t) => (t.cmd_sn, t.immediate, Admitted::Tmf(t)),
+            Bhs::LogoutRequest(l) => (l.cmd_sn, l.immediate, Admitted::Logout(l)),
+            Bhs::DataOut(d) => return self.data_out(d, pdu.data).await,
+            Bhs::SnackRequest(_) => {
+                // ErrorRecoveryLevel 0: no SNACK support.
+                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec()).await;
+                return true;
+            }
+            _ => {
+                warn!(tsih = self.session.tsih, opcode = ?pdu.bhs.opcode(), "unexpected PDU in full feature phase");
+                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, pdu.data.len() as u32).to_vec()).await;
+                return true;
+            }
+        };
+        let admission = self
+            .shared
+            .window
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(cmd_sn, immediate, admitted);
+        match admission {
+            Admission::Dropped => {
+                debug!(tsih = self.session.tsih, cmd_sn, "CmdSN outside the window: dropped");
+                true
+            }
+            Admission::Queued => true,
+            Admission::Deliver(items) => {
+                for item in items {
+                    if !self.dispatch(item).await {
+                        return false;
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    async fn dispatch(&mut self, item: Admitted) -> bool {
+        match item {
+            Admitted::Scsi(pdu) => {
+                self.scsi_command(pdu).await;
+                true
+            }
+            Admitted::Nop(pdu) => {
+                let Bhs::NopOut(NopOut { lun, itt, .. }) = pdu.bhs else { unreachable!() };
+                self.shared.complete();
+                let reply = Bhs::NopIn(NopIn {
+                    lun,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    stat_sn: 0,
+                    exp_cmd_sn: 0,
+                    max_cmd_sn: 0,
+                });
+                // The ping data comes back as it was sent.
+                self.send(Pdu::with_data(reply, pdu.data)).await;
+                true
+            }
+            Admitted::Text(pdu) => {
+                self.shared.complete();
+                let Bhs::TextRequest(req) = pdu.bhs else { unreachable!() };
+                match self.text.on_request(&req, &pdu.data) {
+                    Ok(responses) => {
+                        for r in responses {
+                            self.send(r).await;
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        warn!(tsih = self.session.tsih, error = %e, "bad text request");
+                        self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, pdu.data.len() as u32).to_vec()).await;
+                        true
+                    }
+                }
+            }
+            Admitted::Tmf(req) => {
+                self.shared.complete();
+                self.task_management(req).await
+            }
+            Admitted::Logout(req) => {
+                self.shared.complete();
+                let response = match req.reason {
+                    LogoutReason::CloseSession | LogoutReason::CloseConnection => LogoutResponseCode::Closed,
+                    LogoutReason::RemoveForRecovery => LogoutResponseCode::RecoveryNotSupported,
+                    LogoutReason::Other(_) => LogoutResponseCode::CleanupFailed,
+                };
+                info!(tsih = self.session.tsih, reason = req.reason.name(), "logout");
+                self.send(Pdu::new(Bhs::LogoutResponse(LogoutResponse {
+                    response,
+                    itt: req.itt,
+                    stat_sn: 0,
+                    exp_cmd_sn: 0,
+                    max_cmd_sn: 0,
+                    time2wait: 0,
+                    time2retain: 0,
+                })))
+                .await;
+                response != LogoutResponseCode::Closed
+            }
+        }
+    }
+
+    async fn scsi_command(&mut self, pdu: Pdu) {
+        let Bhs::ScsiCommand(cmd) = pdu.bhs else { unreachable!() };
+        let cdb = pdu.full_cdb().unwrap_or_default();
+        let edtl = cmd.expected_data_transfer_length;
+        if self.session.is_discovery() {
+            // Discovery sessions carry no SCSI commands (RFC 7143 §4.3.1).
+            self.shared.complete();
+            self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec()).await;
+            return;
+        }
+        if cmd.write && edtl > 0 {
+            if edtl > self.fabric.settings.max_io_bytes {
+                warn!(tsih = self.session.tsih, itt = cmd.itt, edtl, "write larger than the target buffers: refused");
+                self.shared.complete();
+                let sense = too_large_sense();
+                for p in status_only(&cmd, CHECK_CONDITION, Some(sense)) {
+                    self.send(p).await;
+                }
+                return;
+            }
+            match WriteCollector::new(edtl, &pdu.data, cmd.final_bit, self.write_limits) {
+                Ok(collector) => {
+                    self.register_task(&cmd);
+                    let mut c = Collecting { cmd, cdb, collector };
+                    if c.collector.is_complete() {
+                        self.execute(c.cmd, c.cdb, c.collector.r2t_count(), c.collector.into_data());
+                    } else {
+                        self.send_r2ts(&mut c).await;
+                        self.collectors.insert(cmd.itt, c);
+                    }
+                }
+                Err(e) => {
+                    warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad immediate data");
+                    self.shared.complete();
+                    self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec()).await;
+                }
+            }
+            return;
+        }
+        self.register_task(&cmd);
+        self.execute(cmd, cdb, 0, Vec::new());
+    }
+
+    fn register_task(&self, cmd: &ScsiCommand) {
+        self.shared.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            cmd.itt,
+            TaskInfo {
+                lun: cmd.lun.index().unwrap_or(u16::MAX),
+                aborted: Arc::new(AtomicBool::new(false)),
+            },
+        );
+    }
+
+    async fn send_r2ts(&mut self, c: &mut Collecting) {
+        let mut ttts = Vec::new();
+        let reqs = c.collector.next_r2ts(|| {
+            let t = self.next_ttt.wrapping_add(1 + ttts.len() as u32);
+            ttts.push(t);
+            t
+        });
+        self.next_ttt = self.next_ttt.wrapping_add(ttts.len() as u32);
+        for r in reqs {
+            self.send(Pdu::new(Bhs::R2t(R2t {
+                lun: c.cmd.lun,
+                itt: c.cmd.itt,
+                ttt: r.ttt,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+                r2t_sn: r.r2t_sn,
+                buffer_offset: r.offset,
+                desired_data_transfer_length: r.length,
+            })))
+            .await;
+        }
+    }
+
+    async fn data_out(&mut self, d: DataOut, data: bytes::Bytes) -> bool {
+        let Some(mut c) = self.collectors.remove(&d.itt) else {
+            // Data for a task that was aborted, or never existed.
+            debug!(tsih = self.session.tsih, itt = d.itt, "Data-Out for no pending write: ignored");
+            return true;
+        };
+        if let Err(e) = c.collector.on_data_out(d.ttt, d.data_sn, d.buffer_offset, &data, d.final_bit) {
+            // ErrorRecoveryLevel 0: a sequence error ends the connection.
+            warn!(tsih = self.session.tsih, itt = d.itt, error = %e, "Data-Out protocol error: closing the connection");
+            self.reject(RejectReason::ProtocolError, Bhs::DataOut(d).encode(0, data.len() as u32).to_vec()).await;
+            self.shared.complete();
+            return false;
+        }
+        if c.collector.is_complete() {
+            let r2ts = c.collector.r2t_count();
+            self.execute(c.cmd, c.cdb, r2ts, c.collector.into_data());
+        } else {
+            self.send_r2ts(&mut c).await;
+            self.collectors.insert(d.itt, c);
+        }
+        true
+    }
+
+    /// Runs a command on the blocking pool and sends its answer.
+    fn execute(&self, cmd: ScsiCommand, cdb: Vec<u8>, r2t_count: u32, data_out: Vec<u8>) {
+        let target = self.session.target.clone().expect("normal session has a target");
+        let nexus = self.session.nexus.clone().expect("normal session has a nexus");
+        let luns: Arc<LunTable> = target.luns.clone();
+        let shared = self.shared.clone();
+        let tx = self.tx.clone();
+        let limits = self.limits;
+        let aborted = shared
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cmd.itt)
+            .map(|t| t.aborted.clone())
+            .unwrap_or_default();
+        tokio::spawn(async move {
+            let blocking_aborted = aborted.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                if blocking_aborted.load(Ordering::SeqCst) {
+                    return None;
+                }
+                let req = ScsiRequest {
+                    lun: cmd.lun.index().unwrap_or(u16::MAX),
+                    cdb: &cdb,
+                    nexus: &nexus,
+                    task_tag: cmd.itt,
+                    attr: cmd.attr,
+                    data_out: &data_out,
+                    data_in_capacity: if cmd.read { cmd.expected_data_transfer_length } else { 0 },
+                };
+                Some(luns.execute(&req))
+            })
+            .await;
+            let mine = {
+                let mut tasks = shared.tasks.lock().unwrap_or_else(|e| e.into_inner());
+                match tasks.get(&cmd.itt) {
+                    Some(t) if Arc::ptr_eq(&t.aborted, &aborted) => {
+                        tasks.remove(&cmd.itt);
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            shared.complete();
+            let Ok(Some(result)) = result else { return };
+            if !mine || aborted.load(Ordering::SeqCst) {
+                return;
+            }
+            for pdu in response_pdus(&cmd, result, limits, r2t_count) {
+                if tx.send(Outgoing::Pdu(pdu)).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn task_management(&mut self, req: TaskMgmtRequest) -> bool {
+        let lun = req.lun.index().unwrap_or(u16::MAX);
+        let target = self.session.target.clone();
+        let mut close_after = false;
+        let response = match (&target, req.function) {
+            (None, _) => TmfResponse::NotSupported,
+            (Some(_), TmfFunction::AbortTask) => {
+                if self.abort_where(|itt, _| itt == req.referenced_task_tag) > 0 {
+                    TmfResponse::FunctionComplete
+                } else {
+                    let w = self.shared.window.lock().unwrap_or_else(|e| e.into_inner());
+                    // RFC 7143 §11.6.1: a referenced command already received
+                    // (its CmdSN below ExpCmdSN) and completed counts as done.
+                    if w.is_stale(req.ref_cmd_sn) {
+                        TmfResponse::FunctionComplete
+                    } else {
+                        TmfResponse::TaskDoesNotExist
+                    }
+                }
+            }
+            (Some(t), TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet) => {
+                if !t.luns.has_lun(lun) {
+                    TmfResponse::LunDoesNotExist
+                } else {
+                    self.abort_where(|_, task_lun| task_lun == lun);
+                    TmfResponse::FunctionComplete
+                }
+            }
+            (Some(t), TmfFunction::LogicalUnitReset) => {
+                if !t.luns.has_lun(lun) {
+                    TmfResponse::LunDoesNotExist
+                } else {
+                    self.abort_where(|_, task_lun| task_lun == lun);
+                    if let Some(nexus) = &self.session.nexus {
+                        t.luns.reset_lun(lun, nexus);
+                    }
+                    TmfResponse::FunctionComplete
+                }
+            }
+            (Some(t), TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset) => {
+                self.abort_where(|_, _| true);
+                if let Some(nexus) = &self.session.nexus {
+                    t.luns.reset_target(nexus);
+                }
+                // A cold reset also drops the connections (RFC 7143 §11.5.1).
+                close_after = req.function == TmfFunction::TargetColdReset;
+                TmfResponse::FunctionComplete
+            }
+            (Some(_), TmfFunction::ClearAca) => TmfResponse::FunctionComplete,
+            (Some(_), TmfFunction::TaskReassign) => TmfResponse::ReassignmentNotSupported,
+            (Some(_), TmfFunction::Other(_)) => TmfResponse::NotSupported,
+        };
+        info!(tsih = self.session.tsih, function = req.function.name(), lun, response = response.name(), "task management");
+        self.send(Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
+            response,
+            itt: req.itt,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+        })))
+        .await;
+        !close_after
+    }
+
+    /// Aborts the tasks `pick` selects (by ITT and LUN); returns how many.
+    fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
+        let mut tasks = self.shared.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let chosen: Vec<u32> = tasks.iter().filter(|(itt, t)| pick(**itt, t.lun)).map(|(itt, _)| *itt).collect();
+        for itt in &chosen {
+            if let Some(t) = tasks.remove(itt) {
+                t.aborted.store(true, Ordering::SeqCst);
+            }
+            if self.collectors.remove(itt).is_some() {
+                // Never executed: its window slot is freed here.
+                self.shared.complete();
+            }
+        }
+        chosen.len()
+    }
+}
+
+/// Sense data for a transfer larger than the target will buffer: ILLEGAL
+/// REQUEST, INVALID FIELD IN CDB, pointing at the transfer length.
+fn too_large_sense() -> Vec<u8> {
+    use blockwire_pdu::scsi::{Asc, FieldPointer, Sense, SenseFormat};
+    Sense::illegal_request(Asc::INVALID_FIELD_IN_CDB, Some(FieldPointer::cdb(7, None))).encode(SenseFormat::Fixed)
+}

@@ -1,0 +1,750 @@
+//! The target's login state machine (RFC 7143 sections 6, 11.12, 11.13),
+//! sans-IO: it takes Login Request PDUs and returns the Login Response to
+//! send, with no sockets, clocks or session table.
+//!
+//! One [`LoginMachine`] serves one connection's login phase:
+//!
+//! 1. The fabric feeds each Login Request to [`LoginMachine::on_request`]
+//!    and sends what comes back: [`LoginStep::Respond`] (wait for the next
+//!    request) or [`LoginStep::Fail`] (send, then close the connection).
+//! 2. When the initiator may enter full feature phase the machine returns
+//!    [`LoginStep::Complete`] with a [`LoginOutcome`] and sends nothing yet.
+//!    The fabric, which owns the session table, then:
+//!    - for `tsih_requested == 0`, reinstates any session with the same
+//!      InitiatorName + ISID (and target) and allocates a new nonzero TSIH;
+//!    - for a nonzero TSIH, checks that the session exists (else
+//!      [`LoginMachine::reject`] with [`LoginStatus::SESSION_DOES_NOT_EXIST`])
+//!      and belongs to the same initiator/ISID/target, reinstating the
+//!      connection with the same CID if there is one;
+//!    - calls [`LoginMachine::final_response`] with the TSIH, the StatSN
+//!      (normally `outcome.stat_sn`) and the session's MaxCmdSN, sends that
+//!      PDU and enters full feature phase with StatSN `stat_sn + 1` next;
+//!    - or calls [`LoginMachine::reject`] (e.g. OUT_OF_RESOURCES) and closes.
+//!
+//! Every login response carries StatSN (starting from a random value and
+//! incremented per response), ExpCmdSN (the request's CmdSN: login requests
+//! are immediate) and MaxCmdSN (ExpCmdSN + window - 1).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use blockwire_pdu::chap::{ChapAlgorithm, ChapResponder, Credential, ResponderStep};
+use blockwire_pdu::keys::{
+    encode_text, AuthMethod, LocalConfig, Negotiator, Phase, Role, SessionParams, SessionType,
+    TextAssembler, TextPairs,
+};
+use blockwire_pdu::pdu::{LoginRequest, LoginResponse};
+use blockwire_pdu::{Bhs, LoginStatus, Pdu, Stage};
+use rand::RngCore;
+
+use super::catalog::{AuthPolicy, Catalog, ChapSecret, TargetEntry};
+
+/// Largest data segment of a Login PDU in either direction (RFC 7143
+/// 6.3: during login MaxRecvDataSegmentLength is 8192 on both sides).
+pub const LOGIN_MAX_DATA_SEGMENT: usize = 8192;
+
+/// Bound on the text of one login request sequence (C bit continuation).
+const MAX_LOGIN_TEXT: usize = 64 * 1024;
+
+/// Bound on the number of login requests of one login phase.
+const MAX_LOGIN_PDUS: u32 = 256;
+
+/// How the target negotiates, beyond what the catalog says.
+#[derive(Debug, Clone)]
+pub struct LoginSettings {
+    /// Commands the session accepts ahead: MaxCmdSN = ExpCmdSN + window - 1.
+    pub cmd_window: u32,
+    /// The target's negotiation preferences (MaxRecvDataSegmentLength,
+    /// MaxBurstLength, digests, ...). Names, TargetPortalGroupTag,
+    /// TargetAlias, AuthMethod and `leading` are set per login.
+    pub negotiation: LocalConfig,
+}
+
+impl Default for LoginSettings {
+    fn default() -> Self {
+        LoginSettings {
+            cmd_window: 128,
+            negotiation: LocalConfig {
+                max_recv_data_segment_length: 262_144,
+                ..LocalConfig::default()
+            },
+        }
+    }
+}
+
+/// What to do with a login request's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoginStep {
+    /// Send this Login Response and wait for the next request.
+    Respond(Pdu),
+    /// Send this Login Response (a login reject) and close the connection.
+    Fail(Pdu),
+    /// The login succeeded: the fabric allocates or checks the TSIH and
+    /// sends [`LoginMachine::final_response`] (or [`LoginMachine::reject`]).
+    Complete(Box<LoginOutcome>),
+}
+
+/// The result of a successful login phase.
+#[derive(Debug, Clone)]
+pub struct LoginOutcome {
+    /// InitiatorName.
+    pub initiator_name: String,
+    /// InitiatorAlias, if declared.
+    pub initiator_alias: Option<String>,
+    /// ISID.
+    pub isid: [u8; 6],
+    /// TSIH of the request: 0 for a new session, else the session to join.
+    pub tsih_requested: u16,
+    /// Connection ID.
+    pub cid: u16,
+    /// ITT of the last Login Request (the final response echoes it).
+    pub itt: u32,
+    /// The target logged into; `None` for a discovery session.
+    pub target: Option<Arc<TargetEntry>>,
+    /// Normal or discovery.
+    pub session_type: SessionType,
+    /// The target portal group of the connection.
+    pub tpgt: u16,
+    /// The negotiated parameters.
+    pub params: SessionParams,
+    /// The login's key engine, to carry on with Text negotiation in full
+    /// feature phase (see `discovery::TextExchange`).
+    pub negotiator: Negotiator,
+    /// CHAP_N the initiator authenticated as, if CHAP was used.
+    pub chap_user: Option<String>,
+    /// CmdSN of the last Login Request: the session's ExpCmdSN.
+    pub exp_cmd_sn: u32,
+    /// ExpStatSN of the last Login Request.
+    pub exp_stat_sn: u32,
+    /// StatSN the final Login Response should carry; the connection's next
+    /// StatSN is this + 1.
+    pub stat_sn: u32,
+}
+
+/// What the login has established from the first request's keys.
+#[derive(Debug)]
+struct Context {
+    initiator_name: String,
+    session_type: SessionType,
+    target: Option<Arc<TargetEntry>>,
+    auth_required: bool,
+}
+
+/// Text waiting to go out over several responses (C bit).
+#[derive(Debug)]
+struct Outgoing {
+    remaining: Vec<u8>,
+    /// T bit and NSG for the last piece.
+    transit: bool,
+    nsg: Stage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    /// `Complete` was returned: waiting for `final_response`/`reject`.
+    AwaitFinal,
+    Done,
+    Failed,
+}
+
+/// One connection's login phase on the target.
+pub struct LoginMachine {
+    catalog: Arc<Catalog>,
+    tpgt: u16,
+    local_addr: SocketAddr,
+    settings: LoginSettings,
+    rng: Box<dyn RngCore + Send>,
+    state: State,
+    /// The first request: ISID, TSIH and CID must not change.
+    first: Option<LoginRequest>,
+    /// The stage requests must be in (CSG).
+    stage: Stage,
+    assembler: TextAssembler,
+    outgoing: Option<Outgoing>,
+    ctx: Option<Context>,
+    negotiator: Option<Negotiator>,
+    chap: Option<ChapResponder>,
+    chap_user: Option<String>,
+    auth_done: bool,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    exp_stat_sn: u32,
+    last_itt: u32,
+    pdus: u32,
+    final_text: Vec<u8>,
+}
+
+impl std::fmt::Debug for LoginMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoginMachine")
+            .field("tpgt", &self.tpgt)
+            .field("local_addr", &self.local_addr)
+            .field("state", &self.state)
+            .field("stage", &self.stage)
+            .field("ctx", &self.ctx)
+            .field("auth_done", &self.auth_done)
+            .field("stat_sn", &self.stat_sn)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Converts a catalog credential for the CHAP engine.
+fn credential(c: &ChapSecret) -> Credential {
+    Credential::new(c.user.clone(), c.secret.as_str())
+}
+
+fn algorithms(policy: &AuthPolicy) -> Vec<ChapAlgorithm> {
+    policy
+        .algorithms
+        .iter()
+        .filter_map(|&a| ChapAlgorithm::from_code(a.into()))
+        .collect()
+}
+
+fn isid_hex(isid: &[u8; 6]) -> String {
+    isid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The value of `key` in `pairs`, if present.
+fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+/// Why the machine fails the login.
+struct Refusal {
+    status: LoginStatus,
+    why: String,
+}
+
+fn refuse(status: LoginStatus, why: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        why: why.into(),
+    }
+}
+
+impl LoginMachine {
+    /// A machine for a connection accepted on portal group `tpgt` at
+    /// `local_addr`, with default [`LoginSettings`].
+    pub fn new<R: RngCore + Send + 'static>(
+        catalog: Arc<Catalog>,
+        tpgt: u16,
+        local_addr: SocketAddr,
+        rng: R,
+    ) -> LoginMachine {
+        Self::with_settings(catalog, tpgt, local_addr, LoginSettings::default(), rng)
+    }
+
+    /// A machine with explicit settings.
+    pub fn with_settings<R: RngCore + Send + 'static>(
+        catalog: Arc<Catalog>,
+        tpgt: u16,
+        local_addr: SocketAddr,
+        settings: LoginSettings,
+        rng: R,
+    ) -> LoginMachine {
+        let mut rng: Box<dyn RngCore + Send> = Box::new(rng);
+        let stat_sn = rng.next_u32();
+        LoginMachine {
+            catalog,
+            tpgt,
+            local_addr,
+            settings,
+            rng,
+            state: State::Running,
+            first: None,
+            stage: Stage::Security,
+            assembler: TextAssembler::new(MAX_LOGIN_TEXT),
+            outgoing: None,
+            ctx: None,
+            negotiator: None,
+            chap: None,
+            chap_user: None,
+            auth_done: false,
+            stat_sn,
+            exp_cmd_sn: 0,
+            exp_stat_sn: 0,
+            last_itt: 0,
+            pdus: 0,
+            final_text: Vec::new(),
+        }
+    }
+
+    /// The address the connection was accepted on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// True once the machine has failed (a `Fail` was returned).
+    pub fn is_failed(&self) -> bool {
+        self.state == State::Failed
+    }
+
+    /// Handles one Login Request with its data segment.
+    pub fn on_request(&mut self, req: &LoginRequest, data: &[u8]) -> LoginStep {
+        if self.state != State::Running {
+            let pdu = self.fail_pdu(
+                req,
+                refuse(LoginStatus::INITIATOR_ERROR, "login request after the login phase ended"),
+            );
+            return LoginStep::Fail(pdu);
+        }
+        self.exp_cmd_sn = req.cmd_sn;
+        self.exp_stat_sn = req.exp_stat_sn;
+        self.last_itt = req.itt;
+        match self.step(req, data) {
+            Ok(step) => step,
+            Err(refusal) => LoginStep::Fail(self.fail_pdu(req, refusal)),
+        }
+    }
+
+    /// The final Login Response of a successful login (T=1, NSG=full
+    /// feature), carrying the TSIH the fabric allocated (or the existing
+    /// session's), `stat_sn` (normally `outcome.stat_sn`) and the session's
+    /// `max_cmd_sn`. ExpCmdSN is the last request's CmdSN.
+    pub fn final_response(&mut self, tsih: u16, stat_sn: u32, max_cmd_sn: u32) -> Pdu {
+        let first = self.first.unwrap_or_else(|| empty_request(self.last_itt));
+        let bhs = LoginResponse {
+            transit: true,
+            continue_bit: false,
+            csg: self.stage,
+            nsg: Stage::FullFeature,
+            version_max: 0,
+            version_active: 0,
+            isid: first.isid,
+            tsih,
+            itt: self.last_itt,
+            stat_sn,
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn,
+            status: LoginStatus::SUCCESS,
+        };
+        self.state = State::Done;
+        self.stat_sn = stat_sn.wrapping_add(1);
+        let (target, initiator) = self.names();
+        tracing::info!(
+            target = %target,
+            initiator = %initiator,
+            isid = %isid_hex(&first.isid),
+            tsih,
+            "login complete"
+        );
+        Pdu::with_data(Bhs::LoginResponse(bhs), std::mem::take(&mut self.final_text))
+    }
+
+    /// A login reject with `status`, for when the session layer refuses the
+    /// login after `Complete` (SESSION_DOES_NOT_EXIST, OUT_OF_RESOURCES,
+    /// TOO_MANY_CONNECTIONS, ...). Send it and close the connection.
+    pub fn reject(&mut self, status: LoginStatus) -> Pdu {
+        let req = self.first.unwrap_or_else(|| empty_request(self.last_itt));
+        let req = LoginRequest {
+            itt: self.last_itt,
+            csg: self.stage,
+            ..req
+        };
+        self.fail_pdu(&req, refuse(status, "refused by the session layer"))
+    }
+
+    fn names(&self) -> (String, String) {
+        match &self.ctx {
+            Some(c) => (
+                c.target
+                    .as_ref()
+                    .map_or_else(|| "(discovery)".to_owned(), |t| t.name.clone()),
+                c.initiator_name.clone(),
+            ),
+            None => ("(unknown)".to_owned(), "(unknown)".to_owned()),
+        }
+    }
+
+    fn fail_pdu(&mut self, req: &LoginRequest, refusal: Refusal) -> Pdu {
+        self.state = State::Failed;
+        let (target, initiator) = self.names();
+        tracing::warn!(
+            target = %target,
+            initiator = %initiator,
+            isid = %isid_hex(&req.isid),
+            status = %refusal.status,
+            reason = %refusal.why,
+            "login refused"
+        );
+        let bhs = LoginResponse {
+            transit: false,
+            continue_bit: false,
+            csg: req.csg,
+            nsg: Stage::Security,
+            version_max: 0,
+            version_active: 0,
+            isid: req.isid,
+            tsih: req.tsih,
+            itt: req.itt,
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: req.cmd_sn,
+            max_cmd_sn: self.max_cmd_sn(req.cmd_sn),
+            status: refusal.status,
+        };
+        Pdu::new(Bhs::LoginResponse(bhs))
+    }
+
+    fn max_cmd_sn(&self, exp_cmd_sn: u32) -> u32 {
+        exp_cmd_sn.wrapping_add(self.settings.cmd_window.max(1) - 1)
+    }
+
+    /// A success response to `req` carrying `data`.
+    fn respond(&mut self, req: &LoginRequest, transit: bool, cont: bool, nsg: Stage, data: Vec<u8>) -> LoginStep {
+        let bhs = LoginResponse {
+            transit,
+            continue_bit: cont,
+            csg: req.csg,
+            nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: req.isid,
+            tsih: req.tsih,
+            itt: req.itt,
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: req.cmd_sn,
+            max_cmd_sn: self.max_cmd_sn(req.cmd_sn),
+            status: LoginStatus::SUCCESS,
+        };
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        if transit {
+            self.stage = nsg;
+        }
+        LoginStep::Respond(Pdu::with_data(Bhs::LoginResponse(bhs), data))
+    }
+
+    fn check_header(&mut self, req: &LoginRequest, data: &[u8]) -> Result<(), Refusal> {
+        self.pdus += 1;
+        if self.pdus > MAX_LOGIN_PDUS {
+            return Err(refuse(LoginStatus::INITIATOR_ERROR, "too many login requests"));
+        }
+        match &self.first {
+            None => {
+                if req.version_min > 0 {
+                    return Err(refuse(
+                        LoginStatus::UNSUPPORTED_VERSION,
+                        format!("Version-min {} (only version 0 is supported)", req.version_min),
+                    ));
+                }
+                if !matches!(req.csg, Stage::Security | Stage::Operational) {
+                    return Err(refuse(LoginStatus::INITIATOR_ERROR, "first login request not in a negotiation stage"));
+                }
+                self.stage = req.csg;
+                self.first = Some(*req);
+            }
+            Some(first) => {
+                if first.isid != req.isid || first.tsih != req.tsih {
+                    return Err(refuse(LoginStatus::INITIATOR_ERROR, "ISID or TSIH changed during login"));
+                }
+                if first.cid != req.cid {
+                    return Err(refuse(LoginStatus::INITIATOR_ERROR, "CID changed during login"));
+                }
+            }
+        }
+        if req.csg != self.stage {
+            return Err(refuse(
+                LoginStatus::INITIATOR_ERROR,
+                format!("CSG {:?} while the login is in stage {:?}", req.csg, self.stage),
+            ));
+        }
+        if req.transit && req.continue_bit {
+            return Err(refuse(LoginStatus::INITIATOR_ERROR, "T and C bits both set"));
+        }
+        if req.transit && (req.nsg == Stage::Reserved || req.nsg.bits() <= req.csg.bits()) {
+            return Err(refuse(
+                LoginStatus::INITIATOR_ERROR,
+                format!("invalid transition {:?} -> {:?}", req.csg, req.nsg),
+            ));
+        }
+        if data.len() > LOGIN_MAX_DATA_SEGMENT {
+            return Err(refuse(LoginStatus::INITIATOR_ERROR, "login data segment longer than 8192 bytes"));
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, req: &LoginRequest, data: &[u8]) -> Result<LoginStep, Refusal> {
+        self.check_header(req, data)?;
+        // We owe the initiator more of a long response: it asks for the next
+        // piece with an empty request.
+        if self.outgoing.is_some() {
+            if !data.is_empty() || req.continue_bit {
+                return Err(refuse(
+                    LoginStatus::INITIATOR_ERROR,
+                    "text sent while the target's response was continuing",
+                ));
+            }
+            return Ok(self.send_text(req, Vec::new(), None));
+        }
+        let pairs = match self.assembler.push(data, req.continue_bit) {
+            Err(e) => return Err(refuse(LoginStatus::INITIATOR_ERROR, format!("login text: {e}"))),
+            // RFC 7143 6.3: text continued by the initiator is acknowledged
+            // with an empty Login Response.
+            Ok(None) => return Ok(self.respond(req, false, false, req.nsg, Vec::new())),
+            Ok(Some(pairs)) => pairs,
+        };
+        if self.ctx.is_none() {
+            self.establish(req, &pairs)?;
+        }
+        let phase = match req.csg {
+            Stage::Security => Phase::Security,
+            _ => Phase::Operational,
+        };
+        let required = self.ctx.as_ref().is_some_and(|c| c.auth_required);
+        if phase == Phase::Operational && required && !self.auth_done {
+            return Err(refuse(
+                LoginStatus::AUTHENTICATION_FAILURE,
+                "CHAP is required but the initiator skipped the security stage",
+            ));
+        }
+        let Some(negotiator) = self.negotiator.as_mut() else {
+            return Err(refuse(LoginStatus::TARGET_ERROR, "no negotiator"));
+        };
+        let responses = negotiator
+            .receive(phase, &pairs)
+            .map_err(|e| refuse(LoginStatus::INITIATOR_ERROR, format!("negotiation: {e}")))?;
+        if responses.rejected().any(|k| k == "AuthMethod") {
+            return Err(refuse(
+                LoginStatus::AUTHENTICATION_FAILURE,
+                "no acceptable AuthMethod (CHAP required, or CHAP offered without credentials)",
+            ));
+        }
+        let mut answers = responses.answers;
+        let auth_method = negotiator.params().auth_method;
+        if phase == Phase::Security {
+            let chap_pairs: TextPairs = responses
+                .passthrough
+                .iter()
+                .filter(|(k, _)| k.starts_with("CHAP_"))
+                .cloned()
+                .collect();
+            if auth_method == AuthMethod::Chap {
+                self.run_chap(&chap_pairs, &mut answers)?;
+            } else {
+                answers.extend(chap_pairs.into_iter().map(|(k, _)| (k, "Irrelevant".to_owned())));
+            }
+        }
+        let Some(negotiator) = self.negotiator.as_mut() else {
+            return Err(refuse(LoginStatus::TARGET_ERROR, "no negotiator"));
+        };
+        let pending_before = negotiator.pending().len();
+        let offers = negotiator
+            .offer(phase)
+            .map_err(|e| refuse(LoginStatus::TARGET_ERROR, format!("negotiation: {e}")))?;
+        let new_proposals = negotiator.pending().len() > pending_before;
+        answers.extend(offers);
+
+        if phase == Phase::Security && !self.auth_done {
+            match auth_method {
+                AuthMethod::None if !required => self.auth_done = true,
+                AuthMethod::Chap => {}
+                _ if req.transit => {
+                    return Err(refuse(
+                        LoginStatus::AUTHENTICATION_FAILURE,
+                        "CHAP is required but was not negotiated",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let transit = req.transit
+            && !new_proposals
+            && (phase == Phase::Operational || self.auth_done);
+        if transit && req.nsg == Stage::FullFeature {
+            if let Some(n) = self.negotiator.as_mut() {
+                n.finish()
+                    .map_err(|e| refuse(LoginStatus::INITIATOR_ERROR, format!("negotiation: {e}")))?;
+            }
+        }
+        let text = encode_text(&answers)
+            .map_err(|e| refuse(LoginStatus::TARGET_ERROR, format!("encoding the response: {e}")))?;
+        Ok(self.send_text(req, text, Some((transit, req.nsg))))
+    }
+
+    /// Sends `text` (or, with `None`, the next piece of the pending text)
+    /// in one response, continuing with the C bit when longer than 8192
+    /// bytes. Completes the login when the last piece moves to full feature.
+    fn send_text(&mut self, req: &LoginRequest, text: Vec<u8>, fresh: Option<(bool, Stage)>) -> LoginStep {
+        let mut out = match fresh {
+            Some((transit, nsg)) => Outgoing {
+                remaining: text,
+                transit,
+                nsg,
+            },
+            None => match self.outgoing.take() {
+                Some(o) => o,
+                None => Outgoing {
+                    remaining: Vec::new(),
+                    transit: false,
+                    nsg: req.nsg,
+                },
+            },
+        };
+        if out.remaining.len() > LOGIN_MAX_DATA_SEGMENT {
+            let rest = out.remaining.split_off(LOGIN_MAX_DATA_SEGMENT);
+            let piece = std::mem::replace(&mut out.remaining, rest);
+            let nsg = out.nsg;
+            self.outgoing = Some(out);
+            return self.respond(req, false, true, nsg, piece);
+        }
+        if out.transit && out.nsg == Stage::FullFeature {
+            return self.complete(req, out.remaining);
+        }
+        self.respond(req, out.transit, false, out.nsg, out.remaining)
+    }
+
+    fn complete(&mut self, req: &LoginRequest, text: Vec<u8>) -> LoginStep {
+        self.final_text = text;
+        self.state = State::AwaitFinal;
+        let ctx = self.ctx.as_ref();
+        let negotiator = match self.negotiator.clone() {
+            Some(n) => n,
+            None => Negotiator::new(Role::Target, LocalConfig::default()).unwrap_or_else(|_| unreachable!()),
+        };
+        let params = negotiator.params().clone();
+        LoginStep::Complete(Box::new(LoginOutcome {
+            initiator_name: ctx.map(|c| c.initiator_name.clone()).unwrap_or_default(),
+            initiator_alias: params.initiator_alias.clone(),
+            isid: req.isid,
+            tsih_requested: req.tsih,
+            cid: req.cid,
+            itt: req.itt,
+            target: ctx.and_then(|c| c.target.clone()),
+            session_type: ctx.map_or(SessionType::Normal, |c| c.session_type),
+            tpgt: self.tpgt,
+            params,
+            negotiator,
+            chap_user: self.chap_user.clone(),
+            exp_cmd_sn: req.cmd_sn,
+            exp_stat_sn: req.exp_stat_sn,
+            stat_sn: self.stat_sn,
+        }))
+    }
+
+    /// Reads the first request's declarations: who logs in, to what, and
+    /// whether that is allowed; builds the key engine accordingly.
+    fn establish(&mut self, req: &LoginRequest, pairs: &[(String, String)]) -> Result<(), Refusal> {
+        let initiator_name = match value(pairs, "InitiatorName") {
+            Some(n) if !n.is_empty() => n.to_owned(),
+            _ => return Err(refuse(LoginStatus::MISSING_PARAMETER, "no InitiatorName in the first login request")),
+        };
+        let session_type = match value(pairs, "SessionType") {
+            None => SessionType::Normal,
+            Some(v) => SessionType::from_name(v)
+                .ok_or_else(|| refuse(LoginStatus::SESSION_TYPE_NOT_SUPPORTED, format!("SessionType={v}")))?,
+        };
+        let catalog = Arc::clone(&self.catalog);
+        let (target, policy) = match session_type {
+            SessionType::Discovery => (None, &catalog.discovery_auth),
+            SessionType::Normal => {
+                let name = value(pairs, "TargetName")
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| refuse(LoginStatus::MISSING_PARAMETER, "normal session without TargetName"))?;
+                let target = catalog
+                    .target(name)
+                    .filter(|t| t.portal_groups.is_empty() || t.portal_groups.contains(&self.tpgt))
+                    .ok_or_else(|| refuse(LoginStatus::NOT_FOUND, format!("no target {name} on this portal group")))?;
+                if !target.acl.allows(&initiator_name) {
+                    self.ctx = Some(Context {
+                        initiator_name,
+                        session_type,
+                        target: Some(Arc::clone(target)),
+                        auth_required: true,
+                    });
+                    return Err(refuse(LoginStatus::AUTHORIZATION_FAILURE, "initiator not in the target's ACL"));
+                }
+                (Some(Arc::clone(target)), &target.auth)
+            }
+        };
+        let auth_required = policy.requires_chap();
+        let normal = session_type == SessionType::Normal;
+        let config = LocalConfig {
+            leading: req.tsih == 0,
+            target_portal_group_tag: normal.then_some(self.tpgt),
+            target_alias: if normal {
+                target.as_ref().and_then(|t| t.alias.clone())
+            } else {
+                None
+            },
+            auth_methods: vec![if auth_required { AuthMethod::Chap } else { AuthMethod::None }],
+            ..self.settings.negotiation.clone()
+        };
+        let negotiator = Negotiator::new(Role::Target, config)
+            .map_err(|e| refuse(LoginStatus::TARGET_ERROR, format!("target configuration: {e}")))?;
+        if auth_required {
+            let credentials = policy.credentials_for(&initiator_name).map(credential).collect();
+            self.chap = Some(ChapResponder::new(
+                algorithms(policy),
+                credentials,
+                policy.outgoing.as_ref().map(credential),
+            ));
+        }
+        tracing::debug!(
+            target = %target.as_ref().map_or("(discovery)", |t| t.name.as_str()),
+            initiator = %initiator_name,
+            isid = %isid_hex(&req.isid),
+            chap = auth_required,
+            "login started"
+        );
+        self.negotiator = Some(negotiator);
+        self.ctx = Some(Context {
+            initiator_name,
+            session_type,
+            target,
+            auth_required,
+        });
+        Ok(())
+    }
+
+    fn run_chap(&mut self, pairs: &[(String, String)], answers: &mut TextPairs) -> Result<(), Refusal> {
+        let rng = &mut self.rng;
+        let Some(chap) = self.chap.as_mut() else {
+            return Err(refuse(LoginStatus::AUTHENTICATION_FAILURE, "CHAP without credentials"));
+        };
+        if chap.is_done() && pairs.is_empty() {
+            return Ok(());
+        }
+        match chap.receive(pairs, &mut |buf: &mut [u8]| rng.fill_bytes(buf)) {
+            Ok(ResponderStep::Wait) => Ok(()),
+            Ok(ResponderStep::Challenge(out)) => {
+                answers.extend(out);
+                Ok(())
+            }
+            Ok(ResponderStep::Authenticated {
+                user,
+                mutual,
+                answers: out,
+            }) => {
+                answers.extend(out);
+                self.auth_done = true;
+                let (target, initiator) = self.names();
+                tracing::info!(target = %target, initiator = %initiator, chap_user = %user, mutual, "CHAP authentication succeeded");
+                self.chap_user = Some(user);
+                Ok(())
+            }
+            Err(e) => Err(refuse(LoginStatus::AUTHENTICATION_FAILURE, format!("CHAP: {e}"))),
+        }
+    }
+}
+
+/// A placeholder request for responses built without one.
+fn empty_request(itt: u32) -> LoginRequest {
+    LoginRequest {
+        transit: false,
+        continue_bit: false,
+        csg: Stage::Security,
+        nsg: Stage::Security,
+        version_max: 0,
+        version_min: 0,
+        isid: [0; 6],
+        tsih: 0,
+        itt,
+        cid: 0,
+        cmd_sn: 0,
+        exp_stat_sn: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;
