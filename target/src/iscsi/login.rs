@@ -73,7 +73,7 @@ impl Default for LoginSettings {
 }
 
 /// What to do with a login request's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum LoginStep {
     /// Send this Login Response and wait for the next request.
     Respond(Pdu),
@@ -208,7 +208,10 @@ fn isid_hex(isid: &[u8; 6]) -> String {
 
 /// The value of `key` in `pairs`, if present.
 fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
 }
 
 /// Why the machine fails the login.
@@ -286,7 +289,10 @@ impl LoginMachine {
         if self.state != State::Running {
             let pdu = self.fail_pdu(
                 req,
-                refuse(LoginStatus::INITIATOR_ERROR, "login request after the login phase ended"),
+                refuse(
+                    LoginStatus::INITIATOR_ERROR,
+                    "login request after the login phase ended",
+                ),
             );
             return LoginStep::Fail(pdu);
         }
@@ -330,7 +336,10 @@ impl LoginMachine {
             tsih,
             "login complete"
         );
-        Pdu::with_data(Bhs::LoginResponse(bhs), std::mem::take(&mut self.final_text))
+        Pdu::with_data(
+            Bhs::LoginResponse(bhs),
+            std::mem::take(&mut self.final_text),
+        )
     }
 
     /// A login reject with `status`, for when the session layer refuses the
@@ -392,7 +401,14 @@ impl LoginMachine {
     }
 
     /// A success response to `req` carrying `data`.
-    fn respond(&mut self, req: &LoginRequest, transit: bool, cont: bool, nsg: Stage, data: Vec<u8>) -> LoginStep {
+    fn respond(
+        &mut self,
+        req: &LoginRequest,
+        transit: bool,
+        cont: bool,
+        nsg: Stage,
+        data: Vec<u8>,
+    ) -> LoginStep {
         let bhs = LoginResponse {
             transit,
             continue_bit: cont,
@@ -418,39 +434,60 @@ impl LoginMachine {
     fn check_header(&mut self, req: &LoginRequest, data: &[u8]) -> Result<(), Refusal> {
         self.pdus += 1;
         if self.pdus > MAX_LOGIN_PDUS {
-            return Err(refuse(LoginStatus::INITIATOR_ERROR, "too many login requests"));
+            return Err(refuse(
+                LoginStatus::INITIATOR_ERROR,
+                "too many login requests",
+            ));
         }
         match &self.first {
             None => {
                 if req.version_min > 0 {
                     return Err(refuse(
                         LoginStatus::UNSUPPORTED_VERSION,
-                        format!("Version-min {} (only version 0 is supported)", req.version_min),
+                        format!(
+                            "Version-min {} (only version 0 is supported)",
+                            req.version_min
+                        ),
                     ));
                 }
                 if !matches!(req.csg, Stage::Security | Stage::Operational) {
-                    return Err(refuse(LoginStatus::INITIATOR_ERROR, "first login request not in a negotiation stage"));
+                    return Err(refuse(
+                        LoginStatus::INITIATOR_ERROR,
+                        "first login request not in a negotiation stage",
+                    ));
                 }
                 self.stage = req.csg;
                 self.first = Some(*req);
             }
             Some(first) => {
                 if first.isid != req.isid || first.tsih != req.tsih {
-                    return Err(refuse(LoginStatus::INITIATOR_ERROR, "ISID or TSIH changed during login"));
+                    return Err(refuse(
+                        LoginStatus::INITIATOR_ERROR,
+                        "ISID or TSIH changed during login",
+                    ));
                 }
                 if first.cid != req.cid {
-                    return Err(refuse(LoginStatus::INITIATOR_ERROR, "CID changed during login"));
+                    return Err(refuse(
+                        LoginStatus::INITIATOR_ERROR,
+                        "CID changed during login",
+                    ));
                 }
             }
         }
         if req.csg != self.stage {
             return Err(refuse(
                 LoginStatus::INITIATOR_ERROR,
-                format!("CSG {:?} while the login is in stage {:?}", req.csg, self.stage),
+                format!(
+                    "CSG {:?} while the login is in stage {:?}",
+                    req.csg, self.stage
+                ),
             ));
         }
         if req.transit && req.continue_bit {
-            return Err(refuse(LoginStatus::INITIATOR_ERROR, "T and C bits both set"));
+            return Err(refuse(
+                LoginStatus::INITIATOR_ERROR,
+                "T and C bits both set",
+            ));
         }
         if req.transit && (req.nsg == Stage::Reserved || req.nsg.bits() <= req.csg.bits()) {
             return Err(refuse(
@@ -459,7 +496,10 @@ impl LoginMachine {
             ));
         }
         if data.len() > LOGIN_MAX_DATA_SEGMENT {
-            return Err(refuse(LoginStatus::INITIATOR_ERROR, "login data segment longer than 8192 bytes"));
+            return Err(refuse(
+                LoginStatus::INITIATOR_ERROR,
+                "login data segment longer than 8192 bytes",
+            ));
         }
         Ok(())
     }
@@ -478,7 +518,12 @@ impl LoginMachine {
             return Ok(self.send_text(req, Vec::new(), None));
         }
         let pairs = match self.assembler.push(data, req.continue_bit) {
-            Err(e) => return Err(refuse(LoginStatus::INITIATOR_ERROR, format!("login text: {e}"))),
+            Err(e) => {
+                return Err(refuse(
+                    LoginStatus::INITIATOR_ERROR,
+                    format!("login text: {e}"),
+                ))
+            }
             // RFC 7143 6.3: text continued by the initiator is acknowledged
             // with an empty Login Response.
             Ok(None) => return Ok(self.respond(req, false, false, req.nsg, Vec::new())),
@@ -522,7 +567,11 @@ impl LoginMachine {
             if auth_method == AuthMethod::Chap {
                 self.run_chap(&chap_pairs, &mut answers)?;
             } else {
-                answers.extend(chap_pairs.into_iter().map(|(k, _)| (k, "Irrelevant".to_owned())));
+                answers.extend(
+                    chap_pairs
+                        .into_iter()
+                        .map(|(k, _)| (k, "Irrelevant".to_owned())),
+                );
             }
         }
         let Some(negotiator) = self.negotiator.as_mut() else {
@@ -548,24 +597,33 @@ impl LoginMachine {
                 _ => {}
             }
         }
-        let transit = req.transit
-            && !new_proposals
-            && (phase == Phase::Operational || self.auth_done);
+        let transit =
+            req.transit && !new_proposals && (phase == Phase::Operational || self.auth_done);
         if transit && req.nsg == Stage::FullFeature {
             if let Some(n) = self.negotiator.as_mut() {
-                n.finish()
-                    .map_err(|e| refuse(LoginStatus::INITIATOR_ERROR, format!("negotiation: {e}")))?;
+                n.finish().map_err(|e| {
+                    refuse(LoginStatus::INITIATOR_ERROR, format!("negotiation: {e}"))
+                })?;
             }
         }
-        let text = encode_text(&answers)
-            .map_err(|e| refuse(LoginStatus::TARGET_ERROR, format!("encoding the response: {e}")))?;
+        let text = encode_text(&answers).map_err(|e| {
+            refuse(
+                LoginStatus::TARGET_ERROR,
+                format!("encoding the response: {e}"),
+            )
+        })?;
         Ok(self.send_text(req, text, Some((transit, req.nsg))))
     }
 
     /// Sends `text` (or, with `None`, the next piece of the pending text)
     /// in one response, continuing with the C bit when longer than 8192
     /// bytes. Completes the login when the last piece moves to full feature.
-    fn send_text(&mut self, req: &LoginRequest, text: Vec<u8>, fresh: Option<(bool, Stage)>) -> LoginStep {
+    fn send_text(
+        &mut self,
+        req: &LoginRequest,
+        text: Vec<u8>,
+        fresh: Option<(bool, Stage)>,
+    ) -> LoginStep {
         let mut out = match fresh {
             Some((transit, nsg)) => Outgoing {
                 remaining: text,
@@ -597,11 +655,14 @@ impl LoginMachine {
     fn complete(&mut self, req: &LoginRequest, text: Vec<u8>) -> LoginStep {
         self.final_text = text;
         self.state = State::AwaitFinal;
-        let ctx = self.ctx.as_ref();
-        let negotiator = match self.negotiator.clone() {
-            Some(n) => n,
-            None => Negotiator::new(Role::Target, LocalConfig::default()).unwrap_or_else(|_| unreachable!()),
+        let Some(negotiator) = self.negotiator.clone() else {
+            let refusal = refuse(
+                LoginStatus::TARGET_ERROR,
+                "login completed without negotiation",
+            );
+            return LoginStep::Fail(self.fail_pdu(req, refusal));
         };
+        let ctx = self.ctx.as_ref();
         let params = negotiator.params().clone();
         LoginStep::Complete(Box::new(LoginOutcome {
             initiator_name: ctx.map(|c| c.initiator_name.clone()).unwrap_or_default(),
@@ -627,12 +688,21 @@ impl LoginMachine {
     fn establish(&mut self, req: &LoginRequest, pairs: &[(String, String)]) -> Result<(), Refusal> {
         let initiator_name = match value(pairs, "InitiatorName") {
             Some(n) if !n.is_empty() => n.to_owned(),
-            _ => return Err(refuse(LoginStatus::MISSING_PARAMETER, "no InitiatorName in the first login request")),
+            _ => {
+                return Err(refuse(
+                    LoginStatus::MISSING_PARAMETER,
+                    "no InitiatorName in the first login request",
+                ))
+            }
         };
         let session_type = match value(pairs, "SessionType") {
             None => SessionType::Normal,
-            Some(v) => SessionType::from_name(v)
-                .ok_or_else(|| refuse(LoginStatus::SESSION_TYPE_NOT_SUPPORTED, format!("SessionType={v}")))?,
+            Some(v) => SessionType::from_name(v).ok_or_else(|| {
+                refuse(
+                    LoginStatus::SESSION_TYPE_NOT_SUPPORTED,
+                    format!("SessionType={v}"),
+                )
+            })?,
         };
         let catalog = Arc::clone(&self.catalog);
         let (target, policy) = match session_type {
@@ -640,11 +710,21 @@ impl LoginMachine {
             SessionType::Normal => {
                 let name = value(pairs, "TargetName")
                     .filter(|n| !n.is_empty())
-                    .ok_or_else(|| refuse(LoginStatus::MISSING_PARAMETER, "normal session without TargetName"))?;
+                    .ok_or_else(|| {
+                        refuse(
+                            LoginStatus::MISSING_PARAMETER,
+                            "normal session without TargetName",
+                        )
+                    })?;
                 let target = catalog
                     .target(name)
                     .filter(|t| t.portal_groups.is_empty() || t.portal_groups.contains(&self.tpgt))
-                    .ok_or_else(|| refuse(LoginStatus::NOT_FOUND, format!("no target {name} on this portal group")))?;
+                    .ok_or_else(|| {
+                        refuse(
+                            LoginStatus::NOT_FOUND,
+                            format!("no target {name} on this portal group"),
+                        )
+                    })?;
                 if !target.acl.allows(&initiator_name) {
                     self.ctx = Some(Context {
                         initiator_name,
@@ -652,7 +732,10 @@ impl LoginMachine {
                         target: Some(Arc::clone(target)),
                         auth_required: true,
                     });
-                    return Err(refuse(LoginStatus::AUTHORIZATION_FAILURE, "initiator not in the target's ACL"));
+                    return Err(refuse(
+                        LoginStatus::AUTHORIZATION_FAILURE,
+                        "initiator not in the target's ACL",
+                    ));
                 }
                 (Some(Arc::clone(target)), &target.auth)
             }
@@ -667,13 +750,24 @@ impl LoginMachine {
             } else {
                 None
             },
-            auth_methods: vec![if auth_required { AuthMethod::Chap } else { AuthMethod::None }],
+            auth_methods: vec![if auth_required {
+                AuthMethod::Chap
+            } else {
+                AuthMethod::None
+            }],
             ..self.settings.negotiation.clone()
         };
-        let negotiator = Negotiator::new(Role::Target, config)
-            .map_err(|e| refuse(LoginStatus::TARGET_ERROR, format!("target configuration: {e}")))?;
+        let negotiator = Negotiator::new(Role::Target, config).map_err(|e| {
+            refuse(
+                LoginStatus::TARGET_ERROR,
+                format!("target configuration: {e}"),
+            )
+        })?;
         if auth_required {
-            let credentials = policy.credentials_for(&initiator_name).map(credential).collect();
+            let credentials = policy
+                .credentials_for(&initiator_name)
+                .map(credential)
+                .collect();
             self.chap = Some(ChapResponder::new(
                 algorithms(policy),
                 credentials,
@@ -697,10 +791,17 @@ impl LoginMachine {
         Ok(())
     }
 
-    fn run_chap(&mut self, pairs: &[(String, String)], answers: &mut TextPairs) -> Result<(), Refusal> {
+    fn run_chap(
+        &mut self,
+        pairs: &[(String, String)],
+        answers: &mut TextPairs,
+    ) -> Result<(), Refusal> {
         let rng = &mut self.rng;
         let Some(chap) = self.chap.as_mut() else {
-            return Err(refuse(LoginStatus::AUTHENTICATION_FAILURE, "CHAP without credentials"));
+            return Err(refuse(
+                LoginStatus::AUTHENTICATION_FAILURE,
+                "CHAP without credentials",
+            ));
         };
         if chap.is_done() && pairs.is_empty() {
             return Ok(());
@@ -723,7 +824,10 @@ impl LoginMachine {
                 self.chap_user = Some(user);
                 Ok(())
             }
-            Err(e) => Err(refuse(LoginStatus::AUTHENTICATION_FAILURE, format!("CHAP: {e}"))),
+            Err(e) => Err(refuse(
+                LoginStatus::AUTHENTICATION_FAILURE,
+                format!("CHAP: {e}"),
+            )),
         }
     }
 }
@@ -747,4 +851,4 @@ fn empty_request(itt: u32) -> LoginRequest {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
