@@ -1,1 +1,5 @@
-//! Placeholder: see README status.
+//! blockwire's management layer: the declarative TOML configuration, the
+//! daemons built from it, and (later) the control API and metrics.
+
+pub mod config;
+pub mod target_daemon;

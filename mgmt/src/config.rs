@@ -1,0 +1,509 @@
+//! The target's TOML configuration and its translation into the fabric's
+//! catalog.
+//!
+//! Every error names the file, the line and the field, and says how to fix
+//! it: a storage daemon that refuses to start must say why in one line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use blockwire_target::backstore::{Backstore, FileBackstore, RamBackstore};
+use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{stable_identity, LogicalUnit, LuConfig, LunTable};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A configuration error with its location.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}: {field}: {message}")]
+pub struct ConfigError {
+    /// The configuration file.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// The field at fault (dotted path).
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// The whole file.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Fabric tunables.
+    #[serde(default)]
+    pub fabric: FabricConfig,
+    /// Portal groups.
+    #[serde(default, rename = "portal_group")]
+    pub portal_groups: Vec<Spanned<PortalGroupConfig>>,
+    /// Discovery session authentication.
+    #[serde(default)]
+    pub discovery: AuthConfig,
+    /// Targets.
+    #[serde(default, rename = "target")]
+    pub targets: Vec<Spanned<TargetDef>>,
+}
+
+/// `[fabric]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FabricConfig {
+    /// Commands in flight per session.
+    pub queue_depth: u32,
+    /// Seconds between NOP-In keepalives; 0 disables them.
+    pub nop_interval_secs: u64,
+    /// Seconds before an initiator that ignores pings is dropped.
+    pub nop_timeout_secs: u64,
+    /// Seconds initiators get to log out at shutdown.
+    pub logout_grace_secs: u64,
+    /// The target's MaxRecvDataSegmentLength.
+    pub max_recv_data_segment_length: u32,
+}
+
+impl Default for FabricConfig {
+    fn default() -> Self {
+        let d = FabricSettings::default();
+        FabricConfig {
+            queue_depth: d.queue_depth,
+            nop_interval_secs: d.nop_interval.map_or(0, |i| i.as_secs()),
+            nop_timeout_secs: d.nop_timeout.as_secs(),
+            logout_grace_secs: d.logout_grace.as_secs(),
+            max_recv_data_segment_length: 262_144,
+        }
+    }
+}
+
+/// `[[portal_group]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortalGroupConfig {
+    /// Target portal group tag (1..65535).
+    pub tag: u16,
+    /// Listen addresses, e.g. "0.0.0.0:3260" or "[::]:3260".
+    pub listen: Vec<Spanned<String>>,
+}
+
+/// A CHAP credential.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ChapConfig {
+    /// CHAP_N.
+    pub user: String,
+    /// Secret (12 to 255 characters; RFC 7143 asks for at least 96 bits).
+    pub secret: Spanned<String>,
+}
+
+/// A per-initiator CHAP credential.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct InitiatorChapConfig {
+    /// The initiator's iSCSI name.
+    pub initiator: String,
+    /// CHAP_N it uses.
+    pub user: String,
+    /// Its secret.
+    pub secret: Spanned<String>,
+}
+
+/// Authentication settings shared by `[discovery]` and targets.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// One-way CHAP credentials any initiator may use.
+    #[serde(default)]
+    pub chap: Vec<ChapConfig>,
+    /// Credentials for particular initiators.
+    #[serde(default)]
+    pub initiator_chap: Vec<InitiatorChapConfig>,
+    /// The target's own credential for mutual CHAP.
+    pub mutual_chap: Option<ChapConfig>,
+    /// CHAP algorithms in order of preference: "SHA3-256", "SHA-256", "SHA1", "MD5".
+    pub chap_algorithms: Option<Spanned<Vec<String>>>,
+}
+
+/// `[[target]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetDef {
+    /// iSCSI name.
+    pub name: Spanned<String>,
+    /// TargetAlias.
+    pub alias: Option<String>,
+    /// Portal group tags; all groups when omitted.
+    pub portal_groups: Option<Vec<Spanned<u16>>>,
+    /// Initiator names allowed; any initiator when omitted.
+    pub allow: Option<Vec<String>>,
+    /// Authentication.
+    #[serde(flatten)]
+    pub auth: AuthConfig,
+    /// Logical units.
+    #[serde(default, rename = "lun")]
+    pub luns: Vec<Spanned<LunDef>>,
+}
+
+/// `[[target.lun]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LunDef {
+    /// LUN number (0..16383).
+    pub id: u16,
+    /// "ram" or "file".
+    pub backstore: Spanned<String>,
+    /// File or block device path (file backstore).
+    pub path: Option<PathBuf>,
+    /// Size, e.g. "1G", "512M", "1048576" (required for ram; creates or grows files).
+    pub size: Option<Spanned<String>>,
+    /// Refuse writes.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Logical block size: 512 (default) or 4096.
+    pub block_size: Option<Spanned<u32>>,
+    /// Unit serial number; derived from the target name and LUN when omitted.
+    pub serial: Option<String>,
+}
+
+/// What the daemon needs to start.
+#[derive(Debug)]
+pub struct Built {
+    /// Targets and portals.
+    pub catalog: Arc<Catalog>,
+    /// Tunables.
+    pub settings: FabricSettings,
+    /// The target's MaxRecvDataSegmentLength.
+    pub max_recv_data_segment_length: u32,
+}
+
+/// Parses a size like "1G", "512M", "64K", "4096" into bytes.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (digits, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        't' | 'T' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+struct Ctx<'a> {
+    file: &'a str,
+    text: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, span: std::ops::Range<usize>, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line: line_of(self.text, span.start),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+impl TargetConfig {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Built, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            field: "-".into(),
+            message: format!("cannot read the file: {e}"),
+        })?;
+        Self::from_str(&file, &text)
+    }
+
+    /// Parses and checks configuration text; `file` names it in errors.
+    pub fn from_str(file: &str, text: &str) -> Result<Built, ConfigError> {
+        let config: TargetConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of(text, s.start));
+            ConfigError {
+                file: file.to_owned(),
+                line,
+                field: "syntax".into(),
+                message: e.message().to_owned(),
+            }
+        })?;
+        config.build(&Ctx { file, text }, None)
+    }
+
+    /// The embedded default: one target with one 1 GiB RAM LUN, open to any
+    /// initiator, on `listen`.
+    pub fn embedded_default(listen: SocketAddr) -> Built {
+        let text = format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"{listen}\"]\n\n\
+             [[target]]\nname = \"{DEFAULT_TARGET}\"\nalias = \"blockwire-default\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1G\"\n"
+        );
+        Self::from_str("<embedded default>", &text).expect("the embedded default configuration is valid")
+    }
+
+    fn build(self, ctx: &Ctx<'_>, _base: Option<&Path>) -> Result<Built, ConfigError> {
+        let f = &self.fabric;
+        if !(1..=65536).contains(&f.queue_depth) {
+            return Err(ctx.err(0..0, "fabric.queue_depth", "must be between 1 and 65536"));
+        }
+        if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
+            return Err(ctx.err(0..0, "fabric.max_recv_data_segment_length", "must be between 512 and 16777215"));
+        }
+        let settings = FabricSettings {
+            queue_depth: f.queue_depth,
+            nop_interval: (f.nop_interval_secs > 0).then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
+            nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
+            logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
+            ..FabricSettings::default()
+        };
+
+        let mut portal_groups = Vec::new();
+        for g in &self.portal_groups {
+            let span = g.span();
+            let g = g.get_ref();
+            if g.tag == 0 {
+                return Err(ctx.err(span, "portal_group.tag", "must be between 1 and 65535"));
+            }
+            if portal_groups.iter().any(|p: &PortalGroup| p.tag == g.tag) {
+                return Err(ctx.err(span, "portal_group.tag", format!("tag {} is defined twice", g.tag)));
+            }
+            let mut addresses = Vec::new();
+            for a in &g.listen {
+                let addr: SocketAddr = a.get_ref().parse().map_err(|_| {
+                    ctx.err(a.span(), "portal_group.listen", format!(
+                        "{:?} is not an address:port (write \"0.0.0.0:3260\" or \"[::]:3260\")", a.get_ref()))
+                })?;
+                addresses.push(addr);
+            }
+            if addresses.is_empty() {
+                return Err(ctx.err(span, "portal_group.listen", "give at least one address"));
+            }
+            portal_groups.push(PortalGroup { tag: g.tag, addresses });
+        }
+        if portal_groups.is_empty() {
+            return Err(ctx.err(0..0, "portal_group", "no [[portal_group]] is defined: add one with a tag and listen addresses"));
+        }
+
+        let mut targets = Vec::new();
+        for t in self.targets {
+            let tspan = t.span();
+            let t = t.into_inner();
+            let name = t.name.get_ref().trim().to_owned();
+            let lower = name.to_ascii_lowercase();
+            if !(lower.starts_with("iqn.") || lower.starts_with("eui.") || lower.starts_with("naa.")) || name.len() > 223 {
+                return Err(ctx.err(t.name.span(), "target.name", format!(
+                    "{name:?} is not an iSCSI name (iqn.YYYY-MM.reversed.domain:id, at most 223 bytes)")));
+            }
+            if targets.iter().any(|e: &Arc<TargetEntry>| e.name.eq_ignore_ascii_case(&name)) {
+                return Err(ctx.err(t.name.span(), "target.name", format!("target {name} is defined twice")));
+            }
+            let groups = match &t.portal_groups {
+                None => portal_groups.iter().map(|g| g.tag).collect(),
+                Some(tags) => {
+                    let mut v = Vec::new();
+                    for tag in tags {
+                        if !portal_groups.iter().any(|g| g.tag == *tag.get_ref()) {
+                            return Err(ctx.err(tag.span(), "target.portal_groups", format!(
+                                "portal group {} is not defined", tag.get_ref())));
+                        }
+                        v.push(*tag.get_ref());
+                    }
+                    v
+                }
+            };
+            let auth = auth_policy(ctx, &t.auth, "target")?;
+            let mut luns = Vec::new();
+            for l in &t.luns {
+                let lspan = l.span();
+                let l = l.get_ref();
+                if l.id > 16383 {
+                    return Err(ctx.err(lspan, "target.lun.id", "must be between 0 and 16383"));
+                }
+                if luns.iter().any(|(id, _)| *id == l.id) {
+                    return Err(ctx.err(lspan, "target.lun.id", format!("LUN {} is defined twice in {name}", l.id)));
+                }
+                let size = match &l.size {
+                    Some(s) => Some(parse_size(s.get_ref()).filter(|&n| n > 0).ok_or_else(|| {
+                        ctx.err(s.span(), "target.lun.size", format!("{:?} is not a size (write e.g. \"1G\", \"512M\" or bytes)", s.get_ref()))
+                    })?),
+                    None => None,
+                };
+                let block_size = match &l.block_size {
+                    Some(b) if *b.get_ref() != 512 && *b.get_ref() != 4096 => {
+                        return Err(ctx.err(b.span(), "target.lun.block_size", "must be 512 or 4096"));
+                    }
+                    Some(b) => *b.get_ref(),
+                    None => 512,
+                };
+                let backstore: Arc<dyn Backstore> = match l.backstore.get_ref().as_str() {
+                    "ram" => {
+                        let size = size.ok_or_else(|| ctx.err(lspan.clone(), "target.lun.size", "a ram LUN needs a size"))?;
+                        Arc::new(RamBackstore::new(size))
+                    }
+                    "file" => {
+                        let path = l.path.as_ref().ok_or_else(|| {
+                            ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
+                        })?;
+                        Arc::new(FileBackstore::open(path, size, l.read_only).map_err(|e| {
+                            ctx.err(lspan.clone(), "target.lun.path", e.to_string())
+                        })?)
+                    }
+                    other => {
+                        return Err(ctx.err(l.backstore.span(), "target.lun.backstore", format!(
+                            "{other:?} is not a backstore (use \"ram\" or \"file\")")));
+                    }
+                };
+                if backstore.size() % u64::from(block_size) != 0 || backstore.size() < u64::from(block_size) {
+                    return Err(ctx.err(lspan, "target.lun.size", format!(
+                        "{} bytes is not a whole number of {block_size}-byte blocks", backstore.size())));
+                }
+                let (serial, naa) = stable_identity(&name, l.id);
+                let mut lu = LuConfig::new(backstore);
+                lu.block_size = block_size;
+                lu.read_only = l.read_only;
+                lu.serial = l.serial.clone().unwrap_or(serial);
+                lu.naa_id = naa;
+                luns.push((l.id, Arc::new(LogicalUnit::new(lu))));
+            }
+            if luns.is_empty() {
+                return Err(ctx.err(tspan, "target.lun", format!("target {name} has no [[target.lun]]")));
+            }
+            targets.push(Arc::new(TargetEntry {
+                name,
+                alias: t.alias,
+                portal_groups: groups,
+                acl: t.allow.map_or(Acl::Any, Acl::Only),
+                auth,
+                luns: Arc::new(LunTable::new(luns)),
+            }));
+        }
+        if targets.is_empty() {
+            return Err(ctx.err(0..0, "target", "no [[target]] is defined"));
+        }
+        let discovery_auth = auth_policy(ctx, &self.discovery, "discovery")?;
+        Ok(Built {
+            catalog: Arc::new(Catalog {
+                portal_groups,
+                targets,
+                discovery_auth,
+            }),
+            settings,
+            max_recv_data_segment_length: f.max_recv_data_segment_length,
+        })
+    }
+}
+
+/// The name the embedded default target serves.
+pub const DEFAULT_TARGET: &str = "iqn.2026-11.io.blockwire:default";
+
+fn secret(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<String, ConfigError> {
+    let len = s.get_ref().len();
+    if !(12..=255).contains(&len) {
+        // RFC 7143 §12.1.3: at least 96 bits of secret; tgt and open-iscsi
+        // refuse shorter ones too, so catch it here rather than at login.
+        return Err(ctx.err(s.span(), field, "CHAP secrets must be 12 to 255 characters"));
+    }
+    Ok(s.get_ref().clone())
+}
+
+fn auth_policy(ctx: &Ctx<'_>, a: &AuthConfig, section: &str) -> Result<AuthPolicy, ConfigError> {
+    let mut p = AuthPolicy::default();
+    for c in &a.chap {
+        p.incoming.push(ChapSecret {
+            user: c.user.clone(),
+            secret: secret(ctx, &c.secret, &format!("{section}.chap.secret"))?,
+        });
+    }
+    for c in &a.initiator_chap {
+        p.per_initiator.push((
+            c.initiator.clone(),
+            ChapSecret {
+                user: c.user.clone(),
+                secret: secret(ctx, &c.secret, &format!("{section}.initiator_chap.secret"))?,
+            },
+        ));
+    }
+    if let Some(m) = &a.mutual_chap {
+        if !p.requires_chap() {
+            return Err(ctx.err(m.secret.span(), &format!("{section}.mutual_chap"),
+                "mutual CHAP needs one-way CHAP credentials too (add chap = [...])"));
+        }
+        p.outgoing = Some(ChapSecret {
+            user: m.user.clone(),
+            secret: secret(ctx, &m.secret, &format!("{section}.mutual_chap.secret"))?,
+        });
+    }
+    p.algorithms = match &a.chap_algorithms {
+        None => vec![8, 7, 6, 5],
+        Some(list) => {
+            let mut v = Vec::new();
+            for name in list.get_ref() {
+                v.push(match name.to_ascii_uppercase().as_str() {
+                    "MD5" => 5,
+                    "SHA1" | "SHA-1" => 6,
+                    "SHA256" | "SHA-256" => 7,
+                    "SHA3-256" | "SHA3_256" => 8,
+                    _ => return Err(ctx.err(list.span(), &format!("{section}.chap_algorithms"), format!(
+                        "{name:?} is not a CHAP algorithm (use SHA3-256, SHA-256, SHA1 or MD5)"))),
+                });
+            }
+            v
+        }
+    };
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("512m"), Some(512 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("x"), None);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\nbackstore = \"tape\"\nsize = \"1M\"\n";
+        let e = TargetConfig::from_str("t.toml", text).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (10, "target.lun.backstore"));
+        assert!(e.to_string().starts_with("t.toml:10: target.lun.backstore:"), "{e}");
+
+        let e = TargetConfig::from_str("t.toml", "[[portal_group]]\ntag = 1\nlisten = [\"nowhere\"]\n").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (3, "portal_group.listen"));
+
+        let e = TargetConfig::from_str("t.toml", "[fabric]\nqueue_dpth = 3\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("queue_dpth"), "{e}");
+    }
+
+    #[test]
+    fn embedded_default_and_examples_load() {
+        let b = TargetConfig::embedded_default("127.0.0.1:3260".parse().unwrap());
+        assert_eq!(b.catalog.targets.len(), 1);
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                // File LUNs in examples point at /var/lib; load only those
+                // whose backstores are RAM, check the others parse.
+                let text = std::fs::read_to_string(&path).unwrap();
+                if !text.contains("backstore = \"file\"") {
+                    TargetConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                } else {
+                    toml::from_str::<TargetConfig>(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                }
+            }
+        }
+    }
+}

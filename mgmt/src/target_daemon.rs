@@ -1,0 +1,80 @@
+//! Running the target daemon: bind every portal, serve until SIGTERM or
+//! SIGINT, then ask initiators to log out, drain, flush and exit.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::{Fabric, SessionTable};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use crate::config::Built;
+
+/// Serves `built` until a termination signal; returns after a clean shutdown.
+pub async fn run(built: Built) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut settings = built.settings;
+    settings.max_recv_data_segment_length = built.max_recv_data_segment_length;
+    let fabric = Arc::new(Fabric {
+        catalog: built.catalog.clone(),
+        sessions: SessionTable::default(),
+        settings,
+        shutdown: stop_rx,
+    });
+
+    let mut portals = Vec::new();
+    for group in &fabric.catalog.portal_groups {
+        for addr in &group.addresses {
+            let portal = Portal::bind(*addr, group.tag).await?;
+            let bound = portal.local_addr()?;
+            info!(portal = %bound, tpgt = group.tag, "listening");
+            portals.push((bound, portal));
+        }
+    }
+    for t in &fabric.catalog.targets {
+        for lun in t.luns.lun_ids() {
+            info!(target = %t.name, lun, "serving");
+        }
+    }
+    if let Some((addr, _)) = portals.first() {
+        let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
+        let host = if host.contains(':') { format!("[{host}]") } else { host };
+        let t = &fabric.catalog.targets[0];
+        let lun = t.luns.lun_ids().first().copied().unwrap_or(0);
+        info!(
+            "reach it with: iscsi-ls -s iscsi://{host}:{}  or  iscsi-inq iscsi://{host}:{}/{}/{lun}",
+            addr.port(),
+            addr.port(),
+            t.name
+        );
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (_, portal) in portals {
+        tasks.spawn(portal.run(fabric.clone()));
+    }
+
+    wait_for_signal().await?;
+    info!("shutting down: asking initiators to log out");
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    for t in &fabric.catalog.targets {
+        if let Err(e) = t.luns.flush_all() {
+            error!(target = %t.name, error = %e, "flushing backstores failed");
+            return Err(e).context(format!("flushing the backstores of {}", t.name));
+        }
+    }
+    info!("backstores flushed; exiting");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+    Ok(())
+}
