@@ -9,6 +9,27 @@ use std::sync::Arc;
 
 use blockwire_pdu::pdu::codes::TaskAttr;
 
+mod control;
+mod identity;
+mod inquiry;
+mod logical_unit;
+mod lun_table;
+mod mode;
+mod opcodes;
+mod outcome;
+mod range_lock;
+mod read_write;
+mod reservations;
+mod unit_attention;
+mod xcopy;
+
+#[cfg(test)]
+mod tests;
+
+pub use identity::{stable_identity, DEFAULT_COMPANY_ID};
+pub use logical_unit::{LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
+pub use lun_table::LunTable;
+
 /// The I_T nexus a command arrived on (SAM-5 §4.7): which initiator port,
 /// through which target port. Reservations and unit attentions are kept per
 /// nexus.
@@ -76,11 +97,4 @@ pub struct ScsiResult {
     /// parameter data before truncation). The fabric derives residual
     /// counts from this and the initiator's Expected Data Transfer Length.
     pub transfer_length: u32,
-}
-
-/// The logical units of one target, by LUN. Answers REPORT LUNS and
-/// commands to LUNs that do not exist.
-#[derive(Debug, Default)]
-pub struct LunTable {
-    // Filled in by the SCSI core.
 }

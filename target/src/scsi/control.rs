@@ -1,0 +1,89 @@
+//! START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL and REPORT TARGET PORT
+//! GROUPS: the unit's medium and path state, which for a virtual disk are
+//! mostly fixed.
+
+use blockwire_pdu::scsi::Asc;
+
+use super::inquiry::TARGET_PORT_GROUP;
+use super::logical_unit::LogicalUnit;
+use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
+use super::ItNexus;
+
+impl LogicalUnit {
+    /// START STOP UNIT. The medium is not removable (RMB=0), so LOEJ with
+    /// START=0 (eject) is refused: while any nexus prevents removal with
+    /// MEDIUM REMOVAL PREVENTED, otherwise as an invalid LOEJ field. Power
+    /// conditions and plain start/stop are accepted and change nothing: a
+    /// virtual disk has no spindle, and initiators (and libiscsi's
+    /// conformance tests) expect it to stay ready.
+    pub(crate) fn start_stop_unit(
+        &self,
+        nexus: &ItNexus,
+        power_condition: u8,
+        loej: bool,
+        start: bool,
+    ) -> CmdResult {
+        // SBC-3 table 90: 0 START_VALID, 1 ACTIVE, 2 IDLE, 3 STANDBY,
+        // 7 LU_CONTROL, Ah FORCE_IDLE_0, Bh FORCE_STANDBY_0.
+        if !matches!(power_condition, 0 | 1 | 2 | 3 | 7 | 0xa | 0xb) {
+            return Err(invalid_cdb(4, Some(7)));
+        }
+        if power_condition == 0 && loej && !start {
+            let prevented = !self.lock().prevent.is_empty();
+            tracing::info!(initiator = %nexus.initiator_port, prevented, "eject refused");
+            if prevented {
+                return Err(illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
+            }
+            return Err(invalid_cdb(4, Some(1)));
+        }
+        Ok(Done::none())
+    }
+
+    /// PREVENT ALLOW MEDIUM REMOVAL: kept per nexus (SPC-4 says removal is
+    /// prevented while any nexus prevents it); PREVENT values 2 and 3 are
+    /// obsolete and refused.
+    pub(crate) fn prevent_allow(&self, nexus: &ItNexus, prevent: u8) -> CmdResult {
+        let mut st = self.lock();
+        match prevent {
+            0 => {
+                st.prevent.remove(nexus);
+            }
+            1 => {
+                st.prevent.insert(nexus.clone());
+            }
+            _ => return Err(invalid_cdb(4, Some(1))),
+        }
+        Ok(Done::none())
+    }
+
+    /// REPORT TARGET PORT GROUPS: one group, active/optimized, holding the
+    /// port the command came through (the unit does not see the other
+    /// portals; every one of them is in the same state).
+    pub(crate) fn report_target_port_groups(
+        &self,
+        nexus: &ItNexus,
+        parameter_data_format: u8,
+        allocation_length: u32,
+    ) -> CmdResult {
+        if parameter_data_format > 1 {
+            return Err(invalid_cdb(1, Some(7)));
+        }
+        let mut desc = vec![
+            0x80, // PREF=1, ASYMMETRIC ACCESS STATE 0h active/optimized
+            0x01, // AO_SUP: only active/optimized is supported
+        ];
+        desc.extend_from_slice(&TARGET_PORT_GROUP.to_be_bytes());
+        desc.extend_from_slice(&[0, 0x02, 0, 1]); // status: implicit transition; 1 port
+        desc.extend_from_slice(&[0, 0]);
+        desc.extend_from_slice(&nexus.relative_target_port.to_be_bytes());
+        let mut data = Vec::with_capacity(8 + desc.len());
+        let header_extra = if parameter_data_format == 1 { 4 } else { 0 };
+        data.extend_from_slice(&((desc.len() + header_extra) as u32).to_be_bytes());
+        if parameter_data_format == 1 {
+            // FORMAT TYPE 001b; IMPLICIT TRANSITION TIME 0 (never changes).
+            data.extend_from_slice(&[0x10, 0, 0, 0]);
+        }
+        data.extend_from_slice(&desc);
+        Ok(Done::data(data, allocation_length))
+    }
+}

@@ -1,0 +1,142 @@
+//! INQUIRY: standard data and the VPD pages (SPC-4 6.6, 7.8; SBC-3 6.5).
+
+use blockwire_pdu::scsi::vpd::page;
+use blockwire_pdu::scsi::{
+    Association, BlockDeviceCharacteristics, BlockLimits, Designator, ExtendedInquiry,
+    LogicalBlockProvisioning, StandardInquiry, Vpd, VpdPage,
+};
+
+use super::identity::naa_parts;
+use super::logical_unit::{LogicalUnit, MAX_TRANSFER_BYTES};
+use super::outcome::{invalid_cdb, CmdResult, Done};
+use super::ItNexus;
+
+/// The target port group every port of a blockwire target belongs to
+/// (one group, active/optimized: all portals are equal).
+pub(crate) const TARGET_PORT_GROUP: u16 = 1;
+
+/// Most UNMAP / WRITE SAME work one command may ask for, in bytes: bounds
+/// the time one command holds a backstore thread.
+pub(crate) const MAX_UNMAP_BYTES: u64 = 1 << 30;
+
+/// Most UNMAP block descriptors in one parameter list.
+pub(crate) const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+
+/// VPD pages this unit answers, ascending (VPD 00h lists them).
+const PAGES: [u8; 7] = [
+    page::SUPPORTED_PAGES,
+    page::UNIT_SERIAL_NUMBER,
+    page::DEVICE_IDENTIFICATION,
+    page::EXTENDED_INQUIRY,
+    page::BLOCK_LIMITS,
+    page::BLOCK_DEVICE_CHARACTERISTICS,
+    page::LOGICAL_BLOCK_PROVISIONING,
+];
+
+impl LogicalUnit {
+    /// Standard INQUIRY data as this unit reports it.
+    pub(crate) fn standard_inquiry(&self) -> StandardInquiry {
+        let mut inq = StandardInquiry::new(&self.cfg.vendor, &self.cfg.product, &self.cfg.revision);
+        // Implicit ALUA: REPORT TARGET PORT GROUPS is answered, SET is not.
+        inq.tpgs = 1;
+        // EXTENDED COPY (LID1) within the target.
+        inq.three_pc = true;
+        inq
+    }
+
+    pub(crate) fn inquiry(
+        &self,
+        nexus: &ItNexus,
+        evpd: bool,
+        page_code: u8,
+        allocation_length: u16,
+    ) -> CmdResult {
+        let alloc = u32::from(allocation_length);
+        if !evpd {
+            return Ok(Done::data(self.standard_inquiry().encode(), alloc));
+        }
+        let body = match page_code {
+            page::SUPPORTED_PAGES => VpdPage::SupportedPages(PAGES.to_vec()),
+            page::UNIT_SERIAL_NUMBER => VpdPage::UnitSerialNumber(self.cfg.serial.clone()),
+            page::DEVICE_IDENTIFICATION => VpdPage::DeviceIdentification(self.designators(nexus)),
+            page::EXTENDED_INQUIRY => VpdPage::ExtendedInquiry(ExtendedInquiry {
+                // Only SIMPLE task attributes are honoured as such.
+                simpsup: true,
+                // The volatile cache (WCE) exists and SYNCHRONIZE CACHE works.
+                v_sup: self.cfg.write_cache,
+                ..ExtendedInquiry::default()
+            }),
+            page::BLOCK_LIMITS => VpdPage::BlockLimits(self.block_limits()),
+            page::BLOCK_DEVICE_CHARACTERISTICS => {
+                VpdPage::BlockDeviceCharacteristics(BlockDeviceCharacteristics {
+                    // Non-rotating medium: no seek penalty to plan around.
+                    medium_rotation_rate: 1,
+                    ..BlockDeviceCharacteristics::default()
+                })
+            }
+            page::LOGICAL_BLOCK_PROVISIONING => {
+                VpdPage::LogicalBlockProvisioning(self.provisioning())
+            }
+            _ => return Err(invalid_cdb(2, None)),
+        };
+        Ok(Done::data(Vpd::disk(body).encode(), alloc))
+    }
+
+    /// VPD 83h: the logical unit's NAA and T10 vendor names, then the
+    /// target port the command came through (SCSI name string, relative
+    /// port, port group) and the target device's name.
+    fn designators(&self, nexus: &ItNexus) -> Vec<Designator> {
+        let (vendor_specific, extension) = naa_parts(self.cfg.naa_id);
+        let mut v = vec![
+            Designator::naa_registered_extended(self.cfg.company_id, vendor_specific, extension),
+            Designator::t10_vendor_id(&self.cfg.vendor, self.cfg.serial.as_bytes()),
+            Designator::iscsi_name(&nexus.target_port, Association::TargetPort),
+            Designator::relative_target_port(nexus.relative_target_port),
+            Designator::target_port_group(TARGET_PORT_GROUP),
+        ];
+        if let Some((target, _)) = nexus.target_port.split_once(",t,") {
+            v.push(Designator::iscsi_name(target, Association::TargetDevice));
+        }
+        v
+    }
+
+    /// VPD B0h.
+    pub(crate) fn block_limits(&self) -> BlockLimits {
+        let bs = self.cfg.block_size;
+        let per_4k = (4096 / bs).max(1);
+        let thin = self.cfg.thin_provisioning;
+        BlockLimits {
+            // WRITE SAME of 0 blocks ("to the end") is refused: it would let
+            // one command write the whole medium.
+            wsnz: true,
+            max_compare_and_write_length: 255,
+            optimal_transfer_length_granularity: per_4k as u16,
+            max_transfer_length: MAX_TRANSFER_BYTES / bs,
+            optimal_transfer_length: (1 << 20) / bs,
+            max_prefetch_length: MAX_TRANSFER_BYTES / bs,
+            max_unmap_lba_count: if thin {
+                (MAX_UNMAP_BYTES / u64::from(bs)) as u32
+            } else {
+                0
+            },
+            max_unmap_block_descriptor_count: if thin { MAX_UNMAP_DESCRIPTORS } else { 0 },
+            optimal_unmap_granularity: if thin { per_4k } else { 0 },
+            unmap_granularity_alignment: thin.then_some(0),
+            max_write_same_length: MAX_UNMAP_BYTES / u64::from(bs),
+        }
+    }
+
+    /// VPD B2h.
+    fn provisioning(&self) -> LogicalBlockProvisioning {
+        let thin = self.cfg.thin_provisioning;
+        LogicalBlockProvisioning {
+            lbpu: thin,
+            lbpws: thin,
+            lbpws10: thin,
+            // Backstore::discard guarantees deallocated blocks read as zero.
+            lbprz: u8::from(thin),
+            provisioning_type: if thin { 2 } else { 0 },
+            ..LogicalBlockProvisioning::default()
+        }
+    }
+}

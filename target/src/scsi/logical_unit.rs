@@ -1,0 +1,448 @@
+//! One logical unit: its configuration, its shared state (mode pages, unit
+//! attentions, reservations) and the command dispatcher.
+//!
+//! `execute` runs on many blocking threads at once for the same unit. The
+//! state mutex is held only for bookkeeping, never across backstore I/O;
+//! block-level atomicity comes from the range lock instead.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use blockwire_pdu::scsi::opcode as op;
+use blockwire_pdu::scsi::{Asc, Cdb, ScsiStatus, Sense, SenseFormat, SenseKey};
+use tracing::{debug, warn};
+
+use super::identity::DEFAULT_COMPANY_ID;
+use super::mode::ModeState;
+use super::outcome::{illegal, CmdResult, Done, Failure};
+use super::range_lock::RangeLock;
+use super::reservations::Reservations;
+use super::unit_attention::UnitAttentions;
+use super::xcopy::CopyResults;
+use super::{ItNexus, ScsiRequest, ScsiResult};
+use crate::backstore::Backstore;
+
+/// Largest data transfer one command may ask for, in bytes. Every length
+/// from the wire is checked against it before a buffer is allocated, and
+/// VPD B0h advertises it as MAXIMUM TRANSFER LENGTH.
+pub const MAX_TRANSFER_BYTES: u32 = 32 << 20;
+
+/// How a logical unit is built.
+#[derive(Debug, Clone)]
+pub struct LuConfig {
+    /// Where the blocks live.
+    pub backstore: Arc<dyn Backstore>,
+    /// Logical block size: 512 (default) or 4096.
+    pub block_size: u32,
+    /// Reject every write with DATA PROTECT, WRITE PROTECTED.
+    pub read_only: bool,
+    /// T10 vendor identification (8 ASCII characters, space padded).
+    pub vendor: String,
+    /// Product identification (16 characters).
+    pub product: String,
+    /// Product revision level (4 characters).
+    pub revision: String,
+    /// Unit serial number (VPD 80h); see [`super::stable_identity`].
+    pub serial: String,
+    /// Stable 64-bit identity behind the NAA designator (VPD 83h); the
+    /// caller derives it from target name and LUN so it never changes.
+    pub naa_id: u64,
+    /// IEEE company ID for the NAA designator.
+    pub company_id: u32,
+    /// Thin provisioning: UNMAP, WRITE SAME with UNMAP, LBPME, VPD B2h.
+    pub thin_provisioning: bool,
+    /// Initial WCE: writes complete before they are durable (the backstore
+    /// has a volatile cache, e.g. the page cache). With WCE off every write
+    /// is flushed before status.
+    pub write_cache: bool,
+    /// Where persistent reservations with APTPL are kept (written to a
+    /// temporary file, fsynced, renamed). `None`: APTPL is refused.
+    pub pr_state_path: Option<PathBuf>,
+}
+
+impl LuConfig {
+    /// Defaults: 512-byte blocks, writable, "BLOCKWIR" / "VIRTUAL-DISK",
+    /// write cache on, thin provisioning on, a fixed placeholder identity
+    /// (callers set `serial` and `naa_id` from [`super::stable_identity`]).
+    pub fn new(backstore: Arc<dyn Backstore>) -> LuConfig {
+        let (serial, naa_id) = super::stable_identity("blockwire", 0);
+        LuConfig {
+            backstore,
+            block_size: 512,
+            read_only: false,
+            vendor: "BLOCKWIR".into(),
+            product: "VIRTUAL-DISK".into(),
+            revision: "0001".into(),
+            serial,
+            naa_id,
+            company_id: DEFAULT_COMPANY_ID,
+            thin_provisioning: true,
+            write_cache: true,
+            pr_state_path: None,
+        }
+    }
+}
+
+/// Mutable state of a logical unit, behind one mutex.
+#[derive(Debug)]
+pub(crate) struct LuState {
+    /// Current mode parameters.
+    pub mode: ModeState,
+    /// Pending unit attentions per nexus.
+    pub ua: UnitAttentions,
+    /// SPC-2 and persistent reservations.
+    pub res: Reservations,
+    /// Nexuses that sent PREVENT ALLOW MEDIUM REMOVAL with PREVENT=1.
+    pub prevent: HashSet<ItNexus>,
+    /// Capacity in blocks when last looked at (CAPACITY DATA HAS CHANGED).
+    pub blocks: u64,
+    /// EXTENDED COPY results for RECEIVE COPY RESULTS.
+    pub copies: CopyResults,
+}
+
+/// An emulated SBC-3 direct-access block device.
+#[derive(Debug)]
+pub struct LogicalUnit {
+    pub(crate) cfg: LuConfig,
+    pub(crate) state: Mutex<LuState>,
+    pub(crate) ranges: RangeLock,
+}
+
+/// Commands that neither report nor clear a unit attention (SPC-4 5.12:
+/// INQUIRY, REPORT LUNS; REQUEST SENSE reports it as its data).
+fn ua_exempt(opcode: u8) -> bool {
+    matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
+}
+
+impl LogicalUnit {
+    /// A logical unit over `cfg.backstore`. The block size must be 512 or
+    /// 4096 (anything else falls back to 512, logged).
+    pub fn new(mut cfg: LuConfig) -> LogicalUnit {
+        if cfg.block_size != 512 && cfg.block_size != 4096 {
+            warn!(
+                block_size = cfg.block_size,
+                "unsupported block size, using 512"
+            );
+            cfg.block_size = 512;
+        }
+        let blocks = cfg.backstore.size() / u64::from(cfg.block_size);
+        let mode = ModeState::defaults(&cfg);
+        let res = Reservations::load(cfg.pr_state_path.as_deref());
+        LogicalUnit {
+            state: Mutex::new(LuState {
+                mode,
+                ua: UnitAttentions::default(),
+                res,
+                prevent: HashSet::new(),
+                blocks,
+                copies: CopyResults::default(),
+            }),
+            ranges: RangeLock::default(),
+            cfg,
+        }
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &LuConfig {
+        &self.cfg
+    }
+
+    /// Capacity in logical blocks.
+    pub fn blocks(&self) -> u64 {
+        self.cfg.backstore.size() / u64::from(self.cfg.block_size)
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.cfg.block_size
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, LuState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs one command (see `LunTable::execute`). `lun` and `lun_ids` are
+    /// for logs and REPORT LUNS.
+    pub(crate) fn execute(&self, lun: u16, req: &ScsiRequest<'_>, lun_ids: &[u16]) -> ScsiResult {
+        let opcode = req.cdb.first().copied().unwrap_or(0xff);
+        let decoded = Cdb::decode(req.cdb);
+        let transfer = match &decoded {
+            Ok(c) => c
+                .transfer_length()
+                .map_or(0, |t| t.bytes(self.cfg.block_size)),
+            Err(_) => 0,
+        };
+        let (format, ua) = {
+            let mut st = self.lock();
+            st.ua.first_contact(req.nexus);
+            let now = self.blocks();
+            if now != st.blocks {
+                st.blocks = now;
+                st.ua.push_others(None, Asc::CAPACITY_DATA_HAS_CHANGED);
+            }
+            let ua = if ua_exempt(opcode) {
+                None
+            } else {
+                st.ua.take(req.nexus)
+            };
+            let format = if st.mode.d_sense {
+                SenseFormat::Descriptor
+            } else {
+                SenseFormat::Fixed
+            };
+            (format, ua)
+        };
+        let outcome: CmdResult = if let Some(code) = ua {
+            Err(Failure::Check(Sense::unit_attention(code)))
+        } else {
+            match decoded {
+                Err(e) => Err(Failure::Check(e.to_sense())),
+                Ok(Cdb::Unknown { .. }) => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
+                Ok(cdb) => match self.reservation_check(req.nexus, &cdb) {
+                    Err(f) => Err(f),
+                    Ok(()) => self.dispatch(req, &cdb, lun_ids),
+                },
+            }
+        };
+        let result = finish(outcome, transfer, format, req.data_in_capacity);
+        if result.status != ScsiStatus::GOOD.0 {
+            debug!(
+                lun,
+                initiator = %req.nexus.initiator_port,
+                opcode,
+                itt = req.task_tag,
+                status = result.status,
+                "command failed"
+            );
+        }
+        result
+    }
+
+    fn dispatch(&self, req: &ScsiRequest<'_>, cdb: &Cdb, lun_ids: &[u16]) -> CmdResult {
+        use Cdb::*;
+        match cdb {
+            TestUnitReady => self.test_unit_ready(),
+            RequestSense {
+                desc,
+                allocation_length,
+            } => self.request_sense(req.nexus, *desc, *allocation_length),
+            Inquiry {
+                evpd,
+                page_code,
+                allocation_length,
+            } => self.inquiry(req.nexus, *evpd, *page_code, *allocation_length),
+            ReportLuns {
+                select_report,
+                allocation_length,
+            } => super::lun_table::report_luns(lun_ids, *select_report, *allocation_length),
+            ModeSense6 { .. } | ModeSense10 { .. } => self.mode_sense(cdb),
+            ModeSelect6 { .. } | ModeSelect10 { .. } => self.mode_select(req, cdb),
+            Read { rw, .. } => self.read(rw),
+            Write(rw) => self.write(rw, req.data_out),
+            WriteAndVerify { rw, bytchk } => self.write_and_verify(rw, *bytchk, req.data_out),
+            Verify { rw, bytchk } => self.verify(rw, *bytchk, req.data_out),
+            OrWrite16(rw) => self.orwrite(rw, req.data_out),
+            WriteSame { .. } => self.write_same(cdb, req.data_out),
+            Unmap {
+                anchor,
+                parameter_list_length,
+                ..
+            } => self.unmap(*anchor, *parameter_list_length, req.data_out),
+            CompareAndWrite {
+                lba,
+                blocks,
+                wrprotect,
+                fua,
+                ..
+            } => self.compare_and_write(*lba, *blocks, *wrprotect, *fua, req.data_out),
+            PreFetch { lba, blocks, .. } => self.prefetch(*lba, *blocks),
+            SynchronizeCache { lba, blocks, .. } => self.synchronize_cache(*lba, *blocks),
+            ReadCapacity10 { lba, pmi } => self.read_capacity10(*lba, *pmi),
+            ReadCapacity16 {
+                lba,
+                allocation_length,
+                pmi,
+            } => self.read_capacity16(*lba, *allocation_length, *pmi),
+            GetLbaStatus {
+                lba,
+                allocation_length,
+            } => self.get_lba_status(*lba, *allocation_length),
+            ReportTargetPortGroups {
+                parameter_data_format,
+                allocation_length,
+            } => self.report_target_port_groups(
+                req.nexus,
+                *parameter_data_format,
+                *allocation_length,
+            ),
+            ReportSupportedOperationCodes {
+                rctd,
+                reporting_options,
+                requested_opcode,
+                requested_service_action,
+                allocation_length,
+            } => super::opcodes::report_supported_operation_codes(
+                *rctd,
+                *reporting_options,
+                *requested_opcode,
+                *requested_service_action,
+                *allocation_length,
+            ),
+            ReportSupportedTmfs {
+                repd,
+                allocation_length,
+            } => super::opcodes::report_supported_tmfs(*repd, *allocation_length),
+            SetTargetPortGroups { .. } => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
+            StartStopUnit {
+                power_condition,
+                loej,
+                start,
+                ..
+            } => self.start_stop_unit(req.nexus, *power_condition, *loej, *start),
+            PreventAllowMediumRemoval { prevent } => self.prevent_allow(req.nexus, *prevent),
+            Reserve6 => self.reserve_spc2(req.nexus),
+            Release6 => self.release_spc2(req.nexus),
+            Reserve10 {
+                third_party,
+                long_id,
+                ..
+            } => {
+                if *third_party || *long_id {
+                    Err(super::outcome::invalid_cdb(
+                        1,
+                        Some(if *third_party { 4 } else { 1 }),
+                    ))
+                } else {
+                    self.reserve_spc2(req.nexus)
+                }
+            }
+            Release10 {
+                third_party,
+                long_id,
+                ..
+            } => {
+                if *third_party || *long_id {
+                    Err(super::outcome::invalid_cdb(
+                        1,
+                        Some(if *third_party { 4 } else { 1 }),
+                    ))
+                } else {
+                    self.release_spc2(req.nexus)
+                }
+            }
+            ExtendedCopy {
+                service_action,
+                parameter_list_length,
+            } => self.extended_copy(*service_action, *parameter_list_length, req.data_out),
+            ReceiveCopyResults {
+                service_action,
+                list_identifier,
+                allocation_length,
+            } => self.receive_copy_results(*service_action, *list_identifier, *allocation_length),
+            PersistentReserveIn {
+                service_action,
+                allocation_length,
+            } => self.pr_in(*service_action, *allocation_length),
+            PersistentReserveOut {
+                service_action,
+                scope,
+                pr_type,
+                parameter_list_length,
+            } => self.pr_out(
+                req.nexus,
+                *service_action,
+                *scope,
+                *pr_type,
+                *parameter_list_length,
+                req.data_out,
+            ),
+            Unknown { .. } => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
+        }
+    }
+
+    /// TEST UNIT READY: the medium is always present and spun up (START
+    /// STOP UNIT changes no readiness on a virtual disk; see `control`).
+    fn test_unit_ready(&self) -> CmdResult {
+        Ok(Done::none())
+    }
+
+    /// REQUEST SENSE: a pending unit attention (which it clears), or NO
+    /// SENSE. Other errors are reported with the command (autosense), so
+    /// nothing else is ever pending.
+    fn request_sense(&self, nexus: &ItNexus, desc: bool, allocation_length: u8) -> CmdResult {
+        let sense = match self.lock().ua.take(nexus) {
+            Some(code) => Sense::unit_attention(code),
+            None => Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE),
+        };
+        let format = if desc {
+            SenseFormat::Descriptor
+        } else {
+            SenseFormat::Fixed
+        };
+        Ok(Done::data(
+            sense.encode(format),
+            u32::from(allocation_length),
+        ))
+    }
+
+    /// LOGICAL UNIT RESET (SAM-5 6.3.3): SPC-2 reservations and PREVENT
+    /// states go, mode parameters return to their defaults (none are
+    /// saved), every nexus gets BUS DEVICE RESET FUNCTION OCCURRED.
+    /// Persistent reservations survive, as SPC-4 requires.
+    pub fn reset(&self, code: Asc) {
+        let mut st = self.lock();
+        st.res.reset();
+        st.prevent.clear();
+        st.mode = ModeState::defaults(&self.cfg);
+        st.ua.reset_all(code);
+    }
+
+    /// I_T nexus loss: its SPC-2 reservation and PREVENT state are
+    /// released and its unit attentions forgotten. Persistent reservations
+    /// and registrations are kept (that is their point).
+    pub fn nexus_lost(&self, nexus: &ItNexus) {
+        let mut st = self.lock();
+        st.res.nexus_lost(nexus);
+        st.prevent.remove(nexus);
+        st.ua.forget(nexus);
+    }
+
+    /// Makes every acknowledged write durable.
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.cfg.backstore.flush()
+    }
+}
+
+/// Turns a handler outcome into the fabric's result: status, sense in the
+/// unit's format, data cut to what the initiator can take.
+pub(crate) fn finish(
+    outcome: CmdResult,
+    cdb_transfer: u64,
+    format: SenseFormat,
+    capacity: u32,
+) -> ScsiResult {
+    match outcome {
+        Ok(mut done) => {
+            done.data.truncate(capacity as usize);
+            ScsiResult {
+                status: done.status,
+                sense: None,
+                data_in: done.data,
+                transfer_length: done.transfer_length,
+            }
+        }
+        Err(Failure::Check(sense)) => ScsiResult {
+            status: ScsiStatus::CHECK_CONDITION.0,
+            sense: Some(sense.encode(format)),
+            data_in: Vec::new(),
+            transfer_length: super::outcome::clamp32(cdb_transfer),
+        },
+        Err(Failure::Conflict) => ScsiResult {
+            status: ScsiStatus::RESERVATION_CONFLICT.0,
+            sense: None,
+            data_in: Vec::new(),
+            transfer_length: super::outcome::clamp32(cdb_transfer),
+        },
+    }
+}

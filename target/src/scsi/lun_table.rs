@@ -1,0 +1,172 @@
+//! The logical units of one target, by LUN: routes commands, answers
+//! REPORT LUNS and commands to LUNs that do not exist, and applies task
+//! management and nexus loss to every unit.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use blockwire_pdu::scsi::opcode as op;
+use blockwire_pdu::scsi::{
+    Asc, Cdb, Lun, Peripheral, ReportLuns, Sense, SenseFormat, SenseKey, StandardInquiry,
+};
+use tracing::{info, warn};
+
+use super::logical_unit::{finish, LogicalUnit};
+use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
+use super::{ItNexus, ScsiRequest, ScsiResult};
+
+/// The logical units of one target, by LUN. Answers REPORT LUNS and
+/// commands to LUNs that do not exist.
+#[derive(Debug, Default)]
+pub struct LunTable {
+    luns: BTreeMap<u16, Arc<LogicalUnit>>,
+    /// LUN numbers in ascending order, for REPORT LUNS.
+    ids: Vec<u16>,
+}
+
+impl LunTable {
+    /// A table of `luns`. LUNs above 16383 cannot be addressed by the
+    /// single-level LUN format and are dropped with a warning; a repeated
+    /// LUN keeps its last unit.
+    pub fn new(luns: Vec<(u16, Arc<LogicalUnit>)>) -> LunTable {
+        let mut map = BTreeMap::new();
+        for (id, lu) in luns {
+            if Lun::new(id).is_none() {
+                warn!(lun = id, "LUN above 16383 cannot be reported, ignored");
+                continue;
+            }
+            map.insert(id, lu);
+        }
+        let ids = map.keys().copied().collect();
+        LunTable { luns: map, ids }
+    }
+
+    /// Executes one command (blocking: may wait for backstore I/O). Safe
+    /// to call from many threads at once, also for the same LUN.
+    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResult {
+        match self.luns.get(&req.lun) {
+            Some(lu) => lu.execute(req.lun, req, &self.ids),
+            None => self.no_such_lun(req),
+        }
+    }
+
+    /// Whether `lun` exists.
+    pub fn has_lun(&self, lun: u16) -> bool {
+        self.luns.contains_key(&lun)
+    }
+
+    /// The LUNs, ascending.
+    pub fn lun_ids(&self) -> Vec<u16> {
+        self.ids.clone()
+    }
+
+    /// The unit at `lun`.
+    pub fn get(&self, lun: u16) -> Option<&Arc<LogicalUnit>> {
+        self.luns.get(&lun)
+    }
+
+    /// LOGICAL UNIT RESET of `lun`, requested through `by`.
+    pub fn reset_lun(&self, lun: u16, by: &ItNexus) {
+        if let Some(lu) = self.luns.get(&lun) {
+            info!(lun, initiator = %by.initiator_port, "logical unit reset");
+            lu.reset(Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED);
+        }
+    }
+
+    /// TARGET WARM/COLD RESET requested through `by`: every unit is reset.
+    pub fn reset_target(&self, by: &ItNexus) {
+        info!(initiator = %by.initiator_port, "target reset");
+        for lu in self.luns.values() {
+            lu.reset(Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET);
+        }
+    }
+
+    /// I_T nexus loss (session closed or reinstated): releases the
+    /// nexus's SPC-2 reservations and per-nexus state on every unit.
+    /// Persistent reservations and registrations stay.
+    pub fn nexus_lost(&self, nexus: &ItNexus) {
+        for lu in self.luns.values() {
+            lu.nexus_lost(nexus);
+        }
+    }
+
+    /// Flushes every unit's backstore (shutdown); the first error wins but
+    /// every unit is still flushed.
+    pub fn flush_all(&self) -> std::io::Result<()> {
+        let mut first = Ok(());
+        for (lun, lu) in &self.luns {
+            if let Err(e) = lu.flush() {
+                warn!(lun, error = %e, "flush failed");
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+
+    /// A command to a LUN with no unit (SPC-4 4.6.4 / 6.6.2): INQUIRY
+    /// answers with peripheral qualifier 3, REPORT LUNS and REQUEST SENSE
+    /// work, anything else is LOGICAL UNIT NOT SUPPORTED.
+    fn no_such_lun(&self, req: &ScsiRequest<'_>) -> ScsiResult {
+        let opcode = req.cdb.first().copied().unwrap_or(0xff);
+        let decoded = Cdb::decode(req.cdb);
+        let outcome: CmdResult = match (opcode, decoded) {
+            (
+                _,
+                Ok(Cdb::Inquiry {
+                    evpd: false,
+                    allocation_length,
+                    ..
+                }),
+            ) => {
+                let mut inq = StandardInquiry::new("", "", "");
+                inq.peripheral = Peripheral::NO_LUN;
+                Ok(Done::data(inq.encode(), u32::from(allocation_length)))
+            }
+            (
+                _,
+                Ok(Cdb::ReportLuns {
+                    select_report,
+                    allocation_length,
+                }),
+            ) => report_luns(&self.ids, select_report, allocation_length),
+            (
+                _,
+                Ok(Cdb::RequestSense {
+                    desc,
+                    allocation_length,
+                }),
+            ) => {
+                let s = Sense::new(SenseKey::IllegalRequest, Asc::LU_NOT_SUPPORTED);
+                let f = if desc {
+                    SenseFormat::Descriptor
+                } else {
+                    SenseFormat::Fixed
+                };
+                Ok(Done::data(s.encode(f), u32::from(allocation_length)))
+            }
+            (op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE, Err(e)) => {
+                Err(super::outcome::Failure::Check(e.to_sense()))
+            }
+            _ => Err(illegal(Asc::LU_NOT_SUPPORTED)),
+        };
+        finish(outcome, 0, SenseFormat::Fixed, req.data_in_capacity)
+    }
+}
+
+/// REPORT LUNS parameter data. SELECT REPORT 00h, 01h (well-known LUNs:
+/// there are none) and 02h are defined by SPC-4; 10h-12h (SPC-5
+/// administrative LUN forms) have nothing to report here.
+pub(crate) fn report_luns(ids: &[u16], select_report: u8, allocation_length: u32) -> CmdResult {
+    let list = match select_report {
+        0 | 2 => ReportLuns::from_luns(ids.iter().filter_map(|&i| Lun::new(i))),
+        1 | 0x10..=0x12 => ReportLuns::default(),
+        _ => return Err(invalid_cdb(2, None)),
+    };
+    // SPC-4 6.33: an allocation length under 16 is an invalid field.
+    if allocation_length < 16 {
+        return Err(invalid_cdb(6, None));
+    }
+    Ok(Done::data(list.encode(), allocation_length))
+}

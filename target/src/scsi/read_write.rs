@@ -1,0 +1,477 @@
+//! Media access commands (SBC-3): READ, WRITE, WRITE AND VERIFY, VERIFY,
+//! ORWRITE, COMPARE AND WRITE, WRITE SAME, UNMAP, GET LBA STATUS,
+//! PRE-FETCH, SYNCHRONIZE CACHE, READ CAPACITY.
+//!
+//! Every length from the CDB is checked against the capacity and against
+//! [`MAX_TRANSFER_BYTES`] before any buffer is allocated.
+
+use blockwire_pdu::scsi::{
+    Asc, CdbSize, ReadCapacity10, ReadCapacity16, Rw, Sense, SenseKey, UnmapList,
+};
+use tracing::warn;
+
+use super::inquiry::{MAX_UNMAP_BYTES, MAX_UNMAP_DESCRIPTORS};
+use super::logical_unit::{LogicalUnit, MAX_TRANSFER_BYTES};
+use super::outcome::{
+    data_protect, illegal, invalid_cdb, invalid_param, io_failure, lba_out_of_range, param_length,
+    CmdResult, Done, Failure,
+};
+
+/// Byte offset of the TRANSFER LENGTH field for each CDB size (for the
+/// INVALID FIELD IN CDB field pointer).
+fn length_byte(size: CdbSize) -> u16 {
+    match size {
+        CdbSize::Six => 4,
+        CdbSize::Ten => 7,
+        CdbSize::Twelve => 6,
+        CdbSize::Sixteen => 10,
+    }
+}
+
+/// INVALID FIELD IN COMMAND INFORMATION UNIT: the initiator sent a partial
+/// block where the command needs whole ones.
+fn partial_block() -> Failure {
+    illegal(Asc::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT)
+}
+
+/// Most blocks GET LBA STATUS inspects per command (it derives mapping from
+/// content, so the scan is bounded to keep the command short).
+const LBA_STATUS_SCAN_BYTES: u64 = 8 << 20;
+
+impl LogicalUnit {
+    /// LBA OUT OF RANGE unless `[lba, lba+blocks)` lies within the medium.
+    pub(crate) fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Failure> {
+        match lba.checked_add(blocks) {
+            Some(end) if end <= self.blocks() => Ok(()),
+            _ => Err(lba_out_of_range()),
+        }
+    }
+
+    /// Bytes for `blocks`, or INVALID FIELD IN CDB at the length field when
+    /// over the advertised maximum transfer.
+    fn transfer_bytes(&self, blocks: u32, size: CdbSize) -> Result<usize, Failure> {
+        let bytes = u64::from(blocks) * u64::from(self.cfg.block_size);
+        if bytes > u64::from(MAX_TRANSFER_BYTES) {
+            return Err(invalid_cdb(length_byte(size), None));
+        }
+        Ok(bytes as usize)
+    }
+
+    /// DATA PROTECT unless writes are allowed: WRITE PROTECTED for a
+    /// read-only LUN, SOFTWARE WRITE PROTECTED while SWP is set.
+    pub(crate) fn check_writable(&self) -> Result<(), Failure> {
+        if self.cfg.read_only {
+            return Err(data_protect(Asc::WRITE_PROTECTED));
+        }
+        if self.lock().mode.swp {
+            return Err(data_protect(Asc::LU_SOFTWARE_WRITE_PROTECTED));
+        }
+        Ok(())
+    }
+
+    fn offset(&self, lba: u64) -> u64 {
+        lba * u64::from(self.cfg.block_size)
+    }
+
+    fn read_blocks(&self, lba: u64, buf: &mut [u8]) -> Result<(), Failure> {
+        self.cfg
+            .backstore
+            .read_at(self.offset(lba), buf)
+            .map_err(|e| {
+                warn!(lba, len = buf.len(), error = %e, "backstore read failed");
+                io_failure(false, lba)
+            })
+    }
+
+    fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), Failure> {
+        self.cfg
+            .backstore
+            .write_at(self.offset(lba), data)
+            .map_err(|e| {
+                warn!(lba, len = data.len(), error = %e, "backstore write failed");
+                io_failure(true, lba)
+            })
+    }
+
+    /// Makes a completed write durable when the initiator asked (FUA) or
+    /// when the write cache is off (then every write is write-through).
+    fn persist(&self, lba: u64, fua: bool) -> Result<(), Failure> {
+        if fua || !self.lock().mode.wce {
+            self.cfg.backstore.flush().map_err(|e| {
+                warn!(lba, error = %e, "backstore flush failed");
+                io_failure(true, lba)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Common READ/WRITE/VERIFY checks: protection field, readiness,
+    /// transfer size, range. Returns the byte length.
+    fn media_checks(&self, rw: &Rw) -> Result<usize, Failure> {
+        // No protection information: any RDPROTECT/WRPROTECT/VRPROTECT is
+        // an invalid field (SBC-3 5.16 table 82).
+        if rw.protect != 0 {
+            return Err(invalid_cdb(1, Some(7)));
+        }
+        let bytes = self.transfer_bytes(rw.length, rw.size)?;
+        self.check_range(rw.lba, u64::from(rw.length))?;
+        Ok(bytes)
+    }
+
+    pub(crate) fn read(&self, rw: &Rw) -> CmdResult {
+        let bytes = self.media_checks(rw)?;
+        let mut buf = vec![0u8; bytes];
+        if bytes > 0 {
+            self.read_blocks(rw.lba, &mut buf)?;
+        }
+        Ok(Done::media(buf))
+    }
+
+    /// The whole blocks of `data_out` a write may use. libiscsi's residual
+    /// tests define the behaviour when the initiator sends less than the
+    /// CDB asks: the blocks that did arrive are written and the status is
+    /// GOOD (the fabric reports the shortfall as residual overflow); a
+    /// trailing partial block is INVALID FIELD IN COMMAND INFORMATION UNIT.
+    fn write_payload<'d>(&self, data_out: &'d [u8], bytes: usize) -> Result<&'d [u8], Failure> {
+        if data_out.len() >= bytes {
+            return Ok(data_out.get(..bytes).unwrap_or_default());
+        }
+        if data_out.len() % self.cfg.block_size as usize != 0 {
+            return Err(partial_block());
+        }
+        Ok(data_out)
+    }
+
+    pub(crate) fn write(&self, rw: &Rw, data_out: &[u8]) -> CmdResult {
+        let bytes = self.media_checks(rw)?;
+        self.check_writable()?;
+        let data = self.write_payload(data_out, bytes)?;
+        if !data.is_empty() {
+            let blocks = (data.len() / self.cfg.block_size as usize) as u64;
+            let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
+            self.write_blocks(rw.lba, data)?;
+        }
+        self.persist(rw.lba, rw.fua)?;
+        Ok(Done::out(bytes as u64))
+    }
+
+    pub(crate) fn write_and_verify(&self, rw: &Rw, _bytchk: u8, data_out: &[u8]) -> CmdResult {
+        let bytes = self.media_checks(rw)?;
+        self.check_writable()?;
+        let data = self.write_payload(data_out, bytes)?;
+        if !data.is_empty() {
+            let blocks = (data.len() / self.cfg.block_size as usize) as u64;
+            let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
+            self.write_blocks(rw.lba, data)?;
+        }
+        // Verification means the data is on the medium, not in a cache.
+        self.persist(rw.lba, true)?;
+        Ok(Done::out(bytes as u64))
+    }
+
+    /// VERIFY: BYTCHK 0 checks the medium can be read, 1 compares the
+    /// Data-Out with the medium, 3 compares one block against every block
+    /// of the range. A difference is MISCOMPARE with the byte offset.
+    pub(crate) fn verify(&self, rw: &Rw, bytchk: u8, data_out: &[u8]) -> CmdResult {
+        let bytes = self.media_checks(rw)?;
+        let bs = self.cfg.block_size as usize;
+        let sent = match bytchk {
+            0 => 0,
+            1 => bytes,
+            _ => bs.min(bytes),
+        };
+        let mut medium = vec![0u8; bytes];
+        if bytes > 0 {
+            self.read_blocks(rw.lba, &mut medium)?;
+        }
+        if bytchk == 0 {
+            return Ok(Done::none());
+        }
+        let expect = data_out.get(..sent).ok_or_else(partial_block)?;
+        let diff = if bytchk == 1 {
+            first_difference(expect, &medium)
+        } else {
+            medium
+                .chunks(bs)
+                .enumerate()
+                .find_map(|(i, blk)| first_difference(expect, blk).map(|o| o + (i * bs) as u64))
+        };
+        if let Some(off) = diff {
+            return Err(Failure::Check(Sense::miscompare(off)));
+        }
+        Ok(Done::out(sent as u64))
+    }
+
+    /// ORWRITE(16): reads, ORs in the Data-Out and writes back, with the
+    /// range held exclusively so no other write lands in between.
+    pub(crate) fn orwrite(&self, rw: &Rw, data_out: &[u8]) -> CmdResult {
+        let bytes = self.media_checks(rw)?;
+        self.check_writable()?;
+        let data = self.write_payload(data_out, bytes)?;
+        if !data.is_empty() {
+            let blocks = (data.len() / self.cfg.block_size as usize) as u64;
+            let _g = self.ranges.exclusive(rw.lba, rw.lba + blocks);
+            let mut cur = vec![0u8; data.len()];
+            self.read_blocks(rw.lba, &mut cur)?;
+            for (c, d) in cur.iter_mut().zip(data) {
+                *c |= d;
+            }
+            self.write_blocks(rw.lba, &cur)?;
+        }
+        self.persist(rw.lba, rw.fua)?;
+        Ok(Done::out(bytes as u64))
+    }
+
+    /// COMPARE AND WRITE: atomic against every other writer of the unit
+    /// (its range is held exclusively; plain writes hold theirs shared).
+    pub(crate) fn compare_and_write(
+        &self,
+        lba: u64,
+        blocks: u8,
+        wrprotect: u8,
+        fua: bool,
+        data_out: &[u8],
+    ) -> CmdResult {
+        if wrprotect != 0 {
+            return Err(invalid_cdb(1, Some(7)));
+        }
+        let max = self.block_limits().max_compare_and_write_length;
+        if blocks > max {
+            return Err(invalid_cdb(13, None));
+        }
+        self.check_range(lba, u64::from(blocks))?;
+        self.check_writable()?;
+        if blocks == 0 {
+            return Ok(Done::none());
+        }
+        let half = usize::from(blocks) * self.cfg.block_size as usize;
+        let Some(both) = data_out.get(..2 * half) else {
+            return Err(partial_block());
+        };
+        let (expect, new) = both.split_at(half);
+        {
+            let _g = self.ranges.exclusive(lba, lba + u64::from(blocks));
+            let mut cur = vec![0u8; half];
+            self.read_blocks(lba, &mut cur)?;
+            if let Some(off) = first_difference(expect, &cur) {
+                return Err(Failure::Check(Sense::miscompare(off)));
+            }
+            self.write_blocks(lba, new)?;
+        }
+        self.persist(lba, fua)?;
+        Ok(Done::out(2 * half as u64))
+    }
+
+    /// WRITE SAME(10/16): one block (or zeros with NDOB) repeated over the
+    /// range; with UNMAP and a zero block the range is deallocated instead
+    /// (it then reads as zeros, LBPRZ=1). ANCHOR is refused (ANC_SUP=0).
+    pub(crate) fn write_same(&self, cdb: &blockwire_pdu::scsi::Cdb, data_out: &[u8]) -> CmdResult {
+        let blockwire_pdu::scsi::Cdb::WriteSame {
+            size,
+            lba,
+            blocks,
+            wrprotect,
+            anchor,
+            unmap,
+            ndob,
+            ..
+        } = *cdb
+        else {
+            return Err(invalid_cdb(0, None));
+        };
+        if wrprotect != 0 {
+            return Err(invalid_cdb(1, Some(7)));
+        }
+        if anchor {
+            return Err(invalid_cdb(1, Some(4)));
+        }
+        if unmap && !self.cfg.thin_provisioning {
+            return Err(invalid_cdb(1, Some(3)));
+        }
+        let limits = self.block_limits();
+        // WSNZ=1: zero blocks ("to the end of the medium") is refused.
+        if blocks == 0 || u64::from(blocks) > limits.max_write_same_length {
+            return Err(invalid_cdb(length_byte(size), None));
+        }
+        self.check_range(lba, u64::from(blocks))?;
+        self.check_writable()?;
+        let bs = self.cfg.block_size as usize;
+        let zero_block = vec![0u8; bs];
+        let block: &[u8] = if ndob {
+            &zero_block
+        } else {
+            data_out.get(..bs).ok_or_else(partial_block)?
+        };
+        let end = lba + u64::from(blocks);
+        let _g = self.ranges.shared(lba, end);
+        if unmap && block.iter().all(|&b| b == 0) {
+            self.cfg
+                .backstore
+                .discard(self.offset(lba), u64::from(blocks) * bs as u64)
+                .map_err(|e| {
+                    warn!(lba, blocks, error = %e, "backstore discard failed");
+                    io_failure(true, lba)
+                })?;
+        } else {
+            // Write in runs of up to 1 MiB of repeated blocks.
+            let per_run = ((1usize << 20) / bs).max(1);
+            let run: Vec<u8> = block.repeat(per_run.min(blocks as usize));
+            let mut at = lba;
+            while at < end {
+                let n = (end - at).min((run.len() / bs) as u64) as usize;
+                self.write_blocks(at, run.get(..n * bs).unwrap_or_default())?;
+                at += n as u64;
+            }
+        }
+        self.persist(lba, false)?;
+        Ok(Done::out(if ndob { 0 } else { bs as u64 }))
+    }
+
+    /// UNMAP: every descriptor is validated before any range is
+    /// deallocated, so a bad list changes nothing.
+    pub(crate) fn unmap(
+        &self,
+        anchor: bool,
+        parameter_list_length: u16,
+        data_out: &[u8],
+    ) -> CmdResult {
+        if !self.cfg.thin_provisioning {
+            return Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE));
+        }
+        if anchor {
+            return Err(invalid_cdb(1, Some(0)));
+        }
+        self.check_writable()?;
+        let len = usize::from(parameter_list_length);
+        if len == 0 {
+            return Ok(Done::none());
+        }
+        if len < 8 {
+            return Err(param_length());
+        }
+        let buf = data_out.get(..len).ok_or_else(param_length)?;
+        let list = UnmapList::decode(buf).map_err(|e| Failure::Check(e.to_sense()))?;
+        if list.descriptors.len() > MAX_UNMAP_DESCRIPTORS as usize {
+            return Err(invalid_param(2, None));
+        }
+        let bs = u64::from(self.cfg.block_size);
+        let max_blocks = MAX_UNMAP_BYTES / bs;
+        let mut total = 0u64;
+        for (i, d) in list.descriptors.iter().enumerate() {
+            self.check_range(d.lba, u64::from(d.blocks))?;
+            total += u64::from(d.blocks);
+            if total > max_blocks {
+                return Err(invalid_param((8 + i * 16 + 8) as u16, None));
+            }
+        }
+        for d in list.descriptors.iter().filter(|d| d.blocks > 0) {
+            let _g = self.ranges.shared(d.lba, d.lba + u64::from(d.blocks));
+            self.cfg
+                .backstore
+                .discard(d.lba * bs, u64::from(d.blocks) * bs)
+                .map_err(|e| {
+                    warn!(lba = d.lba, blocks = d.blocks, error = %e, "backstore discard failed");
+                    io_failure(true, d.lba)
+                })?;
+        }
+        Ok(Done::out(len as u64))
+    }
+
+    /// GET LBA STATUS: the backstore interface has no allocation map, so
+    /// mapping is derived from content: with LBPRZ=1 a deallocated block
+    /// reads as zeros, and an all-zero block is reported deallocated.
+    /// Scans at most [`LBA_STATUS_SCAN_BYTES`] per command; the initiator
+    /// asks again from the last reported LBA.
+    pub(crate) fn get_lba_status(&self, lba: u64, allocation_length: u32) -> CmdResult {
+        let cap = self.blocks();
+        if lba >= cap {
+            return Err(lba_out_of_range());
+        }
+        let bs = self.cfg.block_size as usize;
+        let scan_blocks = (LBA_STATUS_SCAN_BYTES / bs as u64).min(cap - lba);
+        // (start, count, deallocated)
+        let mut runs: Vec<(u64, u32, bool)> = Vec::new();
+        let max_desc = (allocation_length.saturating_sub(8) / 16).clamp(1, 1024) as usize;
+        if self.cfg.thin_provisioning {
+            let chunk_blocks = ((256usize << 10) / bs) as u64;
+            let mut buf = vec![0u8; chunk_blocks as usize * bs];
+            let mut at = lba;
+            'scan: while at < lba + scan_blocks {
+                let n = (lba + scan_blocks - at).min(chunk_blocks) as usize;
+                let part = buf.get_mut(..n * bs).unwrap_or_default();
+                self.read_blocks(at, part)?;
+                for (i, blk) in part.chunks(bs).enumerate() {
+                    let dealloc = blk.iter().all(|&b| b == 0);
+                    let this = at + i as u64;
+                    match runs.last_mut() {
+                        Some((_, cnt, d)) if *d == dealloc && *cnt < u32::MAX => *cnt += 1,
+                        _ => {
+                            if runs.len() == max_desc {
+                                break 'scan;
+                            }
+                            runs.push((this, 1, dealloc));
+                        }
+                    }
+                }
+                at += n as u64;
+            }
+        } else {
+            let n = u32::try_from(cap - lba).unwrap_or(u32::MAX);
+            runs.push((lba, n, false));
+        }
+        let mut data = Vec::with_capacity(8 + runs.len() * 16);
+        data.extend_from_slice(&((4 + runs.len() * 16) as u32).to_be_bytes());
+        data.extend_from_slice(&[0; 4]);
+        for (start, count, dealloc) in runs {
+            data.extend_from_slice(&start.to_be_bytes());
+            data.extend_from_slice(&count.to_be_bytes());
+            data.extend_from_slice(&[u8::from(dealloc), 0, 0, 0]);
+        }
+        Ok(Done::data(data, allocation_length))
+    }
+
+    /// PRE-FETCH: nothing is cached on behalf of the initiator, so after
+    /// the range check the answer is GOOD (SBC-3: GOOD when the blocks
+    /// were not put in a cache).
+    pub(crate) fn prefetch(&self, lba: u64, blocks: u32) -> CmdResult {
+        self.check_range(lba, u64::from(blocks))?;
+        Ok(Done::none())
+    }
+
+    /// SYNCHRONIZE CACHE: flushes the whole backstore (a range flush is
+    /// not available from the backstore, and flushing more is allowed).
+    pub(crate) fn synchronize_cache(&self, lba: u64, blocks: u32) -> CmdResult {
+        self.check_range(lba, u64::from(blocks))?;
+        self.cfg.backstore.flush().map_err(|e| {
+            warn!(lba, error = %e, "backstore flush failed");
+            Failure::Check(Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))
+        })?;
+        Ok(Done::none())
+    }
+
+    pub(crate) fn read_capacity10(&self, lba: u32, pmi: bool) -> CmdResult {
+        if !pmi && lba != 0 {
+            return Err(invalid_cdb(2, None));
+        }
+        let d = ReadCapacity10::for_capacity(self.blocks(), self.cfg.block_size);
+        Ok(Done::data(d.encode().to_vec(), 8))
+    }
+
+    pub(crate) fn read_capacity16(&self, lba: u64, allocation_length: u32, pmi: bool) -> CmdResult {
+        if !pmi && lba != 0 {
+            return Err(invalid_cdb(2, None));
+        }
+        let mut d = ReadCapacity16::for_capacity(self.blocks(), self.cfg.block_size);
+        d.lbpme = self.cfg.thin_provisioning;
+        d.lbprz = self.cfg.thin_provisioning;
+        // 512-byte logical blocks on 4 KiB physical ones (page-sized I/O is
+        // what the backstores do best).
+        d.lbppbe = if self.cfg.block_size == 512 { 3 } else { 0 };
+        Ok(Done::data(d.encode().to_vec(), allocation_length))
+    }
+}
+
+/// Offset of the first byte where `a` and `b` differ.
+fn first_difference(a: &[u8], b: &[u8]) -> Option<u64> {
+    a.iter().zip(b).position(|(x, y)| x != y).map(|p| p as u64)
+}

@@ -1,0 +1,588 @@
+//! Command-level tests of the SCSI core over RAM backstores.
+
+use std::sync::Arc;
+
+use blockwire_pdu::pdu::codes::TaskAttr;
+use blockwire_pdu::scsi::{
+    Asc, Association, Cdb, CdbSize, DesignatorId, ModePage, ModeParameters, PageControl,
+    ReadCapacity10, ReadCapacity16, Rw, Sense, SenseKey, StandardInquiry, Vpd, VpdPage,
+};
+
+use super::*;
+use crate::backstore::RamBackstore;
+
+pub(crate) const GOOD: u8 = 0;
+pub(crate) const CHECK: u8 = 2;
+pub(crate) const CONFLICT: u8 = 0x18;
+
+pub(crate) fn nexus(name: &str) -> ItNexus {
+    ItNexus::iscsi(name, [0x40, 0, 0, 0, 0, 1], "iqn.2024-01.test:tgt", 1)
+}
+
+pub(crate) fn table_with(cfg: impl FnOnce(&mut LuConfig)) -> LunTable {
+    let mut c = LuConfig::new(Arc::new(RamBackstore::new(1 << 20)));
+    cfg(&mut c);
+    LunTable::new(vec![(0, Arc::new(LogicalUnit::new(c)))])
+}
+
+pub(crate) fn table() -> LunTable {
+    table_with(|_| {})
+}
+
+pub(crate) fn run(t: &LunTable, n: &ItNexus, cdb: &[u8], out: &[u8], cap: u32) -> ScsiResult {
+    t.execute(&ScsiRequest {
+        lun: 0,
+        cdb,
+        nexus: n,
+        task_tag: 1,
+        attr: TaskAttr::Simple,
+        data_out: out,
+        data_in_capacity: cap,
+    })
+}
+
+pub(crate) fn c(cdb: Cdb) -> Vec<u8> {
+    cdb.encode()
+}
+
+/// Sends TEST UNIT READY until the power-on unit attention is consumed.
+pub(crate) fn ready(t: &LunTable, n: &ItNexus) {
+    for _ in 0..8 {
+        if run(t, n, &c(Cdb::TestUnitReady), &[], 0).status == GOOD {
+            return;
+        }
+    }
+    panic!("unit attentions never cleared");
+}
+
+pub(crate) fn sense(r: &ScsiResult) -> Sense {
+    Sense::decode(r.sense.as_deref().expect("sense data")).expect("valid sense")
+}
+
+pub(crate) fn expect_check(r: &ScsiResult, key: SenseKey, asc: Asc) -> Sense {
+    assert_eq!(r.status, CHECK, "{r:?}");
+    let s = sense(r);
+    assert_eq!((s.key, s.code()), (key, asc), "{s:?}");
+    s
+}
+
+pub(crate) fn rw(size: CdbSize, lba: u64, length: u32) -> Rw {
+    Rw {
+        size,
+        lba,
+        length,
+        protect: 0,
+        dpo: false,
+        fua: false,
+        group: 0,
+    }
+}
+
+pub(crate) fn write(t: &LunTable, n: &ItNexus, lba: u64, data: &[u8]) -> ScsiResult {
+    let cdb = c(Cdb::Write(rw(
+        CdbSize::Sixteen,
+        lba,
+        (data.len() / 512) as u32,
+    )));
+    run(t, n, &cdb, data, 0)
+}
+
+pub(crate) fn read(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32) -> ScsiResult {
+    let cdb = c(Cdb::Read {
+        rw: rw(CdbSize::Ten, lba, blocks),
+        rarc: false,
+    });
+    run(t, n, &cdb, &[], blocks * 512)
+}
+
+#[test]
+fn power_on_unit_attention_once_per_nexus() {
+    let t = table();
+    let a = nexus("iqn.a");
+    // INQUIRY neither reports nor clears it.
+    let inq = c(Cdb::Inquiry {
+        evpd: false,
+        page_code: 0,
+        allocation_length: 96,
+    });
+    assert_eq!(run(&t, &a, &inq, &[], 96).status, GOOD);
+    let r = run(&t, &a, &c(Cdb::TestUnitReady), &[], 0);
+    expect_check(
+        &r,
+        SenseKey::UnitAttention,
+        Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET,
+    );
+    assert_eq!(run(&t, &a, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+    // A second nexus gets its own.
+    let b = nexus("iqn.b");
+    let rs = c(Cdb::RequestSense {
+        desc: false,
+        allocation_length: 252,
+    });
+    let r = run(&t, &b, &rs, &[], 252);
+    assert_eq!(r.status, GOOD);
+    let s = Sense::decode(&r.data_in).unwrap();
+    assert_eq!(s.code(), Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET);
+    assert_eq!(run(&t, &b, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+    let r = run(&t, &b, &rs, &[], 252);
+    assert_eq!(Sense::decode(&r.data_in).unwrap().key, SenseKey::NoSense);
+}
+
+#[test]
+fn inquiry_standard_and_vpd() {
+    let t = table();
+    let a = nexus("iqn.a");
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::Inquiry {
+            evpd: false,
+            page_code: 0,
+            allocation_length: 255,
+        }),
+        &[],
+        255,
+    );
+    assert_eq!(r.data_in.len(), 96);
+    assert_eq!(r.transfer_length, 96);
+    let inq = StandardInquiry::decode(&r.data_in).unwrap();
+    assert_eq!(inq.vendor_str(), "BLOCKWIR");
+    assert!(inq.version_descriptors.contains(&0x04c0));
+    // Truncation to the allocation length, then to the capacity.
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::Inquiry {
+            evpd: false,
+            page_code: 0,
+            allocation_length: 36,
+        }),
+        &[],
+        20,
+    );
+    assert_eq!((r.data_in.len(), r.transfer_length), (20, 36));
+
+    let vpd = |page: u8| {
+        let r = run(
+            &t,
+            &a,
+            &c(Cdb::Inquiry {
+                evpd: true,
+                page_code: page,
+                allocation_length: 1024,
+            }),
+            &[],
+            1024,
+        );
+        assert_eq!(r.status, GOOD, "page {page:#x}");
+        Vpd::decode(&r.data_in).unwrap().page
+    };
+    let VpdPage::SupportedPages(p) = vpd(0) else {
+        panic!()
+    };
+    for page in &p {
+        vpd(*page);
+    }
+    assert!(p.windows(2).all(|w| w[0] < w[1]));
+    let VpdPage::UnitSerialNumber(s) = vpd(0x80) else {
+        panic!()
+    };
+    assert_eq!(s.len(), 16);
+    let VpdPage::DeviceIdentification(ds) = vpd(0x83) else {
+        panic!()
+    };
+    assert!(matches!(ds[0].id, DesignatorId::Naa(_)));
+    assert!(matches!(ds[1].id, DesignatorId::T10VendorId { .. }));
+    assert!(ds.iter().any(|d| d.association == Association::TargetPort
+        && d.id == DesignatorId::ScsiName("iqn.2024-01.test:tgt,t,0x0001".into())));
+    assert!(ds
+        .iter()
+        .any(|d| d.id == DesignatorId::RelativeTargetPort(1)));
+    let VpdPage::BlockLimits(bl) = vpd(0xb0) else {
+        panic!()
+    };
+    assert_eq!(bl.max_transfer_length, MAX_TRANSFER_BYTES / 512);
+
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::Inquiry {
+            evpd: true,
+            page_code: 0x99,
+            allocation_length: 255,
+        }),
+        &[],
+        255,
+    );
+    let s = expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+    assert_eq!(s.field_pointer().unwrap().byte, 2);
+}
+
+#[test]
+fn missing_lun() {
+    let t = table();
+    let a = nexus("iqn.a");
+    let req = |cdb: &[u8], cap| {
+        t.execute(&ScsiRequest {
+            lun: 7,
+            cdb,
+            nexus: &a,
+            task_tag: 1,
+            attr: TaskAttr::Simple,
+            data_out: &[],
+            data_in_capacity: cap,
+        })
+    };
+    let r = req(
+        &c(Cdb::Inquiry {
+            evpd: false,
+            page_code: 0,
+            allocation_length: 96,
+        }),
+        96,
+    );
+    assert_eq!(r.status, GOOD);
+    assert_eq!(r.data_in[0], 0x7f);
+    let r = req(
+        &c(Cdb::ReportLuns {
+            select_report: 0,
+            allocation_length: 64,
+        }),
+        64,
+    );
+    assert_eq!(r.status, GOOD);
+    assert_eq!(&r.data_in[..4], &[0, 0, 0, 8]);
+    let r = req(&c(Cdb::TestUnitReady), 0);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::LU_NOT_SUPPORTED);
+    assert!(!t.has_lun(7));
+    assert_eq!(t.lun_ids(), vec![0]);
+}
+
+#[test]
+fn read_write_round_trip_and_range() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
+    let r = write(&t, &a, 10, &data);
+    assert_eq!((r.status, r.transfer_length), (GOOD, 4096));
+    let r = read(&t, &a, 10, 8);
+    assert_eq!(r.status, GOOD);
+    assert_eq!(r.data_in, data);
+    // Past the end: 2048 blocks of 512 in 1 MiB.
+    let r = read(&t, &a, 2047, 2);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+    let r = read(&t, &a, 2048, 0);
+    assert_eq!(r.status, GOOD);
+    let r = read(&t, &a, 2049, 0);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+    // Every CDB size.
+    for size in [
+        CdbSize::Six,
+        CdbSize::Ten,
+        CdbSize::Twelve,
+        CdbSize::Sixteen,
+    ] {
+        let r = run(
+            &t,
+            &a,
+            &c(Cdb::Write(rw(size, 3, 1))),
+            &[size as u8 + 1; 512],
+            0,
+        );
+        assert_eq!(r.status, GOOD);
+        let r = run(
+            &t,
+            &a,
+            &c(Cdb::Read {
+                rw: rw(size, 3, 1),
+                rarc: false,
+            }),
+            &[],
+            512,
+        );
+        assert_eq!(r.data_in, vec![size as u8 + 1; 512]);
+    }
+    // RDPROTECT is refused (no protection information).
+    let mut cdb = c(Cdb::Read {
+        rw: rw(CdbSize::Ten, 0, 1),
+        rarc: false,
+    });
+    cdb[1] |= 0x20;
+    let s = expect_check(
+        &run(&t, &a, &cdb, &[], 512),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(s.field_pointer().unwrap().byte, 1);
+    // FUA and DPO are accepted.
+    let mut w = rw(CdbSize::Ten, 0, 1);
+    w.fua = true;
+    w.dpo = true;
+    assert_eq!(run(&t, &a, &c(Cdb::Write(w)), &[9; 512], 0).status, GOOD);
+}
+
+#[test]
+fn transfer_larger_than_maximum_is_refused_before_allocating() {
+    let big = LuConfig::new(Arc::new(RamBackstore::new(1 << 40)));
+    let t = LunTable::new(vec![(0, Arc::new(LogicalUnit::new(big)))]);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let cdb = c(Cdb::Read {
+        rw: rw(CdbSize::Sixteen, 0, u32::MAX),
+        rarc: false,
+    });
+    let s = expect_check(
+        &run(&t, &a, &cdb, &[], 0),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(s.field_pointer().unwrap().byte, 10);
+}
+
+#[test]
+fn short_write_data_follows_libiscsi_residual_tests() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 0, &[b'a'; 1024]).status, GOOD);
+    // Two blocks in the CDB, one block of data: the block is written,
+    // GOOD, and the transfer length is the CDB's (residual overflow).
+    let cdb = c(Cdb::Write(rw(CdbSize::Ten, 0, 2)));
+    let r = run(&t, &a, &cdb, &[b'b'; 512], 0);
+    assert_eq!((r.status, r.transfer_length), (GOOD, 1024));
+    let back = read(&t, &a, 0, 2).data_in;
+    assert!(back[..512].iter().all(|&b| b == b'b'));
+    assert!(back[512..].iter().all(|&b| b == b'a'));
+    // More data than the CDB asks for: only the CDB's length is written.
+    let cdb = c(Cdb::Write(rw(CdbSize::Ten, 0, 1)));
+    let r = run(&t, &a, &cdb, &[b'c'; 1024], 0);
+    assert_eq!((r.status, r.transfer_length), (GOOD, 512));
+    assert!(read(&t, &a, 1, 1).data_in.iter().all(|&b| b == b'a'));
+    // A partial block is refused.
+    let r = run(&t, &a, &cdb, &[0; 200], 0);
+    expect_check(
+        &r,
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT,
+    );
+    assert_eq!(r.transfer_length, 512);
+    // Zero bytes: nothing written, GOOD.
+    assert_eq!(run(&t, &a, &cdb, &[], 0).status, GOOD);
+}
+
+#[test]
+fn read_only_lun_is_write_protected() {
+    let t = table_with(|c| c.read_only = true);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let r = write(&t, &a, 0, &[1; 512]);
+    expect_check(&r, SenseKey::DataProtect, Asc::WRITE_PROTECTED);
+    assert_eq!(read(&t, &a, 0, 1).status, GOOD);
+    // MODE SENSE reports WP.
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::ModeSense6 {
+            dbd: true,
+            page_control: PageControl::Current,
+            page_code: 0x3f,
+            subpage_code: 0,
+            allocation_length: 255,
+        }),
+        &[],
+        255,
+    );
+    assert_eq!(r.data_in[2] & 0x80, 0x80);
+}
+
+#[test]
+fn read_capacity() {
+    let t = table_with(|c| c.block_size = 4096);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::ReadCapacity10 { lba: 0, pmi: false }),
+        &[],
+        8,
+    );
+    let d = ReadCapacity10::decode(&r.data_in).unwrap();
+    assert_eq!((d.returned_lba, d.block_length), (255, 4096));
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::ReadCapacity16 {
+            lba: 0,
+            allocation_length: 32,
+            pmi: false,
+        }),
+        &[],
+        32,
+    );
+    let d = ReadCapacity16::decode(&r.data_in).unwrap();
+    assert_eq!(
+        (d.returned_lba, d.block_length, d.lbpme, d.lbprz),
+        (255, 4096, true, true)
+    );
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::ReadCapacity10 { lba: 5, pmi: false }),
+        &[],
+        8,
+    );
+    expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+}
+
+#[test]
+fn unknown_opcode_and_bad_cdb() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let r = run(&t, &a, &[0xc7, 0, 0, 0, 0, 0], &[], 0);
+    expect_check(
+        &r,
+        SenseKey::IllegalRequest,
+        Asc::INVALID_COMMAND_OPERATION_CODE,
+    );
+    // NACA in the control byte.
+    let r = run(&t, &a, &[0x00, 0, 0, 0, 0, 0x04], &[], 0);
+    let s = expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+    assert_eq!(s.field_pointer().unwrap().byte, 5);
+}
+
+#[test]
+fn mode_sense_pages_and_select() {
+    let t = table();
+    let a = nexus("iqn.a");
+    let b = nexus("iqn.b");
+    ready(&t, &a);
+    ready(&t, &b);
+    let sense10 = |pc, page| {
+        c(Cdb::ModeSense10 {
+            llbaa: false,
+            dbd: false,
+            page_control: pc,
+            page_code: page,
+            subpage_code: 0,
+            allocation_length: 1024,
+        })
+    };
+    let r = run(&t, &a, &sense10(PageControl::Current, 0x3f), &[], 1024);
+    assert_eq!(r.status, GOOD);
+    let m = ModeParameters::decode10(&r.data_in).unwrap();
+    assert_eq!(m.pages.len(), 3);
+    assert_eq!(m.block_descriptors[0].number_of_blocks, 2048);
+    assert!(m.header.dpofua);
+    let r = run(&t, &a, &sense10(PageControl::Changeable, 0x0a), &[], 1024);
+    let m = ModeParameters::decode10(&r.data_in).unwrap();
+    let ModePage::Control(cp) = &m.pages[0] else {
+        panic!()
+    };
+    assert!(cp.d_sense && cp.swp);
+    let r = run(&t, &a, &sense10(PageControl::Saved, 0x08), &[], 1024);
+    expect_check(
+        &r,
+        SenseKey::IllegalRequest,
+        Asc::SAVING_PARAMETERS_NOT_SUPPORTED,
+    );
+    let r = run(&t, &a, &sense10(PageControl::Current, 0x19), &[], 1024);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+
+    // Turn D_SENSE on with MODE SELECT(6): the page as read, bit flipped.
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::ModeSense6 {
+            dbd: true,
+            page_control: PageControl::Current,
+            page_code: 0x0a,
+            subpage_code: 0,
+            allocation_length: 255,
+        }),
+        &[],
+        255,
+    );
+    let mut m = ModeParameters::decode6(&r.data_in).unwrap();
+    let ModePage::Control(cp) = &mut m.pages[0] else {
+        panic!()
+    };
+    cp.d_sense = true;
+    m.header = Default::default();
+    let list = m.encode6();
+    let sel = c(Cdb::ModeSelect6 {
+        pf: true,
+        sp: false,
+        parameter_list_length: list.len() as u8,
+    });
+    let r = run(&t, &a, &sel, &list, 0);
+    assert_eq!(
+        r.status,
+        GOOD,
+        "{:?}",
+        r.sense.as_ref().map(|s| Sense::decode(s))
+    );
+    // Errors now come in descriptor format.
+    let r = read(&t, &a, 4000, 1);
+    assert_eq!(r.sense.as_ref().unwrap()[0] & 0x7f, 0x72);
+    // The other nexus is told.
+    let r = run(&t, &b, &c(Cdb::TestUnitReady), &[], 0);
+    expect_check(&r, SenseKey::UnitAttention, Asc::MODE_PARAMETERS_CHANGED);
+    // A non-changeable field is refused with a parameter pointer.
+    let ModePage::Control(cp) = &mut m.pages[0] else {
+        panic!()
+    };
+    cp.tst = 1;
+    let list = m.encode6();
+    let r = run(&t, &a, &sel, &list, 0);
+    let s = expect_check(
+        &r,
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    assert_eq!(s.field_pointer().unwrap().byte, 6);
+}
+
+#[test]
+fn report_luns_and_sync_cache() {
+    let mk = || {
+        Arc::new(LogicalUnit::new(LuConfig::new(Arc::new(
+            RamBackstore::new(1 << 20),
+        ))))
+    };
+    let t = LunTable::new(vec![(3, mk()), (0, mk()), (300, mk())]);
+    let a = nexus("iqn.a");
+    let r = t.execute(&ScsiRequest {
+        lun: 0,
+        cdb: &c(Cdb::ReportLuns {
+            select_report: 0,
+            allocation_length: 256,
+        }),
+        nexus: &a,
+        task_tag: 1,
+        attr: TaskAttr::Simple,
+        data_out: &[],
+        data_in_capacity: 256,
+    });
+    assert_eq!(r.status, GOOD);
+    assert_eq!(r.data_in.len(), 8 + 24);
+    assert_eq!(&r.data_in[8..10], &[0, 0]);
+    assert_eq!(&r.data_in[16..18], &[0, 3]);
+    assert_eq!(&r.data_in[24..26], &[0x41, 0x2c]);
+    ready(&t, &a);
+    let sc = |lba, blocks| {
+        c(Cdb::SynchronizeCache {
+            size: CdbSize::Ten,
+            immed: false,
+            lba,
+            blocks,
+            group: 0,
+        })
+    };
+    assert_eq!(run(&t, &a, &sc(0, 0), &[], 0).status, GOOD);
+    let r = run(&t, &a, &sc(2040, 10), &[], 0);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+    assert!(t.flush_all().is_ok());
+}
