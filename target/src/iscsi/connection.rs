@@ -17,20 +17,20 @@ use blockwire_pdu::pdu::codes::{
     AsyncEvent, LogoutReason, LogoutResponseCode, RejectReason, TmfFunction, TmfResponse,
 };
 use blockwire_pdu::pdu::{
-    AsyncMessage, DataOut, LogoutRequest, LogoutResponse, NopIn, NopOut, R2t, Reject,
-    ScsiCommand, TaskMgmtRequest, TaskMgmtResponse, RESERVED_TAG,
+    AsyncMessage, DataOut, LogoutRequest, LogoutResponse, NopIn, NopOut, R2t, Reject, ScsiCommand,
+    TaskMgmtRequest, TaskMgmtResponse, RESERVED_TAG,
 };
 use blockwire_pdu::{Bhs, DecodeError, Digests, FrameDecoder, Lun, Pdu};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::dataout::{WriteCollector, WriteLimits};
+use super::discovery::{TextExchange, TextStep};
 use super::io::{advances_stat_sn, stamp, PduReader, PduWriter, ReadError};
-use super::login::{LoginMachine, LoginStep};
+use super::login::{LoginMachine, LoginOutcome, LoginSettings, LoginStep};
 use super::response::{response_pdus, status_only, DataInLimits};
 use super::session::{Session, SessionError, SessionRequest};
-use super::text::TextExchange;
 use super::window::{Admission, CmdWindow};
 use super::Fabric;
 use crate::scsi::{LunTable, ScsiRequest};
@@ -55,7 +55,10 @@ struct Shared {
 
 impl Shared {
     fn complete(&self) {
-        self.window.lock().unwrap_or_else(|e| e.into_inner()).complete();
+        self.window
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .complete();
     }
 }
 
@@ -90,7 +93,7 @@ pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
     let (rd, wr) = stream.into_split();
     let mut reader = PduReader::new(rd);
     let mut writer = PduWriter::new(wr);
-    let Some((session, login_exp_cmd_sn, stat_sn)) =
+    let Some((session, outcome)) =
         login(&fabric, &mut reader, &mut writer, tpgt, local, peer).await
     else {
         let _ = writer.shutdown().await;
@@ -104,7 +107,7 @@ pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
         ?peer,
         "login complete: full feature phase"
     );
-    full_feature(&fabric, &session, reader, writer, login_exp_cmd_sn, stat_sn, local).await;
+    full_feature(&fabric, &session, reader, writer, &outcome, local).await;
     fabric.sessions.detach(&session, generation);
     if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
         t.luns.nexus_lost(nexus);
@@ -120,8 +123,21 @@ async fn login(
     tpgt: u16,
     local: SocketAddr,
     peer: Option<SocketAddr>,
-) -> Option<(Arc<Session>, u32, u32)> {
-    let mut machine = LoginMachine::new(fabric.catalog.clone(), tpgt, local, fabric.settings.login_window());
+) -> Option<(Arc<Session>, Box<LoginOutcome>)> {
+    use rand::SeedableRng;
+    let mut settings = LoginSettings {
+        cmd_window: fabric.settings.queue_depth,
+        ..LoginSettings::default()
+    };
+    settings.negotiation.max_recv_data_segment_length =
+        fabric.settings.max_recv_data_segment_length;
+    let mut machine = LoginMachine::with_settings(
+        fabric.catalog.clone(),
+        tpgt,
+        local,
+        settings,
+        rand::rngs::StdRng::from_entropy(),
+    );
     loop {
         let pdu = match tokio::time::timeout(fabric.settings.login_timeout, reader.next()).await {
             Err(_) => {
@@ -137,6 +153,10 @@ async fn login(
         };
         let Bhs::LoginRequest(req) = pdu.bhs else {
             info!(?peer, opcode = ?pdu.bhs.opcode(), "non-login PDU during login: closing");
+            let _ = writer
+                .push(&machine.reject(blockwire_pdu::LoginStatus::INVALID_DURING_LOGIN))
+                .await;
+            let _ = writer.flush().await;
             return None;
         };
         match machine.on_request(&req, &pdu.data) {
@@ -162,21 +182,27 @@ async fn login(
                 let window = fabric.settings.queue_depth;
                 match fabric.sessions.attach(request) {
                     Ok(session) => {
-                        let stat_sn = machine.next_stat_sn();
                         let resp = machine.final_response(
                             session.tsih,
+                            outcome.stat_sn,
                             outcome.exp_cmd_sn.wrapping_add(window).wrapping_sub(1),
                         );
                         writer.push(&resp).await.ok()?;
                         writer.flush().await.ok()?;
-                        return Some((session, outcome.exp_cmd_sn, stat_sn));
+                        return Some((session, outcome));
                     }
                     Err(e) => {
                         info!(?peer, error = %e, "login refused by the session table");
                         let status = match e {
-                            SessionError::DoesNotExist(_) => blockwire_pdu::LoginStatus::SESSION_DOES_NOT_EXIST,
-                            SessionError::TooManyConnections => blockwire_pdu::LoginStatus::TOO_MANY_CONNECTIONS,
-                            SessionError::OutOfResources => blockwire_pdu::LoginStatus::OUT_OF_RESOURCES,
+                            SessionError::DoesNotExist(_) => {
+                                blockwire_pdu::LoginStatus::SESSION_DOES_NOT_EXIST
+                            }
+                            SessionError::TooManyConnections => {
+                                blockwire_pdu::LoginStatus::TOO_MANY_CONNECTIONS
+                            }
+                            SessionError::OutOfResources => {
+                                blockwire_pdu::LoginStatus::OUT_OF_RESOURCES
+                            }
                         };
                         let _ = writer.push(&machine.reject(status)).await;
                         let _ = writer.flush().await;
@@ -224,10 +250,11 @@ async fn full_feature(
     session: &Arc<Session>,
     mut reader: PduReader<tokio::net::tcp::OwnedReadHalf>,
     mut writer: PduWriter<tokio::net::tcp::OwnedWriteHalf>,
-    exp_cmd_sn: u32,
-    first_stat_sn: u32,
+    outcome: &LoginOutcome,
     local: SocketAddr,
 ) {
+    let exp_cmd_sn = outcome.exp_cmd_sn;
+    let first_stat_sn = outcome.stat_sn.wrapping_add(1);
     let params = &session.params;
     let digests = digests_of(params);
     reader.framer = FrameDecoder::new(params.target_max_recv_data_segment_length, digests);
@@ -246,7 +273,7 @@ async fn full_feature(
         shared: shared.clone(),
         tx: tx.clone(),
         collectors: HashMap::new(),
-        text: TextExchange::new(fabric.catalog.clone(), session.target.clone(), &session.initiator_name, local, params),
+        text: TextExchange::from_outcome(fabric.catalog.clone(), outcome, local),
         limits: DataInLimits {
             max_recv_data_segment_length: params.initiator_max_recv_data_segment_length,
             max_burst_length: params.max_burst_length,
@@ -267,7 +294,12 @@ async fn full_feature(
     let mut stop = session.stop_signal();
     let my_generation = session.generation();
     let mut shutdown = fabric.shutdown.clone();
-    let mut nop_timer = tokio::time::interval(fabric.settings.nop_interval.unwrap_or(Duration::from_secs(3600)));
+    let mut nop_timer = tokio::time::interval(
+        fabric
+            .settings
+            .nop_interval
+            .unwrap_or(Duration::from_secs(3600)),
+    );
     nop_timer.tick().await;
     let mut logout_deadline: Option<tokio::time::Instant> = None;
     if *shutdown.borrow() {
@@ -276,7 +308,8 @@ async fn full_feature(
     }
 
     loop {
-        let deadline = logout_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
+        let deadline = logout_deadline
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
         tokio::select! {
             next = reader.next() => match next {
                 Ok(Some(pdu)) => {
@@ -334,7 +367,12 @@ async fn full_feature(
         }
     }
     // Abort whatever is still running: its responses have nowhere to go.
-    for task in shared.tasks.lock().unwrap_or_else(|e| e.into_inner()).values() {
+    for task in shared
+        .tasks
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+    {
         task.aborted.store(true, Ordering::SeqCst);
     }
     let _ = tx.send(Outgoing::Close).await;
@@ -461,12 +499,17 @@ impl Conn<'_> {
             Bhs::DataOut(d) => return self.data_out(d, pdu.data).await,
             Bhs::SnackRequest(_) => {
                 // ErrorRecoveryLevel 0: no SNACK support.
-                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec()).await;
+                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec())
+                    .await;
                 return true;
             }
             _ => {
                 warn!(tsih = self.session.tsih, opcode = ?pdu.bhs.opcode(), "unexpected PDU in full feature phase");
-                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, pdu.data.len() as u32).to_vec()).await;
+                self.reject(
+                    RejectReason::ProtocolError,
+                    pdu.bhs.encode(0, pdu.data.len() as u32).to_vec(),
+                )
+                .await;
                 return true;
             }
         };
@@ -478,7 +521,10 @@ impl Conn<'_> {
             .admit(cmd_sn, immediate, admitted);
         match admission {
             Admission::Dropped => {
-                debug!(tsih = self.session.tsih, cmd_sn, "CmdSN outside the window: dropped");
+                debug!(
+                    tsih = self.session.tsih,
+                    cmd_sn, "CmdSN outside the window: dropped"
+                );
                 true
             }
             Admission::Queued => true,
@@ -500,7 +546,9 @@ impl Conn<'_> {
                 true
             }
             Admitted::Nop(pdu) => {
-                let Bhs::NopOut(NopOut { lun, itt, .. }) = pdu.bhs else { unreachable!() };
+                let Bhs::NopOut(NopOut { lun, itt, .. }) = pdu.bhs else {
+                    unreachable!()
+                };
                 self.shared.complete();
                 let reply = Bhs::NopIn(NopIn {
                     lun,
@@ -516,20 +564,17 @@ impl Conn<'_> {
             }
             Admitted::Text(pdu) => {
                 self.shared.complete();
-                let Bhs::TextRequest(req) = pdu.bhs else { unreachable!() };
+                let Bhs::TextRequest(req) = pdu.bhs else {
+                    unreachable!()
+                };
                 match self.text.on_request(&req, &pdu.data) {
-                    Ok(responses) => {
-                        for r in responses {
-                            self.send(r).await;
-                        }
-                        true
-                    }
-                    Err(e) => {
-                        warn!(tsih = self.session.tsih, error = %e, "bad text request");
-                        self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, pdu.data.len() as u32).to_vec()).await;
-                        true
+                    TextStep::Respond(p) => self.send(p).await,
+                    TextStep::Reject(p) => {
+                        warn!(tsih = self.session.tsih, "text request rejected");
+                        self.send(p).await;
                     }
                 }
+                true
             }
             Admitted::Tmf(req) => {
                 self.shared.complete();
@@ -538,11 +583,17 @@ impl Conn<'_> {
             Admitted::Logout(req) => {
                 self.shared.complete();
                 let response = match req.reason {
-                    LogoutReason::CloseSession | LogoutReason::CloseConnection => LogoutResponseCode::Closed,
+                    LogoutReason::CloseSession | LogoutReason::CloseConnection => {
+                        LogoutResponseCode::Closed
+                    }
                     LogoutReason::RemoveForRecovery => LogoutResponseCode::RecoveryNotSupported,
                     LogoutReason::Other(_) => LogoutResponseCode::CleanupFailed,
                 };
-                info!(tsih = self.session.tsih, reason = req.reason.name(), "logout");
+                info!(
+                    tsih = self.session.tsih,
+                    reason = req.reason.name(),
+                    "logout"
+                );
                 self.send(Pdu::new(Bhs::LogoutResponse(LogoutResponse {
                     response,
                     itt: req.itt,
@@ -559,18 +610,26 @@ impl Conn<'_> {
     }
 
     async fn scsi_command(&mut self, pdu: Pdu) {
-        let Bhs::ScsiCommand(cmd) = pdu.bhs else { unreachable!() };
+        let Bhs::ScsiCommand(cmd) = pdu.bhs else {
+            unreachable!()
+        };
         let cdb = pdu.full_cdb().unwrap_or_default();
         let edtl = cmd.expected_data_transfer_length;
         if self.session.is_discovery() {
             // Discovery sessions carry no SCSI commands (RFC 7143 §4.3.1).
             self.shared.complete();
-            self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec()).await;
+            self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec())
+                .await;
             return;
         }
         if cmd.write && edtl > 0 {
             if edtl > self.fabric.settings.max_io_bytes {
-                warn!(tsih = self.session.tsih, itt = cmd.itt, edtl, "write larger than the target buffers: refused");
+                warn!(
+                    tsih = self.session.tsih,
+                    itt = cmd.itt,
+                    edtl,
+                    "write larger than the target buffers: refused"
+                );
                 self.shared.complete();
                 let sense = too_large_sense();
                 for p in status_only(&cmd, CHECK_CONDITION, Some(sense)) {
@@ -581,9 +640,18 @@ impl Conn<'_> {
             match WriteCollector::new(edtl, &pdu.data, cmd.final_bit, self.write_limits) {
                 Ok(collector) => {
                     self.register_task(&cmd);
-                    let mut c = Collecting { cmd, cdb, collector };
+                    let mut c = Collecting {
+                        cmd,
+                        cdb,
+                        collector,
+                    };
                     if c.collector.is_complete() {
-                        self.execute(c.cmd, c.cdb, c.collector.r2t_count(), c.collector.into_data());
+                        self.execute(
+                            c.cmd,
+                            c.cdb,
+                            c.collector.r2t_count(),
+                            c.collector.into_data(),
+                        );
                     } else {
                         self.send_r2ts(&mut c).await;
                         self.collectors.insert(cmd.itt, c);
@@ -592,7 +660,8 @@ impl Conn<'_> {
                 Err(e) => {
                     warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad immediate data");
                     self.shared.complete();
-                    self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec()).await;
+                    self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec())
+                        .await;
                 }
             }
             return;
@@ -602,13 +671,17 @@ impl Conn<'_> {
     }
 
     fn register_task(&self, cmd: &ScsiCommand) {
-        self.shared.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            cmd.itt,
-            TaskInfo {
-                lun: cmd.lun.index().unwrap_or(u16::MAX),
-                aborted: Arc::new(AtomicBool::new(false)),
-            },
-        );
+        self.shared
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                cmd.itt,
+                TaskInfo {
+                    lun: cmd.lun.index().unwrap_or(u16::MAX),
+                    aborted: Arc::new(AtomicBool::new(false)),
+                },
+            );
     }
 
     async fn send_r2ts(&mut self, c: &mut Collecting) {
@@ -638,15 +711,32 @@ impl Conn<'_> {
     async fn data_out(&mut self, d: DataOut, data: bytes::Bytes) -> bool {
         let Some(mut c) = self.collectors.remove(&d.itt) else {
             // Data for a task that was aborted, or never existed.
-            debug!(tsih = self.session.tsih, itt = d.itt, "Data-Out for no pending write: ignored");
+            debug!(
+                tsih = self.session.tsih,
+                itt = d.itt,
+                "Data-Out for no pending write: ignored"
+            );
             return true;
         };
-        if let Err(e) = c.collector.on_data_out(d.ttt, d.data_sn, d.buffer_offset, &data, d.final_bit) {
-            // ErrorRecoveryLevel 0: a sequence error ends the connection.
-            warn!(tsih = self.session.tsih, itt = d.itt, error = %e, "Data-Out protocol error: closing the connection");
-            self.reject(RejectReason::ProtocolError, Bhs::DataOut(d).encode(0, data.len() as u32).to_vec()).await;
+        if let Err(e) =
+            c.collector
+                .on_data_out(d.ttt, d.data_sn, d.buffer_offset, &data, d.final_bit)
+        {
+            // The command fails and is never executed, so no byte of it
+            // reaches the disk; the connection stays up (libiscsi's
+            // iSCSIDataSnInvalid expects exactly this). Later Data-Out PDUs
+            // of the same task find no collector and are dropped.
+            warn!(tsih = self.session.tsih, itt = d.itt, error = %e, "Data-Out sequence error: command failed");
+            self.shared
+                .tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&d.itt);
             self.shared.complete();
-            return false;
+            for p in status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense())) {
+                self.send(p).await;
+            }
+            return true;
         }
         if c.collector.is_complete() {
             let r2ts = c.collector.r2t_count();
@@ -660,8 +750,16 @@ impl Conn<'_> {
 
     /// Runs a command on the blocking pool and sends its answer.
     fn execute(&self, cmd: ScsiCommand, cdb: Vec<u8>, r2t_count: u32, data_out: Vec<u8>) {
-        let target = self.session.target.clone().expect("normal session has a target");
-        let nexus = self.session.nexus.clone().expect("normal session has a nexus");
+        let target = self
+            .session
+            .target
+            .clone()
+            .expect("normal session has a target");
+        let nexus = self
+            .session
+            .nexus
+            .clone()
+            .expect("normal session has a nexus");
         let luns: Arc<LunTable> = target.luns.clone();
         let shared = self.shared.clone();
         let tx = self.tx.clone();
@@ -686,7 +784,11 @@ impl Conn<'_> {
                     task_tag: cmd.itt,
                     attr: cmd.attr,
                     data_out: &data_out,
-                    data_in_capacity: if cmd.read { cmd.expected_data_transfer_length } else { 0 },
+                    data_in_capacity: if cmd.read {
+                        cmd.expected_data_transfer_length
+                    } else {
+                        0
+                    },
                 };
                 Some(luns.execute(&req))
             })
@@ -766,7 +868,13 @@ impl Conn<'_> {
             (Some(_), TmfFunction::TaskReassign) => TmfResponse::ReassignmentNotSupported,
             (Some(_), TmfFunction::Other(_)) => TmfResponse::NotSupported,
         };
-        info!(tsih = self.session.tsih, function = req.function.name(), lun, response = response.name(), "task management");
+        info!(
+            tsih = self.session.tsih,
+            function = req.function.name(),
+            lun,
+            response = response.name(),
+            "task management"
+        );
         self.send(Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
             response,
             itt: req.itt,
@@ -781,7 +889,11 @@ impl Conn<'_> {
     /// Aborts the tasks `pick` selects (by ITT and LUN); returns how many.
     fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
         let mut tasks = self.shared.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        let chosen: Vec<u32> = tasks.iter().filter(|(itt, t)| pick(**itt, t.lun)).map(|(itt, _)| *itt).collect();
+        let chosen: Vec<u32> = tasks
+            .iter()
+            .filter(|(itt, t)| pick(**itt, t.lun))
+            .map(|(itt, _)| *itt)
+            .collect();
         for itt in &chosen {
             if let Some(t) = tasks.remove(itt) {
                 t.aborted.store(true, Ordering::SeqCst);
@@ -795,9 +907,17 @@ impl Conn<'_> {
     }
 }
 
+/// Sense data for a write whose Data-Out PDUs broke the sequence rules:
+/// ABORTED COMMAND, DATA PHASE ERROR (4B/00).
+fn data_phase_error_sense() -> Vec<u8> {
+    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
+    Sense::new(SenseKey::AbortedCommand, Asc::new(0x4b, 0x00)).encode(SenseFormat::Fixed)
+}
+
 /// Sense data for a transfer larger than the target will buffer: ILLEGAL
 /// REQUEST, INVALID FIELD IN CDB, pointing at the transfer length.
 fn too_large_sense() -> Vec<u8> {
     use blockwire_pdu::scsi::{Asc, FieldPointer, Sense, SenseFormat};
-    Sense::illegal_request(Asc::INVALID_FIELD_IN_CDB, Some(FieldPointer::cdb(7, None))).encode(SenseFormat::Fixed)
+    Sense::illegal_request(Asc::INVALID_FIELD_IN_CDB, Some(FieldPointer::cdb(7, None)))
+        .encode(SenseFormat::Fixed)
 }
