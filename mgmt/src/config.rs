@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blockwire_target::backstore::{Backstore, FileBackstore, RamBackstore};
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::catalog::{
+    Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry,
+};
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{stable_identity, LogicalUnit, LuConfig, LunTable};
 use serde::Deserialize;
@@ -191,7 +193,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|&b| b == b'\n')
+        .count()
+        + 1
 }
 
 struct Ctx<'a> {
@@ -200,7 +206,12 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn err(&self, span: std::ops::Range<usize>, field: &str, message: impl Into<String>) -> ConfigError {
+    fn err(
+        &self,
+        span: std::ops::Range<usize>,
+        field: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
         ConfigError {
             file: self.file.to_owned(),
             line: line_of(self.text, span.start),
@@ -245,7 +256,8 @@ impl TargetConfig {
              [[target]]\nname = \"{DEFAULT_TARGET}\"\nalias = \"blockwire-default\"\n\n\
              [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1G\"\n"
         );
-        Self::from_str("<embedded default>", &text).expect("the embedded default configuration is valid")
+        Self::from_str("<embedded default>", &text)
+            .expect("the embedded default configuration is valid")
     }
 
     fn build(self, ctx: &Ctx<'_>, _base: Option<&Path>) -> Result<Built, ConfigError> {
@@ -254,11 +266,16 @@ impl TargetConfig {
             return Err(ctx.err(0..0, "fabric.queue_depth", "must be between 1 and 65536"));
         }
         if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
-            return Err(ctx.err(0..0, "fabric.max_recv_data_segment_length", "must be between 512 and 16777215"));
+            return Err(ctx.err(
+                0..0,
+                "fabric.max_recv_data_segment_length",
+                "must be between 512 and 16777215",
+            ));
         }
         let settings = FabricSettings {
             queue_depth: f.queue_depth,
-            nop_interval: (f.nop_interval_secs > 0).then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
+            nop_interval: (f.nop_interval_secs > 0)
+                .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
             nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
             logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
             ..FabricSettings::default()
@@ -272,23 +289,40 @@ impl TargetConfig {
                 return Err(ctx.err(span, "portal_group.tag", "must be between 1 and 65535"));
             }
             if portal_groups.iter().any(|p: &PortalGroup| p.tag == g.tag) {
-                return Err(ctx.err(span, "portal_group.tag", format!("tag {} is defined twice", g.tag)));
+                return Err(ctx.err(
+                    span,
+                    "portal_group.tag",
+                    format!("tag {} is defined twice", g.tag),
+                ));
             }
             let mut addresses = Vec::new();
             for a in &g.listen {
                 let addr: SocketAddr = a.get_ref().parse().map_err(|_| {
-                    ctx.err(a.span(), "portal_group.listen", format!(
-                        "{:?} is not an address:port (write \"0.0.0.0:3260\" or \"[::]:3260\")", a.get_ref()))
+                    ctx.err(
+                        a.span(),
+                        "portal_group.listen",
+                        format!(
+                            "{:?} is not an address:port (write \"0.0.0.0:3260\" or \"[::]:3260\")",
+                            a.get_ref()
+                        ),
+                    )
                 })?;
                 addresses.push(addr);
             }
             if addresses.is_empty() {
                 return Err(ctx.err(span, "portal_group.listen", "give at least one address"));
             }
-            portal_groups.push(PortalGroup { tag: g.tag, addresses });
+            portal_groups.push(PortalGroup {
+                tag: g.tag,
+                addresses,
+            });
         }
         if portal_groups.is_empty() {
-            return Err(ctx.err(0..0, "portal_group", "no [[portal_group]] is defined: add one with a tag and listen addresses"));
+            return Err(ctx.err(
+                0..0,
+                "portal_group",
+                "no [[portal_group]] is defined: add one with a tag and listen addresses",
+            ));
         }
 
         let mut targets = Vec::new();
@@ -297,12 +331,23 @@ impl TargetConfig {
             let t = t.into_inner();
             let name = t.name.get_ref().trim().to_owned();
             let lower = name.to_ascii_lowercase();
-            if !(lower.starts_with("iqn.") || lower.starts_with("eui.") || lower.starts_with("naa.")) || name.len() > 223 {
+            if !(lower.starts_with("iqn.")
+                || lower.starts_with("eui.")
+                || lower.starts_with("naa."))
+                || name.len() > 223
+            {
                 return Err(ctx.err(t.name.span(), "target.name", format!(
                     "{name:?} is not an iSCSI name (iqn.YYYY-MM.reversed.domain:id, at most 223 bytes)")));
             }
-            if targets.iter().any(|e: &Arc<TargetEntry>| e.name.eq_ignore_ascii_case(&name)) {
-                return Err(ctx.err(t.name.span(), "target.name", format!("target {name} is defined twice")));
+            if targets
+                .iter()
+                .any(|e: &Arc<TargetEntry>| e.name.eq_ignore_ascii_case(&name))
+            {
+                return Err(ctx.err(
+                    t.name.span(),
+                    "target.name",
+                    format!("target {name} is defined twice"),
+                ));
             }
             let groups = match &t.portal_groups {
                 None => portal_groups.iter().map(|g| g.tag).collect(),
@@ -310,8 +355,11 @@ impl TargetConfig {
                     let mut v = Vec::new();
                     for tag in tags {
                         if !portal_groups.iter().any(|g| g.tag == *tag.get_ref()) {
-                            return Err(ctx.err(tag.span(), "target.portal_groups", format!(
-                                "portal group {} is not defined", tag.get_ref())));
+                            return Err(ctx.err(
+                                tag.span(),
+                                "target.portal_groups",
+                                format!("portal group {} is not defined", tag.get_ref()),
+                            ));
                         }
                         v.push(*tag.get_ref());
                     }
@@ -327,24 +375,43 @@ impl TargetConfig {
                     return Err(ctx.err(lspan, "target.lun.id", "must be between 0 and 16383"));
                 }
                 if luns.iter().any(|(id, _)| *id == l.id) {
-                    return Err(ctx.err(lspan, "target.lun.id", format!("LUN {} is defined twice in {name}", l.id)));
+                    return Err(ctx.err(
+                        lspan,
+                        "target.lun.id",
+                        format!("LUN {} is defined twice in {name}", l.id),
+                    ));
                 }
                 let size = match &l.size {
-                    Some(s) => Some(parse_size(s.get_ref()).filter(|&n| n > 0).ok_or_else(|| {
-                        ctx.err(s.span(), "target.lun.size", format!("{:?} is not a size (write e.g. \"1G\", \"512M\" or bytes)", s.get_ref()))
-                    })?),
+                    Some(s) => {
+                        Some(parse_size(s.get_ref()).filter(|&n| n > 0).ok_or_else(|| {
+                            ctx.err(
+                                s.span(),
+                                "target.lun.size",
+                                format!(
+                                    "{:?} is not a size (write e.g. \"1G\", \"512M\" or bytes)",
+                                    s.get_ref()
+                                ),
+                            )
+                        })?)
+                    }
                     None => None,
                 };
                 let block_size = match &l.block_size {
                     Some(b) if *b.get_ref() != 512 && *b.get_ref() != 4096 => {
-                        return Err(ctx.err(b.span(), "target.lun.block_size", "must be 512 or 4096"));
+                        return Err(ctx.err(
+                            b.span(),
+                            "target.lun.block_size",
+                            "must be 512 or 4096",
+                        ));
                     }
                     Some(b) => *b.get_ref(),
                     None => 512,
                 };
                 let backstore: Arc<dyn Backstore> = match l.backstore.get_ref().as_str() {
                     "ram" => {
-                        let size = size.ok_or_else(|| ctx.err(lspan.clone(), "target.lun.size", "a ram LUN needs a size"))?;
+                        let size = size.ok_or_else(|| {
+                            ctx.err(lspan.clone(), "target.lun.size", "a ram LUN needs a size")
+                        })?;
                         Arc::new(RamBackstore::new(size))
                     }
                     "file" => {
@@ -356,13 +423,24 @@ impl TargetConfig {
                         })?)
                     }
                     other => {
-                        return Err(ctx.err(l.backstore.span(), "target.lun.backstore", format!(
-                            "{other:?} is not a backstore (use \"ram\" or \"file\")")));
+                        return Err(ctx.err(
+                            l.backstore.span(),
+                            "target.lun.backstore",
+                            format!("{other:?} is not a backstore (use \"ram\" or \"file\")"),
+                        ));
                     }
                 };
-                if backstore.size() % u64::from(block_size) != 0 || backstore.size() < u64::from(block_size) {
-                    return Err(ctx.err(lspan, "target.lun.size", format!(
-                        "{} bytes is not a whole number of {block_size}-byte blocks", backstore.size())));
+                if backstore.size() % u64::from(block_size) != 0
+                    || backstore.size() < u64::from(block_size)
+                {
+                    return Err(ctx.err(
+                        lspan,
+                        "target.lun.size",
+                        format!(
+                            "{} bytes is not a whole number of {block_size}-byte blocks",
+                            backstore.size()
+                        ),
+                    ));
                 }
                 let (serial, naa) = stable_identity(&name, l.id);
                 let mut lu = LuConfig::new(backstore);
@@ -373,7 +451,11 @@ impl TargetConfig {
                 luns.push((l.id, Arc::new(LogicalUnit::new(lu))));
             }
             if luns.is_empty() {
-                return Err(ctx.err(tspan, "target.lun", format!("target {name} has no [[target.lun]]")));
+                return Err(ctx.err(
+                    tspan,
+                    "target.lun",
+                    format!("target {name} has no [[target.lun]]"),
+                ));
             }
             targets.push(Arc::new(TargetEntry {
                 name,
@@ -432,8 +514,11 @@ fn auth_policy(ctx: &Ctx<'_>, a: &AuthConfig, section: &str) -> Result<AuthPolic
     }
     if let Some(m) = &a.mutual_chap {
         if !p.requires_chap() {
-            return Err(ctx.err(m.secret.span(), &format!("{section}.mutual_chap"),
-                "mutual CHAP needs one-way CHAP credentials too (add chap = [...])"));
+            return Err(ctx.err(
+                m.secret.span(),
+                &format!("{section}.mutual_chap"),
+                "mutual CHAP needs one-way CHAP credentials too (add chap = [...])",
+            ));
         }
         p.outgoing = Some(ChapSecret {
             user: m.user.clone(),
@@ -450,8 +535,14 @@ fn auth_policy(ctx: &Ctx<'_>, a: &AuthConfig, section: &str) -> Result<AuthPolic
                     "SHA1" | "SHA-1" => 6,
                     "SHA256" | "SHA-256" => 7,
                     "SHA3-256" | "SHA3_256" => 8,
-                    _ => return Err(ctx.err(list.span(), &format!("{section}.chap_algorithms"), format!(
-                        "{name:?} is not a CHAP algorithm (use SHA3-256, SHA-256, SHA1 or MD5)"))),
+                    _ => {
+                        return Err(ctx.err(
+                            list.span(),
+                            &format!("{section}.chap_algorithms"),
+                            format!(
+                        "{name:?} is not a CHAP algorithm (use SHA3-256, SHA-256, SHA1 or MD5)"),
+                        ))
+                    }
                 });
             }
             v
@@ -477,9 +568,17 @@ mod tests {
         let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\nbackstore = \"tape\"\nsize = \"1M\"\n";
         let e = TargetConfig::from_str("t.toml", text).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (10, "target.lun.backstore"));
-        assert!(e.to_string().starts_with("t.toml:10: target.lun.backstore:"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("t.toml:10: target.lun.backstore:"),
+            "{e}"
+        );
 
-        let e = TargetConfig::from_str("t.toml", "[[portal_group]]\ntag = 1\nlisten = [\"nowhere\"]\n").unwrap_err();
+        let e = TargetConfig::from_str(
+            "t.toml",
+            "[[portal_group]]\ntag = 1\nlisten = [\"nowhere\"]\n",
+        )
+        .unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (3, "portal_group.listen"));
 
         let e = TargetConfig::from_str("t.toml", "[fabric]\nqueue_dpth = 3\n").unwrap_err();
@@ -501,7 +600,8 @@ mod tests {
                 if !text.contains("backstore = \"file\"") {
                     TargetConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
                 } else {
-                    toml::from_str::<TargetConfig>(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    toml::from_str::<TargetConfig>(&text)
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 }
             }
         }

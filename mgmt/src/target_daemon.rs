@@ -38,8 +38,16 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         }
     }
     if let Some((addr, _)) = portals.first() {
-        let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
-        let host = if host.contains(':') { format!("[{host}]") } else { host };
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            addr.ip().to_string()
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
         let t = &fabric.catalog.targets[0];
         let lun = t.luns.lun_ids().first().copied().unwrap_or(0);
         info!(

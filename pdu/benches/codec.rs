@@ -70,10 +70,17 @@ fn main() {
         ("Data-In 4 KiB", data_in(4096)),
         ("Data-In 256 KiB", data_in(262_144)),
     ];
-    println!("{:<24} {:>8} {:>12} {:>12} {:>8}", "PDU", "digests", "encode ns", "decode ns", "dec/enc");
+    println!(
+        "{:<24} {:>8} {:>12} {:>12} {:>8}",
+        "PDU", "digests", "encode ns", "decode ns", "dec/enc"
+    );
     for (name, pdu) in &cases {
         for digests in [Digests::NONE, Digests::BOTH] {
-            let iterations = if pdu.data.len() > 65536 { 2_000 } else { 200_000 };
+            let iterations = if pdu.data.len() > 65536 {
+                2_000
+            } else {
+                200_000
+            };
             let mut buf = Vec::with_capacity(pdu.data.len() + 128);
             let encode = time_per_op(iterations, || {
                 buf.clear();

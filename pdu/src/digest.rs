@@ -40,8 +40,14 @@ mod tests {
     // RFC 7143 Appendix B.4 ("CRC examples"): the digest bytes as sent.
     #[test]
     fn rfc_examples() {
-        assert_eq!(crc32c_digest(&[0u8; 32]).to_le_bytes(), [0xaa, 0x36, 0x91, 0x8a]);
-        assert_eq!(crc32c_digest(&[0xffu8; 32]).to_le_bytes(), [0x43, 0xab, 0xa8, 0x62]);
+        assert_eq!(
+            crc32c_digest(&[0u8; 32]).to_le_bytes(),
+            [0xaa, 0x36, 0x91, 0x8a]
+        );
+        assert_eq!(
+            crc32c_digest(&[0xffu8; 32]).to_le_bytes(),
+            [0x43, 0xab, 0xa8, 0x62]
+        );
         let inc: Vec<u8> = (0u8..32).collect();
         assert_eq!(crc32c_digest(&inc).to_le_bytes(), [0x4e, 0x79, 0xdd, 0x46]);
         let dec: Vec<u8> = (0u8..32).rev().collect();

@@ -73,8 +73,14 @@ impl IserHeader {
                 out[0] = (OPCODE_CONTROL << 4)
                     | if write.is_some() { WSV } else { 0 }
                     | if read.is_some() { RSV } else { 0 };
-                let w = write.unwrap_or(RemoteBuffer { stag: 0, base_offset: 0 });
-                let r = read.unwrap_or(RemoteBuffer { stag: 0, base_offset: 0 });
+                let w = write.unwrap_or(RemoteBuffer {
+                    stag: 0,
+                    base_offset: 0,
+                });
+                let r = read.unwrap_or(RemoteBuffer {
+                    stag: 0,
+                    base_offset: 0,
+                });
                 out[4..8].copy_from_slice(&w.stag.to_be_bytes());
                 out[8..16].copy_from_slice(&w.base_offset.to_be_bytes());
                 out[16..20].copy_from_slice(&r.stag.to_be_bytes());

@@ -288,7 +288,10 @@ fn need_more_counts_exactly() {
     let framer = FrameDecoder::new(8192, Digests::BOTH);
     assert_eq!(framer.decode(&bytes[..3]).unwrap(), Frame::NeedMore(45));
     assert_eq!(framer.decode(&bytes[..50]).unwrap(), Frame::NeedMore(14));
-    assert!(matches!(framer.decode(&bytes).unwrap(), Frame::Pdu { consumed: 64, .. }));
+    assert!(matches!(
+        framer.decode(&bytes).unwrap(),
+        Frame::Pdu { consumed: 64, .. }
+    ));
 }
 
 #[test]
@@ -308,7 +311,8 @@ mod iser {
 
     fn remote() -> impl Strategy<Value = Option<RemoteBuffer>> {
         proptest::option::of(
-            (any::<u32>(), any::<u64>()).prop_map(|(stag, base_offset)| RemoteBuffer { stag, base_offset }),
+            (any::<u32>(), any::<u64>())
+                .prop_map(|(stag, base_offset)| RemoteBuffer { stag, base_offset }),
         )
     }
 
@@ -316,7 +320,11 @@ mod iser {
         prop_oneof![
             (remote(), remote()).prop_map(|(write, read)| IserHeader::Control { write, read }),
             (0u8..16, 0u8..16, any::<u16>()).prop_map(|(max_version, min_version, ird)| {
-                IserHeader::Hello { max_version, min_version, ird }
+                IserHeader::Hello {
+                    max_version,
+                    min_version,
+                    ird,
+                }
             }),
             (any::<bool>(), 0u8..16, 0u8..16, any::<u16>()).prop_map(
                 |(reject, max_version, current_version, ord)| IserHeader::HelloReply {
@@ -345,7 +353,10 @@ mod iser {
     fn control_header_layout() {
         // RFC 7145 §9.2: opcode 0x1 in the high nibble, then WSV and RSV.
         let h = IserHeader::Control {
-            write: Some(RemoteBuffer { stag: 0x11223344, base_offset: 0x1000 }),
+            write: Some(RemoteBuffer {
+                stag: 0x11223344,
+                base_offset: 0x1000,
+            }),
             read: None,
         };
         let b = h.encode();

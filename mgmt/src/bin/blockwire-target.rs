@@ -41,7 +41,8 @@ fn main() -> anyhow::Result<()> {
     let mut built = match &args.config {
         Some(path) => TargetConfig::load(path).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => TargetConfig::embedded_default(
-            args.listen.unwrap_or_else(|| "0.0.0.0:3260".parse().expect("valid default address")),
+            args.listen
+                .unwrap_or_else(|| "0.0.0.0:3260".parse().expect("valid default address")),
         ),
     };
     if let (Some(listen), Some(_)) = (args.listen, &args.config) {
@@ -51,7 +52,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if args.check {
-        println!("configuration is valid: {} target(s)", built.catalog.targets.len());
+        println!(
+            "configuration is valid: {} target(s)",
+            built.catalog.targets.len()
+        );
         return Ok(());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -327,6 +327,12 @@ impl LoginStatus {
 
 impl std::fmt::Display for LoginStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({:#04x}/{:#04x})", self.name(), self.class, self.detail)
+        write!(
+            f,
+            "{} ({:#04x}/{:#04x})",
+            self.name(),
+            self.class,
+            self.detail
+        )
     }
 }

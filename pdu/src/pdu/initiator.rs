@@ -242,7 +242,15 @@ impl LoginRequest {
             b3: self.version_min,
             lun_field: join_isid_tsih(&self.isid, self.tsih),
             itt: self.itt,
-            words: [join16(self.cid, 0), self.cmd_sn, self.exp_stat_sn, 0, 0, 0, 0],
+            words: [
+                join16(self.cid, 0),
+                self.cmd_sn,
+                self.exp_stat_sn,
+                0,
+                0,
+                0,
+                0,
+            ],
             ..RawBhs::default()
         }
     }
@@ -383,7 +391,15 @@ impl LogoutRequest {
             immediate: self.immediate,
             flags: FINAL_BIT | (self.reason.to_u8() & 0x7f),
             itt: self.itt,
-            words: [join16(self.cid, 0), self.cmd_sn, self.exp_stat_sn, 0, 0, 0, 0],
+            words: [
+                join16(self.cid, 0),
+                self.cmd_sn,
+                self.exp_stat_sn,
+                0,
+                0,
+                0,
+                0,
+            ],
             ..RawBhs::default()
         }
     }
@@ -469,4 +485,3 @@ pub(crate) fn join_isid_tsih(isid: &[u8; 6], tsih: u16) -> [u8; 8] {
     field[6..].copy_from_slice(&tsih.to_be_bytes());
     field
 }
-

@@ -279,7 +279,11 @@ impl HeaderLengths {
         self.ahs_len
             + if digests.header { DIGEST_LEN } else { 0 }
             + padded_len(data)
-            + if digests.data && data > 0 { DIGEST_LEN } else { 0 }
+            + if digests.data && data > 0 {
+                DIGEST_LEN
+            } else {
+                0
+            }
     }
 }
 
@@ -346,9 +350,8 @@ impl Pdu {
 
     /// Encodes the PDU into a new buffer.
     pub fn encode(&self, digests: Digests) -> Vec<u8> {
-        let mut out = Vec::with_capacity(
-            BHS_LEN + 8 + padded_len(self.data.len()) + 2 * DIGEST_LEN,
-        );
+        let mut out =
+            Vec::with_capacity(BHS_LEN + 8 + padded_len(self.data.len()) + 2 * DIGEST_LEN);
         self.encode_into(&mut out, digests);
         out
     }
@@ -430,7 +433,10 @@ pub fn encode_header(bhs: &Bhs, ahs: &[Ahs], data_len: u32, digests: Digests) ->
         a.encode_into(&mut out);
     }
     let ahs_words = (out.len() - BHS_LEN) / 4;
-    assert!(ahs_words <= 255, "AHS of {ahs_words} words exceeds TotalAHSLength");
+    assert!(
+        ahs_words <= 255,
+        "AHS of {ahs_words} words exceeds TotalAHSLength"
+    );
     let header = bhs.encode(ahs_words as u8, data_len);
     out[..BHS_LEN].copy_from_slice(&header);
     if digests.header {

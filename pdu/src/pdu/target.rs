@@ -1,8 +1,7 @@
 //! PDUs sent by the target (RFC 7143 §11, opcodes 0x20-0x3f).
 
 use super::codes::{
-    AsyncEvent, LoginStatus, LogoutResponseCode, RejectReason, ServiceResponse, Stage,
-    TmfResponse,
+    AsyncEvent, LoginStatus, LogoutResponseCode, RejectReason, ServiceResponse, Stage, TmfResponse,
 };
 use super::initiator::{flag, join_isid_tsih, login_flags, split_isid_tsih};
 use super::raw::{hi16, join16, lo16, RawBhs, FINAL_BIT};
@@ -46,7 +45,15 @@ impl NopIn {
             flags: FINAL_BIT,
             lun_field: self.lun.0,
             itt: self.itt,
-            words: [self.ttt, self.stat_sn, self.exp_cmd_sn, self.max_cmd_sn, 0, 0, 0],
+            words: [
+                self.ttt,
+                self.stat_sn,
+                self.exp_cmd_sn,
+                self.max_cmd_sn,
+                0,
+                0,
+                0,
+            ],
             ..RawBhs::default()
         }
     }
@@ -282,7 +289,15 @@ impl TextResponse {
             flags: flag(self.final_bit, FINAL_BIT) | flag(self.continue_bit, 0x40),
             lun_field: self.lun.0,
             itt: self.itt,
-            words: [self.ttt, self.stat_sn, self.exp_cmd_sn, self.max_cmd_sn, 0, 0, 0],
+            words: [
+                self.ttt,
+                self.stat_sn,
+                self.exp_cmd_sn,
+                self.max_cmd_sn,
+                0,
+                0,
+                0,
+            ],
             ..RawBhs::default()
         }
     }

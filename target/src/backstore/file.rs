@@ -26,7 +26,10 @@ impl FileBackstore {
             .truncate(false)
             .open(path)
             .map_err(|e| {
-                io::Error::new(e.kind(), format!("cannot open backstore {}: {e}", path.display()))
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot open backstore {}: {e}", path.display()),
+                )
             })?;
         let meta = file.metadata()?;
         let mut actual = if meta.is_file() {

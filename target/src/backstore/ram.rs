@@ -45,7 +45,10 @@ impl RamBackstore {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("range {offset}+{len} beyond RAM store of {} bytes", self.size),
+                format!(
+                    "range {offset}+{len} beyond RAM store of {} bytes",
+                    self.size
+                ),
             )),
         }
     }
@@ -110,7 +113,9 @@ mod tests {
     #[test]
     fn reads_what_was_written_across_chunks() {
         let s = RamBackstore::new(4 * CHUNK);
-        let data: Vec<u8> = (0..3 * CHUNK as usize / 2).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..3 * CHUNK as usize / 2)
+            .map(|i| (i % 251) as u8)
+            .collect();
         s.write_at(CHUNK / 2 + 7, &data).unwrap();
         let mut back = vec![0u8; data.len()];
         s.read_at(CHUNK / 2 + 7, &mut back).unwrap();

@@ -2,13 +2,13 @@
 //! and the command lifecycle over TCP.
 
 pub mod catalog;
-// pub mod connection;
+pub mod connection;
 pub mod datain;
 pub mod dataout;
 pub mod discovery;
 pub mod io;
 pub mod login;
-// pub mod portal;
+pub mod portal;
 pub mod response;
 pub mod session;
 pub mod window;
@@ -36,6 +36,8 @@ pub struct FabricSettings {
     pub login_timeout: Duration,
     /// Time initiators get to log out when the target shuts down.
     pub logout_grace: Duration,
+    /// The target's MaxRecvDataSegmentLength.
+    pub max_recv_data_segment_length: u32,
 }
 
 impl Default for FabricSettings {
@@ -47,14 +49,8 @@ impl Default for FabricSettings {
             nop_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),
             logout_grace: Duration::from_secs(5),
+            max_recv_data_segment_length: 262_144,
         }
-    }
-}
-
-impl FabricSettings {
-    /// The CmdSN window offered at login.
-    pub fn login_window(&self) -> u32 {
-        self.queue_depth
     }
 }
 
