@@ -63,6 +63,10 @@ pub struct FabricConfig {
     pub logout_grace_secs: u64,
     /// The target's MaxRecvDataSegmentLength.
     pub max_recv_data_segment_length: u32,
+    /// HeaderDigest policy: "allow" (the initiator chooses) or "require" (CRC32C only).
+    pub header_digest: String,
+    /// DataDigest policy: "allow" or "require".
+    pub data_digest: String,
 }
 
 impl Default for FabricConfig {
@@ -74,6 +78,8 @@ impl Default for FabricConfig {
             nop_timeout_secs: d.nop_timeout.as_secs(),
             logout_grace_secs: d.logout_grace.as_secs(),
             max_recv_data_segment_length: 262_144,
+            header_digest: "allow".into(),
+            data_digest: "allow".into(),
         }
     }
 }
@@ -272,7 +278,14 @@ impl TargetConfig {
                 "must be between 512 and 16777215",
             ));
         }
+        let require = |v: &str, field: &str| match v {
+            "allow" => Ok(false),
+            "require" => Ok(true),
+            other => Err(ctx.err(0..0, field, format!("{other:?} is not a digest policy (use \"allow\" or \"require\")"))),
+        };
         let settings = FabricSettings {
+            require_header_digest: require(&f.header_digest, "fabric.header_digest")?,
+            require_data_digest: require(&f.data_digest, "fabric.data_digest")?,
             queue_depth: f.queue_depth,
             nop_interval: (f.nop_interval_secs > 0)
                 .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),

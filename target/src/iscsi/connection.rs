@@ -129,8 +129,26 @@ async fn login(
         cmd_window: fabric.settings.queue_depth,
         ..LoginSettings::default()
     };
-    settings.negotiation.max_recv_data_segment_length =
-        fabric.settings.max_recv_data_segment_length;
+    let n = &mut settings.negotiation;
+    n.max_recv_data_segment_length = fabric.settings.max_recv_data_segment_length;
+    // The target accepts either digest unless told to insist on CRC32C;
+    // otherwise the initiator's order decides.
+    let accepted = |required: bool| {
+        if required {
+            vec![Digest::Crc32c]
+        } else {
+            vec![Digest::Crc32c, Digest::None]
+        }
+    };
+    n.header_digests = accepted(fabric.settings.require_header_digest);
+    n.data_digests = accepted(fabric.settings.require_data_digest);
+    // InitialR2T is OR-ed and ImmediateData AND-ed: offering No/Yes leaves
+    // the choice to the initiator, whose unsolicited data saves a round trip.
+    n.initial_r2t = false;
+    n.immediate_data = true;
+    n.first_burst_length = 256 * 1024;
+    n.max_burst_length = (1 << 20).min(fabric.settings.max_io_bytes);
+    n.max_outstanding_r2t = 8;
     let mut machine = LoginMachine::with_settings(
         fabric.catalog.clone(),
         tpgt,

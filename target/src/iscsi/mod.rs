@@ -38,6 +38,10 @@ pub struct FabricSettings {
     pub logout_grace: Duration,
     /// The target's MaxRecvDataSegmentLength.
     pub max_recv_data_segment_length: u32,
+    /// Accept only HeaderDigest=CRC32C.
+    pub require_header_digest: bool,
+    /// Accept only DataDigest=CRC32C.
+    pub require_data_digest: bool,
 }
 
 impl Default for FabricSettings {
@@ -50,6 +54,8 @@ impl Default for FabricSettings {
             login_timeout: Duration::from_secs(15),
             logout_grace: Duration::from_secs(5),
             max_recv_data_segment_length: 262_144,
+            require_header_digest: false,
+            require_data_digest: false,
         }
     }
 }
