@@ -17,7 +17,7 @@ use super::identity::DEFAULT_COMPANY_ID;
 use super::mode::ModeState;
 use super::outcome::{illegal, CmdResult, Done, Failure};
 use super::range_lock::RangeLock;
-use super::reservations::Reservations;
+use super::reservations::{AbortHandler, Reservations};
 use super::unit_attention::UnitAttentions;
 use super::xcopy::CopyResults;
 use super::{ItNexus, ScsiRequest, ScsiResult};
@@ -107,6 +107,19 @@ pub struct LogicalUnit {
     pub(crate) cfg: LuConfig,
     pub(crate) state: Mutex<LuState>,
     pub(crate) ranges: RangeLock,
+    /// Told which nexuses' tasks a PREEMPT AND ABORT aborts (the fabric
+    /// owns the tasks).
+    abort: AbortSlot,
+}
+
+/// Holder of the abort handler (closures have no `Debug`).
+#[derive(Default)]
+struct AbortSlot(Mutex<Option<AbortHandler>>);
+
+impl std::fmt::Debug for AbortSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AbortSlot")
+    }
 }
 
 /// Commands that neither report nor clear a unit attention (SPC-4 5.12:
@@ -139,6 +152,7 @@ impl LogicalUnit {
                 copies: CopyResults::default(),
             }),
             ranges: RangeLock::default(),
+            abort: AbortSlot::default(),
             cfg,
         }
     }
@@ -156,6 +170,20 @@ impl LogicalUnit {
     /// Logical block size in bytes.
     pub fn block_size(&self) -> u32 {
         self.cfg.block_size
+    }
+
+    /// Sets what PREEMPT AND ABORT calls for each preempted nexus, so the
+    /// fabric can abort that nexus's tasks on this unit.
+    pub fn set_abort_handler(&self, handler: AbortHandler) {
+        *self.abort.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+    }
+
+    pub(crate) fn abort_handler(&self) -> Option<AbortHandler> {
+        self.abort
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, LuState> {

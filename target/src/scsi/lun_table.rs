@@ -65,6 +65,16 @@ impl LunTable {
         self.luns.get(&lun)
     }
 
+    /// Sets what PREEMPT AND ABORT calls, with the LUN and the preempted
+    /// nexus, so the fabric aborts that nexus's tasks on that LUN (SPC-4
+    /// 5.9.11.5). Without one, only the reservation state changes.
+    pub fn set_abort_handler(&self, handler: Arc<dyn Fn(u16, &ItNexus) + Send + Sync>) {
+        for (&lun, lu) in &self.luns {
+            let h = handler.clone();
+            lu.set_abort_handler(Arc::new(move |n: &ItNexus| h(lun, n)));
+        }
+    }
+
     /// LOGICAL UNIT RESET of `lun`, requested through `by`.
     pub fn reset_lun(&self, lun: u16, by: &ItNexus) {
         if let Some(lu) = self.luns.get(&lun) {

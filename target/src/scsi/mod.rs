@@ -25,10 +25,15 @@ mod xcopy;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_media;
+#[cfg(test)]
+mod tests_pr;
 
 pub use identity::{stable_identity, DEFAULT_COMPANY_ID};
 pub use logical_unit::{LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
 pub use lun_table::LunTable;
+pub use reservations::AbortHandler;
 
 /// The I_T nexus a command arrived on (SAM-5 §4.7): which initiator port,
 /// through which target port. Reservations and unit attentions are kept per

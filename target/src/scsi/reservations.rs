@@ -1,27 +1,276 @@
-//! Reservations: SPC-2 RESERVE/RELEASE and SPC-4 persistent reservations.
+//! Reservations: SPC-2 RESERVE/RELEASE and SPC-4 persistent reservations
+//! (5.9, 6.13, 6.14), with the RESERVATION CONFLICT rules of SPC-4 table
+//! 63 / SBC-3 table 13 and APTPL state persisted atomically.
+//!
+//! Registrations are keyed by I_T nexus. An initiator that comes back with
+//! a new ISID is a different initiator port, hence a different nexus: it
+//! is not registered and must register again (cluster fencing relies on
+//! exactly this: a fenced node cannot regain access by reconnecting).
+//! A registration made with ALL_TG_PT covers the initiator port through
+//! every target port; one made through SPEC_I_PT with a name-only
+//! TransportID covers every ISID of that initiator name.
 
-use std::path::Path;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use blockwire_pdu::scsi::{Asc, Cdb, PrInAction, PrOutAction};
+use blockwire_pdu::scsi::{
+    Asc, Cdb, PrInAction, PrOutAction, PrOutData, PrOutParameters, PrType,
+    RegisterAndMoveParameters, TransportId,
+};
+use tracing::{info, warn};
 
 use super::logical_unit::LogicalUnit;
-use super::outcome::{illegal, CmdResult, Done, Failure};
+use super::outcome::{
+    illegal, internal_failure, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure,
+};
 use super::ItNexus;
+
+/// Most registrations one logical unit keeps (INSUFFICIENT REGISTRATION
+/// RESOURCES beyond): bounds memory against a peer that registers in a loop
+/// with new ISIDs.
+const MAX_REGISTRATIONS: usize = 1024;
+
+/// One registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Registration {
+    /// Initiator port name ("name,i,0xisid"), or the bare initiator name
+    /// when `name_only`.
+    initiator: Arc<str>,
+    /// Matches every ISID of `initiator` (SPEC_I_PT with a TransportID of
+    /// format 00b).
+    name_only: bool,
+    /// Target port it was made through.
+    target_port: Arc<str>,
+    /// Relative target port identifier of `target_port`.
+    rtpi: u16,
+    /// Registered through all target ports.
+    all_tg_pt: bool,
+    /// RESERVATION KEY.
+    key: u64,
+}
+
+impl Registration {
+    fn for_nexus(n: &ItNexus, key: u64, all_tg_pt: bool) -> Registration {
+        Registration {
+            initiator: n.initiator_port.clone(),
+            name_only: false,
+            target_port: n.target_port.clone(),
+            rtpi: n.relative_target_port,
+            all_tg_pt,
+            key,
+        }
+    }
+
+    fn matches(&self, n: &ItNexus) -> bool {
+        let who = if self.name_only {
+            n.initiator_name().eq_ignore_ascii_case(&self.initiator)
+        } else {
+            n.initiator_port.eq_ignore_ascii_case(&self.initiator)
+        };
+        who && (self.all_tg_pt || *self.target_port == *n.target_port)
+    }
+
+    /// Same registrant (same initiator and target port scope).
+    fn same_as(&self, o: &Registration) -> bool {
+        self.initiator.eq_ignore_ascii_case(&o.initiator)
+            && self.name_only == o.name_only
+            && (self.all_tg_pt || o.all_tg_pt || self.target_port == o.target_port)
+    }
+
+    fn transport_id(&self) -> TransportId {
+        if self.name_only {
+            return TransportId::Iscsi {
+                name: self.initiator.to_string(),
+                isid: None,
+            };
+        }
+        match self.initiator.split_once(",i,0x") {
+            Some((name, isid)) => TransportId::Iscsi {
+                name: name.to_owned(),
+                isid: Some(isid.to_owned()),
+            },
+            None => TransportId::Iscsi {
+                name: self.initiator.to_string(),
+                isid: None,
+            },
+        }
+    }
+}
+
+/// A persistent reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reservation {
+    /// Index into `PrState::regs` of the holder's registration (unused for
+    /// the all-registrants types, where every registrant holds it).
+    holder: usize,
+    ty: PrType,
+}
+
+/// Persistent reservation state: changed on a copy and committed only
+/// after APTPL state is safely on disk, so a failed save changes nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PrState {
+    generation: u32,
+    regs: Vec<Registration>,
+    resv: Option<Reservation>,
+    aptpl: bool,
+}
+
+fn all_registrants(t: PrType) -> bool {
+    matches!(
+        t,
+        PrType::WriteExclusiveAllRegistrants | PrType::ExclusiveAccessAllRegistrants
+    )
+}
+
+fn registrants_only(t: PrType) -> bool {
+    matches!(
+        t,
+        PrType::WriteExclusiveRegistrantsOnly | PrType::ExclusiveAccessRegistrantsOnly
+    )
+}
+
+impl PrState {
+    fn find(&self, n: &ItNexus) -> Option<usize> {
+        self.regs.iter().position(|r| r.matches(n))
+    }
+
+    fn is_holder(&self, n: &ItNexus) -> bool {
+        match &self.resv {
+            None => false,
+            Some(r) if all_registrants(r.ty) => self.find(n).is_some(),
+            Some(r) => self.regs.get(r.holder).is_some_and(|h| h.matches(n)),
+        }
+    }
+
+    /// Removes registrations for which `pick` is true, keeping `holder`
+    /// pointing at the same registration. Returns the removed ones and
+    /// whether the holder was among them.
+    fn remove_where(
+        &mut self,
+        pick: impl Fn(usize, &Registration) -> bool,
+    ) -> (Vec<Registration>, bool) {
+        let holder = self.resv.as_ref().map(|r| r.holder);
+        let mut removed = Vec::new();
+        let mut kept = Vec::new();
+        let mut new_holder = None;
+        let mut holder_removed = false;
+        for (i, r) in self.regs.drain(..).enumerate() {
+            if pick(i, &r) {
+                if Some(i) == holder {
+                    holder_removed = true;
+                }
+                removed.push(r);
+            } else {
+                if Some(i) == holder {
+                    new_holder = Some(kept.len());
+                }
+                kept.push(r);
+            }
+        }
+        self.regs = kept;
+        if let (Some(r), Some(h)) = (self.resv.as_mut(), new_holder) {
+            r.holder = h;
+        }
+        (removed, holder_removed)
+    }
+
+    /// Text form for the APTPL file: one record a line, fields separated
+    /// by spaces (iSCSI names cannot contain spaces).
+    fn to_text(&self) -> String {
+        let mut s = format!("blockwire-pr 1\ngeneration {}\n", self.generation);
+        for r in &self.regs {
+            s.push_str(&format!(
+                "reg {:016x} {} {} {} {} {}\n",
+                r.key,
+                u8::from(r.all_tg_pt),
+                u8::from(r.name_only),
+                r.rtpi,
+                r.initiator,
+                r.target_port
+            ));
+        }
+        if let Some(r) = &self.resv {
+            s.push_str(&format!("resv {} {}\n", r.ty.code(), r.holder));
+        }
+        s
+    }
+
+    fn from_text(text: &str) -> Option<PrState> {
+        let mut lines = text.lines();
+        if lines.next()? != "blockwire-pr 1" {
+            return None;
+        }
+        let mut st = PrState {
+            aptpl: true,
+            ..PrState::default()
+        };
+        for line in lines {
+            let f: Vec<&str> = line.split(' ').collect();
+            match f.as_slice() {
+                ["generation", g] => st.generation = g.parse().ok()?,
+                ["reg", key, atp, no, rtpi, ini, tp] => st.regs.push(Registration {
+                    key: u64::from_str_radix(key, 16).ok()?,
+                    all_tg_pt: *atp == "1",
+                    name_only: *no == "1",
+                    rtpi: rtpi.parse().ok()?,
+                    initiator: Arc::from(*ini),
+                    target_port: Arc::from(*tp),
+                }),
+                ["resv", ty, holder] => {
+                    st.resv = Some(Reservation {
+                        ty: PrType::from_code(ty.parse().ok()?)?,
+                        holder: holder.parse().ok()?,
+                    })
+                }
+                [""] => {}
+                _ => return None,
+            }
+        }
+        if st.resv.as_ref().is_some_and(|r| r.holder >= st.regs.len()) {
+            return None;
+        }
+        Some(st)
+    }
+}
 
 /// Reservation state of one logical unit.
 #[derive(Debug, Default)]
 pub(crate) struct Reservations {
     /// SPC-2 reservation holder.
     spc2: Option<ItNexus>,
+    /// Persistent reservations.
+    pr: PrState,
 }
 
 impl Reservations {
-    /// State at start-up, with persisted APTPL state from `path`.
-    pub fn load(_path: Option<&Path>) -> Reservations {
-        Reservations::default()
+    /// State at start-up: persistent reservations saved with APTPL are
+    /// read back from `path`; a missing file is a clean start, an
+    /// unreadable one is logged and ignored (the unit still comes up).
+    pub fn load(path: Option<&Path>) -> Reservations {
+        let mut r = Reservations::default();
+        if let Some(p) = path {
+            match std::fs::read_to_string(p) {
+                Ok(text) => match PrState::from_text(&text) {
+                    Some(st) => {
+                        info!(path = %p.display(), registrations = st.regs.len(), "persistent reservations restored");
+                        r.pr = st;
+                    }
+                    None => {
+                        warn!(path = %p.display(), "persistent reservation file is damaged, ignored")
+                    }
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    warn!(path = %p.display(), error = %e, "cannot read persistent reservation file")
+                }
+            }
+        }
+        r
     }
 
-    /// Logical unit reset: SPC-2 reservations go.
+    /// Logical unit reset: SPC-2 reservations go; persistent ones stay.
     pub fn reset(&mut self) {
         self.spc2 = None;
     }
@@ -34,28 +283,125 @@ impl Reservations {
     }
 }
 
+/// Writes `text` to `path` atomically: a temporary file beside it, fsync,
+/// rename over, fsync of the directory. A crash leaves the old or the new
+/// state, never a torn file.
+fn save_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// How a command is treated under reservations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Never conflicts.
+    Always,
+    /// Reads the medium or unit state: allowed under Write Exclusive.
+    Read,
+    /// Changes the medium or unit state.
+    Write,
+    /// PERSISTENT RESERVE IN/OUT: the PR rules apply inside the command.
+    Pr,
+    /// RESERVE / RELEASE (SPC-2).
+    Spc2,
+}
+
+fn access(cdb: &Cdb) -> Access {
+    use Cdb::*;
+    match cdb {
+        Inquiry { .. }
+        | ReportLuns { .. }
+        | RequestSense { .. }
+        | ReportTargetPortGroups { .. }
+        | ReportSupportedOperationCodes { .. }
+        | ReportSupportedTmfs { .. }
+        | TestUnitReady
+        | ReadCapacity10 { .. }
+        | ReadCapacity16 { .. } => Access::Always,
+        PersistentReserveIn { .. } | PersistentReserveOut { .. } => Access::Pr,
+        Reserve6 | Release6 | Reserve10 { .. } | Release10 { .. } => Access::Spc2,
+        Read { .. }
+        | Verify { .. }
+        | ModeSense6 { .. }
+        | ModeSense10 { .. }
+        | GetLbaStatus { .. }
+        | PreFetch { .. }
+        | ReceiveCopyResults { .. }
+        | PreventAllowMediumRemoval { prevent: 0 } => Access::Read,
+        _ => Access::Write,
+    }
+}
+
 impl LogicalUnit {
+    /// RESERVATION CONFLICT when `nexus` may not run `cdb` now.
     pub(crate) fn reservation_check(&self, nexus: &ItNexus, cdb: &Cdb) -> Result<(), Failure> {
         let st = self.lock();
+        let acc = access(cdb);
         if let Some(holder) = &st.res.spc2 {
-            if holder != nexus
-                && !matches!(
-                    cdb,
-                    Cdb::Inquiry { .. }
-                        | Cdb::ReportLuns { .. }
-                        | Cdb::RequestSense { .. }
-                        | Cdb::Release6
-                        | Cdb::Release10 { .. }
-                )
-            {
+            // SPC-2: everything but the identification commands and RELEASE
+            // conflicts for other nexuses, PR commands included.
+            let allowed = matches!(cdb, Cdb::Release6 | Cdb::Release10 { .. })
+                || (acc == Access::Always
+                    && !matches!(
+                        cdb,
+                        Cdb::TestUnitReady
+                            | Cdb::ReadCapacity10 { .. }
+                            | Cdb::ReadCapacity16 { .. }
+                    ));
+            if holder != nexus && !allowed {
                 return Err(Failure::Conflict);
             }
         }
-        Ok(())
+        let pr = &st.res.pr;
+        let Some(resv) = &pr.resv else {
+            return Ok(());
+        };
+        if acc == Access::Always || acc == Access::Pr || pr.is_holder(nexus) {
+            return Ok(());
+        }
+        if acc == Access::Spc2 {
+            // CRH=1 (SPC-4 5.9.3): RELEASE is a no-op, RESERVE conflicts.
+            return match cdb {
+                Cdb::Release6 | Cdb::Release10 { .. } => Ok(()),
+                _ => Err(Failure::Conflict),
+            };
+        }
+        let registered = pr.find(nexus).is_some();
+        let exclusive_access = matches!(
+            resv.ty,
+            PrType::ExclusiveAccess
+                | PrType::ExclusiveAccessRegistrantsOnly
+                | PrType::ExclusiveAccessAllRegistrants
+        );
+        let registrants_ok = registrants_only(resv.ty) || all_registrants(resv.ty);
+        if registrants_ok && registered {
+            return Ok(());
+        }
+        match acc {
+            Access::Read if !exclusive_access => Ok(()),
+            _ => Err(Failure::Conflict),
+        }
     }
 
     pub(crate) fn reserve_spc2(&self, nexus: &ItNexus) -> CmdResult {
         let mut st = self.lock();
+        if st.res.pr.resv.is_some() {
+            // Only the PR holder gets here (see reservation_check); CRH=1
+            // makes its RESERVE a successful no-op.
+            return Ok(Done::none());
+        }
         match &st.res.spc2 {
             Some(h) if h != nexus => Err(Failure::Conflict),
             _ => {
@@ -73,19 +419,507 @@ impl LogicalUnit {
         Ok(Done::none())
     }
 
-    pub(crate) fn pr_in(&self, _sa: PrInAction, _alloc: u16) -> CmdResult {
-        Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE))
+    /// PERSISTENT RESERVE IN.
+    pub(crate) fn pr_in(&self, sa: PrInAction, allocation_length: u16) -> CmdResult {
+        let st = self.lock();
+        let pr = &st.res.pr;
+        let mut d = Vec::new();
+        d.extend_from_slice(&pr.generation.to_be_bytes());
+        match sa {
+            PrInAction::ReadKeys => {
+                d.extend_from_slice(&((pr.regs.len() * 8) as u32).to_be_bytes());
+                for r in &pr.regs {
+                    d.extend_from_slice(&r.key.to_be_bytes());
+                }
+            }
+            PrInAction::ReadReservation => match &pr.resv {
+                None => d.extend_from_slice(&0u32.to_be_bytes()),
+                Some(r) => {
+                    d.extend_from_slice(&16u32.to_be_bytes());
+                    // All-registrants reservations report key 0 (SPC-4 6.13.3.3).
+                    let key = if all_registrants(r.ty) {
+                        0
+                    } else {
+                        pr.regs.get(r.holder).map_or(0, |h| h.key)
+                    };
+                    d.extend_from_slice(&key.to_be_bytes());
+                    d.extend_from_slice(&[0, 0, 0, 0, 0, r.ty.code(), 0, 0]);
+                }
+            },
+            PrInAction::ReportCapabilities => {
+                d.clear();
+                let ptpl_c = self.cfg.pr_state_path.is_some();
+                d.extend_from_slice(&8u16.to_be_bytes());
+                // CRH, SIP_C, ATP_C, PTPL_C.
+                d.push(0x10 | 0x08 | 0x04 | u8::from(ptpl_c));
+                // TMV, ALLOW COMMANDS 001b (TEST UNIT READY et al. allowed
+                // under Exclusive Access), PTPL_A.
+                d.push(0x80 | 0x10 | u8::from(pr.aptpl));
+                // Type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
+                d.extend_from_slice(&[0x80 | 0x40 | 0x20 | 0x08 | 0x02, 0x01, 0, 0]);
+            }
+            PrInAction::ReadFullStatus => {
+                let mut body = Vec::new();
+                for (i, r) in pr.regs.iter().enumerate() {
+                    let holder = match &pr.resv {
+                        Some(res) if all_registrants(res.ty) => true,
+                        Some(res) => res.holder == i,
+                        None => false,
+                    };
+                    body.extend_from_slice(&r.key.to_be_bytes());
+                    body.extend_from_slice(&[0; 4]);
+                    body.push(u8::from(r.all_tg_pt) << 1 | u8::from(holder));
+                    body.push(match (&pr.resv, holder) {
+                        (Some(res), true) => res.ty.code(),
+                        _ => 0,
+                    });
+                    body.extend_from_slice(&[0; 4]);
+                    body.extend_from_slice(&r.rtpi.to_be_bytes());
+                    let mut tid = Vec::new();
+                    r.transport_id().encode_into(&mut tid);
+                    body.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                    body.extend_from_slice(&tid);
+                }
+                d.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                d.extend_from_slice(&body);
+            }
+        }
+        Ok(Done::data(d, u32::from(allocation_length)))
     }
 
+    /// PERSISTENT RESERVE OUT.
     pub(crate) fn pr_out(
         &self,
-        _nexus: &ItNexus,
-        _sa: PrOutAction,
-        _scope: u8,
-        _ty: u8,
-        _len: u32,
-        _data: &[u8],
+        nexus: &ItNexus,
+        sa: PrOutAction,
+        scope: u8,
+        ty: u8,
+        parameter_list_length: u32,
+        data_out: &[u8],
     ) -> CmdResult {
-        Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE))
+        if sa == PrOutAction::ReplaceLostReservation {
+            return Err(invalid_cdb(1, Some(4)));
+        }
+        let len = parameter_list_length as usize;
+        let buf = data_out.get(..len).ok_or_else(param_length)?;
+        let params = PrOutData::decode(sa, buf).map_err(|e| Failure::Check(e.to_sense()))?;
+        // Only actions that use the type check it (and LU_SCOPE).
+        let uses_type = matches!(
+            sa,
+            PrOutAction::Reserve
+                | PrOutAction::Release
+                | PrOutAction::Preempt
+                | PrOutAction::PreemptAndAbort
+        );
+        let pr_type = if uses_type {
+            if scope != 0 {
+                return Err(invalid_cdb(2, Some(7)));
+            }
+            Some(PrType::from_code(ty).ok_or_else(|| invalid_cdb(2, Some(3)))?)
+        } else {
+            None
+        };
+        let aptpl_req = match &params {
+            PrOutData::Basic(p) => p.aptpl,
+            PrOutData::RegisterAndMove(p) => p.aptpl,
+        };
+        if aptpl_req && self.cfg.pr_state_path.is_none() {
+            return Err(invalid_param(20, Some(0)));
+        }
+
+        let mut st = self.lock();
+        let mut next = st.res.pr.clone();
+        let mut uas: Vec<(ItNexus, Asc)> = Vec::new();
+        let mut aborted: Vec<Registration> = Vec::new();
+        {
+            let known: Vec<ItNexus> = st.ua.known().cloned().collect();
+            let mut ctx = PrCtx {
+                st: &mut next,
+                nexus,
+                known: &known,
+                uas: &mut uas,
+            };
+            match (&params, sa) {
+                (PrOutData::Basic(p), PrOutAction::Register) => ctx.register(p, false)?,
+                (PrOutData::Basic(p), PrOutAction::RegisterAndIgnoreExistingKey) => {
+                    ctx.register(p, true)?
+                }
+                (PrOutData::Basic(p), PrOutAction::Reserve) => {
+                    ctx.reserve(p, pr_type.unwrap_or(PrType::WriteExclusive))?
+                }
+                (PrOutData::Basic(p), PrOutAction::Release) => {
+                    ctx.release(p, pr_type.unwrap_or(PrType::WriteExclusive))?
+                }
+                (PrOutData::Basic(p), PrOutAction::Clear) => ctx.clear(p)?,
+                (PrOutData::Basic(p), PrOutAction::Preempt | PrOutAction::PreemptAndAbort) => {
+                    aborted = ctx.preempt(p, pr_type.unwrap_or(PrType::WriteExclusive))?;
+                    if sa != PrOutAction::PreemptAndAbort {
+                        aborted.clear();
+                    }
+                }
+                (PrOutData::RegisterAndMove(p), PrOutAction::RegisterAndMove) => {
+                    ctx.register_and_move(p)?
+                }
+                _ => return Err(invalid_cdb(1, Some(4))),
+            }
+        }
+        // APTPL: set by REGISTER-type actions, kept by the others.
+        if matches!(
+            sa,
+            PrOutAction::Register
+                | PrOutAction::RegisterAndIgnoreExistingKey
+                | PrOutAction::RegisterAndMove
+        ) {
+            next.aptpl = aptpl_req;
+        }
+        if next.regs.is_empty() {
+            next.aptpl = false;
+        }
+        if next != st.res.pr {
+            if let Some(path) = &self.cfg.pr_state_path {
+                let res = if next.aptpl {
+                    save_atomically(path, &next.to_text())
+                } else if st.res.pr.aptpl {
+                    match std::fs::remove_file(path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                        _ => Ok(()),
+                    }
+                } else {
+                    Ok(())
+                };
+                if let Err(e) = res {
+                    warn!(path = %path.display(), error = %e, "cannot persist reservations");
+                    return Err(internal_failure());
+                }
+            }
+            st.res.pr = next;
+        }
+        for (n, code) in uas {
+            st.ua.push(&n, code);
+        }
+        let known: Vec<ItNexus> = st.ua.known().cloned().collect();
+        drop(st);
+        info!(
+            initiator = %nexus.initiator_port,
+            action = ?sa,
+            "persistent reservation changed"
+        );
+        if !aborted.is_empty() {
+            let handler = self.abort_handler();
+            for n in known
+                .iter()
+                .filter(|n| aborted.iter().any(|r| r.matches(n)))
+            {
+                if n != nexus {
+                    if let Some(h) = &handler {
+                        h(n);
+                    }
+                    self.lock()
+                        .ua
+                        .push(n, Asc::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR);
+                }
+            }
+        }
+        Ok(Done::out(len as u64))
+    }
+}
+
+/// One PERSISTENT RESERVE OUT action being applied to a copy of the state.
+struct PrCtx<'a> {
+    st: &'a mut PrState,
+    nexus: &'a ItNexus,
+    known: &'a [ItNexus],
+    uas: &'a mut Vec<(ItNexus, Asc)>,
+}
+
+impl PrCtx<'_> {
+    /// Queues `code` for every known nexus some registration of `regs`
+    /// covers, except the sender.
+    fn ua_for(&mut self, regs: &[Registration], code: Asc) {
+        for n in self.known {
+            if n != self.nexus && regs.iter().any(|r| r.matches(n)) {
+                self.uas.push((n.clone(), code));
+            }
+        }
+    }
+
+    /// The sender's registration, checked against RESERVATION KEY.
+    fn own(&self, key: u64) -> Result<usize, Failure> {
+        match self.st.find(self.nexus) {
+            Some(i) if self.st.regs.get(i).is_some_and(|r| r.key == key) => Ok(i),
+            _ => Err(Failure::Conflict),
+        }
+    }
+
+    fn register(&mut self, p: &PrOutParameters, ignore: bool) -> Result<(), Failure> {
+        match self.st.find(self.nexus) {
+            None => {
+                if !ignore && p.reservation_key != 0 {
+                    return Err(Failure::Conflict);
+                }
+                if p.service_action_key == 0 {
+                    if p.spec_i_pt {
+                        return Err(invalid_param(20, Some(3)));
+                    }
+                    return Ok(());
+                }
+                if ignore && p.spec_i_pt {
+                    return Err(invalid_param(20, Some(3)));
+                }
+                let mut new = vec![Registration::for_nexus(
+                    self.nexus,
+                    p.service_action_key,
+                    p.all_tg_pt,
+                )];
+                for (i, t) in p.transport_ids.iter().enumerate() {
+                    let TransportId::Iscsi { name, isid } = t else {
+                        return Err(invalid_param(28, None));
+                    };
+                    let (initiator, name_only) = match isid {
+                        Some(i) => (format!("{name},i,0x{}", i.to_ascii_lowercase()), false),
+                        None => (name.clone(), true),
+                    };
+                    let r = Registration {
+                        initiator: initiator.into(),
+                        name_only,
+                        target_port: self.nexus.target_port.clone(),
+                        rtpi: self.nexus.relative_target_port,
+                        all_tg_pt: p.all_tg_pt,
+                        key: p.service_action_key,
+                    };
+                    // A listed port already registered (or listed twice).
+                    if self.st.regs.iter().chain(&new).any(|o| o.same_as(&r)) {
+                        return Err(invalid_param((28 + i) as u16, None));
+                    }
+                    new.push(r);
+                }
+                if self.st.regs.len() + new.len() > MAX_REGISTRATIONS {
+                    return Err(illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
+                }
+                self.st.regs.extend(new);
+            }
+            Some(i) => {
+                let cur = self.st.regs.get(i).map_or(0, |r| r.key);
+                if !ignore && cur != p.reservation_key {
+                    return Err(Failure::Conflict);
+                }
+                if p.spec_i_pt {
+                    return Err(invalid_param(20, Some(3)));
+                }
+                if p.service_action_key == 0 {
+                    self.unregister(i);
+                } else if let Some(r) = self.st.regs.get_mut(i) {
+                    r.key = p.service_action_key;
+                }
+            }
+        }
+        self.st.generation = self.st.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Removes registration `i`, releasing the reservation when it held it
+    /// (SPC-4 5.9.11.2: registrants-only types tell the other registrants).
+    fn unregister(&mut self, i: usize) {
+        let (_, was_holder) = self.st.remove_where(|j, _| j == i);
+        let Some(resv) = self.st.resv.clone() else {
+            return;
+        };
+        if all_registrants(resv.ty) {
+            if self.st.regs.is_empty() {
+                self.st.resv = None;
+            }
+        } else if was_holder {
+            self.st.resv = None;
+            if registrants_only(resv.ty) {
+                let regs = self.st.regs.clone();
+                self.ua_for(&regs, Asc::RESERVATIONS_RELEASED);
+            }
+        }
+    }
+
+    fn reserve(&mut self, p: &PrOutParameters, ty: PrType) -> Result<(), Failure> {
+        let i = self.own(p.reservation_key)?;
+        match &self.st.resv {
+            Some(r) if self.st.is_holder(self.nexus) && r.ty == ty => Ok(()),
+            Some(_) => Err(Failure::Conflict),
+            None => {
+                self.st.resv = Some(Reservation { holder: i, ty });
+                Ok(())
+            }
+        }
+    }
+
+    fn release(&mut self, p: &PrOutParameters, ty: PrType) -> Result<(), Failure> {
+        self.own(p.reservation_key)?;
+        let Some(resv) = self.st.resv.clone() else {
+            return Ok(());
+        };
+        if !self.st.is_holder(self.nexus) {
+            return Ok(());
+        }
+        if resv.ty != ty {
+            return Err(illegal(Asc::INVALID_RELEASE_OF_PERSISTENT_RESERVATION));
+        }
+        self.st.resv = None;
+        if registrants_only(ty) || all_registrants(ty) {
+            let regs = self.st.regs.clone();
+            self.ua_for(&regs, Asc::RESERVATIONS_RELEASED);
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self, p: &PrOutParameters) -> Result<(), Failure> {
+        self.own(p.reservation_key)?;
+        let regs = std::mem::take(&mut self.st.regs);
+        self.st.resv = None;
+        self.ua_for(&regs, Asc::RESERVATIONS_PREEMPTED);
+        self.st.generation = self.st.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// PREEMPT (SPC-4 5.9.11.4); returns the registrations removed.
+    fn preempt(&mut self, p: &PrOutParameters, ty: PrType) -> Result<Vec<Registration>, Failure> {
+        let me = self.own(p.reservation_key)?;
+        let sak = p.service_action_key;
+        let removed = match self.st.resv.clone() {
+            None => {
+                if sak == 0 {
+                    return Err(invalid_param(8, None));
+                }
+                let (removed, _) = self.st.remove_where(|_, r| r.key == sak);
+                if removed.is_empty() {
+                    return Err(Failure::Conflict);
+                }
+                removed
+            }
+            Some(resv) if all_registrants(resv.ty) => {
+                if sak == 0 {
+                    let (removed, _) = self.st.remove_where(|j, _| j != me);
+                    self.st.resv = Some(Reservation { holder: 0, ty });
+                    removed
+                } else {
+                    let (removed, _) = self.st.remove_where(|j, r| r.key == sak && j != me);
+                    if removed.is_empty() {
+                        return Err(Failure::Conflict);
+                    }
+                    removed
+                }
+            }
+            Some(resv) => {
+                let holder_key = self.st.regs.get(resv.holder).map_or(0, |h| h.key);
+                if sak == holder_key {
+                    let (removed, _) = self.st.remove_where(|j, r| r.key == sak && j != me);
+                    let me_now = self.st.find(self.nexus).unwrap_or(0);
+                    self.st.resv = Some(Reservation { holder: me_now, ty });
+                    if resv.ty != ty {
+                        let remaining = self.st.regs.clone();
+                        self.ua_for(&remaining, Asc::RESERVATIONS_RELEASED);
+                    }
+                    removed
+                } else {
+                    if sak == 0 {
+                        return Err(invalid_param(8, None));
+                    }
+                    let (removed, _) = self.st.remove_where(|_, r| r.key == sak);
+                    if removed.is_empty() {
+                        return Err(Failure::Conflict);
+                    }
+                    removed
+                }
+            }
+        };
+        self.ua_for(&removed, Asc::REGISTRATIONS_PREEMPTED);
+        self.st.generation = self.st.generation.wrapping_add(1);
+        Ok(removed)
+    }
+
+    /// REGISTER AND MOVE (SPC-4 5.9.8).
+    fn register_and_move(&mut self, p: &RegisterAndMoveParameters) -> Result<(), Failure> {
+        let me = self.own(p.reservation_key)?;
+        let Some(resv) = self.st.resv.clone() else {
+            return Err(Failure::Conflict);
+        };
+        if !self.st.is_holder(self.nexus) {
+            return Err(Failure::Conflict);
+        }
+        if all_registrants(resv.ty) {
+            return Err(invalid_cdb(2, Some(3)));
+        }
+        if p.service_action_key == 0 {
+            return Err(invalid_param(8, None));
+        }
+        let TransportId::Iscsi { name, isid } = &p.transport_id else {
+            return Err(invalid_param(24, None));
+        };
+        let Some(isid) = isid else {
+            // A move needs one initiator port, not a name.
+            return Err(invalid_param(24, Some(7)));
+        };
+        let target = self
+            .nexus
+            .target_port
+            .split_once(",t,")
+            .map_or(&*self.nexus.target_port, |(t, _)| t);
+        let dest = ItNexus {
+            initiator_port: format!("{name},i,0x{}", isid.to_ascii_lowercase()).into(),
+            target_port: format!("{target},t,0x{:04x}", p.relative_target_port).into(),
+            relative_target_port: p.relative_target_port,
+        };
+        if dest
+            .initiator_port
+            .eq_ignore_ascii_case(&self.nexus.initiator_port)
+            && dest.target_port == self.nexus.target_port
+        {
+            return Err(invalid_param(24, None));
+        }
+        let di = match self.st.find(&dest) {
+            Some(i) => {
+                if let Some(r) = self.st.regs.get_mut(i) {
+                    r.key = p.service_action_key;
+                }
+                i
+            }
+            None => {
+                self.st
+                    .regs
+                    .push(Registration::for_nexus(&dest, p.service_action_key, false));
+                self.st.regs.len() - 1
+            }
+        };
+        self.st.resv = Some(Reservation {
+            holder: di,
+            ty: resv.ty,
+        });
+        if p.unreg {
+            self.st.remove_where(|j, _| j == me);
+        }
+        self.st.generation = self.st.generation.wrapping_add(1);
+        Ok(())
+    }
+}
+
+/// Called for each I_T nexus whose tasks a PREEMPT AND ABORT aborts.
+pub type AbortHandler = Arc<dyn Fn(&ItNexus) + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_round_trip() {
+        let n = ItNexus::iscsi("iqn.a", [1, 2, 3, 4, 5, 6], "iqn.t", 1);
+        let mut st = PrState {
+            generation: 7,
+            aptpl: true,
+            ..PrState::default()
+        };
+        st.regs.push(Registration::for_nexus(&n, 0xabc, true));
+        st.resv = Some(Reservation {
+            holder: 0,
+            ty: PrType::ExclusiveAccessRegistrantsOnly,
+        });
+        assert_eq!(PrState::from_text(&st.to_text()), Some(st));
+        assert_eq!(PrState::from_text("garbage"), None);
+        assert_eq!(PrState::from_text("blockwire-pr 1\nresv 1 0\n"), None);
     }
 }

@@ -52,6 +52,11 @@ impl UnitAttentions {
         }
     }
 
+    /// Every nexus seen since it was last lost.
+    pub fn known(&self) -> impl Iterator<Item = &ItNexus> {
+        self.known.iter()
+    }
+
     /// Takes the oldest pending condition of `nexus`.
     pub fn take(&mut self, nexus: &ItNexus) -> Option<Asc> {
         let q = self.pending.get_mut(nexus)?;

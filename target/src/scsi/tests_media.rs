@@ -1,0 +1,410 @@
+//! Media command tests: VERIFY, WRITE AND VERIFY, COMPARE AND WRITE (also
+//! under concurrency), ORWRITE, WRITE SAME, UNMAP, GET LBA STATUS,
+//! PRE-FETCH, START STOP UNIT, PREVENT ALLOW, REPORT TARGET PORT GROUPS,
+//! and a model-based property test of reads and writes.
+
+use std::sync::Arc;
+
+use blockwire_pdu::scsi::{Asc, Cdb, CdbSize, Rw, SenseKey, UnmapDescriptor, UnmapList};
+use proptest::prelude::*;
+
+use super::tests::*;
+use super::*;
+
+fn verify(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32, bytchk: u8, data: &[u8]) -> ScsiResult {
+    let cdb = c(Cdb::Verify {
+        rw: rw(CdbSize::Ten, lba, blocks),
+        bytchk,
+    });
+    run(t, n, &cdb, data, 0)
+}
+
+fn caw(t: &LunTable, n: &ItNexus, lba: u64, blocks: u8, data: &[u8]) -> ScsiResult {
+    let cdb = c(Cdb::CompareAndWrite {
+        lba,
+        blocks,
+        wrprotect: 0,
+        dpo: false,
+        fua: false,
+        group: 0,
+    });
+    run(t, n, &cdb, data, 0)
+}
+
+fn write_same(
+    t: &LunTable,
+    n: &ItNexus,
+    lba: u64,
+    blocks: u32,
+    unmap: bool,
+    ndob: bool,
+    anchor: bool,
+    data: &[u8],
+) -> ScsiResult {
+    let cdb = c(Cdb::WriteSame {
+        size: CdbSize::Sixteen,
+        lba,
+        blocks,
+        wrprotect: 0,
+        anchor,
+        unmap,
+        ndob,
+        group: 0,
+    });
+    run(t, n, &cdb, data, 0)
+}
+
+fn lba_status(t: &LunTable, n: &ItNexus, lba: u64) -> Vec<(u64, u32, u8)> {
+    let cdb = c(Cdb::GetLbaStatus {
+        lba,
+        allocation_length: 1024,
+    });
+    let r = run(t, n, &cdb, &[], 1024);
+    assert_eq!(r.status, GOOD);
+    r.data_in[8..]
+        .chunks(16)
+        .map(|d| {
+            (
+                u64::from_be_bytes(d[0..8].try_into().unwrap()),
+                u32::from_be_bytes(d[8..12].try_into().unwrap()),
+                d[12],
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn verify_compares_and_reports_offset() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = (0..1024).map(|i| i as u8).collect();
+    assert_eq!(write(&t, &a, 4, &data).status, GOOD);
+    assert_eq!(verify(&t, &a, 4, 2, 0, &[]).status, GOOD);
+    assert_eq!(verify(&t, &a, 4, 2, 1, &data).status, GOOD);
+    let mut bad = data.clone();
+    bad[700] ^= 1;
+    let s = expect_check(
+        &verify(&t, &a, 4, 2, 1, &bad),
+        SenseKey::Miscompare,
+        Asc::MISCOMPARE_DURING_VERIFY,
+    );
+    assert_eq!(s.information, Some(700));
+    // BYTCHK=3: one block against each block of the range.
+    assert_eq!(write(&t, &a, 10, &[5; 1536]).status, GOOD);
+    assert_eq!(verify(&t, &a, 10, 3, 3, &[5; 512]).status, GOOD);
+    let s = expect_check(
+        &verify(&t, &a, 9, 2, 3, &[5; 512]),
+        SenseKey::Miscompare,
+        Asc::MISCOMPARE_DURING_VERIFY,
+    );
+    assert_eq!(s.information, Some(0));
+    expect_check(
+        &verify(&t, &a, 2047, 2, 0, &[]),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+    // WRITE AND VERIFY writes.
+    let cdb = c(Cdb::WriteAndVerify {
+        rw: rw(CdbSize::Sixteen, 20, 1),
+        bytchk: 1,
+    });
+    assert_eq!(run(&t, &a, &cdb, &[0x3c; 512], 0).status, GOOD);
+    assert_eq!(read(&t, &a, 20, 1).data_in, vec![0x3c; 512]);
+}
+
+#[test]
+fn compare_and_write_semantics() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 3, &[1; 1024]).status, GOOD);
+    let mut d = vec![1u8; 1024];
+    d.extend_from_slice(&[2; 1024]);
+    assert_eq!(caw(&t, &a, 3, 2, &d).status, GOOD);
+    assert_eq!(read(&t, &a, 3, 2).data_in, vec![2; 1024]);
+    // Now the compare half no longer matches, at byte 0.
+    let s = expect_check(
+        &caw(&t, &a, 3, 2, &d),
+        SenseKey::Miscompare,
+        Asc::MISCOMPARE_DURING_VERIFY,
+    );
+    assert_eq!(s.information, Some(0));
+    let mut d2 = vec![2u8; 1024];
+    d2[600] = 9;
+    d2.extend_from_slice(&[3; 1024]);
+    let s = expect_check(
+        &caw(&t, &a, 3, 2, &d2),
+        SenseKey::Miscompare,
+        Asc::MISCOMPARE_DURING_VERIFY,
+    );
+    assert_eq!(s.information, Some(600));
+    assert_eq!(read(&t, &a, 3, 2).data_in, vec![2; 1024]);
+    expect_check(
+        &caw(&t, &a, 2047, 2, &[0; 2048]),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+    assert_eq!(caw(&t, &a, 0, 0, &[]).status, GOOD);
+}
+
+#[test]
+fn compare_and_write_is_atomic_across_threads() {
+    let t = Arc::new(table());
+    let n = nexus("iqn.a");
+    ready(&t, &n);
+    assert_eq!(write(&t, &n, 0, &[0; 512]).status, GOOD);
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let t = t.clone();
+            let n = nexus(&format!("iqn.t{i}"));
+            std::thread::spawn(move || {
+                ready(&t, &n);
+                let mut wins = 0u64;
+                for _ in 0..100 {
+                    let cur = read(&t, &n, 0, 1).data_in;
+                    let v = u64::from_be_bytes(cur[..8].try_into().unwrap());
+                    let mut d = cur.clone();
+                    d.extend_from_slice(&cur);
+                    d[512..520].copy_from_slice(&(v + 1).to_be_bytes());
+                    if caw(&t, &n, 0, 1, &d).status == GOOD {
+                        wins += 1;
+                    }
+                    // Plain writes elsewhere run alongside.
+                    assert_eq!(write(&t, &n, 1 + i, &[i as u8; 512]).status, GOOD);
+                }
+                wins
+            })
+        })
+        .collect();
+    let wins: u64 = threads.into_iter().map(|h| h.join().unwrap()).sum();
+    let cur = read(&t, &n, 0, 1).data_in;
+    assert_eq!(u64::from_be_bytes(cur[..8].try_into().unwrap()), wins);
+}
+
+#[test]
+fn orwrite_ors_in() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 0, &[0x0f; 512]).status, GOOD);
+    let cdb = c(Cdb::OrWrite16(rw(CdbSize::Sixteen, 0, 1)));
+    assert_eq!(run(&t, &a, &cdb, &[0xf0; 512], 0).status, GOOD);
+    assert_eq!(read(&t, &a, 0, 1).data_in, vec![0xff; 512]);
+}
+
+#[test]
+fn write_same_unmap_and_lba_status() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(
+        write_same(&t, &a, 8, 16, false, false, false, &[0xab; 512]).status,
+        GOOD
+    );
+    assert_eq!(read(&t, &a, 8, 16).data_in, vec![0xab; 16 * 512]);
+    assert_eq!(
+        lba_status(&t, &a, 0)[..3],
+        [(0, 8, 1), (8, 16, 0), (24, 2024, 1)]
+    );
+    // UNMAP with a zero block deallocates.
+    assert_eq!(
+        write_same(&t, &a, 8, 4, true, false, false, &[0; 512]).status,
+        GOOD
+    );
+    assert_eq!(lba_status(&t, &a, 8)[0], (8, 4, 1));
+    // NDOB writes zeros.
+    assert_eq!(
+        write_same(&t, &a, 12, 2, false, true, false, &[]).status,
+        GOOD
+    );
+    assert_eq!(read(&t, &a, 12, 2).data_in, vec![0; 1024]);
+    // ANCHOR and zero blocks (WSNZ=1) are refused; past the end too.
+    let s = expect_check(
+        &write_same(&t, &a, 0, 1, true, false, true, &[0; 512]),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(s.field_pointer().unwrap().byte, 1);
+    let s = expect_check(
+        &write_same(&t, &a, 0, 0, false, false, false, &[0; 512]),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(s.field_pointer().unwrap().byte, 10);
+    expect_check(
+        &write_same(&t, &a, 2047, 2, false, false, false, &[0; 512]),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+    // UNMAP.
+    let list = UnmapList {
+        descriptors: vec![
+            UnmapDescriptor {
+                lba: 14,
+                blocks: 10,
+            },
+            UnmapDescriptor {
+                lba: 100,
+                blocks: 0,
+            },
+        ],
+    }
+    .encode();
+    let cdb = c(Cdb::Unmap {
+        anchor: false,
+        group: 0,
+        parameter_list_length: list.len() as u16,
+    });
+    assert_eq!(run(&t, &a, &cdb, &list, 0).status, GOOD);
+    assert_eq!(read(&t, &a, 14, 10).data_in, vec![0; 5120]);
+    let bad = UnmapList {
+        descriptors: vec![UnmapDescriptor {
+            lba: 2040,
+            blocks: 9,
+        }],
+    }
+    .encode();
+    let cdb = c(Cdb::Unmap {
+        anchor: false,
+        group: 0,
+        parameter_list_length: bad.len() as u16,
+    });
+    expect_check(
+        &run(&t, &a, &cdb, &bad, 0),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+    expect_check(
+        &run(
+            &t,
+            &a,
+            &c(Cdb::GetLbaStatus {
+                lba: 2048,
+                allocation_length: 64,
+            }),
+            &[],
+            64,
+        ),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+
+    // A fully provisioned unit has no UNMAP.
+    let full = table_with(|c| c.thin_provisioning = false);
+    ready(&full, &a);
+    expect_check(
+        &run(&full, &a, &cdb, &bad, 0),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_COMMAND_OPERATION_CODE,
+    );
+    expect_check(
+        &write_same(&full, &a, 0, 1, true, false, false, &[0; 512]),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(lba_status(&full, &a, 0), vec![(0, 2048, 0)]);
+}
+
+#[test]
+fn prefetch_start_stop_prevent_rtpg() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let pf = |lba, blocks| {
+        c(Cdb::PreFetch {
+            size: CdbSize::Ten,
+            immed: false,
+            lba,
+            blocks,
+            group: 0,
+        })
+    };
+    assert_eq!(run(&t, &a, &pf(0, 10), &[], 0).status, GOOD);
+    expect_check(
+        &run(&t, &a, &pf(2047, 2), &[], 0),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+    let ssu = |loej, start| {
+        c(Cdb::StartStopUnit {
+            immed: false,
+            power_condition_modifier: 0,
+            power_condition: 0,
+            no_flush: false,
+            loej,
+            start,
+        })
+    };
+    assert_eq!(run(&t, &a, &ssu(false, false), &[], 0).status, GOOD);
+    assert_eq!(run(&t, &a, &ssu(false, true), &[], 0).status, GOOD);
+    expect_check(
+        &run(&t, &a, &ssu(true, false), &[], 0),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    let pa = |prevent| c(Cdb::PreventAllowMediumRemoval { prevent });
+    assert_eq!(run(&t, &a, &pa(1), &[], 0).status, GOOD);
+    expect_check(
+        &run(&t, &a, &ssu(true, false), &[], 0),
+        SenseKey::IllegalRequest,
+        Asc::MEDIUM_REMOVAL_PREVENTED,
+    );
+    t.nexus_lost(&a);
+    ready(&t, &a);
+    expect_check(
+        &run(&t, &a, &ssu(true, false), &[], 0),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    let cdb = c(Cdb::ReportTargetPortGroups {
+        parameter_data_format: 0,
+        allocation_length: 64,
+    });
+    let r = run(&t, &a, &cdb, &[], 64);
+    assert_eq!(r.status, GOOD);
+    assert_eq!(&r.data_in[..4], &[0, 0, 0, 12]);
+    assert_eq!(&r.data_in[6..8], &[0, 1]);
+    assert_eq!(&r.data_in[14..16], &[0, 1]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Random WRITE/READ/WRITE SAME/UNMAP sequences give the same bytes as
+    /// a plain Vec<u8> model of the disk.
+    #[test]
+    fn media_matches_model(ops in proptest::collection::vec((0u8..4, 0u64..2048, 1u32..40, any::<u8>()), 1..40)) {
+        let t = table();
+        let a = nexus("iqn.a");
+        ready(&t, &a);
+        let mut model = vec![0u8; 1 << 20];
+        for (kind, lba, blocks, fill) in ops {
+            let blocks = blocks.min((2048 - lba) as u32);
+            let range = (lba as usize * 512)..((lba as usize + blocks as usize) * 512);
+            match kind {
+                0 => {
+                    let data: Vec<u8> = (0..blocks as usize * 512).map(|i| fill.wrapping_add(i as u8)).collect();
+                    prop_assert_eq!(write(&t, &a, lba, &data).status, GOOD);
+                    model[range].copy_from_slice(&data);
+                }
+                1 => {
+                    let r = read(&t, &a, lba, blocks);
+                    prop_assert_eq!(&r.data_in[..], &model[range]);
+                }
+                2 => {
+                    prop_assert_eq!(write_same(&t, &a, lba, blocks, false, false, false, &[fill; 512]).status, GOOD);
+                    model[range].fill(fill);
+                }
+                _ => {
+                    let list = UnmapList { descriptors: vec![UnmapDescriptor { lba, blocks }] }.encode();
+                    let cdb = c(Cdb::Unmap { anchor: false, group: 0, parameter_list_length: list.len() as u16 });
+                    prop_assert_eq!(run(&t, &a, &cdb, &list, 0).status, GOOD);
+                    model[range].fill(0);
+                }
+            }
+        }
+        let whole = (0..2048u64).step_by(64).flat_map(|l| read(&t, &a, l, 64).data_in).collect::<Vec<u8>>();
+        prop_assert!(whole == model);
+        let _ = Rw { size: CdbSize::Ten, lba: 0, length: 0, protect: 0, dpo: false, fua: false, group: 0 };
+    }
+}
