@@ -10,6 +10,18 @@ blocks, compare, logout. With the target's default MaxRecvDataSegmentLength (tgt
 usage: libiscsi_rw.py PORTAL IQN LUN [--blocks N] [--lba L] [--header-digest] [--nop]
                      [--expect-check-condition] [--initiator NAME]
 exit 0 on success, 1 on any unexpected SCSI status, iSCSI error or data mismatch.
+
+Bulk modes (instead of the small WRITE(10)/READ(10) above), all WRITE(16)/READ(16) through
+libiscsi's async API with --qd commands in flight, each of --xfer bytes (default 1 MiB):
+  --write-from FILE             write FILE's bytes to the LUN from --lba on
+  --read-to FILE --length N     read N bytes from --lba on into FILE
+  --bench randread|randwrite|seqread|seqwrite --seconds S [--span BYTES]
+                                run the workload for S seconds over the first --span bytes
+                                (default: 1 GiB) and print one line
+                                `bench MODE xfer=.. qd=.. ios=.. secs=.. iops=.. MBps=..`
+Header digest: libiscsi negotiates HeaderDigest=CRC32C when asked (--header-digest), but it
+never offers DataDigest (it has no data-digest code), so no libiscsi tool can turn data
+digests on.
 """
 import argparse
 import ctypes
@@ -38,6 +50,16 @@ def main():
     ap.add_argument("--expect-check-condition", action="store_true",
                     help="WRITE and READ must fail with CHECK CONDITION (e.g. beyond the end)")
     ap.add_argument("--initiator", default="iqn.2026-11.io.blockwire:golden-initiator")
+    ap.add_argument("--write-from", metavar="FILE")
+    ap.add_argument("--read-to", metavar="FILE")
+    ap.add_argument("--length", type=int, help="bytes to read with --read-to")
+    ap.add_argument("--bench", choices=["randread", "randwrite", "seqread", "seqwrite"])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--span", type=int, default=1 << 30,
+                    help="bytes of the LUN (from LBA 0) that --bench touches")
+    ap.add_argument("--xfer", type=int, default=1 << 20, help="bytes per command (bulk modes)")
+    ap.add_argument("--qd", type=int, default=8, help="commands in flight (bulk modes)")
+    ap.add_argument("--block-size", type=int, default=BLOCK)
     a = ap.parse_args()
 
     lib = ctypes.CDLL("libiscsi.so.7")
@@ -93,6 +115,24 @@ def main():
 
     rw_want = SCSI_STATUS_CHECK_CONDITION if a.expect_check_condition else SCSI_STATUS_GOOD
 
+    bulk = a.write_from or a.read_to or a.bench
+    if bulk:
+        # A new session may first get a unit attention (e.g. POWER ON OCCURRED): retry.
+        for attempt in range(3):
+            t = lib.iscsi_testunitready_sync(ctx, a.lun)
+            if not t:
+                err("TEST UNIT READY")
+            st = ctypes.cast(t, ctypes.POINTER(ctypes.c_int))[0]
+            lib.scsi_free_scsi_task(t)
+            if st == SCSI_STATUS_GOOD:
+                break
+        else:
+            sys.exit(f"TEST UNIT READY: SCSI status {st:#x} three times")
+        bulk_mode(lib, ctx, a, err)
+        lib.iscsi_logout_sync(ctx)
+        lib.iscsi_destroy_context(ctx)
+        return
+
     t = lib.iscsi_testunitready_sync(ctx, a.lun)
     status(t, "TEST UNIT READY")
     lib.scsi_free_scsi_task(t)
@@ -126,6 +166,155 @@ def main():
 
     lib.iscsi_logout_sync(ctx)
     lib.iscsi_destroy_context(ctx)
+
+
+CMD_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def bulk_mode(lib, ctx, a, err):
+    """--write-from / --read-to / --bench: keep a.qd WRITE(16)/READ(16) of a.xfer in flight."""
+    import os
+    import random
+
+    vp, i, u32, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64
+    # struct scsi_task *iscsi_read16_iov_task(ctx, lun, lba, datalen, blocksize, rdprotect,
+    #     dpo, fua, fua_nv, group_number, cb, private_data, struct scsi_iovec *iov, int niov)
+    lib.iscsi_read16_iov_task.restype = vp
+    lib.iscsi_read16_iov_task.argtypes = [vp, i, u64, u32, i, i, i, i, i, i, CMD_CB, vp,
+                                          ctypes.POINTER(ScsiIovec), i]
+    # struct scsi_task *iscsi_write16_iov_task(ctx, lun, lba, data, datalen, blocksize,
+    #     wrprotect, dpo, fua, fua_nv, group_number, cb, private_data, iov, niov)
+    lib.iscsi_write16_iov_task.restype = vp
+    lib.iscsi_write16_iov_task.argtypes = [vp, i, u64, vp, u32, i, i, i, i, i, i, CMD_CB, vp,
+                                           ctypes.POINTER(ScsiIovec), i]
+    lib.iscsi_get_fd.argtypes = [vp]
+    lib.iscsi_which_events.argtypes = [vp]
+    lib.iscsi_service.argtypes = [vp, i]
+
+    bs, xfer, qd = a.block_size, a.xfer, max(1, a.qd)
+    if xfer % bs:
+        sys.exit(f"--xfer {xfer} is not a multiple of the block size {bs}")
+    fd = None
+    if a.write_from:
+        fd = os.open(a.write_from, os.O_RDONLY)
+        total = os.fstat(fd).st_size
+        kind = "write"
+    elif a.read_to:
+        if a.length is None:
+            sys.exit("--read-to needs --length")
+        fd = os.open(a.read_to, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        total = a.length
+        kind = "read"
+    else:
+        kind = "read" if a.bench.endswith("read") else "write"
+        total = None
+    if total is not None and total % bs:
+        sys.exit(f"length {total} is not a multiple of the block size {bs}")
+
+    slots = [ctypes.create_string_buffer(xfer) for _ in range(qd)]
+    if a.bench and kind == "write":
+        rnd = random.Random(1)
+        for b in slots:
+            b.raw = rnd.randbytes(xfer)
+    iovs = [ScsiIovec(ctypes.cast(b, ctypes.c_void_p), xfer) for b in slots]
+    views = [memoryview(b) for b in slots]
+    # Per slot: (byte offset, length) of the command in flight.
+    busy = [None] * qd
+    st = {"next": 0, "ios": 0, "bytes": 0, "fail": None, "stop": False}
+    span_units = max(1, a.span // xfer)
+    rnd = random.Random(2)
+    base = a.lba * bs
+    deadline = time.monotonic() + a.seconds if a.bench else None
+
+    def next_piece():
+        """(offset, length) of the next command, or None when there is nothing left."""
+        if st["stop"] or st["fail"]:
+            return None
+        if a.bench:
+            if time.monotonic() >= deadline:
+                return None
+            if a.bench.startswith("rand"):
+                return (rnd.randrange(span_units) * xfer, xfer)
+            off = (st["next"] % span_units) * xfer
+            st["next"] += 1
+            return (off, xfer)
+        off = st["next"]
+        if off >= total:
+            return None
+        n = min(xfer, total - off)
+        st["next"] = off + n
+        return (base + off, n)
+
+    def submit(slot):
+        piece = next_piece()
+        busy[slot] = piece
+        if piece is None:
+            return
+        off, n = piece
+        iovs[slot].iov_len = n
+        if kind == "write":
+            if fd is not None:
+                got = os.preadv(fd, [views[slot][:n]], off - base)
+                if got != n:
+                    st["fail"] = f"short read of {a.write_from} at {off - base}"
+                    busy[slot] = None
+                    return
+            t = lib.iscsi_write16_iov_task(ctx, a.lun, off // bs, None, n, bs, 0, 0, 0, 0, 0,
+                                           cbf, slot + 1, ctypes.byref(iovs[slot]), 1)
+        else:
+            t = lib.iscsi_read16_iov_task(ctx, a.lun, off // bs, n, bs, 0, 0, 0, 0, 0,
+                                          cbf, slot + 1, ctypes.byref(iovs[slot]), 1)
+        if not t:
+            st["fail"] = f"queueing {kind} at byte {off}: " + \
+                lib.iscsi_get_error(ctx).decode(errors="replace")
+            busy[slot] = None
+
+    def cb(_ctx, status, task, priv):
+        slot = priv - 1
+        off, n = busy[slot]
+        busy[slot] = None
+        if task:
+            lib.scsi_free_scsi_task(task)
+        if status != SCSI_STATUS_GOOD:
+            st["fail"] = (f"{kind.upper()}(16) of {n} bytes at LBA {off // bs}: status "
+                          f"{status:#x}: " + lib.iscsi_get_error(ctx).decode(errors="replace"))
+            return
+        if kind == "read" and fd is not None:
+            os.pwrite(fd, views[slot][:n], off - base)
+        st["ios"] += 1
+        st["bytes"] += n
+        submit(slot)
+
+    cbf = CMD_CB(cb)
+    t0 = time.monotonic()
+    for s in range(qd):
+        submit(s)
+    # Generous bound: no single wait for the target may exceed 60 s.
+    while any(b is not None for b in busy):
+        poller = select.poll()
+        poller.register(lib.iscsi_get_fd(ctx), lib.iscsi_which_events(ctx))
+        ev = poller.poll(60000)
+        if not ev:
+            sys.exit(f"{kind}: no progress for 60 s ({sum(b is not None for b in busy)} "
+                     f"commands in flight)")
+        for _fd, revents in ev:
+            if lib.iscsi_service(ctx, revents) < 0:
+                err(f"{kind} service")
+        if st["fail"]:
+            st["stop"] = True
+    secs = time.monotonic() - t0
+    if fd is not None:
+        os.close(fd)
+    if st["fail"]:
+        print(st["fail"], file=sys.stderr)
+        sys.exit(1)
+    if a.bench:
+        print(f"bench {a.bench} xfer={xfer} qd={qd} ios={st['ios']} secs={secs:.3f} "
+              f"iops={st['ios'] / secs:.0f} MBps={st['bytes'] / secs / 1e6:.1f}")
+    else:
+        what = "wrote" if kind == "write" else "read"
+        print(f"{what} {st['bytes']} bytes at LBA {a.lba} in {secs:.2f} s "
+              f"({st['bytes'] / secs / 1e6:.0f} MB/s, {xfer} bytes per command, qd {qd})")
 
 
 def nop_out(lib, ctx, err):

@@ -1,0 +1,141 @@
+# shellcheck shell=bash
+# interop/lib/blockwire.sh — start and stop blockwire's own target daemon for interop tests.
+#
+# Source it (it sources peers.sh too):   . "$(dirname "$0")/lib/blockwire.sh"
+#
+# Functions (all waits are bounded with `timeout`):
+#   blockwire_bin                      print the path of the release `blockwire-target`
+#                                      binary, building it (cargo build --release -p
+#                                      blockwire-mgmt) if it is missing. $BLOCKWIRE_BIN
+#                                      overrides the path (no build then).
+#   start_blockwire PORT DIR [CONFIG]  start `blockwire-target --listen 127.0.0.1:PORT
+#                                      [--config CONFIG]`, log to DIR/blockwire-PORT.log,
+#                                      wait (<= 20 s) until the port accepts, print the PID
+#   stop_blockwire PID                 SIGTERM, wait up to 10 s for a clean exit and report
+#                                      the exit code on stderr, then SIGKILL. Returns the
+#                                      daemon's exit code (0 = clean shutdown; 137 when it
+#                                      had to be killed; 0 when it was already gone).
+#
+# Usage:
+#   pid=$(start_blockwire "$port" "$tmp" "$tmp/target.toml")
+#   trap 'stop_blockwire "$pid" || true' EXIT
+
+_bw_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=peers.sh
+. "$_bw_lib_dir/peers.sh"
+_bw_repo=$(cd "$_bw_lib_dir/../.." && pwd)
+
+# Where start_blockwire's wrapper leaves each daemon's exit code, keyed by PID.
+_bw_state=${TMPDIR:-/tmp}/blockwire-interop-state
+mkdir -p "$_bw_state"
+
+blockwire_bin() {
+    if [ -n "${BLOCKWIRE_BIN:-}" ]; then
+        echo "$BLOCKWIRE_BIN"
+        return 0
+    fi
+    # .cargo/config.toml puts cargo's output in build/ (the folder target/ is a crate).
+    local bin="${CARGO_TARGET_DIR:-$_bw_repo/build}/release/blockwire-target"
+    if [ ! -x "$bin" ]; then
+        echo "blockwire_bin: $bin missing, building it (release)" >&2
+        (cd "$_bw_repo" && timeout 1800 cargo build --release -p blockwire-mgmt >&2) || {
+            echo "blockwire_bin: release build failed" >&2
+            return 1
+        }
+    fi
+    echo "$bin"
+}
+
+# start_blockwire PORT DIR [CONFIG] — prints the daemon's PID.
+start_blockwire() {
+    local port=$1 dir=$2 config=${3:-} bin pid log
+    bin=$(blockwire_bin) || return 1
+    mkdir -p "$dir"
+    log="$dir/blockwire-$port.log"
+    local -a args=(--listen "127.0.0.1:$port")
+    [ -n "$config" ] && args+=(--config "$config")
+    rm -f "$dir/blockwire-$port.pid"
+    # A wrapper subshell starts the daemon, publishes its PID and records its exit code when
+    # it ends: the caller runs us inside $(...), so it could never `wait` for the daemon.
+    # All output goes to files so that $(...) does not wait for the daemon's stdout.
+    (
+        "$bin" "${args[@]}" >"$log" 2>&1 </dev/null &
+        p=$!
+        echo "$p" >"$dir/blockwire-$port.pid"
+        rm -f "$_bw_state/exit.$p"
+        if wait "$p"; then rc=0; else rc=$?; fi
+        echo "$rc" >"$_bw_state/exit.$p"
+    ) >/dev/null 2>&1 </dev/null &
+    # Wait for the PID file, then for the portal (bounded); give up if the daemon dies.
+    if ! timeout 5 bash -c 'until [ -s "$1" ]; do sleep 0.05; done' _ "$dir/blockwire-$port.pid"; then
+        echo "start_blockwire: no PID for port $port" >&2
+        return 1
+    fi
+    pid=$(cat "$dir/blockwire-$port.pid")
+    if ! timeout 20 bash -c '
+            until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+                kill -0 "$2" 2>/dev/null || exit 1
+                sleep 0.05
+            done' _ "$port" "$pid"; then
+        echo "start_blockwire: blockwire-target on port $port did not come up; log $log:" >&2
+        sed 's/^/    /' "$log" | tail -n 20 >&2
+        stop_blockwire "$pid" >/dev/null 2>&1 || true
+        return 1
+    fi
+    echo "$pid"
+}
+
+# stop_blockwire PID — SIGTERM, <= 10 s for a clean exit, then SIGKILL; returns the exit code.
+stop_blockwire() {
+    local pid=$1 rc
+    [ -n "$pid" ] || return 0
+    if ! kill -TERM "$pid" 2>/dev/null; then
+        rm -f "$_bw_state/exit.$pid"
+        return 0
+    fi
+    if ! _wait_gone 10 "$pid"; then
+        echo "stop_blockwire: blockwire-target $pid still running 10 s after SIGTERM: SIGKILL" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+        _wait_gone 5 "$pid" || true
+    fi
+    wait "$pid" 2>/dev/null || true
+    # The wrapper of start_blockwire writes the exit code right after the daemon ends.
+    timeout 3 bash -c 'until [ -s "$1" ]; do sleep 0.05; done' _ "$_bw_state/exit.$pid" || true
+    rc=$(cat "$_bw_state/exit.$pid" 2>/dev/null || echo unknown)
+    rm -f "$_bw_state/exit.$pid"
+    echo "stop_blockwire: blockwire-target $pid exited with code $rc" >&2
+    [ "$rc" = 0 ] && return 0
+    [ "$rc" = unknown ] && return 0
+    return "$rc"
+}
+
+# blockwire_config_file FILE IQN SIZE [ALLOW...] — write a minimal one-target config: one
+# portal group (the listen address is replaced by --listen), RAM LUN 0 of SIZE ("1G"),
+# ACL = the ALLOW initiator names (none given: any initiator).
+blockwire_config_file() {
+    local file=$1 iqn=$2 size=$3
+    shift 3
+    {
+        echo '# generated by interop/lib/blockwire.sh'
+        echo '[[portal_group]]'
+        echo 'tag = 1'
+        echo 'listen = ["127.0.0.1:3260"]'
+        echo
+        echo '[[target]]'
+        echo "name = \"$iqn\""
+        if [ $# -gt 0 ]; then
+            local a sep="" list=""
+            for a in "$@"; do list+="$sep\"$a\""; sep=", "; done
+            echo "allow = [$list]"
+        fi
+        echo
+        echo '[[target.lun]]'
+        echo 'id = 0'
+        echo 'backstore = "ram"'
+        echo "size = \"$size\""
+    } >"$file"
+}
+
+# The two initiator names iscsi-test-cu logs in with (the reservation tests use both).
+LIBISCSI_TEST_INITIATOR=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test
+LIBISCSI_TEST_INITIATOR2=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2
