@@ -1,0 +1,596 @@
+//! The fabric over real sockets: an in-process target on 127.0.0.1:0 and a
+//! minimal initiator built from the pdu crate (its Negotiator, framer and
+//! typed PDUs). Covers what libiscsi's suites cannot: data digests, the
+//! CmdSN window, keepalive, reinstatement, shutdown and rejects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockwire_pdu::keys::{
+    encode_text, parse_text, Digest, LocalConfig, Negotiator, Phase, Role, SessionParams,
+};
+use blockwire_pdu::pdu::codes::{AsyncEvent, RejectReason, TaskAttr, TmfFunction, TmfResponse};
+use blockwire_pdu::pdu::{
+    DataOut, LoginRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
+};
+use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Lun, Pdu, Stage};
+use blockwire_target::backstore::{Backstore, RamBackstore};
+use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::{Fabric, FabricSettings, SessionTable};
+use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+const TARGET: &str = "iqn.2026-11.io.blockwire:fabric-test";
+const INITIATOR: &str = "iqn.2026-11.io.blockwire:test-initiator";
+
+struct TestTarget {
+    addr: std::net::SocketAddr,
+    stop: watch::Sender<bool>,
+}
+
+async fn start(settings: FabricSettings) -> TestTarget {
+    start_with(settings, Arc::new(RamBackstore::new(64 << 20))).await
+}
+
+async fn start_with(settings: FabricSettings, store: Arc<dyn Backstore>) -> TestTarget {
+    let lu = LogicalUnit::new(LuConfig::new(store));
+    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    let addr = portal.local_addr().unwrap();
+    let catalog = Catalog {
+        portal_groups: vec![PortalGroup {
+            tag: 1,
+            addresses: vec![addr],
+        }],
+        targets: vec![Arc::new(TargetEntry {
+            name: TARGET.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl: Acl::Any,
+            auth: AuthPolicy::default(),
+            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+        })],
+        discovery_auth: AuthPolicy::default(),
+    };
+    let (stop, shutdown) = watch::channel(false);
+    let fabric = Arc::new(Fabric {
+        catalog: Arc::new(catalog),
+        sessions: SessionTable::default(),
+        settings,
+        shutdown,
+    });
+    tokio::spawn(portal.run(fabric));
+    TestTarget { addr, stop }
+}
+
+/// A bare-bones initiator connection.
+struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    framer: FrameDecoder,
+    digests: Digests,
+    cmd_sn: u32,
+    itt: u32,
+    params: SessionParams,
+}
+
+impl Client {
+    async fn login(addr: std::net::SocketAddr, isid: [u8; 6], digests: Digests) -> Client {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let mut cfg = LocalConfig::initiator(INITIATOR, TARGET);
+        let pick = |on| {
+            if on {
+                vec![Digest::Crc32c]
+            } else {
+                vec![Digest::None]
+            }
+        };
+        cfg.header_digests = pick(digests.header);
+        cfg.data_digests = pick(digests.data);
+        cfg.initial_r2t = false;
+        cfg.max_recv_data_segment_length = 65536;
+        let mut neg = Negotiator::new(Role::Initiator, cfg).unwrap();
+        let mut c = Client {
+            stream,
+            buf: Vec::new(),
+            framer: FrameDecoder::default(),
+            digests: Digests::NONE,
+            cmd_sn: 1,
+            itt: 0x100,
+            params: SessionParams::default(),
+        };
+        let mut offer = neg.offer(Phase::Operational).unwrap();
+        loop {
+            let req = Bhs::LoginRequest(LoginRequest {
+                transit: true,
+                continue_bit: false,
+                csg: Stage::Operational,
+                nsg: Stage::FullFeature,
+                version_max: 0,
+                version_min: 0,
+                isid,
+                tsih: 0,
+                itt: c.itt,
+                cid: 0,
+                cmd_sn: c.cmd_sn,
+                exp_stat_sn: 0,
+            });
+            c.send(Pdu::with_data(req, encode_text(&offer).unwrap()))
+                .await;
+            let resp = c.recv().await.expect("login response");
+            let Bhs::LoginResponse(r) = resp.bhs else {
+                panic!("expected a login response, got {resp:?}")
+            };
+            assert!(r.status.is_success(), "login failed: {}", r.status);
+            let answers = neg
+                .receive(Phase::Operational, &parse_text(&resp.data).unwrap())
+                .unwrap();
+            if r.transit && r.nsg == Stage::FullFeature {
+                neg.finish().unwrap();
+                break;
+            }
+            offer = answers.answers;
+        }
+        c.params = neg.params().clone();
+        c.digests = digests;
+        c.framer = FrameDecoder::new(65536, digests);
+        c
+    }
+
+    async fn send(&mut self, pdu: Pdu) {
+        self.stream
+            .write_all(&pdu.encode(self.digests))
+            .await
+            .unwrap();
+    }
+
+    /// The next PDU, or None when the target closed the connection or
+    /// nothing came within two seconds.
+    async fn recv_within(&mut self, wait: Duration) -> Option<Pdu> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Frame::Pdu { pdu, consumed } = self.framer.decode(&self.buf).unwrap() {
+                self.buf.drain(..consumed);
+                return Some(pdu);
+            }
+            let mut chunk = vec![0u8; 65536];
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    async fn recv(&mut self) -> Option<Pdu> {
+        self.recv_within(Duration::from_secs(2)).await
+    }
+
+    fn command(
+        &mut self,
+        cdb: &[u8],
+        read: bool,
+        write: bool,
+        edtl: u32,
+        final_bit: bool,
+    ) -> ScsiCommand {
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        self.itt += 1;
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_bit,
+            read,
+            write,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt: self.itt,
+            expected_data_transfer_length: edtl,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: c,
+        };
+        self.cmd_sn += 1;
+        cmd
+    }
+
+    /// Reads every Data-In into a buffer until the status arrives.
+    async fn read_response(&mut self, itt: u32, len: usize) -> (u8, Vec<u8>) {
+        let mut data = vec![0u8; len];
+        loop {
+            let pdu = self.recv().await.expect("response");
+            match pdu.bhs {
+                Bhs::DataIn(d) if d.itt == itt => {
+                    let at = d.buffer_offset as usize;
+                    data[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
+                    if let Some(status) = d.status {
+                        return (status, data);
+                    }
+                }
+                Bhs::ScsiResponse(r) if r.itt == itt => return (r.status, data),
+                Bhs::NopIn(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    async fn test_unit_ready(&mut self) -> Option<u8> {
+        let cmd = self.command(&[0; 6], false, false, 0, true);
+        self.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+        loop {
+            match self.recv().await?.bhs {
+                Bhs::ScsiResponse(r) if r.itt == cmd.itt => return Some(r.status),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut cdb = vec![op, 0];
+    cdb.extend_from_slice(&lba.to_be_bytes());
+    cdb.push(0);
+    cdb.extend_from_slice(&blocks.to_be_bytes());
+    cdb.push(0);
+    cdb
+}
+
+/// Writes `data` at `lba` with immediate data, unsolicited Data-Out and
+/// R2T-solicited Data-Out as negotiated, and returns the SCSI status.
+async fn write(c: &mut Client, lba: u32, data: &[u8]) -> u8 {
+    let first_burst = c.params.first_burst_length as usize;
+    let seg = c.params.target_max_recv_data_segment_length as usize;
+    let imm = data.len().min(first_burst).min(seg);
+    let unsolicited_end = if c.params.initial_r2t {
+        imm
+    } else {
+        data.len().min(first_burst)
+    };
+    let cmd = c.command(
+        &rw10(0x2a, lba, (data.len() / 512) as u16),
+        false,
+        true,
+        data.len() as u32,
+        unsolicited_end == imm,
+    );
+    c.send(Pdu::with_data(Bhs::ScsiCommand(cmd), data[..imm].to_vec()))
+        .await;
+    let (mut off, mut sn) = (imm, 0);
+    while off < unsolicited_end {
+        let end = (off + seg).min(unsolicited_end);
+        let d = DataOut {
+            final_bit: end == unsolicited_end,
+            lun: cmd.lun,
+            itt: cmd.itt,
+            ttt: RESERVED_TAG,
+            exp_stat_sn: 0,
+            data_sn: sn,
+            buffer_offset: off as u32,
+        };
+        c.send(Pdu::with_data(Bhs::DataOut(d), data[off..end].to_vec()))
+            .await;
+        off = end;
+        sn += 1;
+    }
+    loop {
+        let pdu = c.recv().await.expect("R2T or response");
+        match pdu.bhs {
+            Bhs::R2t(r) => {
+                let (start, stop) = (
+                    r.buffer_offset as usize,
+                    (r.buffer_offset + r.desired_data_transfer_length) as usize,
+                );
+                let (mut o, mut sn) = (start, 0);
+                while o < stop {
+                    let end = (o + seg).min(stop);
+                    let d = DataOut {
+                        final_bit: end == stop,
+                        lun: r.lun,
+                        itt: r.itt,
+                        ttt: r.ttt,
+                        exp_stat_sn: 0,
+                        data_sn: sn,
+                        buffer_offset: o as u32,
+                    };
+                    c.send(Pdu::with_data(Bhs::DataOut(d), data[o..end].to_vec()))
+                        .await;
+                    o = end;
+                    sn += 1;
+                }
+            }
+            Bhs::ScsiResponse(r) if r.itt == cmd.itt => return r.status,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn digests_protect_a_write_and_read_back() {
+    let t = start(FabricSettings::default()).await;
+    let mut c = Client::login(t.addr, [0x80, 1, 2, 3, 4, 5], Digests::BOTH).await;
+    assert_eq!(c.params.header_digest, Digest::Crc32c);
+    assert_eq!(c.params.data_digest, Digest::Crc32c);
+    let _ = c.test_unit_ready().await; // consumes the power-on unit attention
+    let data: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    assert_eq!(write(&mut c, 2048, &data).await, 0);
+    let cmd = c.command(&rw10(0x28, 2048, 2048), true, false, 1 << 20, true);
+    c.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    let (status, back) = c.read_response(cmd.itt, 1 << 20).await;
+    assert_eq!(status, 0);
+    assert!(back == data, "data read back differs");
+
+    // A corrupted data digest: the PDU is rejected, nothing is written.
+    let cmd = c.command(&rw10(0x2a, 0, 1), false, true, 512, true);
+    let mut wire = Pdu::with_data(Bhs::ScsiCommand(cmd), vec![0xee; 512]).encode(Digests::BOTH);
+    let n = wire.len();
+    wire[n - 1] ^= 0xff;
+    c.stream.write_all(&wire).await.unwrap();
+    let pdu = c.recv().await.expect("a Reject");
+    let Bhs::Reject(r) = pdu.bhs else {
+        panic!("expected Reject, got {pdu:?}")
+    };
+    assert_eq!(r.reason, RejectReason::DataDigestError);
+}
+
+#[tokio::test]
+async fn nop_out_is_echoed_and_window_holds_128_commands() {
+    let t = start(FabricSettings::default()).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 2], Digests::NONE).await;
+    let _ = c.test_unit_ready().await;
+    c.itt += 1;
+    let itt = c.itt;
+    let nop = NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+    };
+    c.send(Pdu::with_data(Bhs::NopOut(nop), b"ping data".to_vec()))
+        .await;
+    let pdu = c.recv().await.unwrap();
+    let Bhs::NopIn(n) = pdu.bhs else {
+        panic!("expected NOP-In")
+    };
+    assert_eq!((n.itt, &pdu.data[..]), (itt, &b"ping data"[..]));
+    assert!(
+        n.max_cmd_sn.wrapping_sub(n.exp_cmd_sn) >= 127,
+        "window below 128 commands"
+    );
+
+    // 128 reads in flight at once, all answered.
+    let mut itts = std::collections::HashSet::new();
+    let mut burst = Vec::new();
+    for i in 0..128u32 {
+        let cmd = c.command(&rw10(0x28, i * 8, 8), true, false, 4096, true);
+        itts.insert(cmd.itt);
+        burst.extend_from_slice(&Pdu::new(Bhs::ScsiCommand(cmd)).encode(Digests::NONE));
+    }
+    c.stream.write_all(&burst).await.unwrap();
+    while !itts.is_empty() {
+        let pdu = c.recv().await.expect("all 128 commands answered");
+        if let Bhs::DataIn(d) = pdu.bhs {
+            if d.status == Some(0) {
+                assert!(itts.remove(&d.itt));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn commands_outside_the_window_are_dropped_silently() {
+    let t = start(FabricSettings::default()).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 3], Digests::NONE).await;
+    let _ = c.test_unit_ready().await;
+    let good = c.cmd_sn;
+    c.cmd_sn = good + 1000;
+    let cmd = c.command(&[0; 6], false, false, 0, true);
+    c.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    assert!(
+        c.recv_within(Duration::from_millis(500)).await.is_none(),
+        "answered a CmdSN beyond MaxCmdSN"
+    );
+    c.cmd_sn = good;
+    assert_eq!(
+        c.test_unit_ready().await,
+        Some(0),
+        "the session still works"
+    );
+}
+
+#[tokio::test]
+async fn unanswered_keepalives_drop_the_connection() {
+    let settings = FabricSettings {
+        nop_interval: Some(Duration::from_millis(100)),
+        nop_timeout: Duration::from_millis(300),
+        ..FabricSettings::default()
+    };
+    let t = start(settings).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 4], Digests::NONE).await;
+    let ping = c.recv().await.expect("a NOP-In ping");
+    let Bhs::NopIn(n) = ping.bhs else {
+        panic!("expected NOP-In")
+    };
+    assert_eq!(n.itt, RESERVED_TAG);
+    assert_ne!(n.ttt, RESERVED_TAG, "a ping that wants an answer");
+    // Answer this one: the connection stays.
+    let answer = NopOut {
+        immediate: true,
+        lun: n.lun,
+        itt: RESERVED_TAG,
+        ttt: n.ttt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: n.stat_sn,
+    };
+    c.send(Pdu::new(Bhs::NopOut(answer))).await;
+    // Then stay silent: the target must hang up within a bounded time.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match c.recv_within(Duration::from_secs(3)).await {
+            None => break,
+            Some(p) => assert!(matches!(p.bhs, Bhs::NopIn(_)), "unexpected {p:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connection not dropped"
+        );
+    }
+}
+
+#[tokio::test]
+async fn same_isid_reinstates_the_session() {
+    let t = start(FabricSettings::default()).await;
+    let isid = [0x80, 9, 9, 9, 9, 9];
+    let mut old = Client::login(t.addr, isid, Digests::NONE).await;
+    let _ = old.test_unit_ready().await;
+    let mut new = Client::login(t.addr, isid, Digests::NONE).await;
+    assert!(
+        old.recv().await.is_none(),
+        "the old connection must be closed"
+    );
+    let _ = new.test_unit_ready().await;
+    assert_eq!(new.test_unit_ready().await, Some(0));
+}
+
+#[tokio::test]
+async fn shutdown_asks_for_logout() {
+    let t = start(FabricSettings::default()).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 6], Digests::NONE).await;
+    t.stop.send(true).unwrap();
+    let pdu = c.recv().await.expect("an Async Message");
+    let Bhs::AsyncMessage(a) = pdu.bhs else {
+        panic!("expected Async Message, got {pdu:?}")
+    };
+    assert_eq!(a.event, AsyncEvent::LogoutRequest);
+}
+
+#[tokio::test]
+async fn unknown_opcodes_are_rejected_and_tmf_answers() {
+    let t = start(FabricSettings::default()).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 7], Digests::NONE).await;
+    let _ = c.test_unit_ready().await;
+    let mut vendor = [0u8; 48];
+    vendor[0] = 0x1c; // a vendor-specific initiator opcode
+    c.stream.write_all(&vendor).await.unwrap();
+    let pdu = c.recv().await.expect("a Reject");
+    let Bhs::Reject(r) = pdu.bhs else {
+        panic!("expected Reject, got {pdu:?}")
+    };
+    assert_eq!(r.reason, RejectReason::CommandNotSupported);
+    assert_eq!(&pdu.data[..], &vendor[..]);
+
+    for (function, referenced, expected) in [
+        (
+            TmfFunction::AbortTask,
+            0xdead,
+            TmfResponse::TaskDoesNotExist,
+        ),
+        (
+            TmfFunction::LogicalUnitReset,
+            RESERVED_TAG,
+            TmfResponse::FunctionComplete,
+        ),
+    ] {
+        c.itt += 1;
+        let req = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: Lun::from_index(0),
+            itt: c.itt,
+            referenced_task_tag: referenced,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: c.cmd_sn + 5,
+            exp_data_sn: 0,
+        };
+        c.send(Pdu::new(Bhs::TaskMgmtRequest(req))).await;
+        let pdu = c.recv().await.expect("a TMF response");
+        let Bhs::TaskMgmtResponse(r) = pdu.bhs else {
+            panic!("expected TMF response, got {pdu:?}")
+        };
+        assert_eq!(r.response, expected, "{function:?}");
+    }
+    // After the LUN reset the initiator sees a unit attention, then GOOD.
+    assert_eq!(c.test_unit_ready().await, Some(2));
+    assert_eq!(c.test_unit_ready().await, Some(0));
+}
+
+/// A backstore whose reads hang until released: a disk that stopped answering.
+#[derive(Debug)]
+struct StuckStore {
+    inner: RamBackstore,
+    released: std::sync::Mutex<bool>,
+    wake: std::sync::Condvar,
+}
+
+impl Backstore for StuckStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let mut released = self.released.lock().unwrap();
+        while !*released {
+            released = self.wake.wait(released).unwrap();
+        }
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.inner.write_at(offset, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "stuck".into()
+    }
+}
+
+#[tokio::test]
+async fn abort_task_answers_while_the_backstore_is_stuck() {
+    let store = Arc::new(StuckStore {
+        inner: RamBackstore::new(1 << 20),
+        released: std::sync::Mutex::new(false),
+        wake: std::sync::Condvar::new(),
+    });
+    let t = start_with(FabricSettings::default(), store.clone()).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 8], Digests::NONE).await;
+    let _ = c.test_unit_ready().await;
+    let read = c.command(&rw10(0x28, 0, 8), true, false, 4096, true);
+    c.send(Pdu::new(Bhs::ScsiCommand(read))).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.itt += 1;
+    let abort = TaskMgmtRequest {
+        immediate: true,
+        function: TmfFunction::AbortTask,
+        lun: Lun::from_index(0),
+        itt: c.itt,
+        referenced_task_tag: read.itt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: read.cmd_sn,
+        exp_data_sn: 0,
+    };
+    c.send(Pdu::new(Bhs::TaskMgmtRequest(abort))).await;
+    let pdu = c
+        .recv_within(Duration::from_secs(1))
+        .await
+        .expect("TMF answered while the read hangs");
+    let Bhs::TaskMgmtResponse(r) = pdu.bhs else {
+        panic!("expected TMF response, got {pdu:?}")
+    };
+    assert_eq!(r.response, TmfResponse::FunctionComplete);
+    // When the disk wakes up, the aborted read's data must not be sent.
+    *store.released.lock().unwrap() = true;
+    store.wake.notify_all();
+    assert_eq!(
+        c.test_unit_ready().await,
+        Some(0),
+        "only the TUR is answered"
+    );
+}
