@@ -20,7 +20,7 @@ use super::range_lock::RangeLock;
 use super::reservations::{AbortHandler, Reservations};
 use super::unit_attention::UnitAttentions;
 use super::xcopy::CopyResults;
-use super::{ItNexus, ScsiRequest, ScsiResult};
+use super::{ItNexus, LunTable, ScsiRequest, ScsiResult};
 use crate::backstore::Backstore;
 
 /// Largest data transfer one command may ask for, in bytes. Every length
@@ -190,9 +190,9 @@ impl LogicalUnit {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs one command (see `LunTable::execute`). `lun` and `lun_ids` are
-    /// for logs and REPORT LUNS.
-    pub(crate) fn execute(&self, lun: u16, req: &ScsiRequest<'_>, lun_ids: &[u16]) -> ScsiResult {
+    /// Runs one command (see `LunTable::execute`). `table` is the target's
+    /// LUN table, for REPORT LUNS and EXTENDED COPY between its units.
+    pub(crate) fn execute(&self, lun: u16, req: &ScsiRequest<'_>, table: &LunTable) -> ScsiResult {
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         let decoded = Cdb::decode(req.cdb);
         let transfer = match &decoded {
@@ -229,7 +229,7 @@ impl LogicalUnit {
                 Ok(Cdb::Unknown { .. }) => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
                 Ok(cdb) => match self.reservation_check(req.nexus, &cdb) {
                     Err(f) => Err(f),
-                    Ok(()) => self.dispatch(req, &cdb, lun_ids),
+                    Ok(()) => self.dispatch(req, &cdb, table),
                 },
             }
         };
@@ -247,7 +247,7 @@ impl LogicalUnit {
         result
     }
 
-    fn dispatch(&self, req: &ScsiRequest<'_>, cdb: &Cdb, lun_ids: &[u16]) -> CmdResult {
+    fn dispatch(&self, req: &ScsiRequest<'_>, cdb: &Cdb, table: &LunTable) -> CmdResult {
         use Cdb::*;
         match cdb {
             TestUnitReady => self.test_unit_ready(),
@@ -263,7 +263,9 @@ impl LogicalUnit {
             ReportLuns {
                 select_report,
                 allocation_length,
-            } => super::lun_table::report_luns(lun_ids, *select_report, *allocation_length),
+            } => {
+                super::lun_table::report_luns(&table.lun_ids(), *select_report, *allocation_length)
+            }
             ModeSense6 { .. } | ModeSense10 { .. } => self.mode_sense(cdb),
             ModeSelect6 { .. } | ModeSelect10 { .. } => self.mode_select(req, cdb),
             Read { rw, .. } => self.read(rw),
@@ -362,12 +364,23 @@ impl LogicalUnit {
             ExtendedCopy {
                 service_action,
                 parameter_list_length,
-            } => self.extended_copy(*service_action, *parameter_list_length, req.data_out),
+            } => self.extended_copy(
+                req.nexus,
+                table,
+                *service_action,
+                *parameter_list_length,
+                req.data_out,
+            ),
             ReceiveCopyResults {
                 service_action,
                 list_identifier,
                 allocation_length,
-            } => self.receive_copy_results(*service_action, *list_identifier, *allocation_length),
+            } => self.receive_copy_results(
+                req.nexus,
+                *service_action,
+                *list_identifier,
+                *allocation_length,
+            ),
             PersistentReserveIn {
                 service_action,
                 allocation_length,

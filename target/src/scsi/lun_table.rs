@@ -9,7 +9,7 @@ use blockwire_pdu::scsi::opcode as op;
 use blockwire_pdu::scsi::{
     Asc, Cdb, Lun, Peripheral, ReportLuns, Sense, SenseFormat, SenseKey, StandardInquiry,
 };
-use tracing::{info, warn};
+use tracing::{debug_span, info, warn};
 
 use super::logical_unit::{finish, LogicalUnit};
 use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
@@ -44,8 +44,12 @@ impl LunTable {
     /// Executes one command (blocking: may wait for backstore I/O). Safe
     /// to call from many threads at once, also for the same LUN.
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResult {
+        // Every event below (backstore errors, reservation changes) carries
+        // the LUN and initiator through this span.
+        let span = debug_span!("scsi", lun = req.lun, initiator = %req.nexus.initiator_port, itt = req.task_tag);
+        let _in = span.enter();
         match self.luns.get(&req.lun) {
-            Some(lu) => lu.execute(req.lun, req, &self.ids),
+            Some(lu) => lu.execute(req.lun, req, self),
             None => self.no_such_lun(req),
         }
     }
@@ -63,6 +67,11 @@ impl LunTable {
     /// The unit at `lun`.
     pub fn get(&self, lun: u16) -> Option<&Arc<LogicalUnit>> {
         self.luns.get(&lun)
+    }
+
+    /// Every unit, by LUN.
+    pub(crate) fn units(&self) -> impl Iterator<Item = &Arc<LogicalUnit>> {
+        self.luns.values()
     }
 
     /// Sets what PREEMPT AND ABORT calls, with the LUN and the preempted

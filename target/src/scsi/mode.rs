@@ -204,7 +204,8 @@ impl LogicalUnit {
             // The block length cannot change; the count may only restate
             // the capacity (or be 0, meaning "unchanged").
             if d.block_length != self.cfg.block_size {
-                return Err(invalid_param((hlen + bd_unit - 3) as u16, None));
+                let at = if params.long_lba { hlen + 12 } else { hlen + 5 };
+                return Err(invalid_param(at as u16, None));
             }
             if d.number_of_blocks != 0 && d.number_of_blocks != self.blocks() {
                 return Err(invalid_param(hlen as u16, None));

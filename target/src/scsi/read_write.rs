@@ -95,7 +95,7 @@ impl LogicalUnit {
 
     /// Makes a completed write durable when the initiator asked (FUA) or
     /// when the write cache is off (then every write is write-through).
-    fn persist(&self, lba: u64, fua: bool) -> Result<(), Failure> {
+    pub(crate) fn persist(&self, lba: u64, fua: bool) -> Result<(), Failure> {
         if fua || !self.lock().mode.wce {
             self.cfg.backstore.flush().map_err(|e| {
                 warn!(lba, error = %e, "backstore flush failed");

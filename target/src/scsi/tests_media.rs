@@ -408,3 +408,140 @@ proptest! {
         let _ = Rw { size: CdbSize::Ten, lba: 0, length: 0, protect: 0, dpo: false, fua: false, group: 0 };
     }
 }
+
+#[test]
+fn extended_copy_between_units() {
+    use blockwire_pdu::scsi::{Vpd, VpdPage};
+    let mk = || {
+        Arc::new(LogicalUnit::new({
+            let mut c = LuConfig::new(Arc::new(crate::backstore::RamBackstore::new(1 << 20)));
+            let (serial, naa) = stable_identity("iqn.t", 0);
+            c.serial = serial;
+            c.naa_id = naa;
+            c
+        }))
+    };
+    let u0 = mk();
+    let u1 = Arc::new(LogicalUnit::new({
+        let mut c = LuConfig::new(Arc::new(crate::backstore::RamBackstore::new(1 << 20)));
+        let (serial, naa) = stable_identity("iqn.t", 1);
+        c.serial = serial;
+        c.naa_id = naa;
+        c
+    }));
+    let t = LunTable::new(vec![(0, u0), (1, u1)]);
+    let a = nexus("iqn.a");
+    let on = |lun: u16, cdb: &[u8], out: &[u8], cap: u32| {
+        t.execute(&ScsiRequest {
+            lun,
+            cdb,
+            nexus: &a,
+            task_tag: 1,
+            attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+            data_out: out,
+            data_in_capacity: cap,
+        })
+    };
+    for lun in [0, 1] {
+        while on(lun, &c(Cdb::TestUnitReady), &[], 0).status != GOOD {}
+    }
+    let naa_of = |lun| {
+        let r = on(
+            lun,
+            &c(Cdb::Inquiry {
+                evpd: true,
+                page_code: 0x83,
+                allocation_length: 512,
+            }),
+            &[],
+            512,
+        );
+        let VpdPage::DeviceIdentification(ds) = Vpd::decode(&r.data_in).unwrap().page else {
+            panic!()
+        };
+        let mut d = ds[0].encode();
+        d.resize(20, 0);
+        d
+    };
+    let data: Vec<u8> = (0..8 * 512).map(|i| (i * 7) as u8).collect();
+    assert_eq!(write(&t, &a, 100, &data).status, GOOD);
+    let mut list = vec![0u8; 16];
+    list[0] = 5; // list identifier
+    list[2..4].copy_from_slice(&64u16.to_be_bytes());
+    list[8..12].copy_from_slice(&28u32.to_be_bytes());
+    for lun in [0, 1] {
+        let mut cscd = vec![0xe4, 0, 0, 0];
+        cscd.extend_from_slice(&naa_of(lun));
+        cscd.extend_from_slice(&[0, 0, 0, 0, 0, 0, 2, 0]);
+        list.extend_from_slice(&cscd);
+    }
+    let mut seg = vec![0x02, 0, 0, 0x18, 0, 0, 0, 1, 0, 0, 0, 8];
+    seg.extend_from_slice(&100u64.to_be_bytes());
+    seg.extend_from_slice(&7u64.to_be_bytes());
+    list.extend_from_slice(&seg);
+    let xc = c(Cdb::ExtendedCopy {
+        service_action: 0,
+        parameter_list_length: list.len() as u32,
+    });
+    let r = on(0, &xc, &list, 0);
+    assert_eq!(r.status, GOOD, "{:?}", r.sense.as_ref().map(|_| sense(&r)));
+    let back = on(
+        1,
+        &c(Cdb::Read {
+            rw: rw(CdbSize::Ten, 7, 8),
+            rarc: false,
+        }),
+        &[],
+        4096,
+    );
+    assert_eq!(back.data_in, data);
+    let st = on(
+        0,
+        &c(Cdb::ReceiveCopyResults {
+            service_action: 0,
+            list_identifier: 5,
+            allocation_length: 64,
+        }),
+        &[],
+        64,
+    );
+    assert_eq!(st.status, GOOD);
+    assert_eq!(st.data_in[4], 1);
+    assert_eq!(&st.data_in[8..12], &4096u32.to_be_bytes());
+    let op = on(
+        0,
+        &c(Cdb::ReceiveCopyResults {
+            service_action: 3,
+            list_identifier: 0,
+            allocation_length: 64,
+        }),
+        &[],
+        64,
+    );
+    assert_eq!(op.status, GOOD);
+    assert_eq!(&op.data_in[8..10], &16u16.to_be_bytes());
+    // Past the end of the destination: COPY ABORTED.
+    let n = list.len();
+    list[n - 8..].copy_from_slice(&2045u64.to_be_bytes());
+    let r = on(0, &xc, &list, 0);
+    expect_check(&r, SenseKey::CopyAborted, Asc::LBA_OUT_OF_RANGE);
+    // An unknown unit.
+    list[20] ^= 0xff;
+    list[27] ^= 0xff;
+    let r = on(0, &xc, &list, 0);
+    assert_eq!(r.status, CHECK);
+    // REPORT SUPPORTED OPERATION CODES lists it.
+    let r = on(
+        0,
+        &c(Cdb::ReportSupportedOperationCodes {
+            rctd: false,
+            reporting_options: 2,
+            requested_opcode: 0x83,
+            requested_service_action: 0,
+            allocation_length: 64,
+        }),
+        &[],
+        64,
+    );
+    assert_eq!(r.data_in[1] & 7, 3);
+}
