@@ -25,6 +25,9 @@ fi
 # nextest does not run doctests.
 cargo test --workspace --doc
 
+step "release build of the daemons (interop tests and benchmarks use it)"
+cargo build --release -p blockwire-mgmt
+
 step "interop scripts"
 for t in interop/test-*.sh; do
   [ -x "$t" ] || continue

@@ -144,9 +144,16 @@ pub struct TargetDef {
     pub portal_groups: Option<Vec<Spanned<u16>>>,
     /// Initiator names allowed; any initiator when omitted.
     pub allow: Option<Vec<String>>,
-    /// Authentication.
-    #[serde(flatten)]
-    pub auth: AuthConfig,
+    /// One-way CHAP credentials any initiator may use.
+    #[serde(default)]
+    pub chap: Vec<ChapConfig>,
+    /// Credentials for particular initiators.
+    #[serde(default)]
+    pub initiator_chap: Vec<InitiatorChapConfig>,
+    /// The target's own credential for mutual CHAP.
+    pub mutual_chap: Option<ChapConfig>,
+    /// CHAP algorithms in order of preference.
+    pub chap_algorithms: Option<Spanned<Vec<String>>>,
     /// Logical units.
     #[serde(default, rename = "lun")]
     pub luns: Vec<Spanned<LunDef>>,
@@ -379,7 +386,15 @@ impl TargetConfig {
                     v
                 }
             };
-            let auth = auth_policy(ctx, &t.auth, "target")?;
+            // Spans do not survive #[serde(flatten)], so the target's auth
+            // fields are listed in TargetDef and gathered here.
+            let auth_config = AuthConfig {
+                chap: t.chap.clone(),
+                initiator_chap: t.initiator_chap.clone(),
+                mutual_chap: t.mutual_chap.clone(),
+                chap_algorithms: t.chap_algorithms.clone(),
+            };
+            let auth = auth_policy(ctx, &auth_config, "target")?;
             let mut luns = Vec::new();
             for l in &t.luns {
                 let lspan = l.span();
