@@ -67,6 +67,9 @@ pub struct FabricConfig {
     pub header_digest: String,
     /// DataDigest policy: "allow" or "require".
     pub data_digest: String,
+    /// Directory for state that must survive restarts (persistent
+    /// reservations with APTPL). Without it APTPL=1 is refused.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for FabricConfig {
@@ -80,6 +83,7 @@ impl Default for FabricConfig {
             max_recv_data_segment_length: 262_144,
             header_digest: "allow".into(),
             data_digest: "allow".into(),
+            state_dir: None,
         }
     }
 }
@@ -275,6 +279,15 @@ impl TargetConfig {
 
     fn build(self, ctx: &Ctx<'_>, _base: Option<&Path>) -> Result<Built, ConfigError> {
         let f = &self.fabric;
+        if let Some(dir) = &f.state_dir {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                ctx.err(
+                    0..0,
+                    "fabric.state_dir",
+                    format!("cannot create {}: {e}", dir.display()),
+                )
+            })?;
+        }
         if !(1..=65536).contains(&f.queue_depth) {
             return Err(ctx.err(0..0, "fabric.queue_depth", "must be between 1 and 65536"));
         }
@@ -288,7 +301,11 @@ impl TargetConfig {
         let require = |v: &str, field: &str| match v {
             "allow" => Ok(false),
             "require" => Ok(true),
-            other => Err(ctx.err(0..0, field, format!("{other:?} is not a digest policy (use \"allow\" or \"require\")"))),
+            other => Err(ctx.err(
+                0..0,
+                field,
+                format!("{other:?} is not a digest policy (use \"allow\" or \"require\")"),
+            )),
         };
         let settings = FabricSettings {
             require_header_digest: require(&f.header_digest, "fabric.header_digest")?,
@@ -476,6 +493,19 @@ impl TargetConfig {
                 lu.read_only = l.read_only;
                 lu.serial = l.serial.clone().unwrap_or(serial);
                 lu.naa_id = naa;
+                lu.pr_state_path = f.state_dir.as_ref().map(|d| {
+                    let safe: String = name
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                                c
+                            } else {
+                                '_'
+                            }
+                        })
+                        .collect();
+                    d.join(format!("{safe}.lun{}.pr", l.id))
+                });
                 luns.push((l.id, Arc::new(LogicalUnit::new(lu))));
             }
             if luns.is_empty() {

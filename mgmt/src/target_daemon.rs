@@ -1,11 +1,9 @@
 //! Running the target daemon: bind every portal, serve until SIGTERM or
 //! SIGINT, then ask initiators to log out, drain, flush and exit.
 
-use std::sync::Arc;
-
 use anyhow::Context;
 use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, SessionTable};
+use blockwire_target::iscsi::Fabric;
 use tokio::sync::watch;
 use tracing::{error, info};
 
@@ -16,12 +14,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut settings = built.settings;
     settings.max_recv_data_segment_length = built.max_recv_data_segment_length;
-    let fabric = Arc::new(Fabric {
-        catalog: built.catalog.clone(),
-        sessions: SessionTable::default(),
-        settings,
-        shutdown: stop_rx,
-    });
+    let fabric = Fabric::new(built.catalog.clone(), settings, stop_rx);
 
     let mut portals = Vec::new();
     for group in &fabric.catalog.portal_groups {

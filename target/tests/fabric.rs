@@ -17,7 +17,7 @@ use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Lun, Pdu, Stage};
 use blockwire_target::backstore::{Backstore, RamBackstore};
 use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
 use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, FabricSettings, SessionTable};
+use blockwire_target::iscsi::{Fabric, FabricSettings};
 use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -57,12 +57,7 @@ async fn start_with(settings: FabricSettings, store: Arc<dyn Backstore>) -> Test
         discovery_auth: AuthPolicy::default(),
     };
     let (stop, shutdown) = watch::channel(false);
-    let fabric = Arc::new(Fabric {
-        catalog: Arc::new(catalog),
-        sessions: SessionTable::default(),
-        settings,
-        shutdown,
-    });
+    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
     tokio::spawn(portal.run(fabric));
     TestTarget { addr, stop }
 }
@@ -600,7 +595,11 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
 /// written in 1 MiB commands and read back, checksums compared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn integrity_256_mib_with_header_and_data_digests() {
-    let t = start_with(FabricSettings::default(), Arc::new(RamBackstore::new(256 << 20))).await;
+    let t = start_with(
+        FabricSettings::default(),
+        Arc::new(RamBackstore::new(256 << 20)),
+    )
+    .await;
     let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 1, 0], Digests::BOTH).await;
     let _ = c.test_unit_ready().await;
     const CHUNK: usize = 1 << 20;
@@ -619,10 +618,20 @@ async fn integrity_256_mib_with_header_and_data_digests() {
     for i in 0..256 {
         let data = pattern(i);
         written = crc32c::crc32c_append(written, &data);
-        assert_eq!(write(&mut c, (i * CHUNK / 512) as u32, &data).await, 0, "write {i}");
+        assert_eq!(
+            write(&mut c, (i * CHUNK / 512) as u32, &data).await,
+            0,
+            "write {i}"
+        );
     }
     for i in 0..256 {
-        let cmd = c.command(&rw10(0x28, (i * CHUNK / 512) as u32, (CHUNK / 512) as u16), true, false, CHUNK as u32, true);
+        let cmd = c.command(
+            &rw10(0x28, (i * CHUNK / 512) as u32, (CHUNK / 512) as u16),
+            true,
+            false,
+            CHUNK as u32,
+            true,
+        );
         c.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
         let (status, back) = c.read_response(cmd.itt, CHUNK).await;
         assert_eq!(status, 0, "read {i}");

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,7 +50,6 @@ enum Outgoing {
 /// State shared by the reader, the writer and running commands.
 struct Shared {
     window: Mutex<CmdWindow<Admitted>>,
-    tasks: Mutex<HashMap<u32, TaskInfo>>,
 }
 
 impl Shared {
@@ -60,13 +59,6 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .complete();
     }
-}
-
-/// A running SCSI task, as task management sees it.
-#[derive(Debug, Clone)]
-struct TaskInfo {
-    lun: u16,
-    aborted: Arc<AtomicBool>,
 }
 
 /// A PDU that took a CmdSN and waits for its turn.
@@ -279,7 +271,6 @@ async fn full_feature(
     writer.digests = digests;
     let shared = Arc::new(Shared {
         window: Mutex::new(CmdWindow::new(exp_cmd_sn, fabric.settings.queue_depth)),
-        tasks: Mutex::new(HashMap::new()),
     });
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
@@ -385,14 +376,7 @@ async fn full_feature(
         }
     }
     // Abort whatever is still running: its responses have nowhere to go.
-    for task in shared
-        .tasks
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-    {
-        task.aborted.store(true, Ordering::SeqCst);
-    }
+    session.tasks.abort_where(|_, _| true);
     let _ = tx.send(Outgoing::Close).await;
     drop(conn);
     drop(tx);
@@ -689,17 +673,9 @@ impl Conn<'_> {
     }
 
     fn register_task(&self, cmd: &ScsiCommand) {
-        self.shared
+        self.session
             .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                cmd.itt,
-                TaskInfo {
-                    lun: cmd.lun.index().unwrap_or(u16::MAX),
-                    aborted: Arc::new(AtomicBool::new(false)),
-                },
-            );
+            .insert(cmd.itt, cmd.lun.index().unwrap_or(u16::MAX));
     }
 
     async fn send_r2ts(&mut self, c: &mut Collecting) {
@@ -745,11 +721,7 @@ impl Conn<'_> {
             // iSCSIDataSnInvalid expects exactly this). Later Data-Out PDUs
             // of the same task find no collector and are dropped.
             warn!(tsih = self.session.tsih, itt = d.itt, error = %e, "Data-Out sequence error: command failed");
-            self.shared
-                .tasks
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&d.itt);
+            self.session.tasks.remove(d.itt);
             self.shared.complete();
             for p in status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense())) {
                 self.send(p).await;
@@ -780,15 +752,15 @@ impl Conn<'_> {
             .expect("normal session has a nexus");
         let luns: Arc<LunTable> = target.luns.clone();
         let shared = self.shared.clone();
+        let session = self.session.clone();
         let tx = self.tx.clone();
         let limits = self.limits;
-        let aborted = shared
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&cmd.itt)
-            .map(|t| t.aborted.clone())
-            .unwrap_or_default();
+        let Some(aborted) = session.tasks.flag(cmd.itt) else {
+            // Aborted (e.g. by another initiator's LUN reset) before its
+            // data was complete: never executed.
+            shared.complete();
+            return;
+        };
         tokio::spawn(async move {
             let blocking_aborted = aborted.clone();
             let result = tokio::task::spawn_blocking(move || {
@@ -811,19 +783,10 @@ impl Conn<'_> {
                 Some(luns.execute(&req))
             })
             .await;
-            let mine = {
-                let mut tasks = shared.tasks.lock().unwrap_or_else(|e| e.into_inner());
-                match tasks.get(&cmd.itt) {
-                    Some(t) if Arc::ptr_eq(&t.aborted, &aborted) => {
-                        tasks.remove(&cmd.itt);
-                        true
-                    }
-                    _ => false,
-                }
-            };
+            let mine = session.tasks.finish(cmd.itt, &aborted);
             shared.complete();
             let Ok(Some(result)) = result else { return };
-            if !mine || aborted.load(Ordering::SeqCst) {
+            if !mine {
                 return;
             }
             for pdu in response_pdus(&cmd, result, limits, r2t_count) {
@@ -867,6 +830,7 @@ impl Conn<'_> {
                     TmfResponse::LunDoesNotExist
                 } else {
                     self.abort_where(|_, task_lun| task_lun == lun);
+                    self.fabric.sessions.abort_target_tasks(t, Some(lun));
                     if let Some(nexus) = &self.session.nexus {
                         t.luns.reset_lun(lun, nexus);
                     }
@@ -875,6 +839,7 @@ impl Conn<'_> {
             }
             (Some(t), TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset) => {
                 self.abort_where(|_, _| true);
+                self.fabric.sessions.abort_target_tasks(t, None);
                 if let Some(nexus) = &self.session.nexus {
                     t.luns.reset_target(nexus);
                 }
@@ -906,16 +871,8 @@ impl Conn<'_> {
 
     /// Aborts the tasks `pick` selects (by ITT and LUN); returns how many.
     fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
-        let mut tasks = self.shared.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        let chosen: Vec<u32> = tasks
-            .iter()
-            .filter(|(itt, t)| pick(**itt, t.lun))
-            .map(|(itt, _)| *itt)
-            .collect();
+        let chosen = self.session.tasks.abort_where(pick);
         for itt in &chosen {
-            if let Some(t) = tasks.remove(itt) {
-                t.aborted.store(true, Ordering::SeqCst);
-            }
             if self.collectors.remove(itt).is_some() {
                 // Never executed: its window slot is freed here.
                 self.shared.complete();

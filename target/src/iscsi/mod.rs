@@ -72,3 +72,31 @@ pub struct Fabric {
     /// Turns true when the daemon shuts down.
     pub shutdown: watch::Receiver<bool>,
 }
+
+impl Fabric {
+    /// A fabric serving `catalog`, wired so that SCSI-level task aborts
+    /// (PREEMPT AND ABORT) reach the sessions of the preempted nexus.
+    pub fn new(
+        catalog: Arc<Catalog>,
+        settings: FabricSettings,
+        shutdown: watch::Receiver<bool>,
+    ) -> Arc<Fabric> {
+        let fabric = Arc::new(Fabric {
+            catalog,
+            sessions: SessionTable::default(),
+            settings,
+            shutdown,
+        });
+        for target in &fabric.catalog.targets {
+            // Weak: the handler lives inside the catalog the fabric owns.
+            let weak = Arc::downgrade(&fabric);
+            target.luns.set_abort_handler(Arc::new(move |lun, nexus| {
+                if let Some(f) = weak.upgrade() {
+                    let n = f.sessions.abort_nexus_tasks(lun, nexus);
+                    tracing::info!(lun, nexus = %nexus.initiator_port, tasks = n, "tasks aborted by PREEMPT AND ABORT");
+                }
+            }));
+        }
+        fabric
+    }
+}

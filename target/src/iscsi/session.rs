@@ -9,6 +9,7 @@
 //! connection takes over the session and its CmdSN window.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use blockwire_pdu::keys::SessionParams;
@@ -29,6 +30,79 @@ pub enum SessionError {
     /// Every TSIH is in use.
     #[error("out of sessions")]
     OutOfResources,
+}
+
+/// A SCSI task the session is running, as task management sees it.
+#[derive(Debug, Clone)]
+pub struct TaskInfo {
+    /// LUN the task addresses.
+    pub lun: u16,
+    /// Set when the task is aborted: its result is then discarded.
+    pub aborted: Arc<AtomicBool>,
+}
+
+/// The tasks of one session, by Initiator Task Tag.
+#[derive(Debug, Default)]
+pub struct TaskSet {
+    tasks: Mutex<HashMap<u32, TaskInfo>>,
+}
+
+impl TaskSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, TaskInfo>> {
+        self.tasks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a new task and returns its abort flag.
+    pub fn insert(&self, itt: u32, lun: u16) -> Arc<AtomicBool> {
+        let aborted = Arc::new(AtomicBool::new(false));
+        self.lock().insert(
+            itt,
+            TaskInfo {
+                lun,
+                aborted: aborted.clone(),
+            },
+        );
+        aborted
+    }
+
+    /// The abort flag of a registered task; None if it was aborted.
+    pub fn flag(&self, itt: u32) -> Option<Arc<AtomicBool>> {
+        self.lock().get(&itt).map(|t| t.aborted.clone())
+    }
+
+    /// Removes a finished task; true if it was still this task (same flag)
+    /// and had not been aborted.
+    pub fn finish(&self, itt: u32, flag: &Arc<AtomicBool>) -> bool {
+        let mut tasks = self.lock();
+        match tasks.get(&itt) {
+            Some(t) if Arc::ptr_eq(&t.aborted, flag) => {
+                tasks.remove(&itt);
+                !flag.load(Ordering::SeqCst)
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets a task without running it (e.g. its data never arrived).
+    pub fn remove(&self, itt: u32) {
+        self.lock().remove(&itt);
+    }
+
+    /// Aborts the tasks `pick` selects by ITT and LUN; returns their ITTs.
+    pub fn abort_where(&self, pick: impl Fn(u32, u16) -> bool) -> Vec<u32> {
+        let mut tasks = self.lock();
+        let chosen: Vec<u32> = tasks
+            .iter()
+            .filter(|(itt, t)| pick(**itt, t.lun))
+            .map(|(itt, _)| *itt)
+            .collect();
+        for itt in &chosen {
+            if let Some(t) = tasks.remove(itt) {
+                t.aborted.store(true, Ordering::SeqCst);
+            }
+        }
+        chosen
+    }
 }
 
 /// One logged-in session.
@@ -53,6 +127,8 @@ pub struct Session {
     stop: watch::Sender<u64>,
     /// Generation of the connection that currently owns the session.
     generation: Mutex<u64>,
+    /// Running SCSI tasks.
+    pub tasks: TaskSet,
 }
 
 impl Session {
@@ -171,6 +247,7 @@ impl SessionTable {
             cid: Mutex::new(req.cid),
             stop,
             generation: Mutex::new(0),
+            tasks: TaskSet::default(),
         });
         inner.by_tsih.insert(tsih, s.clone());
         Ok(s)
@@ -205,5 +282,31 @@ impl SessionTable {
             }
         }
         None
+    }
+}
+
+impl SessionTable {
+    /// Aborts, in every session of `nexus`, the tasks addressed to `lun`
+    /// (PREEMPT AND ABORT from another initiator, SPC-4 §5.13.11.2.6).
+    pub fn abort_nexus_tasks(&self, lun: u16, nexus: &ItNexus) -> usize {
+        self.all()
+            .iter()
+            .filter(|s| s.nexus.as_ref() == Some(nexus))
+            .map(|s| s.tasks.abort_where(|_, task_lun| task_lun == lun).len())
+            .sum()
+    }
+
+    /// Aborts the tasks of every session of `target` on `lun` (`None`: all
+    /// LUNs): LUN and target resets affect all initiators (SAM-5 §6.3).
+    pub fn abort_target_tasks(&self, target: &Arc<TargetEntry>, lun: Option<u16>) -> usize {
+        self.all()
+            .iter()
+            .filter(|s| s.target.as_ref().is_some_and(|t| Arc::ptr_eq(t, target)))
+            .map(|s| {
+                s.tasks
+                    .abort_where(|_, task_lun| lun.is_none_or(|l| l == task_lun))
+                    .len()
+            })
+            .sum()
     }
 }
