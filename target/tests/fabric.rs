@@ -75,6 +75,17 @@ struct Client {
 
 impl Client {
     async fn login(addr: std::net::SocketAddr, isid: [u8; 6], digests: Digests) -> Client {
+        Self::login_tsih(addr, isid, 0, digests).await.0
+    }
+
+    /// Logs in with a given TSIH (0: new session); returns the TSIH the
+    /// target assigned.
+    async fn login_tsih(
+        addr: std::net::SocketAddr,
+        isid: [u8; 6],
+        tsih: u16,
+        digests: Digests,
+    ) -> (Client, u16) {
         let stream = TcpStream::connect(addr).await.unwrap();
         let mut cfg = LocalConfig::initiator(INITIATOR, TARGET);
         let pick = |on| {
@@ -99,6 +110,7 @@ impl Client {
             params: SessionParams::default(),
         };
         let mut offer = neg.offer(Phase::Operational).unwrap();
+        let assigned;
         loop {
             let req = Bhs::LoginRequest(LoginRequest {
                 transit: true,
@@ -108,7 +120,7 @@ impl Client {
                 version_max: 0,
                 version_min: 0,
                 isid,
-                tsih: 0,
+                tsih,
                 itt: c.itt,
                 cid: 0,
                 cmd_sn: c.cmd_sn,
@@ -126,6 +138,7 @@ impl Client {
                 .unwrap();
             if r.transit && r.nsg == Stage::FullFeature {
                 neg.finish().unwrap();
+                assigned = r.tsih;
                 break;
             }
             offer = answers.answers;
@@ -133,7 +146,7 @@ impl Client {
         c.params = neg.params().clone();
         c.digests = digests;
         c.framer = FrameDecoder::new(65536, digests);
-        c
+        (c, assigned)
     }
 
     async fn send(&mut self, pdu: Pdu) {
@@ -451,6 +464,68 @@ async fn same_isid_reinstates_the_session() {
     );
     let _ = new.test_unit_ready().await;
     assert_eq!(new.test_unit_ready().await, Some(0));
+}
+
+#[tokio::test]
+async fn known_tsih_and_cid_reinstate_the_connection() {
+    let t = start(FabricSettings::default()).await;
+    let isid = [0x80, 7, 7, 7, 7, 7];
+    let (mut old, tsih) = Client::login_tsih(t.addr, isid, 0, Digests::NONE).await;
+    assert_ne!(tsih, 0);
+    let _ = old.test_unit_ready().await;
+    let (mut new, again) = Client::login_tsih(t.addr, isid, tsih, Digests::NONE).await;
+    assert_eq!(again, tsih, "the connection joins the same session");
+    assert!(
+        old.recv().await.is_none(),
+        "the old connection must be closed"
+    );
+    let _ = new.test_unit_ready().await;
+    assert_eq!(new.test_unit_ready().await, Some(0));
+}
+
+#[tokio::test]
+async fn unknown_tsih_is_refused_with_session_does_not_exist() {
+    let t = start(FabricSettings::default()).await;
+    let stream = TcpStream::connect(t.addr).await.unwrap();
+    let mut c = Client {
+        stream,
+        buf: Vec::new(),
+        framer: FrameDecoder::default(),
+        digests: Digests::NONE,
+        cmd_sn: 1,
+        itt: 1,
+        params: SessionParams::default(),
+    };
+    let keys = encode_text(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", TARGET),
+        ("SessionType", "Normal"),
+    ])
+    .unwrap();
+    let req = Bhs::LoginRequest(LoginRequest {
+        transit: true,
+        continue_bit: false,
+        csg: Stage::Operational,
+        nsg: Stage::FullFeature,
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 1, 1, 1, 1, 1],
+        tsih: 0x4242,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    });
+    c.send(Pdu::with_data(req, keys)).await;
+    let pdu = c.recv().await.expect("a login response");
+    let Bhs::LoginResponse(r) = pdu.bhs else {
+        panic!("expected a login response")
+    };
+    assert_eq!(r.status, blockwire_pdu::LoginStatus::SESSION_DOES_NOT_EXIST);
+    assert!(
+        c.recv().await.is_none(),
+        "the connection closes after a failed login"
+    );
 }
 
 #[tokio::test]

@@ -100,9 +100,12 @@ pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
         "login complete: full feature phase"
     );
     full_feature(&fabric, &session, reader, writer, &outcome, local).await;
-    fabric.sessions.detach(&session, generation);
-    if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
-        t.luns.nexus_lost(nexus);
+    if session.generation() == generation {
+        // The session ends with its only connection (ErrorRecoveryLevel 0).
+        fabric.sessions.detach(&session, generation);
+        if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
+            t.luns.nexus_lost(nexus);
+        }
     }
     info!(tsih = session.tsih, initiator = %session.initiator_name, "connection closed");
 }
@@ -376,7 +379,11 @@ async fn full_feature(
         }
     }
     // Abort whatever is still running: its responses have nowhere to go.
-    session.tasks.abort_where(|_, _| true);
+    // A connection that was replaced leaves the session's tasks alone: they
+    // belong to the session, which lives on.
+    if session.generation() == my_generation {
+        session.tasks.abort_where(|_, _| true);
+    }
     let _ = tx.send(Outgoing::Close).await;
     drop(conn);
     drop(tx);

@@ -206,6 +206,9 @@ impl SessionTable {
             }
             *cid = req.cid;
             drop(cid);
+            // ErrorRecoveryLevel 0 has no task reassignment: the old
+            // connection's tasks end with it.
+            s.tasks.abort_where(|_, _| true);
             s.stop_connection();
             return Ok(s);
         }
@@ -228,6 +231,12 @@ impl SessionTable {
         for tsih in old {
             if let Some(s) = inner.by_tsih.remove(&tsih) {
                 tracing::info!(tsih, initiator = %s.initiator_name, "session reinstated: stopping the old connection");
+                // The old I_T nexus is lost before the new one exists: its
+                // tasks are aborted and its non-persistent state released.
+                s.tasks.abort_where(|_, _| true);
+                if let (Some(t), Some(nexus)) = (&s.target, &s.nexus) {
+                    t.luns.nexus_lost(nexus);
+                }
                 s.stop_connection();
             }
         }
