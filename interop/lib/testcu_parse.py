@@ -30,6 +30,11 @@ def verdict_of(text):
     s = text.strip()
     if not s or s.startswith("["):
         return None
+    # "passed" may be followed on the same line by what a cleanup printed afterwards
+    # (seen: "Test: LUNReset ...passed    [FAILED] PRIN command: ..." from the suite teardown).
+    m = re.match(r"^(?:\.\.\.)?(passed|FAILED)(\s|$)", s)
+    if m:
+        return m.group(1)
     m = VERDICT_RE.search(s)
     if not m:
         return None
@@ -69,7 +74,7 @@ def main():
                 cur, skipped, detail, after_fail = m.group(1), False, "", None
                 order.append(cur)
                 rest = m.group(2)
-                v = verdict_of("..." + rest) if rest.strip() in ("passed", "FAILED") else None
+                v = verdict_of(rest) if re.match(r"^(passed|FAILED)(\s|$)", rest) else None
                 if v:
                     t = cur
                     finish(v)
