@@ -1,0 +1,561 @@
+//! Soft reliable-connection queue pairs: connection establishment with private data, the
+//! requester (post_send/post_recv, completions in order) and the per-connection responder
+//! task that serves the peer's one-sided requests from registered memory.
+//!
+//! Tasks per connection: a reader (socket → responses handled inline, requests forwarded
+//! to the responder), the responder (serves requests strictly in order, so responses go
+//! back in order; it waits for a posted receive before consuming a SEND, like an RNR
+//! retry that never gives up) and a writer (frames → socket).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+
+use super::memory::KeyTable;
+use super::wire::{self, Header, Kind, HEADER_LEN, MAGIC, MAX_PAYLOAD};
+use super::{SoftCq, SoftProvider};
+use crate::rdma::{
+    check_private_data, Completion, ConnectRequest, QpCaps, QpInit, QueuePair, RdmaError,
+    RdmaListener, RecvWr, Result, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Pending {
+    wr_id: u64,
+    opcode: WcOpcode,
+    signaled: bool,
+    byte_len: u32,
+    /// Where an RDMA READ's data go.
+    read_sgl: Option<Vec<Sge>>,
+    /// Failed locally at post time; completes with this status when it reaches the head.
+    local_error: Option<WcStatus>,
+}
+
+#[derive(Default)]
+struct State {
+    error: bool,
+    outstanding: VecDeque<Pending>,
+    recvs: VecDeque<RecvWr>,
+}
+
+struct Shared {
+    keys: Arc<KeyTable>,
+    send_cq: SoftCq,
+    recv_cq: SoftCq,
+    caps: QpCaps,
+    out: mpsc::UnboundedSender<Bytes>,
+    state: Mutex<State>,
+    recv_posted: Notify,
+}
+
+impl Shared {
+    fn complete_send(&self, p: &Pending, status: WcStatus) {
+        if p.signaled || !status.is_ok() {
+            self.send_cq.push(Completion {
+                wr_id: p.wr_id,
+                status,
+                opcode: p.opcode,
+                byte_len: if status.is_ok() { p.byte_len } else { 0 },
+            });
+        }
+    }
+
+    /// Enter the error state: flush every outstanding send and posted receive.
+    fn enter_error(&self, st: &mut State) {
+        st.error = true;
+        for p in st.outstanding.drain(..) {
+            let status = p.local_error.unwrap_or(WcStatus::WrFlushError);
+            if p.signaled || !status.is_ok() {
+                self.send_cq.push(Completion {
+                    wr_id: p.wr_id,
+                    status,
+                    opcode: p.opcode,
+                    byte_len: 0,
+                });
+            }
+        }
+        for r in st.recvs.drain(..) {
+            self.recv_cq.push(Completion {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushError,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+            });
+        }
+        self.recv_posted.notify_waiters();
+    }
+
+    /// Complete requests that failed locally once they reach the head of the queue.
+    fn drain_local_errors(&self, st: &mut State) {
+        if let Some(status) = st.outstanding.front().and_then(|p| p.local_error) {
+            let p = st.outstanding.pop_front().unwrap();
+            self.complete_send(&p, status);
+            self.enter_error(st);
+        }
+    }
+
+    /// A response (ACK or READ_RESP) for the oldest outstanding request.
+    fn on_response(&self, h: &Header, payload: &[u8]) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.error {
+            return Ok(()); // flushed already
+        }
+        let Some(p) = st.outstanding.pop_front() else {
+            return Err(RdmaError::Protocol("response without a request".into()));
+        };
+        let expect_read = p.opcode == WcOpcode::RdmaRead;
+        if expect_read != (h.kind == Kind::ReadResp) {
+            return Err(RdmaError::Protocol(
+                "response kind does not match request".into(),
+            ));
+        }
+        let mut status = h.status;
+        if status.is_ok() {
+            if let Some(sgl) = &p.read_sgl {
+                if payload.len() != p.byte_len as usize {
+                    return Err(RdmaError::Protocol("READ response length mismatch".into()));
+                }
+                if let Err(s) = self.keys.scatter(sgl, payload) {
+                    status = s;
+                }
+            }
+        }
+        self.complete_send(&p, status);
+        if !status.is_ok() {
+            self.enter_error(&mut st);
+        } else {
+            self.drain_local_errors(&mut st);
+        }
+        Ok(())
+    }
+
+    fn send_frame(&self, f: Bytes) {
+        // A closed channel means the connection is gone; the reader flushes everything.
+        let _ = self.out.send(f);
+    }
+}
+
+/// A soft RC queue pair. Dropping it closes the connection.
+pub struct SoftQp {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+    peer_private: Vec<u8>,
+    peer_addr: SocketAddr,
+}
+
+impl QueuePair for SoftQp {
+    fn post_send(&self, wr: SendWr) -> Result<()> {
+        let sh = &self.shared;
+        if wr.sgl.len() > sh.caps.max_sge as usize {
+            return Err(RdmaError::InvalidArgument(format!(
+                "{} SGEs, max_sge is {}",
+                wr.sgl.len(),
+                sh.caps.max_sge
+            )));
+        }
+        let total: u64 = wr.sgl.iter().map(|s| s.length as u64).sum();
+        if total > MAX_PAYLOAD as u64 {
+            return Err(RdmaError::InvalidArgument(format!(
+                "{total} bytes exceed the soft backend's {MAX_PAYLOAD}-byte message limit"
+            )));
+        }
+        let mut st = sh.state.lock().unwrap();
+        let opcode = WcOpcode::from(wr.op);
+        let mut pending = Pending {
+            wr_id: wr.wr_id,
+            opcode,
+            signaled: wr.signaled,
+            byte_len: total as u32,
+            read_sgl: None,
+            local_error: None,
+        };
+        if st.error {
+            sh.complete_send(&pending, WcStatus::WrFlushError);
+            return Ok(());
+        }
+        if st.outstanding.len() >= sh.caps.max_send_wr as usize {
+            return Err(RdmaError::QueueFull {
+                queue: "send",
+                depth: sh.caps.max_send_wr,
+            });
+        }
+        let frame = match wr.op {
+            SendOp::Send | SendOp::RdmaWrite { .. } => {
+                let mut buf = Vec::with_capacity(HEADER_LEN + total as usize);
+                buf.resize(HEADER_LEN, 0);
+                match sh.keys.gather(&wr.sgl, &mut buf) {
+                    Ok(()) => {
+                        let mut h = Header::new(if wr.op == SendOp::Send {
+                            Kind::Send
+                        } else {
+                            Kind::Write
+                        });
+                        if let SendOp::RdmaWrite { remote_addr, rkey } = wr.op {
+                            h.addr = remote_addr;
+                            h.rkey = rkey;
+                        }
+                        h.len = total as u32;
+                        let mut hb = bytes::BytesMut::with_capacity(HEADER_LEN);
+                        h.encode(&mut hb);
+                        buf[..HEADER_LEN].copy_from_slice(&hb);
+                        Ok(Bytes::from(buf))
+                    }
+                    Err(s) => Err(s),
+                }
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => match sh.keys.check_local(&wr.sgl, true) {
+                Ok(_) => {
+                    pending.read_sgl = Some(wr.sgl);
+                    let mut h = Header::new(Kind::ReadReq);
+                    h.addr = remote_addr;
+                    h.rkey = rkey;
+                    h.aux = total as u32;
+                    Ok(wire::frame(h, &[]).freeze())
+                }
+                Err(s) => Err(s),
+            },
+        };
+        match frame {
+            Ok(f) => {
+                st.outstanding.push_back(pending);
+                sh.send_frame(f);
+            }
+            Err(status) => {
+                pending.local_error = Some(status);
+                st.outstanding.push_back(pending);
+                sh.drain_local_errors(&mut st);
+            }
+        }
+        Ok(())
+    }
+
+    fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let sh = &self.shared;
+        if wr.sgl.len() > sh.caps.max_sge as usize {
+            return Err(RdmaError::InvalidArgument("too many SGEs".into()));
+        }
+        let mut st = sh.state.lock().unwrap();
+        if st.error {
+            sh.recv_cq.push(Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushError,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+            });
+            return Ok(());
+        }
+        if st.recvs.len() >= sh.caps.max_recv_wr as usize {
+            return Err(RdmaError::QueueFull {
+                queue: "receive",
+                depth: sh.caps.max_recv_wr,
+            });
+        }
+        st.recvs.push_back(wr);
+        drop(st);
+        sh.recv_posted.notify_waiters();
+        Ok(())
+    }
+
+    fn peer_private_data(&self) -> &[u8] {
+        &self.peer_private
+    }
+
+    fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    fn is_error(&self) -> bool {
+        self.shared.state.lock().unwrap().error
+    }
+
+    fn disconnect(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let mut st = self.shared.state.lock().unwrap();
+        if !st.error {
+            self.shared.enter_error(&mut st);
+        }
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        self.disconnect();
+    }
+}
+
+fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -> Result<SoftQp> {
+    stream.set_nodelay(true)?;
+    let peer_addr = stream.peer_addr()?;
+    let (rd, wr) = stream.into_split();
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let (req_tx, req_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        keys: init.pd.keys.clone(),
+        send_cq: init.send_cq,
+        recv_cq: init.recv_cq,
+        caps: init.caps,
+        out: out_tx,
+        state: Mutex::new(State::default()),
+        recv_posted: Notify::new(),
+    });
+    let tasks = vec![
+        tokio::spawn(writer(wr, out_rx)),
+        tokio::spawn(reader(rd, shared.clone(), req_tx)),
+        tokio::spawn(responder(shared.clone(), req_rx)),
+    ];
+    Ok(SoftQp {
+        shared,
+        tasks,
+        peer_private,
+        peer_addr,
+    })
+}
+
+async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Bytes>) {
+    while let Some(f) = rx.recv().await {
+        if wr.write_all(&f).await.is_err() {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+async fn read_frame(rd: &mut OwnedReadHalf) -> Result<(Header, Vec<u8>)> {
+    let mut hb = [0u8; HEADER_LEN];
+    rd.read_exact(&mut hb).await?;
+    let h = Header::decode(&hb)?;
+    let mut payload = vec![0u8; h.len as usize];
+    rd.read_exact(&mut payload).await?;
+    Ok((h, payload))
+}
+
+async fn reader(
+    mut rd: OwnedReadHalf,
+    shared: Arc<Shared>,
+    req_tx: mpsc::UnboundedSender<(Header, Vec<u8>)>,
+) {
+    loop {
+        let (h, payload) = match read_frame(&mut rd).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!("soft RDMA connection closed: {e}");
+                break;
+            }
+        };
+        if h.kind.is_request() {
+            if req_tx.send((h, payload)).is_err() {
+                break;
+            }
+        } else if matches!(h.kind, Kind::Ack | Kind::ReadResp) {
+            if let Err(e) = shared.on_response(&h, &payload) {
+                tracing::warn!("soft RDMA: {e}; closing the connection");
+                break;
+            }
+        } else {
+            tracing::warn!("soft RDMA: unexpected {:?} frame; closing", h.kind);
+            break;
+        }
+    }
+    let mut st = shared.state.lock().unwrap();
+    if !st.error {
+        shared.enter_error(&mut st);
+    }
+}
+
+/// The responder: serves the peer's requests against this side's registered memory,
+/// without involving the upper layer.
+async fn responder(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(Header, Vec<u8>)>) {
+    while let Some((h, payload)) = rx.recv().await {
+        let reply = match h.kind {
+            Kind::Write => {
+                let mut a = Header::new(Kind::Ack);
+                a.status = shared.keys.remote_write(h.rkey, h.addr, &payload);
+                wire::frame(a, &[])
+            }
+            Kind::ReadReq => {
+                let mut data = vec![0u8; h.aux as usize];
+                let status = shared.keys.remote_read(h.rkey, h.addr, &mut data);
+                let mut a = Header::new(Kind::ReadResp);
+                a.status = status;
+                wire::frame(a, if status.is_ok() { &data } else { &[] })
+            }
+            Kind::Send => {
+                let Some(status) = deliver_send(&shared, &payload).await else {
+                    return;
+                };
+                let mut a = Header::new(Kind::Ack);
+                a.status = status;
+                wire::frame(a, &[])
+            }
+            _ => unreachable!("reader forwards requests only"),
+        };
+        shared.send_frame(reply.freeze());
+    }
+}
+
+/// Place an incoming SEND into the oldest posted receive, waiting for one. Returns the
+/// status for the sender, or None when the queue pair failed meanwhile.
+async fn deliver_send(shared: &Shared, payload: &[u8]) -> Option<WcStatus> {
+    loop {
+        let posted = shared.recv_posted.notified();
+        {
+            let mut st = shared.state.lock().unwrap();
+            if st.error {
+                return None;
+            }
+            if let Some(r) = st.recvs.pop_front() {
+                let (recv_status, sender_status) = match shared.keys.scatter(&r.sgl, payload) {
+                    Ok(()) => (WcStatus::Success, WcStatus::Success),
+                    Err(WcStatus::LocalLengthError) => {
+                        (WcStatus::LocalLengthError, WcStatus::RemoteInvalidRequest)
+                    }
+                    Err(s) => (s, WcStatus::RemoteOperationError),
+                };
+                shared.recv_cq.push(Completion {
+                    wr_id: r.wr_id,
+                    status: recv_status,
+                    opcode: WcOpcode::Recv,
+                    byte_len: if recv_status.is_ok() {
+                        payload.len() as u32
+                    } else {
+                        0
+                    },
+                });
+                return Some(sender_status);
+            }
+        }
+        posted.await;
+    }
+}
+
+/// Active side: connect and wait for ACCEPT or REJECT.
+pub(super) async fn connect(
+    addr: SocketAddr,
+    init: QpInit<SoftProvider>,
+    private_data: &[u8],
+) -> Result<SoftQp> {
+    check_private_data(private_data)?;
+    let mut stream = TcpStream::connect(addr).await?;
+    let mut h = Header::new(Kind::Connect);
+    h.aux = MAGIC;
+    stream.write_all(&wire::frame(h, private_data)).await?;
+    let (h, peer_private) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let mut hb = [0u8; HEADER_LEN];
+        stream.read_exact(&mut hb).await?;
+        let h = Header::decode(&hb)?;
+        let mut pd = vec![0u8; h.len as usize];
+        stream.read_exact(&mut pd).await?;
+        Ok::<_, RdmaError>((h, pd))
+    })
+    .await
+    .map_err(|_| RdmaError::Protocol("connection handshake timed out".into()))??;
+    match h.kind {
+        Kind::Accept => start(stream, init, peer_private),
+        Kind::Reject => Err(RdmaError::Rejected {
+            private_data: peer_private,
+        }),
+        k => Err(RdmaError::Protocol(format!(
+            "unexpected {k:?} during connect"
+        ))),
+    }
+}
+
+/// Passive side: a TCP listener that reads CONNECT frames.
+pub struct SoftListener {
+    listener: TcpListener,
+}
+
+impl SoftListener {
+    pub(super) async fn bind(addr: SocketAddr) -> Result<SoftListener> {
+        Ok(SoftListener {
+            listener: TcpListener::bind(addr).await?,
+        })
+    }
+}
+
+impl RdmaListener for SoftListener {
+    type Provider = SoftProvider;
+    type Request = SoftConnectRequest;
+
+    fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    async fn accept(&mut self) -> Result<SoftConnectRequest> {
+        loop {
+            let (mut stream, peer) = self.listener.accept().await?;
+            let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+                let mut hb = [0u8; HEADER_LEN];
+                stream.read_exact(&mut hb).await?;
+                let h = Header::decode(&hb)?;
+                if h.kind != Kind::Connect || h.aux != MAGIC {
+                    return Err(RdmaError::Protocol("not a soft RDMA CONNECT".into()));
+                }
+                let mut pd = vec![0u8; h.len as usize];
+                stream.read_exact(&mut pd).await?;
+                Ok(pd)
+            })
+            .await;
+            match hs {
+                Ok(Ok(private_data)) => {
+                    return Ok(SoftConnectRequest {
+                        stream,
+                        peer,
+                        private_data,
+                    })
+                }
+                Ok(Err(e)) => tracing::warn!("soft RDMA: refused connection from {peer}: {e}"),
+                Err(_) => tracing::warn!("soft RDMA: handshake from {peer} timed out"),
+            }
+        }
+    }
+}
+
+/// A pending connection.
+pub struct SoftConnectRequest {
+    stream: TcpStream,
+    peer: SocketAddr,
+    private_data: Vec<u8>,
+}
+
+impl ConnectRequest for SoftConnectRequest {
+    type Provider = SoftProvider;
+
+    fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    async fn accept(mut self, init: QpInit<SoftProvider>, private_data: &[u8]) -> Result<SoftQp> {
+        check_private_data(private_data)?;
+        self.stream
+            .write_all(&wire::frame(Header::new(Kind::Accept), private_data))
+            .await?;
+        start(self.stream, init, self.private_data)
+    }
+
+    async fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        check_private_data(private_data)?;
+        self.stream
+            .write_all(&wire::frame(Header::new(Kind::Reject), private_data))
+            .await?;
+        let _ = self.stream.shutdown().await;
+        Ok(())
+    }
+}

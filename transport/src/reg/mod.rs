@@ -1,0 +1,1 @@
+//! Memory registration layer (placeholder while the RDMA core lands).
