@@ -475,7 +475,7 @@ impl TargetConfig {
                         ));
                     }
                 };
-                if backstore.size() % u64::from(block_size) != 0
+                if !backstore.size().is_multiple_of(u64::from(block_size))
                     || backstore.size() < u64::from(block_size)
                 {
                     return Err(ctx.err(

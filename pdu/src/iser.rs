@@ -114,10 +114,9 @@ impl IserHeader {
         let truncated = || DecodeError::Truncated {
             need: ISER_HEADER_LEN.saturating_sub(bytes.len()),
         };
-        let (_, (b0, b1, b23, _rsvd, wstag, wbase, rstag, rbase)) = tuple((
+        let (_, (b0, b1, b23, wstag, wbase, rstag, rbase)) = tuple((
             be_u8::<_, nom::error::Error<&[u8]>>,
             be_u8,
-            be_u16,
             be_u16,
             be_u32,
             be_u64,

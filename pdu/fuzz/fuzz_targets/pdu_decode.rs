@@ -1,8 +1,9 @@
-//! Feeds arbitrary bytes to the stream framer under arbitrary limits and
+//! Feeds arbitrary bytes to the iSER header decoder and the stream framer under arbitrary limits and
 //! digest settings. Any PDU that decodes must re-encode to bytes that decode
 //! to the same PDU.
 #![no_main]
 
+use blockwire_pdu::iser::IserHeader;
 use blockwire_pdu::{Digests, Frame, FrameDecoder, Pdu};
 use libfuzzer_sys::fuzz_target;
 
@@ -10,6 +11,10 @@ fuzz_target!(|input: &[u8]| {
     let Some((&settings, mut bytes)) = input.split_first() else {
         return;
     };
+    // The iSER header that precedes a PDU on RDMA connections.
+    if let Ok(h) = IserHeader::decode(bytes) {
+        assert_eq!(IserHeader::decode(&h.encode()), Ok(h));
+    }
     let digests = Digests {
         header: settings & 1 != 0,
         data: settings & 2 != 0,

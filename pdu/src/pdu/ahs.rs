@@ -40,7 +40,7 @@ impl Ahs {
         out.extend_from_slice(&(body.len() as u16).to_be_bytes());
         out.push(ahs_type);
         out.extend_from_slice(&body);
-        while (out.len() - start) % 4 != 0 {
+        while !(out.len() - start).is_multiple_of(4) {
             out.push(0);
         }
     }

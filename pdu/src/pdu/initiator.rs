@@ -33,7 +33,7 @@ impl NopOut {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x00,
             immediate: self.immediate,
@@ -94,7 +94,7 @@ impl ScsiCommand {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         let word = |i: usize| {
             u32::from_be_bytes([
                 self.cdb[4 * i],
@@ -164,7 +164,7 @@ impl TaskMgmtRequest {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x02,
             immediate: self.immediate,
@@ -233,7 +233,7 @@ impl LoginRequest {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x03,
             immediate: true,
@@ -291,7 +291,7 @@ impl TextRequest {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x04,
             immediate: self.immediate,
@@ -336,7 +336,7 @@ impl DataOut {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x05,
             flags: flag(self.final_bit, FINAL_BIT),
@@ -385,7 +385,7 @@ impl LogoutRequest {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x06,
             immediate: self.immediate,
@@ -437,7 +437,7 @@ impl SnackRequest {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x10,
             flags: FINAL_BIT | (self.snack_type.to_u8() & 0x0f),

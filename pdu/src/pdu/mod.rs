@@ -209,7 +209,7 @@ impl Bhs {
         })
     }
 
-    fn to_raw(&self) -> RawBhs {
+    fn to_raw(self) -> RawBhs {
         match self {
             Bhs::NopOut(p) => p.to_raw(),
             Bhs::ScsiCommand(p) => p.to_raw(),

@@ -80,7 +80,7 @@ impl RawBhs {
     }
 
     /// Writes the 48 header bytes.
-    pub(crate) fn to_bytes(&self) -> [u8; BHS_LEN] {
+    pub(crate) fn to_bytes(self) -> [u8; BHS_LEN] {
         let mut out = [0u8; BHS_LEN];
         out[0] = (self.opcode & 0x3f) | if self.immediate { IMMEDIATE_BIT } else { 0 };
         out[1] = self.flags;

@@ -39,7 +39,7 @@ impl NopIn {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x20,
             flags: FINAL_BIT,
@@ -112,7 +112,7 @@ impl ScsiResponse {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x21,
             flags: FINAL_BIT
@@ -163,7 +163,7 @@ impl TaskMgmtResponse {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x22,
             flags: FINAL_BIT,
@@ -226,7 +226,7 @@ impl LoginResponse {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x23,
             flags: login_flags(self.transit, self.continue_bit, self.csg, self.nsg),
@@ -283,7 +283,7 @@ impl TextResponse {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x24,
             flags: flag(self.final_bit, FINAL_BIT) | flag(self.continue_bit, 0x40),
@@ -357,7 +357,7 @@ impl DataIn {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x25,
             flags: flag(self.final_bit, FINAL_BIT)
@@ -414,7 +414,7 @@ impl LogoutResponse {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x26,
             flags: FINAL_BIT,
@@ -472,7 +472,7 @@ impl R2t {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x31,
             flags: FINAL_BIT,
@@ -530,7 +530,7 @@ impl AsyncMessage {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x32,
             flags: FINAL_BIT,
@@ -578,7 +578,7 @@ impl Reject {
         }
     }
 
-    pub(crate) fn to_raw(&self) -> RawBhs {
+    pub(crate) fn to_raw(self) -> RawBhs {
         RawBhs {
             opcode: 0x3f,
             flags: FINAL_BIT,
