@@ -1,0 +1,593 @@
+//! `blockwire`: the command line of blockwire's iSCSI initiator.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use blockwire_initiator::{
+    discover, serial_of, ChapAlgorithm, ChapConfig, DiscoveredTarget, InitiatorConfig, Session,
+};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use rand::{Rng, SeedableRng};
+
+const LONG_ABOUT: &str = "\
+blockwire is an iSCSI initiator that runs in user space: no kernel iSCSI
+module, no iscsid. It discovers targets, logs in (AuthMethod None or CHAP
+with MD5, SHA1, SHA-256 or SHA3-256, one-way or mutual) and runs SCSI
+commands with many in flight.
+
+Portals are HOST[:PORT] (port 3260 by default; IPv6 as [ADDR]:PORT).
+When -T/--target is left out, the first target that discovery lists is used.
+
+Examples:
+  blockwire discover -p 127.0.0.1:3260
+  blockwire iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3260
+  blockwire ls -p 127.0.0.1
+  blockwire inq -p 127.0.0.1 -T iqn.2026-11.io.blockwire:default -l 0
+  blockwire readcap -p 127.0.0.1
+  blockwire bench -p 127.0.0.1 --pattern rand --op read --bs 4k --qd 32 --time 10s
+  blockwire discover -p 10.0.0.5 --chap-user alice --chap-secret alice-secret-12 \\
+      --mutual-user target --mutual-secret target-secret-1";
+
+#[derive(Parser, Debug)]
+#[command(name = "blockwire", version, about = "blockwire iSCSI initiator", long_about = LONG_ABOUT)]
+struct Cli {
+    /// Our iSCSI name (InitiatorName); the ISID is derived from it, so it
+    /// should be stable per host.
+    #[arg(long, global = true, env = "BLOCKWIRE_INITIATOR_NAME")]
+    initiator_name: Option<String>,
+    /// Log protocol events (tracing; RUST_LOG refines it).
+    #[arg(long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+struct AuthArgs {
+    /// CHAP user name (CHAP_N) for the login.
+    #[arg(long)]
+    chap_user: Option<String>,
+    /// CHAP secret (12..255 characters on most targets).
+    #[arg(long, env = "BLOCKWIRE_CHAP_SECRET", hide_env_values = true)]
+    chap_secret: Option<String>,
+    /// Mutual CHAP: the name the target must answer with.
+    #[arg(long)]
+    mutual_user: Option<String>,
+    /// Mutual CHAP: the secret the target must prove (must differ from ours).
+    #[arg(long, env = "BLOCKWIRE_MUTUAL_SECRET", hide_env_values = true)]
+    mutual_secret: Option<String>,
+    /// CHAP algorithms offered, most preferred first: SHA3-256,SHA-256,SHA1,MD5.
+    #[arg(long, value_delimiter = ',')]
+    chap_algorithms: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+struct SessionArgs {
+    /// Target portal, HOST[:PORT].
+    #[arg(short = 'p', long)]
+    portal: String,
+    /// Target name (IQN); default: the first target discovery lists.
+    #[arg(short = 'T', long)]
+    target: Option<String>,
+    #[command(flatten)]
+    auth: AuthArgs,
+    /// Use CRC32C header digests.
+    #[arg(long)]
+    header_digest: bool,
+    /// Use CRC32C data digests.
+    #[arg(long)]
+    data_digest: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum Pattern {
+    Rand,
+    Seq,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// SendTargets discovery: print each target and its portals.
+    Discover {
+        /// Discovery portal, HOST[:PORT].
+        #[arg(short = 'p', long)]
+        portal: String,
+        #[command(flatten)]
+        auth: AuthArgs,
+    },
+    /// iscsiadm-compatible subset: `-m discovery -t sendtargets -p HOST[:PORT]`
+    /// prints `HOST:PORT,TPGT IQN` lines like open-iscsi's iscsiadm.
+    Iscsiadm(IscsiadmArgs),
+    /// List targets at a portal with their LUNs, sizes, vendors and products.
+    Ls {
+        /// Portal, HOST[:PORT].
+        #[arg(short = 'p', long)]
+        portal: String,
+        #[command(flatten)]
+        auth: AuthArgs,
+    },
+    /// Standard INQUIRY data and the unit serial number of a LUN.
+    Inq {
+        #[command(flatten)]
+        s: SessionArgs,
+        /// LUN.
+        #[arg(short = 'l', long, default_value_t = 0)]
+        lun: u16,
+    },
+    /// READ CAPACITY of a LUN.
+    Readcap {
+        #[command(flatten)]
+        s: SessionArgs,
+        /// LUN.
+        #[arg(short = 'l', long, default_value_t = 0)]
+        lun: u16,
+    },
+    /// Load generator: prints IOPS, MB/s and latency percentiles.
+    Bench {
+        #[command(flatten)]
+        s: SessionArgs,
+        /// LUN.
+        #[arg(short = 'l', long, default_value_t = 0)]
+        lun: u16,
+        /// Access pattern.
+        #[arg(long, value_enum, default_value_t = Pattern::Rand)]
+        pattern: Pattern,
+        /// Read or write (writes destroy data on the LUN).
+        #[arg(long, value_enum, default_value_t = Op::Read)]
+        op: Op,
+        /// I/O size (512, 4k, 1M, ...).
+        #[arg(long, default_value = "4k")]
+        bs: String,
+        /// Commands in flight.
+        #[arg(long, default_value_t = 32)]
+        qd: usize,
+        /// Run time (10s, 500ms, 1m).
+        #[arg(long, default_value = "10s")]
+        time: String,
+        /// Limit the I/O to the first SIZE bytes of the LUN (default: all).
+        #[arg(long)]
+        span: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct IscsiadmArgs {
+    /// Mode: discovery (or discoverydb).
+    #[arg(short = 'm', long)]
+    mode: String,
+    /// Discovery type: sendtargets (st).
+    #[arg(short = 't', long = "type")]
+    kind: Option<String>,
+    /// Portal, HOST[:PORT].
+    #[arg(short = 'p', long)]
+    portal: Option<String>,
+    /// Interface (accepted for compatibility; blockwire uses TCP).
+    #[arg(short = 'I', long)]
+    interface: Option<String>,
+    /// Run the discovery (implied with -m discovery).
+    #[arg(long)]
+    discover: bool,
+    #[command(flatten)]
+    auth: AuthArgs,
+}
+
+fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mult) = match t.trim_end_matches(['b', 'i']).chars().last() {
+        Some('k') => (&t[..t.find('k').unwrap_or(t.len())], 1u64 << 10),
+        Some('m') => (&t[..t.find('m').unwrap_or(t.len())], 1 << 20),
+        Some('g') => (&t[..t.find('g').unwrap_or(t.len())], 1 << 30),
+        _ => (t.as_str(), 1),
+    };
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("size `{s}`: expected a number with an optional k/M/G suffix"))?;
+    Ok(n * mult)
+}
+
+fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let (num, unit) = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| t.split_at(i))
+        .unwrap_or((t, "s"));
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("duration `{s}`: expected e.g. 10s, 500ms, 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" | "min" => n * 60.0,
+        _ => bail!("duration `{s}`: unknown unit `{unit}` (ms, s, m)"),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn default_initiator_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("iqn.2026-11.io.blockwire:{host}")
+}
+
+fn chap_of(a: &AuthArgs) -> Result<Option<ChapConfig>> {
+    let Some(user) = &a.chap_user else {
+        if a.chap_secret.is_some() || a.mutual_user.is_some() {
+            bail!("--chap-secret and --mutual-user need --chap-user");
+        }
+        return Ok(None);
+    };
+    let secret = a
+        .chap_secret
+        .as_deref()
+        .ok_or_else(|| anyhow!("--chap-user needs --chap-secret (or BLOCKWIRE_CHAP_SECRET)"))?;
+    let mut c = ChapConfig::new(user.clone(), secret);
+    if let Some(mu) = &a.mutual_user {
+        let ms = a
+            .mutual_secret
+            .as_deref()
+            .ok_or_else(|| anyhow!("--mutual-user needs --mutual-secret"))?;
+        c = c.with_mutual(mu.clone(), ms);
+    }
+    let mut algs = Vec::new();
+    for name in &a.chap_algorithms {
+        let alg = ChapAlgorithm::ALL
+            .into_iter()
+            .find(|x| x.name().eq_ignore_ascii_case(name.trim()))
+            .ok_or_else(|| {
+                anyhow!("unknown CHAP algorithm `{name}` (SHA3-256, SHA-256, SHA1, MD5)")
+            })?;
+        algs.push(alg);
+    }
+    Ok(Some(c.with_algorithms(algs)))
+}
+
+fn config(cli: &Cli, auth: &AuthArgs) -> Result<InitiatorConfig> {
+    let name = cli
+        .initiator_name
+        .clone()
+        .unwrap_or_else(default_initiator_name);
+    let mut cfg = InitiatorConfig::new(name);
+    let chap = chap_of(auth)?;
+    cfg.discovery_chap = chap.clone();
+    cfg.chap = chap;
+    Ok(cfg)
+}
+
+async fn open(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<Session> {
+    let cfg = config(cli, &s.auth)?
+        .with_digests(s.header_digest, s.data_digest)
+        .with_queue_depth(qd);
+    let target = match &s.target {
+        Some(t) => t.clone(),
+        None => {
+            let targets = discover(&cfg, &s.portal)
+                .await
+                .with_context(|| format!("discovery at {}", s.portal))?;
+            targets
+                .first()
+                .map(|t| t.name.clone())
+                .ok_or_else(|| anyhow!("no targets at {}; give one with -T", s.portal))?
+        }
+    };
+    Session::connect(cfg, &s.portal, &target)
+        .await
+        .with_context(|| format!("login to {target} at {}", s.portal))
+}
+
+fn print_iscsiadm(targets: &[DiscoveredTarget]) {
+    for t in targets {
+        for p in &t.portals {
+            println!("{p} {}", t.name);
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    if cli.verbose {
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "debug".into()),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    if let Err(e) = run(&cli).await {
+        eprintln!("blockwire: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: &Cli) -> Result<()> {
+    match &cli.command {
+        Command::Discover { portal, auth } => {
+            let targets = discover(&config(cli, auth)?, portal)
+                .await
+                .with_context(|| format!("SendTargets discovery at {portal}"))?;
+            for t in &targets {
+                println!("{}", t.name);
+                for p in &t.portals {
+                    println!("    portal {} (tpgt {})", p.address(), p.tpgt);
+                }
+            }
+        }
+        Command::Iscsiadm(a) => iscsiadm(cli, a).await?,
+        Command::Ls { portal, auth } => {
+            let cfg = config(cli, auth)?;
+            let targets = discover(&cfg, portal)
+                .await
+                .with_context(|| format!("SendTargets discovery at {portal}"))?;
+            for t in &targets {
+                println!("Target: {}", t.name);
+                for p in &t.portals {
+                    println!("  Portal: {p}");
+                }
+                let s = match Session::connect(cfg.clone(), portal, &t.name).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        println!("  (login failed: {e})");
+                        continue;
+                    }
+                };
+                let luns = s.report_luns().await.unwrap_or_else(|_| vec![0]);
+                for lun in luns {
+                    let inq = s.inquiry(lun).await;
+                    let cap = s.read_capacity(lun).await;
+                    match (inq, cap) {
+                        (Ok(i), Ok(c)) => println!(
+                            "  Lun: {lun}  Type: {:#04x}  Vendor: {}  Product: {}  Rev: {}  Size: {} ({} blocks of {} bytes)",
+                            i.peripheral.device_type,
+                            i.vendor_str(),
+                            i.product_str(),
+                            i.revision_str(),
+                            human(c.bytes()),
+                            c.blocks,
+                            c.block_size
+                        ),
+                        (Ok(i), Err(_)) => println!(
+                            "  Lun: {lun}  Type: {:#04x}  Vendor: {}  Product: {}  Rev: {}",
+                            i.peripheral.device_type,
+                            i.vendor_str(),
+                            i.product_str(),
+                            i.revision_str()
+                        ),
+                        (Err(e), _) => println!("  Lun: {lun}  (INQUIRY failed: {e})"),
+                    }
+                }
+                let _ = s.logout().await;
+            }
+        }
+        Command::Inq { s, lun } => {
+            let sess = open(cli, s, 4).await?;
+            let i = sess.inquiry(*lun).await?;
+            println!("Target:        {}", sess.target());
+            println!("LUN:           {lun}");
+            println!("Device type:   {:#04x}", i.peripheral.device_type);
+            println!("Qualifier:     {}", i.peripheral.qualifier);
+            println!("Vendor:        {}", i.vendor_str());
+            println!("Product:       {}", i.product_str());
+            println!("Revision:      {}", i.revision_str());
+            println!("Version:       {:#04x}", i.version);
+            println!("Removable:     {}", i.rmb);
+            println!("Command queue: {}", i.cmdque);
+            if let Ok(v) = sess.vpd(*lun, 0x80).await {
+                if let Some(sn) = serial_of(&v) {
+                    println!("Unit serial:   {sn}");
+                }
+            }
+            let _ = sess.logout().await;
+        }
+        Command::Readcap { s, lun } => {
+            let sess = open(cli, s, 4).await?;
+            let c = sess.read_capacity(*lun).await?;
+            println!("Target:        {}", sess.target());
+            println!("LUN:           {lun}");
+            println!("Blocks:        {}", c.blocks);
+            println!("Block size:    {}", c.block_size);
+            println!("Capacity:      {} bytes ({})", c.bytes(), human(c.bytes()));
+            let _ = sess.logout().await;
+        }
+        Command::Bench {
+            s,
+            lun,
+            pattern,
+            op,
+            bs,
+            qd,
+            time,
+            span,
+        } => {
+            let bs = parse_size(bs)?;
+            let time = parse_duration(time)?;
+            let span = span.as_deref().map(parse_size).transpose()?;
+            bench(cli, s, *lun, *pattern, *op, bs, (*qd).max(1), time, span).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn iscsiadm(cli: &Cli, a: &IscsiadmArgs) -> Result<()> {
+    match a.mode.as_str() {
+        "discovery" | "discoverydb" => {
+            let kind = a.kind.as_deref().unwrap_or("sendtargets");
+            if kind != "sendtargets" && kind != "st" {
+                bail!("discovery type `{kind}` is not supported: use -t sendtargets");
+            }
+            let portal = a
+                .portal
+                .as_deref()
+                .ok_or_else(|| anyhow!("-m discovery needs -p HOST[:PORT]"))?;
+            let _ = (&a.interface, a.discover);
+            let targets = discover(&config(cli, &a.auth)?, portal)
+                .await
+                .with_context(|| format!("SendTargets discovery at {portal}"))?;
+            print_iscsiadm(&targets);
+            Ok(())
+        }
+        other => bail!("iscsiadm mode `{other}` is not supported yet (supported: discovery)"),
+    }
+}
+
+fn human(bytes: u64) -> String {
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", U[i])
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn bench(
+    cli: &Cli,
+    s: &SessionArgs,
+    lun: u16,
+    pattern: Pattern,
+    op: Op,
+    bs: u64,
+    qd: usize,
+    time: Duration,
+    span: Option<u64>,
+) -> Result<()> {
+    let sess = Arc::new(open(cli, s, qd).await?);
+    let cap = sess.read_capacity(lun).await?;
+    let block = u64::from(cap.block_size);
+    if bs == 0 || bs % block != 0 {
+        bail!("--bs {bs} must be a multiple of the LUN's block size {block}");
+    }
+    let span_blocks = span.map_or(cap.blocks, |s| (s / block).min(cap.blocks));
+    let per_io = bs / block;
+    if span_blocks < per_io {
+        bail!("the LUN ({} blocks) is smaller than one I/O", span_blocks);
+    }
+    let slots = span_blocks / per_io;
+    println!(
+        "bench: {} {} bs={} qd={} time={:?} target={} lun={} span={}",
+        match pattern {
+            Pattern::Rand => "random",
+            Pattern::Seq => "sequential",
+        },
+        match op {
+            Op::Read => "read",
+            Op::Write => "write",
+        },
+        bs,
+        qd,
+        time,
+        sess.target(),
+        lun,
+        human(slots * bs)
+    );
+    let start = Instant::now();
+    let deadline = start + time;
+    let mut workers = Vec::new();
+    for w in 0..qd {
+        let sess = sess.clone();
+        workers.push(tokio::spawn(async move {
+            let mut lat: Vec<u32> = Vec::new();
+            let mut rng = rand::rngs::StdRng::from_entropy();
+            let mut buf = vec![0u8; bs as usize];
+            if op == Op::Write {
+                rng.fill(&mut buf[..]);
+            }
+            let mut next = w as u64;
+            while Instant::now() < deadline {
+                let slot = match pattern {
+                    Pattern::Rand => rng.gen_range(0..slots),
+                    Pattern::Seq => {
+                        let s = next % slots;
+                        next += qd as u64;
+                        s
+                    }
+                };
+                let lba = slot * per_io;
+                let t = Instant::now();
+                match op {
+                    Op::Read => {
+                        if buf.len() != bs as usize {
+                            buf.resize(bs as usize, 0);
+                        }
+                        sess.read(lun, lba, per_io as u32, &mut buf).await?
+                    }
+                    Op::Write => sess.write(lun, lba, per_io as u32, &buf).await?,
+                };
+                lat.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+            }
+            Ok::<_, blockwire_initiator::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await.context("bench worker panicked")??);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let n = all.len() as f64;
+    let pct = |p: f64| -> f64 {
+        if all.is_empty() {
+            return 0.0;
+        }
+        let i = ((p / 100.0) * (n - 1.0)).round() as usize;
+        f64::from(all[i.min(all.len() - 1)])
+    };
+    let mean = if all.is_empty() {
+        0.0
+    } else {
+        all.iter().map(|&x| f64::from(x)).sum::<f64>() / n
+    };
+    let bytes = n * bs as f64;
+    println!("ios={} elapsed={:.2}s", all.len(), elapsed);
+    println!(
+        "IOPS={:.0}  MB/s={:.1}  MiB/s={:.1}",
+        n / elapsed,
+        bytes / elapsed / 1e6,
+        bytes / elapsed / (1 << 20) as f64
+    );
+    println!(
+        "latency usec: mean={:.0} p50={:.0} p90={:.0} p99={:.0} p99.9={:.0} max={:.0}",
+        mean,
+        pct(50.0),
+        pct(90.0),
+        pct(99.0),
+        pct(99.9),
+        all.last().copied().unwrap_or(0)
+    );
+    if let Ok(s) = Arc::try_unwrap(sess) {
+        let _ = s.logout().await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+    }
+}

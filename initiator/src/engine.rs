@@ -1,0 +1,1040 @@
+//! The full-feature-phase state machine of one session, without I/O.
+//!
+//! [`Engine`] numbers commands (ITT, CmdSN), tracks the target's CmdSN
+//! window and StatSN, keeps the task table, checks every PDU the target
+//! sends against it and says what to do: route an R2T to the command that
+//! waits for it, place Data-In into the command's buffer, complete a task,
+//! answer a NOP-In. It never reads a clock and never touches a socket; the
+//! tokio shell in `session` moves the bytes.
+//!
+//! Each task carries an owner value `T` (the shell uses a channel sender);
+//! the engine hands it back with the events that concern the task.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use blockwire_pdu::keys::SessionParams;
+use blockwire_pdu::pdu::codes::{LogoutReason, LogoutResponseCode};
+use blockwire_pdu::pdu::codes::{TaskAttr, TmfFunction, TmfResponse};
+use blockwire_pdu::pdu::{
+    DataIn, DataOut, LogoutRequest, NopIn, NopOut, R2t, ScsiCommand, ScsiResponse, TaskMgmtRequest,
+    RESERVED_TAG,
+};
+use blockwire_pdu::serial::{sn_gt, sn_le, sn_lt};
+use blockwire_pdu::{Bhs, Lun, Pdu};
+
+/// The negotiated limits that shape what the initiator sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The target's MaxRecvDataSegmentLength: the largest data segment we send.
+    pub target_mrdsl: u32,
+    /// Our MaxRecvDataSegmentLength: the largest data segment we accept.
+    pub our_mrdsl: u32,
+    /// FirstBurstLength.
+    pub first_burst: u32,
+    /// MaxBurstLength.
+    pub max_burst: u32,
+    /// ImmediateData.
+    pub immediate_data: bool,
+    /// InitialR2T.
+    pub initial_r2t: bool,
+}
+
+impl Limits {
+    /// The limits a login negotiated.
+    pub fn from_params(p: &SessionParams) -> Limits {
+        Limits {
+            target_mrdsl: p.target_max_recv_data_segment_length,
+            our_mrdsl: p.initiator_max_recv_data_segment_length,
+            first_burst: p.first_burst_length,
+            max_burst: p.max_burst_length,
+            immediate_data: p.immediate_data,
+            initial_r2t: p.initial_r2t,
+        }
+    }
+
+    /// For a write of `len` bytes: how many go as immediate data in the
+    /// command PDU, and where the unsolicited Data-Out sequence ends.
+    pub fn unsolicited(&self, len: usize) -> (usize, usize) {
+        let first = (self.first_burst as usize).min(len);
+        let immediate = if self.immediate_data {
+            first.min(self.target_mrdsl as usize)
+        } else {
+            0
+        };
+        let end = if self.initial_r2t { immediate } else { first };
+        (immediate, end)
+    }
+}
+
+/// One Data-Out PDU to send: its header and the slice of the write buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataOutPdu {
+    /// The header.
+    pub header: DataOut,
+    /// Bytes of the command's buffer it carries.
+    pub range: Range<usize>,
+}
+
+/// Cuts `range` of a write buffer into Data-Out PDUs of at most `mrdsl`
+/// bytes: one sequence (DataSN from 0, F bit on the last), answering the
+/// R2T with `ttt` (0xffffffff for unsolicited data).
+pub fn data_out_sequence(
+    itt: u32,
+    lun: Lun,
+    ttt: u32,
+    range: Range<usize>,
+    mrdsl: u32,
+    exp_stat_sn: u32,
+) -> Vec<DataOutPdu> {
+    let step = (mrdsl as usize).max(512);
+    let mut out = Vec::new();
+    let mut at = range.start;
+    let mut data_sn = 0u32;
+    while at < range.end {
+        let end = (at + step).min(range.end);
+        out.push(DataOutPdu {
+            header: DataOut {
+                final_bit: end == range.end,
+                lun,
+                itt,
+                ttt,
+                exp_stat_sn,
+                data_sn,
+                buffer_offset: at as u32,
+            },
+            range: at..end,
+        });
+        data_sn = data_sn.wrapping_add(1);
+        at = end;
+    }
+    out
+}
+
+/// How a SCSI command ended, as the target reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiOutcome {
+    /// iSCSI Response (0 = command completed at target).
+    pub response: u8,
+    /// SCSI status.
+    pub status: u8,
+    /// Residual underflow: this many bytes were not transferred.
+    pub underflow: Option<u32>,
+    /// Residual overflow: the command wanted this many more bytes.
+    pub overflow: Option<u32>,
+    /// The SCSI Response data segment (SenseLength + sense), if any.
+    pub sense_segment: Vec<u8>,
+    /// Data-In bytes received.
+    pub data_in: u64,
+    /// The read buffer, handed back.
+    pub buf: Option<Vec<u8>>,
+}
+
+/// How a task ended.
+#[derive(Debug)]
+pub enum TaskResult {
+    /// A SCSI command completed (any status).
+    Scsi(ScsiOutcome),
+    /// A task management function answered.
+    Tmf(TmfResponse),
+    /// A NOP-Out ping answered.
+    Nop,
+    /// The logout answered.
+    Logout(LogoutResponseCode),
+    /// The command was aborted by a task management function.
+    Aborted {
+        /// The read buffer, handed back.
+        buf: Option<Vec<u8>>,
+    },
+    /// The target broke the protocol for this task; the message says how.
+    Failed {
+        /// What went wrong.
+        reason: String,
+        /// The read buffer, handed back.
+        buf: Option<Vec<u8>>,
+    },
+}
+
+/// What the engine asks the shell to do.
+#[derive(Debug)]
+pub enum Event<T> {
+    /// Give this R2T to the task's owner, who sends the Data-Out.
+    R2t {
+        /// The owner of the task.
+        owner: T,
+        /// The R2T.
+        r2t: R2t,
+    },
+    /// The task is over and removed from the table.
+    Complete {
+        /// The owner of the task.
+        owner: T,
+        /// How it ended.
+        result: TaskResult,
+    },
+    /// Send this PDU (a NOP-Out answering a target ping).
+    Send(Pdu),
+    /// The target asked for the connection or session to end (Async
+    /// Message): the shell should recover or log out.
+    Drop(String),
+}
+
+/// Where the data of a Data-In PDU goes.
+#[derive(Debug)]
+pub enum Placement {
+    /// Read it into `buf[range]`, then call [`Engine::data_in_end`].
+    Into {
+        /// The task's buffer, lent for the read.
+        buf: Vec<u8>,
+        /// Where in it.
+        range: Range<usize>,
+    },
+    /// No live task wants it (aborted or unknown): read and drop it.
+    Discard,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Scsi {
+        expected_in: usize,
+        expected_out: usize,
+        received: u64,
+        next_data_sn: u32,
+        buf: Option<Vec<u8>>,
+        lent: bool,
+    },
+    Tmf {
+        function: TmfFunction,
+        referenced: u32,
+        lun: u16,
+    },
+    Nop,
+    Logout,
+}
+
+#[derive(Debug)]
+struct Task<T> {
+    owner: T,
+    lun: u16,
+    cmd_sn: u32,
+    kind: Kind,
+}
+
+/// A command in flight, as [`Engine::in_flight`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskInfo {
+    /// Initiator Task Tag.
+    pub itt: u32,
+    /// LUN.
+    pub lun: u16,
+    /// CmdSN it was sent with.
+    pub cmd_sn: u32,
+}
+
+/// The session's sequence numbers and task table.
+#[derive(Debug)]
+pub struct Engine<T> {
+    generation: u64,
+    limits: Limits,
+    cmd_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    exp_stat_sn: u32,
+    next_itt: u32,
+    tasks: HashMap<u32, Task<T>>,
+}
+
+impl<T: Clone> Engine<T> {
+    /// An engine for a connection that just logged in: `cmd_sn` is the next
+    /// CmdSN to use, `stat_sn` the last StatSN received.
+    pub fn new(
+        generation: u64,
+        limits: Limits,
+        cmd_sn: u32,
+        exp_cmd_sn: u32,
+        max_cmd_sn: u32,
+        stat_sn: u32,
+    ) -> Self {
+        Engine {
+            generation,
+            limits,
+            cmd_sn,
+            exp_cmd_sn,
+            max_cmd_sn,
+            exp_stat_sn: stat_sn.wrapping_add(1),
+            next_itt: 0x1000,
+            tasks: HashMap::new(),
+        }
+    }
+
+    /// Which connection this engine belongs to.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The negotiated limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The next StatSN expected (ExpStatSN of outgoing PDUs).
+    pub fn exp_stat_sn(&self) -> u32 {
+        self.exp_stat_sn
+    }
+
+    /// The CmdSN the next command gets, and the window's upper end.
+    pub fn window(&self) -> (u32, u32) {
+        (self.cmd_sn, self.max_cmd_sn)
+    }
+
+    /// Whether a non-immediate command may be sent now.
+    pub fn window_open(&self) -> bool {
+        sn_le(self.cmd_sn, self.max_cmd_sn)
+    }
+
+    /// Commands in flight (SCSI tasks only).
+    pub fn in_flight(&self) -> Vec<TaskInfo> {
+        let mut v: Vec<TaskInfo> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| matches!(t.kind, Kind::Scsi { .. }))
+            .map(|(itt, t)| TaskInfo {
+                itt: *itt,
+                lun: t.lun,
+                cmd_sn: t.cmd_sn,
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            if sn_lt(a.cmd_sn, b.cmd_sn) {
+                std::cmp::Ordering::Less
+            } else {
+                std::cmp::Ordering::Greater
+            }
+        });
+        v
+    }
+
+    /// Number of tasks of any kind in the table.
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    fn alloc_itt(&mut self) -> u32 {
+        loop {
+            let itt = self.next_itt;
+            self.next_itt = self.next_itt.wrapping_add(1);
+            if itt != RESERVED_TAG && !self.tasks.contains_key(&itt) {
+                return itt;
+            }
+        }
+    }
+
+    /// Registers a SCSI command and returns its header. `read_buf` receives
+    /// Data-In (its length is the expected read length); `write_len` is the
+    /// length of the data to send. The caller must have checked
+    /// [`Engine::window_open`]. `immediate_len` bytes go in the PDU itself
+    /// and `final_bit` says whether unsolicited Data-Out follows.
+    pub fn start_scsi(
+        &mut self,
+        lun: u16,
+        cdb: &[u8; 16],
+        read_buf: Option<Vec<u8>>,
+        write_len: usize,
+        owner: T,
+    ) -> (u32, ScsiCommand, usize, usize) {
+        let itt = self.alloc_itt();
+        let cmd_sn = self.cmd_sn;
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        let expected_in = read_buf.as_ref().map_or(0, Vec::len);
+        let (immediate, unsolicited_end) = self.limits.unsolicited(write_len);
+        let header = ScsiCommand {
+            immediate: false,
+            final_bit: unsolicited_end == immediate,
+            read: expected_in > 0,
+            write: write_len > 0,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(lun),
+            itt,
+            expected_data_transfer_length: if write_len > 0 {
+                write_len as u32
+            } else {
+                expected_in as u32
+            },
+            cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            cdb: *cdb,
+        };
+        self.tasks.insert(
+            itt,
+            Task {
+                owner,
+                lun,
+                cmd_sn,
+                kind: Kind::Scsi {
+                    expected_in,
+                    expected_out: write_len,
+                    received: 0,
+                    next_data_sn: 0,
+                    buf: read_buf,
+                    lent: false,
+                },
+            },
+        );
+        (itt, header, immediate, unsolicited_end)
+    }
+
+    /// Registers a task management request (sent immediate).
+    pub fn start_tmf(
+        &mut self,
+        function: TmfFunction,
+        lun: u16,
+        referenced: Option<u32>,
+        owner: T,
+    ) -> TaskMgmtRequest {
+        let itt = self.alloc_itt();
+        let (referenced_task_tag, ref_cmd_sn) =
+            match referenced.and_then(|r| self.tasks.get(&r).map(|t| (r, t.cmd_sn))) {
+                Some((r, sn)) => (r, sn),
+                None => (referenced.unwrap_or(RESERVED_TAG), self.cmd_sn),
+            };
+        self.tasks.insert(
+            itt,
+            Task {
+                owner,
+                lun,
+                cmd_sn: self.cmd_sn,
+                kind: Kind::Tmf {
+                    function,
+                    referenced: referenced_task_tag,
+                    lun,
+                },
+            },
+        );
+        TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: Lun::from_index(lun),
+            itt,
+            referenced_task_tag: if function == TmfFunction::AbortTask {
+                referenced_task_tag
+            } else {
+                RESERVED_TAG
+            },
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            ref_cmd_sn,
+            exp_data_sn: 0,
+        }
+    }
+
+    /// Registers a keepalive NOP-Out that expects a NOP-In (immediate).
+    pub fn start_ping(&mut self, owner: T) -> NopOut {
+        let itt = self.alloc_itt();
+        self.tasks.insert(
+            itt,
+            Task {
+                owner,
+                lun: 0,
+                cmd_sn: self.cmd_sn,
+                kind: Kind::Nop,
+            },
+        );
+        NopOut {
+            immediate: true,
+            lun: Lun::default(),
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+        }
+    }
+
+    /// Registers a logout of the whole session (sent immediate).
+    pub fn start_logout(&mut self, owner: T) -> LogoutRequest {
+        let itt = self.alloc_itt();
+        self.tasks.insert(
+            itt,
+            Task {
+                owner,
+                lun: 0,
+                cmd_sn: self.cmd_sn,
+                kind: Kind::Logout,
+            },
+        );
+        LogoutRequest {
+            immediate: true,
+            reason: LogoutReason::CloseSession,
+            itt,
+            cid: 0,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+        }
+    }
+
+    /// Forgets a task whose owner went away before it was sent.
+    pub fn forget(&mut self, itt: u32) {
+        self.tasks.remove(&itt);
+    }
+
+    /// Removes every task (the connection is gone) and returns their owners
+    /// with the read buffers they lent.
+    pub fn drain(&mut self) -> Vec<(T, Option<Vec<u8>>)> {
+        self.tasks
+            .drain()
+            .map(|(_, t)| {
+                let buf = match t.kind {
+                    Kind::Scsi { buf, .. } => buf,
+                    _ => None,
+                };
+                (t.owner, buf)
+            })
+            .collect()
+    }
+
+    fn update_sn(&mut self, stat_sn: Option<u32>, exp_cmd_sn: u32, max_cmd_sn: u32) -> bool {
+        if let Some(s) = stat_sn {
+            if !sn_lt(s, self.exp_stat_sn.wrapping_sub(1)) {
+                self.exp_stat_sn = s.wrapping_add(1);
+            }
+        }
+        // RFC 7143 4.2.2.1: ignore the pair when MaxCmdSN < ExpCmdSN - 1.
+        if sn_lt(max_cmd_sn, exp_cmd_sn.wrapping_sub(1)) {
+            return false;
+        }
+        let mut opened = false;
+        if sn_gt(exp_cmd_sn, self.exp_cmd_sn) {
+            self.exp_cmd_sn = exp_cmd_sn;
+        }
+        if sn_gt(max_cmd_sn, self.max_cmd_sn) {
+            self.max_cmd_sn = max_cmd_sn;
+            opened = true;
+        }
+        opened
+    }
+
+    /// Takes the header of a Data-In PDU carrying `len` data bytes and says
+    /// where its data goes. Errors are protocol violations that end the task
+    /// (returned as a completion event) or the connection.
+    pub fn data_in_begin(&mut self, d: &DataIn, len: usize) -> (Placement, Vec<Event<T>>) {
+        let mut events = Vec::new();
+        let Some(task) = self.tasks.get_mut(&d.itt) else {
+            return (Placement::Discard, events);
+        };
+        let Kind::Scsi {
+            expected_in,
+            next_data_sn,
+            buf,
+            lent,
+            ..
+        } = &mut task.kind
+        else {
+            return (Placement::Discard, events);
+        };
+        let start = d.buffer_offset as usize;
+        let fail = if d.data_sn != *next_data_sn {
+            Some(format!(
+                "Data-In DataSN {} where {} was expected (ITT {:#x})",
+                d.data_sn, next_data_sn, d.itt
+            ))
+        } else if start + len > *expected_in {
+            Some(format!(
+                "Data-In at offset {start} with {len} bytes overruns the {expected_in}-byte read buffer (ITT {:#x})",
+                d.itt
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = fail {
+            let task = self.tasks.remove(&d.itt).expect("present");
+            let buf = match task.kind {
+                Kind::Scsi { buf, .. } => buf,
+                _ => None,
+            };
+            events.push(Event::Complete {
+                owner: task.owner,
+                result: TaskResult::Failed { reason, buf },
+            });
+            return (Placement::Discard, events);
+        }
+        *next_data_sn = next_data_sn.wrapping_add(1);
+        match buf.take() {
+            Some(b) if len > 0 => {
+                *lent = true;
+                (
+                    Placement::Into {
+                        buf: b,
+                        range: start..start + len,
+                    },
+                    events,
+                )
+            }
+            other => {
+                *buf = other;
+                (Placement::Discard, events)
+            }
+        }
+    }
+
+    /// Ends a Data-In PDU: takes back the lent buffer (None when no data
+    /// was placed), counts the bytes and, with the S bit, completes the task.
+    pub fn data_in_end(
+        &mut self,
+        d: &DataIn,
+        lent_back: Option<Vec<u8>>,
+        len: usize,
+    ) -> Vec<Event<T>> {
+        let mut events = Vec::new();
+        let opened = self.update_sn(d.status.map(|_| d.stat_sn), d.exp_cmd_sn, d.max_cmd_sn);
+        let _ = opened;
+        let Some(task) = self.tasks.get_mut(&d.itt) else {
+            return events;
+        };
+        if let Kind::Scsi {
+            received,
+            buf,
+            lent,
+            ..
+        } = &mut task.kind
+        {
+            if let Some(b) = lent_back {
+                *buf = Some(b);
+                *lent = false;
+            }
+            *received += len as u64;
+        }
+        if let Some(status) = d.status {
+            let task = self.tasks.remove(&d.itt).expect("present");
+            let (buf, received) = match task.kind {
+                Kind::Scsi { buf, received, .. } => (buf, received),
+                _ => (None, 0),
+            };
+            events.push(Event::Complete {
+                owner: task.owner,
+                result: TaskResult::Scsi(ScsiOutcome {
+                    response: 0,
+                    status,
+                    underflow: d.underflow.then_some(d.residual_count),
+                    overflow: d.overflow.then_some(d.residual_count),
+                    sense_segment: Vec::new(),
+                    data_in: received,
+                    buf,
+                }),
+            });
+        }
+        events
+    }
+
+    /// Whether the last call changed MaxCmdSN is not tracked here; the shell
+    /// compares [`Engine::window`] before and after.
+    ///
+    /// Takes any PDU from the target other than Data-In.
+    pub fn receive(&mut self, pdu: Pdu) -> Vec<Event<T>> {
+        let mut events = Vec::new();
+        match pdu.bhs {
+            Bhs::ScsiResponse(r) => {
+                self.update_sn(Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn);
+                self.scsi_response(r, pdu.data.to_vec(), &mut events);
+            }
+            Bhs::R2t(r) => {
+                self.update_sn(None, r.exp_cmd_sn, r.max_cmd_sn);
+                match self.tasks.get(&r.itt) {
+                    Some(Task {
+                        kind: Kind::Scsi { expected_out, .. },
+                        owner,
+                        ..
+                    }) => {
+                        let end =
+                            r.buffer_offset as u64 + u64::from(r.desired_data_transfer_length);
+                        if end > *expected_out as u64
+                            || r.desired_data_transfer_length > self.limits.max_burst
+                        {
+                            let reason = format!(
+                                "R2T for {} bytes at offset {} is outside the {}-byte write or above MaxBurstLength {}",
+                                r.desired_data_transfer_length,
+                                r.buffer_offset,
+                                expected_out,
+                                self.limits.max_burst
+                            );
+                            let task = self.tasks.remove(&r.itt).expect("present");
+                            events.push(Event::Complete {
+                                owner: task.owner,
+                                result: TaskResult::Failed { reason, buf: None },
+                            });
+                        } else {
+                            events.push(Event::R2t {
+                                owner: owner.clone(),
+                                r2t: r,
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Bhs::NopIn(n) => {
+                self.update_sn(
+                    (n.itt != RESERVED_TAG).then_some(n.stat_sn),
+                    n.exp_cmd_sn,
+                    n.max_cmd_sn,
+                );
+                self.nop_in(n, &mut events);
+            }
+            Bhs::TaskMgmtResponse(t) => {
+                self.update_sn(Some(t.stat_sn), t.exp_cmd_sn, t.max_cmd_sn);
+                if let Some(task) = self.tasks.remove(&t.itt) {
+                    if let Kind::Tmf {
+                        function,
+                        referenced,
+                        lun,
+                    } = task.kind
+                    {
+                        if t.response == TmfResponse::FunctionComplete {
+                            self.aborted_by(function, referenced, lun, &mut events);
+                        }
+                    }
+                    events.push(Event::Complete {
+                        owner: task.owner,
+                        result: TaskResult::Tmf(t.response),
+                    });
+                }
+            }
+            Bhs::LogoutResponse(l) => {
+                self.update_sn(Some(l.stat_sn), l.exp_cmd_sn, l.max_cmd_sn);
+                if let Some(task) = self.tasks.remove(&l.itt) {
+                    events.push(Event::Complete {
+                        owner: task.owner,
+                        result: TaskResult::Logout(l.response),
+                    });
+                }
+            }
+            Bhs::AsyncMessage(a) => {
+                self.update_sn(Some(a.stat_sn), a.exp_cmd_sn, a.max_cmd_sn);
+                use blockwire_pdu::pdu::codes::AsyncEvent;
+                match a.event {
+                    AsyncEvent::LogoutRequest
+                    | AsyncEvent::ConnectionDrop
+                    | AsyncEvent::SessionDrop => {
+                        events.push(Event::Drop(format!(
+                            "target sent async event: {}",
+                            a.event.name()
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+            Bhs::Reject(r) => {
+                self.update_sn(Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn);
+                // The data segment holds the rejected header; its ITT names the task.
+                let itt = pdu
+                    .data
+                    .get(16..20)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                if let Some(task) = itt.and_then(|itt| self.tasks.remove(&itt)) {
+                    let buf = match task.kind {
+                        Kind::Scsi { buf, .. } => buf,
+                        _ => None,
+                    };
+                    events.push(Event::Complete {
+                        owner: task.owner,
+                        result: TaskResult::Failed {
+                            reason: format!("target rejected the PDU: {}", r.reason.name()),
+                            buf,
+                        },
+                    });
+                }
+            }
+            Bhs::TextResponse(t) => {
+                self.update_sn(Some(t.stat_sn), t.exp_cmd_sn, t.max_cmd_sn);
+            }
+            other => {
+                events.push(Event::Drop(format!(
+                    "unexpected {:?} PDU from the target in full feature phase",
+                    other.opcode()
+                )));
+            }
+        }
+        events
+    }
+
+    fn scsi_response(&mut self, r: ScsiResponse, data: Vec<u8>, events: &mut Vec<Event<T>>) {
+        let Some(task) = self.tasks.remove(&r.itt) else {
+            return;
+        };
+        let (buf, received) = match task.kind {
+            Kind::Scsi { buf, received, .. } => (buf, received),
+            _ => (None, 0),
+        };
+        events.push(Event::Complete {
+            owner: task.owner,
+            result: TaskResult::Scsi(ScsiOutcome {
+                response: r.response.to_u8(),
+                status: r.status,
+                underflow: r.underflow.then_some(r.residual_count),
+                overflow: r.overflow.then_some(r.residual_count),
+                sense_segment: data,
+                data_in: received,
+                buf,
+            }),
+        });
+    }
+
+    fn nop_in(&mut self, n: NopIn, events: &mut Vec<Event<T>>) {
+        if n.itt != RESERVED_TAG {
+            if let Some(task) = self.tasks.remove(&n.itt) {
+                events.push(Event::Complete {
+                    owner: task.owner,
+                    result: TaskResult::Nop,
+                });
+            }
+        }
+        if n.ttt != RESERVED_TAG {
+            // A ping from the target: answer with its TTT (RFC 7143 11.18).
+            events.push(Event::Send(Pdu::new(Bhs::NopOut(NopOut {
+                immediate: true,
+                lun: n.lun,
+                itt: RESERVED_TAG,
+                ttt: n.ttt,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: self.exp_stat_sn,
+            }))));
+        }
+    }
+
+    fn aborted_by(
+        &mut self,
+        function: TmfFunction,
+        referenced: u32,
+        lun: u16,
+        events: &mut Vec<Event<T>>,
+    ) {
+        let victims: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(itt, t)| {
+                matches!(t.kind, Kind::Scsi { .. })
+                    && match function {
+                        TmfFunction::AbortTask => **itt == referenced,
+                        TmfFunction::AbortTaskSet
+                        | TmfFunction::ClearTaskSet
+                        | TmfFunction::LogicalUnitReset => t.lun == lun,
+                        TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => true,
+                        _ => false,
+                    }
+            })
+            .map(|(itt, _)| *itt)
+            .collect();
+        for itt in victims {
+            let task = self.tasks.remove(&itt).expect("present");
+            let buf = match task.kind {
+                Kind::Scsi { buf, .. } => buf,
+                _ => None,
+            };
+            events.push(Event::Complete {
+                owner: task.owner,
+                result: TaskResult::Aborted { buf },
+            });
+        }
+    }
+
+    /// Updates the window from any target PDU's ExpCmdSN/MaxCmdSN fields;
+    /// true when MaxCmdSN moved forward.
+    pub fn note_window(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) -> bool {
+        self.update_sn(None, exp_cmd_sn, max_cmd_sn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockwire_pdu::pdu::codes::ServiceResponse;
+
+    fn limits() -> Limits {
+        Limits {
+            target_mrdsl: 8192,
+            our_mrdsl: 262144,
+            first_burst: 65536,
+            max_burst: 262144,
+            immediate_data: true,
+            initial_r2t: false,
+        }
+    }
+
+    fn engine() -> Engine<u32> {
+        Engine::new(1, limits(), 10, 10, 12, 99)
+    }
+
+    #[test]
+    fn unsolicited_split() {
+        let l = limits();
+        assert_eq!(l.unsolicited(4096), (4096, 4096));
+        assert_eq!(l.unsolicited(100_000), (8192, 65536));
+        let l2 = Limits {
+            initial_r2t: true,
+            immediate_data: false,
+            ..l
+        };
+        assert_eq!(l2.unsolicited(100_000), (0, 0));
+    }
+
+    #[test]
+    fn data_out_sequence_covers_range() {
+        let pdus = data_out_sequence(7, Lun::from_index(0), 5, 8192..30000, 8192, 3);
+        assert_eq!(pdus.len(), 3);
+        assert_eq!(pdus[0].range, 8192..16384);
+        assert_eq!(pdus[2].range, 24576..30000);
+        assert!(pdus[2].header.final_bit && !pdus[0].header.final_bit);
+        assert_eq!(pdus[2].header.data_sn, 2);
+        assert_eq!(pdus[1].header.buffer_offset, 16384);
+    }
+
+    #[test]
+    fn window_and_completion() {
+        let mut e = engine();
+        let cdb = [0u8; 16];
+        assert!(e.window_open());
+        let (itt1, h1, ..) = e.start_scsi(0, &cdb, None, 0, 1);
+        let (_itt2, h2, ..) = e.start_scsi(0, &cdb, None, 0, 2);
+        let (_itt3, _, ..) = e.start_scsi(0, &cdb, None, 0, 3);
+        assert_eq!((h1.cmd_sn, h2.cmd_sn), (10, 11));
+        assert_eq!(h1.exp_stat_sn, 100);
+        assert!(!e.window_open(), "CmdSN 13 is beyond MaxCmdSN 12");
+        let resp = ScsiResponse {
+            bidi_read_overflow: false,
+            bidi_read_underflow: false,
+            overflow: false,
+            underflow: false,
+            response: ServiceResponse::CommandCompleted,
+            status: 0,
+            itt: itt1,
+            snack_tag: 0,
+            stat_sn: 100,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+            exp_data_sn: 0,
+            bidi_read_residual_count: 0,
+            residual_count: 0,
+        };
+        let ev = e.receive(Pdu::new(Bhs::ScsiResponse(resp)));
+        assert!(matches!(
+            ev[..],
+            [Event::Complete {
+                owner: 1,
+                result: TaskResult::Scsi(_)
+            }]
+        ));
+        assert!(e.window_open());
+        assert_eq!(e.exp_stat_sn(), 101);
+        // A stale window update is ignored.
+        e.note_window(5, 3);
+        assert_eq!(e.window(), (13, 20));
+    }
+
+    #[test]
+    fn data_in_is_placed_and_checked() {
+        let mut e = engine();
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 1000]), 0, 1);
+        let d = |sn: u32, off: u32, status: Option<u8>| DataIn {
+            final_bit: status.is_some(),
+            acknowledge: false,
+            overflow: false,
+            underflow: false,
+            status,
+            lun: Lun::default(),
+            itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 100,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+            data_sn: sn,
+            buffer_offset: off,
+            residual_count: 0,
+        };
+        let (p, ev) = e.data_in_begin(&d(0, 0, None), 500);
+        assert!(ev.is_empty());
+        let Placement::Into { mut buf, range } = p else {
+            panic!("placed")
+        };
+        assert_eq!(range, 0..500);
+        buf[..500].fill(7);
+        assert!(e.data_in_end(&d(0, 0, None), Some(buf), 500).is_empty());
+        let (p, _) = e.data_in_begin(&d(1, 500, Some(0)), 500);
+        let Placement::Into { buf, .. } = p else {
+            panic!("placed")
+        };
+        let ev = e.data_in_end(&d(1, 500, Some(0)), Some(buf), 500);
+        match &ev[..] {
+            [Event::Complete {
+                result: TaskResult::Scsi(o),
+                ..
+            }] => {
+                assert_eq!(o.data_in, 1000);
+                assert_eq!(o.buf.as_ref().unwrap()[0], 7);
+            }
+            other => panic!("{other:?}"),
+        }
+        // An overrun fails the task.
+        let (itt2, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 10]), 0, 2);
+        let mut bad = d(0, 8, None);
+        bad.itt = itt2;
+        let (p, ev) = e.data_in_begin(&bad, 4);
+        assert!(matches!(p, Placement::Discard));
+        assert!(matches!(
+            ev[..],
+            [Event::Complete {
+                owner: 2,
+                result: TaskResult::Failed { .. }
+            }]
+        ));
+    }
+
+    #[test]
+    fn abort_completes_the_victim() {
+        let mut e = engine();
+        let (victim, ..) = e.start_scsi(3, &[0; 16], None, 0, 1);
+        let req = e.start_tmf(TmfFunction::AbortTask, 3, Some(victim), 2);
+        assert_eq!(req.ref_cmd_sn, 10);
+        let resp = blockwire_pdu::pdu::TaskMgmtResponse {
+            response: TmfResponse::FunctionComplete,
+            itt: req.itt,
+            stat_sn: 100,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+        };
+        let ev = e.receive(Pdu::new(Bhs::TaskMgmtResponse(resp)));
+        assert_eq!(ev.len(), 2);
+        assert!(matches!(
+            ev[0],
+            Event::Complete {
+                owner: 1,
+                result: TaskResult::Aborted { .. }
+            }
+        ));
+        assert!(matches!(
+            ev[1],
+            Event::Complete {
+                owner: 2,
+                result: TaskResult::Tmf(TmfResponse::FunctionComplete)
+            }
+        ));
+        assert_eq!(e.task_count(), 0);
+    }
+
+    #[test]
+    fn target_ping_is_answered() {
+        let mut e = engine();
+        let ev = e.receive(Pdu::new(Bhs::NopIn(NopIn {
+            lun: Lun::default(),
+            itt: RESERVED_TAG,
+            ttt: 0x55,
+            stat_sn: 100,
+            exp_cmd_sn: 10,
+            max_cmd_sn: 12,
+        })));
+        match &ev[..] {
+            [Event::Send(p)] => match p.bhs {
+                Bhs::NopOut(n) => assert_eq!((n.ttt, n.itt), (0x55, RESERVED_TAG)),
+                _ => panic!(),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+}

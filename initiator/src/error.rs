@@ -1,0 +1,181 @@
+//! Errors of the initiator library.
+
+use blockwire_pdu::chap::ChapError;
+use blockwire_pdu::keys::{NegotiationError, TextError};
+use blockwire_pdu::pdu::codes::TmfResponse;
+use blockwire_pdu::scsi::{ScsiStatus, Sense};
+use blockwire_pdu::{DecodeError, LoginStatus};
+
+/// A SCSI command that completed with a status other than GOOD.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", describe(self))]
+pub struct ScsiError {
+    /// The LUN the command addressed.
+    pub lun: u16,
+    /// The CDB's operation code.
+    pub opcode: u8,
+    /// The SCSI status.
+    pub status: ScsiStatus,
+    /// Sense data, when the target sent any (CHECK CONDITION).
+    pub sense: Option<Sense>,
+}
+
+impl ScsiError {
+    /// The sense key, ASC and ASCQ, when there is sense data.
+    pub fn sense_code(&self) -> Option<(blockwire_pdu::scsi::SenseKey, u8, u8)> {
+        self.sense.as_ref().map(|s| (s.key, s.asc, s.ascq))
+    }
+}
+
+fn describe(e: &ScsiError) -> String {
+    let status = e
+        .status
+        .name()
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("status {:#04x}", e.status.0));
+    let mut s = format!(
+        "SCSI command {:#04x} on LUN {} failed with {}",
+        e.opcode, e.lun, status
+    );
+    if let Some(sense) = &e.sense {
+        let asc = blockwire_pdu::scsi::asc_name(sense.asc, sense.ascq).unwrap_or("unknown ASC");
+        s.push_str(&format!(
+            ": sense key {} ({:#x}), ASC/ASCQ {:02x}h/{:02x}h {}",
+            sense.key.name(),
+            sense.key.code(),
+            sense.asc,
+            sense.ascq,
+            asc
+        ));
+    }
+    s
+}
+
+/// Everything that can go wrong in the initiator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A socket operation failed.
+    #[error("{context}: {cause}")]
+    Io {
+        /// What was being done (names the portal).
+        context: String,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// A bounded wait ran out.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The target sent bytes that are not a valid PDU.
+    #[error("malformed PDU from the target: {0}")]
+    Decode(#[from] DecodeError),
+    /// The target broke the protocol (unexpected PDU, bad sequence, ...).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The target refused the login.
+    #[error(
+        "login to {target} at {portal} refused: {status}{hint}",
+        hint = login_hint(*status)
+    )]
+    LoginRejected {
+        /// Target name (or "discovery").
+        target: String,
+        /// The portal.
+        portal: String,
+        /// Status class and detail from the Login Response.
+        status: LoginStatus,
+    },
+    /// Login key negotiation failed.
+    #[error("login negotiation with {target} failed: {cause}")]
+    Negotiation {
+        /// Target name (or "discovery").
+        target: String,
+        /// The rule that broke.
+        cause: NegotiationError,
+    },
+    /// A text segment could not be parsed.
+    #[error("bad key=value text from the target: {0}")]
+    Text(#[from] TextError),
+    /// CHAP failed on our side (e.g. the target's mutual answer is wrong).
+    #[error("CHAP authentication with {target} failed: {cause}; check the user names and secrets")]
+    Chap {
+        /// Target name (or "discovery").
+        target: String,
+        /// What failed.
+        cause: ChapError,
+    },
+    /// The configuration cannot be used.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A SCSI command failed (CHECK CONDITION and friends).
+    #[error(transparent)]
+    Scsi(#[from] ScsiError),
+    /// The target answered with a non-zero iSCSI service response.
+    #[error("target failure executing the command on LUN {lun} (iSCSI response {response:#04x})")]
+    TargetFailure {
+        /// LUN.
+        lun: u16,
+        /// The iSCSI Response field.
+        response: u8,
+    },
+    /// The command was aborted by task management before it completed.
+    #[error("command aborted by task management on LUN {lun}")]
+    Aborted {
+        /// LUN.
+        lun: u16,
+    },
+    /// A task management function was not carried out.
+    #[error("task management {function} on LUN {lun} failed: {}", response.name())]
+    Tmf {
+        /// The function's name.
+        function: &'static str,
+        /// LUN.
+        lun: u16,
+        /// The target's answer.
+        response: TmfResponse,
+    },
+    /// The connection is gone and recovery gave up.
+    #[error("session with {target} lost and not recovered after {attempts} attempts: {reason}")]
+    SessionLost {
+        /// Target name.
+        target: String,
+        /// Login attempts made.
+        attempts: u32,
+        /// The last failure.
+        reason: String,
+    },
+    /// The session was logged out or closed.
+    #[error("session is closed")]
+    Closed,
+}
+
+fn login_hint(status: LoginStatus) -> &'static str {
+    match (status.class, status.detail) {
+        (2, 1) => "; check the CHAP user name, secret and algorithm",
+        (2, 2) => "; the target's ACL does not allow this initiator name",
+        (2, 3) => "; the target name is unknown at this portal (run discovery)",
+        (3, 1) | (3, 2) => "; retry later",
+        _ => "",
+    }
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, cause: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            cause,
+        }
+    }
+
+    /// True for errors after which a new login may succeed (lost connection,
+    /// timeouts, target temporarily unavailable).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Io { .. } | Error::Timeout(_) | Error::Decode(_) | Error::Protocol(_) => true,
+            Error::LoginRejected { status, .. } => status.class == 3 || status.class == 1,
+            _ => false,
+        }
+    }
+}
+
+/// Result with the initiator's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

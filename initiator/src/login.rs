@@ -1,0 +1,336 @@
+//! The initiator's side of login (RFC 7143 §6), without I/O.
+//!
+//! [`LoginMachine::start`] yields the first Login Request; each Login
+//! Response goes to [`LoginMachine::receive`], which answers with the next
+//! request or ends with the negotiated [`LoginOutcome`]. Keys are negotiated
+//! by `blockwire_pdu::keys::Negotiator`, CHAP by
+//! `blockwire_pdu::chap::ChapInitiator` (mutual CHAP verifies the target).
+//!
+//! Without authentication the first request declares AuthMethod=None and
+//! asks to move on to the operational stage at once, as open-iscsi does.
+
+use blockwire_pdu::chap::{ChapInitiator, InitiatorStep};
+use blockwire_pdu::keys::{
+    encode_text, AuthMethod, Negotiator, Phase, Role, SessionParams, TextAssembler, TextPairs,
+};
+use blockwire_pdu::pdu::{LoginRequest, LoginResponse};
+use blockwire_pdu::{Bhs, Pdu, Stage};
+
+use crate::config::{ChapConfig, InitiatorConfig};
+use crate::error::{Error, Result};
+
+/// What a finished login established.
+#[derive(Debug, Clone)]
+pub struct LoginOutcome {
+    /// The negotiated parameters.
+    pub params: SessionParams,
+    /// The session handle the target assigned.
+    pub tsih: u16,
+    /// The next CmdSN to use.
+    pub cmd_sn: u32,
+    /// StatSN of the final Login Response.
+    pub stat_sn: u32,
+    /// ExpCmdSN of the final Login Response.
+    pub exp_cmd_sn: u32,
+    /// MaxCmdSN of the final Login Response.
+    pub max_cmd_sn: u32,
+    /// Whether the target proved its identity with mutual CHAP.
+    pub target_verified: bool,
+}
+
+/// What to do after a Login Response.
+#[derive(Debug)]
+pub enum LoginStep {
+    /// Send this Login Request and wait for the next response.
+    Send(Pdu),
+    /// The session is in the full feature phase.
+    Done(Box<LoginOutcome>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChapPhase {
+    /// Waiting for the target to accept AuthMethod=CHAP.
+    Method,
+    /// CHAP_A sent, waiting for the challenge.
+    Challenge,
+    /// Response sent; waiting for the stage change (and the target's proof).
+    Result,
+    /// Over.
+    Done,
+}
+
+/// One connection's login, driven by the caller.
+pub struct LoginMachine {
+    label: String,
+    negotiator: Negotiator,
+    chap: Option<(ChapInitiator, bool)>,
+    chap_phase: ChapPhase,
+    target_verified: bool,
+    stage: Stage,
+    isid: [u8; 6],
+    tsih: u16,
+    itt: u32,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+    assembler: TextAssembler,
+    fill: Box<dyn FnMut(&mut [u8]) + Send>,
+}
+
+impl std::fmt::Debug for LoginMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoginMachine")
+            .field("target", &self.label)
+            .field("stage", &self.stage)
+            .field("chap_phase", &self.chap_phase)
+            .finish()
+    }
+}
+
+impl LoginMachine {
+    /// A login of `config`'s initiator into `target` (None: a discovery
+    /// session) with `isid`/`tsih` (0 for a new session or a reinstatement),
+    /// starting at `cmd_sn`. `fill` supplies random bytes (CHAP challenges).
+    pub fn new(
+        config: &InitiatorConfig,
+        target: Option<&str>,
+        isid: [u8; 6],
+        tsih: u16,
+        cmd_sn: u32,
+        fill: Box<dyn FnMut(&mut [u8]) + Send>,
+    ) -> Result<LoginMachine> {
+        let label = target.unwrap_or("discovery").to_owned();
+        let chap_cfg: Option<&ChapConfig> = if target.is_some() {
+            config.chap.as_ref()
+        } else {
+            config.discovery_chap.as_ref()
+        };
+        let local = config.local_config(target, chap_cfg.is_some());
+        let negotiator =
+            Negotiator::new(Role::Initiator, local).map_err(|cause| Error::Negotiation {
+                target: label.clone(),
+                cause,
+            })?;
+        let chap = chap_cfg.map(|c| {
+            (
+                ChapInitiator::new(c.credential.clone(), c.algorithms.clone(), c.mutual.clone()),
+                c.mutual.is_some(),
+            )
+        });
+        Ok(LoginMachine {
+            label,
+            negotiator,
+            chap,
+            chap_phase: ChapPhase::Method,
+            target_verified: false,
+            stage: Stage::Security,
+            isid,
+            tsih,
+            itt: 0,
+            cmd_sn,
+            exp_stat_sn: 0,
+            assembler: TextAssembler::default(),
+            fill,
+        })
+    }
+
+    fn neg_err(&self, cause: blockwire_pdu::keys::NegotiationError) -> Error {
+        Error::Negotiation {
+            target: self.label.clone(),
+            cause,
+        }
+    }
+
+    fn request(&self, transit: bool, nsg: Stage, pairs: &TextPairs) -> Result<Pdu> {
+        let data = encode_text(pairs)?;
+        if data.len() > 8192 {
+            return Err(Error::Protocol(format!(
+                "login text of {} bytes exceeds 8192",
+                data.len()
+            )));
+        }
+        Ok(Pdu::with_data(
+            Bhs::LoginRequest(LoginRequest {
+                transit,
+                continue_bit: false,
+                csg: self.stage,
+                nsg: if transit { nsg } else { Stage::Security },
+                version_max: 0,
+                version_min: 0,
+                isid: self.isid,
+                tsih: self.tsih,
+                itt: self.itt,
+                cid: 0,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: self.exp_stat_sn,
+            }),
+            data,
+        ))
+    }
+
+    /// The first Login Request.
+    pub fn start(&mut self) -> Result<Pdu> {
+        let pairs = self
+            .negotiator
+            .offer(Phase::Security)
+            .map_err(|e| self.neg_err(e))?;
+        let with_chap = self.chap.is_some();
+        // Without CHAP, go straight on to the operational stage.
+        self.request(!with_chap, Stage::Operational, &pairs)
+    }
+
+    /// Takes one Login Response.
+    pub fn receive(&mut self, pdu: Pdu) -> Result<LoginStep> {
+        let Bhs::LoginResponse(r) = pdu.bhs else {
+            return Err(Error::Protocol(format!(
+                "expected a Login Response during login to {}, got {:?}",
+                self.label,
+                pdu.bhs.opcode()
+            )));
+        };
+        if !r.status.is_success() {
+            return Err(Error::LoginRejected {
+                target: self.label.clone(),
+                portal: String::new(),
+                status: r.status,
+            });
+        }
+        self.exp_stat_sn = r.stat_sn.wrapping_add(1);
+        if r.tsih != 0 {
+            self.tsih = r.tsih;
+        }
+        let Some(pairs) = self.assembler.push(&pdu.data, r.continue_bit)? else {
+            // More text follows: ask for it with an empty request.
+            return self
+                .request(false, Stage::Security, &Vec::new())
+                .map(LoginStep::Send);
+        };
+        match self.stage {
+            Stage::Security => self.security(r, pairs),
+            Stage::Operational => self.operational(r, pairs),
+            _ => Err(Error::Protocol(
+                "login response after the login ended".into(),
+            )),
+        }
+    }
+
+    fn security(&mut self, r: LoginResponse, pairs: TextPairs) -> Result<LoginStep> {
+        let got = self
+            .negotiator
+            .receive(Phase::Security, &pairs)
+            .map_err(|e| self.neg_err(e))?;
+        let mut out = got.answers;
+        let chap_pairs: TextPairs = got
+            .passthrough
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("CHAP_"))
+            .collect();
+        if let Some((chap, mutual)) = self.chap.as_mut() {
+            let mutual = *mutual;
+            let label = self.label.clone();
+            let chap_err = |cause| Error::Chap {
+                target: label.clone(),
+                cause,
+            };
+            match self.chap_phase {
+                ChapPhase::Method => {
+                    if self.negotiator.params().auth_method != AuthMethod::Chap {
+                        return Err(Error::Protocol(format!(
+                            "{} did not accept AuthMethod=CHAP",
+                            self.label
+                        )));
+                    }
+                    out.extend(chap.offer());
+                    self.chap_phase = ChapPhase::Challenge;
+                    return self
+                        .request(false, Stage::Operational, &out)
+                        .map(LoginStep::Send);
+                }
+                ChapPhase::Challenge => match chap.receive(&chap_pairs, &mut *self.fill) {
+                    Ok(InitiatorStep::Respond(resp)) => {
+                        out.extend(resp);
+                        self.chap_phase = ChapPhase::Result;
+                        return self
+                            .request(true, Stage::Operational, &out)
+                            .map(LoginStep::Send);
+                    }
+                    Ok(_) => {
+                        return Err(Error::Protocol(format!(
+                            "{} sent no CHAP challenge",
+                            self.label
+                        )))
+                    }
+                    Err(e) => return Err(chap_err(e)),
+                },
+                ChapPhase::Result => {
+                    if mutual {
+                        match chap.receive(&chap_pairs, &mut *self.fill) {
+                            Ok(InitiatorStep::TargetVerified) => self.target_verified = true,
+                            Ok(_) => {
+                                return Err(chap_err(blockwire_pdu::chap::ChapError::MutualMissing))
+                            }
+                            Err(e) => return Err(chap_err(e)),
+                        }
+                    }
+                    self.chap_phase = ChapPhase::Done;
+                }
+                ChapPhase::Done => {}
+            }
+        }
+        if !(r.transit && r.nsg != Stage::Security) {
+            // The target wants more security negotiation than we have.
+            return self
+                .request(true, Stage::Operational, &out)
+                .map(LoginStep::Send);
+        }
+        if r.nsg == Stage::FullFeature {
+            return self.finish(r);
+        }
+        self.stage = Stage::Operational;
+        out.extend(
+            self.negotiator
+                .offer(Phase::Operational)
+                .map_err(|e| self.neg_err(e))?,
+        );
+        self.request(true, Stage::FullFeature, &out)
+            .map(LoginStep::Send)
+    }
+
+    fn operational(&mut self, r: LoginResponse, pairs: TextPairs) -> Result<LoginStep> {
+        let got = self
+            .negotiator
+            .receive(Phase::Operational, &pairs)
+            .map_err(|e| self.neg_err(e))?;
+        if r.transit && r.nsg == Stage::FullFeature && got.answers.is_empty() {
+            return self.finish(r);
+        }
+        let mut out = got.answers;
+        out.extend(
+            self.negotiator
+                .offer(Phase::Operational)
+                .map_err(|e| self.neg_err(e))?,
+        );
+        self.request(true, Stage::FullFeature, &out)
+            .map(LoginStep::Send)
+    }
+
+    fn finish(&mut self, r: LoginResponse) -> Result<LoginStep> {
+        self.negotiator.finish().map_err(|e| self.neg_err(e))?;
+        if let Some((_, true)) = &self.chap {
+            if !self.target_verified {
+                return Err(Error::Chap {
+                    target: self.label.clone(),
+                    cause: blockwire_pdu::chap::ChapError::MutualMissing,
+                });
+            }
+        }
+        Ok(LoginStep::Done(Box::new(LoginOutcome {
+            params: self.negotiator.params().clone(),
+            tsih: self.tsih,
+            cmd_sn: self.cmd_sn,
+            stat_sn: r.stat_sn,
+            exp_cmd_sn: r.exp_cmd_sn,
+            max_cmd_sn: r.max_cmd_sn,
+            target_verified: self.target_verified,
+        })))
+    }
+}

@@ -1,0 +1,158 @@
+//! SCSI conveniences on a [`Session`]: INQUIRY, READ CAPACITY, REPORT
+//! LUNS, TEST UNIT READY, SYNCHRONIZE CACHE. CDBs and parameter data are
+//! `blockwire_pdu::scsi`'s.
+
+use blockwire_pdu::scsi::{
+    Cdb, CdbSize, Lun as ScsiLun, ReadCapacity10, ReadCapacity16, ReportLuns, Rw, StandardInquiry,
+    Vpd, VpdPage,
+};
+
+use crate::error::{Error, Result};
+use crate::session::{DataDir, Session};
+
+/// READ(16) or WRITE(16) CDB bytes.
+pub fn rw16(write: bool, lba: u64, blocks: u32, fua: bool) -> Vec<u8> {
+    let rw = Rw {
+        size: CdbSize::Sixteen,
+        lba,
+        length: blocks,
+        protect: 0,
+        dpo: false,
+        fua,
+        group: 0,
+    };
+    if write {
+        Cdb::Write(rw).encode()
+    } else {
+        Cdb::Read { rw, rarc: false }.encode()
+    }
+}
+
+/// A LUN's capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Number of logical blocks.
+    pub blocks: u64,
+    /// Logical block length in bytes.
+    pub block_size: u32,
+}
+
+impl Capacity {
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.blocks * u64::from(self.block_size)
+    }
+}
+
+fn bad_data(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Protocol(format!("malformed {what} data from the target: {e}"))
+}
+
+impl Session {
+    /// TEST UNIT READY.
+    pub async fn test_unit_ready(&self, lun: u16) -> Result<()> {
+        self.execute(lun, &Cdb::TestUnitReady.encode(), DataDir::None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Standard INQUIRY data.
+    pub async fn inquiry(&self, lun: u16) -> Result<StandardInquiry> {
+        let mut buf = vec![0u8; 255];
+        let cdb = Cdb::Inquiry {
+            evpd: false,
+            page_code: 0,
+            allocation_length: 255,
+        };
+        self.execute(lun, &cdb.encode(), DataDir::Read(&mut buf))
+            .await?;
+        StandardInquiry::decode(&buf).map_err(|e| bad_data("INQUIRY", e))
+    }
+
+    /// A VPD page (INQUIRY with EVPD).
+    pub async fn vpd(&self, lun: u16, page: u8) -> Result<Vpd> {
+        let mut buf = vec![0u8; 4096];
+        let cdb = Cdb::Inquiry {
+            evpd: true,
+            page_code: page,
+            allocation_length: 4096,
+        };
+        self.execute(lun, &cdb.encode(), DataDir::Read(&mut buf))
+            .await?;
+        Vpd::decode(&buf).map_err(|e| bad_data("VPD", e))
+    }
+
+    /// READ CAPACITY(16), falling back to READ CAPACITY(10).
+    pub async fn read_capacity(&self, lun: u16) -> Result<Capacity> {
+        let mut buf = vec![0u8; 32];
+        let cdb = Cdb::ReadCapacity16 {
+            lba: 0,
+            allocation_length: 32,
+            pmi: false,
+        };
+        match self
+            .execute(lun, &cdb.encode(), DataDir::Read(&mut buf))
+            .await
+        {
+            Ok(_) => {
+                let rc =
+                    ReadCapacity16::decode(&buf).map_err(|e| bad_data("READ CAPACITY(16)", e))?;
+                Ok(Capacity {
+                    blocks: rc.returned_lba + 1,
+                    block_size: rc.block_length,
+                })
+            }
+            Err(Error::Scsi(_)) => {
+                let mut buf = vec![0u8; 8];
+                let cdb = Cdb::ReadCapacity10 { lba: 0, pmi: false };
+                self.execute(lun, &cdb.encode(), DataDir::Read(&mut buf))
+                    .await?;
+                let rc =
+                    ReadCapacity10::decode(&buf).map_err(|e| bad_data("READ CAPACITY(10)", e))?;
+                Ok(Capacity {
+                    blocks: u64::from(rc.returned_lba) + 1,
+                    block_size: rc.block_length,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// REPORT LUNS (LUN 0 addressed): the single-level LUNs.
+    pub async fn report_luns(&self) -> Result<Vec<u16>> {
+        let mut buf = vec![0u8; 16 + 8 * 1024];
+        let cdb = Cdb::ReportLuns {
+            select_report: 0,
+            allocation_length: buf.len() as u32,
+        };
+        self.execute(0, &cdb.encode(), DataDir::Read(&mut buf))
+            .await?;
+        let rl = ReportLuns::decode(&buf).map_err(|e| bad_data("REPORT LUNS", e))?;
+        Ok(rl
+            .single_level()
+            .filter_map(|l| l.ok().map(ScsiLun::value))
+            .collect())
+    }
+
+    /// SYNCHRONIZE CACHE(10) of the whole LUN.
+    pub async fn synchronize_cache(&self, lun: u16) -> Result<()> {
+        let cdb = Cdb::SynchronizeCache {
+            size: CdbSize::Ten,
+            immed: false,
+            lba: 0,
+            blocks: 0,
+            group: 0,
+        };
+        self.execute(lun, &cdb.encode(), DataDir::None)
+            .await
+            .map(|_| ())
+    }
+}
+
+/// The unit serial number (VPD 80h) as text, when the page is there.
+pub fn serial_of(vpd: &Vpd) -> Option<String> {
+    match &vpd.page {
+        VpdPage::UnitSerialNumber(s) => Some(s.trim().to_owned()),
+        _ => None,
+    }
+}

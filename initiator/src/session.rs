@@ -1,0 +1,848 @@
+//! A normal session: the tokio shell around [`crate::engine::Engine`].
+//!
+//! - One reader task per connection decodes PDUs and feeds the engine;
+//!   Data-In goes straight from the socket into the command's buffer.
+//! - Each command runs in its caller's future: it takes a queue slot, waits
+//!   for the CmdSN window, sends its PDU (immediate data, unsolicited
+//!   Data-Out) under the writer lock, answers R2Ts from its own buffer and
+//!   waits for its status. Nothing of the caller's write data is copied.
+//! - A keepalive task pings an idle connection (NOP-Out) and declares it
+//!   dead when the ping goes unanswered.
+//! - When the connection is lost, every command in flight is told so; a
+//!   recovery task logs in again (same ISID, TSIH 0: session reinstatement
+//!   at ErrorRecoveryLevel 0) with bounded, backed-off retries, and the
+//!   commands re-issue themselves on the new connection.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use blockwire_pdu::keys::SessionParams;
+use blockwire_pdu::pdu::codes::{LogoutResponseCode, TmfFunction, TmfResponse};
+use blockwire_pdu::pdu::{R2t, RESERVED_TAG};
+use blockwire_pdu::scsi::{parse_sense_segment, ScsiStatus, Sense, SenseKey};
+use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::task::AbortHandle;
+
+use crate::config::InitiatorConfig;
+use crate::connect::{connect_login, normalize_portal, Connection};
+use crate::engine::{data_out_sequence, Engine, Event, Limits, Placement, TaskInfo, TaskResult};
+use crate::error::{Error, Result, ScsiError};
+use crate::isid::isid_for;
+use crate::wire::{is_data_in, write_pdu, write_whole, PduReader};
+
+/// The data phase of a command.
+#[derive(Debug)]
+pub enum DataDir<'a> {
+    /// No data.
+    None,
+    /// Data-In into this buffer; its length is the expected transfer
+    /// length. The buffer is lent to the connection while the command runs
+    /// (the target's data lands in it directly) and truncated to the bytes
+    /// received. If the command's future is dropped early the buffer is
+    /// lost (left empty).
+    Read(&'a mut Vec<u8>),
+    /// Data-Out from this slice.
+    Write(&'a [u8]),
+}
+
+/// Residual count of a completed command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residual {
+    /// Exactly the expected length moved.
+    None,
+    /// Fewer bytes moved than expected.
+    Underflow(u32),
+    /// The command wanted more bytes than the buffer held.
+    Overflow(u32),
+}
+
+/// A command that completed with GOOD (or CONDITION MET) status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The status.
+    pub status: ScsiStatus,
+    /// Residual reported by the target.
+    pub residual: Residual,
+    /// Bytes transferred (Data-In received or Data-Out accepted).
+    pub transferred: usize,
+    /// Sense data sent with a good status (rare; e.g. recovered errors).
+    pub sense: Option<Sense>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ConnState {
+    Up(u64),
+    Recovering,
+    Failed(String),
+    Closed,
+}
+
+#[derive(Debug)]
+enum Msg {
+    R2t(R2t),
+    Done(TaskResult),
+    Lost(Option<Vec<u8>>),
+}
+
+type Owner = mpsc::UnboundedSender<Msg>;
+
+struct WriterSlot {
+    generation: u64,
+    half: Option<OwnedWriteHalf>,
+    digests: Digests,
+}
+
+struct Inner {
+    config: InitiatorConfig,
+    portal: String,
+    target: String,
+    engine: Mutex<Engine<Owner>>,
+    writer: tokio::sync::Mutex<WriterSlot>,
+    state: watch::Sender<ConnState>,
+    window: Notify,
+    slots: Semaphore,
+    params: Mutex<SessionParams>,
+    tsih: Mutex<u16>,
+    recoveries: AtomicU32,
+    background: Mutex<Vec<AbortHandle>>,
+    epoch: Instant,
+    last_rx_ms: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A logged-in session with one target. Share it between tasks with
+/// `Arc<Session>`; every method takes `&self`. Dropping it stops the
+/// background tasks; [`Session::logout`] ends it politely.
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("target", &self.inner.target)
+            .field("portal", &self.inner.portal)
+            .finish()
+    }
+}
+
+impl Session {
+    /// Connects to `portal` (`HOST[:PORT]`) and logs in to `target`.
+    pub async fn connect(config: InitiatorConfig, portal: &str, target: &str) -> Result<Session> {
+        if config.queue_depth == 0 {
+            return Err(Error::Config("queue depth must be at least 1".into()));
+        }
+        let portal = normalize_portal(portal);
+        let conn = connect_login(&config, &portal, Some(target), 0).await?;
+        let limits = Limits::from_params(&conn.outcome.params);
+        let (state, _) = watch::channel(ConnState::Recovering);
+        let inner = Arc::new(Inner {
+            slots: Semaphore::new(config.queue_depth),
+            config,
+            portal,
+            target: target.to_owned(),
+            engine: Mutex::new(Engine::new(0, limits, 0, 0, 0, 0)),
+            writer: tokio::sync::Mutex::new(WriterSlot {
+                generation: 0,
+                half: None,
+                digests: Digests::NONE,
+            }),
+            state,
+            window: Notify::new(),
+            params: Mutex::new(conn.outcome.params.clone()),
+            tsih: Mutex::new(0),
+            recoveries: AtomicU32::new(0),
+            background: Mutex::new(Vec::new()),
+            epoch: Instant::now(),
+            last_rx_ms: AtomicU64::new(0),
+        });
+        inner.install(conn, 1).await;
+        Ok(Session { inner })
+    }
+
+    /// The target's name.
+    pub fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// The portal (`HOST:PORT`).
+    pub fn portal(&self) -> &str {
+        &self.inner.portal
+    }
+
+    /// Our ISID (stable per initiator name and qualifier).
+    pub fn isid(&self) -> [u8; 6] {
+        isid_for(
+            &self.inner.config.initiator_name,
+            self.inner.config.isid_qualifier,
+        )
+    }
+
+    /// The TSIH of the current login.
+    pub fn tsih(&self) -> u16 {
+        *lock(&self.inner.tsih)
+    }
+
+    /// The parameters the current login negotiated.
+    pub fn params(&self) -> SessionParams {
+        lock(&self.inner.params).clone()
+    }
+
+    /// How many times the session logged in again after a lost connection.
+    pub fn recoveries(&self) -> u32 {
+        self.inner.recoveries.load(Ordering::Relaxed)
+    }
+
+    /// The SCSI commands in flight, oldest first.
+    pub fn in_flight(&self) -> Vec<TaskInfo> {
+        lock(&self.inner.engine).in_flight()
+    }
+
+    /// Runs one SCSI command. CHECK CONDITION and other bad statuses come
+    /// back as [`Error::Scsi`] with the decoded sense; UNIT ATTENTION is
+    /// retried (up to 4 times), as the SCSI midlayer does.
+    pub async fn execute(&self, lun: u16, cdb: &[u8], mut dir: DataDir<'_>) -> Result<Completion> {
+        let mut attempts = 0;
+        loop {
+            match self.inner.execute_once(lun, cdb, &mut dir).await {
+                Err(Error::Scsi(e))
+                    if attempts < 4
+                        && e.sense.as_ref().map(|s| s.key) == Some(SenseKey::UnitAttention) =>
+                {
+                    attempts += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// READ(16) of `blocks` blocks at `lba` into `buf`, whose length is the
+    /// transfer length (blocks × block size).
+    pub async fn read(
+        &self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        buf: &mut Vec<u8>,
+    ) -> Result<Completion> {
+        let cdb = crate::scsi::rw16(false, lba, blocks, false);
+        self.execute(lun, &cdb, DataDir::Read(buf)).await
+    }
+
+    /// WRITE(16) of `data` (blocks × block size bytes) at `lba`.
+    pub async fn write(&self, lun: u16, lba: u64, blocks: u32, data: &[u8]) -> Result<Completion> {
+        let cdb = crate::scsi::rw16(true, lba, blocks, false);
+        self.execute(lun, &cdb, DataDir::Write(data)).await
+    }
+
+    /// ABORT TASK for the command with tag `itt` (see [`Session::in_flight`]).
+    /// Returns the target's answer: function complete, or task does not
+    /// exist when the command had already finished.
+    pub async fn abort_task(&self, lun: u16, itt: u32) -> Result<TmfResponse> {
+        self.inner.tmf(TmfFunction::AbortTask, lun, Some(itt)).await
+    }
+
+    /// ABORT TASK SET on `lun`.
+    pub async fn abort_task_set(&self, lun: u16) -> Result<()> {
+        self.tmf_ok(TmfFunction::AbortTaskSet, lun).await
+    }
+
+    /// LOGICAL UNIT RESET.
+    pub async fn lun_reset(&self, lun: u16) -> Result<()> {
+        self.tmf_ok(TmfFunction::LogicalUnitReset, lun).await
+    }
+
+    async fn tmf_ok(&self, f: TmfFunction, lun: u16) -> Result<()> {
+        match self.inner.tmf(f, lun, None).await? {
+            TmfResponse::FunctionComplete => Ok(()),
+            response => Err(Error::Tmf {
+                function: f.name(),
+                lun,
+                response,
+            }),
+        }
+    }
+
+    /// Logs the session out and closes it.
+    pub async fn logout(self) -> Result<()> {
+        let inner = self.inner.clone();
+        let gen = inner.wait_up().await?;
+        inner.state.send_replace(ConnState::Closed);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let req = lock(&inner.engine).start_logout(tx);
+        inner
+            .send_pdu(gen, Pdu::new(Bhs::LogoutRequest(req)))
+            .await?;
+        let answer = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        inner.stop_background();
+        if let Some(h) = inner.writer.lock().await.half.as_mut() {
+            let _ = h.shutdown().await;
+        }
+        match answer {
+            Ok(Some(Msg::Done(TaskResult::Logout(LogoutResponseCode::Closed)))) => Ok(()),
+            Ok(Some(Msg::Done(TaskResult::Logout(code)))) => Err(Error::Protocol(format!(
+                "logout from {} answered: {}",
+                inner.target,
+                code.name()
+            ))),
+            Ok(_) => Ok(()), // connection closed first: the session is gone anyway
+            Err(_) => Err(Error::Timeout(format!("logout from {}", inner.target))),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.inner.state.send_replace(ConnState::Closed);
+        self.inner.stop_background();
+        self.inner.slots.close();
+    }
+}
+
+impl Inner {
+    fn stop_background(&self) {
+        for h in lock(&self.background).drain(..) {
+            h.abort();
+        }
+    }
+
+    fn touch(&self) {
+        self.last_rx_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_rx_ms.load(Ordering::Relaxed)))
+    }
+
+    async fn install(self: &Arc<Self>, conn: Connection, generation: u64) {
+        let Connection {
+            reader,
+            writer,
+            outcome,
+            digests,
+        } = conn;
+        {
+            let mut w = self.writer.lock().await;
+            w.generation = generation;
+            w.half = Some(writer);
+            w.digests = digests;
+        }
+        *lock(&self.engine) = Engine::new(
+            generation,
+            Limits::from_params(&outcome.params),
+            outcome.exp_cmd_sn,
+            outcome.exp_cmd_sn,
+            outcome.max_cmd_sn,
+            outcome.stat_sn,
+        );
+        *lock(&self.params) = outcome.params.clone();
+        *lock(&self.tsih) = outcome.tsih;
+        self.touch();
+        let mut bg = lock(&self.background);
+        bg.clear();
+        bg.push(tokio::spawn(self.clone().reader_loop(generation, reader)).abort_handle());
+        if let Some(interval) = self.config.nop_interval {
+            bg.push(tokio::spawn(self.clone().keepalive(generation, interval)).abort_handle());
+        }
+        drop(bg);
+        self.state.send_replace(ConnState::Up(generation));
+        self.window.notify_waiters();
+    }
+
+    async fn wait_up(&self) -> Result<u64> {
+        let mut rx = self.state.subscribe();
+        loop {
+            let s = rx.borrow_and_update().clone();
+            match s {
+                ConnState::Up(g) => return Ok(g),
+                ConnState::Failed(reason) => {
+                    return Err(Error::SessionLost {
+                        target: self.target.clone(),
+                        attempts: self.config.recovery.max_attempts,
+                        reason,
+                    })
+                }
+                ConnState::Closed => return Err(Error::Closed),
+                ConnState::Recovering => {}
+            }
+            rx.changed().await.map_err(|_| Error::Closed)?;
+        }
+    }
+
+    /// The connection of `generation` is gone: fail its tasks over to the
+    /// recovery and start logging in again.
+    fn connection_lost(self: &Arc<Self>, generation: u64, reason: String) {
+        let mut mine = false;
+        self.state.send_if_modified(|s| {
+            if *s == ConnState::Up(generation) {
+                *s = ConnState::Recovering;
+                mine = true;
+                true
+            } else {
+                false
+            }
+        });
+        if !mine {
+            return;
+        }
+        tracing::warn!(target = %self.target, portal = %self.portal, %reason, "connection lost; recovering");
+        let drained = lock(&self.engine).drain();
+        for (owner, buf) in drained {
+            let _ = owner.send(Msg::Lost(buf));
+        }
+        self.stop_background();
+        let handle = tokio::spawn(self.clone().recover(generation, reason)).abort_handle();
+        lock(&self.background).push(handle);
+    }
+
+    async fn recover(self: Arc<Self>, generation: u64, reason: String) {
+        if let Some(mut h) = self.writer.lock().await.half.take() {
+            let _ = h.shutdown().await;
+        }
+        let policy = self.config.recovery;
+        let mut delay = policy.initial_backoff;
+        let mut last = reason;
+        let mut attempts = 0;
+        while attempts < policy.max_attempts {
+            attempts += 1;
+            tokio::time::sleep(delay).await;
+            match connect_login(&self.config, &self.portal, Some(&self.target), 0).await {
+                Ok(conn) => {
+                    self.recoveries.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(target = %self.target, attempts, "session reinstated");
+                    // install() replaces the background list, which holds
+                    // this task's handle: it is finished by then anyway.
+                    self.install(conn, generation + 1).await;
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(target = %self.target, attempt = attempts, error = %e, "re-login failed");
+                    let transient = e.is_transient();
+                    last = e.to_string();
+                    if !transient {
+                        break;
+                    }
+                }
+            }
+            delay = (delay * 2).min(policy.max_backoff);
+        }
+        self.state.send_replace(ConnState::Failed(format!(
+            "{last} (after {attempts} login attempts)"
+        )));
+    }
+
+    async fn send_pdu(self: &Arc<Self>, generation: u64, pdu: Pdu) -> Result<()> {
+        let mut w = self.writer.lock().await;
+        let digests = w.digests;
+        match (w.generation == generation, w.half.as_mut()) {
+            (true, Some(half)) => {
+                if let Err(e) = write_whole(half, &pdu, digests).await {
+                    drop(w);
+                    self.connection_lost(generation, format!("sending a PDU: {e}"));
+                    return Err(Error::io(format!("sending to {}", self.portal), e));
+                }
+                Ok(())
+            }
+            _ => Err(Error::io(
+                format!("sending to {}", self.portal),
+                std::io::Error::new(std::io::ErrorKind::NotConnected, "connection lost"),
+            )),
+        }
+    }
+
+    fn dispatch(self: &Arc<Self>, generation: u64, events: Vec<Event<Owner>>) -> Option<String> {
+        let mut drop_reason = None;
+        for ev in events {
+            match ev {
+                Event::R2t { owner, r2t } => {
+                    let _ = owner.send(Msg::R2t(r2t));
+                }
+                Event::Complete { owner, result } => {
+                    let _ = owner.send(Msg::Done(result));
+                }
+                Event::Send(pdu) => {
+                    // Never wait for the writer here: the reader must keep
+                    // draining the socket while commands are sending.
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        let _ = me.send_pdu(generation, pdu).await;
+                    });
+                }
+                Event::Drop(reason) => drop_reason = Some(reason),
+            }
+        }
+        drop_reason
+    }
+
+    async fn reader_loop(self: Arc<Self>, generation: u64, mut reader: PduReader<OwnedReadHalf>) {
+        let reason = loop {
+            let h = match reader.read_header().await {
+                Ok(h) => h,
+                Err(e) => break e.to_string(),
+            };
+            self.touch();
+            let events = if is_data_in(&h) {
+                let Bhs::DataIn(d) = h.bhs else {
+                    unreachable!("checked")
+                };
+                let (placement, events) = {
+                    let mut eng = lock(&self.engine);
+                    if eng.generation() != generation {
+                        return;
+                    }
+                    eng.data_in_begin(&d, h.data_len)
+                };
+                if let Some(r) = self.dispatch(generation, events) {
+                    break r;
+                }
+                match placement {
+                    Placement::Into { mut buf, range } => {
+                        let r = reader.read_data_into(&mut buf[range]).await;
+                        let ok = r.is_ok();
+                        let events = lock(&self.engine).data_in_end(
+                            &d,
+                            Some(buf),
+                            if ok { h.data_len } else { 0 },
+                        );
+                        if let Err(e) = r {
+                            break e.to_string();
+                        }
+                        events
+                    }
+                    Placement::Discard => {
+                        if let Err(e) = reader.skip_data(h.data_len).await {
+                            break e.to_string();
+                        }
+                        lock(&self.engine).data_in_end(&d, None, 0)
+                    }
+                }
+            } else {
+                let pdu = match reader.finish_pdu(h).await {
+                    Ok(p) => p,
+                    Err(e) => break e.to_string(),
+                };
+                let mut eng = lock(&self.engine);
+                if eng.generation() != generation {
+                    return;
+                }
+                eng.receive(pdu)
+            };
+            self.window.notify_waiters();
+            if let Some(r) = self.dispatch(generation, events) {
+                break r;
+            }
+        };
+        self.connection_lost(generation, reason);
+    }
+
+    async fn keepalive(self: Arc<Self>, generation: u64, interval: Duration) {
+        loop {
+            tokio::time::sleep(interval / 2).await;
+            if self.idle_for() < interval {
+                continue;
+            }
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let nop = lock(&self.engine).start_ping(tx);
+            if self
+                .send_pdu(generation, Pdu::new(Bhs::NopOut(nop)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            match tokio::time::timeout(self.config.nop_timeout, rx.recv()).await {
+                Ok(Some(Msg::Done(_))) => {}
+                Ok(_) => return,
+                Err(_) => {
+                    self.connection_lost(
+                        generation,
+                        format!(
+                            "keepalive NOP-Out unanswered for {:?}",
+                            self.config.nop_timeout
+                        ),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn tmf(
+        self: &Arc<Self>,
+        function: TmfFunction,
+        lun: u16,
+        referenced: Option<u32>,
+    ) -> Result<TmfResponse> {
+        let gen = self.wait_up().await?;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let req = {
+            let mut eng = lock(&self.engine);
+            if eng.generation() != gen {
+                return Err(Error::Protocol("connection changed; retry".into()));
+            }
+            eng.start_tmf(function, lun, referenced, tx)
+        };
+        tracing::debug!(target = %self.target, lun, itt = req.itt, function = function.name(), "task management");
+        self.send_pdu(gen, Pdu::new(Bhs::TaskMgmtRequest(req)))
+            .await?;
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some(Msg::Done(TaskResult::Tmf(r)))) => Ok(r),
+            Ok(Some(Msg::Done(TaskResult::Failed { reason, .. }))) => Err(Error::Protocol(reason)),
+            Ok(_) => Err(Error::Protocol(format!(
+                "connection lost before the {} response",
+                function.name()
+            ))),
+            Err(_) => Err(Error::Timeout(format!("{} on LUN {lun}", function.name()))),
+        }
+    }
+
+    async fn execute_once(
+        self: &Arc<Self>,
+        lun: u16,
+        cdb: &[u8],
+        dir: &mut DataDir<'_>,
+    ) -> Result<Completion> {
+        if cdb.is_empty() || cdb.len() > 16 {
+            return Err(Error::Config(format!(
+                "CDB of {} bytes: blockwire sends CDBs of 1 to 16 bytes",
+                cdb.len()
+            )));
+        }
+        let mut cdb16 = [0u8; 16];
+        cdb16[..cdb.len()].copy_from_slice(cdb);
+        let _permit = self.slots.acquire().await.map_err(|_| Error::Closed)?;
+        let (read_len, write): (usize, &[u8]) = match dir {
+            DataDir::None => (0, &[]),
+            DataDir::Read(b) => (b.len(), &[]),
+            DataDir::Write(d) => (0, d),
+        };
+        let mut buf = match dir {
+            DataDir::Read(b) => Some(std::mem::take(*b)),
+            _ => None,
+        };
+        let result = self.run(lun, &cdb16, read_len, write, &mut buf).await;
+        if let DataDir::Read(b) = dir {
+            let mut v = buf.unwrap_or_else(|| vec![0; read_len]);
+            if let Ok(c) = &result {
+                v.truncate(c.transferred);
+            }
+            **b = v;
+        }
+        result
+    }
+
+    async fn run(
+        self: &Arc<Self>,
+        lun: u16,
+        cdb: &[u8; 16],
+        read_len: usize,
+        write: &[u8],
+        buf: &mut Option<Vec<u8>>,
+    ) -> Result<Completion> {
+        loop {
+            let gen = self.wait_up().await?;
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let read_buf = (read_len > 0).then(|| buf.take().unwrap_or_else(|| vec![0; read_len]));
+            let itt = match self.send_command(gen, lun, cdb, read_buf, write, tx).await {
+                Ok(itt) => itt,
+                Err(back) => {
+                    *buf = back;
+                    continue;
+                }
+            };
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    Msg::R2t(r2t) => self.send_solicited(gen, itt, lun, &r2t, write).await,
+                    Msg::Done(result) => {
+                        return self.complete(lun, cdb[0], read_len, write.len(), result, buf)
+                    }
+                    Msg::Lost(back) => {
+                        *buf = back;
+                        break;
+                    }
+                }
+            }
+            tracing::debug!(target = %self.target, lun, itt, "re-issuing a command after the connection was lost");
+        }
+    }
+
+    /// Sends the command (with immediate and unsolicited data). Err hands
+    /// the read buffer back when the connection changed before the command
+    /// was registered.
+    async fn send_command(
+        self: &Arc<Self>,
+        gen: u64,
+        lun: u16,
+        cdb: &[u8; 16],
+        mut read_buf: Option<Vec<u8>>,
+        write: &[u8],
+        tx: Owner,
+    ) -> std::result::Result<u32, Option<Vec<u8>>> {
+        loop {
+            let notified = self.window.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut w = self.writer.lock().await;
+            if w.generation != gen || w.half.is_none() {
+                drop(w);
+                // Wait for the next connection before trying again.
+                let _ = self.wait_up().await;
+                return Err(read_buf);
+            }
+            let started = {
+                let mut eng = lock(&self.engine);
+                if eng.generation() != gen || *self.state.borrow() != ConnState::Up(gen) {
+                    None
+                } else if eng.window_open() {
+                    let limits = eng.limits();
+                    let exp = eng.exp_stat_sn();
+                    let s = eng.start_scsi(lun, cdb, read_buf.take(), write.len(), tx.clone());
+                    Some((s, limits, exp))
+                } else {
+                    None
+                }
+            };
+            let Some(((itt, header, imm, unsol_end), limits, exp)) = started else {
+                drop(w);
+                if *self.state.borrow() != ConnState::Up(gen) {
+                    let _ = self.wait_up().await;
+                    return Err(read_buf);
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+                continue;
+            };
+            let digests = w.digests;
+            let half = w.half.as_mut().expect("checked");
+            let r = async {
+                write_pdu(half, &Bhs::ScsiCommand(header), &write[..imm], digests).await?;
+                if unsol_end > imm {
+                    let lun = Lun::from_index(lun);
+                    for p in data_out_sequence(
+                        itt,
+                        lun,
+                        RESERVED_TAG,
+                        imm..unsol_end,
+                        limits.target_mrdsl,
+                        exp,
+                    ) {
+                        write_pdu(half, &Bhs::DataOut(p.header), &write[p.range], digests).await?;
+                    }
+                }
+                Ok::<_, std::io::Error>(())
+            }
+            .await;
+            drop(w);
+            if let Err(e) = r {
+                self.connection_lost(gen, format!("sending a command: {e}"));
+            }
+            return Ok(itt);
+        }
+    }
+
+    async fn send_solicited(
+        self: &Arc<Self>,
+        gen: u64,
+        itt: u32,
+        lun: u16,
+        r2t: &R2t,
+        write: &[u8],
+    ) {
+        let mut w = self.writer.lock().await;
+        if w.generation != gen {
+            return;
+        }
+        let digests = w.digests;
+        let Some(half) = w.half.as_mut() else {
+            return;
+        };
+        let (exp, mrdsl) = {
+            let e = lock(&self.engine);
+            (e.exp_stat_sn(), e.limits().target_mrdsl)
+        };
+        let start = r2t.buffer_offset as usize;
+        let end = start + r2t.desired_data_transfer_length as usize;
+        let mut res = Ok(());
+        for p in data_out_sequence(itt, Lun::from_index(lun), r2t.ttt, start..end, mrdsl, exp) {
+            res = write_pdu(half, &Bhs::DataOut(p.header), &write[p.range], digests).await;
+            if res.is_err() {
+                break;
+            }
+        }
+        drop(w);
+        if let Err(e) = res {
+            self.connection_lost(gen, format!("sending Data-Out: {e}"));
+        }
+    }
+
+    fn complete(
+        &self,
+        lun: u16,
+        opcode: u8,
+        read_len: usize,
+        write_len: usize,
+        result: TaskResult,
+        buf: &mut Option<Vec<u8>>,
+    ) -> Result<Completion> {
+        match result {
+            TaskResult::Scsi(o) => {
+                *buf = o.buf;
+                if o.response != 0 {
+                    return Err(Error::TargetFailure {
+                        lun,
+                        response: o.response,
+                    });
+                }
+                let sense = parse_sense_segment(&o.sense_segment).ok().flatten();
+                let status = ScsiStatus(o.status);
+                if !status.is_success() {
+                    return Err(Error::Scsi(ScsiError {
+                        lun,
+                        opcode,
+                        status,
+                        sense,
+                    }));
+                }
+                let residual = match (o.underflow, o.overflow) {
+                    (Some(n), _) if n > 0 => Residual::Underflow(n),
+                    (_, Some(n)) if n > 0 => Residual::Overflow(n),
+                    _ => Residual::None,
+                };
+                let expected = read_len.max(write_len);
+                let transferred = if read_len > 0 {
+                    (o.data_in as usize).min(read_len)
+                } else {
+                    match residual {
+                        Residual::Underflow(n) => expected.saturating_sub(n as usize),
+                        _ => expected,
+                    }
+                };
+                Ok(Completion {
+                    status,
+                    residual,
+                    transferred,
+                    sense,
+                })
+            }
+            TaskResult::Aborted { buf: b } => {
+                *buf = b;
+                Err(Error::Aborted { lun })
+            }
+            TaskResult::Failed { reason, buf: b } => {
+                *buf = b;
+                Err(Error::Protocol(reason))
+            }
+            other => Err(Error::Protocol(format!(
+                "unexpected completion {other:?} for a SCSI command"
+            ))),
+        }
+    }
+}
