@@ -5,9 +5,11 @@
 #
 # Not run by CI (a few minutes). Writes:
 #   interop/results/conformance.md          one row per test: blockwire | tgtd, then totals
-#   interop/results/conformance-raw/        per-suite iscsi-test-cu output of both runs
-#   interop/results/verbose-blockwire/      -V reruns (every CDB and answer) of each test
-#                                           that did not pass or skip on blockwire
+#   interop/results/conformance-raw/        per-suite iscsi-test-cu output of both runs and the
+#                                           full -V reruns (not committed: .gitignore)
+#   interop/results/verbose-blockwire/      excerpts of -V reruns (every CDB and its answer)
+#                                           of each test that did not pass or skip on
+#                                           blockwire: 25 lines before each failure
 # and prints the totals.
 #
 # Both targets get a 1 GiB LUN: blockwire a RAM LUN 0, tgtd a file LUN 1 in /dev/shm (tgtd's
@@ -64,7 +66,8 @@ cp "$tmp/blockwire-$bw_port.log" "$raw/blockwire/daemon.log" 2>/dev/null || true
 # -V reruns of the tests that did not pass or skip, for the findings.
 cat "$raw/blockwire"/*.res | awk '$2 != "PASSED" && $2 != "SKIPPED" { print $1 }' |
     while read -r t; do
-        testcu_verbose "$BW_URL" "$t" "$verbose/$t.log" 60
+        testcu_verbose "$BW_URL" "$t" "$raw/verbose-$t.log" 60
+        grep -n -B25 -A3 -E '\[FAILED\]|^FAILED|TIMEOUT' "$raw/verbose-$t.log" >"$verbose/$t.log" || true
         kill -0 "$bw_pid" 2>/dev/null ||
             bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/target.toml")
     done
