@@ -129,6 +129,29 @@ enum Command {
         #[arg(short = 'l', long, default_value_t = 0)]
         lun: u16,
     },
+    /// Copy between files and LUNs, dd-like, with many commands in flight
+    /// and a progress line. A LUN is `iscsi://[USER%SECRET@]HOST[:PORT]/IQN/LUN`
+    /// (libiscsi's URL form); anything else is a file path.
+    Dd {
+        /// Source (file or iscsi:// URL).
+        #[arg(long = "if")]
+        input: String,
+        /// Destination (file or iscsi:// URL).
+        #[arg(long = "of")]
+        output: String,
+        /// Bytes per command (multiple of the block size).
+        #[arg(long, default_value = "1M")]
+        bs: String,
+        /// Copy at most COUNT blocks of --bs (default: the smaller size).
+        #[arg(long)]
+        count: Option<u64>,
+        /// Commands in flight.
+        #[arg(long, default_value_t = 16)]
+        qd: usize,
+        /// No progress line.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// Load generator: prints IOPS, MB/s and latency percentiles.
     Bench {
         #[command(flatten)]
@@ -399,6 +422,17 @@ async fn run(cli: &Cli) -> Result<()> {
             println!("Capacity:      {} bytes ({})", c.bytes(), human(c.bytes()));
             let _ = sess.logout().await;
         }
+        Command::Dd {
+            input,
+            output,
+            bs,
+            count,
+            qd,
+            quiet,
+        } => {
+            let bs = parse_size(bs)?;
+            dd(cli, input, output, bs, *count, (*qd).max(1), *quiet).await?;
+        }
         Command::Bench {
             s,
             lun,
@@ -413,6 +447,217 @@ async fn run(cli: &Cli) -> Result<()> {
             let time = parse_duration(time)?;
             let span = span.as_deref().map(parse_size).transpose()?;
             bench(cli, s, *lun, *pattern, *op, bs, (*qd).max(1), time, span).await?;
+        }
+    }
+    Ok(())
+}
+
+/// One end of a copy.
+enum End {
+    File(Arc<std::fs::File>, u64),
+    Lun(Arc<Session>, u16, u32, u64),
+}
+
+impl End {
+    fn len(&self) -> u64 {
+        match self {
+            End::File(_, n) => *n,
+            End::Lun(_, _, _, n) => *n,
+        }
+    }
+
+    fn block(&self) -> u64 {
+        match self {
+            End::File(..) => 1,
+            End::Lun(_, _, b, _) => u64::from(*b),
+        }
+    }
+
+    async fn read(&self, at: u64, buf: &mut Vec<u8>) -> Result<()> {
+        match self {
+            End::File(f, _) => {
+                use std::os::unix::fs::FileExt;
+                f.read_exact_at(buf, at).context("reading the input file")
+            }
+            End::Lun(s, lun, b, _) => {
+                let blocks = (buf.len() as u64 / u64::from(*b)) as u32;
+                s.read(*lun, at / u64::from(*b), blocks, buf).await?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn write(&self, at: u64, buf: &[u8]) -> Result<()> {
+        match self {
+            End::File(f, _) => {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(buf, at).context("writing the output file")
+            }
+            End::Lun(s, lun, b, _) => {
+                let blocks = (buf.len() as u64 / u64::from(*b)) as u32;
+                s.write(*lun, at / u64::from(*b), blocks, buf).await?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `iscsi://[USER%SECRET@]HOST[:PORT]/IQN/LUN` -> (user, secret, portal, iqn, lun).
+fn parse_url(url: &str) -> Result<(Option<(String, String)>, String, String, u16)> {
+    let rest = url
+        .strip_prefix("iscsi://")
+        .ok_or_else(|| anyhow!("`{url}` is not an iscsi:// URL"))?;
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((a, r)) => {
+            let (u, p) = a
+                .split_once('%')
+                .ok_or_else(|| anyhow!("`{url}`: credentials are USER%SECRET@"))?;
+            (Some((u.to_owned(), p.to_owned())), r)
+        }
+        None => (None, rest),
+    };
+    let mut parts = rest.splitn(3, '/');
+    let portal = parts.next().unwrap_or_default().to_owned();
+    let iqn = parts
+        .next()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| anyhow!("`{url}`: missing /IQN/LUN"))?
+        .to_owned();
+    let lun = parts
+        .next()
+        .unwrap_or("0")
+        .trim_end_matches('/')
+        .parse()
+        .with_context(|| format!("`{url}`: the LUN must be a number"))?;
+    Ok((auth, portal, iqn, lun))
+}
+
+async fn open_end(cli: &Cli, spec: &str, write: bool, qd: usize) -> Result<End> {
+    if spec.starts_with("iscsi://") {
+        let (auth, portal, iqn, lun) = parse_url(spec)?;
+        let a = AuthArgs {
+            chap_user: auth.as_ref().map(|a| a.0.clone()),
+            chap_secret: auth.map(|a| a.1),
+            ..AuthArgs::default()
+        };
+        let s = SessionArgs {
+            portal,
+            target: Some(iqn),
+            auth: a,
+            header_digest: false,
+            data_digest: false,
+        };
+        let sess = open(cli, &s, qd).await?;
+        let cap = sess.read_capacity(lun).await?;
+        return Ok(End::Lun(Arc::new(sess), lun, cap.block_size, cap.bytes()));
+    }
+    let f = if write {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(spec)
+    } else {
+        std::fs::File::open(spec)
+    }
+    .with_context(|| format!("opening {spec}"))?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    Ok(End::File(Arc::new(f), if write { u64::MAX } else { len }))
+}
+
+async fn dd(
+    cli: &Cli,
+    input: &str,
+    output: &str,
+    bs: u64,
+    count: Option<u64>,
+    qd: usize,
+    quiet: bool,
+) -> Result<()> {
+    let src = Arc::new(open_end(cli, input, false, qd).await?);
+    let dst = Arc::new(open_end(cli, output, true, qd).await?);
+    let align = src.block().max(dst.block());
+    if bs == 0 || bs % align != 0 {
+        bail!("--bs {bs} must be a multiple of the block size {align}");
+    }
+    let mut total = src.len().min(dst.len());
+    if let Some(c) = count {
+        total = total.min(c * bs);
+    }
+    if total % align != 0 {
+        bail!("{total} bytes to copy is not a multiple of the block size {align}");
+    }
+    let chunks = total.div_ceil(bs);
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..qd {
+        let (src, dst, next, done) = (src.clone(), dst.clone(), next.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            let mut buf = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= chunks {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let at = i * bs;
+                let n = bs.min(total - at) as usize;
+                buf.resize(n, 0);
+                src.read(at, &mut buf).await?;
+                dst.write(at, &buf).await?;
+                done.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        }));
+    }
+    let progress = (!quiet).then(|| {
+        let done = done.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let d = done.load(std::sync::atomic::Ordering::Relaxed);
+                let secs = start.elapsed().as_secs_f64().max(1e-6);
+                let pct = if total == 0 {
+                    100.0
+                } else {
+                    d as f64 * 100.0 / total as f64
+                };
+                let width = 30;
+                let filled = ((pct / 100.0) * width as f64) as usize;
+                eprint!(
+                    "\r[{}{}] {pct:5.1}% {} / {}  {:.1} MB/s ",
+                    "#".repeat(filled),
+                    "-".repeat(width - filled),
+                    human(d),
+                    human(total),
+                    d as f64 / secs / 1e6
+                );
+            }
+        })
+    });
+    let mut result = Ok(());
+    for w in workers {
+        if let Err(e) = w.await.context("copy worker panicked")? {
+            result = Err(e);
+        }
+    }
+    if let Some(p) = progress {
+        p.abort();
+        eprintln!();
+    }
+    result?;
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{total} bytes ({}) copied, {secs:.3} s, {:.1} MB/s",
+        human(total),
+        total as f64 / secs.max(1e-9) / 1e6
+    );
+    for end in [src, dst] {
+        if let Ok(End::Lun(s, lun, ..)) = Arc::try_unwrap(end) {
+            let _ = s.synchronize_cache(lun).await;
+            if let Ok(s) = Arc::try_unwrap(s) {
+                let _ = s.logout().await;
+            }
         }
     }
     Ok(())
