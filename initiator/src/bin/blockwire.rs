@@ -10,6 +10,9 @@ use blockwire_initiator::{
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rand::{Rng, SeedableRng};
 
+#[path = "blockwire/nodedb.rs"]
+mod nodedb;
+
 const LONG_ABOUT: &str = "\
 blockwire is an iSCSI initiator that runs in user space: no kernel iSCSI
 module, no iscsid. It discovers targets, logs in (AuthMethod None or CHAP
@@ -102,8 +105,15 @@ enum Command {
         #[command(flatten)]
         auth: AuthArgs,
     },
-    /// iscsiadm-compatible subset: `-m discovery -t sendtargets -p HOST[:PORT]`
-    /// prints `HOST:PORT,TPGT IQN` lines like open-iscsi's iscsiadm.
+    /// iscsiadm-compatible subset. `-m discovery -t sendtargets -p HOST[:PORT]`
+    /// prints `HOST:PORT,TPGT IQN` lines like open-iscsi's iscsiadm and
+    /// records the nodes; `-m node` lists them (`-o new|delete|update|show`,
+    /// `-n KEY -v VALUE` for node.session.auth.*); `-m node -T IQN [-p P]
+    /// --login` logs in (checking the full login and TEST UNIT READY) and
+    /// records the session, `--logout` removes it; `-m session` lists the
+    /// recorded sessions. blockwire holds no kernel session: a recorded
+    /// login is bookkeeping for scripts, each blockwire command logs in on
+    /// its own.
     Iscsiadm(IscsiadmArgs),
     /// List targets at a portal with their LUNs, sizes, vendors and products.
     Ls {
@@ -197,6 +207,28 @@ struct IscsiadmArgs {
     /// Run the discovery (implied with -m discovery).
     #[arg(long)]
     discover: bool,
+    /// Target name (-m node).
+    #[arg(short = 'T', long = "targetname")]
+    targetname: Option<String>,
+    /// Log in to the matching node records (-m node).
+    #[arg(short = 'l', long)]
+    login: bool,
+    /// Log out of the matching sessions (-m node).
+    #[arg(short = 'u', long)]
+    logout: bool,
+    /// Operation on node records: new, delete, update, show.
+    #[arg(short = 'o', long)]
+    op: Option<String>,
+    /// Setting name for -o update (e.g. node.session.auth.username).
+    #[arg(short = 'n', long)]
+    name: Option<String>,
+    /// Setting value for -o update.
+    #[arg(short = 'v', long)]
+    value: Option<String>,
+    /// Where the node database lives (default $BLOCKWIRE_CONFIG_DIR or
+    /// $HOME/.config/blockwire).
+    #[arg(long)]
+    config_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     auth: AuthArgs,
 }
@@ -663,7 +695,24 @@ async fn dd(
     Ok(())
 }
 
+fn node_config(cli: &Cli, n: &nodedb::Node) -> Result<InitiatorConfig> {
+    let mut auth = AuthArgs::default();
+    if n.get("node.session.auth.authmethod") == Some("CHAP") {
+        auth.chap_user = n.get("node.session.auth.username").map(str::to_owned);
+        auth.chap_secret = n.get("node.session.auth.password").map(str::to_owned);
+        auth.mutual_user = n.get("node.session.auth.username_in").map(str::to_owned);
+        auth.mutual_secret = n.get("node.session.auth.password_in").map(str::to_owned);
+    }
+    config(cli, &auth)
+}
+
+fn same_portal(p: &blockwire_initiator::Portal, spec: &str) -> bool {
+    let want = blockwire_initiator::normalize_portal(spec);
+    p.address() == want
+}
+
 async fn iscsiadm(cli: &Cli, a: &IscsiadmArgs) -> Result<()> {
+    let db = nodedb::NodeDb::open(a.config_dir.clone());
     match a.mode.as_str() {
         "discovery" | "discoverydb" => {
             let kind = a.kind.as_deref().unwrap_or("sendtargets");
@@ -675,13 +724,177 @@ async fn iscsiadm(cli: &Cli, a: &IscsiadmArgs) -> Result<()> {
                 .as_deref()
                 .ok_or_else(|| anyhow!("-m discovery needs -p HOST[:PORT]"))?;
             let _ = (&a.interface, a.discover);
-            let targets = discover(&config(cli, &a.auth)?, portal)
-                .await
-                .with_context(|| format!("SendTargets discovery at {portal}"))?;
+            let targets = match discover(&config(cli, &a.auth)?, portal).await {
+                Ok(t) => t,
+                Err(e @ blockwire_initiator::Error::LoginRejected { .. }) => {
+                    eprintln!("iscsiadm: Login failed to authenticate with target\nblockwire: {e}");
+                    std::process::exit(24);
+                }
+                Err(e @ blockwire_initiator::Error::Chap { .. }) => {
+                    eprintln!("iscsiadm: discovery login failed: {e}");
+                    std::process::exit(19);
+                }
+                Err(e) => return Err(e).context(format!("SendTargets discovery at {portal}")),
+            };
+            for t in &targets {
+                for p in &t.portals {
+                    db.upsert(&t.name, p)?;
+                }
+            }
             print_iscsiadm(&targets);
             Ok(())
         }
-        other => bail!("iscsiadm mode `{other}` is not supported yet (supported: discovery)"),
+        "node" => {
+            let nodes: Vec<_> = db
+                .nodes()?
+                .into_iter()
+                .filter(|n| a.targetname.as_ref().map_or(true, |t| *t == n.target))
+                .filter(|n| {
+                    a.portal
+                        .as_ref()
+                        .map_or(true, |p| same_portal(&n.portal, p))
+                })
+                .collect();
+            if a.op.as_deref() == Some("new") {
+                let (Some(t), Some(p)) = (&a.targetname, &a.portal) else {
+                    bail!("-o new needs -T IQN and -p HOST[:PORT]");
+                };
+                let addr = blockwire_initiator::normalize_portal(p);
+                let (host, port) = addr.rsplit_once(':').expect("normalized");
+                let portal = blockwire_initiator::Portal {
+                    host: host.trim_matches(['[', ']']).to_owned(),
+                    port: port.parse().unwrap_or(3260),
+                    tpgt: 1,
+                };
+                db.upsert(t, &portal)?;
+                println!(
+                    "New iSCSI node [tcp:[hw=,ip=,net_if=,iscsi_if=default] {},{} {}] added",
+                    portal.address(),
+                    portal.tpgt,
+                    t
+                );
+                return Ok(());
+            }
+            if nodes.is_empty() && (a.targetname.is_some() || a.portal.is_some() || a.login) {
+                eprintln!("iscsiadm: No records found");
+                std::process::exit(21);
+            }
+            if a.login {
+                let mut failed = 0;
+                for n in &nodes {
+                    let label = format!(
+                        "[iface: default, target: {}, portal: {},{}]",
+                        n.target, n.portal.host, n.portal.port
+                    );
+                    println!("Logging in to {label}");
+                    let r = async {
+                        let s =
+                            Session::connect(node_config(cli, n)?, &n.portal.address(), &n.target)
+                                .await?;
+                        s.test_unit_ready(0).await.ok();
+                        let tsih = s.tsih();
+                        s.logout().await?;
+                        db.add_session(&n.target, &n.portal, tsih)
+                    }
+                    .await;
+                    match r {
+                        Ok(_) => println!("Login to {label} successful."),
+                        Err(e) => {
+                            failed += 1;
+                            eprintln!("iscsiadm: Could not login to {label}.\nblockwire: {e:#}");
+                        }
+                    }
+                }
+                if failed > 0 {
+                    std::process::exit(24);
+                }
+                return Ok(());
+            }
+            if a.logout {
+                let sessions: Vec<_> = db
+                    .sessions()?
+                    .into_iter()
+                    .filter(|s| {
+                        nodes.iter().any(|n| {
+                            n.target == s.target && n.portal.address() == s.portal.address()
+                        })
+                    })
+                    .collect();
+                if sessions.is_empty() {
+                    eprintln!("iscsiadm: No matching sessions found");
+                    std::process::exit(21);
+                }
+                for s in sessions {
+                    let label = format!(
+                        "[sid: {}, target: {}, portal: {},{}]",
+                        s.sid, s.target, s.portal.host, s.portal.port
+                    );
+                    println!("Logging out of session {label}");
+                    db.remove_session(&s)?;
+                    println!("Logout of {label} successful.");
+                }
+                return Ok(());
+            }
+            match a.op.as_deref() {
+                Some("delete") => {
+                    for n in &nodes {
+                        db.delete(n)?;
+                    }
+                }
+                Some("update") => {
+                    let (Some(k), Some(v)) = (&a.name, &a.value) else {
+                        bail!("-o update needs -n NAME -v VALUE");
+                    };
+                    for mut n in nodes {
+                        n.settings.insert(k.clone(), v.clone());
+                        db.save(&n)?;
+                    }
+                }
+                Some("show") | None if a.targetname.is_some() => {
+                    for n in &nodes {
+                        println!("# BEGIN RECORD blockwire");
+                        for (k, v) in &n.settings {
+                            let v = if k.contains("password") {
+                                "********"
+                            } else {
+                                v.as_str()
+                            };
+                            println!("{k} = {}", if v.is_empty() { "<empty>" } else { v });
+                        }
+                        println!("# END RECORD");
+                    }
+                }
+                None | Some("show") => {
+                    if nodes.is_empty() {
+                        eprintln!("iscsiadm: No records found");
+                        std::process::exit(21);
+                    }
+                    for n in &nodes {
+                        println!("{},{} {}", n.portal.address(), n.portal.tpgt, n.target);
+                    }
+                }
+                Some(other) => bail!("-o {other} is not supported (new, delete, update, show)"),
+            }
+            Ok(())
+        }
+        "session" => {
+            let sessions = db.sessions()?;
+            if sessions.is_empty() {
+                eprintln!("iscsiadm: No active sessions.");
+                std::process::exit(21);
+            }
+            for s in sessions {
+                println!(
+                    "tcp: [{}] {},{} {} (non-flash)",
+                    s.sid,
+                    s.portal.address(),
+                    s.portal.tpgt,
+                    s.target
+                );
+            }
+            Ok(())
+        }
+        other => bail!("iscsiadm mode `{other}` is not supported (discovery, node, session)"),
     }
 }
 

@@ -1,0 +1,218 @@
+//! The node database of `blockwire iscsiadm -m node` / `-m session`: plain
+//! `key = value` files, one per target portal, as open-iscsi keeps them.
+//!
+//! Layout under the config directory (`--config-dir`, `$BLOCKWIRE_CONFIG_DIR`,
+//! default `$HOME/.config/blockwire`):
+//!
+//! ```text
+//! nodes/<IQN>/<HOST>,<PORT>,<TPGT>      node record (node.name, address, auth)
+//! sessions/<IQN>,<HOST>,<PORT>          session record (sid, tsih, login time)
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context, Result};
+use blockwire_initiator::Portal;
+
+/// One node record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub target: String,
+    pub portal: Portal,
+    pub settings: BTreeMap<String, String>,
+}
+
+impl Node {
+    pub fn new(target: &str, portal: &Portal) -> Node {
+        let mut settings = BTreeMap::new();
+        settings.insert("node.name".into(), target.to_owned());
+        settings.insert("node.tpgt".into(), portal.tpgt.to_string());
+        settings.insert("node.conn[0].address".into(), portal.host.clone());
+        settings.insert("node.conn[0].port".into(), portal.port.to_string());
+        settings.insert("node.startup".into(), "manual".into());
+        settings.insert("node.session.auth.authmethod".into(), "None".into());
+        Node {
+            target: target.to_owned(),
+            portal: portal.clone(),
+            settings,
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.settings
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// A recorded login.
+#[derive(Debug, Clone)]
+pub struct SessionRecord {
+    pub sid: u32,
+    pub target: String,
+    pub portal: Portal,
+    #[allow(dead_code)]
+    pub tsih: u16,
+}
+
+pub struct NodeDb {
+    dir: PathBuf,
+}
+
+fn portal_file(p: &Portal) -> String {
+    format!("{},{},{}", p.host, p.port, p.tpgt)
+}
+
+fn parse_kv(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+fn write_kv(path: &Path, kv: &BTreeMap<String, String>) -> Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    let mut s = String::from("# blockwire node database (iscsiadm format)\n");
+    for (k, v) in kv {
+        s.push_str(&format!("{k} = {v}\n"));
+    }
+    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
+}
+
+impl NodeDb {
+    pub fn open(dir: Option<PathBuf>) -> NodeDb {
+        let dir = dir
+            .or_else(|| std::env::var_os("BLOCKWIRE_CONFIG_DIR").map(PathBuf::from))
+            .unwrap_or_else(|| {
+                std::env::var_os("HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from("/var/lib"))
+                    .join(".config/blockwire")
+            });
+        NodeDb { dir }
+    }
+
+    fn node_path(&self, n: &Node) -> PathBuf {
+        self.dir
+            .join("nodes")
+            .join(&n.target)
+            .join(portal_file(&n.portal))
+    }
+
+    /// Adds or replaces a record, keeping the settings of an existing one.
+    pub fn upsert(&self, target: &str, portal: &Portal) -> Result<Node> {
+        let mut n = Node::new(target, portal);
+        if let Some(old) = self
+            .nodes()?
+            .into_iter()
+            .find(|o| o.target == n.target && o.portal == n.portal)
+        {
+            n.settings.extend(old.settings);
+        }
+        write_kv(&self.node_path(&n), &n.settings)?;
+        Ok(n)
+    }
+
+    pub fn save(&self, n: &Node) -> Result<()> {
+        write_kv(&self.node_path(n), &n.settings)
+    }
+
+    pub fn delete(&self, n: &Node) -> Result<()> {
+        let p = self.node_path(n);
+        std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        if let Some(d) = p.parent() {
+            let _ = std::fs::remove_dir(d);
+        }
+        Ok(())
+    }
+
+    pub fn nodes(&self) -> Result<Vec<Node>> {
+        let mut out = Vec::new();
+        let root = self.dir.join("nodes");
+        let Ok(targets) = std::fs::read_dir(&root) else {
+            return Ok(out);
+        };
+        for t in targets.flatten() {
+            let Ok(portals) = std::fs::read_dir(t.path()) else {
+                continue;
+            };
+            for p in portals.flatten() {
+                let text = std::fs::read_to_string(p.path())
+                    .with_context(|| format!("reading {}", p.path().display()))?;
+                let settings = parse_kv(&text);
+                let get = |k: &str| settings.get(k).cloned().unwrap_or_default();
+                let portal = Portal {
+                    host: get("node.conn[0].address"),
+                    port: get("node.conn[0].port").parse().unwrap_or(3260),
+                    tpgt: get("node.tpgt").parse().unwrap_or(1),
+                };
+                out.push(Node {
+                    target: get("node.name"),
+                    portal,
+                    settings,
+                });
+            }
+        }
+        out.sort_by(|a, b| {
+            (&a.target, portal_file(&a.portal)).cmp(&(&b.target, portal_file(&b.portal)))
+        });
+        Ok(out)
+    }
+
+    fn session_path(&self, target: &str, p: &Portal) -> PathBuf {
+        self.dir
+            .join("sessions")
+            .join(format!("{target},{},{}", p.host, p.port))
+    }
+
+    pub fn sessions(&self) -> Result<Vec<SessionRecord>> {
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(self.dir.join("sessions")) else {
+            return Ok(out);
+        };
+        for e in rd.flatten() {
+            let kv = parse_kv(&std::fs::read_to_string(e.path())?);
+            let get = |k: &str| kv.get(k).cloned().unwrap_or_default();
+            out.push(SessionRecord {
+                sid: get("sid").parse().unwrap_or(0),
+                target: get("target"),
+                portal: Portal {
+                    host: get("address"),
+                    port: get("port").parse().unwrap_or(3260),
+                    tpgt: get("tpgt").parse().unwrap_or(1),
+                },
+                tsih: get("tsih").parse().unwrap_or(0),
+            });
+        }
+        out.sort_by_key(|s| s.sid);
+        Ok(out)
+    }
+
+    pub fn add_session(&self, target: &str, p: &Portal, tsih: u16) -> Result<SessionRecord> {
+        let sid = self.sessions()?.iter().map(|s| s.sid).max().unwrap_or(0) + 1;
+        let mut kv = BTreeMap::new();
+        kv.insert("sid".to_owned(), sid.to_string());
+        kv.insert("target".to_owned(), target.to_owned());
+        kv.insert("address".to_owned(), p.host.clone());
+        kv.insert("port".to_owned(), p.port.to_string());
+        kv.insert("tpgt".to_owned(), p.tpgt.to_string());
+        kv.insert("tsih".to_owned(), tsih.to_string());
+        write_kv(&self.session_path(target, p), &kv)?;
+        Ok(SessionRecord {
+            sid,
+            target: target.to_owned(),
+            portal: p.clone(),
+            tsih,
+        })
+    }
+
+    pub fn remove_session(&self, s: &SessionRecord) -> Result<()> {
+        let p = self.session_path(&s.target, &s.portal);
+        std::fs::remove_file(&p).map_err(|e| anyhow!("removing {}: {e}", p.display()))
+    }
+}
