@@ -637,37 +637,34 @@ impl<T: Clone> Engine<T> {
             }
             Bhs::R2t(r) => {
                 self.update_sn(None, r.exp_cmd_sn, r.max_cmd_sn);
-                match self.tasks.get(&r.itt) {
-                    Some(Task {
-                        kind: Kind::Scsi { expected_out, .. },
-                        owner,
-                        ..
-                    }) => {
-                        let end =
-                            r.buffer_offset as u64 + u64::from(r.desired_data_transfer_length);
-                        if end > *expected_out as u64
-                            || r.desired_data_transfer_length > self.limits.max_burst
-                        {
-                            let reason = format!(
+                if let Some(Task {
+                    kind: Kind::Scsi { expected_out, .. },
+                    owner,
+                    ..
+                }) = self.tasks.get(&r.itt)
+                {
+                    let end = r.buffer_offset as u64 + u64::from(r.desired_data_transfer_length);
+                    if end > *expected_out as u64
+                        || r.desired_data_transfer_length > self.limits.max_burst
+                    {
+                        let reason = format!(
                                 "R2T for {} bytes at offset {} is outside the {}-byte write or above MaxBurstLength {}",
                                 r.desired_data_transfer_length,
                                 r.buffer_offset,
                                 expected_out,
                                 self.limits.max_burst
                             );
-                            let task = self.tasks.remove(&r.itt).expect("present");
-                            events.push(Event::Complete {
-                                owner: task.owner,
-                                result: TaskResult::Failed { reason, buf: None },
-                            });
-                        } else {
-                            events.push(Event::R2t {
-                                owner: owner.clone(),
-                                r2t: r,
-                            });
-                        }
+                        let task = self.tasks.remove(&r.itt).expect("present");
+                        events.push(Event::Complete {
+                            owner: task.owner,
+                            result: TaskResult::Failed { reason, buf: None },
+                        });
+                    } else {
+                        events.push(Event::R2t {
+                            owner: owner.clone(),
+                            r2t: r,
+                        });
                     }
-                    _ => {}
                 }
             }
             Bhs::NopIn(n) => {
@@ -893,7 +890,7 @@ mod tests {
         assert!(e.window_open());
         let (itt1, h1, ..) = e.start_scsi(0, &cdb, None, 0, 1);
         let (_itt2, h2, ..) = e.start_scsi(0, &cdb, None, 0, 2);
-        let (_itt3, _, ..) = e.start_scsi(0, &cdb, None, 0, 3);
+        let (_itt3, ..) = e.start_scsi(0, &cdb, None, 0, 3);
         assert_eq!((h1.cmd_sn, h2.cmd_sn), (10, 11));
         assert_eq!(h1.exp_stat_sn, 100);
         assert!(!e.window_open(), "CmdSN 13 is beyond MaxCmdSN 12");

@@ -19,6 +19,9 @@ use blockwire_pdu::{Bhs, Pdu, Stage};
 use crate::config::{ChapConfig, InitiatorConfig};
 use crate::error::{Error, Result};
 
+/// A source of random bytes (CHAP identifiers and challenges).
+pub type Fill = Box<dyn FnMut(&mut [u8]) + Send>;
+
 /// What a finished login established.
 #[derive(Debug, Clone)]
 pub struct LoginOutcome {
@@ -73,7 +76,7 @@ pub struct LoginMachine {
     cmd_sn: u32,
     exp_stat_sn: u32,
     assembler: TextAssembler,
-    fill: Box<dyn FnMut(&mut [u8]) + Send>,
+    fill: Fill,
 }
 
 impl std::fmt::Debug for LoginMachine {
@@ -96,7 +99,7 @@ impl LoginMachine {
         isid: [u8; 6],
         tsih: u16,
         cmd_sn: u32,
-        fill: Box<dyn FnMut(&mut [u8]) + Send>,
+        fill: Fill,
     ) -> Result<LoginMachine> {
         let label = target.unwrap_or("discovery").to_owned();
         let chap_cfg: Option<&ChapConfig> = if target.is_some() {

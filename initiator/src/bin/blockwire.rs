@@ -1,4 +1,11 @@
 //! `blockwire`: the command line of blockwire's iSCSI initiator.
+// map_or(true, ..) and `%` keep the crate's rust-version (1.80).
+#![allow(
+    clippy::unnecessary_map_or,
+    clippy::type_complexity,
+    unknown_lints,
+    clippy::manual_is_multiple_of
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
