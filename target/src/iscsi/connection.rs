@@ -183,6 +183,20 @@ async fn login(
                 return None;
             }
             LoginStep::Complete(outcome) => {
+                // A digest the initiator would not agree to is answered
+                // Reject and falls back to None (RFC 7143 §6.2); when the
+                // target insists on CRC32C, such a login must fail.
+                let s = &fabric.settings;
+                if (s.require_header_digest && outcome.params.header_digest != Digest::Crc32c)
+                    || (s.require_data_digest && outcome.params.data_digest != Digest::Crc32c)
+                {
+                    info!(?peer, initiator = %outcome.initiator_name, "login refused: the target requires CRC32C digests");
+                    let _ = writer
+                        .push(&machine.reject(blockwire_pdu::LoginStatus::INITIATOR_ERROR))
+                        .await;
+                    let _ = writer.flush().await;
+                    return None;
+                }
                 let request = SessionRequest {
                     initiator_name: outcome.initiator_name.clone(),
                     isid: outcome.isid,
@@ -792,15 +806,25 @@ impl Conn<'_> {
             .await;
             let mine = session.tasks.finish(cmd.itt, &aborted);
             shared.complete();
-            let Ok(Some(result)) = result else { return };
             if !mine {
                 return;
             }
-            for pdu in response_pdus(&cmd, result, limits, r2t_count) {
+            let pdus = match result {
+                Ok(Some(result)) => response_pdus(&cmd, result, limits, r2t_count),
+                Ok(None) => Vec::new(),
+                Err(e) => {
+                    // A bug in the SCSI core must not leave the initiator
+                    // waiting: answer HARDWARE ERROR, INTERNAL TARGET FAILURE.
+                    tracing::error!(itt = cmd.itt, error = %e, "SCSI command panicked");
+                    status_only(&cmd, CHECK_CONDITION, Some(internal_failure_sense()))
+                }
+            };
+            for pdu in pdus {
                 if tx.send(Outgoing::Pdu(pdu)).await.is_err() {
-                    return;
+                    break;
                 }
             }
+            session.tasks.done(cmd.itt, &aborted);
         });
     }
 
@@ -811,24 +835,24 @@ impl Conn<'_> {
         let response = match (&target, req.function) {
             (None, _) => TmfResponse::NotSupported,
             (Some(_), TmfFunction::AbortTask) => {
-                if self.abort_where(|itt, _| itt == req.referenced_task_tag) > 0 {
+                // With one connection per session commands arrive in CmdSN
+                // order, so a task that is not registered has completed (or
+                // never existed): "task does not exist", as libiscsi expects.
+                if self
+                    .abort_where(|itt, _| itt == req.referenced_task_tag)
+                    .await
+                    > 0
+                {
                     TmfResponse::FunctionComplete
                 } else {
-                    let w = self.shared.window.lock().unwrap_or_else(|e| e.into_inner());
-                    // RFC 7143 §11.6.1: a referenced command already received
-                    // (its CmdSN below ExpCmdSN) and completed counts as done.
-                    if w.is_stale(req.ref_cmd_sn) {
-                        TmfResponse::FunctionComplete
-                    } else {
-                        TmfResponse::TaskDoesNotExist
-                    }
+                    TmfResponse::TaskDoesNotExist
                 }
             }
             (Some(t), TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet) => {
                 if !t.luns.has_lun(lun) {
                     TmfResponse::LunDoesNotExist
                 } else {
-                    self.abort_where(|_, task_lun| task_lun == lun);
+                    self.abort_where(|_, task_lun| task_lun == lun).await;
                     TmfResponse::FunctionComplete
                 }
             }
@@ -836,7 +860,7 @@ impl Conn<'_> {
                 if !t.luns.has_lun(lun) {
                     TmfResponse::LunDoesNotExist
                 } else {
-                    self.abort_where(|_, task_lun| task_lun == lun);
+                    self.abort_where(|_, task_lun| task_lun == lun).await;
                     self.fabric.sessions.abort_target_tasks(t, Some(lun));
                     if let Some(nexus) = &self.session.nexus {
                         t.luns.reset_lun(lun, nexus);
@@ -845,7 +869,7 @@ impl Conn<'_> {
                 }
             }
             (Some(t), TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset) => {
-                self.abort_where(|_, _| true);
+                self.abort_where(|_, _| true).await;
                 self.fabric.sessions.abort_target_tasks(t, None);
                 if let Some(nexus) = &self.session.nexus {
                     t.luns.reset_target(nexus);
@@ -876,17 +900,32 @@ impl Conn<'_> {
         !close_after
     }
 
-    /// Aborts the tasks `pick` selects (by ITT and LUN); returns how many.
-    fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
-        let chosen = self.session.tasks.abort_where(pick);
-        for itt in &chosen {
+    /// Aborts the tasks `pick` selects (by ITT and LUN); returns how many
+    /// were aborted. Tasks already completing are let finish, and this waits
+    /// (boundedly) until their responses are queued, so the task management
+    /// response follows them on the wire.
+    async fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
+        let outcome = self.session.tasks.abort_where(pick);
+        for itt in &outcome.aborted {
             if self.collectors.remove(itt).is_some() {
                 // Never executed: its window slot is freed here.
                 self.shared.complete();
             }
         }
-        chosen.len()
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        for itt in &outcome.completing {
+            while self.session.tasks.contains(*itt) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        outcome.aborted.len()
     }
+}
+
+/// HARDWARE ERROR, INTERNAL TARGET FAILURE (44/00).
+fn internal_failure_sense() -> Vec<u8> {
+    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
+    Sense::new(SenseKey::HardwareError, Asc::new(0x44, 0x00)).encode(SenseFormat::Fixed)
 }
 
 /// Sense data for a write whose Data-Out PDUs broke the sequence rules:

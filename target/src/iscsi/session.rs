@@ -39,9 +39,26 @@ pub struct TaskInfo {
     pub lun: u16,
     /// Set when the task is aborted: its result is then discarded.
     pub aborted: Arc<AtomicBool>,
+    /// The task finished and its response is being queued: too late to
+    /// abort. Task management waits for the response to be queued.
+    pub completing: bool,
+}
+
+/// What an abort found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Aborted {
+    /// Tasks aborted: they will send no response.
+    pub aborted: Vec<u32>,
+    /// Tasks whose responses are already on their way.
+    pub completing: Vec<u32>,
 }
 
 /// The tasks of one session, by Initiator Task Tag.
+///
+/// A task ends in exactly one of two ways, decided under this set's lock:
+/// aborted (no response is ever sent) or completing (its response will be
+/// queued; an abort then answers "task does not exist", after waiting until
+/// the response is queued so the initiator sees them in that order).
 #[derive(Debug, Default)]
 pub struct TaskSet {
     tasks: Mutex<HashMap<u32, TaskInfo>>,
@@ -60,6 +77,7 @@ impl TaskSet {
             TaskInfo {
                 lun,
                 aborted: aborted.clone(),
+                completing: false,
             },
         );
         aborted
@@ -70,16 +88,27 @@ impl TaskSet {
         self.lock().get(&itt).map(|t| t.aborted.clone())
     }
 
-    /// Removes a finished task; true if it was still this task (same flag)
-    /// and had not been aborted.
+    /// A task's result is ready: true if it may send its response (then
+    /// call [`TaskSet::done`] once it is queued), false if it was aborted.
     pub fn finish(&self, itt: u32, flag: &Arc<AtomicBool>) -> bool {
         let mut tasks = self.lock();
-        match tasks.get(&itt) {
-            Some(t) if Arc::ptr_eq(&t.aborted, flag) => {
-                tasks.remove(&itt);
-                !flag.load(Ordering::SeqCst)
+        match tasks.get_mut(&itt) {
+            Some(t) if Arc::ptr_eq(&t.aborted, flag) && !flag.load(Ordering::SeqCst) => {
+                t.completing = true;
+                true
             }
             _ => false,
+        }
+    }
+
+    /// The task's response is queued: forget it.
+    pub fn done(&self, itt: u32, flag: &Arc<AtomicBool>) {
+        let mut tasks = self.lock();
+        if tasks
+            .get(&itt)
+            .is_some_and(|t| Arc::ptr_eq(&t.aborted, flag))
+        {
+            tasks.remove(&itt);
         }
     }
 
@@ -88,20 +117,31 @@ impl TaskSet {
         self.lock().remove(&itt);
     }
 
-    /// Aborts the tasks `pick` selects by ITT and LUN; returns their ITTs.
-    pub fn abort_where(&self, pick: impl Fn(u32, u16) -> bool) -> Vec<u32> {
+    /// Whether a task is still registered (running or completing).
+    pub fn contains(&self, itt: u32) -> bool {
+        self.lock().contains_key(&itt)
+    }
+
+    /// Aborts the tasks `pick` selects by ITT and LUN, except those already
+    /// completing, which are reported separately.
+    pub fn abort_where(&self, pick: impl Fn(u32, u16) -> bool) -> Aborted {
         let mut tasks = self.lock();
-        let chosen: Vec<u32> = tasks
-            .iter()
-            .filter(|(itt, t)| pick(**itt, t.lun))
-            .map(|(itt, _)| *itt)
-            .collect();
-        for itt in &chosen {
+        let mut out = Aborted::default();
+        for (itt, t) in tasks.iter() {
+            if pick(*itt, t.lun) {
+                if t.completing {
+                    out.completing.push(*itt);
+                } else {
+                    out.aborted.push(*itt);
+                }
+            }
+        }
+        for itt in &out.aborted {
             if let Some(t) = tasks.remove(itt) {
                 t.aborted.store(true, Ordering::SeqCst);
             }
         }
-        chosen
+        out
     }
 }
 
@@ -301,7 +341,12 @@ impl SessionTable {
         self.all()
             .iter()
             .filter(|s| s.nexus.as_ref() == Some(nexus))
-            .map(|s| s.tasks.abort_where(|_, task_lun| task_lun == lun).len())
+            .map(|s| {
+                s.tasks
+                    .abort_where(|_, task_lun| task_lun == lun)
+                    .aborted
+                    .len()
+            })
             .sum()
     }
 
@@ -314,6 +359,7 @@ impl SessionTable {
             .map(|s| {
                 s.tasks
                     .abort_where(|_, task_lun| lun.is_none_or(|l| l == task_lun))
+                    .aborted
                     .len()
             })
             .sum()

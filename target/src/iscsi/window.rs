@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use blockwire_pdu::serial::{cmd_sn_in_window, sn_lt};
+use blockwire_pdu::serial::cmd_sn_in_window;
 
 /// What to do with an arriving command.
 #[derive(Debug, PartialEq, Eq)]
@@ -98,11 +98,6 @@ impl<T> CmdWindow<T> {
     /// Text, Logout, TMF, non-immediate) advanced the window and finished.
     pub fn complete(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
-    }
-
-    /// Whether `sn` is older than ExpCmdSN (a retransmission).
-    pub fn is_stale(&self, sn: u32) -> bool {
-        sn_lt(sn, self.exp_cmd_sn)
     }
 }
 
