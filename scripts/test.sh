@@ -16,6 +16,9 @@ cargo fmt --all -- --check
 step "build (debug, all targets)"
 cargo build --workspace --all-targets
 
+step "release build of the daemons (end-to-end and interop tests use it)"
+cargo build --release -p blockwire-mgmt -p blockwire-initiator
+
 step "unit, property, golden and end-to-end tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
@@ -24,9 +27,6 @@ else
 fi
 # nextest does not run doctests.
 cargo test --workspace --doc
-
-step "release build of the daemons (interop tests and benchmarks use it)"
-cargo build --release -p blockwire-mgmt
 
 step "interop scripts"
 for t in interop/test-*.sh; do
