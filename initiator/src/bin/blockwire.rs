@@ -17,6 +17,8 @@ use blockwire_initiator::{
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rand::{Rng, SeedableRng};
 
+#[path = "blockwire/mount.rs"]
+mod mount;
 #[path = "blockwire/nodedb.rs"]
 mod nodedb;
 
@@ -36,6 +38,7 @@ Examples:
   blockwire inq -p 127.0.0.1 -T iqn.2026-11.io.blockwire:default -l 0
   blockwire readcap -p 127.0.0.1
   blockwire bench -p 127.0.0.1 --pattern rand --op read --bs 4k --qd 32 --time 10s
+  blockwire mount -p 127.0.0.1 /mnt/luns &   # then: losetup -f --show /mnt/luns/lun0
   blockwire discover -p 10.0.0.5 --chap-user alice --chap-secret alice-secret-12 \\
       --mutual-user target --mutual-secret target-secret-1";
 
@@ -194,6 +197,32 @@ enum Command {
         /// Limit the I/O to the first SIZE bytes of the LUN (default: all).
         #[arg(long)]
         span: Option<String>,
+    },
+    /// Expose each LUN as a file (`lun0`, `lun1`, ...) in a FUSE mount, sized
+    /// to its capacity: reads and writes become READ/WRITE (direct I/O, no
+    /// page cache), fsync becomes SYNCHRONIZE CACHE, O_SYNC/O_DSYNC writes
+    /// carry FUA. `losetup` makes a file a block device. Runs in the
+    /// foreground until unmounted or SIGINT/SIGTERM, then flushes and logs out.
+    Mount {
+        #[command(flatten)]
+        s: SessionArgs,
+        /// Only these LUNs (repeat, or comma-separated; default: all that REPORT LUNS lists).
+        #[arg(short = 'l', long = "lun", value_delimiter = ',')]
+        luns: Vec<u16>,
+        /// Commands in flight at most.
+        #[arg(long, default_value_t = 32)]
+        qd: usize,
+        /// Mount read-only.
+        #[arg(long)]
+        read_only: bool,
+        /// Let users other than the mounting one open the files (FUSE allow_other).
+        #[arg(long)]
+        allow_other: bool,
+        /// Send O_DIRECT writes with FUA too (by default only O_SYNC/O_DSYNC ones).
+        #[arg(long)]
+        fua_direct: bool,
+        /// Directory to mount on.
+        mountpoint: std::path::PathBuf,
     },
 }
 
@@ -486,6 +515,24 @@ async fn run(cli: &Cli) -> Result<()> {
             let time = parse_duration(time)?;
             let span = span.as_deref().map(parse_size).transpose()?;
             bench(cli, s, *lun, *pattern, *op, bs, (*qd).max(1), time, span).await?;
+        }
+        Command::Mount {
+            s,
+            luns,
+            qd,
+            read_only,
+            allow_other,
+            fua_direct,
+            mountpoint,
+        } => {
+            let sess = open(cli, s, (*qd).max(1)).await?;
+            let opts = mount::MountOptions {
+                mountpoint: mountpoint.clone(),
+                read_only: *read_only,
+                allow_other: *allow_other,
+                fua_direct: *fua_direct,
+            };
+            mount::mount(sess, luns, opts).await?;
         }
     }
     Ok(())
