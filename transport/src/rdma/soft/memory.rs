@@ -168,6 +168,34 @@ mod os {
         unsafe { libc::munlock(addr as *const libc::c_void, len) };
     }
     #[cfg(not(miri))]
+    pub fn raise_memlock_limit(bytes: u64) -> Option<u64> {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit read and write the struct we pass.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) != 0 {
+                return None;
+            }
+            if rl.rlim_cur < bytes as libc::rlim_t {
+                let want = libc::rlimit {
+                    rlim_cur: bytes as libc::rlim_t,
+                    rlim_max: rl.rlim_max.max(bytes as libc::rlim_t),
+                };
+                if libc::setrlimit(libc::RLIMIT_MEMLOCK, &want) != 0 {
+                    // Without privilege: up to the hard limit.
+                    let capped = libc::rlimit {
+                        rlim_cur: rl.rlim_max,
+                        rlim_max: rl.rlim_max,
+                    };
+                    libc::setrlimit(libc::RLIMIT_MEMLOCK, &capped);
+                }
+            }
+        }
+        memlock_limit()
+    }
+    #[cfg(not(miri))]
     pub fn memlock_limit() -> Option<u64> {
         let mut rl = libc::rlimit {
             rlim_cur: 0,
@@ -188,6 +216,16 @@ mod os {
     pub fn memlock_limit() -> Option<u64> {
         None
     }
+    #[cfg(miri)]
+    pub fn raise_memlock_limit(_: u64) -> Option<u64> {
+        None
+    }
+}
+
+/// Try to raise RLIMIT_MEMLOCK to at least `bytes` (needs privilege beyond the hard
+/// limit); returns the resulting soft limit.
+pub fn raise_memlock_limit(bytes: u64) -> Option<u64> {
+    os::raise_memlock_limit(bytes)
 }
 
 /// The current RLIMIT_MEMLOCK soft limit in bytes, if known.
@@ -197,6 +235,8 @@ pub fn memlock_limit() -> Option<u64> {
 
 /// One registered region.
 pub(crate) struct Region {
+    /// Start of the region, with the provenance of the registered memory.
+    base: *mut u8,
     addr: usize,
     len: usize,
     access: AccessFlags,
@@ -209,6 +249,13 @@ pub(crate) struct Region {
     /// Keeps an owned buffer alive (None for caller memory).
     _owned: Option<AlignedBuf>,
 }
+
+// SAFETY: `base` is only dereferenced in copy_in/copy_out under the `live` lock, which
+// serialises writers against every other access; the memory itself is owned by the region
+// or guaranteed by the registrant (register_raw's contract), not by a thread.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
 
 impl Region {
     pub fn addr(&self) -> u64 {
@@ -247,7 +294,7 @@ impl Region {
         // caller aliases registered memory, which register_raw's contract forbids.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                (self.addr + off) as *const u8,
+                self.base.add(off) as *const u8,
                 dst.as_mut_ptr(),
                 dst.len(),
             )
@@ -259,9 +306,7 @@ impl Region {
         debug_assert!(off + src.len() <= self.len);
         // SAFETY: as copy_out; the caller holds the `live` lock exclusively, so no other
         // provider access to the region runs concurrently.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), (self.addr + off) as *mut u8, src.len())
-        }
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(off), src.len()) }
     }
 
     /// CPU read of the region (MemoryRegion::read_at).
@@ -443,6 +488,7 @@ impl KeyTable {
         let lkey = (index << 8) | slot.generation as u32;
         let rkey = (index << 8) | slot.generation.wrapping_add(1) as u32;
         let region = Arc::new(Region {
+            base: addr,
             addr: addr as usize,
             len,
             access,

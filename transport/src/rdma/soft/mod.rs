@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub use cq::SoftCq;
-pub use memory::{memlock_limit, DeviceCounters, SoftConfig};
+pub use memory::{memlock_limit, raise_memlock_limit, DeviceCounters, SoftConfig};
 pub use qp::{SoftConnectRequest, SoftListener, SoftQp};
 
 use memory::{KeyTable, PinTable, Region};
