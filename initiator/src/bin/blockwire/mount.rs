@@ -643,15 +643,22 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
     };
     eprintln!("blockwire mount: unmounted; {}", stats.summary());
     if let Some(s) = session {
-        for f in &files {
-            if !opts.read_only {
-                if let Err(e) = s.synchronize_cache(f.lun).await {
-                    eprintln!("blockwire mount: final SYNCHRONIZE CACHE {}: {e}", f.name);
+        // Bounded: with the target gone, recovery would retry for a while.
+        let finish = async {
+            for f in &files {
+                if !opts.read_only {
+                    if let Err(e) = s.synchronize_cache(f.lun).await {
+                        eprintln!("blockwire mount: final SYNCHRONIZE CACHE {}: {e}", f.name);
+                    }
                 }
             }
+            s.logout().await
+        };
+        match tokio::time::timeout(Duration::from_secs(15), finish).await {
+            Ok(Ok(())) => eprintln!("blockwire mount: logged out"),
+            Ok(Err(e)) => eprintln!("blockwire mount: logout: {e}"),
+            Err(_) => eprintln!("blockwire mount: no final flush/logout within 15 s; giving up"),
         }
-        s.logout().await.context("logout")?;
-        eprintln!("blockwire mount: logged out");
     }
     served
 }

@@ -1,0 +1,202 @@
+#!/bin/bash
+# interop/test-initiator-fuse.sh — a LUN as a block device through `blockwire mount`, end to end:
+#
+#   blockwire-target (1 GiB RAM LUN 0) on a free port
+#   blockwire mount -p 127.0.0.1:PORT MNT          LUN 0 appears as MNT/lun0 (1 GiB)
+#   losetup --direct-io=on MNT/lun0                 (plain losetup when direct I/O is refused)
+#   mkfs.ext4, mount, write files of random data, record their SHA-256, unmount
+#   fsck.ext4 -f -n                                 must be clean
+#   mount again, check the SHA-256s, unmount, losetup -d
+#   stop `blockwire mount` with SIGTERM             (it unmounts, SYNCHRONIZE CACHE, logout)
+#   a second `blockwire mount` (a new session): losetup, fsck.ext4 -f -n, mount, same SHA-256s
+#     (the data lives on the target, not in a cache of the first mount)
+#
+# Prints each step; exits 1 on the first failure. Cleans up (file systems, loop devices,
+# FUSE mounts, processes it started — by PID) in a trap, even on failure or timeout.
+# Needs root, /dev/fuse, fuse3 (fusermount3), util-linux (losetup) and e2fsprogs. Exits 0
+# with a SKIP line when /dev/fuse or root is missing. Bounded: the whole script re-executes
+# itself under `timeout` (BW_FUSE_TIMEOUT seconds, default 300).
+set -euo pipefail
+if [ -z "${_BW_FUSE_TIMED:-}" ]; then
+    export _BW_FUSE_TIMED=1
+    exec timeout -k 60 "${BW_FUSE_TIMEOUT:-300}" "$0" "$@"
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+. "$here/lib/blockwire.sh"
+
+IQN=iqn.2026-11.io.blockwire:default
+
+step() { printf '==== %s\n' "$*"; }
+fail() { printf 'FAIL: %s\n' "$*"; exit 1; }
+
+if [ "$(id -u)" != 0 ]; then echo "SKIP: test-initiator-fuse needs root (losetup, mount)"; exit 0; fi
+if [ ! -c /dev/fuse ]; then echo "SKIP: /dev/fuse is missing (no FUSE in this kernel/container)"; exit 0; fi
+for tool in losetup mkfs.ext4 fsck.ext4 sha256sum; do
+    command -v "$tool" >/dev/null || fail "$tool is not installed"
+done
+command -v fusermount3 >/dev/null || echo "note: fusermount3 missing; mounting with mount(2) as root"
+
+bw=${BLOCKWIRE_CLI:-${CARGO_TARGET_DIR:-$repo/build}/release/blockwire}
+if [ ! -x "$bw" ]; then
+    echo "building the blockwire CLI (release)"
+    (cd "$repo" && cargo build --release -p blockwire-initiator) || fail "release build failed"
+fi
+
+tmp=$(mktemp -d /tmp/bw-fuse.XXXXXX)
+mnt=$tmp/luns
+fsdir=$tmp/fs
+mkdir -p "$mnt" "$fsdir" "$tmp/data"
+target_pid="" mount_pid="" loopdev=""
+
+stop_mount() {
+    # SIGTERM: blockwire mount unmounts, flushes and logs out; wait (bounded) for it.
+    local pid=$1 rc=0
+    kill -TERM "$pid" 2>/dev/null || return 0
+    if ! timeout 25 bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.1; done' _ "$pid"; then
+        echo "blockwire mount $pid still running 25 s after SIGTERM: lazy unmount + SIGKILL"
+        fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || rc=$?
+    return "$rc"
+}
+
+cleanup() {
+    set +e
+    mountpoint -q "$fsdir" && { umount "$fsdir" || umount -l "$fsdir"; }
+    [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null
+    [ -n "$mount_pid" ] && stop_mount "$mount_pid" >/dev/null 2>&1
+    mountpoint -q "$mnt" && { fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt"; }
+    [ -n "$target_pid" ] && stop_blockwire "$target_pid" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 1' INT TERM
+
+start_mount() {
+    step "blockwire mount -p 127.0.0.1:$port -T $IQN $mnt  ($1)"
+    "$bw" mount -p "127.0.0.1:$port" -T "$IQN" "$mnt" >"$tmp/mount-$1.log" 2>&1 </dev/null &
+    mount_pid=$!
+    if ! timeout 20 bash -c 'until [ -e "$1/lun0" ]; do kill -0 "$2" 2>/dev/null || exit 1; sleep 0.1; done' \
+            _ "$mnt" "$mount_pid"; then
+        cat "$tmp/mount-$1.log"
+        fail "the FUSE mount did not show lun0"
+    fi
+    sed 's/^/    /' "$tmp/mount-$1.log"
+    local size
+    size=$(stat -c %s "$mnt/lun0")
+    echo "    $mnt/lun0: $size bytes"
+    [ "$size" = $((1 << 30)) ] || fail "lun0 is $size bytes, the LUN has $((1 << 30))"
+}
+
+attach_loop() {
+    if loopdev=$(losetup -f --show --direct-io=on "$mnt/lun0" 2>"$tmp/losetup.err"); then
+        step "losetup --direct-io=on $mnt/lun0 -> $loopdev"
+    else
+        echo "    losetup --direct-io=on refused: $(cat "$tmp/losetup.err"); plain losetup"
+        loopdev=$(losetup -f --show "$mnt/lun0") || fail "losetup"
+        step "losetup $mnt/lun0 -> $loopdev"
+    fi
+    losetup -l "$loopdev" | sed 's/^/    /'
+}
+
+run_fsck() {
+    step "fsck.ext4 -f -n $loopdev"
+    local rc=0
+    timeout 120 fsck.ext4 -f -n "$loopdev" >"$tmp/fsck.log" 2>&1 || rc=$?
+    sed 's/^/    /' "$tmp/fsck.log"
+    [ "$rc" = 0 ] || fail "fsck.ext4 exited $rc"
+    echo "    fsck.ext4 exit 0: clean"
+}
+
+verify() {
+    step "read back and compare SHA-256 ($1)"
+    local rc=0
+    (cd "$fsdir" && sha256sum -c "$tmp/sums") >"$tmp/check.log" 2>&1 || rc=$?
+    sed 's/^/    /' "$tmp/check.log" | head -n 3
+    echo "    ..."
+    [ "$rc" = 0 ] || { grep -v ': OK$' "$tmp/check.log"; fail "checksums differ ($1)"; }
+    echo "    $(grep -c ': OK$' "$tmp/check.log")/$(wc -l <"$tmp/sums") files identical"
+}
+
+stop_and_report() {
+    step "stop blockwire mount (SIGTERM: unmount, SYNCHRONIZE CACHE, logout)"
+    local rc=0
+    stop_mount "$mount_pid" || rc=$?
+    mount_pid=""
+    sed 's/^/    /' "$tmp/mount-$1.log"
+    [ "$rc" = 0 ] || fail "blockwire mount exited $rc"
+    grep -q "logged out" "$tmp/mount-$1.log" || fail "blockwire mount did not log out"
+    ! mountpoint -q "$mnt" || fail "$mnt is still mounted"
+}
+
+port=$(free_port)
+step "start blockwire-target on 127.0.0.1:$port"
+target_pid=$(start_blockwire "$port" "$tmp") || fail "blockwire-target did not start"
+
+start_mount first
+
+step "raw O_DIRECT|O_DSYNC write to $mnt/lun0 (FUA) and read-back"
+head -c 65536 /dev/urandom >"$tmp/data/raw.bin"
+dd if="$tmp/data/raw.bin" of="$mnt/lun0" bs=64k seek=100 conv=notrunc oflag=direct,dsync status=none ||
+    fail "dd to lun0"
+dd if="$mnt/lun0" of="$tmp/data/raw.back" bs=64k skip=100 count=1 iflag=direct status=none ||
+    fail "dd from lun0"
+cmp "$tmp/data/raw.bin" "$tmp/data/raw.back" || fail "raw read-back differs"
+echo "    64 KiB at offset 6400 KiB: $(sha256sum <"$tmp/data/raw.back" | cut -c1-16)... identical"
+attach_loop
+
+step "mkfs.ext4 $loopdev"
+timeout 120 mkfs.ext4 -q -F -L bwfuse "$loopdev" || fail "mkfs.ext4"
+step "mount $loopdev $fsdir"
+timeout 60 mount -t ext4 "$loopdev" "$fsdir" || fail "mount ext4"
+
+step "write files of random data"
+mkdir -p "$fsdir/dir/sub"
+head -c $((5 << 20)) /dev/urandom >"$fsdir/random-5M.bin"
+head -c $((3 << 20)) /dev/urandom >"$fsdir/dir/random-3M.bin"
+head -c 4097 /dev/urandom >"$fsdir/dir/sub/odd-4097.bin"
+for i in $(seq 1 20); do head -c $((i * 1000)) /dev/urandom >"$fsdir/dir/small-$i.bin"; done
+# A file written O_DIRECT|O_SYNC through the file system (FUA where the stack passes it).
+dd if=/dev/urandom of="$fsdir/direct-sync-1M.bin" bs=64k count=16 oflag=direct,sync status=none
+(cd "$fsdir" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$tmp/sums"
+sed 's/^/    /' "$tmp/sums" | head -n 5
+echo "    ... $(wc -l <"$tmp/sums") files, $(du -sh "$fsdir" | cut -f1) in all"
+sync
+
+step "umount $fsdir"
+timeout 60 umount "$fsdir" || fail "umount"
+run_fsck
+
+step "mount $loopdev $fsdir again"
+timeout 60 mount -t ext4 "$loopdev" "$fsdir" || fail "mount ext4 (second)"
+verify "same session"
+step "umount $fsdir"
+timeout 60 umount "$fsdir" || fail "umount (second)"
+step "losetup -d $loopdev"
+losetup -d "$loopdev" || fail "losetup -d"
+loopdev=""
+stop_and_report first
+grep -Eq "synchronize_cache=[1-9]" "$tmp/mount-first.log" ||
+    fail "no fsync reached the LUN as SYNCHRONIZE CACHE"
+grep -Eq "[1-9][0-9]* with FUA" "$tmp/mount-first.log" || fail "the O_DSYNC write carried no FUA"
+
+start_mount second
+attach_loop
+run_fsck
+step "mount $loopdev $fsdir (new session)"
+timeout 60 mount -t ext4 -o ro "$loopdev" "$fsdir" || fail "mount ext4 (new session)"
+verify "new session"
+step "umount $fsdir; losetup -d $loopdev"
+timeout 60 umount "$fsdir" || fail "umount (new session)"
+losetup -d "$loopdev" || fail "losetup -d"
+loopdev=""
+stop_and_report second
+
+step "stop blockwire-target"
+rc=0
+stop_blockwire "$target_pid" || rc=$?
+target_pid=""
+[ "$rc" = 0 ] || fail "blockwire-target exited $rc"
+echo "PASS: test-initiator-fuse"
