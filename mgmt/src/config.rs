@@ -8,12 +8,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use blockwire_target::backstore::{Backstore, FileBackstore, RamBackstore};
+use blockwire_target::backstore::{
+    Backstore, FileBackstore, FileMode, NullBackstore, RamBackstore,
+};
 use blockwire_target::iscsi::catalog::{
     Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry,
 };
 use blockwire_target::iscsi::FabricSettings;
-use blockwire_target::scsi::{stable_identity, LogicalUnit, LuConfig, LunTable};
+use blockwire_target::scsi::{
+    identity_from_uuid, stable_identity, LogicalUnit, LuConfig, LunTable,
+};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -169,8 +173,10 @@ pub struct TargetDef {
 pub struct LunDef {
     /// LUN number (0..16383).
     pub id: u16,
-    /// "ram" or "file".
+    /// "ram", "file" or "null" (reads zeros, discards writes: benchmarks).
     pub backstore: Spanned<String>,
+    /// File LUNs: "cached" (page cache, the default) or "direct" (O_DIRECT).
+    pub mode: Option<Spanned<String>>,
     /// File or block device path (file backstore).
     pub path: Option<PathBuf>,
     /// Size, e.g. "1G", "512M", "1048576" (required for ram; creates or grows files).
@@ -180,8 +186,19 @@ pub struct LunDef {
     pub read_only: bool,
     /// Logical block size: 512 (default) or 4096.
     pub block_size: Option<Spanned<u32>>,
-    /// Unit serial number; derived from the target name and LUN when omitted.
+    /// Unit serial number; derived from `uuid` or, without one, from the
+    /// target name and LUN when omitted.
     pub serial: Option<String>,
+    /// The LUN's UUID: its unit serial number (VPD 80h) and NAA identifier
+    /// (VPD 83h) derive from it, so they stay the same when the LUN moves to
+    /// another target name or LUN number. Without it both derive from the
+    /// target name and the LUN number (deterministic, stable across
+    /// restarts and portals, but changed by a rename). Generate one with
+    /// `uuidgen` and keep it with the data.
+    pub uuid: Option<Spanned<String>>,
+    /// Physical block size reported in READ CAPACITY (16): equal to
+    /// `block_size` (default) or a power-of-two multiple of it, e.g. 4096.
+    pub physical_block_size: Option<Spanned<u32>>,
 }
 
 /// What the daemon needs to start.
@@ -452,7 +469,54 @@ impl TargetConfig {
                     Some(b) => *b.get_ref(),
                     None => 512,
                 };
-                let backstore: Arc<dyn Backstore> = match l.backstore.get_ref().as_str() {
+                let kind = l.backstore.get_ref().as_str();
+                let mode = match &l.mode {
+                    None => FileMode::Cached,
+                    Some(m) if kind != "file" => {
+                        return Err(ctx.err(
+                            m.span(),
+                            "target.lun.mode",
+                            format!("only file LUNs have a mode; remove it from this {kind} LUN"),
+                        ));
+                    }
+                    Some(m) => match m.get_ref().as_str() {
+                        "cached" => FileMode::Cached,
+                        "direct" => FileMode::Direct,
+                        other => {
+                            return Err(ctx.err(
+                                m.span(),
+                                "target.lun.mode",
+                                format!("{other:?} is not a mode (use \"cached\" or \"direct\")"),
+                            ));
+                        }
+                    },
+                };
+                let physical_block_exponent = match &l.physical_block_size {
+                    None => 0,
+                    Some(p) => {
+                        let v = *p.get_ref();
+                        let ratio = v / block_size;
+                        if v < block_size
+                            || v % block_size != 0
+                            || !ratio.is_power_of_two()
+                            || ratio > 1 << 15
+                        {
+                            return Err(ctx.err(
+                                p.span(),
+                                "target.lun.physical_block_size",
+                                format!("must be block_size ({block_size}) times a power of two, e.g. 4096"),
+                            ));
+                        }
+                        ratio.trailing_zeros() as u8
+                    }
+                };
+                let backstore: Arc<dyn Backstore> = match kind {
+                    "null" => {
+                        let size = size.ok_or_else(|| {
+                            ctx.err(lspan.clone(), "target.lun.size", "a null LUN needs a size")
+                        })?;
+                        Arc::new(NullBackstore::new(size))
+                    }
                     "ram" => {
                         let size = size.ok_or_else(|| {
                             ctx.err(lspan.clone(), "target.lun.size", "a ram LUN needs a size")
@@ -463,15 +527,19 @@ impl TargetConfig {
                         let path = l.path.as_ref().ok_or_else(|| {
                             ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
                         })?;
-                        Arc::new(FileBackstore::open(path, size, l.read_only).map_err(|e| {
-                            ctx.err(lspan.clone(), "target.lun.path", e.to_string())
-                        })?)
+                        Arc::new(
+                            FileBackstore::open_with(path, size, l.read_only, mode).map_err(
+                                |e| ctx.err(lspan.clone(), "target.lun.path", e.to_string()),
+                            )?,
+                        )
                     }
                     other => {
                         return Err(ctx.err(
                             l.backstore.span(),
                             "target.lun.backstore",
-                            format!("{other:?} is not a backstore (use \"ram\" or \"file\")"),
+                            format!(
+                                "{other:?} is not a backstore (use \"ram\", \"file\" or \"null\")"
+                            ),
                         ));
                     }
                 };
@@ -487,9 +555,22 @@ impl TargetConfig {
                         ),
                     ));
                 }
-                let (serial, naa) = stable_identity(&name, l.id);
+                let (serial, naa) = match &l.uuid {
+                    Some(u) => identity_from_uuid(u.get_ref()).ok_or_else(|| {
+                        ctx.err(
+                            u.span(),
+                            "target.lun.uuid",
+                            format!(
+                                "{:?} is not a UUID (32 hex digits, e.g. from uuidgen)",
+                                u.get_ref()
+                            ),
+                        )
+                    })?,
+                    None => stable_identity(&name, l.id),
+                };
                 let mut lu = LuConfig::new(backstore);
                 lu.block_size = block_size;
+                lu.physical_block_exponent = physical_block_exponent;
                 lu.read_only = l.read_only;
                 lu.serial = l.serial.clone().unwrap_or(serial);
                 lu.naa_id = naa;
@@ -642,6 +723,65 @@ mod tests {
         let e = TargetConfig::from_str("t.toml", "[fabric]\nqueue_dpth = 3\n").unwrap_err();
         assert_eq!(e.line, 2);
         assert!(e.message.contains("queue_dpth"), "{e}");
+    }
+
+    fn one_lun(lun: &str) -> String {
+        format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\n{lun}")
+    }
+
+    #[test]
+    fn lun_backstores_modes_and_uuid() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("d.img");
+        // null, file direct (or its announced fallback), file cached.
+        for lun in [
+            "backstore = \"null\"\nsize = \"1G\"\n".to_string(),
+            format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\n"),
+            format!("backstore = \"file\"\npath = {img:?}\nmode = \"cached\"\nphysical_block_size = 4096\n"),
+        ] {
+            TargetConfig::from_str("t.toml", &one_lun(&lun)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun("backstore = \"ram\"\nsize = \"1M\"\nmode = \"direct\"\n"),
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (12, "target.lun.mode"), "{e}");
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"file\"\npath = {img:?}\nmode = \"fast\"\n"
+            )),
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (12, "target.lun.mode"), "{e}");
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun("backstore = \"null\"\nsize = \"1M\"\nuuid = \"nope\"\n"),
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (12, "target.lun.uuid"), "{e}");
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun("backstore = \"null\"\nsize = \"1M\"\nphysical_block_size = 1000\n"),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "target.lun.physical_block_size", "{e}");
+        // The UUID, not the target name, decides the identity.
+        let uuid = "uuid = \"3f2504e0-4f89-11d3-9a0c-0305e82c3301\"\n";
+        let lun = format!("backstore = \"null\"\nsize = \"1M\"\n{uuid}");
+        let a = TargetConfig::from_str("t.toml", &one_lun(&lun)).unwrap();
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&lun).replace("blockwire:t", "blockwire:renamed"),
+        )
+        .unwrap();
+        let cfg = |b: &Built| {
+            let lu = b.catalog.targets[0].luns.get(0).unwrap().config().clone();
+            (lu.serial, lu.naa_id)
+        };
+        assert_eq!(cfg(&a), cfg(&b));
+        assert_eq!(cfg(&a).0, "3f2504e04f8911d39a0c0305e82c3301");
     }
 
     #[test]

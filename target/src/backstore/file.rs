@@ -1,10 +1,53 @@
-//! A file (or block device) backstore using positional reads and writes.
+//! A file (or block device) backstore.
+//!
+//! Two modes:
+//! - **cached**: positional reads and writes through the page cache
+//!   (server read-ahead, write-back); `flush` is `fdatasync`.
+//! - **direct**: `O_DIRECT`, no page cache on the target. Every transfer
+//!   goes through a 4 KiB-aligned bounce buffer (the SCSI core's buffers
+//!   have no alignment guarantee); a write that does not cover whole 4 KiB
+//!   units reads the partial units first (read-modify-write) while holding
+//!   the store's RMW lock exclusively, so no aligned write can land in
+//!   between. If the filesystem refuses `O_DIRECT` (tmpfs on older kernels,
+//!   some FUSE filesystems) the store falls back to cached mode and says so
+//!   in [`FileBackstore::fallback_reason`] and in the logs.
+//!
+//! In both modes a durable write (FUA, or WCE off) is `pwritev2` with
+//! `RWF_DSYNC` (per-write `O_DSYNC`: only this write's data and the metadata
+//! needed to read it back are synced), falling back to write + `fdatasync`
+//! where the kernel lacks it. UNMAP punches holes with
+//! `fallocate(PUNCH_HOLE | KEEP_SIZE)` (the range then reads as zeros, so
+//! LBPRZ=1 is truthful), and the allocation map comes from
+//! `SEEK_DATA`/`SEEK_HOLE`. Where the filesystem cannot punch holes, zeros
+//! are written instead (still LBPRZ-truthful).
 
-use super::Backstore;
+use super::{Backstore, Extent};
+use rustix::fs::{FallocateFlags, SeekFrom};
+use rustix::io::{Errno, ReadWriteFlags};
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::FileExt;
+use std::io::{self, IoSlice};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
+use tracing::warn;
+
+/// Alignment of `O_DIRECT` transfers: offsets, lengths and memory. 4 KiB
+/// satisfies every device with logical blocks up to 4 KiB.
+pub const DIRECT_ALIGN: u64 = 4096;
+
+/// Largest piece one bounce-buffer transfer moves.
+const BOUNCE_CHUNK: usize = 1 << 20;
+
+/// How a file backstore does its I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileMode {
+    /// Through the page cache.
+    Cached,
+    /// `O_DIRECT`, bypassing the page cache.
+    Direct,
+}
 
 /// A regular file or block device.
 #[derive(Debug)]
@@ -12,35 +55,104 @@ pub struct FileBackstore {
     file: File,
     path: PathBuf,
     size: u64,
+    mode: FileMode,
+    fallback: Option<String>,
+    regular: bool,
+    /// Direct mode: aligned transfers hold it shared, read-modify-write
+    /// exclusively.
+    rmw: RwLock<()>,
+    /// `fallocate(PUNCH_HOLE)` still believed to work.
+    can_punch: AtomicBool,
+    /// `fallocate(ZERO_RANGE)` still believed to work.
+    can_zero_range: AtomicBool,
+    /// `pwritev2(RWF_DSYNC)` still believed to work.
+    can_dsync: AtomicBool,
+}
+
+thread_local! {
+    /// Per-thread bounce buffer for direct I/O (the SCSI core runs on a
+    /// blocking pool, so this is a handful of megabytes in all).
+    static BOUNCE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on an aligned, zeroed-or-stale buffer of `len` bytes.
+fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    BOUNCE.with(|cell| {
+        let mut v = cell.borrow_mut();
+        let need = len + DIRECT_ALIGN as usize;
+        if v.len() < need {
+            v.resize(need, 0);
+        }
+        let start = v.as_ptr().align_offset(DIRECT_ALIGN as usize);
+        f(&mut v[start..start + len])
+    })
+}
+
+fn is_unsupported(e: &Errno) -> bool {
+    *e == Errno::OPNOTSUPP || *e == Errno::NOSYS || *e == Errno::INVAL
 }
 
 impl FileBackstore {
+    /// Opens `path` in cached mode; see [`FileBackstore::open_with`].
+    pub fn open(path: &Path, size: Option<u64>, read_only: bool) -> io::Result<FileBackstore> {
+        Self::open_with(path, size, read_only, FileMode::Cached)
+    }
+
     /// Opens `path`, creating a regular file of `size` bytes if it does not
     /// exist, or growing it to `size` if it is shorter. With `size` None the
-    /// existing length is used.
-    pub fn open(path: &Path, size: Option<u64>, read_only: bool) -> io::Result<FileBackstore> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .create(!read_only && size.is_some())
-            .truncate(false)
-            .open(path)
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot open backstore {}: {e}", path.display()),
-                )
-            })?;
+    /// existing length is used. `Direct` mode needs a size that is a
+    /// multiple of 4 KiB; when the filesystem refuses `O_DIRECT` the store
+    /// runs cached and [`FileBackstore::fallback_reason`] says why.
+    pub fn open_with(
+        path: &Path,
+        size: Option<u64>,
+        read_only: bool,
+        mode: FileMode,
+    ) -> io::Result<FileBackstore> {
+        let annotate = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot open backstore {}: {e}", path.display()),
+            )
+        };
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.read(true)
+                .write(!read_only)
+                .create(!read_only && size.is_some())
+                .truncate(false);
+            if direct {
+                o.custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32);
+            }
+            o.open(path)
+        };
+        let mut fallback = None;
+        let mut file = match (mode, open(mode == FileMode::Direct)) {
+            (_, Ok(f)) => f,
+            (FileMode::Direct, Err(e)) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
+                fallback = Some(format!("the filesystem refuses O_DIRECT ({e})"));
+                open(false).map_err(annotate)?
+            }
+            (_, Err(e)) => return Err(annotate(e)),
+        };
         let meta = file.metadata()?;
-        let mut actual = if meta.is_file() {
+        let regular = meta.is_file();
+        let mut actual = if regular {
             meta.len()
-        } else {
+        } else if meta.file_type().is_block_device() {
             // Block devices report 0 in metadata; seek to the end instead.
-            use std::io::Seek;
-            (&file).seek(io::SeekFrom::End(0))?
+            rustix::fs::seek(&file, SeekFrom::End(0))?
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "backstore {} is neither a regular file nor a block device",
+                    path.display()
+                ),
+            ));
         };
         if let Some(want) = size {
-            if actual < want && meta.is_file() && !read_only {
+            if actual < want && regular && !read_only {
                 file.set_len(want)?;
                 actual = want;
             }
@@ -52,11 +164,176 @@ impl FileBackstore {
                 format!("backstore {} is empty: give it a size", path.display()),
             ));
         }
+        if mode == FileMode::Direct && fallback.is_none() {
+            if actual % DIRECT_ALIGN != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "backstore {}: direct mode needs a size that is a multiple of {DIRECT_ALIGN} bytes ({actual} is not); use mode = \"cached\" or change the size",
+                        path.display()
+                    ),
+                ));
+            }
+            // Some filesystems accept the flag at open and refuse the I/O.
+            let probe = with_bounce(DIRECT_ALIGN as usize, |b| file.read_at(b, 0));
+            if let Err(e) = probe {
+                if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) {
+                    fallback = Some(format!("the filesystem refuses O_DIRECT reads ({e})"));
+                    file = open(false).map_err(annotate)?;
+                } else {
+                    return Err(annotate(e));
+                }
+            }
+        }
+        let effective = if fallback.is_some() {
+            FileMode::Cached
+        } else {
+            mode
+        };
+        if let Some(why) = &fallback {
+            warn!(path = %path.display(), reason = %why, "direct mode unavailable: running this LUN in cached mode (page cache); put the file on a filesystem that supports O_DIRECT (ext4, xfs, a block device) for direct I/O");
+        }
         Ok(FileBackstore {
             file,
             path: path.to_owned(),
             size: actual,
+            mode: effective,
+            fallback,
+            regular,
+            rmw: RwLock::new(()),
+            can_punch: AtomicBool::new(true),
+            can_zero_range: AtomicBool::new(true),
+            can_dsync: AtomicBool::new(true),
         })
+    }
+
+    /// The mode the store really runs in.
+    pub fn mode(&self) -> FileMode {
+        self.mode
+    }
+
+    /// Why direct mode was asked for but cached mode is used, if it was.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range {offset}+{len} beyond backstore {} of {} bytes",
+                    self.path.display(),
+                    self.size
+                ),
+            )),
+        }
+    }
+
+    /// `pwrite` of all of `data`, with `RWF_DSYNC` when `durable` (then
+    /// the data is on stable storage when this returns).
+    fn pwrite_all(&self, mut offset: u64, mut data: &[u8], durable: bool) -> io::Result<()> {
+        if !durable {
+            return self.file.write_all_at(data, offset);
+        }
+        if self.can_dsync.load(Ordering::Relaxed) {
+            while !data.is_empty() {
+                match rustix::io::pwritev2(
+                    &self.file,
+                    &[IoSlice::new(data)],
+                    offset,
+                    ReadWriteFlags::DSYNC,
+                ) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => {
+                        data = &data[n..];
+                        offset += n as u64;
+                    }
+                    Err(Errno::INTR) => {}
+                    Err(e) if is_unsupported(&e) => {
+                        self.can_dsync.store(false, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if data.is_empty() {
+                return Ok(());
+            }
+        }
+        self.file.write_all_at(data, offset)?;
+        self.file.sync_data()
+    }
+
+    fn direct_read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let start = pos & !(DIRECT_ALIGN - 1);
+            let head = (pos - start) as usize;
+            let want = (buf.len() - done).min(BOUNCE_CHUNK - head);
+            let span = (head + want).next_multiple_of(DIRECT_ALIGN as usize);
+            with_bounce(span, |b| -> io::Result<()> {
+                self.file.read_exact_at(b, start)?;
+                buf[done..done + want].copy_from_slice(&b[head..head + want]);
+                Ok(())
+            })?;
+            done += want;
+        }
+        Ok(())
+    }
+
+    fn direct_write(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
+        let aligned = offset % DIRECT_ALIGN == 0 && data.len() as u64 % DIRECT_ALIGN == 0;
+        let _shared;
+        let _exclusive;
+        if aligned {
+            _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        } else {
+            _exclusive = self.rmw.write().unwrap_or_else(|e| e.into_inner());
+        }
+        let mut done = 0usize;
+        while done < data.len() {
+            let pos = offset + done as u64;
+            let start = pos & !(DIRECT_ALIGN - 1);
+            let head = (pos - start) as usize;
+            let want = (data.len() - done).min(BOUNCE_CHUNK - head);
+            let span = (head + want).next_multiple_of(DIRECT_ALIGN as usize);
+            with_bounce(span, |b| -> io::Result<()> {
+                if head != 0 {
+                    self.file
+                        .read_exact_at(&mut b[..DIRECT_ALIGN as usize], start)?;
+                }
+                if (head + want) % DIRECT_ALIGN as usize != 0 {
+                    let last = span - DIRECT_ALIGN as usize;
+                    self.file
+                        .read_exact_at(&mut b[last..], start + last as u64)?;
+                }
+                b[head..head + want].copy_from_slice(&data[done..done + want]);
+                self.pwrite_all(start, b, durable)
+            })?;
+            done += want;
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
+        self.check(offset, data.len() as u64)?;
+        match self.mode {
+            FileMode::Cached => self.pwrite_all(offset, data, durable),
+            FileMode::Direct => self.direct_write(offset, data, durable),
+        }
+    }
+
+    fn fallocate(&self, flags: FallocateFlags, offset: u64, len: u64) -> Result<(), Errno> {
+        loop {
+            match rustix::fs::fallocate(&self.file, flags, offset, len) {
+                Err(Errno::INTR) => continue,
+                other => return other,
+            }
+        }
     }
 }
 
@@ -66,19 +343,136 @@ impl Backstore for FileBackstore {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
+        self.check(offset, buf.len() as u64)?;
+        match self.mode {
+            FileMode::Cached => self.file.read_exact_at(buf, offset),
+            FileMode::Direct => self.direct_read(offset, buf),
+        }
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
+        self.write(offset, data, false)
+    }
+
+    fn write_at_durable(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write(offset, data, true)
     }
 
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }
 
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.can_punch.load(Ordering::Relaxed) {
+            // Punching invalidates the page cache of the range; in direct
+            // mode a concurrent read-modify-write must not resurrect data.
+            let _exclusive = self.rmw.write().unwrap_or_else(|e| e.into_inner());
+            match self.fallocate(
+                FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                offset,
+                len,
+            ) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_unsupported(&e) => {
+                    warn!(path = %self.path.display(), error = %e, "cannot punch holes here: UNMAP writes zeros instead");
+                    self.can_punch.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.write_zeroes(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.regular && self.can_zero_range.load(Ordering::Relaxed) {
+            let _exclusive = self.rmw.write().unwrap_or_else(|e| e.into_inner());
+            match self.fallocate(
+                FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
+                offset,
+                len,
+            ) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_unsupported(&e) => {
+                    self.can_zero_range.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let zeros = vec![0u8; (len as usize).min(BOUNCE_CHUNK)];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64) as usize;
+            self.write_at(offset + done, &zeros[..n])?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {
+        self.check(offset, len)?;
+        if !self.regular {
+            return Ok(None);
+        }
+        let end = offset + len;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut push = |from: u64, to: u64, mapped: bool| {
+            let (from, to) = (from.max(offset), to.min(end));
+            if from < to {
+                match out.last_mut() {
+                    Some(last) if last.mapped == mapped && last.offset + last.len == from => {
+                        last.len += to - from;
+                    }
+                    _ => out.push(Extent {
+                        offset: from,
+                        len: to - from,
+                        mapped,
+                    }),
+                }
+            }
+        };
+        let mut pos = offset;
+        while pos < end {
+            let data = match rustix::fs::seek(&self.file, SeekFrom::Data(pos)) {
+                Ok(d) => d,
+                // No data at or after pos: the rest is a hole.
+                Err(Errno::NXIO) => end,
+                Err(e) if is_unsupported(&e) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            push(pos, data.min(end), false);
+            if data >= end {
+                break;
+            }
+            let hole = match rustix::fs::seek(&self.file, SeekFrom::Hole(data)) {
+                Ok(h) => h,
+                Err(Errno::NXIO) => end,
+                Err(e) => return Err(e.into()),
+            };
+            push(data, hole.min(end), true);
+            pos = hole.max(data + 1);
+        }
+        Ok(Some(out))
+    }
+
     fn describe(&self) -> String {
-        format!("file {} ({} MiB)", self.path.display(), self.size >> 20)
+        let mode = match (self.mode, &self.fallback) {
+            (FileMode::Direct, _) => "direct".to_string(),
+            (FileMode::Cached, None) => "cached".to_string(),
+            (FileMode::Cached, Some(why)) => format!("cached: direct refused, {why}"),
+        };
+        format!(
+            "file {} ({} MiB, {mode})",
+            self.path.display(),
+            self.size >> 20
+        )
     }
 }
 
@@ -97,8 +491,72 @@ mod tests {
         let mut back = [0u8; 9];
         s.read_at(4096, &mut back).unwrap();
         assert_eq!(&back, b"blockwire");
+        s.write_at_durable(8192, b"durable").unwrap();
+        let mut back = [0u8; 7];
+        s.read_at(8192, &mut back).unwrap();
+        assert_eq!(&back, b"durable");
         let ro = FileBackstore::open(&path, None, true).unwrap();
         assert_eq!(ro.size(), 1 << 20);
         assert!(ro.write_at(0, b"x").is_err());
+        assert!(s.read_at((1 << 20) - 1, &mut [0u8; 2]).is_err());
+    }
+
+    /// Direct mode (or its announced fallback) reads and writes unaligned
+    /// ranges exactly like cached mode.
+    #[test]
+    fn direct_mode_unaligned_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("direct.img");
+        let s = FileBackstore::open_with(&path, Some(1 << 20), false, FileMode::Direct).unwrap();
+        if let Some(why) = s.fallback_reason() {
+            eprintln!("direct mode fell back: {why}");
+        }
+        let pattern: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        s.write_at(512 + 7, &pattern).unwrap();
+        s.write_at_durable(65536, &pattern[..4096]).unwrap();
+        let mut back = vec![0u8; pattern.len()];
+        s.read_at(512 + 7, &mut back).unwrap();
+        assert_eq!(back, pattern);
+        let mut head = [1u8; 519];
+        s.read_at(0, &mut head).unwrap();
+        assert!(
+            head.iter().all(|&b| b == 0),
+            "bytes before the write stay zero"
+        );
+        let cached = FileBackstore::open(&path, None, true).unwrap();
+        let mut via_cache = vec![0u8; 4096];
+        cached.read_at(65536, &mut via_cache).unwrap();
+        assert_eq!(via_cache, pattern[..4096]);
+        // A size that is not a multiple of 4 KiB cannot run direct.
+        let odd = dir.path().join("odd.img");
+        let r = FileBackstore::open_with(&odd, Some(4096 + 512), false, FileMode::Direct);
+        if s.fallback_reason().is_none() {
+            assert!(r.unwrap_err().to_string().contains("multiple of 4096"));
+        }
+    }
+
+    /// UNMAP punches a hole: the range reads zeros and SEEK_HOLE sees it.
+    #[test]
+    fn discard_punches_holes_and_allocation_sees_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("thin.img");
+        let s = FileBackstore::open(&path, Some(4 << 20), false).unwrap();
+        s.write_at(0, &vec![0xa5u8; 2 << 20]).unwrap();
+        s.flush().unwrap();
+        s.discard(1 << 20, 1 << 20).unwrap();
+        let mut back = vec![1u8; 1 << 20];
+        s.read_at(1 << 20, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        let map = s.allocation(0, 4 << 20).unwrap().unwrap();
+        assert_eq!(map.first().map(|e| (e.offset, e.mapped)), Some((0, true)));
+        // Everything from 1 MiB on is a hole (punched, then never written).
+        let holes: u64 = map.iter().filter(|e| !e.mapped).map(|e| e.len).sum();
+        assert_eq!(holes, 3 << 20, "{map:?}");
+        let covered: u64 = map.iter().map(|e| e.len).sum();
+        assert_eq!(covered, 4 << 20);
+        s.write_zeroes(0, 4096).unwrap();
+        let mut z = [1u8; 4096];
+        s.read_at(0, &mut z).unwrap();
+        assert!(z.iter().all(|&b| b == 0));
     }
 }

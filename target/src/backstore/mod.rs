@@ -2,14 +2,38 @@
 //!
 //! The SCSI core sees only this trait. Calls block (a file backstore does
 //! pread/pwrite), so the fabric runs SCSI commands on a blocking thread pool.
+//!
+//! | backstore | reads | writes | UNMAP | durability |
+//! |---|---|---|---|---|
+//! | [`RamBackstore`] | memory | memory, allocated on first write | frees whole chunks, zeroes the rest | none (volatile by nature) |
+//! | [`FileBackstore`] cached | page cache | page cache | `fallocate(PUNCH_HOLE)` | `fdatasync` / `RWF_DSYNC` |
+//! | [`FileBackstore`] direct | `O_DIRECT` via aligned bounce buffers | same | same | same |
+//! | [`NullBackstore`] | zeros | discarded | nothing to do | nothing to keep |
+//!
+//! Errors are `std::io::Error`s; the SCSI core turns them into MEDIUM
+//! ERROR (EIO, with the LBA), DATA PROTECT (ENOSPC on a thin LUN: SPACE
+//! ALLOCATION FAILED WRITE PROTECT) or HARDWARE ERROR (anything else).
 
 mod file;
+mod null;
 mod ram;
 
-pub use file::FileBackstore;
+pub use file::{FileBackstore, FileMode};
+pub use null::NullBackstore;
 pub use ram::RamBackstore;
 
 use std::io;
+
+/// One run of an allocation map: `len` bytes from `offset`, mapped or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Byte offset.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Backed by storage (false: a hole that reads as zeros).
+    pub mapped: bool,
+}
 
 /// Storage behind one logical unit, addressed in bytes.
 pub trait Backstore: Send + Sync + std::fmt::Debug {
@@ -19,10 +43,26 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `data` at `offset`; the range lies within `size()`.
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Writes `data` at `offset` and returns only once it is on stable
+    /// storage (FUA, or every write while WCE is off). The default writes,
+    /// then flushes everything.
+    fn write_at_durable(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write_at(offset, data)?;
+        self.flush()
+    }
     /// Makes every completed write durable (SYNCHRONIZE CACHE, FUA, shutdown).
     fn flush(&self) -> io::Result<()>;
+    /// Whether completed writes may still sit in a volatile cache until
+    /// [`Backstore::flush`] (the caching mode page reports WCE from this).
+    fn volatile_cache(&self) -> bool {
+        true
+    }
     /// Deallocates a range (UNMAP); the range must then read as zeros.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.write_zeroes(offset, len)
+    }
+    /// Writes zeros over a range (WRITE SAME of a zero block without UNMAP).
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         const ZEROS: [u8; 65536] = [0; 65536];
         let mut done = 0;
         while done < len {
@@ -31,6 +71,13 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
             done += n as u64;
         }
         Ok(())
+    }
+    /// The allocation map of `[offset, offset+len)`, in order and covering
+    /// the range, or `None` when the store keeps none (the SCSI core then
+    /// treats all-zero blocks as deallocated, which LBPRZ makes truthful).
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {
+        let _ = (offset, len);
+        Ok(None)
     }
     /// A short description for logs and the start-up banner.
     fn describe(&self) -> String;

@@ -87,3 +87,44 @@ impl LogicalUnit {
         Ok(Done::data(data, allocation_length))
     }
 }
+
+/// READ DEFECT DATA (10) opcode (SBC-3 5.13).
+pub(crate) const READ_DEFECT_DATA_10: u8 = 0x37;
+/// READ DEFECT DATA (12) opcode (SBC-3 5.14).
+pub(crate) const READ_DEFECT_DATA_12: u8 = 0xb7;
+
+impl LogicalUnit {
+    /// READ DEFECT DATA (10/12) from the raw CDB (the PDU crate does not
+    /// decode it). A virtual disk has no defects: both the primary and the
+    /// grown list are reported valid and empty, in the format asked for
+    /// (short block, extended bytes from index, extended physical sector,
+    /// bytes from index, physical sector, vendor specific); reserved
+    /// formats are an invalid field.
+    pub(crate) fn read_defect_data(&self, cdb: &[u8]) -> CmdResult {
+        let twelve = cdb.first() == Some(&READ_DEFECT_DATA_12);
+        let need = if twelve { 12 } else { 10 };
+        if cdb.len() < need {
+            return Err(invalid_cdb(0, None));
+        }
+        let (flags_byte, alloc) = if twelve {
+            (cdb[1], u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]))
+        } else {
+            (cdb[2], u32::from(u16::from_be_bytes([cdb[7], cdb[8]])))
+        };
+        let req_plist = flags_byte & 0x10 != 0;
+        let req_glist = flags_byte & 0x08 != 0;
+        let format = flags_byte & 0x07;
+        if matches!(format, 1 | 2 | 7) {
+            return Err(invalid_cdb(if twelve { 1 } else { 2 }, Some(2)));
+        }
+        let flags = (u8::from(req_plist) << 4) | (u8::from(req_glist) << 3) | format;
+        // Header only: DEFECT LIST LENGTH 0 (10: 2 bytes; 12: a generation
+        // code, then 4 bytes).
+        let data = if twelve {
+            vec![0, flags, 0, 0, 0, 0, 0, 0]
+        } else {
+            vec![0, flags, 0, 0]
+        };
+        Ok(Done::data(data, alloc))
+    }
+}

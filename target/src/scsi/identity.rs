@@ -36,6 +36,38 @@ pub fn stable_identity(target_name: &str, lun: u16) -> (String, u64) {
     (format!("{serial_hash:016x}"), naa)
 }
 
+/// Parses a UUID written as 32 hex digits, with or without the usual
+/// dashes (8-4-4-4-12) and in either case.
+pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let t = text.trim();
+    let digits: String = t.chars().filter(|&c| c != '-').collect();
+    let dashed_ok = !t.contains('-')
+        || t.split('-')
+            .map(str::len)
+            .eq([8usize, 4, 4, 4, 12].into_iter());
+    if digits.len() != 32 || !dashed_ok || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&digits[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The identity of a LUN configured with a UUID (the `uuid` field of a
+/// `[[target.lun]]`): the unit serial number is the UUID's 32 lower-case
+/// hex digits (as LIO reports it), the NAA identifier a hash of its 16
+/// bytes. It follows the LUN wherever the configuration moves it (another
+/// target name, another LUN number), which the name-derived identity of
+/// [`stable_identity`] does not. `None` if `uuid` is not a UUID.
+pub fn identity_from_uuid(uuid: &str) -> Option<(String, u64)> {
+    let bytes = parse_uuid(uuid)?;
+    let serial: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let naa = fnv1a64(fnv1a64(FNV_OFFSET, b"blockwire-naa-uuid"), &bytes);
+    Some((serial, naa))
+}
+
 /// The 36-bit VENDOR SPECIFIC IDENTIFIER and 64-bit extension of the NAA 6h
 /// designator for `naa_id`: the extension is `naa_id` itself, the 36 bits a
 /// further hash of it, so the 100 bits still depend only on `naa_id`.
@@ -54,6 +86,25 @@ mod tests {
         assert_eq!(fnv1a64(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a64(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a64(FNV_OFFSET, b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn uuid_identity() {
+        let a = identity_from_uuid("3F2504E0-4F89-11D3-9A0C-0305E82C3301").unwrap();
+        assert_eq!(a.0, "3f2504e04f8911d39a0c0305e82c3301");
+        assert_eq!(
+            Some(a.clone()),
+            identity_from_uuid("3f2504e04f8911d39a0c0305e82c3301")
+        );
+        assert_ne!(
+            a.1,
+            identity_from_uuid("3f2504e0-4f89-11d3-9a0c-0305e82c3302")
+                .unwrap()
+                .1
+        );
+        assert!(identity_from_uuid("3f2504e0-4f89-11d3-9a0c").is_none());
+        assert!(identity_from_uuid("3f2504e04-f89-11d3-9a0c-0305e82c3301").is_none());
+        assert!(identity_from_uuid("zz2504e04f8911d39a0c0305e82c3301").is_none());
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub(crate) const TARGET_PORT_GROUP: u16 = 1;
 /// the time one command holds a backstore thread.
 pub(crate) const MAX_UNMAP_BYTES: u64 = 1 << 30;
 
+/// Most blocks one UNMAP may name, whatever the block size (libiscsi
+/// calls more than 2^20 "insanely big").
+pub(crate) const MAX_UNMAP_BLOCKS: u64 = 1 << 20;
+
 /// Most UNMAP block descriptors in one parameter list.
 pub(crate) const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 
@@ -62,8 +66,9 @@ impl LogicalUnit {
             page::EXTENDED_INQUIRY => VpdPage::ExtendedInquiry(ExtendedInquiry {
                 // Only SIMPLE task attributes are honoured as such.
                 simpsup: true,
-                // The volatile cache (WCE) exists and SYNCHRONIZE CACHE works.
-                v_sup: self.cfg.write_cache,
+                // The backstore has a volatile cache (WCE) that SYNCHRONIZE
+                // CACHE flushes.
+                v_sup: self.cfg.backstore.volatile_cache(),
                 ..ExtendedInquiry::default()
             }),
             page::BLOCK_LIMITS => VpdPage::BlockLimits(self.block_limits()),
@@ -106,16 +111,16 @@ impl LogicalUnit {
         let per_4k = (4096 / bs).max(1);
         let thin = self.cfg.thin_provisioning;
         BlockLimits {
-            // WRITE SAME of 0 blocks ("to the end") is refused: it would let
-            // one command write the whole medium.
-            wsnz: true,
+            // WRITE SAME of 0 blocks means "to the end of the medium",
+            // bounded like any other by MAXIMUM WRITE SAME LENGTH.
+            wsnz: false,
             max_compare_and_write_length: 255,
             optimal_transfer_length_granularity: per_4k as u16,
             max_transfer_length: MAX_TRANSFER_BYTES / bs,
             optimal_transfer_length: (1 << 20) / bs,
             max_prefetch_length: MAX_TRANSFER_BYTES / bs,
             max_unmap_lba_count: if thin {
-                (MAX_UNMAP_BYTES / u64::from(bs)) as u32
+                (MAX_UNMAP_BYTES / u64::from(bs)).min(MAX_UNMAP_BLOCKS) as u32
             } else {
                 0
             },

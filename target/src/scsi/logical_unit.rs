@@ -50,11 +50,17 @@ pub struct LuConfig {
     pub naa_id: u64,
     /// IEEE company ID for the NAA designator.
     pub company_id: u32,
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT reported by READ
+    /// CAPACITY (16): 0 (default) reports physical = logical blocks; 3 with
+    /// 512-byte blocks reports 4 KiB physical blocks (hosts then align I/O
+    /// to 4 KiB).
+    pub physical_block_exponent: u8,
     /// Thin provisioning: UNMAP, WRITE SAME with UNMAP, LBPME, VPD B2h.
     pub thin_provisioning: bool,
     /// Initial WCE: writes complete before they are durable (the backstore
     /// has a volatile cache, e.g. the page cache). With WCE off every write
-    /// is flushed before status.
+    /// is durable before status. [`LuConfig::new`] takes it from
+    /// `Backstore::volatile_cache`.
     pub write_cache: bool,
     /// Where persistent reservations with APTPL are kept (written to a
     /// temporary file, fsynced, renamed). `None`: APTPL is refused.
@@ -68,6 +74,7 @@ impl LuConfig {
     pub fn new(backstore: Arc<dyn Backstore>) -> LuConfig {
         let (serial, naa_id) = super::stable_identity("blockwire", 0);
         LuConfig {
+            write_cache: backstore.volatile_cache(),
             backstore,
             block_size: 512,
             read_only: false,
@@ -77,8 +84,8 @@ impl LuConfig {
             serial,
             naa_id,
             company_id: DEFAULT_COMPANY_ID,
+            physical_block_exponent: 0,
             thin_provisioning: true,
-            write_cache: true,
             pr_state_path: None,
         }
     }
@@ -226,6 +233,15 @@ impl LogicalUnit {
         } else {
             match decoded {
                 Err(e) => Err(Failure::Check(e.to_sense())),
+                Ok(
+                    ref cdb @ Cdb::Unknown {
+                        opcode:
+                            super::control::READ_DEFECT_DATA_10 | super::control::READ_DEFECT_DATA_12,
+                        ..
+                    },
+                ) => self
+                    .reservation_check(req.nexus, cdb)
+                    .and_then(|()| self.read_defect_data(req.cdb)),
                 Ok(Cdb::Unknown { .. }) => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
                 Ok(cdb) => match self.reservation_check(req.nexus, &cdb) {
                     Err(f) => Err(f),

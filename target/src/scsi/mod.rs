@@ -30,7 +30,7 @@ mod tests_media;
 #[cfg(test)]
 mod tests_pr;
 
-pub use identity::{stable_identity, DEFAULT_COMPANY_ID};
+pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};
 pub use logical_unit::{LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
 pub use lun_table::LunTable;
 pub use reservations::AbortHandler;

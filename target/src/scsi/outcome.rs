@@ -129,6 +129,31 @@ pub(crate) fn io_failure(write: bool, lba: u64) -> Failure {
     Failure::Check(s)
 }
 
+/// A backstore I/O error at `lba` as the initiator should see it:
+/// - EIO and other media-like errors (the storage under the file failed):
+///   MEDIUM ERROR, UNRECOVERED READ ERROR or WRITE ERROR, LBA in INFORMATION;
+/// - ENOSPC/EDQUOT on a write (a thin file could not grow): DATA PROTECT,
+///   SPACE ALLOCATION FAILED WRITE PROTECT (SBC-3 4.7.3.7), LBA in INFORMATION;
+/// - anything else (a bug, a vanished device, a truncated file): HARDWARE
+///   ERROR, INTERNAL TARGET FAILURE, LBA in INFORMATION.
+pub(crate) fn backstore_failure(e: &std::io::Error, write: bool, lba: u64) -> Failure {
+    use rustix::io::Errno;
+    let errno = e.raw_os_error().map(Errno::from_raw_os_error);
+    let mut s = match errno {
+        Some(Errno::IO | Errno::BADMSG | Errno::NODATA | Errno::UCLEAN) => {
+            return io_failure(write, lba)
+        }
+        Some(Errno::NOSPC | Errno::DQUOT) if write => Sense::new(
+            SenseKey::DataProtect,
+            Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
+        ),
+        _ if e.kind() == std::io::ErrorKind::UnexpectedEof => return io_failure(write, lba),
+        _ => Sense::new(SenseKey::HardwareError, Asc::INTERNAL_TARGET_FAILURE),
+    };
+    s.information = Some(lba);
+    Failure::Check(s)
+}
+
 /// HARDWARE ERROR, INTERNAL TARGET FAILURE: for failures that are not tied
 /// to a block (flush errors, persisting reservation state).
 pub(crate) fn internal_failure() -> Failure {

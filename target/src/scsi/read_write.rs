@@ -5,16 +5,14 @@
 //! Every length from the CDB is checked against the capacity and against
 //! [`MAX_TRANSFER_BYTES`] before any buffer is allocated.
 
-use blockwire_pdu::scsi::{
-    Asc, CdbSize, ReadCapacity10, ReadCapacity16, Rw, Sense, SenseKey, UnmapList,
-};
+use blockwire_pdu::scsi::{Asc, CdbSize, ReadCapacity10, ReadCapacity16, Rw, Sense, UnmapList};
 use tracing::warn;
 
-use super::inquiry::{MAX_UNMAP_BYTES, MAX_UNMAP_DESCRIPTORS};
+use super::inquiry::MAX_UNMAP_DESCRIPTORS;
 use super::logical_unit::{LogicalUnit, MAX_TRANSFER_BYTES};
 use super::outcome::{
-    data_protect, illegal, invalid_cdb, invalid_param, io_failure, lba_out_of_range, param_length,
-    CmdResult, Done, Failure,
+    backstore_failure, data_protect, illegal, invalid_cdb, invalid_param, lba_out_of_range,
+    param_length, CmdResult, Done, Failure,
 };
 
 /// Byte offset of the TRANSFER LENGTH field for each CDB size (for the
@@ -73,33 +71,63 @@ impl LogicalUnit {
         lba * u64::from(self.cfg.block_size)
     }
 
-    fn read_blocks(&self, lba: u64, buf: &mut [u8]) -> Result<(), Failure> {
+    pub(crate) fn read_blocks(&self, lba: u64, buf: &mut [u8]) -> Result<(), Failure> {
         self.cfg
             .backstore
             .read_at(self.offset(lba), buf)
             .map_err(|e| {
                 warn!(lba, len = buf.len(), error = %e, "backstore read failed");
-                io_failure(false, lba)
+                backstore_failure(&e, false, lba)
             })
     }
 
-    fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), Failure> {
+    pub(crate) fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), Failure> {
         self.cfg
             .backstore
             .write_at(self.offset(lba), data)
             .map_err(|e| {
                 warn!(lba, len = data.len(), error = %e, "backstore write failed");
-                io_failure(true, lba)
+                backstore_failure(&e, true, lba)
             })
     }
 
-    /// Makes a completed write durable when the initiator asked (FUA) or
-    /// when the write cache is off (then every write is write-through).
+    /// A write that is on stable storage before it returns (FUA, or WCE
+    /// off): the backstore's `write_at_durable` (RWF_DSYNC on files).
+    fn write_blocks_durable(&self, lba: u64, data: &[u8]) -> Result<(), Failure> {
+        self.cfg
+            .backstore
+            .write_at_durable(self.offset(lba), data)
+            .map_err(|e| {
+                warn!(lba, len = data.len(), error = %e, "backstore durable write failed");
+                backstore_failure(&e, true, lba)
+            })
+    }
+
+    /// Zeros over `zeros.len()` bytes at `lba` (the backstore may do it
+    /// without moving the bytes).
+    fn zero_blocks(&self, lba: u64, zeros: &[u8]) -> Result<(), Failure> {
+        self.cfg
+            .backstore
+            .write_zeroes(self.offset(lba), zeros.len() as u64)
+            .map_err(|e| {
+                warn!(lba, len = zeros.len(), error = %e, "backstore write zeroes failed");
+                backstore_failure(&e, true, lba)
+            })
+    }
+
+    /// Whether writes must be durable before status: FUA, or WCE off
+    /// (then every write is write-through).
+    fn write_through(&self, fua: bool) -> bool {
+        fua || !self.lock().mode.wce
+    }
+
+    /// Makes completed writes durable when the initiator asked (FUA) or
+    /// when the write cache is off.
     pub(crate) fn persist(&self, lba: u64, fua: bool) -> Result<(), Failure> {
-        if fua || !self.lock().mode.wce {
+        if self.write_through(fua) {
             self.cfg.backstore.flush().map_err(|e| {
                 warn!(lba, error = %e, "backstore flush failed");
-                io_failure(true, lba)
+                backstore_failure(&e, true, lba)
             })?;
         }
         Ok(())
@@ -149,9 +177,12 @@ impl LogicalUnit {
         if !data.is_empty() {
             let blocks = (data.len() / self.cfg.block_size as usize) as u64;
             let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
-            self.write_blocks(rw.lba, data)?;
+            if self.write_through(rw.fua) {
+                self.write_blocks_durable(rw.lba, data)?;
+            } else {
+                self.write_blocks(rw.lba, data)?;
+            }
         }
-        self.persist(rw.lba, rw.fua)?;
         Ok(Done::out(bytes as u64))
     }
 
@@ -241,14 +272,18 @@ impl LogicalUnit {
         }
         self.check_range(lba, u64::from(blocks))?;
         self.check_writable()?;
+        let half = usize::from(blocks) * self.cfg.block_size as usize;
+        // The Data-Out must be exactly the verify and the write instances:
+        // anything else means the CDB and the transfer disagree (libiscsi's
+        // CompareAndWrite tests send 256 blocks, which NUMBER OF LOGICAL
+        // BLOCKS cannot express and wraps to 0, and expect this error).
+        if data_out.len() != 2 * half {
+            return Err(invalid_cdb(13, None));
+        }
         if blocks == 0 {
             return Ok(Done::none());
         }
-        let half = usize::from(blocks) * self.cfg.block_size as usize;
-        let Some(both) = data_out.get(..2 * half) else {
-            return Err(partial_block());
-        };
-        let (expect, new) = both.split_at(half);
+        let (expect, new) = data_out.split_at(half);
         {
             let _g = self.ranges.exclusive(lba, lba + u64::from(blocks));
             let mut cur = vec![0u8; half];
@@ -263,8 +298,13 @@ impl LogicalUnit {
     }
 
     /// WRITE SAME(10/16): one block (or zeros with NDOB) repeated over the
-    /// range; with UNMAP and a zero block the range is deallocated instead
-    /// (it then reads as zeros, LBPRZ=1). ANCHOR is refused (ANC_SUP=0).
+    /// range; with UNMAP the range is deallocated instead, whatever the
+    /// block holds (SBC-3 lets the device server unmap; it then reads as
+    /// zeros, LBPRZ=1; LIO does the same and libiscsi's UnmapUntilEnd
+    /// expects it). ANCHOR is refused (ANC_SUP=0).
+    /// NUMBER OF LOGICAL BLOCKS 0 means "to the end of the medium" (WSNZ=0),
+    /// within MAXIMUM WRITE SAME LENGTH. The Data-Out must be exactly one
+    /// block (none with NDOB).
     pub(crate) fn write_same(&self, cdb: &blockwire_pdu::scsi::Cdb, data_out: &[u8]) -> CmdResult {
         let blockwire_pdu::scsi::Cdb::WriteSame {
             size,
@@ -289,37 +329,55 @@ impl LogicalUnit {
             return Err(invalid_cdb(1, Some(3)));
         }
         let limits = self.block_limits();
-        // WSNZ=1: zero blocks ("to the end of the medium") is refused.
-        if blocks == 0 || u64::from(blocks) > limits.max_write_same_length {
+        let cap = self.blocks();
+        // WSNZ=0: zero blocks means from LBA to the end of the medium.
+        let blocks: u64 = if blocks == 0 {
+            if lba > cap {
+                return Err(lba_out_of_range());
+            }
+            cap - lba
+        } else {
+            u64::from(blocks)
+        };
+        if blocks > limits.max_write_same_length {
             return Err(invalid_cdb(length_byte(size), None));
         }
-        self.check_range(lba, u64::from(blocks))?;
+        self.check_range(lba, blocks)?;
         self.check_writable()?;
         let bs = self.cfg.block_size as usize;
+        let expected = if ndob { 0 } else { bs };
+        if data_out.len() != expected {
+            return Err(illegal(Asc::INVALID_FIELD_IN_CDB));
+        }
+        if blocks == 0 {
+            return Ok(Done::out(expected as u64));
+        }
         let zero_block = vec![0u8; bs];
-        let block: &[u8] = if ndob {
-            &zero_block
-        } else {
-            data_out.get(..bs).ok_or_else(partial_block)?
-        };
-        let end = lba + u64::from(blocks);
+        let block: &[u8] = if ndob { &zero_block } else { data_out };
+        let end = lba + blocks;
         let _g = self.ranges.shared(lba, end);
-        if unmap && block.iter().all(|&b| b == 0) {
+        if unmap {
             self.cfg
                 .backstore
-                .discard(self.offset(lba), u64::from(blocks) * bs as u64)
+                .discard(self.offset(lba), blocks * bs as u64)
                 .map_err(|e| {
                     warn!(lba, blocks, error = %e, "backstore discard failed");
-                    io_failure(true, lba)
+                    backstore_failure(&e, true, lba)
                 })?;
         } else {
             // Write in runs of up to 1 MiB of repeated blocks.
             let per_run = ((1usize << 20) / bs).max(1);
             let run: Vec<u8> = block.repeat(per_run.min(blocks as usize));
+            let all_zero = block.iter().all(|&b| b == 0);
             let mut at = lba;
             while at < end {
                 let n = (end - at).min((run.len() / bs) as u64) as usize;
-                self.write_blocks(at, run.get(..n * bs).unwrap_or_default())?;
+                let piece = run.get(..n * bs).unwrap_or_default();
+                if all_zero {
+                    self.zero_blocks(at, piece)?;
+                } else {
+                    self.write_blocks(at, piece)?;
+                }
                 at += n as u64;
             }
         }
@@ -355,7 +413,7 @@ impl LogicalUnit {
             return Err(invalid_param(2, None));
         }
         let bs = u64::from(self.cfg.block_size);
-        let max_blocks = MAX_UNMAP_BYTES / bs;
+        let max_blocks = u64::from(self.block_limits().max_unmap_lba_count);
         let mut total = 0u64;
         for (i, d) in list.descriptors.iter().enumerate() {
             self.check_range(d.lba, u64::from(d.blocks))?;
@@ -371,17 +429,18 @@ impl LogicalUnit {
                 .discard(d.lba * bs, u64::from(d.blocks) * bs)
                 .map_err(|e| {
                     warn!(lba = d.lba, blocks = d.blocks, error = %e, "backstore discard failed");
-                    io_failure(true, d.lba)
+                    backstore_failure(&e, true, d.lba)
                 })?;
         }
         Ok(Done::out(len as u64))
     }
 
-    /// GET LBA STATUS: the backstore interface has no allocation map, so
-    /// mapping is derived from content: with LBPRZ=1 a deallocated block
-    /// reads as zeros, and an all-zero block is reported deallocated.
-    /// Scans at most [`LBA_STATUS_SCAN_BYTES`] per command; the initiator
-    /// asks again from the last reported LBA.
+    /// GET LBA STATUS: from the backstore's allocation map when it keeps
+    /// one (file holes); otherwise mapping is derived from content: with
+    /// LBPRZ=1 a deallocated block reads as zeros, and an all-zero block
+    /// is reported deallocated. The content scan reads at most
+    /// [`LBA_STATUS_SCAN_BYTES`] per command; the initiator asks again
+    /// from the last reported LBA.
     pub(crate) fn get_lba_status(&self, lba: u64, allocation_length: u32) -> CmdResult {
         let cap = self.blocks();
         if lba >= cap {
@@ -392,7 +451,53 @@ impl LogicalUnit {
         // (start, count, deallocated)
         let mut runs: Vec<(u64, u32, bool)> = Vec::new();
         let max_desc = (allocation_length.saturating_sub(8) / 16).clamp(1, 1024) as usize;
-        if self.cfg.thin_provisioning {
+        let allocation = if self.cfg.thin_provisioning {
+            // A backstore that keeps an allocation map (files: SEEK_DATA /
+            // SEEK_HOLE) answers for the whole rest of the medium at once.
+            let span = (cap - lba).min(u64::from(u32::MAX));
+            self.cfg
+                .backstore
+                .allocation(self.offset(lba), span * bs as u64)
+                .map_err(|e| {
+                    warn!(lba, error = %e, "backstore allocation map failed");
+                    backstore_failure(&e, false, lba)
+                })?
+        } else {
+            None
+        };
+        if let Some(extents) = allocation {
+            for x in extents {
+                // A block partly backed by data is mapped: mapped extents
+                // round outward, holes inward.
+                let (first, end) = if x.mapped {
+                    (x.offset / bs as u64, (x.offset + x.len).div_ceil(bs as u64))
+                } else {
+                    (x.offset.div_ceil(bs as u64), (x.offset + x.len) / bs as u64)
+                };
+                let first = match runs.last() {
+                    Some(&(s, c, _)) => first.max(s + u64::from(c)),
+                    None => first,
+                };
+                if end <= first {
+                    continue;
+                }
+                let dealloc = !x.mapped;
+                let n = end - first;
+                match runs.last_mut() {
+                    Some((_, cnt, d))
+                        if *d == dealloc && u64::from(*cnt) + n <= u64::from(u32::MAX) =>
+                    {
+                        *cnt += n as u32;
+                    }
+                    _ => {
+                        if runs.len() == max_desc {
+                            break;
+                        }
+                        runs.push((first, u32::try_from(n).unwrap_or(u32::MAX), dealloc));
+                    }
+                }
+            }
+        } else if self.cfg.thin_provisioning {
             let chunk_blocks = ((256usize << 10) / bs) as u64;
             let mut buf = vec![0u8; chunk_blocks as usize * bs];
             let mut at = lba;
@@ -444,7 +549,7 @@ impl LogicalUnit {
         self.check_range(lba, u64::from(blocks))?;
         self.cfg.backstore.flush().map_err(|e| {
             warn!(lba, error = %e, "backstore flush failed");
-            Failure::Check(Sense::new(SenseKey::MediumError, Asc::WRITE_ERROR))
+            backstore_failure(&e, true, lba)
         })?;
         Ok(Done::none())
     }
@@ -464,9 +569,8 @@ impl LogicalUnit {
         let mut d = ReadCapacity16::for_capacity(self.blocks(), self.cfg.block_size);
         d.lbpme = self.cfg.thin_provisioning;
         d.lbprz = self.cfg.thin_provisioning;
-        // 512-byte logical blocks on 4 KiB physical ones (page-sized I/O is
-        // what the backstores do best).
-        d.lbppbe = if self.cfg.block_size == 512 { 3 } else { 0 };
+        // Configurable (LuConfig::physical_block_exponent); 0 by default.
+        d.lbppbe = self.cfg.physical_block_exponent;
         Ok(Done::data(d.encode().to_vec(), allocation_length))
     }
 }

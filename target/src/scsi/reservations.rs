@@ -340,6 +340,10 @@ fn access(cdb: &Cdb) -> Access {
         | PreFetch { .. }
         | ReceiveCopyResults { .. }
         | PreventAllowMediumRemoval { prevent: 0 } => Access::Read,
+        Unknown {
+            opcode: super::control::READ_DEFECT_DATA_10 | super::control::READ_DEFECT_DATA_12,
+            ..
+        } => Access::Read,
         _ => Access::Write,
     }
 }

@@ -219,19 +219,35 @@ fn write_same_unmap_and_lba_status() {
         GOOD
     );
     assert_eq!(read(&t, &a, 12, 2).data_in, vec![0; 1024]);
-    // ANCHOR and zero blocks (WSNZ=1) are refused; past the end too.
+    // ANCHOR is refused; past the end too.
     let s = expect_check(
         &write_same(&t, &a, 0, 1, true, false, true, &[0; 512]),
         SenseKey::IllegalRequest,
         Asc::INVALID_FIELD_IN_CDB,
     );
     assert_eq!(s.field_pointer().unwrap().byte, 1);
-    let s = expect_check(
-        &write_same(&t, &a, 0, 0, false, false, false, &[0; 512]),
+    // Zero blocks (WSNZ=0) reaches the end of the medium.
+    assert_eq!(
+        write_same(&t, &a, 2040, 0, false, false, false, &[0x5a; 512]).status,
+        GOOD
+    );
+    assert_eq!(read(&t, &a, 2040, 8).data_in, vec![0x5a; 8 * 512]);
+    expect_check(
+        &write_same(&t, &a, 2049, 0, false, false, false, &[0; 512]),
+        SenseKey::IllegalRequest,
+        Asc::LBA_OUT_OF_RANGE,
+    );
+    // The Data-Out must be exactly one block.
+    expect_check(
+        &write_same(&t, &a, 0, 1, false, false, false, &[0; 1024]),
         SenseKey::IllegalRequest,
         Asc::INVALID_FIELD_IN_CDB,
     );
-    assert_eq!(s.field_pointer().unwrap().byte, 10);
+    expect_check(
+        &write_same(&t, &a, 0, 1, false, false, false, &[0; 256]),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
     expect_check(
         &write_same(&t, &a, 2047, 2, false, false, false, &[0; 512]),
         SenseKey::IllegalRequest,
@@ -524,7 +540,9 @@ fn extended_copy_between_units() {
     let n = list.len();
     list[n - 8..].copy_from_slice(&2045u64.to_be_bytes());
     let r = on(0, &xc, &list, 0);
-    expect_check(&r, SenseKey::CopyAborted, Asc::LBA_OUT_OF_RANGE);
+    let s = expect_check(&r, SenseKey::CopyAborted, Asc::NO_ADDITIONAL_SENSE);
+    // The copy target's reason travels in COMMAND-SPECIFIC INFORMATION.
+    assert_eq!(s.command_specific, Some(0x2100));
     // An unknown unit.
     list[20] ^= 0xff;
     list[27] ^= 0xff;

@@ -61,6 +61,9 @@ impl CopyResults {
     }
 }
 
+/// UNREACHABLE COPY TARGET (08h/04h).
+const UNREACHABLE_COPY_TARGET: Asc = Asc::new(0x08, 0x04);
+
 /// COPY ABORTED with the given ASC.
 fn copy_aborted(code: Asc) -> Failure {
     Failure::Check(Sense::new(SenseKey::CopyAborted, code))
@@ -138,8 +141,16 @@ impl LogicalUnit {
             if d[0] != 0xe4 {
                 return Err(illegal(Asc::UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE));
             }
-            // LU ID TYPE 00b (designator), not NUL, a direct-access device.
-            if d[1] & 0xc0 != 0 || d[1] & 0x20 != 0 || d[1] & 0x1f != 0 {
+            // LU ID TYPE: 00b names the unit by the designator that follows;
+            // 01b (a proxy token) is not supported. The reserved codes 10b
+            // and 11b are ignored (the designator still names the unit):
+            // libiscsi 1.19's ExtendedCopy.ValidTgtDescr sends 10b and
+            // expects the copy to succeed, as it does on LIO.
+            if d[1] >> 6 == 1 {
+                return Err(invalid_param((off + 1) as u16, Some(7)));
+            }
+            // Not NUL, a direct-access device.
+            if d[1] & 0x20 != 0 || d[1] & 0x1f != 0 {
                 return Err(invalid_param((off + 1) as u16, None));
             }
             let Ok((des, _)) = Designator::decode(&d[4..24]) else {
@@ -171,7 +182,9 @@ impl LogicalUnit {
             }
             let (si, di) = (be16(d, 4), be16(d, 6));
             let (Some(src), Some(dst)) = (units.get(si), units.get(di)) else {
-                return Err(invalid_param((off + 4) as u16, None));
+                // An index past the CSCD descriptor list names a copy
+                // target that cannot be reached.
+                return Err(copy_aborted(UNREACHABLE_COPY_TARGET));
             };
             let blocks = be16(d, 10) as u64;
             let (slba, dlba) = (be64(d, 12), be64(d, 20));
@@ -283,8 +296,17 @@ fn copy_segment(
         },
     )?;
     dst.reservation_check(nexus, &Cdb::Write(rw(dlba)))?;
+    // A range or protection problem of a copy target aborts the copy
+    // (SPC-4 6.4.5): COPY ABORTED; the copy target's own reason (LBA OUT OF
+    // RANGE, WRITE PROTECTED) goes in the COMMAND-SPECIFIC INFORMATION
+    // field as ASC/ASCQ, the outer code is NO ADDITIONAL SENSE INFORMATION.
     let abort_with = |f: Failure| match f {
-        Failure::Check(s) => copy_aborted(s.code()),
+        Failure::Check(s) => {
+            let code = s.code();
+            let mut out = Sense::new(SenseKey::CopyAborted, Asc::NO_ADDITIONAL_SENSE);
+            out.command_specific = Some((u64::from(code.asc) << 8) | u64::from(code.ascq));
+            Failure::Check(out)
+        }
         other => other,
     };
     src.check_range(slba, blocks).map_err(abort_with)?;
