@@ -21,6 +21,9 @@ use rand::{Rng, SeedableRng};
 mod mount;
 #[path = "blockwire/nodedb.rs"]
 mod nodedb;
+#[cfg(feature = "ublk")]
+#[path = "blockwire/ublk.rs"]
+mod ublk;
 
 const LONG_ABOUT: &str = "\
 blockwire is an iSCSI initiator that runs in user space: no kernel iSCSI
@@ -223,6 +226,20 @@ enum Command {
         fua_direct: bool,
         /// Directory to mount on.
         mountpoint: std::path::PathBuf,
+    },
+    /// Serve a LUN as a Linux block device /dev/ublkbN through the kernel's
+    /// ublk driver (needs /dev/ublk-control, i.e. ublk_drv; and a build with
+    /// `--features ublk`). Runs until SIGINT/SIGTERM, then deletes the
+    /// device, flushes and logs out.
+    Ublk {
+        #[command(flatten)]
+        s: SessionArgs,
+        /// LUN.
+        #[arg(short = 'l', long, default_value_t = 0)]
+        lun: u16,
+        /// ublk queue depth (also the commands in flight at most).
+        #[arg(long, default_value_t = 64)]
+        qd: u16,
     },
 }
 
@@ -533,6 +550,21 @@ async fn run(cli: &Cli) -> Result<()> {
                 fua_direct: *fua_direct,
             };
             mount::mount(sess, luns, opts).await?;
+        }
+        #[cfg(feature = "ublk")]
+        Command::Ublk { s, lun, qd } => {
+            // Before the login: no point in one without the driver.
+            ublk::check_available()?;
+            let sess = open(cli, s, usize::from((*qd).max(1))).await?;
+            ublk::serve(sess, *lun, *qd).await?;
+        }
+        #[cfg(not(feature = "ublk"))]
+        Command::Ublk { .. } => {
+            bail!(
+                "this blockwire was built without ublk support: rebuild with \
+                 `cargo build -p blockwire-initiator --features ublk` (or use \
+                 `blockwire mount` + losetup)"
+            );
         }
     }
     Ok(())

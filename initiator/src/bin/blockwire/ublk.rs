@@ -1,0 +1,272 @@
+//! `blockwire ublk`: a LUN as a Linux block device (`/dev/ublkbN`) through
+//! the kernel's ublk driver (user-space block devices, Linux 6.0+), with the
+//! `libublk` crate. Built only with the cargo feature `ublk`.
+//!
+//! Each ublk queue runs on its own thread (libublk's io_uring loop with a
+//! smol executor, one task per tag). A tag's task hands its request to the
+//! tokio runtime, where the session runs it (READ(16), WRITE(16) with FUA
+//! when the block layer asks for it, SYNCHRONIZE CACHE for a flush), and
+//! commits the result back to the driver. The device advertises a volatile
+//! write cache and FUA, so the kernel sends flushes and FUA writes through.
+//!
+//! Where the kernel has no ublk driver (`/dev/ublk-control` missing) it
+//! fails at once with a message saying so; `blockwire mount` + `losetup`
+//! is the fallback that works with FUSE alone.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use blockwire_initiator::{rw16, Capacity, DataDir, Session};
+use libublk::helpers::IoBuf;
+use libublk::io::{UblkDev, UblkQueue};
+use libublk::{sys, BufDesc, UblkError, UblkFlags};
+use tokio::runtime::Handle;
+
+/// The ublk driver's control device.
+pub const UBLK_CONTROL: &str = "/dev/ublk-control";
+
+/// Fails with a clear message when this kernel cannot create ublk devices.
+pub fn check_available() -> Result<()> {
+    let p = Path::new(UBLK_CONTROL);
+    if !p.exists() {
+        let module = if Path::new("/sys/module/ublk_drv").exists() {
+            "the ublk_drv module is loaded but the device node is missing (udev?)"
+        } else {
+            "this kernel has no ublk driver loaded (CONFIG_BLK_DEV_UBLK; try `modprobe ublk_drv`)"
+        };
+        bail!(
+            "ublk is not available: {UBLK_CONTROL} is missing — {module}. \
+             Use `blockwire mount DIR` and `losetup -f --show DIR/lun0` instead"
+        );
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p)
+        .with_context(|| format!("ublk is not available: cannot open {UBLK_CONTROL}"))?;
+    Ok(())
+}
+
+/// What one I/O command asks for.
+enum Op {
+    Read {
+        lba: u64,
+        blocks: u32,
+        bytes: usize,
+    },
+    Write {
+        lba: u64,
+        blocks: u32,
+        data: Vec<u8>,
+        fua: bool,
+    },
+    Flush,
+}
+
+/// Runs `op` on the tokio runtime and waits for it from the queue's
+/// executor; returns the bytes for a READ and the ublk result (bytes
+/// moved, or -errno).
+async fn run_op(rt: &Handle, s: &Arc<Session>, lun: u16, op: Op) -> (Option<Vec<u8>>, i32) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let s = s.clone();
+    rt.spawn(async move {
+        let r = match op {
+            Op::Read { lba, blocks, bytes } => {
+                let mut buf = vec![0u8; bytes];
+                match s.read(lun, lba, blocks, &mut buf).await {
+                    Ok(_) => (Some(buf), bytes as i32),
+                    Err(e) => {
+                        eprintln!("blockwire ublk: READ lba {lba} x{blocks}: {e}");
+                        (None, -libc::EIO)
+                    }
+                }
+            }
+            Op::Write {
+                lba,
+                blocks,
+                data,
+                fua,
+            } => {
+                let cdb = rw16(true, lba, blocks, fua);
+                match s.execute(lun, &cdb, DataDir::Write(&data)).await {
+                    Ok(_) => (None, data.len() as i32),
+                    Err(e) => {
+                        eprintln!("blockwire ublk: WRITE lba {lba} x{blocks}: {e}");
+                        (None, -libc::EIO)
+                    }
+                }
+            }
+            Op::Flush => match s.synchronize_cache(lun).await {
+                Ok(()) => (None, 0),
+                Err(e) => {
+                    eprintln!("blockwire ublk: SYNCHRONIZE CACHE: {e}");
+                    (None, -libc::EIO)
+                }
+            },
+        };
+        let _ = tx.send(r);
+    });
+    rx.await.unwrap_or((None, -libc::EIO))
+}
+
+/// One tag's loop: fetch a request, run it, commit the result.
+async fn io_task(
+    q: &UblkQueue<'_>,
+    tag: u16,
+    rt: Handle,
+    s: Arc<Session>,
+    lun: u16,
+    block_size: u32,
+) -> Result<(), UblkError> {
+    let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
+    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf))
+        .await?;
+    let bs = u64::from(block_size);
+    loop {
+        let iod = q.get_iod(tag);
+        let op = iod.op_flags & 0xff;
+        let fua = iod.op_flags & sys::UBLK_IO_F_FUA != 0;
+        let off = iod.start_sector << 9;
+        let bytes = (u64::from(iod.nr_sectors) << 9) as usize;
+        let aligned = off % bs == 0 && bytes as u64 % bs == 0 && bytes <= buf.as_slice().len();
+        let lba = off / bs;
+        let blocks = (bytes as u64 / bs) as u32;
+        let res = match op {
+            _ if !aligned && (op == sys::UBLK_IO_OP_READ || op == sys::UBLK_IO_OP_WRITE) => {
+                -libc::EINVAL
+            }
+            sys::UBLK_IO_OP_READ => {
+                let (data, r) = run_op(&rt, &s, lun, Op::Read { lba, blocks, bytes }).await;
+                if let Some(d) = data {
+                    buf.as_mut_slice()[..bytes].copy_from_slice(&d);
+                }
+                r
+            }
+            sys::UBLK_IO_OP_WRITE => {
+                let data = buf.as_slice()[..bytes].to_vec();
+                let w = Op::Write {
+                    lba,
+                    blocks,
+                    data,
+                    fua,
+                };
+                run_op(&rt, &s, lun, w).await.1
+            }
+            sys::UBLK_IO_OP_FLUSH => run_op(&rt, &s, lun, Op::Flush).await.1,
+            _ => -libc::EOPNOTSUPP,
+        };
+        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res)
+            .await?;
+    }
+}
+
+/// Serves LUN `lun` of `session` as /dev/ublkbN until SIGINT/SIGTERM (which
+/// deletes the device), then SYNCHRONIZE CACHE and logout.
+pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
+    check_available()?;
+    let cap: Capacity = session
+        .read_capacity(lun)
+        .await
+        .with_context(|| format!("READ CAPACITY of LUN {lun}"))?;
+    if !cap.block_size.is_power_of_two() || !(512..=4096).contains(&cap.block_size) {
+        bail!(
+            "LUN {lun} has {}-byte blocks; ublk takes 512..4096, powers of two",
+            cap.block_size
+        );
+    }
+    let session = Arc::new(session);
+    let ctrl = Arc::new(
+        libublk::ctrl::UblkCtrlBuilder::default()
+            .name("blockwire")
+            .id(-1)
+            .nr_queues(1)
+            .depth(depth.max(1))
+            .io_buf_bytes(1 << 20)
+            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+            .build()
+            .map_err(|e| anyhow::anyhow!("creating the ublk device: {e}"))?,
+    );
+
+    // SIGINT/SIGTERM: stop the device; the queue threads then end.
+    let killer = ctrl.clone();
+    let signals = tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        let _ = killer.kill_dev();
+    });
+
+    let rt = Handle::current();
+    let s = session.clone();
+    let size = cap.bytes();
+    let shift = cap.block_size.trailing_zeros() as u8;
+    let target = session.target().to_owned();
+    let runner = ctrl.clone();
+    tokio::task::spawn_blocking(move || {
+        runner.run_target(
+            move |dev: &mut UblkDev| {
+                dev.set_default_params(size);
+                let p = &mut dev.tgt.params.basic;
+                p.attrs = sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA;
+                p.logical_bs_shift = shift;
+                p.physical_bs_shift = shift.max(12);
+                p.io_min_shift = shift.max(12);
+                p.io_opt_shift = shift.max(12);
+                Ok(())
+            },
+            move |qid: u16, dev: &UblkDev| queue(qid, dev, rt, s, lun, cap.block_size),
+            move |c: &libublk::ctrl::UblkCtrl| {
+                println!(
+                    "ublk device {} is LUN {lun} of {target} ({size} bytes, {}-byte blocks)",
+                    c.get_bdev_path(),
+                    cap.block_size
+                );
+            },
+        )
+    })
+    .await
+    .context("ublk thread")?
+    .map_err(|e| anyhow::anyhow!("ublk device: {e}"))?;
+    signals.abort();
+    let _ = ctrl.del_dev();
+    session.synchronize_cache(lun).await.ok();
+    if let Ok(s) = Arc::try_unwrap(session) {
+        s.logout().await.context("logout")?;
+    }
+    eprintln!("blockwire ublk: device deleted, logged out");
+    Ok(())
+}
+
+/// One queue's thread: a task per tag on a local executor.
+fn queue(qid: u16, dev: &UblkDev, rt: Handle, s: Arc<Session>, lun: u16, block_size: u32) {
+    let q = match UblkQueue::new(qid, dev) {
+        Ok(q) => std::rc::Rc::new(q),
+        Err(e) => {
+            eprintln!("blockwire ublk: queue {qid}: {e}");
+            return;
+        }
+    };
+    let exe = std::rc::Rc::new(smol::LocalExecutor::new());
+    let mut tasks = Vec::new();
+    for tag in 0..dev.dev_info.queue_depth {
+        let (q, rt, s) = (q.clone(), rt.clone(), s.clone());
+        tasks.push(exe.spawn(async move {
+            match io_task(&q, tag, rt, s, lun, block_size).await {
+                Ok(()) | Err(UblkError::QueueIsDown) => {}
+                Err(e) => eprintln!("blockwire ublk: tag {tag}: {e}"),
+            }
+        }));
+    }
+    let ex = exe.clone();
+    smol::block_on(exe.run(async move {
+        let run_ops = || while ex.try_tick() {};
+        let done = || tasks.iter().all(|t| t.is_finished());
+        if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
+            eprintln!("blockwire ublk: queue {qid}: {e}");
+        }
+    }));
+}
