@@ -9,5 +9,6 @@
 //!   buffer pool in size classes.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod assist;
 pub mod rdma;
 pub mod reg;

@@ -256,7 +256,7 @@ impl<P: ProtectionDomain> Registrar for PinDownCache<P> {
 }
 
 /// FMRD parameters.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FmrdConfig {
     /// Cache capacity (entries).
     pub capacity: usize,

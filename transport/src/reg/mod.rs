@@ -15,6 +15,7 @@
 mod arena;
 mod cache;
 mod dynamic;
+mod iospace;
 mod pool;
 mod reorg;
 
@@ -24,6 +25,7 @@ use std::time::Instant;
 pub use arena::{Arena, ArenaBuf};
 pub use cache::{Fmrd, FmrdConfig, PinDownCache};
 pub use dynamic::Dynamic;
+pub use iospace::{IoBuf, IoSpace, RegConfig, SgRegistration};
 pub use pool::{BufferPool, PoolBuf, PoolConfig, PoolStats};
 pub use reorg::{coalesce, plan_ops, Chunk, RdmaOp};
 
