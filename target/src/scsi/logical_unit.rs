@@ -5,9 +5,10 @@
 //! state mutex is held only for bookkeeping, never across backstore I/O;
 //! block-level atomicity comes from the range lock instead.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use blockwire_pdu::scsi::opcode as op;
 use blockwire_pdu::scsi::{Asc, Cdb, ScsiStatus, Sense, SenseFormat, SenseKey};
@@ -117,6 +118,59 @@ pub struct LogicalUnit {
     /// Told which nexuses' tasks a PREEMPT AND ABORT aborts (the fabric
     /// owns the tasks).
     abort: AbortSlot,
+    /// Commands executing, per nexus (for PREEMPT AND ABORT).
+    pub(crate) in_flight: InFlight,
+}
+
+/// Commands executing on this unit, per nexus. PREEMPT AND ABORT waits
+/// for the preempted nexuses' commands to leave the unit, so that no write
+/// of a fenced initiator reaches the medium after the fencing initiator got
+/// GOOD (a command counts from before its reservation check, so one that
+/// passed the check before the preemption is waited for, and one that
+/// checks after it conflicts).
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    counts: Mutex<HashMap<ItNexus, usize>>,
+    idle: Condvar,
+}
+
+/// Removes its command from [`InFlight`] when dropped.
+pub(crate) struct InFlightGuard<'a> {
+    owner: &'a InFlight,
+    nexus: &'a ItNexus,
+}
+
+impl InFlight {
+    fn enter<'a>(&'a self, nexus: &'a ItNexus) -> InFlightGuard<'a> {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        *c.entry(nexus.clone()).or_insert(0) += 1;
+        InFlightGuard { owner: self, nexus }
+    }
+
+    /// Waits until `nexus` has no command on the unit, at most `limit`;
+    /// false if some were still running then.
+    pub(crate) fn wait_idle(&self, nexus: &ItNexus, limit: Duration) -> bool {
+        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let (c, _) = self
+            .idle
+            .wait_timeout_while(c, limit, |c| c.get(nexus).is_some_and(|&n| n > 0))
+            .unwrap_or_else(|e| e.into_inner());
+        !c.get(nexus).is_some_and(|&n| n > 0)
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        let mut c = self.owner.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.get_mut(self.nexus) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(self.nexus);
+            }
+        }
+        drop(c);
+        self.owner.idle.notify_all();
+    }
 }
 
 /// Holder of the abort handler (closures have no `Debug`).
@@ -160,6 +214,7 @@ impl LogicalUnit {
             }),
             ranges: RangeLock::default(),
             abort: AbortSlot::default(),
+            in_flight: InFlight::default(),
             cfg,
         }
     }
@@ -200,6 +255,7 @@ impl LogicalUnit {
     /// Runs one command (see `LunTable::execute`). `table` is the target's
     /// LUN table, for REPORT LUNS and EXTENDED COPY between its units.
     pub(crate) fn execute(&self, lun: u16, req: &ScsiRequest<'_>, table: &LunTable) -> ScsiResult {
+        let _in_flight = self.in_flight.enter(req.nexus);
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         let decoded = Cdb::decode(req.cdb);
         let transfer = match &decoded {

@@ -621,12 +621,25 @@ impl LogicalUnit {
                     self.lock()
                         .ua
                         .push(n, Asc::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR);
+                    // Commands of the preempted nexus already past their
+                    // reservation check (e.g. a write inside the backstore)
+                    // finish before this PREEMPT AND ABORT reports GOOD.
+                    if !self.in_flight.wait_idle(n, PREEMPT_DRAIN_LIMIT) {
+                        tracing::warn!(
+                            preempted = %n.initiator_port,
+                            "commands of the preempted nexus still running after {PREEMPT_DRAIN_LIMIT:?}"
+                        );
+                    }
                 }
             }
         }
         Ok(Done::out(len as u64))
     }
 }
+
+/// How long PREEMPT AND ABORT waits for the preempted nexuses' running
+/// commands to leave the unit (a stuck backstore must not hang it forever).
+const PREEMPT_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One PERSISTENT RESERVE OUT action being applied to a copy of the state.
 struct PrCtx<'a> {
