@@ -28,12 +28,14 @@ use tracing::{debug, info, warn};
 use super::dataout::{WriteCollector, WriteLimits};
 use super::discovery::{TextExchange, TextStep};
 use super::io::{advances_stat_sn, stamp, PduReader, PduWriter, ReadError};
-use super::login::{LoginMachine, LoginOutcome, LoginSettings, LoginStep};
+use super::login::{LoginMachine, LoginOutcome, LoginSettings, LoginStep, RdmaOffer};
+use super::rdma::Slot;
 use super::response::{response_pdus, status_only, DataInLimits};
 use super::session::{Session, SessionError, SessionRequest};
 use super::window::{Admission, CmdWindow};
 use super::Fabric;
 use crate::scsi::{LunTable, ScsiRequest};
+use blockwire_transport::assist::{Descriptor, Direction};
 
 /// CHECK CONDITION.
 const CHECK_CONDITION: u8 = 0x02;
@@ -99,7 +101,28 @@ pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
         ?peer,
         "login complete: full feature phase"
     );
-    full_feature(&fabric, &session, reader, writer, &outcome, local).await;
+    // RDMA offload granted at login: bind the token to the session (never
+    // with data digests, which offloaded data cannot carry).
+    let rdma = match (outcome.rdma_token, fabric.rdma.get()) {
+        (Some(token), Some(svc)) if session.params.data_digest != Digest::Crc32c => {
+            info!(tsih = session.tsih, "RDMA offload granted");
+            Some((token, svc.register(token, session.tsih)))
+        }
+        _ => None,
+    };
+    full_feature(
+        &fabric,
+        &session,
+        reader,
+        writer,
+        &outcome,
+        local,
+        rdma.as_ref().map(|r| r.1.clone()),
+    )
+    .await;
+    if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
+        svc.unregister(token);
+    }
     if session.generation() == generation {
         // The session ends with its only connection (ErrorRecoveryLevel 0).
         fabric.sessions.detach(&session, generation);
@@ -122,6 +145,19 @@ async fn login(
     use rand::SeedableRng;
     let mut settings = LoginSettings {
         cmd_window: fabric.settings.queue_depth,
+        rdma_offload: fabric.rdma.get().map(|svc| {
+            let ep = svc.endpoint();
+            RdmaOffer {
+                backend: svc.backend().to_owned(),
+                // A wildcard listener is reached at the address the
+                // initiator already uses.
+                endpoint: if ep.ip().is_unspecified() {
+                    SocketAddr::new(local.ip(), ep.port())
+                } else {
+                    ep
+                },
+            }
+        }),
         ..LoginSettings::default()
     };
     let n = &mut settings.negotiation;
@@ -262,6 +298,8 @@ struct Conn<'a> {
     /// TTT of our NOP-In ping still unanswered, and when it was sent.
     ping: Option<(u32, tokio::time::Instant)>,
     logout_requested: bool,
+    /// The session's RDMA offload, when granted at login.
+    rdma: Option<Arc<Slot>>,
 }
 
 /// A WRITE waiting for its data.
@@ -279,6 +317,7 @@ async fn full_feature(
     mut writer: PduWriter<tokio::net::tcp::OwnedWriteHalf>,
     outcome: &LoginOutcome,
     local: SocketAddr,
+    rdma: Option<Arc<Slot>>,
 ) {
     let exp_cmd_sn = outcome.exp_cmd_sn;
     let first_stat_sn = outcome.stat_sn.wrapping_add(1);
@@ -315,6 +354,7 @@ async fn full_feature(
         next_ttt: 1,
         ping: None,
         logout_requested: false,
+        rdma,
     };
 
     let mut stop = session.stop_signal();
@@ -645,6 +685,23 @@ impl Conn<'_> {
                 .await;
             return;
         }
+        if let Some(slot) = self.rdma.clone() {
+            match Descriptor::from_ahs(&pdu.ahs) {
+                Ok(Some(desc)) => {
+                    self.offloaded(cmd, cdb, desc, slot, pdu.data.len()).await;
+                    return;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad RDMA descriptor");
+                    self.shared.complete();
+                    for p in status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense())) {
+                        self.send(p).await;
+                    }
+                    return;
+                }
+            }
+        }
         if cmd.write && edtl > 0 {
             if edtl > self.fabric.settings.max_io_bytes {
                 warn!(
@@ -691,6 +748,43 @@ impl Conn<'_> {
         }
         self.register_task(&cmd);
         self.execute(cmd, cdb, 0, Vec::new());
+    }
+
+    /// A command whose data moves by RDMA (its descriptor AHS names the
+    /// initiator's buffers): no immediate data, no R2T, no Data-In.
+    async fn offloaded(
+        &mut self,
+        cmd: ScsiCommand,
+        cdb: Vec<u8>,
+        desc: Descriptor,
+        slot: Arc<Slot>,
+        immediate_len: usize,
+    ) {
+        let edtl = cmd.expected_data_transfer_length;
+        let dir_ok = match desc.dir {
+            Direction::Read => cmd.read && !cmd.write,
+            Direction::Write => cmd.write && !cmd.read,
+        };
+        if !dir_ok
+            || desc.len() != u64::from(edtl)
+            || immediate_len != 0
+            || edtl > self.fabric.settings.max_io_bytes
+        {
+            warn!(
+                tsih = self.session.tsih,
+                itt = cmd.itt,
+                edtl,
+                described = desc.len(),
+                "RDMA descriptor does not fit the command: refused"
+            );
+            self.shared.complete();
+            for p in status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense())) {
+                self.send(p).await;
+            }
+            return;
+        }
+        self.register_task(&cmd);
+        self.execute_with(cmd, cdb, 0, Vec::new(), Some((slot, desc)));
     }
 
     fn register_task(&self, cmd: &ScsiCommand) {
@@ -761,6 +855,21 @@ impl Conn<'_> {
 
     /// Runs a command on the blocking pool and sends its answer.
     fn execute(&self, cmd: ScsiCommand, cdb: Vec<u8>, r2t_count: u32, data_out: Vec<u8>) {
+        self.execute_with(cmd, cdb, r2t_count, data_out, None)
+    }
+
+    /// [`Self::execute`], with the data moved by RDMA when `offload` is set:
+    /// WRITE data is RDMA-Read before execution, READ data RDMA-Written
+    /// before the SCSI Response (which then carries no data).
+    fn execute_with(
+        &self,
+        cmd: ScsiCommand,
+        cdb: Vec<u8>,
+        r2t_count: u32,
+        data_out: Vec<u8>,
+        offload: Option<(Arc<Slot>, Descriptor)>,
+    ) {
+        let svc = self.fabric.rdma.get().cloned();
         let target = self
             .session
             .target
@@ -783,8 +892,27 @@ impl Conn<'_> {
             return;
         };
         tokio::spawn(async move {
+            let mut data_out = data_out;
+            let mut failed = false;
+            if let (Some((slot, desc)), Some(svc)) = (&offload, &svc) {
+                svc.counters()
+                    .offloaded_commands
+                    .fetch_add(1, Ordering::Relaxed);
+                if desc.dir == Direction::Write {
+                    match svc.read_from(slot, desc).await {
+                        Ok(d) => data_out = d,
+                        Err(e) => {
+                            warn!(itt = cmd.itt, error = %e.0, "RDMA Read of write data failed: command not executed");
+                            failed = true;
+                        }
+                    }
+                }
+            }
             let blocking_aborted = aborted.clone();
             let result = tokio::task::spawn_blocking(move || {
+                if failed {
+                    return None;
+                }
                 if blocking_aborted.load(Ordering::SeqCst) {
                     return None;
                 }
@@ -804,12 +932,33 @@ impl Conn<'_> {
                 Some(luns.execute(&req))
             })
             .await;
+            // READ data go into the initiator's buffers before the status.
+            let mut placed = None;
+            if let (Ok(Some(r)), Some((slot, desc)), Some(svc)) = (&result, &offload, &svc) {
+                if desc.dir == Direction::Read {
+                    let n = (cmd.expected_data_transfer_length as usize).min(r.data_in.len());
+                    placed = Some(match svc.write_to(slot, desc, &r.data_in[..n]).await {
+                        Ok(()) => true,
+                        Err(e) => {
+                            warn!(itt = cmd.itt, error = %e.0, "RDMA Write of read data failed");
+                            false
+                        }
+                    });
+                }
+            }
             let mine = session.tasks.finish(cmd.itt, &aborted);
             shared.complete();
             if !mine {
                 return;
             }
             let pdus = match result {
+                _ if failed || placed == Some(false) => {
+                    status_only(&cmd, CHECK_CONDITION, Some(data_phase_error_sense()))
+                }
+                Ok(Some(mut result)) if placed == Some(true) => {
+                    result.data_in = Vec::new();
+                    response_pdus(&cmd, result, limits, 0)
+                }
                 Ok(Some(result)) => response_pdus(&cmd, result, limits, r2t_count),
                 Ok(None) => Vec::new(),
                 Err(e) => {
@@ -933,6 +1082,13 @@ fn internal_failure_sense() -> Vec<u8> {
 fn data_phase_error_sense() -> Vec<u8> {
     use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
     Sense::new(SenseKey::AbortedCommand, Asc::new(0x4b, 0x00)).encode(SenseFormat::Fixed)
+}
+
+/// Sense data for an RDMA descriptor that does not match its command:
+/// ILLEGAL REQUEST, INVALID FIELD IN CDB.
+fn bad_descriptor_sense() -> Vec<u8> {
+    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat};
+    Sense::illegal_request(Asc::INVALID_FIELD_IN_CDB, None).encode(SenseFormat::Fixed)
 }
 
 /// Sense data for a transfer larger than the target will buffer: ILLEGAL

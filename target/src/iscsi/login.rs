@@ -58,6 +58,18 @@ pub struct LoginSettings {
     /// MaxBurstLength, digests, ...). Names, TargetPortalGroupTag,
     /// TargetAlias, AuthMethod and `leading` are set per login.
     pub negotiation: LocalConfig,
+    /// RDMA offload this target grants to normal sessions that ask for it
+    /// (the `X-io.blockwire.RdmaOffload` key); None: the key is not understood.
+    pub rdma_offload: Option<RdmaOffer>,
+}
+
+/// What the target answers an RDMA offload offer with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaOffer {
+    /// The RDMA backend ("soft", "verbs").
+    pub backend: String,
+    /// Where the target's RDMA listener accepts connections.
+    pub endpoint: SocketAddr,
 }
 
 impl Default for LoginSettings {
@@ -68,6 +80,7 @@ impl Default for LoginSettings {
                 max_recv_data_segment_length: 262_144,
                 ..LocalConfig::default()
             },
+            rdma_offload: None,
         }
     }
 }
@@ -119,6 +132,9 @@ pub struct LoginOutcome {
     /// StatSN the final Login Response should carry; the connection's next
     /// StatSN is this + 1.
     pub stat_sn: u32,
+    /// The token granted with RDMA offload, if the initiator asked for it and
+    /// the target agreed (the connection binds it to the session).
+    pub rdma_token: Option<[u8; blockwire_transport::assist::TOKEN_LEN]>,
 }
 
 /// What the login has established from the first request's keys.
@@ -173,6 +189,7 @@ pub struct LoginMachine {
     last_itt: u32,
     pdus: u32,
     final_text: Vec<u8>,
+    rdma_token: Option<[u8; blockwire_transport::assist::TOKEN_LEN]>,
 }
 
 impl std::fmt::Debug for LoginMachine {
@@ -271,6 +288,7 @@ impl LoginMachine {
             last_itt: 0,
             pdus: 0,
             final_text: Vec::new(),
+            rdma_token: None,
         }
     }
 
@@ -557,6 +575,13 @@ impl LoginMachine {
         }
         let mut answers = responses.answers;
         let auth_method = negotiator.params().auth_method;
+        let data_digest = negotiator.params().data_digest;
+        for (key, value) in &responses.passthrough {
+            if key == blockwire_transport::assist::OFFLOAD_KEY {
+                let answer = self.rdma_answer(value, data_digest);
+                answers.push((key.clone(), answer));
+            }
+        }
         if phase == Phase::Security {
             let chap_pairs: TextPairs = responses
                 .passthrough
@@ -680,7 +705,37 @@ impl LoginMachine {
             exp_cmd_sn: req.cmd_sn,
             exp_stat_sn: req.exp_stat_sn,
             stat_sn: self.stat_sn,
+            rdma_token: self.rdma_token,
         }))
+    }
+
+    /// The answer to an RDMA offload offer: a grant with a fresh token when
+    /// the target has RDMA, the initiator can use its backend and data
+    /// digests are off (offloaded data carry no iSCSI digest); else `No`.
+    fn rdma_answer(&mut self, offer: &str, data_digest: blockwire_pdu::keys::Digest) -> String {
+        use blockwire_transport::assist::{parse_offer, Grant, TOKEN_LEN};
+        let normal = self
+            .ctx
+            .as_ref()
+            .is_some_and(|c| c.session_type == SessionType::Normal);
+        let Some(o) = self.settings.rdma_offload.clone() else {
+            return "No".into();
+        };
+        if !normal
+            || data_digest == blockwire_pdu::keys::Digest::Crc32c
+            || !parse_offer(offer).contains(&o.backend.as_str())
+        {
+            return "No".into();
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        self.rng.fill_bytes(&mut token);
+        self.rdma_token = Some(token);
+        Grant {
+            backend: o.backend,
+            endpoint: o.endpoint,
+            token,
+        }
+        .to_value()
     }
 
     /// Reads the first request's declarations: who logs in, to what, and
@@ -742,7 +797,12 @@ impl LoginMachine {
         };
         let auth_required = policy.requires_chap();
         let normal = session_type == SessionType::Normal;
+        let mut vendor_keys = self.settings.negotiation.vendor_keys.clone();
+        if normal && self.settings.rdma_offload.is_some() {
+            vendor_keys.push(blockwire_transport::assist::OFFLOAD_KEY.to_owned());
+        }
         let config = LocalConfig {
+            vendor_keys,
             leading: req.tsih == 0,
             target_portal_group_tag: normal.then_some(self.tpgt),
             target_alias: if normal {

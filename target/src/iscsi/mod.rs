@@ -9,11 +9,12 @@ pub mod discovery;
 pub mod io;
 pub mod login;
 pub mod portal;
+pub mod rdma;
 pub mod response;
 pub mod session;
 pub mod window;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -71,6 +72,8 @@ pub struct Fabric {
     pub settings: FabricSettings,
     /// Turns true when the daemon shuts down.
     pub shutdown: watch::Receiver<bool>,
+    /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
+    pub rdma: OnceLock<Arc<rdma::RdmaService>>,
 }
 
 impl Fabric {
@@ -86,6 +89,7 @@ impl Fabric {
             sessions: SessionTable::default(),
             settings,
             shutdown,
+            rdma: OnceLock::new(),
         });
         for target in &fabric.catalog.targets {
             // Weak: the handler lives inside the catalog the fabric owns.
@@ -98,5 +102,21 @@ impl Fabric {
             }));
         }
         fabric
+    }
+
+    /// Starts the RDMA offload listener (soft provider) on `listen`: from now on
+    /// normal sessions that offer `X-io.blockwire.RdmaOffload` get it. Returns
+    /// the bound address.
+    pub async fn start_rdma(
+        &self,
+        listen: std::net::SocketAddr,
+    ) -> std::io::Result<std::net::SocketAddr> {
+        if let Some(s) = self.rdma.get() {
+            return Ok(s.endpoint());
+        }
+        let svc = rdma::RdmaService::start(listen).await?;
+        let addr = svc.endpoint();
+        let _ = self.rdma.set(svc);
+        Ok(addr)
     }
 }

@@ -1,0 +1,440 @@
+//! RDMA-assisted iSCSI on the target (docs/rdma-assisted-iscsi.md).
+//!
+//! Control stays on the iSCSI TCP connection; the data of offloaded commands moves by
+//! one-sided RDMA between the target's pre-registered buffer pool and the buffers the
+//! initiator advertised in the command's descriptor AHS: READ data by RDMA Write before
+//! the SCSI Response, WRITE data by RDMA Read before execution.
+//!
+//! [`RdmaService`] runs the soft-provider listener. A session that was granted offload at
+//! login registers its token here ([`RdmaService::register`]); the initiator's RDMA
+//! connection must present that token and the session's TSIH in its private data, or it
+//! is rejected. The accepted queue pair becomes the session's [`Binding`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use blockwire_transport::assist::{reject, BindRequest, Descriptor, TOKEN_LEN};
+use blockwire_transport::rdma::soft::{SoftCq, SoftPd, SoftProvider, SoftQp};
+use blockwire_transport::rdma::{
+    CompletionQueue, ConnectRequest, QpCaps, QpInit, QueuePair, RdmaListener, RdmaProvider,
+    RemoteBuf, SendOp, SendWr, Sge, WcStatus,
+};
+use blockwire_transport::reg::{plan_ops, BufferPool, Chunk, PoolBuf, PoolConfig};
+use tokio::sync::{oneshot, watch};
+use tracing::{debug, info, warn};
+
+/// Largest RDMA operation the target posts (a chunk longer than this is split).
+const MAX_OP: u64 = 4 << 20;
+/// How long a command waits for the session's RDMA connection to appear.
+const BIND_WAIT: Duration = Duration::from_secs(2);
+
+/// Counters of the RDMA data path.
+#[derive(Debug, Default)]
+pub struct RdmaCounters {
+    pub binds: AtomicU64,
+    pub rejected_binds: AtomicU64,
+    pub rdma_writes: AtomicU64,
+    pub rdma_reads: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    /// Offloaded commands whose data transfer failed (bad key, bounds, lost QP).
+    pub failed_transfers: AtomicU64,
+    pub offloaded_commands: AtomicU64,
+}
+
+/// The target's RDMA endpoint and the sessions bound to it.
+pub struct RdmaService {
+    provider: SoftProvider,
+    pd: SoftPd,
+    pool: BufferPool<SoftPd>,
+    endpoint: SocketAddr,
+    slots: Mutex<HashMap<[u8; TOKEN_LEN], Arc<Slot>>>,
+    counters: RdmaCounters,
+}
+
+impl std::fmt::Debug for RdmaService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaService")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One offloaded session's RDMA state.
+pub struct Slot {
+    tsih: u16,
+    binding: watch::Sender<Option<Arc<Binding>>>,
+}
+
+/// A session's RDMA connection: the queue pair and the completions of its operations.
+pub struct Binding {
+    qp: SoftQp,
+    waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>,
+    next_wr: AtomicU64,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        self.qp.disconnect();
+        self.pump.abort();
+    }
+}
+
+/// Why an offloaded transfer failed.
+#[derive(Debug)]
+pub struct TransferError(pub String);
+
+impl RdmaService {
+    /// Starts the soft-provider listener on `listen` (port 0: any).
+    pub async fn start(listen: SocketAddr) -> std::io::Result<Arc<RdmaService>> {
+        let provider = SoftProvider::default();
+        let io = |e: blockwire_transport::rdma::RdmaError| std::io::Error::other(e.to_string());
+        let mut listener = provider.listen(listen).await.map_err(io)?;
+        let endpoint = listener.local_addr();
+        let pd = provider.alloc_pd().map_err(io)?;
+        let pool = BufferPool::new(&pd, &PoolConfig::default()).map_err(io)?;
+        let svc = Arc::new(RdmaService {
+            provider,
+            pd,
+            pool,
+            endpoint,
+            slots: Mutex::new(HashMap::new()),
+            counters: RdmaCounters::default(),
+        });
+        let weak = Arc::downgrade(&svc);
+        tokio::spawn(async move {
+            loop {
+                let req = match listener.accept().await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        warn!(error = %e, "RDMA listener failed");
+                        return;
+                    }
+                };
+                let Some(svc) = weak.upgrade() else { return };
+                tokio::spawn(async move { svc.bind(req).await });
+            }
+        });
+        info!(%endpoint, backend = "soft", "RDMA offload listener started");
+        Ok(svc)
+    }
+
+    /// The backend name advertised at login.
+    pub fn backend(&self) -> &'static str {
+        self.provider.name()
+    }
+
+    pub fn endpoint(&self) -> SocketAddr {
+        self.endpoint
+    }
+
+    pub fn counters(&self) -> &RdmaCounters {
+        &self.counters
+    }
+
+    /// A session with `tsih` was granted `token`.
+    pub fn register(&self, token: [u8; TOKEN_LEN], tsih: u16) -> Arc<Slot> {
+        let (tx, _) = watch::channel(None);
+        let slot = Arc::new(Slot { tsih, binding: tx });
+        self.slots.lock().unwrap().insert(token, slot.clone());
+        slot
+    }
+
+    /// The session ended: its token stops working and its RDMA connection closes.
+    pub fn unregister(&self, token: &[u8; TOKEN_LEN]) {
+        if let Some(slot) = self.slots.lock().unwrap().remove(token) {
+            slot.binding.send_replace(None);
+        }
+    }
+
+    async fn bind(
+        self: Arc<Self>,
+        req: <<SoftProvider as RdmaProvider>::Listener as RdmaListener>::Request,
+    ) {
+        let peer = req.peer_addr();
+        let refuse = |code: u8, why: &str| {
+            self.counters.rejected_binds.fetch_add(1, Ordering::Relaxed);
+            warn!(%peer, why, "RDMA connection rejected");
+            code
+        };
+        let verdict = match BindRequest::decode(req.private_data()) {
+            None => Err(refuse(
+                reject::MALFORMED,
+                "private data is not a bind request",
+            )),
+            Some(b) => {
+                let slot = self.slots.lock().unwrap().get(&b.token).cloned();
+                match slot {
+                    Some(s) if s.tsih == b.tsih => {
+                        let busy = s
+                            .binding
+                            .borrow()
+                            .as_ref()
+                            .is_some_and(|b| !b.qp.is_error());
+                        if busy {
+                            Err(refuse(reject::ALREADY_BOUND, "session already bound"))
+                        } else {
+                            Ok(s)
+                        }
+                    }
+                    _ => Err(refuse(reject::UNKNOWN_TOKEN, "unknown token or TSIH")),
+                }
+            }
+        };
+        let slot = match verdict {
+            Ok(s) => s,
+            Err(code) => {
+                let _ = req.reject(&[code]).await;
+                return;
+            }
+        };
+        let cq = match self.provider.create_cq(4096) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let init = QpInit::<SoftProvider> {
+            pd: self.pd.clone(),
+            send_cq: cq.clone(),
+            recv_cq: self.provider.create_cq(16).expect("soft CQ"),
+            caps: QpCaps {
+                max_send_wr: 1024,
+                max_recv_wr: 16,
+                max_sge: 16,
+            },
+        };
+        let qp = match req.accept(init, &[]).await {
+            Ok(qp) => qp,
+            Err(e) => {
+                warn!(%peer, error = %e, "RDMA accept failed");
+                return;
+            }
+        };
+        let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>> = Arc::default();
+        let pump = tokio::spawn(pump(cq, Arc::downgrade(&waiters)));
+        let b = Arc::new(Binding {
+            qp,
+            waiters,
+            next_wr: AtomicU64::new(1),
+            pump,
+        });
+        self.counters.binds.fetch_add(1, Ordering::Relaxed);
+        info!(%peer, tsih = slot.tsih, "RDMA connection bound to session");
+        slot.binding.send_replace(Some(b));
+    }
+
+    /// READ: RDMA-Write `data` into the initiator's chunks (the data may be shorter than
+    /// the descriptor: underflow).
+    pub async fn write_to(
+        &self,
+        slot: &Slot,
+        desc: &Descriptor,
+        data: &[u8],
+    ) -> Result<(), TransferError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let b = slot.wait().await?;
+        let bufs = self.alloc(data.len()).await?;
+        let mut off = 0;
+        for pb in &bufs {
+            pb.write_at(0, &data[off..off + pb.len()])
+                .map_err(|e| TransferError(e.to_string()))?;
+            off += pb.len();
+        }
+        let chunks = truncate(&desc.chunks, data.len() as u64);
+        let n = self.transfer(&b, &bufs, &chunks, true).await;
+        self.counters.rdma_writes.fetch_add(n.0, Ordering::Relaxed);
+        n.1?;
+        self.counters
+            .bytes_written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// WRITE: RDMA-Read the initiator's chunks into pool buffers and gather them.
+    pub async fn read_from(
+        &self,
+        slot: &Slot,
+        desc: &Descriptor,
+    ) -> Result<Vec<u8>, TransferError> {
+        let len = desc.len() as usize;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let b = slot.wait().await?;
+        let bufs = self.alloc(len).await?;
+        let n = self.transfer(&b, &bufs, &desc.chunks, false).await;
+        self.counters.rdma_reads.fetch_add(n.0, Ordering::Relaxed);
+        n.1?;
+        let mut out = vec![0u8; len];
+        let mut off = 0;
+        for pb in &bufs {
+            pb.read_at(0, &mut out[off..off + pb.len()])
+                .map_err(|e| TransferError(e.to_string()))?;
+            off += pb.len();
+        }
+        self.counters
+            .bytes_read
+            .fetch_add(len as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    async fn alloc(&self, len: usize) -> Result<Vec<PoolBuf<SoftPd>>, TransferError> {
+        self.pool
+            .alloc(len)
+            .await
+            .map_err(|e| TransferError(format!("target buffer pool: {e}")))
+    }
+
+    /// Posts one operation per (split) chunk and waits for all. Returns the number of
+    /// operations posted and the outcome.
+    async fn transfer(
+        &self,
+        b: &Binding,
+        bufs: &[PoolBuf<SoftPd>],
+        remote: &[RemoteBuf],
+        write: bool,
+    ) -> (u64, Result<(), TransferError>) {
+        let local: Vec<Sge> = bufs.iter().map(PoolBuf::sge).collect();
+        let mut chunks = Vec::new();
+        let mut offset = 0;
+        for r in remote {
+            let mut done = 0;
+            while done < r.len {
+                let n = (r.len - done).min(MAX_OP);
+                chunks.push(Chunk {
+                    remote: RemoteBuf {
+                        addr: r.addr + done,
+                        len: n,
+                        rkey: r.rkey,
+                    },
+                    offset,
+                });
+                done += n;
+                offset += n;
+            }
+        }
+        let Some(ops) = plan_ops(&local, &chunks, 16) else {
+            return (
+                0,
+                Err(TransferError(
+                    "descriptor and buffers differ in length".into(),
+                )),
+            );
+        };
+        let mut pending = Vec::with_capacity(ops.len());
+        for op in ops {
+            let wr_id = b.next_wr.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            b.waiters.lock().unwrap().insert(wr_id, tx);
+            let sop = if write {
+                SendOp::RdmaWrite {
+                    remote_addr: op.remote_addr,
+                    rkey: op.rkey,
+                }
+            } else {
+                SendOp::RdmaRead {
+                    remote_addr: op.remote_addr,
+                    rkey: op.rkey,
+                }
+            };
+            let posted = b.qp.post_send(SendWr {
+                wr_id,
+                op: sop,
+                sgl: op.local,
+                signaled: true,
+            });
+            if let Err(e) = posted {
+                b.waiters.lock().unwrap().remove(&wr_id);
+                let n = pending.len() as u64;
+                for rx in pending {
+                    let _ = rx.await;
+                }
+                self.counters
+                    .failed_transfers
+                    .fetch_add(1, Ordering::Relaxed);
+                return (n, Err(TransferError(format!("posting: {e}"))));
+            }
+            pending.push(rx);
+        }
+        let n = pending.len() as u64;
+        let mut failure = None;
+        for rx in pending {
+            match rx.await {
+                Ok(WcStatus::Success) => {}
+                Ok(s) => failure = failure.or(Some(format!("{s:?}"))),
+                Err(_) => failure = failure.or(Some("RDMA connection closed".into())),
+            }
+        }
+        match failure {
+            None => (n, Ok(())),
+            Some(why) => {
+                self.counters
+                    .failed_transfers
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(why, "offloaded transfer failed");
+                (n, Err(TransferError(why)))
+            }
+        }
+    }
+}
+
+impl Slot {
+    /// The session's working RDMA connection, waiting briefly for it to be bound.
+    async fn wait(&self) -> Result<Arc<Binding>, TransferError> {
+        let mut rx = self.binding.subscribe();
+        let got = tokio::time::timeout(BIND_WAIT, async {
+            loop {
+                if let Some(b) = rx.borrow_and_update().clone() {
+                    return Some(b);
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await;
+        match got {
+            Ok(Some(b)) if !b.qp.is_error() => Ok(b),
+            Ok(Some(_)) => Err(TransferError(
+                "the session's RDMA connection is in the error state".into(),
+            )),
+            _ => Err(TransferError(
+                "no RDMA connection bound to the session".into(),
+            )),
+        }
+    }
+}
+
+/// The first `len` bytes of `chunks`.
+fn truncate(chunks: &[RemoteBuf], mut len: u64) -> Vec<RemoteBuf> {
+    let mut out = Vec::new();
+    for c in chunks {
+        if len == 0 {
+            break;
+        }
+        let n = c.len.min(len);
+        out.push(RemoteBuf { len: n, ..*c });
+        len -= n;
+    }
+    out
+}
+
+/// Routes completions to the operations waiting for them.
+async fn pump(cq: SoftCq, waiters: Weak<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>) {
+    loop {
+        let c = match cq.next().await {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let Some(w) = waiters.upgrade() else { return };
+        let tx = w.lock().unwrap().remove(&c.wr_id);
+        if let Some(tx) = tx {
+            let _ = tx.send(c.status);
+        }
+    }
+}
