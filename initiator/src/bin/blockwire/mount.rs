@@ -513,13 +513,32 @@ fn unmount(dir: &Path, lazy: bool) -> Result<()> {
 /// and logout.
 pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result<()> {
     let session = Arc::new(session);
-    let luns = if luns.is_empty() {
-        session.report_luns().await.unwrap_or_else(|_| vec![0])
-    } else {
+    let explicit = !luns.is_empty();
+    let luns = if explicit {
         luns.to_vec()
+    } else {
+        session.report_luns().await.unwrap_or_else(|_| vec![0])
     };
     let mut files = Vec::new();
     for lun in luns {
+        if !explicit {
+            // Only disks (SBC direct-access): tgtd's LUN 0, for one, is a
+            // controller that answers no READ CAPACITY.
+            match session.inquiry(lun).await {
+                Ok(i) if i.peripheral.device_type == 0x00 => {}
+                Ok(i) => {
+                    eprintln!(
+                        "blockwire mount: skipping LUN {lun} (device type {:#04x}, not a disk)",
+                        i.peripheral.device_type
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!("blockwire mount: skipping LUN {lun}: INQUIRY failed: {e}");
+                    continue;
+                }
+            }
+        }
         let cap = session
             .read_capacity(lun)
             .await
@@ -533,7 +552,7 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
         }));
     }
     if files.is_empty() {
-        bail!("the target has no LUNs");
+        bail!("the target has no disk LUNs");
     }
     let meta = std::fs::metadata(&opts.mountpoint)
         .with_context(|| format!("mount point {}", opts.mountpoint.display()))?;
