@@ -98,6 +98,10 @@ pub struct InitiatorConfig {
     pub nop_timeout: Duration,
     /// Reconnection after a lost connection.
     pub recovery: RecoveryPolicy,
+    /// Vendor keys (`X-...`) offered in the operational stage of normal
+    /// sessions; the target's answers come back in the login outcome
+    /// (e.g. `X-io.blockwire.RdmaOffload`, see `crate::rdma`).
+    pub vendor_offers: Vec<(String, String)>,
 }
 
 impl InitiatorConfig {
@@ -120,6 +124,7 @@ impl InitiatorConfig {
             nop_interval: Some(Duration::from_secs(5)),
             nop_timeout: Duration::from_secs(10),
             recovery: RecoveryPolicy::default(),
+            vendor_offers: Vec::new(),
         }
     }
 
@@ -169,6 +174,11 @@ impl InitiatorConfig {
             first_burst_length: self.first_burst_length.min(self.max_burst_length),
             max_burst_length: self.max_burst_length,
             max_recv_data_segment_length: self.max_recv_data_segment_length,
+            vendor_keys: if target.is_some() {
+                self.vendor_offers.iter().map(|(k, _)| k.clone()).collect()
+            } else {
+                Vec::new()
+            },
             ..base
         }
     }

@@ -383,6 +383,54 @@ impl<T: Clone> Engine<T> {
         (itt, header, immediate, unsolicited_end)
     }
 
+    /// Registers a SCSI command whose data the target moves by RDMA (the
+    /// caller adds the descriptor AHS): the header announces `read_len` or
+    /// `write_len` bytes but no data follows on the connection (no immediate
+    /// or unsolicited data, F bit set), and no read buffer is lent.
+    pub fn start_scsi_offloaded(
+        &mut self,
+        lun: u16,
+        cdb: &[u8; 16],
+        read_len: usize,
+        write_len: usize,
+        owner: T,
+    ) -> (u32, ScsiCommand) {
+        let itt = self.alloc_itt();
+        let cmd_sn = self.cmd_sn;
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        let header = ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: read_len > 0,
+            write: write_len > 0,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(lun),
+            itt,
+            expected_data_transfer_length: read_len.max(write_len) as u32,
+            cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            cdb: *cdb,
+        };
+        self.tasks.insert(
+            itt,
+            Task {
+                owner,
+                lun,
+                cmd_sn,
+                kind: Kind::Scsi {
+                    expected_in: 0,
+                    // R2Ts for an offloaded write are refused as out of range.
+                    expected_out: 0,
+                    received: 0,
+                    next_data_sn: 0,
+                    buf: None,
+                    lent: false,
+                },
+            },
+        );
+        (itt, header)
+    }
+
     /// Registers a task management request (sent immediate).
     pub fn start_tmf(
         &mut self,

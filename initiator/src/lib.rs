@@ -38,6 +38,7 @@ pub mod engine;
 mod error;
 mod isid;
 pub mod login;
+pub mod rdma;
 mod scsi;
 mod session;
 mod wire;

@@ -39,6 +39,8 @@ pub struct LoginOutcome {
     pub max_cmd_sn: u32,
     /// Whether the target proved its identity with mutual CHAP.
     pub target_verified: bool,
+    /// The target's answers to our vendor key offers.
+    pub vendor: TextPairs,
 }
 
 /// What to do after a Login Response.
@@ -77,6 +79,8 @@ pub struct LoginMachine {
     exp_stat_sn: u32,
     assembler: TextAssembler,
     fill: Fill,
+    vendor_offers: TextPairs,
+    vendor_answers: TextPairs,
 }
 
 impl std::fmt::Debug for LoginMachine {
@@ -133,6 +137,12 @@ impl LoginMachine {
             exp_stat_sn: 0,
             assembler: TextAssembler::default(),
             fill,
+            vendor_offers: if target.is_some() {
+                config.vendor_offers.clone()
+            } else {
+                Vec::new()
+            },
+            vendor_answers: Vec::new(),
         })
     }
 
@@ -294,6 +304,7 @@ impl LoginMachine {
                 .offer(Phase::Operational)
                 .map_err(|e| self.neg_err(e))?,
         );
+        out.extend(std::mem::take(&mut self.vendor_offers));
         self.request(true, Stage::FullFeature, &out)
             .map(LoginStep::Send)
     }
@@ -303,6 +314,12 @@ impl LoginMachine {
             .negotiator
             .receive(Phase::Operational, &pairs)
             .map_err(|e| self.neg_err(e))?;
+        self.vendor_answers.extend(
+            got.passthrough
+                .iter()
+                .filter(|(k, _)| k.starts_with("X"))
+                .cloned(),
+        );
         if r.transit && r.nsg == Stage::FullFeature && got.answers.is_empty() {
             return self.finish(r);
         }
@@ -334,6 +351,7 @@ impl LoginMachine {
             exp_cmd_sn: r.exp_cmd_sn,
             max_cmd_sn: r.max_cmd_sn,
             target_verified: self.target_verified,
+            vendor: std::mem::take(&mut self.vendor_answers),
         })))
     }
 }

@@ -111,6 +111,8 @@ struct Inner {
     background: Mutex<Vec<AbortHandle>>,
     epoch: Instant,
     last_rx_ms: AtomicU64,
+    /// The login generation and the target's answers to our vendor keys.
+    vendor: Mutex<(u64, Vec<(String, String)>)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -162,6 +164,7 @@ impl Session {
             background: Mutex::new(Vec::new()),
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
+            vendor: Mutex::new((0, Vec::new())),
         });
         inner.install(conn, 1).await;
         Ok(Session { inner })
@@ -193,6 +196,33 @@ impl Session {
     /// The parameters the current login negotiated.
     pub fn params(&self) -> SessionParams {
         lock(&self.inner.params).clone()
+    }
+
+    /// The target's answers to `InitiatorConfig::vendor_offers` at the
+    /// current login, with the login's generation (it changes when the
+    /// session logs in again after a lost connection).
+    pub fn vendor_answers(&self) -> (u64, Vec<(String, String)>) {
+        lock(&self.inner.vendor).clone()
+    }
+
+    /// Runs a SCSI command whose data the target moves by RDMA: the command
+    /// PDU carries `ahs` (the buffer descriptor) and announces `read_len` or
+    /// `write_len` bytes, and no data travels on the connection. Fails
+    /// without sending when the login generation is no longer `generation`
+    /// (the RDMA binding belongs to the old login). `transferred` is derived
+    /// from the residual count.
+    pub async fn execute_offloaded(
+        &self,
+        generation: u64,
+        lun: u16,
+        cdb: &[u8],
+        read_len: usize,
+        write_len: usize,
+        ahs: Vec<blockwire_pdu::Ahs>,
+    ) -> Result<Completion> {
+        self.inner
+            .run_offloaded(generation, lun, cdb, read_len, write_len, ahs)
+            .await
     }
 
     /// How many times the session logged in again after a lost connection.
@@ -346,6 +376,7 @@ impl Inner {
         );
         *lock(&self.params) = outcome.params.clone();
         *lock(&self.tsih) = outcome.tsih;
+        *lock(&self.vendor) = (generation, outcome.vendor.clone());
         self.touch();
         let mut bg = lock(&self.background);
         bg.clear();
@@ -746,6 +777,84 @@ impl Inner {
             }
             return Ok(itt);
         }
+    }
+
+    async fn run_offloaded(
+        self: &Arc<Self>,
+        generation: u64,
+        lun: u16,
+        cdb: &[u8],
+        read_len: usize,
+        write_len: usize,
+        ahs: Vec<blockwire_pdu::Ahs>,
+    ) -> Result<Completion> {
+        if cdb.is_empty() || cdb.len() > 16 {
+            return Err(Error::Config(format!("CDB of {} bytes", cdb.len())));
+        }
+        let mut cdb16 = [0u8; 16];
+        cdb16[..cdb.len()].copy_from_slice(cdb);
+        let stale = || Error::Protocol("the session logged in again: RDMA binding is stale".into());
+        let _permit = self.slots.acquire().await.map_err(|_| Error::Closed)?;
+        let gen = self.wait_up().await?;
+        if gen != generation {
+            return Err(stale());
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        loop {
+            let notified = self.window.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut w = self.writer.lock().await;
+            if w.generation != gen || w.half.is_none() {
+                return Err(stale());
+            }
+            let started = {
+                let mut eng = lock(&self.engine);
+                if eng.generation() != gen {
+                    return Err(stale());
+                }
+                eng.window_open()
+                    .then(|| eng.start_scsi_offloaded(lun, &cdb16, read_len, write_len, tx.clone()))
+            };
+            let Some((_itt, header)) = started else {
+                drop(w);
+                let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+                continue;
+            };
+            let pdu = Pdu {
+                bhs: Bhs::ScsiCommand(header),
+                ahs,
+                data: Default::default(),
+            };
+            let digests = w.digests;
+            let half = w.half.as_mut().expect("checked");
+            let r = write_whole(half, &pdu, digests).await;
+            drop(w);
+            if let Err(e) = r {
+                self.connection_lost(gen, format!("sending a command: {e}"));
+            }
+            break;
+        }
+        while let Some(msg) = rx.recv().await {
+            match msg {
+                Msg::R2t(_) => {} // refused by the engine (offloaded writes take none)
+                Msg::Done(result) => {
+                    let mut none = None;
+                    let mut c = self.complete(lun, cdb16[0], 0, write_len, result, &mut none)?;
+                    if read_len > 0 {
+                        c.transferred = match c.residual {
+                            Residual::Underflow(n) => read_len.saturating_sub(n as usize),
+                            _ => read_len,
+                        };
+                    }
+                    return Ok(c);
+                }
+                Msg::Lost(_) => break,
+            }
+        }
+        Err(Error::Protocol(
+            "connection lost during an offloaded command".into(),
+        ))
     }
 
     async fn send_solicited(

@@ -1,0 +1,500 @@
+//! RDMA-assisted sessions (docs/rdma-assisted-iscsi.md).
+//!
+//! [`AssistedSession`] is a [`Session`] that offers `X-io.blockwire.RdmaOffload` at
+//! login. When the target grants it, the session opens a soft-RDMA connection to the
+//! endpoint the target named, presenting the granted token and the TSIH, and from then
+//! on READ and WRITE commands carry a descriptor AHS naming the caller's registered
+//! buffers ([`RdmaBuf`]): the target RDMA-Writes READ data into them and RDMA-Reads
+//! WRITE data from them, and only the command and the status travel on TCP. Writes up to
+//! the inline threshold go as immediate data instead. A command's registrations are
+//! released when it completes, which makes its rkeys stop working (except with the arena
+//! strategy, whose one key covers the arena).
+//!
+//! Fallback (P3 §3.3): a target without the key, a grant that cannot be used (data
+//! digests, another backend) or an RDMA connection that cannot be set up leaves a plain
+//! iSCSI session: the same calls then move the data over TCP through bounce buffers. A
+//! transfer the target reports as failed (its RDMA connection broke) is retried over
+//! TCP, and the next command sets up a new RDMA connection.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use blockwire_pdu::keys::Digest;
+use blockwire_pdu::scsi::SenseKey;
+use blockwire_transport::assist::{
+    offer_value, BindRequest, Descriptor, Direction, Grant, MAX_CHUNKS, OFFLOAD_KEY,
+};
+use blockwire_transport::rdma::soft::{SoftPd, SoftProvider, SoftQp};
+use blockwire_transport::rdma::{QpCaps, QpInit, QueuePair, RdmaProvider};
+pub use blockwire_transport::reg::{FmrdConfig, RegConfig, RegStats};
+use blockwire_transport::reg::{IoBuf, IoSpace};
+
+use crate::config::InitiatorConfig;
+use crate::error::{Error, Result};
+use crate::session::{Completion, DataDir, Session};
+
+/// A buffer the target can reach by RDMA (allocate with [`AssistedSession::alloc`]).
+pub type RdmaBuf = IoBuf<SoftPd>;
+
+/// How an [`AssistedSession`] uses RDMA.
+#[derive(Debug, Clone, Copy)]
+pub struct RdmaConfig {
+    /// Offer the offload key at login (false: always plain iSCSI).
+    pub offer: bool,
+    /// How the command buffers are registered.
+    pub registration: RegConfig,
+    /// Writes of at most this many bytes go as immediate data on TCP.
+    pub inline_threshold: usize,
+    /// Commands moving more than this go over TCP (the target's pool bounds it).
+    pub max_offload: usize,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            offer: true,
+            registration: RegConfig::PinDownCache { capacity: 128 },
+            inline_threshold: 8 << 10,
+            max_offload: 4 << 20,
+        }
+    }
+}
+
+/// Where the data of the next command goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// By RDMA.
+    Offloaded,
+    /// Over TCP (plain iSCSI).
+    Plain,
+}
+
+/// What an [`AssistedSession`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaStats {
+    /// READ commands whose data the target RDMA-Wrote.
+    pub offloaded_reads: u64,
+    /// WRITE commands whose data the target RDMA-Read.
+    pub offloaded_writes: u64,
+    /// Writes sent as immediate data (below the inline threshold).
+    pub inline_writes: u64,
+    /// Commands that moved their data over TCP.
+    pub plain_commands: u64,
+    /// RDMA connections set up.
+    pub binds: u64,
+    /// Offloaded commands the target could not transfer (retried over TCP).
+    pub failed_transfers: u64,
+    /// Remote chunks advertised (one RDMA operation each at the target).
+    pub chunks: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    offloaded_reads: AtomicU64,
+    offloaded_writes: AtomicU64,
+    inline_writes: AtomicU64,
+    plain_commands: AtomicU64,
+    binds: AtomicU64,
+    failed_transfers: AtomicU64,
+    chunks: AtomicU64,
+}
+
+struct Link {
+    generation: u64,
+    qp: SoftQp,
+}
+
+/// A session whose data moves by RDMA when the target agrees.
+pub struct AssistedSession {
+    session: Session,
+    provider: SoftProvider,
+    pd: SoftPd,
+    space: IoSpace<SoftPd>,
+    cfg: RdmaConfig,
+    link: tokio::sync::Mutex<Option<Link>>,
+    /// Login generation whose grant turned out unusable (no retry until it changes).
+    unusable: AtomicU64,
+    counters: Counters,
+    last: std::sync::Mutex<Option<Descriptor>>,
+}
+
+impl std::fmt::Debug for AssistedSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AssistedSession")
+            .field("session", &self.session)
+            .field("registration", &self.cfg.registration)
+            .finish_non_exhaustive()
+    }
+}
+
+fn rdma_err(e: blockwire_transport::rdma::RdmaError) -> Error {
+    Error::Protocol(format!("RDMA: {e}"))
+}
+
+impl AssistedSession {
+    /// Logs in to `target` at `portal`, offering RDMA offload, and sets up the RDMA
+    /// connection when the target grants it.
+    pub async fn connect(
+        mut config: InitiatorConfig,
+        rdma: RdmaConfig,
+        portal: &str,
+        target: &str,
+    ) -> Result<AssistedSession> {
+        if rdma.offer {
+            config
+                .vendor_offers
+                .push((OFFLOAD_KEY.to_owned(), offer_value(&["soft"])));
+        }
+        let session = Session::connect(config, portal, target).await?;
+        let provider = SoftProvider::default();
+        let pd = provider.alloc_pd().map_err(rdma_err)?;
+        let space = IoSpace::new(&pd, rdma.registration).map_err(rdma_err)?;
+        let s = AssistedSession {
+            session,
+            provider,
+            pd,
+            space,
+            cfg: rdma,
+            link: tokio::sync::Mutex::new(None),
+            unusable: AtomicU64::new(u64::MAX),
+            counters: Counters::default(),
+            last: std::sync::Mutex::new(None),
+        };
+        s.ensure_link().await;
+        Ok(s)
+    }
+
+    /// The underlying iSCSI session (control commands, task management).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The registered I/O memory.
+    pub fn space(&self) -> &IoSpace<SoftPd> {
+        &self.space
+    }
+
+    /// Where data goes now.
+    pub async fn mode(&self) -> Mode {
+        match self.ensure_link().await {
+            Some(_) => Mode::Offloaded,
+            None => Mode::Plain,
+        }
+    }
+
+    /// The target's answer to the offload key at the current login.
+    pub fn grant(&self) -> Option<Grant> {
+        let (_, answers) = self.session.vendor_answers();
+        answers
+            .iter()
+            .find(|(k, _)| k == OFFLOAD_KEY)
+            .and_then(|(_, v)| Grant::parse(v))
+    }
+
+    /// Counters of this session's commands.
+    pub fn stats(&self) -> RdmaStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RdmaStats {
+            offloaded_reads: l(&c.offloaded_reads),
+            offloaded_writes: l(&c.offloaded_writes),
+            inline_writes: l(&c.inline_writes),
+            plain_commands: l(&c.plain_commands),
+            binds: l(&c.binds),
+            failed_transfers: l(&c.failed_transfers),
+            chunks: l(&c.chunks),
+        }
+    }
+
+    /// The registration layer's counters.
+    pub fn registration_stats(&self) -> RegStats {
+        self.space.stats()
+    }
+
+    /// The descriptor the last offloaded command advertised (diagnostics, tests).
+    pub fn last_descriptor(&self) -> Option<Descriptor> {
+        self.last.lock().unwrap().clone()
+    }
+
+    /// A zeroed buffer of `len` bytes the target can reach by RDMA.
+    pub fn alloc(&self, len: usize) -> Result<RdmaBuf> {
+        self.space.alloc(len).map_err(rdma_err)
+    }
+
+    /// The login generation of a working RDMA connection, setting one up if needed.
+    async fn ensure_link(&self) -> Option<u64> {
+        let mut link = self.link.lock().await;
+        let (generation, _) = self.session.vendor_answers();
+        if let Some(l) = link.as_ref() {
+            if l.generation == generation && !l.qp.is_error() {
+                return Some(generation);
+            }
+            *link = None;
+        }
+        if self.unusable.load(Ordering::Relaxed) == generation {
+            return None;
+        }
+        let grant = self.grant();
+        let usable = grant.as_ref().is_some_and(|g| g.backend == "soft")
+            && self.session.params().data_digest != Digest::Crc32c;
+        let Some(grant) = grant.filter(|_| usable) else {
+            self.unusable.store(generation, Ordering::Relaxed);
+            return None;
+        };
+        let init = QpInit::<SoftProvider> {
+            pd: self.pd.clone(),
+            send_cq: self.provider.create_cq(16).ok()?,
+            recv_cq: self.provider.create_cq(16).ok()?,
+            caps: QpCaps::default(),
+        };
+        let bind = BindRequest {
+            tsih: self.session.tsih(),
+            token: grant.token,
+        };
+        let connected = tokio::time::timeout(
+            Duration::from_secs(3),
+            self.provider.connect(grant.endpoint, init, &bind.encode()),
+        )
+        .await;
+        match connected {
+            Ok(Ok(qp)) => {
+                self.counters.binds.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(endpoint = %grant.endpoint, "RDMA offload connection up");
+                *link = Some(Link { generation, qp });
+                Some(generation)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(endpoint = %grant.endpoint, error = %e, "RDMA offload unavailable: plain iSCSI");
+                self.unusable.store(generation, Ordering::Relaxed);
+                None
+            }
+            Err(_) => {
+                tracing::warn!(endpoint = %grant.endpoint, "RDMA connect timed out: plain iSCSI");
+                self.unusable.store(generation, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    async fn drop_link(&self) {
+        *self.link.lock().await = None;
+    }
+
+    /// READ(16) of `blocks` blocks at `lba` into `bufs` (scatter list, in order; their
+    /// lengths add up to the transfer length).
+    pub async fn read_sg(
+        &self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        bufs: &mut [RdmaBuf],
+    ) -> Result<Completion> {
+        let cdb = crate::scsi::rw16(false, lba, blocks, false);
+        self.read_cdb(lun, &cdb, bufs).await
+    }
+
+    /// WRITE(16) of `bufs` (gather list) at `lba`.
+    pub async fn write_sg(
+        &self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        bufs: &[RdmaBuf],
+    ) -> Result<Completion> {
+        let cdb = crate::scsi::rw16(true, lba, blocks, false);
+        self.write_cdb(lun, &cdb, bufs).await
+    }
+
+    /// READ into one buffer.
+    pub async fn read(
+        &self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        buf: &mut RdmaBuf,
+    ) -> Result<Completion> {
+        self.read_sg(lun, lba, blocks, std::slice::from_mut(buf))
+            .await
+    }
+
+    /// WRITE from one buffer.
+    pub async fn write(
+        &self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        buf: &RdmaBuf,
+    ) -> Result<Completion> {
+        self.write_sg(lun, lba, blocks, std::slice::from_ref(buf))
+            .await
+    }
+
+    /// Any data-in command (`cdb` up to 16 bytes) into `bufs`.
+    pub async fn read_cdb(&self, lun: u16, cdb: &[u8], bufs: &mut [RdmaBuf]) -> Result<Completion> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total > 0 && total <= self.cfg.max_offload {
+            if let Some(r) = self.offload(lun, cdb, Direction::Read, bufs).await {
+                return r;
+            }
+        }
+        self.counters.plain_commands.fetch_add(1, Ordering::Relaxed);
+        let mut v = vec![0u8; total];
+        let c = self
+            .session
+            .execute(lun, cdb, DataDir::Read(&mut v))
+            .await?;
+        let mut off = 0;
+        for b in bufs.iter_mut() {
+            let n = b.len().min(v.len().saturating_sub(off));
+            b.write_at(0, &v[off..off + n]).map_err(rdma_err)?;
+            off += n;
+        }
+        Ok(c)
+    }
+
+    /// Any data-out command (`cdb` up to 16 bytes) from `bufs`.
+    pub async fn write_cdb(&self, lun: u16, cdb: &[u8], bufs: &[RdmaBuf]) -> Result<Completion> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total > self.cfg.inline_threshold && total <= self.cfg.max_offload {
+            if let Some(r) = self.offload(lun, cdb, Direction::Write, bufs).await {
+                return r;
+            }
+        }
+        if total <= self.cfg.inline_threshold {
+            self.counters.inline_writes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.plain_commands.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut v = Vec::with_capacity(total);
+        for b in bufs {
+            v.extend_from_slice(&b.to_vec());
+        }
+        self.session.execute(lun, cdb, DataDir::Write(&v)).await
+    }
+
+    /// One offloaded command; `None`: not possible now (use TCP). UNIT ATTENTION is
+    /// retried, as [`Session::execute`] does.
+    async fn offload(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        dir: Direction,
+        bufs: &[RdmaBuf],
+    ) -> Option<Result<Completion>> {
+        let mut attempts = 0;
+        loop {
+            let generation = self.ensure_link().await?;
+            let reg = match self.space.register_sg(bufs.iter(), u64::from(u32::MAX)) {
+                Ok(r) => r,
+                Err(e) => return Some(Err(rdma_err(e))),
+            };
+            if reg.chunks().len() > MAX_CHUNKS {
+                return None;
+            }
+            let desc = Descriptor {
+                dir,
+                chunks: reg.remote(),
+            };
+            self.counters
+                .chunks
+                .fetch_add(desc.chunks.len() as u64, Ordering::Relaxed);
+            let r = self.send_descriptor(generation, lun, cdb, &desc).await;
+            // The command is over: its rkeys stop working.
+            if let Err(e) = reg.release() {
+                return Some(Err(rdma_err(e)));
+            }
+            match r {
+                Ok(c) => {
+                    let counter = match dir {
+                        Direction::Read => &self.counters.offloaded_reads,
+                        Direction::Write => &self.counters.offloaded_writes,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    return Some(Ok(c));
+                }
+                Err(Error::Scsi(e))
+                    if attempts < 4
+                        && e.sense.as_ref().map(|s| s.key) == Some(SenseKey::UnitAttention) =>
+                {
+                    attempts += 1;
+                }
+                Err(e) if is_transfer_failure(&e) => {
+                    self.counters
+                        .failed_transfers
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "offloaded transfer failed: retrying over TCP");
+                    return None;
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    async fn send_descriptor(
+        &self,
+        generation: u64,
+        lun: u16,
+        cdb: &[u8],
+        desc: &Descriptor,
+    ) -> Result<Completion> {
+        *self.last.lock().unwrap() = Some(desc.clone());
+        let len = desc.len() as usize;
+        let (read_len, write_len) = match desc.dir {
+            Direction::Read => (len, 0),
+            Direction::Write => (0, len),
+        };
+        let r = self
+            .session
+            .execute_offloaded(
+                generation,
+                lun,
+                cdb,
+                read_len,
+                write_len,
+                vec![desc.to_ahs()],
+            )
+            .await;
+        if let Err(e) = &r {
+            if is_transfer_failure(e) {
+                // The target's queue pair is in the error state now.
+                self.drop_link().await;
+            }
+        }
+        r
+    }
+
+    /// Sends a command with a caller-made descriptor (diagnostics and tests: forged
+    /// keys, ranges outside a registration, replayed descriptors). Requires a working
+    /// RDMA connection.
+    pub async fn execute_with_descriptor(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        desc: &Descriptor,
+    ) -> Result<Completion> {
+        let generation = self
+            .ensure_link()
+            .await
+            .ok_or_else(|| Error::Protocol("no RDMA offload on this session".into()))?;
+        self.send_descriptor(generation, lun, cdb, desc).await
+    }
+
+    /// Logs out.
+    pub async fn logout(self) -> Result<()> {
+        self.drop_link().await;
+        self.session.logout().await
+    }
+}
+
+/// The target could not move the data (ABORTED COMMAND, DATA PHASE ERROR), or the
+/// RDMA binding belongs to an old login.
+fn is_transfer_failure(e: &Error) -> bool {
+    match e {
+        Error::Scsi(s) => s
+            .sense
+            .as_ref()
+            .is_some_and(|s| s.key == SenseKey::AbortedCommand && s.asc == 0x4b),
+        Error::Protocol(m) => m.contains("RDMA binding is stale"),
+        _ => false,
+    }
+}
