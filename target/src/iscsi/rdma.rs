@@ -237,7 +237,7 @@ impl RdmaService {
         if data.is_empty() {
             return Ok(());
         }
-        let b = slot.wait().await?;
+        let b = self.wait(slot).await?;
         let bufs = self.alloc(data.len()).await?;
         let mut off = 0;
         for pb in &bufs {
@@ -265,7 +265,7 @@ impl RdmaService {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let b = slot.wait().await?;
+        let b = self.wait(slot).await?;
         let bufs = self.alloc(len).await?;
         let n = self.transfer(&b, &bufs, &desc.chunks, false).await;
         self.counters.rdma_reads.fetch_add(n.0, Ordering::Relaxed);
@@ -281,6 +281,14 @@ impl RdmaService {
             .bytes_read
             .fetch_add(len as u64, Ordering::Relaxed);
         Ok(out)
+    }
+
+    async fn wait(&self, slot: &Slot) -> Result<Arc<Binding>, TransferError> {
+        slot.wait().await.inspect_err(|_| {
+            self.counters
+                .failed_transfers
+                .fetch_add(1, Ordering::Relaxed);
+        })
     }
 
     async fn alloc(&self, len: usize) -> Result<Vec<PoolBuf<SoftPd>>, TransferError> {
@@ -387,10 +395,13 @@ impl Slot {
     /// The session's working RDMA connection, waiting briefly for it to be bound.
     async fn wait(&self) -> Result<Arc<Binding>, TransferError> {
         let mut rx = self.binding.subscribe();
+        // A broken connection may be replaced by a new bind at any moment.
         let got = tokio::time::timeout(BIND_WAIT, async {
             loop {
                 if let Some(b) = rx.borrow_and_update().clone() {
-                    return Some(b);
+                    if !b.qp.is_error() {
+                        return Some(b);
+                    }
                 }
                 if rx.changed().await.is_err() {
                     return None;
@@ -399,12 +410,9 @@ impl Slot {
         })
         .await;
         match got {
-            Ok(Some(b)) if !b.qp.is_error() => Ok(b),
-            Ok(Some(_)) => Err(TransferError(
-                "the session's RDMA connection is in the error state".into(),
-            )),
+            Ok(Some(b)) => Ok(b),
             _ => Err(TransferError(
-                "no RDMA connection bound to the session".into(),
+                "no working RDMA connection bound to the session".into(),
             )),
         }
     }

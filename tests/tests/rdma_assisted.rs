@@ -1,0 +1,410 @@
+//! RDMA-assisted iSCSI end to end: blockwire's initiator (AssistedSession) against an
+//! in-process blockwire target with the soft RDMA provider. Integrity for every
+//! registration strategy and for scatter-gather buffers; forged, out-of-range and
+//! replayed descriptors are refused and change nothing; the fallback matrix.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use blockwire_initiator::rdma::{AssistedSession, FmrdConfig, Mode, RdmaConfig, RegConfig};
+use blockwire_initiator::{Error, InitiatorConfig, Session};
+use blockwire_pdu::scsi::SenseKey;
+use blockwire_target::backstore::RamBackstore;
+use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::{Fabric, FabricSettings};
+use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use blockwire_transport::assist::{reject, BindRequest, Descriptor, Direction, TOKEN_LEN};
+use blockwire_transport::rdma::soft::SoftProvider;
+use blockwire_transport::rdma::{QpCaps, QpInit, RdmaError, RdmaProvider, RemoteBuf};
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+const TARGET: &str = "iqn.2026-11.io.blockwire:rdma-test";
+const BS: usize = 512;
+
+struct TestTarget {
+    addr: SocketAddr,
+    fabric: Arc<Fabric>,
+    _stop: watch::Sender<bool>,
+}
+
+async fn start(rdma: bool) -> TestTarget {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
+    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    let addr = portal.local_addr().unwrap();
+    let catalog = Catalog {
+        portal_groups: vec![PortalGroup {
+            tag: 1,
+            addresses: vec![addr],
+        }],
+        targets: vec![Arc::new(TargetEntry {
+            name: TARGET.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl: Acl::Any,
+            auth: AuthPolicy::default(),
+            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+        })],
+        discovery_auth: AuthPolicy::default(),
+    };
+    let (stop, shutdown) = watch::channel(false);
+    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
+    if rdma {
+        fabric
+            .start_rdma("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    }
+    tokio::spawn(portal.run(fabric.clone()));
+    TestTarget {
+        addr,
+        fabric,
+        _stop: stop,
+    }
+}
+
+fn cfg(name: &str) -> InitiatorConfig {
+    InitiatorConfig::new(format!("iqn.2026-11.io.blockwire:{name}"))
+}
+
+async fn assisted(t: &TestTarget, name: &str, rdma: RdmaConfig) -> AssistedSession {
+    AssistedSession::connect(cfg(name), rdma, &t.addr.to_string(), TARGET)
+        .await
+        .unwrap()
+}
+
+fn strategies() -> Vec<RegConfig> {
+    vec![
+        RegConfig::Dynamic,
+        RegConfig::PinDownCache { capacity: 8 },
+        RegConfig::Fmrd(FmrdConfig {
+            capacity: 8,
+            slots: 16,
+            dereg_threshold: 4,
+        }),
+        RegConfig::Arena { bytes: 8 << 20 },
+    ]
+}
+
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut v[..]);
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integrity_for_every_registration_strategy() {
+    let t = start(true).await;
+    for (i, reg) in strategies().into_iter().enumerate() {
+        let s = assisted(
+            &t,
+            &format!("strategy{i}"),
+            RdmaConfig {
+                registration: reg,
+                ..RdmaConfig::default()
+            },
+        )
+        .await;
+        assert_eq!(s.mode().await, Mode::Offloaded, "{reg:?}");
+        let mut lba = 0u64;
+        for (j, len) in [16 << 10, 64 << 10, 1 << 20, 4 << 10]
+            .into_iter()
+            .enumerate()
+        {
+            let data = random(len, (i * 10 + j) as u64);
+            let mut w = s.alloc(len).unwrap();
+            w.write_at(0, &data).unwrap();
+            s.write(0, lba, (len / BS) as u32, &w).await.unwrap();
+            let mut r = s.alloc(len).unwrap();
+            let c = s.read(0, lba, (len / BS) as u32, &mut r).await.unwrap();
+            assert_eq!(c.transferred, len);
+            assert!(r.to_vec() == data, "{reg:?} {len}");
+            lba += (len / BS) as u64;
+        }
+        // What RDMA placed is what plain iSCSI reads back from the disk.
+        let mut v = vec![0u8; 16 << 10];
+        s.session().read(0, 0, 32, &mut v).await.unwrap();
+        assert!(v == random(16 << 10, (i * 10) as u64));
+        let st = s.stats();
+        assert_eq!(st.offloaded_reads, 4, "{reg:?} {st:?}");
+        // 4 KiB goes inline (below the 8 KiB threshold), the rest by RDMA Read.
+        assert_eq!((st.offloaded_writes, st.inline_writes), (3, 1), "{reg:?}");
+        assert_eq!(st.failed_transfers, 0);
+        s.logout().await.unwrap();
+    }
+    let c = t.fabric.rdma.get().unwrap().counters();
+    assert!(c.rdma_writes.load(Ordering::Relaxed) >= 16);
+    assert!(c.rdma_reads.load(Ordering::Relaxed) >= 12);
+    assert_eq!(c.failed_transfers.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scatter_gather_buffers() {
+    let t = start(true).await;
+    for (i, reg) in strategies().into_iter().enumerate() {
+        let s = assisted(
+            &t,
+            &format!("sg{i}"),
+            RdmaConfig {
+                registration: reg,
+                ..RdmaConfig::default()
+            },
+        )
+        .await;
+        let data = random(64 << 10, 100 + i as u64);
+        // Gather from 4 KiB + 8 KiB + 12 KiB + 40 KiB, scatter into 16 + 16 + 32 KiB.
+        let mut off = 0;
+        let mut out = Vec::new();
+        for n in [4 << 10, 8 << 10, 12 << 10, 40 << 10] {
+            let mut b = s.alloc(n).unwrap();
+            b.write_at(0, &data[off..off + n]).unwrap();
+            off += n;
+            out.push(b);
+        }
+        s.write_sg(0, 1000, 128, &out).await.unwrap();
+        let mut ins: Vec<_> = [16 << 10, 16 << 10, 32 << 10]
+            .into_iter()
+            .map(|n| s.alloc(n).unwrap())
+            .collect();
+        s.read_sg(0, 1000, 128, &mut ins).await.unwrap();
+        let got: Vec<u8> = ins.iter().flat_map(|b| b.to_vec()).collect();
+        assert!(got == data, "{reg:?}");
+        let desc = s.last_descriptor().unwrap();
+        assert_eq!(desc.dir, Direction::Read);
+        assert_eq!(desc.len(), 64 << 10);
+        if matches!(reg, RegConfig::Arena { .. }) {
+            // Neighbouring arena buffers coalesce into one chunk (P3 §4.3).
+            assert_eq!(desc.chunks.len(), 1);
+        } else {
+            assert_eq!(desc.chunks.len(), 3);
+        }
+        s.logout().await.unwrap();
+    }
+}
+
+fn is_refused(e: &Error) -> bool {
+    matches!(e, Error::Scsi(s) if s.sense.as_ref().is_some_and(|s| s.key == SenseKey::AbortedCommand && s.asc == 0x4b))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_out_of_range_and_replayed_descriptors_change_nothing() {
+    let t = start(true).await;
+    let svc = t.fabric.rdma.get().unwrap().clone();
+    for (i, reg) in strategies().into_iter().take(3).enumerate() {
+        let s = assisted(
+            &t,
+            &format!("forge{i}"),
+            RdmaConfig {
+                registration: reg,
+                ..RdmaConfig::default()
+            },
+        )
+        .await;
+        let lba = 4000 + 100 * i as u64;
+        let disk = random(16 << 10, 200 + i as u64);
+        let mut w = s.alloc(16 << 10).unwrap();
+        w.write_at(0, &disk).unwrap();
+        s.write(0, lba, 32, &w).await.unwrap();
+        let read16 = blockwire_initiator::rw16(false, lba, 32, false);
+        let write16 = blockwire_initiator::rw16(true, lba, 32, false);
+        let poison = vec![0xEEu8; 16 << 10];
+        let failures = svc.counters().failed_transfers.load(Ordering::Relaxed);
+
+        // 1. Forged rkey on a live registration: READ and WRITE refused.
+        let mut buf = s.alloc(16 << 10).unwrap();
+        buf.write_at(0, &poison).unwrap();
+        let regd = s.space().register_sg([&buf], u64::MAX).unwrap();
+        let mut chunks = regd.remote();
+        chunks[0].rkey ^= 0x5a;
+        for dir in [Direction::Read, Direction::Write] {
+            let cdb = if dir == Direction::Read {
+                read16.clone()
+            } else {
+                write16.clone()
+            };
+            let d = Descriptor {
+                dir,
+                chunks: chunks.clone(),
+            };
+            let e = s.execute_with_descriptor(0, &cdb, &d).await.unwrap_err();
+            assert!(is_refused(&e), "{reg:?} forged {dir:?}: {e}");
+        }
+        // 2. Out of range: the right key, but 32 KiB claimed over a 16 KiB buffer.
+        let mut wide = regd.remote();
+        wide[0].len = 32 << 10;
+        let d = Descriptor {
+            dir: Direction::Read,
+            chunks: wide,
+        };
+        let cdb = blockwire_initiator::rw16(false, lba, 64, false);
+        let e = s.execute_with_descriptor(0, &cdb, &d).await.unwrap_err();
+        assert!(is_refused(&e), "{reg:?} out of range: {e}");
+        regd.release().unwrap();
+        assert!(
+            buf.to_vec() == poison,
+            "{reg:?}: a refused access changed the buffer"
+        );
+
+        // 3. Replay after completion: a completed command's descriptor is dead.
+        let mut ok = s.alloc(16 << 10).unwrap();
+        s.read(0, lba, 32, &mut ok).await.unwrap();
+        assert!(ok.to_vec() == disk);
+        let stale = s.last_descriptor().unwrap();
+        ok.write_at(0, &poison).unwrap();
+        let e = s
+            .execute_with_descriptor(0, &read16, &stale)
+            .await
+            .unwrap_err();
+        assert!(is_refused(&e), "{reg:?} replayed read: {e}");
+        assert!(
+            ok.to_vec() == poison,
+            "{reg:?}: a replayed READ wrote the buffer"
+        );
+        let mut wb = s.alloc(16 << 10).unwrap();
+        wb.write_at(0, &poison).unwrap();
+        s.write(0, lba + 32, 32, &wb).await.unwrap();
+        let stale_w = s.last_descriptor().unwrap();
+        assert_eq!(stale_w.dir, Direction::Write);
+        let e = s
+            .execute_with_descriptor(0, &write16, &stale_w)
+            .await
+            .unwrap_err();
+        assert!(is_refused(&e), "{reg:?} replayed write: {e}");
+
+        // The disk never saw the poison at `lba`, and the session still works
+        // (a new RDMA connection replaces the one the refusals broke).
+        let mut check = vec![0u8; 16 << 10];
+        s.session().read(0, lba, 32, &mut check).await.unwrap();
+        assert!(check == disk, "{reg:?}: a refused WRITE changed the disk");
+        let mut again = s.alloc(16 << 10).unwrap();
+        s.read(0, lba, 32, &mut again).await.unwrap();
+        assert!(again.to_vec() == disk);
+        assert_eq!(s.mode().await, Mode::Offloaded);
+        assert!(s.stats().binds >= 2);
+        assert_eq!(
+            svc.counters().failed_transfers.load(Ordering::Relaxed) - failures,
+            5,
+            "{reg:?}"
+        );
+        s.logout().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_matrix() {
+    let with = start(true).await;
+    let without = start(false).await;
+    let off = RdmaConfig {
+        offer: false,
+        ..RdmaConfig::default()
+    };
+    let cases = [
+        ("both", &with, RdmaConfig::default(), Mode::Offloaded),
+        (
+            "initiator-only",
+            &without,
+            RdmaConfig::default(),
+            Mode::Plain,
+        ),
+        ("target-only", &with, off, Mode::Plain),
+        ("neither", &without, off, Mode::Plain),
+    ];
+    for (name, t, rdma, want) in cases {
+        let s = assisted(t, name, rdma).await;
+        assert_eq!(s.mode().await, want, "{name}");
+        assert_eq!(s.grant().is_some(), want == Mode::Offloaded, "{name}");
+        let data = random(128 << 10, 7);
+        let mut w = s.alloc(data.len()).unwrap();
+        w.write_at(0, &data).unwrap();
+        s.write(0, 0, 256, &w).await.unwrap();
+        let mut r = s.alloc(data.len()).unwrap();
+        s.read(0, 0, 256, &mut r).await.unwrap();
+        assert!(r.to_vec() == data, "{name}");
+        let st = s.stats();
+        if want == Mode::Offloaded {
+            assert_eq!((st.offloaded_reads, st.offloaded_writes), (1, 1), "{name}");
+        } else {
+            assert_eq!((st.plain_commands, st.binds), (2, 0), "{name}");
+        }
+        s.logout().await.unwrap();
+    }
+    // Data digests and offload exclude each other: the target answers No.
+    let s = AssistedSession::connect(
+        cfg("digest").with_digests(false, true),
+        RdmaConfig::default(),
+        &with.addr.to_string(),
+        TARGET,
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.mode().await, Mode::Plain);
+    assert_eq!(s.session().vendor_answers().1[0].1, "No");
+    s.logout().await.unwrap();
+    // A plain blockwire session against an RDMA-enabled target is untouched.
+    let p = Session::connect(cfg("plain"), &with.addr.to_string(), TARGET)
+        .await
+        .unwrap();
+    assert!(p.vendor_answers().1.is_empty());
+    let mut v = vec![0u8; 4096];
+    p.read(0, 0, 8, &mut v).await.unwrap();
+    p.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_session_token_binds() {
+    let t = start(true).await;
+    let s = assisted(&t, "bind", RdmaConfig::default()).await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let grant = s.grant().unwrap();
+    let p = SoftProvider::default();
+    let connect = |bind: Vec<u8>| {
+        let p = p.clone();
+        async move {
+            let init = QpInit::<SoftProvider> {
+                pd: p.alloc_pd().unwrap(),
+                send_cq: p.create_cq(4).unwrap(),
+                recv_cq: p.create_cq(4).unwrap(),
+                caps: QpCaps::default(),
+            };
+            p.connect(grant.endpoint, init, &bind).await
+        }
+    };
+    let code = |r: Result<_, RdmaError>| match r {
+        Err(RdmaError::Rejected { private_data }) => private_data[0],
+        Err(e) => panic!("{e}"),
+        Ok(_) => 0,
+    };
+    let tsih = s.session().tsih();
+    let unknown = BindRequest {
+        tsih,
+        token: [0x42; TOKEN_LEN],
+    };
+    assert_eq!(code(connect(unknown.encode()).await), reject::UNKNOWN_TOKEN);
+    let wrong_tsih = BindRequest {
+        tsih: tsih.wrapping_add(1),
+        token: grant.token,
+    };
+    assert_eq!(
+        code(connect(wrong_tsih.encode()).await),
+        reject::UNKNOWN_TOKEN
+    );
+    assert_eq!(code(connect(b"hello".to_vec()).await), reject::MALFORMED);
+    let stolen = BindRequest {
+        tsih,
+        token: grant.token,
+    };
+    assert_eq!(code(connect(stolen.encode()).await), reject::ALREADY_BOUND);
+    // After logout the token is gone.
+    s.logout().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(code(connect(stolen.encode()).await), reject::UNKNOWN_TOKEN);
+    let _ = RemoteBuf {
+        addr: 0,
+        len: 0,
+        rkey: 0,
+    };
+}
