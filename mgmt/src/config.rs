@@ -74,6 +74,9 @@ pub struct FabricConfig {
     /// Directory for state that must survive restarts (persistent
     /// reservations with APTPL). Without it APTPL=1 is refused.
     pub state_dir: Option<PathBuf>,
+    /// RDMA-assisted iSCSI: where the soft RDMA provider listens (e.g.
+    /// "127.0.0.1:0"; port 0 picks one). Unset: no offload is offered.
+    pub rdma_listen: Option<String>,
 }
 
 impl Default for FabricConfig {
@@ -88,6 +91,7 @@ impl Default for FabricConfig {
             header_digest: "allow".into(),
             data_digest: "allow".into(),
             state_dir: None,
+            rdma_listen: None,
         }
     }
 }
@@ -210,6 +214,8 @@ pub struct Built {
     pub settings: FabricSettings,
     /// The target's MaxRecvDataSegmentLength.
     pub max_recv_data_segment_length: u32,
+    /// Where the RDMA offload listener binds (`[fabric] rdma_listen`).
+    pub rdma_listen: Option<SocketAddr>,
 }
 
 /// Parses a size like "1G", "512M", "64K", "4096" into bytes.
@@ -305,6 +311,16 @@ impl TargetConfig {
                 )
             })?;
         }
+        let rdma_listen = match &f.rdma_listen {
+            None => None,
+            Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| {
+                ctx.err(
+                    0..0,
+                    "fabric.rdma_listen",
+                    format!("{a:?} is not an address:port ({e})"),
+                )
+            })?),
+        };
         if !(1..=65536).contains(&f.queue_depth) {
             return Err(ctx.err(0..0, "fabric.queue_depth", "must be between 1 and 65536"));
         }
@@ -617,6 +633,7 @@ impl TargetConfig {
             }),
             settings,
             max_recv_data_segment_length: f.max_recv_data_segment_length,
+            rdma_listen,
         })
     }
 }

@@ -15,6 +15,13 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     let mut settings = built.settings;
     settings.max_recv_data_segment_length = built.max_recv_data_segment_length;
     let fabric = Fabric::new(built.catalog.clone(), settings, stop_rx);
+    if let Some(listen) = built.rdma_listen {
+        let ep = fabric
+            .start_rdma(listen)
+            .await
+            .with_context(|| format!("starting the RDMA offload listener on {listen}"))?;
+        info!(endpoint = %ep, "RDMA-assisted iSCSI offered (X-io.blockwire.RdmaOffload, soft provider)");
+    }
 
     let mut portals = Vec::new();
     for group in &fabric.catalog.portal_groups {
