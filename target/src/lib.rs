@@ -6,5 +6,6 @@
 //! lifecycle). `scsi` never imports from `iscsi`.
 
 pub mod backstore;
+pub mod datapath;
 pub mod iscsi;
 pub mod scsi;
