@@ -1,0 +1,146 @@
+//! P2 Fig. 8 shape: 1000 write I/Os over a pool of 1000 initiator buffers, cache size
+//! 100, forced buffer reuse 20% and 80%; bandwidth of dynamic, pin-down cache, FMRD and
+//! arena registration normalized to a run without registration (every buffer
+//! registered up front). A write I/O = the target RDMA-Reads the initiator's buffer.
+//!
+//! Run: cargo run --release -p blockwire-transport --example reg_fig8 [-- SIZE_KIB]
+
+use std::time::Instant;
+
+use blockwire_transport::rdma::soft::{self, SoftProvider};
+use blockwire_transport::rdma::*;
+use blockwire_transport::reg::*;
+
+const POOL: usize = 1000;
+const IOS: usize = 1000;
+const CACHE: usize = 100;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// The buffer sequence: with probability `reuse` one of the last CACHE buffers used,
+/// else the next never-used buffer.
+fn sequence(reuse: f64, seed: u64) -> Vec<usize> {
+    let mut rng = Rng(seed);
+    let mut fresh = 0usize;
+    let mut recent: Vec<usize> = Vec::new();
+    (0..IOS)
+        .map(|_| {
+            let r = (rng.next() % 10_000) as f64 / 10_000.0;
+            let k = if !recent.is_empty() && (r < reuse || fresh >= POOL) {
+                recent[(rng.next() % recent.len() as u64) as usize]
+            } else {
+                fresh += 1;
+                fresh - 1
+            };
+            recent.retain(|&x| x != k);
+            recent.push(k);
+            if recent.len() > CACHE {
+                recent.remove(0);
+            }
+            k
+        })
+        .collect()
+}
+
+fn main() {
+    let kib: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(64);
+    let size = kib << 10;
+    soft::raise_memlock_limit(1 << 31);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let p = SoftProvider::default();
+        // b: the initiator (buffer owner, passive); a: the target (issues RDMA Read).
+        let mut l = p.listen("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = l.local_addr();
+        let b_pd = p.alloc_pd().unwrap();
+        let ib = QpInit::<SoftProvider> {
+            pd: b_pd.clone(),
+            send_cq: p.create_cq(64).unwrap(),
+            recv_cq: p.create_cq(64).unwrap(),
+            caps: QpCaps::default(),
+        };
+        let srv = tokio::spawn(async move { l.accept().await.unwrap().accept(ib, b"").await.unwrap() });
+        let a_pd = p.alloc_pd().unwrap();
+        let a_cq = p.create_cq(64).unwrap();
+        let ia = QpInit::<SoftProvider> {
+            pd: a_pd.clone(),
+            send_cq: a_cq.clone(),
+            recv_cq: p.create_cq(64).unwrap(),
+            caps: QpCaps::default(),
+        };
+        let a_qp = p.connect(addr, ia, b"").await.unwrap();
+        let _b_qp = srv.await.unwrap();
+        let staging = a_pd.register(AlignedBuf::new(size), AccessFlags::LOCAL_WRITE).unwrap();
+
+        println!("P2 Fig. 8 shape: {IOS} write I/Os of {kib} KiB over {POOL} buffers, cache {CACHE}, soft RDMA over TCP");
+        println!("{:<8} {:<16} {:>9} {:>7} {:>6} {:>6}", "reuse", "strategy", "MB/s", "ratio", "hits", "regs");
+        for reuse in [0.2, 0.8] {
+            let seq = sequence(reuse, 0x5eed);
+            let configs: Vec<(&str, RegConfig)> = vec![
+                ("none", RegConfig::PinDownCache { capacity: 2 * POOL }),
+                ("dynamic", RegConfig::Dynamic),
+                ("pin-down cache", RegConfig::PinDownCache { capacity: CACHE }),
+                ("FMRD", RegConfig::Fmrd(FmrdConfig { capacity: CACHE, slots: CACHE + 28, dereg_threshold: 16 })),
+                ("arena (ZKMR)", RegConfig::Arena { bytes: POOL * size }),
+            ];
+            let mut base = 0.0;
+            for (name, cfg) in configs {
+                let space = IoSpace::new(&b_pd, cfg).unwrap();
+                let bufs: Vec<_> = (0..POOL).map(|_| space.alloc(size).unwrap()).collect();
+                if name == "none" {
+                    // Registered up front: the loop below only hits.
+                    for b in &bufs {
+                        space.register_sg([b], u64::MAX).unwrap().release().unwrap();
+                    }
+                }
+                let before = space.stats();
+                let t0 = Instant::now();
+                for (i, &k) in seq.iter().enumerate() {
+                    let reg = space.register_sg([&bufs[k]], u64::MAX).unwrap();
+                    let c = reg.chunks()[0].remote;
+                    a_qp.post_send(SendWr {
+                        wr_id: i as u64,
+                        op: SendOp::RdmaRead { remote_addr: c.addr, rkey: c.rkey },
+                        sgl: vec![staging.sge(0, size).unwrap()],
+                        signaled: true,
+                    })
+                    .unwrap();
+                    let wc = a_cq.next().await.unwrap();
+                    assert!(wc.status.is_ok(), "{wc:?}");
+                    reg.release().unwrap();
+                }
+                let mbps = (IOS * size) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+                if name == "none" {
+                    base = mbps;
+                }
+                let st = space.stats();
+                println!(
+                    "{:<8} {:<16} {:>9.0} {:>7.2} {:>6} {:>6}",
+                    format!("{:.0}%", reuse * 100.0),
+                    name,
+                    mbps,
+                    mbps / base,
+                    st.hits - before.hits,
+                    st.registrations - before.registrations
+                );
+                drop(bufs);
+                drop(space);
+            }
+        }
+    });
+}
