@@ -185,19 +185,47 @@ impl LunFs {
 /// alignment: block-aligned requests go straight through, others read the
 /// covering blocks.
 async fn read_at(s: &Session, f: &LunFile, off: u64, len: usize) -> Result<Vec<u8>, IscsiError> {
-    let bs = u64::from(f.cap.block_size);
-    let first = off / bs;
-    let end = off + len as u64;
-    let last = end.div_ceil(bs);
-    let mut buf = vec![0u8; ((last - first) * bs) as usize];
-    s.read(f.lun, first, (last - first) as u32, &mut buf)
-        .await?;
-    let skip = (off - first * bs) as usize;
-    if skip != 0 || buf.len() != len {
-        buf.drain(..skip);
+    let sp = Span::of(off, len, f.cap.block_size);
+    let mut buf = vec![0u8; sp.bytes(f.cap.block_size)];
+    s.read(f.lun, sp.lba, sp.blocks, &mut buf).await?;
+    if !sp.aligned(len, f.cap.block_size) {
+        buf.drain(..sp.skip);
         buf.truncate(len);
     }
     Ok(buf)
+}
+
+/// The whole blocks that cover `len` bytes at byte offset `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    /// First block.
+    lba: u64,
+    /// Number of blocks.
+    blocks: u32,
+    /// Bytes from the start of the first block to `off`.
+    skip: usize,
+}
+
+impl Span {
+    fn of(off: u64, len: usize, block_size: u32) -> Span {
+        let bs = u64::from(block_size);
+        let lba = off / bs;
+        let last = (off + len as u64).div_ceil(bs);
+        Span {
+            lba,
+            blocks: (last - lba) as u32,
+            skip: (off - lba * bs) as usize,
+        }
+    }
+
+    fn bytes(&self, block_size: u32) -> usize {
+        self.blocks as usize * block_size as usize
+    }
+
+    /// True when the request is exactly these blocks.
+    fn aligned(&self, len: usize, block_size: u32) -> bool {
+        self.skip == 0 && self.bytes(block_size) == len
+    }
 }
 
 /// Writes `data` at byte offset `off` (inside the LUN), read-modify-write
@@ -210,22 +238,20 @@ async fn write_at(
     fua: bool,
     stats: &Stats,
 ) -> Result<(), IscsiError> {
-    let bs = u64::from(f.cap.block_size);
-    let end = off + data.len() as u64;
-    if off % bs == 0 && end % bs == 0 {
+    let bsz = f.cap.block_size;
+    let sp = Span::of(off, data.len(), bsz);
+    if sp.aligned(data.len(), bsz) {
         let _shared = f.rmw.read().await;
-        let cdb = rw16(true, off / bs, (data.len() as u64 / bs) as u32, fua);
+        let cdb = rw16(true, sp.lba, sp.blocks, fua);
         s.execute(f.lun, &cdb, DataDir::Write(data)).await?;
         return Ok(());
     }
     stats.rmw_writes.fetch_add(1, Ordering::Relaxed);
     let _exclusive = f.rmw.write().await;
-    let first = off / bs;
-    let last = end.div_ceil(bs);
-    let mut buf = read_at(s, f, first * bs, ((last - first) * bs) as usize).await?;
-    let at = (off - first * bs) as usize;
-    buf[at..at + data.len()].copy_from_slice(data);
-    let cdb = rw16(true, first, (last - first) as u32, fua);
+    let mut buf = vec![0u8; sp.bytes(bsz)];
+    s.read(f.lun, sp.lba, sp.blocks, &mut buf).await?;
+    buf[sp.skip..sp.skip + data.len()].copy_from_slice(data);
+    let cdb = rw16(true, sp.lba, sp.blocks, fua);
     s.execute(f.lun, &cdb, DataDir::Write(&buf)).await?;
     Ok(())
 }
@@ -680,4 +706,39 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
         }
     }
     served
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Span;
+
+    #[test]
+    fn spans_cover_the_request() {
+        // Aligned: exactly the blocks.
+        let s = Span::of(4096, 8192, 512);
+        assert_eq!((s.lba, s.blocks, s.skip), (8, 16, 0));
+        assert!(s.aligned(8192, 512));
+        // Inside one block.
+        let s = Span::of(1000, 5, 512);
+        assert_eq!((s.lba, s.blocks, s.skip), (1, 1, 488));
+        assert!(!s.aligned(5, 512));
+        // Straddling a boundary.
+        let s = Span::of(510, 4, 512);
+        assert_eq!((s.lba, s.blocks, s.skip), (0, 2, 510));
+        assert_eq!(s.bytes(512), 1024);
+        // Aligned start, ragged end; 4 KiB blocks.
+        let s = Span::of(8192, 4097, 4096);
+        assert_eq!((s.lba, s.blocks, s.skip), (2, 2, 0));
+        assert!(!s.aligned(4097, 4096));
+        // Every byte of the request lies inside the span, with no spare block.
+        for off in [0u64, 1, 511, 512, 513, 4095, 4096, 1 << 30] {
+            for len in [1usize, 511, 512, 513, 4096, 65537] {
+                let s = Span::of(off, len, 512);
+                assert_eq!(s.lba * 512 + s.skip as u64, off);
+                assert!(s.skip < 512);
+                assert!(s.skip + len <= s.bytes(512));
+                assert!(s.skip + len > s.bytes(512) - 512);
+            }
+        }
+    }
 }
