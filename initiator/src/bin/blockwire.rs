@@ -1,4 +1,8 @@
 //! `blockwire`: the command line of blockwire's iSCSI initiator.
+//!
+//! No `unsafe` here: the FUSE export (fuser) and the ublk front end
+//! (libublk) keep theirs inside those crates.
+#![forbid(unsafe_code)]
 // map_or(true, ..) and `%` keep the crate's rust-version (1.80).
 #![allow(
     clippy::unnecessary_map_or,

@@ -655,12 +655,21 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
         signals += 1;
         let lazy = signals > 1;
         let dir = opts.mountpoint.clone();
-        match tokio::task::spawn_blocking(move || unmount(&dir, lazy)).await {
-            Ok(Ok(())) if lazy => eprintln!(
+        match tokio::task::spawn_blocking(move || {
+            // A second signal still tries a clean unmount first.
+            match unmount(&dir, false) {
+                Ok(()) => Ok(false),
+                Err(_) if lazy => unmount(&dir, true).map(|()| true),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+        {
+            Ok(Ok(true)) => eprintln!(
                 "blockwire mount: {} detached lazily; serving until its last user lets go",
                 opts.mountpoint.display()
             ),
-            Ok(Ok(())) => {}
+            Ok(Ok(false)) => {}
             Ok(Err(e)) => eprintln!(
                 "blockwire mount: cannot unmount {}: {e:#}; detach its users (losetup -d, \
                  umount) and signal again, or signal again now for a lazy unmount",
