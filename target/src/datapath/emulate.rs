@@ -146,13 +146,15 @@ fn timer_loop(rx: Receiver<Due>) {
 
 impl ThrottledEngine {
     /// `streams` streams of `rate_per_stream` bytes/s over `pool`, moving
-    /// data through `inner` when given (its pool must be `pool`).
+    /// data through `inner` when given (then the inner engine's pool is
+    /// used instead of `pool`: its buffers are the registered ones).
     pub fn new(
         pool: BufferPool,
         streams: usize,
         rate_per_stream: f64,
         inner: Option<Arc<dyn Engine>>,
     ) -> ThrottledEngine {
+        let pool = inner.as_ref().map(|e| e.pool().clone()).unwrap_or(pool);
         let (ttx, trx) = channel::<Due>();
         let mut threads = vec![std::thread::Builder::new()
             .name("bw-emu-disk".into())
