@@ -96,14 +96,14 @@ impl Sequencer {
             at = u.end;
         }
         assert_eq!(at, plan.len, "units must cover the request");
-        let mut unit_span = vec![usize::MAX..0; plan.count()];
+        let mut unit_span: Vec<Option<Range<usize>>> = vec![None; plan.count()];
         let missing = units
             .iter()
             .enumerate()
             .map(|(ui, u)| {
                 let cs = plan.chunks_of(u);
                 for c in cs.clone() {
-                    let s = &mut unit_span[c];
+                    let s = unit_span[c].get_or_insert(ui..ui + 1);
                     s.start = s.start.min(ui);
                     s.end = s.end.max(ui + 1);
                 }
@@ -114,7 +114,7 @@ impl Sequencer {
             plan,
             order,
             missing,
-            unit_span,
+            unit_span: unit_span.into_iter().map(|s| s.unwrap_or(0..0)).collect(),
             valid: vec![false; plan.count()],
             released: vec![false; units.len()],
             units,

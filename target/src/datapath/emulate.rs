@@ -78,10 +78,13 @@ pub struct ThrottledEngine {
     rate: f64,
     inner: Option<Arc<dyn Engine>>,
     /// Inner-engine tag -> (deadline, original tag, reply channel).
-    waiting: Arc<Mutex<HashMap<u64, (Instant, u64, CompletionTx)>>>,
+    waiting: Waiting,
     inner_tx: Option<CompletionTx>,
     next_id: AtomicU64,
 }
+
+/// Inner-engine tag -> (deadline, original tag, reply channel).
+type Waiting = Arc<Mutex<HashMap<u64, (Instant, u64, CompletionTx)>>>;
 
 struct Due {
     at: Instant,
@@ -160,7 +163,7 @@ impl ThrottledEngine {
             .name("bw-emu-disk".into())
             .spawn(move || timer_loop(trx))
             .expect("spawn emulated disk timer")];
-        let waiting: Arc<Mutex<HashMap<u64, (Instant, u64, CompletionTx)>>> = Arc::default();
+        let waiting: Waiting = Arc::default();
         let mut inner_tx = None;
         if inner.is_some() {
             let (itx, mut irx) = completion_channel();

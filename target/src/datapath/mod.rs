@@ -14,6 +14,33 @@
 //! - [`sink`]: where data go ([`ChunkSink`]) and come from
 //!   ([`ChunkProducer`]); [`emulate`]: token-bucket disk and network.
 //! - [`stats`]: per-command state timers, histograms, copy counters.
+//!
+//! # Wiring a READ into the fabric
+//!
+//! At start-up: `let (engine, banner) = open_engine(BufferPool::with_defaults(),
+//! EnginePref::Auto)?` (log `banner`: it names io_uring or the thread pool
+//! and why), and one [`Source`] per LUN (`Source::File` of an
+//! [`open_direct`] file for `direct` mode). Per READ larger than the
+//! threshold, on the connection's task:
+//!
+//! ```text
+//! let units = datain::segments(len, mrdsl, mbl).map(|s| s.offset as u64..(s.offset + s.length) as u64).collect();
+//! let order = if data_pdu_in_order { SendOrder::InOrder } else { SendOrder::AnyOrder };
+//! let cfg = ReadConfig { mode: Mode::Synchronized, chunk: 64 << 10, units: Some(units) };
+//! let (mut cmd, mut rx) = ReadCommand::start(&*engine, &src, lba * bs, len, order, &cfg, now)?;
+//! loop {
+//!     for u in cmd.take_ready() { let (range, data) = cmd.unit(u); /* Data-In u: BufferOffset range.start, DataSN u */ }
+//!     if cmd.all_released() { break }
+//!     cmd.on_completion(rx.recv().await.unwrap(), Instant::now())?;   // Err => CHECK CONDITION
+//! }
+//! // SCSI Response (or status in the last Data-In); drop `cmd` to return the buffer.
+//! ```
+//!
+//! `unit(u)` borrows the registered buffer: write header then payload
+//! (`write_vectored`, no copy), or post an RDMA Write at `range.start`.
+//! With DataPDUInOrder=No, DataSN still has to count in send order.
+//! [`Pipeline::read`] is the same loop for a blocking thread;
+//! [`Pipeline::write`] does double-buffered WRITEs from a [`ChunkProducer`].
 
 pub mod buffer;
 pub mod chunk;

@@ -176,7 +176,7 @@ proptest! {
                 p.read(src, off, len, &ReadConfig::serial(chunk), &mut serial).unwrap();
                 let mut sync = CollectSink::new(len, order);
                 let rep = p.read(src, off, len, &ReadConfig::synchronized(chunk), &mut sync).unwrap();
-                prop_assert!(serial.data == &dev[off as usize..]);
+                prop_assert!(serial.data == dev[off as usize..]);
                 prop_assert!(sync.data == serial.data);
                 prop_assert!(sync.finished);
                 if order == SendOrder::InOrder {
