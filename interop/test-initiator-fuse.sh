@@ -10,6 +10,8 @@
 #   stop `blockwire mount` with SIGTERM             (it unmounts, SYNCHRONIZE CACHE, logout)
 #   a second `blockwire mount` (a new session): losetup, fsck.ext4 -f -n, mount, same SHA-256s
 #     (the data lives on the target, not in a cache of the first mount)
+#   then the same path (mount, losetup, mkfs.ext4, files, fsck, read-back) against tgtd's LUN 1
+#     when tgtd is installed
 #
 #   (with fio) random 4 KiB writes at iodepth 32 and unaligned 1000-byte writes at iodepth 16
 #   through MNT/lun0, each verified with crc32c
@@ -50,7 +52,7 @@ tmp=$(mktemp -d /tmp/bw-fuse.XXXXXX)
 mnt=$tmp/luns
 fsdir=$tmp/fs
 mkdir -p "$mnt" "$fsdir" "$tmp/data"
-target_pid="" mount_pid="" loopdev=""
+target_pid="" mount_pid="" loopdev="" tgt_pid="" tgt_port=""
 
 stop_mount() {
     # SIGTERM: blockwire mount unmounts, flushes and logs out; wait (bounded) for it.
@@ -65,6 +67,16 @@ stop_mount() {
     return "$rc"
 }
 
+# detach_loop — losetup -d, then wait (bounded) until no loop device holds the LUN file: the
+# kernel may release it a moment later (autoclear while something still has it open).
+detach_loop() {
+    step "losetup -d $loopdev"
+    losetup -d "$loopdev" || fail "losetup -d"
+    loopdev=""
+    timeout 10 bash -c 'while [ -n "$(losetup -j "$1")" ]; do sleep 0.1; done' _ "$mnt/$cur_file" ||
+        fail "a loop device still holds $mnt/$cur_file"
+}
+
 cleanup() {
     set +e
     mountpoint -q "$fsdir" && { umount "$fsdir" || umount -l "$fsdir"; }
@@ -72,34 +84,35 @@ cleanup() {
     [ -n "$mount_pid" ] && stop_mount "$mount_pid" >/dev/null 2>&1
     mountpoint -q "$mnt" && { fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt"; }
     [ -n "$target_pid" ] && stop_blockwire "$target_pid" 2>/dev/null
+    [ -n "$tgt_pid" ] && stop_tgtd "$tgt_port" "$tgt_pid"
     rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 1' INT TERM
 
 start_mount() {
-    step "blockwire mount -p 127.0.0.1:$port -T $IQN $mnt  ($1)"
-    "$bw" mount -p "127.0.0.1:$port" -T "$IQN" "$mnt" >"$tmp/mount-$1.log" 2>&1 </dev/null &
+    step "blockwire mount -p $cur_portal -T $cur_iqn $mnt  ($1)"
+    "$bw" mount -p "$cur_portal" -T "$cur_iqn" "$mnt" >"$tmp/mount-$1.log" 2>&1 </dev/null &
     mount_pid=$!
-    if ! timeout 20 bash -c 'until [ -e "$1/lun0" ]; do kill -0 "$2" 2>/dev/null || exit 1; sleep 0.1; done' \
-            _ "$mnt" "$mount_pid"; then
+    if ! timeout 20 bash -c 'until [ -e "$1" ]; do kill -0 "$2" 2>/dev/null || exit 1; sleep 0.1; done' \
+            _ "$mnt/$cur_file" "$mount_pid"; then
         cat "$tmp/mount-$1.log"
-        fail "the FUSE mount did not show lun0"
+        fail "the FUSE mount did not show $cur_file"
     fi
     sed 's/^/    /' "$tmp/mount-$1.log"
     local size
-    size=$(stat -c %s "$mnt/lun0")
-    echo "    $mnt/lun0: $size bytes"
-    [ "$size" = $((1 << 30)) ] || fail "lun0 is $size bytes, the LUN has $((1 << 30))"
+    size=$(stat -c %s "$mnt/$cur_file")
+    echo "    $mnt/$cur_file: $size bytes"
+    [ "$size" = "$cur_size" ] || fail "$cur_file is $size bytes, the LUN has $cur_size"
 }
 
 attach_loop() {
-    if loopdev=$(losetup -f --show --direct-io=on "$mnt/lun0" 2>"$tmp/losetup.err"); then
-        step "losetup --direct-io=on $mnt/lun0 -> $loopdev"
+    if loopdev=$(losetup -f --show --direct-io=on "$mnt/$cur_file" 2>"$tmp/losetup.err"); then
+        step "losetup --direct-io=on $mnt/$cur_file -> $loopdev"
     else
         echo "    losetup --direct-io=on refused: $(cat "$tmp/losetup.err"); plain losetup"
-        loopdev=$(losetup -f --show "$mnt/lun0") || fail "losetup"
-        step "losetup $mnt/lun0 -> $loopdev"
+        loopdev=$(losetup -f --show "$mnt/$cur_file") || fail "losetup"
+        step "losetup $mnt/$cur_file -> $loopdev"
     fi
     losetup -l "$loopdev" | sed 's/^/    /'
 }
@@ -137,6 +150,7 @@ stop_and_report() {
 port=$(free_port)
 step "start blockwire-target on 127.0.0.1:$port"
 target_pid=$(start_blockwire "$port" "$tmp") || fail "blockwire-target did not start"
+cur_portal=127.0.0.1:$port cur_iqn=$IQN cur_file=lun0 cur_size=$((1 << 30))
 
 start_mount first
 
@@ -192,9 +206,7 @@ timeout 60 mount -t ext4 "$loopdev" "$fsdir" || fail "mount ext4 (second)"
 verify "same session"
 step "umount $fsdir"
 timeout 60 umount "$fsdir" || fail "umount (second)"
-step "losetup -d $loopdev"
-losetup -d "$loopdev" || fail "losetup -d"
-loopdev=""
+detach_loop
 stop_and_report first
 grep -Eq "synchronize_cache=[1-9]" "$tmp/mount-first.log" ||
     fail "no fsync reached the LUN as SYNCHRONIZE CACHE"
@@ -206,10 +218,9 @@ run_fsck
 step "mount $loopdev $fsdir (new session)"
 timeout 60 mount -t ext4 -o ro "$loopdev" "$fsdir" || fail "mount ext4 (new session)"
 verify "new session"
-step "umount $fsdir; losetup -d $loopdev"
+step "umount $fsdir"
 timeout 60 umount "$fsdir" || fail "umount (new session)"
-losetup -d "$loopdev" || fail "losetup -d"
-loopdev=""
+detach_loop
 stop_and_report second
 
 step "stop blockwire-target"
@@ -217,4 +228,37 @@ rc=0
 stop_blockwire "$target_pid" || rc=$?
 target_pid=""
 [ "$rc" = 0 ] || fail "blockwire-target exited $rc"
+# The same path against a third-party target: tgtd's LUN 1 (its LUN 0 is a controller,
+# which blockwire mount leaves out).
+if command -v tgtd >/dev/null; then
+    tgt_port=$(free_port)
+    step "start tgtd on 127.0.0.1:$tgt_port with a 256 MiB LUN 1"
+    tgt_pid=$(start_tgtd "$tgt_port" "$tmp") || fail "tgtd did not start"
+    tgtd_new_target "$tgt_port" 1 iqn.2026-11.io.tgtd:fuse || fail "tgtadm target"
+    tgtd_add_lun "$tgt_port" 1 1 "$tmp/tgtd-lun.img" 256 || fail "tgtadm lun"
+    cur_portal=127.0.0.1:$tgt_port cur_iqn=iqn.2026-11.io.tgtd:fuse cur_file=lun1
+    cur_size=$((256 << 20))
+    start_mount tgtd
+    [ ! -e "$mnt/lun0" ] || fail "tgtd's controller LUN 0 was exposed"
+    attach_loop
+    step "mkfs.ext4 $loopdev; mount; write files; umount"
+    timeout 120 mkfs.ext4 -q -F "$loopdev" || fail "mkfs.ext4 (tgtd)"
+    timeout 60 mount -t ext4 "$loopdev" "$fsdir" || fail "mount ext4 (tgtd)"
+    head -c $((4 << 20)) /dev/urandom >"$fsdir/random-4M.bin"
+    for i in $(seq 1 10); do head -c $((i * 3000)) /dev/urandom >"$fsdir/small-$i.bin"; done
+    (cd "$fsdir" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$tmp/sums"
+    echo "    $(wc -l <"$tmp/sums") files"
+    timeout 60 umount "$fsdir" || fail "umount (tgtd)"
+    run_fsck
+    timeout 60 mount -t ext4 "$loopdev" "$fsdir" || fail "mount ext4 (tgtd, second)"
+    verify "tgtd"
+    timeout 60 umount "$fsdir" || fail "umount (tgtd, second)"
+    detach_loop
+    stop_and_report tgtd
+    step "stop tgtd"
+    stop_tgtd "$tgt_port" "$tgt_pid"
+    tgt_pid=""
+else
+    echo "(tgtd not installed: the tgtd round is skipped)"
+fi
 echo "PASS: test-initiator-fuse"

@@ -657,7 +657,19 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
         let dir = opts.mountpoint.clone();
         match tokio::task::spawn_blocking(move || {
             // A second signal still tries a clean unmount first.
-            match unmount(&dir, false) {
+            // Busy right after its last user let go is common (a loop device
+            // detaches asynchronously): retry for a few seconds.
+            let mut tries = 0;
+            let clean = loop {
+                match unmount(&dir, false) {
+                    Err(_) if tries < 15 => {
+                        tries += 1;
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    r => break r,
+                }
+            };
+            match clean {
                 Ok(()) => Ok(false),
                 Err(_) if lazy => unmount(&dir, true).map(|()| true),
                 Err(e) => Err(e),
