@@ -286,7 +286,8 @@ impl FileBackstore {
     }
 
     fn direct_write(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
-        let aligned = offset % DIRECT_ALIGN == 0 && data.len() as u64 % DIRECT_ALIGN == 0;
+        let aligned =
+            offset.is_multiple_of(DIRECT_ALIGN) && (data.len() as u64).is_multiple_of(DIRECT_ALIGN);
         let _shared;
         let _exclusive;
         if aligned {
@@ -306,7 +307,7 @@ impl FileBackstore {
                     self.file
                         .read_exact_at(&mut b[..DIRECT_ALIGN as usize], start)?;
                 }
-                if (head + want) % DIRECT_ALIGN as usize != 0 {
+                if !(head + want).is_multiple_of(DIRECT_ALIGN as usize) {
                     let last = span - DIRECT_ALIGN as usize;
                     self.file
                         .read_exact_at(&mut b[last..], start + last as u64)?;

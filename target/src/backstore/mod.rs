@@ -63,7 +63,7 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     }
     /// Writes zeros over a range (WRITE SAME of a zero block without UNMAP).
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        const ZEROS: [u8; 65536] = [0; 65536];
+        static ZEROS: [u8; 65536] = [0; 65536];
         let mut done = 0;
         while done < len {
             let n = (len - done).min(ZEROS.len() as u64) as usize;

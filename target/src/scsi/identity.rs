@@ -41,10 +41,7 @@ pub fn stable_identity(target_name: &str, lun: u16) -> (String, u64) {
 pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
     let t = text.trim();
     let digits: String = t.chars().filter(|&c| c != '-').collect();
-    let dashed_ok = !t.contains('-')
-        || t.split('-')
-            .map(str::len)
-            .eq([8usize, 4, 4, 4, 12].into_iter());
+    let dashed_ok = !t.contains('-') || t.split('-').map(str::len).eq([8usize, 4, 4, 4, 12]);
     if digits.len() != 32 || !dashed_ok || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }

@@ -155,7 +155,7 @@ impl InFlight {
             .idle
             .wait_timeout_while(c, limit, |c| c.get(nexus).is_some_and(|&n| n > 0))
             .unwrap_or_else(|e| e.into_inner());
-        !c.get(nexus).is_some_and(|&n| n > 0)
+        c.get(nexus).is_none_or(|&n| n == 0)
     }
 }
 

@@ -164,7 +164,7 @@ impl LogicalUnit {
         if data_out.len() >= bytes {
             return Ok(data_out.get(..bytes).unwrap_or_default());
         }
-        if data_out.len() % self.cfg.block_size as usize != 0 {
+        if !data_out.len().is_multiple_of(self.cfg.block_size as usize) {
             return Err(partial_block());
         }
         Ok(data_out)

@@ -128,7 +128,7 @@ impl LogicalUnit {
         if 16 + cscd_len + seg_len != len {
             return Err(param_length());
         }
-        if cscd_len % 32 != 0 {
+        if !cscd_len.is_multiple_of(32) {
             return Err(invalid_param(2, None));
         }
         if cscd_len / 32 > MAX_CSCD_DESCRIPTORS {
