@@ -77,6 +77,10 @@ pub struct FabricConfig {
     /// RDMA-assisted iSCSI: where the soft RDMA provider listens (e.g.
     /// "127.0.0.1:0"; port 0 picks one). Unset: no offload is offered.
     pub rdma_listen: Option<String>,
+    /// RDMA provider for offloaded sessions: "soft" (RDMA over TCP, runs
+    /// anywhere) or "verbs" (hardware; without a device the target says so
+    /// and serves plain iSCSI).
+    pub rdma_backend: String,
 }
 
 impl Default for FabricConfig {
@@ -92,6 +96,7 @@ impl Default for FabricConfig {
             data_digest: "allow".into(),
             state_dir: None,
             rdma_listen: None,
+            rdma_backend: "soft".into(),
         }
     }
 }
@@ -216,6 +221,17 @@ pub struct Built {
     pub max_recv_data_segment_length: u32,
     /// Where the RDMA offload listener binds (`[fabric] rdma_listen`).
     pub rdma_listen: Option<SocketAddr>,
+    /// Which RDMA provider (`[fabric] rdma_backend`).
+    pub rdma_backend: RdmaBackend,
+}
+
+/// The RDMA provider asked for in the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaBackend {
+    /// The software provider (RDMA semantics over TCP).
+    Soft,
+    /// libibverbs hardware.
+    Verbs,
 }
 
 /// Parses a size like "1G", "512M", "64K", "4096" into bytes.
@@ -320,6 +336,17 @@ impl TargetConfig {
                     format!("{a:?} is not an address:port ({e})"),
                 )
             })?),
+        };
+        let rdma_backend = match f.rdma_backend.as_str() {
+            "soft" => RdmaBackend::Soft,
+            "verbs" => RdmaBackend::Verbs,
+            other => {
+                return Err(ctx.err(
+                    0..0,
+                    "fabric.rdma_backend",
+                    format!("{other:?} is not an RDMA backend (use \"soft\" or \"verbs\")"),
+                ))
+            }
         };
         if !(1..=65536).contains(&f.queue_depth) {
             return Err(ctx.err(0..0, "fabric.queue_depth", "must be between 1 and 65536"));
@@ -634,6 +661,7 @@ impl TargetConfig {
             settings,
             max_recv_data_segment_length: f.max_recv_data_segment_length,
             rdma_listen,
+            rdma_backend,
         })
     }
 }

@@ -5,9 +5,9 @@ use anyhow::Context;
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::Fabric;
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
-use crate::config::Built;
+use crate::config::{Built, RdmaBackend};
 
 /// Serves `built` until a termination signal; returns after a clean shutdown.
 pub async fn run(built: Built) -> anyhow::Result<()> {
@@ -15,7 +15,24 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     let mut settings = built.settings;
     settings.max_recv_data_segment_length = built.max_recv_data_segment_length;
     let fabric = Fabric::new(built.catalog.clone(), settings, stop_rx);
-    if let Some(listen) = built.rdma_listen {
+    let rdma_listen = match (built.rdma_listen, built.rdma_backend) {
+        (Some(listen), RdmaBackend::Verbs) => {
+            // Hardware RDMA is probed so the operator learns what is missing;
+            // offloaded sessions run on the soft provider only in this
+            // version, so a verbs request never enables offload.
+            match probe_verbs() {
+                Ok(device) => warn!(
+                    %device,
+                    "RDMA device found, but RDMA-assisted sessions over verbs are not implemented yet: \
+                     serving plain iSCSI over TCP (use rdma_backend = \"soft\" for offload over TCP)"
+                ),
+                Err(why) => warn!("{why}; serving plain iSCSI over TCP ({listen} not opened)"),
+            }
+            None
+        }
+        (listen, _) => listen,
+    };
+    if let Some(listen) = rdma_listen {
         let ep = fabric
             .start_rdma(listen)
             .await
@@ -85,4 +102,23 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         _ = int.recv() => info!("SIGINT received"),
     }
     Ok(())
+}
+
+/// Opens the first verbs device, naming it; or says why there is none.
+#[cfg(feature = "verbs")]
+fn probe_verbs() -> Result<String, String> {
+    match blockwire_transport::rdma::verbs::VerbsProvider::open(None) {
+        Ok(_) => Ok("verbs".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Without the `verbs` feature there is nothing to probe.
+#[cfg(not(feature = "verbs"))]
+fn probe_verbs() -> Result<String, String> {
+    Err(
+        "this blockwire-target was built without the verbs backend (rebuild with \
+         `cargo build --release -p blockwire-mgmt --features verbs`)"
+            .to_owned(),
+    )
 }
