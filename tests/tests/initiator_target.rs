@@ -465,7 +465,8 @@ async fn tgtd_discovery_chap_and_pattern() {
         return;
     }
     let scratch = Scratch::new("tgtd");
-    let (_t, port) = start_tgtd(TGT_IQN, 96, &scratch);
+    // 256 MiB of pattern, as issue 5 asks against every target, plus room.
+    let (_t, port) = start_tgtd(TGT_IQN, 288, &scratch);
     let portal = format!("127.0.0.1:{port}");
     let targets = discover(&cfg("tgtd"), &portal).await.expect("discovery");
     for t in &targets {
@@ -482,7 +483,7 @@ async fn tgtd_discovery_chap_and_pattern() {
     assert!(luns.contains(&1), "{luns:?}");
     let inq = s.inquiry(1).await.expect("INQUIRY");
     println!("tgtd LUN 1: {} {}", inq.vendor_str(), inq.product_str());
-    roundtrip("tgtd digests off", s, 1, 64, 32).await;
+    roundtrip("tgtd digests off", s, 1, 256, 32).await;
 
     // Now CHAP: one-way and mutual.
     tgtadm(

@@ -818,6 +818,15 @@ impl Conn<'_> {
     }
 
     async fn data_out(&mut self, d: DataOut, data: bytes::Bytes) -> bool {
+        if !self.session.tasks.contains(d.itt) {
+            // Aborted from elsewhere (another initiator's LUN reset or
+            // PREEMPT AND ABORT) while its data was arriving: drop the
+            // partial data and free the window slot now.
+            if self.collectors.remove(&d.itt).is_some() {
+                self.shared.complete();
+            }
+            return true;
+        }
         let Some(mut c) = self.collectors.remove(&d.itt) else {
             // Data for a task that was aborted, or never existed.
             debug!(
