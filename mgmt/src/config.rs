@@ -208,6 +208,28 @@ pub struct LunDef {
     /// Physical block size reported in READ CAPACITY (16): equal to
     /// `block_size` (default) or a power-of-two multiple of it, e.g. 4096.
     pub physical_block_size: Option<Spanned<u32>>,
+    /// File LUNs: READs use synchronized sends (issue 7): read by the I/O
+    /// engine in `sync_chunk` chunks submitted together, each Data-In PDU
+    /// sent as soon as its bytes are read. Off by default (serial: read
+    /// all, then send).
+    pub sync_send: Option<Spanned<bool>>,
+    /// Chunk size for `sync_send`, e.g. "64K" (default), 4K to 1M.
+    pub sync_chunk: Option<Spanned<String>>,
+}
+
+/// A LUN whose READs use synchronized sends.
+#[derive(Debug, Clone)]
+pub struct SyncSendDef {
+    /// Target name.
+    pub target: String,
+    /// LUN.
+    pub lun: u16,
+    /// The LUN's file.
+    pub path: PathBuf,
+    /// The backstore runs O_DIRECT (read the same way).
+    pub direct: bool,
+    /// Chunk size in bytes.
+    pub chunk: usize,
 }
 
 /// What the daemon needs to start.
@@ -223,6 +245,8 @@ pub struct Built {
     pub rdma_listen: Option<SocketAddr>,
     /// Which RDMA provider (`[fabric] rdma_backend`).
     pub rdma_backend: RdmaBackend,
+    /// LUNs with `sync_send = true`.
+    pub sync_sends: Vec<SyncSendDef>,
 }
 
 /// The RDMA provider asked for in the configuration.
@@ -423,6 +447,7 @@ impl TargetConfig {
         }
 
         let mut targets = Vec::new();
+        let mut sync_sends = Vec::new();
         for t in self.targets {
             let tspan = t.span();
             let t = t.into_inner();
@@ -553,6 +578,31 @@ impl TargetConfig {
                         ratio.trailing_zeros() as u8
                     }
                 };
+                let sync_chunk = match &l.sync_chunk {
+                    None => 64 << 10,
+                    Some(c) => match parse_size(c.get_ref()) {
+                        Some(n) if (4096..=1 << 20).contains(&n) && n % 4096 == 0 => n as usize,
+                        _ => {
+                            return Err(ctx.err(
+                                c.span(),
+                                "target.lun.sync_chunk",
+                                format!(
+                                    "{:?} is not a chunk size (a multiple of 4K from \"4K\" to \"1M\", e.g. \"64K\")",
+                                    c.get_ref()
+                                ),
+                            ));
+                        }
+                    },
+                };
+                let sync_send = l.sync_send.as_ref().is_some_and(|s| *s.get_ref());
+                if let Some(s) = l.sync_send.as_ref().filter(|_| kind != "file") {
+                    return Err(ctx.err(
+                        s.span(),
+                        "target.lun.sync_send",
+                        format!("only file LUNs have synchronized sends; remove it from this {kind} LUN"),
+                    ));
+                }
+                let mut file_direct: Option<(PathBuf, bool)> = None;
                 let backstore: Arc<dyn Backstore> = match kind {
                     "null" => {
                         let size = size.ok_or_else(|| {
@@ -570,11 +620,11 @@ impl TargetConfig {
                         let path = l.path.as_ref().ok_or_else(|| {
                             ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
                         })?;
-                        Arc::new(
-                            FileBackstore::open_with(path, size, l.read_only, mode).map_err(
-                                |e| ctx.err(lspan.clone(), "target.lun.path", e.to_string()),
-                            )?,
-                        )
+                        let fb = FileBackstore::open_with(path, size, l.read_only, mode).map_err(
+                            |e| ctx.err(lspan.clone(), "target.lun.path", e.to_string()),
+                        )?;
+                        file_direct = Some((path.clone(), fb.mode() == FileMode::Direct));
+                        Arc::new(fb)
                     }
                     other => {
                         return Err(ctx.err(
@@ -631,6 +681,15 @@ impl TargetConfig {
                     d.join(format!("{safe}.lun{}.pr", l.id))
                 });
                 luns.push((l.id, Arc::new(LogicalUnit::new(lu))));
+                if let (true, Some((path, direct))) = (sync_send, file_direct) {
+                    sync_sends.push(SyncSendDef {
+                        target: name.clone(),
+                        lun: l.id,
+                        path,
+                        direct,
+                        chunk: sync_chunk,
+                    });
+                }
             }
             if luns.is_empty() {
                 return Err(ctx.err(
@@ -662,6 +721,7 @@ impl TargetConfig {
             max_recv_data_segment_length: f.max_recv_data_segment_length,
             rdma_listen,
             rdma_backend,
+            sync_sends,
         })
     }
 }
@@ -772,6 +832,41 @@ mod tests {
 
     fn one_lun(lun: &str) -> String {
         format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\n{lun}")
+    }
+
+    #[test]
+    fn sync_send_only_on_file_luns_with_a_valid_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("s.img");
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\nsync_send = true\nsync_chunk = \"128K\"\n")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.sync_sends.len(), 1);
+        assert_eq!((b.sync_sends[0].lun, b.sync_sends[0].chunk), (0, 128 << 10));
+        let off = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\n"
+            )),
+        )
+        .unwrap();
+        assert!(off.sync_sends.is_empty(), "off by default");
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun("backstore = \"ram\"\nsize = \"1M\"\nsync_send = true\n"),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "target.lun.sync_send", "{e}");
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"file\"\npath = {img:?}\nsync_send = true\nsync_chunk = \"3K\"\n"
+            )),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "target.lun.sync_chunk", "{e}");
     }
 
     #[test]

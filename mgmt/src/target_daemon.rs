@@ -49,8 +49,25 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
             portals.push((bound, portal));
         }
     }
+    for d in &built.sync_sends {
+        let line = fabric
+            .sync_reads
+            .enable(&d.target, d.lun, &d.path, d.direct, d.chunk)
+            .with_context(|| {
+                format!(
+                    "enabling synchronized sends on {} LUN {} ({})",
+                    d.target,
+                    d.lun,
+                    d.path.display()
+                )
+            })?;
+        info!(target = %d.target, lun = d.lun, "READ engine: {line}");
+    }
     for t in &fabric.catalog.targets {
         for lun in t.luns.lun_ids() {
+            if fabric.sync_reads.get(&t.name, lun).is_none() {
+                info!(target = %t.name, lun, "READ engine: serial (SCSI core on the blocking pool, read all then send)");
+            }
             info!(target = %t.name, lun, "serving");
         }
     }

@@ -85,6 +85,8 @@ pub struct ReadCommand {
     seq: Sequencer,
     /// Ops outstanding per chunk.
     pending: Vec<u32>,
+    /// Bytes read so far per chunk (a chunk short at its end is an error).
+    got: Vec<u64>,
     timers: CommandTimers,
     released_now: Vec<usize>,
 }
@@ -113,8 +115,7 @@ impl ReadCommand {
         cfg: &ReadConfig,
         received: Instant,
     ) -> io::Result<(ReadCommand, CompletionRx)> {
-        let mut timers = CommandTimers::new(received);
-        let mut lease = engine.pool().acquire(len).ok_or_else(|| {
+        let lease = engine.pool().acquire(len).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -123,6 +124,42 @@ impl ReadCommand {
                 ),
             )
         })?;
+        Self::start_in(engine, lease, src, dev_offset, len, order, cfg, received)
+    }
+
+    /// Like [`ReadCommand::start`] but never waits for a buffer: `Ok(None)`
+    /// when the pool has no free buffer of `len` bytes right now (or none
+    /// that large at all). For async callers, which then fall back to the
+    /// serial path rather than block.
+    pub fn try_start(
+        engine: &dyn Engine,
+        src: &Source,
+        dev_offset: u64,
+        len: usize,
+        order: SendOrder,
+        cfg: &ReadConfig,
+        received: Instant,
+    ) -> io::Result<Option<(ReadCommand, CompletionRx)>> {
+        match engine.pool().try_acquire(len) {
+            None => Ok(None),
+            Some(lease) => {
+                Self::start_in(engine, lease, src, dev_offset, len, order, cfg, received).map(Some)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_in(
+        engine: &dyn Engine,
+        mut lease: BufLease,
+        src: &Source,
+        dev_offset: u64,
+        len: usize,
+        order: SendOrder,
+        cfg: &ReadConfig,
+        received: Instant,
+    ) -> io::Result<(ReadCommand, CompletionRx)> {
+        let mut timers = CommandTimers::new(received);
         if matches!(src, Source::Pattern) {
             pattern_fill(dev_offset, lease.as_mut_slice());
         }
@@ -156,6 +193,7 @@ impl ReadCommand {
         let mut cmd = ReadCommand {
             buf,
             seq,
+            got: vec![0; pending.len()],
             pending,
             timers,
             released_now: Vec::new(),
@@ -192,9 +230,21 @@ impl ReadCommand {
     pub fn on_completion(&mut self, c: Completion, now: Instant) -> io::Result<()> {
         let i = c.tag as usize;
         let n = c.result?;
-        let _ = n;
+        self.got[i] += n as u64;
         self.pending[i] -= 1;
         if self.pending[i] == 0 {
+            let r = self.seq.plan().range(i);
+            if self.got[i] < r.end - r.start {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "short read: {} of {} bytes at request offset {}",
+                        self.got[i],
+                        r.end - r.start,
+                        r.start
+                    ),
+                ));
+            }
             self.chunk_valid(i, now);
         }
         Ok(())
@@ -216,6 +266,22 @@ impl ReadCommand {
         (r, data)
     }
 
+    /// A released unit's request range and its bytes as a [`bytes::Bytes`]
+    /// that shares the registered buffer (no copy): the buffer goes back
+    /// to the pool only once every such `Bytes` and the command are dropped,
+    /// e.g. after the writer has put the Data-In PDU on the socket.
+    pub fn unit_bytes(&self, u: usize) -> (Range<u64>, bytes::Bytes) {
+        let r = self.seq.unit(u);
+        for c in self.seq.plan().chunks_of(&r) {
+            assert_eq!(self.pending[c], 0, "unit {u} is not valid yet");
+        }
+        let owner = UnitView {
+            buf: self.buf.clone(),
+            range: r.start as usize..r.end as usize,
+        };
+        (r, bytes::Bytes::from_owner(owner))
+    }
+
     /// Whether every unit has been released.
     pub fn all_released(&self) -> bool {
         self.seq.all_released()
@@ -224,6 +290,21 @@ impl ReadCommand {
     /// The timers, for the fabric to stamp sends and the finish.
     pub fn timers_mut(&mut self) -> &mut CommandTimers {
         &mut self.timers
+    }
+}
+
+/// A valid range of a READ's buffer, kept alive by its lease.
+struct UnitView {
+    buf: Arc<BufLease>,
+    range: Range<usize>,
+}
+
+impl AsRef<[u8]> for UnitView {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: built only by `unit_bytes` for a unit whose chunks have all
+        // completed; no later I/O of the command writes this range, and the
+        // lease is not reused while this view holds it.
+        unsafe { self.buf.slice(self.range.clone()) }
     }
 }
 

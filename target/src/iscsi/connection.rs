@@ -42,7 +42,7 @@ const CHECK_CONDITION: u8 = 0x02;
 
 /// A PDU or an instruction for the writer task.
 #[derive(Debug)]
-enum Outgoing {
+pub(super) enum Outgoing {
     /// Stamp and send.
     Pdu(Pdu),
     /// Flush, then close the connection.
@@ -50,12 +50,13 @@ enum Outgoing {
 }
 
 /// State shared by the reader, the writer and running commands.
-struct Shared {
+pub(super) struct Shared {
     window: Mutex<CmdWindow<Admitted>>,
 }
 
 impl Shared {
-    fn complete(&self) {
+    /// A command left the window (MaxCmdSN advances).
+    pub(super) fn complete(&self) {
         self.window
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -900,6 +901,27 @@ impl Conn<'_> {
             shared.complete();
             return;
         };
+        if offload.is_none() && cmd.read && !cmd.write {
+            if let Some(path) = self
+                .fabric
+                .sync_reads
+                .get(&target.name, cmd.lun.index().unwrap_or(u16::MAX))
+            {
+                tokio::spawn(super::syncread::serve(super::syncread::ReadJob {
+                    cmd,
+                    cdb,
+                    luns,
+                    nexus,
+                    session,
+                    shared,
+                    tx,
+                    limits,
+                    aborted,
+                    path,
+                }));
+                return;
+            }
+        }
         tokio::spawn(async move {
             let mut data_out = data_out;
             let mut failed = false;

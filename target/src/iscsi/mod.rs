@@ -12,6 +12,7 @@ pub mod portal;
 pub mod rdma;
 pub mod response;
 pub mod session;
+pub mod syncread;
 pub mod window;
 
 use std::sync::{Arc, OnceLock};
@@ -74,6 +75,8 @@ pub struct Fabric {
     pub shutdown: watch::Receiver<bool>,
     /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
     pub rdma: OnceLock<Arc<rdma::RdmaService>>,
+    /// LUNs whose READs use synchronized sends (see [`syncread`]).
+    pub sync_reads: syncread::SyncReads,
 }
 
 impl Fabric {
@@ -90,6 +93,7 @@ impl Fabric {
             settings,
             shutdown,
             rdma: OnceLock::new(),
+            sync_reads: syncread::SyncReads::default(),
         });
         for target in &fabric.catalog.targets {
             // Weak: the handler lives inside the catalog the fabric owns.

@@ -78,22 +78,7 @@ pub fn response_pdus(
         limits.max_burst_length,
     ) {
         let with_status = collapse && seg.last;
-        let bhs = Bhs::DataIn(DataIn {
-            final_bit: seg.final_in_sequence,
-            acknowledge: false,
-            overflow: with_status && residual.overflow,
-            underflow: with_status && residual.underflow,
-            status: with_status.then_some(result.status),
-            lun: cmd.lun,
-            itt: cmd.itt,
-            ttt: RESERVED_TAG,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            data_sn: seg.data_sn,
-            buffer_offset: seg.offset,
-            residual_count: if with_status { residual.count } else { 0 },
-        });
+        let bhs = data_in_header(cmd, &seg, with_status.then_some((result.status, residual)));
         let payload = data.slice(seg.offset as usize..(seg.offset + seg.length) as usize);
         out.push(Pdu::with_data(bhs, payload));
         data_ins += 1;
@@ -127,6 +112,32 @@ pub fn response_pdus(
         });
     }
     out
+}
+
+/// The Data-In header for segment `seg` of `cmd`'s data. `status` is the
+/// status and residual collapsed into it (the last segment of a GOOD read).
+pub fn data_in_header(
+    cmd: &ScsiCommand,
+    seg: &datain::DataInSegment,
+    status: Option<(u8, Residual)>,
+) -> Bhs {
+    let residual = status.map(|s| s.1).unwrap_or_default();
+    Bhs::DataIn(DataIn {
+        final_bit: seg.final_in_sequence,
+        acknowledge: false,
+        overflow: residual.overflow,
+        underflow: residual.underflow,
+        status: status.map(|s| s.0),
+        lun: cmd.lun,
+        itt: cmd.itt,
+        ttt: RESERVED_TAG,
+        stat_sn: 0,
+        exp_cmd_sn: 0,
+        max_cmd_sn: 0,
+        data_sn: seg.data_sn,
+        buffer_offset: seg.offset,
+        residual_count: residual.count,
+    })
 }
 
 /// A SCSI Response with only a status and optional sense, for commands the

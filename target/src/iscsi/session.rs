@@ -101,6 +101,21 @@ impl TaskSet {
         }
     }
 
+    /// Runs `f` (e.g. queueing one of the task's Data-In PDUs) under this
+    /// set's lock if the task is still live; false if it was aborted. An
+    /// abort then either comes after `f` (and its response follows what
+    /// `f` queued) or before it (and `f` never runs).
+    pub fn while_live(&self, itt: u32, flag: &Arc<AtomicBool>, f: impl FnOnce()) -> bool {
+        let tasks = self.lock();
+        match tasks.get(&itt) {
+            Some(t) if Arc::ptr_eq(&t.aborted, flag) && !flag.load(Ordering::SeqCst) => {
+                f();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The task's response is queued: forget it.
     pub fn done(&self, itt: u32, flag: &Arc<AtomicBool>) {
         let mut tasks = self.lock();

@@ -18,6 +18,7 @@ mod mode;
 mod opcodes;
 mod outcome;
 mod range_lock;
+pub mod read_plan;
 mod read_write;
 mod reservations;
 mod unit_attention;

@@ -1,0 +1,123 @@
+//! READ planning for the fabric's pipelined data path (issue 7, synchronized
+//! sends): the READ is validated by the normal command path, and instead of
+//! the data the fabric gets where the data are, so it can read them itself
+//! (chunked, into registered buffers) and send each Data-In PDU as soon as
+//! its bytes are valid.
+//!
+//! Validation is the normal path, called, not repeated:
+//! 1. [`LunTable::execute`] runs on the same READ with TRANSFER LENGTH 0.
+//!    That is the whole command lifecycle (in-flight accounting, unit
+//!    attentions, CAPACITY DATA HAS CHANGED, reservations, CDB decoding,
+//!    RDPROTECT, the LBA) without a byte of I/O; any failure it reports is
+//!    the answer, with the transfer length of the real CDB (residuals).
+//! 2. The length-dependent checks (MAXIMUM TRANSFER LENGTH, the range end):
+//!    when one would fail, the real command goes through
+//!    [`LunTable::execute`] and its answer is returned, so the sense is the
+//!    normal path's own.
+//!
+//! Only READ(10), READ(12) and READ(16) with a non-zero length are planned;
+//! everything else is [`ReadPlan::NotPlanned`] (run it the normal way).
+
+use std::sync::Arc;
+
+use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
+
+use super::logical_unit::finish;
+use super::outcome::{backstore_failure, clamp32};
+use super::{LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
+
+/// A validated READ: what to read and how to answer.
+#[derive(Debug, Clone)]
+pub struct PlannedRead {
+    /// The logical unit.
+    pub lu: Arc<LogicalUnit>,
+    /// First logical block.
+    pub lba: u64,
+    /// Byte offset in the backstore.
+    pub offset: u64,
+    /// Bytes the CDB asks for (the `ScsiResult::transfer_length` of the
+    /// normal path; the fabric sends at most the initiator's Expected Data
+    /// Transfer Length of them and reports the residual).
+    pub len: u64,
+    /// Logical block size.
+    pub block_size: u32,
+}
+
+/// What to do with a command the fabric would like to read itself.
+#[derive(Debug)]
+pub enum ReadPlan {
+    /// Valid: read `len` bytes at `offset` and answer GOOD.
+    Read(PlannedRead),
+    /// Answered by the normal path (an error, or a command it had to run).
+    Answer(ScsiResult),
+    /// Not a plannable READ: nothing was done, run it with
+    /// [`LunTable::execute`].
+    NotPlanned,
+}
+
+impl LunTable {
+    /// Validates `req` as [`LunTable::execute`] would and, for a valid
+    /// READ(10/12/16), returns where its data are instead of reading them.
+    /// Does no backstore I/O (except when it answers with the normal path).
+    pub fn plan_read(&self, req: &ScsiRequest<'_>) -> ReadPlan {
+        let Some(lu) = self.get(req.lun) else {
+            return ReadPlan::NotPlanned;
+        };
+        let Ok(Cdb::Read { rw, rarc }) = Cdb::decode(req.cdb) else {
+            return ReadPlan::NotPlanned;
+        };
+        if rw.size == CdbSize::Six || rw.length == 0 {
+            return ReadPlan::NotPlanned;
+        }
+        let bs = lu.block_size();
+        let bytes = u64::from(rw.length) * u64::from(bs);
+        // 1. The normal path on the same command with no data.
+        let probe_cdb = Cdb::Read {
+            rw: blockwire_pdu::scsi::Rw { length: 0, ..rw },
+            rarc,
+        }
+        .encode();
+        let probe = ScsiRequest {
+            lun: req.lun,
+            cdb: &probe_cdb,
+            nexus: req.nexus,
+            task_tag: req.task_tag,
+            attr: req.attr,
+            data_out: req.data_out,
+            data_in_capacity: 0,
+        };
+        let mut first = self.execute(&probe);
+        if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
+            // As `finish` reports failures: the CDB's transfer length.
+            first.transfer_length = clamp32(bytes);
+            return ReadPlan::Answer(first);
+        }
+        // 2. Length-dependent checks: failures are answered by the real thing.
+        if bytes > u64::from(MAX_TRANSFER_BYTES)
+            || lu.check_range(rw.lba, u64::from(rw.length)).is_err()
+        {
+            return ReadPlan::Answer(self.execute(req));
+        }
+        ReadPlan::Read(PlannedRead {
+            lu: lu.clone(),
+            lba: rw.lba,
+            offset: rw.lba * u64::from(bs),
+            len: bytes,
+            block_size: bs,
+        })
+    }
+}
+
+impl LogicalUnit {
+    /// The answer to a planned READ whose backstore read failed with `e`
+    /// at `lba`: the same status and sense the normal path gives.
+    pub fn read_failure(&self, lba: u64, len: u64, e: &std::io::Error) -> ScsiResult {
+        let format = if self.lock().mode.d_sense {
+            SenseFormat::Descriptor
+        } else {
+            SenseFormat::Fixed
+        };
+        tracing::warn!(lba, len, error = %e, "backstore read failed");
+        finish(Err(backstore_failure(e, false, lba)), len, format, 0)
+    }
+}
