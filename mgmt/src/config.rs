@@ -81,6 +81,9 @@ pub struct FabricConfig {
     /// anywhere) or "verbs" (hardware; without a device the target says so
     /// and serves plain iSCSI).
     pub rdma_backend: String,
+    /// WRITE data one connection may hold at once (e.g. "256M"); commands
+    /// beyond it are answered TASK SET FULL.
+    pub write_budget: String,
 }
 
 impl Default for FabricConfig {
@@ -97,6 +100,7 @@ impl Default for FabricConfig {
             state_dir: None,
             rdma_listen: None,
             rdma_backend: "soft".into(),
+            write_budget: "256M".into(),
         }
     }
 }
@@ -391,7 +395,20 @@ impl TargetConfig {
                 format!("{other:?} is not a digest policy (use \"allow\" or \"require\")"),
             )),
         };
+        let write_budget_bytes = parse_size(&f.write_budget)
+            .filter(|&n| n >= 1 << 20)
+            .ok_or_else(|| {
+                ctx.err(
+                    0..0,
+                    "fabric.write_budget",
+                    format!(
+                        "{:?} is not a size of at least 1M (write e.g. \"256M\")",
+                        f.write_budget
+                    ),
+                )
+            })?;
         let settings = FabricSettings {
+            write_budget_bytes,
             require_header_digest: require(&f.header_digest, "fabric.header_digest")?,
             require_data_digest: require(&f.data_digest, "fabric.data_digest")?,
             queue_depth: f.queue_depth,

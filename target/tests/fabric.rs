@@ -715,3 +715,56 @@ async fn integrity_256_mib_with_header_and_data_digests() {
     println!("256 MiB with HeaderDigest=DataDigest=CRC32C: written crc32c {written:#010x}, read back {read:#010x}");
     assert_eq!(written, read);
 }
+
+#[tokio::test]
+async fn write_data_beyond_the_connection_budget_gets_task_set_full() {
+    let settings = FabricSettings {
+        write_budget_bytes: 64 << 10,
+        ..FabricSettings::default()
+    };
+    let t = start(settings).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 2, 0], Digests::NONE).await;
+    let _ = c.test_unit_ready().await;
+    // A 48 KiB write with no data yet: its buffer is reserved while it waits.
+    let first = c.command(&rw10(0x2a, 0, 96), false, true, 48 << 10, true);
+    c.send(Pdu::new(Bhs::ScsiCommand(first))).await;
+    let r2t = c.recv().await.expect("an R2T");
+    let Bhs::R2t(r2t) = r2t.bhs else {
+        panic!("expected R2T, got {r2t:?}")
+    };
+    // A second one does not fit: TASK SET FULL, and nothing is held for it.
+    let second = c.command(&rw10(0x2a, 200, 96), false, true, 48 << 10, true);
+    c.send(Pdu::new(Bhs::ScsiCommand(second))).await;
+    let pdu = c.recv().await.expect("a response");
+    let Bhs::ScsiResponse(r) = pdu.bhs else {
+        panic!("expected a SCSI Response, got {pdu:?}")
+    };
+    assert_eq!((r.itt, r.status), (second.itt, 0x28));
+    // Finishing the first returns its share: the next write fits again.
+    let seg = c.params.target_max_recv_data_segment_length as usize;
+    let data = vec![0x5au8; 48 << 10];
+    let (mut o, mut sn) = (0usize, 0u32);
+    while o < data.len() {
+        let end = (o + seg).min(data.len());
+        let d = DataOut {
+            final_bit: end == data.len(),
+            lun: r2t.lun,
+            itt: r2t.itt,
+            ttt: r2t.ttt,
+            exp_stat_sn: 0,
+            data_sn: sn,
+            buffer_offset: o as u32,
+        };
+        c.send(Pdu::with_data(Bhs::DataOut(d), data[o..end].to_vec()))
+            .await;
+        o = end;
+        sn += 1;
+    }
+    let pdu = c.recv().await.expect("the first write's status");
+    let Bhs::ScsiResponse(r) = pdu.bhs else {
+        panic!("expected a SCSI Response, got {pdu:?}")
+    };
+    assert_eq!((r.itt, r.status), (first.itt, 0));
+    // The budget is returned before the status is sent, so this fits.
+    assert_eq!(write(&mut c, 400, &data).await, 0);
+}

@@ -25,6 +25,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::budget::{Reservation, WriteBudget};
 use super::dataout::{WriteCollector, WriteLimits};
 use super::discovery::{TextExchange, TextStep};
 use super::io::{advances_stat_sn, stamp, PduReader, PduWriter, ReadError};
@@ -39,6 +40,8 @@ use blockwire_transport::assist::{Descriptor, Direction};
 
 /// CHECK CONDITION.
 const CHECK_CONDITION: u8 = 0x02;
+/// TASK SET FULL: the initiator retries later.
+const TASK_SET_FULL: u8 = 0x28;
 
 /// A PDU or an instruction for the writer task.
 #[derive(Debug)]
@@ -292,6 +295,7 @@ struct Conn<'a> {
     shared: Arc<Shared>,
     tx: mpsc::Sender<Outgoing>,
     collectors: HashMap<u32, Collecting>,
+    write_budget: Arc<WriteBudget>,
     text: TextExchange,
     limits: DataInLimits,
     write_limits: WriteLimits,
@@ -308,6 +312,8 @@ struct Collecting {
     cmd: ScsiCommand,
     cdb: Vec<u8>,
     collector: WriteCollector,
+    /// The memory the collector holds, returned when it is dropped.
+    budget: Reservation,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -353,6 +359,7 @@ async fn full_feature(
             data_pdu_in_order: params.data_pdu_in_order,
         },
         next_ttt: 1,
+        write_budget: WriteBudget::new(fabric.settings.write_budget_bytes),
         ping: None,
         logout_requested: false,
         rdma,
@@ -718,6 +725,19 @@ impl Conn<'_> {
                 }
                 return;
             }
+            let Some(budget) = self.write_budget.try_reserve(u64::from(edtl)) else {
+                debug!(
+                    tsih = self.session.tsih,
+                    itt = cmd.itt,
+                    edtl,
+                    "write data budget full: TASK SET FULL"
+                );
+                self.shared.complete();
+                for p in status_only(&cmd, TASK_SET_FULL, None) {
+                    self.send(p).await;
+                }
+                return;
+            };
             match WriteCollector::new(edtl, &pdu.data, cmd.final_bit, self.write_limits) {
                 Ok(collector) => {
                     self.register_task(&cmd);
@@ -725,13 +745,17 @@ impl Conn<'_> {
                         cmd,
                         cdb,
                         collector,
+                        budget,
                     };
                     if c.collector.is_complete() {
-                        self.execute(
+                        let r2ts = c.collector.r2t_count();
+                        self.execute_with(
                             c.cmd,
                             c.cdb,
-                            c.collector.r2t_count(),
+                            r2ts,
                             c.collector.into_data(),
+                            None,
+                            Some(c.budget),
                         );
                     } else {
                         self.send_r2ts(&mut c).await;
@@ -785,7 +809,7 @@ impl Conn<'_> {
             return;
         }
         self.register_task(&cmd);
-        self.execute_with(cmd, cdb, 0, Vec::new(), Some((slot, desc)));
+        self.execute_with(cmd, cdb, 0, Vec::new(), Some((slot, desc)), None);
     }
 
     fn register_task(&self, cmd: &ScsiCommand) {
@@ -855,7 +879,14 @@ impl Conn<'_> {
         }
         if c.collector.is_complete() {
             let r2ts = c.collector.r2t_count();
-            self.execute(c.cmd, c.cdb, r2ts, c.collector.into_data());
+            self.execute_with(
+                c.cmd,
+                c.cdb,
+                r2ts,
+                c.collector.into_data(),
+                None,
+                Some(c.budget),
+            );
         } else {
             self.send_r2ts(&mut c).await;
             self.collectors.insert(d.itt, c);
@@ -865,7 +896,7 @@ impl Conn<'_> {
 
     /// Runs a command on the blocking pool and sends its answer.
     fn execute(&self, cmd: ScsiCommand, cdb: Vec<u8>, r2t_count: u32, data_out: Vec<u8>) {
-        self.execute_with(cmd, cdb, r2t_count, data_out, None)
+        self.execute_with(cmd, cdb, r2t_count, data_out, None, None)
     }
 
     /// [`Self::execute`], with the data moved by RDMA when `offload` is set:
@@ -878,6 +909,7 @@ impl Conn<'_> {
         r2t_count: u32,
         data_out: Vec<u8>,
         offload: Option<(Arc<Slot>, Descriptor)>,
+        budget: Option<Reservation>,
     ) {
         let svc = self.fabric.rdma.get().cloned();
         let target = self
@@ -941,6 +973,10 @@ impl Conn<'_> {
             }
             let blocking_aborted = aborted.clone();
             let result = tokio::task::spawn_blocking(move || {
+                // The write data's share of the connection's budget is
+                // returned when this closure ends, with the data itself,
+                // before the response is sent.
+                let _budget = budget;
                 if failed {
                     return None;
                 }

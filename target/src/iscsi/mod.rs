@@ -1,6 +1,7 @@
 //! The iSCSI fabric: portals, login, authentication, discovery, sessions
 //! and the command lifecycle over TCP.
 
+pub mod budget;
 pub mod catalog;
 pub mod connection;
 pub mod datain;
@@ -30,6 +31,9 @@ pub struct FabricSettings {
     pub queue_depth: u32,
     /// Largest data transfer of one command the target will buffer.
     pub max_io_bytes: u32,
+    /// WRITE data one connection may hold at once; beyond it commands get
+    /// TASK SET FULL.
+    pub write_budget_bytes: u64,
     /// Interval of NOP-In keepalive pings; None disables them.
     pub nop_interval: Option<Duration>,
     /// A connection whose initiator leaves a ping unanswered this long is dropped.
@@ -51,6 +55,7 @@ impl Default for FabricSettings {
         FabricSettings {
             queue_depth: 128,
             max_io_bytes: 32 << 20,
+            write_budget_bytes: 256 << 20,
             nop_interval: Some(Duration::from_secs(15)),
             nop_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),
