@@ -209,6 +209,14 @@ proptest! {
     }
 
     #[test]
+    fn shared_decode_equals_copying_decode(pdu in any_pdu(), digests in digests()) {
+        let bytes = bytes::Bytes::from(pdu.encode(digests));
+        let (shared, used) = Pdu::decode_shared(&bytes, digests).unwrap();
+        prop_assert_eq!(used, bytes.len());
+        prop_assert_eq!(shared, pdu);
+    }
+
+    #[test]
     fn framer_reassembles_any_split(pdus in proptest::collection::vec(any_pdu(), 1..5),
                                     digests in digests(), cut in 1usize..97) {
         let mut wire = Vec::new();

@@ -360,6 +360,32 @@ impl Pdu {
     /// returning it and the number of bytes it occupied. Use
     /// [`crate::framing::FrameDecoder`] on a stream: it bounds lengths first.
     pub fn decode(bytes: &[u8], digests: Digests) -> Result<(Pdu, usize), DecodeError> {
+        let (bhs, ahs, data, total) = Self::parse(bytes, digests)?;
+        let data = Bytes::copy_from_slice(&bytes[data]);
+        Ok((Pdu { bhs, ahs, data }, total))
+    }
+
+    /// Like [`Pdu::decode`], but the data segment shares `bytes`' memory
+    /// instead of being copied: a receiver that reads a whole PDU into a
+    /// buffer hands its payload on without another copy.
+    pub fn decode_shared(bytes: &Bytes, digests: Digests) -> Result<(Pdu, usize), DecodeError> {
+        let (bhs, ahs, data, total) = Self::parse(bytes, digests)?;
+        Ok((
+            Pdu {
+                bhs,
+                ahs,
+                data: bytes.slice(data),
+            },
+            total,
+        ))
+    }
+
+    /// Checks lengths and digests and decodes the headers; returns where the
+    /// data segment lies and the PDU's length on the wire.
+    fn parse(
+        bytes: &[u8],
+        digests: Digests,
+    ) -> Result<(Bhs, Vec<Ahs>, std::ops::Range<usize>, usize), DecodeError> {
         let lengths = HeaderLengths::peek(bytes).ok_or(DecodeError::Truncated {
             need: BHS_LEN.saturating_sub(bytes.len()),
         })?;
@@ -380,7 +406,7 @@ impl Pdu {
             at += DIGEST_LEN;
         }
         let data_len = lengths.data_segment_length as usize;
-        let data = &bytes[at..at + data_len];
+        let data = at..at + data_len;
         at += padded_len(data_len);
         if digests.data && data_len > 0 {
             let expected = crc32c_digest(&bytes[at - padded_len(data_len)..at]);
@@ -397,14 +423,7 @@ impl Pdu {
         debug_assert_eq!(at, total);
         let (bhs, _) = Bhs::decode(&bytes[..BHS_LEN])?;
         let ahs = Ahs::decode_all(&bytes[BHS_LEN..header_end])?;
-        Ok((
-            Pdu {
-                bhs,
-                ahs,
-                data: Bytes::copy_from_slice(data),
-            },
-            total,
-        ))
+        Ok((bhs, ahs, data, total))
     }
 
     /// The full CDB of a SCSI Command: the 16 header bytes followed by the

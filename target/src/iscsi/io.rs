@@ -46,6 +46,33 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
     /// already read stay buffered.
     pub async fn next(&mut self) -> Result<Option<Pdu>, ReadError> {
         loop {
+            // A whole PDU is cut off the buffer and decoded in place: its
+            // data segment shares the received bytes (no copy).
+            if let Ok(FrameSize::Total(total)) = self.framer.frame_size(&self.buf) {
+                if self.buf.len() >= total {
+                    let frame = self.buf.split_to(total).freeze();
+                    match Pdu::decode_shared(&frame, self.framer.digests) {
+                        Ok((pdu, _)) => return Ok(Some(pdu)),
+                        Err(error) => {
+                            let header = frame.get(..48).map(|h| {
+                                let mut a = [0u8; 48];
+                                a.copy_from_slice(h);
+                                a
+                            });
+                            let skip = matches!(
+                                error,
+                                DecodeError::UnknownOpcode(_) | DecodeError::DataDigest { .. }
+                            )
+                            .then_some(total);
+                            return Err(ReadError::Decode {
+                                error,
+                                header,
+                                skip,
+                            });
+                        }
+                    }
+                }
+            }
             match self.framer.decode(&self.buf) {
                 Ok(Frame::Pdu { pdu, consumed }) => {
                     let _ = self.buf.split_to(consumed);
