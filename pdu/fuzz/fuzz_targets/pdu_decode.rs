@@ -24,6 +24,9 @@ fuzz_target!(|input: &[u8]| {
     let framer = FrameDecoder::new(max, digests);
     while let Ok(Frame::Pdu { pdu, consumed }) = framer.decode(bytes) {
         assert!(consumed > 0 && consumed <= bytes.len());
+        // The zero-copy decode of the same frame agrees with the copying one.
+        let frame = bytes::Bytes::copy_from_slice(&bytes[..consumed]);
+        assert_eq!(Pdu::decode_shared(&frame, digests), Ok((pdu.clone(), consumed)));
         let again = pdu.encode(digests);
         let (back, used) = Pdu::decode(&again, digests).expect("re-encoded PDU must decode");
         assert_eq!(used, again.len());
