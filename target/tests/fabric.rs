@@ -6,22 +6,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use blockwire_pdu::keys::{
-    encode_text, parse_text, Digest, LocalConfig, Negotiator, Phase, Role, SessionParams,
-};
+use blockwire_pdu::keys::{encode_text, Digest, SessionParams};
 use blockwire_pdu::pdu::codes::{AsyncEvent, RejectReason, TaskAttr, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{
     DataOut, LoginRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
 };
-use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Lun, Pdu, Stage};
+use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 use blockwire_target::backstore::{Backstore, RamBackstore};
 use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
 use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
+
+mod support;
+use support::RawConn;
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:fabric-test";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:test-initiator";
@@ -62,12 +62,9 @@ async fn start_with(settings: FabricSettings, store: Arc<dyn Backstore>) -> Test
     TestTarget { addr, stop }
 }
 
-/// A bare-bones initiator connection.
+/// A test initiator session on one connection.
 struct Client {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    framer: FrameDecoder,
-    digests: Digests,
+    conn: RawConn,
     cmd_sn: u32,
     itt: u32,
     params: SessionParams,
@@ -86,91 +83,22 @@ impl Client {
         tsih: u16,
         digests: Digests,
     ) -> (Client, u16) {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let mut cfg = LocalConfig::initiator(INITIATOR, TARGET);
-        let pick = |on| {
-            if on {
-                vec![Digest::Crc32c]
-            } else {
-                vec![Digest::None]
-            }
-        };
-        cfg.header_digests = pick(digests.header);
-        cfg.data_digests = pick(digests.data);
-        cfg.initial_r2t = false;
-        cfg.max_recv_data_segment_length = 65536;
-        let mut neg = Negotiator::new(Role::Initiator, cfg).unwrap();
-        let mut c = Client {
-            stream,
-            buf: Vec::new(),
-            framer: FrameDecoder::default(),
-            digests: Digests::NONE,
+        let l = RawConn::login(addr, INITIATOR, TARGET, isid, tsih, digests, 0x100, 1).await;
+        let c = Client {
+            conn: l.conn,
             cmd_sn: 1,
             itt: 0x100,
-            params: SessionParams::default(),
+            params: l.params,
         };
-        let mut offer = neg.offer(Phase::Operational).unwrap();
-        let assigned;
-        loop {
-            let req = Bhs::LoginRequest(LoginRequest {
-                transit: true,
-                continue_bit: false,
-                csg: Stage::Operational,
-                nsg: Stage::FullFeature,
-                version_max: 0,
-                version_min: 0,
-                isid,
-                tsih,
-                itt: c.itt,
-                cid: 0,
-                cmd_sn: c.cmd_sn,
-                exp_stat_sn: 0,
-            });
-            c.send(Pdu::with_data(req, encode_text(&offer).unwrap()))
-                .await;
-            let resp = c.recv().await.expect("login response");
-            let Bhs::LoginResponse(r) = resp.bhs else {
-                panic!("expected a login response, got {resp:?}")
-            };
-            assert!(r.status.is_success(), "login failed: {}", r.status);
-            let answers = neg
-                .receive(Phase::Operational, &parse_text(&resp.data).unwrap())
-                .unwrap();
-            if r.transit && r.nsg == Stage::FullFeature {
-                neg.finish().unwrap();
-                assigned = r.tsih;
-                break;
-            }
-            offer = answers.answers;
-        }
-        c.params = neg.params().clone();
-        c.digests = digests;
-        c.framer = FrameDecoder::new(65536, digests);
-        (c, assigned)
+        (c, l.tsih)
     }
 
     async fn send(&mut self, pdu: Pdu) {
-        self.stream
-            .write_all(&pdu.encode(self.digests))
-            .await
-            .unwrap();
+        self.conn.send(pdu).await;
     }
 
-    /// The next PDU, or None when the target closed the connection or
-    /// nothing came within two seconds.
     async fn recv_within(&mut self, wait: Duration) -> Option<Pdu> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            if let Frame::Pdu { pdu, consumed } = self.framer.decode(&self.buf).unwrap() {
-                self.buf.drain(..consumed);
-                return Some(pdu);
-            }
-            let mut chunk = vec![0u8; 65536];
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
-                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
-                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
+        self.conn.recv_within(wait).await
     }
 
     async fn recv(&mut self) -> Option<Pdu> {
@@ -337,7 +265,7 @@ async fn digests_protect_a_write_and_read_back() {
     let mut wire = Pdu::with_data(Bhs::ScsiCommand(cmd), vec![0xee; 512]).encode(Digests::BOTH);
     let n = wire.len();
     wire[n - 1] ^= 0xff;
-    c.stream.write_all(&wire).await.unwrap();
+    c.conn.stream.write_all(&wire).await.unwrap();
     let pdu = c.recv().await.expect("a Reject");
     let Bhs::Reject(r) = pdu.bhs else {
         panic!("expected Reject, got {pdu:?}")
@@ -380,7 +308,7 @@ async fn nop_out_is_echoed_and_window_holds_128_commands() {
         itts.insert(cmd.itt);
         burst.extend_from_slice(&Pdu::new(Bhs::ScsiCommand(cmd)).encode(Digests::NONE));
     }
-    c.stream.write_all(&burst).await.unwrap();
+    c.conn.stream.write_all(&burst).await.unwrap();
     while !itts.is_empty() {
         let pdu = c.recv().await.expect("all 128 commands answered");
         if let Bhs::DataIn(d) = pdu.bhs {
@@ -486,12 +414,8 @@ async fn known_tsih_and_cid_reinstate_the_connection() {
 #[tokio::test]
 async fn unknown_tsih_is_refused_with_session_does_not_exist() {
     let t = start(FabricSettings::default()).await;
-    let stream = TcpStream::connect(t.addr).await.unwrap();
     let mut c = Client {
-        stream,
-        buf: Vec::new(),
-        framer: FrameDecoder::default(),
-        digests: Digests::NONE,
+        conn: RawConn::connect(t.addr).await,
         cmd_sn: 1,
         itt: 1,
         params: SessionParams::default(),
@@ -547,7 +471,7 @@ async fn unknown_opcodes_are_rejected_and_tmf_answers() {
     let _ = c.test_unit_ready().await;
     let mut vendor = [0u8; 48];
     vendor[0] = 0x1c; // a vendor-specific initiator opcode
-    c.stream.write_all(&vendor).await.unwrap();
+    c.conn.stream.write_all(&vendor).await.unwrap();
     let pdu = c.recv().await.expect("a Reject");
     let Bhs::Reject(r) = pdu.bhs else {
         panic!("expected Reject, got {pdu:?}")

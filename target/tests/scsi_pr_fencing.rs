@@ -22,19 +22,19 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use blockwire_pdu::keys::{encode_text, parse_text, LocalConfig, Negotiator, Phase, Role};
 use blockwire_pdu::pdu::codes::TaskAttr;
-use blockwire_pdu::pdu::{LoginRequest, ScsiCommand};
+use blockwire_pdu::pdu::ScsiCommand;
 use blockwire_pdu::scsi::{Asc, Sense, SenseKey};
-use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Lun, Pdu, Stage};
+use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use blockwire_target::backstore::{Backstore, RamBackstore};
 use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
 use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
+
+mod support;
+use support::RawConn;
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:pr-fencing";
 const NODE_A: &str = "iqn.2026-11.io.blockwire:node-a";
@@ -139,9 +139,7 @@ async fn start(
 
 /// A minimal initiator session (no digests, immediate data).
 struct Node {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    framer: FrameDecoder,
+    conn: RawConn,
     cmd_sn: u32,
     itt: u32,
 }
@@ -156,81 +154,20 @@ struct Outcome {
 
 impl Node {
     async fn login(addr: std::net::SocketAddr, name: &str, isid: [u8; 6]) -> Node {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let mut cfg = LocalConfig::initiator(name, TARGET);
-        cfg.initial_r2t = false;
-        cfg.max_recv_data_segment_length = 65536;
-        let mut neg = Negotiator::new(Role::Initiator, cfg).unwrap();
-        let mut n = Node {
-            stream,
-            buf: Vec::new(),
-            framer: FrameDecoder::default(),
+        let l = RawConn::login(addr, name, TARGET, isid, 0, Digests::NONE, 0x1000, 1).await;
+        Node {
+            conn: l.conn,
             cmd_sn: 1,
             itt: 0x1000,
-        };
-        let mut offer = neg.offer(Phase::Operational).unwrap();
-        loop {
-            let req = Bhs::LoginRequest(LoginRequest {
-                transit: true,
-                continue_bit: false,
-                csg: Stage::Operational,
-                nsg: Stage::FullFeature,
-                version_max: 0,
-                version_min: 0,
-                isid,
-                tsih: 0,
-                itt: n.itt,
-                cid: 0,
-                cmd_sn: n.cmd_sn,
-                exp_stat_sn: 0,
-            });
-            n.send(Pdu::with_data(req, encode_text(&offer).unwrap()))
-                .await;
-            let resp = n
-                .recv(Duration::from_secs(5))
-                .await
-                .expect("login response");
-            let Bhs::LoginResponse(r) = resp.bhs else {
-                panic!("expected a login response, got {resp:?}")
-            };
-            assert!(
-                r.status.is_success(),
-                "login of {name} failed: {}",
-                r.status
-            );
-            let answers = neg
-                .receive(Phase::Operational, &parse_text(&resp.data).unwrap())
-                .unwrap();
-            if r.transit && r.nsg == Stage::FullFeature {
-                neg.finish().unwrap();
-                break;
-            }
-            offer = answers.answers;
         }
-        n.framer = FrameDecoder::new(65536, Digests::NONE);
-        n
     }
 
     async fn send(&mut self, pdu: Pdu) {
-        self.stream
-            .write_all(&pdu.encode(Digests::NONE))
-            .await
-            .unwrap();
+        self.conn.send(pdu).await;
     }
 
     async fn recv(&mut self, wait: Duration) -> Option<Pdu> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            if let Frame::Pdu { pdu, consumed } = self.framer.decode(&self.buf).unwrap() {
-                self.buf.drain(..consumed);
-                return Some(pdu);
-            }
-            let mut chunk = vec![0u8; 65536];
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
-                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
-                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
+        self.conn.recv_within(wait).await
     }
 
     /// Sends a command (all Data-Out as immediate data); returns its ITT.
