@@ -741,26 +741,13 @@ impl Conn<'_> {
             match WriteCollector::new(edtl, &pdu.data, cmd.final_bit, self.write_limits) {
                 Ok(collector) => {
                     self.register_task(&cmd);
-                    let mut c = Collecting {
+                    let c = Collecting {
                         cmd,
                         cdb,
                         collector,
                         budget,
                     };
-                    if c.collector.is_complete() {
-                        let r2ts = c.collector.r2t_count();
-                        self.execute_with(
-                            c.cmd,
-                            c.cdb,
-                            r2ts,
-                            c.collector.into_data(),
-                            None,
-                            Some(c.budget),
-                        );
-                    } else {
-                        self.send_r2ts(&mut c).await;
-                        self.collectors.insert(cmd.itt, c);
-                    }
+                    self.advance_write(c).await;
                 }
                 Err(e) => {
                     warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad immediate data");
@@ -877,6 +864,13 @@ impl Conn<'_> {
             }
             return true;
         }
+        self.advance_write(c).await;
+        true
+    }
+
+    /// A WRITE whose data is complete runs; otherwise it asks for more data
+    /// (R2Ts within MaxOutstandingR2T) and waits for it.
+    async fn advance_write(&mut self, mut c: Collecting) {
         if c.collector.is_complete() {
             let r2ts = c.collector.r2t_count();
             self.execute_with(
@@ -889,9 +883,8 @@ impl Conn<'_> {
             );
         } else {
             self.send_r2ts(&mut c).await;
-            self.collectors.insert(d.itt, c);
+            self.collectors.insert(c.cmd.itt, c);
         }
-        true
     }
 
     /// Runs a command on the blocking pool and sends its answer.
