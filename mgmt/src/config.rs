@@ -215,13 +215,16 @@ pub struct LunDef {
     /// File LUNs: READs use synchronized sends (issue 7): read by the I/O
     /// engine in `sync_chunk` chunks submitted together, each Data-In PDU
     /// sent as soon as its bytes are read. Off by default (serial: read
-    /// all, then send).
+    /// all, then send). A `mode = "direct"` LUN always reads through the
+    /// engine into registered buffers; there `false` means the serial
+    /// baseline on that path, `true` the synchronized sends.
     pub sync_send: Option<Spanned<bool>>,
     /// Chunk size for `sync_send`, e.g. "64K" (default), 4K to 1M.
     pub sync_chunk: Option<Spanned<String>>,
 }
 
-/// A LUN whose READs use synchronized sends.
+/// A LUN whose READs go through the I/O engine path (registered buffers):
+/// every `direct` file LUN, and cached ones with `sync_send = true`.
 #[derive(Debug, Clone)]
 pub struct SyncSendDef {
     /// Target name.
@@ -234,6 +237,9 @@ pub struct SyncSendDef {
     pub direct: bool,
     /// Chunk size in bytes.
     pub chunk: usize,
+    /// `Synchronized` with `sync_send = true`, else `Serial` (read every
+    /// chunk, then send: the baseline of a direct LUN).
+    pub mode: blockwire_target::datapath::Mode,
 }
 
 /// What the daemon needs to start.
@@ -249,7 +255,7 @@ pub struct Built {
     pub rdma_listen: Option<SocketAddr>,
     /// Which RDMA provider (`[fabric] rdma_backend`).
     pub rdma_backend: RdmaBackend,
-    /// LUNs with `sync_send = true`.
+    /// LUNs whose READs use the engine path (direct, or `sync_send = true`).
     pub sync_sends: Vec<SyncSendDef>,
 }
 
@@ -640,7 +646,12 @@ impl TargetConfig {
                         let fb = FileBackstore::open_with(path, size, l.read_only, mode).map_err(
                             |e| ctx.err(lspan.clone(), "target.lun.path", e.to_string()),
                         )?;
-                        file_direct = Some((path.clone(), fb.mode() == FileMode::Direct));
+                        // Direct LUNs always take the engine path (serial
+                        // unless sync_send); cached ones only with sync_send.
+                        if sync_send || mode == FileMode::Direct {
+                            file_direct =
+                                Some((path.clone(), fb.mode() == FileMode::Direct));
+                        }
                         Arc::new(fb)
                     }
                     other => {
@@ -698,13 +709,18 @@ impl TargetConfig {
                     d.join(format!("{safe}.lun{}.pr", l.id))
                 });
                 luns.push((l.id, Arc::new(LogicalUnit::new(lu))));
-                if let (true, Some((path, direct))) = (sync_send, file_direct) {
+                if let Some((path, direct)) = file_direct {
                     sync_sends.push(SyncSendDef {
                         target: name.clone(),
                         lun: l.id,
                         path,
                         direct,
                         chunk: sync_chunk,
+                        mode: if sync_send {
+                            blockwire_target::datapath::Mode::Synchronized
+                        } else {
+                            blockwire_target::datapath::Mode::Serial
+                        },
                     });
                 }
             }
@@ -862,6 +878,10 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(b.sync_sends.len(), 1);
         assert_eq!((b.sync_sends[0].lun, b.sync_sends[0].chunk), (0, 128 << 10));
+        assert_eq!(
+            b.sync_sends[0].mode,
+            blockwire_target::datapath::Mode::Synchronized
+        );
         let off = TargetConfig::from_str(
             "t.toml",
             &one_lun(&format!(
@@ -869,7 +889,21 @@ mod tests {
             )),
         )
         .unwrap();
-        assert!(off.sync_sends.is_empty(), "off by default");
+        assert!(off.sync_sends.is_empty(), "off by default on cached LUNs");
+        // A direct LUN always reads through the engine: serial without
+        // sync_send (the baseline on registered buffers).
+        let direct = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\n"
+            )),
+        )
+        .unwrap();
+        assert_eq!(direct.sync_sends.len(), 1);
+        assert_eq!(
+            direct.sync_sends[0].mode,
+            blockwire_target::datapath::Mode::Serial
+        );
         let e = TargetConfig::from_str(
             "t.toml",
             &one_lun("backstore = \"ram\"\nsize = \"1M\"\nsync_send = true\n"),

@@ -52,10 +52,10 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     for d in &built.sync_sends {
         let line = fabric
             .sync_reads
-            .enable(&d.target, d.lun, &d.path, d.direct, d.chunk)
+            .enable(&d.target, d.lun, &d.path, d.direct, d.chunk, d.mode)
             .with_context(|| {
                 format!(
-                    "enabling synchronized sends on {} LUN {} ({})",
+                    "enabling the engine READ path on {} LUN {} ({})",
                     d.target,
                     d.lun,
                     d.path.display()

@@ -10,8 +10,14 @@
 //! registered buffer (no copy), which returns to the pool once the writer
 //! has put the last of them on the socket.
 //!
-//! The serial path (read everything on the blocking pool, then send) stays
-//! the default, and is the fallback whenever this one cannot run: a READ
+//! Each LUN on this path has a [`Mode`]: `Synchronized` as above, or
+//! `Serial` (one chunk: read everything into the registered buffer, then
+//! send), the baseline of a `direct` LUN without `sync_send`. LUNs are
+//! registered from a path ([`SyncReads::enable`]) or from a prebuilt
+//! [`Source`] ([`SyncReads::enable_source`]: striped files, no-disk).
+//!
+//! The core's serial path (read everything on the blocking pool, then
+//! send) stays the default for other LUNs, and is the fallback whenever this one cannot run: a READ
 //! the core did not plan, an unaligned O_DIRECT range, no free buffer, a
 //! submission error, or a read error before the first PDU was sent. A read
 //! error after some Data-In went out ends the command with the core's
@@ -55,6 +61,10 @@ pub struct SyncReadLun {
     pub direct: bool,
     /// Chunk size in bytes.
     pub chunk: usize,
+    /// [`Mode::Synchronized`] (send each PDU as soon as its chunks are
+    /// valid) or [`Mode::Serial`] (read every chunk, then send: the
+    /// baseline, still through the engine and its registered buffers).
+    pub mode: Mode,
 }
 
 impl std::fmt::Debug for SyncReadLun {
@@ -63,6 +73,8 @@ impl std::fmt::Debug for SyncReadLun {
             .field("engine", &self.engine.kind())
             .field("direct", &self.direct)
             .field("chunk", &self.chunk)
+            .field("mode", &self.mode)
+            .field("streams", &self.source.streams())
             .finish()
     }
 }
@@ -95,7 +107,7 @@ impl SyncReads {
         Ok(e)
     }
 
-    /// Turns synchronized sends on for READs of `lun` of `target`, whose
+    /// Turns the engine read path on for READs of `lun` of `target`, whose
     /// file is `path`: opened O_DIRECT when `direct` (and the filesystem
     /// allows it), else buffered. Returns a line for the start-up log.
     pub fn enable(
@@ -105,14 +117,49 @@ impl SyncReads {
         path: &Path,
         direct: bool,
         chunk: usize,
+        mode: Mode,
     ) -> io::Result<String> {
-        let (engine, banner) = self.engine()?;
         let (file, direct) = if direct {
             crate::datapath::open_direct_or_buffered(path, false)?
         } else {
             (std::fs::File::open(path)?, false)
         };
+        self.enable_source(
+            target,
+            lun,
+            Source::File(Arc::new(file)),
+            direct,
+            chunk,
+            mode,
+        )
+    }
+
+    /// Turns the engine read path on for READs of `lun` of `target` from a
+    /// prebuilt `source` (a file, striped files, or the no-disk pattern).
+    /// `direct` says whether its files are O_DIRECT (planned ranges must
+    /// then be 4 KiB aligned, else the READ takes the serial core path).
+    /// Returns a line for the start-up log.
+    pub fn enable_source(
+        &self,
+        target: &str,
+        lun: u16,
+        source: Source,
+        direct: bool,
+        chunk: usize,
+        mode: Mode,
+    ) -> io::Result<String> {
+        let (engine, banner) = self.engine()?;
         let chunk = chunk.max(4096);
+        let streams = source.streams();
+        let what = match &source {
+            Source::Pattern => "no-disk pattern data".to_owned(),
+            Source::File(_) if direct => "O_DIRECT reads".to_owned(),
+            Source::File(_) => "page-cache reads".to_owned(),
+            Source::Striped { .. } => format!(
+                "{streams} striped members, {} reads",
+                if direct { "O_DIRECT" } else { "page-cache" }
+            ),
+        };
         self.luns
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -122,16 +169,20 @@ impl SyncReads {
                 lun,
                 Arc::new(SyncReadLun {
                     engine,
-                    source: Source::File(Arc::new(file)),
+                    source,
                     direct,
                     chunk,
+                    mode,
                 }),
             );
         self.any.store(true, Ordering::Release);
+        let how = match mode {
+            Mode::Synchronized => "synchronized sends",
+            Mode::Serial => "serial (read every chunk, then send)",
+        };
         Ok(format!(
-            "synchronized sends, {} KiB chunks, {} reads, engine {banner}",
-            chunk >> 10,
-            if direct { "O_DIRECT" } else { "page cache" }
+            "engine path, {how}, {} KiB chunks, {what}, engine {banner}",
+            chunk >> 10
         ))
     }
 
@@ -217,7 +268,7 @@ fn prepare(job: &ReadJob) -> Step {
     .map(|s| u64::from(s.offset)..u64::from(s.offset + s.length))
     .collect();
     let cfg = ReadConfig {
-        mode: Mode::Synchronized,
+        mode: job.path.mode,
         chunk: job.path.chunk,
         units: Some(units),
     };
