@@ -87,6 +87,10 @@ pub struct InitiatorConfig {
     pub max_burst_length: u32,
     /// MaxRecvDataSegmentLength declared.
     pub max_recv_data_segment_length: u32,
+    /// DataPDUInOrder offered (default Yes). No lets the target send
+    /// Data-In PDUs in any order within a sequence (each is placed by its
+    /// BufferOffset); the target must answer No too for it to apply.
+    pub data_pdu_in_order: bool,
     /// Commands in flight at most (also bounded by the target's CmdSN window).
     pub queue_depth: usize,
     /// Bound on connect and login.
@@ -119,6 +123,7 @@ impl InitiatorConfig {
             first_burst_length: 256 * 1024,
             max_burst_length: 16_776_192,
             max_recv_data_segment_length: 256 * 1024,
+            data_pdu_in_order: true,
             queue_depth: 32,
             login_timeout: Duration::from_secs(15),
             nop_interval: Some(Duration::from_secs(5)),
@@ -138,6 +143,12 @@ impl InitiatorConfig {
     /// Sets CHAP for normal sessions.
     pub fn with_chap(mut self, chap: ChapConfig) -> InitiatorConfig {
         self.chap = Some(chap);
+        self
+    }
+
+    /// Offers DataPDUInOrder=Yes (`true`, the default) or No.
+    pub fn with_data_pdu_in_order(mut self, in_order: bool) -> InitiatorConfig {
+        self.data_pdu_in_order = in_order;
         self
     }
 
@@ -174,6 +185,8 @@ impl InitiatorConfig {
             first_burst_length: self.first_burst_length.min(self.max_burst_length),
             max_burst_length: self.max_burst_length,
             max_recv_data_segment_length: self.max_recv_data_segment_length,
+            // Only normal sessions carry data.
+            data_pdu_in_order: self.data_pdu_in_order || target.is_none(),
             vendor_keys: if target.is_some() {
                 self.vendor_offers.iter().map(|(k, _)| k.clone()).collect()
             } else {

@@ -38,6 +38,10 @@ pub struct Limits {
     pub immediate_data: bool,
     /// InitialR2T.
     pub initial_r2t: bool,
+    /// DataPDUInOrder: with Yes, Data-In PDUs must arrive at continuously
+    /// increasing offsets; with No, in any order (each placed by its
+    /// BufferOffset, overlaps refused).
+    pub data_pdu_in_order: bool,
 }
 
 impl Limits {
@@ -50,6 +54,7 @@ impl Limits {
             max_burst: p.max_burst_length,
             immediate_data: p.immediate_data,
             initial_r2t: p.initial_r2t,
+            data_pdu_in_order: p.data_pdu_in_order,
         }
     }
 
@@ -202,6 +207,8 @@ enum Kind {
         next_data_sn: u32,
         buf: Option<Vec<u8>>,
         lent: bool,
+        /// Byte ranges of the read buffer already filled by Data-In.
+        placed: Coverage,
     },
     Tmf {
         function: TmfFunction,
@@ -377,6 +384,7 @@ impl<T: Clone> Engine<T> {
                     next_data_sn: 0,
                     buf: read_buf,
                     lent: false,
+                    placed: Coverage::default(),
                 },
             },
         );
@@ -425,6 +433,7 @@ impl<T: Clone> Engine<T> {
                     next_data_sn: 0,
                     buf: None,
                     lent: false,
+                    placed: Coverage::default(),
                 },
             },
         );
@@ -573,20 +582,33 @@ impl<T: Clone> Engine<T> {
             next_data_sn,
             buf,
             lent,
+            placed,
             ..
         } = &mut task.kind
         else {
             return (Placement::Discard, events);
         };
         let start = d.buffer_offset as usize;
+        let in_order = self.limits.data_pdu_in_order;
         let fail = if d.data_sn != *next_data_sn {
             Some(format!(
                 "Data-In DataSN {} where {} was expected (ITT {:#x})",
                 d.data_sn, next_data_sn, d.itt
             ))
-        } else if start + len > *expected_in {
+        } else if start.checked_add(len).is_none_or(|end| end > *expected_in) {
             Some(format!(
                 "Data-In at offset {start} with {len} bytes overruns the {expected_in}-byte read buffer (ITT {:#x})",
+                d.itt
+            ))
+        } else if in_order && len > 0 && start != placed.contiguous_end() {
+            Some(format!(
+                "Data-In at offset {start} where {} was expected: DataPDUInOrder=Yes was negotiated (ITT {:#x})",
+                placed.contiguous_end(),
+                d.itt
+            ))
+        } else if !placed.insert(start, len) {
+            Some(format!(
+                "Data-In at offset {start} with {len} bytes overlaps data already received (ITT {:#x})",
                 d.itt
             ))
         } else {
@@ -887,6 +909,48 @@ impl<T: Clone> Engine<T> {
     }
 }
 
+/// Which byte ranges of a read buffer Data-In has filled (to refuse
+/// overlaps when PDUs may arrive in any order). At most one range per
+/// PDU received, merged as they touch.
+#[derive(Debug, Default)]
+struct Coverage {
+    /// Sorted, non-overlapping, non-touching ranges.
+    ranges: Vec<Range<usize>>,
+}
+
+impl Coverage {
+    /// Marks `start..start + len`; false (and nothing marked) if it
+    /// overlaps a filled range.
+    fn insert(&mut self, start: usize, len: usize) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let end = start + len;
+        let i = self.ranges.partition_point(|r| r.end <= start);
+        if self.ranges.get(i).is_some_and(|r| r.start < end) {
+            return false;
+        }
+        self.ranges.insert(i, start..end);
+        if i + 1 < self.ranges.len() && self.ranges[i + 1].start == end {
+            self.ranges[i].end = self.ranges[i + 1].end;
+            self.ranges.remove(i + 1);
+        }
+        if i > 0 && self.ranges[i - 1].end == start {
+            self.ranges[i - 1].end = self.ranges[i].end;
+            self.ranges.remove(i);
+        }
+        true
+    }
+
+    /// End of the filled prefix (0 when byte 0 is not filled yet).
+    fn contiguous_end(&self) -> usize {
+        match self.ranges.first() {
+            Some(r) if r.start == 0 => r.end,
+            _ => 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -900,6 +964,7 @@ mod tests {
             max_burst: 262144,
             immediate_data: true,
             initial_r2t: false,
+            data_pdu_in_order: true,
         }
     }
 
@@ -1029,6 +1094,121 @@ mod tests {
                 result: TaskResult::Failed { .. }
             }]
         ));
+    }
+
+    /// Feeds one Data-In of `len` bytes at `off` (DataSN `sn`) to `itt`,
+    /// filling its bytes with `fill`; returns the completion events, or
+    /// None if the PDU was discarded with a failure.
+    fn feed(
+        e: &mut Engine<u32>,
+        itt: u32,
+        sn: u32,
+        off: u32,
+        len: usize,
+        status: Option<u8>,
+        fill: u8,
+    ) -> Result<Vec<Event<u32>>, String> {
+        let d = DataIn {
+            final_bit: status.is_some(),
+            acknowledge: false,
+            overflow: false,
+            underflow: false,
+            status,
+            lun: Lun::default(),
+            itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 100,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+            data_sn: sn,
+            buffer_offset: off,
+            residual_count: 0,
+        };
+        let (p, ev) = e.data_in_begin(&d, len);
+        match p {
+            Placement::Into { mut buf, range } => {
+                assert_eq!(range, off as usize..off as usize + len);
+                buf[range].fill(fill);
+                Ok(e.data_in_end(&d, Some(buf), len))
+            }
+            Placement::Discard => match &ev[..] {
+                [Event::Complete {
+                    result: TaskResult::Failed { reason, .. },
+                    ..
+                }] => Err(reason.clone()),
+                _ => Ok(e.data_in_end(&d, None, len)),
+            },
+        }
+    }
+
+    #[test]
+    fn data_pdu_in_order_no_places_by_offset_and_refuses_overlaps() {
+        let mut e = Engine::new(
+            1,
+            Limits {
+                data_pdu_in_order: false,
+                ..limits()
+            },
+            10,
+            10,
+            12,
+            99,
+        );
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 3000]), 0, 1);
+        // Completion order 2, 0, 1; DataSN counts sends.
+        assert!(feed(&mut e, itt, 0, 2000, 1000, None, 3)
+            .unwrap()
+            .is_empty());
+        assert!(feed(&mut e, itt, 1, 0, 1000, None, 1).unwrap().is_empty());
+        let ev = feed(&mut e, itt, 2, 1000, 1000, Some(0), 2).unwrap();
+        match &ev[..] {
+            [Event::Complete {
+                result: TaskResult::Scsi(o),
+                ..
+            }] => {
+                assert_eq!(o.data_in, 3000);
+                let b = o.buf.as_ref().unwrap();
+                assert!(b[..1000].iter().all(|&x| x == 1));
+                assert!(b[1000..2000].iter().all(|&x| x == 2));
+                assert!(b[2000..].iter().all(|&x| x == 3));
+            }
+            other => panic!("{other:?}"),
+        }
+        // An overlap fails the task, and so does a range past the buffer.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 3000]), 0, 2);
+        assert!(feed(&mut e, itt, 0, 1000, 1000, None, 1)
+            .unwrap()
+            .is_empty());
+        let why = feed(&mut e, itt, 1, 1500, 1000, None, 1).unwrap_err();
+        assert!(why.contains("overlaps"), "{why}");
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 3000]), 0, 3);
+        let why = feed(&mut e, itt, 0, u32::MAX, 1000, None, 1).unwrap_err();
+        assert!(why.contains("overruns"), "{why}");
+    }
+
+    #[test]
+    fn data_pdu_in_order_yes_refuses_a_jump() {
+        let mut e = engine();
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 3000]), 0, 1);
+        assert!(feed(&mut e, itt, 0, 0, 1000, None, 1).unwrap().is_empty());
+        let why = feed(&mut e, itt, 1, 2000, 1000, None, 1).unwrap_err();
+        assert!(why.contains("DataPDUInOrder=Yes"), "{why}");
+    }
+
+    #[test]
+    fn coverage_merges_and_refuses_overlaps() {
+        let mut c = Coverage::default();
+        assert!(c.insert(10, 10));
+        assert!(c.insert(30, 10));
+        assert_eq!(c.contiguous_end(), 0);
+        assert!(!c.insert(15, 1));
+        assert!(!c.insert(5, 6));
+        assert!(!c.insert(19, 12));
+        assert!(c.insert(20, 10));
+        assert_eq!(c.ranges, vec![10..40]);
+        assert!(c.insert(0, 10));
+        assert_eq!(c.contiguous_end(), 40);
+        assert!(c.insert(0, 0), "empty PDUs fill nothing");
     }
 
     #[test]
