@@ -7,11 +7,22 @@
 //! Data-Out is checked (Target Transfer Tag, DataSN, BufferOffset, length)
 //! before its bytes are placed; any violation is a protocol error, which
 //! at ErrorRecoveryLevel 0 ends the connection.
+//!
+//! A collector either gathers the bytes itself ([`WriteCollector::new`]) or
+//! only checks the sequence rules ([`WriteCollector::validating`]) while
+//! the caller places the bytes elsewhere: the double-buffered WRITE path
+//! (`syncwrite`) copies them into a registered I/O buffer and writes each
+//! chunk as soon as it is complete. The checks are the same either way, so
+//! every placed range is inside the command and overlaps nothing placed
+//! before.
 
 /// Bytes of a WRITE gathered so far, and what still has to be asked for.
 #[derive(Debug)]
 pub struct WriteCollector {
+    /// The gathered bytes; empty when only validating.
     buf: Vec<u8>,
+    /// Expected Data Transfer Length.
+    expected: u32,
     limits: WriteLimits,
     covered: Coverage,
     unsolicited: Option<Sequence>,
@@ -116,6 +127,29 @@ impl WriteCollector {
         final_bit: bool,
         limits: WriteLimits,
     ) -> Result<WriteCollector, DataOutError> {
+        Self::start(expected_len, immediate, final_bit, limits, true)
+    }
+
+    /// Like [`WriteCollector::new`], but keeps no bytes: it checks every
+    /// Data-Out and the caller places the payload (the immediate data at
+    /// offset 0, each accepted Data-Out at its BufferOffset).
+    /// [`WriteCollector::into_data`] is then empty.
+    pub fn validating(
+        expected_len: u32,
+        immediate: &[u8],
+        final_bit: bool,
+        limits: WriteLimits,
+    ) -> Result<WriteCollector, DataOutError> {
+        Self::start(expected_len, immediate, final_bit, limits, false)
+    }
+
+    fn start(
+        expected_len: u32,
+        immediate: &[u8],
+        final_bit: bool,
+        limits: WriteLimits,
+        gather: bool,
+    ) -> Result<WriteCollector, DataOutError> {
         let imm = immediate.len() as u32;
         if imm > 0 && !limits.immediate_data {
             return Err(DataOutError::ImmediateDataNotAllowed);
@@ -128,7 +162,12 @@ impl WriteCollector {
             });
         }
         let mut c = WriteCollector {
-            buf: vec![0u8; expected_len as usize],
+            buf: if gather {
+                vec![0u8; expected_len as usize]
+            } else {
+                Vec::new()
+            },
+            expected: expected_len,
             limits,
             covered: Coverage::default(),
             unsolicited: None,
@@ -136,7 +175,9 @@ impl WriteCollector {
             next_r2t_sn: 0,
             open: Vec::new(),
         };
-        c.buf[..immediate.len()].copy_from_slice(immediate);
+        if gather {
+            c.buf[..immediate.len()].copy_from_slice(immediate);
+        }
         c.covered.insert(0, imm);
         if !final_bit && !limits.initial_r2t && imm < unsolicited_limit {
             c.unsolicited = Some(Sequence {
@@ -154,7 +195,7 @@ impl WriteCollector {
 
     /// Bytes expected in all.
     pub fn expected_len(&self) -> u32 {
-        self.buf.len() as u32
+        self.expected
     }
 
     /// Whether every byte has arrived.
@@ -245,7 +286,9 @@ impl WriteCollector {
         if !self.covered.insert(offset, len) {
             return Err(bad);
         }
-        self.buf[offset as usize..end as usize].copy_from_slice(data);
+        if !self.buf.is_empty() {
+            self.buf[offset as usize..end as usize].copy_from_slice(data);
+        }
         seq.next_data_sn += 1;
         seq.next_offset = end;
         seq.received += len;
@@ -394,6 +437,24 @@ mod tests {
             c.on_data_out(5, 0, 0, &[0; 1024], false),
             Err(DataOutError::FinalBit)
         );
+    }
+
+    #[test]
+    fn validating_checks_the_same_and_keeps_nothing() {
+        let mut c = WriteCollector::validating(16384, &[1; 4096], false, limits()).unwrap();
+        assert_eq!(c.expected_len(), 16384);
+        c.on_data_out(RESERVED_TAG, 0, 4096, &[2; 4096], true)
+            .unwrap();
+        let r = c.next_r2ts(|| 9);
+        assert_eq!((r[0].offset, r[0].length), (8192, 8192));
+        // Overlap with bytes already placed is refused as when gathering.
+        assert!(matches!(
+            c.on_data_out(9, 0, 4096, &[0; 512], false),
+            Err(DataOutError::BadOffset { .. })
+        ));
+        c.on_data_out(9, 0, 8192, &[3; 8192], true).unwrap();
+        assert!(c.is_complete());
+        assert!(c.into_data().is_empty());
     }
 
     proptest! {

@@ -142,9 +142,28 @@ pub(crate) struct InFlightGuard<'a> {
 
 impl InFlight {
     fn enter<'a>(&'a self, nexus: &'a ItNexus) -> InFlightGuard<'a> {
+        self.hold(nexus);
+        InFlightGuard { owner: self, nexus }
+    }
+
+    /// Counts one command of `nexus` in until [`InFlight::release`]: for a
+    /// pipelined WRITE, whose chunk writes outlive any borrowed guard.
+    pub(crate) fn hold(&self, nexus: &ItNexus) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         *c.entry(nexus.clone()).or_insert(0) += 1;
-        InFlightGuard { owner: self, nexus }
+    }
+
+    /// Ends one [`InFlight::hold`] of `nexus`.
+    pub(crate) fn release(&self, nexus: &ItNexus) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.get_mut(nexus) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(nexus);
+            }
+        }
+        drop(c);
+        self.idle.notify_all();
     }
 
     /// Waits until `nexus` has no command on the unit, at most `limit`;
@@ -161,15 +180,7 @@ impl InFlight {
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        let mut c = self.owner.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = c.get_mut(self.nexus) {
-            *n -= 1;
-            if *n == 0 {
-                c.remove(self.nexus);
-            }
-        }
-        drop(c);
-        self.owner.idle.notify_all();
+        self.owner.release(self.nexus);
     }
 }
 

@@ -55,6 +55,15 @@ impl RangeLock {
     }
 
     fn acquire(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
+        let id = self.lock_id(start, end, exclusive);
+        RangeGuard { lock: self, id }
+    }
+
+    /// Blocks until `[start, end)` is held (shared or exclusive) and returns
+    /// the hold's id, which [`RangeLock::unlock_id`] releases. For holders
+    /// that cannot keep a borrowed guard (a pipelined WRITE holds its range
+    /// across asynchronous chunk writes, see `write_plan`).
+    pub(crate) fn lock_id(&self, start: u64, end: u64, exclusive: bool) -> u64 {
         let end = end.max(start.saturating_add(1));
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let id = st.next_id;
@@ -88,16 +97,21 @@ impl RangeLock {
         if let Some(e) = st.entries.iter_mut().find(|e| e.id == id) {
             e.held = true;
         }
-        RangeGuard { lock: self, id }
+        id
+    }
+
+    /// Releases a hold taken with [`RangeLock::lock_id`].
+    pub(crate) fn unlock_id(&self, id: u64) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.entries.retain(|e| e.id != id);
+        drop(st);
+        self.changed.notify_all();
     }
 }
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut st = self.lock.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.entries.retain(|e| e.id != self.id);
-        drop(st);
-        self.lock.changed.notify_all();
+        self.lock.unlock_id(self.id);
     }
 }
 

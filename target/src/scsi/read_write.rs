@@ -117,7 +117,7 @@ impl LogicalUnit {
 
     /// Whether writes must be durable before status: FUA, or WCE off
     /// (then every write is write-through).
-    fn write_through(&self, fua: bool) -> bool {
+    pub(crate) fn write_through(&self, fua: bool) -> bool {
         fua || !self.lock().mode.wce
     }
 

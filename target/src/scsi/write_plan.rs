@@ -1,0 +1,357 @@
+//! WRITE planning for the fabric's pipelined data path (issue 7, double
+//! buffered writes): the WRITE is validated by the normal command path, and
+//! instead of taking the data the core tells the fabric where they go, so
+//! the fabric can write each chunk as soon as its Data-Out PDUs arrived,
+//! while the next chunk is still on the wire.
+//!
+//! Validation is the normal path, called, not repeated:
+//! 1. The length-dependent checks (MAXIMUM TRANSFER LENGTH, the range end)
+//!    come first: when one would fail, the real command goes through
+//!    [`LunTable::execute`] with no data and its answer is returned. The
+//!    normal path fails these in `media_checks`, before it looks at a byte
+//!    of Data-Out, so the answer is the one it would give with the data
+//!    (unit attentions and reservation conflicts still come first, since
+//!    `execute` checks them first).
+//! 2. [`LunTable::execute`] runs on the same WRITE with TRANSFER LENGTH 0:
+//!    the whole command lifecycle (unit attentions, CAPACITY DATA HAS
+//!    CHANGED, reservations, CDB decoding, WRPROTECT, write protection, the
+//!    LBA) without a byte of I/O; any failure it reports is the answer,
+//!    with the transfer length of the real CDB (residuals).
+//!
+//! The guarantees of the normal path's `write` are kept for the whole
+//! pipelined write by a [`WriteHold`]:
+//! - the command counts as in flight on its I_T nexus from before the
+//!   reservation check until the last chunk is on the backstore, so a
+//!   PREEMPT AND ABORT from another initiator waits for it (no write of a
+//!   fenced initiator lands after the fencing one got GOOD);
+//! - the block range is held in the unit's range lock, shared as plain
+//!   writes hold it, so a COMPARE AND WRITE or ORWRITE of an overlapping
+//!   range never sees half of it. For an O_DIRECT LUN it is held
+//!   exclusively: the file backstore's unaligned direct writes
+//!   read-modify-write whole 4 KiB units under a lock of the backstore that
+//!   the fabric's engine does not take, so an overlapping one must not run
+//!   beside a pipelined write.
+//!
+//! The normal path keeps no other state for a WRITE (no "media written"
+//! flag, no provisioning map: thin provisioning is the file's own holes).
+//! Only WRITE(10), WRITE(12) and WRITE(16) with a non-zero length whose
+//! Data-Out carries exactly the CDB's bytes are planned; everything else is
+//! [`WritePlan::NotPlanned`] (run it the normal way).
+
+use std::sync::Arc;
+
+use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
+
+use super::logical_unit::finish;
+use super::outcome::{backstore_failure, clamp32, Done};
+use super::{ItNexus, LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
+
+/// The range lock and in-flight count a planned WRITE holds until dropped
+/// (see the module docs). Dropping it is the end of the command for the
+/// logical unit: drop it only once no chunk write is in flight.
+pub struct WriteHold {
+    lu: Arc<LogicalUnit>,
+    nexus: ItNexus,
+    range: u64,
+}
+
+impl std::fmt::Debug for WriteHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteHold")
+            .field("initiator", &self.nexus.initiator_port)
+            .finish()
+    }
+}
+
+impl Drop for WriteHold {
+    fn drop(&mut self) {
+        self.lu.ranges.unlock_id(self.range);
+        self.lu.in_flight.release(&self.nexus);
+    }
+}
+
+/// A validated WRITE: where its data go and how to finish it.
+#[derive(Debug)]
+pub struct PlannedWrite {
+    /// The logical unit.
+    pub lu: Arc<LogicalUnit>,
+    /// First logical block.
+    pub lba: u64,
+    /// Byte offset in the backstore.
+    pub offset: u64,
+    /// Bytes to write (the CDB's transfer length, equal to the Data-Out).
+    pub len: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// FUA was set.
+    pub fua: bool,
+    /// The data must be durable before GOOD (FUA, or the write cache is
+    /// off): the fabric syncs the file after the last chunk.
+    pub write_through: bool,
+    /// Held until the last chunk write completed.
+    pub hold: WriteHold,
+}
+
+/// What to do with a WRITE the fabric would like to write itself.
+#[derive(Debug)]
+pub enum WritePlan {
+    /// Valid: write `len` bytes at `offset`, then answer
+    /// [`LogicalUnit::write_done`].
+    Write(Box<PlannedWrite>),
+    /// Answered by the normal path (an error).
+    Answer(ScsiResult),
+    /// Not a plannable WRITE: nothing was done, run it with
+    /// [`LunTable::execute`] once its data arrived.
+    NotPlanned,
+}
+
+impl LunTable {
+    /// Validates `req` as [`LunTable::execute`] would and, for a valid
+    /// WRITE(10/12/16) whose Data-Out is `data_len` bytes, exactly the
+    /// CDB's transfer length, returns where its data go instead of writing
+    /// them. `req.data_out` is not looked at (the data have not arrived).
+    /// Blocks while an overlapping COMPARE AND WRITE holds the range; does
+    /// no backstore I/O. `exclusive` holds the range exclusively (O_DIRECT
+    /// LUNs, see the module docs).
+    pub fn plan_write(&self, req: &ScsiRequest<'_>, data_len: u64, exclusive: bool) -> WritePlan {
+        let Some(lu) = self.get(req.lun) else {
+            return WritePlan::NotPlanned;
+        };
+        let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {
+            return WritePlan::NotPlanned;
+        };
+        let bs = lu.block_size();
+        let bytes = u64::from(rw.length) * u64::from(bs);
+        if rw.size == CdbSize::Six || rw.length == 0 || bytes != data_len {
+            return WritePlan::NotPlanned;
+        }
+        let no_data = ScsiRequest {
+            lun: req.lun,
+            cdb: req.cdb,
+            nexus: req.nexus,
+            task_tag: req.task_tag,
+            attr: req.attr,
+            data_out: &[],
+            data_in_capacity: 0,
+        };
+        // 1. Length-dependent failures: the real command answers.
+        if bytes > u64::from(MAX_TRANSFER_BYTES)
+            || lu.check_range(rw.lba, u64::from(rw.length)).is_err()
+        {
+            return WritePlan::Answer(self.execute(&no_data));
+        }
+        // In flight from before the reservation check (PREEMPT AND ABORT).
+        lu.in_flight.hold(req.nexus);
+        let release = || lu.in_flight.release(req.nexus);
+        // 2. The normal path on the same command with no data.
+        let probe_cdb = Cdb::Write(blockwire_pdu::scsi::Rw { length: 0, ..rw }).encode();
+        let probe = ScsiRequest {
+            cdb: &probe_cdb,
+            ..no_data
+        };
+        let mut first = self.execute(&probe);
+        if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
+            release();
+            first.transfer_length = clamp32(bytes);
+            return WritePlan::Answer(first);
+        }
+        let range = lu
+            .ranges
+            .lock_id(rw.lba, rw.lba + u64::from(rw.length), exclusive);
+        WritePlan::Write(Box::new(PlannedWrite {
+            lu: lu.clone(),
+            lba: rw.lba,
+            offset: rw.lba * u64::from(bs),
+            len: bytes,
+            block_size: bs,
+            fua: rw.fua,
+            write_through: lu.write_through(rw.fua),
+            hold: WriteHold {
+                lu: lu.clone(),
+                nexus: req.nexus.clone(),
+                range,
+            },
+        }))
+    }
+}
+
+impl LogicalUnit {
+    fn sense_format(&self) -> SenseFormat {
+        if self.lock().mode.d_sense {
+            SenseFormat::Descriptor
+        } else {
+            SenseFormat::Fixed
+        }
+    }
+
+    /// The answer to a planned WRITE of `len` bytes whose backstore write
+    /// (or the sync that makes it durable) failed with `e` at `lba`: the
+    /// status and sense the normal path gives (MEDIUM ERROR, WRITE ERROR
+    /// for EIO; DATA PROTECT, SPACE ALLOCATION FAILED for ENOSPC; ...),
+    /// with `lba` in INFORMATION.
+    pub fn write_failure(&self, lba: u64, len: u64, e: &std::io::Error) -> ScsiResult {
+        tracing::warn!(lba, len, error = %e, "backstore write failed");
+        finish(
+            Err(backstore_failure(e, true, lba)),
+            len,
+            self.sense_format(),
+            0,
+        )
+    }
+
+    /// The answer to a planned WRITE of `len` bytes that reached the
+    /// backstore: GOOD, as the normal path reports it.
+    pub fn write_done(&self, len: u64) -> ScsiResult {
+        finish(Ok(Done::out(len)), len, self.sense_format(), 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use blockwire_pdu::pdu::codes::TaskAttr;
+    use blockwire_pdu::scsi::{Asc, Rw, SenseKey};
+
+    use super::super::tests::{
+        c, expect_check, nexus, ready, run, sense, table, table_with, CHECK, GOOD,
+    };
+    use super::*;
+
+    fn rw(size: CdbSize, lba: u64, length: u32, fua: bool) -> Vec<u8> {
+        c(Cdb::Write(Rw {
+            size,
+            lba,
+            length,
+            protect: 0,
+            dpo: false,
+            fua,
+            group: 0,
+        }))
+    }
+
+    fn plan(t: &LunTable, n: &ItNexus, cdb: &[u8], len: u64) -> WritePlan {
+        let req = ScsiRequest {
+            lun: 0,
+            cdb,
+            nexus: n,
+            task_tag: 7,
+            attr: TaskAttr::Simple,
+            data_out: &[],
+            data_in_capacity: 0,
+        };
+        t.plan_write(&req, len, false)
+    }
+
+    #[test]
+    fn valid_write_is_planned_and_holds_range_and_in_flight() {
+        let t = table();
+        let n = nexus("iqn.2024-01.test:a");
+        ready(&t, &n);
+        let WritePlan::Write(p) = plan(&t, &n, &rw(CdbSize::Sixteen, 8, 16, true), 16 * 512) else {
+            panic!("not planned")
+        };
+        assert_eq!((p.lba, p.offset, p.len, p.fua), (8, 4096, 8192, true));
+        assert!(p.write_through, "FUA means durable before status");
+        let lu = p.lu.clone();
+        // PREEMPT AND ABORT would wait for it.
+        assert!(!lu.in_flight.wait_idle(&n, Duration::from_millis(10)));
+        // A COMPARE AND WRITE of an overlapping range waits for the hold.
+        let done = Arc::new(AtomicBool::new(false));
+        let (l2, d2) = (lu.clone(), done.clone());
+        let caw = std::thread::spawn(move || {
+            let _g = l2.ranges.exclusive(20, 21);
+            d2.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "exclusive ran inside the hold"
+        );
+        drop(p);
+        caw.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
+        assert!(lu.in_flight.wait_idle(&n, Duration::from_millis(10)));
+        assert_eq!(lu.write_done(8192).transfer_length, 8192);
+    }
+
+    #[test]
+    fn failures_are_the_normal_paths_answers() {
+        let n = nexus("iqn.2024-01.test:a");
+        // Read-only: DATA PROTECT, with the CDB's transfer length.
+        let ro = table_with(|c| c.read_only = true);
+        ready(&ro, &n);
+        let WritePlan::Answer(r) = plan(&ro, &n, &rw(CdbSize::Ten, 0, 8, false), 4096) else {
+            panic!("planned a write to a read-only LUN")
+        };
+        assert_eq!(r.status, CHECK);
+        assert_eq!(sense(&r).key, SenseKey::DataProtect);
+        assert_eq!(r.transfer_length, 4096);
+        let lu = ro.get(0).unwrap().clone();
+        assert!(lu.in_flight.wait_idle(&n, Duration::from_millis(10)));
+        // Past the end: LBA OUT OF RANGE, as the normal path says it.
+        let t = table();
+        ready(&t, &n);
+        let cdb = rw(CdbSize::Ten, 2047, 2, false);
+        let WritePlan::Answer(r) = plan(&t, &n, &cdb, 1024) else {
+            panic!("planned a write past the end")
+        };
+        let normal = run(&t, &n, &cdb, &[0; 1024], 0);
+        assert_eq!(r, normal);
+        expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+        // Unit attention first (a fresh nexus), consumed once.
+        let m = nexus("iqn.2024-01.test:b");
+        let WritePlan::Answer(r) = plan(&t, &m, &rw(CdbSize::Ten, 0, 1, false), 512) else {
+            panic!("a pending unit attention must answer")
+        };
+        assert_eq!(sense(&r).key, SenseKey::UnitAttention);
+        assert!(matches!(
+            plan(&t, &m, &rw(CdbSize::Ten, 0, 1, false), 512),
+            WritePlan::Write(_)
+        ));
+    }
+
+    #[test]
+    fn only_exact_write_10_12_16_are_planned() {
+        let t = table();
+        let n = nexus("iqn.2024-01.test:a");
+        ready(&t, &n);
+        assert!(matches!(
+            plan(&t, &n, &rw(CdbSize::Six, 0, 1, false), 512),
+            WritePlan::NotPlanned
+        ));
+        // Data-Out shorter than the CDB: the normal path's residual rules.
+        assert!(matches!(
+            plan(&t, &n, &rw(CdbSize::Twelve, 0, 4, false), 1024),
+            WritePlan::NotPlanned
+        ));
+        assert!(matches!(
+            plan(&t, &n, &rw(CdbSize::Twelve, 0, 0, false), 0),
+            WritePlan::NotPlanned
+        ));
+        assert!(matches!(
+            plan(&t, &n, &c(Cdb::TestUnitReady), 0),
+            WritePlan::NotPlanned
+        ));
+        assert_eq!(run(&t, &n, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+    }
+
+    #[test]
+    fn write_failure_maps_errno_like_the_core() {
+        let t = table();
+        let lu = t.get(0).unwrap();
+        let eio = std::io::Error::from_raw_os_error(libc::EIO);
+        let r = lu.write_failure(42, 4096, &eio);
+        let s = expect_check(&r, SenseKey::MediumError, Asc::WRITE_ERROR);
+        assert_eq!(s.information, Some(42));
+        assert_eq!(r.transfer_length, 4096);
+        let nospc = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let s = expect_check(
+            &lu.write_failure(9, 512, &nospc),
+            SenseKey::DataProtect,
+            Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
+        );
+        assert_eq!(s.information, Some(9));
+    }
+}
