@@ -84,6 +84,10 @@ pub struct FabricConfig {
     /// WRITE data one connection may hold at once (e.g. "256M"); commands
     /// beyond it are answered TASK SET FULL.
     pub write_budget: String,
+    /// The target's DataPDUInOrder answer: false (default) lets an
+    /// initiator that offers No receive Data-In in completion order
+    /// (synchronized sends); true insists on in-order PDUs.
+    pub data_pdu_in_order: bool,
 }
 
 impl Default for FabricConfig {
@@ -101,6 +105,7 @@ impl Default for FabricConfig {
             rdma_listen: None,
             rdma_backend: "soft".into(),
             write_budget: "256M".into(),
+            data_pdu_in_order: d.data_pdu_in_order,
         }
     }
 }
@@ -422,6 +427,7 @@ impl TargetConfig {
                 .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
             nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
             logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
+            data_pdu_in_order: f.data_pdu_in_order,
             ..FabricSettings::default()
         };
 

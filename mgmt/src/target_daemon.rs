@@ -100,6 +100,10 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     info!("shutting down: asking initiators to log out");
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
+    // Per-command state timers of the engine READ path (P0 Fig. 15).
+    for line in fabric.sync_reads.summary() {
+        info!("READ state timers: {line}");
+    }
     for t in &fabric.catalog.targets {
         if let Err(e) = t.luns.flush_all() {
             error!(target = %t.name, error = %e, "flushing backstores failed");

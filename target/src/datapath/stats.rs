@@ -129,6 +129,10 @@ impl Histogram {
     pub fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }
+    /// Sum of every sample.
+    pub fn sum(&self) -> Duration {
+        Duration::from_nanos(self.sum_ns.load(Ordering::Relaxed))
+    }
     /// Mean.
     pub fn mean(&self) -> Duration {
         let n = self.count().max(1);

@@ -184,6 +184,8 @@ async fn login(
     n.first_burst_length = 256 * 1024;
     n.max_burst_length = (1 << 20).min(fabric.settings.max_io_bytes);
     n.max_outstanding_r2t = 8;
+    // An OR key: answering No leaves the choice to the initiator.
+    n.data_pdu_in_order = fabric.settings.data_pdu_in_order;
     let mut machine = LoginMachine::with_settings(
         fabric.catalog.clone(),
         tpgt,
@@ -926,12 +928,22 @@ impl Conn<'_> {
             shared.complete();
             return;
         };
-        if offload.is_none() && cmd.read && !cmd.write {
+        // READs of engine-path LUNs (syncread.rs): Data-In as chunks become
+        // valid, or for an offloaded READ one RDMA Write per chunk.
+        let offloaded_read =
+            matches!((&offload, &svc), (Some((_, d)), Some(_)) if d.dir == Direction::Read);
+        if (offload.is_none() || offloaded_read) && cmd.read && !cmd.write {
             if let Some(path) = self
                 .fabric
                 .sync_reads
                 .get(&target.name, cmd.lun.index().unwrap_or(u16::MAX))
             {
+                let rdma = match (offload, svc) {
+                    (Some((slot, desc)), Some(svc)) => {
+                        Some(super::syncread::RdmaPlacement { svc, slot, desc })
+                    }
+                    _ => None,
+                };
                 tokio::spawn(super::syncread::serve(super::syncread::ReadJob {
                     cmd,
                     cdb,
@@ -943,6 +955,9 @@ impl Conn<'_> {
                     limits,
                     aborted,
                     path,
+                    data_pdu_in_order: self.write_limits.data_pdu_in_order,
+                    rdma,
+                    received: std::time::Instant::now(),
                 }));
                 return;
             }

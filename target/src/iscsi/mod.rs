@@ -48,6 +48,12 @@ pub struct FabricSettings {
     pub require_header_digest: bool,
     /// Accept only DataDigest=CRC32C.
     pub require_data_digest: bool,
+    /// The target's DataPDUInOrder answer (RFC 7143 13.18, an OR key).
+    /// false (the default, "No"): an initiator that offers No gets Data-In
+    /// PDUs in completion order with their BufferOffset (synchronized
+    /// sends) and may send Data-Out out of order; one that offers Yes gets
+    /// Yes. true: always Yes.
+    pub data_pdu_in_order: bool,
 }
 
 impl Default for FabricSettings {
@@ -63,6 +69,7 @@ impl Default for FabricSettings {
             max_recv_data_segment_length: 262_144,
             require_header_digest: false,
             require_data_digest: false,
+            data_pdu_in_order: false,
         }
     }
 }

@@ -234,9 +234,34 @@ impl RdmaService {
         desc: &Descriptor,
         data: &[u8],
     ) -> Result<(), TransferError> {
+        self.write_at(slot, desc, 0, data).await
+    }
+
+    /// READ, one piece: RDMA-Write `data` at byte `offset` of the buffer the
+    /// descriptor describes (its chunks taken as one contiguous space). Pieces
+    /// of one command may be written concurrently and in any order
+    /// (multi-stream placement). A range beyond the descriptor is refused
+    /// before anything is posted.
+    pub async fn write_at(
+        &self,
+        slot: &Slot,
+        desc: &Descriptor,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), TransferError> {
         if data.is_empty() {
             return Ok(());
         }
+        let Some(chunks) = sub_range(&desc.chunks, offset, data.len() as u64) else {
+            self.counters
+                .failed_transfers
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(TransferError(format!(
+                "RDMA Write of {} bytes at offset {offset} falls outside the initiator's {}-byte buffer",
+                data.len(),
+                desc.len()
+            )));
+        };
         let b = self.wait(slot).await?;
         let bufs = self.alloc(data.len()).await?;
         let mut off = 0;
@@ -245,7 +270,6 @@ impl RdmaService {
                 .map_err(|e| TransferError(e.to_string()))?;
             off += pb.len();
         }
-        let chunks = truncate(&desc.chunks, data.len() as u64);
         let n = self.transfer(&b, &bufs, &chunks, true).await;
         self.counters.rdma_writes.fetch_add(n.0, Ordering::Relaxed);
         n.1?;
@@ -418,18 +442,33 @@ impl Slot {
     }
 }
 
-/// The first `len` bytes of `chunks`.
-fn truncate(chunks: &[RemoteBuf], mut len: u64) -> Vec<RemoteBuf> {
+/// Bytes `offset..offset + len` of the space `chunks` describe (in order, as
+/// one contiguous buffer), as remote pieces; None when the range does not
+/// fit inside it.
+fn sub_range(chunks: &[RemoteBuf], mut offset: u64, mut len: u64) -> Option<Vec<RemoteBuf>> {
+    let total: u64 = chunks.iter().map(|c| c.len).sum();
+    if offset.checked_add(len)? > total {
+        return None;
+    }
     let mut out = Vec::new();
     for c in chunks {
         if len == 0 {
             break;
         }
-        let n = c.len.min(len);
-        out.push(RemoteBuf { len: n, ..*c });
+        if offset >= c.len {
+            offset -= c.len;
+            continue;
+        }
+        let n = (c.len - offset).min(len);
+        out.push(RemoteBuf {
+            addr: c.addr + offset,
+            len: n,
+            rkey: c.rkey,
+        });
+        offset = 0;
         len -= n;
     }
-    out
+    Some(out)
 }
 
 /// Routes completions to the operations waiting for them.
@@ -444,5 +483,42 @@ async fn pump(cq: SoftCq, waiters: Weak<Mutex<HashMap<u64, oneshot::Sender<WcSta
         if let Some(tx) = tx {
             let _ = tx.send(c.status);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rb(addr: u64, len: u64) -> RemoteBuf {
+        RemoteBuf { addr, len, rkey: 7 }
+    }
+
+    #[test]
+    fn sub_ranges_cross_chunks_and_refuse_the_outside() {
+        let chunks = [rb(1000, 100), rb(5000, 50), rb(9000, 200)];
+        let flat = |v: Vec<RemoteBuf>| v.iter().map(|c| (c.addr, c.len)).collect::<Vec<_>>();
+        assert_eq!(
+            flat(sub_range(&chunks, 0, 350).unwrap()),
+            vec![(1000, 100), (5000, 50), (9000, 200)]
+        );
+        assert_eq!(
+            flat(sub_range(&chunks, 90, 70).unwrap()),
+            vec![(1090, 10), (5000, 50), (9000, 10)]
+        );
+        assert_eq!(
+            flat(sub_range(&chunks, 150, 200).unwrap()),
+            vec![(9000, 200)]
+        );
+        assert_eq!(flat(sub_range(&chunks, 120, 5).unwrap()), vec![(5020, 5)]);
+        assert!(
+            sub_range(&chunks, 300, 51).is_none(),
+            "one byte past the end"
+        );
+        assert!(
+            sub_range(&chunks, u64::MAX, 2).is_none(),
+            "overflowing offset"
+        );
+        assert!(sub_range(&[], 0, 1).is_none());
     }
 }

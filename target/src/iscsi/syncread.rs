@@ -1,14 +1,26 @@
-//! Synchronized sends for READs (issue 7, part 3) over TCP.
+//! The engine READ path (issue 7, part 3): synchronized sends over TCP and
+//! multi-stream placement over RDMA.
 //!
-//! For a LUN with `sync_send` on, a READ(10/12/16) is validated by the SCSI
-//! core ([`LunTable::plan_read`]: the normal path, without the data), then
-//! read by the I/O engine (io_uring READ_FIXED or the thread pool) into one
+//! For a LUN on this path, a READ(10/12/16) is validated by the SCSI core
+//! ([`LunTable::plan_read`]: the normal path, without the data), then read
+//! by the I/O engine (io_uring READ_FIXED or the thread pool) into one
 //! registered pool buffer in chunks of `sync_chunk` bytes submitted
 //! together. Each Data-In PDU leaves as soon as every chunk under it is
-//! valid, in offset order (DataSN = send order); the GOOD status rides on
-//! the last one, as in the serial path. The PDU's payload shares the
-//! registered buffer (no copy), which returns to the pool once the writer
-//! has put the last of them on the socket.
+//! valid; the GOOD status rides on the last one sent, as in the serial
+//! path. The PDU's payload shares the registered buffer (no copy), which
+//! returns to the pool once the writer has put the last of them on the
+//! socket.
+//!
+//! Send order (RFC 7143 13.18, 13.19): with DataPDUInOrder=Yes the PDUs go
+//! in offset order. With DataPDUInOrder=No a PDU goes as soon as its bytes
+//! are valid, with its BufferOffset; since the target always answers
+//! DataSequenceInOrder=Yes, sequences (MaxBurstLength each) still go one
+//! after the other: a PDU of a later sequence waits until every PDU of the
+//! current one is sent. DataSN counts in send order, the F bit goes on the
+//! PDU that completes its sequence and the status on the last one sent
+//! ([`DataInStamper`]). Over RDMA (an offloaded READ), each chunk is RDMA
+//! Written at its offset of the initiator's buffer as soon as it is valid,
+//! in any order, and the SCSI Response follows the last completed Write.
 //!
 //! Each LUN on this path has a [`Mode`]: `Synchronized` as above, or
 //! `Serial` (one chunk: read everything into the registered buffer, then
@@ -16,14 +28,22 @@
 //! registered from a path ([`SyncReads::enable`]) or from a prebuilt
 //! [`Source`] ([`SyncReads::enable_source`]: striped files, no-disk).
 //!
+//! Every READ served here records its state timers (P0 Fig. 15: init, disk
+//! read, send setup, send not overlapped with the disk, finish) in its
+//! LUN's [`PhaseStats`] ([`SyncReads::stats`]) and in a `debug` tracing
+//! event inside a `read_cmd` span. On TCP a "send" is the PDU handed to the
+//! connection's writer queue.
+//!
 //! The core's serial path (read everything on the blocking pool, then
-//! send) stays the default for other LUNs, and is the fallback whenever this one cannot run: a READ
-//! the core did not plan, an unaligned O_DIRECT range, no free buffer, a
-//! submission error, or a read error before the first PDU was sent. A read
-//! error after some Data-In went out ends the command with the core's
-//! CHECK CONDITION sense. Abort flags are checked as each PDU is queued,
-//! under the task set's lock, so nothing of an aborted task follows the
-//! task management response.
+//! send) stays the default for other LUNs, and is the fallback whenever
+//! this one cannot run: a READ the core did not plan, an unaligned O_DIRECT
+//! range, no free buffer, a submission error, or (TCP) a read error before
+//! the first PDU was sent. A read error after some Data-In went out, or any
+//! read error of an RDMA-placed READ, ends the command with the core's
+//! CHECK CONDITION sense; a failed RDMA Write with ABORTED COMMAND, DATA
+//! PHASE ERROR. Abort flags are checked as each PDU is queued, under the
+//! task set's lock, so nothing of an aborted task follows the task
+//! management response.
 
 use std::collections::HashMap;
 use std::io;
@@ -35,15 +55,19 @@ use std::time::Instant;
 use blockwire_pdu::pdu::codes::TaskAttr;
 use blockwire_pdu::pdu::ScsiCommand;
 use blockwire_pdu::{Bhs, Pdu};
+use blockwire_transport::assist::Descriptor;
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use super::connection::{Outgoing, Shared};
-use super::datain;
+use super::datain::{self, DataInSegment};
+use super::rdma::{RdmaService, Slot};
 use super::response::{data_in_header, response_pdus, DataInLimits, Residual};
 use super::session::Session;
+use crate::datapath::stats::PHASES;
 use crate::datapath::{
-    open_engine, BufferPool, Engine, EnginePref, Mode, ReadCommand, ReadConfig, SendOrder, Source,
+    open_engine, BufferPool, CommandTimers, CopyCost, Engine, EnginePref, Mode, PhaseStats,
+    ReadCommand, ReadConfig, SendOrder, Source,
 };
 use crate::scsi::read_plan::ReadPlan;
 use crate::scsi::{ItNexus, LunTable, ScsiRequest, ScsiResult};
@@ -65,6 +89,8 @@ pub struct SyncReadLun {
     /// valid) or [`Mode::Serial`] (read every chunk, then send: the
     /// baseline, still through the engine and its registered buffers).
     pub mode: Mode,
+    /// State timers of every READ served on this path.
+    pub stats: Arc<PhaseStats>,
 }
 
 impl std::fmt::Debug for SyncReadLun {
@@ -173,6 +199,7 @@ impl SyncReads {
                     direct,
                     chunk,
                     mode,
+                    stats: Arc::new(PhaseStats::default()),
                 }),
             );
         self.any.store(true, Ordering::Release);
@@ -198,6 +225,54 @@ impl SyncReads {
             .get(&lun)
             .cloned()
     }
+
+    /// The state-timer histograms of every LUN on this path, by target and
+    /// LUN (for a metrics API and the shutdown summary).
+    pub fn stats(&self) -> Vec<(String, u16, Arc<PhaseStats>)> {
+        let luns = self.luns.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = luns
+            .iter()
+            .flat_map(|(t, m)| m.iter().map(|(l, p)| (t.clone(), *l, p.stats.clone())))
+            .collect();
+        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        out
+    }
+
+    /// One line per LUN that served READs: count, bytes, and per phase the
+    /// mean and 99th percentile (bucket bound), for the shutdown log.
+    pub fn summary(&self) -> Vec<String> {
+        self.stats()
+            .into_iter()
+            .filter(|(_, _, s)| s.histogram(crate::datapath::Phase::Total).count() > 0)
+            .map(|(t, l, s)| {
+                let phases = PHASES
+                    .iter()
+                    .map(|&p| {
+                        let h = s.histogram(p);
+                        format!(
+                            "{}={:.0}/{:.0}us",
+                            p.name(),
+                            h.mean().as_secs_f64() * 1e6,
+                            h.quantile(0.99).as_secs_f64() * 1e6
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                format!(
+                    "{t} LUN {l}: {} READs, {} MiB; mean/p99 {phases}",
+                    s.histogram(crate::datapath::Phase::Total).count(),
+                    s.bytes.load(Ordering::Relaxed) >> 20
+                )
+            })
+            .collect()
+    }
+}
+
+/// Where an offloaded READ's data go: the initiator's buffer, by RDMA Write.
+pub(super) struct RdmaPlacement {
+    pub svc: Arc<RdmaService>,
+    pub slot: Arc<Slot>,
+    pub desc: Descriptor,
 }
 
 /// Everything one pipelined READ needs from its connection.
@@ -212,6 +287,12 @@ pub(super) struct ReadJob {
     pub limits: DataInLimits,
     pub aborted: Arc<AtomicBool>,
     pub path: Arc<SyncReadLun>,
+    /// Negotiated DataPDUInOrder: false lets PDUs leave in completion order.
+    pub data_pdu_in_order: bool,
+    /// Some for an RDMA-offloaded READ: chunks go by RDMA Write.
+    pub rdma: Option<RdmaPlacement>,
+    /// When the command was ready to execute (its timers start here).
+    pub received: Instant,
 }
 
 /// What the blocking part decided.
@@ -260,26 +341,40 @@ fn prepare(job: &ReadJob) -> Step {
     if send == 0 || !aligned || send > job.path.engine.pool().max_len() as u64 {
         return Step::Answer(job.luns.execute(&req));
     }
-    let units = datain::segments(
-        send as u32,
-        job.limits.max_recv_data_segment_length,
-        job.limits.max_burst_length,
-    )
-    .map(|s| u64::from(s.offset)..u64::from(s.offset + s.length))
-    .collect();
+    // TCP: one unit per Data-In PDU. RDMA: one unit (one Write) per chunk,
+    // any order.
+    let (units, order) = match &job.rdma {
+        Some(_) => (None, SendOrder::AnyOrder),
+        None => (
+            Some(
+                datain::segments(
+                    send as u32,
+                    job.limits.max_recv_data_segment_length,
+                    job.limits.max_burst_length,
+                )
+                .map(|s| u64::from(s.offset)..u64::from(s.offset + s.length))
+                .collect(),
+            ),
+            if job.data_pdu_in_order {
+                SendOrder::InOrder
+            } else {
+                SendOrder::AnyOrder
+            },
+        ),
+    };
     let cfg = ReadConfig {
         mode: job.path.mode,
         chunk: job.path.chunk,
-        units: Some(units),
+        units,
     };
     match ReadCommand::try_start(
         &*job.path.engine,
         &job.path.source,
         plan.offset,
         send as usize,
-        SendOrder::InOrder,
+        order,
         &cfg,
-        Instant::now(),
+        job.received,
     ) {
         Ok(Some((read, rx))) => Step::Pipelined {
             read: Box::new(read),
@@ -302,8 +397,26 @@ fn prepare(job: &ReadJob) -> Step {
 
 /// Sends the answer of a command that ended without (more) pipelined
 /// Data-In, as the serial path does. `data_ins` Data-In PDUs were already
-/// sent (they count in ExpDataSN).
+/// sent (they count in ExpDataSN). For an RDMA-offloaded READ, the
+/// result's data (if any) are RDMA Written first, as the serial offload
+/// path does.
 async fn answer(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) {
+    let result = match (result, &job.rdma) {
+        (Some(mut r), Some(p)) if !r.data_in.is_empty() => {
+            let n = (job.cmd.expected_data_transfer_length as usize).min(r.data_in.len());
+            match p.svc.write_to(&p.slot, &p.desc, &r.data_in[..n]).await {
+                Ok(()) => {
+                    r.data_in = Vec::new();
+                    Some(r)
+                }
+                Err(e) => {
+                    warn!(itt = job.cmd.itt, error = %e.0, "RDMA Write of read data failed");
+                    Some(data_phase_error())
+                }
+            }
+        }
+        (r, _) => r,
+    };
     let mine = job.session.tasks.finish(job.cmd.itt, &job.aborted);
     job.shared.complete();
     if !mine {
@@ -341,9 +454,154 @@ fn internal_failure() -> ScsiResult {
     }
 }
 
+/// ABORTED COMMAND, DATA PHASE ERROR, for READ data that could not be
+/// placed in the initiator's buffer.
+fn data_phase_error() -> ScsiResult {
+    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
+    ScsiResult {
+        status: 0x02,
+        sense: Some(
+            Sense::new(SenseKey::AbortedCommand, Asc::new(0x4b, 0x00)).encode(SenseFormat::Fixed),
+        ),
+        data_in: Vec::new(),
+        transfer_length: 0,
+    }
+}
+
+/// Turns the units the sequencer releases into Data-In PDUs in send order
+/// (sans-IO, see the module docs): DataSN counts sends, a PDU of a later
+/// sequence waits for the current sequence to be sent whole
+/// (DataSequenceInOrder=Yes), the F bit goes on the PDU that completes its
+/// sequence and `last` on the final one sent. With in-order releases the
+/// result equals [`datain::segments`].
+#[derive(Debug)]
+pub struct DataInStamper {
+    segs: Vec<DataInSegment>,
+    /// Sequence index of each unit.
+    seq_of: Vec<u32>,
+    /// Units of each sequence not yet sent.
+    seq_left: Vec<u32>,
+    current: u32,
+    held: Vec<usize>,
+    sent: u32,
+}
+
+impl DataInStamper {
+    /// For the Data-In segments of one command, in offset order (units are
+    /// their indices).
+    pub fn new(segs: Vec<DataInSegment>) -> DataInStamper {
+        let mut seq_of = Vec::with_capacity(segs.len());
+        let mut seq_left = Vec::new();
+        let mut seq = 0u32;
+        for s in &segs {
+            if seq_left.len() <= seq as usize {
+                seq_left.push(0);
+            }
+            seq_of.push(seq);
+            seq_left[seq as usize] += 1;
+            if s.final_in_sequence {
+                seq += 1;
+            }
+        }
+        DataInStamper {
+            segs,
+            seq_of,
+            seq_left,
+            current: 0,
+            held: Vec::new(),
+            sent: 0,
+        }
+    }
+
+    /// PDUs sent so far.
+    pub fn sent(&self) -> u32 {
+        self.sent
+    }
+
+    /// Units just released: the ones to send now, in order, each with its
+    /// segment as it goes on the wire.
+    pub fn release(
+        &mut self,
+        units: impl IntoIterator<Item = usize>,
+    ) -> Vec<(usize, DataInSegment)> {
+        let mut out = Vec::new();
+        for u in units {
+            if self.seq_of[u] == self.current {
+                self.emit(u, &mut out);
+            } else {
+                self.held.push(u);
+            }
+        }
+        out
+    }
+
+    fn emit(&mut self, u: usize, out: &mut Vec<(usize, DataInSegment)>) {
+        let s = self.seq_of[u] as usize;
+        self.seq_left[s] -= 1;
+        let total = self.segs.len() as u32;
+        let seg = DataInSegment {
+            data_sn: self.sent,
+            final_in_sequence: self.seq_left[s] == 0,
+            last: self.sent + 1 == total,
+            ..self.segs[u]
+        };
+        self.sent += 1;
+        out.push((u, seg));
+        if self.seq_left[s] == 0 {
+            // The next sequence may start: send what of it already waits.
+            self.current += 1;
+            let cur = self.current;
+            let (now, later): (Vec<usize>, Vec<usize>) =
+                self.held.drain(..).partition(|&h| self.seq_of[h] == cur);
+            self.held = later;
+            for h in now {
+                self.emit(h, out);
+            }
+        }
+    }
+}
+
+/// Records a finished command's timers in its LUN's statistics and as a
+/// debug event (inside the command's `read_cmd` span).
+fn record(job: &ReadJob, t: &CommandTimers, bytes: u64) {
+    use crate::datapath::Phase::*;
+    tracing::debug!(
+        init_us = t.phase(Init).as_micros() as u64,
+        disk_read_us = t.phase(DiskRead).as_micros() as u64,
+        send_setup_us = t.phase(SendSetup).as_micros() as u64,
+        send_unoverlapped_us = t.phase(SendUnoverlapped).as_micros() as u64,
+        fin_us = t.phase(Fin).as_micros() as u64,
+        total_us = t.phase(Total).as_micros() as u64,
+        bytes,
+        "READ finished"
+    );
+    // The payloads share the registered buffer: no user-space copy here
+    // (what the socket write costs is counted by the send path).
+    job.path.stats.record(t, bytes, CopyCost::default());
+}
+
 /// Runs one READ on the pipelined path (see the module docs).
 pub(super) async fn serve(job: ReadJob) {
+    let span = tracing::debug_span!(
+        "read_cmd",
+        itt = job.cmd.itt,
+        lun = job.cmd.lun.index().unwrap_or(u16::MAX),
+        len = job.cmd.expected_data_transfer_length,
+        mode = ?job.path.mode,
+        rdma = job.rdma.is_some(),
+        in_order = job.data_pdu_in_order,
+    );
+    serve_inner(job).instrument(span).await
+}
+
+async fn serve_inner(job: ReadJob) {
     let job = Arc::new(job);
+    if let Some(p) = &job.rdma {
+        p.svc
+            .counters()
+            .offloaded_commands
+            .fetch_add(1, Ordering::Relaxed);
+    }
     let j = job.clone();
     let step = match tokio::task::spawn_blocking(move || prepare(&j)).await {
         Ok(s) => s,
@@ -352,9 +610,9 @@ pub(super) async fn serve(job: ReadJob) {
             Step::Answer(internal_failure())
         }
     };
-    let (mut read, mut rx, len, lba, lu, sent_len) = match step {
-        Step::Aborted => return answer(&job, None, 0).await,
-        Step::Answer(r) => return answer(&job, Some(r), 0).await,
+    match step {
+        Step::Aborted => answer(&job, None, 0).await,
+        Step::Answer(r) => answer(&job, Some(r), 0).await,
         Step::Pipelined {
             read,
             rx,
@@ -362,21 +620,71 @@ pub(super) async fn serve(job: ReadJob) {
             lba,
             lu,
             sent_len,
-        } => (read, rx, len, lba, lu, sent_len),
-    };
+        } => {
+            let read = Pipelined {
+                read,
+                rx,
+                len,
+                lba,
+                lu,
+                sent_len,
+            };
+            if job.rdma.is_some() {
+                send_rdma(job, read).await
+            } else {
+                send_tcp(job, read).await
+            }
+        }
+    }
+}
+
+/// A read in flight.
+struct Pipelined {
+    read: Box<ReadCommand>,
+    rx: crate::datapath::CompletionRx,
+    len: u64,
+    lba: u64,
+    lu: Arc<crate::scsi::LogicalUnit>,
+    sent_len: u32,
+}
+
+impl Pipelined {
+    /// Waits for at least one completion and applies every one already
+    /// there.
+    async fn next_completions(&mut self) -> io::Result<()> {
+        match self.rx.recv().await {
+            None => Err(io::Error::other("I/O engine dropped a completion")),
+            Some(c) => {
+                self.read.on_completion(c, Instant::now())?;
+                while let Ok(c) = self.rx.try_recv() {
+                    self.read.on_completion(c, Instant::now())?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// TCP: Data-In PDUs as their bytes become valid.
+async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
     let itt = job.cmd.itt;
-    let residual = Residual::of(job.cmd.expected_data_transfer_length, len as u32);
-    let segs: Vec<datain::DataInSegment> = datain::segments(
-        sent_len,
-        job.limits.max_recv_data_segment_length,
-        job.limits.max_burst_length,
-    )
-    .collect();
-    let mut sent = 0u32;
+    let residual = Residual::of(job.cmd.expected_data_transfer_length, p.len as u32);
+    let mut stamper = DataInStamper::new(
+        datain::segments(
+            p.sent_len,
+            job.limits.max_recv_data_segment_length,
+            job.limits.max_burst_length,
+        )
+        .collect(),
+    );
+    // Data-In PDUs queued to the writer (they count in ExpDataSN).
+    let mut queued = 0u32;
     loop {
-        for u in read.take_ready() {
-            let (_, data) = read.unit_bytes(u);
-            let seg = segs[u];
+        for (u, seg) in stamper.release(p.read.take_ready()) {
+            let (_, data) = p.read.unit_bytes(u);
+            let now = Instant::now();
+            let t = p.read.timers_mut();
+            t.first_send.get_or_insert(now);
             if seg.last {
                 // The status rides on the last Data-In (the task completes).
                 let bhs = data_in_header(&job.cmd, &seg, Some((0, residual)));
@@ -385,39 +693,34 @@ pub(super) async fn serve(job: ReadJob) {
                 if mine {
                     let _ = job.tx.send(Outgoing::Pdu(Pdu::with_data(bhs, data))).await;
                     job.session.tasks.done(itt, &job.aborted);
+                    let now = Instant::now();
+                    let t = p.read.timers_mut();
+                    t.last_send_done = Some(now);
+                    t.finished = Some(now);
+                    let t = *t;
+                    record(&job, &t, u64::from(p.sent_len));
                 }
                 return;
             }
             let pdu = Pdu::with_data(data_in_header(&job.cmd, &seg, None), data);
             let Ok(permit) = job.tx.reserve().await else {
                 // The connection is gone.
-                return answer(&job, None, sent).await;
+                return answer(&job, None, queued).await;
             };
             if !job
                 .session
                 .tasks
                 .while_live(itt, &job.aborted, move || permit.send(Outgoing::Pdu(pdu)))
             {
-                debug!(itt, sent, "READ aborted while sending");
-                return answer(&job, None, sent).await;
+                debug!(itt, sent = queued, "READ aborted while sending");
+                return answer(&job, None, queued).await;
             }
-            sent += 1;
+            queued += 1;
+            p.read.timers_mut().last_send_done = Some(Instant::now());
         }
-        let failed = match rx.recv().await {
-            None => Err(io::Error::other("I/O engine dropped a completion")),
-            Some(c) => {
-                let mut r = read.on_completion(c, Instant::now());
-                while r.is_ok() {
-                    match rx.try_recv() {
-                        Ok(c) => r = read.on_completion(c, Instant::now()),
-                        Err(_) => break,
-                    }
-                }
-                r
-            }
-        };
-        if let Err(e) = failed {
-            drop(read);
+        if let Err(e) = p.next_completions().await {
+            let sent = queued;
+            drop(p.read);
             if sent == 0 {
                 warn!(itt, error = %e, "pipelined read failed: serial read");
                 let j = job.clone();
@@ -429,8 +732,320 @@ pub(super) async fn serve(job: ReadJob) {
                 .unwrap_or_else(|_| internal_failure());
                 return answer(&job, Some(r), 0).await;
             }
-            let r = lu.read_failure(lba, len, &e);
+            let r = p.lu.read_failure(p.lba, p.len, &e);
             return answer(&job, Some(r), sent).await;
+        }
+    }
+}
+
+/// RDMA: each chunk RDMA Written at its offset as soon as it is valid (any
+/// order), then the SCSI Response.
+async fn send_rdma(job: Arc<ReadJob>, mut p: Pipelined) {
+    let itt = job.cmd.itt;
+    let placement = job.rdma.as_ref().expect("an RDMA job");
+    let mut writes = tokio::task::JoinSet::new();
+    let mut failure: Option<ScsiResult> = None;
+    let mut aborted = false;
+    loop {
+        for u in p.read.take_ready() {
+            if job.aborted.load(Ordering::SeqCst) {
+                aborted = true;
+                break;
+            }
+            let (r, data) = p.read.unit_bytes(u);
+            p.read
+                .timers_mut()
+                .first_send
+                .get_or_insert_with(Instant::now);
+            let (svc, slot, desc) = (
+                placement.svc.clone(),
+                placement.slot.clone(),
+                placement.desc.clone(),
+            );
+            writes.spawn(async move { svc.write_at(&slot, &desc, r.start, &data).await });
+        }
+        if aborted || p.read.all_released() {
+            break;
+        }
+        if let Err(e) = p.next_completions().await {
+            warn!(itt, error = %e, "pipelined read failed");
+            failure = Some(p.lu.read_failure(p.lba, p.len, &e));
+            break;
+        }
+    }
+    // The status follows every Write (and no Write outlives the command).
+    while let Some(w) = writes.join_next().await {
+        let e = match w {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e.0,
+            Err(e) => e.to_string(),
+        };
+        if failure.is_none() {
+            warn!(itt, error = %e, "RDMA Write of read data failed");
+            failure = Some(data_phase_error());
+        }
+    }
+    let now = Instant::now();
+    p.read.timers_mut().last_send_done = Some(now);
+    if aborted {
+        return answer(&job, None, 0).await;
+    }
+    let ok = failure.is_none();
+    let result = failure.unwrap_or(ScsiResult {
+        status: 0,
+        sense: None,
+        data_in: Vec::new(),
+        transfer_length: p.len as u32,
+    });
+    answer(&job, Some(result), 0).await;
+    if ok {
+        let t = p.read.timers_mut();
+        t.finished = Some(Instant::now());
+        let t = *t;
+        record(&job, &t, u64::from(p.sent_len));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::{Completion, CompletionTx, EngineKind, IoOp, Phase};
+    use proptest::prelude::*;
+    use std::io::Write;
+
+    /// An engine whose completions the test releases one op at a time, in
+    /// the order it chooses: each op is really run (pread into the
+    /// registered buffer) only when released.
+    struct GatedEngine {
+        pool: BufferPool,
+        held: Mutex<Vec<(IoOp, CompletionTx)>>,
+    }
+
+    impl Engine for GatedEngine {
+        fn kind(&self) -> crate::datapath::EngineKind {
+            EngineKind::Emulated
+        }
+        fn describe(&self) -> String {
+            "gated (test)".into()
+        }
+        fn pool(&self) -> &BufferPool {
+            &self.pool
+        }
+        fn submit(&self, ops: Vec<IoOp>, done: &CompletionTx) -> io::Result<()> {
+            let mut h = self.held.lock().unwrap();
+            h.extend(ops.into_iter().map(|o| (o, done.clone())));
+            Ok(())
+        }
+    }
+
+    impl GatedEngine {
+        fn new() -> GatedEngine {
+            GatedEngine {
+                pool: BufferPool::new(&[(1 << 20, 2)]),
+                held: Mutex::new(Vec::new()),
+            }
+        }
+        /// Runs the op tagged `tag` (chunk index) and delivers its completion.
+        fn complete(&self, tag: u64) {
+            let (op, tx) = {
+                let mut h = self.held.lock().unwrap();
+                let i = h.iter().position(|(o, _)| o.tag == tag).expect("op held");
+                h.remove(i)
+            };
+            let result = crate::datapath::threadpool::run_op(&op);
+            drop(op);
+            tx.send(Completion { tag, result }).unwrap();
+        }
+    }
+
+    fn file_with(data: &[u8]) -> (tempfile::NamedTempFile, Source) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(data).unwrap();
+        f.flush().unwrap();
+        let src = Source::File(Arc::new(std::fs::File::open(f.path()).unwrap()));
+        (f, src)
+    }
+
+    /// Drives a read the way `send_tcp` does, completing chunks in
+    /// `completion_order`; returns every PDU sent, in send order, with its
+    /// bytes.
+    fn run(
+        len: u32,
+        chunk: usize,
+        mrdsl: u32,
+        mbl: u32,
+        order: SendOrder,
+        completion_order: &[u64],
+    ) -> (Vec<(usize, DataInSegment, Vec<u8>)>, Vec<u8>, CommandTimers) {
+        let data: Vec<u8> = (0..len).map(|i| (i / 512) as u8 ^ (i as u8)).collect();
+        let (_f, src) = file_with(&data);
+        let engine = GatedEngine::new();
+        let segs: Vec<DataInSegment> = datain::segments(len, mrdsl, mbl).collect();
+        let cfg = ReadConfig {
+            mode: Mode::Synchronized,
+            chunk,
+            units: Some(
+                segs.iter()
+                    .map(|s| u64::from(s.offset)..u64::from(s.offset + s.length))
+                    .collect(),
+            ),
+        };
+        let received = Instant::now();
+        let (mut read, mut rx) =
+            ReadCommand::start(&engine, &src, 0, len as usize, order, &cfg, received).unwrap();
+        let mut stamper = DataInStamper::new(segs);
+        let mut sent = Vec::new();
+        for &c in completion_order {
+            engine.complete(c);
+            read.on_completion(rx.try_recv().unwrap(), Instant::now())
+                .unwrap();
+            for (u, seg) in stamper.release(read.take_ready()) {
+                let (r, bytes) = read.unit_bytes(u);
+                assert_eq!(r.start, u64::from(seg.offset));
+                let now = Instant::now();
+                read.timers_mut().first_send.get_or_insert(now);
+                read.timers_mut().last_send_done = Some(now);
+                sent.push((u, seg, bytes.to_vec()));
+            }
+        }
+        assert!(read.all_released());
+        read.timers_mut().finished = Some(Instant::now());
+        (sent, data, *read.timers_mut())
+    }
+
+    #[test]
+    fn any_order_sends_in_completion_order_with_offsets() {
+        // 4 chunks of 64K, 8 PDUs of 32K, one sequence.
+        let (sent, data, t) = run(
+            256 << 10,
+            64 << 10,
+            32 << 10,
+            1 << 20,
+            SendOrder::AnyOrder,
+            &[2, 0, 3, 1],
+        );
+        let units: Vec<usize> = sent.iter().map(|s| s.0).collect();
+        assert_eq!(
+            units,
+            vec![4, 5, 0, 1, 6, 7, 2, 3],
+            "PDUs leave as their chunk completes"
+        );
+        for (i, (_, seg, bytes)) in sent.iter().enumerate() {
+            assert_eq!(seg.data_sn, i as u32, "DataSN counts sends");
+            assert_eq!(seg.final_in_sequence, i == 7, "F bit on the last one sent");
+            assert_eq!(seg.last, i == 7);
+            let o = seg.offset as usize;
+            assert_eq!(bytes[..], data[o..o + seg.length as usize]);
+        }
+        // The phases add up (all instants are monotone here).
+        let parts = [
+            Phase::Init,
+            Phase::DiskRead,
+            Phase::SendUnoverlapped,
+            Phase::Fin,
+        ]
+        .iter()
+        .map(|&p| t.phase(p))
+        .sum::<std::time::Duration>();
+        assert_eq!(parts, t.phase(Phase::Total));
+        assert!(
+            t.first_send.unwrap() < t.disk_done.unwrap(),
+            "sends overlapped the disk"
+        );
+    }
+
+    #[test]
+    fn later_sequences_wait_for_the_current_one() {
+        // MaxBurstLength 128K: sequence 0 = chunks 0-1 (PDUs 0-3),
+        // sequence 1 = chunks 2-3 (PDUs 4-7).
+        let (sent, _, _) = run(
+            256 << 10,
+            64 << 10,
+            32 << 10,
+            128 << 10,
+            SendOrder::AnyOrder,
+            &[2, 0, 3, 1],
+        );
+        let units: Vec<usize> = sent.iter().map(|s| s.0).collect();
+        assert_eq!(units, vec![0, 1, 2, 3, 4, 5, 6, 7]);
+        let finals: Vec<bool> = sent.iter().map(|s| s.1.final_in_sequence).collect();
+        assert_eq!(
+            finals,
+            vec![false, false, false, true, false, false, false, true]
+        );
+        // Within a sequence, completion order still wins.
+        let (sent, _, _) = run(
+            256 << 10,
+            64 << 10,
+            32 << 10,
+            128 << 10,
+            SendOrder::AnyOrder,
+            &[1, 0, 3, 2],
+        );
+        let units: Vec<usize> = sent.iter().map(|s| s.0).collect();
+        assert_eq!(units, vec![2, 3, 0, 1, 6, 7, 4, 5]);
+        assert!(sent[3].1.final_in_sequence && !sent[1].1.final_in_sequence);
+    }
+
+    #[test]
+    fn in_order_matches_the_serial_segmentation() {
+        let (sent, _, _) = run(
+            200 << 10,
+            16 << 10,
+            24 << 10,
+            64 << 10,
+            SendOrder::InOrder,
+            &[12, 3, 0, 1, 2, 5, 4, 6, 7, 8, 9, 11, 10],
+        );
+        let want: Vec<DataInSegment> = datain::segments(200 << 10, 24 << 10, 64 << 10).collect();
+        let got: Vec<DataInSegment> = sent.iter().map(|s| s.1).collect();
+        assert_eq!(got, want);
+    }
+
+    proptest! {
+        #[test]
+        fn stamper_keeps_the_rfc_rules(
+            total in 1u32..400_000,
+            mrdsl in 512u32..70_000,
+            mbl in 512u32..200_000,
+            seed in proptest::collection::vec(any::<u32>(), 1..2000),
+        ) {
+            let segs: Vec<DataInSegment> = datain::segments(total, mrdsl, mbl).collect();
+            let n = segs.len();
+            // A random release order (the sequencer's any-order output).
+            let mut order: Vec<usize> = (0..n).collect();
+            for i in 0..n {
+                let j = i + seed[i % seed.len()] as usize % (n - i);
+                order.swap(i, j);
+            }
+            let seq_of = |off: u32| segs.iter().take_while(|s| s.offset < off).filter(|s| s.final_in_sequence).count();
+            let mut st = DataInStamper::new(segs.clone());
+            let mut out = Vec::new();
+            let mut k = 0;
+            while k < n {
+                let step = 1 + seed[k % seed.len()] as usize % 4;
+                out.extend(st.release(order[k..(k + step).min(n)].iter().copied()));
+                k += step;
+            }
+            prop_assert_eq!(out.len(), n);
+            let mut seen = vec![false; n];
+            let mut cur_seq = 0;
+            let mut left_in_seq = segs.iter().filter(|s| seq_of(s.offset) == 0).count();
+            for (i, (u, seg)) in out.iter().enumerate() {
+                prop_assert!(!seen[*u]);
+                seen[*u] = true;
+                prop_assert_eq!(seg.data_sn, i as u32);
+                prop_assert_eq!((seg.offset, seg.length), (segs[*u].offset, segs[*u].length));
+                // Sequences go one after the other.
+                prop_assert_eq!(seq_of(seg.offset), cur_seq);
+                left_in_seq -= 1;
+                prop_assert_eq!(seg.final_in_sequence, left_in_seq == 0);
+                prop_assert_eq!(seg.last, i + 1 == n);
+                if left_in_seq == 0 {
+                    cur_seq += 1;
+                    left_in_seq = segs.iter().filter(|s| seq_of(s.offset) == cur_seq).count();
+                }
+            }
         }
     }
 }
