@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blockwire_target::backstore::{
-    Backstore, FileBackstore, FileMode, NullBackstore, RamBackstore,
+    striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore, PatternBackstore,
+    RamBackstore, StripedBackstore,
 };
 use blockwire_target::iscsi::catalog::{
     Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry,
@@ -84,6 +85,9 @@ pub struct FabricConfig {
     /// WRITE data one connection may hold at once (e.g. "256M"); commands
     /// beyond it are answered TASK SET FULL.
     pub write_budget: String,
+    /// Send large Data-In payloads with MSG_ZEROCOPY where the kernel
+    /// allows it (default true); false: plain copying sends.
+    pub zero_copy_send: bool,
     /// The target's DataPDUInOrder answer: false (default) lets an
     /// initiator that offers No receive Data-In in completion order
     /// (synchronized sends); true insists on in-order PDUs.
@@ -105,6 +109,7 @@ impl Default for FabricConfig {
             rdma_listen: None,
             rdma_backend: "soft".into(),
             write_budget: "256M".into(),
+            zero_copy_send: d.zero_copy_send,
             data_pdu_in_order: d.data_pdu_in_order,
         }
     }
@@ -191,12 +196,20 @@ pub struct TargetDef {
 pub struct LunDef {
     /// LUN number (0..16383).
     pub id: u16,
-    /// "ram", "file" or "null" (reads zeros, discards writes: benchmarks).
+    /// "ram", "file", "striped" (RAID0 over `paths`) or "null" (reads
+    /// zeros, discards writes: benchmarks).
     pub backstore: Spanned<String>,
-    /// File LUNs: "cached" (page cache, the default) or "direct" (O_DIRECT).
+    /// File and striped LUNs: "cached" (page cache, the default) or
+    /// "direct" (O_DIRECT).
     pub mode: Option<Spanned<String>>,
     /// File or block device path (file backstore).
     pub path: Option<PathBuf>,
+    /// Striped LUNs: the member files (at least 2), in layout order: stripe
+    /// chunk k lives on member k mod N, so the order must never change.
+    pub paths: Option<Spanned<Vec<PathBuf>>>,
+    /// Striped LUNs: the stripe chunk, a power of two from the logical
+    /// block size to "16M" ("64K" by default; at least "4K" in direct mode).
+    pub stripe_chunk: Option<Spanned<String>>,
     /// Size, e.g. "1G", "512M", "1048576" (required for ram; creates or grows files).
     pub size: Option<Spanned<String>>,
     /// Refuse writes.
@@ -226,6 +239,16 @@ pub struct LunDef {
     pub sync_send: Option<Spanned<bool>>,
     /// Chunk size for `sync_send`, e.g. "64K" (default), 4K to 1M.
     pub sync_chunk: Option<Spanned<String>>,
+    /// File LUNs: double-buffered WRITEs (issue 7): each `sync_chunk` chunk
+    /// of a WRITE goes to disk (I/O engine, registered buffer) while the
+    /// next one arrives. Off by default (gather the whole WRITE, then
+    /// write it).
+    pub sync_write: Option<Spanned<bool>>,
+    /// File LUNs in cached mode without `sync_send`: READ payloads go from
+    /// the page cache to the socket by sendfile (default true; the copy
+    /// path is used anyway on connections with DataDigest). false: the
+    /// copy path (read into a buffer, then send), the baseline.
+    pub zero_copy: Option<Spanned<bool>>,
 }
 
 /// A LUN whose READs go through the I/O engine path (registered buffers):
@@ -247,6 +270,59 @@ pub struct SyncSendDef {
     pub mode: blockwire_target::datapath::Mode,
 }
 
+/// A cached file LUN whose READ payloads go by sendfile.
+#[derive(Debug, Clone)]
+pub struct SendfileDef {
+    /// Target name.
+    pub target: String,
+    /// LUN.
+    pub lun: u16,
+    /// The LUN's file.
+    pub path: PathBuf,
+}
+
+/// A LUN whose READs use the engine path from a prebuilt source: a striped
+/// LUN (one stream per member), or any engine-path LUN under `--no-disk`
+/// (pattern data).
+#[derive(Debug, Clone)]
+pub struct EngineSourceDef {
+    /// Target name.
+    pub target: String,
+    /// LUN.
+    pub lun: u16,
+    /// What the engine reads.
+    pub source: blockwire_target::datapath::Source,
+    /// The source's files are O_DIRECT.
+    pub direct: bool,
+    /// Chunk size in bytes.
+    pub chunk: usize,
+    /// `Synchronized` with `sync_send = true`, else `Serial`.
+    pub mode: blockwire_target::datapath::Mode,
+}
+
+/// How a configuration is turned into backstores.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// `--no-disk`: every LUN serves the no-disk pattern and drops writes;
+    /// no backstore file is opened or created (benchmarks only).
+    pub no_disk: bool,
+}
+
+/// A file LUN whose WRITEs are double-buffered (`sync_write = true`).
+#[derive(Debug, Clone)]
+pub struct SyncWriteDef {
+    /// Target name.
+    pub target: String,
+    /// LUN.
+    pub lun: u16,
+    /// The LUN's file.
+    pub path: PathBuf,
+    /// The backstore runs O_DIRECT (write the same way).
+    pub direct: bool,
+    /// Chunk size in bytes (`sync_chunk`).
+    pub chunk: usize,
+}
+
 /// What the daemon needs to start.
 #[derive(Debug)]
 pub struct Built {
@@ -262,6 +338,14 @@ pub struct Built {
     pub rdma_backend: RdmaBackend,
     /// LUNs whose READs use the engine path (direct, or `sync_send = true`).
     pub sync_sends: Vec<SyncSendDef>,
+    /// File LUNs with `sync_write = true` (double-buffered WRITEs).
+    pub sync_writes: Vec<SyncWriteDef>,
+    /// Cached file LUNs with `zero_copy` (default) and no `sync_send`.
+    pub sendfiles: Vec<SendfileDef>,
+    /// Engine-path LUNs with a prebuilt source (striped; all under `--no-disk`).
+    pub engine_sources: Vec<EngineSourceDef>,
+    /// Built with `--no-disk`: no LUN stores anything.
+    pub no_disk: bool,
 }
 
 /// The RDMA provider asked for in the configuration.
@@ -298,6 +382,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 struct Ctx<'a> {
     file: &'a str,
     text: &'a str,
+    no_disk: bool,
 }
 
 impl Ctx<'_> {
@@ -319,6 +404,12 @@ impl Ctx<'_> {
 impl TargetConfig {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Built, ConfigError> {
+        Self::load_with(path, LoadOptions::default())
+    }
+
+    /// Reads and checks a configuration file, building backstores as
+    /// `opts` says.
+    pub fn load_with(path: &Path, opts: LoadOptions) -> Result<Built, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
@@ -326,11 +417,17 @@ impl TargetConfig {
             field: "-".into(),
             message: format!("cannot read the file: {e}"),
         })?;
-        Self::from_str(&file, &text)
+        Self::from_str_with(&file, &text, opts)
     }
 
     /// Parses and checks configuration text; `file` names it in errors.
     pub fn from_str(file: &str, text: &str) -> Result<Built, ConfigError> {
+        Self::from_str_with(file, text, LoadOptions::default())
+    }
+
+    /// Parses and checks configuration text, building backstores as `opts`
+    /// says; `file` names it in errors.
+    pub fn from_str_with(file: &str, text: &str, opts: LoadOptions) -> Result<Built, ConfigError> {
         let config: TargetConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of(text, s.start));
             ConfigError {
@@ -340,18 +437,30 @@ impl TargetConfig {
                 message: e.message().to_owned(),
             }
         })?;
-        config.build(&Ctx { file, text }, None)
+        config.build(
+            &Ctx {
+                file,
+                text,
+                no_disk: opts.no_disk,
+            },
+            None,
+        )
     }
 
     /// The embedded default: one target with one 1 GiB RAM LUN, open to any
     /// initiator, on `listen`.
     pub fn embedded_default(listen: SocketAddr) -> Built {
+        Self::embedded_default_with(listen, LoadOptions::default())
+    }
+
+    /// The embedded default, its LUN built as `opts` says.
+    pub fn embedded_default_with(listen: SocketAddr, opts: LoadOptions) -> Built {
         let text = format!(
             "[[portal_group]]\ntag = 1\nlisten = [\"{listen}\"]\n\n\
              [[target]]\nname = \"{DEFAULT_TARGET}\"\nalias = \"blockwire-default\"\n\n\
              [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1G\"\n"
         );
-        Self::from_str("<embedded default>", &text)
+        Self::from_str_with("<embedded default>", &text, opts)
             .expect("the embedded default configuration is valid")
     }
 
@@ -427,6 +536,7 @@ impl TargetConfig {
                 .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
             nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
             logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
+            zero_copy_send: f.zero_copy_send,
             data_pdu_in_order: f.data_pdu_in_order,
             ..FabricSettings::default()
         };
@@ -477,6 +587,9 @@ impl TargetConfig {
 
         let mut targets = Vec::new();
         let mut sync_sends = Vec::new();
+        let mut sync_writes = Vec::new();
+        let mut engine_sources = Vec::new();
+        let mut sendfiles = Vec::new();
         for t in self.targets {
             let tspan = t.span();
             let t = t.into_inner();
@@ -569,11 +682,11 @@ impl TargetConfig {
                 let kind = l.backstore.get_ref().as_str();
                 let mode = match &l.mode {
                     None => FileMode::Cached,
-                    Some(m) if kind != "file" => {
+                    Some(m) if kind != "file" && kind != "striped" => {
                         return Err(ctx.err(
                             m.span(),
                             "target.lun.mode",
-                            format!("only file LUNs have a mode; remove it from this {kind} LUN"),
+                            format!("only file and striped LUNs have a mode; remove it from this {kind} LUN"),
                         ));
                     }
                     Some(m) => match m.get_ref().as_str() {
@@ -624,15 +737,71 @@ impl TargetConfig {
                     },
                 };
                 let sync_send = l.sync_send.as_ref().is_some_and(|s| *s.get_ref());
-                if let Some(s) = l.sync_send.as_ref().filter(|_| kind != "file") {
+                if let Some(s) = l
+                    .sync_send
+                    .as_ref()
+                    .filter(|_| kind != "file" && kind != "striped")
+                {
                     return Err(ctx.err(
                         s.span(),
                         "target.lun.sync_send",
-                        format!("only file LUNs have synchronized sends; remove it from this {kind} LUN"),
+                        format!("only file and striped LUNs have synchronized sends; remove it from this {kind} LUN"),
                     ));
                 }
+                let engine_mode = if sync_send {
+                    blockwire_target::datapath::Mode::Synchronized
+                } else {
+                    blockwire_target::datapath::Mode::Serial
+                };
+                // Striped LUNs, like file LUNs, read through the engine when
+                // direct (serial unless sync_send) or with sync_send.
+                let engine_path = sync_send || mode == FileMode::Direct;
+                if let Some(p) = l.paths.as_ref().filter(|_| kind != "striped") {
+                    return Err(ctx.err(
+                        p.span(),
+                        "target.lun.paths",
+                        format!("only striped LUNs have member paths; use path = \"...\" for this {kind} LUN"),
+                    ));
+                }
+                if let Some(c) = l.stripe_chunk.as_ref().filter(|_| kind != "striped") {
+                    return Err(ctx.err(
+                        c.span(),
+                        "target.lun.stripe_chunk",
+                        format!(
+                            "only striped LUNs have a stripe chunk; remove it from this {kind} LUN"
+                        ),
+                    ));
+                }
+                let mut prebuilt: Option<(blockwire_target::datapath::Source, bool)> = None;
+                if let Some(z) = l.zero_copy.as_ref().filter(|_| kind != "file") {
+                    return Err(ctx.err(
+                        z.span(),
+                        "target.lun.zero_copy",
+                        format!("only file LUNs have zero_copy (sendfile) reads; remove it from this {kind} LUN"),
+                    ));
+                }
+                let zero_copy = l.zero_copy.as_ref().is_none_or(|z| *z.get_ref());
+                if let Some(w) = l.sync_write.as_ref().filter(|_| kind != "file") {
+                    return Err(ctx.err(
+                        w.span(),
+                        "target.lun.sync_write",
+                        format!("only file LUNs have double-buffered writes; remove sync_write from this {kind} LUN"),
+                    ));
+                }
+                let sync_write = l.sync_write.as_ref().is_some_and(|w| *w.get_ref());
                 let mut file_direct: Option<(PathBuf, bool)> = None;
+                let mut sendfile_path: Option<PathBuf> = None;
                 let backstore: Arc<dyn Backstore> = match kind {
+                    "null" | "ram" if ctx.no_disk => {
+                        let size = size.ok_or_else(|| {
+                            ctx.err(
+                                lspan.clone(),
+                                "target.lun.size",
+                                format!("a {kind} LUN needs a size"),
+                            )
+                        })?;
+                        Arc::new(PatternBackstore::new(size))
+                    }
                     "null" => {
                         let size = size.ok_or_else(|| {
                             ctx.err(lspan.clone(), "target.lun.size", "a null LUN needs a size")
@@ -645,6 +814,115 @@ impl TargetConfig {
                         })?;
                         Arc::new(RamBackstore::new(size))
                     }
+                    "file" if ctx.no_disk => {
+                        let path = l.path.as_ref().ok_or_else(|| {
+                            ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
+                        })?;
+                        // --no-disk: the file is neither opened nor created;
+                        // its length (metadata only) stands in for a size.
+                        let size = match size {
+                            Some(s) => s,
+                            None => std::fs::metadata(path).map(|m| m.len()).map_err(|e| {
+                                ctx.err(
+                                    lspan.clone(),
+                                    "target.lun.size",
+                                    format!(
+                                        "--no-disk needs a size for {} ({e}): add size = \"...\"",
+                                        path.display()
+                                    ),
+                                )
+                            })?,
+                        };
+                        if engine_path {
+                            prebuilt = Some((blockwire_target::datapath::Source::Pattern, false));
+                        }
+                        Arc::new(PatternBackstore::new(size))
+                    }
+                    "striped" => {
+                        let paths = l.paths.as_ref().ok_or_else(|| {
+                            ctx.err(
+                                lspan.clone(),
+                                "target.lun.paths",
+                                "a striped LUN needs paths = [\"a.img\", \"b.img\", ...] (at least 2)",
+                            )
+                        })?;
+                        if paths.get_ref().len() < 2 {
+                            return Err(ctx.err(
+                                paths.span(),
+                                "target.lun.paths",
+                                format!("a striped LUN needs at least 2 member paths ({} given); use backstore = \"file\" for one", paths.get_ref().len()),
+                            ));
+                        }
+                        if l.path.is_some() {
+                            return Err(ctx.err(
+                                lspan.clone(),
+                                "target.lun.path",
+                                "a striped LUN takes its members from paths = [...]; remove path",
+                            ));
+                        }
+                        let stripe = match &l.stripe_chunk {
+                            None => 64 << 10,
+                            Some(c) => {
+                                let n = parse_size(c.get_ref()).ok_or_else(|| {
+                                    ctx.err(
+                                        c.span(),
+                                        "target.lun.stripe_chunk",
+                                        format!(
+                                            "{:?} is not a size (write e.g. \"64K\")",
+                                            c.get_ref()
+                                        ),
+                                    )
+                                })?;
+                                check_stripe(n, mode)
+                                    .map_err(|m| ctx.err(c.span(), "target.lun.stripe_chunk", m))?;
+                                if n < u64::from(block_size) {
+                                    return Err(ctx.err(
+                                        c.span(),
+                                        "target.lun.stripe_chunk",
+                                        format!("the stripe chunk ({n} bytes) must hold at least one {block_size}-byte block"),
+                                    ));
+                                }
+                                n
+                            }
+                        };
+                        if ctx.no_disk {
+                            let size = match size {
+                                Some(s) => s,
+                                None => {
+                                    let mut least = u64::MAX;
+                                    for p in paths.get_ref() {
+                                        let len = std::fs::metadata(p).map(|m| m.len()).map_err(|e| {
+                                            ctx.err(lspan.clone(), "target.lun.size", format!("--no-disk needs a size for {} ({e}): add size = \"...\"", p.display()))
+                                        })?;
+                                        least = least.min(len);
+                                    }
+                                    least / stripe * stripe * paths.get_ref().len() as u64
+                                }
+                            };
+                            if engine_path {
+                                prebuilt =
+                                    Some((blockwire_target::datapath::Source::Pattern, false));
+                            }
+                            Arc::new(PatternBackstore::new(size))
+                        } else {
+                            let sb = StripedBackstore::open(
+                                paths.get_ref(),
+                                stripe,
+                                size,
+                                l.read_only,
+                                mode,
+                            )
+                            .map_err(|e| {
+                                ctx.err(paths.span(), "target.lun.paths", e.to_string())
+                            })?;
+                            if engine_path {
+                                prebuilt = Some(sb.engine_source().map_err(|e| {
+                                    ctx.err(paths.span(), "target.lun.paths", e.to_string())
+                                })?);
+                            }
+                            Arc::new(sb)
+                        }
+                    }
                     "file" => {
                         let path = l.path.as_ref().ok_or_else(|| {
                             ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
@@ -655,8 +933,21 @@ impl TargetConfig {
                         // Direct LUNs always take the engine path (serial
                         // unless sync_send); cached ones only with sync_send.
                         if sync_send || mode == FileMode::Direct {
-                            file_direct =
-                                Some((path.clone(), fb.mode() == FileMode::Direct));
+                            file_direct = Some((path.clone(), fb.mode() == FileMode::Direct));
+                        }
+                        // Cached LUNs without sync_send: READ payloads by
+                        // sendfile unless zero_copy = false.
+                        if !sync_send && mode == FileMode::Cached && zero_copy {
+                            sendfile_path = Some(path.clone());
+                        }
+                        if sync_write {
+                            sync_writes.push(SyncWriteDef {
+                                target: name.clone(),
+                                lun: l.id,
+                                path: path.clone(),
+                                direct: fb.mode() == FileMode::Direct,
+                                chunk: sync_chunk,
+                            });
                         }
                         Arc::new(fb)
                     }
@@ -665,7 +956,7 @@ impl TargetConfig {
                             l.backstore.span(),
                             "target.lun.backstore",
                             format!(
-                                "{other:?} is not a backstore (use \"ram\", \"file\" or \"null\")"
+                                "{other:?} is not a backstore (use \"ram\", \"file\", \"striped\" or \"null\")"
                             ),
                         ));
                     }
@@ -715,6 +1006,23 @@ impl TargetConfig {
                     d.join(format!("{safe}.lun{}.pr", l.id))
                 });
                 luns.push((l.id, Arc::new(LogicalUnit::new(lu))));
+                if let Some(path) = sendfile_path {
+                    sendfiles.push(SendfileDef {
+                        target: name.clone(),
+                        lun: l.id,
+                        path,
+                    });
+                }
+                if let Some((source, direct)) = prebuilt {
+                    engine_sources.push(EngineSourceDef {
+                        target: name.clone(),
+                        lun: l.id,
+                        source,
+                        direct,
+                        chunk: sync_chunk,
+                        mode: engine_mode,
+                    });
+                }
                 if let Some((path, direct)) = file_direct {
                     sync_sends.push(SyncSendDef {
                         target: name.clone(),
@@ -761,6 +1069,10 @@ impl TargetConfig {
             rdma_listen,
             rdma_backend,
             sync_sends,
+            sync_writes,
+            engine_sources,
+            no_disk: ctx.no_disk,
+            sendfiles,
         })
     }
 }
@@ -874,6 +1186,42 @@ mod tests {
     }
 
     #[test]
+    fn zero_copy_sendfile_on_cached_file_luns_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("z.img");
+        let lun = |extra: &str| {
+            one_lun(&format!(
+                "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\n{extra}"
+            ))
+        };
+        let sendfiles = |extra: &str| {
+            TargetConfig::from_str("t.toml", &lun(extra))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .sendfiles
+                .len()
+        };
+        assert_eq!(sendfiles(""), 1, "cached file LUNs use sendfile by default");
+        assert_eq!(sendfiles("zero_copy = true\n"), 1);
+        assert_eq!(sendfiles("zero_copy = false\n"), 0, "the copy path");
+        assert_eq!(sendfiles("sync_send = true\n"), 0, "the engine path");
+        assert_eq!(sendfiles("mode = \"direct\"\n"), 0, "the engine path");
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun("backstore = \"ram\"\nsize = \"1M\"\nzero_copy = true\n"),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "target.lun.zero_copy", "{e}");
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &format!("[fabric]\nzero_copy_send = false\n{}", lun("")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!b.settings.zero_copy_send);
+        let b = TargetConfig::from_str("t.toml", &lun("")).unwrap();
+        assert!(b.settings.zero_copy_send, "zero-copy sends on by default");
+    }
+
+    #[test]
     fn sync_send_only_on_file_luns_with_a_valid_chunk() {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("s.img");
@@ -924,6 +1272,193 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field, "target.lun.sync_chunk", "{e}");
+    }
+
+    #[test]
+    fn striped_luns_and_their_errors() {
+        use blockwire_target::datapath::{Mode, Source};
+        let dir = tempfile::tempdir().unwrap();
+        let m = |i: usize| dir.path().join(format!("m{i}.img"));
+        let members = format!("paths = [{:?}, {:?}, {:?}]\n", m(0), m(1), m(2));
+        // Cached, default 64K stripe, no sync_send: the core path.
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"striped\"\n{members}size = \"3M\"\n"
+            )),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(b.engine_sources.is_empty() && b.sync_sends.is_empty());
+        let lu = b.catalog.targets[0].luns.get(0).unwrap().config().clone();
+        assert_eq!(lu.backstore.size(), 3 << 20);
+        assert!(lu.backstore.describe().starts_with("striped 3 x 64 KiB"));
+        assert_eq!(std::fs::metadata(m(2)).unwrap().len(), 1 << 20);
+        // Direct with sync_send: engine path, one stream per member.
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!("backstore = \"striped\"\n{members}size = \"3M\"\nmode = \"direct\"\nstripe_chunk = \"128K\"\nsync_send = true\nsync_chunk = \"256K\"\n")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.engine_sources.len(), 1);
+        let d = &b.engine_sources[0];
+        assert_eq!((d.lun, d.chunk, d.mode), (0, 256 << 10, Mode::Synchronized));
+        match &d.source {
+            Source::Striped { files, layout } => {
+                assert_eq!((files.len(), layout.stripe), (3, 128 << 10))
+            }
+            other => panic!("{other:?}"),
+        }
+        // Direct without sync_send: the engine's serial baseline.
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"striped\"\n{members}mode = \"direct\"\nstripe_chunk = \"128K\"\n"
+            )),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.engine_sources[0].mode, Mode::Serial);
+        assert_eq!(
+            b.catalog.targets[0]
+                .luns
+                .get(0)
+                .unwrap()
+                .config()
+                .backstore
+                .size(),
+            3 << 20,
+            "size from the members"
+        );
+
+        let bad = |lun: String| TargetConfig::from_str("t.toml", &one_lun(&lun)).expect_err(&lun);
+        let e = bad(format!(
+            "backstore = \"striped\"\npaths = [{:?}]\nsize = \"1M\"\n",
+            m(0)
+        ));
+        assert_eq!((e.line, e.field.as_str()), (11, "target.lun.paths"), "{e}");
+        assert!(e.message.contains("at least 2"), "{e}");
+        let e = bad("backstore = \"striped\"\nsize = \"1M\"\n".into());
+        assert_eq!(e.field, "target.lun.paths", "{e}");
+        for (chunk, why) in [
+            ("3K", "power of two"),
+            ("1K\"\nmode = \"direct", "at least 4K"),
+            ("64M", "power of two"),
+            ("lots", "not a size"),
+        ] {
+            let e = bad(format!(
+                "backstore = \"striped\"\n{members}size = \"3M\"\nstripe_chunk = \"{chunk}\"\n"
+            ));
+            assert_eq!(
+                (e.line, e.field.as_str()),
+                (13, "target.lun.stripe_chunk"),
+                "{e}"
+            );
+            assert!(e.message.contains(why), "{chunk}: {e}");
+        }
+        let e = bad(format!("backstore = \"striped\"\n{members}size = \"3M\"\nblock_size = 4096\nstripe_chunk = \"2K\"\n"));
+        assert_eq!(e.field, "target.lun.stripe_chunk", "{e}");
+        assert!(e.message.contains("4096-byte block"), "{e}");
+        let e = bad(format!(
+            "backstore = \"file\"\npath = {:?}\n{members}",
+            m(0)
+        ));
+        assert_eq!((e.line, e.field.as_str()), (12, "target.lun.paths"), "{e}");
+        let e = bad(format!(
+            "backstore = \"file\"\npath = {:?}\nstripe_chunk = \"64K\"\n",
+            m(0)
+        ));
+        assert_eq!(e.field, "target.lun.stripe_chunk", "{e}");
+        // A member of another size: refused, naming it.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(m(1))
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        let e = bad(format!("backstore = \"striped\"\n{members}size = \"3M\"\n"));
+        assert_eq!((e.line, e.field.as_str()), (11, "target.lun.paths"), "{e}");
+        assert!(e.message.contains("m1.img is 4096 bytes"), "{e}");
+    }
+
+    #[test]
+    fn no_disk_serves_the_pattern_and_opens_no_file() {
+        use blockwire_target::datapath::source::pattern_byte;
+        use blockwire_target::datapath::Source;
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("never.img");
+        let m = |i: usize| dir.path().join(format!("s{i}.img"));
+        let text = format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\n\n\
+             [[target.lun]]\nid = 1\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+             [[target.lun]]\nid = 2\nbackstore = \"striped\"\npaths = [{:?}, {:?}]\nsize = \"1M\"\nsync_send = true\n",
+            m(0),
+            m(1)
+        );
+        let b = TargetConfig::from_str_with("t.toml", &text, LoadOptions { no_disk: true })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(b.no_disk);
+        assert!(
+            !img.exists() && !m(0).exists(),
+            "no backstore file is created"
+        );
+        assert!(b.sync_sends.is_empty() && b.sendfiles.is_empty());
+        let engine: Vec<u16> = b.engine_sources.iter().map(|d| d.lun).collect();
+        assert_eq!(engine, [0, 2], "the engine-path LUNs");
+        assert!(b
+            .engine_sources
+            .iter()
+            .all(|d| matches!(d.source, Source::Pattern)));
+        for lun in 0..3 {
+            let store = b.catalog.targets[0]
+                .luns
+                .get(lun)
+                .unwrap()
+                .config()
+                .backstore
+                .clone();
+            assert_eq!(store.size(), 1 << 20);
+            store.write_at(4096, &[0u8; 512]).unwrap();
+            let mut back = [0u8; 512];
+            store.read_at(4096, &mut back).unwrap();
+            assert!(
+                back.iter()
+                    .enumerate()
+                    .all(|(i, &v)| v == pattern_byte(4096 + i as u64)),
+                "LUN {lun}"
+            );
+        }
+        // Without the option the same text creates the files.
+        TargetConfig::from_str("t.toml", &text).unwrap_or_else(|e| panic!("{e}"));
+        assert!(img.exists() && m(1).exists());
+    }
+
+    #[test]
+    fn sync_write_only_on_file_luns() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("w.img");
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nsync_write = true\nsync_chunk = \"256K\"\n")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.sync_writes.len(), 1);
+        let w = &b.sync_writes[0];
+        assert_eq!((w.lun, w.chunk, w.direct), (0, 256 << 10, false));
+        assert_eq!(w.path, img);
+        let off = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nsync_write = false\n"
+            )),
+        )
+        .unwrap();
+        assert!(off.sync_writes.is_empty());
+        for kind in ["backstore = \"ram\"\nsize = \"1M\"\n", "backstore = \"null\"\nsize = \"1M\"\n"] {
+            let e = TargetConfig::from_str("t.toml", &one_lun(&format!("{kind}sync_write = true\n")))
+                .unwrap_err();
+            assert_eq!(e.field, "target.lun.sync_write", "{e}");
+            assert!(e.message.contains("only file LUNs"), "{e}");
+        }
     }
 
     #[test]

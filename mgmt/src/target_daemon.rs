@@ -40,6 +40,13 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         info!(endpoint = %ep, "RDMA-assisted iSCSI offered (X-io.blockwire.RdmaOffload, soft provider)");
     }
 
+    if built.no_disk {
+        warn!(
+            "--no-disk: BENCHMARK-ONLY MODE. Every LUN serves pattern data (a function of the byte \
+             offset) without any backstore I/O, and EVERY WRITE IS DROPPED: nothing written is \
+             stored. Do not use for real data."
+        );
+    }
     let mut portals = Vec::new();
     for group in &fabric.catalog.portal_groups {
         for addr in &group.addresses {
@@ -63,9 +70,77 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
             })?;
         info!(target = %d.target, lun = d.lun, "READ engine: {line}");
     }
+    for d in &built.engine_sources {
+        // Striped LUNs (one stream per member) and, under --no-disk, every
+        // engine-path LUN (pattern data).
+        let line = fabric
+            .sync_reads
+            .enable_source(
+                &d.target,
+                d.lun,
+                d.source.clone(),
+                d.direct,
+                d.chunk,
+                d.mode,
+            )
+            .with_context(|| {
+                format!(
+                    "enabling the engine READ path on {} LUN {} ({} streams)",
+                    d.target,
+                    d.lun,
+                    d.source.streams()
+                )
+            })?;
+        info!(target = %d.target, lun = d.lun, "READ engine: {line}");
+    }
+    for d in &built.sync_writes {
+        let line = fabric
+            .sync_reads
+            .engine()
+            .and_then(|(engine, _)| {
+                fabric
+                    .sync_writes
+                    .enable(engine, &d.target, d.lun, &d.path, d.direct, d.chunk)
+            })
+            .with_context(|| {
+                format!(
+                    "enabling double-buffered writes (sync_write) on {} LUN {} ({})",
+                    d.target,
+                    d.lun,
+                    d.path.display()
+                )
+            })?;
+        info!(target = %d.target, lun = d.lun, "WRITE engine: {line}");
+    }
+    for d in &built.sendfiles {
+        let line = fabric
+            .sendfile_reads
+            .enable(&d.target, d.lun, &d.path)
+            .with_context(|| {
+                format!(
+                    "opening {} for sendfile READs of {} LUN {} (set zero_copy = false to use the copy path)",
+                    d.path.display(),
+                    d.target,
+                    d.lun
+                )
+            })?;
+        info!(target = %d.target, lun = d.lun, "READ engine: {line}");
+    }
+    if fabric.settings.no_net {
+        warn!("--no-net: BENCHMARK-ONLY MODE. READ data are read from the backstores (SCSI core, serial path) but NOT SENT:                every READ ends GOOD with a residual underflow of its whole length. Initiators get no data; do not use for real I/O.");
+    }
+    if fabric.settings.zero_copy_send {
+        info!("zero-copy sends (MSG_ZEROCOPY) for Data-In payloads of at least {} KiB where the kernel allows it ([fabric] zero_copy_send = false turns them off)", blockwire_target::iscsi::zerocopy::ZC_MIN >> 10);
+    } else {
+        info!("zero-copy sends off ([fabric] zero_copy_send = false): Data-In payloads are copied into socket buffers");
+    }
     for t in &fabric.catalog.targets {
         for lun in t.luns.lun_ids() {
-            if fabric.sync_reads.get(&t.name, lun).is_none() {
+            if fabric.settings.no_net {
+                info!(target = %t.name, lun, "READ engine: --no-net (serial read, nothing sent)");
+            } else if fabric.sendfile_reads.get(&t.name, lun).is_none()
+                && fabric.sync_reads.get(&t.name, lun).is_none()
+            {
                 info!(target = %t.name, lun, "READ engine: serial (SCSI core on the blocking pool, read all then send)");
             }
             info!(target = %t.name, lun, "serving");
@@ -100,6 +175,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     info!("shutting down: asking initiators to log out");
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
+    blockwire_target::copies::log_summary();
     // Per-command state timers of the engine READ path (P0 Fig. 15).
     for line in fabric.sync_reads.summary() {
         info!("READ state timers: {line}");

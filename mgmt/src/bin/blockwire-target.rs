@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use blockwire_mgmt::config::TargetConfig;
+use blockwire_mgmt::config::{LoadOptions, TargetConfig};
 use clap::Parser;
 
 /// blockwire's iSCSI target.
@@ -27,6 +27,16 @@ struct Args {
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// BENCHMARK ONLY: READs read their data but send none (each ends GOOD
+    /// with a residual underflow of its whole length), to measure the disk
+    /// side alone. Initiators get no data.
+    #[arg(long)]
+    no_net: bool,
+    /// BENCHMARK ONLY: every LUN serves pattern data (a function of the
+    /// byte offset) without backstore I/O and drops every WRITE, to measure
+    /// the network side alone. No backstore file is opened or created.
+    #[arg(long)]
+    no_disk: bool,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "blockwire_target=debug".
     #[arg(long, default_value = "info", env = "BLOCKWIRE_LOG")]
     log: String,
@@ -38,11 +48,15 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
+    let opts = LoadOptions {
+        no_disk: args.no_disk,
+    };
     let mut built = match &args.config {
-        Some(path) => TargetConfig::load(path).map_err(|e| anyhow::anyhow!("{e}"))?,
-        None => TargetConfig::embedded_default(
+        Some(path) => TargetConfig::load_with(path, opts).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => TargetConfig::embedded_default_with(
             args.listen
                 .unwrap_or_else(|| "0.0.0.0:3260".parse().expect("valid default address")),
+            opts,
         ),
     };
     if let (Some(listen), Some(_)) = (args.listen, &args.config) {
@@ -51,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             group.addresses = vec![listen];
         }
     }
+    built.settings.no_net = args.no_net;
     if args.check {
         println!(
             "configuration is valid: {} target(s)",
