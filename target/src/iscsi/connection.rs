@@ -307,6 +307,8 @@ struct Conn<'a> {
     logout_requested: bool,
     /// The session's RDMA offload, when granted at login.
     rdma: Option<Arc<Slot>>,
+    /// Double-buffered WRITEs running (see [`super::syncwrite`]).
+    sync_writes: super::syncwrite::Running,
 }
 
 /// A WRITE waiting for its data.
@@ -314,8 +316,27 @@ struct Collecting {
     cmd: ScsiCommand,
     cdb: Vec<u8>,
     collector: WriteCollector,
-    /// The memory the collector holds, returned when it is dropped.
-    budget: Reservation,
+    dest: WriteDest,
+}
+
+/// Where a WRITE's accepted bytes go.
+enum WriteDest {
+    /// Gathered by the collector; the command runs once they are all
+    /// there. The memory it holds, returned when it is dropped.
+    Gather(Reservation),
+    /// Handed to a double-buffered WRITE's task, which owns the window
+    /// slot and the budget ([`super::syncwrite`]).
+    Pipe(super::syncwrite::Feed),
+}
+
+impl Collecting {
+    /// Dropped without running (aborted): frees the window slot unless the
+    /// double-buffered task owns it (it then ends when its feed drops).
+    fn drop_aborted(self, shared: &Shared) {
+        if matches!(self.dest, WriteDest::Gather(_)) {
+            shared.complete();
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -365,6 +386,7 @@ async fn full_feature(
         ping: None,
         logout_requested: false,
         rdma,
+        sync_writes: Default::default(),
     };
 
     let mut stop = session.stop_signal();
@@ -740,14 +762,27 @@ impl Conn<'_> {
                 }
                 return;
             };
-            match WriteCollector::new(edtl, &pdu.data, cmd.final_bit, self.write_limits) {
+            let lease = self.sync_write_lease(&cmd, &cdb);
+            let made = match lease {
+                Some(_) => WriteCollector::validating,
+                None => WriteCollector::new,
+            }(edtl, &pdu.data, cmd.final_bit, self.write_limits);
+            match made {
                 Ok(collector) => {
                     self.register_task(&cmd);
+                    let dest = match lease {
+                        Some((path, lease)) => {
+                            let feed = self.start_sync_write(&cmd, &cdb, path, lease, budget);
+                            feed.data(0, pdu.data.clone());
+                            WriteDest::Pipe(feed)
+                        }
+                        None => WriteDest::Gather(budget),
+                    };
                     let c = Collecting {
                         cmd,
                         cdb,
                         collector,
-                        budget,
+                        dest,
                     };
                     self.advance_write(c).await;
                 }
@@ -801,6 +836,57 @@ impl Conn<'_> {
         self.execute_with(cmd, cdb, 0, Vec::new(), Some((slot, desc)), None);
     }
 
+    /// The LUN's double-buffered write path and a buffer for this WRITE,
+    /// when it can take that path (no I/O, never waits).
+    fn sync_write_lease(
+        &self,
+        cmd: &ScsiCommand,
+        cdb: &[u8],
+    ) -> Option<(
+        Arc<super::syncwrite::SyncWriteLun>,
+        crate::datapath::BufLease,
+    )> {
+        let target = self.session.target.as_ref()?;
+        let path = self
+            .fabric
+            .sync_writes
+            .get(&target.name, cmd.lun.index()?)?;
+        let stats = &self.fabric.sync_writes.stats;
+        let lease = super::syncwrite::lease_for(&path, stats, &target.luns, cmd, cdb)?;
+        Some((path, lease))
+    }
+
+    /// Starts a registered WRITE's double-buffered task.
+    fn start_sync_write(
+        &self,
+        cmd: &ScsiCommand,
+        cdb: &[u8],
+        path: Arc<super::syncwrite::SyncWriteLun>,
+        lease: crate::datapath::BufLease,
+        budget: Reservation,
+    ) -> super::syncwrite::Feed {
+        let target = self.session.target.as_ref().expect("normal session");
+        let job = super::syncwrite::WriteJob {
+            cmd: cmd.clone(),
+            cdb: cdb.to_vec(),
+            luns: target.luns.clone(),
+            nexus: self.session.nexus.clone().expect("normal session has a nexus"),
+            session: self.session.clone(),
+            shared: self.shared.clone(),
+            tx: self.tx.clone(),
+            limits: self.limits,
+            aborted: self
+                .session
+                .tasks
+                .flag(cmd.itt)
+                .unwrap_or_else(|| Arc::new(std::sync::atomic::AtomicBool::new(true))),
+            path,
+            budget,
+            fabric: self.fabric.clone(),
+        };
+        super::syncwrite::spawn(job, lease, &self.sync_writes)
+    }
+
     fn register_task(&self, cmd: &ScsiCommand) {
         self.session
             .tasks
@@ -836,8 +922,8 @@ impl Conn<'_> {
             // Aborted from elsewhere (another initiator's LUN reset or
             // PREEMPT AND ABORT) while its data was arriving: drop the
             // partial data and free the window slot now.
-            if self.collectors.remove(&d.itt).is_some() {
-                self.shared.complete();
+            if let Some(c) = self.collectors.remove(&d.itt) {
+                c.drop_aborted(&self.shared);
             }
             return true;
         }
@@ -859,12 +945,21 @@ impl Conn<'_> {
             // iSCSIDataSnInvalid expects exactly this). Later Data-Out PDUs
             // of the same task find no collector and are dropped.
             warn!(tsih = self.session.tsih, itt = d.itt, error = %e, "Data-Out sequence error: command failed");
+            if let WriteDest::Pipe(feed) = c.dest {
+                // Its task answers once its chunk writes ended (some may
+                // have reached the disk: see syncwrite).
+                feed.failed();
+                return true;
+            }
             self.session.tasks.remove(d.itt);
             self.shared.complete();
             for p in status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense())) {
                 self.send(p).await;
             }
             return true;
+        }
+        if let WriteDest::Pipe(feed) = &c.dest {
+            feed.data(d.buffer_offset, data);
         }
         self.advance_write(c).await;
         true
@@ -875,14 +970,17 @@ impl Conn<'_> {
     async fn advance_write(&mut self, mut c: Collecting) {
         if c.collector.is_complete() {
             let r2ts = c.collector.r2t_count();
-            self.execute_with(
-                c.cmd,
-                c.cdb,
-                r2ts,
-                c.collector.into_data(),
-                None,
-                Some(c.budget),
-            );
+            match c.dest {
+                WriteDest::Gather(budget) => self.execute_with(
+                    c.cmd,
+                    c.cdb,
+                    r2ts,
+                    c.collector.into_data(),
+                    None,
+                    Some(budget),
+                ),
+                WriteDest::Pipe(feed) => feed.complete(r2ts),
+            }
         } else {
             self.send_r2ts(&mut c).await;
             self.collectors.insert(c.cmd.itt, c);
@@ -1131,12 +1229,17 @@ impl Conn<'_> {
     async fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
         let outcome = self.session.tasks.abort_where(pick);
         for itt in &outcome.aborted {
-            if self.collectors.remove(itt).is_some() {
+            if let Some(c) = self.collectors.remove(itt) {
                 // Never executed: its window slot is freed here.
-                self.shared.complete();
+                c.drop_aborted(&self.shared);
             }
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        // Aborted double-buffered WRITEs first end their chunk writes, so
+        // none lands after the initiator hears of the abort.
+        self.sync_writes
+            .wait_drained(&outcome.aborted, deadline)
+            .await;
         for itt in &outcome.completing {
             while self.session.tasks.contains(*itt) && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -1154,7 +1257,7 @@ fn internal_failure_sense() -> Vec<u8> {
 
 /// Sense data for a write whose Data-Out PDUs broke the sequence rules:
 /// ABORTED COMMAND, DATA PHASE ERROR (4B/00).
-fn data_phase_error_sense() -> Vec<u8> {
+pub(super) fn data_phase_error_sense() -> Vec<u8> {
     use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
     Sense::new(SenseKey::AbortedCommand, Asc::new(0x4b, 0x00)).encode(SenseFormat::Fixed)
 }

@@ -14,7 +14,9 @@ pub mod rdma;
 pub mod response;
 pub mod session;
 pub mod syncread;
+pub mod syncwrite;
 pub mod window;
+pub mod write_chunks;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -89,6 +91,8 @@ pub struct Fabric {
     pub rdma: OnceLock<Arc<rdma::RdmaService>>,
     /// LUNs whose READs use synchronized sends (see [`syncread`]).
     pub sync_reads: syncread::SyncReads,
+    /// LUNs whose WRITEs are double-buffered (see [`syncwrite`]).
+    pub sync_writes: syncwrite::SyncWrites,
 }
 
 impl Fabric {
@@ -106,6 +110,7 @@ impl Fabric {
             shutdown,
             rdma: OnceLock::new(),
             sync_reads: syncread::SyncReads::default(),
+            sync_writes: syncwrite::SyncWrites::default(),
         });
         for target in &fabric.catalog.targets {
             // Weak: the handler lives inside the catalog the fabric owns.
