@@ -91,6 +91,9 @@ pub struct SyncReadLun {
     pub mode: Mode,
     /// State timers of every READ served on this path.
     pub stats: Arc<PhaseStats>,
+    /// Data-In PDUs sent at another offset than where the previous one
+    /// ended (DataPDUInOrder=No at work), a debug counter.
+    pub reordered_pdus: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SyncReadLun {
@@ -131,6 +134,13 @@ impl SyncReads {
         let e = open_engine(BufferPool::with_defaults(), EnginePref::Auto)?;
         *g = Some(e.clone());
         Ok(e)
+    }
+
+    /// Makes LUNs enabled from now on use `engine` (e.g. the thread pool,
+    /// or an emulated disk for benchmarks) instead of the one
+    /// [`SyncReads::engine`] would open; `banner` names it in the log.
+    pub fn set_engine(&self, engine: Arc<dyn Engine>, banner: String) {
+        *self.engine.lock().unwrap_or_else(|e| e.into_inner()) = Some((engine, banner));
     }
 
     /// Turns the engine read path on for READs of `lun` of `target`, whose
@@ -200,6 +210,7 @@ impl SyncReads {
                     chunk,
                     mode,
                     stats: Arc::new(PhaseStats::default()),
+                    reordered_pdus: Default::default(),
                 }),
             );
         self.any.store(true, Ordering::Release);
@@ -679,8 +690,13 @@ async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
     );
     // Data-In PDUs queued to the writer (they count in ExpDataSN).
     let mut queued = 0u32;
+    let mut next_offset = 0u32;
     loop {
         for (u, seg) in stamper.release(p.read.take_ready()) {
+            if seg.offset != next_offset {
+                job.path.reordered_pdus.fetch_add(1, Ordering::Relaxed);
+            }
+            next_offset = seg.offset + seg.length;
             let (_, data) = p.read.unit_bytes(u);
             let now = Instant::now();
             let t = p.read.timers_mut();
@@ -866,6 +882,9 @@ mod tests {
         (f, src)
     }
 
+    /// PDUs in send order: unit, segment as sent, bytes.
+    type Sent = Vec<(usize, DataInSegment, Vec<u8>)>;
+
     /// Drives a read the way `send_tcp` does, completing chunks in
     /// `completion_order`; returns every PDU sent, in send order, with its
     /// bytes.
@@ -876,7 +895,7 @@ mod tests {
         mbl: u32,
         order: SendOrder,
         completion_order: &[u64],
-    ) -> (Vec<(usize, DataInSegment, Vec<u8>)>, Vec<u8>, CommandTimers) {
+    ) -> (Sent, Vec<u8>, CommandTimers) {
         let data: Vec<u8> = (0..len).map(|i| (i / 512) as u8 ^ (i as u8)).collect();
         let (_f, src) = file_with(&data);
         let engine = GatedEngine::new();

@@ -1,0 +1,221 @@
+//! The engine READ path end to end (issue 7, part 3), against an
+//! in-process blockwire fabric with a file LUN: a session that negotiated
+//! DataPDUInOrder=No reads back what it wrote (PDUs placed by BufferOffset),
+//! the serial baseline on the same path does too, an RDMA-offloaded READ on
+//! a synchronized LUN is placed one RDMA Write per chunk, and every served
+//! READ lands in the LUN's state-timer histograms with phases that add up.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockwire_initiator::rdma::{AssistedSession, Mode as RdmaMode, RdmaConfig};
+use blockwire_initiator::{InitiatorConfig, Session};
+use blockwire_target::backstore::{FileBackstore, FileMode};
+use blockwire_target::datapath::{open_engine, BufferPool, EnginePref, Mode, Phase, PhaseStats};
+use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::{Fabric, FabricSettings};
+use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use support::*;
+use tokio::sync::watch;
+
+const TARGET: &str = "iqn.2026-11.io.blockwire:sync-send";
+const BS: usize = 512;
+const LUN_BYTES: u64 = 32 << 20;
+
+struct TestTarget {
+    addr: SocketAddr,
+    fabric: Arc<Fabric>,
+    _stop: watch::Sender<bool>,
+    _dir: Scratch,
+}
+
+/// A fabric with one file LUN read through the engine path in `mode` with
+/// `chunk`-byte chunks (on the pread thread pool when `threads`, whose
+/// workers finish chunks in any order); RDMA offload offered when `rdma`.
+async fn start(mode: Mode, chunk: usize, rdma: bool, threads: bool) -> TestTarget {
+    let dir = Scratch::new("sync-send");
+    let path = dir.0.join("lun0.img");
+    let fb = FileBackstore::open_with(&path, Some(LUN_BYTES), false, FileMode::Direct).unwrap();
+    let direct = fb.mode() == FileMode::Direct;
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(fb)));
+    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    let addr = portal.local_addr().unwrap();
+    let catalog = Catalog {
+        portal_groups: vec![PortalGroup {
+            tag: 1,
+            addresses: vec![addr],
+        }],
+        targets: vec![Arc::new(TargetEntry {
+            name: TARGET.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl: Acl::Any,
+            auth: AuthPolicy::default(),
+            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+        })],
+        discovery_auth: AuthPolicy::default(),
+    };
+    let (stop, shutdown) = watch::channel(false);
+    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
+    if threads {
+        let (e, banner) = open_engine(BufferPool::with_defaults(), EnginePref::ThreadPool).unwrap();
+        fabric.sync_reads.set_engine(e, banner);
+    }
+    let line = fabric
+        .sync_reads
+        .enable(TARGET, 0, &path, direct, chunk, mode)
+        .unwrap();
+    eprintln!("LUN 0: {line}");
+    if rdma {
+        fabric
+            .start_rdma("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    }
+    tokio::spawn(portal.run(fabric.clone()));
+    TestTarget {
+        addr,
+        fabric,
+        _stop: stop,
+        _dir: dir,
+    }
+}
+
+fn lun_stats(t: &TestTarget) -> Arc<PhaseStats> {
+    let all = t.fabric.sync_reads.stats();
+    assert_eq!(all.len(), 1);
+    assert_eq!((all[0].0.as_str(), all[0].1), (TARGET, 0));
+    all[0].2.clone()
+}
+
+/// Every served READ is in the histograms, and its phases add up:
+/// init + disk read + send not overlapped + finish = total, summed over
+/// the commands (send setup overlaps the disk read).
+fn check_stats(s: &PhaseStats, reads: u64, bytes: u64) {
+    assert_eq!(s.histogram(Phase::Total).count(), reads);
+    assert_eq!(s.bytes.load(Ordering::Relaxed), bytes);
+    let parts: Duration = [
+        Phase::Init,
+        Phase::DiskRead,
+        Phase::SendUnoverlapped,
+        Phase::Fin,
+    ]
+    .iter()
+    .map(|&p| s.histogram(p).sum())
+    .sum();
+    assert_eq!(parts, s.histogram(Phase::Total).sum());
+    assert!(s.histogram(Phase::DiskRead).sum() > Duration::ZERO);
+}
+
+async fn write_read_back(t: &TestTarget, cfg: InitiatorConfig, len: usize, seed: u64) -> Session {
+    let s = Arc::new(
+        Session::connect(cfg, &t.addr.to_string(), TARGET)
+            .await
+            .unwrap(),
+    );
+    let data = Arc::new(pattern(len, seed));
+    write_all(&s, 0, 0, BS, &data, 8, 2048).await;
+    let got = read_all(&s, 0, 0, BS, len, 8).await;
+    assert!(
+        checksum(&got) == checksum(&data) && got == *data,
+        "read back differs from what was written"
+    );
+    match Arc::try_unwrap(s) {
+        Ok(s) => s,
+        Err(_) => panic!("a worker still holds the session"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_pdu_in_order_no_reads_what_was_written() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        // 16 KiB chunks under 8 KiB PDUs: two PDUs per chunk, 64 chunks
+        // per 1 MiB READ, completing in whatever order the engine finishes.
+        let t = start(Mode::Synchronized, 16 << 10, false, true).await;
+        let mut cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:unordered")
+            .with_data_pdu_in_order(false);
+        cfg.max_recv_data_segment_length = 8192;
+        let len = 16 << 20;
+        let s = write_read_back(&t, cfg, len, 7).await;
+        assert!(
+            !s.params().data_pdu_in_order,
+            "DataPDUInOrder=No negotiated"
+        );
+        s.logout().await.unwrap();
+        check_stats(&lun_stats(&t), (len >> 20) as u64, len as u64);
+        let path = t.fabric.sync_reads.get(TARGET, 0).unwrap();
+        eprintln!(
+            "PDUs sent out of offset order: {}; {}",
+            path.reordered_pdus.load(Ordering::Relaxed),
+            t.fabric.sync_reads.summary().join("; ")
+        );
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_order_by_default_and_the_serial_baseline() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let t = start(Mode::Serial, 64 << 10, false, false).await;
+        let cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:ordered");
+        let len = 8 << 20;
+        let s = write_read_back(&t, cfg, len, 11).await;
+        assert!(s.params().data_pdu_in_order, "the initiator offered Yes");
+        s.logout().await.unwrap();
+        let path = t.fabric.sync_reads.get(TARGET, 0).unwrap();
+        assert_eq!(path.reordered_pdus.load(Ordering::Relaxed), 0);
+        let st = lun_stats(&t);
+        check_stats(&st, (len >> 20) as u64, len as u64);
+        // Serial: nothing is sent before the whole read is done, so the
+        // send time is all unoverlapped and the disk read phase holds it all.
+        assert!(st.histogram(Phase::SendUnoverlapped).sum() > Duration::ZERO);
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_reads_are_placed_one_write_per_chunk() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let chunk = 64 << 10;
+        let t = start(Mode::Synchronized, chunk, true, true).await;
+        let cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:rdma-sync");
+        let s = AssistedSession::connect(cfg, RdmaConfig::default(), &t.addr.to_string(), TARGET)
+            .await
+            .unwrap();
+        assert_eq!(s.mode().await, RdmaMode::Offloaded);
+        let len = 4 << 20;
+        let data = pattern(len, 3);
+        // Written over plain iSCSI so only the READ goes by RDMA Write.
+        s.session()
+            .write(0, 0, (len / BS) as u32, &data)
+            .await
+            .unwrap();
+        let counters = t.fabric.rdma.get().unwrap().counters();
+        let writes_before = counters.rdma_writes.load(Ordering::Relaxed);
+        let mut r = s.alloc(len).unwrap();
+        let c = s.read(0, 0, (len / BS) as u32, &mut r).await.unwrap();
+        assert_eq!(c.transferred, len);
+        assert!(r.to_vec() == data, "RDMA-placed data differ");
+        let writes = counters.rdma_writes.load(Ordering::Relaxed) - writes_before;
+        assert!(
+            writes >= (len / chunk) as u64,
+            "{writes} RDMA Writes for {} chunks",
+            len / chunk
+        );
+        assert_eq!(counters.failed_transfers.load(Ordering::Relaxed), 0);
+        assert_eq!(s.stats().offloaded_reads, 1);
+        s.logout().await.unwrap();
+        check_stats(&lun_stats(&t), 1, len as u64);
+    })
+    .await
+    .expect("test timed out");
+}
