@@ -127,7 +127,8 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         info!(target = %d.target, lun = d.lun, "READ engine: {line}");
     }
     if fabric.settings.no_net {
-        warn!("--no-net: BENCHMARK-ONLY MODE. READ data are read from the backstores (SCSI core, serial path) but NOT SENT:                every READ ends GOOD with a residual underflow of its whole length. Initiators get no data; do not use for real I/O.");
+        warn!("--no-net: BENCHMARK-ONLY MODE. READ data are read from the backstores (SCSI core, serial path) but NOT SENT: \
+               every READ ends GOOD with a residual underflow of its whole length. Initiators get no data; do not use for real I/O.");
     }
     if fabric.settings.zero_copy_send {
         info!("zero-copy sends (MSG_ZEROCOPY) for Data-In payloads of at least {} KiB where the kernel allows it ([fabric] zero_copy_send = false turns them off)", blockwire_target::iscsi::zerocopy::ZC_MIN >> 10);

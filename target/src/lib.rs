@@ -6,6 +6,7 @@
 //! lifecycle). `scsi` never imports from `iscsi`.
 
 pub mod backstore;
+pub mod copies;
 pub mod datapath;
 pub mod iscsi;
 pub mod scsi;

@@ -278,6 +278,7 @@ impl FileBackstore {
             with_bounce(span, |b| -> io::Result<()> {
                 self.file.read_exact_at(b, start)?;
                 buf[done..done + want].copy_from_slice(&b[head..head + want]);
+                crate::copies::note_user_copy(want);
                 Ok(())
             })?;
             done += want;
@@ -346,7 +347,11 @@ impl Backstore for FileBackstore {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check(offset, buf.len() as u64)?;
         match self.mode {
-            FileMode::Cached => self.file.read_exact_at(buf, offset),
+            FileMode::Cached => {
+                // Page cache -> this buffer: one kernel copy per byte.
+                crate::copies::note_read_to_user(buf.len());
+                self.file.read_exact_at(buf, offset)
+            }
             FileMode::Direct => self.direct_read(offset, buf),
         }
     }

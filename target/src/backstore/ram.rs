@@ -65,7 +65,10 @@ impl Backstore for RamBackstore {
             let chunk = self.chunks[c].read().unwrap_or_else(|e| e.into_inner());
             let n = range.len();
             match chunk.as_ref() {
-                Some(data) => buf[range].copy_from_slice(&data[at..at + n]),
+                Some(data) => {
+                    buf[range].copy_from_slice(&data[at..at + n]);
+                    crate::copies::note_user_copy(n);
+                }
                 None => buf[range].fill(0),
             }
         });

@@ -35,6 +35,7 @@ use super::response::{response_pdus, status_only, DataInLimits};
 use super::session::{Session, SessionError, SessionRequest};
 use super::window::{Admission, CmdWindow};
 use super::Fabric;
+use crate::copies::{CopyPath, Counts};
 use crate::scsi::{LunTable, ScsiRequest};
 use blockwire_transport::assist::{Descriptor, Direction};
 
@@ -48,6 +49,14 @@ const TASK_SET_FULL: u8 = 0x28;
 pub(super) enum Outgoing {
     /// Stamp and send.
     Pdu(Pdu),
+    /// Stamp and send a Data-In whose payload is `len` bytes of `lun`'s
+    /// file at `offset`, by sendfile (see [`super::sendfile`]).
+    FileData {
+        bhs: Bhs,
+        lun: Arc<super::sendfile::SendfileLun>,
+        offset: u64,
+        len: u32,
+    },
     /// Flush, then close the connection.
     Close,
 }
@@ -55,6 +64,8 @@ pub(super) enum Outgoing {
 /// State shared by the reader, the writer and running commands.
 pub(super) struct Shared {
     window: Mutex<CmdWindow<Admitted>>,
+    /// Per-command copy tallies of READ payloads (debug copy counter).
+    pub(super) copies: Arc<crate::copies::Tracker>,
 }
 
 impl Shared {
@@ -141,7 +152,7 @@ pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
 async fn login(
     fabric: &Arc<Fabric>,
     reader: &mut PduReader<tokio::net::tcp::OwnedReadHalf>,
-    writer: &mut PduWriter<tokio::net::tcp::OwnedWriteHalf>,
+    writer: &mut PduWriter,
     tpgt: u16,
     local: SocketAddr,
     peer: Option<SocketAddr>,
@@ -344,7 +355,7 @@ async fn full_feature(
     fabric: &Arc<Fabric>,
     session: &Arc<Session>,
     mut reader: PduReader<tokio::net::tcp::OwnedReadHalf>,
-    mut writer: PduWriter<tokio::net::tcp::OwnedWriteHalf>,
+    mut writer: PduWriter,
     outcome: &LoginOutcome,
     local: SocketAddr,
     rdma: Option<Arc<Slot>>,
@@ -357,7 +368,16 @@ async fn full_feature(
     writer.digests = digests;
     let shared = Arc::new(Shared {
         window: Mutex::new(CmdWindow::new(exp_cmd_sn, fabric.settings.queue_depth)),
+        copies: Arc::default(),
     });
+    writer.track_copies(shared.copies.clone());
+    if fabric.settings.zero_copy_send && writer.enable_zero_copy() {
+        debug!(
+            tsih = session.tsih,
+            "zero-copy sends (MSG_ZEROCOPY) for Data-In payloads of at least {} KiB",
+            super::zerocopy::ZC_MIN >> 10
+        );
+    }
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), first_stat_sn));
@@ -478,12 +498,30 @@ async fn full_feature(
 
 /// Sends PDUs in order, stamping sequence numbers as they leave.
 async fn write_loop(
-    mut writer: PduWriter<tokio::net::tcp::OwnedWriteHalf>,
+    mut writer: PduWriter,
     mut rx: mpsc::Receiver<Outgoing>,
     shared: Arc<Shared>,
     mut stat_sn: u32,
 ) {
-    while let Some(first) = rx.recv().await {
+    loop {
+        // While zero-copy sends await the kernel's notification, an idle
+        // writer reaps them so their buffers return to the pool.
+        let first = if writer.zero_copy_pending() {
+            tokio::select! {
+                m = rx.recv() => m,
+                r = writer.reap_zero_copy() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        } else {
+            rx.recv().await
+        };
+        let Some(first) = first else {
+            break;
+        };
         let mut next = Some(first);
         // Drain what is queued before flushing, so small PDUs share writes.
         while let Some(item) = next.take() {
@@ -502,6 +540,35 @@ async fn write_loop(
                         stat_sn = stat_sn.wrapping_add(1);
                     }
                     if writer.push(&pdu).await.is_err() {
+                        return;
+                    }
+                }
+                Outgoing::FileData {
+                    mut bhs,
+                    lun,
+                    offset,
+                    len,
+                } => {
+                    let (exp, max) = {
+                        let w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
+                        (w.exp_cmd_sn(), w.max_cmd_sn())
+                    };
+                    stamp(&mut bhs, stat_sn, exp, max);
+                    if advances_stat_sn(&bhs) {
+                        stat_sn = stat_sn.wrapping_add(1);
+                    }
+                    if let Err(e) = writer
+                        .push_file(&bhs, &lun.file, offset, len, &lun.label)
+                        .await
+                    {
+                        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                            // The header left already: the PDU cannot be
+                            // completed or taken back.
+                            tracing::error!(lun = %lun.label, error = %e, "sendfile READ came up short: dropping the connection");
+                        } else {
+                            debug!(lun = %lun.label, error = %e, "sendfile failed");
+                        }
+                        writer.abort();
                         return;
                     }
                 }
@@ -870,7 +937,11 @@ impl Conn<'_> {
             cmd: cmd.clone(),
             cdb: cdb.to_vec(),
             luns: target.luns.clone(),
-            nexus: self.session.nexus.clone().expect("normal session has a nexus"),
+            nexus: self
+                .session
+                .nexus
+                .clone()
+                .expect("normal session has a nexus"),
             session: self.session.clone(),
             shared: self.shared.clone(),
             tx: self.tx.clone(),
@@ -1026,16 +1097,57 @@ impl Conn<'_> {
             shared.complete();
             return;
         };
+        // --no-net (benchmark only): READs run on the serial path, which
+        // reads the data; their Data-In is not sent (see below).
+        let no_net = self.fabric.settings.no_net
+            && offload.is_none()
+            && cmd.read
+            && !cmd.write
+            && is_media_read(&cdb);
+        // Cached file LUNs: READ payloads by sendfile (sendfile.rs), unless
+        // data digests need the bytes in memory.
+        let lun_id = cmd.lun.index().unwrap_or(u16::MAX);
+        if !no_net && offload.is_none() && cmd.read && !cmd.write {
+            if let Some(file) = self.fabric.sendfile_reads.get(&target.name, lun_id) {
+                if digests_of(&session.params).data {
+                    debug!(
+                        itt = cmd.itt,
+                        "DataDigest on: READ takes the copy path, not sendfile"
+                    );
+                } else {
+                    tokio::spawn(super::sendfile::serve(super::sendfile::FileReadJob {
+                        cmd,
+                        cdb,
+                        luns,
+                        nexus,
+                        session,
+                        shared,
+                        tx,
+                        limits,
+                        aborted,
+                        lun: file,
+                    }));
+                    return;
+                }
+            }
+        }
         // READs of engine-path LUNs (syncread.rs): Data-In as chunks become
         // valid, or for an offloaded READ one RDMA Write per chunk.
         let offloaded_read =
             matches!((&offload, &svc), (Some((_, d)), Some(_)) if d.dir == Direction::Read);
-        if (offload.is_none() || offloaded_read) && cmd.read && !cmd.write {
+        if !no_net && (offload.is_none() || offloaded_read) && cmd.read && !cmd.write {
             if let Some(path) = self
                 .fabric
                 .sync_reads
                 .get(&target.name, cmd.lun.index().unwrap_or(u16::MAX))
             {
+                if offload.is_none() {
+                    // Debug copy counter: the engine reads into registered
+                    // buffers (a kernel copy unless O_DIRECT).
+                    shared
+                        .copies
+                        .begin(cmd.itt, CopyPath::Engine, Counts::default(), !path.direct);
+                }
                 let rdma = match (offload, svc) {
                     (Some((slot, desc)), Some(svc)) => {
                         Some(super::syncread::RdmaPlacement { svc, slot, desc })
@@ -1078,7 +1190,7 @@ impl Conn<'_> {
                 }
             }
             let blocking_aborted = aborted.clone();
-            let result = tokio::task::spawn_blocking(move || {
+            let joined = tokio::task::spawn_blocking(move || {
                 // The write data's share of the connection's budget is
                 // returned when this closure ends, with the data itself,
                 // before the response is sent.
@@ -1102,9 +1214,17 @@ impl Conn<'_> {
                         0
                     },
                 };
-                Some(luns.execute(&req))
+                // The copies the core makes reading (debug copy counter).
+                let _ = crate::copies::take_thread();
+                let r = luns.execute(&req);
+                Some((r, crate::copies::take_thread()))
             })
             .await;
+            let (result, core) = match joined {
+                Ok(Some((r, c))) => (Ok(Some(r)), c),
+                Ok(None) => (Ok(None), Counts::default()),
+                Err(e) => (Err(e), Counts::default()),
+            };
             // READ data go into the initiator's buffers before the status.
             let mut placed = None;
             if let (Ok(Some(r)), Some((slot, desc)), Some(svc)) = (&result, &offload, &svc) {
@@ -1132,7 +1252,27 @@ impl Conn<'_> {
                     result.data_in = Vec::new();
                     response_pdus(&cmd, result, limits, 0)
                 }
-                Ok(Some(result)) => response_pdus(&cmd, result, limits, r2t_count),
+                Ok(Some(mut result)) if no_net && result.status == 0 && result.sense.is_none() => {
+                    // Read, not sent: GOOD with a residual underflow of the
+                    // whole Expected Data Transfer Length.
+                    crate::copies::add(
+                        CopyPath::NoNet,
+                        &Counts {
+                            commands: 1,
+                            payload: result.data_in.len() as u64,
+                            ..core
+                        },
+                    );
+                    result.data_in = Vec::new();
+                    result.transfer_length = 0;
+                    response_pdus(&cmd, result, limits, 0)
+                }
+                Ok(Some(result)) => {
+                    if cmd.read && placed.is_none() && !result.data_in.is_empty() {
+                        shared.copies.begin(cmd.itt, CopyPath::Copy, core, false);
+                    }
+                    response_pdus(&cmd, result, limits, r2t_count)
+                }
                 Ok(None) => Vec::new(),
                 Err(e) => {
                     // A bug in the SCSI core must not leave the initiator
@@ -1247,6 +1387,11 @@ impl Conn<'_> {
         }
         outcome.aborted.len()
     }
+}
+
+/// READ(6/10/12/16): the commands whose data `--no-net` does not send.
+fn is_media_read(cdb: &[u8]) -> bool {
+    matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88))
 }
 
 /// HARDWARE ERROR, INTERNAL TARGET FAILURE (44/00).

@@ -1,10 +1,18 @@
 //! Reading PDUs from a socket and writing them back: the thin async layer
 //! around the sans-IO framer.
 
-use blockwire_pdu::pdu::RESERVED_TAG;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+use blockwire_pdu::pdu::{data_digest, encode_header, padded_len, RESERVED_TAG};
 use blockwire_pdu::{Bhs, DecodeError, Digests, Frame, FrameDecoder, FrameSize, Pdu};
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+
+use super::zerocopy::{self, Held, ZeroCopy, ZC_MIN};
+use crate::copies::{CopyPath, Counts, Tracker};
 
 /// Why reading the next PDU failed.
 #[derive(Debug, thiserror::Error)]
@@ -118,51 +126,232 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
 
 /// Writes PDUs, coalescing small ones into one buffer and sending large
 /// data segments straight from their own memory.
-pub struct PduWriter<W> {
-    inner: W,
+///
+/// A PDU with a large payload (at least [`DIRECT_WRITE_MIN`] bytes) leaves
+/// in ONE gathered send: whatever small PDUs are queued, its header, the
+/// payload from its own buffer (not copied) and its padding and data
+/// digest, as one `writev` — or one `sendmsg(MSG_ZEROCOPY)` when zero-copy
+/// sends are on and the payload is at least [`zerocopy::ZC_MIN`] bytes
+/// (see [`zerocopy`]). Only a partial send (socket buffer full) makes a
+/// second call for the same PDU. [`PduWriter::push_file`] sends a payload
+/// straight from a file with `sendfile(2)` (see [`super::sendfile`]).
+///
+/// Every Data-In payload's copies are tallied per command (see
+/// [`crate::copies`]) when a tracker is attached.
+pub struct PduWriter {
+    inner: OwnedWriteHalf,
     out: Vec<u8>,
     /// Digests in force.
     pub digests: Digests,
+    zc: Option<ZeroCopy>,
+    tracker: Option<Arc<Tracker>>,
+    /// What the writer did, for tests and debugging.
+    pub stats: WriterStats,
+}
+
+/// Counts of a writer's system calls.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WriterStats {
+    /// PDUs with a large payload sent by a gathered send.
+    pub gathered_pdus: u64,
+    /// Send calls made for them (one each unless the socket was full).
+    pub gathered_calls: u64,
+    /// Payload bytes sent by `sendfile(2)`.
+    pub sendfile_bytes: u64,
+    /// Zero-copy send calls.
+    pub zc_calls: u64,
 }
 
 /// Data segments at least this long are written from their own buffer
 /// rather than copied into the coalescing buffer.
-const DIRECT_WRITE_MIN: usize = 16 * 1024;
+pub const DIRECT_WRITE_MIN: usize = 16 * 1024;
 
-impl<W: AsyncWrite + Unpin> PduWriter<W> {
-    /// A writer with no digests.
-    pub fn new(inner: W) -> Self {
+/// What the writer needs to know of a PDU for the copy counter.
+fn accounting(bhs: &Bhs) -> (Option<u32>, bool) {
+    match bhs {
+        // (ITT whose payload this is, whether its status leaves with it)
+        Bhs::DataIn(d) => (Some(d.itt), d.status.is_some()),
+        Bhs::ScsiResponse(r) => (Some(r.itt), true),
+        _ => (None, false),
+    }
+}
+
+impl PduWriter {
+    /// A writer with no digests, plain sends and no copy tracking.
+    pub fn new(inner: OwnedWriteHalf) -> Self {
         PduWriter {
             inner,
             out: Vec::with_capacity(64 * 1024),
             digests: Digests::NONE,
+            zc: None,
+            tracker: None,
+            stats: WriterStats::default(),
+        }
+    }
+
+    fn fd(&self) -> RawFd {
+        self.inner.as_ref().as_raw_fd()
+    }
+
+    /// Turns zero-copy sends on for large payloads; false (logged once)
+    /// when the kernel refuses, and sends stay plain.
+    pub fn enable_zero_copy(&mut self) -> bool {
+        if self.zc.is_none() {
+            self.zc = ZeroCopy::enable(self.fd());
+        }
+        self.zc.is_some()
+    }
+
+    /// The zero-copy state, when zero-copy sends are on.
+    pub fn zero_copy(&self) -> Option<&ZeroCopy> {
+        self.zc.as_ref()
+    }
+
+    /// Tallies Data-In payload copies per command into `tracker`.
+    pub fn track_copies(&mut self, tracker: Arc<Tracker>) {
+        self.tracker = Some(tracker);
+    }
+
+    fn note(&self, itt: Option<u32>, f: impl FnOnce(&mut Counts)) -> Option<CopyPath> {
+        match (&self.tracker, itt) {
+            (Some(t), Some(itt)) => t.on_send(itt, f),
+            _ => None,
+        }
+    }
+
+    fn finish(&self, itt: Option<u32>, status: bool) {
+        if let (Some(t), Some(itt), true) = (&self.tracker, itt, status) {
+            t.finish(itt);
         }
     }
 
     /// Queues one PDU; large payloads are written immediately.
     pub async fn push(&mut self, pdu: &Pdu) -> std::io::Result<()> {
+        let (itt, status) = accounting(&pdu.bhs);
+        let len = pdu.data.len() as u64;
+        let data_in = matches!(pdu.bhs, Bhs::DataIn(_));
         if pdu.data.len() < DIRECT_WRITE_MIN {
+            // Copied into the coalescing buffer, then written from it.
             pdu.encode_into(&mut self.out, self.digests);
+            if data_in {
+                self.note(itt, |c| {
+                    c.payload += len;
+                    c.user_copied += len;
+                    c.sent_from_user += len;
+                });
+            }
+            self.finish(itt, status);
             if self.out.len() >= 256 * 1024 {
                 self.flush().await?;
             }
             return Ok(());
         }
-        let header = blockwire_pdu::pdu::encode_header(
-            &pdu.bhs,
-            &pdu.ahs,
-            pdu.data.len() as u32,
-            self.digests,
-        );
+        let header = encode_header(&pdu.bhs, &pdu.ahs, pdu.data.len() as u32, self.digests);
+        self.out.extend_from_slice(&header);
+        let mut tail = [0u8; 3 + 4];
+        let pad = padded_len(pdu.data.len()) - pdu.data.len();
+        let mut tail_len = pad;
+        if self.digests.data {
+            tail[pad..pad + 4].copy_from_slice(&data_digest(&pdu.data));
+            tail_len += 4;
+        }
+        let tail = &tail[..tail_len];
+        let fd = self.fd();
+        let zero_copy = self.zc.is_some() && pdu.data.len() >= ZC_MIN;
+        if zero_copy {
+            let path = self.note(itt, |c| c.payload += len);
+            let held = Arc::new(Held {
+                head: std::mem::take(&mut self.out),
+                payload: pdu.data.clone(),
+                tail: tail.to_vec(),
+            });
+            let zc = self.zc.as_mut().expect("checked");
+            let (zc_bytes, copied, calls) = zc.send(self.inner.as_ref(), fd, held, path).await?;
+            self.stats.zc_calls += calls;
+            self.stats.gathered_calls += calls;
+            self.note(itt, |c| {
+                c.zc_sent += zc_bytes;
+                c.sent_from_user += copied;
+            });
+        } else {
+            let parts = [&self.out[..], &pdu.data[..], tail];
+            let calls = write_gathered(self.inner.as_ref(), &parts).await?;
+            self.stats.gathered_calls += calls;
+            self.out.clear();
+            self.note(itt, |c| {
+                c.payload += len;
+                c.sent_from_user += len;
+            });
+        }
+        self.stats.gathered_pdus += 1;
+        self.finish(itt, status);
+        Ok(())
+    }
+
+    /// Sends a PDU whose payload is `len` bytes of `file` at `offset`: the
+    /// header (and what is queued) first, then the payload by `sendfile(2)`
+    /// from the page cache straight to the socket; the padding is queued.
+    /// With data digests on (which need the bytes) the payload is read
+    /// into memory and sent as [`PduWriter::push`] would.
+    ///
+    /// A file that ends before `offset + len` is an `UnexpectedEof` error
+    /// naming `label`: the header already left, so the connection cannot
+    /// continue and the caller must drop it.
+    pub async fn push_file(
+        &mut self,
+        bhs: &Bhs,
+        file: &std::fs::File,
+        offset: u64,
+        len: u32,
+        label: &str,
+    ) -> std::io::Result<()> {
+        if self.digests.data {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; len as usize];
+            file.read_exact_at(&mut buf, offset).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("{label}: reading {len} bytes at {offset}: {e}"),
+                )
+            })?;
+            let (itt, _) = accounting(bhs);
+            self.note(itt, |c| c.read_to_user += u64::from(len));
+            return self.push(&Pdu::with_data(bhs.clone(), buf)).await;
+        }
+        let (itt, status) = accounting(bhs);
+        let header = encode_header(bhs, &[], len, self.digests);
         self.out.extend_from_slice(&header);
         self.flush_buffer().await?;
-        self.inner.write_all(&pdu.data).await?;
-        let pad = blockwire_pdu::pdu::padded_len(pdu.data.len()) - pdu.data.len();
-        self.out.extend_from_slice(&[0u8; 3][..pad]);
-        if self.digests.data {
-            self.out
-                .extend_from_slice(&blockwire_pdu::pdu::data_digest(&pdu.data));
+        let stream = self.inner.as_ref();
+        let mut at = offset;
+        let end = offset + u64::from(len);
+        while at < end {
+            let want = (end - at) as usize;
+            let n = stream
+                .async_io(tokio::io::Interest::WRITABLE, || {
+                    let mut off = at;
+                    rustix::fs::sendfile(stream, file, Some(&mut off), want)
+                        .map_err(std::io::Error::from)
+                })
+                .await?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "{label}: the file ends before byte {end} (sendfile stopped at {at}; was it truncated?)"
+                    ),
+                ));
+            }
+            at += n as u64;
         }
+        self.stats.sendfile_bytes += u64::from(len);
+        let pad = padded_len(len as usize) - len as usize;
+        self.out.extend_from_slice(&[0u8; 3][..pad]);
+        self.note(itt, |c| {
+            c.payload += u64::from(len);
+            c.sendfile += u64::from(len);
+        });
+        self.finish(itt, status);
         Ok(())
     }
 
@@ -180,11 +369,73 @@ impl<W: AsyncWrite + Unpin> PduWriter<W> {
         self.inner.flush().await
     }
 
-    /// Shuts the write side down after flushing.
+    /// Shuts the write side down after flushing, after waiting (boundedly)
+    /// for the kernel to release zero-copy buffers.
     pub async fn shutdown(&mut self) -> std::io::Result<()> {
         self.flush().await?;
+        self.release_zero_copy().await;
         self.inner.shutdown().await
     }
+
+    /// Whether zero-copy buffers wait for the kernel's notification.
+    pub fn zero_copy_pending(&self) -> bool {
+        self.zc.as_ref().is_some_and(|z| z.inflight() > 0)
+    }
+
+    /// Waits for a zero-copy completion and releases the buffers it covers
+    /// (for an idle writer, so buffers go back to their pool without
+    /// waiting for the next send). Cancel-safe.
+    pub async fn reap_zero_copy(&mut self) -> std::io::Result<()> {
+        let fd = self.fd();
+        match self.zc.as_mut() {
+            Some(zc) if zc.inflight() > 0 => zc.reap(self.inner.as_ref(), fd).await,
+            _ => std::future::pending().await,
+        }
+    }
+
+    /// Waits (at most a few seconds) until the kernel has released every
+    /// zero-copy buffer, so none returns to its pool while still referenced.
+    pub async fn release_zero_copy(&mut self) {
+        let fd = self.fd();
+        if let Some(zc) = self.zc.as_mut() {
+            if zc.inflight() > 0 {
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    zc.wait_below(self.inner.as_ref(), fd, 1),
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Ends the connection in both directions at once (the reader sees end
+    /// of stream): for a failure after a PDU's header left.
+    pub fn abort(&self) {
+        // SAFETY: shutdown on our own, still open socket fd.
+        unsafe {
+            libc::shutdown(self.fd(), libc::SHUT_RDWR);
+        }
+    }
+}
+
+/// Writes `parts` in one `writev` when the socket takes it all, resuming
+/// after partial writes; returns the number of calls that wrote.
+pub async fn write_gathered(stream: &TcpStream, parts: &[&[u8]]) -> std::io::Result<u64> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let (mut done, mut calls) = (0usize, 0u64);
+    while done < total {
+        stream.writable().await?;
+        match stream.try_write_vectored(&zerocopy::slices_from(parts, done)) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                done += n;
+                calls += 1;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(calls)
 }
 
 /// Whether sending this PDU consumes a StatSN (RFC 7143 §4.2.2.2): every
@@ -226,5 +477,229 @@ pub fn stamp(bhs: &mut Bhs, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) {
         Bhs::AsyncMessage(p) => set!(p),
         Bhs::Reject(p) => set!(p),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockwire_pdu::pdu::{DataIn, NopIn};
+    use blockwire_pdu::Lun;
+    use bytes::Bytes;
+    use std::time::Duration;
+    use tokio::net::TcpListener;
+
+    /// A connected pair on loopback: (our writer over the accepted side, the
+    /// peer's stream). The send buffer is made large so a gathered send is
+    /// never cut short by a full socket (the test then counts calls).
+    async fn pair() -> (PduWriter, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (ours, _) = l.accept().await.unwrap();
+        let big: libc::c_int = 8 << 20;
+        // SAFETY: valid socket fd, int-sized option.
+        unsafe {
+            libc::setsockopt(
+                ours.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&big as *const libc::c_int).cast(),
+                4,
+            );
+        }
+        let (_rd, wr) = ours.into_split();
+        // The read half is dropped: only writing matters here.
+        (PduWriter::new(wr), peer)
+    }
+
+    fn data_in(sn: u32, offset: u32, data: Bytes, status: bool) -> Pdu {
+        Pdu::with_data(
+            Bhs::DataIn(DataIn {
+                final_bit: status,
+                acknowledge: false,
+                overflow: false,
+                underflow: false,
+                status: status.then_some(0),
+                lun: Lun::from_index(0),
+                itt: 7,
+                ttt: RESERVED_TAG,
+                stat_sn: 1,
+                exp_cmd_sn: 1,
+                max_cmd_sn: 1,
+                data_sn: sn,
+                buffer_offset: offset,
+                residual_count: 0,
+            }),
+            data,
+        )
+    }
+
+    /// Reads PDUs from `peer` until `n` arrived.
+    async fn read_pdus(peer: &mut TcpStream, digests: Digests, n: usize) -> Vec<Pdu> {
+        let framer = FrameDecoder::new(1 << 20, digests);
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        while out.len() < n {
+            match framer.decode(&buf).unwrap() {
+                Frame::Pdu { pdu, consumed } => {
+                    let _ = buf.split_to(consumed);
+                    out.push(pdu);
+                }
+                Frame::NeedMore(_) => {
+                    let r = tokio::time::timeout(Duration::from_secs(10), peer.read_buf(&mut buf))
+                        .await
+                        .expect("PDU within 10 s")
+                        .unwrap();
+                    assert!(r > 0, "stream ended after {} PDUs", out.len());
+                }
+            }
+        }
+        out
+    }
+
+    fn payload(len: usize, seed: u8) -> Bytes {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>()
+            .into()
+    }
+
+    #[tokio::test]
+    async fn large_payloads_leave_in_one_gathered_send_each_with_padding_and_digests() {
+        for digests in [
+            Digests::NONE,
+            Digests {
+                header: true,
+                data: true,
+            },
+        ] {
+            let (mut w, mut peer) = pair().await;
+            w.digests = digests;
+            let nop = Pdu::new(Bhs::NopIn(NopIn {
+                lun: Lun::default(),
+                itt: RESERVED_TAG,
+                ttt: 5,
+                stat_sn: 1,
+                exp_cmd_sn: 1,
+                max_cmd_sn: 1,
+            }));
+            // Odd lengths: 1 to 3 bytes of padding.
+            let sent: Vec<Pdu> = (0..8)
+                .map(|i| data_in(i, i * 30000, payload(20001 + i as usize, i as u8), i == 7))
+                .collect();
+            let reader = tokio::spawn(async move {
+                let got = read_pdus(&mut peer, digests, 9).await;
+                (got, peer)
+            });
+            w.push(&nop).await.unwrap();
+            for p in &sent {
+                w.push(p).await.unwrap();
+            }
+            w.flush().await.unwrap();
+            let (got, _peer) = reader.await.unwrap();
+            assert_eq!(got[0].bhs, nop.bhs, "the queued small PDU goes first");
+            for (g, s) in got[1..].iter().zip(&sent) {
+                assert_eq!(g.bhs, s.bhs);
+                assert_eq!(g.data, s.data, "payload intact");
+            }
+            assert_eq!(w.stats.gathered_pdus, 8);
+            assert_eq!(
+                w.stats.gathered_calls, 8,
+                "one writev per PDU (header, payload, padding, digest together)"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn zero_copy_sends_keep_data_intact_and_get_notified() {
+        let (mut w, mut peer) = pair().await;
+        assert!(w.enable_zero_copy(), "SO_ZEROCOPY works on this kernel");
+        w.digests = Digests {
+            header: true,
+            data: false,
+        };
+        let buf = payload(64 * 1024 * 16, 3);
+        let sent: Vec<Pdu> = (0..16u32)
+            .map(|i| {
+                let at = i as usize * 65536;
+                data_in(i, at as u32, buf.slice(at..at + 65536), i == 15)
+            })
+            .collect();
+        let reader = tokio::spawn(async move {
+            read_pdus(
+                &mut peer,
+                Digests {
+                    header: true,
+                    data: false,
+                },
+                16,
+            )
+            .await
+        });
+        for p in &sent {
+            w.push(p).await.unwrap();
+        }
+        w.flush().await.unwrap();
+        let got = reader.await.unwrap();
+        for (g, s) in got.iter().zip(&sent) {
+            assert_eq!(g.data, s.data);
+        }
+        w.release_zero_copy().await;
+        let zc = w.zero_copy().unwrap();
+        assert!(
+            w.stats.zc_calls >= 16,
+            "every 64 KiB payload went zero-copy"
+        );
+        assert_eq!(zc.inflight(), 0, "every zero-copy send completed");
+        assert!(zc.notifications > 0);
+        assert_eq!(zc.copied_calls + zc.zero_calls, w.stats.zc_calls);
+        drop(sent);
+        let mut buf = buf;
+        assert!(buf.is_unique(), "the kernel's references were released");
+        buf.truncate(0);
+    }
+
+    #[tokio::test]
+    async fn file_payloads_go_by_sendfile_unless_data_digests_need_the_bytes() {
+        use std::io::Write;
+        let mut f = tempfile::tempfile().unwrap();
+        let content = payload(300_000, 9);
+        f.write_all(&content).unwrap();
+        for digests in [
+            Digests {
+                header: true,
+                data: false,
+            },
+            Digests {
+                header: false,
+                data: true,
+            },
+        ] {
+            let (mut w, mut peer) = pair().await;
+            w.digests = digests;
+            let reader = tokio::spawn(async move { read_pdus(&mut peer, digests, 2).await });
+            let a = data_in(0, 0, Bytes::new(), false);
+            let b = data_in(1, 4097, Bytes::new(), true);
+            w.push_file(&a.bhs, &f, 0, 4097, "test LUN").await.unwrap();
+            w.push_file(&b.bhs, &f, 4097, 200_001, "test LUN")
+                .await
+                .unwrap();
+            w.flush().await.unwrap();
+            let got = reader.await.unwrap();
+            assert_eq!(got[0].data, content.slice(0..4097));
+            assert_eq!(got[1].data, content.slice(4097..204_098));
+            assert_eq!(got[1].bhs, b.bhs);
+            let expect = if digests.data { 0 } else { 204_098 };
+            assert_eq!(w.stats.sendfile_bytes, expect, "{digests:?}");
+        }
+        // A file shorter than the PDU: an error naming the LUN.
+        let (mut w, _peer) = pair().await;
+        let h = data_in(0, 0, Bytes::new(), true);
+        let e = w
+            .push_file(&h.bhs, &f, 290_000, 20_000, "iqn.x LUN 3")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert!(e.to_string().contains("iqn.x LUN 3"), "{e}");
     }
 }

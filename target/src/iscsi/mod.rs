@@ -12,11 +12,13 @@ pub mod login;
 pub mod portal;
 pub mod rdma;
 pub mod response;
+pub mod sendfile;
 pub mod session;
 pub mod syncread;
 pub mod syncwrite;
 pub mod window;
 pub mod write_chunks;
+pub mod zerocopy;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -56,6 +58,12 @@ pub struct FabricSettings {
     /// sends) and may send Data-Out out of order; one that offers Yes gets
     /// Yes. true: always Yes.
     pub data_pdu_in_order: bool,
+    /// Send large Data-In payloads with `MSG_ZEROCOPY` where the kernel
+    /// allows it (see [`zerocopy`]); false: plain copying sends.
+    pub zero_copy_send: bool,
+    /// Benchmark-only `--no-net`: READs read their data but send no
+    /// Data-In; they end GOOD with a residual underflow of the whole length.
+    pub no_net: bool,
 }
 
 impl Default for FabricSettings {
@@ -72,6 +80,8 @@ impl Default for FabricSettings {
             require_header_digest: false,
             require_data_digest: false,
             data_pdu_in_order: false,
+            zero_copy_send: true,
+            no_net: false,
         }
     }
 }
@@ -93,6 +103,8 @@ pub struct Fabric {
     pub sync_reads: syncread::SyncReads,
     /// LUNs whose WRITEs are double-buffered (see [`syncwrite`]).
     pub sync_writes: syncwrite::SyncWrites,
+    /// Cached file LUNs whose READ payloads go by sendfile (see [`sendfile`]).
+    pub sendfile_reads: sendfile::SendfileReads,
 }
 
 impl Fabric {
@@ -111,6 +123,7 @@ impl Fabric {
             rdma: OnceLock::new(),
             sync_reads: syncread::SyncReads::default(),
             sync_writes: syncwrite::SyncWrites::default(),
+            sendfile_reads: sendfile::SendfileReads::default(),
         });
         for target in &fabric.catalog.targets {
             // Weak: the handler lives inside the catalog the fabric owns.
