@@ -621,7 +621,7 @@ async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
                 let buf = p.buf.clone();
                 let job_luns = p.job.luns.clone();
                 let (cdb, nexus) = (p.job.cdb.clone(), p.job.nexus.clone());
-                let cmd = p.job.cmd.clone();
+                let cmd = p.job.cmd;
                 let len = p.len as usize;
                 tokio::task::spawn_blocking(move || {
                     // SAFETY: no op was submitted on this buffer (no plan),

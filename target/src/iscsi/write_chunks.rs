@@ -100,7 +100,7 @@ impl ChunkFill {
     /// everything before changing anything: on an error nothing was
     /// recorded, and the bytes must not be copied.
     pub fn place(&mut self, start: u64, len: u64) -> Result<(), FillError> {
-        let end = start.checked_add(len).unwrap_or(u64::MAX);
+        let end = start.saturating_add(len);
         if end > self.len {
             return Err(FillError::Outside {
                 start,
@@ -253,9 +253,9 @@ mod tests {
             let mut got = vec![0u64; f.count()];
             for (o, n) in pieces {
                 f.place(o, n).unwrap();
-                for k in 0..f.count() {
+                for (k, g) in got.iter_mut().enumerate() {
                     let r = f.range(k);
-                    got[k] += (o + n).min(r.end).saturating_sub(o.max(r.start));
+                    *g += (o + n).min(r.end).saturating_sub(o.max(r.start));
                 }
                 for k in f.take_complete() {
                     prop_assert!(!seen[k]);
@@ -263,9 +263,9 @@ mod tests {
                     prop_assert_eq!(got[k], r.end - r.start);
                     seen[k] = true;
                 }
-                for k in 0..f.count() {
+                for (k, (&s, &g)) in seen.iter().zip(&got).enumerate() {
                     let r = f.range(k);
-                    prop_assert_eq!(seen[k], got[k] == r.end - r.start);
+                    prop_assert_eq!(s, g == r.end - r.start);
                 }
             }
             prop_assert!(seen.iter().all(|&x| x));
