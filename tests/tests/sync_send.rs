@@ -219,3 +219,105 @@ async fn rdma_reads_are_placed_one_write_per_chunk() {
     .await
     .expect("test timed out");
 }
+
+/// The daemon as configured from TOML (release build when present): a
+/// striped direct LUN with synchronized sends, a DataPDUInOrder=No session
+/// and an RDMA-offloaded session read back what was written, and SIGTERM
+/// logs the LUN's state-timer summary. These are the settings the
+/// all-modes integrity test uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_striped_sync_send_unordered_and_rdma() {
+    use std::process::{Command, Stdio};
+    let scratch = Scratch::new("sync-send-daemon");
+    let paths: Vec<String> = (0..3)
+        .map(|m| format!("{:?}", scratch.0.join(format!("m{m}.img"))))
+        .collect();
+    let config = format!(
+        "[fabric]\nrdma_listen = \"127.0.0.1:0\"\n\n\
+         [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+         [[target]]\nname = \"{TARGET}\"\n\n\
+         [[target.lun]]\nid = 0\nbackstore = \"striped\"\npaths = [{}]\nstripe_chunk = \"64K\"\n\
+         size = \"48M\"\nmode = \"direct\"\nsync_send = true\nsync_chunk = \"16K\"\n",
+        paths.join(", ")
+    );
+    let (bin, _) = target_bin();
+    let port = free_port();
+    let cfg_path = scratch.0.join("target.toml");
+    std::fs::write(&cfg_path, &config).unwrap();
+    let log = scratch.0.join("target.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(&bin)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(&cfg_path)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .env("BLOCKWIRE_LOG", "info")
+        .spawn()
+        .unwrap();
+    // Killed by PID on drop (the test's own child only).
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(child);
+    wait_port(port, &mut child.0, "blockwire-target");
+    let portal = format!("127.0.0.1:{port}");
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let mut cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:daemon-unordered")
+            .with_data_pdu_in_order(false);
+        cfg.max_recv_data_segment_length = 8192;
+        let s = Arc::new(Session::connect(cfg, &portal, TARGET).await.unwrap());
+        assert!(!s.params().data_pdu_in_order);
+        let len = 32 << 20;
+        let data = Arc::new(pattern(len, 21));
+        write_all(&s, 0, 0, BS, &data, 8, 2048).await;
+        let got = read_all(&s, 0, 0, BS, len, 8).await;
+        assert!(got == *data, "DataPDUInOrder=No read back differs");
+        let s = match Arc::try_unwrap(s) {
+            Ok(s) => s,
+            Err(_) => panic!("a worker still holds the session"),
+        };
+        s.logout().await.unwrap();
+
+        let cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:daemon-rdma");
+        let s = AssistedSession::connect(cfg, RdmaConfig::default(), &portal, TARGET)
+            .await
+            .unwrap();
+        assert_eq!(s.mode().await, RdmaMode::Offloaded);
+        let n = 4 << 20;
+        let mut r = s.alloc(n).unwrap();
+        let c = s.read(0, 64, (n / BS) as u32, &mut r).await.unwrap();
+        assert_eq!(c.transferred, n);
+        let at = 64 * BS;
+        assert!(r.to_vec()[..] == data[at..at + n], "RDMA read back differs");
+        assert_eq!(s.stats().offloaded_reads, 1);
+        s.logout().await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.0.id().to_string())
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("READ state timers")) {
+            eprintln!("{line}");
+            // 32 x 1 MiB READs over TCP and one over RDMA.
+            assert!(line.contains("33 READs"), "{line}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no state-timer summary at shutdown; log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
