@@ -38,6 +38,17 @@ struct TestTarget {
 /// `chunk`-byte chunks (on the pread thread pool when `threads`, whose
 /// workers finish chunks in any order); RDMA offload offered when `rdma`.
 async fn start(mode: Mode, chunk: usize, rdma: bool, threads: bool) -> TestTarget {
+    start_with(mode, chunk, rdma, threads, FabricSettings::default()).await
+}
+
+/// [`start`] with explicit fabric settings.
+async fn start_with(
+    mode: Mode,
+    chunk: usize,
+    rdma: bool,
+    threads: bool,
+    settings: FabricSettings,
+) -> TestTarget {
     let dir = Scratch::new("sync-send");
     let path = dir.0.join("lun0.img");
     let fb = FileBackstore::open_with(&path, Some(LUN_BYTES), false, FileMode::Direct).unwrap();
@@ -63,7 +74,7 @@ async fn start(mode: Mode, chunk: usize, rdma: bool, threads: bool) -> TestTarge
         discovery_auth: AuthPolicy::default(),
     };
     let (stop, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
+    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
     if threads {
         let (e, banner) = open_engine(BufferPool::with_defaults(), EnginePref::ThreadPool).unwrap();
         fabric.sync_reads.set_engine(e, banner);
@@ -320,4 +331,65 @@ async fn daemon_striped_sync_send_unordered_and_rdma() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The other direction of DataPDUInOrder=No: the target's Data-Out
+/// collector places PDUs of one sequence in any order by BufferOffset
+/// (DataSN still counts sends, F on the PDU that completes the sequence),
+/// refuses overlaps, and with Yes refuses a jump.
+#[test]
+fn data_out_in_any_order_when_negotiated_no() {
+    use blockwire_target::iscsi::dataout::{DataOutError, WriteCollector, WriteLimits};
+    let limits = |in_order| WriteLimits {
+        first_burst_length: 65536,
+        max_burst_length: 1 << 20,
+        initial_r2t: true,
+        immediate_data: false,
+        max_outstanding_r2t: 1,
+        data_pdu_in_order: in_order,
+    };
+    let data = pattern(24 << 10, 5);
+    let piece = |i: usize| &data[i * 8192..(i + 1) * 8192];
+    let mut c = WriteCollector::new(24 << 10, &[], true, limits(false)).unwrap();
+    let r2t = c.next_r2ts(|| 9);
+    assert_eq!((r2t.len(), r2t[0].length), (1, 24 << 10));
+    c.on_data_out(9, 0, 16384, piece(2), false).unwrap();
+    assert!(matches!(
+        c.on_data_out(9, 1, 12288, piece(1), false),
+        Err(DataOutError::BadOffset { .. })
+    ));
+    c.on_data_out(9, 1, 0, piece(0), false).unwrap();
+    c.on_data_out(9, 2, 8192, piece(1), true).unwrap();
+    assert!(c.is_complete());
+    assert!(c.into_data() == data);
+
+    let mut c = WriteCollector::new(24 << 10, &[], true, limits(true)).unwrap();
+    c.next_r2ts(|| 9);
+    assert!(matches!(
+        c.on_data_out(9, 0, 16384, piece(2), false),
+        Err(DataOutError::BadOffset { .. })
+    ));
+}
+
+/// `[fabric] data_pdu_in_order = true` makes the target answer Yes, so an
+/// initiator that offers No still gets in-order Data-In.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_target_can_insist_on_in_order_pdus() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let settings = FabricSettings {
+            data_pdu_in_order: true,
+            ..FabricSettings::default()
+        };
+        let t = start_with(Mode::Synchronized, 16 << 10, false, true, settings).await;
+        let mut cfg =
+            InitiatorConfig::new("iqn.2026-11.io.blockwire:insisted").with_data_pdu_in_order(false);
+        cfg.max_recv_data_segment_length = 8192;
+        let s = write_read_back(&t, cfg, 4 << 20, 13).await;
+        assert!(s.params().data_pdu_in_order, "the target answered Yes");
+        s.logout().await.unwrap();
+        let path = t.fabric.sync_reads.get(TARGET, 0).unwrap();
+        assert_eq!(path.reordered_pdus.load(Ordering::Relaxed), 0);
+    })
+    .await
+    .expect("test timed out");
 }
