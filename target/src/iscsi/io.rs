@@ -316,7 +316,7 @@ impl PduWriter {
             })?;
             let (itt, _) = accounting(bhs);
             self.note(itt, |c| c.read_to_user += u64::from(len));
-            return self.push(&Pdu::with_data(bhs.clone(), buf)).await;
+            return self.push(&Pdu::with_data(*bhs, buf)).await;
         }
         let (itt, status) = accounting(bhs);
         let header = encode_header(bhs, &[], len, self.digests);

@@ -199,7 +199,7 @@ async fn answer(job: &FileReadJob, result: Option<(ScsiResult, Counts)>) {
 
 /// The status of a command the path stopped sending (aborted, or the
 /// connection went away): nothing more is queued.
-async fn stop(job: &FileReadJob, sent: u32) {
+async fn stop(job: &FileReadJob, sent: usize) {
     debug!(
         itt = job.cmd.itt,
         sent, "sendfile READ aborted while sending"
@@ -242,12 +242,13 @@ pub(super) async fn serve(job: FileReadJob) {
     job.shared
         .copies
         .begin(itt, CopyPath::Sendfile, Counts::default(), false);
-    let mut sent = 0u32;
-    for seg in datain::segments(
+    for (sent, seg) in datain::segments(
         send,
         job.limits.max_recv_data_segment_length,
         job.limits.max_burst_length,
-    ) {
+    )
+    .enumerate()
+    {
         let item = |bhs: Bhs| Outgoing::FileData {
             bhs,
             lun: job.lun.clone(),
@@ -279,6 +280,5 @@ pub(super) async fn serve(job: FileReadJob) {
         {
             return stop(&job, sent).await;
         }
-        sent += 1;
     }
 }
