@@ -31,8 +31,7 @@ fn bytes_land_on_the_right_member_at_the_right_offset() {
     let size = 3 * 4096 * 40;
     let s = StripedBackstore::open(&p, stripe, Some(size), false, FileMode::Cached).unwrap();
     assert_eq!(s.size(), size);
-    // Unaligned start inside member 0's first chunk, ends inside a later one:
-    // 300 KiB, so the one-thread-per-member path runs.
+    // Unaligned start inside member 0's first chunk, ends inside a later one.
     let range = 1000..1000 + 300 * 1024;
     s.write_at(range.start, &dev_bytes(range.clone())).unwrap();
     let files: Vec<File> = p.iter().map(|q| File::open(q).unwrap()).collect();
@@ -236,6 +235,10 @@ fn durable_writes_and_flush_reach_every_member() {
     let dir = tempfile::tempdir().unwrap();
     let p = paths(dir.path(), 2);
     let s = StripedBackstore::open(&p, 8192, Some(1 << 20), false, FileMode::Cached).unwrap();
+    // A large durable write: one thread per member even in cached mode.
+    let before = PARALLEL_RUNS.load(std::sync::atomic::Ordering::Relaxed);
+    s.write_at_durable(0, &dev_bytes(0..600_000)).unwrap();
+    assert!(PARALLEL_RUNS.load(std::sync::atomic::Ordering::Relaxed) > before);
     s.write_at_durable(4096, &dev_bytes(4096..4096 + 16384))
         .unwrap();
     s.write_at(65536, &dev_bytes(65536..65536 + 200_000))
@@ -395,9 +398,11 @@ fn a_failing_member_is_a_medium_error_at_the_lba() {
 fn direct_mode_round_trips_across_members() {
     let dir = tempfile::tempdir().unwrap();
     let p = paths(dir.path(), 2);
-    let s = StripedBackstore::open(&p, 16384, Some(1 << 20), false, FileMode::Direct).unwrap();
+    let s = StripedBackstore::open(&p, 16384, Some(2 << 20), false, FileMode::Direct).unwrap();
     eprintln!("{}", s.describe());
-    let r = 777..777 + 250_000;
+    let before = PARALLEL_RUNS.load(std::sync::atomic::Ordering::Relaxed);
+    // Large enough for one thread per member (when O_DIRECT really runs).
+    let r = 777..777 + 700_000;
     s.write_at(r.start, &dev_bytes(r.clone())).unwrap();
     s.write_at_durable(600_000, &dev_bytes(600_000..600_000 + 40_000))
         .unwrap();
@@ -407,6 +412,10 @@ fn direct_mode_round_trips_across_members() {
     let mut b = vec![0u8; 40_000];
     s.read_at(600_000, &mut b).unwrap();
     assert_eq!(b, dev_bytes(600_000..640_000));
+    if s.direct() {
+        let runs = PARALLEL_RUNS.load(std::sync::atomic::Ordering::Relaxed) - before;
+        assert!(runs >= 2, "the large write and read ran per member: {runs}");
+    }
     let (src, direct) = s.engine_source().unwrap();
     assert_eq!(direct, s.direct());
     assert_eq!(src.streams(), 2);
@@ -424,12 +433,12 @@ enum Op {
 fn op(size: u64) -> impl Strategy<Value = Op> {
     let at = 0..size;
     prop_oneof![
-        4 => (at.clone(), 1usize..300_000, any::<u8>(), any::<bool>()).prop_map(move |(o, n, seed, durable)| {
+        4 => (at.clone(), 1usize..800_000, any::<u8>(), any::<bool>()).prop_map(move |(o, n, seed, durable)| {
             let n = n.min((size - o) as usize).max(1);
             let o = o.min(size - n as u64);
             Op::Write(o, (0..n).map(|i| seed.wrapping_add((i % 253) as u8)).collect(), durable)
         }),
-        4 => (at.clone(), 1usize..300_000).prop_map(move |(o, n)| {
+        4 => (at.clone(), 1usize..800_000).prop_map(move |(o, n)| {
             let n = n.min((size - o) as usize).max(1);
             Op::Read(o.min(size - n as u64), n)
         }),
