@@ -280,7 +280,63 @@ fn tcp_sink() -> StreamSink<TcpStream> {
     StreamSink(s)
 }
 
+/// A TCP sink that takes units in any order (the timing of RDMA
+/// placement, DataPDUInOrder=No): the bytes still really cross the socket.
+struct AnyOrderTcp(StreamSink<TcpStream>);
+
+impl ChunkSink for AnyOrderTcp {
+    fn order(&self) -> SendOrder {
+        SendOrder::AnyOrder
+    }
+    fn send(&mut self, bytes: std::ops::Range<u64>, data: &[u8]) -> std::io::Result<CopyCost> {
+        self.0.send(bytes, data)
+    }
+    fn finish(&mut self) -> std::io::Result<CopyCost> {
+        self.0.finish()
+    }
+}
+
+/// Either kind of sink behind one type (for [`ThrottledSink`]).
+struct DynSink(Box<dyn ChunkSink>);
+
+impl ChunkSink for DynSink {
+    fn order(&self) -> SendOrder {
+        self.0.order()
+    }
+    fn send(&mut self, bytes: std::ops::Range<u64>, data: &[u8]) -> std::io::Result<CopyCost> {
+        self.0.send(bytes, data)
+    }
+    fn finish(&mut self) -> std::io::Result<CopyCost> {
+        self.0.finish()
+    }
+}
+
+/// Member files of a real striped LUN: made by the striped backstore
+/// (O_DIRECT where the filesystem allows), the first 8 MiB written, then
+/// opened for the engine. Returns the source and whether it is O_DIRECT.
+fn real_striped(dir: &std::path::Path, members: u32) -> (Source, bool) {
+    use blockwire_target::backstore::{Backstore, FileMode, StripedBackstore};
+    let paths: Vec<_> = (0..members)
+        .map(|i| dir.join(format!("real-member{i}")))
+        .collect();
+    let store = StripedBackstore::open(
+        &paths,
+        64 * KIB as u64,
+        Some(members as u64 * 16 * MIB as u64),
+        false,
+        FileMode::Direct,
+    )
+    .unwrap();
+    store.write_at(0, &vec![0xa5u8; 8 * MIB]).unwrap();
+    store.flush().unwrap();
+    store.engine_source().unwrap()
+}
+
 /// P0 Exp. 2b: RAID0 of `members` disks, stripe 64 KiB, aggregate r_disk.
+/// With `inner` (a real engine) the member files hold data, every op
+/// really moves it (then waits for its member's token bucket), and the
+/// sends cross a TCP loopback socket; without, timing only.
+#[allow(clippy::too_many_arguments)]
 fn striped(
     rates: &Rates,
     sizes: &[usize],
@@ -288,9 +344,12 @@ fn striped(
     members: u32,
     iters: usize,
     dir: &std::path::Path,
+    inner: Option<Arc<dyn Engine>>,
 ) {
+    let real = inner.is_some();
     println!(
-        "\n## Exp. 2b: striped backstore, {} members x {:.1} MB/s (aggregate {:.0}), stripe 64K, c = {}, r_net = {:.0} MB/s",
+        "\n## Exp. 2b{}: striped backstore, {} members x {:.1} MB/s (aggregate {:.0}), stripe 64K, c = {}, r_net = {:.0} MB/s",
+        if real { " (scaled, real I/O)" } else { "" },
         members,
         rates.disk / members as f64 / 1e6,
         rates.disk / 1e6,
@@ -301,23 +360,32 @@ fn striped(
     println!(
         "   overlap = share of the network time hidden behind the disk: (T_serial - T) / (l/r_net)"
     );
-    let layout = StripeLayout::new(members, 64 * KIB as u64);
-    let files = (0..members)
-        .map(|i| {
-            let p = dir.join(format!("member{i}"));
-            std::fs::File::create(&p)
-                .unwrap()
-                .set_len(64 << 20)
-                .unwrap();
-            Arc::new(std::fs::File::open(&p).unwrap())
-        })
-        .collect();
-    let src = Source::Striped { files, layout };
+    let src = if real {
+        let (src, direct) = real_striped(dir, members);
+        println!(
+            "   members written by the striped backstore, read {} through the engine into registered buffers, sent over TCP loopback",
+            if direct { "O_DIRECT" } else { "buffered (O_DIRECT refused)" }
+        );
+        src
+    } else {
+        let layout = StripeLayout::new(members, 64 * KIB as u64);
+        let files = (0..members)
+            .map(|i| {
+                let p = dir.join(format!("member{i}"));
+                std::fs::File::create(&p)
+                    .unwrap()
+                    .set_len(64 << 20)
+                    .unwrap();
+                Arc::new(std::fs::File::open(&p).unwrap())
+            })
+            .collect();
+        Source::Striped { files, layout }
+    };
     let eng: Arc<dyn Engine> = Arc::new(ThrottledEngine::new(
         pool(),
         members as usize,
         rates.disk / members as f64,
-        None,
+        inner,
     ));
     let p = Pipeline::new(eng);
     println!(
@@ -325,16 +393,20 @@ fn striped(
         "l", "mode", "MB/s", "gain", "overlap", "unovl_us", "ideal MB/s (ovl)"
     );
     for &len in sizes {
-        let mut sink_in = ThrottledSink::new(
-            DiscardSink(SendOrder::InOrder),
-            rates.net,
-            Duration::from_micros(50),
-        );
-        let mut sink_any = ThrottledSink::new(
-            DiscardSink(SendOrder::AnyOrder),
-            rates.net,
-            Duration::from_micros(50),
-        );
+        let throttle = |s: Box<dyn ChunkSink>| {
+            ThrottledSink::new(DynSink(s), rates.net, Duration::from_micros(50))
+        };
+        let (mut sink_in, mut sink_any) = if real {
+            (
+                throttle(Box::new(tcp_sink())),
+                throttle(Box::new(AnyOrderTcp(tcp_sink()))),
+            )
+        } else {
+            (
+                throttle(Box::new(DiscardSink(SendOrder::InOrder))),
+                throttle(Box::new(DiscardSink(SendOrder::AnyOrder))),
+            )
+        };
         let (serial, su) = run_reads(
             &p,
             &src,
@@ -523,7 +595,7 @@ fn main() {
             None,
             false,
         );
-        striped(&paper, &[512 * KIB], 16 * KIB, 8, iters, dir.path());
+        striped(&paper, &[512 * KIB], 16 * KIB, 8, iters, dir.path(), None);
         return;
     }
     println!("# blockwire synchronized sends (issue 7); each point: median of {iters} back-to-back commands, one outstanding");
@@ -563,6 +635,7 @@ fn main() {
         8,
         iters,
         dir.path(),
+        None,
     );
     writes(&paper, &[256 * KIB, MIB, 4 * MIB], 64 * KIB, iters);
 
@@ -587,6 +660,7 @@ fn main() {
         net: 462e6 * k,
     };
     let (f, _) = open_direct_or_buffered(&path, false).unwrap();
+    let engine_for_stripes = engine.clone();
     sweep(
         &scaled,
         &[256 * KIB, MIB, 4 * MIB],
@@ -595,5 +669,15 @@ fn main() {
         &Source::File(Arc::new(f)),
         Some(engine),
         true,
+    );
+    // Exp. 2b on real I/O: several member streams fill one request.
+    striped(
+        &scaled,
+        &[MIB, 4 * MIB],
+        16 * KIB,
+        4,
+        iters,
+        dir.path(),
+        Some(engine_for_stripes),
     );
 }
