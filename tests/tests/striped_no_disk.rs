@@ -4,7 +4,7 @@
 //!   thread per member), direct on the engine's serial baseline, direct and
 //!   cached with synchronized sends (one stream per member). A random
 //!   pattern is written and read back, and the member files are checked to
-//!   hold it in RAID0 order.
+//!   hold it in RAID0 order (`BLOCKWIRE_E2E_MIB` sets the size, default 24).
 //! - `--no-disk`: READs return the offset pattern on every kind of LUN,
 //!   WRITEs succeed and are not stored, no backstore file is created, and
 //!   the start-up log says it is a benchmark-only mode.
@@ -113,7 +113,11 @@ async fn login(port: u16, iqn: &str) -> Arc<Session> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn striped_luns_round_trip_in_every_read_path() {
     let scratch = Scratch::new("striped");
-    let mib = 24;
+    // BLOCKWIRE_E2E_MIB sets the size; 24 MiB keeps the default run short.
+    let mib = std::env::var("BLOCKWIRE_E2E_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24usize);
     let t = start(&striped_config(&scratch.0, mib), &[], &scratch);
     let log = std::fs::read_to_string(&t.log).unwrap();
     // LUNs 1, 2 and 3 read through the engine, one stream per member.
