@@ -1453,9 +1453,13 @@ mod tests {
         )
         .unwrap();
         assert!(off.sync_writes.is_empty());
-        for kind in ["backstore = \"ram\"\nsize = \"1M\"\n", "backstore = \"null\"\nsize = \"1M\"\n"] {
-            let e = TargetConfig::from_str("t.toml", &one_lun(&format!("{kind}sync_write = true\n")))
-                .unwrap_err();
+        for kind in [
+            "backstore = \"ram\"\nsize = \"1M\"\n",
+            "backstore = \"null\"\nsize = \"1M\"\n",
+        ] {
+            let e =
+                TargetConfig::from_str("t.toml", &one_lun(&format!("{kind}sync_write = true\n")))
+                    .unwrap_err();
             assert_eq!(e.field, "target.lun.sync_write", "{e}");
             assert!(e.message.contains("only file LUNs"), "{e}");
         }

@@ -594,8 +594,14 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
 /// written in 1 MiB commands and read back, checksums compared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn integrity_256_mib_with_header_and_data_digests() {
+    // No keepalive: on a loaded machine the run can outlast the 15 s NOP-In
+    // interval, and this raw client does not answer pings (keepalive has
+    // its own test).
     let t = start_with(
-        FabricSettings::default(),
+        FabricSettings {
+            nop_interval: None,
+            ..FabricSettings::default()
+        },
         Arc::new(RamBackstore::new(256 << 20)),
     )
     .await;

@@ -19,10 +19,10 @@ mod opcodes;
 mod outcome;
 mod range_lock;
 pub mod read_plan;
-pub mod write_plan;
 mod read_write;
 mod reservations;
 mod unit_attention;
+pub mod write_plan;
 mod xcopy;
 
 #[cfg(test)]
