@@ -127,7 +127,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         info!(target = %d.target, lun = d.lun, "READ engine: {line}");
     }
     if fabric.settings.no_net {
-        warn!("--no-net: BENCHMARK-ONLY MODE. READ data are read from the backstores (SCSI core, serial path) but NOT SENT: \
+        warn!("--no-net: BENCHMARK-ONLY MODE. READ data are read from the backstores (engine-path LUNs through the I/O engine as usual, others by the SCSI core's serial path) but NOT SENT: \
                every READ ends GOOD with a residual underflow of its whole length. Initiators get no data; do not use for real I/O.");
     }
     if fabric.settings.zero_copy_send {
@@ -137,7 +137,9 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     }
     for t in &fabric.catalog.targets {
         for lun in t.luns.lun_ids() {
-            if fabric.settings.no_net {
+            if fabric.settings.no_net && fabric.sync_reads.get(&t.name, lun).is_some() {
+                info!(target = %t.name, lun, "READ engine: --no-net (engine path read as configured, nothing sent)");
+            } else if fabric.settings.no_net {
                 info!(target = %t.name, lun, "READ engine: --no-net (serial read, nothing sent)");
             } else if fabric.sendfile_reads.get(&t.name, lun).is_none()
                 && fabric.sync_reads.get(&t.name, lun).is_none()

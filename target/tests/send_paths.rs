@@ -7,6 +7,7 @@
 //! The counters are process-wide: nextest runs each test in its own
 //! process, and every scenario here runs inside one test function.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use blockwire_pdu::pdu::{ScsiCommand, TaskMgmtRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use blockwire_target::backstore::{FileBackstore, FileMode};
 use blockwire_target::copies::{totals, CopyPath, Counts};
+use blockwire_target::datapath::Phase;
 use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
@@ -37,10 +39,14 @@ enum Lun0 {
     Sendfile,
     /// Engine path (serial mode), O_DIRECT or buffered.
     Engine { direct: bool },
+    /// Engine path with synchronized sends (16 KiB chunks), O_DIRECT or
+    /// buffered.
+    EngineSync { direct: bool },
 }
 
 struct Target {
     addr: std::net::SocketAddr,
+    fabric: Arc<Fabric>,
     _stop: watch::Sender<bool>,
     _dir: tempfile::TempDir,
 }
@@ -97,10 +103,24 @@ async fn start(size: usize, lun0: Lun0, settings: FabricSettings) -> Target {
                 )
                 .unwrap();
         }
+        Lun0::EngineSync { direct } => {
+            fabric
+                .sync_reads
+                .enable(
+                    TARGET,
+                    0,
+                    &path,
+                    direct,
+                    16 << 10,
+                    blockwire_target::datapath::Mode::Synchronized,
+                )
+                .unwrap();
+        }
     }
-    tokio::spawn(portal.run(fabric));
+    tokio::spawn(portal.run(fabric.clone()));
     Target {
         addr,
+        fabric,
         _stop: stop,
         _dir: dir,
     }
@@ -391,6 +411,98 @@ async fn no_net_reads_but_sends_nothing() {
         matches!(pdu.bhs, Bhs::DataIn(_)) && pdu.data.len() >= 36,
         "INQUIRY data still sent: {pdu:?}"
     );
+}
+
+/// `--no-net` on engine-path LUNs: the READ goes through the engine as
+/// configured (its state timers land in the LUN's histograms, its bytes in
+/// the no-net copy counter), sends no Data-In and ends GOOD with an
+/// underflow of the whole length; the engine counter is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_net_engine_path_reads_through_the_engine() {
+    for lun0 in [
+        Lun0::EngineSync { direct: true },
+        Lun0::Engine { direct: true },
+        Lun0::EngineSync { direct: false },
+    ] {
+        let t = start(4 * MIB, lun0, settings(false, true)).await;
+        let mut c = Client::login(t.addr, Digests::NONE).await;
+        let stats = t.fabric.sync_reads.stats();
+        assert_eq!(stats.len(), 1, "{lun0:?}: one engine-path LUN");
+        let hist = stats[0].2.clone();
+        let reads = |h: &blockwire_target::datapath::PhaseStats| h.histogram(Phase::Total).count();
+        let (reads_before, bytes_before) = (reads(&hist), hist.bytes.load(Ordering::Relaxed));
+        let nonet_before = totals(CopyPath::NoNet);
+        let engine_before = totals(CopyPath::Engine);
+        let (status, data, residual, pdus) = c.read(MIB, 2 * MIB).await;
+        assert_eq!(status, 0, "{lun0:?}: GOOD");
+        assert_eq!(pdus, 0, "{lun0:?}: no Data-In");
+        assert_eq!(
+            residual,
+            Some(2 * MIB as u32),
+            "{lun0:?}: underflow of the whole length"
+        );
+        assert!(data.iter().all(|&b| b == 0));
+        assert_eq!(
+            reads(&hist) - reads_before,
+            1,
+            "{lun0:?}: the engine read it (one READ in the LUN's histogram)"
+        );
+        assert_eq!(
+            hist.bytes.load(Ordering::Relaxed) - bytes_before,
+            2 * MIB as u64,
+            "{lun0:?}: bytes read by the engine"
+        );
+        assert!(
+            hist.histogram(Phase::DiskRead).count() > 0,
+            "{lun0:?}: disk phase timed"
+        );
+        let d = delta(CopyPath::NoNet, &nonet_before, 1).await;
+        let direct = matches!(
+            lun0,
+            Lun0::Engine { direct: true } | Lun0::EngineSync { direct: true }
+        );
+        assert_eq!((d.commands, d.payload), (1, 2 * MIB as u64), "{d:?}");
+        assert_eq!(
+            (d.user_copied, d.sent_from_user, d.zc_sent, d.sendfile),
+            (0, 0, 0, 0),
+            "{lun0:?}: nothing sent: {d:?}"
+        );
+        assert_eq!(
+            d.read_to_user,
+            if direct { 0 } else { 2 * MIB as u64 },
+            "{lun0:?}: O_DIRECT reads are DMA, buffered ones a kernel copy: {d:?}"
+        );
+        assert_eq!(
+            totals(CopyPath::Engine).since(&engine_before).commands,
+            0,
+            "{lun0:?}: not counted as sent by the engine path"
+        );
+        // A non-media READ on the same LUN still carries its data.
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x25; // READ CAPACITY(10)
+        c.itt += 1;
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: true,
+            write: false,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt: c.itt,
+            expected_data_transfer_length: 8,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: 0,
+            cdb,
+        };
+        c.cmd_sn += 1;
+        c.conn.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+        let pdu = c.conn.recv_within(Duration::from_secs(5)).await.unwrap();
+        assert!(
+            matches!(pdu.bhs, Bhs::DataIn(_))
+                && pdu.data[..4] == ((4 * MIB / 512 - 1) as u32).to_be_bytes(),
+            "{lun0:?}: READ CAPACITY data still sent: {pdu:?}"
+        );
+    }
 }
 
 /// Many large sendfile READs queued while the initiator does not read (so

@@ -1097,8 +1097,9 @@ impl Conn<'_> {
             shared.complete();
             return;
         };
-        // --no-net (benchmark only): READs run on the serial path, which
-        // reads the data; their Data-In is not sent (see below).
+        // --no-net (benchmark only): media READs read their data (through
+        // the engine on engine-path LUNs, syncread.rs, else on the serial
+        // path) but send no Data-In (see below).
         let no_net = self.fabric.settings.no_net
             && offload.is_none()
             && cmd.read
@@ -1135,15 +1136,16 @@ impl Conn<'_> {
         // valid, or for an offloaded READ one RDMA Write per chunk.
         let offloaded_read =
             matches!((&offload, &svc), (Some((_, d)), Some(_)) if d.dir == Direction::Read);
-        if !no_net && (offload.is_none() || offloaded_read) && cmd.read && !cmd.write {
+        if (offload.is_none() || offloaded_read) && cmd.read && !cmd.write {
             if let Some(path) = self
                 .fabric
                 .sync_reads
                 .get(&target.name, cmd.lun.index().unwrap_or(u16::MAX))
             {
-                if offload.is_none() {
+                if offload.is_none() && !no_net {
                     // Debug copy counter: the engine reads into registered
-                    // buffers (a kernel copy unless O_DIRECT).
+                    // buffers (a kernel copy unless O_DIRECT). A --no-net
+                    // READ counts itself (CopyPath::NoNet).
                     shared
                         .copies
                         .begin(cmd.itt, CopyPath::Engine, Counts::default(), !path.direct);
@@ -1168,6 +1170,7 @@ impl Conn<'_> {
                     data_pdu_in_order: self.write_limits.data_pdu_in_order,
                     rdma,
                     received: std::time::Instant::now(),
+                    no_net,
                 }));
                 return;
             }

@@ -34,6 +34,14 @@
 //! event inside a `read_cmd` span. On TCP a "send" is the PDU handed to the
 //! connection's writer queue.
 //!
+//! `--no-net` ([`ReadJob::no_net`], benchmark only): a media READ still
+//! runs here exactly as above (same chunks, same mode, timers recorded in
+//! the LUN's histograms) but its units are dropped as they become valid:
+//! no Data-In is sent and the command ends GOOD with a residual underflow
+//! of its whole Expected Data Transfer Length, as `--no-net` does on the
+//! core's serial path. Its copies count under [`CopyPath::NoNet`]. So
+//! `--no-net` measures the engine's disk rate on engine-path LUNs.
+//!
 //! The core's serial path (read everything on the blocking pool, then
 //! send) stays the default for other LUNs, and is the fallback whenever
 //! this one cannot run: a READ the core did not plan, an unaligned O_DIRECT
@@ -64,6 +72,7 @@ use super::datain::{self, DataInSegment};
 use super::rdma::{RdmaService, Slot};
 use super::response::{data_in_header, response_pdus, DataInLimits, Residual};
 use super::session::Session;
+use crate::copies::{CopyPath, Counts};
 use crate::datapath::stats::PHASES;
 use crate::datapath::{
     open_engine, BufferPool, CommandTimers, CopyCost, Engine, EnginePref, Mode, PhaseStats,
@@ -304,6 +313,10 @@ pub(super) struct ReadJob {
     pub rdma: Option<RdmaPlacement>,
     /// When the command was ready to execute (its timers start here).
     pub received: Instant,
+    /// `--no-net` (benchmark only), set for media READs over TCP: read
+    /// through the engine as usual, send nothing, end GOOD with an
+    /// underflow of the whole length (see the module docs).
+    pub no_net: bool,
 }
 
 /// What the blocking part decided.
@@ -412,6 +425,12 @@ fn prepare(job: &ReadJob) -> Step {
 /// result's data (if any) are RDMA Written first, as the serial offload
 /// path does.
 async fn answer(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) {
+    answer_mine(job, result, data_ins).await;
+}
+
+/// [`answer`]; returns whether the command was still this job's (not
+/// aborted) when it ended.
+async fn answer_mine(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) -> bool {
     let result = match (result, &job.rdma) {
         (Some(mut r), Some(p)) if !r.data_in.is_empty() => {
             let n = (job.cmd.expected_data_transfer_length as usize).min(r.data_in.len());
@@ -431,7 +450,7 @@ async fn answer(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) {
     let mine = job.session.tasks.finish(job.cmd.itt, &job.aborted);
     job.shared.complete();
     if !mine {
-        return;
+        return false;
     }
     let mut pdus = match result {
         Some(r) => response_pdus(&job.cmd, r, job.limits, 0),
@@ -450,6 +469,7 @@ async fn answer(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) {
         }
     }
     job.session.tasks.done(job.cmd.itt, &job.aborted);
+    true
 }
 
 /// HARDWARE ERROR, INTERNAL TARGET FAILURE, for a panic in the core.
@@ -614,24 +634,35 @@ async fn serve_inner(job: ReadJob) {
             .fetch_add(1, Ordering::Relaxed);
     }
     let j = job.clone();
-    let step = match tokio::task::spawn_blocking(move || prepare(&j)).await {
+    // The copies the core makes if it answers instead (debug copy counter).
+    let step = match tokio::task::spawn_blocking(move || {
+        let _ = crate::copies::take_thread();
+        let s = prepare(&j);
+        (s, crate::copies::take_thread())
+    })
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(itt = job.cmd.itt, error = %e, "SCSI command panicked");
-            Step::Answer(internal_failure())
+            (Step::Answer(internal_failure()), Counts::default())
         }
     };
     match step {
-        Step::Aborted => answer(&job, None, 0).await,
-        Step::Answer(r) => answer(&job, Some(r), 0).await,
-        Step::Pipelined {
-            read,
-            rx,
-            len,
-            lba,
-            lu,
-            sent_len,
-        } => {
+        (Step::Aborted, _) => answer(&job, None, 0).await,
+        (Step::Answer(r), core) if job.no_net => answer_no_net(&job, r, core).await,
+        (Step::Answer(r), _) => answer(&job, Some(r), 0).await,
+        (
+            Step::Pipelined {
+                read,
+                rx,
+                len,
+                lba,
+                lu,
+                sent_len,
+            },
+            _,
+        ) => {
             let read = Pipelined {
                 read,
                 rx,
@@ -642,6 +673,8 @@ async fn serve_inner(job: ReadJob) {
             };
             if job.rdma.is_some() {
                 send_rdma(job, read).await
+            } else if job.no_net {
+                discard(job, read).await
             } else {
                 send_tcp(job, read).await
             }
@@ -751,6 +784,87 @@ async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
             let r = p.lu.read_failure(p.lba, p.len, &e);
             return answer(&job, Some(r), sent).await;
         }
+    }
+}
+
+/// `--no-net`: the read runs as [`send_tcp`]'s would (same chunks, units
+/// and mode), but each unit is dropped as it becomes valid instead of
+/// sent; then GOOD with an underflow of the whole length. A read error
+/// falls back to the core's serial read (nothing was sent yet), whose
+/// result is answered the `--no-net` way too.
+async fn discard(job: Arc<ReadJob>, mut p: Pipelined) {
+    let itt = job.cmd.itt;
+    loop {
+        // Valid units are released, and dropped: nothing goes out.
+        let _ = p.read.take_ready();
+        if p.read.all_released() {
+            break;
+        }
+        if let Err(e) = p.next_completions().await {
+            drop(p.read);
+            warn!(itt, error = %e, "pipelined read failed (--no-net): serial read");
+            let j = job.clone();
+            let (r, core) = tokio::task::spawn_blocking(move || {
+                let _ = crate::copies::take_thread();
+                let req = request(&j, j.cmd.attr);
+                let r = j.luns.execute(&req);
+                (r, crate::copies::take_thread())
+            })
+            .await
+            .unwrap_or_else(|_| (internal_failure(), Counts::default()));
+            return answer_no_net(&job, r, core).await;
+        }
+    }
+    if !answer_mine(&job, Some(no_net_result()), 0).await {
+        return;
+    }
+    let bytes = u64::from(p.sent_len);
+    crate::copies::add(
+        CopyPath::NoNet,
+        &Counts {
+            commands: 1,
+            payload: bytes,
+            // A buffered engine read is a kernel copy into the registered
+            // buffer; an O_DIRECT one is DMA.
+            read_to_user: if job.path.direct { 0 } else { bytes },
+            ..Counts::default()
+        },
+    );
+    let t = p.read.timers_mut();
+    t.finished = Some(Instant::now());
+    let t = *t;
+    record(&job, &t, bytes);
+}
+
+/// `--no-net` answer of a READ the core executed (not planned, unaligned,
+/// no buffer, or a failed engine read): a GOOD result's data are dropped
+/// and counted under [`CopyPath::NoNet`] with the core's copies `core`;
+/// errors go out as they are.
+async fn answer_no_net(job: &ReadJob, r: ScsiResult, core: Counts) {
+    if r.status != 0 || r.sense.is_some() {
+        return answer(job, Some(r), 0).await;
+    }
+    let payload = r.data_in.len() as u64;
+    if answer_mine(job, Some(no_net_result()), 0).await {
+        crate::copies::add(
+            CopyPath::NoNet,
+            &Counts {
+                commands: 1,
+                payload,
+                ..core
+            },
+        );
+    }
+}
+
+/// GOOD, no data: `response_pdus` reports a residual underflow of the
+/// whole Expected Data Transfer Length.
+fn no_net_result() -> ScsiResult {
+    ScsiResult {
+        status: 0,
+        sense: None,
+        data_in: Vec::new(),
+        transfer_length: 0,
     }
 }
 
