@@ -245,6 +245,14 @@ pub fn take_thread() -> Counts {
     }
 }
 
+/// Runs `f` (a command in the SCSI core, on a blocking thread) and returns
+/// its result with the copies it noted on this thread.
+pub fn counted<T>(f: impl FnOnce() -> T) -> (T, Counts) {
+    let _ = take_thread();
+    let r = f();
+    (r, take_thread())
+}
+
 /// Entries a connection's tracker keeps at most: a full window of commands
 /// many times over. Commands aborted before their status leaves never
 /// finish their entry; beyond this bound those entries are dropped.

@@ -33,10 +33,10 @@ use super::login::{LoginMachine, LoginOutcome, LoginSettings, LoginStep, RdmaOff
 use super::rdma::Slot;
 use super::response::{response_pdus, status_only, DataInLimits};
 use super::session::{Session, SessionError, SessionRequest};
+use super::task::{data_phase_error_sense, internal_failure_sense, CommandContext};
 use super::window::{Admission, CmdWindow};
 use super::Fabric;
 use crate::copies::{CopyPath, Counts};
-use crate::scsi::{LunTable, ScsiRequest};
 use blockwire_transport::assist::{Descriptor, Direction};
 
 /// CHECK CONDITION.
@@ -932,10 +932,36 @@ impl Conn<'_> {
         lease: crate::datapath::BufLease,
         budget: Reservation,
     ) -> super::syncwrite::Feed {
-        let target = self.session.target.as_ref().expect("normal session");
+        let aborted = self
+            .session
+            .tasks
+            .flag(cmd.itt)
+            .unwrap_or_else(|| Arc::new(std::sync::atomic::AtomicBool::new(true)));
         let job = super::syncwrite::WriteJob {
-            cmd: cmd.clone(),
-            cdb: cdb.to_vec(),
+            ctx: Arc::new(self.command_context(*cmd, cdb.to_vec(), aborted)),
+            path,
+            budget,
+            fabric: self.fabric.clone(),
+        };
+        super::syncwrite::spawn(job, lease, &self.sync_writes)
+    }
+
+    /// What a task of `cmd` in this (normal) session needs from the
+    /// connection; `aborted` is the task's abort flag.
+    fn command_context(
+        &self,
+        cmd: ScsiCommand,
+        cdb: Vec<u8>,
+        aborted: Arc<std::sync::atomic::AtomicBool>,
+    ) -> CommandContext {
+        let target = self
+            .session
+            .target
+            .as_ref()
+            .expect("normal session has a target");
+        CommandContext {
+            cmd,
+            cdb,
             luns: target.luns.clone(),
             nexus: self
                 .session
@@ -946,16 +972,8 @@ impl Conn<'_> {
             shared: self.shared.clone(),
             tx: self.tx.clone(),
             limits: self.limits,
-            aborted: self
-                .session
-                .tasks
-                .flag(cmd.itt)
-                .unwrap_or_else(|| Arc::new(std::sync::atomic::AtomicBool::new(true))),
-            path,
-            budget,
-            fabric: self.fabric.clone(),
-        };
-        super::syncwrite::spawn(job, lease, &self.sync_writes)
+            aborted,
+        }
     }
 
     fn register_task(&self, cmd: &ScsiCommand) {
@@ -1081,20 +1099,10 @@ impl Conn<'_> {
             .target
             .clone()
             .expect("normal session has a target");
-        let nexus = self
-            .session
-            .nexus
-            .clone()
-            .expect("normal session has a nexus");
-        let luns: Arc<LunTable> = target.luns.clone();
-        let shared = self.shared.clone();
-        let session = self.session.clone();
-        let tx = self.tx.clone();
-        let limits = self.limits;
-        let Some(aborted) = session.tasks.flag(cmd.itt) else {
+        let Some(aborted) = self.session.tasks.flag(cmd.itt) else {
             // Aborted (e.g. by another initiator's LUN reset) before its
             // data was complete: never executed.
-            shared.complete();
+            self.shared.complete();
             return;
         };
         // --no-net (benchmark only): media READs read their data (through
@@ -1110,22 +1118,14 @@ impl Conn<'_> {
         let lun_id = cmd.lun.index().unwrap_or(u16::MAX);
         if !no_net && offload.is_none() && cmd.read && !cmd.write {
             if let Some(file) = self.fabric.sendfile_reads.get(&target.name, lun_id) {
-                if digests_of(&session.params).data {
+                if digests_of(&self.session.params).data {
                     debug!(
                         itt = cmd.itt,
                         "DataDigest on: READ takes the copy path, not sendfile"
                     );
                 } else {
                     tokio::spawn(super::sendfile::serve(super::sendfile::FileReadJob {
-                        cmd,
-                        cdb,
-                        luns,
-                        nexus,
-                        session,
-                        shared,
-                        tx,
-                        limits,
-                        aborted,
+                        ctx: self.command_context(cmd, cdb, aborted),
                         lun: file,
                     }));
                     return;
@@ -1137,18 +1137,17 @@ impl Conn<'_> {
         let offloaded_read =
             matches!((&offload, &svc), (Some((_, d)), Some(_)) if d.dir == Direction::Read);
         if (offload.is_none() || offloaded_read) && cmd.read && !cmd.write {
-            if let Some(path) = self
-                .fabric
-                .sync_reads
-                .get(&target.name, cmd.lun.index().unwrap_or(u16::MAX))
-            {
+            if let Some(path) = self.fabric.sync_reads.get(&target.name, lun_id) {
                 if offload.is_none() && !no_net {
                     // Debug copy counter: the engine reads into registered
                     // buffers (a kernel copy unless O_DIRECT). A --no-net
                     // READ counts itself (CopyPath::NoNet).
-                    shared
-                        .copies
-                        .begin(cmd.itt, CopyPath::Engine, Counts::default(), !path.direct);
+                    self.shared.copies.begin(
+                        cmd.itt,
+                        CopyPath::Engine,
+                        Counts::default(),
+                        !path.direct,
+                    );
                 }
                 let rdma = match (offload, svc) {
                     (Some((slot, desc)), Some(svc)) => {
@@ -1157,15 +1156,7 @@ impl Conn<'_> {
                     _ => None,
                 };
                 tokio::spawn(super::syncread::serve(super::syncread::ReadJob {
-                    cmd,
-                    cdb,
-                    luns,
-                    nexus,
-                    session,
-                    shared,
-                    tx,
-                    limits,
-                    aborted,
+                    ctx: self.command_context(cmd, cdb, aborted),
                     path,
                     data_pdu_in_order: self.write_limits.data_pdu_in_order,
                     rdma,
@@ -1175,6 +1166,7 @@ impl Conn<'_> {
                 return;
             }
         }
+        let ctx = Arc::new(self.command_context(cmd, cdb, aborted));
         tokio::spawn(async move {
             let mut data_out = data_out;
             let mut failed = false;
@@ -1192,35 +1184,23 @@ impl Conn<'_> {
                     }
                 }
             }
-            let blocking_aborted = aborted.clone();
+            let blocking = ctx.clone();
             let joined = tokio::task::spawn_blocking(move || {
                 // The write data's share of the connection's budget is
                 // returned when this closure ends, with the data itself,
                 // before the response is sent.
                 let _budget = budget;
-                if failed {
+                if failed || blocking.is_aborted() {
                     return None;
                 }
-                if blocking_aborted.load(Ordering::SeqCst) {
-                    return None;
-                }
-                let req = ScsiRequest {
-                    lun: cmd.lun.index().unwrap_or(u16::MAX),
-                    cdb: &cdb,
-                    nexus: &nexus,
-                    task_tag: cmd.itt,
-                    attr: cmd.attr,
-                    data_out: &data_out,
-                    data_in_capacity: if cmd.read {
-                        cmd.expected_data_transfer_length
-                    } else {
-                        0
-                    },
+                let capacity = if cmd.read {
+                    cmd.expected_data_transfer_length
+                } else {
+                    0
                 };
+                let req = blocking.request(&data_out, capacity);
                 // The copies the core makes reading (debug copy counter).
-                let _ = crate::copies::take_thread();
-                let r = luns.execute(&req);
-                Some((r, crate::copies::take_thread()))
+                Some(crate::copies::counted(|| blocking.luns.execute(&req)))
             })
             .await;
             let (result, core) = match joined {
@@ -1242,12 +1222,8 @@ impl Conn<'_> {
                     });
                 }
             }
-            let mine = session.tasks.finish(cmd.itt, &aborted);
-            shared.complete();
-            if !mine {
-                return;
-            }
-            let pdus = match result {
+            let (shared, limits) = (&ctx.shared, ctx.limits);
+            ctx.answer(|| match result {
                 _ if failed || placed == Some(false) => {
                     status_only(&cmd, CHECK_CONDITION, Some(data_phase_error_sense()))
                 }
@@ -1283,13 +1259,8 @@ impl Conn<'_> {
                     tracing::error!(itt = cmd.itt, error = %e, "SCSI command panicked");
                     status_only(&cmd, CHECK_CONDITION, Some(internal_failure_sense()))
                 }
-            };
-            for pdu in pdus {
-                if tx.send(Outgoing::Pdu(pdu)).await.is_err() {
-                    break;
-                }
-            }
-            session.tasks.done(cmd.itt, &aborted);
+            })
+            .await;
         });
     }
 
@@ -1395,19 +1366,6 @@ impl Conn<'_> {
 /// READ(6/10/12/16): the commands whose data `--no-net` does not send.
 fn is_media_read(cdb: &[u8]) -> bool {
     matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88))
-}
-
-/// HARDWARE ERROR, INTERNAL TARGET FAILURE (44/00).
-fn internal_failure_sense() -> Vec<u8> {
-    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
-    Sense::new(SenseKey::HardwareError, Asc::new(0x44, 0x00)).encode(SenseFormat::Fixed)
-}
-
-/// Sense data for a write whose Data-Out PDUs broke the sequence rules:
-/// ABORTED COMMAND, DATA PHASE ERROR (4B/00).
-pub(super) fn data_phase_error_sense() -> Vec<u8> {
-    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
-    Sense::new(SenseKey::AbortedCommand, Asc::new(0x4b, 0x00)).encode(SenseFormat::Fixed)
 }
 
 /// Sense data for an RDMA descriptor that does not match its command:

@@ -26,26 +26,25 @@
 //! A file that shrank under the LUN (sendfile hits end of file) cannot be
 //! answered with an error, because the PDU's header already left: the
 //! writer logs an error naming the LUN and drops the connection.
+//!
+//! [`LunTable::plan_read`]: crate::scsi::LunTable::plan_read
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use blockwire_pdu::pdu::ScsiCommand;
 use blockwire_pdu::Bhs;
-use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::connection::{Outgoing, Shared};
+use super::connection::Outgoing;
 use super::datain;
-use super::response::{data_in_header, response_pdus, DataInLimits, Residual};
-use super::session::Session;
+use super::lun_paths::LunPaths;
+use super::response::{data_in_header, response_pdus, Residual};
+use super::task::CommandContext;
 use crate::copies::{self, CopyPath, Counts};
 use crate::scsi::read_plan::ReadPlan;
-use crate::scsi::{ItNexus, LunTable, ScsiRequest, ScsiResult};
+use crate::scsi::ScsiResult;
 
 /// One LUN's file, opened once for `sendfile`.
 #[derive(Debug)]
@@ -59,8 +58,7 @@ pub struct SendfileLun {
 /// The fabric's sendfile LUNs, by target name and LUN.
 #[derive(Debug, Default)]
 pub struct SendfileReads {
-    luns: RwLock<HashMap<String, HashMap<u16, Arc<SendfileLun>>>>,
-    any: AtomicBool,
+    luns: LunPaths<SendfileLun>,
 }
 
 impl SendfileReads {
@@ -69,13 +67,7 @@ impl SendfileReads {
     pub fn enable(&self, target: &str, lun: u16, path: &Path) -> io::Result<String> {
         let file = File::open(path)?;
         let label = format!("{target} LUN {lun} ({})", path.display());
-        self.luns
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(target.to_owned())
-            .or_default()
-            .insert(lun, Arc::new(SendfileLun { file, label }));
-        self.any.store(true, Ordering::Release);
+        self.luns.insert(target, lun, SendfileLun { file, label });
         Ok(
             "sendfile: Data-In payloads from the page cache to the socket, no user-space copy \
             (copy path on connections with DataDigest)"
@@ -85,29 +77,13 @@ impl SendfileReads {
 
     /// The sendfile source of `lun` of `target`, if it has one.
     pub fn get(&self, target: &str, lun: u16) -> Option<Arc<SendfileLun>> {
-        if !self.any.load(Ordering::Acquire) {
-            return None;
-        }
-        self.luns
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(target)?
-            .get(&lun)
-            .cloned()
+        self.luns.get(target, lun)
     }
 }
 
-/// Everything one sendfile READ needs from its connection.
+/// One sendfile READ: its command's context and the LUN's file.
 pub(super) struct FileReadJob {
-    pub cmd: ScsiCommand,
-    pub cdb: Vec<u8>,
-    pub luns: Arc<LunTable>,
-    pub nexus: ItNexus,
-    pub session: Arc<Session>,
-    pub shared: Arc<Shared>,
-    pub tx: mpsc::Sender<Outgoing>,
-    pub limits: DataInLimits,
-    pub aborted: Arc<AtomicBool>,
+    pub ctx: CommandContext,
     pub lun: Arc<SendfileLun>,
 }
 
@@ -124,32 +100,18 @@ enum Step {
     },
 }
 
-fn request(job: &FileReadJob) -> ScsiRequest<'_> {
-    ScsiRequest {
-        lun: job.cmd.lun.index().unwrap_or(u16::MAX),
-        cdb: &job.cdb,
-        nexus: &job.nexus,
-        task_tag: job.cmd.itt,
-        attr: job.cmd.attr,
-        data_out: &[],
-        data_in_capacity: job.cmd.expected_data_transfer_length,
-    }
+/// Runs the READ through the core, with the copies it made.
+fn execute_counted(ctx: &CommandContext) -> (ScsiResult, Counts) {
+    copies::counted(|| ctx.luns.execute(&ctx.read_request()))
 }
 
-/// Runs `req` through the core, with the copies it made.
-fn execute_counted(job: &FileReadJob) -> (ScsiResult, Counts) {
-    let _ = copies::take_thread();
-    let r = job.luns.execute(&request(job));
-    (r, copies::take_thread())
-}
-
-fn prepare(job: &FileReadJob) -> Step {
-    if job.aborted.load(Ordering::SeqCst) {
+fn prepare(ctx: &CommandContext) -> Step {
+    if ctx.is_aborted() {
         return Step::Aborted;
     }
-    let plan = match job.luns.plan_read(&request(job)) {
+    let plan = match ctx.luns.plan_read(&ctx.read_request()) {
         ReadPlan::NotPlanned => {
-            let (r, c) = execute_counted(job);
+            let (r, c) = execute_counted(ctx);
             return Step::Answer(r, c);
         }
         ReadPlan::Answer(r) => return Step::Answer(r, Counts::default()),
@@ -157,11 +119,11 @@ fn prepare(job: &FileReadJob) -> Step {
     };
     let send = plan
         .len
-        .min(u64::from(job.cmd.expected_data_transfer_length));
+        .min(u64::from(ctx.cmd.expected_data_transfer_length));
     if send == 0 {
         // Nothing to send (Expected Data Transfer Length 0): the normal
         // path reports the residual.
-        let (r, c) = execute_counted(job);
+        let (r, c) = execute_counted(ctx);
         return Step::Answer(r, c);
     }
     Step::Send {
@@ -172,80 +134,52 @@ fn prepare(job: &FileReadJob) -> Step {
 }
 
 /// Answers the way the serial path does (no Data-In was sent yet).
-async fn answer(job: &FileReadJob, result: Option<(ScsiResult, Counts)>) {
-    let mine = job.session.tasks.finish(job.cmd.itt, &job.aborted);
-    job.shared.complete();
-    if !mine {
-        return;
-    }
-    let pdus = match result {
+async fn answer(ctx: &CommandContext, result: Option<(ScsiResult, Counts)>) {
+    ctx.answer(|| match result {
         Some((r, core)) => {
-            if job.cmd.read && !r.data_in.is_empty() {
-                job.shared
+            if ctx.cmd.read && !r.data_in.is_empty() {
+                ctx.shared
                     .copies
-                    .begin(job.cmd.itt, CopyPath::Copy, core, false);
+                    .begin(ctx.itt(), CopyPath::Copy, core, false);
             }
-            response_pdus(&job.cmd, r, job.limits, 0)
+            response_pdus(&ctx.cmd, r, ctx.limits, 0)
         }
         None => Vec::new(),
-    };
-    for pdu in pdus {
-        if job.tx.send(Outgoing::Pdu(pdu)).await.is_err() {
-            break;
-        }
-    }
-    job.session.tasks.done(job.cmd.itt, &job.aborted);
+    })
+    .await;
 }
 
 /// The status of a command the path stopped sending (aborted, or the
 /// connection went away): nothing more is queued.
-async fn stop(job: &FileReadJob, sent: usize) {
-    debug!(
-        itt = job.cmd.itt,
-        sent, "sendfile READ aborted while sending"
-    );
-    job.shared.copies.forget(job.cmd.itt);
-    answer(job, None).await;
-}
-
-/// HARDWARE ERROR, INTERNAL TARGET FAILURE, for a panic in the core.
-fn internal_failure() -> ScsiResult {
-    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
-    ScsiResult {
-        status: 0x02,
-        sense: Some(
-            Sense::new(SenseKey::HardwareError, Asc::new(0x44, 0x00)).encode(SenseFormat::Fixed),
-        ),
-        data_in: Vec::new(),
-        transfer_length: 0,
-    }
+async fn stop(ctx: &CommandContext, sent: usize) {
+    debug!(itt = ctx.itt(), sent, "sendfile READ aborted while sending");
+    ctx.shared.copies.forget(ctx.itt());
+    answer(ctx, None).await;
 }
 
 /// Runs one READ on the sendfile path (see the module docs).
 pub(super) async fn serve(job: FileReadJob) {
     let job = Arc::new(job);
     let j = job.clone();
-    let step = match tokio::task::spawn_blocking(move || prepare(&j)).await {
+    let ctx = &job.ctx;
+    let step = match tokio::task::spawn_blocking(move || prepare(&j.ctx)).await {
         Ok(s) => s,
-        Err(e) => {
-            tracing::error!(itt = job.cmd.itt, error = %e, "SCSI command panicked");
-            Step::Answer(internal_failure(), Counts::default())
-        }
+        Err(e) => Step::Answer(ctx.panicked(&e), Counts::default()),
     };
     let (offset, len, send) = match step {
-        Step::Aborted => return answer(&job, None).await,
-        Step::Answer(r, c) => return answer(&job, Some((r, c))).await,
+        Step::Aborted => return answer(ctx, None).await,
+        Step::Answer(r, c) => return answer(ctx, Some((r, c))).await,
         Step::Send { offset, len, send } => (offset, len, send),
     };
-    let itt = job.cmd.itt;
-    let residual = Residual::of(job.cmd.expected_data_transfer_length, len as u32);
-    job.shared
+    let itt = ctx.itt();
+    let residual = Residual::of(ctx.cmd.expected_data_transfer_length, len as u32);
+    ctx.shared
         .copies
         .begin(itt, CopyPath::Sendfile, Counts::default(), false);
     for (sent, seg) in datain::segments(
         send,
-        job.limits.max_recv_data_segment_length,
-        job.limits.max_burst_length,
+        ctx.limits.max_recv_data_segment_length,
+        ctx.limits.max_burst_length,
     )
     .enumerate()
     {
@@ -257,28 +191,25 @@ pub(super) async fn serve(job: FileReadJob) {
         };
         if seg.last {
             // The status rides on the last Data-In (the task completes).
-            let bhs = data_in_header(&job.cmd, &seg, Some((0, residual)));
-            let mine = job.session.tasks.finish(itt, &job.aborted);
-            job.shared.complete();
-            if mine {
-                let _ = job.tx.send(item(bhs)).await;
-                job.session.tasks.done(itt, &job.aborted);
+            let bhs = data_in_header(&ctx.cmd, &seg, Some((0, residual)));
+            if ctx.finish() {
+                ctx.send_and_forget([item(bhs)]).await;
             } else {
-                job.shared.copies.forget(itt);
+                ctx.shared.copies.forget(itt);
             }
             return;
         }
-        let out = item(data_in_header(&job.cmd, &seg, None));
-        let Ok(permit) = job.tx.reserve().await else {
+        let out = item(data_in_header(&ctx.cmd, &seg, None));
+        let Ok(permit) = ctx.tx.reserve().await else {
             // The connection is gone.
-            return stop(&job, sent).await;
+            return stop(ctx, sent).await;
         };
-        if !job
+        if !ctx
             .session
             .tasks
-            .while_live(itt, &job.aborted, move || permit.send(out))
+            .while_live(itt, &ctx.aborted, move || permit.send(out))
         {
-            return stop(&job, sent).await;
+            return stop(ctx, sent).await;
         }
     }
 }

@@ -52,34 +52,33 @@
 //! PHASE ERROR. Abort flags are checked as each PDU is queued, under the
 //! task set's lock, so nothing of an aborted task follows the task
 //! management response.
+//!
+//! [`LunTable::plan_read`]: crate::scsi::LunTable::plan_read
 
-use std::collections::HashMap;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use blockwire_pdu::pdu::codes::TaskAttr;
-use blockwire_pdu::pdu::ScsiCommand;
 use blockwire_pdu::{Bhs, Pdu};
 use blockwire_transport::assist::Descriptor;
-use tokio::sync::mpsc;
 use tracing::{debug, warn, Instrument};
 
-use super::connection::{Outgoing, Shared};
+use super::connection::Outgoing;
 use super::datain::{self, DataInSegment};
+use super::lun_paths::LunPaths;
 use super::rdma::{RdmaService, Slot};
-use super::response::{data_in_header, response_pdus, DataInLimits, Residual};
-use super::session::Session;
-use crate::copies::{CopyPath, Counts};
+use super::response::{data_in_header, response_pdus, Residual};
+use super::task::{data_phase_error, internal_failure, CommandContext};
+use crate::copies::{self, CopyPath, Counts};
 use crate::datapath::stats::PHASES;
 use crate::datapath::{
     open_engine, BufferPool, CommandTimers, CopyCost, Engine, EnginePref, Mode, PhaseStats,
     ReadCommand, ReadConfig, SendOrder, Source,
 };
 use crate::scsi::read_plan::ReadPlan;
-use crate::scsi::{ItNexus, LunTable, ScsiRequest, ScsiResult};
+use crate::scsi::ScsiResult;
 
 /// O_DIRECT alignment asked of planned ranges (covers 512 and 4K devices).
 const DIRECT_ALIGN: u64 = 4096;
@@ -121,14 +120,13 @@ impl std::fmt::Debug for SyncReadLun {
 #[derive(Default)]
 pub struct SyncReads {
     engine: Mutex<Option<(Arc<dyn Engine>, String)>>,
-    luns: RwLock<HashMap<String, HashMap<u16, Arc<SyncReadLun>>>>,
-    any: AtomicBool,
+    luns: LunPaths<SyncReadLun>,
 }
 
 impl std::fmt::Debug for SyncReads {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SyncReads")
-            .field("luns", &self.luns.read().map(|l| l.len()).unwrap_or(0))
+            .field("luns", &self.luns)
             .finish()
     }
 }
@@ -205,24 +203,19 @@ impl SyncReads {
                 if direct { "O_DIRECT" } else { "page-cache" }
             ),
         };
-        self.luns
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(target.to_owned())
-            .or_default()
-            .insert(
-                lun,
-                Arc::new(SyncReadLun {
-                    engine,
-                    source,
-                    direct,
-                    chunk,
-                    mode,
-                    stats: Arc::new(PhaseStats::default()),
-                    reordered_pdus: Default::default(),
-                }),
-            );
-        self.any.store(true, Ordering::Release);
+        self.luns.insert(
+            target,
+            lun,
+            SyncReadLun {
+                engine,
+                source,
+                direct,
+                chunk,
+                mode,
+                stats: Arc::new(PhaseStats::default()),
+                reordered_pdus: Default::default(),
+            },
+        );
         let how = match mode {
             Mode::Synchronized => "synchronized sends",
             Mode::Serial => "serial (read every chunk, then send)",
@@ -235,27 +228,17 @@ impl SyncReads {
 
     /// The pipelined path of `lun` of `target`, if it has one.
     pub fn get(&self, target: &str, lun: u16) -> Option<Arc<SyncReadLun>> {
-        if !self.any.load(Ordering::Acquire) {
-            return None;
-        }
-        self.luns
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(target)?
-            .get(&lun)
-            .cloned()
+        self.luns.get(target, lun)
     }
 
     /// The state-timer histograms of every LUN on this path, by target and
     /// LUN (for a metrics API and the shutdown summary).
     pub fn stats(&self) -> Vec<(String, u16, Arc<PhaseStats>)> {
-        let luns = self.luns.read().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<_> = luns
-            .iter()
-            .flat_map(|(t, m)| m.iter().map(|(l, p)| (t.clone(), *l, p.stats.clone())))
-            .collect();
-        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-        out
+        self.luns
+            .all()
+            .into_iter()
+            .map(|(t, l, p)| (t, l, p.stats.clone()))
+            .collect()
     }
 
     /// One line per LUN that served READs: count, bytes, and per phase the
@@ -295,17 +278,10 @@ pub(super) struct RdmaPlacement {
     pub desc: Descriptor,
 }
 
-/// Everything one pipelined READ needs from its connection.
+/// One pipelined READ: its command's context, its LUN's path and how its
+/// data go.
 pub(super) struct ReadJob {
-    pub cmd: ScsiCommand,
-    pub cdb: Vec<u8>,
-    pub luns: Arc<LunTable>,
-    pub nexus: ItNexus,
-    pub session: Arc<Session>,
-    pub shared: Arc<Shared>,
-    pub tx: mpsc::Sender<Outgoing>,
-    pub limits: DataInLimits,
-    pub aborted: Arc<AtomicBool>,
+    pub ctx: CommandContext,
     pub path: Arc<SyncReadLun>,
     /// Negotiated DataPDUInOrder: false lets PDUs leave in completion order.
     pub data_pdu_in_order: bool,
@@ -336,34 +312,22 @@ enum Step {
     },
 }
 
-fn request<'a>(job: &'a ReadJob, attr: TaskAttr) -> ScsiRequest<'a> {
-    ScsiRequest {
-        lun: job.cmd.lun.index().unwrap_or(u16::MAX),
-        cdb: &job.cdb,
-        nexus: &job.nexus,
-        task_tag: job.cmd.itt,
-        attr,
-        data_out: &[],
-        data_in_capacity: job.cmd.expected_data_transfer_length,
-    }
-}
-
 /// Plans and starts the read, or answers the normal way (blocking).
 fn prepare(job: &ReadJob) -> Step {
-    if job.aborted.load(Ordering::SeqCst) {
+    if job.ctx.is_aborted() {
         return Step::Aborted;
     }
-    let req = request(job, job.cmd.attr);
-    let plan = match job.luns.plan_read(&req) {
-        ReadPlan::NotPlanned => return Step::Answer(job.luns.execute(&req)),
+    let req = job.ctx.read_request();
+    let plan = match job.ctx.luns.plan_read(&req) {
+        ReadPlan::NotPlanned => return Step::Answer(job.ctx.luns.execute(&req)),
         ReadPlan::Answer(r) => return Step::Answer(r),
         ReadPlan::Read(p) => p,
     };
-    let edtl = u64::from(job.cmd.expected_data_transfer_length);
+    let edtl = u64::from(job.ctx.cmd.expected_data_transfer_length);
     let send = plan.len.min(edtl);
     let aligned = !job.path.direct || (plan.offset % DIRECT_ALIGN == 0 && send % DIRECT_ALIGN == 0);
     if send == 0 || !aligned || send > job.path.engine.pool().max_len() as u64 {
-        return Step::Answer(job.luns.execute(&req));
+        return Step::Answer(job.ctx.luns.execute(&req));
     }
     // TCP: one unit per Data-In PDU. RDMA: one unit (one Write) per chunk,
     // any order.
@@ -373,8 +337,8 @@ fn prepare(job: &ReadJob) -> Step {
             Some(
                 datain::segments(
                     send as u32,
-                    job.limits.max_recv_data_segment_length,
-                    job.limits.max_burst_length,
+                    job.ctx.limits.max_recv_data_segment_length,
+                    job.ctx.limits.max_burst_length,
                 )
                 .map(|s| u64::from(s.offset)..u64::from(s.offset + s.length))
                 .collect(),
@@ -409,12 +373,12 @@ fn prepare(job: &ReadJob) -> Step {
             sent_len: send as u32,
         },
         Ok(None) => {
-            debug!(itt = job.cmd.itt, "no free I/O buffer: serial read");
-            Step::Answer(job.luns.execute(&req))
+            debug!(itt = job.ctx.cmd.itt, "no free I/O buffer: serial read");
+            Step::Answer(job.ctx.luns.execute(&req))
         }
         Err(e) => {
-            warn!(itt = job.cmd.itt, error = %e, "pipelined read did not start: serial read");
-            Step::Answer(job.luns.execute(&req))
+            warn!(itt = job.ctx.cmd.itt, error = %e, "pipelined read did not start: serial read");
+            Step::Answer(job.ctx.luns.execute(&req))
         }
     }
 }
@@ -433,70 +397,36 @@ async fn answer(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) {
 async fn answer_mine(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) -> bool {
     let result = match (result, &job.rdma) {
         (Some(mut r), Some(p)) if !r.data_in.is_empty() => {
-            let n = (job.cmd.expected_data_transfer_length as usize).min(r.data_in.len());
+            let n = (job.ctx.cmd.expected_data_transfer_length as usize).min(r.data_in.len());
             match p.svc.write_to(&p.slot, &p.desc, &r.data_in[..n]).await {
                 Ok(()) => {
                     r.data_in = Vec::new();
                     Some(r)
                 }
                 Err(e) => {
-                    warn!(itt = job.cmd.itt, error = %e.0, "RDMA Write of read data failed");
+                    warn!(itt = job.ctx.cmd.itt, error = %e.0, "RDMA Write of read data failed");
                     Some(data_phase_error())
                 }
             }
         }
         (r, _) => r,
     };
-    let mine = job.session.tasks.finish(job.cmd.itt, &job.aborted);
-    job.shared.complete();
-    if !mine {
-        return false;
-    }
-    let mut pdus = match result {
-        Some(r) => response_pdus(&job.cmd, r, job.limits, 0),
-        None => Vec::new(),
-    };
-    if data_ins > 0 {
-        for p in &mut pdus {
-            if let Bhs::ScsiResponse(r) = &mut p.bhs {
-                r.exp_data_sn = data_ins;
+    let ctx = &job.ctx;
+    ctx.answer(|| {
+        let mut pdus = match result {
+            Some(r) => response_pdus(&ctx.cmd, r, ctx.limits, 0),
+            None => Vec::new(),
+        };
+        if data_ins > 0 {
+            for p in &mut pdus {
+                if let Bhs::ScsiResponse(r) = &mut p.bhs {
+                    r.exp_data_sn = data_ins;
+                }
             }
         }
-    }
-    for pdu in pdus {
-        if job.tx.send(Outgoing::Pdu(pdu)).await.is_err() {
-            break;
-        }
-    }
-    job.session.tasks.done(job.cmd.itt, &job.aborted);
-    true
-}
-
-/// HARDWARE ERROR, INTERNAL TARGET FAILURE, for a panic in the core.
-fn internal_failure() -> ScsiResult {
-    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
-    ScsiResult {
-        status: 0x02,
-        sense: Some(
-            Sense::new(SenseKey::HardwareError, Asc::new(0x44, 0x00)).encode(SenseFormat::Fixed),
-        ),
-        data_in: Vec::new(),
-        transfer_length: 0,
-    }
-}
-
-/// ABORTED COMMAND, DATA PHASE ERROR, for READ data that could not be
-/// placed in the initiator's buffer.
-fn data_phase_error() -> ScsiResult {
-    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
-    ScsiResult {
-        status: 0x02,
-        sense: Some(
-            Sense::new(SenseKey::AbortedCommand, Asc::new(0x4b, 0x00)).encode(SenseFormat::Fixed),
-        ),
-        data_in: Vec::new(),
-        transfer_length: 0,
-    }
+        pdus
+    })
+    .await
 }
 
 /// Turns the units the sequencer releases into Data-In PDUs in send order
@@ -615,9 +545,9 @@ fn record(job: &ReadJob, t: &CommandTimers, bytes: u64) {
 pub(super) async fn serve(job: ReadJob) {
     let span = tracing::debug_span!(
         "read_cmd",
-        itt = job.cmd.itt,
-        lun = job.cmd.lun.index().unwrap_or(u16::MAX),
-        len = job.cmd.expected_data_transfer_length,
+        itt = job.ctx.cmd.itt,
+        lun = job.ctx.cmd.lun.index().unwrap_or(u16::MAX),
+        len = job.ctx.cmd.expected_data_transfer_length,
         mode = ?job.path.mode,
         rdma = job.rdma.is_some(),
         in_order = job.data_pdu_in_order,
@@ -635,18 +565,9 @@ async fn serve_inner(job: ReadJob) {
     }
     let j = job.clone();
     // The copies the core makes if it answers instead (debug copy counter).
-    let step = match tokio::task::spawn_blocking(move || {
-        let _ = crate::copies::take_thread();
-        let s = prepare(&j);
-        (s, crate::copies::take_thread())
-    })
-    .await
-    {
+    let step = match tokio::task::spawn_blocking(move || copies::counted(|| prepare(&j))).await {
         Ok(s) => s,
-        Err(e) => {
-            tracing::error!(itt = job.cmd.itt, error = %e, "SCSI command panicked");
-            (Step::Answer(internal_failure()), Counts::default())
-        }
+        Err(e) => (Step::Answer(job.ctx.panicked(&e)), Counts::default()),
     };
     match step {
         (Step::Aborted, _) => answer(&job, None, 0).await,
@@ -711,13 +632,13 @@ impl Pipelined {
 
 /// TCP: Data-In PDUs as their bytes become valid.
 async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
-    let itt = job.cmd.itt;
-    let residual = Residual::of(job.cmd.expected_data_transfer_length, p.len as u32);
+    let itt = job.ctx.cmd.itt;
+    let residual = Residual::of(job.ctx.cmd.expected_data_transfer_length, p.len as u32);
     let mut stamper = DataInStamper::new(
         datain::segments(
             p.sent_len,
-            job.limits.max_recv_data_segment_length,
-            job.limits.max_burst_length,
+            job.ctx.limits.max_recv_data_segment_length,
+            job.ctx.limits.max_burst_length,
         )
         .collect(),
     );
@@ -736,12 +657,11 @@ async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
             t.first_send.get_or_insert(now);
             if seg.last {
                 // The status rides on the last Data-In (the task completes).
-                let bhs = data_in_header(&job.cmd, &seg, Some((0, residual)));
-                let mine = job.session.tasks.finish(itt, &job.aborted);
-                job.shared.complete();
-                if mine {
-                    let _ = job.tx.send(Outgoing::Pdu(Pdu::with_data(bhs, data))).await;
-                    job.session.tasks.done(itt, &job.aborted);
+                let bhs = data_in_header(&job.ctx.cmd, &seg, Some((0, residual)));
+                if job.ctx.finish() {
+                    job.ctx
+                        .send_and_forget([Outgoing::Pdu(Pdu::with_data(bhs, data))])
+                        .await;
                     let now = Instant::now();
                     let t = p.read.timers_mut();
                     t.last_send_done = Some(now);
@@ -751,15 +671,18 @@ async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
                 }
                 return;
             }
-            let pdu = Pdu::with_data(data_in_header(&job.cmd, &seg, None), data);
-            let Ok(permit) = job.tx.reserve().await else {
+            let pdu = Pdu::with_data(data_in_header(&job.ctx.cmd, &seg, None), data);
+            let Ok(permit) = job.ctx.tx.reserve().await else {
                 // The connection is gone.
                 return answer(&job, None, queued).await;
             };
             if !job
+                .ctx
                 .session
                 .tasks
-                .while_live(itt, &job.aborted, move || permit.send(Outgoing::Pdu(pdu)))
+                .while_live(itt, &job.ctx.aborted, move || {
+                    permit.send(Outgoing::Pdu(pdu))
+                })
             {
                 debug!(itt, sent = queued, "READ aborted while sending");
                 return answer(&job, None, queued).await;
@@ -773,12 +696,10 @@ async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
             if sent == 0 {
                 warn!(itt, error = %e, "pipelined read failed: serial read");
                 let j = job.clone();
-                let r = tokio::task::spawn_blocking(move || {
-                    let req = request(&j, j.cmd.attr);
-                    j.luns.execute(&req)
-                })
-                .await
-                .unwrap_or_else(|_| internal_failure());
+                let r =
+                    tokio::task::spawn_blocking(move || j.ctx.luns.execute(&j.ctx.read_request()))
+                        .await
+                        .unwrap_or_else(|_| internal_failure());
                 return answer(&job, Some(r), 0).await;
             }
             let r = p.lu.read_failure(p.lba, p.len, &e);
@@ -793,7 +714,7 @@ async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
 /// falls back to the core's serial read (nothing was sent yet), whose
 /// result is answered the `--no-net` way too.
 async fn discard(job: Arc<ReadJob>, mut p: Pipelined) {
-    let itt = job.cmd.itt;
+    let itt = job.ctx.cmd.itt;
     loop {
         // Valid units are released, and dropped: nothing goes out.
         let _ = p.read.take_ready();
@@ -805,10 +726,7 @@ async fn discard(job: Arc<ReadJob>, mut p: Pipelined) {
             warn!(itt, error = %e, "pipelined read failed (--no-net): serial read");
             let j = job.clone();
             let (r, core) = tokio::task::spawn_blocking(move || {
-                let _ = crate::copies::take_thread();
-                let req = request(&j, j.cmd.attr);
-                let r = j.luns.execute(&req);
-                (r, crate::copies::take_thread())
+                copies::counted(|| j.ctx.luns.execute(&j.ctx.read_request()))
             })
             .await
             .unwrap_or_else(|_| (internal_failure(), Counts::default()));
@@ -871,14 +789,14 @@ fn no_net_result() -> ScsiResult {
 /// RDMA: each chunk RDMA Written at its offset as soon as it is valid (any
 /// order), then the SCSI Response.
 async fn send_rdma(job: Arc<ReadJob>, mut p: Pipelined) {
-    let itt = job.cmd.itt;
+    let itt = job.ctx.cmd.itt;
     let placement = job.rdma.as_ref().expect("an RDMA job");
     let mut writes = tokio::task::JoinSet::new();
     let mut failure: Option<ScsiResult> = None;
     let mut aborted = false;
     loop {
         for u in p.read.take_ready() {
-            if job.aborted.load(Ordering::SeqCst) {
+            if job.ctx.is_aborted() {
                 aborted = true;
                 break;
             }

@@ -65,23 +65,23 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blockwire_pdu::pdu::ScsiCommand;
 use blockwire_pdu::scsi::{Cdb, CdbSize};
-use blockwire_pdu::Pdu;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::budget::Reservation;
-use super::connection::{Outgoing, Shared};
-use super::response::{response_pdus, status_only, DataInLimits};
-use super::session::Session;
+use super::connection::Outgoing;
+use super::lun_paths::LunPaths;
+use super::response::{response_pdus, status_only};
+use super::task::{data_phase_error_sense, internal_failure, CommandContext};
 use super::write_chunks::ChunkFill;
 use crate::datapath::{completion_channel, BufLease, Completion, Engine, IoOp, OpKind};
 use crate::scsi::write_plan::{PlannedWrite, WritePlan};
-use crate::scsi::{ItNexus, LunTable, ScsiRequest, ScsiResult};
+use crate::scsi::{LunTable, ScsiResult};
 
 /// O_DIRECT alignment asked of pipelined ranges and chunks.
 const DIRECT_ALIGN: u64 = 4096;
@@ -130,8 +130,7 @@ pub struct SyncWriteStats {
 /// The fabric's double-buffered write paths, by target name and LUN.
 #[derive(Default)]
 pub struct SyncWrites {
-    luns: RwLock<HashMap<String, HashMap<u16, Arc<SyncWriteLun>>>>,
-    any: AtomicBool,
+    luns: LunPaths<SyncWriteLun>,
     /// What the path did so far.
     pub stats: SyncWriteStats,
 }
@@ -139,7 +138,7 @@ pub struct SyncWrites {
 impl std::fmt::Debug for SyncWrites {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SyncWrites")
-            .field("targets", &self.luns.read().map(|l| l.len()).unwrap_or(0))
+            .field("luns", &self.luns)
             .field("stats", &self.stats)
             .finish()
     }
@@ -173,21 +172,16 @@ impl SyncWrites {
         };
         let chunk = chunk.max(1).next_multiple_of(DIRECT_ALIGN as usize);
         let kind = engine.describe();
-        self.luns
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(target.to_owned())
-            .or_default()
-            .insert(
-                lun,
-                Arc::new(SyncWriteLun {
-                    engine,
-                    file: Arc::new(file),
-                    direct,
-                    chunk,
-                }),
-            );
-        self.any.store(true, Ordering::Release);
+        self.luns.insert(
+            target,
+            lun,
+            SyncWriteLun {
+                engine,
+                file: Arc::new(file),
+                direct,
+                chunk,
+            },
+        );
         Ok(format!(
             "double-buffered writes, {} KiB chunks, {} writes, engine {kind}",
             chunk >> 10,
@@ -197,15 +191,7 @@ impl SyncWrites {
 
     /// The double-buffered path of `lun` of `target`, if it has one.
     pub fn get(&self, target: &str, lun: u16) -> Option<Arc<SyncWriteLun>> {
-        if !self.any.load(Ordering::Acquire) {
-            return None;
-        }
-        self.luns
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(target)?
-            .get(&lun)
-            .cloned()
+        self.luns.get(target, lun)
     }
 }
 
@@ -309,17 +295,10 @@ impl Running {
     }
 }
 
-/// Everything one pipelined WRITE needs from its connection.
+/// One pipelined WRITE: its command's context (shared with the blocking
+/// steps that plan or gather it), its LUN's path and its budget.
 pub(super) struct WriteJob {
-    pub cmd: ScsiCommand,
-    pub cdb: Vec<u8>,
-    pub luns: Arc<LunTable>,
-    pub nexus: ItNexus,
-    pub session: Arc<Session>,
-    pub shared: Arc<Shared>,
-    pub tx: mpsc::Sender<Outgoing>,
-    pub limits: DataInLimits,
-    pub aborted: Arc<AtomicBool>,
+    pub ctx: Arc<CommandContext>,
     pub path: Arc<SyncWriteLun>,
     /// The command's share of the connection's write budget, returned
     /// when the task ends (with the buffer).
@@ -332,10 +311,10 @@ pub(super) struct WriteJob {
 pub(super) fn spawn(job: WriteJob, lease: BufLease, running: &Running) -> Feed {
     let (tx, rx) = mpsc::unbounded_channel();
     let drained = Arc::new(AtomicBool::new(false));
-    running.lock().insert(job.cmd.itt, drained.clone());
+    running.lock().insert(job.ctx.itt(), drained.clone());
     let running = running.clone();
     tokio::spawn(async move {
-        let itt = job.cmd.itt;
+        let itt = job.ctx.itt();
         run(job, lease, rx).await;
         // Only now: every chunk write ended and the hold is released.
         drained.store(true, Ordering::Release);
@@ -388,7 +367,7 @@ impl Pipe {
             // The collector refuses overlaps and ranges outside the
             // command, so this is a bug: fail the command, never write
             // bytes that were not placed.
-            warn!(itt = self.job.cmd.itt, error = %e, "pipelined write: payload refused");
+            warn!(itt = self.job.ctx.itt(), error = %e, "pipelined write: payload refused");
             self.error
                 .get_or_insert((0, io::Error::other(format!("payload refused: {e}"))));
             return;
@@ -413,7 +392,7 @@ impl Pipe {
     /// Submits every complete chunk, when the plan allows writing and no
     /// write failed.
     fn submit_complete(&mut self, plan: &PlannedWrite) {
-        if self.error.is_some() || self.job.aborted.load(Ordering::SeqCst) {
+        if self.error.is_some() || self.job.ctx.is_aborted() {
             return;
         }
         let ks = self.fill.take_complete();
@@ -482,43 +461,15 @@ impl Pipe {
     }
 }
 
-/// HARDWARE ERROR, INTERNAL TARGET FAILURE, for a panic in the core.
-fn internal_failure() -> ScsiResult {
-    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
-    ScsiResult {
-        status: 0x02,
-        sense: Some(
-            Sense::new(SenseKey::HardwareError, Asc::new(0x44, 0x00)).encode(SenseFormat::Fixed),
-        ),
-        data_in: Vec::new(),
-        transfer_length: 0,
-    }
-}
-
 /// Runs one pipelined WRITE to its end (see the module docs).
 async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg>) {
-    let len = u64::from(job.cmd.expected_data_transfer_length);
+    let len = u64::from(job.ctx.cmd.expected_data_transfer_length);
     let chunk = job.path.chunk as u64;
     let plan = {
-        let luns = job.luns.clone();
-        let (cdb, nexus) = (job.cdb.clone(), job.nexus.clone());
-        let (lun, itt, attr) = (
-            job.cmd.lun.index().unwrap_or(u16::MAX),
-            job.cmd.itt,
-            job.cmd.attr,
-        );
+        let ctx = job.ctx.clone();
         let exclusive = job.path.direct;
         tokio::task::spawn_blocking(move || {
-            let req = ScsiRequest {
-                lun,
-                cdb: &cdb,
-                nexus: &nexus,
-                task_tag: itt,
-                attr,
-                data_out: &[],
-                data_in_capacity: 0,
-            };
-            luns.plan_write(&req, len, exclusive)
+            ctx.luns.plan_write(&ctx.request(&[], 0), len, exclusive)
         })
     };
     let mut plan = PlanState::Pending(plan);
@@ -538,7 +489,7 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
     let mut input = Input::Open;
     let mut tick = tokio::time::interval(ABORT_POLL);
     loop {
-        let aborted = p.job.aborted.load(Ordering::SeqCst) || input == Input::Dropped;
+        let aborted = p.job.ctx.is_aborted() || input == Input::Dropped;
         let plan_known = !matches!(plan, PlanState::Pending(_));
         if p.fill.writing() == 0 && (aborted || input == Input::Failed) {
             break;
@@ -571,7 +522,7 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
                     Ok(WritePlan::Answer(a)) => PlanState::Answer(a),
                     Ok(WritePlan::NotPlanned) => PlanState::Gather,
                     Err(e) => {
-                        tracing::error!(itt = p.job.cmd.itt, error = %e, "WRITE planning panicked");
+                        tracing::error!(itt = p.job.ctx.itt(), error = %e, "WRITE planning panicked");
                         PlanState::Answer(internal_failure())
                     }
                 };
@@ -599,44 +550,33 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
 
 /// Ends the command: answers (unless aborted), then releases everything.
 async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
-    let aborted = p.job.aborted.load(Ordering::SeqCst) || input == Input::Dropped;
-    let itt = p.job.cmd.itt;
+    let aborted = p.job.ctx.is_aborted() || input == Input::Dropped;
+    let itt = p.job.ctx.itt();
     let r2ts = match input {
         Input::Complete(n) => n,
         _ => 0,
     };
-    let pdus: Option<Vec<Pdu>> = if aborted {
+    let pdus = if aborted {
         debug!(itt, written = p.fill.written(), "pipelined write aborted");
         None
     } else if input == Input::Failed {
         Some(status_only(
-            &p.job.cmd,
+            &p.job.ctx.cmd,
             0x02,
-            Some(super::connection::data_phase_error_sense()),
+            Some(data_phase_error_sense()),
         ))
     } else {
         let result = match plan {
             PlanState::Answer(r) => r,
             PlanState::Gather => {
                 let buf = p.buf.clone();
-                let job_luns = p.job.luns.clone();
-                let (cdb, nexus) = (p.job.cdb.clone(), p.job.nexus.clone());
-                let cmd = p.job.cmd;
+                let ctx = p.job.ctx.clone();
                 let len = p.len as usize;
                 tokio::task::spawn_blocking(move || {
                     // SAFETY: no op was submitted on this buffer (no plan),
                     // and every byte of the command was placed.
                     let data = unsafe { buf.slice(0..len) };
-                    let req = ScsiRequest {
-                        lun: cmd.lun.index().unwrap_or(u16::MAX),
-                        cdb: &cdb,
-                        nexus: &nexus,
-                        task_tag: cmd.itt,
-                        attr: cmd.attr,
-                        data_out: data,
-                        data_in_capacity: 0,
-                    };
-                    job_luns.execute(&req)
+                    ctx.luns.execute(&ctx.request(data, 0))
                 })
                 .await
                 .unwrap_or_else(|_| internal_failure())
@@ -662,7 +602,12 @@ async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
             }
             PlanState::Pending(_) => unreachable!("finished with the plan pending"),
         };
-        Some(response_pdus(&p.job.cmd, result, p.job.limits, r2ts))
+        Some(response_pdus(
+            &p.job.ctx.cmd,
+            result,
+            p.job.ctx.limits,
+            r2ts,
+        ))
     };
     let since =
         |t: Option<Instant>| t.map_or(0, |t| t.duration_since(p.received).as_micros() as u64);
@@ -680,23 +625,12 @@ async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
     // the status, as for a gathered WRITE.
     let Pipe { job, buf, .. } = p;
     drop(buf);
-    let WriteJob {
-        budget,
-        session,
-        shared,
-        tx,
-        aborted,
-        ..
-    } = job;
+    let WriteJob { ctx, budget, .. } = job;
     drop(budget);
-    let mine = session.tasks.finish(itt, &aborted);
-    shared.complete();
-    if let (true, Some(pdus)) = (mine, pdus) {
-        for pdu in pdus {
-            if tx.send(Outgoing::Pdu(pdu)).await.is_err() {
-                break;
-            }
-        }
-        session.tasks.done(itt, &aborted);
+    // Only a task whose status is sent is forgotten here (not one whose
+    // feed the reader dropped).
+    if let (true, Some(pdus)) = (ctx.finish(), pdus) {
+        ctx.send_and_forget(pdus.into_iter().map(Outgoing::Pdu))
+            .await;
     }
 }
