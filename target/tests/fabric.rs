@@ -13,23 +13,16 @@ use blockwire_pdu::pdu::{
 };
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 use blockwire_target::backstore::{Backstore, RamBackstore};
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
-use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use blockwire_target::iscsi::catalog::Acl;
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::watch;
 
 mod support;
-use support::RawConn;
+use support::{start_target, RawConn, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:fabric-test";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:test-initiator";
-
-struct TestTarget {
-    addr: std::net::SocketAddr,
-    stop: watch::Sender<bool>,
-}
 
 async fn start(settings: FabricSettings) -> TestTarget {
     start_with(settings, Arc::new(RamBackstore::new(64 << 20))).await
@@ -37,29 +30,7 @@ async fn start(settings: FabricSettings) -> TestTarget {
 
 async fn start_with(settings: FabricSettings, store: Arc<dyn Backstore>) -> TestTarget {
     let lu = LogicalUnit::new(LuConfig::new(store));
-    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
-        .await
-        .unwrap();
-    let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
-    let (stop, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
-    tokio::spawn(portal.run(fabric));
-    TestTarget { addr, stop }
+    start_target(TARGET, Acl::Any, lu, settings).await
 }
 
 /// A test initiator session on one connection.

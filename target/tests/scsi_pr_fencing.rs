@@ -27,14 +27,13 @@ use blockwire_pdu::pdu::ScsiCommand;
 use blockwire_pdu::scsi::{Asc, Sense, SenseKey};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use blockwire_target::backstore::{Backstore, RamBackstore};
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
-use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use blockwire_target::iscsi::catalog::Acl;
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use tokio::sync::watch;
 
 mod support;
-use support::RawConn;
+use support::{start_target, RawConn};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:pr-fencing";
 const NODE_A: &str = "iqn.2026-11.io.blockwire:node-a";
@@ -112,29 +111,9 @@ async fn start(
     let mut cfg = LuConfig::new(store);
     cfg.pr_state_path = Some(pr_path.to_owned());
     let lu = LogicalUnit::new(cfg);
-    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
-        .await
-        .unwrap();
-    let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Only(vec![NODE_A.into(), NODE_B.into()]),
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
-    let (stop, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
-    tokio::spawn(portal.run(fabric));
-    (addr, stop)
+    let acl = Acl::Only(vec![NODE_A.into(), NODE_B.into()]);
+    let t = start_target(TARGET, acl, lu, FabricSettings::default()).await;
+    (t.addr, t.stop)
 }
 
 /// A minimal initiator session (no digests, immediate data).

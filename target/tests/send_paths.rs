@@ -16,15 +16,13 @@ use blockwire_pdu::pdu::{ScsiCommand, TaskMgmtRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use blockwire_target::backstore::{FileBackstore, FileMode};
 use blockwire_target::copies::{totals, CopyPath, Counts};
-use blockwire_target::datapath::Phase;
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
-use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
-use tokio::sync::watch;
+use blockwire_target::datapath::{Mode, Phase};
+use blockwire_target::iscsi::catalog::Acl;
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
 
 mod support;
-use support::RawConn;
+use support::{bind_target, RawConn, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:send-paths";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:send-paths-initiator";
@@ -44,86 +42,42 @@ enum Lun0 {
     EngineSync { direct: bool },
 }
 
-struct Target {
-    addr: std::net::SocketAddr,
-    fabric: Arc<Fabric>,
-    _stop: watch::Sender<bool>,
-    _dir: tempfile::TempDir,
-}
-
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i / 512) as u8) ^ (i as u8).wrapping_mul(7))
         .collect()
 }
 
-async fn start(size: usize, lun0: Lun0, settings: FabricSettings) -> Target {
+/// A target whose LUN 0 is a cached file LUN of `size` bytes of
+/// [`pattern`], served as `lun0` says; the file lives in the returned
+/// directory.
+async fn start(
+    size: usize,
+    lun0: Lun0,
+    settings: FabricSettings,
+) -> (TestTarget, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lun0.img");
     std::fs::write(&path, pattern(size)).unwrap();
     let store =
         FileBackstore::open_with(&path, Some(size as u64), false, FileMode::Cached).unwrap();
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(store)));
-    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
-        .await
-        .unwrap();
-    let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-        })],
-        discovery_auth: AuthPolicy::default(),
+    let t = bind_target(TARGET, Acl::Any, lu, settings).await;
+    let engine = |direct, chunk, mode| {
+        t.fabric
+            .sync_reads
+            .enable(TARGET, 0, &path, direct, chunk, mode)
+            .unwrap();
     };
-    let (stop, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
     match lun0 {
         Lun0::Serial => {}
         Lun0::Sendfile => {
-            fabric.sendfile_reads.enable(TARGET, 0, &path).unwrap();
+            t.fabric.sendfile_reads.enable(TARGET, 0, &path).unwrap();
         }
-        Lun0::Engine { direct } => {
-            fabric
-                .sync_reads
-                .enable(
-                    TARGET,
-                    0,
-                    &path,
-                    direct,
-                    64 << 10,
-                    blockwire_target::datapath::Mode::Serial,
-                )
-                .unwrap();
-        }
-        Lun0::EngineSync { direct } => {
-            fabric
-                .sync_reads
-                .enable(
-                    TARGET,
-                    0,
-                    &path,
-                    direct,
-                    16 << 10,
-                    blockwire_target::datapath::Mode::Synchronized,
-                )
-                .unwrap();
-        }
+        Lun0::Engine { direct } => engine(direct, 64 << 10, Mode::Serial),
+        Lun0::EngineSync { direct } => engine(direct, 16 << 10, Mode::Synchronized),
     }
-    tokio::spawn(portal.run(fabric.clone()));
-    Target {
-        addr,
-        fabric,
-        _stop: stop,
-        _dir: dir,
-    }
+    (t.serve(), dir)
 }
 
 fn settings(zero_copy_send: bool, no_net: bool) -> FabricSettings {
@@ -267,7 +221,7 @@ async fn delta(path: CopyPath, before: &Counts, commands: u64) -> Counts {
 /// Reads 1 MiB at 1 MiB through a fresh target and returns the delta of
 /// `path`'s counters, after checking the data.
 async fn read_one_mib(lun0: Lun0, zc: bool, digests: Digests, path: CopyPath) -> Counts {
-    let t = start(4 * MIB, lun0, settings(zc, false)).await;
+    let (t, _dir) = start(4 * MIB, lun0, settings(zc, false)).await;
     let mut c = Client::login(t.addr, digests).await;
     let before = totals(path);
     let (status, data, residual, _) = c.read(MIB, MIB).await;
@@ -375,7 +329,7 @@ async fn copy_counts_per_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_net_reads_but_sends_nothing() {
-    let t = start(4 * MIB, Lun0::Sendfile, settings(true, true)).await;
+    let (t, _dir) = start(4 * MIB, Lun0::Sendfile, settings(true, true)).await;
     let mut c = Client::login(t.addr, Digests::NONE).await;
     let before = totals(CopyPath::NoNet);
     let (status, data, residual, pdus) = c.read(0, MIB).await;
@@ -424,7 +378,7 @@ async fn no_net_engine_path_reads_through_the_engine() {
         Lun0::Engine { direct: true },
         Lun0::EngineSync { direct: false },
     ] {
-        let t = start(4 * MIB, lun0, settings(false, true)).await;
+        let (t, _dir) = start(4 * MIB, lun0, settings(false, true)).await;
         let mut c = Client::login(t.addr, Digests::NONE).await;
         let stats = t.fabric.sync_reads.stats();
         assert_eq!(stats.len(), 1, "{lun0:?}: one engine-path LUN");
@@ -514,7 +468,7 @@ async fn no_net_engine_path_reads_through_the_engine() {
 async fn abort_during_sendfile_reads() {
     const READS: usize = 16;
     const LEN: usize = 8 * MIB;
-    let t = start(LEN, Lun0::Sendfile, settings(false, false)).await;
+    let (t, _dir) = start(LEN, Lun0::Sendfile, settings(false, false)).await;
     let mut c = Client::login(t.addr, Digests::NONE).await;
     let mut itts = Vec::new();
     for _ in 0..READS {

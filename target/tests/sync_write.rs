@@ -15,24 +15,16 @@ use blockwire_pdu::scsi::{Asc, Sense, SenseKey};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use blockwire_target::backstore::{FileBackstore, FileMode};
 use blockwire_target::datapath::{open_engine, BufferPool, Engine, EnginePref};
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
-use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
-use tokio::sync::watch;
+use blockwire_target::iscsi::catalog::Acl;
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
 
 mod support;
-use support::RawConn;
+use support::{bind_target, RawConn, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:sync-write-test";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:sync-write-initiator";
 const CHUNK: usize = 64 << 10;
-
-struct TestTarget {
-    addr: std::net::SocketAddr,
-    fabric: Arc<Fabric>,
-    _stop: watch::Sender<bool>,
-}
 
 /// A target whose LUN 0 is the file `lun_file` (`size` bytes, `mode`)
 /// with double-buffered writes through `engine` to `engine_file` (the
@@ -47,37 +39,12 @@ async fn start(
     let store = FileBackstore::open_with(lun_file, Some(size), false, mode).unwrap();
     let direct = store.mode() == FileMode::Direct;
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(store)));
-    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
-        .await
-        .unwrap();
-    let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
-    let (stop, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
-    fabric
+    let t = bind_target(TARGET, Acl::Any, lu, FabricSettings::default()).await;
+    t.fabric
         .sync_writes
         .enable(engine, TARGET, 0, engine_file, direct, CHUNK)
         .unwrap();
-    tokio::spawn(portal.run(fabric.clone()));
-    TestTarget {
-        addr,
-        fabric,
-        _stop: stop,
-    }
+    t.serve()
 }
 
 fn engine(pool: BufferPool) -> Arc<dyn Engine> {

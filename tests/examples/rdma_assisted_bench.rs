@@ -17,12 +17,14 @@ use std::time::Instant;
 use blockwire_initiator::rdma::{AssistedSession, RdmaConfig, RegConfig};
 use blockwire_initiator::InitiatorConfig;
 use blockwire_target::backstore::RamBackstore;
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
-use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
+use support::bind_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:bench";
 
@@ -101,34 +103,13 @@ async fn proxy(target: SocketAddr, tap: Arc<Tap>) -> SocketAddr {
 
 async fn start() -> (SocketAddr, Arc<Fabric>) {
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(256 << 20))));
-    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
+    let t = bind_target(TARGET, lu, FabricSettings::default())
         .await
-        .unwrap();
-    let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    std::mem::forget(_stop);
-    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
-    fabric
-        .start_rdma("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    tokio::spawn(portal.run(fabric.clone()));
-    (addr, fabric)
+        .serve(true)
+        .await;
+    // The target serves until the process exits.
+    std::mem::forget(t.stop);
+    (t.addr, t.fabric)
 }
 
 async fn session(portal: SocketAddr, offer: bool, qd: usize, name: &str) -> AssistedSession {

@@ -3,7 +3,8 @@
 //! registration strategy and for scatter-gather buffers; forged, out-of-range and
 //! replayed descriptors are refused and change nothing; the fallback matrix.
 
-use std::net::SocketAddr;
+mod support;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -11,60 +12,23 @@ use blockwire_initiator::rdma::{AssistedSession, FmrdConfig, Mode, RdmaConfig, R
 use blockwire_initiator::{Error, InitiatorConfig, Session};
 use blockwire_pdu::scsi::SenseKey;
 use blockwire_target::backstore::RamBackstore;
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
-use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use blockwire_transport::assist::{reject, BindRequest, Descriptor, Direction, TOKEN_LEN};
 use blockwire_transport::rdma::soft::SoftProvider;
 use blockwire_transport::rdma::{QpCaps, QpInit, RdmaError, RdmaProvider, RemoteBuf};
 use rand::{Rng, SeedableRng};
-use tokio::sync::watch;
+use support::{bind_target, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:rdma-test";
 const BS: usize = 512;
 
-struct TestTarget {
-    addr: SocketAddr,
-    fabric: Arc<Fabric>,
-    _stop: watch::Sender<bool>,
-}
-
 async fn start(rdma: bool) -> TestTarget {
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
-    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
+    bind_target(TARGET, lu, FabricSettings::default())
         .await
-        .unwrap();
-    let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
-    let (stop, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
-    if rdma {
-        fabric
-            .start_rdma("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-    }
-    tokio::spawn(portal.run(fabric.clone()));
-    TestTarget {
-        addr,
-        fabric,
-        _stop: stop,
-    }
+        .serve(rdma)
+        .await
 }
 
 fn cfg(name: &str) -> InitiatorConfig {

@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,28 +15,18 @@ use blockwire_initiator::rdma::{AssistedSession, Mode as RdmaMode, RdmaConfig};
 use blockwire_initiator::{InitiatorConfig, Session};
 use blockwire_target::backstore::{FileBackstore, FileMode};
 use blockwire_target::datapath::{open_engine, BufferPool, EnginePref, Mode, Phase, PhaseStats};
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
-use blockwire_target::iscsi::portal::Portal;
-use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use support::*;
-use tokio::sync::watch;
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:sync-send";
 const BS: usize = 512;
 const LUN_BYTES: u64 = 32 << 20;
 
-struct TestTarget {
-    addr: SocketAddr,
-    fabric: Arc<Fabric>,
-    _stop: watch::Sender<bool>,
-    _dir: Scratch,
-}
-
 /// A fabric with one file LUN read through the engine path in `mode` with
 /// `chunk`-byte chunks (on the pread thread pool when `threads`, whose
 /// workers finish chunks in any order); RDMA offload offered when `rdma`.
-async fn start(mode: Mode, chunk: usize, rdma: bool, threads: bool) -> TestTarget {
+async fn start(mode: Mode, chunk: usize, rdma: bool, threads: bool) -> (TestTarget, Scratch) {
     start_with(mode, chunk, rdma, threads, FabricSettings::default()).await
 }
 
@@ -48,55 +37,24 @@ async fn start_with(
     rdma: bool,
     threads: bool,
     settings: FabricSettings,
-) -> TestTarget {
+) -> (TestTarget, Scratch) {
     let dir = Scratch::new("sync-send");
     let path = dir.0.join("lun0.img");
     let fb = FileBackstore::open_with(&path, Some(LUN_BYTES), false, FileMode::Direct).unwrap();
     let direct = fb.mode() == FileMode::Direct;
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(fb)));
-    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
-        .await
-        .unwrap();
-    let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
-    let (stop, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+    let t = bind_target(TARGET, lu, settings).await;
     if threads {
         let (e, banner) = open_engine(BufferPool::with_defaults(), EnginePref::ThreadPool).unwrap();
-        fabric.sync_reads.set_engine(e, banner);
+        t.fabric.sync_reads.set_engine(e, banner);
     }
-    let line = fabric
+    let line = t
+        .fabric
         .sync_reads
         .enable(TARGET, 0, &path, direct, chunk, mode)
         .unwrap();
     eprintln!("LUN 0: {line}");
-    if rdma {
-        fabric
-            .start_rdma("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-    }
-    tokio::spawn(portal.run(fabric.clone()));
-    TestTarget {
-        addr,
-        fabric,
-        _stop: stop,
-        _dir: dir,
-    }
+    (t.serve(rdma).await, dir)
 }
 
 fn lun_stats(t: &TestTarget) -> Arc<PhaseStats> {
@@ -149,7 +107,7 @@ async fn data_pdu_in_order_no_reads_what_was_written() {
     tokio::time::timeout(Duration::from_secs(120), async {
         // 16 KiB chunks under 8 KiB PDUs: two PDUs per chunk, 64 chunks
         // per 1 MiB READ, completing in whatever order the engine finishes.
-        let t = start(Mode::Synchronized, 16 << 10, false, true).await;
+        let (t, _dir) = start(Mode::Synchronized, 16 << 10, false, true).await;
         let mut cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:unordered")
             .with_data_pdu_in_order(false);
         cfg.max_recv_data_segment_length = 8192;
@@ -175,7 +133,7 @@ async fn data_pdu_in_order_no_reads_what_was_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_order_by_default_and_the_serial_baseline() {
     tokio::time::timeout(Duration::from_secs(120), async {
-        let t = start(Mode::Serial, 64 << 10, false, false).await;
+        let (t, _dir) = start(Mode::Serial, 64 << 10, false, false).await;
         let cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:ordered");
         let len = 8 << 20;
         let s = write_read_back(&t, cfg, len, 11).await;
@@ -197,7 +155,7 @@ async fn in_order_by_default_and_the_serial_baseline() {
 async fn rdma_reads_are_placed_one_write_per_chunk() {
     tokio::time::timeout(Duration::from_secs(120), async {
         let chunk = 64 << 10;
-        let t = start(Mode::Synchronized, chunk, true, true).await;
+        let (t, _dir) = start(Mode::Synchronized, chunk, true, true).await;
         let cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:rdma-sync");
         let s = AssistedSession::connect(cfg, RdmaConfig::default(), &t.addr.to_string(), TARGET)
             .await
@@ -380,7 +338,7 @@ async fn the_target_can_insist_on_in_order_pdus() {
             data_pdu_in_order: true,
             ..FabricSettings::default()
         };
-        let t = start_with(Mode::Synchronized, 16 << 10, false, true, settings).await;
+        let (t, _dir) = start_with(Mode::Synchronized, 16 << 10, false, true, settings).await;
         let mut cfg =
             InitiatorConfig::new("iqn.2026-11.io.blockwire:insisted").with_data_pdu_in_order(false);
         cfg.max_recv_data_segment_length = 8192;

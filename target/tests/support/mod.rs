@@ -1,9 +1,12 @@
-//! A bare-bones initiator connection shared by the socket-level tests: the
-//! pdu crate's Negotiator, framer and typed PDUs over a TcpStream, with no
-//! other logic, so a test sees exactly what the target sends.
+//! Shared by the socket-level tests: an in-process target on a free port of
+//! 127.0.0.1 ([`start_target`], [`bind_target`]), and a bare-bones initiator connection
+//! ([`RawConn`]): the pdu crate's Negotiator, framer and typed PDUs over a
+//! TcpStream, with no other logic, so a test sees exactly what the target
+//! sends.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use blockwire_pdu::keys::{
@@ -11,8 +14,93 @@ use blockwire_pdu::keys::{
 };
 use blockwire_pdu::pdu::LoginRequest;
 use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Pdu, Stage};
+use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::{Fabric, FabricSettings};
+use blockwire_target::scsi::{LogicalUnit, LunTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// An in-process target, accepting connections.
+pub struct TestTarget {
+    /// Where its portal listens.
+    pub addr: SocketAddr,
+    /// Its fabric (data path registries, statistics).
+    pub fabric: Arc<Fabric>,
+    /// Sending true shuts the target down.
+    pub stop: watch::Sender<bool>,
+}
+
+/// An in-process target bound to its port but not accepting yet: set up
+/// its fabric (e.g. put the LUN on a data path), then [`Self::serve`].
+pub struct BoundTarget {
+    portal: Portal,
+    /// Where its portal listens.
+    pub addr: SocketAddr,
+    /// Its fabric.
+    pub fabric: Arc<Fabric>,
+    stop: watch::Sender<bool>,
+}
+
+impl BoundTarget {
+    /// Starts accepting connections.
+    pub fn serve(self) -> TestTarget {
+        tokio::spawn(self.portal.run(self.fabric.clone()));
+        TestTarget {
+            addr: self.addr,
+            fabric: self.fabric,
+            stop: self.stop,
+        }
+    }
+}
+
+/// A target named `name` whose only LUN, 0, is `lu`, open to the
+/// initiators `acl` allows, bound to a free port of 127.0.0.1.
+pub async fn bind_target(
+    name: &str,
+    acl: Acl,
+    lu: LogicalUnit,
+    settings: FabricSettings,
+) -> BoundTarget {
+    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    let addr = portal.local_addr().unwrap();
+    let catalog = Catalog {
+        portal_groups: vec![PortalGroup {
+            tag: 1,
+            addresses: vec![addr],
+        }],
+        targets: vec![Arc::new(TargetEntry {
+            name: name.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl,
+            auth: AuthPolicy::default(),
+            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+        })],
+        discovery_auth: AuthPolicy::default(),
+    };
+    let (stop, shutdown) = watch::channel(false);
+    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+    BoundTarget {
+        portal,
+        addr,
+        fabric,
+        stop,
+    }
+}
+
+/// [`bind_target`], then [`BoundTarget::serve`].
+pub async fn start_target(
+    name: &str,
+    acl: Acl,
+    lu: LogicalUnit,
+    settings: FabricSettings,
+) -> TestTarget {
+    bind_target(name, acl, lu, settings).await.serve()
+}
 
 /// One TCP connection speaking PDUs.
 pub struct RawConn {

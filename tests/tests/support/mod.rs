@@ -1,6 +1,8 @@
 //! Helpers for end-to-end tests: real target processes on free 127.0.0.1
-//! ports (stopped by PID in `Drop`), a TCP proxy that can cut connections,
-//! and random-pattern write/read-back at a queue depth.
+//! ports (stopped by PID in `Drop`), an in-process target (the target
+//! crate's fabric on a free 127.0.0.1 port, [`bind_target`]), a TCP proxy
+//! that can cut connections, and random-pattern write/read-back at a queue
+//! depth. Examples include this file too (`#[path]`).
 #![allow(dead_code)]
 
 use std::net::{TcpListener, TcpStream};
@@ -10,7 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blockwire_initiator::{DataDir, Session};
+use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::{Fabric, FabricSettings};
+use blockwire_target::scsi::{LogicalUnit, LunTable};
 use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
 
 /// The repository root.
 pub fn repo() -> PathBuf {
@@ -155,6 +162,78 @@ pub fn start_blockwire(config: Option<&str>, scratch: &Scratch) -> (Daemon, u16)
         },
         port,
     )
+}
+
+/// An in-process target, accepting connections.
+pub struct TestTarget {
+    /// Where its portal listens.
+    pub addr: std::net::SocketAddr,
+    /// Its fabric (data path registries, RDMA service, statistics).
+    pub fabric: Arc<Fabric>,
+    /// Sending true shuts the target down.
+    pub stop: watch::Sender<bool>,
+}
+
+/// An in-process target bound to its port but not accepting yet: set up
+/// its fabric (e.g. put the LUN on a data path), then [`Self::serve`].
+pub struct BoundTarget {
+    portal: Portal,
+    /// Where its portal listens.
+    pub addr: std::net::SocketAddr,
+    /// Its fabric.
+    pub fabric: Arc<Fabric>,
+    stop: watch::Sender<bool>,
+}
+
+impl BoundTarget {
+    /// Starts the RDMA offload service (soft provider, a free port of
+    /// 127.0.0.1) when `rdma`, then accepts connections.
+    pub async fn serve(self, rdma: bool) -> TestTarget {
+        if rdma {
+            self.fabric
+                .start_rdma("127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap();
+        }
+        tokio::spawn(self.portal.run(self.fabric.clone()));
+        TestTarget {
+            addr: self.addr,
+            fabric: self.fabric,
+            stop: self.stop,
+        }
+    }
+}
+
+/// An in-process target named `name` whose only LUN, 0, is `lu`, open to
+/// any initiator, bound to a free port of 127.0.0.1.
+pub async fn bind_target(name: &str, lu: LogicalUnit, settings: FabricSettings) -> BoundTarget {
+    let portal = Portal::bind("127.0.0.1:0".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    let addr = portal.local_addr().unwrap();
+    let catalog = Catalog {
+        portal_groups: vec![PortalGroup {
+            tag: 1,
+            addresses: vec![addr],
+        }],
+        targets: vec![Arc::new(TargetEntry {
+            name: name.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl: Acl::Any,
+            auth: AuthPolicy::default(),
+            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+        })],
+        discovery_auth: AuthPolicy::default(),
+    };
+    let (stop, shutdown) = watch::channel(false);
+    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+    BoundTarget {
+        portal,
+        addr,
+        fabric,
+        stop,
+    }
 }
 
 /// Whether tgtd is installed.
