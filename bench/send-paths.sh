@@ -41,40 +41,19 @@ SECS=${SECS:-3}
 CHUNK=${CHUNK:-64K}
 IQN=iqn.2026-11.io.blockwire:send-paths-bench
 
-build=${CARGO_TARGET_DIR:-$repo/build}/release
-echo "building blockwire-target and the blockwire CLI (release)" >&2
-if ! (cd "$repo" && cargo build --release -q -p blockwire-mgmt -p blockwire-initiator >&2); then
-    [ -x "$build/blockwire-target" ] && [ -x "$build/blockwire" ] ||
-        { echo "release build failed and no binaries in $build" >&2; exit 1; }
-    echo "WARNING: release build failed; using the binaries already in $build" >&2
-fi
-if pgrep -x rustc >/dev/null; then
-    echo "waiting (at most 5 min) for a running cargo build (rustc) to finish..." >&2
-    timeout 300 bash -c 'while pgrep -x rustc >/dev/null; do sleep 5; done' ||
-        echo "WARNING: rustc still running; numbers will be noisy" >&2
-fi
+. "$here/lib.sh"
+
+build_release
+wait_for_rustc
 
 tmp=$(mktemp -d "$DIR/bw-send-paths.XXXXXX")
 pid=""
-stop_daemon() { # SIGTERM by PID, then at most 15 s for the shutdown summary, then SIGKILL
-    [ -n "$pid" ] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    pid=""
-}
 cleanup() { stop_daemon; rm -rf "$tmp"; }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 echo "filling 4 x $SIZE_MIB MiB of backstore files in $tmp" >&2
-head -c 64M /dev/urandom >"$tmp/rand"
-for l in 0 1 2 3; do
-    for ((i = 0; i < SIZE_MIB; i += 64)); do cat "$tmp/rand"; done | head -c "${SIZE_MIB}M" >"$tmp/l$l.img"
-done
-rm "$tmp/rand"
-sync
+fill_random 0 1 2 3
 python3 - "$tmp" <<'EOF'
 import os, sys
 d = sys.argv[1]
@@ -85,7 +64,7 @@ for l in (0, 1):  # cached LUNs: resident
         while f.read(1 << 24): pass
 EOF
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 cat >"$tmp/target.toml" <<EOF
 [fabric]
 nop_interval_secs = 0
@@ -127,39 +106,22 @@ sync_send = true
 sync_chunk = "$CHUNK"
 EOF
 
-plain() { sed 's/\x1b\[[0-9;]*m//g'; }
-start_daemon() { # flags... -> $pid, log in $tmp/target$run.log
-    log="$tmp/target$run.log"
-    BLOCKWIRE_LOG=info "$build/blockwire-target" --config "$tmp/target.toml" "$@" >"$log" 2>&1 &
-    pid=$!
-    for _ in $(seq 100); do
-        grep -q "reach it with" "$log" 2>/dev/null && break
-        kill -0 "$pid" 2>/dev/null || { plain <"$log" >&2; exit 1; }
-        sleep 0.1
-    done
-    grep -q "reach it with" "$log" || { echo "target did not start" >&2; plain <"$log" >&2; exit 1; }
-    plain <"$log" | grep -E "READ engine|zero-copy|BENCHMARK" | sed 's/^.*\(READ engine\)/\1/' >&2
-}
-cpu_ticks() { # utime + stime of the daemon (all threads), clock ticks
-    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$pid/stat"
+start_run() { # flags... -> $pid, log in $tmp/target$run.log
+    start_daemon "$tmp/target$run.log" "$@"
+    plain <"$tmp/target$run.log" | grep -E "READ engine|zero-copy|BENCHMARK" | sed 's/^.*\(READ engine\)/\1/' >&2
 }
 points="$tmp/points"
 : >"$points"
 bench_point() { # run lun qd
-    local run=$1 lun=$2 qd=$3 c0 c1 out ios mbps
+    local run=$1 lun=$2 qd=$3 c0 c1 ios mbps
     c0=$(cpu_ticks)
-    out=$(timeout $((SECS + 60)) "$build/blockwire" bench -p "127.0.0.1:$port" -T "$IQN" -l "$lun" \
-        --pattern seq --op read --bs "$BS" --qd "$qd" --time "${SECS}s") ||
-        { echo "blockwire bench failed on LUN $lun qd $qd ($run):" >&2; echo "$out" >&2; exit 1; }
+    bench_cli "$lun" --pattern seq --op read --bs "$BS" --qd "$qd"
     c1=$(cpu_ticks)
-    ios=$(echo "$out" | sed -n 's/^ios=\([0-9]*\).*/\1/p')
-    mbps=$(echo "$out" | sed -n 's/.*MB\/s=\([0-9.]*\).*/\1/p' | head -1)
-    [ -n "$ios" ] && [ -n "$mbps" ] || { echo "no ios/MB/s from blockwire bench:" >&2; echo "$out" >&2; exit 1; }
     echo "$run $lun $qd $ios $mbps $((c1 - c0))" >>"$points"
 }
 
 run=normal
-start_daemon
+start_run
 for lun in 0 1 2 3; do for qd in $QDS; do bench_point normal $lun "$qd"; done; done
 stop_daemon
 summary="$tmp/summary"
@@ -167,13 +129,13 @@ plain <"$tmp/targetnormal.log" | grep "copy counter summary" >"$summary" || true
 plain <"$tmp/targetnormal.log" | grep "READ state timers" | sed 's/^.*READ state timers: //' >"$tmp/timers" || true
 
 run=nonet
-start_daemon --no-net
+start_run --no-net
 for qd in $QDS; do bench_point nonet 3 "$qd"; done
 stop_daemon
 plain <"$tmp/targetnonet.log" | grep "copy counter summary" | sed 's/^/nonet /' >>"$summary" || true
 
 run=nodisk
-start_daemon --no-disk
+start_run --no-disk
 for qd in $QDS; do bench_point nodisk 3 "$qd"; done
 stop_daemon
 

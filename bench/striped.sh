@@ -35,24 +35,17 @@ BS=${BS:-1M}
 QD=${QD:-1}
 SECS=${SECS:-3}
 IQN=iqn.2026-11.io.blockwire:striped-bench
+. "$here/lib.sh"
 
-build=${CARGO_TARGET_DIR:-$repo/build}/release
 if [ ! -x "$build/blockwire-target" ] || [ ! -x "$build/blockwire" ]; then
     echo "building blockwire-target and the blockwire CLI (release)" >&2
     (cd "$repo" && cargo build --release -p blockwire-mgmt -p blockwire-initiator >&2)
 fi
-if pgrep -x rustc >/dev/null; then
-    echo "waiting (at most 5 min) for a running cargo build (rustc) to finish..." >&2
-    timeout 300 bash -c 'while pgrep -x rustc >/dev/null; do sleep 5; done' ||
-        echo "WARNING: rustc still running; numbers will be noisy" >&2
-fi
+wait_for_rustc
 
 tmp=$(mktemp -d "$DIR/bw-striped.XXXXXX")
 pid=""
-cleanup() {
-    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-    rm -rf "$tmp"
-}
+cleanup() { stop_daemon; rm -rf "$tmp"; }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
@@ -71,7 +64,7 @@ for l in 0 1 3; do
 done
 head -c "${SIZE_MIB}M" /dev/urandom >"$tmp/l2.img"
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 cat >"$tmp/target.toml" <<EOF
 [[portal_group]]
 tag = 1
@@ -112,32 +105,22 @@ paths = $(members 3)
 stripe_chunk = "$STRIPE"
 mode = "cached"
 EOF
-"$build/blockwire-target" --config "$tmp/target.toml" --log info >"$tmp/target.log" 2>&1 &
-pid=$!
-for _ in $(seq 100); do
-    grep -q "reach it with" "$tmp/target.log" 2>/dev/null && break
-    kill -0 "$pid" 2>/dev/null || { cat "$tmp/target.log" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q "reach it with" "$tmp/target.log" || { echo "target did not start" >&2; cat "$tmp/target.log" >&2; exit 1; }
-plain() { sed 's/\x1b\[[0-9;]*m//g'; }
+start_daemon "$tmp/target.log"
 grep -E "READ engine" "$tmp/target.log" | plain | sed 's/^.*READ engine: /READ engine: /' >&2
 
-declare -A mbps
+declare -A rates
 for lun in 0 1 2 3; do
-    out=$("$build/blockwire" bench -p "127.0.0.1:$port" -T "$IQN" -l "$lun" --pattern seq --op read \
-        --bs "$BS" --qd "$QD" --time "${SECS}s")
-    mbps[$lun]=$(echo "$out" | sed -n 's/.*MB\/s=\([0-9.]*\).*/\1/p' | head -1)
-    [ -n "${mbps[$lun]}" ] || { echo "no MB/s from blockwire bench on LUN $lun:" >&2; echo "$out" >&2; exit 1; }
+    bench_cli "$lun" --pattern seq --op read --bs "$BS" --qd "$QD"
+    rates[$lun]=$mbps
 done
 
 echo "# striped backstore, $MEMBERS members x $STRIPE in $DIR, $SIZE_MIB MiB LUNs, seq READ bs=$BS qd=$QD, ${SECS}s each"
 printf "%-58s %10s\n" "LUN" "MB/s"
-printf "%-58s %10s\n" "0 striped O_DIRECT, sync_send (c = $CHUNK, $MEMBERS streams)" "${mbps[0]}"
-printf "%-58s %10s\n" "1 striped O_DIRECT, serial (engine: read all, then send)" "${mbps[1]}"
-printf "%-58s %10s\n" "2 one O_DIRECT file, sync_send (c = $CHUNK, 1 stream)" "${mbps[2]}"
-printf "%-58s %10s\n" "3 striped cached, SCSI core path" "${mbps[3]}"
-python3 - "${mbps[0]}" "${mbps[1]}" "${mbps[2]}" <<'EOF'
+printf "%-58s %10s\n" "0 striped O_DIRECT, sync_send (c = $CHUNK, $MEMBERS streams)" "${rates[0]}"
+printf "%-58s %10s\n" "1 striped O_DIRECT, serial (engine: read all, then send)" "${rates[1]}"
+printf "%-58s %10s\n" "2 one O_DIRECT file, sync_send (c = $CHUNK, 1 stream)" "${rates[2]}"
+printf "%-58s %10s\n" "3 striped cached, SCSI core path" "${rates[3]}"
+python3 - "${rates[0]}" "${rates[1]}" "${rates[2]}" <<'EOF'
 import sys
 sync, serial, single = map(float, sys.argv[1:])
 print(f"synchronized / serial on the striped LUN: {sync / serial:.2f}x ({(sync / serial - 1) * 100:+.0f}%)")

@@ -29,42 +29,21 @@ SECS=${SECS:-3}
 CHUNK=${CHUNK:-64K}
 IQN=iqn.2026-11.io.blockwire:sync-write-bench
 
-build=${CARGO_TARGET_DIR:-$repo/build}/release
-echo "building blockwire-target and the blockwire CLI (release)" >&2
-if ! (cd "$repo" && cargo build --release -q -p blockwire-mgmt -p blockwire-initiator >&2); then
-    [ -x "$build/blockwire-target" ] && [ -x "$build/blockwire" ] ||
-        { echo "release build failed and no binaries in $build" >&2; exit 1; }
-    echo "WARNING: release build failed; using the binaries already in $build" >&2
-fi
-if pgrep -x rustc >/dev/null; then
-    echo "waiting (at most 5 min) for a running cargo build (rustc) to finish..." >&2
-    timeout 300 bash -c 'while pgrep -x rustc >/dev/null; do sleep 5; done' ||
-        echo "WARNING: rustc still running; numbers will be noisy" >&2
-fi
+. "$here/lib.sh"
+
+build_release
+wait_for_rustc
 
 tmp=$(mktemp -d "$DIR/bw-sync-write.XXXXXX")
 pid=""
-stop_daemon() { # SIGTERM by PID, at most 15 s to flush and exit, then SIGKILL
-    [ -n "$pid" ] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    pid=""
-}
 cleanup() { stop_daemon; rm -rf "$tmp"; }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 echo "filling 2 x $SIZE_MIB MiB of backstore files in $tmp" >&2
-head -c 64M /dev/urandom >"$tmp/rand"
-for l in 0 1; do
-    for ((i = 0; i < SIZE_MIB; i += 64)); do cat "$tmp/rand"; done | head -c "${SIZE_MIB}M" >"$tmp/l$l.img"
-done
-rm "$tmp/rand"
-sync
+fill_random 0 1
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 cat >"$tmp/target.toml" <<EOF
 [fabric]
 nop_interval_secs = 0
@@ -93,31 +72,17 @@ size = "${SIZE_MIB}M"
 mode = "direct"
 EOF
 
-plain() { sed 's/\x1b\[[0-9;]*m//g'; }
 log="$tmp/target.log"
-BLOCKWIRE_LOG=info "$build/blockwire-target" --config "$tmp/target.toml" >"$log" 2>&1 &
-pid=$!
-for _ in $(seq 100); do
-    grep -q "reach it with" "$log" 2>/dev/null && break
-    kill -0 "$pid" 2>/dev/null || { plain <"$log" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q "reach it with" "$log" || { echo "target did not start" >&2; plain <"$log" >&2; exit 1; }
+start_daemon "$log"
 plain <"$log" | grep -iE "sync_write|double-buffered|WRITE engine" | sed 's/^.*INFO [^ ]* //' >&2 || true
 
-cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$pid/stat"; }
 points="$tmp/points"
 : >"$points"
 for bs in $BSS; do
     for lun in 0 1; do
         c0=$(cpu_ticks)
-        out=$(timeout $((SECS + 60)) "$build/blockwire" bench -p "127.0.0.1:$port" -T "$IQN" -l "$lun" \
-            --pattern seq --op write --bs "$bs" --qd 1 --time "${SECS}s") ||
-            { echo "blockwire bench failed on LUN $lun bs $bs:" >&2; echo "$out" >&2; exit 1; }
+        bench_cli "$lun" --pattern seq --op write --bs "$bs" --qd 1
         c1=$(cpu_ticks)
-        ios=$(echo "$out" | sed -n 's/^ios=\([0-9]*\).*/\1/p')
-        mbps=$(echo "$out" | sed -n 's/.*MB\/s=\([0-9.]*\).*/\1/p' | head -1)
-        [ -n "$ios" ] && [ -n "$mbps" ] || { echo "no ios/MB/s from blockwire bench:" >&2; echo "$out" >&2; exit 1; }
         echo "$bs $lun $ios $mbps $((c1 - c0))" >>"$points"
     done
 done
