@@ -1042,22 +1042,7 @@ mod tests {
     fn data_in_is_placed_and_checked() {
         let mut e = engine();
         let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 1000]), 0, 1);
-        let d = |sn: u32, off: u32, status: Option<u8>| DataIn {
-            final_bit: status.is_some(),
-            acknowledge: false,
-            overflow: false,
-            underflow: false,
-            status,
-            lun: Lun::default(),
-            itt,
-            ttt: RESERVED_TAG,
-            stat_sn: 100,
-            exp_cmd_sn: 11,
-            max_cmd_sn: 20,
-            data_sn: sn,
-            buffer_offset: off,
-            residual_count: 0,
-        };
+        let d = |sn, off, status| data_in(itt, sn, off, status);
         let (p, ev) = e.data_in_begin(&d(0, 0, None), 500);
         assert!(ev.is_empty());
         let Placement::Into { mut buf, range } = p else {
@@ -1096,19 +1081,10 @@ mod tests {
         ));
     }
 
-    /// Feeds one Data-In of `len` bytes at `off` (DataSN `sn`) to `itt`,
-    /// filling its bytes with `fill`; returns the completion events, or
-    /// None if the PDU was discarded with a failure.
-    fn feed(
-        e: &mut Engine<u32>,
-        itt: u32,
-        sn: u32,
-        off: u32,
-        len: usize,
-        status: Option<u8>,
-        fill: u8,
-    ) -> Result<Vec<Event<u32>>, String> {
-        let d = DataIn {
+    /// A Data-In of `itt` with DataSN `sn` at BufferOffset `off`; with the
+    /// status (and the F bit) when `status` is set.
+    fn data_in(itt: u32, sn: u32, off: u32, status: Option<u8>) -> DataIn {
+        DataIn {
             final_bit: status.is_some(),
             acknowledge: false,
             overflow: false,
@@ -1123,7 +1099,22 @@ mod tests {
             data_sn: sn,
             buffer_offset: off,
             residual_count: 0,
-        };
+        }
+    }
+
+    /// Feeds one Data-In of `len` bytes at `off` (DataSN `sn`) to `itt`,
+    /// filling its bytes with `fill`; returns the completion events, or
+    /// None if the PDU was discarded with a failure.
+    fn feed(
+        e: &mut Engine<u32>,
+        itt: u32,
+        sn: u32,
+        off: u32,
+        len: usize,
+        status: Option<u8>,
+        fill: u8,
+    ) -> Result<Vec<Event<u32>>, String> {
+        let d = data_in(itt, sn, off, status);
         let (p, ev) = e.data_in_begin(&d, len);
         match p {
             Placement::Into { mut buf, range } => {
