@@ -27,7 +27,7 @@
 # direct ones dropped from the page cache, the cached ones read once so they are resident.
 # The daemon's zero-copy sends stay at their default (on). Not run by CI. Compiles beside it
 # distort the numbers: it waits (bounded) for rustc to finish.
-# Env: DIR, SIZE_MIB (1024), BS (1M), QDS ("1 8"), SECS (3), CHUNK (64K), OUT (a copy of stdout).
+# Env: DIR, SIZE_MIB (1024), BS (1M), QDS ("1 8"), SECS (3), CHUNK (64K).
 # Run time: about 2 + 14 x SECS seconds plus the fill (~4 x SIZE_MIB of writes).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

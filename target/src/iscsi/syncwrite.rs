@@ -627,10 +627,11 @@ async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
     drop(buf);
     let WriteJob { ctx, budget, .. } = job;
     drop(budget);
-    // Only a task whose status is sent is forgotten here (not one whose
-    // feed the reader dropped).
-    if let (true, Some(pdus)) = (ctx.finish(), pdus) {
-        ctx.send_and_forget(pdus.into_iter().map(Outgoing::Pdu))
-            .await;
+    // A task whose feed the reader dropped (its connection is gone) has no
+    // status to send but is forgotten all the same, so the session's task
+    // set does not keep it as "completing" forever.
+    if ctx.finish() {
+        let items = pdus.into_iter().flatten().map(Outgoing::Pdu);
+        ctx.send_and_forget(items).await;
     }
 }
