@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blockwire_target::backstore::{
-    striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore, PatternBackstore,
-    RamBackstore, StripedBackstore,
+    striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore, RamBackstore,
+    StripedBackstore,
 };
 use blockwire_target::iscsi::catalog::{
     Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry,
@@ -800,7 +800,7 @@ impl TargetConfig {
                                 format!("a {kind} LUN needs a size"),
                             )
                         })?;
-                        Arc::new(PatternBackstore::new(size))
+                        Arc::new(NullBackstore::pattern(size))
                     }
                     "null" => {
                         let size = size.ok_or_else(|| {
@@ -836,7 +836,7 @@ impl TargetConfig {
                         if engine_path {
                             prebuilt = Some((blockwire_target::datapath::Source::Pattern, false));
                         }
-                        Arc::new(PatternBackstore::new(size))
+                        Arc::new(NullBackstore::pattern(size))
                     }
                     "striped" => {
                         let paths = l.paths.as_ref().ok_or_else(|| {
@@ -903,7 +903,7 @@ impl TargetConfig {
                                 prebuilt =
                                     Some((blockwire_target::datapath::Source::Pattern, false));
                             }
-                            Arc::new(PatternBackstore::new(size))
+                            Arc::new(NullBackstore::pattern(size))
                         } else {
                             let sb = StripedBackstore::open(
                                 paths.get_ref(),

@@ -9,7 +9,7 @@
 //! | [`FileBackstore`] cached | page cache | page cache | `fallocate(PUNCH_HOLE)` | `fdatasync` / `RWF_DSYNC` |
 //! | [`FileBackstore`] direct | `O_DIRECT` via aligned bounce buffers | same | same | same |
 //! | [`NullBackstore`] | zeros | discarded | nothing to do | nothing to keep |
-//! | [`PatternBackstore`] (`--no-disk`) | offset pattern | discarded | nothing to do | nothing to keep |
+//! | [`NullBackstore::pattern`] (`--no-disk`) | offset pattern | discarded | nothing to do | nothing to keep |
 //! | [`StripedBackstore`] | RAID0 over [`FileBackstore`] members, large requests one thread per member | same, per member | per member | every member |
 //!
 //! Errors are `std::io::Error`s; the SCSI core turns them into MEDIUM
@@ -18,13 +18,11 @@
 
 mod file;
 mod null;
-mod pattern;
 mod ram;
 pub mod striped;
 
 pub use file::{FileBackstore, FileMode};
 pub use null::NullBackstore;
-pub use pattern::PatternBackstore;
 pub use ram::RamBackstore;
 pub use striped::StripedBackstore;
 

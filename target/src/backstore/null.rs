@@ -1,20 +1,49 @@
-//! A backstore with no storage: reads return zeros, writes are discarded.
-//! For benchmarks of the fabric and the data path without disk or memcpy
-//! costs (tgtd's `--bstype null`).
+//! Backstores with no storage: writes are discarded and reads return
+//! either zeros (the `null` backstore, tgtd's `--bstype null`) or the
+//! no-disk pattern (`--no-disk`, issue 7 item 4, P1's `gmblock-bogus`: a
+//! function of the byte offset, so an initiator can verify what it got).
+//! No storage I/O at all, so a benchmark measures the fabric and the
+//! network alone. Benchmarks only: every write is lost.
 
 use super::{Backstore, Extent};
+use crate::datapath::source::pattern_fill;
 use std::io;
 
-/// Reads zeros, discards writes, reports every block deallocated.
+/// What reads of a storage-less store return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// Zeros; every block reported deallocated.
+    Zeros,
+    /// [`pattern_fill`] data; every block reported mapped (the pattern is
+    /// never all zeros over a block, and saying so spares the SCSI core a
+    /// content scan).
+    Pattern,
+}
+
+/// Discards writes; reads return zeros ([`NullBackstore::new`]) or the
+/// no-disk pattern ([`NullBackstore::pattern`]).
 #[derive(Debug)]
 pub struct NullBackstore {
     size: u64,
+    fill: Fill,
 }
 
 impl NullBackstore {
-    /// A store that claims `size` bytes.
+    /// A store that claims `size` bytes and reads zeros.
     pub fn new(size: u64) -> NullBackstore {
-        NullBackstore { size }
+        NullBackstore {
+            size,
+            fill: Fill::Zeros,
+        }
+    }
+
+    /// A store that claims `size` bytes and reads the no-disk pattern
+    /// (`--no-disk`).
+    pub fn pattern(size: u64) -> NullBackstore {
+        NullBackstore {
+            size,
+            fill: Fill::Pattern,
+        }
     }
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -23,7 +52,11 @@ impl NullBackstore {
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "range {offset}+{len} beyond null store of {} bytes",
+                    "range {offset}+{len} beyond {} store of {} bytes",
+                    match self.fill {
+                        Fill::Zeros => "null",
+                        Fill::Pattern => "no-disk",
+                    },
                     self.size
                 ),
             )),
@@ -38,7 +71,10 @@ impl Backstore for NullBackstore {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check(offset, buf.len() as u64)?;
-        buf.fill(0);
+        match self.fill {
+            Fill::Zeros => buf.fill(0),
+            Fill::Pattern => pattern_fill(offset, buf),
+        }
         Ok(())
     }
 
@@ -71,21 +107,28 @@ impl Backstore for NullBackstore {
         Ok(Some(vec![Extent {
             offset,
             len,
-            mapped: false,
+            mapped: self.fill == Fill::Pattern,
         }]))
     }
 
     fn describe(&self) -> String {
-        format!(
-            "null ({} MiB, reads zeros, discards writes)",
-            self.size >> 20
-        )
+        match self.fill {
+            Fill::Zeros => format!(
+                "null ({} MiB, reads zeros, discards writes)",
+                self.size >> 20
+            ),
+            Fill::Pattern => format!(
+                "no-disk pattern ({} MiB, benchmark only: writes are dropped)",
+                self.size >> 20
+            ),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datapath::source::pattern_byte;
 
     #[test]
     fn reads_zeros_and_discards_writes() {
@@ -99,5 +142,21 @@ mod tests {
         let map = s.allocation(0, 1 << 20).unwrap().unwrap();
         assert_eq!(map.len(), 1);
         assert!(!map[0].mapped);
+    }
+
+    #[test]
+    fn reads_the_offset_pattern_and_drops_writes() {
+        let s = NullBackstore::pattern(1 << 20);
+        let mut a = vec![0u8; 8192];
+        s.read_at(4096 + 3, &mut a).unwrap();
+        for (i, b) in a.iter().enumerate() {
+            assert_eq!(*b, pattern_byte(4096 + 3 + i as u64), "byte {i}");
+        }
+        s.write_at(4096, &[0u8; 4096]).unwrap();
+        let mut again = vec![0u8; 8192];
+        s.read_at(4096 + 3, &mut again).unwrap();
+        assert_eq!(a, again, "the write was not stored");
+        assert!(s.read_at((1 << 20) - 1, &mut [0u8; 2]).is_err());
+        assert!(s.write_at(1 << 20, &[0u8; 1]).is_err());
     }
 }
