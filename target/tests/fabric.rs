@@ -492,6 +492,8 @@ struct StuckStore {
     inner: RamBackstore,
     released: std::sync::Mutex<bool>,
     wake: std::sync::Condvar,
+    /// Reads that returned after the release.
+    served: std::sync::atomic::AtomicUsize,
 }
 
 impl Backstore for StuckStore {
@@ -503,7 +505,11 @@ impl Backstore for StuckStore {
         while !*released {
             released = self.wake.wait(released).unwrap();
         }
-        self.inner.read_at(offset, buf)
+        drop(released);
+        let r = self.inner.read_at(offset, buf);
+        self.served
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        r
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         self.inner.write_at(offset, data)
@@ -522,6 +528,7 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
         inner: RamBackstore::new(1 << 20),
         released: std::sync::Mutex::new(false),
         wake: std::sync::Condvar::new(),
+        served: Default::default(),
     });
     let t = start_with(FabricSettings::default(), store.clone()).await;
     let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 8], Digests::NONE).await;
@@ -550,13 +557,55 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
         panic!("expected TMF response, got {pdu:?}")
     };
     assert_eq!(r.response, TmfResponse::FunctionComplete);
-    // When the disk wakes up, the aborted read's data must not be sent.
+    // When the disk wakes up, the aborted read's data must not be sent:
+    // let the backstore finish the read, give a late answer time to go
+    // out, then inspect every PDU that arrives up to the TUR's response and
+    // for a while after it.
     *store.released.lock().unwrap() = true;
     store.wake.notify_all();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.served.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the released backstore never served the aborted read"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let tur = c.command(&[0; 6], false, false, 0, true);
+    c.send(Pdu::new(Bhs::ScsiCommand(tur))).await;
+    let mut tur_status = None;
+    let mut seen = Vec::new();
+    let quiet_until = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let wait = quiet_until.saturating_duration_since(tokio::time::Instant::now());
+        if tur_status.is_some() && wait.is_zero() {
+            break;
+        }
+        let Some(pdu) = c.recv_within(wait.max(Duration::from_millis(500))).await else {
+            break;
+        };
+        match &pdu.bhs {
+            Bhs::DataIn(d) => assert_ne!(
+                d.itt, read.itt,
+                "Data-In for the aborted READ after its TMF response: {:?}",
+                pdu.bhs
+            ),
+            Bhs::ScsiResponse(r) if r.itt == read.itt => {
+                panic!("SCSI Response for the aborted READ after its TMF response: {r:?}")
+            }
+            Bhs::ScsiResponse(r) if r.itt == tur.itt => {
+                assert!(tur_status.is_none(), "two responses to the TUR");
+                tur_status = Some(r.status);
+            }
+            _ => {}
+        }
+        seen.push(pdu.bhs.opcode());
+    }
     assert_eq!(
-        c.test_unit_ready().await,
+        tur_status,
         Some(0),
-        "only the TUR is answered"
+        "the TUR is answered GOOD (PDUs after the TMF response: {seen:?})"
     );
 }
 
