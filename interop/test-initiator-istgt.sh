@@ -1,6 +1,6 @@
 #!/bin/bash
 # interop/test-initiator-istgt.sh — blockwire's initiator against istgt (Debian package istgt,
-# a third-party user-space target), when it is installed; otherwise SKIP with a message.
+# a third-party user-space target). istgt missing or not starting is a FAIL, never a skip.
 #
 # istgt on a free 127.0.0.1 port, one 256 MiB file LUN, AuthMethod CHAP (one-way or mutual).
 #   discovery                 blockwire discover; blockwire iscsiadm -m discovery -t st (iscsiadm
@@ -10,11 +10,12 @@
 #   INQUIRY                   vendor/product/serial from istgt
 #   write/read-back           64 MiB of random data written at queue depth 32 (blockwire dd),
 #                             read back at queue depth 32, SHA-256 equal
-#   FUSE (when /dev/fuse)     blockwire mount with CHAP, 8 MiB O_DIRECT|O_DSYNC at an offset
+#   FUSE                      blockwire mount with CHAP, 8 MiB O_DIRECT|O_DSYNC at an offset
 #                             through MNT/lun0 and back, SHA-256 equal; SIGTERM ends it
 #
-# Prints each step; exits 1 on failure, 0 with "SKIP: ..." when istgt is absent or does not
-# start. Bounded (re-executes itself under timeout); cleans up in a trap.
+# Prints each step; exits 1 on failure, including when istgt is absent or does not start (its
+# log is shown), or when root or /dev/fuse is missing for the FUSE step. Bounded (re-executes
+# itself under timeout); cleans up in a trap.
 set -euo pipefail
 if [ -z "${_BW_ISTGT_TIMED:-}" ]; then
     export _BW_ISTGT_TIMED=1
@@ -27,10 +28,9 @@ repo=$(cd "$here/.." && pwd)
 step() { printf '==== %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*"; exit 1; }
 
-if ! command -v istgt >/dev/null; then
-    echo "SKIP: istgt is not installed (apt-get install istgt); blockwire vs istgt not run"
-    exit 0
-fi
+command -v istgt >/dev/null || fail "istgt is not installed (apt-get install istgt; .ci/run does)"
+[ "$(id -u)" = 0 ] || fail "the FUSE step needs root"
+[ -c /dev/fuse ] || fail "/dev/fuse is missing: the FUSE step cannot run"
 bw=${BLOCKWIRE_CLI:-${CARGO_TARGET_DIR:-$repo/build}/release/blockwire}
 if [ ! -x "$bw" ]; then
     echo "building the blockwire CLI (release)"
@@ -109,10 +109,9 @@ istgt -c "$tmp/istgt.conf" -D >"$tmp/istgt.log" 2>&1 </dev/null &
 istgt_pid=$!
 if ! timeout 10 bash -c 'until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
         kill -0 "$2" 2>/dev/null || exit 1; sleep 0.1; done' _ "$port" "$istgt_pid"; then
-    sed 's/^/    /' "$tmp/istgt.log" | tail -n 5
-    istgt_pid=""
-    echo "SKIP: istgt is installed but did not start (log above)"
-    exit 0
+    echo "    istgt log ($tmp/istgt.log):"
+    sed 's/^/    /' "$tmp/istgt.log"
+    fail "istgt did not start: it exited or did not listen on $portal within 10 s (log above)"
 fi
 
 chap=(--chap-user "$USER" --chap-secret "$SECRET")
@@ -156,7 +155,7 @@ echo "    written $a"
 echo "    read    $b"
 [ "$a" = "$b" ] || fail "read-back differs"
 
-if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ]; then
+{
     step "blockwire mount (CHAP) $tmp/mnt; 8 MiB O_DIRECT|O_DSYNC through lun0 and back"
     mkdir -p "$tmp/mnt"
     "$bw" mount -p "$portal" -T "$IQN" "${chap[@]}" "$tmp/mnt" >"$tmp/mount.log" 2>&1 </dev/null &
@@ -178,9 +177,7 @@ if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ]; then
     mount_pid=""
     sed 's/^/    /' "$tmp/mount.log"
     [ "$rc" = 0 ] || fail "blockwire mount exited $rc"
-else
-    echo "(FUSE step skipped: needs root and /dev/fuse)"
-fi
+}
 
 step "stop istgt"
 stop_pid "$istgt_pid"
