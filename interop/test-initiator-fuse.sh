@@ -18,9 +18,10 @@
 #
 # Prints each step; exits 1 on the first failure. Cleans up (file systems, loop devices,
 # FUSE mounts, processes it started — by PID) in a trap, even on failure or timeout.
-# Needs root, /dev/fuse, fuse3 (fusermount3), util-linux (losetup) and e2fsprogs. Exits 0
-# with a SKIP line when /dev/fuse or root is missing. Bounded: the whole script re-executes
-# itself under `timeout` (BW_FUSE_TIMEOUT seconds, default 300).
+# Needs root, /dev/fuse, fuse3 (fusermount3), util-linux (losetup), e2fsprogs, fio and tgt
+# (tgtd, tgtadm). A missing one is a FAIL (exit 1), never a skip: a test that cannot run its
+# peer fails. Bounded: the whole script re-executes itself under `timeout` (BW_FUSE_TIMEOUT
+# seconds, default 300).
 set -euo pipefail
 if [ -z "${_BW_FUSE_TIMED:-}" ]; then
     export _BW_FUSE_TIMED=1
@@ -35,10 +36,10 @@ IQN=iqn.2026-11.io.blockwire:default
 step() { printf '==== %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*"; exit 1; }
 
-if [ "$(id -u)" != 0 ]; then echo "SKIP: test-initiator-fuse needs root (losetup, mount)"; exit 0; fi
-if [ ! -c /dev/fuse ]; then echo "SKIP: /dev/fuse is missing (no FUSE in this kernel/container)"; exit 0; fi
-for tool in losetup mkfs.ext4 fsck.ext4 sha256sum; do
-    command -v "$tool" >/dev/null || fail "$tool is not installed"
+[ "$(id -u)" = 0 ] || fail "test-initiator-fuse needs root (losetup, mount)"
+[ -c /dev/fuse ] || fail "/dev/fuse is missing (no FUSE in this kernel/container): the FUSE export cannot be tested"
+for tool in losetup mkfs.ext4 fsck.ext4 sha256sum fio tgtd tgtadm; do
+    command -v "$tool" >/dev/null || fail "$tool is not installed (.ci/run installs it)"
 done
 command -v fusermount3 >/dev/null || echo "note: fusermount3 missing; mounting with mount(2) as root"
 
@@ -175,7 +176,7 @@ if command -v fio >/dev/null; then
         grep -q "err= 0" "$tmp/fio.log" || fail "fio reported errors"
     done
 else
-    echo "(fio not installed: concurrent-write verification skipped)"
+    fail "fio is not installed: concurrent-write verification cannot run"
 fi
 attach_loop
 
@@ -259,6 +260,6 @@ if command -v tgtd >/dev/null; then
     stop_tgtd "$tgt_port" "$tgt_pid"
     tgt_pid=""
 else
-    echo "(tgtd not installed: the tgtd round is skipped)"
+    fail "tgtd is not installed: the tgtd round cannot run"
 fi
 echo "PASS: test-initiator-fuse"
