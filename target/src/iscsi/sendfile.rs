@@ -162,7 +162,7 @@ pub(super) async fn serve(job: FileReadJob) {
     let job = Arc::new(job);
     let j = job.clone();
     let ctx = &job.ctx;
-    let step = match tokio::task::spawn_blocking(move || prepare(&j.ctx)).await {
+    let step = match tokio::task::spawn_blocking(move || j.ctx.in_core(|| prepare(&j.ctx))).await {
         Ok(s) => s,
         Err(e) => Step::Answer(ctx.panicked(&e), Counts::default()),
     };

@@ -565,7 +565,11 @@ async fn serve_inner(job: ReadJob) {
     }
     let j = job.clone();
     // The copies the core makes if it answers instead (debug copy counter).
-    let step = match tokio::task::spawn_blocking(move || copies::counted(|| prepare(&j))).await {
+    let step = match tokio::task::spawn_blocking(move || {
+        j.ctx.in_core(|| copies::counted(|| prepare(&j)))
+    })
+    .await
+    {
         Ok(s) => s,
         Err(e) => (Step::Answer(job.ctx.panicked(&e)), Counts::default()),
     };
@@ -696,10 +700,11 @@ async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
             if sent == 0 {
                 warn!(itt, error = %e, "pipelined read failed: serial read");
                 let j = job.clone();
-                let r =
-                    tokio::task::spawn_blocking(move || j.ctx.luns.execute(&j.ctx.read_request()))
-                        .await
-                        .unwrap_or_else(|_| internal_failure());
+                let r = tokio::task::spawn_blocking(move || {
+                    j.ctx.in_core(|| j.ctx.luns.execute(&j.ctx.read_request()))
+                })
+                .await
+                .unwrap_or_else(|_| internal_failure());
                 return answer(&job, Some(r), 0).await;
             }
             let r = p.lu.read_failure(p.lba, p.len, &e);
@@ -726,7 +731,8 @@ async fn discard(job: Arc<ReadJob>, mut p: Pipelined) {
             warn!(itt, error = %e, "pipelined read failed (--no-net): serial read");
             let j = job.clone();
             let (r, core) = tokio::task::spawn_blocking(move || {
-                copies::counted(|| j.ctx.luns.execute(&j.ctx.read_request()))
+                j.ctx
+                    .in_core(|| copies::counted(|| j.ctx.luns.execute(&j.ctx.read_request())))
             })
             .await
             .unwrap_or_else(|_| (internal_failure(), Counts::default()));

@@ -469,7 +469,7 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
         let ctx = job.ctx.clone();
         let exclusive = job.path.direct;
         tokio::task::spawn_blocking(move || {
-            ctx.luns.plan_write(&ctx.request(&[], 0), len, exclusive)
+            ctx.in_core(|| ctx.luns.plan_write(&ctx.request(&[], 0), len, exclusive))
         })
     };
     let mut plan = PlanState::Pending(plan);
@@ -576,7 +576,7 @@ async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
                     // SAFETY: no op was submitted on this buffer (no plan),
                     // and every byte of the command was placed.
                     let data = unsafe { buf.slice(0..len) };
-                    ctx.luns.execute(&ctx.request(data, 0))
+                    ctx.in_core(|| ctx.luns.execute(&ctx.request(data, 0)))
                 })
                 .await
                 .unwrap_or_else(|_| internal_failure())

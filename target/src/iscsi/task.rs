@@ -61,6 +61,14 @@ impl CommandContext {
         self.aborted.load(Ordering::SeqCst)
     }
 
+    /// Runs `f`, this command's calls into the SCSI core (on a blocking
+    /// thread), under the task's abort flag: a media command held by a
+    /// stalled LUN gives up as soon as the task is aborted, so it never
+    /// reaches the backstore (see [`crate::scsi::stall`]).
+    pub fn in_core<T>(&self, f: impl FnOnce() -> T) -> T {
+        crate::scsi::abortable(&self.aborted, f)
+    }
+
     /// The core's request for this command, with the WRITE data
     /// `data_out` and room for `data_in_capacity` bytes of READ data.
     pub fn request<'a>(&'a self, data_out: &'a [u8], data_in_capacity: u32) -> ScsiRequest<'a> {

@@ -1,10 +1,9 @@
-//! START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL and REPORT TARGET PORT
-//! GROUPS: the unit's medium and path state, which for a virtual disk are
-//! mostly fixed.
+//! START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL and READ DEFECT DATA: the
+//! unit's medium state, which for a virtual disk is mostly fixed (path
+//! state, REPORT TARGET PORT GROUPS, lives in `alua`).
 
 use blockwire_pdu::scsi::Asc;
 
-use super::inquiry::TARGET_PORT_GROUP;
 use super::logical_unit::LogicalUnit;
 use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
 use super::ItNexus;
@@ -54,37 +53,6 @@ impl LogicalUnit {
             _ => return Err(invalid_cdb(4, Some(1))),
         }
         Ok(Done::none())
-    }
-
-    /// REPORT TARGET PORT GROUPS: one group, active/optimized, holding the
-    /// port the command came through (the unit does not see the other
-    /// portals; every one of them is in the same state).
-    pub(crate) fn report_target_port_groups(
-        &self,
-        nexus: &ItNexus,
-        parameter_data_format: u8,
-        allocation_length: u32,
-    ) -> CmdResult {
-        if parameter_data_format > 1 {
-            return Err(invalid_cdb(1, Some(7)));
-        }
-        let mut desc = vec![
-            0x80, // PREF=1, ASYMMETRIC ACCESS STATE 0h active/optimized
-            0x01, // AO_SUP: only active/optimized is supported
-        ];
-        desc.extend_from_slice(&TARGET_PORT_GROUP.to_be_bytes());
-        desc.extend_from_slice(&[0, 0x02, 0, 1]); // status: implicit transition; 1 port
-        desc.extend_from_slice(&[0, 0]);
-        desc.extend_from_slice(&nexus.relative_target_port.to_be_bytes());
-        let mut data = Vec::with_capacity(8 + desc.len());
-        let header_extra = if parameter_data_format == 1 { 4 } else { 0 };
-        data.extend_from_slice(&((desc.len() + header_extra) as u32).to_be_bytes());
-        if parameter_data_format == 1 {
-            // FORMAT TYPE 001b; IMPLICIT TRANSITION TIME 0 (never changes).
-            data.extend_from_slice(&[0x10, 0, 0, 0]);
-        }
-        data.extend_from_slice(&desc);
-        Ok(Done::data(data, allocation_length))
     }
 }
 

@@ -11,10 +11,6 @@ use super::logical_unit::{LogicalUnit, MAX_TRANSFER_BYTES};
 use super::outcome::{invalid_cdb, CmdResult, Done};
 use super::ItNexus;
 
-/// The target port group every port of a blockwire target belongs to
-/// (one group, active/optimized: all portals are equal).
-pub(crate) const TARGET_PORT_GROUP: u16 = 1;
-
 /// Most UNMAP / WRITE SAME work one command may ask for, in bytes: bounds
 /// the time one command holds a backstore thread.
 pub(crate) const MAX_UNMAP_BYTES: u64 = 1 << 30;
@@ -48,9 +44,12 @@ impl LogicalUnit {
         inq
     }
 
+    /// INQUIRY; `port_group` is the target port group of the port the
+    /// command came through (VPD 83h).
     pub(crate) fn inquiry(
         &self,
         nexus: &ItNexus,
+        port_group: u16,
         evpd: bool,
         page_code: u8,
         allocation_length: u16,
@@ -62,7 +61,9 @@ impl LogicalUnit {
         let body = match page_code {
             page::SUPPORTED_PAGES => VpdPage::SupportedPages(PAGES.to_vec()),
             page::UNIT_SERIAL_NUMBER => VpdPage::UnitSerialNumber(self.cfg.serial.clone()),
-            page::DEVICE_IDENTIFICATION => VpdPage::DeviceIdentification(self.designators(nexus)),
+            page::DEVICE_IDENTIFICATION => {
+                VpdPage::DeviceIdentification(self.designators(nexus, port_group))
+            }
             page::EXTENDED_INQUIRY => VpdPage::ExtendedInquiry(ExtendedInquiry {
                 // Only SIMPLE task attributes are honoured as such.
                 simpsup: true,
@@ -89,15 +90,16 @@ impl LogicalUnit {
 
     /// VPD 83h: the logical unit's NAA and T10 vendor names, then the
     /// target port the command came through (SCSI name string, relative
-    /// port, port group) and the target device's name.
-    fn designators(&self, nexus: &ItNexus) -> Vec<Designator> {
+    /// port, and `port_group`, the target port group it belongs to) and the
+    /// target device's name.
+    fn designators(&self, nexus: &ItNexus, port_group: u16) -> Vec<Designator> {
         let (vendor_specific, extension) = naa_parts(self.cfg.naa_id);
         let mut v = vec![
             Designator::naa_registered_extended(self.cfg.company_id, vendor_specific, extension),
             Designator::t10_vendor_id(&self.cfg.vendor, self.cfg.serial.as_bytes()),
             Designator::iscsi_name(&nexus.target_port, Association::TargetPort),
             Designator::relative_target_port(nexus.relative_target_port),
-            Designator::target_port_group(TARGET_PORT_GROUP),
+            Designator::target_port_group(port_group),
         ];
         if let Some((target, _)) = nexus.target_port.split_once(",t,") {
             v.push(Designator::iscsi_name(target, Association::TargetDevice));

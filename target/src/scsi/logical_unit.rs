@@ -19,6 +19,7 @@ use super::mode::ModeState;
 use super::outcome::{illegal, CmdResult, Done, Failure};
 use super::range_lock::RangeLock;
 use super::reservations::{AbortHandler, Reservations};
+use super::stall::{is_media_command, StallChange, StallGate};
 use super::unit_attention::UnitAttentions;
 use super::xcopy::CopyResults;
 use super::{ItNexus, LunTable, ScsiRequest, ScsiResult};
@@ -120,6 +121,8 @@ pub struct LogicalUnit {
     abort: AbortSlot,
     /// Commands executing, per nexus (for PREEMPT AND ABORT).
     pub(crate) in_flight: InFlight,
+    /// The stall switch media commands pass before anything else.
+    pub(crate) stall: StallGate,
 }
 
 /// Commands executing on this unit, per nexus. PREEMPT AND ABORT waits
@@ -226,6 +229,7 @@ impl LogicalUnit {
             ranges: RangeLock::default(),
             abort: AbortSlot::default(),
             in_flight: InFlight::default(),
+            stall: StallGate::default(),
             cfg,
         }
     }
@@ -243,6 +247,36 @@ impl LogicalUnit {
     /// Logical block size in bytes.
     pub fn block_size(&self) -> u32 {
         self.cfg.block_size
+    }
+
+    /// Stalls (`true`) or releases (`false`) the unit: while stalled, every
+    /// media command waits before it reaches the backstore (see
+    /// [`super::stall`]). Returns the previous state and how many commands
+    /// were waiting.
+    pub fn set_stalled(&self, stalled: bool) -> StallChange {
+        self.stall.set(stalled)
+    }
+
+    /// Whether the unit is stalled.
+    pub fn is_stalled(&self) -> bool {
+        self.stall.is_stalled()
+    }
+
+    /// Media commands waiting at the stalled unit now.
+    pub fn held_commands(&self) -> usize {
+        self.stall.held()
+    }
+
+    /// Passes the stall gate for a media command (at once when the unit is
+    /// not stalled); on `Err` the command's task was aborted while it was
+    /// held, and this is its answer.
+    pub(crate) fn pass_stall_gate(&self, transfer: u64) -> Result<(), ScsiResult> {
+        self.stall.pass().map_err(|_| ScsiResult {
+            status: ScsiStatus::TASK_ABORTED.0,
+            sense: None,
+            data_in: Vec::new(),
+            transfer_length: super::outcome::clamp32(transfer),
+        })
     }
 
     /// Sets what PREEMPT AND ABORT calls for each preempted nexus, so the
@@ -266,6 +300,14 @@ impl LogicalUnit {
     /// Runs one command (see `LunTable::execute`). `table` is the target's
     /// LUN table, for REPORT LUNS and EXTENDED COPY between its units.
     pub(crate) fn execute(&self, lun: u16, req: &ScsiRequest<'_>, table: &LunTable) -> ScsiResult {
+        // A stalled unit holds media commands here, before they count as
+        // in flight or look at reservations (see `stall`).
+        let media = is_media_command(req.cdb);
+        if media {
+            if let Err(aborted) = self.pass_stall_gate(0) {
+                return aborted;
+            }
+        }
         let _in_flight = self.in_flight.enter(req.nexus);
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         let decoded = Cdb::decode(req.cdb);
@@ -295,8 +337,20 @@ impl LogicalUnit {
             };
             (format, ua)
         };
+        // Through a port in standby, media commands get NOT READY (after a
+        // pending unit attention, before reservations).
+        let standby = if media {
+            table
+                .port_groups()
+                .check_media_access(req.nexus.relative_target_port)
+                .err()
+        } else {
+            None
+        };
         let outcome: CmdResult = if let Some(code) = ua {
             Err(Failure::Check(Sense::unit_attention(code)))
+        } else if let Some(standby) = standby {
+            Err(standby)
         } else {
             match decoded {
                 Err(e) => Err(Failure::Check(e.to_sense())),
@@ -342,7 +396,16 @@ impl LogicalUnit {
                 evpd,
                 page_code,
                 allocation_length,
-            } => self.inquiry(req.nexus, *evpd, *page_code, *allocation_length),
+            } => self.inquiry(
+                req.nexus,
+                table
+                    .port_groups()
+                    .of_port(req.nexus.relative_target_port)
+                    .0,
+                *evpd,
+                *page_code,
+                *allocation_length,
+            ),
             ReportLuns {
                 select_report,
                 allocation_length,
@@ -384,8 +447,8 @@ impl LogicalUnit {
             ReportTargetPortGroups {
                 parameter_data_format,
                 allocation_length,
-            } => self.report_target_port_groups(
-                req.nexus,
+            } => table.port_groups().report(
+                req.nexus.relative_target_port,
                 *parameter_data_format,
                 *allocation_length,
             ),

@@ -3,7 +3,7 @@
 //! management and nexus loss to every unit.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use blockwire_pdu::scsi::opcode as op;
 use blockwire_pdu::scsi::{
@@ -11,8 +11,10 @@ use blockwire_pdu::scsi::{
 };
 use tracing::{debug_span, info, warn};
 
+use super::alua::{PortGroups, TargetPortGroup};
 use super::logical_unit::{finish, LogicalUnit};
 use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
+use super::stall::StallChange;
 use super::{ItNexus, ScsiRequest, ScsiResult};
 
 /// The logical units of one target, by LUN. Answers REPORT LUNS and
@@ -22,6 +24,28 @@ pub struct LunTable {
     luns: BTreeMap<u16, Arc<LogicalUnit>>,
     /// LUN numbers in ascending order, for REPORT LUNS.
     ids: Vec<u16>,
+    /// The target port groups the units are reached through (ALUA).
+    ports: RwLock<PortGroups>,
+}
+
+/// Why a LUN-addressed management request (e.g. a stall) cannot be done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no LUN {lun}; LUNs are {}", list_ids(.existing))]
+pub struct NoSuchLun {
+    /// The LUN asked for.
+    pub lun: u16,
+    /// The LUNs there are.
+    pub existing: Vec<u16>,
+}
+
+fn list_ids(ids: &[u16]) -> String {
+    if ids.is_empty() {
+        return "none".into();
+    }
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl LunTable {
@@ -38,7 +62,55 @@ impl LunTable {
             map.insert(id, lu);
         }
         let ids = map.keys().copied().collect();
-        LunTable { luns: map, ids }
+        LunTable {
+            luns: map,
+            ids,
+            ports: RwLock::default(),
+        }
+    }
+
+    /// Sets the target port groups every unit of the table is reached
+    /// through, in order (the first is reported preferred). Each group's
+    /// ports are relative target port identifiers, the
+    /// `ItNexus::relative_target_port` of commands that come through it.
+    /// Without any, every port is in one active/optimized group.
+    pub fn set_port_groups(&self, groups: Vec<TargetPortGroup>) {
+        *self.ports.write().unwrap_or_else(|e| e.into_inner()) = PortGroups(groups);
+    }
+
+    /// The target port groups (see [`Self::set_port_groups`]).
+    pub fn target_port_groups(&self) -> Vec<TargetPortGroup> {
+        self.port_groups().0.clone()
+    }
+
+    pub(crate) fn port_groups(&self) -> RwLockReadGuard<'_, PortGroups> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stalls (`true`) or releases (`false`) `lun`: while stalled, its
+    /// media commands wait before they reach the backstore and resume when
+    /// released, unless their task was aborted meanwhile (see
+    /// `LogicalUnit::set_stalled`). Logged at warn level.
+    pub fn set_stalled(&self, lun: u16, stalled: bool) -> Result<StallChange, NoSuchLun> {
+        let lu = self.luns.get(&lun).ok_or_else(|| NoSuchLun {
+            lun,
+            existing: self.ids.clone(),
+        })?;
+        let change = lu.set_stalled(stalled);
+        if stalled {
+            warn!(
+                lun,
+                "LUN stalled: media commands wait before the backstore until released"
+            );
+        } else {
+            warn!(
+                lun,
+                held = change.held,
+                was_stalled = change.was_stalled,
+                "LUN released: held media commands resume (aborted ones are dropped)"
+            );
+        }
+        Ok(change)
     }
 
     /// Executes one command (blocking: may wait for backstore I/O). Safe

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use blockwire_pdu::pdu::codes::TaskAttr;
 
+mod alua;
 mod control;
 mod identity;
 mod inquiry;
@@ -21,6 +22,7 @@ mod range_lock;
 pub mod read_plan;
 mod read_write;
 mod reservations;
+pub mod stall;
 mod unit_attention;
 pub mod write_plan;
 mod xcopy;
@@ -28,14 +30,18 @@ mod xcopy;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_alua_stall;
+#[cfg(test)]
 mod tests_media;
 #[cfg(test)]
 mod tests_pr;
 
+pub use alua::{AluaState, TargetPortGroup};
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};
 pub use logical_unit::{LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
-pub use lun_table::LunTable;
+pub use lun_table::{LunTable, NoSuchLun};
 pub use reservations::AbortHandler;
+pub use stall::{abortable, StallChange};
 
 /// The I_T nexus a command arrived on (SAM-5 §4.7): which initiator port,
 /// through which target port. Reservations and unit attentions are kept per

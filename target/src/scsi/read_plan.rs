@@ -71,6 +71,11 @@ impl LunTable {
         }
         let bs = lu.block_size();
         let bytes = u64::from(rw.length) * u64::from(bs);
+        // A stalled unit holds the READ here, before it is validated (the
+        // fabric reads the data itself after this, so the gate is now).
+        if let Err(aborted) = lu.pass_stall_gate(bytes) {
+            return ReadPlan::Answer(aborted);
+        }
         // 1. The normal path on the same command with no data.
         let probe_cdb = Cdb::Read {
             rw: blockwire_pdu::scsi::Rw { length: 0, ..rw },

@@ -134,6 +134,11 @@ impl LunTable {
             data_out: &[],
             data_in_capacity: 0,
         };
+        // A stalled unit holds the WRITE here, before it is validated or
+        // counted in flight (the fabric writes the data itself after this).
+        if let Err(aborted) = lu.pass_stall_gate(bytes) {
+            return WritePlan::Answer(aborted);
+        }
         // 1. Length-dependent failures: the real command answers.
         if bytes > u64::from(MAX_TRANSFER_BYTES)
             || lu.check_range(rw.lba, u64::from(rw.length)).is_err()
