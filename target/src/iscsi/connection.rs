@@ -88,8 +88,30 @@ enum Admitted {
     Logout(LogoutRequest),
 }
 
+/// Resolves once `flag` turns true; never if its sender goes away first.
+pub(super) async fn turns_true(flag: &mut tokio::sync::watch::Receiver<bool>) {
+    if flag.wait_for(|v| *v).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Serves one accepted connection until it ends.
 pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
+    // Never cut: the sender lives as long as the connection.
+    let (_keep, cut) = tokio::sync::watch::channel(false);
+    serve_until_cut(fabric, stream, tpgt, cut).await
+}
+
+/// [`serve`], cut short when `cut` turns true (its portal was closed): the
+/// connection is dropped at once, as if the network had gone away (no
+/// logout request, no queued response flushed); its session's tasks are
+/// aborted and the session ends.
+pub async fn serve_until_cut(
+    fabric: Arc<Fabric>,
+    stream: TcpStream,
+    tpgt: u16,
+    mut cut: tokio::sync::watch::Receiver<bool>,
+) {
     let peer = stream.peer_addr().ok();
     let local = match stream.local_addr() {
         Ok(a) => a,
@@ -102,9 +124,14 @@ pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
     let (rd, wr) = stream.into_split();
     let mut reader = PduReader::new(rd);
     let mut writer = PduWriter::new(wr);
-    let Some((session, outcome)) =
-        login(&fabric, &mut reader, &mut writer, tpgt, local, peer).await
-    else {
+    let logged_in = tokio::select! {
+        l = login(&fabric, &mut reader, &mut writer, tpgt, local, peer) => l,
+        _ = turns_true(&mut cut) => {
+            info!(?peer, "portal closed: connection cut during login");
+            None
+        }
+    };
+    let Some((session, outcome)) = logged_in else {
         let _ = writer.shutdown().await;
         return;
     };
@@ -133,6 +160,7 @@ pub async fn serve(fabric: Arc<Fabric>, stream: TcpStream, tpgt: u16) {
         &outcome,
         local,
         rdma.as_ref().map(|r| r.1.clone()),
+        cut,
     )
     .await;
     if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
@@ -257,6 +285,7 @@ async fn login(
                     cid: outcome.cid,
                     target: outcome.target.clone(),
                     tpgt,
+                    portal: local,
                     params: outcome.params.clone(),
                 };
                 let window = fabric.settings.queue_depth;
@@ -359,6 +388,7 @@ async fn full_feature(
     outcome: &LoginOutcome,
     local: SocketAddr,
     rdma: Option<Arc<Slot>>,
+    mut cut: tokio::sync::watch::Receiver<bool>,
 ) {
     let exp_cmd_sn = outcome.exp_cmd_sn;
     let first_stat_sn = outcome.stat_sn.wrapping_add(1);
@@ -420,6 +450,7 @@ async fn full_feature(
     );
     nop_timer.tick().await;
     let mut logout_deadline: Option<tokio::time::Instant> = None;
+    let mut was_cut = false;
     if *shutdown.borrow() {
         conn.request_logout().await;
         logout_deadline = Some(tokio::time::Instant::now() + fabric.settings.logout_grace);
@@ -456,6 +487,11 @@ async fn full_feature(
                     break;
                 }
             },
+            _ = turns_true(&mut cut) => {
+                warn!(tsih = session.tsih, initiator = %session.initiator_name, portal = %local, "portal closed: cutting the connection");
+                was_cut = true;
+                break;
+            }
             changed = stop.changed() => {
                 if changed.is_err() || *stop.borrow() != my_generation {
                     info!(tsih = session.tsih, "connection replaced or reset: closing");
@@ -489,6 +525,13 @@ async fn full_feature(
     // belong to the session, which lives on.
     if session.generation() == my_generation {
         session.tasks.abort_where(|_, _| true);
+    }
+    if was_cut {
+        // As if the network went away: nothing more leaves, queued PDUs
+        // included; dropping the writer closes the socket.
+        writer_task.abort();
+        let _ = writer_task.await;
+        return;
     }
     let _ = tx.send(Outgoing::Close).await;
     drop(conn);
@@ -1200,7 +1243,7 @@ impl Conn<'_> {
                 };
                 let req = blocking.request(&data_out, capacity);
                 // The copies the core makes reading (debug copy counter).
-                Some(crate::copies::counted(|| blocking.luns.execute(&req)))
+                Some(blocking.in_core(|| crate::copies::counted(|| blocking.luns.execute(&req))))
             })
             .await;
             let (result, core) = match joined {

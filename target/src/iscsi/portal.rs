@@ -1,10 +1,17 @@
 //! Listening portals: accept TCP connections and hand them to the fabric.
+//!
+//! A [`Portal`] is one bound listener of a portal group. [`PortalSet`] runs
+//! the daemon's portals and can close one at run time, cutting every
+//! connection that came in through it (as if that portal's network went
+//! away) while the other portals and their sessions go on, and re-open it.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
 use super::{connection, Fabric};
@@ -36,14 +43,35 @@ impl Portal {
     /// Accepts connections until the fabric shuts down, then waits for the
     /// connections to finish (they ask their initiators to log out).
     pub async fn run(self, fabric: Arc<Fabric>) {
+        let (_keep, close) = watch::channel(false);
+        self.run_until_closed(fabric, close, Arc::default()).await;
+    }
+
+    /// [`Self::run`], also ending when `close` turns true: then the
+    /// listener is dropped and every connection accepted here is cut at
+    /// once; returns how many were. `live` counts the connections open.
+    pub async fn run_until_closed(
+        self,
+        fabric: Arc<Fabric>,
+        mut close: watch::Receiver<bool>,
+        live: Arc<AtomicUsize>,
+    ) -> usize {
         let mut shutdown = fabric.shutdown.clone();
         let mut connections = JoinSet::new();
+        let (cut_tx, cut_rx) = watch::channel(false);
+        let mut closed = false;
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         info!(%peer, tpgt = self.tpgt, "connection accepted");
-                        connections.spawn(connection::serve(fabric.clone(), stream, self.tpgt));
+                        let live = live.clone();
+                        live.fetch_add(1, Ordering::SeqCst);
+                        let serve = connection::serve_until_cut(fabric.clone(), stream, self.tpgt, cut_rx.clone());
+                        connections.spawn(async move {
+                            serve.await;
+                            live.fetch_sub(1, Ordering::SeqCst);
+                        });
                     }
                     Err(e) => {
                         warn!(error = %e, "accept failed");
@@ -55,10 +83,213 @@ impl Portal {
                         break;
                     }
                 }
+                _ = connection::turns_true(&mut close) => {
+                    closed = true;
+                    break;
+                }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
         drop(self.listener);
+        let cut = if closed { connections.len() } else { 0 };
+        if closed {
+            let _ = cut_tx.send(true);
+        }
         while connections.join_next().await.is_some() {}
+        cut
+    }
+}
+
+/// Why a portal could not be closed or opened.
+#[derive(Debug, thiserror::Error)]
+pub enum PortalError {
+    /// No portal of the set listens on that address.
+    #[error("no portal listens on {asked}; portals are {}", list(.known))]
+    Unknown {
+        /// The address asked for.
+        asked: SocketAddr,
+        /// The portals there are.
+        known: Vec<SocketAddr>,
+    },
+    /// It is closed already.
+    #[error("portal {0} is closed already (open it with portal.open)")]
+    AlreadyClosed(SocketAddr),
+    /// It is open already.
+    #[error("portal {0} is open already")]
+    AlreadyOpen(SocketAddr),
+    /// Binding it again failed.
+    #[error("{0}")]
+    Bind(std::io::Error),
+}
+
+fn list(addrs: &[SocketAddr]) -> String {
+    if addrs.is_empty() {
+        return "none".into();
+    }
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One portal as [`PortalSet::list`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortalInfo {
+    /// The address it listens (or listened) on.
+    pub addr: SocketAddr,
+    /// Its portal group tag.
+    pub tpgt: u16,
+    /// Whether it accepts connections.
+    pub open: bool,
+    /// Connections open through it.
+    pub connections: usize,
+}
+
+struct Entry {
+    addr: SocketAddr,
+    tpgt: u16,
+    live: Arc<AtomicUsize>,
+    running: Option<Running>,
+}
+
+struct Running {
+    close: watch::Sender<bool>,
+    task: JoinHandle<usize>,
+}
+
+/// The fabric's portals, by the address each one is bound to.
+pub struct PortalSet {
+    fabric: Arc<Fabric>,
+    entries: tokio::sync::Mutex<Vec<Entry>>,
+    /// Addresses, for listings without the async lock.
+    index: Mutex<Vec<(SocketAddr, u16, Arc<AtomicUsize>, bool)>>,
+}
+
+impl std::fmt::Debug for PortalSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortalSet")
+            .field("portals", &self.list())
+            .finish()
+    }
+}
+
+impl PortalSet {
+    /// An empty set serving `fabric`.
+    pub fn new(fabric: Arc<Fabric>) -> PortalSet {
+        PortalSet {
+            fabric,
+            entries: tokio::sync::Mutex::new(Vec::new()),
+            index: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn reindex(&self, entries: &[Entry]) {
+        *self.index.lock().unwrap_or_else(|e| e.into_inner()) = entries
+            .iter()
+            .map(|e| (e.addr, e.tpgt, e.live.clone(), e.running.is_some()))
+            .collect();
+    }
+
+    /// Starts a bound portal; returns its address.
+    pub async fn start(&self, portal: Portal) -> std::io::Result<SocketAddr> {
+        let addr = portal.local_addr()?;
+        let tpgt = portal.tpgt;
+        let live = Arc::new(AtomicUsize::new(0));
+        let running = self.spawn(portal, live.clone());
+        let mut entries = self.entries.lock().await;
+        entries.push(Entry {
+            addr,
+            tpgt,
+            live,
+            running: Some(running),
+        });
+        self.reindex(&entries);
+        Ok(addr)
+    }
+
+    fn spawn(&self, portal: Portal, live: Arc<AtomicUsize>) -> Running {
+        let (close, rx) = watch::channel(false);
+        let task = tokio::spawn(portal.run_until_closed(self.fabric.clone(), rx, live));
+        Running { close, task }
+    }
+
+    fn unknown(entries: &[Entry], asked: SocketAddr) -> PortalError {
+        PortalError::Unknown {
+            asked,
+            known: entries.iter().map(|e| e.addr).collect(),
+        }
+    }
+
+    /// Closes the portal listening on `addr`: no new connection is
+    /// accepted there and every connection that came in through it is cut
+    /// (their sessions end, their tasks are aborted). Returns once they
+    /// are gone, with how many were cut.
+    pub async fn close(&self, addr: SocketAddr) -> Result<usize, PortalError> {
+        let mut entries = self.entries.lock().await;
+        let Some(e) = entries.iter_mut().find(|e| e.addr == addr) else {
+            return Err(Self::unknown(&entries, addr));
+        };
+        let Some(running) = e.running.take() else {
+            return Err(PortalError::AlreadyClosed(addr));
+        };
+        let _ = running.close.send(true);
+        let cut = running.task.await.unwrap_or(0);
+        warn!(portal = %addr, tpgt = e.tpgt, connections = cut, "portal closed: its connections were cut");
+        self.reindex(&entries);
+        Ok(cut)
+    }
+
+    /// Opens the closed portal `addr` again (same address, same portal
+    /// group).
+    pub async fn reopen(&self, addr: SocketAddr) -> Result<(), PortalError> {
+        let mut entries = self.entries.lock().await;
+        let Some(i) = entries.iter().position(|e| e.addr == addr) else {
+            return Err(Self::unknown(&entries, addr));
+        };
+        if entries[i].running.is_some() {
+            return Err(PortalError::AlreadyOpen(addr));
+        }
+        let portal = Portal::bind(addr, entries[i].tpgt)
+            .await
+            .map_err(PortalError::Bind)?;
+        let running = self.spawn(portal, entries[i].live.clone());
+        entries[i].running = Some(running);
+        info!(portal = %addr, tpgt = entries[i].tpgt, "portal open again");
+        self.reindex(&entries);
+        Ok(())
+    }
+
+    /// Every portal, in the order they were started.
+    pub fn list(&self) -> Vec<PortalInfo> {
+        self.index
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(addr, tpgt, live, open)| PortalInfo {
+                addr: *addr,
+                tpgt: *tpgt,
+                open: *open,
+                connections: live.load(Ordering::SeqCst),
+            })
+            .collect()
+    }
+
+    /// Waits until every open portal ended (the fabric shut down and their
+    /// connections finished).
+    pub async fn join(&self) {
+        let running: Vec<Running> = {
+            let mut entries = self.entries.lock().await;
+            let r = entries
+                .iter_mut()
+                .filter_map(|e| e.running.take())
+                .collect();
+            self.reindex(&entries);
+            r
+        };
+        for r in running {
+            // `r.close` lives until its portal ended: it is not closed.
+            let _ = r.task.await;
+        }
     }
 }

@@ -175,6 +175,10 @@ pub struct Session {
     pub nexus: Option<ItNexus>,
     /// Negotiated parameters.
     pub params: SessionParams,
+    /// Portal group tag of the connection's portal.
+    pub tpgt: u16,
+    /// The portal (local address) of the current connection.
+    portal: Mutex<std::net::SocketAddr>,
     /// CID of the current connection.
     cid: Mutex<u16>,
     /// Flips to true when the current connection must stop (reinstatement,
@@ -202,6 +206,11 @@ impl Session {
         let mut g = self.generation.lock().unwrap_or_else(|e| e.into_inner());
         *g += 1;
         let _ = self.stop.send(*g);
+    }
+
+    /// The portal (local address) of the current connection.
+    pub fn portal(&self) -> std::net::SocketAddr {
+        *self.portal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether this session is a discovery session.
@@ -237,6 +246,8 @@ pub struct SessionRequest {
     pub target: Option<Arc<TargetEntry>>,
     /// Portal group tag the login came through.
     pub tpgt: u16,
+    /// The local address (portal) the login came through.
+    pub portal: std::net::SocketAddr,
     /// Negotiated parameters.
     pub params: SessionParams,
 }
@@ -261,6 +272,7 @@ impl SessionTable {
             }
             *cid = req.cid;
             drop(cid);
+            *s.portal.lock().unwrap_or_else(|e| e.into_inner()) = req.portal;
             // ErrorRecoveryLevel 0 has no task reassignment: the old
             // connection's tasks end with it.
             s.tasks.abort_where(|_, _| true);
@@ -308,6 +320,8 @@ impl SessionTable {
             target: req.target,
             nexus,
             params: req.params,
+            tpgt: req.tpgt,
+            portal: Mutex::new(req.portal),
             cid: Mutex::new(req.cid),
             stop,
             generation: Mutex::new(0),
