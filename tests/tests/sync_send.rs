@@ -1,6 +1,7 @@
 //! The engine READ path end to end (issue 7, part 3), against an
 //! in-process blockwire fabric with a file LUN: a session that negotiated
-//! DataPDUInOrder=No reads back what it wrote (PDUs placed by BufferOffset),
+//! DataPDUInOrder=No reads back what it wrote (PDUs placed by BufferOffset)
+//! and a tap on the wire sees Data-In PDUs leave out of BufferOffset order,
 //! the serial baseline on the same path does too, an RDMA-offloaded READ on
 //! a synchronized LUN is placed one RDMA Write per chunk, and every served
 //! READ lands in the LUN's state-timer histograms with phases that add up.
@@ -14,7 +15,10 @@ use std::time::Duration;
 use blockwire_initiator::rdma::{AssistedSession, Mode as RdmaMode, RdmaConfig};
 use blockwire_initiator::{InitiatorConfig, Session};
 use blockwire_target::backstore::{FileBackstore, FileMode};
-use blockwire_target::datapath::{open_engine, BufferPool, EnginePref, Mode, Phase, PhaseStats};
+use blockwire_target::datapath::{
+    completion_channel, open_engine, BufferPool, CompletionTx, Engine, EngineKind, EnginePref,
+    IoOp, Mode, Phase, PhaseStats,
+};
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use support::*;
@@ -30,6 +34,11 @@ async fn start(mode: Mode, chunk: usize, rdma: bool, threads: bool) -> (TestTarg
     start_with(mode, chunk, rdma, threads, FabricSettings::default()).await
 }
 
+/// [`start`] on a given engine.
+async fn start_on(mode: Mode, chunk: usize, engine: Arc<dyn Engine>) -> (TestTarget, Scratch) {
+    start_engine(mode, chunk, false, Some(engine), FabricSettings::default()).await
+}
+
 /// [`start`] with explicit fabric settings.
 async fn start_with(
     mode: Mode,
@@ -38,14 +47,31 @@ async fn start_with(
     threads: bool,
     settings: FabricSettings,
 ) -> (TestTarget, Scratch) {
+    let engine = threads.then(|| {
+        open_engine(BufferPool::with_defaults(), EnginePref::ThreadPool)
+            .unwrap()
+            .0
+    });
+    start_engine(mode, chunk, rdma, engine, settings).await
+}
+
+/// [`start_with`] on `engine` (the fabric's own, io_uring where the kernel
+/// has it, when None).
+async fn start_engine(
+    mode: Mode,
+    chunk: usize,
+    rdma: bool,
+    engine: Option<Arc<dyn Engine>>,
+    settings: FabricSettings,
+) -> (TestTarget, Scratch) {
     let dir = Scratch::new("sync-send");
     let path = dir.0.join("lun0.img");
     let fb = FileBackstore::open_with(&path, Some(LUN_BYTES), false, FileMode::Direct).unwrap();
     let direct = fb.mode() == FileMode::Direct;
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(fb)));
     let t = bind_target(TARGET, lu, settings).await;
-    if threads {
-        let (e, banner) = open_engine(BufferPool::with_defaults(), EnginePref::ThreadPool).unwrap();
+    if let Some(e) = engine {
+        let banner = e.describe();
         t.fabric.sync_reads.set_engine(e, banner);
     }
     let line = t
@@ -102,32 +128,199 @@ async fn write_read_back(t: &TestTarget, cfg: InitiatorConfig, len: usize, seed:
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn data_pdu_in_order_no_reads_what_was_written() {
-    tokio::time::timeout(Duration::from_secs(120), async {
-        // 16 KiB chunks under 8 KiB PDUs: two PDUs per chunk, 64 chunks
-        // per 1 MiB READ, completing in whatever order the engine finishes.
-        let (t, _dir) = start(Mode::Synchronized, 16 << 10, false, true).await;
-        let mut cfg = InitiatorConfig::new("iqn.2026-11.io.blockwire:unordered")
-            .with_data_pdu_in_order(false);
-        cfg.max_recv_data_segment_length = 8192;
-        let len = 16 << 20;
-        let s = write_read_back(&t, cfg, len, 7).await;
+/// Which engine a test's LUN reads through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Eng {
+    /// The pread thread pool (4 workers finishing chunks in any order).
+    Threads,
+    /// io_uring READ_FIXED on the O_DIRECT file, its completions of each
+    /// batch handed to the target last first ([`Reversed`]): on this kind
+    /// of virtual disk io_uring completes O_DIRECT reads in submission
+    /// order, so only this makes the completion order deterministic.
+    UringReversed,
+}
+
+/// An engine whose completions of each submitted batch reach the target in
+/// reverse order: every op of the batch runs on `inner`, a helper thread
+/// collects their completions and delivers them last first. A deterministic
+/// completion order other than the offset order.
+struct Reversed {
+    inner: Arc<dyn Engine>,
+    batches: std::sync::atomic::AtomicU64,
+}
+
+impl Engine for Reversed {
+    fn kind(&self) -> EngineKind {
+        self.inner.kind()
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{}, each batch's completions delivered last first",
+            self.inner.describe()
+        )
+    }
+    fn pool(&self) -> &BufferPool {
+        self.inner.pool()
+    }
+    fn submit(&self, ops: Vec<IoOp>, done: &CompletionTx) -> std::io::Result<()> {
+        let n = ops.len();
+        if n > 1 {
+            self.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        let (tx, mut rx) = completion_channel();
+        let r = self.inner.submit(ops, &tx);
+        drop(tx);
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::with_capacity(n);
+            // Until every op completed (or the engine dropped the rest
+            // after a failed submission).
+            while got.len() < n {
+                match rx.blocking_recv() {
+                    Some(c) => got.push(c),
+                    None => break,
+                }
+            }
+            for c in got.into_iter().rev() {
+                let _ = done.send(c);
+            }
+        });
+        r
+    }
+}
+
+/// A DataPDUInOrder=No session reads back what it wrote, through a tap
+/// that watches every Data-In PDU on the wire: at least one must leave with
+/// a lower BufferOffset than an earlier PDU of the same READ (the target
+/// sends in completion order), and the target's own counter agrees that
+/// PDUs left out of order.
+async fn unordered_reads_leave_out_of_order(eng: Eng) {
+    // 16 KiB chunks under 8 KiB PDUs: two PDUs per chunk, 64 chunks per
+    // 1 MiB READ, completing in whatever order the engine finishes. 64 MiB
+    // read at queue depth 8 (64 READs, 8192 Data-In PDUs) on the O_DIRECT
+    // file, so that the engine has many chunks in flight at once.
+    let mut reversed = None;
+    let (t, _dir) = match eng {
+        Eng::Threads => start(Mode::Synchronized, 16 << 10, false, true).await,
+        Eng::UringReversed => {
+            let inner = match open_engine(BufferPool::with_defaults(), EnginePref::IoUring) {
+                Ok((e, _)) => e,
+                Err(e) if no_io_uring_allowed() => {
+                    eprintln!("io_uring unavailable ({e}), BLOCKWIRE_ALLOW_NO_IO_URING=1");
+                    open_engine(BufferPool::with_defaults(), EnginePref::ThreadPool)
+                        .unwrap()
+                        .0
+                }
+                Err(e) => panic!(
+                    "io_uring unavailable: {e} (set BLOCKWIRE_ALLOW_NO_IO_URING=1 only where \
+                     io_uring is missing)"
+                ),
+            };
+            let r = Arc::new(Reversed {
+                inner,
+                batches: Default::default(),
+            });
+            reversed = Some(r.clone());
+            start_on(Mode::Synchronized, 16 << 10, r).await
+        }
+    };
+    let (engine, banner) = t.fabric.sync_reads.engine().unwrap();
+    eprintln!("engine: {banner}");
+    if eng == Eng::Threads {
+        assert_eq!(engine.kind(), EngineKind::ThreadPool, "{banner}");
+    } else if !no_io_uring_allowed() {
+        assert_eq!(engine.kind(), EngineKind::IoUring, "{banner}");
+    }
+    let path = t.fabric.sync_reads.get(TARGET, 0).unwrap();
+    assert!(
+        format!("{path:?}").contains("direct: true"),
+        "the LUN reads O_DIRECT: {path:?}"
+    );
+    let tap = DataInTap::start(t.addr).await;
+    let mut cfg =
+        InitiatorConfig::new("iqn.2026-11.io.blockwire:unordered").with_data_pdu_in_order(false);
+    cfg.max_recv_data_segment_length = 8192;
+    let len = LUN_BYTES as usize * 2;
+    let s = Arc::new(
+        Session::connect(cfg, &format!("127.0.0.1:{}", tap.port), TARGET)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        !s.params().data_pdu_in_order,
+        "DataPDUInOrder=No negotiated"
+    );
+    let data = Arc::new(pattern(LUN_BYTES as usize, 7));
+    write_all(&s, 0, 0, BS, &data, 8, 2048).await;
+    let mut reads = 0;
+    for _ in 0..len / data.len() {
+        let got = read_all(&s, 0, 0, BS, data.len(), 8).await;
+        reads += (data.len() >> 20) as u64;
         assert!(
-            !s.params().data_pdu_in_order,
-            "DataPDUInOrder=No negotiated"
+            checksum(&got) == checksum(&data) && got == *data,
+            "read back differs from what was written"
         );
-        s.logout().await.unwrap();
-        check_stats(&lun_stats(&t), (len >> 20) as u64, len as u64);
-        let path = t.fabric.sync_reads.get(TARGET, 0).unwrap();
-        eprintln!(
-            "PDUs sent out of offset order: {}; {}",
-            path.reordered_pdus.load(Ordering::Relaxed),
-            t.fabric.sync_reads.summary().join("; ")
+    }
+    match Arc::try_unwrap(s) {
+        Ok(s) => s.logout().await.unwrap(),
+        Err(_) => panic!("a worker still holds the session"),
+    }
+    check_stats(&lun_stats(&t), reads, reads << 20);
+    let c = &tap.counts;
+    let data_in = c.data_in.load(Ordering::SeqCst);
+    let backward = tap.backward();
+    let tasks = c.reordered_tasks.load(Ordering::SeqCst);
+    let target_count = path.reordered_pdus.load(Ordering::Relaxed);
+    eprintln!(
+        "{eng:?}: {data_in} Data-In PDUs on the wire, {backward} with a lower BufferOffset \
+         than an earlier one of the same READ, in {tasks} of {reads} READs; target's \
+         reordered-PDU counter {target_count}; {}",
+        t.fabric.sync_reads.summary().join("; ")
+    );
+    // Every READ's 128 PDUs (plus the WRITEs' responses) crossed the tap.
+    assert!(data_in >= reads * 128, "{data_in} Data-In PDUs seen");
+    assert!(
+        backward >= 1,
+        "no Data-In PDU left out of order in {reads} READs with DataPDUInOrder=No"
+    );
+    // The target's counter counts jumps (a PDU not starting where the
+    // previous one ended), the tap every PDU below the highest offset so
+    // far: both see the reordering.
+    assert!(target_count >= 1, "the target counted no reordered PDU");
+    if let Some(r) = reversed {
+        // Every READ was submitted in batches of several chunks whose
+        // completions came last first: every READ is reordered on the wire.
+        let batches = r.batches.load(Ordering::Relaxed);
+        assert!(
+            batches >= reads,
+            "{batches} multi-op batches for {reads} READs"
         );
-    })
+        assert_eq!(tasks, reads, "READs with PDUs out of order");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_pdu_in_order_no_sends_out_of_order_on_the_thread_pool() {
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        unordered_reads_leave_out_of_order(Eng::Threads),
+    )
     .await
     .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_pdu_in_order_no_sends_in_completion_order_on_io_uring() {
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        unordered_reads_leave_out_of_order(Eng::UringReversed),
+    )
+    .await
+    .expect("test timed out");
+}
+
+fn no_io_uring_allowed() -> bool {
+    std::env::var("BLOCKWIRE_ALLOW_NO_IO_URING").is_ok_and(|v| v == "1")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -391,6 +391,146 @@ impl Drop for Proxy {
     }
 }
 
+/// What a [`DataInTap`] saw on the target-to-initiator stream.
+#[derive(Debug, Default)]
+pub struct DataInCounts {
+    /// Data-In PDUs.
+    pub data_in: std::sync::atomic::AtomicU64,
+    /// Data-In PDUs whose BufferOffset is lower than the offset of an
+    /// earlier Data-In of the same task: PDUs that left out of order.
+    pub backward: std::sync::atomic::AtomicU64,
+    /// Tasks with at least one backward PDU.
+    pub reordered_tasks: std::sync::atomic::AtomicU64,
+}
+
+/// A TCP proxy on a free port to `upstream` that forwards both directions
+/// unchanged and parses the target's PDUs on the way (no digests: the
+/// sessions through it must not negotiate any) to count Data-In PDUs that
+/// left out of BufferOffset order, per task (ITT) from its first Data-In to
+/// its status.
+pub struct DataInTap {
+    pub port: u16,
+    pub counts: Arc<DataInCounts>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl DataInTap {
+    pub async fn start(upstream: std::net::SocketAddr) -> DataInTap {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("tap bind");
+        let port = listener.local_addr().expect("addr").port();
+        let counts = Arc::new(DataInCounts::default());
+        let c2 = counts.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let _ = down.set_nodelay(true);
+                let _ = up.set_nodelay(true);
+                let (mut down_r, mut down_w) = down.into_split();
+                let (mut up_r, mut up_w) = up.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut down_r, &mut up_w).await;
+                    let _ = up_w.shutdown().await;
+                });
+                let counts = c2.clone();
+                tokio::spawn(async move {
+                    let mut parser = DataInParser::default();
+                    let mut chunk = vec![0u8; 256 << 10];
+                    loop {
+                        let n = match up_r.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        parser.feed(&chunk[..n], &counts);
+                        if down_w.write_all(&chunk[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = down_w.shutdown().await;
+                });
+            }
+        });
+        DataInTap {
+            port,
+            counts,
+            accept,
+        }
+    }
+
+    /// Data-In PDUs that left with a lower BufferOffset than an earlier
+    /// one of the same task.
+    pub fn backward(&self) -> u64 {
+        self.counts
+            .backward
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for DataInTap {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Splits the target's byte stream into PDUs (BHS, AHS, padded data
+/// segment; no digests) and follows each task's Data-In offsets.
+#[derive(Default)]
+struct DataInParser {
+    buf: Vec<u8>,
+    /// ITT -> highest BufferOffset seen so far, and whether the task
+    /// already counted as reordered.
+    tasks: std::collections::HashMap<u32, (u32, bool)>,
+}
+
+impl DataInParser {
+    fn feed(&mut self, bytes: &[u8], counts: &DataInCounts) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.buf.extend_from_slice(bytes);
+        let mut at = 0;
+        while self.buf.len() - at >= 48 {
+            let h = &self.buf[at..at + 48];
+            let ahs = usize::from(h[4]) * 4;
+            let dsl = (usize::from(h[5]) << 16) | (usize::from(h[6]) << 8) | usize::from(h[7]);
+            let total = 48 + ahs + dsl.next_multiple_of(4);
+            if self.buf.len() - at < total {
+                break;
+            }
+            let itt = u32::from_be_bytes(h[16..20].try_into().unwrap());
+            match h[0] & 0x3f {
+                // Data-In
+                0x25 => {
+                    counts.data_in.fetch_add(1, SeqCst);
+                    let offset = u32::from_be_bytes(h[40..44].try_into().unwrap());
+                    let e = self.tasks.entry(itt).or_insert((offset, false));
+                    if offset < e.0 {
+                        counts.backward.fetch_add(1, SeqCst);
+                        if !e.1 {
+                            e.1 = true;
+                            counts.reordered_tasks.fetch_add(1, SeqCst);
+                        }
+                    }
+                    e.0 = e.0.max(offset);
+                    // S bit: the status rides on it, the task is over.
+                    if h[1] & 0x01 != 0 {
+                        self.tasks.remove(&itt);
+                    }
+                }
+                // SCSI Response
+                0x21 => {
+                    self.tasks.remove(&itt);
+                }
+                _ => {}
+            }
+            at += total;
+        }
+        self.buf.drain(..at);
+    }
+}
+
 /// A deterministic random pattern of `len` bytes (a multiple of 512):
 /// one random MiB repeated, with every 512-byte block stamped with the seed
 /// and its index, so that misplaced or stale blocks show. Cheap to build
