@@ -17,7 +17,8 @@ use blockwire_target::iscsi::catalog::{
 };
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{
-    identity_from_uuid, stable_identity, LogicalUnit, LuConfig, LunTable,
+    identity_from_uuid, stable_identity, AluaState, LogicalUnit, LuConfig, LunTable,
+    TargetPortGroup,
 };
 use serde::Deserialize;
 use toml::Spanned;
@@ -52,6 +53,19 @@ pub struct TargetConfig {
     /// Targets.
     #[serde(default, rename = "target")]
     pub targets: Vec<Spanned<TargetDef>>,
+    /// The runtime control socket.
+    #[serde(default)]
+    pub control: ControlConfig,
+}
+
+/// `[control]`: the daemon's runtime control socket (JSON-RPC 2.0, one
+/// object per line; see docs/control.md).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Unix socket path, created owner-only (0600). `--control` overrides
+    /// it; without either there is no control socket.
+    pub socket: Option<PathBuf>,
 }
 
 /// `[fabric]`.
@@ -123,6 +137,11 @@ pub struct PortalGroupConfig {
     pub tag: u16,
     /// Listen addresses, e.g. "0.0.0.0:3260" or "[::]:3260".
     pub listen: Vec<Spanned<String>>,
+    /// ALUA state of the group's port for every target in it:
+    /// "active_optimized" (default), "active_non_optimized" (serves I/O,
+    /// not preferred) or "standby" (media commands get NOT READY, LOGICAL
+    /// UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE).
+    pub alua_state: Option<Spanned<String>>,
 }
 
 /// A CHAP credential.
@@ -215,6 +234,11 @@ pub struct LunDef {
     /// Refuse writes.
     #[serde(default)]
     pub read_only: bool,
+    /// Fault injection: start with the LUN stalled (media commands wait
+    /// before the backstore until released with the control socket's
+    /// `lun.stall`).
+    #[serde(default)]
+    pub stalled: bool,
     /// Logical block size: 512 (default) or 4096.
     pub block_size: Option<Spanned<u32>>,
     /// Unit serial number; derived from `uuid` or, without one, from the
@@ -346,6 +370,8 @@ pub struct Built {
     pub engine_sources: Vec<EngineSourceDef>,
     /// Built with `--no-disk`: no LUN stores anything.
     pub no_disk: bool,
+    /// The control socket's path (`[control] socket`).
+    pub control_socket: Option<PathBuf>,
 }
 
 /// The RDMA provider asked for in the configuration.
@@ -542,6 +568,7 @@ impl TargetConfig {
         };
 
         let mut portal_groups = Vec::new();
+        let mut alua_states = Vec::new();
         for g in &self.portal_groups {
             let span = g.span();
             let g = g.get_ref();
@@ -572,6 +599,20 @@ impl TargetConfig {
             if addresses.is_empty() {
                 return Err(ctx.err(span, "portal_group.listen", "give at least one address"));
             }
+            let state = match &g.alua_state {
+                None => AluaState::ActiveOptimized,
+                Some(s) => AluaState::from_name(s.get_ref()).ok_or_else(|| {
+                    ctx.err(
+                        s.span(),
+                        "portal_group.alua_state",
+                        format!(
+                            "{:?} is not an ALUA state (use \"active_optimized\", \"active_non_optimized\" or \"standby\")",
+                            s.get_ref()
+                        ),
+                    )
+                })?,
+            };
+            alua_states.push((g.tag, state));
             portal_groups.push(PortalGroup {
                 tag: g.tag,
                 addresses,
@@ -622,7 +663,22 @@ impl TargetConfig {
                             return Err(ctx.err(
                                 tag.span(),
                                 "target.portal_groups",
-                                format!("portal group {} is not defined", tag.get_ref()),
+                                format!(
+                                    "portal group {} is not defined (defined: {})",
+                                    tag.get_ref(),
+                                    portal_groups
+                                        .iter()
+                                        .map(|g| g.tag.to_string())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                ),
+                            ));
+                        }
+                        if v.contains(tag.get_ref()) {
+                            return Err(ctx.err(
+                                tag.span(),
+                                "target.portal_groups",
+                                format!("portal group {} is listed twice", tag.get_ref()),
                             ));
                         }
                         v.push(*tag.get_ref());
@@ -990,6 +1046,7 @@ impl TargetConfig {
                 lu.block_size = block_size;
                 lu.physical_block_exponent = physical_block_exponent;
                 lu.read_only = l.read_only;
+                let stalled = l.stalled;
                 lu.serial = l.serial.clone().unwrap_or(serial);
                 lu.naa_id = naa;
                 lu.pr_state_path = f.state_dir.as_ref().map(|d| {
@@ -1005,7 +1062,11 @@ impl TargetConfig {
                         .collect();
                     d.join(format!("{safe}.lun{}.pr", l.id))
                 });
-                luns.push((l.id, Arc::new(LogicalUnit::new(lu))));
+                let unit = LogicalUnit::new(lu);
+                if stalled {
+                    unit.set_stalled(true);
+                }
+                luns.push((l.id, Arc::new(unit)));
                 if let Some(path) = sendfile_path {
                     sendfiles.push(SendfileDef {
                         target: name.clone(),
@@ -1045,13 +1106,30 @@ impl TargetConfig {
                     format!("target {name} has no [[target.lun]]"),
                 ));
             }
+            // ALUA: one target port group per portal group of the target,
+            // its relative port the TPGT (the SCSI target port of an iSCSI
+            // target is its name and TPGT); the first one is preferred.
+            let luns = LunTable::new(luns);
+            luns.set_port_groups(
+                groups
+                    .iter()
+                    .map(|&tag| TargetPortGroup {
+                        id: tag,
+                        state: alua_states
+                            .iter()
+                            .find(|(t, _)| *t == tag)
+                            .map_or(AluaState::ActiveOptimized, |(_, s)| *s),
+                        ports: vec![tag],
+                    })
+                    .collect(),
+            );
             targets.push(Arc::new(TargetEntry {
                 name,
                 alias: t.alias,
                 portal_groups: groups,
                 acl: t.allow.map_or(Acl::Any, Acl::Only),
                 auth,
-                luns: Arc::new(LunTable::new(luns)),
+                luns: Arc::new(luns),
             }));
         }
         if targets.is_empty() {
@@ -1073,6 +1151,7 @@ impl TargetConfig {
             engine_sources,
             no_disk: ctx.no_disk,
             sendfiles,
+            control_socket: self.control.socket,
         })
     }
 }
@@ -1518,6 +1597,100 @@ mod tests {
         };
         assert_eq!(cfg(&a), cfg(&b));
         assert_eq!(cfg(&a).0, "3f2504e04f8911d39a0c0305e82c3301");
+    }
+
+    fn two_groups(second: &str, target_groups: &str) -> String {
+        format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+             [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:3261\"]\n{second}\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n{target_groups}\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n"
+        )
+    }
+
+    #[test]
+    fn alua_one_target_port_group_per_portal_group_of_the_target() {
+        let groups = |b: &Built| b.catalog.targets[0].luns.target_port_groups();
+        let b = TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [2, 1]\n"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let g = groups(&b);
+        assert_eq!(
+            g.iter()
+                .map(|g| (g.id, g.state, g.ports.clone()))
+                .collect::<Vec<_>>(),
+            vec![
+                (2, AluaState::ActiveOptimized, vec![2]),
+                (1, AluaState::ActiveOptimized, vec![1])
+            ],
+            "in the target's order (the first is preferred), relative port = TPGT"
+        );
+        for (state, want) in [
+            ("active_optimized", AluaState::ActiveOptimized),
+            ("active_non_optimized", AluaState::ActiveNonOptimized),
+            ("standby", AluaState::Standby),
+        ] {
+            let b = TargetConfig::from_str(
+                "t.toml",
+                &two_groups(&format!("alua_state = \"{state}\"\n"), ""),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(groups(&b)[1].state, want);
+            assert_eq!(
+                groups(&b)[0].state,
+                AluaState::ActiveOptimized,
+                "the default"
+            );
+        }
+        let b = TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [1]\n")).unwrap();
+        assert_eq!(groups(&b).len(), 1, "only the target's own groups");
+    }
+
+    #[test]
+    fn alua_and_portal_group_errors() {
+        let e = TargetConfig::from_str("t.toml", &two_groups("alua_state = \"offline\"\n", ""))
+            .unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "portal_group.alua_state"),
+            "{e}"
+        );
+        assert!(
+            e.message.contains("\"standby\""),
+            "says what is allowed: {e}"
+        );
+        let e = TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [1, 3]\n"))
+            .unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (11, "target.portal_groups"),
+            "{e}"
+        );
+        assert_eq!(e.message, "portal group 3 is not defined (defined: 1, 2)");
+        let e = TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [2, 2]\n"))
+            .unwrap_err();
+        assert_eq!(e.message, "portal group 2 is listed twice", "{e}");
+        let e = TargetConfig::from_str("t.toml", &two_groups("alua = 1\n", "")).unwrap_err();
+        assert!(e.message.contains("unknown field `alua`"), "{e}");
+    }
+
+    #[test]
+    fn control_socket_and_stalled_luns() {
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &format!(
+                "[control]\nsocket = \"/run/bw.sock\"\n\n{}",
+                one_lun("backstore = \"ram\"\nsize = \"1M\"\nstalled = true\n")
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.control_socket.as_deref(), Some(Path::new("/run/bw.sock")));
+        assert!(b.catalog.targets[0].luns.get(0).unwrap().is_stalled());
+        let b = TargetConfig::from_str("t.toml", &one_lun("backstore = \"ram\"\nsize = \"1M\"\n"))
+            .unwrap();
+        assert_eq!(b.control_socket, None, "no socket unless asked for");
+        assert!(!b.catalog.targets[0].luns.get(0).unwrap().is_stalled());
+        let e = TargetConfig::from_str("t.toml", "[control]\npath = \"/x\"\n").unwrap_err();
+        assert!(e.message.contains("unknown field `path`"), "{e}");
     }
 
     #[test]

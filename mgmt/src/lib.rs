@@ -1,5 +1,7 @@
 //! blockwire's management layer: the declarative TOML configuration, the
-//! daemons built from it, and (later) the control API and metrics.
+//! daemons built from it, the runtime control API (JSON-RPC on a Unix
+//! socket) and (later) metrics.
 
 pub mod config;
+pub mod control;
 pub mod target_daemon;

@@ -2,12 +2,15 @@
 //! SIGINT, then ask initiators to log out, drain, flush and exit.
 
 use anyhow::Context;
-use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::portal::{Portal, PortalSet};
 use blockwire_target::iscsi::Fabric;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use std::sync::Arc;
+
 use crate::config::{Built, RdmaBackend};
+use crate::control::Control;
 
 /// Serves `built` until a termination signal; returns after a clean shutdown.
 pub async fn run(built: Built) -> anyhow::Result<()> {
@@ -56,6 +59,11 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
             portals.push((bound, portal));
         }
     }
+    // Bound before anything is served, so a bad path fails the start.
+    let control_listener = match &built.control_socket {
+        Some(path) => Some((path.clone(), crate::control::bind(path)?)),
+        None => None,
+    };
     for d in &built.sync_sends {
         let line = fabric
             .sync_reads
@@ -147,6 +155,12 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
                 info!(target = %t.name, lun, "READ engine: serial (SCSI core on the blocking pool, read all then send)");
             }
             info!(target = %t.name, lun, "serving");
+            if t.luns.get(lun).is_some_and(|lu| lu.is_stalled()) {
+                warn!(target = %t.name, lun, "LUN stalled from the start (stalled = true): media commands wait before the backstore until lun.stall releases it");
+            }
+        }
+        for g in t.luns.target_port_groups() {
+            info!(target = %t.name, port_group = g.id, state = g.state.name(), "ALUA target port group");
         }
     }
     if let Some((addr, _)) = portals.first() {
@@ -169,15 +183,23 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
             t.name
         );
     }
-    let mut tasks = tokio::task::JoinSet::new();
+    let portal_set = Arc::new(PortalSet::new(fabric.clone()));
     for (_, portal) in portals {
-        tasks.spawn(portal.run(fabric.clone()));
+        portal_set.start(portal).await?;
     }
+    let control_task = control_listener.map(|(path, listener)| {
+        info!(socket = %path.display(), "control socket (JSON-RPC 2.0, one object per line; try: blockwire-target ctl --control {} lun.list)", path.display());
+        let control = Arc::new(Control::new(fabric.clone(), portal_set.clone()));
+        tokio::spawn(crate::control::serve(listener, path, control))
+    });
 
     wait_for_signal().await?;
     info!("shutting down: asking initiators to log out");
     let _ = stop_tx.send(true);
-    while tasks.join_next().await.is_some() {}
+    portal_set.join().await;
+    if let Some(t) = control_task {
+        let _ = t.await;
+    }
     blockwire_target::copies::log_summary();
     // Per-command state timers of the engine READ path (P0 Fig. 15).
     for line in fabric.sync_reads.summary() {

@@ -1,21 +1,31 @@
 //! The blockwire iSCSI target daemon.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Context;
 use blockwire_mgmt::config::{LoadOptions, TargetConfig};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// blockwire's iSCSI target.
 ///
 /// With no arguments it serves an embedded default: the target
 /// iqn.2026-11.io.blockwire:default with one 1 GiB RAM LUN (LUN 0) on
 /// 0.0.0.0:3260, open to any initiator. `--config` serves what a TOML file
-/// describes instead (see examples/ in the source tree).
+/// describes instead (see examples/ in the source tree). `--control` opens
+/// a runtime control socket; `blockwire-target ctl` talks to it.
 #[derive(Debug, Parser)]
 #[command(name = "blockwire-target", version, about, long_about)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Runtime control socket (JSON-RPC 2.0 over a Unix socket, one JSON
+    /// object per line, created owner-only 0600); overrides the
+    /// configuration's [control] socket. Without either there is none.
+    /// See `blockwire-target ctl --help` for its methods.
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
     /// Listen address for the embedded default (ADDR:PORT, e.g. 127.0.0.1:3260
     /// or [::]:3260). With --config it replaces the addresses of every portal
     /// group, which is handy for tests on a free port.
@@ -42,8 +52,87 @@ struct Args {
     log: String,
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Calls one method of a running daemon's control socket and prints
+    /// its result as JSON (exit 0), or its error (exit 1).
+    #[command(after_help = ctl_help())]
+    Ctl {
+        /// The daemon's control socket (its --control PATH).
+        #[arg(long, value_name = "PATH")]
+        control: PathBuf,
+        /// Seconds to wait for the answer (portal.close waits until the
+        /// portal's connections are gone).
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        timeout: u64,
+        /// The method, e.g. lun.stall (see the list below).
+        method: String,
+        /// Its parameters as one JSON object, e.g.
+        /// '{"target": "iqn.2026-11.io.blockwire:default", "lun": 0, "stalled": true}'.
+        params: Option<String>,
+    },
+}
+
+fn ctl_help() -> String {
+    format!(
+        "Methods:\n{}\n\nExample:\n  blockwire-target ctl --control /run/blockwire.sock lun.stall \\\n    '{{\"target\": \"iqn.2026-11.io.blockwire:default\", \"lun\": 0, \"stalled\": true}}'",
+        blockwire_mgmt::control::methods_help()
+    )
+}
+
+/// `blockwire-target ctl`: one call, its result on stdout (exit 0) or its
+/// error on stderr (exit 1).
+fn ctl(control: &Path, timeout: u64, method: &str, params: Option<&str>) -> ExitCode {
+    let params = match params.map(serde_json::from_str::<serde_json::Value>) {
+        None => serde_json::Value::Null,
+        Some(Ok(v)) => v,
+        Some(Err(e)) => {
+            eprintln!("error: the parameters are not JSON ({e}); write them as one object, e.g. '{{\"lun\": 0}}'");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let call = blockwire_mgmt::control::ctl(
+        control,
+        method,
+        params,
+        std::time::Duration::from_secs(timeout),
+    );
+    match runtime.block_on(call) {
+        Ok(result) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&result).unwrap_or_else(|_| result.to_string())
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> anyhow::Result<ExitCode> {
     let args = Args::parse();
+    if let Some(Command::Ctl {
+        control,
+        timeout,
+        method,
+        params,
+    }) = &args.command
+    {
+        return Ok(ctl(control, *timeout, method, params.as_deref()));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
         .with_writer(std::io::stderr)
@@ -66,17 +155,21 @@ fn main() -> anyhow::Result<()> {
         }
     }
     built.settings.no_net = args.no_net;
+    if let Some(path) = args.control {
+        built.control_socket = Some(path);
+    }
     if args.check {
         println!(
             "configuration is valid: {} target(s)",
             built.catalog.targets.len()
         );
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("blockwire")
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(blockwire_mgmt::target_daemon::run(built))
+    runtime.block_on(blockwire_mgmt::target_daemon::run(built))?;
+    Ok(ExitCode::SUCCESS)
 }

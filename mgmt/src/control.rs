@@ -1,0 +1,868 @@
+//! The daemon's runtime control API: JSON-RPC 2.0 over a Unix stream
+//! socket, one JSON object (or batch array) per line in each direction.
+//!
+//! The socket is created owner-only (0600) at the path `--control` or
+//! `[control] socket` names; see docs/control.md for the methods and
+//! their errors. Every method is one entry of [`METHODS`] and one arm of
+//! [`Control::call`]; its parameters are a serde struct that refuses
+//! unknown fields, so a typo is an error, not a no-op. Errors are JSON-RPC
+//! error objects whose message names what was not found and what there is
+//! (e.g. "no LUN 3 in target iqn...; LUNs are 0, 1").
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockwire_target::iscsi::portal::{PortalError, PortalSet};
+use blockwire_target::iscsi::Fabric;
+use blockwire_target::scsi::LunTable;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::{debug, info, warn};
+
+/// One method of the API, as `--help` and docs/control.md list it.
+#[derive(Debug, Clone, Copy)]
+pub struct Method {
+    /// Its name, e.g. "lun.stall".
+    pub name: &'static str,
+    /// Its parameters, as a JSON example ("" for none).
+    pub params: &'static str,
+    /// What it does.
+    pub summary: &'static str,
+}
+
+/// Every method the control socket answers.
+pub const METHODS: &[Method] = &[
+    Method {
+        name: "lun.list",
+        params: "",
+        summary: "targets, their LUNs (stalled or not, commands held) and ALUA port groups",
+    },
+    Method {
+        name: "lun.stall",
+        params: r#"{"target": "iqn...", "lun": 0, "stalled": true}"#,
+        summary: "stall (true) or release (false) a LUN: its media commands wait before the backstore; TMFs and other commands are answered",
+    },
+    Method {
+        name: "session.list",
+        params: "",
+        summary: "sessions: initiator, ISID, TSIH, target, portal, TPGT",
+    },
+    Method {
+        name: "portal.list",
+        params: "",
+        summary: "portals: listen address, TPGT, open or closed, connections",
+    },
+    Method {
+        name: "portal.close",
+        params: r#"{"listen": "127.0.0.1:3260"}"#,
+        summary: "close a portal and cut every connection that came in through it",
+    },
+    Method {
+        name: "portal.open",
+        params: r#"{"listen": "127.0.0.1:3260"}"#,
+        summary: "re-open a closed portal",
+    },
+];
+
+/// The method list as `--help` prints it.
+pub fn methods_help() -> String {
+    METHODS
+        .iter()
+        .map(|m| {
+            let params = if m.params.is_empty() {
+                String::new()
+            } else {
+                format!(" '{}'", m.params)
+            };
+            format!("  {}{params}\n      {}", m.name, m.summary)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// JSON-RPC 2.0 error codes used here.
+pub mod code {
+    /// The line is not JSON.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// JSON, but not a JSON-RPC 2.0 request.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// Missing, unknown or mistyped parameters.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// A target, LUN or portal the request names does not exist.
+    pub const NOT_FOUND: i64 = -32001;
+    /// The request conflicts with the current state (e.g. closing a
+    /// closed portal).
+    pub const CONFLICT: i64 = -32002;
+    /// The daemon tried and failed (e.g. re-binding a portal).
+    pub const FAILED: i64 = -32003;
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (error {code})")]
+pub struct RpcError {
+    /// One of [`code`].
+    pub code: i64,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+impl RpcError {
+    fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"code": self.code, "message": self.message})
+    }
+}
+
+/// Lists names for an error message ("a, b" or "none").
+fn listing<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    let v: Vec<String> = items.into_iter().map(|i| i.to_string()).collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StallParams {
+    target: String,
+    lun: u16,
+    stalled: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortalParams {
+    listen: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+/// What the control API acts on.
+#[derive(Debug)]
+pub struct Control {
+    fabric: Arc<Fabric>,
+    portals: Arc<PortalSet>,
+}
+
+impl Control {
+    /// The API over a running fabric and its portals.
+    pub fn new(fabric: Arc<Fabric>, portals: Arc<PortalSet>) -> Control {
+        Control { fabric, portals }
+    }
+
+    /// Runs one method.
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        match method {
+            "lun.list" => {
+                let NoParams {} = parse(method, params)?;
+                Ok(self.lun_list())
+            }
+            "lun.stall" => self.lun_stall(parse(method, params)?),
+            "session.list" => {
+                let NoParams {} = parse(method, params)?;
+                Ok(self.session_list())
+            }
+            "portal.list" => {
+                let NoParams {} = parse(method, params)?;
+                Ok(self.portal_list())
+            }
+            "portal.close" => {
+                let p: PortalParams = parse(method, params)?;
+                let addr = self.portal_addr(&p.listen)?;
+                let cut = self.portals.close(addr).await.map_err(portal_error)?;
+                Ok(json!({"listen": addr.to_string(), "open": false, "connections_cut": cut}))
+            }
+            "portal.open" => {
+                let p: PortalParams = parse(method, params)?;
+                let addr = self.portal_addr(&p.listen)?;
+                self.portals.reopen(addr).await.map_err(portal_error)?;
+                Ok(json!({"listen": addr.to_string(), "open": true}))
+            }
+            other => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!(
+                    "no method {other:?}; methods are {}",
+                    listing(METHODS.iter().map(|m| m.name))
+                ),
+            )),
+        }
+    }
+
+    fn target_luns(&self, name: &str) -> Result<(&str, &Arc<LunTable>), RpcError> {
+        let catalog = &self.fabric.catalog;
+        catalog
+            .target(name)
+            .map(|t| (t.name.as_str(), &t.luns))
+            .ok_or_else(|| {
+                RpcError::new(
+                    code::NOT_FOUND,
+                    format!(
+                        "no target {name}; targets are {}",
+                        listing(catalog.targets.iter().map(|t| &t.name))
+                    ),
+                )
+            })
+    }
+
+    fn lun_stall(&self, p: StallParams) -> Result<Value, RpcError> {
+        let (name, luns) = self.target_luns(&p.target)?;
+        let span = tracing::warn_span!("control", target = %name);
+        let change = span
+            .in_scope(|| luns.set_stalled(p.lun, p.stalled))
+            .map_err(|e| {
+                RpcError::new(
+                    code::NOT_FOUND,
+                    format!(
+                        "no LUN {} in target {name}; LUNs are {}",
+                        e.lun,
+                        listing(&e.existing)
+                    ),
+                )
+            })?;
+        Ok(json!({
+            "target": name,
+            "lun": p.lun,
+            "stalled": p.stalled,
+            "was_stalled": change.was_stalled,
+            "held": change.held,
+        }))
+    }
+
+    fn lun_list(&self) -> Value {
+        let targets: Vec<Value> = self
+            .fabric
+            .catalog
+            .targets
+            .iter()
+            .map(|t| {
+                let luns: Vec<Value> = t
+                    .luns
+                    .lun_ids()
+                    .into_iter()
+                    .filter_map(|id| t.luns.get(id).map(|lu| (id, lu)))
+                    .map(|(id, lu)| {
+                        json!({
+                            "lun": id,
+                            "stalled": lu.is_stalled(),
+                            "held": lu.held_commands(),
+                            "size": lu.config().backstore.size(),
+                            "backstore": lu.config().backstore.describe(),
+                        })
+                    })
+                    .collect();
+                let groups: Vec<Value> = t
+                    .luns
+                    .target_port_groups()
+                    .iter()
+                    .map(|g| json!({"id": g.id, "state": g.state.name(), "ports": g.ports}))
+                    .collect();
+                json!({"name": t.name, "luns": luns, "port_groups": groups})
+            })
+            .collect();
+        json!({ "targets": targets })
+    }
+
+    fn session_list(&self) -> Value {
+        let mut sessions = self.fabric.sessions.all();
+        sessions.sort_by_key(|s| s.tsih);
+        let list: Vec<Value> = sessions
+            .iter()
+            .map(|s| {
+                json!({
+                    "initiator": s.initiator_name,
+                    "isid": s.isid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                    "tsih": s.tsih,
+                    "target": s.target.as_ref().map(|t| t.name.as_str()),
+                    "portal": s.portal().to_string(),
+                    "tpgt": s.tpgt,
+                })
+            })
+            .collect();
+        json!({ "sessions": list })
+    }
+
+    fn portal_list(&self) -> Value {
+        let list: Vec<Value> = self
+            .portals
+            .list()
+            .iter()
+            .map(|p| {
+                json!({
+                    "listen": p.addr.to_string(),
+                    "tpgt": p.tpgt,
+                    "open": p.open,
+                    "connections": p.connections,
+                })
+            })
+            .collect();
+        json!({ "portals": list })
+    }
+
+    fn portal_addr(&self, listen: &str) -> Result<SocketAddr, RpcError> {
+        listen.parse().map_err(|_| {
+            RpcError::new(
+                code::INVALID_PARAMS,
+                format!(
+                    "{listen:?} is not an ADDR:PORT; portals are {}",
+                    listing(self.portals.list().iter().map(|p| p.addr))
+                ),
+            )
+        })
+    }
+
+    /// Answers one line of the socket: a request, or a batch of them.
+    /// `None` when nothing is to be sent back (only notifications).
+    pub async fn handle_line(&self, line: &str) -> Option<String> {
+        let reply = match serde_json::from_str::<Value>(line) {
+            Err(e) => Some(error_reply(
+                Value::Null,
+                &RpcError::new(
+                    code::PARSE_ERROR,
+                    format!("not JSON ({e}); send one JSON-RPC 2.0 object per line"),
+                ),
+            )),
+            Ok(Value::Array(batch)) if batch.is_empty() => Some(error_reply(
+                Value::Null,
+                &RpcError::new(code::INVALID_REQUEST, "empty batch"),
+            )),
+            Ok(Value::Array(batch)) => {
+                let mut out = Vec::new();
+                for req in batch {
+                    out.extend(self.handle_request(req).await);
+                }
+                (!out.is_empty()).then_some(Value::Array(out))
+            }
+            Ok(req) => self.handle_request(req).await,
+        };
+        reply.map(|v| v.to_string())
+    }
+
+    async fn handle_request(&self, req: Value) -> Option<Value> {
+        let Value::Object(mut obj) = req else {
+            return Some(error_reply(
+                Value::Null,
+                &RpcError::new(
+                    code::INVALID_REQUEST,
+                    "a request is a JSON object with \"jsonrpc\": \"2.0\", \"method\", \"params\" and \"id\"",
+                ),
+            ));
+        };
+        let id = obj.remove("id");
+        let reply_id = id.clone().unwrap_or(Value::Null);
+        if obj.get("jsonrpc") != Some(&Value::String("2.0".into())) {
+            return Some(error_reply(
+                reply_id,
+                &RpcError::new(code::INVALID_REQUEST, "\"jsonrpc\" must be \"2.0\""),
+            ));
+        }
+        let Some(Value::String(method)) = obj.remove("method") else {
+            return Some(error_reply(
+                reply_id,
+                &RpcError::new(
+                    code::INVALID_REQUEST,
+                    format!(
+                        "\"method\" (a string) is missing; methods are {}",
+                        listing(METHODS.iter().map(|m| m.name))
+                    ),
+                ),
+            ));
+        };
+        let params = obj.remove("params").unwrap_or(Value::Null);
+        let result = self.call(&method, params).await;
+        match &result {
+            Ok(_) => debug!(method, "control request done"),
+            Err(e) => info!(method, error = %e.message, "control request failed"),
+        }
+        // A request without an id is a notification: no reply.
+        let id = id?;
+        Some(match result {
+            Ok(v) => json!({"jsonrpc": "2.0", "id": id, "result": v}),
+            Err(e) => error_reply(id, &e),
+        })
+    }
+}
+
+fn error_reply(id: Value, e: &RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": e.to_json()})
+}
+
+fn portal_error(e: PortalError) -> RpcError {
+    let code = match e {
+        PortalError::Unknown { .. } => code::NOT_FOUND,
+        PortalError::AlreadyClosed(_) | PortalError::AlreadyOpen(_) => code::CONFLICT,
+        PortalError::Bind(_) => code::FAILED,
+    };
+    RpcError::new(code, e.to_string())
+}
+
+/// The parameters of `method`: absent or null count as `{}`.
+fn parse<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RpcError> {
+    let params = match params {
+        Value::Null => Value::Object(Default::default()),
+        p => p,
+    };
+    serde_json::from_value(params).map_err(|e| {
+        let want = METHODS
+            .iter()
+            .find(|m| m.name == method)
+            .map_or("", |m| m.params);
+        let want = if want.is_empty() {
+            "no parameters".to_string()
+        } else {
+            format!("parameters like {want}")
+        };
+        RpcError::new(
+            code::INVALID_PARAMS,
+            format!("bad parameters for {method}: {e}; it takes {want}"),
+        )
+    })
+}
+
+/// Longest request line accepted (a request is a few hundred bytes).
+const MAX_LINE: u64 = 1 << 20;
+
+/// Creates the control socket at `path`, owner-only (0600): bound under a
+/// temporary name, restricted, then renamed into place, so it is never
+/// reachable with wider permissions. A stale socket (nobody listening) is
+/// replaced; a live one, or another kind of file, is an error.
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    let fail =
+        |what: String| io::Error::other(format!("control socket {}: {what}", path.display()));
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(fail(
+                    "another process is serving it (stop that daemon, or pick another --control path)".into(),
+                ));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+        }
+        Ok(_) => {
+            return Err(fail(
+                "exists and is not a socket (remove it, or pick another --control path)".into(),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e.to_string())),
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let std_listener = std::os::unix::net::UnixListener::bind(&tmp).map_err(|e| {
+        let hint = if e.kind() == io::ErrorKind::NotFound {
+            " (does its directory exist?)"
+        } else {
+            ""
+        };
+        fail(format!("cannot create it: {e}{hint}"))
+    })?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(format!("cannot put it in place: {e}")));
+    }
+    std_listener.set_nonblocking(true)?;
+    UnixListener::from_std(std_listener)
+}
+
+/// Serves the control socket until the fabric shuts down, then removes
+/// the socket file.
+pub async fn serve(listener: UnixListener, path: PathBuf, control: Arc<Control>) {
+    let mut shutdown = control.fabric.shutdown.clone();
+    let mut clients = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    clients.spawn(serve_client(stream, control.clone()));
+                }
+                Err(e) => {
+                    warn!(error = %e, "control socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = shutdown.changed() => {
+                if *shutdown.borrow() {
+                    break;
+                }
+            }
+            Some(_) = clients.join_next(), if !clients.is_empty() => {}
+        }
+    }
+    drop(listener);
+    clients.abort_all();
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn serve_client(stream: UnixStream, control: Arc<Control>) {
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = match (&mut rd)
+            .take(MAX_LINE + 1)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if n as u64 > MAX_LINE {
+            let e = RpcError::new(
+                code::INVALID_REQUEST,
+                format!("request longer than {MAX_LINE} bytes"),
+            );
+            let _ = wr
+                .write_all(format!("{}\n", error_reply(Value::Null, &e)).as_bytes())
+                .await;
+            return;
+        }
+        let text = String::from_utf8_lossy(&line);
+        if text.trim().is_empty() {
+            continue;
+        }
+        if let Some(reply) = control.handle_line(text.trim()).await {
+            if wr.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Why `blockwire-target ctl` got no result.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// The socket could not be reached.
+    #[error("cannot connect to the control socket {path}: {source} (is blockwire-target running with --control {path}?)")]
+    Connect {
+        /// The socket path.
+        path: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The exchange failed half-way.
+    #[error("control socket: {0}")]
+    Io(#[from] io::Error),
+    /// No answer in time.
+    #[error("no answer from the control socket within {0:?}")]
+    Timeout(Duration),
+    /// The answer is not a JSON-RPC response.
+    #[error("unexpected answer from the control socket: {0}")]
+    BadReply(String),
+    /// The daemon answered with an error.
+    #[error("{0}")]
+    Rpc(RpcError),
+}
+
+/// Calls `method` with `params` on the control socket at `path`: the
+/// result, or why there is none.
+pub async fn ctl(
+    path: &Path,
+    method: &str,
+    params: Value,
+    timeout: Duration,
+) -> Result<Value, CtlError> {
+    let exchange = async {
+        let mut stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| CtlError::Connect {
+                path: path.display().to_string(),
+                source,
+            })?;
+        let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        stream.write_all(format!("{req}\n").as_bytes()).await?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).await?;
+        let reply: Value =
+            serde_json::from_str(&line).map_err(|_| CtlError::BadReply(line.clone()))?;
+        if let Some(r) = reply.get("result") {
+            return Ok(r.clone());
+        }
+        let err = reply
+            .get("error")
+            .ok_or_else(|| CtlError::BadReply(line.clone()))?;
+        Err(CtlError::Rpc(RpcError {
+            code: err.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        }))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| CtlError::Timeout(timeout))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TargetConfig;
+
+    const T: &str = "iqn.2026-11.io.blockwire:ctl";
+
+    fn control() -> (Control, tokio::sync::watch::Sender<bool>) {
+        let text = format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+             [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:0\"]\nalua_state = \"standby\"\n\n\
+             [[target]]\nname = \"{T}\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+             [[target.lun]]\nid = 1\nbackstore = \"ram\"\nsize = \"1M\"\nstalled = true\n"
+        );
+        let built = TargetConfig::from_str("t.toml", &text).unwrap_or_else(|e| panic!("{e}"));
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let fabric = Fabric::new(built.catalog, built.settings, rx);
+        let portals = Arc::new(PortalSet::new(fabric.clone()));
+        (Control::new(fabric, portals), stop)
+    }
+
+    async fn rpc(c: &Control, line: &str) -> Value {
+        let reply = c.handle_line(line).await.expect("a reply");
+        serde_json::from_str(&reply).unwrap()
+    }
+
+    fn error_of(v: &Value) -> (i64, String) {
+        let e = &v["error"];
+        (
+            e["code"].as_i64().unwrap(),
+            e["message"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    #[tokio::test]
+    async fn lun_stall_switches_the_unit_and_reports_what_it_changed() {
+        let (c, _stop) = control();
+        let v = rpc(
+            &c,
+            &format!(r#"{{"jsonrpc":"2.0","id":1,"method":"lun.stall","params":{{"target":"{T}","lun":0,"stalled":true}}}}"#),
+        )
+        .await;
+        assert_eq!(v["id"], 1);
+        assert_eq!(
+            v["result"],
+            json!({"target": T, "lun": 0, "stalled": true, "was_stalled": false, "held": 0})
+        );
+        let list = c.call("lun.list", Value::Null).await.unwrap();
+        let luns = &list["targets"][0]["luns"];
+        assert_eq!(luns[0]["stalled"], true);
+        assert_eq!(
+            luns[1]["stalled"], true,
+            "stalled = true in the configuration"
+        );
+        let groups = &list["targets"][0]["port_groups"];
+        assert_eq!(
+            groups[0],
+            json!({"id": 1, "state": "active_optimized", "ports": [1]})
+        );
+        assert_eq!(
+            groups[1],
+            json!({"id": 2, "state": "standby", "ports": [2]})
+        );
+        // Target names compare case-insensitively, as iSCSI names do.
+        let r = c
+            .call(
+                "lun.stall",
+                json!({"target": T.to_uppercase(), "lun": 1, "stalled": false}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (r["was_stalled"].clone(), r["target"].clone()),
+            (json!(true), json!(T))
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_name_what_is_missing_and_what_there_is() {
+        let (c, _stop) = control();
+        let call = |m: &'static str, p: Value| {
+            let c = &c;
+            async move { c.call(m, p).await.unwrap_err() }
+        };
+        let e = call("lun.stall", json!({"target": T, "lun": 3, "stalled": true})).await;
+        assert_eq!(e.code, code::NOT_FOUND);
+        assert_eq!(e.message, format!("no LUN 3 in target {T}; LUNs are 0, 1"));
+        let e = call(
+            "lun.stall",
+            json!({"target": "iqn.x", "lun": 0, "stalled": true}),
+        )
+        .await;
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                code::NOT_FOUND,
+                format!("no target iqn.x; targets are {T}").as_str()
+            )
+        );
+        let e = call("lun.stall", json!({"target": T, "lun": 0})).await;
+        assert_eq!(e.code, code::INVALID_PARAMS);
+        assert!(
+            e.message.contains("missing field `stalled`"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains(r#""stalled": true"#),
+            "names the form: {}",
+            e.message
+        );
+        let e = call(
+            "lun.stall",
+            json!({"target": T, "lun": 0, "stalled": true, "x": 1}),
+        )
+        .await;
+        assert!(e.message.contains("unknown field `x`"), "{}", e.message);
+        let e = call(
+            "lun.stall",
+            json!({"target": T, "lun": "zero", "stalled": true}),
+        )
+        .await;
+        assert_eq!(e.code, code::INVALID_PARAMS);
+        let e = call("lun.list", json!({"target": T})).await;
+        assert!(
+            e.message.contains("it takes no parameters"),
+            "{}",
+            e.message
+        );
+        let e = call("lun.reset", Value::Null).await;
+        assert_eq!(e.code, code::METHOD_NOT_FOUND);
+        assert!(
+            e.message.contains("methods are lun.list, lun.stall"),
+            "{}",
+            e.message
+        );
+        let e = call("portal.close", json!({"listen": "somewhere"})).await;
+        assert_eq!(e.code, code::INVALID_PARAMS);
+        let e = call("portal.close", json!({"listen": "127.0.0.1:9"})).await;
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                code::NOT_FOUND,
+                "no portal listens on 127.0.0.1:9; portals are none"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn the_envelope_follows_json_rpc_2() {
+        let (c, _stop) = control();
+        let v = rpc(&c, "{not json").await;
+        assert_eq!(v["id"], Value::Null);
+        assert_eq!(error_of(&v).0, code::PARSE_ERROR);
+        let v = rpc(&c, r#"{"id":3,"method":"lun.list"}"#).await;
+        assert_eq!(
+            (v["id"].clone(), error_of(&v).0),
+            (json!(3), code::INVALID_REQUEST)
+        );
+        let v = rpc(&c, r#"{"jsonrpc":"2.0","id":"a"}"#).await;
+        assert_eq!(
+            (v["id"].clone(), error_of(&v).0),
+            (json!("a"), code::INVALID_REQUEST)
+        );
+        let v = rpc(&c, "42").await;
+        assert_eq!(error_of(&v).0, code::INVALID_REQUEST);
+        let v = rpc(&c, "[]").await;
+        assert_eq!(error_of(&v).0, code::INVALID_REQUEST);
+        // A notification (no id) gets no reply, even when it fails.
+        assert_eq!(
+            c.handle_line(r#"{"jsonrpc":"2.0","method":"lun.list"}"#)
+                .await,
+            None
+        );
+        assert_eq!(
+            c.handle_line(r#"{"jsonrpc":"2.0","method":"nope"}"#).await,
+            None
+        );
+        // A batch answers its requests, in order, without its notifications.
+        let v = rpc(
+            &c,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"session.list"},{"jsonrpc":"2.0","method":"lun.list"},{"jsonrpc":"2.0","id":2,"method":"portal.list"}]"#,
+        )
+        .await;
+        let ids: Vec<Value> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].clone())
+            .collect();
+        assert_eq!(ids, [json!(1), json!(2)]);
+        assert_eq!(v[0]["result"], json!({"sessions": []}));
+        assert_eq!(v[1]["result"], json!({"portals": []}));
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_owner_only_and_a_live_one_is_not_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ctl.sock");
+        let listener = bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(e.contains("another process is serving it"), "{e}");
+        // A stale socket (nobody listening) is replaced.
+        drop(listener);
+        let again = bind(&path).unwrap();
+        drop(again);
+        let file = dir.path().join("plain");
+        std::fs::write(&file, "x").unwrap();
+        let e = bind(&file).unwrap_err().to_string();
+        assert!(e.contains("is not a socket"), "{e}");
+        let e = bind(&dir.path().join("no/such/dir.sock"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does its directory exist"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn ctl_calls_a_served_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ctl.sock");
+        let (c, stop) = control();
+        let served = tokio::spawn(serve(bind(&path).unwrap(), path.clone(), Arc::new(c)));
+        let t = Duration::from_secs(5);
+        let r = ctl(&path, "lun.list", Value::Null, t).await.unwrap();
+        assert_eq!(r["targets"][0]["name"], T);
+        let e = ctl(
+            &path,
+            "lun.stall",
+            json!({"target": T, "lun": 7, "stalled": true}),
+            t,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&e, CtlError::Rpc(r) if r.code == code::NOT_FOUND),
+            "{e}"
+        );
+        stop.send(true).unwrap();
+        served.await.unwrap();
+        assert!(!path.exists(), "the socket is removed at shutdown");
+        let e = ctl(&path, "lun.list", Value::Null, t).await.unwrap_err();
+        assert!(e.to_string().contains("cannot connect"), "{e}");
+    }
+}
