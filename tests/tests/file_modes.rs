@@ -12,14 +12,18 @@
 //! travel: DataPDUInOrder=No (Data-In in completion order), header and
 //! data digests (the sendfile LUN falls back to the copy path), and an
 //! RDMA-assisted session (READ data placed by one RDMA Write per chunk).
-//! A second daemon runs with zero-copy socket sends off.
+//! A second daemon runs with zero-copy socket sends off. Before any I/O,
+//! each daemon is checked to really run its direct LUNs with O_DIRECT
+//! (/proc/PID/fdinfo flags) and its engine-path LUNs on io_uring (its
+//! start-up log), so that a silent fallback to buffered I/O or to the
+//! thread pool fails the test.
 //!
 //! Sizes: `BLOCKWIRE_E2E_MIB` sets the pattern size; by default 256 MiB
 //! with the release target and 32 MiB with the debug one.
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,6 +151,162 @@ fn config(dir: &Path, mib: usize, fabric: &str, modes: &[Mode]) -> String {
     c
 }
 
+/// The backing files of LUN `id` (its members when striped).
+fn lun_files(dir: &Path, id: usize, m: &Mode) -> Vec<PathBuf> {
+    if m.members == 0 {
+        vec![dir.join(format!("lun{id}.img"))]
+    } else {
+        (0..m.members)
+            .map(|k| dir.join(format!("lun{id}-m{k}.img")))
+            .collect()
+    }
+}
+
+fn no_io_uring_allowed() -> bool {
+    std::env::var("BLOCKWIRE_ALLOW_NO_IO_URING").is_ok_and(|v| v == "1")
+}
+
+/// The daemon really runs every `direct` LUN with O_DIRECT and reads the
+/// engine-path LUNs through io_uring, and the cached LUNs without O_DIRECT:
+/// - the kernel's view: every descriptor the daemon holds on a direct LUN's
+///   file (or member) has O_DIRECT in /proc/PID/fdinfo `flags` (octal
+///   040000), none on a cached LUN's file;
+/// - the daemon's start-up log: each engine-path LUN's "READ engine" line
+///   (and "WRITE engine" line with sync_write) names io_uring and, on a
+///   direct LUN, O_DIRECT. A direct LUN that fell back to buffered I/O, or
+///   an engine that fell back to the thread pool, fails here (the latter
+///   unless BLOCKWIRE_ALLOW_NO_IO_URING=1).
+fn check_direct_io(pid: u32, log: &Path, dir: &Path, modes: &[Mode]) {
+    // The engine lines come just after the portal listens: wait for the
+    // last "serving" line.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let lines: Vec<String> = loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(strip_ansi).collect();
+        let last = format!(" lun={}", modes.len() - 1);
+        if lines
+            .iter()
+            .any(|l| l.contains("serving") && l.trim_end().ends_with(&last))
+        {
+            break lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not log every LUN; log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let line = |what: &str, id: usize| -> Option<&String> {
+        let lun = format!(" lun={id}");
+        lines
+            .iter()
+            .find(|l| l.contains(what) && l.trim_end().ends_with(&lun))
+    };
+    // Open file descriptions of the daemon, by path.
+    let mut fds: std::collections::HashMap<PathBuf, Vec<u32>> = Default::default();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/PID/fd") {
+        let e = e.unwrap();
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let Ok(info) = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            e.file_name().to_string_lossy()
+        )) else {
+            continue;
+        };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).expect("octal flags"))
+            .expect("a flags line");
+        fds.entry(target).or_default().push(flags);
+    }
+    const O_DIRECT: u32 = 0o40000;
+    for (id, m) in modes.iter().enumerate() {
+        let direct = m.toml.contains("mode = \"direct\"");
+        for f in lun_files(dir, id, m) {
+            let flags = fds
+                .get(&f)
+                .unwrap_or_else(|| panic!("LUN {id} {}: the daemon has no fd on {f:?}", m.label));
+            let n_direct = flags.iter().filter(|&&x| x & O_DIRECT != 0).count();
+            println!(
+                "LUN {id} {}: {} fds on {:?}, {n_direct} with O_DIRECT (flags {:?})",
+                m.label,
+                flags.len(),
+                f.file_name().unwrap(),
+                flags.iter().map(|x| format!("{x:o}")).collect::<Vec<_>>()
+            );
+            if direct {
+                assert_eq!(
+                    n_direct,
+                    flags.len(),
+                    "LUN {id} {}: an fd on {f:?} without O_DIRECT: buffered I/O on a direct LUN",
+                    m.label
+                );
+            } else {
+                assert_eq!(
+                    n_direct, 0,
+                    "LUN {id} {}: O_DIRECT on a cached LUN",
+                    m.label
+                );
+            }
+        }
+        let uring = |l: &str, what: &str| {
+            if !no_io_uring_allowed() {
+                assert!(
+                    l.contains("engine io_uring"),
+                    "LUN {id} {}: the {what} engine is not io_uring (set \
+                     BLOCKWIRE_ALLOW_NO_IO_URING=1 only where io_uring is missing): {l}",
+                    m.label
+                );
+            }
+        };
+        if m.engine || direct {
+            let l = line("READ engine: engine path", id)
+                .unwrap_or_else(|| panic!("LUN {id} {}: no engine-path READ line", m.label));
+            uring(l, "READ");
+            if direct {
+                assert!(
+                    l.contains("O_DIRECT reads"),
+                    "LUN {id} {}: not O_DIRECT: {l}",
+                    m.label
+                );
+            }
+        }
+        if m.toml.contains("sync_write = true") {
+            let l = line("WRITE engine:", id)
+                .unwrap_or_else(|| panic!("LUN {id} {}: no WRITE engine line", m.label));
+            uring(l, "WRITE");
+            if direct {
+                assert!(
+                    l.contains("O_DIRECT writes"),
+                    "LUN {id} {}: not O_DIRECT: {l}",
+                    m.label
+                );
+            }
+        }
+    }
+}
+
+/// `s` without ANSI colour sequences.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 async fn connect(cfg: InitiatorConfig, port: u16) -> Arc<Session> {
     Arc::new(
         Session::connect(cfg, &format!("127.0.0.1:{port}"), IQN)
@@ -213,7 +373,12 @@ async fn every_mode_random_write_read_back() {
     let mib = e2e_mib();
     let modes = modes();
     let fabric = "rdma_listen = \"127.0.0.1:0\"\n";
-    let (_t, port) = start_blockwire(Some(&config(&scratch.0, mib, fabric, &modes)), &scratch);
+    let (t, port, log) = start_blockwire_logging(
+        Some(&config(&scratch.0, mib, fabric, &modes)),
+        &scratch,
+        "info",
+    );
+    check_direct_io(t.pid(), &log, &scratch.0, &modes);
     tokio::time::timeout(Duration::from_secs(900), async {
         let c = InitiatorConfig::new("iqn.2026-11.io.blockwire.test:modes").with_queue_depth(32);
         let s = connect(c, port).await;
@@ -300,7 +465,12 @@ async fn modes_with_zero_copy_sends_off() {
         .collect();
     assert_eq!(modes.len(), 2);
     let fabric = "zero_copy_send = false\n";
-    let (_t, port) = start_blockwire(Some(&config(&scratch.0, mib, fabric, &modes)), &scratch);
+    let (t, port, log) = start_blockwire_logging(
+        Some(&config(&scratch.0, mib, fabric, &modes)),
+        &scratch,
+        "info",
+    );
+    check_direct_io(t.pid(), &log, &scratch.0, &modes);
     tokio::time::timeout(Duration::from_secs(600), async {
         let c = InitiatorConfig::new("iqn.2026-11.io.blockwire.test:nozc").with_queue_depth(32);
         let s = connect(c, port).await;

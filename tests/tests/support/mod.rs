@@ -136,6 +136,17 @@ impl Drop for Scratch {
 /// blockwire-target on a free port; `config` is TOML (None: the embedded
 /// default target iqn.2026-11.io.blockwire:default, 1 GiB RAM LUN 0).
 pub fn start_blockwire(config: Option<&str>, scratch: &Scratch) -> (Daemon, u16) {
+    let (d, port, _) = start_blockwire_logging(config, scratch, "warn");
+    (d, port)
+}
+
+/// [`start_blockwire`] logging at `level` (BLOCKWIRE_LOG) to the file whose
+/// path it also returns.
+pub fn start_blockwire_logging(
+    config: Option<&str>,
+    scratch: &Scratch,
+    level: &str,
+) -> (Daemon, u16, PathBuf) {
     let (bin, _) = target_bin();
     let port = free_port();
     let mut cmd = Command::new(&bin);
@@ -145,11 +156,12 @@ pub fn start_blockwire(config: Option<&str>, scratch: &Scratch) -> (Daemon, u16)
         std::fs::write(&path, c).expect("write config");
         cmd.arg("--config").arg(path);
     }
-    let log = std::fs::File::create(scratch.0.join(format!("target-{port}.log"))).expect("log");
+    let log_path = scratch.0.join(format!("target-{port}.log"));
+    let log = std::fs::File::create(&log_path).expect("log");
     cmd.stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
-        .env("BLOCKWIRE_LOG", "warn");
+        .env("BLOCKWIRE_LOG", level);
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
@@ -161,6 +173,7 @@ pub fn start_blockwire(config: Option<&str>, scratch: &Scratch) -> (Daemon, u16)
             cleanup: Vec::new(),
         },
         port,
+        log_path,
     )
 }
 
