@@ -1698,6 +1698,29 @@ mod tests {
         let b = TargetConfig::embedded_default("127.0.0.1:3260".parse().unwrap());
         assert_eq!(b.catalog.targets.len(), 1);
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        // The two-portal-group example (ALUA, control socket, a stalled LUN)
+        // loads as its comments say.
+        let ha = TargetConfig::load(&dir.join("two-portal-groups.toml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let t = &ha.catalog.targets[0];
+        let states: Vec<(u16, AluaState)> = t
+            .luns
+            .target_port_groups()
+            .iter()
+            .map(|g| (g.id, g.state))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (1, AluaState::ActiveOptimized),
+                (2, AluaState::ActiveNonOptimized)
+            ]
+        );
+        assert!(!t.luns.get(0).unwrap().is_stalled() && t.luns.get(1).unwrap().is_stalled());
+        assert_eq!(
+            ha.control_socket.as_deref(),
+            Some(Path::new("/run/blockwire/control.sock"))
+        );
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {

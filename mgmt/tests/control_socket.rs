@@ -1,0 +1,510 @@
+//! The daemon's control socket end to end: the real `blockwire-target`
+//! binary with a configuration of two portal groups (ALUA) and a control
+//! socket, driven by `blockwire-target ctl` and the control library, and a
+//! bare-bones iSCSI initiator (target/tests/support's RawConn: the pdu
+//! crate's typed PDUs over a TcpStream), so each test sees exactly what the
+//! target sends.
+//!
+//! - A stalled LUN holds a READ while TEST UNIT READY is answered; ABORT
+//!   TASK (and LUN RESET for a held WRITE) get their responses while the
+//!   LUN is still stalled; once released, new I/O works, and the aborted
+//!   tasks never got a Data-In or a SCSI Response (the aborted WRITE never
+//!   reached the medium).
+//! - portal.close cuts the session that came in through that portal while
+//!   the session on the other portal keeps working; portal.open lets
+//!   initiators in again. The ALUA view from the second portal is checked
+//!   on the way (REPORT TARGET PORT GROUPS, VPD 83h).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use blockwire_mgmt::control::ctl;
+use blockwire_pdu::pdu::codes::{TaskAttr, TmfFunction, TmfResponse};
+use blockwire_pdu::pdu::{ScsiCommand, TaskMgmtRequest};
+use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
+use serde_json::{json, Value};
+
+#[path = "../../target/tests/support/mod.rs"]
+mod support;
+use support::RawConn;
+
+const TARGET: &str = "iqn.2026-11.io.blockwire:ctl-e2e";
+const INITIATOR: &str = "iqn.2026-11.io.blockwire:ctl-e2e-initiator";
+const BIN: &str = env!("CARGO_BIN_EXE_blockwire-target");
+
+/// A running daemon; killed (and its log printed if the test failed) when
+/// dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- blockwire-target log ---\n{log}");
+        }
+    }
+}
+
+impl Daemon {
+    /// Starts the daemon: two portal groups on free ports of 127.0.0.1
+    /// (group 2 active/non-optimized), one target in both, LUN 0 of 8 MiB
+    /// RAM, and a control socket; returns once the socket answers.
+    async fn start() -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("two-groups.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[fabric]\nnop_interval_secs = 0\n\n\
+                 [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+                 [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:0\"]\nalua_state = \"active_non_optimized\"\n\n\
+                 [[target]]\nname = \"{TARGET}\"\nportal_groups = [1, 2]\n\n\
+                 [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n"
+            ),
+        )
+        .unwrap();
+        let socket = dir.path().join("control.sock");
+        let log = dir.path().join("daemon.log");
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("--control")
+            .arg(&socket)
+            .arg("--log")
+            .arg("info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start blockwire-target");
+        let d = Daemon {
+            child,
+            socket,
+            log,
+            _dir: dir,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while d.try_call("lun.list", Value::Null).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the control socket never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        d
+    }
+
+    async fn try_call(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, blockwire_mgmt::control::CtlError> {
+        ctl(&self.socket, method, params, Duration::from_secs(10)).await
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Value {
+        self.try_call(method, params)
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"))
+    }
+
+    /// The portals' bound addresses, by TPGT.
+    async fn portal(&self, tpgt: u64) -> SocketAddr {
+        let v = self.call("portal.list", Value::Null).await;
+        let p = v["portals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["tpgt"] == tpgt)
+            .unwrap_or_else(|| panic!("no portal of group {tpgt}: {v}"));
+        p["listen"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// Commands held at LUN 0's stall gate.
+    async fn held(&self) -> u64 {
+        let v = self.call("lun.list", Value::Null).await;
+        v["targets"][0]["luns"][0]["held"].as_u64().unwrap()
+    }
+
+    async fn wait_held(&self, n: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.held().await != n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "LUN 0 never held {n} command(s) (holds {})",
+                self.held().await
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `blockwire-target ctl` as a user runs it: (exit code, stdout, stderr).
+    fn ctl_cli(&self, method: &str, params: &str) -> (i32, String, String) {
+        let out = Command::new(BIN)
+            .arg("ctl")
+            .arg("--control")
+            .arg(&self.socket)
+            .arg(method)
+            .arg(params)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+/// One raw session, with the tags it used and every PDU it saw.
+struct Client {
+    conn: RawConn,
+    cmd_sn: u32,
+    itt: u32,
+    /// Every PDU received, for the "never answered" checks.
+    seen: Vec<Pdu>,
+}
+
+impl Client {
+    async fn login(addr: SocketAddr, isid_low: u8) -> Client {
+        let l = RawConn::login(
+            addr,
+            INITIATOR,
+            TARGET,
+            [0x80, 0, 0, 0, 0x2a, isid_low],
+            0,
+            Digests::NONE,
+            0x100,
+            1,
+        )
+        .await;
+        Client {
+            conn: l.conn,
+            cmd_sn: 1,
+            itt: 0x100,
+            seen: Vec::new(),
+        }
+    }
+
+    fn command(&mut self, cdb: &[u8], read: bool, write: bool, edtl: u32) -> ScsiCommand {
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        self.itt += 1;
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read,
+            write,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt: self.itt,
+            expected_data_transfer_length: edtl,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: c,
+        };
+        self.cmd_sn += 1;
+        cmd
+    }
+
+    async fn recv_within(&mut self, wait: Duration) -> Option<Pdu> {
+        let pdu = self.conn.recv_within(wait).await?;
+        self.seen.push(pdu.clone());
+        Some(pdu)
+    }
+
+    /// Sends a command (with `data` as immediate data) and returns its
+    /// status and Data-In bytes.
+    async fn run(&mut self, cdb: &[u8], read_len: u32, data: &[u8]) -> (u8, Vec<u8>) {
+        let write = !data.is_empty();
+        let cmd = self.command(
+            cdb,
+            read_len > 0,
+            write,
+            if write { data.len() as u32 } else { read_len },
+        );
+        self.conn
+            .send(Pdu::with_data(Bhs::ScsiCommand(cmd), data.to_vec()))
+            .await;
+        self.wait_status(cmd.itt, read_len as usize).await
+    }
+
+    async fn wait_status(&mut self, itt: u32, len: usize) -> (u8, Vec<u8>) {
+        let mut buf = vec![0u8; len];
+        loop {
+            let pdu = self
+                .recv_within(Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|| panic!("no answer to ITT {itt:#x}"));
+            match pdu.bhs {
+                Bhs::DataIn(d) if d.itt == itt => {
+                    let at = d.buffer_offset as usize;
+                    buf[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
+                    if let Some(s) = d.status {
+                        return (s, buf);
+                    }
+                }
+                Bhs::ScsiResponse(r) if r.itt == itt => return (r.status, buf),
+                _ => {}
+            }
+        }
+    }
+
+    /// TEST UNIT READY until GOOD (unit attentions consumed).
+    async fn ready(&mut self) {
+        for _ in 0..8 {
+            if self.run(&[0; 6], 0, &[]).await.0 == 0 {
+                return;
+            }
+        }
+        panic!("unit attentions never cleared");
+    }
+
+    async fn tmf(
+        &mut self,
+        function: TmfFunction,
+        referenced: u32,
+        ref_cmd_sn: u32,
+    ) -> TmfResponse {
+        self.itt += 1;
+        let itt = self.itt;
+        let req = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: Lun::from_index(0),
+            itt,
+            referenced_task_tag: referenced,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn,
+            exp_data_sn: 0,
+        };
+        self.conn.send(Pdu::new(Bhs::TaskMgmtRequest(req))).await;
+        loop {
+            let pdu = self
+                .recv_within(Duration::from_secs(3))
+                .await
+                .unwrap_or_else(|| panic!("no answer to {function:?} within 3 s"));
+            if let Bhs::TaskMgmtResponse(r) = pdu.bhs {
+                if r.itt == itt {
+                    return r.response;
+                }
+            }
+        }
+    }
+
+    /// Panics if any PDU seen so far answered `itt`.
+    fn assert_never_answered(&self, itt: u32, what: &str) {
+        for pdu in &self.seen {
+            match &pdu.bhs {
+                Bhs::DataIn(d) if d.itt == itt => panic!("Data-In for the aborted {what}: {pdu:?}"),
+                Bhs::ScsiResponse(r) if r.itt == itt => {
+                    panic!("SCSI Response for the aborted {what}: {pdu:?}")
+                }
+                Bhs::R2t(r) if r.itt == itt => panic!("R2T for the aborted {what}"),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut cdb = vec![op, 0];
+    cdb.extend_from_slice(&lba.to_be_bytes());
+    cdb.push(0);
+    cdb.extend_from_slice(&blocks.to_be_bytes());
+    cdb.push(0);
+    cdb
+}
+
+fn stall(stalled: bool) -> Value {
+    json!({"target": TARGET, "lun": 0, "stalled": stalled})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_lun_holds_io_while_tmfs_are_answered_and_aborted_tasks_stay_silent() {
+    let d = Daemon::start().await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.ready().await;
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    assert_eq!(c.run(&rw10(0x2a, 0, 8), 0, &pattern).await.0, 0, "WRITE");
+
+    // Stall with the CLI, as a test script would.
+    let (code, out, err) = d.ctl_cli("lun.stall", &stall(true).to_string());
+    assert_eq!(code, 0, "ctl lun.stall: {err}");
+    let v: Value = serde_json::from_str(&out).expect("ctl prints the result as JSON");
+    assert_eq!(
+        (v["stalled"].clone(), v["was_stalled"].clone()),
+        (json!(true), json!(false))
+    );
+
+    // A READ blocks...
+    let read = c.command(&rw10(0x28, 0, 8), true, false, 4096);
+    c.conn.send(Pdu::new(Bhs::ScsiCommand(read))).await;
+    d.wait_held(1).await;
+    assert!(
+        c.recv_within(Duration::from_millis(300)).await.is_none(),
+        "nothing comes back for a READ of a stalled LUN"
+    );
+    // ...while non-media commands are answered.
+    assert_eq!(
+        c.run(&[0; 6], 0, &[]).await.0,
+        0,
+        "TEST UNIT READY while stalled"
+    );
+    let inquiry = [0x12, 0, 0, 0, 96, 0];
+    assert_eq!(c.run(&inquiry, 96, &[]).await.0, 0, "INQUIRY while stalled");
+
+    // ABORT TASK is answered while the LUN is still stalled, and the held
+    // READ leaves the gate without reaching the backstore.
+    let t0 = std::time::Instant::now();
+    let r = c.tmf(TmfFunction::AbortTask, read.itt, read.cmd_sn).await;
+    assert_eq!(r, TmfResponse::FunctionComplete);
+    eprintln!(
+        "ABORT TASK answered in {:?} with the LUN stalled",
+        t0.elapsed()
+    );
+    d.wait_held(0).await;
+
+    // A held WRITE, ended by LUN RESET (also answered while stalled).
+    let write = c.command(&rw10(0x2a, 16, 8), false, true, 4096);
+    c.conn
+        .send(Pdu::with_data(Bhs::ScsiCommand(write), vec![0xee; 4096]))
+        .await;
+    d.wait_held(1).await;
+    let r = c.tmf(TmfFunction::LogicalUnitReset, 0, 0).await;
+    assert_eq!(r, TmfResponse::FunctionComplete);
+    d.wait_held(0).await;
+    let listed = d.call("lun.list", Value::Null).await;
+    assert_eq!(
+        listed["targets"][0]["luns"][0]["stalled"], true,
+        "still stalled"
+    );
+
+    // Released: new I/O runs normally.
+    let v = d.call("lun.stall", stall(false)).await;
+    assert_eq!(
+        (v["was_stalled"].clone(), v["held"].clone()),
+        (json!(true), json!(0))
+    );
+    c.ready().await; // the LUN reset's unit attention
+    let (status, data) = c.run(&rw10(0x28, 0, 8), 4096, &[]).await;
+    assert_eq!(
+        (status, data == pattern),
+        (0, true),
+        "READ after the release"
+    );
+    let (status, data) = c.run(&rw10(0x28, 16, 8), 4096, &[]).await;
+    assert_eq!(status, 0);
+    assert!(
+        data.iter().all(|&b| b == 0),
+        "the aborted WRITE never landed"
+    );
+
+    // Nothing ever answers the aborted tasks, however long we listen.
+    while c.recv_within(Duration::from_millis(500)).await.is_some() {}
+    c.assert_never_answered(read.itt, "READ");
+    c.assert_never_answered(write.itt, "WRITE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portal_close_cuts_only_the_sessions_of_that_portal() {
+    let d = Daemon::start().await;
+    let (p1, p2) = (d.portal(1).await, d.portal(2).await);
+    let mut a = Client::login(p1, 1).await;
+    let mut b = Client::login(p2, 2).await;
+    a.ready().await;
+    b.ready().await;
+
+    // ALUA through the second portal: two groups, the first preferred and
+    // active/optimized, the second active/non-optimized; VPD 83h names
+    // group 2 and relative port 2.
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let (status, data) = b.run(&rtpg, 256, &[]).await;
+    assert_eq!(status, 0);
+    assert_eq!(u32::from_be_bytes(data[0..4].try_into().unwrap()), 24);
+    assert_eq!(&data[4..16], &[0x80, 0x07, 0, 1, 0, 2, 0, 1, 0, 0, 0, 1]);
+    assert_eq!(&data[16..28], &[0x01, 0x07, 0, 2, 0, 2, 0, 1, 0, 0, 0, 2]);
+    let (status, vpd) = b.run(&[0x12, 1, 0x83, 1, 0, 0], 256, &[]).await;
+    assert_eq!(status, 0);
+    let designators = designators(&vpd);
+    assert!(
+        designators.contains(&(5, vec![0, 0, 0, 2])),
+        "target port group 2: {designators:?}"
+    );
+    assert!(
+        designators.contains(&(4, vec![0, 0, 0, 2])),
+        "relative port 2: {designators:?}"
+    );
+
+    let sessions = d.call("session.list", Value::Null).await;
+    let tpgts: Vec<(u64, String)> = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["tpgt"].as_u64().unwrap(),
+                s["portal"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(tpgts, [(1, p1.to_string()), (2, p2.to_string())]);
+
+    let v = d
+        .call("portal.close", json!({"listen": p1.to_string()}))
+        .await;
+    assert_eq!(v["connections_cut"], 1, "{v}");
+    // The session through portal 1 is gone: its socket closes, and the
+    // portal accepts nothing.
+    assert!(
+        a.recv_within(Duration::from_secs(3)).await.is_none(),
+        "the connection through the closed portal is cut"
+    );
+    assert!(
+        tokio::net::TcpStream::connect(p1).await.is_err(),
+        "portal 1 refuses connections"
+    );
+    // The session through portal 2 keeps working.
+    let (status, _) = b.run(&rw10(0x28, 0, 8), 4096, &[]).await;
+    assert_eq!(status, 0, "READ through portal 2 after portal 1 closed");
+    let sessions = d.call("session.list", Value::Null).await;
+    assert_eq!(sessions["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(sessions["sessions"][0]["tpgt"], 2);
+
+    // Closing it again is a conflict the CLI reports with exit code 1.
+    let (code, _, err) = d.ctl_cli(
+        "portal.close",
+        &json!({"listen": p1.to_string()}).to_string(),
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("is closed already"), "{err}");
+
+    // Re-opened, it lets initiators in again.
+    d.call("portal.open", json!({"listen": p1.to_string()}))
+        .await;
+    let mut again = Client::login(p1, 3).await;
+    again.ready().await;
+    assert_eq!(again.run(&rw10(0x28, 0, 8), 4096, &[]).await.0, 0);
+}
+
+/// (designator type, value) of each VPD 83h designator.
+fn designators(vpd: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let len = u16::from_be_bytes([vpd[2], vpd[3]]) as usize;
+    let mut out = Vec::new();
+    let mut at = 4;
+    while at + 4 <= 4 + len {
+        let n = vpd[at + 3] as usize;
+        out.push((vpd[at + 1] & 0x0f, vpd[at + 4..at + 4 + n].to_vec()));
+        at += 4 + n;
+    }
+    out
+}
