@@ -417,7 +417,11 @@ mod tests {
     fn no_device_here_is_reported_clearly() {
         let probe = Probe::run();
         if !probe.devices.is_empty() {
-            return; // a machine with RDMA: nothing to check here
+            // A machine with RDMA: the provider must open, not report none.
+            if let Err(e) = VerbsProvider::open(None) {
+                panic!("{} RDMA device(s) listed, yet: {e}", probe.devices.len());
+            }
+            return;
         }
         let err = VerbsProvider::open(None).err().expect("no device");
         let msg = err.to_string();
