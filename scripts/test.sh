@@ -5,6 +5,9 @@
 # open-iscsi, tshark, ...). Starts its own servers on free 127.0.0.1 ports
 # and stops them by PID.
 #   FUZZ_RUNS=N   executions per fuzz target in the fuzz smoke (default 200000; 0 skips)
+#   BLOCKWIRE_ALLOW_NO_IO_URING=1   only on a machine whose kernel lacks io_uring: the
+#                 io_uring tests then accept the thread-pool engine (CI never sets it;
+#                 without it a missing io_uring fails them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
