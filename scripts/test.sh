@@ -51,7 +51,9 @@ if [ "$runs" != 0 ]; then
   for fuzzdir in */fuzz; do
     (
       cd "$fuzzdir"
-      for target in $(RUSTC_BOOTSTRAP=1 cargo fuzz list); do
+      targets=$(RUSTC_BOOTSTRAP=1 cargo fuzz list)
+      [ -n "$targets" ] || { echo "FAIL: cargo fuzz list found no target in $fuzzdir"; exit 1; }
+      for target in $targets; do
         echo "-- $fuzzdir $target"
         RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_len=4096 2>&1 | tail -n 2
         test "${PIPESTATUS[0]}" = 0
