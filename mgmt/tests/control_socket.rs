@@ -59,6 +59,13 @@ impl Daemon {
     /// (group 2 active/non-optimized), one target in both, LUN 0 of 8 MiB
     /// RAM, and a control socket; returns once the socket answers.
     async fn start() -> Daemon {
+        Self::start_with(|_| "[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n".into())
+            .await
+    }
+
+    /// [`Self::start`] with the target's LUNs from `luns` (given the
+    /// test's scratch directory).
+    async fn start_with(luns: impl FnOnce(&std::path::Path) -> String) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("two-groups.toml");
         std::fs::write(
@@ -67,8 +74,8 @@ impl Daemon {
                 "[fabric]\nnop_interval_secs = 0\n\n\
                  [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
                  [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:0\"]\nalua_state = \"active_non_optimized\"\n\n\
-                 [[target]]\nname = \"{TARGET}\"\nportal_groups = [1, 2]\n\n\
-                 [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n"
+                 [[target]]\nname = \"{TARGET}\"\nportal_groups = [1, 2]\n\n{}",
+                luns(dir.path())
             ),
         )
         .unwrap();
@@ -128,19 +135,30 @@ impl Daemon {
         p["listen"].as_str().unwrap().parse().unwrap()
     }
 
-    /// Commands held at LUN 0's stall gate.
-    async fn held(&self) -> u64 {
+    /// Commands held at `lun`'s stall gate.
+    async fn held_on(&self, lun: u64) -> u64 {
         let v = self.call("lun.list", Value::Null).await;
-        v["targets"][0]["luns"][0]["held"].as_u64().unwrap()
+        let l = v["targets"][0]["luns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lun"] == lun)
+            .unwrap_or_else(|| panic!("no LUN {lun}: {v}"))
+            .clone();
+        l["held"].as_u64().unwrap()
     }
 
     async fn wait_held(&self, n: u64) {
+        self.wait_held_on(0, n).await
+    }
+
+    async fn wait_held_on(&self, lun: u64, n: u64) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while self.held().await != n {
+        while self.held_on(lun).await != n {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "LUN 0 never held {n} command(s) (holds {})",
-                self.held().await
+                "LUN {lun} never held {n} command(s) (holds {})",
+                self.held_on(lun).await
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -171,6 +189,8 @@ struct Client {
     itt: u32,
     /// Every PDU received, for the "never answered" checks.
     seen: Vec<Pdu>,
+    /// The LUN commands and task management address.
+    lun: u16,
 }
 
 impl Client {
@@ -191,6 +211,7 @@ impl Client {
             cmd_sn: 1,
             itt: 0x100,
             seen: Vec::new(),
+            lun: 0,
         }
     }
 
@@ -204,7 +225,7 @@ impl Client {
             read,
             write,
             attr: TaskAttr::Simple,
-            lun: Lun::from_index(0),
+            lun: Lun::from_index(self.lun),
             itt: self.itt,
             expected_data_transfer_length: edtl,
             cmd_sn: self.cmd_sn,
@@ -279,7 +300,7 @@ impl Client {
         let req = TaskMgmtRequest {
             immediate: true,
             function,
-            lun: Lun::from_index(0),
+            lun: Lun::from_index(self.lun),
             itt,
             referenced_task_tag: referenced,
             cmd_sn: self.cmd_sn,
@@ -326,7 +347,11 @@ fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
 }
 
 fn stall(stalled: bool) -> Value {
-    json!({"target": TARGET, "lun": 0, "stalled": stalled})
+    stall_lun(0, stalled)
+}
+
+fn stall_lun(lun: u16, stalled: bool) -> Value {
+    json!({"target": TARGET, "lun": lun, "stalled": stalled})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -507,4 +532,91 @@ fn designators(vpd: &[u8]) -> Vec<(u8, Vec<u8>)> {
         at += 4 + n;
     }
     out
+}
+
+/// Every data path of the fabric reaches the stall gate: on file LUNs
+/// served by sendfile (cached, the default), the copy path (zero_copy =
+/// false), the I/O engine (direct: serial; cached with sync_send:
+/// synchronized sends) and double-buffered WRITEs (sync_write), a stalled
+/// LUN holds the command, ABORT TASK is answered while it is held, the
+/// aborted command never answers nor lands, and after the release the same
+/// command runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_data_path_waits_at_the_stall_gate() {
+    let paths: [(&str, &str, bool); 5] = [
+        ("sendfile", "", false),
+        ("copy", "zero_copy = false\n", false),
+        ("engine serial (direct)", "mode = \"direct\"\n", false),
+        ("engine synchronized", "sync_send = true\n", false),
+        ("double-buffered write", "sync_write = true\n", true),
+    ];
+    let d = Daemon::start_with(|dir| {
+        paths
+            .iter()
+            .enumerate()
+            .map(|(i, (_, keys, _))| {
+                format!(
+                    "[[target.lun]]\nid = {i}\nbackstore = \"file\"\npath = {:?}\nsize = \"4M\"\n{keys}\n",
+                    dir.join(format!("lun{i}.img"))
+                )
+            })
+            .collect()
+    })
+    .await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    for (i, (name, _, is_write)) in paths.iter().enumerate() {
+        let lun = i as u16;
+        c.lun = lun;
+        c.ready().await;
+        let data: Vec<u8> = (0..65536u32).map(|b| (b as u8) ^ (i as u8 + 1)).collect();
+        let blocks = (data.len() / 512) as u16;
+        assert_eq!(
+            c.run(&rw10(0x2a, 0, blocks), 0, &data).await.0,
+            0,
+            "{name}: WRITE"
+        );
+        d.call("lun.stall", stall_lun(lun, true)).await;
+        let cmd = if *is_write {
+            let cmd = c.command(&rw10(0x2a, 256, blocks), false, true, data.len() as u32);
+            // Immediate data up to FirstBurstLength; the rest would follow
+            // R2Ts, which a held WRITE never gets.
+            let imm = data.len().min(65536);
+            c.conn
+                .send(Pdu::with_data(Bhs::ScsiCommand(cmd), data[..imm].to_vec()))
+                .await;
+            cmd
+        } else {
+            let cmd = c.command(&rw10(0x28, 0, blocks), true, false, data.len() as u32);
+            c.conn.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+            cmd
+        };
+        d.wait_held_on(i as u64, 1).await;
+        assert_eq!(
+            c.run(&[0; 6], 0, &[]).await.0,
+            0,
+            "{name}: TUR while stalled"
+        );
+        let r = c.tmf(TmfFunction::AbortTask, cmd.itt, cmd.cmd_sn).await;
+        assert_eq!(r, TmfResponse::FunctionComplete, "{name}");
+        d.wait_held_on(i as u64, 0).await;
+        d.call("lun.stall", stall_lun(lun, false)).await;
+        let (status, back) = c.run(&rw10(0x28, 0, blocks), data.len() as u32, &[]).await;
+        assert_eq!(
+            (status, back == data),
+            (0, true),
+            "{name}: READ after the release"
+        );
+        if *is_write {
+            let (status, back) = c
+                .run(&rw10(0x28, 256, blocks), data.len() as u32, &[])
+                .await;
+            assert_eq!(status, 0);
+            assert!(
+                back.iter().all(|&b| b == 0),
+                "{name}: the aborted WRITE never landed"
+            );
+        }
+        while c.recv_within(Duration::from_millis(200)).await.is_some() {}
+        c.assert_never_answered(cmd.itt, name);
+    }
 }
