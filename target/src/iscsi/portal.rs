@@ -162,8 +162,15 @@ struct Running {
 pub struct PortalSet {
     fabric: Arc<Fabric>,
     entries: tokio::sync::Mutex<Vec<Entry>>,
-    /// Addresses, for listings without the async lock.
-    index: Mutex<Vec<(SocketAddr, u16, Arc<AtomicUsize>, bool)>>,
+    /// The entries as [`PortalSet::list`] reads them, without the async lock.
+    index: Mutex<Vec<Row>>,
+}
+
+struct Row {
+    addr: SocketAddr,
+    tpgt: u16,
+    live: Arc<AtomicUsize>,
+    open: bool,
 }
 
 impl std::fmt::Debug for PortalSet {
@@ -187,7 +194,12 @@ impl PortalSet {
     fn reindex(&self, entries: &[Entry]) {
         *self.index.lock().unwrap_or_else(|e| e.into_inner()) = entries
             .iter()
-            .map(|e| (e.addr, e.tpgt, e.live.clone(), e.running.is_some()))
+            .map(|e| Row {
+                addr: e.addr,
+                tpgt: e.tpgt,
+                live: e.live.clone(),
+                open: e.running.is_some(),
+            })
             .collect();
     }
 
@@ -266,11 +278,11 @@ impl PortalSet {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|(addr, tpgt, live, open)| PortalInfo {
-                addr: *addr,
-                tpgt: *tpgt,
-                open: *open,
-                connections: live.load(Ordering::SeqCst),
+            .map(|r| PortalInfo {
+                addr: r.addr,
+                tpgt: r.tpgt,
+                open: r.open,
+                connections: r.live.load(Ordering::SeqCst),
             })
             .collect()
     }
