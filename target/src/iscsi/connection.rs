@@ -33,7 +33,7 @@ use super::login::{LoginMachine, LoginOutcome, LoginSettings, LoginStep, RdmaOff
 use super::rdma::Slot;
 use super::response::{response_pdus, status_only, DataInLimits};
 use super::session::{Session, SessionError, SessionRequest};
-use super::task::{data_phase_error_sense, internal_failure_sense, CommandContext};
+use super::task::{data_phase_error_sense, internal_failure_sense, CommandContext, CommandSlot};
 use super::window::{Admission, CmdWindow};
 use super::Fabric;
 use crate::copies::{CopyPath, Counts};
@@ -69,7 +69,51 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// A command left the window (MaxCmdSN advances).
+    /// The shared state of a connection whose CmdSN window starts at
+    /// `exp_cmd_sn` and holds `depth` commands.
+    pub(super) fn new(exp_cmd_sn: u32, depth: u32) -> Arc<Shared> {
+        Arc::new(Shared {
+            window: Mutex::new(CmdWindow::new(exp_cmd_sn, depth)),
+            copies: Arc::default(),
+        })
+    }
+
+    /// A command (or other CmdSN-numbered request) arrived: what the window
+    /// delivers now, each with the window slot it holds.
+    pub(super) fn admit(
+        self: &Arc<Self>,
+        cmd_sn: u32,
+        immediate: bool,
+        item: Admitted,
+    ) -> Admission<(Admitted, CommandSlot)> {
+        let admission = self
+            .window
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(cmd_sn, immediate, item);
+        match admission {
+            Admission::Deliver(items) => Admission::Deliver(
+                items
+                    .into_iter()
+                    .map(|i| (i, CommandSlot::taken(self.clone())))
+                    .collect(),
+            ),
+            Admission::Queued => Admission::Queued,
+            Admission::Dropped => Admission::Dropped,
+        }
+    }
+
+    /// Commands delivered and not completed.
+    #[cfg(test)]
+    pub(super) fn in_flight(&self) -> u32 {
+        self.window
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .in_flight()
+    }
+
+    /// A command left the window (MaxCmdSN advances). Only its
+    /// [`CommandSlot`] calls this.
     pub(super) fn complete(&self) {
         self.window
             .lock()
@@ -80,7 +124,7 @@ impl Shared {
 
 /// A PDU that took a CmdSN and waits for its turn.
 #[derive(Debug)]
-enum Admitted {
+pub(super) enum Admitted {
     Scsi(Pdu),
     Nop(Pdu),
     Text(Pdu),
@@ -362,21 +406,14 @@ struct Collecting {
 /// Where a WRITE's accepted bytes go.
 enum WriteDest {
     /// Gathered by the collector; the command runs once they are all
-    /// there. The memory it holds, returned when it is dropped.
-    Gather(Reservation),
+    /// there. The memory it holds, returned when it is dropped, and the
+    /// command's window slot, freed when it is dropped unrun (aborted, or
+    /// the connection is gone).
+    Gather(Reservation, CommandSlot),
     /// Handed to a double-buffered WRITE's task, which owns the window
-    /// slot and the budget ([`super::syncwrite`]).
+    /// slot and the budget ([`super::syncwrite`]); the task ends when its
+    /// feed drops.
     Pipe(super::syncwrite::Feed),
-}
-
-impl Collecting {
-    /// Dropped without running (aborted): frees the window slot unless the
-    /// double-buffered task owns it (it then ends when its feed drops).
-    fn drop_aborted(self, shared: &Shared) {
-        if matches!(self.dest, WriteDest::Gather(_)) {
-            shared.complete();
-        }
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -396,10 +433,7 @@ async fn full_feature(
     let digests = digests_of(params);
     reader.framer = FrameDecoder::new(params.target_max_recv_data_segment_length, digests);
     writer.digests = digests;
-    let shared = Arc::new(Shared {
-        window: Mutex::new(CmdWindow::new(exp_cmd_sn, fabric.settings.queue_depth)),
-        copies: Arc::default(),
-    });
+    let shared = Shared::new(exp_cmd_sn, fabric.settings.queue_depth);
     writer.track_copies(shared.copies.clone());
     if fabric.settings.zero_copy_send && writer.enable_zero_copy() {
         debug!(
@@ -718,13 +752,7 @@ impl Conn<'_> {
                 return true;
             }
         };
-        let admission = self
-            .shared
-            .window
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .admit(cmd_sn, immediate, admitted);
-        match admission {
+        match self.shared.admit(cmd_sn, immediate, admitted) {
             Admission::Dropped => {
                 debug!(
                     tsih = self.session.tsih,
@@ -734,8 +762,8 @@ impl Conn<'_> {
             }
             Admission::Queued => true,
             Admission::Deliver(items) => {
-                for item in items {
-                    if !self.dispatch(item).await {
+                for (item, slot) in items {
+                    if !self.dispatch(item, slot).await {
                         return false;
                     }
                 }
@@ -744,17 +772,20 @@ impl Conn<'_> {
         }
     }
 
-    async fn dispatch(&mut self, item: Admitted) -> bool {
+    async fn dispatch(&mut self, item: Admitted, slot: CommandSlot) -> bool {
+        if let Admitted::Scsi(pdu) = item {
+            self.scsi_command(pdu, slot).await;
+            return true;
+        }
+        // The other requests hold no slot past here: MaxCmdSN opens before
+        // their answer is stamped.
+        drop(slot);
         match item {
-            Admitted::Scsi(pdu) => {
-                self.scsi_command(pdu).await;
-                true
-            }
+            Admitted::Scsi(_) => unreachable!(),
             Admitted::Nop(pdu) => {
                 let Bhs::NopOut(NopOut { lun, itt, .. }) = pdu.bhs else {
                     unreachable!()
                 };
-                self.shared.complete();
                 let reply = Bhs::NopIn(NopIn {
                     lun,
                     itt,
@@ -768,7 +799,6 @@ impl Conn<'_> {
                 true
             }
             Admitted::Text(pdu) => {
-                self.shared.complete();
                 let Bhs::TextRequest(req) = pdu.bhs else {
                     unreachable!()
                 };
@@ -781,12 +811,8 @@ impl Conn<'_> {
                 }
                 true
             }
-            Admitted::Tmf(req) => {
-                self.shared.complete();
-                self.task_management(req).await
-            }
+            Admitted::Tmf(req) => self.task_management(req).await,
             Admitted::Logout(req) => {
-                self.shared.complete();
                 let response = match req.reason {
                     LogoutReason::CloseSession | LogoutReason::CloseConnection => {
                         LogoutResponseCode::Closed
@@ -814,7 +840,16 @@ impl Conn<'_> {
         }
     }
 
-    async fn scsi_command(&mut self, pdu: Pdu) {
+    /// Answers a command that will not run with `pdus`, after freeing its
+    /// window slot (so they carry the MaxCmdSN it opened).
+    async fn refuse(&self, slot: CommandSlot, pdus: Vec<Pdu>) {
+        drop(slot);
+        for p in pdus {
+            self.send(p).await;
+        }
+    }
+
+    async fn scsi_command(&mut self, pdu: Pdu, mut slot: CommandSlot) {
         let Bhs::ScsiCommand(cmd) = pdu.bhs else {
             unreachable!()
         };
@@ -822,24 +857,23 @@ impl Conn<'_> {
         let edtl = cmd.expected_data_transfer_length;
         if self.session.is_discovery() {
             // Discovery sessions carry no SCSI commands (RFC 7143 §4.3.1).
-            self.shared.complete();
+            drop(slot);
             self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec())
                 .await;
             return;
         }
-        if let Some(slot) = self.rdma.clone() {
+        if let Some(rdma) = self.rdma.clone() {
             match Descriptor::from_ahs(&pdu.ahs) {
                 Ok(Some(desc)) => {
-                    self.offloaded(cmd, cdb, desc, slot, pdu.data.len()).await;
+                    self.offloaded(cmd, cdb, desc, rdma, pdu.data.len(), slot)
+                        .await;
                     return;
                 }
                 Ok(None) => {}
                 Err(e) => {
                     warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad RDMA descriptor");
-                    self.shared.complete();
-                    for p in status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense())) {
-                        self.send(p).await;
-                    }
+                    let pdus = status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense()));
+                    self.refuse(slot, pdus).await;
                     return;
                 }
             }
@@ -852,11 +886,8 @@ impl Conn<'_> {
                     edtl,
                     "write larger than the target buffers: refused"
                 );
-                self.shared.complete();
-                let sense = too_large_sense();
-                for p in status_only(&cmd, CHECK_CONDITION, Some(sense)) {
-                    self.send(p).await;
-                }
+                let pdus = status_only(&cmd, CHECK_CONDITION, Some(too_large_sense()));
+                self.refuse(slot, pdus).await;
                 return;
             }
             let Some(budget) = self.write_budget.try_reserve(u64::from(edtl)) else {
@@ -866,10 +897,8 @@ impl Conn<'_> {
                     edtl,
                     "write data budget full: TASK SET FULL"
                 );
-                self.shared.complete();
-                for p in status_only(&cmd, TASK_SET_FULL, None) {
-                    self.send(p).await;
-                }
+                self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None))
+                    .await;
                 return;
             };
             let lease = self.sync_write_lease(&cmd, &cdb);
@@ -879,14 +908,14 @@ impl Conn<'_> {
             }(edtl, &pdu.data, cmd.final_bit, self.write_limits);
             match made {
                 Ok(collector) => {
-                    self.register_task(&cmd);
+                    self.register_task(&cmd, &mut slot);
                     let dest = match lease {
                         Some((path, lease)) => {
-                            let feed = self.start_sync_write(&cmd, &cdb, path, lease, budget);
+                            let feed = self.start_sync_write(&cmd, &cdb, path, lease, budget, slot);
                             feed.data(0, pdu.data.clone());
                             WriteDest::Pipe(feed)
                         }
-                        None => WriteDest::Gather(budget),
+                        None => WriteDest::Gather(budget, slot),
                     };
                     let c = Collecting {
                         cmd,
@@ -898,15 +927,15 @@ impl Conn<'_> {
                 }
                 Err(e) => {
                     warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad immediate data");
-                    self.shared.complete();
+                    drop(slot);
                     self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec())
                         .await;
                 }
             }
             return;
         }
-        self.register_task(&cmd);
-        self.execute(cmd, cdb, 0, Vec::new());
+        self.register_task(&cmd, &mut slot);
+        self.execute(cmd, cdb, 0, Vec::new(), slot);
     }
 
     /// A command whose data moves by RDMA (its descriptor AHS names the
@@ -916,8 +945,9 @@ impl Conn<'_> {
         cmd: ScsiCommand,
         cdb: Vec<u8>,
         desc: Descriptor,
-        slot: Arc<Slot>,
+        rdma: Arc<Slot>,
         immediate_len: usize,
+        mut slot: CommandSlot,
     ) {
         let edtl = cmd.expected_data_transfer_length;
         let dir_ok = match desc.dir {
@@ -936,14 +966,12 @@ impl Conn<'_> {
                 described = desc.len(),
                 "RDMA descriptor does not fit the command: refused"
             );
-            self.shared.complete();
-            for p in status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense())) {
-                self.send(p).await;
-            }
+            let pdus = status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense()));
+            self.refuse(slot, pdus).await;
             return;
         }
-        self.register_task(&cmd);
-        self.execute_with(cmd, cdb, 0, Vec::new(), Some((slot, desc)), None);
+        self.register_task(&cmd, &mut slot);
+        self.execute_with(cmd, cdb, 0, Vec::new(), Some((rdma, desc)), None, slot);
     }
 
     /// The LUN's double-buffered write path and a buffer for this WRITE,
@@ -974,14 +1002,10 @@ impl Conn<'_> {
         path: Arc<super::syncwrite::SyncWriteLun>,
         lease: crate::datapath::BufLease,
         budget: Reservation,
+        slot: CommandSlot,
     ) -> super::syncwrite::Feed {
-        let aborted = self
-            .session
-            .tasks
-            .flag(cmd.itt)
-            .unwrap_or_else(|| Arc::new(std::sync::atomic::AtomicBool::new(true)));
         let job = super::syncwrite::WriteJob {
-            ctx: Arc::new(self.command_context(*cmd, cdb.to_vec(), aborted)),
+            ctx: Arc::new(self.command_context(*cmd, cdb.to_vec(), slot)),
             path,
             budget,
             fabric: self.fabric.clone(),
@@ -990,13 +1014,12 @@ impl Conn<'_> {
     }
 
     /// What a task of `cmd` in this (normal) session needs from the
-    /// connection; `aborted` is the task's abort flag.
-    fn command_context(
-        &self,
-        cmd: ScsiCommand,
-        cdb: Vec<u8>,
-        aborted: Arc<std::sync::atomic::AtomicBool>,
-    ) -> CommandContext {
+    /// connection; `slot` is its window slot, registered as a task.
+    fn command_context(&self, cmd: ScsiCommand, cdb: Vec<u8>, slot: CommandSlot) -> CommandContext {
+        let aborted = slot
+            .abort_flag()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(std::sync::atomic::AtomicBool::new(true)));
         let target = self
             .session
             .target
@@ -1016,13 +1039,13 @@ impl Conn<'_> {
             tx: self.tx.clone(),
             limits: self.limits,
             aborted,
+            slot,
         }
     }
 
-    fn register_task(&self, cmd: &ScsiCommand) {
-        self.session
-            .tasks
-            .insert(cmd.itt, cmd.lun.index().unwrap_or(u16::MAX));
+    /// Registers `cmd` in the session's task set, as `slot`'s task.
+    fn register_task(&self, cmd: &ScsiCommand, slot: &mut CommandSlot) {
+        slot.register(self.session, cmd.itt, cmd.lun.index().unwrap_or(u16::MAX));
     }
 
     async fn send_r2ts(&mut self, c: &mut Collecting) {
@@ -1054,9 +1077,7 @@ impl Conn<'_> {
             // Aborted from elsewhere (another initiator's LUN reset or
             // PREEMPT AND ABORT) while its data was arriving: drop the
             // partial data and free the window slot now.
-            if let Some(c) = self.collectors.remove(&d.itt) {
-                c.drop_aborted(&self.shared);
-            }
+            self.collectors.remove(&d.itt);
             return true;
         }
         let Some(mut c) = self.collectors.remove(&d.itt) else {
@@ -1083,11 +1104,12 @@ impl Conn<'_> {
                 feed.failed();
                 return true;
             }
-            self.session.tasks.remove(d.itt);
-            self.shared.complete();
-            for p in status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense())) {
-                self.send(p).await;
-            }
+            // Forgotten, its window slot freed, before the status leaves.
+            let WriteDest::Gather(_, slot) = c.dest else {
+                unreachable!("the double-buffered case returned above")
+            };
+            let pdus = status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
+            self.refuse(slot, pdus).await;
             return true;
         }
         if let WriteDest::Pipe(feed) = &c.dest {
@@ -1103,13 +1125,14 @@ impl Conn<'_> {
         if c.collector.is_complete() {
             let r2ts = c.collector.r2t_count();
             match c.dest {
-                WriteDest::Gather(budget) => self.execute_with(
+                WriteDest::Gather(budget, slot) => self.execute_with(
                     c.cmd,
                     c.cdb,
                     r2ts,
                     c.collector.into_data(),
                     None,
                     Some(budget),
+                    slot,
                 ),
                 WriteDest::Pipe(feed) => feed.complete(r2ts),
             }
@@ -1120,13 +1143,21 @@ impl Conn<'_> {
     }
 
     /// Runs a command on the blocking pool and sends its answer.
-    fn execute(&self, cmd: ScsiCommand, cdb: Vec<u8>, r2t_count: u32, data_out: Vec<u8>) {
-        self.execute_with(cmd, cdb, r2t_count, data_out, None, None)
+    fn execute(
+        &self,
+        cmd: ScsiCommand,
+        cdb: Vec<u8>,
+        r2t_count: u32,
+        data_out: Vec<u8>,
+        slot: CommandSlot,
+    ) {
+        self.execute_with(cmd, cdb, r2t_count, data_out, None, None, slot)
     }
 
     /// [`Self::execute`], with the data moved by RDMA when `offload` is set:
     /// WRITE data is RDMA-Read before execution, READ data RDMA-Written
     /// before the SCSI Response (which then carries no data).
+    #[allow(clippy::too_many_arguments)]
     fn execute_with(
         &self,
         cmd: ScsiCommand,
@@ -1135,6 +1166,7 @@ impl Conn<'_> {
         data_out: Vec<u8>,
         offload: Option<(Arc<Slot>, Descriptor)>,
         budget: Option<Reservation>,
+        slot: CommandSlot,
     ) {
         let svc = self.fabric.rdma.get().cloned();
         let target = self
@@ -1142,12 +1174,12 @@ impl Conn<'_> {
             .target
             .clone()
             .expect("normal session has a target");
-        let Some(aborted) = self.session.tasks.flag(cmd.itt) else {
+        if slot.is_aborted() {
             // Aborted (e.g. by another initiator's LUN reset) before its
-            // data was complete: never executed.
-            self.shared.complete();
+            // data was complete: never executed (dropping the slot frees
+            // its window slot).
             return;
-        };
+        }
         // --no-net (benchmark only): media READs read their data (through
         // the engine on engine-path LUNs, syncread.rs, else on the serial
         // path) but send no Data-In (see below).
@@ -1168,7 +1200,7 @@ impl Conn<'_> {
                     );
                 } else {
                     tokio::spawn(super::sendfile::serve(super::sendfile::FileReadJob {
-                        ctx: self.command_context(cmd, cdb, aborted),
+                        ctx: self.command_context(cmd, cdb, slot),
                         lun: file,
                     }));
                     return;
@@ -1199,7 +1231,7 @@ impl Conn<'_> {
                     _ => None,
                 };
                 tokio::spawn(super::syncread::serve(super::syncread::ReadJob {
-                    ctx: self.command_context(cmd, cdb, aborted),
+                    ctx: self.command_context(cmd, cdb, slot),
                     path,
                     data_pdu_in_order: self.write_limits.data_pdu_in_order,
                     rdma,
@@ -1209,7 +1241,7 @@ impl Conn<'_> {
                 return;
             }
         }
-        let ctx = Arc::new(self.command_context(cmd, cdb, aborted));
+        let ctx = Arc::new(self.command_context(cmd, cdb, slot));
         tokio::spawn(async move {
             let mut data_out = data_out;
             let mut failed = false;
@@ -1386,10 +1418,8 @@ impl Conn<'_> {
     async fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
         let outcome = self.session.tasks.abort_where(pick);
         for itt in &outcome.aborted {
-            if let Some(c) = self.collectors.remove(itt) {
-                // Never executed: its window slot is freed here.
-                c.drop_aborted(&self.shared);
-            }
+            // Never executed: dropping it frees its window slot.
+            self.collectors.remove(itt);
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         // Aborted double-buffered WRITEs first end their chunk writes, so

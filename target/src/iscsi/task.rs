@@ -10,11 +10,19 @@
 //! window), the writer queue and the negotiated Data-In limits, and the
 //! task's abort flag.
 //!
+//! The command's CmdSN window slot and its entry in the session's task set
+//! are owned by a [`CommandSlot`], made when the window admits the command
+//! (RFC 7143 §4.2.2.1: MaxCmdSN advances when it is released). Whoever
+//! holds the command holds its slot: the reader while a WRITE's data
+//! arrive, then the command's task. Dropping the slot frees the window
+//! slot and forgets the task, so no path (answered, refused, aborted,
+//! panicked, connection gone) can leak it or free it twice.
+//!
 //! Ending a task always goes the same way, in this order:
 //! 1. [`CommandContext::finish`]: the task turns "completing" in the task
 //!    set (from then on an abort leaves it alone), unless it was aborted
-//!    already, and the command's window slot is freed (exactly once per
-//!    command, aborted or not);
+//!    already, and the command's window slot is freed, before its last
+//!    PDUs are queued, so they carry the MaxCmdSN it opened;
 //! 2. only if it was not aborted: its last PDUs are queued to the writer
 //!    and the task is forgotten ([`CommandContext::send_and_forget`]).
 //!
@@ -48,6 +56,9 @@ pub(super) struct CommandContext {
     /// Set when the task is aborted (task management, PREEMPT AND ABORT,
     /// connection loss).
     pub aborted: Arc<AtomicBool>,
+    /// The command's window slot and task-set entry, released when the
+    /// context is dropped (or, the window slot, at [`Self::finish`]).
+    pub slot: CommandSlot,
 }
 
 impl CommandContext {
@@ -92,9 +103,7 @@ impl CommandContext {
     /// Ends the task in the task set and frees its window slot. Returns
     /// false if it was aborted: then nothing more of it may be sent.
     pub fn finish(&self) -> bool {
-        let mine = self.session.tasks.finish(self.cmd.itt, &self.aborted);
-        self.shared.complete();
-        mine
+        self.slot.finish()
     }
 
     /// Queues a finished task's last `items` to the writer (stopping if the
@@ -106,7 +115,7 @@ impl CommandContext {
                 break;
             }
         }
-        self.session.tasks.done(self.cmd.itt, &self.aborted);
+        self.slot.forget();
     }
 
     /// [`Self::finish`], then, if the task was not aborted, sends the PDUs
@@ -127,6 +136,103 @@ impl CommandContext {
     pub fn panicked(&self, e: &tokio::task::JoinError) -> ScsiResult {
         tracing::error!(itt = self.cmd.itt, error = %e, "SCSI command panicked");
         internal_failure()
+    }
+}
+
+/// One admitted command's CmdSN window slot and, once the command is
+/// registered, its entry in the session's task set. Made by the window
+/// ([`Shared::admit`]); dropping it frees the window slot (unless
+/// [`CommandSlot::finish`] did already) and forgets the task (unless it was
+/// aborted, or forgotten, already).
+pub(super) struct CommandSlot {
+    shared: Arc<Shared>,
+    /// The window slot was freed.
+    freed: AtomicBool,
+    task: Option<TaskEntry>,
+}
+
+/// A registered task: which entry of which task set is this command's.
+struct TaskEntry {
+    session: Arc<Session>,
+    itt: u32,
+    aborted: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for CommandSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandSlot")
+            .field("freed", &self.freed)
+            .field("itt", &self.task.as_ref().map(|t| t.itt))
+            .finish()
+    }
+}
+
+impl CommandSlot {
+    /// The slot of a command the window just delivered (the window counts
+    /// it in flight already).
+    pub(super) fn taken(shared: Arc<Shared>) -> CommandSlot {
+        CommandSlot {
+            shared,
+            freed: AtomicBool::new(false),
+            task: None,
+        }
+    }
+
+    /// Registers the command as task `itt` on `lun` in `session`'s task
+    /// set; returns its abort flag.
+    pub fn register(&mut self, session: &Arc<Session>, itt: u32, lun: u16) -> Arc<AtomicBool> {
+        let aborted = session.tasks.insert(itt, lun);
+        self.task = Some(TaskEntry {
+            session: session.clone(),
+            itt,
+            aborted: aborted.clone(),
+        });
+        aborted
+    }
+
+    /// The registered task's abort flag.
+    pub fn abort_flag(&self) -> Option<&Arc<AtomicBool>> {
+        self.task.as_ref().map(|t| &t.aborted)
+    }
+
+    /// Whether the registered task was aborted (an unregistered command
+    /// never is).
+    pub fn is_aborted(&self) -> bool {
+        self.abort_flag().is_some_and(|f| f.load(Ordering::SeqCst))
+    }
+
+    /// Frees the window slot, the first time only.
+    fn free_window(&self) {
+        if !self.freed.swap(true, Ordering::AcqRel) {
+            self.shared.complete();
+        }
+    }
+
+    /// The task's result is ready: it turns "completing" in the task set
+    /// unless it was aborted, and the window slot is freed. Returns false
+    /// if it was aborted (then nothing more of it may be sent).
+    pub fn finish(&self) -> bool {
+        let mine = match &self.task {
+            Some(t) => t.session.tasks.finish(t.itt, &t.aborted),
+            None => true,
+        };
+        self.free_window();
+        mine
+    }
+
+    /// The task's last PDUs are queued: forget it (its window slot goes
+    /// too, if [`Self::finish`] did not free it).
+    pub fn forget(&self) {
+        self.free_window();
+        if let Some(t) = &self.task {
+            t.session.tasks.done(t.itt, &t.aborted);
+        }
+    }
+}
+
+impl Drop for CommandSlot {
+    fn drop(&mut self) {
+        self.forget();
     }
 }
 
@@ -159,4 +265,151 @@ pub(super) fn data_phase_error_sense() -> Vec<u8> {
 /// [`data_phase_error_sense`] as a CHECK CONDITION result.
 pub(super) fn data_phase_error() -> ScsiResult {
     check_condition(data_phase_error_sense())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iscsi::connection::Admitted;
+    use crate::iscsi::session::{SessionRequest, SessionTable};
+    use crate::iscsi::window::Admission;
+    use blockwire_pdu::pdu::{NopOut, RESERVED_TAG};
+    use blockwire_pdu::{Bhs, Lun};
+
+    fn session() -> Arc<Session> {
+        SessionTable::default()
+            .attach(SessionRequest {
+                initiator_name: "iqn.2026-01.test:ini".into(),
+                isid: [0x80, 0, 0, 0, 0, 1],
+                tsih: 0,
+                cid: 0,
+                target: None,
+                tpgt: 1,
+                portal: "127.0.0.1:3260".parse().unwrap(),
+                params: Default::default(),
+            })
+            .unwrap()
+    }
+
+    /// Admits one immediate request and returns its slot.
+    fn admit(shared: &Arc<Shared>) -> CommandSlot {
+        let nop = Admitted::Nop(Pdu::new(Bhs::NopOut(NopOut {
+            immediate: true,
+            lun: Lun::default(),
+            itt: 1,
+            ttt: RESERVED_TAG,
+            cmd_sn: 0,
+            exp_stat_sn: 0,
+        })));
+        match shared.admit(0, true, nop) {
+            Admission::Deliver(mut v) => v.pop().unwrap().1,
+            other => panic!("not delivered: {other:?}"),
+        }
+    }
+
+    /// A window with `other` commands in flight besides the one under
+    /// test, so a double free would show (the window's count saturates at
+    /// zero).
+    fn window_with(other: usize) -> (Arc<Shared>, Vec<CommandSlot>) {
+        let shared = Shared::new(0, 8);
+        let held = (0..other).map(|_| admit(&shared)).collect();
+        (shared, held)
+    }
+
+    #[test]
+    fn answered_task_frees_one_slot_and_is_forgotten() {
+        let (shared, _held) = window_with(2);
+        let s = session();
+        let mut slot = admit(&shared);
+        slot.register(&s, 7, 0);
+        assert_eq!(shared.in_flight(), 3);
+        assert!(s.tasks.contains(7));
+        assert!(slot.finish(), "not aborted: may answer");
+        assert_eq!(shared.in_flight(), 2, "freed before the answer is queued");
+        slot.forget();
+        assert!(!s.tasks.contains(7));
+        drop(slot);
+        assert_eq!(shared.in_flight(), 2, "finish, forget and drop free once");
+    }
+
+    #[test]
+    fn unregistered_refused_command_frees_one_slot() {
+        let (shared, _held) = window_with(1);
+        let slot = admit(&shared);
+        assert!(!slot.is_aborted());
+        drop(slot);
+        assert_eq!(shared.in_flight(), 1);
+    }
+
+    #[test]
+    fn aborted_task_frees_one_slot() {
+        let (shared, _held) = window_with(1);
+        let s = session();
+        let mut slot = admit(&shared);
+        let flag = slot.register(&s, 9, 3);
+        let out = s.tasks.abort_where(|_, lun| lun == 3);
+        assert_eq!(out.aborted, vec![9]);
+        assert!(flag.load(Ordering::SeqCst) && slot.is_aborted());
+        assert!(!slot.finish(), "aborted: nothing more may be sent");
+        drop(slot);
+        assert_eq!(shared.in_flight(), 1);
+    }
+
+    #[test]
+    fn dropped_task_leaves_a_newer_task_of_the_same_tag_alone() {
+        let (shared, _held) = window_with(0);
+        let s = session();
+        let mut old = admit(&shared);
+        old.register(&s, 5, 0);
+        s.tasks.abort_where(|_, _| true);
+        let mut new = admit(&shared);
+        new.register(&s, 5, 0);
+        drop(old);
+        assert!(
+            s.tasks.contains(5),
+            "the old slot forgets only its own task"
+        );
+        assert_eq!(shared.in_flight(), 1);
+        drop(new);
+        assert!(!s.tasks.contains(5));
+        assert_eq!(shared.in_flight(), 0);
+    }
+
+    #[test]
+    fn panicked_task_frees_one_slot_and_is_forgotten() {
+        let (shared, _held) = window_with(1);
+        let s = session();
+        let mut slot = admit(&shared);
+        slot.register(&s, 11, 0);
+        let r = std::thread::spawn(move || {
+            let _slot = slot;
+            panic!("SCSI core bug (test)");
+        })
+        .join();
+        assert!(r.is_err());
+        assert_eq!(shared.in_flight(), 1);
+        assert!(!s.tasks.contains(11), "not left running forever");
+    }
+
+    #[test]
+    fn task_of_a_gone_connection_frees_one_slot() {
+        // The connection ends: its tasks are aborted and whatever holds
+        // their slots (a WRITE's collector, a running task) is dropped.
+        let (shared, held) = window_with(0);
+        let s = session();
+        let mut slots: Vec<CommandSlot> = held;
+        for itt in 0..4 {
+            let mut slot = admit(&shared);
+            slot.register(&s, itt, 0);
+            slots.push(slot);
+        }
+        assert!(slots[1].finish(), "one was completing already");
+        assert_eq!(shared.in_flight(), 3);
+        s.tasks.abort_where(|_, _| true);
+        drop(slots);
+        assert_eq!(shared.in_flight(), 0);
+        for itt in 0..4 {
+            assert!(!s.tasks.contains(itt));
+        }
+    }
 }
