@@ -159,7 +159,7 @@ pub struct ChapConfig {
 #[serde(deny_unknown_fields)]
 pub struct InitiatorChapConfig {
     /// The initiator's iSCSI name.
-    pub initiator: String,
+    pub initiator: Spanned<String>,
     /// CHAP_N it uses.
     pub user: String,
     /// Its secret.
@@ -193,7 +193,7 @@ pub struct TargetDef {
     /// Portal group tags; all groups when omitted.
     pub portal_groups: Option<Vec<Spanned<u16>>>,
     /// Initiator names allowed; any initiator when omitted.
-    pub allow: Option<Vec<String>>,
+    pub allow: Option<Vec<Spanned<String>>>,
     /// One-way CHAP credentials any initiator may use.
     #[serde(default)]
     pub chap: Vec<ChapConfig>,
@@ -222,7 +222,7 @@ pub struct LunDef {
     /// "direct" (O_DIRECT).
     pub mode: Option<Spanned<String>>,
     /// File or block device path (file backstore).
-    pub path: Option<PathBuf>,
+    pub path: Option<Spanned<PathBuf>>,
     /// Striped LUNs: the member files (at least 2), in layout order: stripe
     /// chunk k lives on member k mod N, so the order must never change.
     pub paths: Option<Spanned<Vec<PathBuf>>>,
@@ -409,6 +409,34 @@ struct Ctx<'a> {
     file: &'a str,
     text: &'a str,
     no_disk: bool,
+    /// `--check`: build nothing that touches the disk (no file created,
+    /// grown or opened for writing, no directory created).
+    dry_run: bool,
+}
+
+/// The 1-based line of `key = ...` in the `[table]` section of `text`, or
+/// of the section's header when the key is not written there (a default
+/// value at fault), or 1.
+fn key_line(text: &str, table: &str, key: &str) -> usize {
+    let mut in_table = false;
+    let mut header = None;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            let name = line.trim_matches(|c| c == '[' || c == ']').trim();
+            in_table = name == table;
+            if in_table && header.is_none() {
+                header = Some(i + 1);
+            }
+        } else if in_table {
+            if let Some(rest) = line.strip_prefix(key) {
+                if rest.trim_start().starts_with('=') {
+                    return i + 1;
+                }
+            }
+        }
+    }
+    header.unwrap_or(1)
 }
 
 impl Ctx<'_> {
@@ -425,9 +453,109 @@ impl Ctx<'_> {
             message: message.into(),
         }
     }
+
+    /// An error in `[fabric] key`, on the key's line.
+    fn fabric_err(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line: key_line(self.text, "fabric", key),
+            field: format!("fabric.{key}"),
+            message: message.into(),
+        }
+    }
 }
 
+/// What `--check` found: every error it could find without touching the
+/// disk, and notices of what a start would do to it (files created or
+/// grown, directories created).
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    /// Problems that stop a start, in line order.
+    pub errors: Vec<ConfigError>,
+    /// Changes a start would make on disk, in line order (same shape as an
+    /// error: file, line, field, what).
+    pub notices: Vec<ConfigError>,
+    /// Targets defined.
+    pub targets: usize,
+}
+
+impl CheckReport {
+    /// Whether the configuration would start.
+    pub fn is_valid(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// A commented example configuration (`examples/target.toml`), printed by
+/// `blockwire-target --print-example-config`.
+pub const EXAMPLE_CONFIG: &str = include_str!("../../examples/target.toml");
+
 impl TargetConfig {
+    /// Checks a configuration file without side effects: nothing is
+    /// created, grown or opened for writing. Reports every problem found.
+    pub fn check_file(path: &Path, opts: LoadOptions) -> CheckReport {
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::check_str(&file, &text, opts),
+            Err(e) => CheckReport {
+                errors: vec![ConfigError {
+                    file,
+                    line: 0,
+                    field: "-".into(),
+                    message: format!("cannot read the file: {e}"),
+                }],
+                ..CheckReport::default()
+            },
+        }
+    }
+
+    /// Checks configuration text without side effects; `file` names it.
+    pub fn check_str(file: &str, text: &str, opts: LoadOptions) -> CheckReport {
+        let config = match Self::parse(file, text) {
+            Ok(c) => c,
+            Err(e) => {
+                return CheckReport {
+                    errors: vec![e],
+                    ..CheckReport::default()
+                }
+            }
+        };
+        let ctx = Ctx {
+            file,
+            text,
+            no_disk: opts.no_disk,
+            dry_run: true,
+        };
+        let mut report = config.validate(&ctx);
+        report.targets = config.targets.len();
+        // The checks that building does (LUN ids, sizes, modes, ...), with
+        // every file replaced by a stand-in: the first one that fails.
+        if let Err(e) = config.build(&ctx, None) {
+            if !report
+                .errors
+                .iter()
+                .any(|x| x.line == e.line && x.field == e.field)
+            {
+                report.errors.push(e);
+            }
+        }
+        report.errors.sort_by_key(|e| e.line);
+        report.notices.sort_by_key(|e| e.line);
+        report
+    }
+
+    fn parse(file: &str, text: &str) -> Result<TargetConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of(text, s.start));
+            ConfigError {
+                file: file.to_owned(),
+                line,
+                field: "syntax".into(),
+                message: e.message().to_owned(),
+            }
+        })
+    }
+
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Built, ConfigError> {
         Self::load_with(path, LoadOptions::default())
@@ -454,23 +582,21 @@ impl TargetConfig {
     /// Parses and checks configuration text, building backstores as `opts`
     /// says; `file` names it in errors.
     pub fn from_str_with(file: &str, text: &str, opts: LoadOptions) -> Result<Built, ConfigError> {
-        let config: TargetConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |s| line_of(text, s.start));
-            ConfigError {
-                file: file.to_owned(),
-                line,
-                field: "syntax".into(),
-                message: e.message().to_owned(),
-            }
-        })?;
-        config.build(
-            &Ctx {
-                file,
-                text,
-                no_disk: opts.no_disk,
-            },
-            None,
-        )
+        let config = Self::parse(file, text)?;
+        let ctx = Ctx {
+            file,
+            text,
+            no_disk: opts.no_disk,
+            dry_run: false,
+        };
+        // Validate without side effects first, so a start that would fail
+        // on a later field has not created or grown any file yet.
+        let mut report = config.validate(&ctx);
+        if !report.errors.is_empty() {
+            report.errors.sort_by_key(|e| e.line);
+            return Err(report.errors.swap_remove(0));
+        }
+        config.build(&ctx, None)
     }
 
     /// The embedded default: one target with one 1 GiB RAM LUN, open to any
@@ -479,93 +605,31 @@ impl TargetConfig {
         Self::embedded_default_with(listen, LoadOptions::default())
     }
 
-    /// The embedded default, its LUN built as `opts` says.
-    pub fn embedded_default_with(listen: SocketAddr, opts: LoadOptions) -> Built {
-        let text = format!(
+    /// The embedded default's configuration text.
+    pub fn embedded_default_text(listen: SocketAddr) -> String {
+        format!(
             "[[portal_group]]\ntag = 1\nlisten = [\"{listen}\"]\n\n\
              [[target]]\nname = \"{DEFAULT_TARGET}\"\nalias = \"blockwire-default\"\n\n\
              [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1G\"\n"
-        );
+        )
+    }
+
+    /// The embedded default, its LUN built as `opts` says.
+    pub fn embedded_default_with(listen: SocketAddr, opts: LoadOptions) -> Built {
+        let text = Self::embedded_default_text(listen);
         Self::from_str_with("<embedded default>", &text, opts)
             .expect("the embedded default configuration is valid")
     }
 
     fn build(self, ctx: &Ctx<'_>, _base: Option<&Path>) -> Result<Built, ConfigError> {
         let f = &self.fabric;
-        if let Some(dir) = &f.state_dir {
+        if let Some(dir) = f.state_dir.as_ref().filter(|_| !ctx.dry_run) {
             std::fs::create_dir_all(dir).map_err(|e| {
-                ctx.err(
-                    0..0,
-                    "fabric.state_dir",
-                    format!("cannot create {}: {e}", dir.display()),
-                )
+                ctx.fabric_err("state_dir", format!("cannot create {}: {e}", dir.display()))
             })?;
         }
-        let rdma_listen = match &f.rdma_listen {
-            None => None,
-            Some(a) => Some(a.parse::<SocketAddr>().map_err(|e| {
-                ctx.err(
-                    0..0,
-                    "fabric.rdma_listen",
-                    format!("{a:?} is not an address:port ({e})"),
-                )
-            })?),
-        };
-        let rdma_backend = match f.rdma_backend.as_str() {
-            "soft" => RdmaBackend::Soft,
-            "verbs" => RdmaBackend::Verbs,
-            other => {
-                return Err(ctx.err(
-                    0..0,
-                    "fabric.rdma_backend",
-                    format!("{other:?} is not an RDMA backend (use \"soft\" or \"verbs\")"),
-                ))
-            }
-        };
-        if !(1..=65536).contains(&f.queue_depth) {
-            return Err(ctx.err(0..0, "fabric.queue_depth", "must be between 1 and 65536"));
-        }
-        if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
-            return Err(ctx.err(
-                0..0,
-                "fabric.max_recv_data_segment_length",
-                "must be between 512 and 16777215",
-            ));
-        }
-        let require = |v: &str, field: &str| match v {
-            "allow" => Ok(false),
-            "require" => Ok(true),
-            other => Err(ctx.err(
-                0..0,
-                field,
-                format!("{other:?} is not a digest policy (use \"allow\" or \"require\")"),
-            )),
-        };
-        let write_budget_bytes = parse_size(&f.write_budget)
-            .filter(|&n| n >= 1 << 20)
-            .ok_or_else(|| {
-                ctx.err(
-                    0..0,
-                    "fabric.write_budget",
-                    format!(
-                        "{:?} is not a size of at least 1M (write e.g. \"256M\")",
-                        f.write_budget
-                    ),
-                )
-            })?;
-        let settings = FabricSettings {
-            write_budget_bytes,
-            require_header_digest: require(&f.header_digest, "fabric.header_digest")?,
-            require_data_digest: require(&f.data_digest, "fabric.data_digest")?,
-            queue_depth: f.queue_depth,
-            nop_interval: (f.nop_interval_secs > 0)
-                .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
-            nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
-            logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
-            zero_copy_send: f.zero_copy_send,
-            data_pdu_in_order: f.data_pdu_in_order,
-            ..FabricSettings::default()
-        };
+        let (settings, rdma_listen, rdma_backend) =
+            fabric_settings(f, ctx).map_err(|mut errors| errors.swap_remove(0))?;
 
         let mut portal_groups = Vec::new();
         let mut alua_states = Vec::new();
@@ -870,24 +934,30 @@ impl TargetConfig {
                         })?;
                         Arc::new(RamBackstore::new(size))
                     }
-                    "file" if ctx.no_disk => {
-                        let path = l.path.as_ref().ok_or_else(|| {
+                    "file" if ctx.no_disk || ctx.dry_run => {
+                        let path = l.path.as_ref().map(Spanned::get_ref).ok_or_else(|| {
                             ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
                         })?;
-                        // --no-disk: the file is neither opened nor created;
-                        // its length (metadata only) stands in for a size.
-                        let size = match size {
-                            Some(s) => s,
-                            None => std::fs::metadata(path).map(|m| m.len()).map_err(|e| {
-                                ctx.err(
+                        // --no-disk and --check: the file is neither opened
+                        // nor created; its length (metadata only) stands in
+                        // for a size.
+                        let size = match (size, std::fs::metadata(path), ctx.dry_run) {
+                            (Some(s), _, _) => s,
+                            (None, Ok(m), true) if m.is_file() && m.len() > 0 => m.len(),
+                            // validate() reports the missing, empty or
+                            // special file; a stand-in lets the rest be checked.
+                            (None, _, true) => DRY_RUN_SIZE,
+                            (None, Ok(m), false) => m.len(),
+                            (None, Err(e), false) => {
+                                return Err(ctx.err(
                                     lspan.clone(),
                                     "target.lun.size",
                                     format!(
                                         "--no-disk needs a size for {} ({e}): add size = \"...\"",
                                         path.display()
                                     ),
-                                )
-                            })?,
+                                ))
+                            }
                         };
                         if engine_path {
                             prebuilt = Some((blockwire_target::datapath::Source::Pattern, false));
@@ -941,18 +1011,27 @@ impl TargetConfig {
                                 n
                             }
                         };
-                        if ctx.no_disk {
+                        if ctx.no_disk || ctx.dry_run {
                             let size = match size {
                                 Some(s) => s,
                                 None => {
                                     let mut least = u64::MAX;
                                     for p in paths.get_ref() {
-                                        let len = std::fs::metadata(p).map(|m| m.len()).map_err(|e| {
-                                            ctx.err(lspan.clone(), "target.lun.size", format!("--no-disk needs a size for {} ({e}): add size = \"...\"", p.display()))
-                                        })?;
+                                        let len = match (std::fs::metadata(p), ctx.dry_run) {
+                                            (Ok(m), _) => m.len(),
+                                            // validate() reports the missing member.
+                                            (Err(_), true) => DRY_RUN_SIZE,
+                                            (Err(e), false) => return Err(ctx.err(lspan.clone(), "target.lun.size", format!("--no-disk needs a size for {} ({e}): add size = \"...\"", p.display()))),
+                                        };
                                         least = least.min(len);
                                     }
-                                    least / stripe * stripe * paths.get_ref().len() as u64
+                                    let size =
+                                        least / stripe * stripe * paths.get_ref().len() as u64;
+                                    if ctx.dry_run && size == 0 {
+                                        stripe * paths.get_ref().len() as u64
+                                    } else {
+                                        size
+                                    }
                                 }
                             };
                             if engine_path {
@@ -980,7 +1059,7 @@ impl TargetConfig {
                         }
                     }
                     "file" => {
-                        let path = l.path.as_ref().ok_or_else(|| {
+                        let path = l.path.as_ref().map(Spanned::get_ref).ok_or_else(|| {
                             ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
                         })?;
                         let fb = FileBackstore::open_with(path, size, l.read_only, mode).map_err(
@@ -1127,7 +1206,9 @@ impl TargetConfig {
                 name,
                 alias: t.alias,
                 portal_groups: groups,
-                acl: t.allow.map_or(Acl::Any, Acl::Only),
+                acl: t.allow.map_or(Acl::Any, |names| {
+                    Acl::Only(names.into_iter().map(Spanned::into_inner).collect())
+                }),
                 auth,
                 luns: Arc::new(luns),
             }));
@@ -1159,12 +1240,501 @@ impl TargetConfig {
 /// The name the embedded default target serves.
 pub const DEFAULT_TARGET: &str = "iqn.2026-11.io.blockwire:default";
 
+/// The size a file LUN stands in with when `--check` cannot learn one
+/// (the file is missing or special); validate() reports why.
+const DRY_RUN_SIZE: u64 = 1 << 20;
+
+/// `[fabric]` turned into the fabric's settings: every problem found, each
+/// on its key's line. Never fails with an empty list.
+fn fabric_settings(
+    f: &FabricConfig,
+    ctx: &Ctx<'_>,
+) -> Result<(FabricSettings, Option<SocketAddr>, RdmaBackend), Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let rdma_listen = match &f.rdma_listen {
+        None => None,
+        Some(a) => match a.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                errors.push(ctx.fabric_err(
+                    "rdma_listen",
+                    format!("{a:?} is not an address:port ({e}); write e.g. \"127.0.0.1:0\""),
+                ));
+                None
+            }
+        },
+    };
+    let rdma_backend = match f.rdma_backend.as_str() {
+        "soft" => RdmaBackend::Soft,
+        "verbs" => RdmaBackend::Verbs,
+        other => {
+            errors.push(ctx.fabric_err(
+                "rdma_backend",
+                format!("{other:?} is not an RDMA backend (use \"soft\" or \"verbs\")"),
+            ));
+            RdmaBackend::Soft
+        }
+    };
+    if !(1..=65536).contains(&f.queue_depth) {
+        errors.push(ctx.fabric_err("queue_depth", "must be between 1 and 65536"));
+    }
+    if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
+        errors.push(ctx.fabric_err(
+            "max_recv_data_segment_length",
+            "must be between 512 and 16777215",
+        ));
+    }
+    let mut require = |v: &str, key: &str| match v {
+        "allow" => false,
+        "require" => true,
+        other => {
+            errors.push(ctx.fabric_err(
+                key,
+                format!("{other:?} is not a digest policy (use \"allow\" or \"require\")"),
+            ));
+            false
+        }
+    };
+    let require_header_digest = require(&f.header_digest, "header_digest");
+    let require_data_digest = require(&f.data_digest, "data_digest");
+    let write_budget_bytes = match parse_size(&f.write_budget).filter(|&n| n >= 1 << 20) {
+        Some(n) => n,
+        None => {
+            errors.push(ctx.fabric_err(
+                "write_budget",
+                format!(
+                    "{:?} is not a size of at least 1M (write e.g. \"256M\")",
+                    f.write_budget
+                ),
+            ));
+            1 << 20
+        }
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let settings = FabricSettings {
+        write_budget_bytes,
+        require_header_digest,
+        require_data_digest,
+        queue_depth: f.queue_depth,
+        nop_interval: (f.nop_interval_secs > 0)
+            .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
+        nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
+        logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
+        zero_copy_send: f.zero_copy_send,
+        data_pdu_in_order: f.data_pdu_in_order,
+        ..FabricSettings::default()
+    };
+    Ok((settings, rdma_listen, rdma_backend))
+}
+
+/// Checks an iSCSI name's syntax (RFC 7143 §4.2.7, RFC 3720 §3.2.6.3):
+/// `iqn.YYYY-MM.reversed.domain[:unique]`, `eui.` and 16 hex digits, or
+/// `naa.` and 16 or 32 hex digits; at most 223 bytes, only letters,
+/// digits, `-`, `.`, `:` and non-ASCII characters. Says what is wrong.
+pub fn check_iscsi_name(name: &str) -> Result<(), String> {
+    const FORMS: &str =
+        "iqn.YYYY-MM.reversed.domain:id, eui. + 16 hex digits or naa. + 16 or 32 hex digits";
+    if name.len() > 223 {
+        return Err(format!(
+            "{name:?} is {} bytes, longer than the 223 an iSCSI name may have",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.is_ascii() && !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':')))
+    {
+        return Err(format!(
+            "{name:?} holds {c:?}: iSCSI names have only letters, digits, '-', '.' and ':' ({FORMS})"
+        ));
+    }
+    let lower = name.to_ascii_lowercase();
+    let hex = |h: &str, lens: &[usize]| {
+        lens.contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    if let Some(rest) = lower.strip_prefix("iqn.") {
+        let b = rest.as_bytes();
+        let date_ok = b.len() >= 8
+            && b[..4].iter().all(u8::is_ascii_digit)
+            && b[4] == b'-'
+            && b[5..7].iter().all(u8::is_ascii_digit)
+            && (1..=12).contains(&((b[5] - b'0') * 10 + (b[6] - b'0')))
+            && b[7] == b'.';
+        if !date_ok {
+            return Err(format!(
+                "{name:?} lacks the date after iqn. (write iqn.YYYY-MM.reversed.domain:id, e.g. iqn.2026-11.com.example:disk0)"
+            ));
+        }
+        let authority = rest[8..].split(':').next().unwrap_or("");
+        if authority.is_empty()
+            || authority.starts_with('.')
+            || authority.ends_with('.')
+            || authority.contains("..")
+        {
+            return Err(format!(
+                "{name:?} lacks a reversed domain name after the date (write iqn.YYYY-MM.reversed.domain:id, e.g. iqn.2026-11.com.example:disk0)"
+            ));
+        }
+        Ok(())
+    } else if let Some(h) = lower.strip_prefix("eui.") {
+        if hex(h, &[16]) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{name:?} is not an EUI-64 name (eui. and 16 hex digits)"
+            ))
+        }
+    } else if let Some(h) = lower.strip_prefix("naa.") {
+        if hex(h, &[16, 32]) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{name:?} is not an NAA name (naa. and 16 or 32 hex digits)"
+            ))
+        }
+    } else {
+        Err(format!("{name:?} is not an iSCSI name ({FORMS})"))
+    }
+}
+
+/// Whether this process may write in (`dir = true`: create entries in)
+/// `path`, by access(2): nothing is opened or created.
+fn writable(path: &Path, dir: bool) -> bool {
+    use rustix::fs::Access;
+    let how = if dir {
+        Access::WRITE_OK | Access::EXEC_OK
+    } else {
+        Access::WRITE_OK
+    };
+    rustix::fs::access(path, how).is_ok()
+}
+
+/// The size and state of one backing file, checked by metadata and
+/// access(2) only; errors and notices go to `report`.
+fn check_backing_file(
+    ctx: &Ctx<'_>,
+    report: &mut CheckReport,
+    line: std::ops::Range<usize>,
+    field: &str,
+    path: &Path,
+    size: Option<u64>,
+    read_only: bool,
+) -> Option<u64> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            report.errors.push(ctx.err(
+                line,
+                field,
+                format!("{shown} is a directory: name a file or block device in it"),
+            ));
+            None
+        }
+        Ok(m) => {
+            if !read_only && !writable(path, false) {
+                report.errors.push(ctx.err(
+                    line.clone(),
+                    field,
+                    format!(
+                        "{shown} is not writable by this user: fix its permissions or set read_only = true"
+                    ),
+                ));
+            }
+            if !m.is_file() {
+                // A block device: its size needs an open; the start reads it.
+                return None;
+            }
+            let len = m.len();
+            match size {
+                Some(want) if len < want && !read_only => report.notices.push(ctx.err(
+                    line,
+                    field,
+                    format!("{shown} is {len} bytes: a start grows it to {want} bytes"),
+                )),
+                Some(want) if len < want => report.notices.push(ctx.err(
+                    line,
+                    field,
+                    format!(
+                        "{shown} is {len} bytes, less than size ({want}); read_only: it is served at {len} bytes, not grown"
+                    ),
+                )),
+                None if len == 0 => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!("{shown} is empty: give the LUN a size = \"...\""),
+                )),
+                _ => {}
+            }
+            Some(len)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let pshown = parent.display();
+            match std::fs::metadata(parent) {
+                Err(_) => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!(
+                        "the directory {pshown} of {shown} does not exist: create it (mkdir -p {pshown}) or fix the path"
+                    ),
+                )),
+                Ok(m) if !m.is_dir() => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!("{pshown} (the directory of {shown}) is not a directory: fix the path"),
+                )),
+                Ok(_) if read_only => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!("{shown} does not exist and a read_only LUN is never created: fix the path or remove read_only"),
+                )),
+                Ok(_) if !writable(parent, true) => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!(
+                        "{shown} does not exist and its directory {pshown} is not writable by this user: fix the permissions or the path"
+                    ),
+                )),
+                Ok(_) => match size {
+                    None => report.errors.push(ctx.err(
+                        line,
+                        field,
+                        format!("{shown} does not exist: add size = \"...\" to create it, or fix the path"),
+                    )),
+                    Some(want) => report.notices.push(ctx.err(
+                        line,
+                        field,
+                        format!("{shown} does not exist: a start creates it ({want} bytes)"),
+                    )),
+                },
+            }
+            Some(0)
+        }
+        Err(e) => {
+            report
+                .errors
+                .push(ctx.err(line, field, format!("cannot inspect {shown}: {e}")));
+            None
+        }
+    }
+}
+
+/// The CHAP credentials of one section checked together: each secret's
+/// length, each initiator's name, and no mutual secret equal to a one-way
+/// one (RFC 7143 §12.1.3: a secret used to authenticate initiators must
+/// not authenticate the target).
+fn check_auth(ctx: &Ctx<'_>, report: &mut CheckReport, a: &AuthConfig, section: &str) {
+    let mut one_way = Vec::new();
+    for c in &a.chap {
+        if let Err(e) = secret(ctx, &c.secret, &format!("{section}.chap.secret")) {
+            report.errors.push(e);
+        }
+        one_way.push(c.secret.get_ref());
+    }
+    for c in &a.initiator_chap {
+        if let Err(why) = check_iscsi_name(c.initiator.get_ref().trim()) {
+            report.errors.push(ctx.err(
+                c.initiator.span(),
+                &format!("{section}.initiator_chap.initiator"),
+                why,
+            ));
+        }
+        if let Err(e) = secret(ctx, &c.secret, &format!("{section}.initiator_chap.secret")) {
+            report.errors.push(e);
+        }
+        one_way.push(c.secret.get_ref());
+    }
+    if let Some(m) = &a.mutual_chap {
+        if let Err(e) = secret(ctx, &m.secret, &format!("{section}.mutual_chap.secret")) {
+            report.errors.push(e);
+        }
+        if one_way.contains(&m.secret.get_ref()) {
+            report.errors.push(ctx.err(
+                m.secret.span(),
+                &format!("{section}.mutual_chap.secret"),
+                "the mutual CHAP secret equals a one-way CHAP secret of the same section; RFC 7143 (12.1.3) forbids using one secret in both directions: choose another",
+            ));
+        }
+    }
+}
+
+impl TargetConfig {
+    /// Checks everything that can be checked without side effects and
+    /// without building: iSCSI names, listen addresses, CHAP secrets,
+    /// `[fabric]`, and the backing files (metadata and access(2) only).
+    fn validate(&self, ctx: &Ctx<'_>) -> CheckReport {
+        let mut report = CheckReport::default();
+        if let Err(errors) = fabric_settings(&self.fabric, ctx) {
+            report.errors.extend(errors);
+        }
+        if let Some(dir) = &self.fabric.state_dir {
+            match std::fs::metadata(dir) {
+                Ok(m) if !m.is_dir() => report.errors.push(
+                    ctx.fabric_err("state_dir", format!("{} is not a directory", dir.display())),
+                ),
+                Ok(_) if !writable(dir, true) => report.errors.push(ctx.fabric_err(
+                    "state_dir",
+                    format!(
+                        "{} is not writable by this user: fix its permissions",
+                        dir.display()
+                    ),
+                )),
+                Ok(_) => {}
+                Err(_) => {
+                    let existing = dir.ancestors().skip(1).find(|a| a.is_dir());
+                    match existing {
+                        Some(a) if writable(a, true) => report.notices.push(ctx.fabric_err(
+                            "state_dir",
+                            format!("{} does not exist: a start creates it", dir.display()),
+                        )),
+                        _ => report.errors.push(ctx.fabric_err(
+                            "state_dir",
+                            format!(
+                                "{} does not exist and cannot be created by this user: create it or fix the path",
+                                dir.display()
+                            ),
+                        )),
+                    }
+                }
+            }
+        }
+        // Each listen address is bound once: a repeat, or an address under
+        // a wildcard of the same family and port, fails the start.
+        let mut seen: Vec<(SocketAddr, u16)> = Vec::new();
+        for g in &self.portal_groups {
+            let tag = g.get_ref().tag;
+            for a in &g.get_ref().listen {
+                let Ok(addr) = a.get_ref().parse::<SocketAddr>() else {
+                    continue; // build() reports it
+                };
+                let clash = seen.iter().find(|(other, _)| {
+                    other.port() == addr.port()
+                        && addr.port() != 0
+                        && other.is_ipv4() == addr.is_ipv4()
+                        && (other.ip() == addr.ip()
+                            || other.ip().is_unspecified()
+                            || addr.ip().is_unspecified())
+                });
+                if let Some((other, other_tag)) = clash {
+                    let what = if *other == addr {
+                        format!("{addr} is listed already")
+                    } else {
+                        format!("{addr} overlaps {other}")
+                    };
+                    report.errors.push(ctx.err(
+                        a.span(),
+                        "portal_group.listen",
+                        format!(
+                            "{what} (portal group {other_tag}): an address:port is bound once; remove it from one group (portal group {tag} here)"
+                        ),
+                    ));
+                }
+                seen.push((addr, tag));
+            }
+        }
+        for t in &self.targets {
+            let t = t.get_ref();
+            if let Err(why) = check_iscsi_name(t.name.get_ref().trim()) {
+                report
+                    .errors
+                    .push(ctx.err(t.name.span(), "target.name", why));
+            }
+            for a in t.allow.iter().flatten() {
+                if let Err(why) = check_iscsi_name(a.get_ref().trim()) {
+                    report.errors.push(ctx.err(
+                        a.span(),
+                        "target.allow",
+                        format!("{why}; allow lists InitiatorNames"),
+                    ));
+                }
+            }
+            let auth = AuthConfig {
+                chap: t.chap.clone(),
+                initiator_chap: t.initiator_chap.clone(),
+                mutual_chap: t.mutual_chap.clone(),
+                chap_algorithms: None,
+            };
+            check_auth(ctx, &mut report, &auth, "target");
+            if ctx.no_disk {
+                continue; // no backing file is touched at all
+            }
+            for l in &t.luns {
+                let l = l.get_ref();
+                let size = l.size.as_ref().and_then(|s| parse_size(s.get_ref()));
+                match l.backstore.get_ref().as_str() {
+                    "file" => {
+                        if let Some(p) = &l.path {
+                            check_backing_file(
+                                ctx,
+                                &mut report,
+                                p.span(),
+                                "target.lun.path",
+                                p.get_ref(),
+                                size,
+                                l.read_only,
+                            );
+                        }
+                    }
+                    "striped" => {
+                        let Some(paths) = &l.paths else { continue };
+                        let n = paths.get_ref().len().max(1) as u64;
+                        let member_size = size.map(|s| s.div_ceil(n));
+                        let mut lens = Vec::new();
+                        for p in paths.get_ref() {
+                            let len = check_backing_file(
+                                ctx,
+                                &mut report,
+                                paths.span(),
+                                "target.lun.paths",
+                                p,
+                                member_size,
+                                l.read_only,
+                            );
+                            if let Some(len) = len {
+                                lens.push((p, len));
+                            }
+                        }
+                        let with_data: Vec<_> = lens.iter().filter(|(_, n)| *n > 0).collect();
+                        if let Some((first, flen)) = with_data.first() {
+                            if let Some((p, n)) = lens.iter().find(|(_, n)| n != flen) {
+                                report.errors.push(ctx.err(
+                                    paths.span(),
+                                    "target.lun.paths",
+                                    format!(
+                                        "striped member {} is {n} bytes but {} is {flen} bytes: the members of one set are equal in size; restore or grow the member, else fix paths",
+                                        p.display(),
+                                        first.display()
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        check_auth(ctx, &mut report, &self.discovery, "discovery");
+        report
+    }
+}
+
 fn secret(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<String, ConfigError> {
     let len = s.get_ref().len();
     if !(12..=255).contains(&len) {
         // RFC 7143 §12.1.3: at least 96 bits of secret; tgt and open-iscsi
         // refuse shorter ones too, so catch it here rather than at login.
-        return Err(ctx.err(s.span(), field, "CHAP secrets must be 12 to 255 characters"));
+        return Err(ctx.err(
+            s.span(),
+            field,
+            format!(
+                "CHAP secrets must be 12 to 255 characters ({len} given): RFC 7143 (12.1.3) asks for at least 96 bits; use a random secret of 16 characters or more"
+            ),
+        ));
     }
     Ok(s.get_ref().clone())
 }
@@ -1179,7 +1749,7 @@ fn auth_policy(ctx: &Ctx<'_>, a: &AuthConfig, section: &str) -> Result<AuthPolic
     }
     for c in &a.initiator_chap {
         p.per_initiator.push((
-            c.initiator.clone(),
+            c.initiator.get_ref().clone(),
             ChapSecret {
                 user: c.user.clone(),
                 secret: secret(ctx, &c.secret, &format!("{section}.initiator_chap.secret"))?,
@@ -1691,6 +2261,259 @@ mod tests {
         assert!(!b.catalog.targets[0].luns.get(0).unwrap().is_stalled());
         let e = TargetConfig::from_str("t.toml", "[control]\npath = \"/x\"\n").unwrap_err();
         assert!(e.message.contains("unknown field `path`"), "{e}");
+    }
+
+    fn check(text: &str) -> CheckReport {
+        TargetConfig::check_str("t.toml", text, LoadOptions::default())
+    }
+
+    fn fields(r: &CheckReport) -> Vec<(usize, &str)> {
+        r.errors
+            .iter()
+            .map(|e| (e.line, e.field.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn iscsi_name_syntax() {
+        for ok in [
+            "iqn.2026-11.io.blockwire:t",
+            "iqn.1993-08.org.debian:01:host2",
+            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
+            "IQN.2026-01.COM.Example",
+            "eui.02004567A425678D",
+            "naa.52004567BA64678D",
+            "naa.62004567BA64678D0123456789ABCDEF",
+        ] {
+            check_iscsi_name(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, why) in [
+            ("target0", "not an iSCSI name"),
+            ("iqn.26-11.io.x:t", "lacks the date"),
+            ("iqn.2026-13.io.x:t", "lacks the date"),
+            ("iqn.2026-11:t", "lacks the date"),
+            ("iqn.2026-11.:t", "reversed domain"),
+            ("iqn.2026-11.io..x:t", "reversed domain"),
+            ("iqn.2026-11.io.x:my disk", "holds ' '"),
+            ("iqn.2026-11.io.x:a_b", "holds '_'"),
+            ("eui.0200", "EUI-64"),
+            ("naa.52004567BA64678", "NAA"),
+            ("naa.52004567BA64678G", "NAA"),
+        ] {
+            let e = check_iscsi_name(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let long = format!("iqn.2026-11.io.x:{}", "a".repeat(220));
+        assert!(check_iscsi_name(&long).unwrap_err().contains("223"));
+    }
+
+    #[test]
+    fn check_reports_every_bad_name_with_its_line() {
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+                    [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\
+                    allow = [\"iqn.2026-01.org.example:ok\",\n         \"host1\"]\n\
+                    initiator_chap = [{ initiator = \"my_host\", user = \"u\", secret = \"0123456789abcdef\" }]\n\n\
+                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+                    [[target]]\nname = \"disk2\"\n\n\
+                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let r = check(text);
+        assert_eq!(
+            fields(&r),
+            [
+                (8, "target.allow"),
+                (9, "target.initiator_chap.initiator"),
+                (17, "target.name")
+            ],
+            "{:?}",
+            r.errors
+        );
+        assert!(r.errors[0].message.contains("\"host1\""), "{}", r.errors[0]);
+        // A normal start refuses the first one.
+        let e = TargetConfig::from_str("t.toml", text).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (8, "target.allow"));
+    }
+
+    #[test]
+    fn check_refuses_a_listen_address_bound_twice() {
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\", \"[::1]:3260\"]\n\n\
+                    [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:3260\",\n  \"0.0.0.0:3261\",\n  \"127.0.0.2:3261\",\n  \"127.0.0.1:0\", \"127.0.0.1:0\"]\n\n\
+                    [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
+                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let r = check(text);
+        assert_eq!(
+            fields(&r),
+            [(7, "portal_group.listen"), (9, "portal_group.listen")],
+            "{:?}",
+            r.errors
+        );
+        assert!(
+            r.errors[0]
+                .message
+                .contains("listed already (portal group 1)"),
+            "{}",
+            r.errors[0]
+        );
+        assert!(
+            r.errors[1].message.contains("overlaps 0.0.0.0:3261"),
+            "{}",
+            r.errors[1]
+        );
+        assert!(TargetConfig::from_str("t.toml", text).is_err());
+    }
+
+    #[test]
+    fn check_chap_secret_lengths_and_mutual_secret_reuse() {
+        let lun = "\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let head = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n";
+        let text = format!(
+            "{head}chap = [{{ user = \"a\", secret = \"short\" }},\n  {{ user = \"b\", secret = \"0123456789abcdef\" }}]\n\
+             mutual_chap = {{ user = \"t\", secret = \"0123456789abcdef\" }}\n{lun}\n\
+             [discovery]\nchap = [{{ user = \"d\", secret = \"eleven-char\" }}]\n"
+        );
+        let r = check(&text);
+        assert_eq!(
+            fields(&r),
+            [
+                (7, "target.chap.secret"),
+                (9, "target.mutual_chap.secret"),
+                (17, "discovery.chap.secret")
+            ],
+            "{:?}",
+            r.errors
+        );
+        assert!(r.errors[0].message.contains("(5 given)"), "{}", r.errors[0]);
+        assert!(r.errors[1].message.contains("RFC 7143"), "{}", r.errors[1]);
+        // Distinct secrets of 12 characters or more pass.
+        let ok = format!(
+            "{head}chap = [{{ user = \"a\", secret = \"0123456789ab\" }}]\n\
+             mutual_chap = {{ user = \"t\", secret = \"another-secret-1\" }}\n{lun}"
+        );
+        assert!(check(&ok).is_valid(), "{:?}", check(&ok).errors);
+        // The same secret in per-initiator CHAP counts as one-way too.
+        let reuse = format!(
+            "{head}initiator_chap = [{{ initiator = \"iqn.2026-01.org.example:i\", user = \"a\", secret = \"0123456789ab\" }}]\n\
+             mutual_chap = {{ user = \"t\", secret = \"0123456789ab\" }}\n{lun}"
+        );
+        assert_eq!(fields(&check(&reuse)), [(8, "target.mutual_chap.secret")]);
+    }
+
+    #[test]
+    fn fabric_errors_name_their_line_and_all_are_reported() {
+        let text = format!(
+            "# comment\n[fabric]\nqueue_depth = 0\nnop_interval_secs = 5\nheader_digest = \"sometimes\"\nwrite_budget = \"1K\"\n\n{}",
+            one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
+        );
+        let r = check(&text);
+        assert_eq!(
+            fields(&r),
+            [
+                (3, "fabric.queue_depth"),
+                (5, "fabric.header_digest"),
+                (6, "fabric.write_budget")
+            ],
+            "{:?}",
+            r.errors
+        );
+        let e = TargetConfig::from_str("t.toml", &text).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (3, "fabric.queue_depth"));
+        assert_eq!(key_line("[fabric]\nx = 1\n", "fabric", "queue_depth"), 1);
+        assert_eq!(key_line("a = 1\n", "fabric", "queue_depth"), 1);
+    }
+
+    #[test]
+    fn check_backing_files_without_touching_them() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let lun = |path: &Path, extra: &str| {
+            one_lun(&format!("backstore = \"file\"\npath = {path:?}\n{extra}"))
+        };
+        // Absent, in a writable directory: it would be created.
+        let new = dir.path().join("new.img");
+        let r = check(&lun(&new, "size = \"1M\"\n"));
+        assert!(r.is_valid(), "{:?}", r.errors);
+        assert_eq!(r.notices.len(), 1);
+        assert_eq!(
+            (r.notices[0].line, r.notices[0].field.as_str()),
+            (11, "target.lun.path")
+        );
+        assert!(r.notices[0].message.contains("a start creates it"));
+        assert!(!new.exists(), "--check creates nothing");
+        // Absent without a size, or read-only: an error.
+        let r = check(&lun(&new, ""));
+        assert_eq!(fields(&r), [(11, "target.lun.path")], "{:?}", r.errors);
+        assert!(r.errors[0].message.contains("add size"));
+        let r = check(&lun(&new, "size = \"1M\"\nread_only = true\n"));
+        assert!(r.errors[0].message.contains("read_only"), "{:?}", r.errors);
+        // Its directory missing.
+        let r = check(&lun(&dir.path().join("nodir/x.img"), "size = \"1M\"\n"));
+        assert_eq!(fields(&r), [(11, "target.lun.path")], "{:?}", r.errors);
+        assert!(r.errors[0].message.contains("mkdir -p"), "{}", r.errors[0]);
+        assert!(!dir.path().join("nodir").exists());
+        // Smaller than size: reported as grown, left alone.
+        let small = dir.path().join("small.img");
+        std::fs::write(&small, vec![0u8; 4096]).unwrap();
+        let r = check(&lun(&small, "size = \"1M\"\n"));
+        assert!(r.is_valid(), "{:?}", r.errors);
+        assert!(
+            r.notices[0]
+                .message
+                .contains("is 4096 bytes: a start grows it to 1048576 bytes"),
+            "{}",
+            r.notices[0]
+        );
+        assert_eq!(std::fs::metadata(&small).unwrap().len(), 4096);
+        // A directory is not a backing file; an empty file needs a size.
+        let r = check(&lun(dir.path(), "size = \"1M\"\n"));
+        assert!(
+            r.errors[0].message.contains("is a directory"),
+            "{:?}",
+            r.errors
+        );
+        let empty = dir.path().join("empty.img");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(check(&lun(&empty, "")).errors[0]
+            .message
+            .contains("is empty"));
+        // Not writable (unless root, whom access(2) lets write anyway).
+        let ro = dir.path().join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        if !writable(&ro, true) {
+            let r = check(&lun(&ro.join("x.img"), "size = \"1M\"\n"));
+            assert!(
+                r.errors[0].message.contains("not writable"),
+                "{:?}",
+                r.errors
+            );
+        }
+        // A state_dir to create is a notice, and is not created.
+        let state = dir.path().join("state/sub");
+        let r = check(&format!(
+            "[fabric]\nstate_dir = {state:?}\n\n{}",
+            one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
+        ));
+        assert!(r.is_valid(), "{:?}", r.errors);
+        assert_eq!(
+            (r.notices[0].line, r.notices[0].field.as_str()),
+            (2, "fabric.state_dir")
+        );
+        assert!(!state.exists());
+        // Striped members: one absent while another holds data.
+        let m0 = dir.path().join("m0.img");
+        std::fs::write(&m0, vec![0u8; 1 << 20]).unwrap();
+        let r = check(&one_lun(&format!(
+            "backstore = \"striped\"\npaths = [{m0:?}, {:?}]\nsize = \"2M\"\n",
+            dir.path().join("m1.img")
+        )));
+        assert_eq!(fields(&r), [(11, "target.lun.paths")], "{:?}", r.errors);
+        assert!(!dir.path().join("m1.img").exists());
+    }
+
+    #[test]
+    fn example_config_parses() {
+        let r = TargetConfig::check_str("example", EXAMPLE_CONFIG, LoadOptions::default());
+        assert!(r.is_valid(), "{:?}", r.errors);
+        assert!(EXAMPLE_CONFIG.starts_with("# "), "commented");
     }
 
     #[test]

@@ -34,9 +34,14 @@ struct Args {
     /// TOML configuration: portal groups, targets, ACLs, CHAP, LUNs.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Check the configuration and exit.
+    /// Check the configuration and exit: report every problem found, and
+    /// what a start would create or grow, without touching the disk
+    /// (nothing is created, grown or opened for writing). Exit 1 on errors.
     #[arg(long)]
     check: bool,
+    /// Print a commented example configuration and exit.
+    #[arg(long)]
+    print_example_config: bool,
     /// BENCHMARK ONLY: READs read their data but send none (each ends GOOD
     /// with a residual underflow of its whole length), to measure the disk
     /// side alone. Initiators get no data.
@@ -122,6 +127,37 @@ fn ctl(control: &Path, timeout: u64, method: &str, params: Option<&str>) -> Exit
     }
 }
 
+/// `--check`: parse and validate without side effects; every error on
+/// stderr, what a start would change on disk on stdout.
+fn check(config: Option<&Path>, listen: Option<SocketAddr>, opts: LoadOptions) -> ExitCode {
+    let report = match config {
+        Some(path) => TargetConfig::check_file(path, opts),
+        None => TargetConfig::check_str(
+            "<embedded default>",
+            &TargetConfig::embedded_default_text(
+                listen.unwrap_or_else(|| "0.0.0.0:3260".parse().expect("valid default address")),
+            ),
+            opts,
+        ),
+    };
+    for n in &report.notices {
+        println!("note: {n}");
+    }
+    for e in &report.errors {
+        eprintln!("error: {e}");
+    }
+    if report.is_valid() {
+        println!("configuration is valid: {} target(s)", report.targets);
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "configuration is not valid: {} problem(s) found",
+            report.errors.len()
+        );
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     let args = Args::parse();
     if let Some(Command::Ctl {
@@ -133,6 +169,10 @@ fn main() -> anyhow::Result<ExitCode> {
     {
         return Ok(ctl(control, *timeout, method, params.as_deref()));
     }
+    if args.print_example_config {
+        print!("{}", blockwire_mgmt::config::EXAMPLE_CONFIG);
+        return Ok(ExitCode::SUCCESS);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
         .with_writer(std::io::stderr)
@@ -140,6 +180,9 @@ fn main() -> anyhow::Result<ExitCode> {
     let opts = LoadOptions {
         no_disk: args.no_disk,
     };
+    if args.check {
+        return Ok(check(args.config.as_deref(), args.listen, opts));
+    }
     let mut built = match &args.config {
         Some(path) => TargetConfig::load_with(path, opts).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => TargetConfig::embedded_default_with(
@@ -157,13 +200,6 @@ fn main() -> anyhow::Result<ExitCode> {
     built.settings.no_net = args.no_net;
     if let Some(path) = args.control {
         built.control_socket = Some(path);
-    }
-    if args.check {
-        println!(
-            "configuration is valid: {} target(s)",
-            built.catalog.targets.len()
-        );
-        return Ok(ExitCode::SUCCESS);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
