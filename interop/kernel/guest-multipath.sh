@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# interop/kernel/guest-multipath.sh — runs INSIDE the kernel lab guest (see interop/test-kernel-lab.sh).
+#
+# One blockwire target reachable through two portal groups (two target port groups for ALUA:
+# group 1 active/optimized on 127.0.0.1:3260, group 2 active/non-optimized on 127.0.0.2:3260).
+# open-iscsi logs in through both; scsi_dh_alua reads REPORT TARGET PORT GROUPS; dm-multipath
+# (prio alua, path_grouping_policy group_by_prio) builds one map with two path groups. While fio
+# writes and verifies through the map, portal group 1 goes away (the daemon's control socket:
+# portal.close cuts its connections and closes its listener): I/O moves to group 2 and fio sees
+# no error. `multipath -ll` before and after.
+# Env: KL_OUT (results dir shared with the host), KL_FIO_MIB (fio size, default 256).
+. "$(dirname "$0")/lib.sh"
+
+MIB=${KL_FIO_MIB:-256}
+PFX=iqn.2026-11.io.blockwire
+IQN=$PFX:lab-mpath
+CTL=$KL_WORK/control.sock
+export KL_INITIATOR=iqn.2026-11.lab:kernel-guest
+lab_up || { fail "lab-up"; finish multipath; exit 1; }
+modprobe -a dm_multipath dm_round_robin scsi_dh_alua || { fail "modprobe multipath modules"; finish multipath; exit 1; }
+ip addr add 127.0.0.2/8 dev lo 2>/dev/null || true
+
+cat >"$KL_WORK/m.toml" <<EOF
+[fabric]
+nop_interval_secs = 5
+nop_timeout_secs = 20
+
+[control]
+socket = "$CTL"
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+[[portal_group]]
+tag = 2
+listen = ["127.0.0.2:3260"]
+alua_state = "active_non_optimized"
+
+[[target]]
+name = "$IQN"
+portal_groups = [1, 2]
+[[target.lun]]
+id = 0
+backstore = "ram"
+size = "$((MIB + 64))M"
+EOF
+start_target mpath "$KL_WORK/m.toml" || { fail "start blockwire-target"; finish multipath; exit 1; }
+T_PID=$KL_TPID
+ctl() { "$KL_BIN/blockwire-target" ctl --control "$CTL" "$@"; }
+
+# udev makes the /dev/mapper node and tells multipathd about new paths, as on a real host.
+/lib/systemd/systemd-udevd --daemon >/dev/null 2>&1 || log "systemd-udevd did not start"
+cat >/etc/multipath.conf <<'EOF'
+defaults {
+    user_friendly_names yes
+    find_multipaths no
+}
+devices {
+    device {
+        vendor "BLOCKWIR"
+        product "VIRTUAL-DISK"
+        hardware_handler "1 alua"
+        path_grouping_policy group_by_prio
+        prio alua
+        path_checker tur
+        failback immediate
+        no_path_retry 12
+    }
+}
+EOF
+
+out=$(iadm -m discovery -t sendtargets -p 127.0.0.1:3260)
+printf '%s\n' "$out" | sed 's/^/    | /'
+grep -q "127.0.0.1:3260,1 $IQN" <<<"$out" && grep -q "127.0.0.2:3260,2 $IQN" <<<"$out" &&
+    pass "SendTargets lists both portal groups" || fail "SendTargets: $out"
+for p in 127.0.0.1:3260 127.0.0.2:3260; do
+    # Multipath wants a failed path given up quickly so that I/O moves to the other group.
+    iscsiadm -m node -T "$IQN" -p "$p" -o update -n node.session.timeo.replacement_timeout -v 5 >/dev/null
+    check "login through $p" iscsiadm -m node -T "$IQN" -p "$p" --login
+done
+sids=$(for s in /sys/class/iscsi_session/session*; do echo "${s##*session}"; done)
+devs=()
+for sid in $sids; do
+    d=$(lun_dev "$sid" 0) && devs+=("$d")
+done
+[ ${#devs[@]} = 2 ] && pass "two paths: ${devs[*]}" || fail "paths: ${devs[*]}"
+for d in "${devs[@]}"; do
+    r=$(sg_rtpg -d "/dev/$d" 2>&1)
+    printf '%s\n' "$r" | sed "s/^/    $d | /" | head -12
+    grep -q "target port group id : 0x1" <<<"$r" && grep -q "target port group id : 0x2" <<<"$r" &&
+        pass "REPORT TARGET PORT GROUPS on $d: groups 1 and 2" || fail "RTPG on $d"
+    h=$(cat "/sys/block/$d/device/dh_state" 2>/dev/null)
+    [ "$h" = alua ] && pass "$d: scsi_dh_alua attached" || fail "$d: device handler '$h'"
+done
+dmesg | grep -i "alua" | tail -n 4 | sed 's/^/    kernel: /'
+
+# multipathd starts once both paths are there: it scans them and builds the map.
+multipathd -s >"$KL_OUT/multipathd.log" 2>&1 &
+MPD=$!
+if ! timeout 90 bash -c 'until [ "$(multipath -ll 2>/dev/null | grep -c "active ready")" = 2 ]; do sleep 1; done'; then
+    log "the map did not get both paths; multipath -v3:"
+    multipath -v3 2>&1 | tail -n 40 | sed 's/^/    /'
+fi
+before=$(multipath -ll 2>&1)
+printf 'multipath -ll (before):\n%s\n' "$before" | sed 's/^/    /'
+printf '%s\n' "$before" >"$KL_OUT/multipath-before.txt"
+map=$(multipath -ll 2>/dev/null | awk '/BLOCKWIR/{print $1; exit}')
+if [ -n "$map" ] && grep -q "prio=50 status=active" <<<"$before" && grep -q "prio=10 status=enabled" <<<"$before"; then
+    pass "map $map: group prio=50 (active/optimized) active, prio=10 (non-optimized) enabled"
+else
+    fail "multipath map with two ALUA path groups"
+fi
+[ -b "/dev/mapper/$map" ] || fail "/dev/mapper/$map is not a block device"
+
+opt_dev=$(awk '/prio=50/{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
+log "optimized path: $opt_dev"
+fio_verify "/dev/mapper/$map" "${MIB}M" >"$KL_OUT/fio-mpath.log" 2>&1 &
+fio_pid=$!
+w0=$(awk '{print $7}' "/sys/block/$opt_dev/stat")
+timeout 300 bash -c 'until [ "$(awk "{print \$7}" /sys/block/$1/stat)" -gt $(($2 + 32768)) ]; do sleep 0.2; done' _ "$opt_dev" "$w0" ||
+    fail "no writes on the optimized path $opt_dev"
+log "portal 127.0.0.1:3260 (group 1) goes away after $(($(awk '{print $7}' "/sys/block/$opt_dev/stat") / 2048)) MiB through $opt_dev"
+r=$(ctl portal.close '{"listen":"127.0.0.1:3260"}' 2>&1)
+rc=$?
+printf '    ctl portal.close: %s\n' "$r"
+[ $rc = 0 ] && pass "portal.close 127.0.0.1:3260" || fail "portal.close: exit $rc"
+if (exec 3<>/dev/tcp/127.0.0.1/3260) 2>/dev/null; then fail "127.0.0.1:3260 still accepts"; else pass "127.0.0.1:3260 refuses connections"; fi
+timeout 120 bash -c 'until multipath -ll 2>/dev/null | grep -q "failed"; do sleep 1; done'
+if wait "$fio_pid"; then
+    pass "fio verify through /dev/mapper/$map while group 1 went away: $(fio_result "$KL_OUT/fio-mpath.log")"
+else
+    fail "fio through the map: $(tail -n 5 "$KL_OUT/fio-mpath.log" | tr '\n' ' ')"
+fi
+after=$(multipath -ll 2>&1)
+printf 'multipath -ll (after):\n%s\n' "$after" | sed 's/^/    /'
+printf '%s\n' "$after" >"$KL_OUT/multipath-after.txt"
+other_dev=$(awk '/prio=10/{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
+line_opt=$(grep -E "[0-9]+:[0-9]+:[0-9]+:[0-9]+ $opt_dev " <<<"$after")
+line_other=$(grep -E "[0-9]+:[0-9]+:[0-9]+:[0-9]+ $other_dev " <<<"$after")
+if grep -qE "failed|faulty" <<<"$line_opt" && grep -q "active ready" <<<"$line_other"; then
+    pass "after: $opt_dev failed ($line_opt), $other_dev carries the I/O ($line_other)"
+else
+    fail "after: $opt_dev '$line_opt', $other_dev '$line_other'"
+fi
+dmesg | grep -E "device-mapper: multipath|Failing path|detected conn error" | tail -n 6 | sed 's/^/    kernel: /'
+
+iscsiadm -m node --logoutall=all >/dev/null 2>&1
+kill "$MPD" 2>/dev/null
+stop_target "$T_PID"
+dmesg >"$KL_OUT/dmesg-multipath.log"
+finish multipath

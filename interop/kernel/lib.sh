@@ -1,0 +1,143 @@
+# shellcheck shell=bash
+# interop/kernel/lib.sh — helpers for the scripts that run INSIDE the kernel lab's guest
+# (../shared/kernel-lab/run.sh boots Debian's 6.12 kernel with this machine's root read-only).
+#
+# Source it from a guest script:  . "$(dirname "$0")/lib.sh"
+#
+# Every check prints one line, "PASS name: detail" or "FAIL name: detail"; `finish` prints the
+# totals and returns 1 when any check failed, so the host driver (interop/test-kernel-lab.sh)
+# sees the guest's exit status. Nothing here ever prints SKIP: a check that cannot run fails.
+
+set -uo pipefail
+export HOME=/tmp
+KL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+KL_BIN=${BLOCKWIRE_BUILD:-$KL_REPO/build}/release
+KL_OUT=${KL_OUT:?KL_OUT: the host-shared results directory}
+KL_WORK=/tmp/kl-work
+mkdir -p "$KL_WORK" "$KL_OUT"
+_kl_pass=0 _kl_fail=0
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*"; }
+pass() { _kl_pass=$((_kl_pass + 1)); printf 'PASS %s\n' "$*"; }
+fail() { _kl_fail=$((_kl_fail + 1)); printf 'FAIL %s\n' "$*"; }
+# check NAME CMD...: run CMD, PASS or FAIL by its exit status.
+check() {
+    local name=$1
+    shift
+    if "$@"; then pass "$name"; else fail "$name (exit $?)"; fi
+}
+finish() {
+    printf '==== %s: %d passed, %d failed\n' "${1:-guest}" "$_kl_pass" "$_kl_fail"
+    [ "$_kl_fail" = 0 ]
+}
+
+# lab_up: loopback, the initiator's kernel modules and iscsid (foreground daemon, backgrounded).
+lab_up() {
+    ip link set lo up
+    modprobe -a iscsi_tcp sd_mod sg loop || return 1
+    mkdir -p /run/lock/iscsi /etc/iscsi
+    # The guest shares the host's /etc/iscsi read-only through an overlay: a clean node DB.
+    rm -rf /etc/iscsi/nodes /etc/iscsi/send_targets /etc/iscsi/ifaces
+    mkdir -p /etc/iscsi/ifaces
+    echo "InitiatorName=${KL_INITIATOR:-iqn.2026-11.lab:kernel-guest}" >/etc/iscsi/initiatorname.iscsi
+    # Kernel initiator defaults tuned for a TCG guest: quick failure detection, quick recovery.
+    sed -i -e 's/^node.session.timeo.replacement_timeout = .*/node.session.timeo.replacement_timeout = 60/' \
+        /etc/iscsi/iscsid.conf
+    iscsid -f >"$KL_OUT/iscsid.log" 2>&1 &
+    KL_ISCSID=$!
+    timeout 10 bash -c 'until iscsiadm -m session >/dev/null 2>&1 || [ $? = 21 ]; do sleep 0.2; done'
+}
+
+# start_target NAME CONFIG [ARGS...]: start blockwire-target in the background, log to
+# $KL_OUT/NAME.log, wait until every portal of CONFIG accepts. Sets KL_TPID.
+start_target() {
+    local name=$1 config=$2
+    shift 2
+    "$KL_BIN/blockwire-target" --config "$config" "$@" >>"$KL_OUT/$name.log" 2>&1 </dev/null &
+    KL_TPID=$!
+    local ports
+    ports=$(grep -o '"127[.0-9]*:[0-9]*"' "$config" | tr -d '"' | sort -u)
+    local p
+    for p in $ports; do
+        if ! timeout 30 bash -c 'until (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; do
+                kill -0 "$2" 2>/dev/null || exit 1; sleep 0.1; done' _ "$p" "$KL_TPID"; then
+            log "blockwire-target ($name) did not come up on $p:"
+            tail -n 20 "$KL_OUT/$name.log"
+            return 1
+        fi
+    done
+}
+
+# stop_target PID [SIGNAL]: signal (default TERM) and wait (<= 30 s, then KILL).
+stop_target() {
+    local pid=$1 sig=${2:-TERM}
+    kill "-$sig" "$pid" 2>/dev/null || return 0
+    timeout 30 bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.1; done' _ "$pid" ||
+        kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+}
+
+# iscsiadm wrapper whose exit code is kept (iscsiadm's own failure codes are checked).
+iadm() { iscsiadm "$@" 2>&1; }
+
+# session_id IQN [IFACE]: the kernel's session number for IQN (through IFACE), or nothing.
+session_id() {
+    local s
+    for s in /sys/class/iscsi_session/session*; do
+        [ -e "$s/targetname" ] || continue
+        [ "$(cat "$s/targetname")" = "$1" ] || continue
+        if [ -n "${2:-}" ] && [ "$(cat "$s/ifacename" 2>/dev/null)" != "$2" ]; then continue; fi
+        echo "${s##*session}"
+        return 0
+    done
+}
+
+# lun_dev SID LUN: wait (<= 60 s) for LUN of session SID to appear as a disk, print "sdX".
+lun_dev() {
+    local sid=$1 lun=$2 i d
+    for i in $(seq 1 300); do
+        for d in /sys/class/iscsi_session/session"$sid"/device/target*/*:*:*:"$lun"/block/*; do
+            if [ -e "$d" ] && [ -b "/dev/${d##*/}" ]; then
+                echo "${d##*/}"
+                return 0
+            fi
+        done
+        sleep 0.2
+    done
+    return 1
+}
+
+# fio_verify DEV SIZE [EXTRA...]: random writes 4 KiB-1 MiB at QD32, then crc32c verify of
+# every block; verify_fatal stops at the first bad block. Output to $KL_OUT/fio-*.log.
+fio_verify() {
+    local dev=$1 size=$2
+    shift 2
+    fio --name=verify --filename="$dev" --direct=1 --ioengine=libaio --iodepth=32 \
+        --rw=randwrite --bsrange=4k-1m --size="$size" --verify=crc32c --verify_fatal=1 \
+        --do_verify=1 --verify_backlog=0 --group_reporting --output-format=normal "$@"
+}
+
+# fio_result LOG: the line summary of a fio run (errors, written, verified).
+fio_result() {
+    local f=$1
+    printf 'err=%s write=%s read=%s' \
+        "$(grep -o 'err= *[0-9]*' "$f" | head -1 | tr -d ' ' | cut -d= -f2)" \
+        "$(grep -o 'WRITE: bw=[^,]*, [^,]*, io=[^ ]*' "$f" | grep -o 'io=[^ ]*' | head -1)" \
+        "$(grep -o 'READ: bw=[^,]*, [^,]*, io=[^ ]*' "$f" | grep -o 'io=[^ ]*' | head -1)"
+}
+
+# bounded SECS CMD...: CMD under a timeout; when it hangs, show what the kernel is waiting for
+# (blocked tasks via sysrq-w, the session tree, the kernel log tail) before giving up.
+bounded() {
+    local secs=$1 rc
+    shift
+    timeout -k 5 "$secs" "$@"
+    rc=$?
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        log "HUNG for ${secs}s: $*"
+        echo w >/proc/sysrq-trigger 2>/dev/null
+        iscsiadm -m session -P 3 2>&1 | sed 's/^/    session: /' | head -n 40
+        dmesg | tail -n 60 | sed 's/^/    kernel: /'
+    fi
+    return "$rc"
+}
