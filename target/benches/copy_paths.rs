@@ -16,6 +16,8 @@
 //! per byte (user space / kernel) from our counters, throughput and CPU
 //! time (user + system of this process: the sender and its I/O workers;
 //! the receiver runs in a child process) per byte.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -59,8 +61,11 @@ fn receive(addr: &str) {
 }
 
 fn cpu_time() -> f64 {
+    // SAFETY: rusage is a plain C struct of integers and timevals, for
+    // which all-zero bytes are a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage fills the struct.
+    // SAFETY: `ru` is a valid, exclusively borrowed rusage for getrusage to
+    // fill; RUSAGE_SELF needs nothing else.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
     t(ru.ru_utime) + t(ru.ru_stime)
@@ -89,7 +94,8 @@ fn run(how: &str, path: &std::path::Path, size: usize) -> CopyCost {
             let f = File::open(path).unwrap();
             let mut off: libc::off_t = 0;
             while (off as usize) < size {
-                // SAFETY: valid fds and offset pointer.
+                // SAFETY: both fds are open for the call (the socket and
+                // file outlive it) and `off` is a valid, exclusive off_t.
                 let n = unsafe {
                     libc::sendfile(
                         sock.as_raw_fd(),

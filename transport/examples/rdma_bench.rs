@@ -8,6 +8,8 @@
 //! baseline is the same loop over buffers registered once up front.
 //!
 //! Run: cargo run --release -p blockwire-transport --example rdma_bench [-- --quick]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::time::{Duration, Instant};
 

@@ -8,6 +8,7 @@
 //!   scatter-gather coalescing (buffer re-organization) and the target's pre-registered
 //!   buffer pool in size classes.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod assist;
 pub mod rdma;

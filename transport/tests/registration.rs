@@ -1,5 +1,7 @@
 //! The registration layer over the soft provider: every strategy moves correct bytes by
 //! RDMA over a loopback connection; released keys stop working; counters add up.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use blockwire_transport::rdma::soft::{SoftCq, SoftPd, SoftProvider, SoftQp};
 use blockwire_transport::rdma::*;
@@ -189,6 +191,8 @@ async fn all_strategies_move_correct_bytes() {
     let s = arena.stats();
     assert_eq!((s.registrations, s.hits, s.deregistrations), (1, 16, 0));
     // outside the arena is refused
+    // SAFETY: `mem` stays allocated until its explicit drop below, and the
+    // arena refuses a range outside itself without registering it.
     assert!(unsafe { arena.register(mem[0].as_ptr(), 16) }.is_err());
     for b in abufs {
         arena.free(b);
@@ -203,7 +207,10 @@ async fn cache_hits_on_sub_ranges_and_refcounts() {
     let pd = p.alloc_pd().unwrap();
     let cache = PinDownCache::new(pd, AccessFlags::ALL, 2);
     let mem = AlignedBuf::new(64 << 10);
+    // SAFETY: both ranges lie inside `mem`, which stays allocated until
+    // after `cache.flush()` below (it is dropped explicitly after it).
     let h1 = unsafe { cache.register(mem.as_ptr(), 64 << 10) }.unwrap();
+    // SAFETY: as above; 4096..8192 of the 64 KiB `mem`.
     let h2 = unsafe { cache.register(mem.as_ptr().wrapping_add(4096), 4096) }.unwrap();
     assert_eq!(cache.stats().hits, 1);
     assert_eq!(h2.addr, h1.addr + 4096);
@@ -215,6 +222,8 @@ async fn cache_hits_on_sub_ranges_and_refcounts() {
     let other: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::new(4096)).collect();
     let hs: Vec<_> = other
         .iter()
+        // SAFETY: each 4096-byte buffer of `other` is registered whole and
+        // `other` stays allocated past `cache.flush()` below.
         .map(|b| unsafe { cache.register(b.as_ptr(), 4096) }.unwrap())
         .collect();
     assert_eq!(
@@ -294,7 +303,10 @@ async fn coalesced_plan_over_the_wire() {
         .b_pd
         .register(AlignedBuf::new(32 << 10), AccessFlags::ALL)
         .unwrap();
+    // SAFETY: b1 and b2 are the arena's own allocations, registered whole;
+    // the arena's memory lives as long as the arena.
     let h1 = unsafe { arena.register(b1.as_ptr(), b1.len()) }.unwrap();
+    // SAFETY: as for b1.
     let h2 = unsafe { arena.register(b2.as_ptr(), b2.len()) }.unwrap();
     let mut list = Vec::new();
     for k in 0..4u64 {

@@ -1,4 +1,5 @@
 //! The blockwire iSCSI target daemon.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
