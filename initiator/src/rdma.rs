@@ -10,7 +10,7 @@
 //! released when it completes, which makes its rkeys stop working (except with the arena
 //! strategy, whose one key covers the arena).
 //!
-//! Fallback (P3 §3.3): a target without the key, a grant that cannot be used (data
+//! Fallback (RDMA-assisted iSCSI paper §3.3): a target without the key, a grant that cannot be used (data
 //! digests, another backend) or an RDMA connection that cannot be set up leaves a plain
 //! iSCSI session: the same calls then move the data over TCP through bounce buffers. A
 //! transfer the target reports as failed (its RDMA connection broke) is retried over

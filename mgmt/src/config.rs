@@ -254,7 +254,7 @@ pub struct LunDef {
     /// Physical block size reported in READ CAPACITY (16): equal to
     /// `block_size` (default) or a power-of-two multiple of it, e.g. 4096.
     pub physical_block_size: Option<Spanned<u32>>,
-    /// File LUNs: READs use synchronized sends (issue 7): read by the I/O
+    /// File LUNs: READs use synchronized sends: read by the I/O
     /// engine in `sync_chunk` chunks submitted together, each Data-In PDU
     /// sent as soon as its bytes are read. Off by default (serial: read
     /// all, then send). A `mode = "direct"` LUN always reads through the
@@ -263,7 +263,7 @@ pub struct LunDef {
     pub sync_send: Option<Spanned<bool>>,
     /// Chunk size for `sync_send`, e.g. "64K" (default), 4K to 1M.
     pub sync_chunk: Option<Spanned<String>>,
-    /// File LUNs: double-buffered WRITEs (issue 7): each `sync_chunk` chunk
+    /// File LUNs: double-buffered WRITEs: each `sync_chunk` chunk
     /// of a WRITE goes to disk (I/O engine, registered buffer) while the
     /// next one arrives. Off by default (gather the whole WRITE, then
     /// write it).

@@ -201,7 +201,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         let _ = t.await;
     }
     blockwire_target::copies::log_summary();
-    // Per-command state timers of the engine READ path (P0 Fig. 15).
+    // Per-command state timers of the engine READ path (as in the GMBlock paper's Fig. 15).
     for line in fabric.sync_reads.summary() {
         info!("READ state timers: {line}");
     }

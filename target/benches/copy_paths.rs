@@ -1,4 +1,4 @@
-//! Copy-path harness (issue 7, P0 M0.2/M0.3): send a file's data to a TCP
+//! Copy-path harness (the data paths of the GMBlock paper): send a file's data to a TCP
 //! socket on loopback three ways and count the bytes copied.
 //!
 //! - `cached`: read() from the page cache into a user buffer, write() to the

@@ -1,5 +1,5 @@
 //! Synchronized sends vs the serial baseline on an emulated disk and
-//! network (issue 7; P0 Exp. 2a/2b, P1 Fig. 5).
+//! network (the GMBlock paper's Exp. 2a/2b, the synchronized-sends paper's Fig. 5).
 //!
 //! `cargo bench -p blockwire-target --bench synchro` runs the full sweep;
 //! without `--bench` (as `cargo test --benches` runs it) it does a short
@@ -332,7 +332,7 @@ fn real_striped(dir: &std::path::Path, members: u32) -> (Source, bool) {
     store.engine_source().unwrap()
 }
 
-/// P0 Exp. 2b: RAID0 of `members` disks, stripe 64 KiB, aggregate r_disk.
+/// The GMBlock paper's Exp. 2b: RAID0 of `members` disks, stripe 64 KiB, aggregate r_disk.
 /// With `inner` (a real engine) the member files hold data, every op
 /// really moves it (then waits for its member's token bucket), and the
 /// sends cross a TCP loopback socket; without, timing only.
@@ -523,7 +523,7 @@ fn writes(rates: &Rates, sizes: &[usize], chunk: usize, iters: usize) {
     }
 }
 
-/// The bogus modes (P1 M1.2) on real I/O: no-net gives the disk rate,
+/// The benchmark-only modes (the synchronized-sends paper's gmblock-bogus) on real I/O: no-net gives the disk rate,
 /// no-disk the network rate. Returns (disk B/s, net B/s).
 fn calibrate(path: &std::path::Path, engine: &Arc<dyn Engine>, iters: usize) -> (f64, f64) {
     let (f, direct) = open_direct_or_buffered(path, false).unwrap();
@@ -579,7 +579,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(if full { 24 } else { 2 });
     let paper = Rates {
-        name: "Paper rates (P0 Exp. 1b / P1)".into(),
+        name: "Paper rates (GMBlock Exp. 1b, synchronized sends)".into(),
         disk: 335e6,
         net: 462e6,
     };
@@ -598,7 +598,7 @@ fn main() {
         striped(&paper, &[512 * KIB], 16 * KIB, 8, iters, dir.path(), None);
         return;
     }
-    println!("# blockwire synchronized sends (issue 7); each point: median of {iters} back-to-back commands, one outstanding");
+    println!("# blockwire synchronized sends; each point: median of {iters} back-to-back commands, one outstanding");
     let sizes = [64 * KIB, 256 * KIB, MIB, 4 * MIB];
     let chunks = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB];
     let rows = sweep(
@@ -611,7 +611,9 @@ fn main() {
         false,
     );
 
-    println!("\n## Issue 7 acceptance: l = 1M, paper rates (criteria: gain >= +44%, within 15% of the model)");
+    println!(
+        "\n## Acceptance: l = 1M, paper rates (criteria: gain >= +44%, within 15% of the model)"
+    );
     for r in rows.iter().filter(|r| r.len == MIB && r.mode == "synchro") {
         let gain = (r.serial / r.secs - 1.0) * 100.0;
         let dev = (r.secs / r.model - 1.0) * 100.0;

@@ -1,7 +1,7 @@
 //! A debug copy counter: how many times the bytes of READ payloads are
 //! copied on their way from the backstore to the socket, per data path
-//! (issue 7: "count the bytes user space copies per command, so each path's
-//! copy count is proven").
+//! (the bytes user space copies per command, so that a benchmark proves
+//! each path's copy count).
 //!
 //! What is counted, and where it is incremented:
 //! - `user_copied`: bytes our own code memcpys (the RAM backstore's read,

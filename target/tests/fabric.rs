@@ -609,7 +609,7 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
     );
 }
 
-/// Issue 3's integrity check with both digests on (libiscsi never offers
+/// The data-integrity check with both digests on (libiscsi never offers
 /// DataDigest, so this client does it): 256 MiB of a pseudo-random pattern
 /// written in 1 MiB commands and read back, checksums compared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! READ send paths over real sockets (issue 7, part 2): sendfile from the
+//! READ send paths over real sockets: sendfile from the
 //! page cache, the copy path, the engine path, zero-copy sends and
 //! `--no-net`; each proven by the data read back and by the debug copy
 //! counter's deltas (crate::copies). One target per scenario, on

@@ -1,4 +1,4 @@
-//! RDMA-assisted iSCSI vs TCP iSCSI, one run (issue 6 part 6 b, c), in-process target
+//! RDMA-assisted iSCSI vs TCP iSCSI, one run, in-process target
 //! with a RAM disk and the soft RDMA provider.
 //!
 //! (b) per SCSI command at 4 KiB, 64 KiB, 1 MiB: iSCSI PDUs on TCP (counted by a proxy

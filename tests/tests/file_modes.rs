@@ -1,4 +1,4 @@
-//! Issue 7 acceptance: every data-path mode passes the data-integrity
+//! Every data-path mode passes the data-integrity
 //! end-to-end test. A random pattern is written through blockwire-target
 //! (release binary when built, see `support::target_bin`) and read back in
 //! 1 MiB READs at queue depth 32; the checksums must be equal.

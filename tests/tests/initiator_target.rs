@@ -464,7 +464,7 @@ async fn blockwire_connection_drop_recovery() {
 async fn tgtd_discovery_chap_and_pattern() {
     require_tgtd();
     let scratch = Scratch::new("tgtd");
-    // 256 MiB of pattern, as issue 5 asks against every target, plus room.
+    // 256 MiB of pattern, the integrity run every target gets, plus room.
     let (_t, port) = start_tgtd(TGT_IQN, 288, &scratch);
     let portal = format!("127.0.0.1:{port}");
     let targets = discover(&cfg("tgtd"), &portal).await.expect("discovery");

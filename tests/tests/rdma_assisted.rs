@@ -141,7 +141,7 @@ async fn scatter_gather_buffers() {
         assert_eq!(desc.dir, Direction::Read);
         assert_eq!(desc.len(), 64 << 10);
         if matches!(reg, RegConfig::Arena { .. }) {
-            // Neighbouring arena buffers coalesce into one chunk (P3 §4.3).
+            // Neighbouring arena buffers coalesce into one chunk (buffer re-organization, RDMA-assisted iSCSI paper §4.3).
             assert_eq!(desc.chunks.len(), 1);
         } else {
             assert_eq!(desc.chunks.len(), 3);

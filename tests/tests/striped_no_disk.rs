@@ -1,4 +1,4 @@
-//! Issue 7 items 3 and 4 end to end, through the real daemon
+//! Striped LUNs and `--no-disk` end to end, through the real daemon
 //! (`support::target_bin`: the release build when it exists):
 //! - striped (RAID0) LUNs in every READ path: cached on the SCSI core (one
 //!   thread per member), direct on the engine's serial baseline, direct and

@@ -1,4 +1,4 @@
-//! The engine READ path end to end (issue 7, part 3), against an
+//! The engine READ path end to end, against an
 //! in-process blockwire fabric with a file LUN: a session that negotiated
 //! DataPDUInOrder=No reads back what it wrote (PDUs placed by BufferOffset)
 //! and a tap on the wire sees Data-In PDUs leave out of BufferOffset order,

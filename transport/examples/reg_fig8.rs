@@ -1,4 +1,4 @@
-//! P2 Fig. 8 shape: 1000 write I/Os over a pool of 1000 initiator buffers, cache size
+//! The PVFS-over-InfiniBand paper's Fig. 8 shape: 1000 write I/Os over a pool of 1000 initiator buffers, cache size
 //! 100, forced buffer reuse 20% and 80%; bandwidth of dynamic, pin-down cache, FMRD and
 //! arena registration normalized to a run without registration (every buffer
 //! registered up front). A write I/O = the target RDMA-Reads the initiator's buffer.
@@ -87,7 +87,7 @@ fn main() {
         let _b_qp = srv.await.unwrap();
         let staging = a_pd.register(AlignedBuf::new(size), AccessFlags::LOCAL_WRITE).unwrap();
 
-        println!("P2 Fig. 8 shape: {IOS} write I/Os of {kib} KiB over {POOL} buffers, cache {CACHE}, soft RDMA over TCP");
+        println!("PVFS-over-InfiniBand Fig. 8 shape: {IOS} write I/Os of {kib} KiB over {POOL} buffers, cache {CACHE}, soft RDMA over TCP");
         println!("{:<8} {:<16} {:>9} {:>7} {:>6} {:>6}", "reuse", "strategy", "MB/s", "ratio", "hits", "regs");
         for reuse in [0.2, 0.8] {
             let seq = sequence(reuse, 0x5eed);

@@ -51,7 +51,7 @@ async fn wait(cq: &SoftCq) -> Completion {
         .unwrap()
 }
 
-/// "Target" a writes into "initiator" b's buffers registered with `reg` (P3: READ data go
+/// "Target" a writes into "initiator" b's buffers registered with `reg` (as in RDMA-assisted iSCSI: READ data go
 /// by RDMA WRITE into the initiator buffer), then reads them back (WRITE data by RDMA READ).
 async fn exercise(reg: &dyn Registrar, link: &Link, bufs: &[(*mut u8, usize)], rounds: usize) {
     let staging = link

@@ -1,6 +1,6 @@
 //! Backstores with no storage: writes are discarded and reads return
 //! either zeros (the `null` backstore, tgtd's `--bstype null`) or the
-//! no-disk pattern (`--no-disk`, issue 7 item 4, P1's `gmblock-bogus`: a
+//! no-disk pattern (`--no-disk`, the synchronized-sends paper's `gmblock-bogus`: a
 //! function of the byte offset, so an initiator can verify what it got).
 //! No storage I/O at all, so a benchmark measures the fabric and the
 //! network alone. Benchmarks only: every write is lost.

@@ -1,7 +1,7 @@
 //! A striped (RAID0) backstore: one LUN over N member files, stripe `k` of
 //! `stripe` bytes on member `k mod N` (the mapping is
 //! [`StripeLayout`]). It exists to show several independent streams
-//! filling one request (issue 7, P0 Exp. 2b): a large READ touches every
+//! filling one request (the GMBlock paper's Exp. 2b): a large READ touches every
 //! member. On the engine path ([`StripedBackstore::engine_source`]) every
 //! chunk's per-member pieces are submitted together; on the SCSI core path
 //! large direct-mode requests run one thread per member (see

@@ -1,4 +1,4 @@
-//! Arena registration (ZKMR, P3 §3.2.3): one registration covers a pre-allocated arena that
+//! Arena registration (ZKMR, RDMA-assisted iSCSI paper §3.2.3): one registration covers a pre-allocated arena that
 //! I/O buffers are carved from; registering a buffer is a bounds check and an offset
 //! computation. The rkey covers the whole arena (ZKMR's security cost), never memory
 //! outside it, and cannot be invalidated per I/O.

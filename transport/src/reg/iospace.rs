@@ -390,6 +390,10 @@ mod tests {
         let space = IoSpace::new(&pd, RegConfig::Arena { bytes: 1 << 20 }).unwrap();
         let bufs: Vec<_> = (0..4).map(|_| space.alloc(4096).unwrap()).collect();
         let reg = space.register_sg(bufs.iter(), u64::MAX).unwrap();
-        assert_eq!(reg.chunks().len(), 1, "P3 Fig. 9: four buffers, one op");
+        assert_eq!(
+            reg.chunks().len(),
+            1,
+            "RDMA-assisted iSCSI paper Fig. 9: four buffers, one op"
+        );
     }
 }

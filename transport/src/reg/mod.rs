@@ -3,14 +3,14 @@
 //! One interface, [`Registrar`], four strategies:
 //! * [`Dynamic`]: register before and deregister after every I/O;
 //! * [`PinDownCache`]: keep registrations after release (lazy deregistration), LRU
-//!   eviction at a capacity limit (P2 §5.3, P3 MRC);
+//!   eviction at a capacity limit (PVFS-over-InfiniBand paper §5.3; MRC in the RDMA-assisted iSCSI paper);
 //! * [`Fmrd`]: pre-allocated registration slots (fast registration) + cache +
 //!   deregistration batched at a threshold (PVFS over InfiniBand §5.4);
 //! * [`Arena`]: one registration over a pre-allocated arena, a buffer's registration is an
-//!   offset computation (ZKMR, P3 §3.2.3; the key covers the arena, never all memory).
+//!   offset computation (ZKMR, RDMA-assisted iSCSI paper §3.2.3; the key covers the arena, never all memory).
 //!
-//! Plus [`coalesce`] (buffer re-organization, P3 §4.3) and [`BufferPool`], the target's
-//! pre-registered aligned buffers in size classes (P2 §5.2).
+//! Plus [`coalesce`] (buffer re-organization, RDMA-assisted iSCSI paper §4.3) and [`BufferPool`], the target's
+//! pre-registered aligned buffers in size classes (PVFS-over-InfiniBand paper §5.2).
 
 mod arena;
 mod cache;

@@ -1,4 +1,4 @@
-//! The target's pre-registered buffer pool (P2 §5.2): aligned buffers in size classes
+//! The target's pre-registered buffer pool (PVFS-over-InfiniBand paper §5.2): aligned buffers in size classes
 //! (zones), registered once at start. A request takes a buffer from the smallest class that
 //! fits, else from a bigger class, else the transfer is split over several smaller buffers
 //! (a transfer bigger than the largest class is always split).

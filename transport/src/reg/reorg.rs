@@ -1,4 +1,4 @@
-//! Buffer re-organization (P3 §4.3): an RDMA operation may gather/scatter many local
+//! Buffer re-organization (RDMA-assisted iSCSI paper §4.3): an RDMA operation may gather/scatter many local
 //! SGEs but targets one contiguous remote buffer, so a caller's scatter-gather list of
 //! remote buffers is merged into the fewest contiguous chunks, one operation per chunk.
 
