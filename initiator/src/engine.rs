@@ -290,6 +290,7 @@ impl<T: Clone> Engine<T> {
     }
 
     /// The CmdSN the next command gets, and the window's upper end.
+    #[cfg(test)]
     pub fn window(&self) -> (u32, u32) {
         (self.cmd_sn, self.max_cmd_sn)
     }
@@ -322,6 +323,7 @@ impl<T: Clone> Engine<T> {
     }
 
     /// Number of tasks of any kind in the table.
+    #[cfg(test)]
     pub fn task_count(&self) -> usize {
         self.tasks.len()
     }
@@ -526,11 +528,6 @@ impl<T: Clone> Engine<T> {
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.exp_stat_sn,
         }
-    }
-
-    /// Forgets a task whose owner went away before it was sent.
-    pub fn forget(&mut self, itt: u32) {
-        self.tasks.remove(&itt);
     }
 
     /// Removes every task (the connection is gone) and returns their owners
@@ -904,6 +901,7 @@ impl<T: Clone> Engine<T> {
 
     /// Updates the window from any target PDU's ExpCmdSN/MaxCmdSN fields;
     /// true when MaxCmdSN moved forward.
+    #[cfg(test)]
     pub fn note_window(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) -> bool {
         self.update_sn(None, exp_cmd_sn, max_cmd_sn)
     }

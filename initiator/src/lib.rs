@@ -10,9 +10,9 @@
 //!   backed-off re-login with session reinstatement at ErrorRecoveryLevel 0,
 //!   re-issuing the commands that were in flight).
 //!
-//! The protocol logic is sans-IO and deterministic: [`login::LoginMachine`],
-//! [`discovery::SendTargets`] and [`engine::Engine`] take PDUs and return
-//! PDUs or events, never touching a socket or a clock. The tokio shell
+//! The protocol logic is sans-IO and deterministic: the crate-private
+//! `login::LoginMachine`, `discovery::SendTargets` and `engine::Engine` take
+//! PDUs and return PDUs or events, never touching a socket or a clock. The tokio shell
 //! (`session`, `connect`, `wire`) moves the bytes. PDU formats, key
 //! negotiation, CHAP and SCSI structures are all `blockwire_pdu`'s.
 //!
@@ -33,11 +33,11 @@
 
 mod config;
 mod connect;
-pub mod discovery;
-pub mod engine;
+pub(crate) mod discovery;
+pub(crate) mod engine;
 mod error;
 mod isid;
-pub mod login;
+pub(crate) mod login;
 pub mod rdma;
 mod scsi;
 mod session;

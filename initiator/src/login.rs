@@ -29,16 +29,12 @@ pub struct LoginOutcome {
     pub params: SessionParams,
     /// The session handle the target assigned.
     pub tsih: u16,
-    /// The next CmdSN to use.
-    pub cmd_sn: u32,
     /// StatSN of the final Login Response.
     pub stat_sn: u32,
     /// ExpCmdSN of the final Login Response.
     pub exp_cmd_sn: u32,
     /// MaxCmdSN of the final Login Response.
     pub max_cmd_sn: u32,
-    /// Whether the target proved its identity with mutual CHAP.
-    pub target_verified: bool,
     /// The target's answers to our vendor key offers.
     pub vendor: TextPairs,
 }
@@ -346,11 +342,9 @@ impl LoginMachine {
         Ok(LoginStep::Done(Box::new(LoginOutcome {
             params: self.negotiator.params().clone(),
             tsih: self.tsih,
-            cmd_sn: self.cmd_sn,
             stat_sn: r.stat_sn,
             exp_cmd_sn: r.exp_cmd_sn,
             max_cmd_sn: r.max_cmd_sn,
-            target_verified: self.target_verified,
             vendor: std::mem::take(&mut self.vendor_answers),
         })))
     }

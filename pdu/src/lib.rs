@@ -12,7 +12,7 @@
 pub mod chap;
 pub mod digest;
 mod error;
-pub mod framing;
+pub(crate) mod framing;
 pub mod iser;
 pub mod keys;
 pub mod pdu;

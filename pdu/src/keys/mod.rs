@@ -9,11 +9,11 @@
 //! - [`params`]: [`SessionParams`], the negotiated outcome with RFC defaults.
 //! - [`negotiator`]: the [`Negotiator`] engine both initiator and target use.
 
-pub mod negotiator;
-pub mod params;
-pub mod rules;
-pub mod text;
-pub mod value;
+pub(crate) mod negotiator;
+pub(crate) mod params;
+pub(crate) mod rules;
+pub(crate) mod text;
+pub(crate) mod value;
 
 pub use negotiator::{LocalConfig, NegotiationError, Negotiator, Phase, Responses, Role};
 pub use params::{AuthMethod, Digest, SessionParams, SessionType, TaskReporting};

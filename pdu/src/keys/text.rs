@@ -193,13 +193,6 @@ pub fn encode_text<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Result<Vec
     Ok(out)
 }
 
-/// Splits an encoded text segment into pieces of at most `max` bytes, one per
-/// PDU; every piece but the last goes out with the C bit set. A pair may be
-/// cut anywhere, as RFC 7143 allows. `max == 0` is treated as 1.
-pub fn split_for_pdus(data: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
-    data.chunks(max.max(1))
-}
-
 /// Joins text that arrives over several Login or Text PDUs.
 ///
 /// Feed each PDU's data segment with its C bit; when a PDU with C=0 arrives
@@ -376,14 +369,5 @@ mod tests {
             Err(TextError::TooLarge { len: 34, max: 32 })
         );
         assert!(asm.is_empty());
-    }
-
-    #[test]
-    fn split_for_pdus_handles_zero() {
-        assert_eq!(split_for_pdus(b"abc", 0).count(), 3);
-        assert_eq!(
-            split_for_pdus(b"abc", 2).collect::<Vec<_>>(),
-            [&b"ab"[..], &b"c"[..]]
-        );
     }
 }

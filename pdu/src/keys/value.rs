@@ -141,7 +141,9 @@ pub fn encode_hex(bytes: &[u8]) -> String {
     out
 }
 
-/// Encodes bytes as a `0b` base64 binary value (with `=` padding).
+/// Encodes bytes as a `0b` base64 binary value (with `=` padding): the
+/// tests' way to write binary values as peers that prefer base64 do.
+#[cfg(test)]
 pub fn encode_base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(2 + bytes.len().div_ceil(3) * 4);

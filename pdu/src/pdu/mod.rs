@@ -358,7 +358,7 @@ impl Pdu {
 
     /// Decodes one complete PDU that starts at the beginning of `bytes`,
     /// returning it and the number of bytes it occupied. Use
-    /// [`crate::framing::FrameDecoder`] on a stream: it bounds lengths first.
+    /// [`crate::FrameDecoder`] on a stream: it bounds lengths first.
     pub fn decode(bytes: &[u8], digests: Digests) -> Result<(Pdu, usize), DecodeError> {
         let (bhs, ahs, data, total) = Self::parse(bytes, digests)?;
         let data = Bytes::copy_from_slice(&bytes[data]);

@@ -8,17 +8,17 @@
 //! `ModeParameters::decode6/decode10`, `UnmapList::decode`,
 //! `PrOutData::decode`) are the fuzz entry points.
 
-pub mod asc;
-pub mod capacity;
+pub(crate) mod asc;
+pub(crate) mod capacity;
 pub mod cdb;
-pub mod error;
-pub mod inquiry;
-pub mod lun;
+pub(crate) mod error;
+pub(crate) mod inquiry;
+pub(crate) mod lun;
 pub mod mode;
 pub mod opcode;
-pub mod param;
-pub mod sense;
-pub mod status;
+pub(crate) mod param;
+pub(crate) mod sense;
+pub(crate) mod status;
 pub mod vpd;
 mod wire;
 

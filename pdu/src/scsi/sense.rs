@@ -306,8 +306,6 @@ pub struct Sense {
 
 /// Length of fixed-format sense data this crate writes.
 pub const FIXED_SENSE_LEN: usize = 18;
-/// Maximum sense data length (additional sense length is one byte).
-pub const MAX_SENSE_LEN: usize = 252;
 
 impl Sense {
     /// Current sense with the given key and ASC/ASCQ, no other fields.

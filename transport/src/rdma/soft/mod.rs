@@ -11,7 +11,7 @@
 mod cq;
 mod memory;
 mod qp;
-pub mod wire;
+pub(crate) mod wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
