@@ -48,6 +48,22 @@ pub fn check_available() -> Result<()> {
     Ok(())
 }
 
+/// libublk sends control commands (start, stop, delete the device) through
+/// an io_uring that belongs to the calling thread, set up only on the thread
+/// that built the `UblkCtrl`. Every other thread that touches the device
+/// (the queue runner, the signal handler) sets up its own first.
+fn ensure_ctrl_ring() -> Result<(), UblkError> {
+    libublk::ublk_init_ctrl_task_ring(|ring| {
+        if ring.is_none() {
+            let r = io_uring::IoUring::<io_uring::squeue::Entry128>::builder()
+                .build(16)
+                .map_err(UblkError::IOError)?;
+            *ring = Some(r);
+        }
+        Ok(())
+    })
+}
+
 /// What one I/O command asks for.
 enum Op {
     Read {
@@ -197,6 +213,12 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
+        // The control ring is per thread; nothing awaits between setting it
+        // up and using it, so this task stays on one thread for both.
+        if let Err(e) = ensure_ctrl_ring() {
+            eprintln!("blockwire ublk: cannot stop the device: {e}");
+            return;
+        }
         let _ = killer.kill_dev();
     });
 
@@ -207,7 +229,8 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
     let target = session.target().to_owned();
     let runner = ctrl.clone();
     tokio::task::spawn_blocking(move || {
-        runner.run_target(
+        ensure_ctrl_ring()?;
+        let r = runner.run_target(
             move |dev: &mut UblkDev| {
                 dev.set_default_params(size);
                 let p = &mut dev.tgt.params.basic;
@@ -226,13 +249,15 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
                     cap.block_size
                 );
             },
-        )
+        );
+        // Delete the device from this thread, whose control ring is set up.
+        let _ = runner.del_dev();
+        r
     })
     .await
     .context("ublk thread")?
     .map_err(|e| anyhow::anyhow!("ublk device: {e}"))?;
     signals.abort();
-    let _ = ctrl.del_dev();
     session.synchronize_cache(lun).await.ok();
     if let Ok(s) = Arc::try_unwrap(session) {
         s.logout().await.context("logout")?;
