@@ -13,6 +13,7 @@ DataSegmentLength, padding), so it needs HeaderDigest=None and DataDigest=None, 
 that runs it sets. Unlike a packet capture it cannot miss a segment: it is the TCP path.
 
   pdu_tap.py LISTEN_PORT TARGET_HOST:PORT REPORT_FILE
+  pdu_tap.py --self-test     plants each fault in a synthetic PDU stream and checks it is caught
 
 On SIGTERM it writes a summary to REPORT_FILE (and stdout) and exits 0; the caller decides
 pass or fail from the summary's `violations` and `unanswered` lines.
@@ -58,7 +59,7 @@ class Conn:
 
     def from_initiator(self, bhs):
         op = bhs[0] & 0x3F
-        itt = bhs[16:20]
+        itt = bytes(bhs[16:20])
         if op == SCSI_CMD:
             STATS.commands += 1
             self.active[itt] = bytes(bhs[8:16])
@@ -188,7 +189,41 @@ def summary():
     return "\n".join(lines) + "\n"
 
 
+def self_test():
+    """The checker must catch the faults it exists for: a SCSI Response after ABORT TASK's
+    Function complete, a Data-In after LUN RESET, a TMF left unanswered; and must not flag an
+    ITT the initiator reused for a new command."""
+    def bhs(op, itt, lun=0, b1=0x80, b2=0, rtt=b"\xff" * 4):
+        h = bytearray(48)
+        h[0], h[1], h[2] = op, b1, b2
+        h[8:16] = lun.to_bytes(8, "big")
+        h[16:20] = itt
+        h[20:24] = rtt
+        return h
+    c = Conn(99)
+    c.from_initiator(bhs(SCSI_CMD, b"\0\0\0\1"))
+    c.from_initiator(bhs(SCSI_CMD, b"\0\0\0\2", lun=1))
+    c.from_initiator(bhs(TMF_REQ, b"\0\0\0\9", b1=0x81, rtt=b"\0\0\0\1"))
+    c.from_target(bhs(TMF_RSP, b"\0\0\0\9", b2=0))
+    c.from_target(bhs(SCSI_RSP, b"\0\0\0\1"))
+    assert len(STATS.violations) == 1, STATS.violations
+    c.from_initiator(bhs(SCSI_CMD, b"\0\0\0\1"))           # ITT reused: a new task
+    c.from_target(bhs(SCSI_RSP, b"\0\0\0\1"))
+    assert len(STATS.violations) == 1, STATS.violations
+    c.from_initiator(bhs(TMF_REQ, b"\0\0\0\8", lun=1, b1=0x85))
+    c.from_target(bhs(TMF_RSP, b"\0\0\0\8", b2=0))
+    c.from_target(bhs(DATA_IN, b"\0\0\0\2", lun=1, b1=0x00))
+    assert len(STATS.violations) == 2, STATS.violations
+    c.from_initiator(bhs(TMF_REQ, b"\0\0\0\7", b1=0x86))
+    c.closed()
+    assert len(STATS.unanswered) == 1, STATS.unanswered
+    print("pdu_tap self-test: caught 2 violations and 1 unanswered TMF, as planted")
+
+
 async def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return
     port, target, report = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     server = await asyncio.start_server(lambda r, w: handle(r, w, target), "127.0.0.1", port)
     stop = asyncio.Event()
