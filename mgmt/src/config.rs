@@ -423,7 +423,13 @@ fn key_line(text: &str, table: &str, key: &str) -> usize {
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.starts_with('[') {
-            let name = line.trim_matches(|c| c == '[' || c == ']').trim();
+            // "[fabric]", "[fabric] # tunables", "[[target]]".
+            let name = line
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim();
             in_table = name == table;
             if in_table && header.is_none() {
                 header = Some(i + 1);
@@ -2418,6 +2424,14 @@ mod tests {
         assert_eq!((e.line, e.field.as_str()), (3, "fabric.queue_depth"));
         assert_eq!(key_line("[fabric]\nx = 1\n", "fabric", "queue_depth"), 1);
         assert_eq!(key_line("a = 1\n", "fabric", "queue_depth"), 1);
+        assert_eq!(
+            key_line(
+                "[[target]]\nqueue_depth = 1\n[ fabric ] # tunables\n  queue_depth= 0\n",
+                "fabric",
+                "queue_depth"
+            ),
+            4
+        );
     }
 
     #[test]
