@@ -227,7 +227,7 @@ struct Task<T> {
     kind: Kind,
 }
 
-/// A command in flight, as [`Engine::in_flight`] lists it.
+/// A command in flight, as [`Session::in_flight`](crate::Session::in_flight) lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskInfo {
     /// Initiator Task Tag.
