@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,10 +29,11 @@ use super::dataout::{WriteCollector, WriteLimits};
 use super::discovery::{TextExchange, TextStep};
 use super::io::{advances_stat_sn, stamp, PduReader, PduWriter, ReadError};
 use super::login::{LoginMachine, LoginOutcome, LoginSettings, LoginStep, RdmaOffer};
+use super::mover::{self, Road, Wire};
 use super::rdma::Slot;
-use super::response::{response_pdus, status_only, DataInLimits};
+use super::response::{status_only, DataInLimits};
 use super::session::{Session, SessionError, SessionRequest};
-use super::task::{data_phase_error_sense, internal_failure_sense, CommandContext, CommandSlot};
+use super::task::{data_phase_error_sense, CommandContext, CommandSlot};
 use super::window::{Admission, CmdWindow};
 use super::Fabric;
 use crate::copies::{CopyPath, Counts};
@@ -1168,175 +1168,64 @@ impl Conn<'_> {
         budget: Option<Reservation>,
         slot: CommandSlot,
     ) {
-        let svc = self.fabric.rdma.get().cloned();
-        let target = self
-            .session
-            .target
-            .clone()
-            .expect("normal session has a target");
         if slot.is_aborted() {
             // Aborted (e.g. by another initiator's LUN reset) before its
             // data was complete: never executed (dropping the slot frees
             // its window slot).
             return;
         }
-        // --no-net (benchmark only): media READs read their data (through
-        // the engine on engine-path LUNs, syncread.rs, else on the serial
-        // path) but send no Data-In (see below).
-        let no_net = self.fabric.settings.no_net
-            && offload.is_none()
-            && cmd.read
-            && !cmd.write
-            && is_media_read(&cdb);
-        // Cached file LUNs: READ payloads by sendfile (sendfile.rs), unless
-        // data digests need the bytes in memory.
-        let lun_id = cmd.lun.index().unwrap_or(u16::MAX);
-        if !no_net && offload.is_none() && cmd.read && !cmd.write {
-            if let Some(file) = self.fabric.sendfile_reads.get(&target.name, lun_id) {
-                if digests_of(&self.session.params).data {
-                    debug!(
-                        itt = cmd.itt,
-                        "DataDigest on: READ takes the copy path, not sendfile"
-                    );
-                } else {
-                    tokio::spawn(super::sendfile::serve(super::sendfile::FileReadJob {
-                        ctx: self.command_context(cmd, cdb, slot),
-                        lun: file,
-                    }));
-                    return;
-                }
-            }
-        }
-        // READs of engine-path LUNs (syncread.rs): Data-In as chunks become
-        // valid, or for an offloaded READ one RDMA Write per chunk.
-        let offloaded_read =
-            matches!((&offload, &svc), (Some((_, d)), Some(_)) if d.dir == Direction::Read);
-        if (offload.is_none() || offloaded_read) && cmd.read && !cmd.write {
-            if let Some(path) = self.fabric.sync_reads.get(&target.name, lun_id) {
-                if offload.is_none() && !no_net {
-                    // Debug copy counter: the engine reads into registered
-                    // buffers (a kernel copy unless O_DIRECT). A --no-net
-                    // READ counts itself (CopyPath::NoNet).
-                    self.shared.copies.begin(
-                        cmd.itt,
-                        CopyPath::Engine,
-                        Counts::default(),
-                        !path.direct,
-                    );
-                }
-                let rdma = match (offload, svc) {
-                    (Some((slot, desc)), Some(svc)) => {
-                        Some(super::syncread::RdmaPlacement { svc, slot, desc })
-                    }
-                    _ => None,
-                };
-                tokio::spawn(super::syncread::serve(super::syncread::ReadJob {
-                    ctx: self.command_context(cmd, cdb, slot),
-                    path,
-                    data_pdu_in_order: self.write_limits.data_pdu_in_order,
-                    rdma,
-                    received: std::time::Instant::now(),
-                    no_net,
-                }));
-                return;
-            }
-        }
+        let target = self
+            .session
+            .target
+            .clone()
+            .expect("normal session has a target");
+        let digest = digests_of(&self.session.params).data;
+        let route = mover::choose(self.fabric, &target.name, &cmd, &cdb, offload, digest);
         let ctx = Arc::new(self.command_context(cmd, cdb, slot));
-        tokio::spawn(async move {
-            let mut data_out = data_out;
-            let mut failed = false;
-            if let (Some((slot, desc)), Some(svc)) = (&offload, &svc) {
-                svc.counters()
-                    .offloaded_commands
-                    .fetch_add(1, Ordering::Relaxed);
-                if desc.dir == Direction::Write {
-                    match svc.read_from(slot, desc).await {
-                        Ok(d) => data_out = d,
-                        Err(e) => {
-                            warn!(itt = cmd.itt, error = %e.0, "RDMA Read of write data failed: command not executed");
-                            failed = true;
-                        }
-                    }
-                }
+        match route.road {
+            Road::Core => {
+                tokio::spawn(mover::core_road(
+                    ctx, route.wire, data_out, budget, r2t_count,
+                ));
             }
-            let blocking = ctx.clone();
-            let joined = tokio::task::spawn_blocking(move || {
-                // The write data's share of the connection's budget is
-                // returned when this closure ends, with the data itself,
-                // before the response is sent.
-                let _budget = budget;
-                if failed || blocking.is_aborted() {
-                    return None;
-                }
-                let capacity = if cmd.read {
-                    cmd.expected_data_transfer_length
-                } else {
-                    0
+            Road::File(lun) => {
+                tokio::spawn(super::sendfile::serve(ctx, lun));
+            }
+            Road::Engine(path) => {
+                let job = super::syncread::ReadJob {
+                    ctx,
+                    path: path.clone(),
+                    data_pdu_in_order: self.write_limits.data_pdu_in_order,
+                    received: std::time::Instant::now(),
                 };
-                let req = blocking.request(&data_out, capacity);
-                // The copies the core makes reading (debug copy counter).
-                Some(blocking.in_core(|| crate::copies::counted(|| blocking.luns.execute(&req))))
-            })
-            .await;
-            let (result, core) = match joined {
-                Ok(Some((r, c))) => (Ok(Some(r)), c),
-                Ok(None) => (Ok(None), Counts::default()),
-                Err(e) => (Err(e), Counts::default()),
-            };
-            // READ data go into the initiator's buffers before the status.
-            let mut placed = None;
-            if let (Ok(Some(r)), Some((slot, desc)), Some(svc)) = (&result, &offload, &svc) {
-                if desc.dir == Direction::Read {
-                    let n = (cmd.expected_data_transfer_length as usize).min(r.data_in.len());
-                    placed = Some(match svc.write_to(slot, desc, &r.data_in[..n]).await {
-                        Ok(()) => true,
-                        Err(e) => {
-                            warn!(itt = cmd.itt, error = %e.0, "RDMA Write of read data failed");
-                            false
-                        }
-                    });
+                match route.wire {
+                    Wire::Tcp => {
+                        // Debug copy counter: the engine reads into
+                        // registered buffers (a kernel copy unless
+                        // O_DIRECT). A --no-net READ counts itself
+                        // (CopyPath::NoNet).
+                        self.shared.copies.begin(
+                            cmd.itt,
+                            CopyPath::Engine,
+                            Counts::default(),
+                            !path.direct,
+                        );
+                        let m = mover::DataIn::engine(path);
+                        tokio::spawn(super::syncread::serve(job, m));
+                    }
+                    Wire::NoNet => {
+                        let m = mover::Discard {
+                            buffered: !path.direct,
+                        };
+                        tokio::spawn(super::syncread::serve(job, m));
+                    }
+                    Wire::Rdma(p) => {
+                        let m = mover::RdmaWrite::new(p);
+                        tokio::spawn(super::syncread::serve(job, m));
+                    }
                 }
             }
-            let (shared, limits) = (&ctx.shared, ctx.limits);
-            ctx.answer(|| match result {
-                _ if failed || placed == Some(false) => {
-                    status_only(&cmd, CHECK_CONDITION, Some(data_phase_error_sense()))
-                }
-                Ok(Some(mut result)) if placed == Some(true) => {
-                    result.data_in = Vec::new();
-                    response_pdus(&cmd, result, limits, 0)
-                }
-                Ok(Some(mut result)) if no_net && result.status == 0 && result.sense.is_none() => {
-                    // Read, not sent: GOOD with a residual underflow of the
-                    // whole Expected Data Transfer Length.
-                    crate::copies::add(
-                        CopyPath::NoNet,
-                        &Counts {
-                            commands: 1,
-                            payload: result.data_in.len() as u64,
-                            ..core
-                        },
-                    );
-                    result.data_in = Vec::new();
-                    result.transfer_length = 0;
-                    response_pdus(&cmd, result, limits, 0)
-                }
-                Ok(Some(result)) => {
-                    if cmd.read && placed.is_none() && !result.data_in.is_empty() {
-                        shared.copies.begin(cmd.itt, CopyPath::Copy, core, false);
-                    }
-                    response_pdus(&cmd, result, limits, r2t_count)
-                }
-                Ok(None) => Vec::new(),
-                Err(e) => {
-                    // A bug in the SCSI core must not leave the initiator
-                    // waiting: answer HARDWARE ERROR, INTERNAL TARGET FAILURE.
-                    tracing::error!(itt = cmd.itt, error = %e, "SCSI command panicked");
-                    status_only(&cmd, CHECK_CONDITION, Some(internal_failure_sense()))
-                }
-            })
-            .await;
-        });
+        }
     }
 
     async fn task_management(&mut self, req: TaskMgmtRequest) -> bool {
@@ -1434,11 +1323,6 @@ impl Conn<'_> {
         }
         outcome.aborted.len()
     }
-}
-
-/// READ(6/10/12/16): the commands whose data `--no-net` does not send.
-fn is_media_read(cdb: &[u8]) -> bool {
-    matches!(cdb.first(), Some(0x08 | 0x28 | 0xa8 | 0x88))
 }
 
 /// Sense data for an RDMA descriptor that does not match its command:

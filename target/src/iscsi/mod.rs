@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod io;
 pub mod login;
 pub mod lun_paths;
+pub(crate) mod mover;
 pub mod portal;
 pub mod rdma;
 pub mod response;

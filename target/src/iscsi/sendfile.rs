@@ -35,16 +35,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blockwire_pdu::Bhs;
-use tracing::debug;
 
 use super::connection::Outgoing;
 use super::datain;
 use super::lun_paths::LunPaths;
-use super::response::{data_in_header, response_pdus, Residual};
+use super::mover::{plan_or_core, DataIn, Planned, Pushed, ReadMover};
+use super::response::Residual;
 use super::task::CommandContext;
-use crate::copies::{self, CopyPath, Counts};
-use crate::scsi::read_plan::ReadPlan;
-use crate::scsi::ScsiResult;
+use crate::copies::{CopyPath, Counts};
 
 /// One LUN's file, opened once for `sendfile`.
 #[derive(Debug)]
@@ -81,135 +79,47 @@ impl SendfileReads {
     }
 }
 
-/// One sendfile READ: its command's context and the LUN's file.
-pub(super) struct FileReadJob {
-    pub ctx: CommandContext,
-    pub lun: Arc<SendfileLun>,
-}
-
-/// What the blocking part decided.
-enum Step {
-    Aborted,
-    /// Answered by the normal path; its copies.
-    Answer(ScsiResult, Counts),
-    /// Send `send` bytes at `offset`; the CDB asked for `len`.
-    Send {
-        offset: u64,
-        len: u64,
-        send: u32,
-    },
-}
-
-/// Runs the READ through the core, with the copies it made.
-fn execute_counted(ctx: &CommandContext) -> (ScsiResult, Counts) {
-    copies::counted(|| ctx.luns.execute(&ctx.read_request()))
-}
-
-fn prepare(ctx: &CommandContext) -> Step {
-    if ctx.is_aborted() {
-        return Step::Aborted;
-    }
-    let plan = match ctx.luns.plan_read(&ctx.read_request()) {
-        ReadPlan::NotPlanned => {
-            let (r, c) = execute_counted(ctx);
-            return Step::Answer(r, c);
-        }
-        ReadPlan::Answer(r) => return Step::Answer(r, Counts::default()),
-        ReadPlan::Read(p) => p,
-    };
-    let send = plan
-        .len
-        .min(u64::from(ctx.cmd.expected_data_transfer_length));
-    if send == 0 {
+/// Runs one READ of `lun` on the sendfile path (see the module docs).
+pub(super) async fn serve(ctx: Arc<CommandContext>, lun: Arc<SendfileLun>) {
+    let mut mover = DataIn::new(true);
+    let edtl = u64::from(ctx.cmd.expected_data_transfer_length);
+    let step = plan_or_core(&ctx, move |_, plan| {
         // Nothing to send (Expected Data Transfer Length 0): the normal
         // path reports the residual.
-        let (r, c) = execute_counted(ctx);
-        return Step::Answer(r, c);
-    }
-    Step::Send {
-        offset: plan.offset,
-        len: plan.len,
-        send: send as u32,
-    }
-}
-
-/// Answers the way the serial path does (no Data-In was sent yet).
-async fn answer(ctx: &CommandContext, result: Option<(ScsiResult, Counts)>) {
-    ctx.answer(|| match result {
-        Some((r, core)) => {
-            if ctx.cmd.read && !r.data_in.is_empty() {
-                ctx.shared
-                    .copies
-                    .begin(ctx.itt(), CopyPath::Copy, core, false);
-            }
-            response_pdus(&ctx.cmd, r, ctx.limits, 0)
-        }
-        None => Vec::new(),
+        let send = plan.len.min(edtl);
+        (send > 0).then_some((plan.offset, plan.len, send as u32))
     })
     .await;
-}
-
-/// The status of a command the path stopped sending (aborted, or the
-/// connection went away): nothing more is queued.
-async fn stop(ctx: &CommandContext, sent: usize) {
-    debug!(itt = ctx.itt(), sent, "sendfile READ aborted while sending");
-    ctx.shared.copies.forget(ctx.itt());
-    answer(ctx, None).await;
-}
-
-/// Runs one READ on the sendfile path (see the module docs).
-pub(super) async fn serve(job: FileReadJob) {
-    let job = Arc::new(job);
-    let j = job.clone();
-    let ctx = &job.ctx;
-    let step = match tokio::task::spawn_blocking(move || j.ctx.in_core(|| prepare(&j.ctx))).await {
-        Ok(s) => s,
-        Err(e) => Step::Answer(ctx.panicked(&e), Counts::default()),
-    };
     let (offset, len, send) = match step {
-        Step::Aborted => return answer(ctx, None).await,
-        Step::Answer(r, c) => return answer(ctx, Some((r, c))).await,
-        Step::Send { offset, len, send } => (offset, len, send),
+        Planned::Go(go) => go,
+        Planned::Aborted => {
+            mover.answer(&ctx, None, 0).await;
+            return;
+        }
+        Planned::Answer(r, c) => {
+            mover.answer(&ctx, Some((r, c)), 0).await;
+            return;
+        }
     };
     let itt = ctx.itt();
     let residual = Residual::of(ctx.cmd.expected_data_transfer_length, len as u32);
     ctx.shared
         .copies
         .begin(itt, CopyPath::Sendfile, Counts::default(), false);
-    for (sent, seg) in datain::segments(
+    for seg in datain::segments(
         send,
         ctx.limits.max_recv_data_segment_length,
         ctx.limits.max_burst_length,
-    )
-    .enumerate()
-    {
+    ) {
         let item = |bhs: Bhs| Outgoing::FileData {
             bhs,
-            lun: job.lun.clone(),
+            lun: lun.clone(),
             offset: offset + u64::from(seg.offset),
             len: seg.length,
         };
-        if seg.last {
-            // The status rides on the last Data-In (the task completes).
-            let bhs = data_in_header(&ctx.cmd, &seg, Some((0, residual)));
-            if ctx.finish() {
-                ctx.send_and_forget([item(bhs)]).await;
-            } else {
-                ctx.shared.copies.forget(itt);
-            }
-            return;
-        }
-        let out = item(data_in_header(&ctx.cmd, &seg, None));
-        let Ok(permit) = ctx.tx.reserve().await else {
-            // The connection is gone.
-            return stop(ctx, sent).await;
-        };
-        if !ctx
-            .session
-            .tasks
-            .while_live(itt, &ctx.aborted, move || permit.send(out))
-        {
-            return stop(ctx, sent).await;
+        match mover.push(&ctx, &seg, residual, item).await {
+            Pushed::Queued => {}
+            Pushed::Last(_) | Pushed::Stopped => return,
         }
     }
 }

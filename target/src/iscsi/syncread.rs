@@ -34,7 +34,7 @@
 //! event inside a `read_cmd` span. On TCP a "send" is the PDU handed to the
 //! connection's writer queue.
 //!
-//! `--no-net` ([`ReadJob::no_net`], benchmark only): a media READ still
+//! `--no-net` ([`Discard`](super::mover::Discard), benchmark only): a media READ still
 //! runs here exactly as above (same chunks, same mode, timers recorded in
 //! the LUN's histograms) but its units are dropped as they become valid:
 //! no Data-In is sent and the command ends GOOD with a residual underflow
@@ -61,24 +61,18 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use blockwire_pdu::{Bhs, Pdu};
-use blockwire_transport::assist::Descriptor;
 use tracing::{debug, warn, Instrument};
 
-use super::connection::Outgoing;
-use super::datain::{self, DataInSegment};
+use super::datain::DataInSegment;
 use super::lun_paths::LunPaths;
-use super::rdma::{RdmaService, Slot};
-use super::response::{data_in_header, response_pdus, Residual};
-use super::task::{data_phase_error, internal_failure, CommandContext};
-use crate::copies::{self, CopyPath, Counts};
+use super::mover::{plan_or_core, run_core, Flow, Layout, Planned, ReadMover};
+use super::task::CommandContext;
 use crate::datapath::stats::PHASES;
 use crate::datapath::{
     open_engine, BufferPool, CommandTimers, CopyCost, Engine, EnginePref, Mode, PhaseStats,
-    ReadCommand, ReadConfig, SendOrder, Source,
+    ReadCommand, ReadConfig, Source,
 };
-use crate::scsi::read_plan::ReadPlan;
-use crate::scsi::ScsiResult;
+use crate::scsi::read_plan::PlannedRead;
 
 /// O_DIRECT alignment asked of planned ranges (covers 512 and 4K devices).
 const DIRECT_ALIGN: u64 = 4096;
@@ -271,162 +265,64 @@ impl SyncReads {
     }
 }
 
-/// Where an offloaded READ's data go: the initiator's buffer, by RDMA Write.
-pub(super) struct RdmaPlacement {
-    pub svc: Arc<RdmaService>,
-    pub slot: Arc<Slot>,
-    pub desc: Descriptor,
-}
-
 /// One pipelined READ: its command's context, its LUN's path and how its
-/// data go.
+/// units are cut.
 pub(super) struct ReadJob {
-    pub ctx: CommandContext,
+    pub ctx: Arc<CommandContext>,
     pub path: Arc<SyncReadLun>,
     /// Negotiated DataPDUInOrder: false lets PDUs leave in completion order.
     pub data_pdu_in_order: bool,
-    /// Some for an RDMA-offloaded READ: chunks go by RDMA Write.
-    pub rdma: Option<RdmaPlacement>,
     /// When the command was ready to execute (its timers start here).
     pub received: Instant,
-    /// `--no-net` (benchmark only), set for media READs over TCP: read
-    /// through the engine as usual, send nothing, end GOOD with an
-    /// underflow of the whole length (see the module docs).
-    pub no_net: bool,
 }
 
-/// What the blocking part decided.
-enum Step {
-    /// Aborted before it ran.
-    Aborted,
-    /// Answer with this result (the normal path's, or an error).
-    Answer(ScsiResult),
-    /// Reading: send units as they become valid.
-    Pipelined {
-        read: Box<ReadCommand>,
-        rx: crate::datapath::CompletionRx,
-        len: u64,
-        lba: u64,
-        lu: Arc<crate::scsi::LogicalUnit>,
-        sent_len: u32,
-    },
-}
-
-/// Plans and starts the read, or answers the normal way (blocking).
-fn prepare(job: &ReadJob) -> Step {
-    if job.ctx.is_aborted() {
-        return Step::Aborted;
-    }
-    let req = job.ctx.read_request();
-    let plan = match job.ctx.luns.plan_read(&req) {
-        ReadPlan::NotPlanned => return Step::Answer(job.ctx.luns.execute(&req)),
-        ReadPlan::Answer(r) => return Step::Answer(r),
-        ReadPlan::Read(p) => p,
-    };
-    let edtl = u64::from(job.ctx.cmd.expected_data_transfer_length);
+/// Starts the engine read of a planned READ (blocking), or None to have
+/// the core answer it whole: an unaligned O_DIRECT range, more than a pool
+/// buffer holds, no free buffer, or a submission error.
+fn start(
+    ctx: &CommandContext,
+    path: &SyncReadLun,
+    plan: PlannedRead,
+    layout: Layout,
+    received: Instant,
+) -> Option<Pipelined> {
+    let edtl = u64::from(ctx.cmd.expected_data_transfer_length);
     let send = plan.len.min(edtl);
-    let aligned = !job.path.direct || (plan.offset % DIRECT_ALIGN == 0 && send % DIRECT_ALIGN == 0);
-    if send == 0 || !aligned || send > job.path.engine.pool().max_len() as u64 {
-        return Step::Answer(job.ctx.luns.execute(&req));
+    let aligned = !path.direct || (plan.offset % DIRECT_ALIGN == 0 && send % DIRECT_ALIGN == 0);
+    if send == 0 || !aligned || send > path.engine.pool().max_len() as u64 {
+        return None;
     }
-    // TCP: one unit per Data-In PDU. RDMA: one unit (one Write) per chunk,
-    // any order.
-    let (units, order) = match &job.rdma {
-        Some(_) => (None, SendOrder::AnyOrder),
-        None => (
-            Some(
-                datain::segments(
-                    send as u32,
-                    job.ctx.limits.max_recv_data_segment_length,
-                    job.ctx.limits.max_burst_length,
-                )
-                .map(|s| u64::from(s.offset)..u64::from(s.offset + s.length))
-                .collect(),
-            ),
-            if job.data_pdu_in_order {
-                SendOrder::InOrder
-            } else {
-                SendOrder::AnyOrder
-            },
-        ),
-    };
     let cfg = ReadConfig {
-        mode: job.path.mode,
-        chunk: job.path.chunk,
-        units,
+        mode: path.mode,
+        chunk: path.chunk,
+        units: layout.units(send as u32),
     };
     match ReadCommand::try_start(
-        &*job.path.engine,
-        &job.path.source,
+        &*path.engine,
+        &path.source,
         plan.offset,
         send as usize,
-        order,
+        layout.order,
         &cfg,
-        job.received,
+        received,
     ) {
-        Ok(Some((read, rx))) => Step::Pipelined {
+        Ok(Some((read, rx))) => Some(Pipelined {
             read: Box::new(read),
             rx,
             len: plan.len,
             lba: plan.lba,
             lu: plan.lu,
             sent_len: send as u32,
-        },
+        }),
         Ok(None) => {
-            debug!(itt = job.ctx.cmd.itt, "no free I/O buffer: serial read");
-            Step::Answer(job.ctx.luns.execute(&req))
+            debug!(itt = ctx.cmd.itt, "no free I/O buffer: serial read");
+            None
         }
         Err(e) => {
-            warn!(itt = job.ctx.cmd.itt, error = %e, "pipelined read did not start: serial read");
-            Step::Answer(job.ctx.luns.execute(&req))
+            warn!(itt = ctx.cmd.itt, error = %e, "pipelined read did not start: serial read");
+            None
         }
     }
-}
-
-/// Sends the answer of a command that ended without (more) pipelined
-/// Data-In, as the serial path does. `data_ins` Data-In PDUs were already
-/// sent (they count in ExpDataSN). For an RDMA-offloaded READ, the
-/// result's data (if any) are RDMA Written first, as the serial offload
-/// path does.
-async fn answer(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) {
-    answer_mine(job, result, data_ins).await;
-}
-
-/// [`answer`]; returns whether the command was still this job's (not
-/// aborted) when it ended.
-async fn answer_mine(job: &ReadJob, result: Option<ScsiResult>, data_ins: u32) -> bool {
-    let result = match (result, &job.rdma) {
-        (Some(mut r), Some(p)) if !r.data_in.is_empty() => {
-            let n = (job.ctx.cmd.expected_data_transfer_length as usize).min(r.data_in.len());
-            match p.svc.write_to(&p.slot, &p.desc, &r.data_in[..n]).await {
-                Ok(()) => {
-                    r.data_in = Vec::new();
-                    Some(r)
-                }
-                Err(e) => {
-                    warn!(itt = job.ctx.cmd.itt, error = %e.0, "RDMA Write of read data failed");
-                    Some(data_phase_error())
-                }
-            }
-        }
-        (r, _) => r,
-    };
-    let ctx = &job.ctx;
-    ctx.answer(|| {
-        let mut pdus = match result {
-            Some(r) => response_pdus(&ctx.cmd, r, ctx.limits, 0),
-            None => Vec::new(),
-        };
-        if data_ins > 0 {
-            for p in &mut pdus {
-                if let Bhs::ScsiResponse(r) = &mut p.bhs {
-                    r.exp_data_sn = data_ins;
-                }
-            }
-        }
-        pdus
-    })
-    .await
 }
 
 /// Turns the units the sequencer releases into Data-In PDUs in send order
@@ -541,69 +437,97 @@ fn record(job: &ReadJob, t: &CommandTimers, bytes: u64) {
     job.path.stats.record(t, bytes, CopyCost::default());
 }
 
-/// Runs one READ on the pipelined path (see the module docs).
-pub(super) async fn serve(job: ReadJob) {
+/// Runs one READ on the pipelined path (see the module docs), its data
+/// moved by `mover`.
+pub(super) async fn serve<M: ReadMover>(job: ReadJob, mover: M) {
     let span = tracing::debug_span!(
         "read_cmd",
         itt = job.ctx.cmd.itt,
         lun = job.ctx.cmd.lun.index().unwrap_or(u16::MAX),
         len = job.ctx.cmd.expected_data_transfer_length,
         mode = ?job.path.mode,
-        rdma = job.rdma.is_some(),
+        wire = mover.wire(),
         in_order = job.data_pdu_in_order,
     );
-    serve_inner(job).instrument(span).await
+    serve_inner(job, mover).instrument(span).await
 }
 
-async fn serve_inner(job: ReadJob) {
-    let job = Arc::new(job);
-    if let Some(p) = &job.rdma {
-        p.svc
-            .counters()
-            .offloaded_commands
-            .fetch_add(1, Ordering::Relaxed);
-    }
-    let j = job.clone();
-    // The copies the core makes if it answers instead (debug copy counter).
-    let step = match tokio::task::spawn_blocking(move || {
-        j.ctx.in_core(|| copies::counted(|| prepare(&j)))
-    })
-    .await
-    {
-        Ok(s) => s,
-        Err(e) => (Step::Answer(job.ctx.panicked(&e)), Counts::default()),
-    };
-    match step {
-        (Step::Aborted, _) => answer(&job, None, 0).await,
-        (Step::Answer(r), core) if job.no_net => answer_no_net(&job, r, core).await,
-        (Step::Answer(r), _) => answer(&job, Some(r), 0).await,
-        (
-            Step::Pipelined {
-                read,
-                rx,
-                len,
-                lba,
-                lu,
-                sent_len,
-            },
-            _,
-        ) => {
-            let read = Pipelined {
-                read,
-                rx,
-                len,
-                lba,
-                lu,
-                sent_len,
-            };
-            if job.rdma.is_some() {
-                send_rdma(job, read).await
-            } else if job.no_net {
-                discard(job, read).await
-            } else {
-                send_tcp(job, read).await
+async fn serve_inner<M: ReadMover>(job: ReadJob, mut m: M) {
+    let ctx = job.ctx.clone();
+    let itt = ctx.cmd.itt;
+    let layout = m.layout(&ctx, job.data_pdu_in_order);
+    let (path, received) = (job.path.clone(), job.received);
+    let mut p =
+        match plan_or_core(&ctx, move |c, plan| start(c, &path, plan, layout, received)).await {
+            Planned::Go(p) => p,
+            Planned::Aborted => {
+                m.answer(&ctx, None, 0).await;
+                return;
+            }
+            Planned::Answer(r, core) => {
+                m.answer(&ctx, Some((r, core)), 0).await;
+                return;
+            }
+        };
+    let mut failure = None;
+    loop {
+        let ready = p.read.take_ready();
+        let moved = !ready.is_empty();
+        if moved {
+            p.read
+                .timers_mut()
+                .first_send
+                .get_or_insert_with(Instant::now);
+        }
+        let units = ready
+            .into_iter()
+            .map(|u| {
+                let (r, data) = p.read.unit_bytes(u);
+                (u, r, data)
+            })
+            .collect();
+        match m.chunks(&ctx, units, p.len).await {
+            Flow::More => {}
+            Flow::Done => break,
+            Flow::Ended(good) => {
+                if good {
+                    let now = Instant::now();
+                    let t = p.read.timers_mut();
+                    t.last_send_done = Some(now);
+                    t.finished = Some(now);
+                    let t = *t;
+                    record(&job, &t, u64::from(p.sent_len));
+                }
+                return;
             }
         }
+        if moved {
+            p.read.timers_mut().last_send_done = Some(Instant::now());
+        }
+        if p.read.all_released() {
+            break;
+        }
+        if let Err(e) = p.next_completions().await {
+            if m.may_fall_back() {
+                // Nothing left yet: the core reads it whole.
+                drop(p);
+                warn!(itt, wire = m.wire(), error = %e, "pipelined read failed: serial read");
+                let r = run_core(&ctx, Vec::new(), ()).await;
+                m.answer(&ctx, r, 0).await;
+                return;
+            }
+            warn!(itt, error = %e, "pipelined read failed");
+            failure = Some(p.lu.read_failure(p.lba, p.len, &e));
+            break;
+        }
+    }
+    let good = m.end(&ctx, failure, p.len).await;
+    let t = p.read.timers_mut();
+    t.last_send_done.get_or_insert_with(Instant::now);
+    if good {
+        t.finished = Some(Instant::now());
+        let t = *t;
+        record(&job, &t, u64::from(p.sent_len));
     }
 }
 
@@ -634,236 +558,11 @@ impl Pipelined {
     }
 }
 
-/// TCP: Data-In PDUs as their bytes become valid.
-async fn send_tcp(job: Arc<ReadJob>, mut p: Pipelined) {
-    let itt = job.ctx.cmd.itt;
-    let residual = Residual::of(job.ctx.cmd.expected_data_transfer_length, p.len as u32);
-    let mut stamper = DataInStamper::new(
-        datain::segments(
-            p.sent_len,
-            job.ctx.limits.max_recv_data_segment_length,
-            job.ctx.limits.max_burst_length,
-        )
-        .collect(),
-    );
-    // Data-In PDUs queued to the writer (they count in ExpDataSN).
-    let mut queued = 0u32;
-    let mut next_offset = 0u32;
-    loop {
-        for (u, seg) in stamper.release(p.read.take_ready()) {
-            if seg.offset != next_offset {
-                job.path.reordered_pdus.fetch_add(1, Ordering::Relaxed);
-            }
-            next_offset = seg.offset + seg.length;
-            let (_, data) = p.read.unit_bytes(u);
-            let now = Instant::now();
-            let t = p.read.timers_mut();
-            t.first_send.get_or_insert(now);
-            if seg.last {
-                // The status rides on the last Data-In (the task completes).
-                let bhs = data_in_header(&job.ctx.cmd, &seg, Some((0, residual)));
-                if job.ctx.finish() {
-                    job.ctx
-                        .send_and_forget([Outgoing::Pdu(Pdu::with_data(bhs, data))])
-                        .await;
-                    let now = Instant::now();
-                    let t = p.read.timers_mut();
-                    t.last_send_done = Some(now);
-                    t.finished = Some(now);
-                    let t = *t;
-                    record(&job, &t, u64::from(p.sent_len));
-                }
-                return;
-            }
-            let pdu = Pdu::with_data(data_in_header(&job.ctx.cmd, &seg, None), data);
-            let Ok(permit) = job.ctx.tx.reserve().await else {
-                // The connection is gone.
-                return answer(&job, None, queued).await;
-            };
-            if !job
-                .ctx
-                .session
-                .tasks
-                .while_live(itt, &job.ctx.aborted, move || {
-                    permit.send(Outgoing::Pdu(pdu))
-                })
-            {
-                debug!(itt, sent = queued, "READ aborted while sending");
-                return answer(&job, None, queued).await;
-            }
-            queued += 1;
-            p.read.timers_mut().last_send_done = Some(Instant::now());
-        }
-        if let Err(e) = p.next_completions().await {
-            let sent = queued;
-            drop(p.read);
-            if sent == 0 {
-                warn!(itt, error = %e, "pipelined read failed: serial read");
-                let j = job.clone();
-                let r = tokio::task::spawn_blocking(move || {
-                    j.ctx.in_core(|| j.ctx.luns.execute(&j.ctx.read_request()))
-                })
-                .await
-                .unwrap_or_else(|_| internal_failure());
-                return answer(&job, Some(r), 0).await;
-            }
-            let r = p.lu.read_failure(p.lba, p.len, &e);
-            return answer(&job, Some(r), sent).await;
-        }
-    }
-}
-
-/// `--no-net`: the read runs as [`send_tcp`]'s would (same chunks, units
-/// and mode), but each unit is dropped as it becomes valid instead of
-/// sent; then GOOD with an underflow of the whole length. A read error
-/// falls back to the core's serial read (nothing was sent yet), whose
-/// result is answered the `--no-net` way too.
-async fn discard(job: Arc<ReadJob>, mut p: Pipelined) {
-    let itt = job.ctx.cmd.itt;
-    loop {
-        // Valid units are released, and dropped: nothing goes out.
-        let _ = p.read.take_ready();
-        if p.read.all_released() {
-            break;
-        }
-        if let Err(e) = p.next_completions().await {
-            drop(p.read);
-            warn!(itt, error = %e, "pipelined read failed (--no-net): serial read");
-            let j = job.clone();
-            let (r, core) = tokio::task::spawn_blocking(move || {
-                j.ctx
-                    .in_core(|| copies::counted(|| j.ctx.luns.execute(&j.ctx.read_request())))
-            })
-            .await
-            .unwrap_or_else(|_| (internal_failure(), Counts::default()));
-            return answer_no_net(&job, r, core).await;
-        }
-    }
-    if !answer_mine(&job, Some(no_net_result()), 0).await {
-        return;
-    }
-    let bytes = u64::from(p.sent_len);
-    crate::copies::add(
-        CopyPath::NoNet,
-        &Counts {
-            commands: 1,
-            payload: bytes,
-            // A buffered engine read is a kernel copy into the registered
-            // buffer; an O_DIRECT one is DMA.
-            read_to_user: if job.path.direct { 0 } else { bytes },
-            ..Counts::default()
-        },
-    );
-    let t = p.read.timers_mut();
-    t.finished = Some(Instant::now());
-    let t = *t;
-    record(&job, &t, bytes);
-}
-
-/// `--no-net` answer of a READ the core executed (not planned, unaligned,
-/// no buffer, or a failed engine read): a GOOD result's data are dropped
-/// and counted under [`CopyPath::NoNet`] with the core's copies `core`;
-/// errors go out as they are.
-async fn answer_no_net(job: &ReadJob, r: ScsiResult, core: Counts) {
-    if r.status != 0 || r.sense.is_some() {
-        return answer(job, Some(r), 0).await;
-    }
-    let payload = r.data_in.len() as u64;
-    if answer_mine(job, Some(no_net_result()), 0).await {
-        crate::copies::add(
-            CopyPath::NoNet,
-            &Counts {
-                commands: 1,
-                payload,
-                ..core
-            },
-        );
-    }
-}
-
-/// GOOD, no data: `response_pdus` reports a residual underflow of the
-/// whole Expected Data Transfer Length.
-fn no_net_result() -> ScsiResult {
-    ScsiResult {
-        status: 0,
-        sense: None,
-        data_in: Vec::new(),
-        transfer_length: 0,
-    }
-}
-
-/// RDMA: each chunk RDMA Written at its offset as soon as it is valid (any
-/// order), then the SCSI Response.
-async fn send_rdma(job: Arc<ReadJob>, mut p: Pipelined) {
-    let itt = job.ctx.cmd.itt;
-    let placement = job.rdma.as_ref().expect("an RDMA job");
-    let mut writes = tokio::task::JoinSet::new();
-    let mut failure: Option<ScsiResult> = None;
-    let mut aborted = false;
-    loop {
-        for u in p.read.take_ready() {
-            if job.ctx.is_aborted() {
-                aborted = true;
-                break;
-            }
-            let (r, data) = p.read.unit_bytes(u);
-            p.read
-                .timers_mut()
-                .first_send
-                .get_or_insert_with(Instant::now);
-            let (svc, slot, desc) = (
-                placement.svc.clone(),
-                placement.slot.clone(),
-                placement.desc.clone(),
-            );
-            writes.spawn(async move { svc.write_at(&slot, &desc, r.start, &data).await });
-        }
-        if aborted || p.read.all_released() {
-            break;
-        }
-        if let Err(e) = p.next_completions().await {
-            warn!(itt, error = %e, "pipelined read failed");
-            failure = Some(p.lu.read_failure(p.lba, p.len, &e));
-            break;
-        }
-    }
-    // The status follows every Write (and no Write outlives the command).
-    while let Some(w) = writes.join_next().await {
-        let e = match w {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => e.0,
-            Err(e) => e.to_string(),
-        };
-        if failure.is_none() {
-            warn!(itt, error = %e, "RDMA Write of read data failed");
-            failure = Some(data_phase_error());
-        }
-    }
-    let now = Instant::now();
-    p.read.timers_mut().last_send_done = Some(now);
-    if aborted {
-        return answer(&job, None, 0).await;
-    }
-    let ok = failure.is_none();
-    let result = failure.unwrap_or(ScsiResult {
-        status: 0,
-        sense: None,
-        data_in: Vec::new(),
-        transfer_length: p.len as u32,
-    });
-    answer(&job, Some(result), 0).await;
-    if ok {
-        let t = p.read.timers_mut();
-        t.finished = Some(Instant::now());
-        let t = *t;
-        record(&job, &t, u64::from(p.sent_len));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::{Completion, CompletionTx, EngineKind, IoOp, Phase};
+    use crate::datapath::{Completion, CompletionTx, EngineKind, IoOp, Phase, SendOrder};
+    use crate::iscsi::datain;
     use proptest::prelude::*;
     use std::io::Write;
 
@@ -923,7 +622,7 @@ mod tests {
     /// PDUs in send order: unit, segment as sent, bytes.
     type Sent = Vec<(usize, DataInSegment, Vec<u8>)>;
 
-    /// Drives a read the way `send_tcp` does, completing chunks in
+    /// Drives a read the way the Data-In mover does, completing chunks in
     /// `completion_order`; returns every PDU sent, in send order, with its
     /// bytes.
     fn run(
