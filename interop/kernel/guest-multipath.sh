@@ -106,8 +106,10 @@ before=$(multipath -ll 2>&1)
 printf 'multipath -ll (before):\n%s\n' "$before" | sed 's/^/    /'
 printf '%s\n' "$before" >"$KL_OUT/multipath-before.txt"
 map=$(multipath -ll 2>/dev/null | awk '/BLOCKWIR/{print $1; exit}')
-if [ -n "$map" ] && grep -q "prio=50 status=active" <<<"$before" && grep -q "prio=10 status=enabled" <<<"$before"; then
-    pass "map $map: group prio=50 (active/optimized) active, prio=10 (non-optimized) enabled"
+# group_by_prio: one path group per ALUA state (alua prio: 50 active/optimized, 10 non-optimized).
+if [ -n "$map" ] && grep -A1 "prio=50 status=" <<<"$before" | grep -q " sd" &&
+    grep -A1 "prio=10 status=enabled" <<<"$before" | grep -q " sd"; then
+    pass "map $map: two path groups, prio=50 (active/optimized) and prio=10 (active/non-optimized)"
 else
     fail "multipath map with two ALUA path groups"
 fi
@@ -120,6 +122,10 @@ fio_pid=$!
 w0=$(awk '{print $7}' "/sys/block/$opt_dev/stat")
 timeout 300 bash -c 'until [ "$(awk "{print \$7}" /sys/block/$1/stat)" -gt $(($2 + 32768)) ]; do sleep 0.2; done' _ "$opt_dev" "$w0" ||
     fail "no writes on the optimized path $opt_dev"
+during=$(multipath -ll 2>&1)
+printf 'multipath -ll (fio running):\n%s\n' "$during" | sed 's/^/    /'
+grep -A1 "prio=50 status=active" <<<"$during" | grep -q " $opt_dev " &&
+    pass "under I/O the active/optimized group ($opt_dev) is the active one" || fail "active group under I/O"
 log "portal 127.0.0.1:3260 (group 1) goes away after $(($(awk '{print $7}' "/sys/block/$opt_dev/stat") / 2048)) MiB through $opt_dev"
 r=$(ctl portal.close '{"listen":"127.0.0.1:3260"}' 2>&1)
 rc=$?

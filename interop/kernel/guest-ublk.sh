@@ -35,7 +35,7 @@ T_PID=$KL_TPID
 
 "$KL_BIN/blockwire" ublk -p 127.0.0.1:3260 -T "$PFX:lab-ublk" -l 0 >"$KL_OUT/ublk.log" 2>&1 &
 U_PID=$!
-if timeout 60 bash -c 'until grep -q "^ublk device /dev/ublkb" "$1"; do kill -0 "$2" || exit 1; sleep 0.2; done' \
+if timeout 240 bash -c 'until grep -q "^ublk device /dev/ublkb" "$1"; do kill -0 "$2" || exit 1; sleep 0.2; done' \
     _ "$KL_OUT/ublk.log" "$U_PID"; then
     dev=$(sed -n 's/^ublk device \(\/dev\/ublkb[0-9]*\).*/\1/p' "$KL_OUT/ublk.log")
     pass "blockwire ublk: $(grep '^ublk device' "$KL_OUT/ublk.log")"

@@ -15,7 +15,7 @@ that runs it sets. Unlike a packet capture it cannot miss a segment: it is the T
   pdu_tap.py LISTEN_PORT TARGET_HOST:PORT REPORT_FILE
   pdu_tap.py --self-test     plants each fault in a synthetic PDU stream and checks it is caught
 
-On SIGTERM it writes a summary to REPORT_FILE (and stdout) and exits 0; the caller decides
+On SIGUSR1 it resets every relayed connection (a failed network path). On SIGTERM it writes a summary to REPORT_FILE (and stdout) and exits 0; the caller decides
 pass or fail from the summary's `violations` and `unanswered` lines.
 """
 import asyncio
@@ -43,6 +43,7 @@ class Stats:
 
 
 STATS = Stats()
+LIVE = set()  # (initiator writer, target writer) of each relayed connection
 
 
 class Conn:
@@ -156,6 +157,8 @@ async def handle(reader, writer, target):
         writer.close()
         return
     conn.note("connected")
+    pair = (writer, twriter)
+    LIVE.add(pair)
     a = asyncio.create_task(pump(reader, twriter, conn.from_initiator))
     b = asyncio.create_task(pump(treader, writer, conn.from_target))
     await asyncio.wait([a, b], return_when=asyncio.FIRST_COMPLETED)
@@ -166,8 +169,18 @@ async def handle(reader, writer, target):
             w.close()
         except Exception:
             pass
+    LIVE.discard(pair)
     conn.closed()
     conn.note("closed")
+
+
+def cut_all():
+    """SIGUSR1: the network path fails: every relayed connection is reset at once, both ways,
+    as a dead link or a pulled cable would leave it (the initiator sees a connection error)."""
+    STATS.log.append(f"{time.strftime('%T')} SIGUSR1: cutting {len(LIVE)} connection(s)")
+    for pair in list(LIVE):
+        for w in pair:
+            w.transport.abort()
 
 
 def summary():
@@ -228,6 +241,7 @@ async def main():
     server = await asyncio.start_server(lambda r, w: handle(r, w, target), "127.0.0.1", port)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, cut_all)
     print(f"pdu_tap listening on 127.0.0.1:{port} -> {target}", flush=True)
     await stop.wait()
     server.close()
