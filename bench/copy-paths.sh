@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MIB=${1:-64}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/build}
-BIN=$(cargo bench -p blockwire-target --bench copy_paths --no-run --message-format=json 2>/dev/null \
+BIN=$(cargo bench -p blockwire-target --features bench --bench copy_paths --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)

@@ -1,7 +1,7 @@
 //! Synchronized sends vs the serial baseline on an emulated disk and
 //! network (the GMBlock paper's Exp. 2a/2b, the synchronized-sends paper's Fig. 5).
 //!
-//! `cargo bench -p blockwire-target --bench synchro` runs the full sweep;
+//! `cargo bench -p blockwire-target --features bench --bench synchro` runs the full sweep;
 //! without `--bench` (as `cargo test --benches` runs it) it does a short
 //! smoke run. `BW_ITERS` sets commands per point (default 24).
 

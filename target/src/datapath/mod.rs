@@ -9,10 +9,14 @@
 //!   send units as chunks become valid, in order or in any order.
 //! - [`stripe`] (pure): RAID0 address mapping; [`source`]: file, striped
 //!   files, or the no-disk pattern.
-//! - [`pipeline`]: [`ReadCommand`] (one READ's state) and [`Pipeline`]
-//!   (blocking driver: synchronized or serial reads, double-buffered writes).
-//! - [`sink`]: where data go ([`ChunkSink`]) and come from
-//!   ([`ChunkProducer`]); [`emulate`]: token-bucket disk and network.
+//! - [`read`]: [`ReadCommand`] (one READ's state: its pool buffer, its
+//!   chunks, the units it releases); the fabric's data mover
+//!   (`iscsi::mover`) moves the units as TCP Data-In or RDMA Writes.
+//! - With the `bench` feature (and in this crate's tests) only, for the
+//!   benchmarks in `benches/`: `pipeline` (`Pipeline`, a blocking driver:
+//!   synchronized or serial reads, double-buffered writes), `sink` (where
+//!   its data go, `ChunkSink`, and come from, `ChunkProducer`) and
+//!   `emulate` (token-bucket disk and network).
 //! - [`stats`]: per-command state timers, histograms, copy counters.
 //!
 //! # Wiring a READ into the fabric
@@ -21,7 +25,7 @@
 //! EnginePref::Auto)?` (log `banner`: it names io_uring or the thread pool
 //! and why), and one [`Source`] per LUN (`Source::File` of an
 //! [`open_direct`] file for `direct` mode). Per READ larger than the
-//! threshold, on the connection's task:
+//! threshold, on the connection's task (what `iscsi::syncread` does):
 //!
 //! ```text
 //! let units = datain::segments(len, mrdsl, mbl).map(|s| s.offset as u64..(s.offset + s.length) as u64).collect();
@@ -36,17 +40,20 @@
 //! // SCSI Response (or status in the last Data-In); drop `cmd` to return the buffer.
 //! ```
 //!
-//! `unit(u)` borrows the registered buffer: write header then payload
+//! `unit_bytes(u)` shares the registered buffer: write header then payload
 //! (`write_vectored`, no copy), or post an RDMA Write at `range.start`.
-//! With DataPDUInOrder=No, DataSN still has to count in send order.
-//! [`Pipeline::read`] is the same loop for a blocking thread;
-//! [`Pipeline::write`] does double-buffered WRITEs from a [`ChunkProducer`].
+//! With DataPDUInOrder=No, DataSN still has to count in send order
+//! (`iscsi::syncread::DataInStamper`).
 
 pub mod buffer;
 pub mod chunk;
+#[cfg(any(test, feature = "bench"))]
 pub mod emulate;
 pub mod engine;
+#[cfg(any(test, feature = "bench"))]
 pub mod pipeline;
+pub mod read;
+#[cfg(any(test, feature = "bench"))]
 pub mod sink;
 pub mod source;
 pub mod stats;
@@ -63,7 +70,10 @@ pub use engine::{
     completion_channel, open_direct, open_direct_or_buffered, open_engine, Completion,
     CompletionRx, CompletionTx, Engine, EngineKind, EnginePref, IoOp, OpKind,
 };
-pub use pipeline::{CommandReport, Mode, Pipeline, ReadCommand, ReadConfig, WriteConfig};
+#[cfg(any(test, feature = "bench"))]
+pub use pipeline::{CommandReport, Pipeline, WriteConfig};
+pub use read::{Mode, ReadCommand, ReadConfig};
+#[cfg(any(test, feature = "bench"))]
 pub use sink::{ChunkProducer, ChunkSink};
 pub use source::Source;
 pub use stats::{CommandTimers, CopyCost, Phase, PhaseStats};
