@@ -47,6 +47,11 @@ pub struct RdmaConfig {
     pub inline_threshold: usize,
     /// Commands moving more than this go over TCP (the target's pool bounds it).
     pub max_offload: usize,
+    /// How long the RDMA connection to the target's offload endpoint may take
+    /// before the session gives up on offload and stays plain iSCSI. Generous:
+    /// a busy host (or a test machine running many sessions) can be slow to
+    /// accept, and falling back costs every later command its offload.
+    pub connect_timeout: Duration,
 }
 
 impl Default for RdmaConfig {
@@ -56,6 +61,7 @@ impl Default for RdmaConfig {
             registration: RegConfig::PinDownCache { capacity: 128 },
             inline_threshold: 8 << 10,
             max_offload: 4 << 20,
+            connect_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -252,7 +258,7 @@ impl AssistedSession {
             token: grant.token,
         };
         let connected = tokio::time::timeout(
-            Duration::from_secs(3),
+            self.cfg.connect_timeout,
             self.provider.connect(grant.endpoint, init, &bind.encode()),
         )
         .await;

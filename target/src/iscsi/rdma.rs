@@ -28,8 +28,10 @@ use tracing::{debug, info, warn};
 
 /// Largest RDMA operation the target posts (a chunk longer than this is split).
 const MAX_OP: u64 = 4 << 20;
-/// How long a command waits for the session's RDMA connection to appear.
-const BIND_WAIT: Duration = Duration::from_secs(2);
+/// How long a command waits for the session's RDMA connection to appear. The
+/// initiator sends a descriptor only once its side of the connection is up, so
+/// the wait is the target's accept catching up; a loaded host can take seconds.
+const BIND_WAIT: Duration = Duration::from_secs(10);
 
 /// Counters of the RDMA data path.
 #[derive(Debug, Default)]
