@@ -9,9 +9,6 @@
 
 pub mod backstore;
 pub mod copies;
-// datapath/buffer.rs (PoolBuf's unsafe slice accessor) still does its unsafe
-// operations in an `unsafe fn` body without an `unsafe {}` block of its own.
-#[allow(unsafe_op_in_unsafe_fn)]
 pub mod datapath;
 pub mod iscsi;
 pub mod scsi;

@@ -22,8 +22,12 @@ struct Slot {
     cap: usize,
 }
 
-// The pointers are owned by the pool and only handed out through leases.
+// SAFETY: a slot's pointer is an allocation the pool owns for its whole life
+// and frees only on drop; the bytes are reached only through a lease, which
+// one holder has at a time, so moving the slot to another thread is sound.
 unsafe impl Send for Slot {}
+// SAFETY: `&Slot` exposes only the pointer value and capacity (plain data);
+// access to the bytes goes through leases, never through a shared `&Slot`.
 unsafe impl Sync for Slot {}
 
 struct Class {
@@ -233,7 +237,11 @@ impl BufLease {
     /// seen the completion of every read into it (or submitted none).
     pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &[u8] {
         assert!(range.start <= range.end && range.end <= self.capacity());
-        std::slice::from_raw_parts(self.as_ptr().add(range.start), range.end - range.start)
+        // SAFETY: the assert keeps `range` inside this lease's allocation of
+        // `capacity()` bytes; the caller promises no I/O writes it meanwhile.
+        unsafe {
+            std::slice::from_raw_parts(self.as_ptr().add(range.start), range.end - range.start)
+        }
     }
 }
 

@@ -110,6 +110,9 @@ impl UringEngine {
 
 fn sqe_for(op: &IoOp, done: usize, user_data: u64) -> io_uring::squeue::Entry {
     let fd = types::Fd(op.file.as_raw_fd());
+    // SAFETY: `buf_offset + done` stays within the registered buffer: the op
+    // was checked in `submit` (`buf_offset + len <= capacity`) and a short
+    // transfer is resubmitted with `done < len`.
     let ptr = unsafe { op.buf.as_ptr().add(op.buf_offset + done) };
     let len = (op.len - done) as u32;
     let off = op.file_offset + done as u64;
