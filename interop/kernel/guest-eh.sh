@@ -104,8 +104,15 @@ echo 5 >"/sys/block/$dev/device/timeout"
 start_fio eh-timeouts
 stall true
 wait_inflight && log "$(inflight) commands held by the stalled LUN"
-# Two timeouts: the first is aborted and retried, the second escalates to the EH thread.
-timeout 60 bash -c 'until dmesg | grep -q "scsi_eh_\|eh_abort\|aborting command\|abort scheduled"; do sleep 0.5; done'
+# libiscsi first asks for more time while the connection still moves data ("Command making
+# progress"); once it has been idle for a timeout, the SCSI layer aborts (ABORT TASK), retries,
+# and a second timeout of a retried command goes to the EH thread. Wait for the aborts, then
+# give the retries one more timeout before lifting the stall.
+if timeout 120 bash -c 'until dmesg | grep -q "iscsi_eh_abort\|aborting \[sc\|aborting command"; do sleep 0.5; done'; then
+    log "the kernel is aborting the timed-out commands"
+else
+    log "no abort within 120 s"
+fi
 sleep 8
 stall false
 end_fio eh-timeouts
