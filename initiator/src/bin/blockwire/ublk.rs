@@ -80,12 +80,61 @@ enum Op {
     Flush,
 }
 
+/// How a tag's task learns that the tokio side finished its command. The
+/// queue thread sleeps in its io_uring (libublk's event loop) and only wakes
+/// for completions there, so a channel alone would leave the answer sitting
+/// until the loop's idle timeout. Each tag owns a pipe: the task posts an
+/// io_uring read on it, the tokio side sends the result and then writes one
+/// byte, and the read's completion wakes the task on the queue thread.
+struct Doorbell {
+    reader: std::io::PipeReader,
+    writer: Arc<std::io::PipeWriter>,
+}
+
+impl Doorbell {
+    fn new() -> std::io::Result<Doorbell> {
+        let (reader, writer) = std::io::pipe()?;
+        Ok(Doorbell {
+            reader,
+            writer: Arc::new(writer),
+        })
+    }
+
+    /// Waits (on the queue's io_uring) for one ring of the bell.
+    async fn wait(&self) -> Result<(), UblkError> {
+        use std::os::fd::AsRawFd;
+        let mut byte = [0u8; 1];
+        let sqe = io_uring::opcode::Read::new(
+            io_uring::types::Fd(self.reader.as_raw_fd()),
+            byte.as_mut_ptr(),
+            1,
+        )
+        .build();
+        // `byte` lives until the read completes: this future awaits it.
+        let r =
+            libublk::uring_async::ublk_submit_sqe_async(sqe, libublk::UblkUringData::Target as u64)
+                .await?;
+        if r == 1 {
+            Ok(())
+        } else {
+            Err(UblkError::OtherError(if r < 0 { r } else { -libc::EIO }))
+        }
+    }
+}
+
 /// Runs `op` on the tokio runtime and waits for it from the queue's
 /// executor; returns the bytes for a READ and the ublk result (bytes
 /// moved, or -errno).
-async fn run_op(rt: &Handle, s: &Arc<Session>, lun: u16, op: Op) -> (Option<Vec<u8>>, i32) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+async fn run_op(
+    rt: &Handle,
+    bell: &Doorbell,
+    s: &Arc<Session>,
+    lun: u16,
+    op: Op,
+) -> (Option<Vec<u8>>, i32) {
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
     let s = s.clone();
+    let writer = bell.writer.clone();
     rt.spawn(async move {
         let r = match op {
             Op::Read { lba, blocks, bytes } => {
@@ -122,8 +171,14 @@ async fn run_op(rt: &Handle, s: &Arc<Session>, lun: u16, op: Op) -> (Option<Vec<
             },
         };
         let _ = tx.send(r);
+        // Ring after the result is in the channel: the woken task finds it.
+        let _ = std::io::Write::write_all(&mut &*writer, &[1]);
     });
-    rx.await.unwrap_or((None, -libc::EIO))
+    if let Err(e) = bell.wait().await {
+        eprintln!("blockwire ublk: waiting for a command: {e}");
+        return (None, -libc::EIO);
+    }
+    rx.try_recv().unwrap_or((None, -libc::EIO))
 }
 
 /// One tag's loop: fetch a request, run it, commit the result.
@@ -135,6 +190,7 @@ async fn io_task(
     lun: u16,
     block_size: u32,
 ) -> Result<(), UblkError> {
+    let bell = Doorbell::new().map_err(UblkError::IOError)?;
     let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
     q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf))
         .await?;
@@ -153,7 +209,7 @@ async fn io_task(
                 -libc::EINVAL
             }
             sys::UBLK_IO_OP_READ => {
-                let (data, r) = run_op(&rt, &s, lun, Op::Read { lba, blocks, bytes }).await;
+                let (data, r) = run_op(&rt, &bell, &s, lun, Op::Read { lba, blocks, bytes }).await;
                 if let Some(d) = data {
                     buf.as_mut_slice()[..bytes].copy_from_slice(&d);
                 }
@@ -167,9 +223,9 @@ async fn io_task(
                     data,
                     fua,
                 };
-                run_op(&rt, &s, lun, w).await.1
+                run_op(&rt, &bell, &s, lun, w).await.1
             }
-            sys::UBLK_IO_OP_FLUSH => run_op(&rt, &s, lun, Op::Flush).await.1,
+            sys::UBLK_IO_OP_FLUSH => run_op(&rt, &bell, &s, lun, Op::Flush).await.1,
             _ => -libc::EOPNOTSUPP,
         };
         q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res)
