@@ -16,6 +16,11 @@ step() { printf '\n==== %s\n' "$*"; }
 step "format"
 cargo fmt --all -- --check
 
+step "every unsafe block has a SAFETY comment (clippy::undocumented_unsafe_blocks, verbs included)"
+# Crate roots say #![warn(clippy::undocumented_unsafe_blocks)]; -D warnings makes it fail here.
+cargo clippy --workspace --all-targets --features blockwire-transport/verbs -- \
+  -A clippy::all -W clippy::undocumented_unsafe_blocks -D warnings
+
 step "build (debug, all targets)"
 cargo build --workspace --all-targets
 
