@@ -219,9 +219,17 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = int.recv() => info!("SIGINT received"),
+    // SIGHUP's default action ends the process; until the configuration can
+    // be reloaded live, it is caught and only answered with a warning.
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { info!("SIGTERM received"); break; }
+            _ = int.recv() => { info!("SIGINT received"); break; }
+            _ = hup.recv() => warn!(
+                "SIGHUP: configuration reload is not supported yet; restart the daemon to apply changes"
+            ),
+        }
     }
     Ok(())
 }

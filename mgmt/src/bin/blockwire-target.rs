@@ -54,8 +54,61 @@ struct Args {
     #[arg(long)]
     no_disk: bool,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "blockwire_target=debug".
+    /// The output format is --log-format, not this.
     #[arg(long, default_value = "info", env = "BLOCKWIRE_LOG")]
     log: String,
+    /// Log output format on stderr: "text" (human-readable; colours only when
+    /// stderr is a terminal) or "json" (one JSON object per line).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "text",
+        env = "BLOCKWIRE_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+}
+
+/// How log events are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Parses `--log` as a tracing filter, refusing a value that is an output
+/// format name: EnvFilter would take "json" for a target name and, matching
+/// nothing, silently turn logging off.
+fn log_filter(spec: &str) -> anyhow::Result<tracing_subscriber::EnvFilter> {
+    const FORMATS: [&str; 5] = ["json", "text", "pretty", "compact", "full"];
+    if let Some(word) = spec
+        .split(',')
+        .map(str::trim)
+        .find(|d| FORMATS.iter().any(|f| d.eq_ignore_ascii_case(f)))
+    {
+        anyhow::bail!(
+            "--log {spec:?}: {word:?} is an output format, not a log filter; \
+             use --log-format {} (--log takes a level or target filter, e.g. \"info\" \
+             or \"blockwire_target=debug\")",
+            word.to_ascii_lowercase()
+        );
+    }
+    tracing_subscriber::EnvFilter::try_new(spec)
+        .with_context(|| format!("--log {spec:?} is not a valid log filter"))
+}
+
+/// Installs the global subscriber: `filter`, written to stderr in `format`.
+fn init_logging(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.with_ansi(false).json().init(),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -174,10 +227,7 @@ fn main() -> anyhow::Result<ExitCode> {
         print!("{}", blockwire_mgmt::config::EXAMPLE_CONFIG);
         return Ok(ExitCode::SUCCESS);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(log_filter(&args.log)?, args.log_format);
     let opts = LoadOptions {
         no_disk: args.no_disk,
     };

@@ -1,0 +1,223 @@
+//! Operations basics of the real `blockwire-target` binary, with stderr
+//! redirected to a file as a service manager would:
+//!
+//! - the text log carries no ANSI escape codes when stderr is not a terminal;
+//! - SIGHUP does not end the daemon: it logs a warning and keeps accepting
+//!   connections on its portal; SIGTERM then ends it with exit 0;
+//! - `--log-format json` writes one JSON object per line;
+//! - `--log json` (a format name given as the filter) is refused with a
+//!   message naming --log-format.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_blockwire-target");
+const HUP_WARNING: &str =
+    "SIGHUP: configuration reload is not supported yet; restart the daemon to apply changes";
+
+/// A running daemon; killed (and its log printed if the test failed) when
+/// dropped.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- blockwire-target log ---\n{log}");
+        }
+    }
+}
+
+impl Daemon {
+    /// Starts the daemon with one portal on a free port of 127.0.0.1 and one
+    /// 8 MiB RAM LUN, stderr to a file, plus `extra` arguments.
+    fn start(extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("ops.toml");
+        std::fs::write(
+            &config,
+            "[fabric]\nnop_interval_secs = 0\n\n\
+             [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:ops\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n",
+        )
+        .unwrap();
+        let log = dir.path().join("daemon.log");
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .args(extra)
+            .env_remove("BLOCKWIRE_LOG")
+            .env_remove("BLOCKWIRE_LOG_FORMAT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start blockwire-target");
+        Daemon {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log satisfies `found` (which returns what it found).
+    fn wait_log<T>(&mut self, what: &str, found: impl Fn(&str) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(t) = found(&self.log_text()) {
+                return t;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("the daemon exited ({status}) before logging {what}");
+            }
+            assert!(Instant::now() < deadline, "the daemon never logged {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits (at most 20 s) for the daemon to exit.
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the daemon did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The portal address of a text log's "listening" line.
+fn text_portal(log: &str) -> Option<SocketAddr> {
+    log.lines()
+        .filter(|l| l.contains("listening"))
+        .find_map(|l| {
+            l.split_once("portal=")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
+/// The portal address of a JSON log's "listening" event.
+fn json_portal(log: &str) -> Option<SocketAddr> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "listening")
+        .and_then(|v| v["fields"]["portal"].as_str()?.parse().ok())
+}
+
+fn assert_accepts(portal: SocketAddr) {
+    TcpStream::connect_timeout(&portal, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("the portal {portal} refused a connection: {e}"));
+}
+
+/// Sends SIGHUP, checks the warning and that the portal still accepts a
+/// connection, then SIGTERM and a clean exit. Returns the whole log.
+fn hup_then_term(d: &mut Daemon, portal: SocketAddr) -> String {
+    d.signal("HUP");
+    d.wait_log("the SIGHUP warning", |log| {
+        log.contains(HUP_WARNING).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "the daemon exited on SIGHUP"
+    );
+    assert_accepts(portal);
+    d.signal("TERM");
+    let status = d.wait_exit();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    d.log_text()
+}
+
+#[test]
+fn sighup_warns_and_keeps_serving_text_log_has_no_escape_codes() {
+    let mut d = Daemon::start(&["--log", "info"]);
+    let portal = d.wait_log("the portal address", text_portal);
+    assert_accepts(portal);
+    let log = hup_then_term(&mut d, portal);
+    let line = log
+        .lines()
+        .find(|l| l.contains(HUP_WARNING))
+        .expect("the warning line");
+    assert!(line.contains("WARN"), "not at warn level: {line}");
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(
+        !log.as_bytes().contains(&0x1b),
+        "the log (stderr not a terminal) has ESC bytes: {log:?}"
+    );
+}
+
+#[test]
+fn json_log_format_writes_one_object_per_line() {
+    let mut d = Daemon::start(&["--log", "info", "--log-format", "json"]);
+    let portal = d.wait_log("the portal address", json_portal);
+    let log = hup_then_term(&mut d, portal);
+    let mut events = 0;
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a log line is not JSON ({e}): {line:?}"));
+        assert!(v.is_object(), "not an object: {line}");
+        events += 1;
+        if v["fields"]["message"] == HUP_WARNING {
+            assert_eq!(v["level"], "WARN", "{line}");
+        }
+    }
+    assert!(events >= 3, "too few events: {log}");
+    assert!(!log.as_bytes().contains(&0x1b), "{log:?}");
+}
+
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("BLOCKWIRE_LOG")
+        .env_remove("BLOCKWIRE_LOG_FORMAT")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} was accepted: {stderr}");
+    stderr
+}
+
+#[test]
+fn format_name_as_log_filter_is_refused() {
+    for args in [
+        &["--log", "json"][..],
+        &["--log", "text"],
+        &["--log", "info,json", "--check"],
+    ] {
+        let stderr = refused(args);
+        assert!(stderr.contains("--log-format"), "{args:?}: {stderr}");
+    }
+    let stderr = refused(&["--log-format", "yaml"]);
+    assert!(stderr.contains("json"), "{stderr}");
+}
