@@ -15,9 +15,10 @@
 //!   initiators in again. The ALUA view from the second portal is checked
 //!   on the way (REPORT TARGET PORT GROUPS, VPD 83h).
 
+use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use blockwire_mgmt::control::ctl;
@@ -28,30 +29,17 @@ use serde_json::{json, Value};
 
 #[path = "../../target/tests/support/mod.rs"]
 mod support;
-use support::RawConn;
+use support::{rw10, RawConn};
+
+mod daemon;
+use daemon::{DaemonProcess, BIN};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:ctl-e2e";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:ctl-e2e-initiator";
-const BIN: &str = env!("CARGO_BIN_EXE_blockwire-target");
-
-/// A running daemon; killed (and its log printed if the test failed) when
-/// dropped.
+/// The daemon and its control socket.
 struct Daemon {
-    child: Child,
+    _process: DaemonProcess,
     socket: PathBuf,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            eprintln!("--- blockwire-target log ---\n{log}");
-        }
-    }
 }
 
 impl Daemon {
@@ -80,24 +68,17 @@ impl Daemon {
         )
         .unwrap();
         let socket = dir.path().join("control.sock");
-        let log = dir.path().join("daemon.log");
-        let child = Command::new(BIN)
-            .arg("--config")
-            .arg(&config)
-            .arg("--control")
-            .arg(&socket)
-            .arg("--log")
-            .arg("info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start blockwire-target");
-        let d = Daemon {
-            child,
-            socket,
-            log,
-            _dir: dir,
-        };
+        let _process = DaemonProcess::spawn(
+            dir,
+            &config,
+            [
+                OsStr::new("--control"),
+                socket.as_os_str(),
+                OsStr::new("--log"),
+                OsStr::new("info"),
+            ],
+        );
+        let d = Daemon { _process, socket };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while d.try_call("lun.list", Value::Null).await.is_err() {
             assert!(
@@ -335,15 +316,6 @@ impl Client {
             }
         }
     }
-}
-
-fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
-    let mut cdb = vec![op, 0];
-    cdb.extend_from_slice(&lba.to_be_bytes());
-    cdb.push(0);
-    cdb.extend_from_slice(&blocks.to_be_bytes());
-    cdb.push(0);
-    cdb
 }
 
 fn stall(stalled: bool) -> Value {

@@ -19,7 +19,7 @@ use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use tokio::io::AsyncWriteExt;
 
 mod support;
-use support::{start_target, RawConn, TestTarget};
+use support::{rw10, start_target, RawConn, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:fabric-test";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:test-initiator";
@@ -134,15 +134,6 @@ impl Client {
             }
         }
     }
-}
-
-fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
-    let mut cdb = vec![op, 0];
-    cdb.extend_from_slice(&lba.to_be_bytes());
-    cdb.push(0);
-    cdb.extend_from_slice(&blocks.to_be_bytes());
-    cdb.push(0);
-    cdb
 }
 
 /// Writes `data` at `lba` with immediate data, unsolicited Data-Out and

@@ -20,7 +20,7 @@ use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
 
 mod support;
-use support::{bind_target, RawConn, TestTarget};
+use support::{bind_target, rw10, RawConn, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:sync-write-test";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:sync-write-initiator";
@@ -259,15 +259,6 @@ impl Client {
             }
         }
     }
-}
-
-fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
-    let mut cdb = vec![op, 0];
-    cdb.extend_from_slice(&lba.to_be_bytes());
-    cdb.push(0);
-    cdb.extend_from_slice(&blocks.to_be_bytes());
-    cdb.push(0);
-    cdb
 }
 
 /// Deterministic pseudo-random bytes (xorshift), different per `seed`.

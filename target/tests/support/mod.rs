@@ -232,3 +232,13 @@ impl RawConn {
         }
     }
 }
+
+/// A READ(10) or WRITE(10) CDB (`op` 0x28 or 0x2a) of `blocks` blocks at `lba`.
+pub fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut cdb = vec![op, 0];
+    cdb.extend_from_slice(&lba.to_be_bytes());
+    cdb.push(0);
+    cdb.extend_from_slice(&blocks.to_be_bytes());
+    cdb.push(0);
+    cdb
+}
