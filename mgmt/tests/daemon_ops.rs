@@ -9,107 +9,31 @@
 //!   message naming --log-format.
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_blockwire-target");
+mod daemon;
+use daemon::{DaemonProcess as Daemon, BIN};
+
 const HUP_WARNING: &str =
     "SIGHUP: configuration reload is not supported yet; restart the daemon to apply changes";
 
-/// A running daemon; killed (and its log printed if the test failed) when
-/// dropped.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            eprintln!("--- blockwire-target log ---\n{log}");
-        }
-    }
-}
-
-impl Daemon {
-    /// Starts the daemon with one portal on a free port of 127.0.0.1 and one
-    /// 8 MiB RAM LUN, stderr to a file, plus `extra` arguments.
-    fn start(extra: &[&str]) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("ops.toml");
-        std::fs::write(
-            &config,
-            "[fabric]\nnop_interval_secs = 0\n\n\
-             [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
-             [[target]]\nname = \"iqn.2026-11.io.blockwire:ops\"\n\n\
-             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n",
-        )
-        .unwrap();
-        let log = dir.path().join("daemon.log");
-        let child = Command::new(BIN)
-            .arg("--config")
-            .arg(&config)
-            .args(extra)
-            .env_remove("BLOCKWIRE_LOG")
-            .env_remove("BLOCKWIRE_LOG_FORMAT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start blockwire-target");
-        Daemon {
-            child,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the log satisfies `found` (which returns what it found).
-    fn wait_log<T>(&mut self, what: &str, found: impl Fn(&str) -> Option<T>) -> T {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(t) = found(&self.log_text()) {
-                return t;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("the daemon exited ({status}) before logging {what}");
-            }
-            assert!(Instant::now() < deadline, "the daemon never logged {what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
-    }
-
-    /// Waits (at most 20 s) for the daemon to exit.
-    fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the daemon did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+/// Starts the daemon with one portal on a free port of 127.0.0.1 and one
+/// 8 MiB RAM LUN, stderr to a file, plus `extra` arguments.
+fn start(extra: &[&str]) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ops.toml");
+    std::fs::write(
+        &config,
+        "[fabric]\nnop_interval_secs = 0\n\n\
+         [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+         [[target]]\nname = \"iqn.2026-11.io.blockwire:ops\"\n\n\
+         [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n",
+    )
+    .unwrap();
+    Daemon::spawn(dir, &config, extra)
 }
 
 /// The portal address of a text log's "listening" line.
@@ -160,7 +84,7 @@ fn hup_then_term(d: &mut Daemon, portal: SocketAddr) -> String {
 
 #[test]
 fn sighup_warns_and_keeps_serving_text_log_has_no_escape_codes() {
-    let mut d = Daemon::start(&["--log", "info"]);
+    let mut d = start(&["--log", "info"]);
     let portal = d.wait_log("the portal address", text_portal);
     assert_accepts(portal);
     let log = hup_then_term(&mut d, portal);
@@ -178,7 +102,7 @@ fn sighup_warns_and_keeps_serving_text_log_has_no_escape_codes() {
 
 #[test]
 fn json_log_format_writes_one_object_per_line() {
-    let mut d = Daemon::start(&["--log", "info", "--log-format", "json"]);
+    let mut d = start(&["--log", "info", "--log-format", "json"]);
     let portal = d.wait_log("the portal address", json_portal);
     let log = hup_then_term(&mut d, portal);
     let mut events = 0;

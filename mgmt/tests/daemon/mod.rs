@@ -1,0 +1,98 @@
+//! The real `blockwire-target` binary as the child of a test: started on a
+//! configuration in the test's scratch directory with stderr in a log file
+//! (as a service manager runs it), killed when dropped, and its log printed
+//! when the test failed.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_blockwire-target");
+
+/// A running daemon.
+pub struct DaemonProcess {
+    pub child: Child,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl DaemonProcess {
+    /// Starts `blockwire-target --config CONFIG ARGS...` with stderr in
+    /// `dir/daemon.log`; `dir` lives as long as the daemon. The log
+    /// environment variables are cleared so that only ARGS choose logging.
+    pub fn spawn(
+        dir: tempfile::TempDir,
+        config: &Path,
+        args: impl IntoIterator<Item = impl AsRef<OsStr>>,
+    ) -> DaemonProcess {
+        let log = dir.path().join("daemon.log");
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env_remove("BLOCKWIRE_LOG")
+            .env_remove("BLOCKWIRE_LOG_FORMAT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start blockwire-target");
+        DaemonProcess {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log satisfies `found` (which returns what it found).
+    pub fn wait_log<T>(&mut self, what: &str, found: impl Fn(&str) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(t) = found(&self.log_text()) {
+                return t;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("the daemon exited ({status}) before logging {what}");
+            }
+            assert!(Instant::now() < deadline, "the daemon never logged {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits (at most 20 s) for the daemon to exit.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the daemon did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- blockwire-target log ---\n{}", self.log_text());
+        }
+    }
+}
