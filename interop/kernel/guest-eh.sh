@@ -86,9 +86,7 @@ wait_inflight() { # wait (<= 120 s) until commands are outstanding on the stalle
 start_fio() { # TAG
     fio_verify "/dev/$dev" "${MIB}M" >"$KL_OUT/fio-$1.log" 2>&1 &
     FIO=$!
-    local w0
-    w0=$(awk '{print $7}' "/sys/block/$dev/stat")
-    timeout 120 bash -c 'until [ "$(awk "{print \$7}" /sys/block/$1/stat)" -gt $(($2 + 8192)) ]; do sleep 0.2; done' _ "$dev" "$w0"
+    wait_written "$dev" 8192 120
 }
 end_fio() { # TAG
     if wait "$FIO"; then

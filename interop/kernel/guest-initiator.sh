@@ -380,16 +380,12 @@ iscsiadm -m node -T "$PFX:lab-restart" -p 127.0.0.1:3280 -o update \
 expect_rc "login lab-restart" 0 iscsiadm -m node -T "$PFX:lab-restart" -p 127.0.0.1:3280 --login
 sid=$(session_id "$PFX:lab-restart")
 dev=$(lun_dev "$sid" 0)
-writes() { awk '{print $7}' "/sys/block/$dev/stat"; } # sectors written so far
 fio_verify "/dev/$dev" "${MIB}M" >"$KL_OUT/fio-restart.log" 2>&1 &
 fio_pid=$!
 restart() { # SIGNAL
-    local w0
-    w0=$(writes)
     # a restart every eighth of the run's writes
-    timeout 300 bash -c 'until [ "$(awk "{print \$7}" /sys/block/$1/stat)" -gt $(($2 + $3)) ]; do sleep 0.2; done' \
-        _ "$dev" "$w0" $((MIB * 2048 / 8))
-    log "SIG$1 to blockwire-target $C_PID after $(($(writes) / 2048)) MiB written"
+    wait_written "$dev" $((MIB * 2048 / 8)) 300
+    log "SIG$1 to blockwire-target $C_PID after $(($(sectors_written "$dev") / 2048)) MiB written"
     stop_target "$C_PID" "$1"
     start_target "c-after-$1" "$KL_WORK/c.toml" || fail "restart daemon C after SIG$1"
     C_PID=$KL_TPID

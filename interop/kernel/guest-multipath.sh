@@ -119,14 +119,13 @@ opt_dev=$(awk '/prio=50/{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | he
 log "optimized path: $opt_dev"
 fio_verify "/dev/mapper/$map" "${MIB}M" >"$KL_OUT/fio-mpath.log" 2>&1 &
 fio_pid=$!
-w0=$(awk '{print $7}' "/sys/block/$opt_dev/stat")
-timeout 300 bash -c 'until [ "$(awk "{print \$7}" /sys/block/$1/stat)" -gt $(($2 + 32768)) ]; do sleep 0.2; done' _ "$opt_dev" "$w0" ||
+wait_written "$opt_dev" 32768 300 ||
     fail "no writes on the optimized path $opt_dev"
 during=$(multipath -ll 2>&1)
 printf 'multipath -ll (fio running):\n%s\n' "$during" | sed 's/^/    /'
 grep -A1 "prio=50 status=active" <<<"$during" | grep -q " $opt_dev " &&
     pass "under I/O the active/optimized group ($opt_dev) is the active one" || fail "active group under I/O"
-log "portal 127.0.0.1:3260 (group 1) goes away after $(($(awk '{print $7}' "/sys/block/$opt_dev/stat") / 2048)) MiB through $opt_dev"
+log "portal 127.0.0.1:3260 (group 1) goes away after $(($(sectors_written "$opt_dev") / 2048)) MiB through $opt_dev"
 r=$(ctl portal.close '{"listen":"127.0.0.1:3260"}' 2>&1)
 rc=$?
 printf '    ctl portal.close: %s\n' "$r"

@@ -141,3 +141,13 @@ bounded() {
     fi
     return "$rc"
 }
+
+# sectors_written DEV: 512-byte sectors written to DEV so far (field 7 of /sys/block/DEV/stat).
+sectors_written() { awk '{print $7}' "/sys/block/$1/stat"; }
+
+# wait_written DEV SECTORS SECS: wait (at most SECS) until SECTORS more have been written to DEV.
+wait_written() {
+    local goal=$(($(sectors_written "$1") + $2))
+    timeout "$3" bash -c 'until [ "$(awk "{print \$7}" /sys/block/$1/stat)" -gt "$2" ]; do sleep 0.2; done' \
+        _ "$1" "$goal"
+}
