@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Copy-path measurements (issue 7 item 5): copies per byte and instructions
-# per byte for cached read()+write(), sendfile, and O_DIRECT + send.
+# Copy-path measurements (the GMBlock paper's copy accounting of the data paths): copies per
+# byte and instructions per byte for cached read()+write(), sendfile, and O_DIRECT + send.
 #
 #   bench/copy-paths.sh [MiB]     (default 64)
 #

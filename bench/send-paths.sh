@@ -1,6 +1,6 @@
 #!/bin/bash
-# bench/send-paths.sh — the four READ send paths of one daemon run, side by side (issue 7 items 2
-# and 4), plus the disk rate and the network rate of the synchronized LUN apart.
+# bench/send-paths.sh — the four READ send paths of one daemon run, side by side (zero-copy
+# sendfile and synchronized sends against the copy path), plus the disk rate and the network rate of the synchronized LUN apart.
 #
 # One release blockwire-target serves four file LUNs of SIZE_MIB each:
 #   0  cached, sendfile (the default `zero_copy = true`): page cache -> socket, no user buffer

@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/striped.sh — several streams filling one request (issue 7 item 3, P0 Exp. 2b on real I/O).
+# bench/striped.sh — several streams filling one request (GMBlock paper experiment 2b on real I/O).
 #
 # One blockwire-target run, four LUNs of SIZE_MIB each, read sequentially by `blockwire bench`
 # (BS per command, QD in flight, SECS per LUN) over TCP loopback:
@@ -17,7 +17,7 @@
 # puts them on a real disk). Caveat: here every member sits on the same device (tmpfs or the one
 # virtio disk), and the engine already keeps all chunks of a request in flight even for one file,
 # so the members are not independent disks and 0/2 stays near 1; independent member disks are
-# what `cargo bench -p blockwire-target --features bench --bench synchro` emulates (Exp. 2b, also with real I/O:
+# what `cargo bench -p blockwire-target --features bench --bench synchro` emulates (experiment 2b, also with real I/O:
 # O_DIRECT reads of striped members, a token bucket per member, TCP loopback sends). Members are filled with random data first (reads of holes cost
 # nothing). Not run by CI. Release builds of blockwire-target and the blockwire CLI (built if
 # missing). Other compiles beside it distort the numbers: it waits (bounded) for rustc to finish.

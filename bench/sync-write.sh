@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/sync-write.sh — double-buffered WRITEs (`sync_write`, issue 7 item 3) on vs off, one daemon
+# bench/sync-write.sh — double-buffered WRITEs (`sync_write`) on vs off, one daemon
 # run.
 #
 # One release blockwire-target serves two O_DIRECT file LUNs (`mode = "direct"`) of SIZE_MIB each:

@@ -3,7 +3,7 @@
 //! leave now.
 //!
 //! A READ of `len` bytes is cut into chunks of `chunk` bytes (the unit of
-//! disk completion, P1's `c`). Sends go out in *units*, which may differ from
+//! disk completion, the synchronized-sends paper's `c`). Sends go out in *units*, which may differ from
 //! chunks (a Data-In PDU may span two chunks). [`Sequencer::on_valid`] takes
 //! one chunk completion and returns the units that became sendable:
 //! in offset order for [`SendOrder::InOrder`] (TCP, DataPDUInOrder=Yes), or
@@ -60,7 +60,8 @@ impl ChunkPlan {
     }
 }
 
-/// Tracks valid chunks and releases send units (P1's dirty bitmap, M1.7).
+/// Tracks valid chunks and releases send units (the per-chunk dirty bitmap
+/// proposed in the synchronized-sends paper).
 #[derive(Debug, Clone)]
 pub struct Sequencer {
     plan: ChunkPlan,

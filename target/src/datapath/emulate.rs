@@ -68,8 +68,8 @@ impl Pacer {
 /// submitted (after the stream's previous op); its completion is delivered
 /// at that deadline, or later if the real I/O is slower. With an inner
 /// engine the data really move (the whole batch goes to it at once);
-/// without one the buffer is left as is (bogus data, like P1's
-/// `gmblock-bogussynchro`).
+/// without one the buffer is left as is (bogus data, like the
+/// synchronized-sends paper's `gmblock-bogussynchro`).
 pub struct ThrottledEngine {
     pool: BufferPool,
     pacers: Mutex<Vec<Pacer>>,

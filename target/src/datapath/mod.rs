@@ -1,5 +1,5 @@
-//! The gmblock data path (issue 7): direct I/O into registered buffers and
-//! synchronized sends.
+//! The gmblock data path (after the GMBlock and synchronized-sends papers):
+//! direct I/O into registered buffers and synchronized sends.
 //!
 //! - [`buffer`]: aligned buffers in size classes, registered with the kernel.
 //! - [`engine`]: the [`Engine`] trait (batches of [`IoOp`] in, [`Completion`]s

@@ -1,5 +1,6 @@
-//! Synchronized sends (P0 M0.10/M0.11, P1 M1.6-M1.8) and double-buffered
-//! writes, over any [`Engine`].
+//! Synchronized sends, single- and multiple-stream (GMBlock paper §6.2-6.3;
+//! the synchronized-sends paper, with its firmware markers replaced by
+//! engine completions) and double-buffered writes, over any [`Engine`].
 //!
 //! A READ of `len` bytes is one pool buffer. In [`Mode::Synchronized`] its
 //! chunks of `chunk` bytes are all submitted in one batch; each completion

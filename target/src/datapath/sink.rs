@@ -29,7 +29,8 @@ pub trait ChunkProducer {
     fn fill(&mut self, bytes: Range<u64>, buf: &mut [u8]) -> io::Result<CopyCost>;
 }
 
-/// The bogus no-net sink: drops everything (P1 M1.2).
+/// The bogus no-net sink: drops everything (the synchronized-sends paper's
+/// bogus configurations).
 #[derive(Debug, Clone, Copy)]
 pub struct DiscardSink(pub SendOrder);
 

@@ -22,7 +22,7 @@ pub enum Source {
         layout: StripeLayout,
     },
     /// No disk: reads return [`pattern_fill`] data at once, writes are
-    /// dropped (P1's `gmblock-bogus`, M1.2).
+    /// dropped (the synchronized-sends paper's `gmblock-bogus`).
     Pattern,
 }
 

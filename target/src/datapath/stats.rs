@@ -1,10 +1,12 @@
-//! Per-command state timers (P0 Fig. 15, P1 M1.3), an in-memory histogram
+//! Per-command state timers (GMBlock paper Fig. 15; the synchronized-sends
+//! paper's TSC timers), an in-memory histogram
 //! per state, and the debug counter of bytes copied by user space.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The five states of a READ (P0 M0.13).
+/// The five states of a READ (the GMBlock paper's per-request states,
+/// Fig. 15).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// STATE_INIT: command received, buffer and ops set up and submitted.

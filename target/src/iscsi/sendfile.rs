@@ -1,5 +1,5 @@
-//! READs of cached file LUNs sent with `sendfile(2)` (issue 7, part 2): the
-//! Data-In payloads go from the page cache to the socket without a
+//! READs of cached file LUNs sent with `sendfile(2)` (the zero-copy send of
+//! the page cache): the Data-In payloads go from the page cache to the socket without a
 //! user-space buffer or copy.
 //!
 //! For a LUN with `mode = "cached"` and `zero_copy = true` (the default)

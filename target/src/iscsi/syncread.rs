@@ -1,4 +1,4 @@
-//! The engine READ path (issue 7, part 3): synchronized sends over TCP and
+//! The engine READ path: synchronized sends over TCP and
 //! multi-stream placement over RDMA.
 //!
 //! For a LUN on this path, a READ(10/12/16) is validated by the SCSI core
@@ -28,7 +28,7 @@
 //! registered from a path ([`SyncReads::enable`]) or from a prebuilt
 //! [`Source`] ([`SyncReads::enable_source`]: striped files, no-disk).
 //!
-//! Every READ served here records its state timers (P0 Fig. 15: init, disk
+//! Every READ served here records its state timers (GMBlock paper Fig. 15: init, disk
 //! read, send setup, send not overlapped with the disk, finish) in its
 //! LUN's [`PhaseStats`] ([`SyncReads::stats`]) and in a `debug` tracing
 //! event inside a `read_cmd` span. On TCP a "send" is the PDU handed to the

@@ -1,4 +1,4 @@
-//! READ planning for the fabric's pipelined data path (issue 7, synchronized
+//! READ planning for the fabric's pipelined data path (synchronized
 //! sends): the READ is validated by the normal command path, and instead of
 //! the data the fabric gets where the data are, so it can read them itself
 //! (chunked, into registered buffers) and send each Data-In PDU as soon as

@@ -1,4 +1,4 @@
-//! WRITE planning for the fabric's pipelined data path (issue 7, double
+//! WRITE planning for the fabric's pipelined data path (double
 //! buffered writes): the WRITE is validated by the normal command path, and
 //! instead of taking the data the core tells the fabric where they go, so
 //! the fabric can write each chunk as soon as its Data-Out PDUs arrived,
