@@ -7,7 +7,7 @@ use std::sync::Arc;
 use blockwire_pdu::pdu::{data_digest, encode_header, padded_len, RESERVED_TAG};
 use blockwire_pdu::{Bhs, DecodeError, Digests, Frame, FrameDecoder, FrameSize, Pdu};
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
@@ -139,7 +139,7 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
 /// Every Data-In payload's copies are tallied per command (see
 /// [`crate::copies`]) when a tracker is attached.
 pub struct PduWriter {
-    inner: OwnedWriteHalf,
+    inner: Sink,
     out: Vec<u8>,
     /// Digests in force.
     pub digests: Digests,
@@ -162,6 +162,44 @@ pub struct WriterStats {
     pub zc_calls: u64,
 }
 
+/// The byte stream a [`PduWriter`] writes to. A TCP socket gets gathered,
+/// zero-copy and `sendfile(2)` sends; any other stream (an in-memory pipe
+/// in tests, a future transport) gets plain writes of the same bytes.
+enum Sink {
+    Tcp(OwnedWriteHalf),
+    Stream(Box<dyn AsyncWrite + Send + Unpin>),
+}
+
+impl Sink {
+    fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Sink::Tcp(w) => Some(w.as_ref()),
+            Sink::Stream(_) => None,
+        }
+    }
+
+    async fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Tcp(w) => w.write_all(buf).await,
+            Sink::Stream(w) => w.write_all(buf).await,
+        }
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Tcp(w) => w.flush().await,
+            Sink::Stream(w) => w.flush().await,
+        }
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Tcp(w) => w.shutdown().await,
+            Sink::Stream(w) => w.shutdown().await,
+        }
+    }
+}
+
 /// Data segments at least this long are written from their own buffer
 /// rather than copied into the coalescing buffer.
 pub const DIRECT_WRITE_MIN: usize = 16 * 1024;
@@ -179,6 +217,16 @@ fn accounting(bhs: &Bhs) -> (Option<u32>, bool) {
 impl PduWriter {
     /// A writer with no digests, plain sends and no copy tracking.
     pub fn new(inner: OwnedWriteHalf) -> Self {
+        Self::with_sink(Sink::Tcp(inner))
+    }
+
+    /// A writer over any byte stream (plain writes: no gathered, zero-copy
+    /// or `sendfile(2)` sends).
+    pub fn over_stream(inner: impl AsyncWrite + Send + Unpin + 'static) -> Self {
+        Self::with_sink(Sink::Stream(Box::new(inner)))
+    }
+
+    fn with_sink(inner: Sink) -> Self {
         PduWriter {
             inner,
             out: Vec::with_capacity(64 * 1024),
@@ -189,15 +237,15 @@ impl PduWriter {
         }
     }
 
-    fn fd(&self) -> RawFd {
-        self.inner.as_ref().as_raw_fd()
+    fn fd(&self) -> Option<RawFd> {
+        self.inner.tcp().map(|s| s.as_raw_fd())
     }
 
     /// Turns zero-copy sends on for large payloads; false (logged once)
     /// when the kernel refuses, and sends stay plain.
     pub fn enable_zero_copy(&mut self) -> bool {
-        if self.zc.is_none() {
-            self.zc = ZeroCopy::enable(self.fd());
+        if let (None, Some(fd)) = (&self.zc, self.fd()) {
+            self.zc = ZeroCopy::enable(fd);
         }
         self.zc.is_some()
     }
@@ -256,9 +304,10 @@ impl PduWriter {
             tail_len += 4;
         }
         let tail = &tail[..tail_len];
-        let fd = self.fd();
         let zero_copy = self.zc.is_some() && pdu.data.len() >= ZC_MIN;
-        if zero_copy {
+        if let (true, Sink::Tcp(w)) = (zero_copy, &self.inner) {
+            let stream = w.as_ref();
+            let fd = stream.as_raw_fd();
             let path = self.note(itt, |c| c.payload += len);
             let held = Arc::new(Held {
                 head: std::mem::take(&mut self.out),
@@ -266,7 +315,7 @@ impl PduWriter {
                 tail: tail.to_vec(),
             });
             let zc = self.zc.as_mut().expect("checked");
-            let (zc_bytes, copied, calls) = zc.send(self.inner.as_ref(), fd, held, path).await?;
+            let (zc_bytes, copied, calls) = zc.send(stream, fd, held, path).await?;
             self.stats.zc_calls += calls;
             self.stats.gathered_calls += calls;
             self.note(itt, |c| {
@@ -275,7 +324,15 @@ impl PduWriter {
             });
         } else {
             let parts = [&self.out[..], &pdu.data[..], tail];
-            let calls = write_gathered(self.inner.as_ref(), &parts).await?;
+            let calls = match &mut self.inner {
+                Sink::Tcp(w) => write_gathered(w.as_ref(), &parts).await?,
+                Sink::Stream(w) => {
+                    for part in parts {
+                        w.write_all(part).await?;
+                    }
+                    1
+                }
+            };
             self.stats.gathered_calls += calls;
             self.out.clear();
             self.note(itt, |c| {
@@ -305,7 +362,7 @@ impl PduWriter {
         len: u32,
         label: &str,
     ) -> std::io::Result<()> {
-        if self.digests.data {
+        if self.digests.data || self.inner.tcp().is_none() {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; len as usize];
             file.read_exact_at(&mut buf, offset).map_err(|e| {
@@ -322,7 +379,7 @@ impl PduWriter {
         let header = encode_header(bhs, &[], len, self.digests);
         self.out.extend_from_slice(&header);
         self.flush_buffer().await?;
-        let stream = self.inner.as_ref();
+        let stream = self.inner.tcp().expect("a stream sink reads the file above");
         let mut at = offset;
         let end = offset + u64::from(len);
         while at < end {
@@ -386,9 +443,10 @@ impl PduWriter {
     /// (for an idle writer, so buffers go back to their pool without
     /// waiting for the next send). Cancel-safe.
     pub async fn reap_zero_copy(&mut self) -> std::io::Result<()> {
-        let fd = self.fd();
-        match self.zc.as_mut() {
-            Some(zc) if zc.inflight() > 0 => zc.reap(self.inner.as_ref(), fd).await,
+        match (self.zc.as_mut(), self.inner.tcp()) {
+            (Some(zc), Some(stream)) if zc.inflight() > 0 => {
+                zc.reap(stream, stream.as_raw_fd()).await
+            }
             _ => std::future::pending().await,
         }
     }
@@ -396,12 +454,11 @@ impl PduWriter {
     /// Waits (at most a few seconds) until the kernel has released every
     /// zero-copy buffer, so none returns to its pool while still referenced.
     pub async fn release_zero_copy(&mut self) {
-        let fd = self.fd();
-        if let Some(zc) = self.zc.as_mut() {
+        if let (Some(zc), Some(stream)) = (self.zc.as_mut(), self.inner.tcp()) {
             if zc.inflight() > 0 {
                 let _ = tokio::time::timeout(
                     std::time::Duration::from_secs(5),
-                    zc.wait_below(self.inner.as_ref(), fd, 1),
+                    zc.wait_below(stream, stream.as_raw_fd(), 1),
                 )
                 .await;
             }
@@ -411,9 +468,13 @@ impl PduWriter {
     /// Ends the connection in both directions at once (the reader sees end
     /// of stream): for a failure after a PDU's header left.
     pub fn abort(&self) {
-        // SAFETY: shutdown on our own, still open socket fd.
-        unsafe {
-            libc::shutdown(self.fd(), libc::SHUT_RDWR);
+        // A stream sink has no socket to shut: the caller drops the writer
+        // (and with it the stream) right after.
+        if let Some(fd) = self.fd() {
+            // SAFETY: shutdown on our own, still open socket fd.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
         }
     }
 }

@@ -306,10 +306,21 @@ pub(super) struct WriteJob {
     pub fabric: Arc<super::Fabric>,
 }
 
-/// Starts the task of a pipelined WRITE (see the module docs) and returns
-/// the reader's end. The task owns the command's window slot from now on.
-pub(super) fn spawn(job: WriteJob, lease: BufLease, running: &Running) -> Feed {
+/// The task's end of a pipelined WRITE's feed.
+#[derive(Debug)]
+pub(super) struct FeedReceiver(mpsc::UnboundedReceiver<Msg>);
+
+/// A new feed: the reader's end and the task's end. What the reader passes
+/// before the task starts waits in the channel.
+pub(super) fn feed() -> (Feed, FeedReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
+    (Feed { tx }, FeedReceiver(rx))
+}
+
+/// Starts the task of a pipelined WRITE (see the module docs), fed through
+/// `rx`. The task owns the command's window slot from now on.
+pub(super) fn spawn(job: WriteJob, lease: BufLease, rx: FeedReceiver, running: &Running) {
+    let rx = rx.0;
     let drained = Arc::new(AtomicBool::new(false));
     running.lock().insert(job.ctx.itt(), drained.clone());
     let running = running.clone();
@@ -323,7 +334,6 @@ pub(super) fn spawn(job: WriteJob, lease: BufLease, running: &Running) -> Feed {
             map.remove(&itt);
         }
     });
-    Feed { tx }
 }
 
 /// Where the plan is.

@@ -37,7 +37,8 @@ use blockwire_pdu::scsi::{Asc, Sense, SenseFormat, SenseKey};
 use blockwire_pdu::Pdu;
 use tokio::sync::mpsc;
 
-use super::connection::{Outgoing, Shared};
+use super::connection::Outgoing;
+use super::machine::Shared;
 use super::response::DataInLimits;
 use super::session::Session;
 use crate::scsi::{ItNexus, LunTable, ScsiRequest, ScsiResult};
@@ -270,7 +271,7 @@ pub(super) fn data_phase_error() -> ScsiResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iscsi::connection::Admitted;
+    use crate::iscsi::machine::Admitted;
     use crate::iscsi::session::{SessionRequest, SessionTable};
     use crate::iscsi::window::Admission;
     use blockwire_pdu::pdu::{NopOut, RESERVED_TAG};

@@ -1,0 +1,159 @@
+//! Starting the commands a connection's [`ConnMachine`](super::machine::ConnMachine)
+//! hands over: each becomes a tokio task on the road [`mover::choose`]
+//! picks (the SCSI core on the blocking pool, sendfile, or the I/O engine
+//! with synchronized sends) with the data mover its wire needs (TCP
+//! Data-In, RDMA Write, or nothing for `--no-net`), or a double-buffered
+//! WRITE's task. Also the bounded wait task management needs before its
+//! response leaves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::connection::Outgoing;
+use super::machine::{PipedWrite, Ready, Shared};
+use super::mover::{self, Road, Wire};
+use super::response::DataInLimits;
+use super::session::Session;
+use super::task::{CommandContext, CommandSlot};
+use super::Fabric;
+use crate::copies::{CopyPath, Counts};
+
+/// What a connection's commands are started with.
+pub(super) struct Launcher {
+    pub fabric: Arc<Fabric>,
+    pub session: Arc<Session>,
+    pub shared: Arc<Shared>,
+    /// The connection's writer queue.
+    pub tx: mpsc::Sender<Outgoing>,
+    pub limits: DataInLimits,
+    /// DataPDUInOrder as negotiated (No lets Data-In leave in completion
+    /// order).
+    pub data_pdu_in_order: bool,
+    /// Double-buffered WRITEs running (see [`super::syncwrite`]).
+    pub sync_writes: super::syncwrite::Running,
+}
+
+impl Launcher {
+    /// What a task of `cmd` in this (normal) session needs from the
+    /// connection; `slot` is its window slot, registered as a task.
+    fn context(&self, cmd: blockwire_pdu::pdu::ScsiCommand, cdb: Vec<u8>, slot: CommandSlot) -> CommandContext {
+        let aborted = slot
+            .abort_flag()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(std::sync::atomic::AtomicBool::new(true)));
+        let target = self
+            .session
+            .target
+            .as_ref()
+            .expect("normal session has a target");
+        CommandContext {
+            cmd,
+            cdb,
+            luns: target.luns.clone(),
+            nexus: self
+                .session
+                .nexus
+                .clone()
+                .expect("normal session has a nexus"),
+            session: self.session.clone(),
+            shared: self.shared.clone(),
+            tx: self.tx.clone(),
+            limits: self.limits,
+            aborted,
+            slot,
+        }
+    }
+
+    /// Runs a command whose data is here: WRITE data RDMA-Read first when
+    /// offloaded, READ data by the road and wire [`mover::choose`] picks.
+    pub fn run(&self, ready: Ready) {
+        let Ready {
+            cmd,
+            cdb,
+            r2t_count,
+            data_out,
+            offload,
+            budget,
+            slot,
+        } = ready;
+        let target = self
+            .session
+            .target
+            .clone()
+            .expect("normal session has a target");
+        let digest = self.session.params.data_digest == blockwire_pdu::keys::Digest::Crc32c;
+        let route = mover::choose(&self.fabric, &target.name, &cmd, &cdb, offload, digest);
+        let ctx = Arc::new(self.context(cmd, cdb, slot));
+        match route.road {
+            Road::Core => {
+                tokio::spawn(mover::core_road(
+                    ctx, route.wire, data_out, budget, r2t_count,
+                ));
+            }
+            Road::File(lun) => {
+                tokio::spawn(super::sendfile::serve(ctx, lun));
+            }
+            Road::Engine(path) => {
+                let job = super::syncread::ReadJob {
+                    ctx,
+                    path: path.clone(),
+                    data_pdu_in_order: self.data_pdu_in_order,
+                    received: std::time::Instant::now(),
+                };
+                match route.wire {
+                    Wire::Tcp => {
+                        // Debug copy counter: the engine reads into
+                        // registered buffers (a kernel copy unless
+                        // O_DIRECT). A --no-net READ counts itself
+                        // (CopyPath::NoNet).
+                        self.shared.copies.begin(
+                            cmd.itt,
+                            CopyPath::Engine,
+                            Counts::default(),
+                            !path.direct,
+                        );
+                        let m = mover::DataIn::engine(path);
+                        tokio::spawn(super::syncread::serve(job, m));
+                    }
+                    Wire::NoNet => {
+                        let m = mover::Discard {
+                            buffered: !path.direct,
+                        };
+                        tokio::spawn(super::syncread::serve(job, m));
+                    }
+                    Wire::Rdma(p) => {
+                        let m = mover::RdmaWrite::new(p);
+                        tokio::spawn(super::syncread::serve(job, m));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts a double-buffered WRITE's task.
+    pub fn start_piped_write(&self, w: PipedWrite) {
+        let job = super::syncwrite::WriteJob {
+            ctx: Arc::new(self.context(w.cmd, w.cdb, w.slot)),
+            path: w.path,
+            budget: w.budget,
+            fabric: self.fabric.clone(),
+        };
+        super::syncwrite::spawn(job, w.lease, w.feed, &self.sync_writes);
+    }
+
+    /// Waits, at most 5 s, until the aborted pipelined WRITEs among
+    /// `aborted` ended their chunk writes (so none lands after the
+    /// initiator hears of the abort) and the `completing` tasks queued
+    /// their answers (so the task management response follows them).
+    pub async fn await_aborted(&self, aborted: &[u32], completing: &[u32]) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        self.sync_writes.wait_drained(aborted, deadline).await;
+        for itt in completing {
+            while self.session.tasks.contains(*itt) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! The login phase of a connection and its hand-off to the session table:
+//! the target's offers (RFC 7143 §13), the [`LoginMachine`] exchange, the
+//! digest policy, and attaching (or reinstating) the session before the
+//! final Login Response.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use blockwire_pdu::keys::Digest;
+use blockwire_pdu::{Bhs, LoginStatus, Pdu};
+use rand::RngCore;
+use tracing::info;
+
+use crate::iscsi::login::{LoginMachine, LoginOutcome, LoginSettings, LoginStep, RdmaOffer};
+use crate::iscsi::session::{Session, SessionError, SessionRequest};
+use crate::iscsi::Fabric;
+
+/// What the driver does with a login PDU's answer.
+pub(in crate::iscsi) enum LoginAction {
+    /// Send this Login Response and wait for the next request.
+    Respond(Pdu),
+    /// Send this (a Login Response with an error status, or a Reject) and
+    /// close the connection.
+    Refuse(Pdu),
+    /// Send this final Login Response: the full feature phase of `session`
+    /// begins.
+    LoggedIn {
+        response: Pdu,
+        session: Arc<Session>,
+        outcome: Box<LoginOutcome>,
+    },
+}
+
+/// One connection's login phase.
+pub(in crate::iscsi) struct LoginPhase {
+    fabric: Arc<Fabric>,
+    machine: LoginMachine,
+    tpgt: u16,
+    local: SocketAddr,
+}
+
+impl LoginPhase {
+    /// The login phase of a connection accepted on `local` in portal group
+    /// `tpgt`; `rng` makes CHAP challenges.
+    pub(in crate::iscsi) fn new<R: RngCore + Send + 'static>(
+        fabric: Arc<Fabric>,
+        tpgt: u16,
+        local: SocketAddr,
+        rng: R,
+    ) -> LoginPhase {
+        let settings = offers(&fabric, local);
+        let machine =
+            LoginMachine::with_settings(fabric.catalog.clone(), tpgt, local, settings, rng);
+        LoginPhase {
+            fabric,
+            machine,
+            tpgt,
+            local,
+        }
+    }
+
+    /// One PDU from the initiator.
+    pub(in crate::iscsi) fn on_pdu(&mut self, pdu: &Pdu) -> LoginAction {
+        let Bhs::LoginRequest(req) = pdu.bhs else {
+            info!(opcode = ?pdu.bhs.opcode(), "non-login PDU during login: closing");
+            return LoginAction::Refuse(self.machine.reject(LoginStatus::INVALID_DURING_LOGIN));
+        };
+        match self.machine.on_request(&req, &pdu.data) {
+            LoginStep::Respond(resp) => LoginAction::Respond(resp),
+            LoginStep::Fail(resp) => LoginAction::Refuse(resp),
+            LoginStep::Complete(outcome) => self.hand_off(outcome),
+        }
+    }
+
+    /// The login succeeded as far as the keys go: check the digest policy
+    /// and attach the session.
+    fn hand_off(&mut self, outcome: Box<LoginOutcome>) -> LoginAction {
+        // A digest the initiator would not agree to is answered Reject and
+        // falls back to None (RFC 7143 §6.2); when the target insists on
+        // CRC32C, such a login must fail.
+        let s = &self.fabric.settings;
+        if (s.require_header_digest && outcome.params.header_digest != Digest::Crc32c)
+            || (s.require_data_digest && outcome.params.data_digest != Digest::Crc32c)
+        {
+            info!(initiator = %outcome.initiator_name, "login refused: the target requires CRC32C digests");
+            return LoginAction::Refuse(self.machine.reject(LoginStatus::INITIATOR_ERROR));
+        }
+        let request = SessionRequest {
+            initiator_name: outcome.initiator_name.clone(),
+            isid: outcome.isid,
+            tsih: outcome.tsih_requested,
+            cid: outcome.cid,
+            target: outcome.target.clone(),
+            tpgt: self.tpgt,
+            portal: self.local,
+            params: outcome.params.clone(),
+        };
+        match self.fabric.sessions.attach(request) {
+            Ok(session) => {
+                let window = self.fabric.settings.queue_depth;
+                let response = self.machine.final_response(
+                    session.tsih,
+                    outcome.stat_sn,
+                    outcome.exp_cmd_sn.wrapping_add(window).wrapping_sub(1),
+                );
+                LoginAction::LoggedIn {
+                    response,
+                    session,
+                    outcome,
+                }
+            }
+            Err(e) => {
+                info!(initiator = %outcome.initiator_name, error = %e, "login refused by the session table");
+                let status = match e {
+                    SessionError::DoesNotExist(_) => LoginStatus::SESSION_DOES_NOT_EXIST,
+                    SessionError::TooManyConnections => LoginStatus::TOO_MANY_CONNECTIONS,
+                    SessionError::OutOfResources => LoginStatus::OUT_OF_RESOURCES,
+                };
+                LoginAction::Refuse(self.machine.reject(status))
+            }
+        }
+    }
+}
+
+/// What the target offers in login negotiation on `local`.
+fn offers(fabric: &Fabric, local: SocketAddr) -> LoginSettings {
+    let mut settings = LoginSettings {
+        cmd_window: fabric.settings.queue_depth,
+        rdma_offload: fabric.rdma.get().map(|svc| {
+            let ep = svc.endpoint();
+            RdmaOffer {
+                backend: svc.backend().to_owned(),
+                // A wildcard listener is reached at the address the
+                // initiator already uses.
+                endpoint: if ep.ip().is_unspecified() {
+                    SocketAddr::new(local.ip(), ep.port())
+                } else {
+                    ep
+                },
+            }
+        }),
+        ..LoginSettings::default()
+    };
+    let n = &mut settings.negotiation;
+    n.max_recv_data_segment_length = fabric.settings.max_recv_data_segment_length;
+    // The target accepts either digest unless told to insist on CRC32C;
+    // otherwise the initiator's order decides.
+    let accepted = |required: bool| {
+        if required {
+            vec![Digest::Crc32c]
+        } else {
+            vec![Digest::Crc32c, Digest::None]
+        }
+    };
+    n.header_digests = accepted(fabric.settings.require_header_digest);
+    n.data_digests = accepted(fabric.settings.require_data_digest);
+    // InitialR2T is OR-ed and ImmediateData AND-ed: offering No/Yes leaves
+    // the choice to the initiator, whose unsolicited data saves a round trip.
+    n.initial_r2t = false;
+    n.immediate_data = true;
+    n.first_burst_length = 256 * 1024;
+    n.max_burst_length = (1 << 20).min(fabric.settings.max_io_bytes);
+    n.max_outstanding_r2t = 8;
+    // An OR key: answering No leaves the choice to the initiator.
+    n.data_pdu_in_order = fabric.settings.data_pdu_in_order;
+    settings
+}

@@ -1,0 +1,1 @@
+//! In-memory tests of the connection state machine.

@@ -1,0 +1,103 @@
+//! Task management (RFC 7143 §11.5, SAM-5 task management functions).
+//!
+//! An abort marks the tasks in the session's task set; a task that had
+//! already turned "completing" (its result queued or about to be) is let
+//! finish, and the driver waits for it before the response leaves, so the
+//! initiator never hears of a task after "Function complete" for it.
+
+use blockwire_pdu::pdu::codes::{TmfFunction, TmfResponse};
+use blockwire_pdu::pdu::{TaskMgmtRequest, TaskMgmtResponse};
+use blockwire_pdu::{Bhs, Pdu};
+use tracing::info;
+
+use super::{Action, ConnMachine, EndReason};
+
+impl ConnMachine {
+    /// A Task Management Function Request the window delivered; false once
+    /// the connection ends (TARGET COLD RESET).
+    pub(super) fn task_management(&mut self, req: TaskMgmtRequest) -> bool {
+        let lun = req.lun.index().unwrap_or(u16::MAX);
+        let target = self.session.target.clone();
+        let mut close_after = false;
+        let response = match (&target, req.function) {
+            (None, _) => TmfResponse::NotSupported,
+            (Some(_), TmfFunction::AbortTask) => {
+                // With one connection per session commands arrive in CmdSN
+                // order, so a task that is not registered has completed (or
+                // never existed): "task does not exist", as libiscsi expects.
+                if self.abort_where(|itt, _| itt == req.referenced_task_tag) > 0 {
+                    TmfResponse::FunctionComplete
+                } else {
+                    TmfResponse::TaskDoesNotExist
+                }
+            }
+            (Some(t), TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet) => {
+                if !t.luns.has_lun(lun) {
+                    TmfResponse::LunDoesNotExist
+                } else {
+                    self.abort_where(|_, task_lun| task_lun == lun);
+                    TmfResponse::FunctionComplete
+                }
+            }
+            (Some(t), TmfFunction::LogicalUnitReset) => {
+                if !t.luns.has_lun(lun) {
+                    TmfResponse::LunDoesNotExist
+                } else {
+                    self.abort_where(|_, task_lun| task_lun == lun);
+                    self.fabric.sessions.abort_target_tasks(t, Some(lun));
+                    if let Some(nexus) = &self.session.nexus {
+                        t.luns.reset_lun(lun, nexus);
+                    }
+                    TmfResponse::FunctionComplete
+                }
+            }
+            (Some(t), TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset) => {
+                self.abort_where(|_, _| true);
+                self.fabric.sessions.abort_target_tasks(t, None);
+                if let Some(nexus) = &self.session.nexus {
+                    t.luns.reset_target(nexus);
+                }
+                // A cold reset also drops the connections (RFC 7143 §11.5.1).
+                close_after = req.function == TmfFunction::TargetColdReset;
+                TmfResponse::FunctionComplete
+            }
+            (Some(_), TmfFunction::ClearAca) => TmfResponse::FunctionComplete,
+            (Some(_), TmfFunction::TaskReassign) => TmfResponse::ReassignmentNotSupported,
+            (Some(_), TmfFunction::Other(_)) => TmfResponse::NotSupported,
+        };
+        info!(
+            tsih = self.session.tsih,
+            function = req.function.name(),
+            lun,
+            response = response.name(),
+            "task management"
+        );
+        self.send(Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
+            response,
+            itt: req.itt,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+        })));
+        if close_after {
+            self.out.push(Action::End(EndReason::ColdReset));
+        }
+        !close_after
+    }
+
+    /// Aborts this session's tasks `pick` selects (by ITT and LUN); returns
+    /// how many were aborted. WRITEs still collecting data are dropped
+    /// unrun; the driver waits for the rest before the next action.
+    fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
+        let outcome = self.session.tasks.abort_where(pick);
+        self.drop_collectors(&outcome.aborted);
+        let n = outcome.aborted.len();
+        if !outcome.aborted.is_empty() || !outcome.completing.is_empty() {
+            self.out.push(Action::AwaitAborted {
+                aborted: outcome.aborted,
+                completing: outcome.completing,
+            });
+        }
+        n
+    }
+}

@@ -1,0 +1,350 @@
+//! SCSI commands as they arrive: refusals, WRITE data collection (immediate
+//! data, unsolicited and solicited Data-Out, R2T with its TTT numbering,
+//! RFC 7143 §11.7-11.8) and RDMA-described commands.
+
+use std::sync::Arc;
+
+use blockwire_pdu::pdu::codes::RejectReason;
+use blockwire_pdu::pdu::{DataOut, R2t, ScsiCommand};
+use blockwire_pdu::{Bhs, Pdu};
+use blockwire_transport::assist::{Descriptor, Direction};
+use tracing::{debug, warn};
+
+use super::{Action, ConnMachine, PipedWrite, Ready};
+use crate::iscsi::budget::Reservation;
+use crate::iscsi::dataout::WriteCollector;
+use crate::iscsi::rdma::Slot;
+use crate::iscsi::response::status_only;
+use crate::iscsi::task::{data_phase_error_sense, CommandSlot};
+
+/// CHECK CONDITION.
+const CHECK_CONDITION: u8 = 0x02;
+/// TASK SET FULL: the initiator retries later.
+const TASK_SET_FULL: u8 = 0x28;
+
+/// A WRITE waiting for its data.
+pub(super) struct Collecting {
+    cmd: ScsiCommand,
+    cdb: Vec<u8>,
+    collector: WriteCollector,
+    dest: WriteDest,
+}
+
+/// Where a WRITE's accepted bytes go.
+enum WriteDest {
+    /// Gathered by the collector; the command runs once they are all
+    /// there. The memory it holds, returned when it is dropped, and the
+    /// command's window slot, freed when it is dropped unrun (aborted, or
+    /// the connection is gone).
+    Gather(Reservation, CommandSlot),
+    /// Passed to a double-buffered WRITE's task, which owns the window
+    /// slot and the budget ([`crate::iscsi::syncwrite`]); the task ends
+    /// when its feed drops.
+    Pipe(crate::iscsi::syncwrite::Feed),
+}
+
+impl ConnMachine {
+    /// A SCSI Command the window delivered.
+    pub(super) fn scsi_command(&mut self, pdu: Pdu, mut slot: CommandSlot) {
+        let Bhs::ScsiCommand(cmd) = pdu.bhs else {
+            unreachable!("admitted as a SCSI Command")
+        };
+        let cdb = pdu.full_cdb().unwrap_or_default();
+        let edtl = cmd.expected_data_transfer_length;
+        if self.session.is_discovery() {
+            // Discovery sessions carry no SCSI commands (RFC 7143 §4.3.1).
+            drop(slot);
+            self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
+            return;
+        }
+        if let Some(rdma) = self.rdma.clone() {
+            match Descriptor::from_ahs(&pdu.ahs) {
+                Ok(Some(desc)) => {
+                    self.offloaded(cmd, cdb, desc, rdma, pdu.data.len(), slot);
+                    return;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad RDMA descriptor");
+                    let pdus = status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense()));
+                    self.refuse(slot, pdus);
+                    return;
+                }
+            }
+        }
+        if !(cmd.write && edtl > 0) {
+            self.register_task(&cmd, &mut slot);
+            self.run(Ready {
+                cmd,
+                cdb,
+                r2t_count: 0,
+                data_out: Vec::new(),
+                offload: None,
+                budget: None,
+                slot,
+            });
+            return;
+        }
+        if edtl > self.fabric.settings.max_io_bytes {
+            warn!(
+                tsih = self.session.tsih,
+                itt = cmd.itt,
+                edtl,
+                "write larger than the target buffers: refused"
+            );
+            let pdus = status_only(&cmd, CHECK_CONDITION, Some(too_large_sense()));
+            self.refuse(slot, pdus);
+            return;
+        }
+        let Some(budget) = self.write_budget.try_reserve(u64::from(edtl)) else {
+            debug!(
+                tsih = self.session.tsih,
+                itt = cmd.itt,
+                edtl,
+                "write data budget full: TASK SET FULL"
+            );
+            self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
+            return;
+        };
+        let lease = self.sync_write_lease(&cmd, &cdb);
+        let made = match lease {
+            Some(_) => WriteCollector::validating,
+            None => WriteCollector::new,
+        }(edtl, &pdu.data, cmd.final_bit, self.write_limits);
+        let collector = match made {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad immediate data");
+                drop(slot);
+                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
+                return;
+            }
+        };
+        self.register_task(&cmd, &mut slot);
+        let dest = match lease {
+            Some((path, lease)) => {
+                let (feed, rx) = crate::iscsi::syncwrite::feed();
+                feed.data(0, pdu.data.clone());
+                self.out.push(Action::StartPipedWrite(PipedWrite {
+                    cmd,
+                    cdb: cdb.clone(),
+                    path,
+                    lease,
+                    budget,
+                    slot,
+                    feed: rx,
+                }));
+                WriteDest::Pipe(feed)
+            }
+            None => WriteDest::Gather(budget, slot),
+        };
+        self.advance_write(Collecting {
+            cmd,
+            cdb,
+            collector,
+            dest,
+        });
+    }
+
+    /// Runs `ready`, unless it was aborted (e.g. by another initiator's
+    /// LUN reset) before its data was complete: then it is never executed,
+    /// and dropping it frees its window slot.
+    fn run(&mut self, ready: Ready) {
+        if !ready.slot.is_aborted() {
+            self.out.push(Action::Run(ready));
+        }
+    }
+
+    /// A command whose data moves by RDMA (its descriptor AHS names the
+    /// initiator's buffers): no immediate data, no R2T, no Data-In.
+    fn offloaded(
+        &mut self,
+        cmd: ScsiCommand,
+        cdb: Vec<u8>,
+        desc: Descriptor,
+        rdma: Arc<Slot>,
+        immediate_len: usize,
+        mut slot: CommandSlot,
+    ) {
+        let edtl = cmd.expected_data_transfer_length;
+        let dir_ok = match desc.dir {
+            Direction::Read => cmd.read && !cmd.write,
+            Direction::Write => cmd.write && !cmd.read,
+        };
+        if !dir_ok
+            || desc.len() != u64::from(edtl)
+            || immediate_len != 0
+            || edtl > self.fabric.settings.max_io_bytes
+        {
+            warn!(
+                tsih = self.session.tsih,
+                itt = cmd.itt,
+                edtl,
+                described = desc.len(),
+                "RDMA descriptor does not fit the command: refused"
+            );
+            let pdus = status_only(&cmd, CHECK_CONDITION, Some(bad_descriptor_sense()));
+            self.refuse(slot, pdus);
+            return;
+        }
+        self.register_task(&cmd, &mut slot);
+        self.run(Ready {
+            cmd,
+            cdb,
+            r2t_count: 0,
+            data_out: Vec::new(),
+            offload: Some((rdma, desc)),
+            budget: None,
+            slot,
+        });
+    }
+
+    /// The LUN's double-buffered write path and a buffer for this WRITE,
+    /// when it can take that path (no I/O, never waits).
+    fn sync_write_lease(
+        &self,
+        cmd: &ScsiCommand,
+        cdb: &[u8],
+    ) -> Option<(
+        Arc<crate::iscsi::syncwrite::SyncWriteLun>,
+        crate::datapath::BufLease,
+    )> {
+        let target = self.session.target.as_ref()?;
+        let path = self
+            .fabric
+            .sync_writes
+            .get(&target.name, cmd.lun.index()?)?;
+        let stats = &self.fabric.sync_writes.stats;
+        let lease = crate::iscsi::syncwrite::lease_for(&path, stats, &target.luns, cmd, cdb)?;
+        Some((path, lease))
+    }
+
+    /// Registers `cmd` in the session's task set, as `slot`'s task.
+    fn register_task(&self, cmd: &ScsiCommand, slot: &mut CommandSlot) {
+        slot.register(&self.session, cmd.itt, cmd.lun.index().unwrap_or(u16::MAX));
+    }
+
+    /// Asks for the next bursts of `c`'s data, within MaxOutstandingR2T.
+    fn send_r2ts(&mut self, c: &mut Collecting) {
+        let mut ttts = Vec::new();
+        let first = self.next_ttt;
+        let reqs = c.collector.next_r2ts(|| {
+            let t = first.wrapping_add(1 + ttts.len() as u32);
+            ttts.push(t);
+            t
+        });
+        self.next_ttt = self.next_ttt.wrapping_add(ttts.len() as u32);
+        for r in reqs {
+            self.send(Pdu::new(Bhs::R2t(R2t {
+                lun: c.cmd.lun,
+                itt: c.cmd.itt,
+                ttt: r.ttt,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+                r2t_sn: r.r2t_sn,
+                buffer_offset: r.offset,
+                desired_data_transfer_length: r.length,
+            })));
+        }
+    }
+
+    /// A Data-Out PDU.
+    pub(super) fn data_out(&mut self, d: DataOut, data: bytes::Bytes) {
+        if !self.session.tasks.contains(d.itt) {
+            // Aborted from elsewhere (another initiator's LUN reset or
+            // PREEMPT AND ABORT) while its data was arriving: drop the
+            // partial data and free the window slot now.
+            self.collectors.remove(&d.itt);
+            return;
+        }
+        let Some(mut c) = self.collectors.remove(&d.itt) else {
+            // Data for a task that was aborted, or never existed.
+            debug!(
+                tsih = self.session.tsih,
+                itt = d.itt,
+                "Data-Out for no pending write: ignored"
+            );
+            return;
+        };
+        if let Err(e) =
+            c.collector
+                .on_data_out(d.ttt, d.data_sn, d.buffer_offset, &data, d.final_bit)
+        {
+            // The command fails and is never executed, so no byte of it
+            // reaches the disk; the connection stays up (libiscsi's
+            // iSCSIDataSnInvalid expects exactly this). Later Data-Out PDUs
+            // of the same task find no collector and are dropped.
+            warn!(tsih = self.session.tsih, itt = d.itt, error = %e, "Data-Out sequence error: command failed");
+            match c.dest {
+                // Its task answers once its chunk writes ended (some may
+                // have reached the disk: see syncwrite).
+                WriteDest::Pipe(feed) => feed.failed(),
+                // Forgotten, its window slot freed, before the status leaves.
+                WriteDest::Gather(_, slot) => {
+                    let pdus =
+                        status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
+                    self.refuse(slot, pdus);
+                }
+            }
+            return;
+        }
+        if let WriteDest::Pipe(feed) = &c.dest {
+            feed.data(d.buffer_offset, data);
+        }
+        self.advance_write(c);
+    }
+
+    /// A WRITE whose data is complete runs; otherwise it asks for more data
+    /// (R2Ts within MaxOutstandingR2T) and waits for it.
+    fn advance_write(&mut self, mut c: Collecting) {
+        if !c.collector.is_complete() {
+            self.send_r2ts(&mut c);
+            self.collectors.insert(c.cmd.itt, c);
+            return;
+        }
+        let r2t_count = c.collector.r2t_count();
+        match c.dest {
+            WriteDest::Gather(budget, slot) => self.run(Ready {
+                cmd: c.cmd,
+                cdb: c.cdb,
+                r2t_count,
+                data_out: c.collector.into_data(),
+                offload: None,
+                budget: Some(budget),
+                slot,
+            }),
+            WriteDest::Pipe(feed) => feed.complete(r2t_count),
+        }
+    }
+
+    /// Forgets the WRITEs among `itts` still waiting for data (aborted:
+    /// never executed; dropping a gathered one frees its window slot, a
+    /// piped one's task ends when its feed drops).
+    pub(super) fn drop_collectors(&mut self, itts: &[u32]) {
+        for itt in itts {
+            self.collectors.remove(itt);
+        }
+    }
+
+    /// WRITEs waiting for data.
+    #[cfg(test)]
+    pub(super) fn collecting(&self) -> usize {
+        self.collectors.len()
+    }
+}
+
+/// Sense data for an RDMA descriptor that does not match its command:
+/// ILLEGAL REQUEST, INVALID FIELD IN CDB.
+fn bad_descriptor_sense() -> Vec<u8> {
+    use blockwire_pdu::scsi::{Asc, Sense, SenseFormat};
+    Sense::illegal_request(Asc::INVALID_FIELD_IN_CDB, None).encode(SenseFormat::Fixed)
+}
+
+/// Sense data for a transfer larger than the target will buffer: ILLEGAL
+/// REQUEST, INVALID FIELD IN CDB, pointing at the transfer length.
+fn too_large_sense() -> Vec<u8> {
+    use blockwire_pdu::scsi::{Asc, FieldPointer, Sense, SenseFormat};
+    Sense::illegal_request(Asc::INVALID_FIELD_IN_CDB, Some(FieldPointer::cdb(7, None)))
+        .encode(SenseFormat::Fixed)
+}
