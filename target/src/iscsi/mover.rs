@@ -2,7 +2,7 @@
 //! data a command yields or needs; a mover moves it.
 //!
 //! A READ's payload leaves by one of these roads, chosen in one place
-//! ([`choose_read`]):
+//! ([`choose`]):
 //! - from the core's buffer ([`Road::Core`]: the core runs on the blocking
 //!   pool and its result is answered whole),
 //! - from a file range ([`Road::File`]: sendfile, [`super::sendfile`]),
@@ -23,27 +23,31 @@
 //! ([`ReadMover::answer`]), the `--no-net` answer, the RDMA Write of a core
 //! result, the panic answer (HARDWARE ERROR, INTERNAL TARGET FAILURE,
 //! 44/00: [`in_core`]) and plan-or-fall-back ([`plan_or_core`]).
+//!
+//! The three movers themselves ([`DataIn`], [`RdmaWrite`], [`Discard`])
+//! live in the `wires` submodule; this file keeps the roads, the route
+//! choice, the core calls and the [`ReadMover`] contract they implement.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use blockwire_pdu::Bhs;
 use blockwire_transport::assist::{Descriptor, Direction};
 use tracing::{debug, warn};
 
-use super::connection::Outgoing;
-use super::datain::{self, DataInSegment};
+use super::datain;
 use super::rdma::{RdmaService, Slot};
-use super::response::{data_in_header, response_pdus, Residual};
 use super::sendfile::SendfileLun;
 use super::syncread::SyncReadLun;
 use super::task::{data_phase_error, CommandContext};
 use super::Fabric;
-use crate::copies::{self, CopyPath, Counts};
+use crate::copies::{self, Counts};
 use crate::datapath::SendOrder;
 use crate::scsi::read_plan::{PlannedRead, ReadPlan};
 use crate::scsi::ScsiResult;
+
+mod wires;
+
+pub(super) use wires::{DataIn, Discard, Pushed, RdmaWrite};
 
 /// Where a READ's payload comes from.
 pub(super) enum Road {
@@ -231,19 +235,6 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
     }
 }
 
-/// Sets ExpDataSN of the SCSI Response among `pdus` to `data_ins`, the
-/// Data-In PDUs already sent, when there were any.
-fn with_data_ins(mut pdus: Vec<blockwire_pdu::Pdu>, data_ins: u32) -> Vec<blockwire_pdu::Pdu> {
-    if data_ins > 0 {
-        for p in &mut pdus {
-            if let Bhs::ScsiResponse(r) = &mut p.bhs {
-                r.exp_data_sn = data_ins;
-            }
-        }
-    }
-    pdus
-}
-
 /// What moving units of engine chunks led to.
 pub(super) enum Flow {
     /// Go on.
@@ -317,405 +308,6 @@ pub(super) trait ReadMover: Send {
         failure: Option<ScsiResult>,
         len: u64,
     ) -> impl std::future::Future<Output = bool> + Send;
-}
-
-/// TCP Data-In PDUs.
-pub(super) struct DataIn {
-    /// Whether a core answer's payload starts the command's copy tally on
-    /// the copy path (the engine road started its own).
-    tally: bool,
-    /// Data-In PDUs queued so far (ExpDataSN of a later SCSI Response).
-    queued: u32,
-    stamper: Option<super::syncread::DataInStamper>,
-    next_offset: u32,
-    /// The engine LUN whose reordered Data-In PDUs (sent at another offset
-    /// than where the previous one ended: DataPDUInOrder=No at work) are
-    /// counted.
-    engine: Option<Arc<SyncReadLun>>,
-}
-
-/// What [`DataIn::push`] did.
-pub(super) enum Pushed {
-    /// Queued; more follow.
-    Queued,
-    /// The last one, with the status: the task ended (true if it was
-    /// still live and the PDU was queued).
-    Last(bool),
-    /// Aborted, or the connection is gone: the task ended, nothing more
-    /// was queued.
-    Stopped,
-}
-
-impl DataIn {
-    /// A mover whose core answers start a copy-path tally when `tally`.
-    pub(super) fn new(tally: bool) -> DataIn {
-        DataIn {
-            tally,
-            queued: 0,
-            stamper: None,
-            next_offset: 0,
-            engine: None,
-        }
-    }
-
-    /// A mover for engine chunks of `path` (whose road keeps its own copy
-    /// tally).
-    pub(super) fn engine(path: Arc<SyncReadLun>) -> DataIn {
-        DataIn {
-            engine: Some(path),
-            ..DataIn::new(false)
-        }
-    }
-
-    /// Queues the Data-In PDU of segment `seg` (its payload made by
-    /// `item` around the header), under the task set's lock so nothing of
-    /// an aborted task follows the task management response. The last one
-    /// carries GOOD and `residual` and ends the task.
-    pub(super) async fn push(
-        &mut self,
-        ctx: &CommandContext,
-        seg: &DataInSegment,
-        residual: Residual,
-        item: impl FnOnce(Bhs) -> Outgoing,
-    ) -> Pushed {
-        if seg.last {
-            let bhs = data_in_header(&ctx.cmd, seg, Some((0, residual)));
-            let mine = ctx.finish();
-            if mine {
-                ctx.send_and_forget([item(bhs)]).await;
-            } else {
-                ctx.shared.copies.forget(ctx.itt());
-            }
-            return Pushed::Last(mine);
-        }
-        let out = item(data_in_header(&ctx.cmd, seg, None));
-        let live = match ctx.tx.reserve().await {
-            Ok(permit) => ctx
-                .session
-                .tasks
-                .while_live(ctx.itt(), &ctx.aborted, move || permit.send(out)),
-            // The connection is gone.
-            Err(_) => false,
-        };
-        if !live {
-            debug!(
-                itt = ctx.itt(),
-                sent = self.queued,
-                "READ stopped while sending"
-            );
-            ctx.shared.copies.forget(ctx.itt());
-            self.answer(ctx, None, 0).await;
-            return Pushed::Stopped;
-        }
-        self.queued += 1;
-        Pushed::Queued
-    }
-}
-
-impl ReadMover for DataIn {
-    async fn answer(
-        &mut self,
-        ctx: &CommandContext,
-        result: Option<(ScsiResult, Counts)>,
-        r2t_count: u32,
-    ) -> bool {
-        let (tally, queued) = (self.tally, self.queued);
-        ctx.answer(|| match result {
-            Some((r, core)) => {
-                if tally && ctx.cmd.read && !r.data_in.is_empty() {
-                    ctx.shared
-                        .copies
-                        .begin(ctx.itt(), CopyPath::Copy, core, false);
-                }
-                with_data_ins(response_pdus(&ctx.cmd, r, ctx.limits, r2t_count), queued)
-            }
-            None => Vec::new(),
-        })
-        .await
-    }
-
-    fn layout(&self, ctx: &CommandContext, in_order: bool) -> Layout {
-        Layout {
-            data_in: Some(ctx.limits),
-            order: if in_order {
-                SendOrder::InOrder
-            } else {
-                SendOrder::AnyOrder
-            },
-        }
-    }
-
-    fn wire(&self) -> &'static str {
-        "tcp"
-    }
-
-    async fn chunks(
-        &mut self,
-        ctx: &CommandContext,
-        units: Vec<(usize, Range<u64>, bytes::Bytes)>,
-        len: u64,
-    ) -> Flow {
-        let residual = Residual::of(ctx.cmd.expected_data_transfer_length, len as u32);
-        let stamper = self.stamper.get_or_insert_with(|| {
-            super::syncread::DataInStamper::new(
-                datain::segments(
-                    u64::from(ctx.cmd.expected_data_transfer_length).min(len) as u32,
-                    ctx.limits.max_recv_data_segment_length,
-                    ctx.limits.max_burst_length,
-                )
-                .collect(),
-            )
-        });
-        let mut bytes: std::collections::HashMap<usize, bytes::Bytes> =
-            units.iter().map(|(u, _, b)| (*u, b.clone())).collect();
-        let released = stamper.release(units.into_iter().map(|(u, _, _)| u));
-        for (u, seg) in released {
-            if seg.offset != self.next_offset {
-                if let Some(path) = &self.engine {
-                    path.reordered_pdus.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            self.next_offset = seg.offset + seg.length;
-            let data = bytes.remove(&u).unwrap_or_default();
-            let item = |bhs| Outgoing::Pdu(blockwire_pdu::Pdu::with_data(bhs, data));
-            match self.push(ctx, &seg, residual, item).await {
-                Pushed::Queued => {}
-                Pushed::Last(mine) => return Flow::Ended(mine),
-                Pushed::Stopped => return Flow::Ended(false),
-            }
-        }
-        Flow::More
-    }
-
-    fn may_fall_back(&self) -> bool {
-        self.queued == 0
-    }
-
-    async fn end(&mut self, ctx: &CommandContext, failure: Option<ScsiResult>, _: u64) -> bool {
-        // Reached only when the read failed after some Data-In left.
-        self.answer(ctx, failure.map(|r| (r, Counts::default())), 0)
-            .await;
-        false
-    }
-}
-
-/// RDMA Write into the initiator's buffer (RDMA-assisted iSCSI); the SCSI
-/// Response follows on TCP, after the last Write.
-pub(super) struct RdmaWrite {
-    placement: RdmaPlacement,
-    writes: tokio::task::JoinSet<Result<(), super::rdma::TransferError>>,
-    aborted: bool,
-}
-
-impl RdmaWrite {
-    /// A mover into `placement`.
-    pub(super) fn new(placement: RdmaPlacement) -> RdmaWrite {
-        placement
-            .svc
-            .counters()
-            .offloaded_commands
-            .fetch_add(1, Ordering::Relaxed);
-        RdmaWrite {
-            placement,
-            writes: tokio::task::JoinSet::new(),
-            aborted: false,
-        }
-    }
-
-    /// The initiator's buffer this mover writes.
-    pub(super) fn placement(&self) -> &RdmaPlacement {
-        &self.placement
-    }
-}
-
-impl ReadMover for RdmaWrite {
-    async fn answer(
-        &mut self,
-        ctx: &CommandContext,
-        result: Option<(ScsiResult, Counts)>,
-        r2t_count: u32,
-    ) -> bool {
-        // READ data go into the initiator's buffer before the status.
-        let result = match result {
-            Some((mut r, _)) if !r.data_in.is_empty() => {
-                let p = &self.placement;
-                let n = (ctx.cmd.expected_data_transfer_length as usize).min(r.data_in.len());
-                match p.svc.write_to(&p.slot, &p.desc, &r.data_in[..n]).await {
-                    Ok(()) => {
-                        r.data_in = Vec::new();
-                        Some(r)
-                    }
-                    Err(e) => {
-                        warn!(itt = ctx.itt(), error = %e.0, "RDMA Write of read data failed");
-                        Some(data_phase_error())
-                    }
-                }
-            }
-            r => r.map(|(r, _)| r),
-        };
-        ctx.answer(|| match result {
-            Some(r) => response_pdus(&ctx.cmd, r, ctx.limits, r2t_count),
-            None => Vec::new(),
-        })
-        .await
-    }
-
-    fn layout(&self, _: &CommandContext, _: bool) -> Layout {
-        // One Write per chunk, at its offset, in any order.
-        Layout {
-            data_in: None,
-            order: SendOrder::AnyOrder,
-        }
-    }
-
-    fn wire(&self) -> &'static str {
-        "rdma"
-    }
-
-    async fn chunks(
-        &mut self,
-        ctx: &CommandContext,
-        units: Vec<(usize, Range<u64>, bytes::Bytes)>,
-        _: u64,
-    ) -> Flow {
-        for (_, r, data) in units {
-            if ctx.is_aborted() {
-                self.aborted = true;
-                return Flow::Done;
-            }
-            let p = &self.placement;
-            let (svc, slot, desc) = (p.svc.clone(), p.slot.clone(), p.desc.clone());
-            self.writes
-                .spawn(async move { svc.write_at(&slot, &desc, r.start, &data).await });
-        }
-        Flow::More
-    }
-
-    fn may_fall_back(&self) -> bool {
-        false
-    }
-
-    async fn end(&mut self, ctx: &CommandContext, failure: Option<ScsiResult>, len: u64) -> bool {
-        let mut failure = failure;
-        // The status follows every Write (and no Write outlives the command).
-        while let Some(w) = self.writes.join_next().await {
-            let e = match w {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e.0,
-                Err(e) => e.to_string(),
-            };
-            if failure.is_none() {
-                warn!(itt = ctx.itt(), error = %e, "RDMA Write of read data failed");
-                failure = Some(data_phase_error());
-            }
-        }
-        if self.aborted {
-            self.answer(ctx, None, 0).await;
-            return false;
-        }
-        let ok = failure.is_none();
-        let result = failure.unwrap_or(ScsiResult {
-            status: 0,
-            sense: None,
-            data_in: Vec::new(),
-            transfer_length: len as u32,
-        });
-        self.answer(ctx, Some((result, Counts::default())), 0).await;
-        ok
-    }
-}
-
-/// `--no-net` (benchmark only): a media READ's data are dropped as they
-/// become valid; the command ends GOOD with an underflow of its whole
-/// Expected Data Transfer Length, counted under [`CopyPath::NoNet`].
-pub(super) struct Discard {
-    /// Whether the engine's reads are buffered (a kernel copy into the
-    /// registered buffer; an O_DIRECT one is DMA).
-    pub buffered: bool,
-}
-
-/// GOOD, no data: `response_pdus` reports a residual underflow of the
-/// whole Expected Data Transfer Length.
-fn no_net_result() -> ScsiResult {
-    ScsiResult {
-        status: 0,
-        sense: None,
-        data_in: Vec::new(),
-        transfer_length: 0,
-    }
-}
-
-impl Discard {
-    /// Ends the command the `--no-net` way, counting `counts` if it was
-    /// still live.
-    async fn good(ctx: &CommandContext, counts: Counts) -> bool {
-        let mine = ctx
-            .answer(|| response_pdus(&ctx.cmd, no_net_result(), ctx.limits, 0))
-            .await;
-        if mine {
-            copies::add(CopyPath::NoNet, &counts);
-        }
-        mine
-    }
-}
-
-impl ReadMover for Discard {
-    async fn answer(
-        &mut self,
-        ctx: &CommandContext,
-        result: Option<(ScsiResult, Counts)>,
-        r2t_count: u32,
-    ) -> bool {
-        match result {
-            // Read, not sent.
-            Some((r, core)) if r.status == 0 && r.sense.is_none() => {
-                let counts = Counts {
-                    commands: 1,
-                    payload: r.data_in.len() as u64,
-                    ..core
-                };
-                Discard::good(ctx, counts).await
-            }
-            // Errors go out as they are.
-            result => DataIn::new(false).answer(ctx, result, r2t_count).await,
-        }
-    }
-
-    fn layout(&self, ctx: &CommandContext, in_order: bool) -> Layout {
-        // The same chunks and units as the Data-In it stands for.
-        DataIn::new(false).layout(ctx, in_order)
-    }
-
-    fn wire(&self) -> &'static str {
-        "no-net"
-    }
-
-    async fn chunks(
-        &mut self,
-        _: &CommandContext,
-        _: Vec<(usize, Range<u64>, bytes::Bytes)>,
-        _: u64,
-    ) -> Flow {
-        Flow::More
-    }
-
-    fn may_fall_back(&self) -> bool {
-        true
-    }
-
-    async fn end(&mut self, ctx: &CommandContext, failure: Option<ScsiResult>, len: u64) -> bool {
-        if let Some(r) = failure {
-            return self.answer(ctx, Some((r, Counts::default())), 0).await;
-        }
-        let bytes = u64::from(ctx.cmd.expected_data_transfer_length).min(len);
-        let counts = Counts {
-            commands: 1,
-            payload: bytes,
-            read_to_user: if self.buffered { bytes } else { 0 },
-            ..Counts::default()
-        };
-        Discard::good(ctx, counts).await
-    }
 }
 
 /// Where a WRITE's data come from, for a command the core runs whole.
