@@ -144,14 +144,7 @@ async fn drive<R: AsyncRead + Unpin>(
         std::time::Instant::now(),
     );
     full_feature(
-        &fabric,
-        &session,
-        machine,
-        reader,
-        writer,
-        &outcome,
-        local,
-        cut,
+        &fabric, &session, machine, reader, writer, &outcome, local, cut,
     )
     .await;
     if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
@@ -229,7 +222,8 @@ fn digests_of(params: &SessionParams) -> Digests {
 }
 
 /// Why the full feature loop stopped.
-enum Stop {
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Stop {
     /// Flush what is queued and close.
     Close,
     /// The portal was closed: drop the connection with nothing more sent.
@@ -264,15 +258,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), first_stat_sn));
-    let launcher = Launcher {
-        fabric: fabric.clone(),
-        session: session.clone(),
-        shared,
-        tx: tx.clone(),
-        limits: machine.data_in_limits(),
-        data_pdu_in_order: machine.data_pdu_in_order(),
-        sync_writes: Default::default(),
-    };
+    let launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
     let mut stop = session.stop_signal();
     let my_generation = session.generation();
@@ -312,12 +298,9 @@ async fn full_feature<R: AsyncRead + Unpin>(
                     break Stop::Close;
                 }
             }
-            changed = shutdown.changed(), if !shutting_down => {
-                // A daemon gone without saying so counts as shutting down.
-                if changed.is_err() || *shutdown.borrow() {
-                    shutting_down = true;
-                    actions = machine.on_shutdown(std::time::Instant::now());
-                }
+            _ = turns_true(&mut shutdown), if !shutting_down => {
+                shutting_down = true;
+                actions = machine.on_shutdown(std::time::Instant::now());
             }
             _ = tokio::time::sleep_until(timer) => {
                 actions = machine.on_timeout(std::time::Instant::now());
@@ -347,7 +330,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
 
 /// Carries out the machine's actions in order; Some once the connection
 /// must end.
-async fn carry_out(launcher: &Launcher, actions: Vec<Action>) -> Option<Stop> {
+pub(super) async fn carry_out(launcher: &Launcher, actions: Vec<Action>) -> Option<Stop> {
     for action in actions {
         match action {
             Action::Send(pdu) => {

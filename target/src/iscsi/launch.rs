@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::connection::Outgoing;
-use super::machine::{PipedWrite, Ready, Shared};
+use super::machine::{ConnMachine, PipedWrite, Ready, Shared};
 use super::mover::{self, Road, Wire};
 use super::response::DataInLimits;
 use super::session::Session;
@@ -36,9 +36,32 @@ pub(super) struct Launcher {
 }
 
 impl Launcher {
+    /// The launcher of `machine`'s commands, queueing to the writer `tx`.
+    pub fn new(
+        fabric: &Arc<Fabric>,
+        session: &Arc<Session>,
+        machine: &ConnMachine,
+        tx: mpsc::Sender<Outgoing>,
+    ) -> Launcher {
+        Launcher {
+            fabric: fabric.clone(),
+            session: session.clone(),
+            shared: machine.shared().clone(),
+            tx,
+            limits: machine.data_in_limits(),
+            data_pdu_in_order: machine.data_pdu_in_order(),
+            sync_writes: Default::default(),
+        }
+    }
+
     /// What a task of `cmd` in this (normal) session needs from the
     /// connection; `slot` is its window slot, registered as a task.
-    fn context(&self, cmd: blockwire_pdu::pdu::ScsiCommand, cdb: Vec<u8>, slot: CommandSlot) -> CommandContext {
+    fn context(
+        &self,
+        cmd: blockwire_pdu::pdu::ScsiCommand,
+        cdb: Vec<u8>,
+        slot: CommandSlot,
+    ) -> CommandContext {
         let aborted = slot
             .abort_flag()
             .cloned()

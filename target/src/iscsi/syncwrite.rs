@@ -1,5 +1,5 @@
-//! Double-buffered WRITEs (issue 7, part 3): chunk k goes to disk while
-//! chunk k+1 arrives.
+//! Double-buffered WRITEs (the write side of synchronized sends): chunk k
+//! goes to disk while chunk k+1 arrives.
 //!
 //! For a file LUN with `sync_write` on, a WRITE(10/12/16) whose Expected
 //! Data Transfer Length is exactly the CDB's bytes takes this path when a
@@ -59,6 +59,10 @@
 //! Measurement: each command counts the chunk writes submitted before its
 //! last byte arrived (the overlap) into [`SyncWriteStats`] and logs it with
 //! its timers at `debug` ("pipelined write done").
+//!
+//! One file over the usual size: the path's registry, the reader's feed,
+//! the running-task table task management waits on, and the task itself
+//! all speak the one feed protocol (`Msg`) and are read together.
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -1,5 +1,8 @@
 //! In-process login tests: a `LoginMachine` driven by an initiator made of
 //! the pdu crate's `Negotiator` (initiator role) and `ChapInitiator`.
+//!
+//! One file over the usual size: the cases share one scripted initiator
+//! (`run_login`) and its catalog of targets.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

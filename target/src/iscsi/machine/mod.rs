@@ -33,8 +33,8 @@ use std::time::Instant;
 
 use blockwire_pdu::pdu::codes::{AsyncEvent, LogoutReason, LogoutResponseCode, RejectReason};
 use blockwire_pdu::pdu::{
-    AsyncMessage, LogoutResponse, NopIn, NopOut, Reject, ScsiCommand, TaskMgmtRequest,
-    LogoutRequest, RESERVED_TAG,
+    AsyncMessage, LogoutRequest, LogoutResponse, NopIn, NopOut, Reject, ScsiCommand,
+    TaskMgmtRequest, RESERVED_TAG,
 };
 use blockwire_pdu::{Bhs, DecodeError, Lun, Pdu};
 use blockwire_transport::assist::Descriptor;
@@ -281,7 +281,10 @@ impl ConnMachine {
     /// The negotiated Data-In limits of this connection.
     pub(super) fn data_in_limits(&self) -> DataInLimits {
         DataInLimits {
-            max_recv_data_segment_length: self.session.params.initiator_max_recv_data_segment_length,
+            max_recv_data_segment_length: self
+                .session
+                .params
+                .initiator_max_recv_data_segment_length,
             max_burst_length: self.session.params.max_burst_length,
         }
     }
@@ -330,7 +333,10 @@ impl ConnMachine {
     /// grace ran out.
     pub(super) fn on_timeout(&mut self, now: Instant) -> Vec<Action> {
         if self.logout_deadline.is_some_and(|d| now >= d) {
-            info!(tsih = self.session.tsih, "initiator did not log out in time: closing");
+            info!(
+                tsih = self.session.tsih,
+                "initiator did not log out in time: closing"
+            );
             self.out.push(Action::End(EndReason::LogoutTimeout));
             return self.take();
         }

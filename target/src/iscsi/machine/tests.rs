@@ -1,1 +1,1118 @@
-//! In-memory tests of the connection state machine.
+//! In-memory tests of the connection state machine: the test plays the
+//! initiator, PDU by PDU, against [`LoginPhase`] and [`ConnMachine`] with
+//! the time injected; commands run on the real SCSI core (a RAM LUN that
+//! can be stalled) through the driver's own [`carry_out`] and
+//! [`Launcher`], and what would go on the wire is read from the writer
+//! queue. Nothing touches a socket except the last test, which drives the
+//! real driver over an in-memory byte pipe.
+//!
+//! One file over the usual size: every test shares the one in-memory
+//! harness (`Conn`) and its PDU builders.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockwire_pdu::keys::encode_text;
+use blockwire_pdu::pdu::codes::{
+    AsyncEvent, LogoutReason, LogoutResponseCode, RejectReason, TaskAttr, TmfFunction, TmfResponse,
+};
+use blockwire_pdu::pdu::{
+    DataOut, LoginRequest, LogoutRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
+};
+use blockwire_pdu::{Bhs, DecodeError, Digests, LoginStatus, Lun, Pdu, Stage};
+use rand::SeedableRng;
+use tokio::sync::{mpsc, watch};
+
+use super::{Action, ConnMachine, EndReason, LoginAction, LoginPhase};
+use crate::backstore::RamBackstore;
+use crate::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use crate::iscsi::connection::{carry_out, Outgoing, Stop};
+use crate::iscsi::launch::Launcher;
+use crate::iscsi::session::Session;
+use crate::iscsi::{Fabric, FabricSettings};
+use crate::scsi::{LogicalUnit, LuConfig, LunTable};
+
+const TARGET: &str = "iqn.2026-11.test:machine";
+const INITIATOR: &str = "iqn.2026-11.test:host";
+const ISID: [u8; 6] = [0x80, 0, 0, 0, 0x42, 1];
+const BLOCK: u32 = 512;
+const NOP_INTERVAL: Duration = Duration::from_secs(10);
+const NOP_TIMEOUT: Duration = Duration::from_secs(30);
+const LOGOUT_GRACE: Duration = Duration::from_secs(5);
+
+fn local() -> std::net::SocketAddr {
+    "127.0.0.1:3260".parse().unwrap()
+}
+
+/// A fabric serving one target with a 1 MiB RAM LUN 0.
+fn fabric() -> Arc<Fabric> {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let catalog = Catalog {
+        portal_groups: vec![PortalGroup {
+            tag: 1,
+            addresses: vec![local()],
+        }],
+        targets: vec![Arc::new(TargetEntry {
+            name: TARGET.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl: Acl::Any,
+            auth: AuthPolicy::default(),
+            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+        })],
+        discovery_auth: AuthPolicy::default(),
+    };
+    let settings = FabricSettings {
+        queue_depth: 16,
+        nop_interval: Some(NOP_INTERVAL),
+        nop_timeout: NOP_TIMEOUT,
+        logout_grace: LOGOUT_GRACE,
+        ..FabricSettings::default()
+    };
+    // The sender is dropped: these tests shut down through the machine.
+    let (_, shutdown) = watch::channel(false);
+    Fabric::new(Arc::new(catalog), settings, shutdown)
+}
+
+fn login_pdu(csg: Stage, nsg: Stage, pairs: &[(&str, &str)]) -> Pdu {
+    let bhs = Bhs::LoginRequest(LoginRequest {
+        transit: true,
+        continue_bit: false,
+        csg,
+        nsg,
+        version_max: 0,
+        version_min: 0,
+        isid: ISID,
+        tsih: 0,
+        itt: 0x77,
+        cid: 1,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    });
+    Pdu::with_data(bhs, encode_text(pairs).unwrap())
+}
+
+/// Logs in to `target` (None: a discovery session) with the operational
+/// keys `keys`, security stage then operational stage.
+fn login(
+    fabric: &Arc<Fabric>,
+    target: Option<&str>,
+    keys: &[(&str, &str)],
+) -> Result<(Pdu, Arc<Session>, Box<crate::iscsi::login::LoginOutcome>), Pdu> {
+    let mut phase = LoginPhase::new(
+        fabric.clone(),
+        1,
+        local(),
+        rand::rngs::StdRng::seed_from_u64(1),
+    );
+    let mut security = vec![("InitiatorName", INITIATOR), ("AuthMethod", "None")];
+    match target {
+        Some(t) => security.extend([("SessionType", "Normal"), ("TargetName", t)]),
+        None => security.push(("SessionType", "Discovery")),
+    }
+    match phase.on_pdu(&login_pdu(Stage::Security, Stage::Operational, &security)) {
+        LoginAction::Respond(_) => {}
+        LoginAction::Refuse(p) => return Err(p),
+        LoginAction::LoggedIn { .. } => panic!("logged in before the operational stage"),
+    }
+    let mut request = login_pdu(Stage::Operational, Stage::FullFeature, keys);
+    for _round in 0..4 {
+        match phase.on_pdu(&request) {
+            LoginAction::LoggedIn {
+                response,
+                session,
+                outcome,
+            } => return Ok((response, session, outcome)),
+            LoginAction::Refuse(p) => return Err(p),
+            LoginAction::Respond(p) => {
+                // The target offered keys of its own: accept its values
+                // (the ones it answered for us are settled already).
+                let offered = blockwire_pdu::keys::parse_text(&p.data).unwrap();
+                let pairs: Vec<(&str, &str)> = offered
+                    .iter()
+                    .filter(|(k, _)| !keys.iter().any(|(mine, _)| mine == k))
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                request = login_pdu(Stage::Operational, Stage::FullFeature, &pairs);
+            }
+        }
+    }
+    panic!("login did not finish in 4 rounds")
+}
+
+/// One logged-in connection: the machine, the driver's launcher and the
+/// writer queue it fills, and the test's clock.
+struct Conn {
+    session: Arc<Session>,
+    machine: ConnMachine,
+    launcher: Launcher,
+    wire: mpsc::Receiver<Outgoing>,
+    now: Instant,
+    cmd_sn: u32,
+    next_itt: u32,
+}
+
+impl Conn {
+    /// A connection to the test target whose first command (a TEST UNIT
+    /// READY that takes the LUN's power-on unit attention) is done.
+    async fn open(keys: &[(&str, &str)]) -> Conn {
+        let mut c = Self::open_on(fabric(), Some(TARGET), keys);
+        let itt = c.itt();
+        let tur = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: false,
+            write: false,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt,
+            expected_data_transfer_length: 0,
+            cmd_sn: c.take_cmd_sn(),
+            exp_stat_sn: 0,
+            cdb: [0; 16],
+        }));
+        assert_eq!(c.feed(tur).await, None);
+        let (status, _) = c.response(itt).await;
+        assert_eq!(status, 0x02, "the first command hears of the power-on");
+        c
+    }
+
+    fn open_on(fabric: Arc<Fabric>, target: Option<&str>, keys: &[(&str, &str)]) -> Conn {
+        let (_, session, outcome) = login(&fabric, target, keys).expect("login accepted");
+        let now = Instant::now();
+        let machine = ConnMachine::new(
+            fabric.clone(),
+            session.clone(),
+            &outcome,
+            local(),
+            None,
+            now,
+        );
+        let (tx, wire) = mpsc::channel(1024);
+        let launcher = Launcher::new(&fabric, &session, &machine, tx);
+        Conn {
+            cmd_sn: outcome.exp_cmd_sn,
+            session,
+            machine,
+            launcher,
+            wire,
+            now,
+            next_itt: 0x100,
+        }
+    }
+
+    fn lu(&self) -> Arc<LogicalUnit> {
+        self.session
+            .target
+            .as_ref()
+            .unwrap()
+            .luns
+            .get(0)
+            .unwrap()
+            .clone()
+    }
+
+    /// Feeds one PDU and carries out what the machine returns, as the
+    /// driver does; Some once the connection ends.
+    async fn feed(&mut self, pdu: Pdu) -> Option<Stop> {
+        let actions = self.machine.on_pdu(pdu, self.now);
+        carry_out(&self.launcher, actions).await
+    }
+
+    /// Actions for one PDU, not carried out.
+    fn actions(&mut self, pdu: Pdu) -> Vec<Action> {
+        self.machine.on_pdu(pdu, self.now)
+    }
+
+    async fn advance(&mut self, by: Duration) -> Option<Stop> {
+        self.now += by;
+        let actions = self.machine.on_timeout(self.now);
+        carry_out(&self.launcher, actions).await
+    }
+
+    fn take_cmd_sn(&mut self) -> u32 {
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        self.cmd_sn.wrapping_sub(1)
+    }
+
+    fn itt(&mut self) -> u32 {
+        self.next_itt += 1;
+        self.next_itt
+    }
+
+    /// A READ(10) or WRITE(10) of `blocks` at `lba` with `immediate` data.
+    fn rw(&mut self, write: bool, lba: u32, blocks: u16, immediate: Vec<u8>) -> (u32, Pdu) {
+        let itt = self.itt();
+        let mut cdb = [0u8; 16];
+        cdb[0] = if write { 0x2a } else { 0x28 };
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let len = u32::from(blocks) * BLOCK;
+        let bhs = Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_bit: !write || immediate.len() as u32 == len,
+            read: !write,
+            write,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt,
+            expected_data_transfer_length: len,
+            cmd_sn: self.take_cmd_sn(),
+            exp_stat_sn: 0,
+            cdb,
+        });
+        (itt, Pdu::with_data(bhs, immediate))
+    }
+
+    fn data_out(
+        &self,
+        itt: u32,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        data: &[u8],
+        last: bool,
+    ) -> Pdu {
+        Pdu::with_data(
+            Bhs::DataOut(DataOut {
+                final_bit: last,
+                lun: Lun::from_index(0),
+                itt,
+                ttt,
+                exp_stat_sn: 0,
+                data_sn,
+                buffer_offset: offset,
+            }),
+            data.to_vec(),
+        )
+    }
+
+    fn tmf(&mut self, function: TmfFunction, lun: u16, referenced: u32) -> (u32, Pdu) {
+        let itt = self.itt();
+        let pdu = Pdu::new(Bhs::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: Lun::from_index(lun),
+            itt,
+            referenced_task_tag: referenced,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: 0,
+            exp_data_sn: 0,
+        }));
+        (itt, pdu)
+    }
+
+    fn logout(&mut self) -> Pdu {
+        let itt = self.itt();
+        Pdu::new(Bhs::LogoutRequest(LogoutRequest {
+            immediate: false,
+            reason: LogoutReason::CloseSession,
+            itt,
+            cid: 1,
+            cmd_sn: self.take_cmd_sn(),
+            exp_stat_sn: 0,
+        }))
+    }
+
+    /// What the writer queue holds now.
+    fn sent(&mut self) -> Vec<Pdu> {
+        let mut out = Vec::new();
+        while let Ok(o) = self.wire.try_recv() {
+            match o {
+                Outgoing::Pdu(p) => out.push(p),
+                other => panic!("unexpected writer item {other:?}"),
+            }
+        }
+        out
+    }
+
+    /// Everything queued until nothing more comes for `quiet`.
+    async fn sent_until_quiet(&mut self, quiet: Duration) -> Vec<Pdu> {
+        let mut out = Vec::new();
+        while let Ok(Some(o)) = tokio::time::timeout(quiet, self.wire.recv()).await {
+            match o {
+                Outgoing::Pdu(p) => out.push(p),
+                other => panic!("unexpected writer item {other:?}"),
+            }
+        }
+        out
+    }
+
+    /// The SCSI Response of `itt` (waiting for the command to finish).
+    async fn response(&mut self, itt: u32) -> (u8, Vec<Pdu>) {
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let o = tokio::time::timeout_at(deadline, self.wire.recv())
+                .await
+                .expect("a response in time")
+                .expect("writer queue open");
+            let Outgoing::Pdu(p) = o else { continue };
+            let status = match &p.bhs {
+                Bhs::ScsiResponse(r) if r.itt == itt => Some(r.status),
+                Bhs::DataIn(d) if d.itt == itt => d.status,
+                _ => None,
+            };
+            got.push(p);
+            if let Some(s) = status {
+                return (s, got);
+            }
+        }
+    }
+}
+
+fn tmf_response(pdus: &[Pdu], itt: u32) -> TmfResponse {
+    pdus.iter()
+        .find_map(|p| match p.bhs {
+            Bhs::TaskMgmtResponse(r) if r.itt == itt => Some(r.response),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no task management response for {itt:#x} in {pdus:?}"))
+}
+
+/// Whether any PDU in `pdus` answers task `itt`.
+fn mentions(pdus: &[Pdu], itt: u32) -> bool {
+    pdus.iter().any(|p| match p.bhs {
+        Bhs::ScsiResponse(r) => r.itt == itt,
+        Bhs::DataIn(d) => d.itt == itt,
+        Bhs::R2t(r) => r.itt == itt,
+        _ => false,
+    })
+}
+
+fn r2ts(pdus: &[Pdu]) -> Vec<blockwire_pdu::pdu::R2t> {
+    pdus.iter()
+        .filter_map(|p| match p.bhs {
+            Bhs::R2t(r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Reads `blocks` at `lba` back through the machine.
+async fn read_back(c: &mut Conn, lba: u32, blocks: u16) -> Vec<u8> {
+    let (itt, pdu) = c.rw(false, lba, blocks, Vec::new());
+    assert_eq!(c.feed(pdu).await, None);
+    let (status, pdus) = c.response(itt).await;
+    assert_eq!(status, 0, "READ GOOD");
+    let mut data = vec![0u8; usize::from(blocks) * BLOCK as usize];
+    for p in pdus {
+        if let Bhs::DataIn(d) = p.bhs {
+            let at = d.buffer_offset as usize;
+            data[at..at + p.data.len()].copy_from_slice(&p.data);
+        }
+    }
+    data
+}
+
+// ---- login and the hand-off ------------------------------------------------
+
+#[tokio::test]
+async fn login_hands_off_a_session_to_the_full_feature_phase() {
+    let fabric = fabric();
+    let (response, session, outcome) = login(&fabric, Some(TARGET), &[]).expect("accepted");
+    let Bhs::LoginResponse(r) = response.bhs else {
+        panic!("final answer is a Login Response")
+    };
+    assert!(r.transit && r.nsg == Stage::FullFeature, "{r:?}");
+    assert_eq!(r.status, LoginStatus::SUCCESS);
+    assert_ne!(r.tsih, 0, "the new session's TSIH");
+    assert_eq!(r.tsih, session.tsih);
+    assert_eq!(
+        r.max_cmd_sn,
+        outcome.exp_cmd_sn + fabric.settings.queue_depth - 1,
+        "the window opens at the configured depth"
+    );
+    assert_eq!(
+        fabric.sessions.all().len(),
+        1,
+        "attached to the session table"
+    );
+
+    // Full feature phase: a NOP-Out ping comes back with its data.
+    let mut machine = ConnMachine::new(
+        fabric.clone(),
+        session,
+        &outcome,
+        local(),
+        None,
+        Instant::now(),
+    );
+    let ping = Pdu::with_data(
+        Bhs::NopOut(NopOut {
+            immediate: true,
+            lun: Lun::default(),
+            itt: 9,
+            ttt: RESERVED_TAG,
+            cmd_sn: outcome.exp_cmd_sn,
+            exp_stat_sn: 0,
+        }),
+        b"echo".to_vec(),
+    );
+    let actions = machine.on_pdu(ping, Instant::now());
+    match &actions[..] {
+        [Action::Send(p)] => {
+            assert!(matches!(p.bhs, Bhs::NopIn(n) if n.itt == 9 && n.ttt == RESERVED_TAG));
+            assert_eq!(&p.data[..], b"echo");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn login_refusals_name_their_status() {
+    let fabric = fabric();
+    let refused = |r: Result<_, Pdu>| match r {
+        Err(p) => match p.bhs {
+            Bhs::LoginResponse(r) => r.status,
+            other => panic!("{other:?}"),
+        },
+        Ok(_) => panic!("login accepted"),
+    };
+    assert_eq!(
+        refused(login(&fabric, Some("iqn.2026-11.test:nope"), &[])),
+        LoginStatus::NOT_FOUND
+    );
+    // A target that insists on CRC32C refuses an initiator that offers None.
+    let mut strict = fabric.settings.clone();
+    strict.require_header_digest = true;
+    let (_, rx) = watch::channel(false);
+    let strict = Fabric::new(fabric.catalog.clone(), strict, rx);
+    let status = refused(login(&strict, Some(TARGET), &[("HeaderDigest", "None")]));
+    assert_eq!(status.class, 2, "an initiator error: {status:?}");
+    assert!(strict.sessions.all().is_empty(), "no session left behind");
+    // A non-login PDU during login.
+    let mut phase = LoginPhase::new(
+        fabric.clone(),
+        1,
+        local(),
+        rand::rngs::StdRng::seed_from_u64(2),
+    );
+    let nop = Pdu::new(Bhs::NopOut(NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: 1,
+        ttt: RESERVED_TAG,
+        cmd_sn: 0,
+        exp_stat_sn: 0,
+    }));
+    assert!(matches!(phase.on_pdu(&nop), LoginAction::Refuse(_)));
+}
+
+// ---- full feature phase: commands and the CmdSN window ----------------------
+
+#[tokio::test]
+async fn write_with_immediate_data_then_read_back() {
+    let mut c = Conn::open(&[]).await;
+    let data = pattern(4 * BLOCK as usize, 3);
+    let (itt, pdu) = c.rw(true, 8, 4, data.clone());
+    assert_eq!(c.feed(pdu).await, None);
+    let (status, pdus) = c.response(itt).await;
+    assert_eq!(status, 0);
+    assert!(r2ts(&pdus).is_empty(), "all the data came immediate");
+    assert_eq!(read_back(&mut c, 8, 4).await, data);
+    assert_eq!(c.machine.shared().in_flight(), 0, "both slots freed");
+}
+
+#[tokio::test]
+async fn out_of_order_cmd_sn_waits_and_outside_the_window_is_dropped() {
+    let mut c = Conn::open(&[]).await;
+    let (first, p1) = c.rw(false, 0, 1, Vec::new());
+    let (second, p2) = c.rw(false, 1, 1, Vec::new());
+    // The second arrives first: held until the first fills the gap.
+    assert!(c.actions(p2).is_empty(), "CmdSN ahead of ExpCmdSN waits");
+    let actions = c.actions(p1);
+    let ran: Vec<u32> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Run(r) => Some(r.cmd.itt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ran, vec![first, second], "delivered in CmdSN order");
+    carry_out(&c.launcher, actions).await;
+    c.response(first).await;
+    // Far outside the window: dropped without an answer.
+    let (_, mut stray) = c.rw(false, 0, 1, Vec::new());
+    if let Bhs::ScsiCommand(ref mut s) = stray.bhs {
+        s.cmd_sn = s.cmd_sn.wrapping_add(1000);
+    }
+    assert!(c.actions(stray).is_empty());
+}
+
+#[tokio::test]
+async fn r2t_sequence_within_max_burst_and_outstanding_r2t() {
+    let keys = [
+        ("InitialR2T", "Yes"),
+        ("ImmediateData", "No"),
+        ("MaxBurstLength", "1024"),
+        ("FirstBurstLength", "512"),
+        ("MaxOutstandingR2T", "2"),
+    ];
+    let mut c = Conn::open(&keys).await;
+    let data = pattern(8 * BLOCK as usize, 9);
+    let (itt, cmd) = c.rw(true, 100, 8, Vec::new());
+    assert_eq!(c.feed(cmd).await, None);
+    let mut asked = r2ts(&c.sent());
+    assert_eq!(asked.len(), 2, "MaxOutstandingR2T R2Ts at a time");
+    let mut seen_ttt = std::collections::HashSet::new();
+    let mut next_r2t_sn = 0;
+    let mut answered = 0;
+    while let Some(r) = asked.first().copied() {
+        asked.remove(0);
+        assert_eq!(r.itt, itt);
+        assert_eq!(r.r2t_sn, next_r2t_sn, "R2TSN counts from 0");
+        next_r2t_sn += 1;
+        assert!(
+            r.desired_data_transfer_length <= 1024,
+            "within MaxBurstLength"
+        );
+        assert!(
+            r.ttt != RESERVED_TAG && seen_ttt.insert(r.ttt),
+            "fresh TTT per R2T"
+        );
+        let (at, len) = (
+            r.buffer_offset as usize,
+            r.desired_data_transfer_length as usize,
+        );
+        // Each burst in two Data-Out PDUs, DataSN from 0 per burst.
+        let half = len / 2;
+        let p1 = c.data_out(itt, r.ttt, 0, at as u32, &data[at..at + half], false);
+        let p2 = c.data_out(
+            itt,
+            r.ttt,
+            1,
+            (at + half) as u32,
+            &data[at + half..at + len],
+            true,
+        );
+        assert_eq!(c.feed(p1).await, None);
+        assert_eq!(c.feed(p2).await, None);
+        answered += 1;
+        asked.extend(r2ts(&c.sent()));
+    }
+    assert_eq!(answered, 4, "4 KiB in bursts of 1 KiB");
+    let (status, _) = c.response(itt).await;
+    assert_eq!(status, 0);
+    assert_eq!(read_back(&mut c, 100, 8).await, data);
+}
+
+#[tokio::test]
+async fn data_pdu_in_order_no_takes_a_burst_in_any_order() {
+    let keys = [
+        ("InitialR2T", "Yes"),
+        ("ImmediateData", "No"),
+        ("DataPDUInOrder", "No"),
+        ("DataSequenceInOrder", "Yes"),
+    ];
+    let mut c = Conn::open(&keys).await;
+    assert!(!c.machine.data_pdu_in_order(), "No was accepted");
+    let data = pattern(4 * BLOCK as usize, 21);
+    let (itt, cmd) = c.rw(true, 40, 4, Vec::new());
+    c.feed(cmd).await;
+    let r = r2ts(&c.sent())[0];
+    assert_eq!(r.desired_data_transfer_length, 4 * BLOCK);
+    // Last block first, the final bit on the last PDU sent.
+    let order = [3u32, 1, 0, 2];
+    for (sn, &blk) in order.iter().enumerate() {
+        let at = (blk * BLOCK) as usize;
+        let p = c.data_out(
+            itt,
+            r.ttt,
+            sn as u32,
+            blk * BLOCK,
+            &data[at..at + BLOCK as usize],
+            sn == 3,
+        );
+        assert_eq!(c.feed(p).await, None);
+    }
+    assert_eq!(c.response(itt).await.0, 0);
+    assert_eq!(read_back(&mut c, 40, 4).await, data);
+}
+
+#[tokio::test]
+async fn data_pdu_in_order_yes_fails_a_command_whose_data_jumps() {
+    let keys = [
+        ("InitialR2T", "Yes"),
+        ("ImmediateData", "No"),
+        ("DataPDUInOrder", "Yes"),
+    ];
+    let mut c = Conn::open(&keys).await;
+    let data = pattern(2 * BLOCK as usize, 5);
+    let (itt, cmd) = c.rw(true, 60, 2, Vec::new());
+    c.feed(cmd).await;
+    let r = r2ts(&c.sent())[0];
+    let p = c.data_out(itt, r.ttt, 0, BLOCK, &data[BLOCK as usize..], true);
+    assert_eq!(c.feed(p).await, None, "the connection stays up");
+    let (status, pdus) = c.response(itt).await;
+    assert_eq!(status, 0x02, "CHECK CONDITION");
+    let sense = &pdus.last().unwrap().data;
+    assert_eq!(
+        (sense[2 + 2] & 0x0f, sense[2 + 12]),
+        (0x0b, 0x4b),
+        "ABORTED COMMAND, DATA PHASE ERROR"
+    );
+    assert_eq!(c.machine.collecting(), 0);
+    assert_eq!(c.machine.shared().in_flight(), 0);
+}
+
+// ---- task management ----------------------------------------------------------
+
+/// Starts a READ the stalled LUN holds; returns its ITT.
+async fn held_read(c: &mut Conn) -> u32 {
+    c.lu().set_stalled(true);
+    let (itt, pdu) = c.rw(false, 0, 1, Vec::new());
+    assert_eq!(c.feed(pdu).await, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.lu().held_commands() == 0 {
+        assert!(Instant::now() < deadline, "the READ reached the stall gate");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    itt
+}
+
+#[tokio::test]
+async fn abort_task_of_a_running_command_then_nothing_of_it_ever_leaves() {
+    let mut c = Conn::open(&[]).await;
+    let victim = held_read(&mut c).await;
+    let (tmf, req) = c.tmf(TmfFunction::AbortTask, 0, victim);
+    assert_eq!(c.feed(req).await, None);
+    let before = c.sent();
+    assert_eq!(tmf_response(&before, tmf), TmfResponse::FunctionComplete);
+    // The race: the command is released after "Function complete" left.
+    c.lu().set_stalled(false);
+    let after = c.sent_until_quiet(Duration::from_millis(300)).await;
+    assert!(
+        !mentions(&before, victim) && !mentions(&after, victim),
+        "{after:?}"
+    );
+    assert!(!c.session.tasks.contains(victim));
+    assert_eq!(
+        c.machine.shared().in_flight(),
+        0,
+        "its window slot came back"
+    );
+}
+
+#[tokio::test]
+async fn abort_task_of_a_finished_or_unknown_task_does_not_exist() {
+    let mut c = Conn::open(&[]).await;
+    let (done, pdu) = c.rw(false, 0, 1, Vec::new());
+    c.feed(pdu).await;
+    c.response(done).await;
+    let (tmf, req) = c.tmf(TmfFunction::AbortTask, 0, done);
+    c.feed(req).await;
+    assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::TaskDoesNotExist);
+    let (tmf, req) = c.tmf(TmfFunction::AbortTask, 0, 0xdead);
+    c.feed(req).await;
+    assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::TaskDoesNotExist);
+}
+
+#[tokio::test]
+async fn abort_task_of_a_write_waiting_for_data_drops_it_unrun() {
+    let mut c = Conn::open(&[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
+    let (itt, cmd) = c.rw(true, 200, 2, Vec::new());
+    c.feed(cmd).await;
+    let r = r2ts(&c.sent())[0];
+    let (tmf, req) = c.tmf(TmfFunction::AbortTask, 0, itt);
+    c.feed(req).await;
+    assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::FunctionComplete);
+    assert_eq!(c.machine.collecting(), 0);
+    // Its data still arrives: ignored, never executed.
+    let late = c.data_out(itt, r.ttt, 0, 0, &pattern(2 * BLOCK as usize, 1), true);
+    let actions = c.actions(late);
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(c.machine.shared().in_flight(), 0);
+    assert_eq!(
+        read_back(&mut c, 200, 2).await,
+        vec![0u8; 2 * BLOCK as usize],
+        "nothing written"
+    );
+}
+
+#[tokio::test]
+async fn task_set_functions_and_resets_against_running_tasks() {
+    for function in [
+        TmfFunction::AbortTaskSet,
+        TmfFunction::ClearTaskSet,
+        TmfFunction::LogicalUnitReset,
+        TmfFunction::TargetWarmReset,
+    ] {
+        let mut c = Conn::open(&[]).await;
+        let victim = held_read(&mut c).await;
+        let (tmf, req) = c.tmf(function, 0, 0);
+        assert_eq!(c.feed(req).await, None, "{function:?} keeps the connection");
+        let before = c.sent();
+        assert_eq!(
+            tmf_response(&before, tmf),
+            TmfResponse::FunctionComplete,
+            "{function:?}"
+        );
+        c.lu().set_stalled(false);
+        let after = c.sent_until_quiet(Duration::from_millis(200)).await;
+        assert!(
+            !mentions(&after, victim),
+            "{function:?}: aborted READ answered"
+        );
+        assert_eq!(c.machine.shared().in_flight(), 0);
+    }
+}
+
+#[tokio::test]
+async fn task_management_of_a_missing_lun_and_unsupported_functions() {
+    let mut c = Conn::open(&[]).await;
+    for (function, lun, want) in [
+        (TmfFunction::AbortTaskSet, 7, TmfResponse::LunDoesNotExist),
+        (TmfFunction::ClearTaskSet, 7, TmfResponse::LunDoesNotExist),
+        (
+            TmfFunction::LogicalUnitReset,
+            7,
+            TmfResponse::LunDoesNotExist,
+        ),
+        (TmfFunction::ClearAca, 0, TmfResponse::FunctionComplete),
+        (
+            TmfFunction::TaskReassign,
+            0,
+            TmfResponse::ReassignmentNotSupported,
+        ),
+    ] {
+        let (tmf, req) = c.tmf(function, lun, 0);
+        assert_eq!(c.feed(req).await, None);
+        assert_eq!(tmf_response(&c.sent(), tmf), want, "{function:?}");
+    }
+}
+
+#[tokio::test]
+async fn target_cold_reset_answers_then_ends_the_connection() {
+    let mut c = Conn::open(&[]).await;
+    let victim = held_read(&mut c).await;
+    let (tmf, req) = c.tmf(TmfFunction::TargetColdReset, 0, 0);
+    let actions = c.actions(req);
+    assert!(
+        matches!(actions.last(), Some(Action::End(EndReason::ColdReset))),
+        "{actions:?}"
+    );
+    assert_eq!(carry_out(&c.launcher, actions).await, Some(Stop::Close));
+    assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::FunctionComplete);
+    c.lu().set_stalled(false);
+    assert!(!mentions(
+        &c.sent_until_quiet(Duration::from_millis(200)).await,
+        victim
+    ));
+}
+
+#[tokio::test]
+async fn discovery_sessions_refuse_task_management_and_scsi_commands() {
+    let mut c = Conn::open_on(fabric(), None, &[]);
+    let (tmf, req) = c.tmf(TmfFunction::AbortTaskSet, 0, 0);
+    c.feed(req).await;
+    assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::NotSupported);
+    let (_, cmd) = c.rw(false, 0, 1, Vec::new());
+    c.feed(cmd).await;
+    let sent = c.sent();
+    assert!(
+        matches!(sent[..], [Pdu { bhs: Bhs::Reject(r), .. }] if r.reason == RejectReason::ProtocolError),
+        "{sent:?}"
+    );
+}
+
+// ---- NOP pings, shutdown and logout, with injected time ------------------------
+
+#[tokio::test]
+async fn unanswered_nop_in_times_out_and_an_answered_one_does_not() {
+    let mut c = Conn::open(&[]).await;
+    assert_eq!(c.machine.poll_timeout(), Some(c.now + NOP_INTERVAL));
+    assert_eq!(
+        c.advance(NOP_INTERVAL - Duration::from_millis(1)).await,
+        None
+    );
+    assert!(c.sent().is_empty(), "not due yet");
+    assert_eq!(c.advance(Duration::from_millis(1)).await, None);
+    let ping = match c.sent()[..] {
+        [Pdu {
+            bhs: Bhs::NopIn(n), ..
+        }] => n,
+        ref other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        ping.itt, RESERVED_TAG,
+        "a target ping wants an answer by TTT"
+    );
+    // Answered: the next interval sends a new ping, nothing ends.
+    let answer = Pdu::new(Bhs::NopOut(NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: RESERVED_TAG,
+        ttt: ping.ttt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+    }));
+    assert_eq!(c.feed(answer).await, None);
+    assert_eq!(c.advance(NOP_INTERVAL).await, None);
+    let second = match c.sent()[..] {
+        [Pdu {
+            bhs: Bhs::NopIn(n), ..
+        }] => n,
+        ref other => panic!("{other:?}"),
+    };
+    assert_ne!(second.ttt, ping.ttt);
+    // Unanswered: pings are not repeated while one is out, and the
+    // connection ends once the NOP timeout has passed since it was sent.
+    let mut waited = Duration::ZERO;
+    while waited + NOP_INTERVAL < NOP_TIMEOUT {
+        assert_eq!(c.advance(NOP_INTERVAL).await, None);
+        waited += NOP_INTERVAL;
+        assert!(c.sent().is_empty());
+    }
+    assert_eq!(c.advance(NOP_INTERVAL).await, Some(Stop::Close));
+}
+
+#[tokio::test]
+async fn shutdown_asks_for_logout_and_closes_after_the_grace() {
+    let mut c = Conn::open(&[]).await;
+    let actions = c.machine.on_shutdown(c.now);
+    carry_out(&c.launcher, actions).await;
+    let msg = match c.sent()[..] {
+        [Pdu {
+            bhs: Bhs::AsyncMessage(m),
+            ..
+        }] => m,
+        ref other => panic!("{other:?}"),
+    };
+    assert_eq!(msg.event, AsyncEvent::LogoutRequest);
+    assert_eq!(u64::from(msg.parameter3), LOGOUT_GRACE.as_secs());
+    assert!(c.machine.on_shutdown(c.now).is_empty(), "asked once");
+    assert_eq!(c.machine.poll_timeout(), Some(c.now + LOGOUT_GRACE));
+    assert_eq!(c.advance(LOGOUT_GRACE).await, Some(Stop::Close));
+}
+
+#[tokio::test]
+async fn logout_with_commands_in_flight_ends_and_frees_everything() {
+    let mut c = Conn::open(&[("InitialR2T", "Yes"), ("ImmediateData", "No")]).await;
+    let running = held_read(&mut c).await;
+    let (collecting, cmd) = c.rw(true, 300, 2, Vec::new());
+    c.feed(cmd).await;
+    assert_eq!(c.machine.collecting(), 1);
+    let logout = c.logout();
+    assert_eq!(c.feed(logout).await, Some(Stop::Close));
+    let sent = c.sent();
+    let resp = sent
+        .iter()
+        .find_map(|p| match p.bhs {
+            Bhs::LogoutResponse(r) => Some(r),
+            _ => None,
+        })
+        .expect("a Logout Response");
+    assert_eq!(resp.response, LogoutResponseCode::Closed);
+    // What the driver does when the connection ends: abort the session's
+    // tasks and drop the machine (and with it the WRITE still collecting).
+    c.session.tasks.abort_where(|_, _| true);
+    let shared = c.machine.shared().clone();
+    let lu = c.lu();
+    let Conn {
+        machine,
+        mut wire,
+        session,
+        launcher,
+        ..
+    } = c;
+    drop(machine);
+    lu.set_stalled(false);
+    let mut after = Vec::new();
+    while let Ok(Some(Outgoing::Pdu(p))) =
+        tokio::time::timeout(Duration::from_millis(300), wire.recv()).await
+    {
+        after.push(p);
+    }
+    assert!(
+        !mentions(&after, running) && !mentions(&after, collecting),
+        "{after:?}"
+    );
+    assert!(!session.tasks.contains(running) && !session.tasks.contains(collecting));
+    assert_eq!(shared.in_flight(), 0, "every window slot came back");
+    drop(launcher);
+}
+
+// ---- the driver over an in-memory byte stream -----------------------------------
+
+#[tokio::test]
+async fn the_driver_serves_an_in_memory_byte_pipe() {
+    use crate::iscsi::io::{PduReader, PduWriter};
+    let fabric = fabric();
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let (_keep, cut) = watch::channel(false);
+    let served = tokio::spawn(crate::iscsi::connection::serve_stream(
+        fabric.clone(),
+        server,
+        1,
+        local(),
+        None,
+        cut,
+    ));
+    let (rd, wr) = tokio::io::split(client);
+    let mut reader = PduReader::new(rd);
+    reader.framer = blockwire_pdu::FrameDecoder::new(1 << 20, Digests::NONE);
+    let mut writer = PduWriter::over_stream(wr);
+    async fn exchange<R: tokio::io::AsyncRead + Unpin>(
+        writer: &mut PduWriter,
+        reader: &mut PduReader<R>,
+        pdu: Pdu,
+    ) -> Pdu {
+        writer.push(&pdu).await.unwrap();
+        writer.flush().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), reader.next())
+            .await
+            .expect("an answer in time")
+            .expect("a PDU")
+            .expect("the stream is open")
+    }
+    let security = [
+        ("InitiatorName", INITIATOR),
+        ("AuthMethod", "None"),
+        ("SessionType", "Normal"),
+        ("TargetName", TARGET),
+    ];
+    let r = exchange(
+        &mut writer,
+        &mut reader,
+        login_pdu(Stage::Security, Stage::Operational, &security),
+    )
+    .await;
+    assert!(matches!(r.bhs, Bhs::LoginResponse(l) if l.status == LoginStatus::SUCCESS));
+    let mut r = exchange(
+        &mut writer,
+        &mut reader,
+        login_pdu(Stage::Operational, Stage::FullFeature, &[]),
+    )
+    .await;
+    if matches!(r.bhs, Bhs::LoginResponse(l) if !l.transit) {
+        // Accept what the target offered.
+        let offered = blockwire_pdu::keys::parse_text(&r.data).unwrap();
+        let pairs: Vec<(&str, &str)> = offered
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        r = exchange(
+            &mut writer,
+            &mut reader,
+            login_pdu(Stage::Operational, Stage::FullFeature, &pairs),
+        )
+        .await;
+    }
+    let Bhs::LoginResponse(fin) = r.bhs else {
+        panic!("{r:?}")
+    };
+    assert!(fin.transit && fin.nsg == Stage::FullFeature && fin.tsih != 0);
+    // TEST UNIT READY takes the power-on unit attention; then a WRITE with
+    // immediate data, then a READ of it.
+    let tur = ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt: 9,
+        expected_data_transfer_length: 0,
+        cmd_sn: fin.exp_cmd_sn,
+        exp_stat_sn: fin.stat_sn + 1,
+        cdb: [0; 16],
+    };
+    let r = exchange(&mut writer, &mut reader, Pdu::new(Bhs::ScsiCommand(tur))).await;
+    assert!(
+        matches!(r.bhs, Bhs::ScsiResponse(s) if s.itt == 9 && s.status == 2),
+        "{r:?}"
+    );
+    let data = pattern(BLOCK as usize, 77);
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x2a;
+    cdb[5] = 4;
+    cdb[8] = 1;
+    let mut cmd = ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: true,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt: 1,
+        expected_data_transfer_length: BLOCK,
+        cmd_sn: fin.exp_cmd_sn + 1,
+        exp_stat_sn: fin.stat_sn + 1,
+        cdb,
+    };
+    let r = exchange(
+        &mut writer,
+        &mut reader,
+        Pdu::with_data(Bhs::ScsiCommand(cmd), data.clone()),
+    )
+    .await;
+    assert!(
+        matches!(r.bhs, Bhs::ScsiResponse(s) if s.itt == 1 && s.status == 0),
+        "{r:?}"
+    );
+    cmd.cdb[0] = 0x28;
+    cmd.write = false;
+    cmd.read = true;
+    cmd.itt = 2;
+    cmd.cmd_sn += 1;
+    let r = exchange(&mut writer, &mut reader, Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    assert!(
+        matches!(r.bhs, Bhs::DataIn(d) if d.itt == 2 && d.status == Some(0)),
+        "{r:?}"
+    );
+    assert_eq!(&r.data[..], &data[..]);
+    // Logout: the answer, then the end of the stream and of the driver.
+    let logout = Pdu::new(Bhs::LogoutRequest(LogoutRequest {
+        immediate: false,
+        reason: LogoutReason::CloseSession,
+        itt: 3,
+        cid: 1,
+        cmd_sn: cmd.cmd_sn + 1,
+        exp_stat_sn: 0,
+    }));
+    let r = exchange(&mut writer, &mut reader, logout).await;
+    assert!(matches!(r.bhs, Bhs::LogoutResponse(l) if l.response == LogoutResponseCode::Closed));
+    let end = tokio::time::timeout(Duration::from_secs(10), reader.next()).await;
+    assert!(matches!(end, Ok(Ok(None))), "the target closed the stream");
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the driver returns")
+        .unwrap();
+    assert!(
+        fabric.sessions.all().is_empty(),
+        "the session ended with its connection"
+    );
+}
+
+#[tokio::test]
+async fn decode_errors_reject_and_end_unless_skippable() {
+    let mut c = Conn::open(&[]).await;
+    let header = [0u8; 48];
+    let skippable =
+        c.machine
+            .on_decode_error(&DecodeError::UnknownOpcode(0x3f), Some(&header), true);
+    assert!(
+        matches!(&skippable[..], [Action::Send(p)] if matches!(p.bhs, Bhs::Reject(r) if r.reason == RejectReason::CommandNotSupported)),
+        "{skippable:?}"
+    );
+    let digest = c.machine.on_decode_error(
+        &DecodeError::HeaderDigest {
+            expected: 1,
+            got: 2,
+        },
+        None,
+        false,
+    );
+    assert!(
+        matches!(&digest[..], [Action::End(EndReason::ProtocolError)]),
+        "a header that failed its digest is not answered: {digest:?}"
+    );
+}

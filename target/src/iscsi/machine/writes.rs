@@ -282,8 +282,7 @@ impl ConnMachine {
                 WriteDest::Pipe(feed) => feed.failed(),
                 // Forgotten, its window slot freed, before the status leaves.
                 WriteDest::Gather(_, slot) => {
-                    let pdus =
-                        status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
+                    let pdus = status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
                     self.refuse(slot, pdus);
                 }
             }
