@@ -13,7 +13,7 @@ use blockwire_target::backstore::{
     StripedBackstore,
 };
 use blockwire_target::iscsi::catalog::{
-    Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry,
+    Acl, AuthPolicy, Catalog, ChapSecret, DataPathPolicy, PortalGroup, TargetEntry,
 };
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{
@@ -56,6 +56,20 @@ pub struct TargetConfig {
     /// The runtime control socket.
     #[serde(default)]
     pub control: ControlConfig,
+    /// The Prometheus metrics endpoint.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: an HTTP endpoint serving Prometheus' text exposition
+/// format at `/metrics` (see docs/metrics.md). Off unless a listen
+/// address is given here or with `--metrics`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// ADDR:PORT, e.g. "127.0.0.1:9450". The endpoint has no
+    /// authentication: bind it where only the scraper can reach it.
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[control]`: the daemon's runtime control socket (JSON-RPC 2.0, one
@@ -275,76 +289,12 @@ pub struct LunDef {
     pub zero_copy: Option<Spanned<bool>>,
 }
 
-/// A LUN whose READs go through the I/O engine path (registered buffers):
-/// every `direct` file LUN, and cached ones with `sync_send = true`.
-#[derive(Debug, Clone)]
-pub struct SyncSendDef {
-    /// Target name.
-    pub target: String,
-    /// LUN.
-    pub lun: u16,
-    /// The LUN's file.
-    pub path: PathBuf,
-    /// The backstore runs O_DIRECT (read the same way).
-    pub direct: bool,
-    /// Chunk size in bytes.
-    pub chunk: usize,
-    /// `Synchronized` with `sync_send = true`, else `Serial` (read every
-    /// chunk, then send: the baseline of a direct LUN).
-    pub mode: blockwire_target::datapath::Mode,
-}
-
-/// A cached file LUN whose READ payloads go by sendfile.
-#[derive(Debug, Clone)]
-pub struct SendfileDef {
-    /// Target name.
-    pub target: String,
-    /// LUN.
-    pub lun: u16,
-    /// The LUN's file.
-    pub path: PathBuf,
-}
-
-/// A LUN whose READs use the engine path from a prebuilt source: a striped
-/// LUN (one stream per member), or any engine-path LUN under `--no-disk`
-/// (pattern data).
-#[derive(Debug, Clone)]
-pub struct EngineSourceDef {
-    /// Target name.
-    pub target: String,
-    /// LUN.
-    pub lun: u16,
-    /// What the engine reads.
-    pub source: blockwire_target::datapath::Source,
-    /// The source's files are O_DIRECT.
-    pub direct: bool,
-    /// Chunk size in bytes.
-    pub chunk: usize,
-    /// `Synchronized` with `sync_send = true`, else `Serial`.
-    pub mode: blockwire_target::datapath::Mode,
-}
-
 /// How a configuration is turned into backstores.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
     /// `--no-disk`: every LUN serves the no-disk pattern and drops writes;
     /// no backstore file is opened or created (benchmarks only).
     pub no_disk: bool,
-}
-
-/// A file LUN whose WRITEs are double-buffered (`sync_write = true`).
-#[derive(Debug, Clone)]
-pub struct SyncWriteDef {
-    /// Target name.
-    pub target: String,
-    /// LUN.
-    pub lun: u16,
-    /// The LUN's file.
-    pub path: PathBuf,
-    /// The backstore runs O_DIRECT (write the same way).
-    pub direct: bool,
-    /// Chunk size in bytes (`sync_chunk`).
-    pub chunk: usize,
 }
 
 /// What the daemon needs to start.
@@ -360,18 +310,12 @@ pub struct Built {
     pub rdma_listen: Option<SocketAddr>,
     /// Which RDMA provider (`[fabric] rdma_backend`).
     pub rdma_backend: RdmaBackend,
-    /// LUNs whose READs use the engine path (direct, or `sync_send = true`).
-    pub sync_sends: Vec<SyncSendDef>,
-    /// File LUNs with `sync_write = true` (double-buffered WRITEs).
-    pub sync_writes: Vec<SyncWriteDef>,
-    /// Cached file LUNs with `zero_copy` (default) and no `sync_send`.
-    pub sendfiles: Vec<SendfileDef>,
-    /// Engine-path LUNs with a prebuilt source (striped; all under `--no-disk`).
-    pub engine_sources: Vec<EngineSourceDef>,
     /// Built with `--no-disk`: no LUN stores anything.
     pub no_disk: bool,
     /// The control socket's path (`[control] socket`).
     pub control_socket: Option<PathBuf>,
+    /// The Prometheus endpoint's address (`[metrics] listen`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The RDMA provider asked for in the configuration.
@@ -697,10 +641,6 @@ impl TargetConfig {
         }
 
         let mut targets = Vec::new();
-        let mut sync_sends = Vec::new();
-        let mut sync_writes = Vec::new();
-        let mut engine_sources = Vec::new();
-        let mut sendfiles = Vec::new();
         for t in self.targets {
             let tspan = t.span();
             let t = t.into_inner();
@@ -766,6 +706,7 @@ impl TargetConfig {
             };
             let auth = auth_policy(ctx, &auth_config, "target")?;
             let mut luns = Vec::new();
+            let mut data_paths = Vec::new();
             for l in &t.luns {
                 let lspan = l.span();
                 let l = l.get_ref();
@@ -898,7 +839,6 @@ impl TargetConfig {
                         ),
                     ));
                 }
-                let mut prebuilt: Option<(blockwire_target::datapath::Source, bool)> = None;
                 if let Some(z) = l.zero_copy.as_ref().filter(|_| kind != "file") {
                     return Err(ctx.err(
                         z.span(),
@@ -915,8 +855,6 @@ impl TargetConfig {
                     ));
                 }
                 let sync_write = l.sync_write.as_ref().is_some_and(|w| *w.get_ref());
-                let mut file_direct: Option<(PathBuf, bool)> = None;
-                let mut sendfile_path: Option<PathBuf> = None;
                 let backstore: Arc<dyn Backstore> = match kind {
                     "null" | "ram" if ctx.no_disk => {
                         let size = size.ok_or_else(|| {
@@ -965,9 +903,6 @@ impl TargetConfig {
                                 ))
                             }
                         };
-                        if engine_path {
-                            prebuilt = Some((blockwire_target::datapath::Source::Pattern, false));
-                        }
                         Arc::new(NullBackstore::pattern(size))
                     }
                     "striped" => {
@@ -1040,10 +975,6 @@ impl TargetConfig {
                                     }
                                 }
                             };
-                            if engine_path {
-                                prebuilt =
-                                    Some((blockwire_target::datapath::Source::Pattern, false));
-                            }
                             Arc::new(NullBackstore::pattern(size))
                         } else {
                             let sb = StripedBackstore::open(
@@ -1056,11 +987,6 @@ impl TargetConfig {
                             .map_err(|e| {
                                 ctx.err(paths.span(), "target.lun.paths", e.to_string())
                             })?;
-                            if engine_path {
-                                prebuilt = Some(sb.engine_source().map_err(|e| {
-                                    ctx.err(paths.span(), "target.lun.paths", e.to_string())
-                                })?);
-                            }
                             Arc::new(sb)
                         }
                     }
@@ -1071,25 +997,6 @@ impl TargetConfig {
                         let fb = FileBackstore::open_with(path, size, l.read_only, mode).map_err(
                             |e| ctx.err(lspan.clone(), "target.lun.path", e.to_string()),
                         )?;
-                        // Direct LUNs always take the engine path (serial
-                        // unless sync_send); cached ones only with sync_send.
-                        if sync_send || mode == FileMode::Direct {
-                            file_direct = Some((path.clone(), fb.mode() == FileMode::Direct));
-                        }
-                        // Cached LUNs without sync_send: READ payloads by
-                        // sendfile unless zero_copy = false.
-                        if !sync_send && mode == FileMode::Cached && zero_copy {
-                            sendfile_path = Some(path.clone());
-                        }
-                        if sync_write {
-                            sync_writes.push(SyncWriteDef {
-                                target: name.clone(),
-                                lun: l.id,
-                                path: path.clone(),
-                                direct: fb.mode() == FileMode::Direct,
-                                chunk: sync_chunk,
-                            });
-                        }
                         Arc::new(fb)
                     }
                     other => {
@@ -1152,36 +1059,23 @@ impl TargetConfig {
                     unit.set_stalled(true);
                 }
                 luns.push((l.id, Arc::new(unit)));
-                if let Some(path) = sendfile_path {
-                    sendfiles.push(SendfileDef {
-                        target: name.clone(),
-                        lun: l.id,
-                        path,
-                    });
-                }
-                if let Some((source, direct)) = prebuilt {
-                    engine_sources.push(EngineSourceDef {
-                        target: name.clone(),
-                        lun: l.id,
-                        source,
-                        direct,
-                        chunk: sync_chunk,
-                        mode: engine_mode,
-                    });
-                }
-                if let Some((path, direct)) = file_direct {
-                    sync_sends.push(SyncSendDef {
-                        target: name.clone(),
-                        lun: l.id,
-                        path,
-                        direct,
-                        chunk: sync_chunk,
-                        mode: if sync_send {
-                            blockwire_target::datapath::Mode::Synchronized
-                        } else {
-                            blockwire_target::datapath::Mode::Serial
-                        },
-                    });
+                // What the operator asked of the LUN's data; the fabric
+                // maps it onto what the storage can do when it starts.
+                // File and striped LUNs read through the engine when direct
+                // (serial unless sync_send) or with sync_send; cached file
+                // LUNs otherwise send READ payloads by sendfile unless
+                // zero_copy = false.
+                let policy = DataPathPolicy {
+                    engine_reads: (engine_path && (kind == "file" || kind == "striped"))
+                        .then_some(engine_mode),
+                    sendfile: kind == "file" && !sync_send && mode == FileMode::Cached && zero_copy,
+                    // --no-disk drops every WRITE: nothing to double-buffer.
+                    double_buffered_writes: sync_write && !ctx.no_disk,
+                    chunk: sync_chunk,
+                };
+                if policy.engine_reads.is_some() || policy.sendfile || policy.double_buffered_writes
+                {
+                    data_paths.push((l.id, policy));
                 }
             }
             if luns.is_empty() {
@@ -1217,6 +1111,7 @@ impl TargetConfig {
                 }),
                 auth,
                 luns: Arc::new(luns),
+                data_paths,
             }));
         }
         if targets.is_empty() {
@@ -1233,12 +1128,9 @@ impl TargetConfig {
             max_recv_data_segment_length: f.max_recv_data_segment_length,
             rdma_listen,
             rdma_backend,
-            sync_sends,
-            sync_writes,
-            engine_sources,
             no_disk: ctx.no_disk,
-            sendfiles,
             control_socket: self.control.socket,
+            metrics_listen: self.metrics.listen,
         })
     }
 }
@@ -1840,6 +1732,15 @@ mod tests {
         format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\n{lun}")
     }
 
+    /// The data path policy of LUN `lun` of the first target, if it has one.
+    fn policy(b: &Built, lun: u16) -> Option<DataPathPolicy> {
+        b.catalog.targets[0]
+            .data_paths
+            .iter()
+            .find(|(l, _)| *l == lun)
+            .map(|(_, p)| *p)
+    }
+
     #[test]
     fn zero_copy_sendfile_on_cached_file_luns_by_default() {
         let dir = tempfile::tempdir().unwrap();
@@ -1851,9 +1752,8 @@ mod tests {
         };
         let sendfiles = |extra: &str| {
             TargetConfig::from_str("t.toml", &lun(extra))
+                .map(|b| usize::from(policy(&b, 0).is_some_and(|p| p.sendfile)))
                 .unwrap_or_else(|e| panic!("{e}"))
-                .sendfiles
-                .len()
         };
         assert_eq!(sendfiles(""), 1, "cached file LUNs use sendfile by default");
         assert_eq!(sendfiles("zero_copy = true\n"), 1);
@@ -1885,11 +1785,11 @@ mod tests {
             &one_lun(&format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\nsync_send = true\nsync_chunk = \"128K\"\n")),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(b.sync_sends.len(), 1);
-        assert_eq!((b.sync_sends[0].lun, b.sync_sends[0].chunk), (0, 128 << 10));
+        let p = policy(&b, 0).expect("a data path policy");
+        assert_eq!(p.chunk, 128 << 10);
         assert_eq!(
-            b.sync_sends[0].mode,
-            blockwire_target::datapath::Mode::Synchronized
+            p.engine_reads,
+            Some(blockwire_target::datapath::Mode::Synchronized)
         );
         let off = TargetConfig::from_str(
             "t.toml",
@@ -1898,7 +1798,10 @@ mod tests {
             )),
         )
         .unwrap();
-        assert!(off.sync_sends.is_empty(), "off by default on cached LUNs");
+        assert!(
+            policy(&off, 0).is_none_or(|p| p.engine_reads.is_none()),
+            "off by default on cached LUNs"
+        );
         // A direct LUN always reads through the engine: serial without
         // sync_send (the baseline on registered buffers).
         let direct = TargetConfig::from_str(
@@ -1908,10 +1811,9 @@ mod tests {
             )),
         )
         .unwrap();
-        assert_eq!(direct.sync_sends.len(), 1);
         assert_eq!(
-            direct.sync_sends[0].mode,
-            blockwire_target::datapath::Mode::Serial
+            policy(&direct, 0).and_then(|p| p.engine_reads),
+            Some(blockwire_target::datapath::Mode::Serial)
         );
         let e = TargetConfig::from_str(
             "t.toml",
@@ -1943,7 +1845,7 @@ mod tests {
             )),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(b.engine_sources.is_empty() && b.sync_sends.is_empty());
+        assert_eq!(policy(&b, 0), None, "the core path");
         let lu = b.catalog.targets[0].luns.get(0).unwrap().config().clone();
         assert_eq!(lu.backstore.size(), 3 << 20);
         assert!(lu.backstore.describe().starts_with("striped 3 x 64 KiB"));
@@ -1954,10 +1856,20 @@ mod tests {
             &one_lun(&format!("backstore = \"striped\"\n{members}size = \"3M\"\nmode = \"direct\"\nstripe_chunk = \"128K\"\nsync_send = true\nsync_chunk = \"256K\"\n")),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(b.engine_sources.len(), 1);
-        let d = &b.engine_sources[0];
-        assert_eq!((d.lun, d.chunk, d.mode), (0, 256 << 10, Mode::Synchronized));
-        match &d.source {
+        let p = policy(&b, 0).expect("a data path policy");
+        assert_eq!(
+            (p.chunk, p.engine_reads),
+            (256 << 10, Some(Mode::Synchronized))
+        );
+        let store = b.catalog.targets[0]
+            .luns
+            .get(0)
+            .unwrap()
+            .config()
+            .backstore
+            .clone();
+        let (source, _) = store.engine_source().unwrap().expect("the engine reads it");
+        match &source {
             Source::Striped { files, layout } => {
                 assert_eq!((files.len(), layout.stripe), (3, 128 << 10))
             }
@@ -1971,7 +1883,10 @@ mod tests {
             )),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(b.engine_sources[0].mode, Mode::Serial);
+        assert_eq!(
+            policy(&b, 0).and_then(|p| p.engine_reads),
+            Some(Mode::Serial)
+        );
         assert_eq!(
             b.catalog.targets[0]
                 .luns
@@ -2056,13 +1971,26 @@ mod tests {
             !img.exists() && !m(0).exists(),
             "no backstore file is created"
         );
-        assert!(b.sync_sends.is_empty() && b.sendfiles.is_empty());
-        let engine: Vec<u16> = b.engine_sources.iter().map(|d| d.lun).collect();
-        assert_eq!(engine, [0, 2], "the engine-path LUNs");
-        assert!(b
-            .engine_sources
+        let paths = &b.catalog.targets[0].data_paths;
+        assert!(paths
             .iter()
-            .all(|d| matches!(d.source, Source::Pattern)));
+            .all(|(_, p)| !p.sendfile && !p.double_buffered_writes));
+        let engine: Vec<u16> = paths
+            .iter()
+            .filter(|(_, p)| p.engine_reads.is_some())
+            .map(|(l, _)| *l)
+            .collect();
+        assert_eq!(engine, [0, 2], "the engine-path LUNs");
+        for lun in engine {
+            let store = &b.catalog.targets[0]
+                .luns
+                .get(lun)
+                .unwrap()
+                .config()
+                .backstore;
+            let source = store.engine_source().unwrap().map(|(s, _)| s);
+            assert!(matches!(source, Some(Source::Pattern)), "LUN {lun}");
+        }
         for lun in 0..3 {
             let store = b.catalog.targets[0]
                 .luns
@@ -2096,10 +2024,18 @@ mod tests {
             &one_lun(&format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nsync_write = true\nsync_chunk = \"256K\"\n")),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(b.sync_writes.len(), 1);
-        let w = &b.sync_writes[0];
-        assert_eq!((w.lun, w.chunk, w.direct), (0, 256 << 10, false));
-        assert_eq!(w.path, img);
+        let p = policy(&b, 0).expect("a data path policy");
+        assert!(p.double_buffered_writes);
+        assert_eq!(p.chunk, 256 << 10);
+        let store = &b.catalog.targets[0].luns.get(0).unwrap().config().backstore;
+        assert_eq!(
+            store.capabilities().file,
+            Some(blockwire_target::backstore::StoreFile {
+                path: img.clone(),
+                direct: false
+            }),
+            "the double-buffered path writes the store's own file"
+        );
         let off = TargetConfig::from_str(
             "t.toml",
             &one_lun(&format!(
@@ -2107,7 +2043,7 @@ mod tests {
             )),
         )
         .unwrap();
-        assert!(off.sync_writes.is_empty());
+        assert!(policy(&off, 0).is_none_or(|p| !p.double_buffered_writes));
         for kind in [
             "backstore = \"ram\"\nsize = \"1M\"\n",
             "backstore = \"null\"\nsize = \"1M\"\n",
@@ -2247,6 +2183,26 @@ mod tests {
         assert_eq!(e.message, "portal group 2 is listed twice", "{e}");
         let e = TargetConfig::from_str("t.toml", &two_groups("alua = 1\n", "")).unwrap_err();
         assert!(e.message.contains("unknown field `alua`"), "{e}");
+    }
+
+    #[test]
+    fn metrics_listen_address_is_opt_in_and_checked() {
+        let lun = || one_lun("backstore = \"ram\"\nsize = \"1M\"\n");
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &format!("[metrics]\nlisten = \"127.0.0.1:9450\"\n\n{}", lun()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.metrics_listen, Some("127.0.0.1:9450".parse().unwrap()));
+        let b = TargetConfig::from_str("t.toml", &lun()).unwrap();
+        assert_eq!(b.metrics_listen, None, "no endpoint unless asked for");
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &format!("[metrics]\nlisten = \"localhost\"\n\n{}", lun()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("t.toml") && e.contains("line 2"), "{e}");
     }
 
     #[test]

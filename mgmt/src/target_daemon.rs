@@ -64,75 +64,13 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         Some(path) => Some((path.clone(), crate::control::bind(path)?)),
         None => None,
     };
-    for d in &built.sync_sends {
-        let line = fabric
-            .sync_reads
-            .enable(&d.target, d.lun, &d.path, d.direct, d.chunk, d.mode)
-            .with_context(|| {
-                format!(
-                    "enabling the engine READ path on {} LUN {} ({})",
-                    d.target,
-                    d.lun,
-                    d.path.display()
-                )
-            })?;
-        info!(target = %d.target, lun = d.lun, "READ engine: {line}");
-    }
-    for d in &built.engine_sources {
-        // Striped LUNs (one stream per member) and, under --no-disk, every
-        // engine-path LUN (pattern data).
-        let line = fabric
-            .sync_reads
-            .enable_source(
-                &d.target,
-                d.lun,
-                d.source.clone(),
-                d.direct,
-                d.chunk,
-                d.mode,
-            )
-            .with_context(|| {
-                format!(
-                    "enabling the engine READ path on {} LUN {} ({} streams)",
-                    d.target,
-                    d.lun,
-                    d.source.streams()
-                )
-            })?;
-        info!(target = %d.target, lun = d.lun, "READ engine: {line}");
-    }
-    for d in &built.sync_writes {
-        let line = fabric
-            .sync_reads
-            .engine()
-            .and_then(|(engine, _)| {
-                fabric
-                    .sync_writes
-                    .enable(engine, &d.target, d.lun, &d.path, d.direct, d.chunk)
-            })
-            .with_context(|| {
-                format!(
-                    "enabling double-buffered writes (sync_write) on {} LUN {} ({})",
-                    d.target,
-                    d.lun,
-                    d.path.display()
-                )
-            })?;
-        info!(target = %d.target, lun = d.lun, "WRITE engine: {line}");
-    }
-    for d in &built.sendfiles {
-        let line = fabric
-            .sendfile_reads
-            .enable(&d.target, d.lun, &d.path)
-            .with_context(|| {
-                format!(
-                    "opening {} for sendfile READs of {} LUN {} (set zero_copy = false to use the copy path)",
-                    d.path.display(),
-                    d.target,
-                    d.lun
-                )
-            })?;
-        info!(target = %d.target, lun = d.lun, "READ engine: {line}");
+    // Each LUN's data paths, from its configured policy and what its
+    // storage can do.
+    for p in fabric
+        .start_data_paths()
+        .context("starting the LUNs' data paths")?
+    {
+        info!(target = %p.target, lun = p.lun, "{}", p.line);
     }
     if fabric.settings.no_net {
         warn!("--no-net: BENCHMARK-ONLY MODE. READ data are read from the backstores (engine-path LUNs through the I/O engine as usual, others by the SCSI core's serial path) but NOT SENT: \

@@ -329,7 +329,7 @@ fn real_striped(dir: &std::path::Path, members: u32) -> (Source, bool) {
     .unwrap();
     store.write_at(0, &vec![0xa5u8; 8 * MIB]).unwrap();
     store.flush().unwrap();
-    store.engine_source().unwrap()
+    store.open_members_for_engine().unwrap()
 }
 
 /// The GMBlock paper's Exp. 2b: RAID0 of `members` disks, stripe 64 KiB, aggregate r_disk.

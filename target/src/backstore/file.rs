@@ -340,6 +340,31 @@ impl FileBackstore {
 }
 
 impl Backstore for FileBackstore {
+    fn capabilities(&self) -> super::Capabilities {
+        super::Capabilities {
+            file: Some(super::StoreFile {
+                path: self.path.clone(),
+                direct: self.mode == FileMode::Direct,
+            }),
+            engine_reads: true,
+            allocation_map: self.regular,
+        }
+    }
+
+    fn engine_source(&self) -> io::Result<Option<(crate::datapath::Source, bool)>> {
+        // A descriptor of its own, read-only: O_DIRECT like the store (when
+        // the filesystem still allows it), else the page cache.
+        let (file, direct) = if self.mode == FileMode::Direct {
+            crate::datapath::open_direct_or_buffered(&self.path, false)?
+        } else {
+            (File::open(&self.path)?, false)
+        };
+        Ok(Some((
+            crate::datapath::Source::File(std::sync::Arc::new(file)),
+            direct,
+        )))
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

@@ -27,6 +27,38 @@ pub use ram::RamBackstore;
 pub use striped::StripedBackstore;
 
 use std::io;
+use std::path::PathBuf;
+
+use crate::datapath::Source;
+
+/// A store's one file, for the data paths that reach it by descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreFile {
+    /// Where it is.
+    pub path: PathBuf,
+    /// It runs `O_DIRECT` (engine ranges must then be 4 KiB aligned);
+    /// false: through the page cache.
+    pub direct: bool,
+}
+
+/// What a store can do besides reading and writing blocks, so that the
+/// fabric picks a LUN's data paths from its storage (see
+/// `iscsi::Fabric::start_data_paths`) rather than from per-path lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The store is this one file at the LUN's byte offsets: the I/O engine
+    /// can write it by descriptor (double-buffered WRITEs) and, when it
+    /// runs through the page cache, READ payloads can leave it by
+    /// `sendfile(2)`.
+    pub file: Option<StoreFile>,
+    /// The I/O engine can read the store into registered buffers
+    /// ([`Backstore::engine_source`]): a file, striped members (one stream
+    /// each), or the no-disk pattern.
+    pub engine_reads: bool,
+    /// [`Backstore::allocation`] reports what is mapped (holes, UNMAP),
+    /// not a guess from the data.
+    pub allocation_map: bool,
+}
 
 /// One run of an allocation map: `len` bytes from `offset`, mapped or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +113,15 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// treats all-zero blocks as deallocated, which LBPRZ makes truthful).
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {
         let _ = (offset, len);
+        Ok(None)
+    }
+    /// What the store can do besides reading and writing blocks.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+    /// What the I/O engine reads, opened now, and whether it is
+    /// `O_DIRECT`; `None` when [`Capabilities::engine_reads`] is false.
+    fn engine_source(&self) -> io::Result<Option<(Source, bool)>> {
         Ok(None)
     }
     /// A short description for logs and the start-up banner.

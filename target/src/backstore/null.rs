@@ -65,6 +65,19 @@ impl NullBackstore {
 }
 
 impl Backstore for NullBackstore {
+    fn capabilities(&self) -> super::Capabilities {
+        super::Capabilities {
+            file: None,
+            // The no-disk pattern is what the engine's pattern source makes.
+            engine_reads: self.fill == Fill::Pattern,
+            allocation_map: true,
+        }
+    }
+
+    fn engine_source(&self) -> io::Result<Option<(crate::datapath::Source, bool)>> {
+        Ok((self.fill == Fill::Pattern).then_some((crate::datapath::Source::Pattern, false)))
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

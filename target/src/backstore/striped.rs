@@ -270,7 +270,7 @@ impl StripedBackstore {
     /// member), opened read-only; `O_DIRECT` when every member runs direct.
     /// The flag says whether they are `O_DIRECT` (the engine path then
     /// needs 4 KiB-aligned ranges).
-    pub fn engine_source(&self) -> io::Result<(Source, bool)> {
+    pub fn open_members_for_engine(&self) -> io::Result<(Source, bool)> {
         let direct = self.direct();
         let mut files = Vec::with_capacity(self.paths.len());
         for p in &self.paths {
@@ -454,6 +454,18 @@ impl<'b> SplitBuf<'b> for &'b mut [u8] {
 }
 
 impl Backstore for StripedBackstore {
+    fn capabilities(&self) -> super::Capabilities {
+        super::Capabilities {
+            file: None,
+            engine_reads: true,
+            allocation_map: true,
+        }
+    }
+
+    fn engine_source(&self) -> io::Result<Option<(Source, bool)>> {
+        self.open_members_for_engine().map(Some)
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

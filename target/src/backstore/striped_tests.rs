@@ -416,7 +416,10 @@ fn direct_mode_round_trips_across_members() {
         let runs = PARALLEL_RUNS.load(std::sync::atomic::Ordering::Relaxed) - before;
         assert!(runs >= 2, "the large write and read ran per member: {runs}");
     }
-    let (src, direct) = s.engine_source().unwrap();
+    let (src, direct) = s
+        .engine_source()
+        .unwrap()
+        .expect("the engine reads a striped store");
     assert_eq!(direct, s.direct());
     assert_eq!(src.streams(), 2);
 }

@@ -106,6 +106,26 @@ pub struct TargetEntry {
     pub auth: AuthPolicy,
     /// Its logical units.
     pub luns: Arc<LunTable>,
+    /// How each LUN's data should move, as configured (LUNs not listed
+    /// take the SCSI core's copy path).
+    pub data_paths: Vec<(u16, DataPathPolicy)>,
+}
+
+/// How a LUN's data should move, as configured. The fabric maps it onto
+/// what the LUN's storage can do ([`crate::backstore::Capabilities`]) in
+/// [`super::Fabric::start_data_paths`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataPathPolicy {
+    /// READs through the I/O engine into registered buffers:
+    /// synchronized sends or serial (read every chunk, then send).
+    pub engine_reads: Option<crate::datapath::Mode>,
+    /// READ payloads from the page cache by `sendfile(2)`, when the
+    /// storage is a file read through the page cache.
+    pub sendfile: bool,
+    /// Double-buffered WRITEs through the I/O engine.
+    pub double_buffered_writes: bool,
+    /// Chunk size in bytes of both engine paths.
+    pub chunk: usize,
 }
 
 /// Everything the fabric serves.

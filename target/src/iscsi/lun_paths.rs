@@ -1,29 +1,38 @@
-//! A data path's per-LUN state, by target name and LUN number: the
-//! registries of the sendfile ([`super::sendfile`]), engine READ
-//! ([`super::syncread`]) and double-buffered WRITE ([`super::syncwrite`])
-//! paths. LUNs are added at start-up and looked up for every command; while
-//! no LUN uses a path, the lookup is one atomic load.
+//! Every LUN's data paths in one table, by target name and LUN: for each
+//! LUN one record of the paths it runs besides the SCSI core's copy path
+//! (engine READs, [`super::syncread`]; sendfile READ payloads,
+//! [`super::sendfile`]; double-buffered WRITEs, [`super::syncwrite`]),
+//! filled at start-up from what the LUN's storage can do
+//! ([`super::data_paths`]) and read once per command. While no LUN has a
+//! data path, a lookup is one atomic load.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-/// One path's LUNs.
-pub struct LunPaths<T> {
-    luns: RwLock<HashMap<String, HashMap<u16, Arc<T>>>>,
+use super::sendfile::SendfileLun;
+use super::syncread::SyncReadLun;
+use super::syncwrite::SyncWriteLun;
+
+/// The data paths of one LUN.
+#[derive(Debug, Default, Clone)]
+pub struct LunDataPaths {
+    /// READs through the I/O engine into registered buffers.
+    pub engine_reads: Option<Arc<SyncReadLun>>,
+    /// READ payloads from the page cache by `sendfile(2)`.
+    pub sendfile: Option<Arc<SendfileLun>>,
+    /// Double-buffered WRITEs through the I/O engine.
+    pub engine_writes: Option<Arc<SyncWriteLun>>,
+}
+
+/// Every LUN's data paths.
+#[derive(Default)]
+pub struct LunPaths {
+    luns: RwLock<HashMap<String, HashMap<u16, Arc<LunDataPaths>>>>,
     any: AtomicBool,
 }
 
-impl<T> Default for LunPaths<T> {
-    fn default() -> Self {
-        LunPaths {
-            luns: RwLock::default(),
-            any: AtomicBool::new(false),
-        }
-    }
-}
-
-impl<T> std::fmt::Debug for LunPaths<T> {
+impl std::fmt::Debug for LunPaths {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LunPaths")
             .field("luns", &self.all().len())
@@ -31,20 +40,23 @@ impl<T> std::fmt::Debug for LunPaths<T> {
     }
 }
 
-impl<T> LunPaths<T> {
-    /// Puts `lun` of `target` on the path (replacing what it had).
-    pub fn insert(&self, target: &str, lun: u16, path: T) {
-        self.luns
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+impl LunPaths {
+    /// Changes the record of `lun` of `target` (made empty if it has none).
+    pub fn update(&self, target: &str, lun: u16, change: impl FnOnce(&mut LunDataPaths)) {
+        let mut luns = self.luns.write().unwrap_or_else(|e| e.into_inner());
+        let record = luns
             .entry(target.to_owned())
             .or_default()
-            .insert(lun, Arc::new(path));
+            .entry(lun)
+            .or_default();
+        let mut next = LunDataPaths::clone(record);
+        change(&mut next);
+        *record = Arc::new(next);
         self.any.store(true, Ordering::Release);
     }
 
-    /// The path's state for `lun` of `target`, if it is on the path.
-    pub fn get(&self, target: &str, lun: u16) -> Option<Arc<T>> {
+    /// The data paths of `lun` of `target`, if it has any.
+    pub fn get(&self, target: &str, lun: u16) -> Option<Arc<LunDataPaths>> {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
@@ -56,8 +68,8 @@ impl<T> LunPaths<T> {
             .cloned()
     }
 
-    /// Every LUN on the path, sorted by target name and LUN.
-    pub fn all(&self) -> Vec<(String, u16, Arc<T>)> {
+    /// Every LUN with data paths, sorted by target name and LUN.
+    pub fn all(&self) -> Vec<(String, u16, Arc<LunDataPaths>)> {
         let luns = self.luns.read().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<_> = luns
             .iter()

@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod catalog;
 pub mod connection;
+pub mod data_paths;
 pub mod datain;
 pub mod dataout;
 pub mod discovery;
@@ -104,6 +105,8 @@ pub struct Fabric {
     pub shutdown: watch::Receiver<bool>,
     /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
     pub rdma: OnceLock<Arc<rdma::RdmaService>>,
+    /// Every LUN's data paths besides the SCSI core's copy path.
+    pub lun_paths: Arc<lun_paths::LunPaths>,
     /// LUNs whose READs use synchronized sends (see [`syncread`]).
     pub sync_reads: syncread::SyncReads,
     /// LUNs whose WRITEs are double-buffered (see [`syncwrite`]).
@@ -120,15 +123,17 @@ impl Fabric {
         settings: FabricSettings,
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Fabric> {
+        let lun_paths = Arc::new(lun_paths::LunPaths::default());
         let fabric = Arc::new(Fabric {
             catalog,
             sessions: SessionTable::default(),
             settings,
             shutdown,
             rdma: OnceLock::new(),
-            sync_reads: syncread::SyncReads::default(),
-            sync_writes: syncwrite::SyncWrites::default(),
-            sendfile_reads: sendfile::SendfileReads::default(),
+            sync_reads: syncread::SyncReads::new(lun_paths.clone()),
+            sync_writes: syncwrite::SyncWrites::new(lun_paths.clone()),
+            sendfile_reads: sendfile::SendfileReads::new(lun_paths.clone()),
+            lun_paths,
         });
         for target in &fabric.catalog.targets {
             // Weak: the handler lives inside the catalog the fabric owns.

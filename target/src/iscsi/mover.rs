@@ -117,10 +117,16 @@ pub(super) fn choose(
         };
     }
     let lun = cmd.lun.index().unwrap_or(u16::MAX);
+    let Some(paths) = fabric.lun_paths.get(target, lun) else {
+        return Route {
+            road: Road::Core,
+            wire,
+        };
+    };
     // Cached file LUNs: READ payloads by sendfile, unless data digests need
     // the bytes in memory.
     if matches!(wire, Wire::Tcp) {
-        if let Some(file) = fabric.sendfile_reads.get(target, lun) {
+        if let Some(file) = paths.sendfile.clone() {
             if !data_digest {
                 return Route {
                     road: Road::File(file),
@@ -138,7 +144,7 @@ pub(super) fn choose(
         _ => true,
     };
     if engine_wire {
-        if let Some(path) = fabric.sync_reads.get(target, lun) {
+        if let Some(path) = paths.engine_reads.clone() {
             return Route {
                 road: Road::Engine(path),
                 wire,

@@ -53,19 +53,26 @@ pub struct SendfileLun {
     pub label: String,
 }
 
-/// The fabric's sendfile LUNs, by target name and LUN.
-#[derive(Debug, Default)]
+/// The fabric's sendfile READ paths: entries in its per-LUN data path
+/// table.
+#[derive(Debug)]
 pub struct SendfileReads {
-    luns: LunPaths<SendfileLun>,
+    luns: Arc<LunPaths>,
 }
 
 impl SendfileReads {
+    /// sendfile READ paths recorded in `luns`.
+    pub fn new(luns: Arc<LunPaths>) -> SendfileReads {
+        SendfileReads { luns }
+    }
+
     /// Sends READ data of `lun` of `target` from `path` with sendfile.
     /// Returns a line for the start-up log.
     pub fn enable(&self, target: &str, lun: u16, path: &Path) -> io::Result<String> {
         let file = File::open(path)?;
         let label = format!("{target} LUN {lun} ({})", path.display());
-        self.luns.insert(target, lun, SendfileLun { file, label });
+        let path = Arc::new(SendfileLun { file, label });
+        self.luns.update(target, lun, |p| p.sendfile = Some(path));
         Ok(
             "sendfile: Data-In payloads from the page cache to the socket, no user-space copy \
             (copy path on connections with DataDigest)"
@@ -75,7 +82,7 @@ impl SendfileReads {
 
     /// The sendfile source of `lun` of `target`, if it has one.
     pub fn get(&self, target: &str, lun: u16) -> Option<Arc<SendfileLun>> {
-        self.luns.get(target, lun)
+        self.luns.get(target, lun)?.sendfile.clone()
     }
 }
 

@@ -110,11 +110,11 @@ impl std::fmt::Debug for SyncReadLun {
     }
 }
 
-/// The fabric's pipelined read paths, by target name and LUN.
-#[derive(Default)]
+/// The fabric's engine READ paths: the engine they share, and their
+/// entries in the fabric's per-LUN data path table.
 pub struct SyncReads {
     engine: Mutex<Option<(Arc<dyn Engine>, String)>>,
-    luns: LunPaths<SyncReadLun>,
+    luns: Arc<LunPaths>,
 }
 
 impl std::fmt::Debug for SyncReads {
@@ -126,6 +126,14 @@ impl std::fmt::Debug for SyncReads {
 }
 
 impl SyncReads {
+    /// Engine READ paths recorded in `luns`; no engine is opened yet.
+    pub fn new(luns: Arc<LunPaths>) -> SyncReads {
+        SyncReads {
+            engine: Mutex::default(),
+            luns,
+        }
+    }
+
     /// The engine, opened on first use; the string says which one and why.
     pub fn engine(&self) -> io::Result<(Arc<dyn Engine>, String)> {
         let mut g = self.engine.lock().unwrap_or_else(|e| e.into_inner());
@@ -197,19 +205,17 @@ impl SyncReads {
                 if direct { "O_DIRECT" } else { "page-cache" }
             ),
         };
-        self.luns.insert(
-            target,
-            lun,
-            SyncReadLun {
-                engine,
-                source,
-                direct,
-                chunk,
-                mode,
-                stats: Arc::new(PhaseStats::default()),
-                reordered_pdus: Default::default(),
-            },
-        );
+        let path = Arc::new(SyncReadLun {
+            engine,
+            source,
+            direct,
+            chunk,
+            mode,
+            stats: Arc::new(PhaseStats::default()),
+            reordered_pdus: Default::default(),
+        });
+        self.luns
+            .update(target, lun, |p| p.engine_reads = Some(path));
         let how = match mode {
             Mode::Synchronized => "synchronized sends",
             Mode::Serial => "serial (read every chunk, then send)",
@@ -222,7 +228,7 @@ impl SyncReads {
 
     /// The pipelined path of `lun` of `target`, if it has one.
     pub fn get(&self, target: &str, lun: u16) -> Option<Arc<SyncReadLun>> {
-        self.luns.get(target, lun)
+        self.luns.get(target, lun)?.engine_reads.clone()
     }
 
     /// The state-timer histograms of every LUN on this path, by target and
@@ -231,7 +237,7 @@ impl SyncReads {
         self.luns
             .all()
             .into_iter()
-            .map(|(t, l, p)| (t, l, p.stats.clone()))
+            .filter_map(|(t, l, p)| Some((t, l, p.engine_reads.as_ref()?.stats.clone())))
             .collect()
     }
 

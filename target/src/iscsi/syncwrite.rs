@@ -131,10 +131,10 @@ pub struct SyncWriteStats {
     pub overlapped: AtomicU64,
 }
 
-/// The fabric's double-buffered write paths, by target name and LUN.
-#[derive(Default)]
+/// The fabric's double-buffered write paths: their statistics, and their
+/// entries in the fabric's per-LUN data path table.
 pub struct SyncWrites {
-    luns: LunPaths<SyncWriteLun>,
+    luns: Arc<LunPaths>,
     /// What the path did so far.
     pub stats: SyncWriteStats,
 }
@@ -149,6 +149,14 @@ impl std::fmt::Debug for SyncWrites {
 }
 
 impl SyncWrites {
+    /// Double-buffered write paths recorded in `luns`.
+    pub fn new(luns: Arc<LunPaths>) -> SyncWrites {
+        SyncWrites {
+            luns,
+            stats: SyncWriteStats::default(),
+        }
+    }
+
     /// Turns double-buffered writes on for `lun` of `target`, whose file is
     /// `path`, written by `engine` (the fabric's, see
     /// `SyncReads::engine`): opened O_DIRECT when `direct` and the
@@ -176,16 +184,14 @@ impl SyncWrites {
         };
         let chunk = chunk.max(1).next_multiple_of(DIRECT_ALIGN as usize);
         let kind = engine.describe();
-        self.luns.insert(
-            target,
-            lun,
-            SyncWriteLun {
-                engine,
-                file: Arc::new(file),
-                direct,
-                chunk,
-            },
-        );
+        let path = Arc::new(SyncWriteLun {
+            engine,
+            file: Arc::new(file),
+            direct,
+            chunk,
+        });
+        self.luns
+            .update(target, lun, |p| p.engine_writes = Some(path));
         Ok(format!(
             "double-buffered writes, {} KiB chunks, {} writes, engine {kind}",
             chunk >> 10,
@@ -195,7 +201,7 @@ impl SyncWrites {
 
     /// The double-buffered path of `lun` of `target`, if it has one.
     pub fn get(&self, target: &str, lun: u16) -> Option<Arc<SyncWriteLun>> {
-        self.luns.get(target, lun)
+        self.luns.get(target, lun)?.engine_writes.clone()
     }
 }
 

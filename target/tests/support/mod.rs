@@ -79,6 +79,7 @@ pub async fn bind_target(
             acl,
             auth: AuthPolicy::default(),
             luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+            data_paths: Vec::new(),
         })],
         discovery_auth: AuthPolicy::default(),
     };

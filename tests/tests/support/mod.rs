@@ -236,6 +236,7 @@ pub async fn bind_target(name: &str, lu: LogicalUnit, settings: FabricSettings) 
             acl: Acl::Any,
             auth: AuthPolicy::default(),
             luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+            data_paths: Vec::new(),
         })],
         discovery_auth: AuthPolicy::default(),
     };

@@ -51,6 +51,7 @@ pub(crate) fn target(name: &str, acl: Acl, auth: AuthPolicy, groups: Vec<u16>) -
         acl,
         auth,
         luns: Arc::new(LunTable::default()),
+        data_paths: Vec::new(),
     })
 }
 

@@ -59,6 +59,7 @@ fn fabric() -> Arc<Fabric> {
             acl: Acl::Any,
             auth: AuthPolicy::default(),
             luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
+            data_paths: Vec::new(),
         })],
         discovery_auth: AuthPolicy::default(),
     };
