@@ -14,6 +14,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 mod buf;
+pub mod conformance;
 pub mod soft;
 mod types;
 #[cfg(feature = "verbs")]

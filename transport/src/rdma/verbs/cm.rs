@@ -9,7 +9,7 @@ use rdma_sys as sys;
 use tokio::io::unix::AsyncFd;
 
 use super::cq::{register_fd, require_runtime, set_nonblocking, Fd};
-use super::{rc_err, Context, VerbsCq, VerbsPd, VerbsProvider};
+use super::{rc_err, Context, VerbsProvider};
 use crate::rdma::{
     check_private_data, ConnectRequest, QpCaps, QpInit, QueuePair, RdmaError, RdmaListener, RecvWr,
     Result, SendOp, SendWr,
@@ -326,7 +326,9 @@ impl Id {
         let verbs = unsafe { (*self.id).verbs };
         if verbs != init.pd.context() {
             return Err(RdmaError::InvalidArgument(
-                "the route goes through another RDMA device than the PD's".into(),
+                "the route to the peer goes through another RDMA device than the one this \
+                 provider opened (open the device that owns the local address)"
+                    .into(),
             ));
         }
         let mut attr = qp_init_attr(init);
@@ -497,27 +499,60 @@ impl ConnectRequest for VerbsConnectRequest {
 }
 
 /// A verbs RC queue pair (owned by its rdma_cm id).
+///
+/// A watcher task reads the id's connection events: when the peer disconnects
+/// (RDMA_CM_EVENT_DISCONNECTED) it completes the disconnection, which moves the QP to the
+/// error state so posted work requests flush, as they do when the peer of a soft QP goes
+/// away. The watcher also owns the id and the PD and CQs the QP uses, and releases them in
+/// that order once the `VerbsQp` is dropped.
 pub struct VerbsQp {
-    id: Id,
-    error: AtomicBool,
+    id: Arc<Id>,
+    error: Arc<AtomicBool>,
     caps: QpCaps,
     peer_private: Vec<u8>,
     peer: SocketAddr,
-    // Keep the PD and CQs alive as long as the QP.
-    _pd: VerbsPd,
-    _cqs: (VerbsCq, VerbsCq),
+    /// Dropping it ends the watcher, which then destroys the QP and its id.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl VerbsQp {
     fn new(id: Id, init: QpInit<VerbsProvider>, peer_private: Vec<u8>, peer: SocketAddr) -> Self {
+        let id = Arc::new(id);
+        let error = Arc::new(AtomicBool::new(false));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (watched, flag) = (id.clone(), error.clone());
+        // The QP's PD and CQs outlive it: released after the id (and its QP) below.
+        let keep = (init.pd, init.send_cq, init.recv_cq);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    ev = watched.channel.next_event() => match ev {
+                        Ok(ev) if ev.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED => {
+                            flag.store(true, Ordering::Relaxed);
+                            // SAFETY: the id is valid (we hold it); disconnecting moves the QP
+                            // to the error state and flushes its queues.
+                            unsafe { sys::rdma_disconnect(watched.id) };
+                        }
+                        Ok(ev) => tracing::debug!("verbs QP: rdma_cm event {}", ev.kind),
+                        Err(e) => {
+                            tracing::debug!("verbs QP: event channel: {e}");
+                            let _ = (&mut stopped).await;
+                            break;
+                        }
+                    },
+                }
+            }
+            drop(watched);
+            drop(keep);
+        });
         VerbsQp {
             id,
-            error: AtomicBool::new(false),
+            error,
             caps: init.caps,
             peer_private,
             peer,
-            _pd: init.pd,
-            _cqs: (init.send_cq, init.recv_cq),
+            _stop: stop,
         }
     }
 
@@ -599,7 +634,29 @@ impl QueuePair for VerbsQp {
         self.peer
     }
     fn is_error(&self) -> bool {
-        self.error.load(Ordering::Relaxed)
+        if self.error.load(Ordering::Relaxed) {
+            return true;
+        }
+        // A failed work request moves the QP to the error state in the adapter;
+        // ask it (IBV_QP_STATE only).
+        // SAFETY: plain data, zero is valid.
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the QP is valid for the lifetime of self; attr and init are out-params.
+        let rc = unsafe {
+            sys::ibv_query_qp(
+                self.qp(),
+                &mut attr,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as libc::c_int,
+                &mut init,
+            )
+        };
+        let failed = rc != 0 || attr.qp_state == sys::ibv_qp_state::IBV_QPS_ERR;
+        if failed {
+            self.error.store(true, Ordering::Relaxed);
+        }
+        failed
     }
     fn disconnect(&self) {
         self.error.store(true, Ordering::Relaxed);

@@ -77,8 +77,15 @@ impl Probe {
     }
 }
 
+/// A device context shared with librdmacm: the one `rdma_get_devices` hands out, so that
+/// protection domains, CQs and the QPs `rdma_create_qp` makes on a connection's id all
+/// belong to the same `ibv_context` (librdmacm opens its own contexts; objects of a context
+/// opened with `ibv_open_device` cannot be used on its ids).
 struct Context {
     ctx: *mut sys::ibv_context,
+    /// The `rdma_get_devices` array `ctx` came from, released on drop (librdmacm owns the
+    /// contexts themselves).
+    list: *mut *mut sys::ibv_context,
     name: String,
 }
 
@@ -89,9 +96,9 @@ unsafe impl Sync for Context {}
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: ctx came from ibv_open_device and every object made from it holds an
-        // Arc<Context>, so nothing uses it any more.
-        unsafe { sys::ibv_close_device(self.ctx) };
+        // SAFETY: list came from rdma_get_devices and is freed once; every object made
+        // from ctx holds an Arc<Context>, so nothing uses it any more.
+        unsafe { sys::rdma_free_devices(self.list) };
     }
 }
 
@@ -107,49 +114,55 @@ impl VerbsProvider {
         let probe = Probe::run();
         probe.require_device()?;
         let mut n: libc::c_int = 0;
-        // SAFETY: as in Probe::run.
-        let list = unsafe { sys::ibv_get_device_list(&mut n) };
+        // SAFETY: rdma_get_devices writes the count and returns NULL or an array of n
+        // contexts (NULL-terminated), released with rdma_free_devices.
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
         if list.is_null() || n <= 0 {
+            if !list.is_null() {
+                // SAFETY: freed once.
+                unsafe { sys::rdma_free_devices(list) };
+            }
             return Err(RdmaError::NoDevice {
-                missing: "the device list vanished while opening".into(),
+                missing: format!(
+                    "librdmacm lists no device although libibverbs lists {} \
+                     (is /dev/infiniband/rdma_cm there? is rdma_cm loaded?)",
+                    probe.devices.join(", ")
+                ),
             });
         }
         let mut chosen = None;
         for i in 0..n as usize {
-            // SAFETY: i < n.
-            let dev = unsafe { *list.add(i) };
-            // SAFETY: valid device, NUL-terminated name.
-            let dn = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) }
+            // SAFETY: i < n, the array holds n valid contexts.
+            let ctx = unsafe { *list.add(i) };
+            // SAFETY: a valid context has a valid device with a NUL-terminated name.
+            let dn = unsafe { CStr::from_ptr(sys::ibv_get_device_name((*ctx).device)) }
                 .to_string_lossy()
                 .into_owned();
             if name.is_none_or_eq(&dn) {
-                chosen = Some((dev, dn));
+                chosen = Some((ctx, dn));
                 break;
             }
         }
-        let result = match chosen {
-            None => Err(RdmaError::NoDevice {
-                missing: format!(
-                    "no RDMA device named {:?} (have: {})",
-                    name.unwrap_or(""),
-                    probe.devices.join(", ")
-                ),
-            }),
-            Some((dev, dn)) => {
-                // SAFETY: dev is a valid device from the list, still alive.
-                let ctx = unsafe { sys::ibv_open_device(dev) };
-                if ctx.is_null() {
-                    Err(last_err("ibv_open_device"))
-                } else {
-                    Ok(VerbsProvider {
-                        ctx: Arc::new(Context { ctx, name: dn }),
-                    })
-                }
+        match chosen {
+            None => {
+                // SAFETY: freed once; nothing of it is kept.
+                unsafe { sys::rdma_free_devices(list) };
+                Err(RdmaError::NoDevice {
+                    missing: format!(
+                        "no RDMA device named {:?} (have: {})",
+                        name.unwrap_or(""),
+                        probe.devices.join(", ")
+                    ),
+                })
             }
-        };
-        // SAFETY: freed once; opened contexts stay valid after freeing the list.
-        unsafe { sys::ibv_free_device_list(list) };
-        result
+            Some((ctx, dn)) => Ok(VerbsProvider {
+                ctx: Arc::new(Context {
+                    ctx,
+                    list,
+                    name: dn,
+                }),
+            }),
+        }
     }
 
     pub fn device_name(&self) -> &str {
@@ -294,25 +307,44 @@ impl ProtectionDomain for VerbsPd {
         if mr.is_null() {
             return Err(last_err("ibv_reg_mr"));
         }
+        // SAFETY: ibv_reg_mr returned a valid region.
+        let keys = unsafe { keys_of(mr) };
         Ok(VerbsMr {
-            mr,
+            mr: std::sync::Mutex::new(mr),
+            keys: std::sync::atomic::AtomicU64::new(keys),
             addr: addr as u64,
             len,
             access,
             owned: None,
-            _pd: self.inner.clone(),
+            pd: self.inner.clone(),
         })
     }
 }
 
+/// The lkey (high half) and rkey (low half) of a registered region.
+///
+/// # Safety
+/// `mr` must be a valid registered region.
+unsafe fn keys_of(mr: *mut sys::ibv_mr) -> u64 {
+    // SAFETY: the caller guarantees mr is valid.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    (u64::from(lkey) << 32) | u64::from(rkey)
+}
+
 /// A verbs memory region. Dropping it deregisters it.
+///
+/// [`MemoryRegion::invalidate_rkey`] registers the same memory again and
+/// deregisters the old registration, so the old keys stop working (the
+/// kernel refuses them as soon as `ibv_dereg_mr` returns); the keys are
+/// kept in an atomic so readers never touch a deregistered `ibv_mr`.
 pub struct VerbsMr {
-    mr: *mut sys::ibv_mr,
+    mr: std::sync::Mutex<*mut sys::ibv_mr>,
+    keys: std::sync::atomic::AtomicU64,
     addr: u64,
     len: usize,
     access: AccessFlags,
     owned: Option<AlignedBuf>,
-    _pd: Arc<PdInner>,
+    pd: Arc<PdInner>,
 }
 
 // SAFETY: ibv_mr handles are thread-safe; the memory is accessed only through raw copies.
@@ -328,12 +360,39 @@ impl MemoryRegion for VerbsMr {
         self.len
     }
     fn lkey(&self) -> u32 {
-        // SAFETY: mr is a valid registered region until drop.
-        unsafe { (*self.mr).lkey }
+        (self.keys.load(std::sync::atomic::Ordering::Acquire) >> 32) as u32
     }
     fn rkey(&self) -> u32 {
-        // SAFETY: as above.
-        unsafe { (*self.mr).rkey }
+        self.keys.load(std::sync::atomic::Ordering::Acquire) as u32
+    }
+    fn invalidate_rkey(&self) -> Result<u32> {
+        let mut mr = self.mr.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the memory is still registered (register_raw's contract keeps it
+        // allocated until this region is dropped) and the PD is alive.
+        let fresh = unsafe {
+            sys::ibv_reg_mr(
+                self.pd.pd,
+                self.addr as *mut libc::c_void,
+                self.len,
+                ibv_access(self.access),
+            )
+        };
+        if fresh.is_null() {
+            return Err(last_err("ibv_reg_mr (rkey invalidation)"));
+        }
+        // SAFETY: fresh is a valid region.
+        self.keys.store(
+            unsafe { keys_of(fresh) },
+            std::sync::atomic::Ordering::Release,
+        );
+        let old = std::mem::replace(&mut *mr, fresh);
+        // SAFETY: old was registered by us and is deregistered exactly once; nothing
+        // reads it any more (keys come from the atomic).
+        let rc = unsafe { sys::ibv_dereg_mr(old) };
+        if rc != 0 {
+            return Err(rc_err("ibv_dereg_mr (rkey invalidation)", rc));
+        }
+        Ok(self.rkey())
     }
     fn access(&self) -> AccessFlags {
         self.access
@@ -377,9 +436,10 @@ impl MemoryRegion for VerbsMr {
 
 impl Drop for VerbsMr {
     fn drop(&mut self) {
+        let mr = *self.mr.get_mut().unwrap_or_else(|e| e.into_inner());
         // SAFETY: mr is valid and deregistered exactly once; the owned buffer (if any) is
         // freed after this, when the field drops.
-        unsafe { sys::ibv_dereg_mr(self.mr) };
+        unsafe { sys::ibv_dereg_mr(mr) };
     }
 }
 
