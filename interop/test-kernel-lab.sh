@@ -12,7 +12,8 @@
 #   interop/kernel/guest-multipath.sh   dm-multipath with ALUA over two portal groups
 #   interop/kernel/guest-ublk.sh        `blockwire ublk`: a LUN as /dev/ublkbN
 #   interop/kernel/guest-rdma.sh        the verbs backend on Soft-RoCE (rdma_rxe): the RDMA
-#                                       conformance suite through libibverbs and librdmacm
+#                                       conformance suite through libibverbs and librdmacm,
+#                                       then RDMA-assisted iSCSI on verbs end to end
 #
 # Needs root and the lab (`../shared/kernel-lab/setup.sh`, which .ci/run runs). Without the lab
 # this test FAILS: it never passes without having booted the kernel.
@@ -35,10 +36,12 @@ if [ ! -x "$lab/run.sh" ] || [ ! -e /opt/kernel-lab/current ]; then
     exit 1
 fi
 
-step "release binaries: blockwire-target, blockwire (with the ublk front end), rdma_conformance (verbs)"
+step "release binaries: blockwire-target, blockwire (with the ublk front end), rdma_conformance and rdma_assisted_check (verbs)"
 (cd "$repo" && cargo build -q --release -p blockwire-mgmt &&
     cargo build -q --release -p blockwire-initiator --features ublk &&
-    cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance)
+    cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance &&
+    cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \
+        --example rdma_assisted_check)
 
 suites=${KL_SUITES:-initiator eh multipath ublk rdma}
 failed=()

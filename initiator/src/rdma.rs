@@ -24,7 +24,7 @@ use blockwire_pdu::scsi::SenseKey;
 use blockwire_transport::assist::{
     offer_value, BindRequest, Descriptor, Direction, Grant, MAX_CHUNKS, OFFLOAD_KEY,
 };
-use blockwire_transport::rdma::soft::{SoftPd, SoftProvider, SoftQp};
+use blockwire_transport::rdma::any::{AnyPd, AnyProvider, AnyQp, Backend};
 use blockwire_transport::rdma::{QpCaps, QpInit, QueuePair, RdmaProvider};
 pub use blockwire_transport::reg::{FmrdConfig, RegConfig, RegStats};
 use blockwire_transport::reg::{IoBuf, IoSpace};
@@ -34,10 +34,10 @@ use crate::error::{Error, Result};
 use crate::session::{Completion, DataDir, Session};
 
 /// A buffer the target can reach by RDMA (allocate with [`AssistedSession::alloc`]).
-pub type RdmaBuf = IoBuf<SoftPd>;
+pub type RdmaBuf = IoBuf<AnyPd>;
 
 /// How an [`AssistedSession`] uses RDMA.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RdmaConfig {
     /// Offer the offload key at login (false: always plain iSCSI).
     pub offer: bool,
@@ -52,6 +52,11 @@ pub struct RdmaConfig {
     /// a busy host (or a test machine running many sessions) can be slow to
     /// accept, and falling back costs every later command its offload.
     pub connect_timeout: Duration,
+    /// Which RDMA provider carries the data: the soft provider (RDMA over TCP) or verbs
+    /// (an RDMA NIC or Soft-RoCE, with the `verbs` feature).
+    pub backend: Backend,
+    /// The verbs device (default: the first one).
+    pub device: Option<String>,
 }
 
 impl Default for RdmaConfig {
@@ -62,6 +67,8 @@ impl Default for RdmaConfig {
             inline_threshold: 8 << 10,
             max_offload: 4 << 20,
             connect_timeout: Duration::from_secs(15),
+            backend: Backend::Soft,
+            device: None,
         }
     }
 }
@@ -107,15 +114,15 @@ struct Counters {
 
 struct Link {
     generation: u64,
-    qp: SoftQp,
+    qp: AnyQp,
 }
 
 /// A session whose data moves by RDMA when the target agrees.
 pub struct AssistedSession {
     session: Session,
-    provider: SoftProvider,
-    pd: SoftPd,
-    space: IoSpace<SoftPd>,
+    provider: AnyProvider,
+    pd: AnyPd,
+    space: IoSpace<AnyPd>,
     cfg: RdmaConfig,
     link: tokio::sync::Mutex<Option<Link>>,
     /// Login generation whose grant turned out unusable (no retry until it changes).
@@ -146,13 +153,28 @@ impl AssistedSession {
         portal: &str,
         target: &str,
     ) -> Result<AssistedSession> {
-        if rdma.offer {
+        // The provider first: without the device the session is plain iSCSI (said once
+        // here), its buffers plain memory registered with the soft provider.
+        let (provider, offer) = match AnyProvider::open(rdma.backend, rdma.device.as_deref()) {
+            Ok(p) => (p, rdma.offer),
+            Err(e) => {
+                tracing::warn!(
+                    backend = rdma.backend.name(),
+                    error = %e,
+                    "RDMA offload unavailable: this session is plain iSCSI over TCP"
+                );
+                (
+                    AnyProvider::open(Backend::Soft, None).map_err(rdma_err)?,
+                    false,
+                )
+            }
+        };
+        if offer {
             config
                 .vendor_offers
-                .push((OFFLOAD_KEY.to_owned(), offer_value(&["soft"])));
+                .push((OFFLOAD_KEY.to_owned(), offer_value(&[provider.name()])));
         }
         let session = Session::connect(config, portal, target).await?;
-        let provider = SoftProvider::default();
         let pd = provider.alloc_pd().map_err(rdma_err)?;
         let space = IoSpace::new(&pd, rdma.registration).map_err(rdma_err)?;
         let s = AssistedSession {
@@ -176,7 +198,7 @@ impl AssistedSession {
     }
 
     /// The registered I/O memory.
-    pub fn space(&self) -> &IoSpace<SoftPd> {
+    pub fn space(&self) -> &IoSpace<AnyPd> {
         &self.space
     }
 
@@ -241,13 +263,15 @@ impl AssistedSession {
             return None;
         }
         let grant = self.grant();
-        let usable = grant.as_ref().is_some_and(|g| g.backend == "soft")
+        let usable = grant
+            .as_ref()
+            .is_some_and(|g| g.backend == self.provider.name())
             && self.session.params().data_digest != Digest::Crc32c;
         let Some(grant) = grant.filter(|_| usable) else {
             self.unusable.store(generation, Ordering::Relaxed);
             return None;
         };
-        let init = QpInit::<SoftProvider> {
+        let init = QpInit::<AnyProvider> {
             pd: self.pd.clone(),
             send_cq: self.provider.create_cq(16).ok()?,
             recv_cq: self.provider.create_cq(16).ok()?,

@@ -7,11 +7,15 @@
 # data, RDMA Write/Read with SGE lists, Send/Recv, remote access errors (forged and stale keys,
 # out-of-bounds ranges, missing permission) leaving both sides' memory untouched, rkey
 # invalidation and deregistration, local protection errors, and disconnect flushing receives.
-# The soft provider runs the suite here too, as the baseline.
+# The soft provider runs the suite here too, as the baseline. Then RDMA-assisted iSCSI on
+# verbs end to end (tests/examples/rdma_assisted_check.rs): a target whose offload listener
+# runs on rxe0, blockwire's initiator moving 32 MiB by RDMA Read/Write and reading it back,
+# both sides' counters, and plain-iSCSI fallback for an initiator asking another backend.
 # Env: KL_OUT (results dir shared with the host).
 . "$(dirname "$0")/lib.sh"
 
 RUNNER=$KL_BIN/examples/rdma_conformance
+ASSISTED=$KL_BIN/examples/rdma_assisted_check
 ip link set lo up
 [ -x "$RUNNER" ] || { fail "no $RUNNER (cargo build --release -p blockwire-transport --features verbs --example rdma_conformance)"; finish rdma; exit 1; }
 
@@ -35,11 +39,12 @@ log "ibv_devices: $(ibv_devices 2>&1 | tail -n +3 | tr '\n' ' ')"
 timeout 20 bash -c 'until rdma link show rxe0/1 2>/dev/null | grep -q "state ACTIVE"; do sleep 0.2; done' &&
     pass "rxe0 port ACTIVE" || fail "rxe0 port not ACTIVE: $(rdma link show 2>&1 | tr '\n' ' ')"
 
+# run_suite NAME SUMMARY-PREFIX CMD...: every PASS/FAIL line CMD prints becomes a check.
 run_suite() {
-    local backend=$1
-    shift
-    local out="$KL_OUT/conformance-$backend.log"
-    if timeout 300 "$RUNNER" "$backend" "$@" >"$out" 2>&1; then :; fi
+    local name=$1 summary=$2
+    shift 2
+    local out="$KL_OUT/$name.log"
+    if timeout 300 "$@" >"$out" 2>&1; then :; fi
     # Every line of the runner becomes a check of this suite.
     while IFS= read -r line; do
         case $line in
@@ -48,12 +53,14 @@ run_suite() {
             *) log "$line" ;;
         esac
     done <"$out"
-    grep -q "^$backend: [0-9]* passed, 0 failed" "$out" ||
-        fail "$backend conformance did not finish cleanly: $(tail -n 3 "$out" | tr '\n' ' ')"
+    grep -q "^$summary: [0-9]* passed, 0 failed" "$out" ||
+        fail "$name did not finish cleanly: $(tail -n 3 "$out" | tr '\n' ' ')"
 }
 
-run_suite soft 127.0.0.1
-run_suite verbs 10.77.0.1 rxe0
+run_suite conformance-soft soft "$RUNNER" soft 127.0.0.1
+run_suite conformance-verbs verbs "$RUNNER" verbs 10.77.0.1 rxe0
+[ -x "$ASSISTED" ] || fail "no $ASSISTED (cargo build --release -p blockwire-tests --features blockwire-transport/verbs --example rdma_assisted_check)"
+run_suite assisted-verbs "rdma-assisted verbs" "$ASSISTED" verbs 10.77.0.1 rxe0
 
 dmesg | grep -i -E "rxe|rdma" | tail -n 20 >"$KL_OUT/dmesg-rdma.log" || true
 finish rdma

@@ -274,7 +274,7 @@ async fn fallback_matrix() {
             RdmaConfig::default(),
             Mode::Plain,
         ),
-        ("target-only", &with, off, Mode::Plain),
+        ("target-only", &with, off.clone(), Mode::Plain),
         ("neither", &without, off, Mode::Plain),
     ];
     for (name, t, rdma, want) in cases {

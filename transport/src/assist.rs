@@ -115,12 +115,19 @@ impl BindRequest {
         v
     }
 
+    /// Decodes a bind request. InfiniBand's connection manager pads private data to a
+    /// fixed length, so zeros after the request are accepted; anything else is not.
     pub fn decode(b: &[u8]) -> Option<BindRequest> {
-        if b.len() != 8 + TOKEN_LEN || b[..4] != BIND_MAGIC || b[4] != VERSION {
+        let end = 8 + TOKEN_LEN;
+        if b.len() < end
+            || b[..4] != BIND_MAGIC
+            || b[4] != VERSION
+            || b[end..].iter().any(|&x| x != 0)
+        {
             return None;
         }
         let mut token = [0u8; TOKEN_LEN];
-        token.copy_from_slice(&b[8..]);
+        token.copy_from_slice(&b[8..end]);
         Some(BindRequest {
             tsih: u16::from_be_bytes([b[6], b[7]]),
             token,

@@ -155,10 +155,21 @@ impl Fabric {
         &self,
         listen: std::net::SocketAddr,
     ) -> std::io::Result<std::net::SocketAddr> {
+        self.start_rdma_on(listen, blockwire_transport::rdma::any::Backend::Soft, None)
+            .await
+    }
+
+    /// [`Fabric::start_rdma`] on `backend` (verbs: on `device`, default the first one).
+    pub async fn start_rdma_on(
+        &self,
+        listen: std::net::SocketAddr,
+        backend: blockwire_transport::rdma::any::Backend,
+        device: Option<&str>,
+    ) -> std::io::Result<std::net::SocketAddr> {
         if let Some(s) = self.rdma.get() {
             return Ok(s.endpoint());
         }
-        let svc = rdma::RdmaService::start(listen).await?;
+        let svc = rdma::RdmaService::start_on(listen, backend, device).await?;
         let addr = svc.endpoint();
         let _ = self.rdma.set(svc);
         Ok(addr)

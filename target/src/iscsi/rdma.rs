@@ -5,7 +5,8 @@
 //! initiator advertised in the command's descriptor AHS: READ data by RDMA Write before
 //! the SCSI Response, WRITE data by RDMA Read before execution.
 //!
-//! [`RdmaService`] runs the soft-provider listener. A session that was granted offload at
+//! [`RdmaService`] runs the listener of the configured provider (the soft provider, RDMA
+//! over TCP, or verbs: RDMA NICs and Soft-RoCE). A session that was granted offload at
 //! login registers its token here ([`RdmaService::register`]); the initiator's RDMA
 //! connection must present that token and the session's TSIH in its private data, or it
 //! is rejected. The accepted queue pair becomes the session's [`Binding`].
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use blockwire_transport::assist::{reject, BindRequest, Descriptor, TOKEN_LEN};
-use blockwire_transport::rdma::soft::{SoftCq, SoftPd, SoftProvider, SoftQp};
+use blockwire_transport::rdma::any::{AnyCq, AnyPd, AnyProvider, AnyQp, Backend};
 use blockwire_transport::rdma::{
     CompletionQueue, ConnectRequest, QpCaps, QpInit, QueuePair, RdmaListener, RdmaProvider,
     RemoteBuf, SendOp, SendWr, Sge, WcStatus,
@@ -49,9 +50,9 @@ pub struct RdmaCounters {
 
 /// The target's RDMA endpoint and the sessions bound to it.
 pub struct RdmaService {
-    provider: SoftProvider,
-    pd: SoftPd,
-    pool: BufferPool<SoftPd>,
+    provider: AnyProvider,
+    pd: AnyPd,
+    pool: BufferPool<AnyPd>,
     endpoint: SocketAddr,
     slots: Mutex<HashMap<[u8; TOKEN_LEN], Arc<Slot>>>,
     counters: RdmaCounters,
@@ -73,7 +74,7 @@ pub struct Slot {
 
 /// A session's RDMA connection: the queue pair and the completions of its operations.
 pub struct Binding {
-    qp: SoftQp,
+    qp: AnyQp,
     waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>,
     next_wr: AtomicU64,
     pump: tokio::task::JoinHandle<()>,
@@ -93,8 +94,18 @@ pub struct TransferError(pub String);
 impl RdmaService {
     /// Starts the soft-provider listener on `listen` (port 0: any).
     pub async fn start(listen: SocketAddr) -> std::io::Result<Arc<RdmaService>> {
-        let provider = SoftProvider::default();
+        Self::start_on(listen, Backend::Soft, None).await
+    }
+
+    /// Starts the listener of `backend` on `listen` (port 0: any); verbs opens `device`
+    /// (default: the first one) and must listen on an address of that device.
+    pub async fn start_on(
+        listen: SocketAddr,
+        backend: Backend,
+        device: Option<&str>,
+    ) -> std::io::Result<Arc<RdmaService>> {
         let io = |e: blockwire_transport::rdma::RdmaError| std::io::Error::other(e.to_string());
+        let provider = AnyProvider::open(backend, device).map_err(io)?;
         let mut listener = provider.listen(listen).await.map_err(io)?;
         let endpoint = listener.local_addr();
         let pd = provider.alloc_pd().map_err(io)?;
@@ -121,7 +132,7 @@ impl RdmaService {
                 tokio::spawn(async move { svc.bind(req).await });
             }
         });
-        info!(%endpoint, backend = "soft", "RDMA offload listener started");
+        info!(%endpoint, backend = backend.name(), "RDMA offload listener started");
         Ok(svc)
     }
 
@@ -155,7 +166,7 @@ impl RdmaService {
 
     async fn bind(
         self: Arc<Self>,
-        req: <<SoftProvider as RdmaProvider>::Listener as RdmaListener>::Request,
+        req: <<AnyProvider as RdmaProvider>::Listener as RdmaListener>::Request,
     ) {
         let peer = req.peer_addr();
         let refuse = |code: u8, why: &str| {
@@ -198,10 +209,18 @@ impl RdmaService {
             Ok(c) => c,
             Err(_) => return,
         };
-        let init = QpInit::<SoftProvider> {
+        let recv_cq = match self.provider.create_cq(16) {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(%peer, error = %e, "RDMA connection refused: no completion queue");
+                let _ = req.reject(&[]).await;
+                return;
+            }
+        };
+        let init = QpInit::<AnyProvider> {
             pd: self.pd.clone(),
             send_cq: cq.clone(),
-            recv_cq: self.provider.create_cq(16).expect("soft CQ"),
+            recv_cq,
             caps: QpCaps {
                 max_send_wr: 1024,
                 max_recv_wr: 16,
@@ -317,7 +336,7 @@ impl RdmaService {
         })
     }
 
-    async fn alloc(&self, len: usize) -> Result<Vec<PoolBuf<SoftPd>>, TransferError> {
+    async fn alloc(&self, len: usize) -> Result<Vec<PoolBuf<AnyPd>>, TransferError> {
         self.pool
             .alloc(len)
             .await
@@ -329,7 +348,7 @@ impl RdmaService {
     async fn transfer(
         &self,
         b: &Binding,
-        bufs: &[PoolBuf<SoftPd>],
+        bufs: &[PoolBuf<AnyPd>],
         remote: &[RemoteBuf],
         write: bool,
     ) -> (u64, Result<(), TransferError>) {
@@ -474,7 +493,7 @@ fn sub_range(chunks: &[RemoteBuf], mut offset: u64, mut len: u64) -> Option<Vec<
 }
 
 /// Routes completions to the operations waiting for them.
-async fn pump(cq: SoftCq, waiters: Weak<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>) {
+async fn pump(cq: AnyCq, waiters: Weak<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>) {
     loop {
         let c = match cq.next().await {
             Ok(c) => c,

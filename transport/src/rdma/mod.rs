@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+pub mod any;
 mod buf;
 pub mod conformance;
 pub mod soft;
