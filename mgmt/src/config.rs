@@ -69,7 +69,7 @@ pub struct TargetConfig {
 pub struct MetricsConfig {
     /// ADDR:PORT, e.g. "127.0.0.1:9450". The endpoint has no
     /// authentication: bind it where only the scraper can reach it.
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<Spanned<String>>,
 }
 
 /// `[control]`: the daemon's runtime control socket (JSON-RPC 2.0, one
@@ -1118,6 +1118,20 @@ impl TargetConfig {
             return Err(ctx.err(0..0, "target", "no [[target]] is defined"));
         }
         let discovery_auth = auth_policy(ctx, &self.discovery, "discovery")?;
+        let metrics_listen = match &self.metrics.listen {
+            None => None,
+            Some(l) => Some(l.get_ref().parse::<SocketAddr>().map_err(|_| {
+                ctx.err(
+                    l.span(),
+                    "metrics.listen",
+                    format!(
+                        "{:?} is not an IP address and port: write e.g. \"127.0.0.1:9450\" \
+                         or \"[::1]:9450\" (host names are not resolved)",
+                        l.get_ref()
+                    ),
+                )
+            })?),
+        };
         Ok(Built {
             catalog: Arc::new(Catalog {
                 portal_groups,
@@ -1130,7 +1144,7 @@ impl TargetConfig {
             rdma_backend,
             no_disk: ctx.no_disk,
             control_socket: self.control.socket,
-            metrics_listen: self.metrics.listen,
+            metrics_listen,
         })
     }
 }
@@ -2202,7 +2216,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("t.toml") && e.contains("line 2"), "{e}");
+        assert!(
+            e.contains("t.toml:2") && e.contains("metrics.listen") && e.contains("127.0.0.1:9450"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Running the target daemon: bind every portal, serve until SIGTERM or
-//! SIGINT, then ask initiators to log out, drain, flush and exit.
+//! SIGINT, then ask initiators to log out, drain, flush and exit. A service
+//! manager hears READY=1 once the portals accept connections and
+//! STOPPING=1 when the shutdown begins (see `notify`).
 
 use anyhow::Context;
 use blockwire_target::iscsi::portal::{Portal, PortalSet};
@@ -11,36 +13,37 @@ use std::sync::Arc;
 
 use crate::config::{Built, RdmaBackend};
 use crate::control::Control;
+use crate::notify::Notifier;
 
 /// Serves `built` until a termination signal; returns after a clean shutdown.
 pub async fn run(built: Built) -> anyhow::Result<()> {
+    let notifier = Notifier::from_env();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut settings = built.settings;
     settings.max_recv_data_segment_length = built.max_recv_data_segment_length;
     let fabric = Fabric::new(built.catalog.clone(), settings, stop_rx);
-    let rdma_listen = match (built.rdma_listen, built.rdma_backend) {
-        (Some(listen), RdmaBackend::Verbs) => {
-            // Hardware RDMA is probed so the operator learns what is missing;
-            // offloaded sessions run on the soft provider only in this
-            // version, so a verbs request never enables offload.
-            match probe_verbs() {
-                Ok(device) => warn!(
-                    %device,
-                    "RDMA device found, but RDMA-assisted sessions over verbs are not implemented yet: \
-                     serving plain iSCSI over TCP (use rdma_backend = \"soft\" for offload over TCP)"
-                ),
-                Err(why) => warn!("{why}; serving plain iSCSI over TCP ({listen} not opened)"),
+    if let Some(listen) = built.rdma_listen {
+        let backend = match built.rdma_backend {
+            RdmaBackend::Soft => blockwire_transport::rdma::any::Backend::Soft,
+            RdmaBackend::Verbs => blockwire_transport::rdma::any::Backend::Verbs,
+        };
+        match fabric.start_rdma_on(listen, backend, None).await {
+            Ok(ep) => info!(
+                endpoint = %ep,
+                backend = backend.name(),
+                "RDMA-assisted iSCSI offered (X-io.blockwire.RdmaOffload)"
+            ),
+            // Without the device (or the verbs build) offload is not offered; sessions
+            // are plain iSCSI over TCP. The soft provider needs nothing: its failure to
+            // listen is a configuration error.
+            Err(e) if backend == blockwire_transport::rdma::any::Backend::Verbs => {
+                warn!("{e}; serving plain iSCSI over TCP ({listen} not opened)")
             }
-            None
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("starting the RDMA offload listener on {listen}"))
+            }
         }
-        (listen, _) => listen,
-    };
-    if let Some(listen) = rdma_listen {
-        let ep = fabric
-            .start_rdma(listen)
-            .await
-            .with_context(|| format!("starting the RDMA offload listener on {listen}"))?;
-        info!(endpoint = %ep, "RDMA-assisted iSCSI offered (X-io.blockwire.RdmaOffload, soft provider)");
     }
 
     if built.no_disk {
@@ -59,6 +62,11 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
             portals.push((bound, portal));
         }
     }
+    // Bound before anything is served, so a taken address fails the start.
+    let metrics_listener = match built.metrics_listen {
+        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        None => None,
+    };
     // Bound before anything is served, so a bad path fails the start.
     let control_listener = match &built.control_socket {
         Some(path) => Some((path.clone(), crate::control::bind(path)?)),
@@ -130,12 +138,30 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         let control = Arc::new(Control::new(fabric.clone(), portal_set.clone()));
         tokio::spawn(crate::control::serve(listener, path, control))
     });
+    let metrics_task = metrics_listener.map(|listener| {
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            fabric.clone(),
+            stop_tx.subscribe(),
+        ))
+    });
+    // The handlers are in place before READY=1: a manager may send SIGHUP
+    // (`systemctl reload`) as soon as it hears it, and SIGHUP's default
+    // action would end the daemon.
+    let signals = Signals::install()?;
+    // Every portal accepts connections now: a unit ordered after this one
+    // may log in.
+    notifier.notify("READY=1\nSTATUS=serving");
 
-    wait_for_signal().await?;
+    signals.wait(&notifier).await;
+    notifier.notify("STOPPING=1\nSTATUS=logging initiators out, flushing");
     info!("shutting down: asking initiators to log out");
     let _ = stop_tx.send(true);
     portal_set.join().await;
     if let Some(t) = control_task {
+        let _ = t.await;
+    }
+    if let Some(t) = metrics_task {
         let _ = t.await;
     }
     blockwire_target::copies::log_summary();
@@ -153,40 +179,47 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    // SIGHUP's default action ends the process; until the configuration can
-    // be reloaded live, it is caught and only answered with a warning.
-    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    loop {
-        tokio::select! {
-            _ = term.recv() => { info!("SIGTERM received"); break; }
-            _ = int.recv() => { info!("SIGINT received"); break; }
-            _ = hup.recv() => warn!(
-                "SIGHUP: configuration reload is not supported yet; restart the daemon to apply changes"
-            ),
+/// The daemon's signal handlers: SIGTERM and SIGINT end it, SIGHUP is
+/// acknowledged.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            // SIGHUP's default action ends the process; until the configuration
+            // can be reloaded live, it is caught and only answered with a warning.
+            hup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+        })
+    }
+
+    /// Returns on SIGTERM or SIGINT.
+    async fn wait(self, notifier: &Notifier) {
+        let Signals {
+            mut term,
+            mut int,
+            mut hup,
+        } = self;
+        loop {
+            tokio::select! {
+                _ = term.recv() => { info!("SIGTERM received"); break; }
+                _ = int.recv() => { info!("SIGINT received"); break; }
+                _ = hup.recv() => {
+                    // The manager's `systemctl reload` waits for READY=1 after
+                    // RELOADING=1; nothing is reloaded yet, so both go at once.
+                    notifier.notify("RELOADING=1\nSTATUS=reloading");
+                    warn!(
+                        "SIGHUP: configuration reload is not supported yet; restart the daemon to apply changes"
+                    );
+                    notifier.notify("READY=1\nSTATUS=serving (configuration unchanged: reload is not supported yet)");
+                }
+            }
         }
     }
-    Ok(())
-}
-
-/// Opens the first verbs device, naming it; or says why there is none.
-#[cfg(feature = "verbs")]
-fn probe_verbs() -> Result<String, String> {
-    match blockwire_transport::rdma::verbs::VerbsProvider::open(None) {
-        Ok(_) => Ok("verbs".to_owned()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Without the `verbs` feature there is nothing to probe.
-#[cfg(not(feature = "verbs"))]
-fn probe_verbs() -> Result<String, String> {
-    Err(
-        "this blockwire-target was built without the verbs backend (rebuild with \
-         `cargo build --release -p blockwire-mgmt --features verbs`)"
-            .to_owned(),
-    )
 }

@@ -10,5 +10,6 @@
 pub mod backstore;
 pub mod copies;
 pub mod datapath;
+pub mod events;
 pub mod iscsi;
 pub mod scsi;

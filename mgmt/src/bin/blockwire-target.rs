@@ -11,13 +11,21 @@ use clap::{Parser, Subcommand};
 
 /// blockwire's iSCSI target.
 ///
-/// With no arguments it serves an embedded default: the target
-/// iqn.2026-11.io.blockwire:default with one 1 GiB RAM LUN (LUN 0) on
-/// 0.0.0.0:3260, open to any initiator. `--config` serves what a TOML file
-/// describes instead (see examples/ in the source tree). `--control` opens
-/// a runtime control socket; `blockwire-target ctl` talks to it.
+/// The configuration is the TOML file `--config` names; without it,
+/// /etc/blockwire/target.toml if that file exists; without either, an
+/// embedded default: the target iqn.2026-11.io.blockwire:default with one
+/// 1 GiB RAM LUN (LUN 0) on 0.0.0.0:3260, open to any initiator (see
+/// examples/ in the source tree, or --print-example-config). `--control`
+/// opens a runtime control socket; `blockwire-target ctl` talks to it.
+/// `--metrics` serves Prometheus metrics.
 #[derive(Debug, Parser)]
-#[command(name = "blockwire-target", version, about, long_about)]
+#[command(
+    name = "blockwire-target",
+    version,
+    about,
+    long_about,
+    after_long_help = SERVICE_HELP
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
@@ -33,8 +41,19 @@ struct Args {
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<SocketAddr>,
     /// TOML configuration: portal groups, targets, ACLs, CHAP, LUNs.
+    /// Default: /etc/blockwire/target.toml when it exists, else the
+    /// embedded default.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Serve Prometheus metrics (text exposition format) over HTTP at
+    /// http://ADDR:PORT/metrics: per LUN READ/WRITE commands, bytes and
+    /// latency histograms, sessions per target, refused logins by reason,
+    /// task management by function and response, data path, copy and RDMA
+    /// counters. Overrides the configuration's [metrics] listen; without
+    /// either there is no endpoint. It has no authentication: bind it
+    /// where only the scraper reaches it (e.g. 127.0.0.1:9450).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
     /// Check the configuration and exit: report every problem found, and
     /// what a start would create or grow, without touching the disk
     /// (nothing is created, grown or opened for writing). Exit 1 on errors.
@@ -67,6 +86,30 @@ struct Args {
         env = "BLOCKWIRE_LOG_FORMAT"
     )]
     log_format: LogFormat,
+}
+
+/// Where the daemon looks for its configuration when `--config` is not given.
+const DEFAULT_CONFIG: &str = "/etc/blockwire/target.toml";
+
+const SERVICE_HELP: &str = "\
+Running under systemd:
+  packaging/blockwire-target.service runs the daemon as a Type=notify
+  service: it sends READY=1 to $NOTIFY_SOCKET once every portal accepts
+  connections, STOPPING=1 when SIGTERM or SIGINT begins the graceful
+  shutdown (initiators are asked to log out, backstores flushed), and
+  RELOADING=1 then READY=1 on SIGHUP (`systemctl reload`; the
+  configuration is not reloaded yet: restart to apply changes).
+
+Files:
+  /etc/blockwire/target.toml   the configuration when --config is not given";
+
+/// The configuration file to serve: `given`, else `default` when it
+/// exists; None means the embedded default.
+fn config_path(given: Option<&Path>, default: &Path) -> Option<PathBuf> {
+    match given {
+        Some(p) => Some(p.to_owned()),
+        None => default.is_file().then(|| default.to_owned()),
+    }
 }
 
 /// How log events are written to stderr.
@@ -231,10 +274,16 @@ fn main() -> anyhow::Result<ExitCode> {
     let opts = LoadOptions {
         no_disk: args.no_disk,
     };
-    if args.check {
-        return Ok(check(args.config.as_deref(), args.listen, opts));
+    let config = config_path(args.config.as_deref(), Path::new(DEFAULT_CONFIG));
+    if args.config.is_none() {
+        if let Some(path) = &config {
+            tracing::info!(config = %path.display(), "no --config given: using the default configuration file");
+        }
     }
-    let mut built = match &args.config {
+    if args.check {
+        return Ok(check(config.as_deref(), args.listen, opts));
+    }
+    let mut built = match &config {
         Some(path) => TargetConfig::load_with(path, opts).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => TargetConfig::embedded_default_with(
             args.listen
@@ -242,7 +291,7 @@ fn main() -> anyhow::Result<ExitCode> {
             opts,
         ),
     };
-    if let (Some(listen), Some(_)) = (args.listen, &args.config) {
+    if let (Some(listen), Some(_)) = (args.listen, &config) {
         let catalog = std::sync::Arc::get_mut(&mut built.catalog).expect("catalog not shared yet");
         for group in &mut catalog.portal_groups {
             group.addresses = vec![listen];
@@ -252,6 +301,9 @@ fn main() -> anyhow::Result<ExitCode> {
     if let Some(path) = args.control {
         built.control_socket = Some(path);
     }
+    if let Some(addr) = args.metrics {
+        built.metrics_listen = Some(addr);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("blockwire")
@@ -259,4 +311,24 @@ fn main() -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(blockwire_mgmt::target_daemon::run(built))?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_configuration_file_is_used_only_when_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let default = dir.path().join("target.toml");
+        let given = dir.path().join("other.toml");
+        assert_eq!(config_path(None, &default), None, "embedded default");
+        std::fs::write(&default, "").unwrap();
+        assert_eq!(config_path(None, &default), Some(default.clone()));
+        assert_eq!(
+            config_path(Some(&given), &default),
+            Some(given.clone()),
+            "--config wins"
+        );
+    }
 }

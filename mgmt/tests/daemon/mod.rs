@@ -27,6 +27,17 @@ impl DaemonProcess {
         config: &Path,
         args: impl IntoIterator<Item = impl AsRef<OsStr>>,
     ) -> DaemonProcess {
+        Self::spawn_env(dir, config, args, [] as [(&str, &OsStr); 0])
+    }
+
+    /// [`DaemonProcess::spawn`] with `env` added to the daemon's
+    /// environment (e.g. NOTIFY_SOCKET, as a service manager sets it).
+    pub fn spawn_env(
+        dir: tempfile::TempDir,
+        config: &Path,
+        args: impl IntoIterator<Item = impl AsRef<OsStr>>,
+        env: impl IntoIterator<Item = (impl AsRef<OsStr>, impl AsRef<OsStr>)>,
+    ) -> DaemonProcess {
         let log = dir.path().join("daemon.log");
         let child = Command::new(BIN)
             .arg("--config")
@@ -34,6 +45,8 @@ impl DaemonProcess {
             .args(args)
             .env_remove("BLOCKWIRE_LOG")
             .env_remove("BLOCKWIRE_LOG_FORMAT")
+            .env_remove("NOTIFY_SOCKET")
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -44,6 +57,11 @@ impl DaemonProcess {
             log,
             _dir: dir,
         }
+    }
+
+    /// The daemon's scratch directory.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     pub fn log_text(&self) -> String {

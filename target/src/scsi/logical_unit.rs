@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blockwire_pdu::scsi::opcode as op;
 use blockwire_pdu::scsi::{Asc, Cdb, ScsiStatus, Sense, SenseFormat, SenseKey};
@@ -20,6 +20,7 @@ use super::outcome::{illegal, CmdResult, Done, Failure};
 use super::range_lock::RangeLock;
 use super::reservations::{AbortHandler, Reservations};
 use super::stall::{is_media_command, StallChange, StallGate};
+use super::stats::{Direction, LunStats};
 use super::unit_attention::UnitAttentions;
 use super::xcopy::CopyResults;
 use super::{ItNexus, LunTable, ScsiRequest, ScsiResult};
@@ -123,6 +124,9 @@ pub struct LogicalUnit {
     pub(crate) in_flight: InFlight,
     /// The stall switch media commands pass before anything else.
     pub(crate) stall: StallGate,
+    /// READ/WRITE counters and latencies (shared with planned commands'
+    /// clocks, which count after the plan is dropped).
+    pub(crate) stats: Arc<LunStats>,
 }
 
 /// Commands executing on this unit, per nexus. PREEMPT AND ABORT waits
@@ -230,8 +234,14 @@ impl LogicalUnit {
             abort: AbortSlot::default(),
             in_flight: InFlight::default(),
             stall: StallGate::default(),
+            stats: Arc::default(),
             cfg,
         }
+    }
+
+    /// READ/WRITE commands, bytes and latencies so far.
+    pub fn stats(&self) -> &LunStats {
+        &self.stats
     }
 
     /// The configuration it was built with.
@@ -299,7 +309,16 @@ impl LogicalUnit {
 
     /// Runs one command (see `LunTable::execute`). `table` is the target's
     /// LUN table, for REPORT LUNS and EXTENDED COPY between its units.
-    pub(crate) fn execute(&self, lun: u16, req: &ScsiRequest<'_>, table: &LunTable) -> ScsiResult {
+    /// `counted` is false for the length-0 validation probes of planned
+    /// commands, which are counted as the planned command instead.
+    pub(crate) fn execute(
+        &self,
+        lun: u16,
+        req: &ScsiRequest<'_>,
+        table: &LunTable,
+        counted: bool,
+    ) -> ScsiResult {
+        let started = Instant::now();
         // A stalled unit holds media commands here, before they count as
         // in flight or look at reservations (see `stall`).
         let media = is_media_command(req.cdb);
@@ -316,6 +335,11 @@ impl LogicalUnit {
                 .transfer_length()
                 .map_or(0, |t| t.bytes(self.cfg.block_size)),
             Err(_) => 0,
+        };
+        let direction = match &decoded {
+            Ok(Cdb::Read { .. }) => Some(Direction::Read),
+            Ok(Cdb::Write(_)) => Some(Direction::Write),
+            _ => None,
         };
         let (format, ua) = {
             let mut st = self.lock();
@@ -371,6 +395,10 @@ impl LogicalUnit {
             }
         };
         let result = finish(outcome, transfer, format, req.data_in_capacity);
+        if let Some(d) = direction.filter(|_| counted) {
+            let good = result.status == ScsiStatus::GOOD.0;
+            self.stats.record(d, good, transfer, started);
+        }
         if result.status != ScsiStatus::GOOD.0 {
             debug!(
                 lun,

@@ -121,7 +121,17 @@ impl LunTable {
         let span = debug_span!("scsi", lun = req.lun, initiator = %req.nexus.initiator_port, itt = req.task_tag);
         let _in = span.enter();
         match self.luns.get(&req.lun) {
-            Some(lu) => lu.execute(req.lun, req, self),
+            Some(lu) => lu.execute(req.lun, req, self, true),
+            None => self.no_such_lun(req),
+        }
+    }
+
+    /// [`LunTable::execute`] for a planned command's length-0 validation
+    /// probe: the same checks, but not counted as a READ or WRITE of its
+    /// own (the planned command is counted when it ends).
+    pub(crate) fn execute_probe(&self, req: &ScsiRequest<'_>) -> ScsiResult {
+        match self.luns.get(&req.lun) {
+            Some(lu) => lu.execute(req.lun, req, self, false),
             None => self.no_such_lun(req),
         }
     }

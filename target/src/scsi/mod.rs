@@ -23,6 +23,7 @@ pub mod read_plan;
 mod read_write;
 mod reservations;
 pub mod stall;
+pub mod stats;
 mod unit_attention;
 pub mod write_plan;
 mod xcopy;

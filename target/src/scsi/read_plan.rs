@@ -24,6 +24,7 @@ use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
 
 use super::logical_unit::finish;
 use super::outcome::{backstore_failure, clamp32};
+use super::stats::{CommandClock, Direction};
 use super::{LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
 
 /// A validated READ: what to read and how to answer.
@@ -41,6 +42,9 @@ pub struct PlannedRead {
     pub len: u64,
     /// Logical block size.
     pub block_size: u32,
+    /// Counts the READ in the unit's statistics once every copy of the
+    /// plan is dropped (the fabric holds it until the data are sent).
+    pub clock: Arc<CommandClock>,
 }
 
 /// What to do with a command the fabric would like to read itself.
@@ -69,6 +73,7 @@ impl LunTable {
         if rw.size == CdbSize::Six || rw.length == 0 {
             return ReadPlan::NotPlanned;
         }
+        let started = std::time::Instant::now();
         let bs = lu.block_size();
         let bytes = u64::from(rw.length) * u64::from(bs);
         // A stalled unit holds the READ here, before it is validated (the
@@ -91,8 +96,9 @@ impl LunTable {
             data_out: req.data_out,
             data_in_capacity: 0,
         };
-        let mut first = self.execute(&probe);
+        let mut first = self.execute_probe(&probe);
         if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
+            lu.stats.record(Direction::Read, false, 0, started);
             // As `finish` reports failures: the CDB's transfer length.
             first.transfer_length = clamp32(bytes);
             return ReadPlan::Answer(first);
@@ -109,6 +115,7 @@ impl LunTable {
             offset: rw.lba * u64::from(bs),
             len: bytes,
             block_size: bs,
+            clock: CommandClock::start(lu.stats.clone(), Direction::Read, bytes, started),
         })
     }
 }
@@ -123,6 +130,11 @@ impl LogicalUnit {
             SenseFormat::Fixed
         };
         tracing::warn!(lba, len, error = %e, "backstore read failed");
+        // The plan's clock still counts the command when it is dropped.
+        self.stats
+            .direction(Direction::Read)
+            .errors
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         finish(Err(backstore_failure(e, false, lba)), len, format, 0)
     }
 }

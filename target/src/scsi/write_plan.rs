@@ -44,6 +44,7 @@ use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
 
 use super::logical_unit::finish;
 use super::outcome::{backstore_failure, clamp32, Done};
+use super::stats::{CommandClock, Direction};
 use super::{ItNexus, LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
 
 /// The range lock and in-flight count a planned WRITE holds until dropped
@@ -53,6 +54,9 @@ pub struct WriteHold {
     lu: Arc<LogicalUnit>,
     nexus: ItNexus,
     range: u64,
+    /// Held for its drop: counts the WRITE when the hold ends, the
+    /// command's end for the unit.
+    _clock: Arc<CommandClock>,
 }
 
 impl std::fmt::Debug for WriteHold {
@@ -120,6 +124,7 @@ impl LunTable {
         let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {
             return WritePlan::NotPlanned;
         };
+        let started = std::time::Instant::now();
         let bs = lu.block_size();
         let bytes = u64::from(rw.length) * u64::from(bs);
         if rw.size == CdbSize::Six || rw.length == 0 || bytes != data_len {
@@ -154,9 +159,10 @@ impl LunTable {
             cdb: &probe_cdb,
             ..no_data
         };
-        let mut first = self.execute(&probe);
+        let mut first = self.execute_probe(&probe);
         if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
             release();
+            lu.stats.record(Direction::Write, false, 0, started);
             first.transfer_length = clamp32(bytes);
             return WritePlan::Answer(first);
         }
@@ -175,6 +181,7 @@ impl LunTable {
                 lu: lu.clone(),
                 nexus: req.nexus.clone(),
                 range,
+                _clock: CommandClock::start(lu.stats.clone(), Direction::Write, bytes, started),
             },
         }))
     }
@@ -196,6 +203,11 @@ impl LogicalUnit {
     /// with `lba` in INFORMATION.
     pub fn write_failure(&self, lba: u64, len: u64, e: &std::io::Error) -> ScsiResult {
         tracing::warn!(lba, len, error = %e, "backstore write failed");
+        // The hold's clock still counts the command when it is dropped.
+        self.stats
+            .direction(Direction::Write)
+            .errors
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         finish(
             Err(backstore_failure(e, true, lba)),
             len,

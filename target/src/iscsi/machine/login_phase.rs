@@ -63,11 +63,17 @@ impl LoginPhase {
     pub(in crate::iscsi) fn on_pdu(&mut self, pdu: &Pdu) -> LoginAction {
         let Bhs::LoginRequest(req) = pdu.bhs else {
             info!(opcode = ?pdu.bhs.opcode(), "non-login PDU during login: closing");
+            crate::events::login_failed(LoginStatus::INVALID_DURING_LOGIN);
             return LoginAction::Refuse(self.machine.reject(LoginStatus::INVALID_DURING_LOGIN));
         };
         match self.machine.on_request(&req, &pdu.data) {
             LoginStep::Respond(resp) => LoginAction::Respond(resp),
-            LoginStep::Fail(resp) => LoginAction::Refuse(resp),
+            LoginStep::Fail(resp) => {
+                if let Bhs::LoginResponse(r) = &resp.bhs {
+                    crate::events::login_failed(r.status);
+                }
+                LoginAction::Refuse(resp)
+            }
             LoginStep::Complete(outcome) => self.hand_off(outcome),
         }
     }
@@ -83,6 +89,7 @@ impl LoginPhase {
             || (s.require_data_digest && outcome.params.data_digest != Digest::Crc32c)
         {
             info!(initiator = %outcome.initiator_name, "login refused: the target requires CRC32C digests");
+            crate::events::login_failed(LoginStatus::INITIATOR_ERROR);
             return LoginAction::Refuse(self.machine.reject(LoginStatus::INITIATOR_ERROR));
         }
         let request = SessionRequest {
@@ -116,6 +123,7 @@ impl LoginPhase {
                     SessionError::TooManyConnections => LoginStatus::TOO_MANY_CONNECTIONS,
                     SessionError::OutOfResources => LoginStatus::OUT_OF_RESOURCES,
                 };
+                crate::events::login_failed(status);
                 LoginAction::Refuse(self.machine.reject(status))
             }
         }

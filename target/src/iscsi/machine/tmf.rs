@@ -72,6 +72,7 @@ impl ConnMachine {
             response = response.name(),
             "task management"
         );
+        crate::events::task_management(req.function, response);
         self.send(Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
             response,
             itt: req.itt,

@@ -1,0 +1,517 @@
+//! Prometheus metrics: the fabric's counters in the text exposition format
+//! (version 0.0.4), served over HTTP at `/metrics` on the address
+//! `[metrics] listen` or `--metrics` names. Off unless asked for.
+//!
+//! Everything is read at scrape time from counters the data path already
+//! keeps with relaxed atomics (per logical unit READ/WRITE statistics, the
+//! copy counters, the engine path's state timers, the double-buffered
+//! write path, RDMA) or from rare-event counters (refused logins, task
+//! management); a scrape costs the data path nothing.
+//!
+//! The HTTP side is the minimum a scraper needs: one GET per connection,
+//! answered and closed. The endpoint has no authentication; bind it to an
+//! address only the scraper reaches.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use blockwire_target::copies::{self, CopyPath};
+use blockwire_target::datapath::stats::PHASES;
+use blockwire_target::iscsi::Fabric;
+use blockwire_target::scsi::stats::{Direction, LatencyHistogram, LATENCY_BUCKETS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tracing::{debug, info};
+
+/// The Content-Type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A text exposition being written: families in order, each with its
+/// `# HELP` and `# TYPE` lines before its samples.
+struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let v = v
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                let _ = write!(self.out, "{k}=\"{v}\"");
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// Seconds as the exposition writes floats.
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// A label value from an RFC 7143 name: lower case, words joined by `_`.
+fn label_word(name: &str) -> String {
+    name.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == ' ' || *c == '-')
+        .map(|c| {
+            if c == ' ' || c == '-' {
+                '_'
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
+        .collect()
+}
+
+/// The fabric's metrics in the text exposition format.
+pub fn render(fabric: &Fabric) -> String {
+    let mut e = Exposition { out: String::new() };
+    lun_metrics(&mut e, fabric);
+    session_metrics(&mut e, fabric);
+    event_metrics(&mut e);
+    copy_metrics(&mut e);
+    engine_metrics(&mut e, fabric);
+    rdma_metrics(&mut e, fabric);
+    e.out
+}
+
+/// Every LUN of every target, with its label values.
+fn luns(fabric: &Fabric) -> Vec<(String, String, &blockwire_target::scsi::LogicalUnit)> {
+    let mut out = Vec::new();
+    for t in &fabric.catalog.targets {
+        for id in t.luns.lun_ids() {
+            if let Some(lu) = t.luns.get(id) {
+                out.push((t.name.clone(), id.to_string(), &**lu));
+            }
+        }
+    }
+    out
+}
+
+fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
+    let luns = luns(fabric);
+    type Pick = fn(&blockwire_target::scsi::stats::DirectionStats) -> u64;
+    let counters: [(&str, &str, Pick); 3] = [
+        (
+            "blockwire_lun_commands_total",
+            "READ and WRITE commands the logical unit finished, GOOD or not.",
+            |s| s.commands.load(Ordering::Relaxed),
+        ),
+        (
+            "blockwire_lun_command_errors_total",
+            "READ and WRITE commands that did not end GOOD.",
+            |s| s.errors.load(Ordering::Relaxed),
+        ),
+        (
+            "blockwire_lun_bytes_total",
+            "Data bytes READ and WRITE commands moved.",
+            |s| s.bytes.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, pick) in counters {
+        e.family(name, "counter", help);
+        for (target, lun, lu) in &luns {
+            for d in Direction::ALL {
+                let labels = [("target", &**target), ("lun", &**lun), ("op", d.name())];
+                e.sample(name, &labels, pick(lu.stats().direction(d)));
+            }
+        }
+    }
+    let name = "blockwire_lun_command_duration_seconds";
+    e.family(
+        name,
+        "histogram",
+        "Time from a READ or WRITE reaching the SCSI core until the logical unit was done with it \
+         (the backstore I/O; for READs the fabric sends itself, until the data were sent).",
+    );
+    let bounds: Vec<String> = (0..LATENCY_BUCKETS)
+        .map(|i| seconds(LatencyHistogram::bound(i)).to_string())
+        .collect();
+    for (target, lun, lu) in &luns {
+        for d in Direction::ALL {
+            let h = &lu.stats().direction(d).latency;
+            let cumulative = h.cumulative();
+            for (i, le) in bounds.iter().enumerate() {
+                let labels = [
+                    ("target", &**target),
+                    ("lun", &**lun),
+                    ("op", d.name()),
+                    ("le", le),
+                ];
+                e.sample(&format!("{name}_bucket"), &labels, cumulative[i]);
+            }
+            let labels = [
+                ("target", &**target),
+                ("lun", &**lun),
+                ("op", d.name()),
+                ("le", "+Inf"),
+            ];
+            let total = cumulative[LATENCY_BUCKETS];
+            e.sample(&format!("{name}_bucket"), &labels, total);
+            let labels = [("target", &**target), ("lun", &**lun), ("op", d.name())];
+            e.sample(&format!("{name}_sum"), &labels, seconds(h.sum()));
+            e.sample(&format!("{name}_count"), &labels, total);
+        }
+    }
+}
+
+fn session_metrics(e: &mut Exposition, fabric: &Fabric) {
+    let sessions = fabric.sessions.all();
+    let name = "blockwire_target_sessions";
+    e.family(
+        name,
+        "gauge",
+        "Normal sessions logged in to the target now.",
+    );
+    for t in &fabric.catalog.targets {
+        let n = sessions
+            .iter()
+            .filter(|s| s.target.as_ref().is_some_and(|st| st.name == t.name))
+            .count();
+        e.sample(name, &[("target", &t.name)], n);
+    }
+    let name = "blockwire_discovery_sessions";
+    e.family(name, "gauge", "Discovery sessions logged in now.");
+    e.sample(
+        name,
+        &[],
+        sessions.iter().filter(|s| s.target.is_none()).count(),
+    );
+}
+
+fn event_metrics(e: &mut Exposition) {
+    let name = "blockwire_login_failures_total";
+    e.family(
+        name,
+        "counter",
+        "Logins the target refused, by the RFC 7143 status it answered.",
+    );
+    for (status, n) in blockwire_target::events::login_failures() {
+        let reason = label_word(status.name());
+        e.sample(name, &[("reason", &reason)], n);
+    }
+    let name = "blockwire_task_management_total";
+    e.family(
+        name,
+        "counter",
+        "Task management functions answered, by function and response.",
+    );
+    for (function, response, n) in blockwire_target::events::task_management_counts() {
+        let f = label_word(function.name());
+        let r = label_word(response.name());
+        e.sample(name, &[("function", &f), ("response", &r)], n);
+    }
+}
+
+fn copy_metrics(e: &mut Exposition) {
+    let totals: Vec<_> = CopyPath::ALL
+        .iter()
+        .map(|&p| (p.name(), copies::totals(p)))
+        .collect();
+    let name = "blockwire_read_path_commands_total";
+    e.family(
+        name,
+        "counter",
+        "READ commands finished, by the data path their payload took.",
+    );
+    for (path, c) in &totals {
+        e.sample(name, &[("path", path)], c.commands);
+    }
+    let name = "blockwire_read_path_payload_bytes_total";
+    e.family(
+        name,
+        "counter",
+        "Data-In payload bytes of finished READs, by data path.",
+    );
+    for (path, c) in &totals {
+        e.sample(name, &[("path", path)], c.payload);
+    }
+    let name = "blockwire_read_path_copy_bytes_total";
+    e.family(
+        name,
+        "counter",
+        "READ payload bytes by how they were moved or copied: user_copied (memcpy in blockwire), \
+         read_to_user (page cache to a user buffer), sent_from_user (copying send), sendfile, \
+         zc_sent (MSG_ZEROCOPY), and of those zc_copied (the kernel copied anyway) and zc_zero.",
+    );
+    for (path, c) in &totals {
+        for (kind, v) in [
+            ("user_copied", c.user_copied),
+            ("read_to_user", c.read_to_user),
+            ("sent_from_user", c.sent_from_user),
+            ("sendfile", c.sendfile),
+            ("zc_sent", c.zc_sent),
+            ("zc_copied", c.zc_copied),
+            ("zc_zero", c.zc_zero),
+        ] {
+            e.sample(name, &[("path", path), ("kind", kind)], v);
+        }
+    }
+}
+
+fn engine_metrics(e: &mut Exposition, fabric: &Fabric) {
+    let stats = fabric.sync_reads.stats();
+    let name = "blockwire_engine_read_phase_seconds";
+    e.family(
+        name,
+        "summary",
+        "Per-command state timers of READs on the I/O engine path, by phase (init, disk_read, \
+         send_setup, send_unoverlapped, fin, total); quantiles are upper bounds of power-of-two \
+         nanosecond buckets.",
+    );
+    for (target, lun, s) in &stats {
+        let lun = lun.to_string();
+        for p in PHASES {
+            let h = s.histogram(p);
+            for q in ["0.5", "0.99"] {
+                let v = seconds(h.quantile(q.parse().unwrap_or(0.5)));
+                let labels = [
+                    ("target", &**target),
+                    ("lun", &*lun),
+                    ("phase", p.name()),
+                    ("quantile", q),
+                ];
+                e.sample(name, &labels, v);
+            }
+            let labels = [("target", &**target), ("lun", &*lun), ("phase", p.name())];
+            e.sample(&format!("{name}_sum"), &labels, seconds(h.sum()));
+            e.sample(&format!("{name}_count"), &labels, h.count());
+        }
+    }
+    let name = "blockwire_engine_read_bytes_total";
+    e.family(
+        name,
+        "counter",
+        "Bytes of READs on the I/O engine path, and the bytes user space or the kernel copied on \
+         their way (kind: moved, user_copied, kernel_copied).",
+    );
+    for (target, lun, s) in &stats {
+        let lun = lun.to_string();
+        for (kind, v) in [
+            ("moved", &s.bytes),
+            ("user_copied", &s.user_copied),
+            ("kernel_copied", &s.kernel_copied),
+        ] {
+            let labels = [("target", &**target), ("lun", &*lun), ("kind", kind)];
+            e.sample(name, &labels, v.load(Ordering::Relaxed));
+        }
+    }
+    let w = &fabric.sync_writes.stats;
+    let name = "blockwire_sync_write_commands_total";
+    e.family(
+        name,
+        "counter",
+        "WRITEs on sync_write LUNs: pipelined (double-buffered) or gathered (not plannable, \
+         unaligned or no free buffer).",
+    );
+    e.sample(
+        name,
+        &[("path", "pipelined")],
+        w.pipelined.load(Ordering::Relaxed),
+    );
+    e.sample(
+        name,
+        &[("path", "gathered")],
+        w.gathered.load(Ordering::Relaxed),
+    );
+    let name = "blockwire_sync_write_chunks_total";
+    e.family(
+        name,
+        "counter",
+        "Chunk writes the double-buffered write path submitted.",
+    );
+    e.sample(name, &[], w.chunks.load(Ordering::Relaxed));
+    let name = "blockwire_sync_write_overlapped_chunks_total";
+    e.family(
+        name,
+        "counter",
+        "Chunk writes submitted before their command's last byte arrived (disk and network \
+         overlapped).",
+    );
+    e.sample(name, &[], w.overlapped.load(Ordering::Relaxed));
+}
+
+fn rdma_metrics(e: &mut Exposition, fabric: &Fabric) {
+    let Some(svc) = fabric.rdma.get() else {
+        return;
+    };
+    let c = svc.counters();
+    for (name, help, v) in [
+        (
+            "blockwire_rdma_binds_total",
+            "RDMA connections bound to a session.",
+            &c.binds,
+        ),
+        (
+            "blockwire_rdma_rejected_binds_total",
+            "RDMA connections refused (unknown or reused token).",
+            &c.rejected_binds,
+        ),
+        (
+            "blockwire_rdma_writes_total",
+            "RDMA Writes posted (READ data).",
+            &c.rdma_writes,
+        ),
+        (
+            "blockwire_rdma_reads_total",
+            "RDMA Reads posted (WRITE data).",
+            &c.rdma_reads,
+        ),
+        (
+            "blockwire_rdma_written_bytes_total",
+            "Bytes moved by RDMA Write.",
+            &c.bytes_written,
+        ),
+        (
+            "blockwire_rdma_read_bytes_total",
+            "Bytes moved by RDMA Read.",
+            &c.bytes_read,
+        ),
+        (
+            "blockwire_rdma_failed_transfers_total",
+            "Offloaded commands whose data transfer failed (bad key, bounds, lost queue pair).",
+            &c.failed_transfers,
+        ),
+        (
+            "blockwire_rdma_offloaded_commands_total",
+            "Commands whose data moved by RDMA.",
+            &c.offloaded_commands,
+        ),
+    ] {
+        e.family(name, "counter", help);
+        e.sample(name, &[], v.load(Ordering::Relaxed));
+    }
+}
+
+/// Binds the metrics endpoint (before anything is served, so a taken
+/// address fails the start).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "binding the metrics endpoint on {addr} ([metrics] listen or --metrics): \
+             choose a free address or remove the setting"
+        )
+    })
+}
+
+/// Serves `/metrics` on `listener` until `stop` turns true.
+pub async fn serve(listener: TcpListener, fabric: Arc<Fabric>, mut stop: watch::Receiver<bool>) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(endpoint = %addr, "Prometheus metrics at http://{addr}/metrics");
+    }
+    loop {
+        let accepted = tokio::select! {
+            // The guard `wait_for` returns is dropped at once: it must not
+            // live across an await.
+            _ = stop.wait_for(|s| *s) => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let fabric = fabric.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = answer(stream, &fabric).await {
+                        debug!(%peer, error = %e, "metrics request failed");
+                    }
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off.
+                debug!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Reads one request (headers only; a scraper sends no body) and answers it.
+async fn answer(mut stream: TcpStream, fabric: &Fabric) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let read = async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request header"))??;
+    let text = String::from_utf8_lossy(&buf);
+    let mut words = text.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => ("200 OK", CONTENT_TYPE, render(fabric)),
+        ("GET" | "HEAD", "/") => (
+            "200 OK",
+            "text/plain; charset=utf-8",
+            "blockwire-target: Prometheus metrics are at /metrics\n".to_owned(),
+        ),
+        ("GET" | "HEAD", _) => (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            format!("no such page {path:?}; the metrics are at /metrics\n"),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain; charset=utf-8",
+            "only GET is served\n".to_owned(),
+        ),
+    };
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if method != "HEAD" {
+        response.extend_from_slice(body.as_bytes());
+    }
+    stream.write_all(&response).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_and_help_text_are_escaped() {
+        let mut e = Exposition { out: String::new() };
+        e.family("x_total", "counter", "a \\ b\nc");
+        e.sample("x_total", &[("t", "q\"uo\\te\nd")], 1);
+        assert_eq!(
+            e.out,
+            "# HELP x_total a \\\\ b\\nc\n# TYPE x_total counter\nx_total{t=\"q\\\"uo\\\\te\\nd\"} 1\n"
+        );
+        assert_eq!(
+            label_word("can't include in session"),
+            "cant_include_in_session"
+        );
+        assert_eq!(label_word("authorization failure"), "authorization_failure");
+    }
+}

@@ -1,0 +1,449 @@
+//! The Prometheus endpoint of the real `blockwire-target` binary:
+//!
+//! - after known READ/WRITE traffic, a refused login and a LUN reset, the
+//!   scraped exposition counts exactly that traffic per LUN (a RAM LUN the
+//!   SCSI core serves, a cached file LUN whose READs go by sendfile), the
+//!   refusal by reason and the reset by function and response, and Debian's
+//!   `promtool check metrics` accepts it;
+//! - a real Prometheus server scraping the endpoint sees the LUN's READ and
+//!   WRITE counters and latency histogram grow with the traffic.
+//!
+//! Both need Debian's `prometheus` package (promtool, prometheus) and fail,
+//! naming it, when it is missing.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockwire_initiator::{DataDir, InitiatorConfig, Session};
+
+mod daemon;
+use daemon::DaemonProcess as Daemon;
+
+const IQN: &str = "iqn.2026-11.io.blockwire:metrics";
+const BLOCK: u32 = 512;
+/// Blocks per command: 64 KiB.
+const BLOCKS: u32 = 128;
+
+/// Starts the daemon with a RAM LUN 0 and a cached file LUN 1 and the
+/// metrics endpoint on a free port; returns it, its portal and endpoint.
+fn start() -> (Daemon, SocketAddr, SocketAddr) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("metrics.toml");
+    let file = dir.path().join("lun1.img");
+    std::fs::write(
+        &config,
+        format!(
+            "[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
+             [fabric]\nnop_interval_secs = 0\n\n\
+             [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+             [[target]]\nname = \"{IQN}\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n\n\
+             [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = \"{}\"\nsize = \"8M\"\n",
+            file.display()
+        ),
+    )
+    .unwrap();
+    let mut d = Daemon::spawn(dir, &config, ["--log", "info"]);
+    let portal = d.wait_log("the listening portal", |log| {
+        log.lines()
+            .filter(|l| l.contains("listening"))
+            .find_map(|l| {
+                l.split_once("portal=")?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+    });
+    let metrics = d.wait_log("the metrics endpoint", |log| {
+        log.lines().find_map(|l| {
+            l.split_once("Prometheus metrics at http://")?
+                .1
+                .split('/')
+                .next()?
+                .parse()
+                .ok()
+        })
+    });
+    (d, portal, metrics)
+}
+
+/// GET `path` from `addr` over plain HTTP/1.1; the status code and body.
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8(raw).expect("UTF-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, body)
+}
+
+/// The body of a chunked response.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").expect("chunk size line");
+        let n = usize::from_str_radix(size.trim(), 16).expect("hex chunk size");
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        body = &rest[n + 2..];
+    }
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed).
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|l| {
+        let (s, v) = l.rsplit_once(' ')?;
+        (s == series).then(|| v.parse().ok())?
+    })
+}
+
+fn series(name: &str, lun: u16, op: &str) -> String {
+    format!("{name}{{target=\"{IQN}\",lun=\"{lun}\",op=\"{op}\"}}")
+}
+
+/// Writes `writes` and reads `reads` 64 KiB commands on `lun`, then logs out.
+async fn traffic(portal: SocketAddr, lun: u16, writes: u32, reads: u32) {
+    let s = Session::connect(
+        InitiatorConfig::new("iqn.2026-11.io.blockwire.test:metrics"),
+        &portal.to_string(),
+        IQN,
+    )
+    .await
+    .expect("login");
+    // The first command of a new I_T nexus on a LUN is answered UNIT
+    // ATTENTION (power on) and retried: a TEST UNIT READY takes it, so
+    // that the READs and WRITEs below all end GOOD and count exactly.
+    let _ = s.execute(lun, &[0u8; 6], DataDir::None).await;
+    let data = vec![0x5au8; (BLOCK * BLOCKS) as usize];
+    for i in 0..writes {
+        s.write(lun, u64::from(i * BLOCKS), BLOCKS, &data)
+            .await
+            .expect("WRITE");
+    }
+    for i in 0..reads {
+        let mut buf = vec![0u8; data.len()];
+        let c = s
+            .read(
+                lun,
+                u64::from((i % writes.max(1)) * BLOCKS),
+                BLOCKS,
+                &mut buf,
+            )
+            .await
+            .expect("READ");
+        assert_eq!(c.transferred, data.len());
+    }
+    s.logout().await.expect("logout");
+}
+
+/// `name` on PATH, or a failure that says which package provides it.
+fn tool(name: &str) -> String {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} is not installed: this test needs Debian's prometheus package \
+         (apt-get install -y prometheus; .ci/run installs it)"
+    );
+    name.to_owned()
+}
+
+fn promtool_check(exposition: &str) {
+    let mut child = Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics refused the exposition ({}):\n{}{}\n--- exposition ---\n{exposition}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_exposition_counts_the_traffic_and_passes_promtool() {
+    tool("promtool");
+    let (d, portal, metrics) = start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        traffic(portal, 0, 3, 5).await;
+        traffic(portal, 1, 2, 4).await;
+        // A login to a target the daemon does not serve is refused.
+        let refused = Session::connect(
+            InitiatorConfig::new("iqn.2026-11.io.blockwire.test:metrics"),
+            &portal.to_string(),
+            "iqn.2026-11.io.blockwire:no-such-target",
+        )
+        .await;
+        assert!(refused.is_err(), "login to an unknown target succeeded");
+        let s = Arc::new(
+            Session::connect(
+                InitiatorConfig::new("iqn.2026-11.io.blockwire.test:metrics-tmf"),
+                &portal.to_string(),
+                IQN,
+            )
+            .await
+            .expect("login"),
+        );
+        s.lun_reset(0).await.expect("LUN RESET");
+        Arc::try_unwrap(s).unwrap().logout().await.expect("logout");
+    });
+    // A planned READ is counted when the fabric lets go of its plan, just
+    // after its status left: poll briefly.
+    let want = [
+        (series("blockwire_lun_commands_total", 0, "write"), 3.0),
+        (series("blockwire_lun_commands_total", 0, "read"), 5.0),
+        (series("blockwire_lun_commands_total", 1, "write"), 2.0),
+        (series("blockwire_lun_commands_total", 1, "read"), 4.0),
+        (series("blockwire_lun_bytes_total", 0, "write"), 3.0 * 65536.0),
+        (series("blockwire_lun_bytes_total", 0, "read"), 5.0 * 65536.0),
+        (series("blockwire_lun_bytes_total", 1, "read"), 4.0 * 65536.0),
+        (series("blockwire_lun_command_errors_total", 0, "read"), 0.0),
+        (
+            series("blockwire_lun_command_duration_seconds_count", 1, "read"),
+            4.0,
+        ),
+        (
+            "blockwire_login_failures_total{reason=\"target_not_found\"}".to_owned(),
+            1.0,
+        ),
+        (
+            "blockwire_task_management_total{function=\"logical_unit_reset\",response=\"function_complete\"}"
+                .to_owned(),
+            1.0,
+        ),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (status, text) = http_get(metrics, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        let wrong: Vec<_> = want
+            .iter()
+            .filter(|(s, v)| sample(&text, s) != Some(*v))
+            .map(|(s, v)| format!("{s}: want {v}, got {:?}", sample(&text, s)))
+            .collect();
+        if wrong.is_empty() {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the exposition does not show the traffic:\n{}\n--- exposition ---\n{text}",
+            wrong.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Every READ of LUN 0 took some time: the +Inf bucket holds them all
+    // and the sum is positive.
+    let inf = format!(
+        "blockwire_lun_command_duration_seconds_bucket{{target=\"{IQN}\",lun=\"0\",op=\"read\",le=\"+Inf\"}}"
+    );
+    assert_eq!(sample(&text, &inf), Some(5.0), "{text}");
+    let sum = sample(
+        &text,
+        &series("blockwire_lun_command_duration_seconds_sum", 0, "read"),
+    );
+    assert!(sum.is_some_and(|s| s > 0.0), "{text}");
+    promtool_check(&text);
+    // Anything but /metrics is a clear 404.
+    let (status, body) = http_get(metrics, "/nope");
+    assert_eq!(status, 404);
+    assert!(body.contains("/metrics"), "{body}");
+    drop(d);
+}
+
+/// A Prometheus server, killed (by its PID) when dropped, even when the
+/// test failed.
+struct Prometheus {
+    child: Child,
+    api: SocketAddr,
+    log: std::path::PathBuf,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, scrape: SocketAddr) -> Prometheus {
+        let bin = tool("prometheus");
+        let api = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+                 scrape_configs:\n  - job_name: blockwire\n    static_configs:\n      - targets: ['{scrape}']\n"
+            ),
+        )
+        .unwrap();
+        let log = dir.join("prometheus.log");
+        let child = Command::new(bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={api}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start prometheus");
+        Prometheus { child, api, log }
+    }
+
+    /// The value of the instant query `q` (summed over its series), once
+    /// Prometheus answers.
+    fn query(&mut self, q: &str) -> Option<f64> {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!(
+                "prometheus exited ({status}):\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+        TcpStream::connect(self.api).ok()?;
+        let (status, body) = http_get(self.api, &format!("/api/v1/query?query={}", encode(q)));
+        if status != 200 {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON from prometheus");
+        let result = v["data"]["result"].as_array()?;
+        if result.is_empty() {
+            return None;
+        }
+        Some(
+            result
+                .iter()
+                .filter_map(|r| r["value"][1].as_str()?.parse::<f64>().ok())
+                .sum(),
+        )
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- prometheus log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Percent-encodes a query string value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_prometheus_server_scrapes_the_lun_traffic() {
+    let (d, portal, metrics) = start();
+    let scratch = tempfile::tempdir().unwrap();
+    let mut prom = Prometheus::start(scratch.path(), metrics);
+    // Prometheus is up and scraping before the traffic: the counters are
+    // seen at zero first, then grow.
+    let writes =
+        format!("sum(blockwire_lun_commands_total{{target=\"{IQN}\",lun=\"0\",op=\"write\"}})");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while prom.query(&writes) != Some(0.0) {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never scraped the daemon at {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(traffic(portal, 0, 6, 9));
+    let want = [
+        (writes.clone(), 6.0),
+        (
+            format!("sum(blockwire_lun_commands_total{{target=\"{IQN}\",lun=\"0\",op=\"read\"}})"),
+            9.0,
+        ),
+        (
+            format!("sum(blockwire_lun_bytes_total{{target=\"{IQN}\",lun=\"0\",op=\"read\"}})"),
+            9.0 * 65536.0,
+        ),
+        (
+            format!(
+                "sum(blockwire_lun_command_duration_seconds_bucket{{target=\"{IQN}\",lun=\"0\",op=\"write\",le=\"+Inf\"}})"
+            ),
+            6.0,
+        ),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got: Vec<_> = want.iter().map(|(q, _)| prom.query(q)).collect();
+        if want.iter().zip(&got).all(|((_, v), g)| *g == Some(*v)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prometheus does not show the traffic: {:?}",
+            want.iter()
+                .map(|(q, v)| (q, v))
+                .zip(got)
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // The histogram holds the WRITEs' latencies: a quantile over it is a
+    // positive, finite number of seconds.
+    let p99 = prom
+        .query(&format!(
+            "histogram_quantile(0.99, sum by (le) (blockwire_lun_command_duration_seconds_bucket{{target=\"{IQN}\",lun=\"0\",op=\"write\"}}))"
+        ))
+        .expect("a quantile");
+    assert!(p99 > 0.0 && p99.is_finite(), "p99 {p99}");
+    drop(prom);
+    drop(d);
+}
