@@ -15,6 +15,33 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+
+/// `println!` for a command whose stdout may be a pipe the reader closed
+/// (`blockwire ls -p HOST | head -1`): the output nobody reads any more is
+/// dropped and the command ends quietly with status 0, as the reader had
+/// what it wanted; std's `println!` would panic on the broken pipe.
+macro_rules! println {
+    () => { $crate::stdout_line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::stdout_line(format_args!($($arg)*)) };
+}
+
+/// Writes one line to stdout (see `println!` above).
+fn stdout_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("blockwire: writing to stdout: {e}");
+            std::process::exit(exit::GENERIC);
+        }
+    }
+}
 use blockwire_initiator::{
     discover, serial_of, ChapAlgorithm, ChapConfig, DiscoveredTarget, InitiatorConfig, Session,
 };
@@ -37,6 +64,27 @@ commands with many in flight.
 
 Portals are HOST[:PORT] (port 3260 by default; IPv6 as [ADDR]:PORT).
 When -T/--target is left out, the first target that discovery lists is used.
+
+The initiator name is --initiator-name (or $BLOCKWIRE_INITIATOR_NAME); else
+the InitiatorName= line of /etc/iscsi/initiatorname.iscsi (open-iscsi's file,
+so an ACL written for this host's kernel initiator admits blockwire too;
+$BLOCKWIRE_INITIATORNAME_FILE names another file); else one made from the
+host name (iqn.2026-11.io.blockwire:HOSTNAME).
+
+dd takes dd's own operands as well as the long options:
+  blockwire dd if=disk.img of=iscsi://127.0.0.1/IQN/0 bs=1M count=16 skip=2 seek=4
+
+Exit status, as open-iscsi's iscsiadm uses it:
+   0  success
+   1  any other error (bad arguments, I/O error, ...)
+   4  the portal could not be reached (connection refused, unreachable)
+  19  the target refused the login for another reason (unknown target name,
+      missing parameter, ...) or the target failed mutual CHAP
+  21  nothing found: discovery listed no targets (or iscsiadm -m node/session
+      matched no record)
+  24  authentication or authorization failure: wrong CHAP name or secret, or
+      the target's ACL does not admit this initiator name
+A closed stdout (e.g. `| head -1`) ends the command quietly with status 0.
 
 Examples:
   blockwire discover -p 127.0.0.1:3260
@@ -158,24 +206,33 @@ enum Command {
     },
     /// Copy between files and LUNs, dd-like, with many commands in flight
     /// and a progress line. A LUN is `iscsi://[USER%SECRET@]HOST[:PORT]/IQN/LUN`
-    /// (libiscsi's URL form); anything else is a file path.
+    /// (libiscsi's URL form); anything else is a file path. dd's own
+    /// operands work too: `if=IN of=OUT bs=1M count=N skip=N seek=N
+    /// status=none`.
     Dd {
-        /// Source (file or iscsi:// URL).
+        /// Source (file or iscsi:// URL); also `if=`.
         #[arg(long = "if")]
         input: String,
-        /// Destination (file or iscsi:// URL).
+        /// Destination (file or iscsi:// URL); also `of=`.
         #[arg(long = "of")]
         output: String,
-        /// Bytes per command (multiple of the block size).
+        /// Bytes per command (multiple of the block size); also `bs=`.
         #[arg(long, default_value = "1M")]
         bs: String,
-        /// Copy at most COUNT blocks of --bs (default: the smaller size).
+        /// Copy at most COUNT blocks of --bs (default: the smaller size);
+        /// also `count=`.
         #[arg(long)]
         count: Option<u64>,
+        /// Skip SKIP blocks of --bs at the start of the input; also `skip=`.
+        #[arg(long, default_value_t = 0)]
+        skip: u64,
+        /// Skip SEEK blocks of --bs at the start of the output; also `seek=`.
+        #[arg(long, default_value_t = 0)]
+        seek: u64,
         /// Commands in flight.
         #[arg(long, default_value_t = 16)]
         qd: usize,
-        /// No progress line.
+        /// No progress line; also `status=none`.
         #[arg(long)]
         quiet: bool,
     },
@@ -322,7 +379,33 @@ fn parse_duration(s: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// open-iscsi's initiator name file.
+const INITIATORNAME_FILE: &str = "/etc/iscsi/initiatorname.iscsi";
+
+/// The `InitiatorName=` of an open-iscsi initiator name file (comments and
+/// blank lines skipped); None when there is none.
+fn initiator_name_in(text: &str) -> Option<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix("InitiatorName="))
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+}
+
+/// The initiator name when none is given: open-iscsi's file, else one made
+/// from the host name.
 fn default_initiator_name() -> String {
+    let file = std::env::var_os("BLOCKWIRE_INITIATORNAME_FILE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| INITIATORNAME_FILE.into());
+    if let Some(name) = std::fs::read_to_string(&file)
+        .ok()
+        .as_deref()
+        .and_then(initiator_name_in)
+    {
+        return name;
+    }
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
@@ -385,10 +468,12 @@ async fn open(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<Session> {
             let targets = discover(&cfg, &s.portal)
                 .await
                 .with_context(|| format!("discovery at {}", s.portal))?;
-            targets
-                .first()
-                .map(|t| t.name.clone())
-                .ok_or_else(|| anyhow!("no targets at {}; give one with -T", s.portal))?
+            targets.first().map(|t| t.name.clone()).ok_or_else(|| {
+                anyhow!(NothingFound(format!(
+                    "discovery at {} lists no targets; give one with -T",
+                    s.portal
+                )))
+            })?
         }
     };
     Session::connect(cfg, &s.portal, &target)
@@ -406,7 +491,7 @@ fn print_iscsiadm(targets: &[DiscoveredTarget]) {
 
 #[tokio::main]
 async fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(dd_operands(std::env::args_os()));
     if cli.verbose {
         tracing_subscriber::fmt()
             .with_env_filter(
@@ -418,7 +503,123 @@ async fn main() {
     }
     if let Err(e) = run(&cli).await {
         eprintln!("blockwire: {e:#}");
-        std::process::exit(1);
+        std::process::exit(exit::code(&e));
+    }
+}
+
+/// dd's operands (`if=IN of=OUT bs=N count=N skip=N seek=N status=none`)
+/// after the `dd` subcommand, turned into the long options clap parses.
+/// Only the subcommand's own arguments are looked at: a global option's
+/// value (e.g. an initiator name) is never rewritten.
+fn dd_operands(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<_> = args.into_iter().collect();
+    // The subcommand is the first argument that is neither an option nor
+    // the value of --initiator-name given as a separate word.
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].to_string_lossy();
+        if a == "--initiator-name" {
+            i += 2;
+        } else if a.starts_with('-') {
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    if args.get(i).is_none_or(|a| a != "dd") {
+        return args;
+    }
+    for a in &mut args[i + 1..] {
+        let text = a.to_string_lossy().into_owned();
+        let Some((key, value)) = text.split_once('=') else {
+            continue;
+        };
+        *a = match key {
+            "if" | "of" | "bs" | "count" | "skip" | "seek" => format!("--{key}={value}").into(),
+            "status" if value == "none" => "--quiet".into(),
+            "status" if value == "progress" => continue,
+            "status" => {
+                // clap reports the unknown option with the usage.
+                format!("--status={value}").into()
+            }
+            _ => continue,
+        };
+    }
+    args
+}
+
+/// Discovery at `portal` listed nothing this initiator may see.
+fn no_targets(portal: &str) -> anyhow::Error {
+    anyhow!(NothingFound(format!(
+        "SendTargets discovery at {portal} lists no targets (none configured, or none whose ACL \
+         admits this initiator name)"
+    )))
+}
+
+/// Nothing to work on was found (no targets, no records): exit 21.
+#[derive(Debug)]
+struct NothingFound(String);
+
+impl std::fmt::Display for NothingFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NothingFound {}
+
+/// Exit statuses, numbered as open-iscsi's iscsiadm numbers them
+/// (iscsi_err.h), so scripts written for iscsiadm read blockwire's alike.
+mod exit {
+    use blockwire_initiator::Error;
+
+    /// Any other failure.
+    pub const GENERIC: i32 = 1;
+    /// ISCSI_ERR_TRANS: the portal could not be reached.
+    pub const TRANSPORT: i32 = 4;
+    /// ISCSI_ERR_FATAL_LOGIN: the login failed for good.
+    pub const FATAL_LOGIN: i32 = 19;
+    /// ISCSI_ERR_NO_OBJS_FOUND: no targets, records or sessions.
+    pub const NO_OBJS_FOUND: i32 = 21;
+    /// ISCSI_ERR_LOGIN_AUTH_FAILED: authentication or authorization.
+    pub const LOGIN_AUTH_FAILED: i32 = 24;
+
+    /// The status for `e`, from the first cause in its chain that says.
+    pub fn code(e: &anyhow::Error) -> i32 {
+        for cause in e.chain() {
+            if cause.downcast_ref::<super::NothingFound>().is_some() {
+                return NO_OBJS_FOUND;
+            }
+            if let Some(e) = cause.downcast_ref::<Error>() {
+                if let Some(code) = of_initiator(e) {
+                    return code;
+                }
+            }
+        }
+        GENERIC
+    }
+
+    fn of_initiator(e: &Error) -> Option<i32> {
+        match e {
+            // Status class 2 details 1 and 2 (RFC 7143 §11.13.5): the
+            // credentials or the initiator name were refused.
+            Error::LoginRejected { status, .. }
+                if status.class == 2 && (status.detail == 1 || status.detail == 2) =>
+            {
+                Some(LOGIN_AUTH_FAILED)
+            }
+            Error::LoginRejected { .. } | Error::Chap { .. } => Some(FATAL_LOGIN),
+            // Refused, or no route (ENETUNREACH 101, EHOSTUNREACH 113 on
+            // Linux; their ErrorKinds are newer than the crate's MSRV).
+            Error::Io { cause, .. }
+                if cause.kind() == std::io::ErrorKind::ConnectionRefused
+                    || cause.kind() == std::io::ErrorKind::AddrNotAvailable
+                    || matches!(cause.raw_os_error(), Some(101 | 113)) =>
+            {
+                Some(TRANSPORT)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -428,6 +629,9 @@ async fn run(cli: &Cli) -> Result<()> {
             let targets = discover(&config(cli, auth)?, portal)
                 .await
                 .with_context(|| format!("SendTargets discovery at {portal}"))?;
+            if targets.is_empty() {
+                return Err(no_targets(portal));
+            }
             for t in &targets {
                 println!("{}", t.name);
                 for p in &t.portals {
@@ -441,6 +645,9 @@ async fn run(cli: &Cli) -> Result<()> {
             let targets = discover(&cfg, portal)
                 .await
                 .with_context(|| format!("SendTargets discovery at {portal}"))?;
+            if targets.is_empty() {
+                return Err(no_targets(portal));
+            }
             for t in &targets {
                 println!("Target: {}", t.name);
                 for p in &t.portals {
@@ -516,11 +723,19 @@ async fn run(cli: &Cli) -> Result<()> {
             output,
             bs,
             count,
+            skip,
+            seek,
             qd,
             quiet,
         } => {
             let bs = parse_size(bs)?;
-            dd(cli, input, output, bs, *count, (*qd).max(1), *quiet).await?;
+            let span = Span {
+                bs,
+                count: *count,
+                skip: *skip,
+                seek: *seek,
+            };
+            dd(cli, input, output, span, (*qd).max(1), *quiet).await?;
         }
         Command::Bench {
             s,
@@ -687,24 +902,57 @@ async fn open_end(cli: &Cli, spec: &str, write: bool, qd: usize) -> Result<End> 
     Ok(End::File(Arc::new(f), if write { u64::MAX } else { len }))
 }
 
+/// What dd copies: `count` blocks of `bs` bytes (default: as many as fit),
+/// from block `skip` of the input to block `seek` of the output.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    bs: u64,
+    count: Option<u64>,
+    skip: u64,
+    seek: u64,
+}
+
 async fn dd(
     cli: &Cli,
     input: &str,
     output: &str,
-    bs: u64,
-    count: Option<u64>,
+    span: Span,
     qd: usize,
     quiet: bool,
 ) -> Result<()> {
+    let Span {
+        bs,
+        count,
+        skip,
+        seek,
+    } = span;
     let src = Arc::new(open_end(cli, input, false, qd).await?);
     let dst = Arc::new(open_end(cli, output, true, qd).await?);
     let align = src.block().max(dst.block());
     if bs == 0 || bs % align != 0 {
         bail!("--bs {bs} must be a multiple of the block size {align}");
     }
-    let mut total = src.len().min(dst.len());
+    let (from, to) = (
+        skip.checked_mul(bs)
+            .ok_or_else(|| anyhow!("skip={skip} x bs={bs} overflows"))?,
+        seek.checked_mul(bs)
+            .ok_or_else(|| anyhow!("seek={seek} x bs={bs} overflows"))?,
+    );
+    if from > src.len() {
+        bail!(
+            "skip={skip} (byte {from}) is past the end of {input} ({} bytes)",
+            src.len()
+        );
+    }
+    if to > dst.len() {
+        bail!(
+            "seek={seek} (byte {to}) is past the end of {output} ({} bytes)",
+            dst.len()
+        );
+    }
+    let mut total = (src.len() - from).min(dst.len() - to);
     if let Some(c) = count {
-        total = total.min(c * bs);
+        total = total.min(c.saturating_mul(bs));
     }
     if total % align != 0 {
         bail!("{total} bytes to copy is not a multiple of the block size {align}");
@@ -726,8 +974,8 @@ async fn dd(
                 let at = i * bs;
                 let n = bs.min(total - at) as usize;
                 buf.resize(n, 0);
-                src.read(at, &mut buf).await?;
-                dst.write(at, &buf).await?;
+                src.read(from + at, &mut buf).await?;
+                dst.write(to + at, &buf).await?;
                 done.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
             }
         }));
@@ -826,6 +1074,10 @@ async fn iscsiadm(cli: &Cli, a: &IscsiadmArgs) -> Result<()> {
                 }
                 Err(e) => return Err(e).context(format!("SendTargets discovery at {portal}")),
             };
+            if targets.is_empty() {
+                eprintln!("iscsiadm: No portals found");
+                std::process::exit(exit::NO_OBJS_FOUND);
+            }
             for t in &targets {
                 for p in &t.portals {
                     db.upsert(&t.name, p)?;
@@ -1127,6 +1379,104 @@ async fn bench(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
+        words.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn dd_operands_become_long_options_after_dd_only() {
+        let got = dd_operands(argv(&[
+            "blockwire",
+            "--initiator-name",
+            "if=odd-but-legal",
+            "dd",
+            "if=a.img",
+            "of=iscsi://h/iqn.x/0",
+            "bs=4k",
+            "count=3",
+            "skip=1",
+            "seek=2",
+            "status=none",
+        ]));
+        assert_eq!(
+            got,
+            argv(&[
+                "blockwire",
+                "--initiator-name",
+                "if=odd-but-legal",
+                "dd",
+                "--if=a.img",
+                "--of=iscsi://h/iqn.x/0",
+                "--bs=4k",
+                "--count=3",
+                "--skip=1",
+                "--seek=2",
+                "--quiet",
+            ])
+        );
+        let cli = Cli::try_parse_from(got).unwrap();
+        let Command::Dd {
+            input,
+            output,
+            count,
+            skip,
+            seek,
+            quiet,
+            ..
+        } = cli.command
+        else {
+            panic!("not dd: {:?}", cli.command);
+        };
+        assert_eq!(
+            (input.as_str(), output.as_str(), count, skip, seek, quiet),
+            ("a.img", "iscsi://h/iqn.x/0", Some(3), 1, 2, true)
+        );
+        // Other subcommands keep key=value words as they are.
+        let other = argv(&["blockwire", "inq", "-p", "h", "-T", "if=x"]);
+        assert_eq!(dd_operands(other.clone()), other);
+    }
+
+    #[test]
+    fn the_initiator_name_file_is_read_as_open_iscsi_writes_it() {
+        let text = "## DO NOT EDIT OR REMOVE THIS FILE!\n\
+                    # InitiatorName=iqn.commented.out:x\n\
+                    \n\
+                    InitiatorName=iqn.1993-08.org.debian:01:abcdef\n";
+        assert_eq!(
+            initiator_name_in(text).as_deref(),
+            Some("iqn.1993-08.org.debian:01:abcdef")
+        );
+        assert_eq!(initiator_name_in("InitiatorName=\n"), None);
+        assert_eq!(initiator_name_in("# nothing\n"), None);
+    }
+
+    #[test]
+    fn exit_statuses_follow_iscsiadm() {
+        use blockwire_initiator::Error;
+        use blockwire_pdu::LoginStatus;
+        let refused = |status| {
+            anyhow::Error::new(Error::LoginRejected {
+                target: "t".into(),
+                portal: "p".into(),
+                status,
+            })
+            .context("login to t at p")
+        };
+        assert_eq!(
+            exit::code(&refused(LoginStatus::AUTHENTICATION_FAILURE)),
+            24
+        );
+        assert_eq!(exit::code(&refused(LoginStatus::AUTHORIZATION_FAILURE)), 24);
+        assert_eq!(exit::code(&refused(LoginStatus::NOT_FOUND)), 19);
+        assert_eq!(exit::code(&no_targets("h:3260")), 21);
+        let refused_conn = anyhow::Error::new(Error::Io {
+            context: "connecting to h".into(),
+            cause: std::io::ErrorKind::ConnectionRefused.into(),
+        });
+        assert_eq!(exit::code(&refused_conn), 4);
+        assert_eq!(exit::code(&anyhow!("bad --bs")), 1);
+    }
 
     #[test]
     fn sizes_and_durations() {
