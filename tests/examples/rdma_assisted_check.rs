@@ -23,7 +23,7 @@ use blockwire_target::backstore::RamBackstore;
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use blockwire_transport::rdma::any::Backend;
-use support::bind_target;
+use support::{bind_target, pattern};
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -46,18 +46,6 @@ impl Checks {
             println!("FAIL {name}: {detail}");
         }
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 async fn session(

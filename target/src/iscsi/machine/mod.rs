@@ -144,6 +144,27 @@ pub(super) struct Ready {
     pub slot: CommandSlot,
 }
 
+impl Ready {
+    /// A command that brings no data over TCP: no WRITE data, or data the
+    /// target RDMA-Reads from the initiator's buffer (`offload`).
+    fn without_data(
+        cmd: ScsiCommand,
+        cdb: Vec<u8>,
+        offload: Option<(Arc<Slot>, Descriptor)>,
+        slot: CommandSlot,
+    ) -> Ready {
+        Ready {
+            cmd,
+            cdb,
+            r2t_count: 0,
+            data_out: Vec::new(),
+            offload,
+            budget: None,
+            slot,
+        }
+    }
+}
+
 /// A double-buffered WRITE (see [`super::syncwrite`]) whose task the
 /// driver starts; the machine keeps the feed end and passes it the data.
 pub(super) struct PipedWrite {

@@ -1117,3 +1117,299 @@ async fn decode_errors_reject_and_end_unless_skippable() {
         "a header that failed its digest is not answered: {digest:?}"
     );
 }
+
+// ---- stateful fuzzing: random initiator behaviour against the machine --------------
+
+mod stateful {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One thing an initiator (well-behaved or not) can do.
+    #[derive(Debug, Clone)]
+    enum Ev {
+        Read {
+            lba: u8,
+            blocks: u8,
+            skew: u8,
+        },
+        Write {
+            lba: u8,
+            blocks: u8,
+            immediate: u8,
+        },
+        DataOut {
+            which: u8,
+            honest_ttt: bool,
+            offset: u16,
+            len: u16,
+            data_sn: u8,
+            last: bool,
+        },
+        Tmf {
+            function: u8,
+            which: u8,
+            lun: u8,
+        },
+        AnswerPing,
+        Tick {
+            secs: u8,
+        },
+        Shutdown,
+        Logout,
+        Stall(bool),
+        Junk,
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            4 => (any::<u8>(), 1..8u8, 0..3u8).prop_map(|(lba, blocks, skew)| Ev::Read { lba, blocks, skew }),
+            4 => (any::<u8>(), 1..8u8, any::<u8>()).prop_map(|(lba, blocks, immediate)| Ev::Write { lba, blocks, immediate }),
+            5 => (any::<u8>(), any::<bool>(), 0..4096u16, 0..2048u16, 0..4u8, any::<bool>()).prop_map(
+                |(which, honest_ttt, offset, len, data_sn, last)| Ev::DataOut { which, honest_ttt, offset, len, data_sn, last }),
+            3 => (0..10u8, any::<u8>(), 0..2u8).prop_map(|(function, which, lun)| Ev::Tmf { function, which, lun }),
+            1 => Just(Ev::AnswerPing),
+            1 => (0..40u8).prop_map(|secs| Ev::Tick { secs }),
+            1 => Just(Ev::Shutdown),
+            1 => Just(Ev::Logout),
+            1 => any::<bool>().prop_map(Ev::Stall),
+            1 => Just(Ev::Junk),
+        ]
+    }
+
+    const FUNCTIONS: [TmfFunction; 9] = [
+        TmfFunction::AbortTask,
+        TmfFunction::AbortTaskSet,
+        TmfFunction::ClearAca,
+        TmfFunction::ClearTaskSet,
+        TmfFunction::LogicalUnitReset,
+        TmfFunction::TargetWarmReset,
+        TmfFunction::TargetColdReset,
+        TmfFunction::TaskReassign,
+        TmfFunction::AbortTask,
+    ];
+
+    /// Plays `evs`, then ends the connection as the driver does, and checks what the
+    /// initiator saw and what the target kept.
+    async fn play(evs: Vec<Ev>) -> Result<(), TestCaseError> {
+        let mut c = Conn::open(&[
+            ("InitialR2T", "Yes"),
+            ("MaxBurstLength", "2048"),
+            ("FirstBurstLength", "1024"),
+        ])
+        .await;
+        let depth = c.machine.fabric.settings.queue_depth;
+        let mut wire: Vec<Pdu> = Vec::new();
+        let mut cmds: Vec<u32> = Vec::new();
+        let mut writes: Vec<u32> = Vec::new();
+        let mut tmfs: Vec<u32> = Vec::new();
+        // ABORT TASKs answered "Function complete": (TMF ITT, aborted ITT).
+        let mut aborted: Vec<(u32, u32)> = Vec::new();
+        let mut ping_ttt = None;
+        for e in evs {
+            let actions = match e {
+                Ev::Read { lba, blocks, skew } => {
+                    let (itt, mut pdu) = c.rw(false, u32::from(lba), u16::from(blocks), Vec::new());
+                    if let Bhs::ScsiCommand(ref mut s) = pdu.bhs {
+                        // CmdSN ahead of its turn, or a duplicate of an old one.
+                        s.cmd_sn = s
+                            .cmd_sn
+                            .wrapping_add(u32::from(skew))
+                            .wrapping_sub(u32::from(skew == 2) * 3);
+                    }
+                    cmds.push(itt);
+                    c.actions(pdu)
+                }
+                Ev::Write {
+                    lba,
+                    blocks,
+                    immediate,
+                } => {
+                    let len = usize::from(blocks) * BLOCK as usize;
+                    let imm = (usize::from(immediate) * 8).min(len);
+                    let (itt, pdu) = c.rw(
+                        true,
+                        u32::from(lba),
+                        u16::from(blocks),
+                        pattern(imm, immediate),
+                    );
+                    cmds.push(itt);
+                    writes.push(itt);
+                    c.actions(pdu)
+                }
+                Ev::DataOut {
+                    which,
+                    honest_ttt,
+                    offset,
+                    len,
+                    data_sn,
+                    last,
+                } => {
+                    let Some(&itt) = writes.get(usize::from(which) % writes.len().max(1)) else {
+                        continue;
+                    };
+                    let ttt = wire
+                        .iter()
+                        .rev()
+                        .find_map(|p| match p.bhs {
+                            Bhs::R2t(r) if r.itt == itt => Some(r.ttt),
+                            _ => None,
+                        })
+                        .filter(|_| honest_ttt)
+                        .unwrap_or(u32::from(offset) | 0x8000_0000);
+                    let pdu = c.data_out(
+                        itt,
+                        ttt,
+                        u32::from(data_sn),
+                        u32::from(offset),
+                        &pattern(usize::from(len), 3),
+                        last,
+                    );
+                    c.actions(pdu)
+                }
+                Ev::Tmf {
+                    function,
+                    which,
+                    lun,
+                } => {
+                    let referenced = cmds
+                        .get(usize::from(which) % cmds.len().max(1))
+                        .copied()
+                        .unwrap_or(0x7777);
+                    let f = FUNCTIONS[usize::from(function) % FUNCTIONS.len()];
+                    let (itt, pdu) = c.tmf(f, u16::from(lun), referenced);
+                    tmfs.push(itt);
+                    let actions = c.actions(pdu);
+                    let ended = carry_out(&c.launcher, actions).await;
+                    let sent = c.sent();
+                    if f == TmfFunction::AbortTask
+                        && sent.iter().any(|p| matches!(p.bhs, Bhs::TaskMgmtResponse(r) if r.itt == itt && r.response == TmfResponse::FunctionComplete))
+                    {
+                        aborted.push((itt, referenced));
+                    }
+                    wire.extend(sent);
+                    if ended.is_some() {
+                        break;
+                    }
+                    continue;
+                }
+                Ev::AnswerPing => {
+                    let Some(ttt) = ping_ttt.take() else { continue };
+                    c.actions(Pdu::new(Bhs::NopOut(NopOut {
+                        immediate: true,
+                        lun: Lun::default(),
+                        itt: RESERVED_TAG,
+                        ttt,
+                        cmd_sn: c.cmd_sn,
+                        exp_stat_sn: 0,
+                    })))
+                }
+                Ev::Tick { secs } => {
+                    c.now += Duration::from_secs(u64::from(secs));
+                    c.machine.on_timeout(c.now)
+                }
+                Ev::Shutdown => c.machine.on_shutdown(c.now),
+                Ev::Logout => {
+                    let pdu = c.logout();
+                    c.actions(pdu)
+                }
+                Ev::Stall(on) => {
+                    c.lu().set_stalled(on);
+                    continue;
+                }
+                Ev::Junk => c.machine.on_decode_error(
+                    &DecodeError::UnknownOpcode(0x3e),
+                    Some(&[0u8; 48]),
+                    true,
+                ),
+            };
+            let ended = carry_out(&c.launcher, actions).await;
+            let sent = c.sent();
+            for p in &sent {
+                if let Bhs::NopIn(n) = p.bhs {
+                    if n.itt == RESERVED_TAG {
+                        ping_ttt = Some(n.ttt);
+                    }
+                }
+            }
+            wire.extend(sent);
+            let (exp, max) = c.machine.shared().numbers();
+            prop_assert!(
+                max.wrapping_sub(exp).wrapping_add(1) <= depth,
+                "window {exp}..{max} over {depth}"
+            );
+            if ended.is_some() {
+                break;
+            }
+        }
+        // The connection ends: the driver aborts the session's tasks and drops the
+        // machine; released commands then finish (or give up) on their own.
+        c.lu().set_stalled(false);
+        c.session.tasks.abort_where(|_, _| true);
+        let shared = c.machine.shared().clone();
+        let Conn {
+            machine,
+            wire: mut rx,
+            session,
+            launcher,
+            ..
+        } = c;
+        drop(machine);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shared.in_flight() > 0 || !cmds.iter().all(|i| !session.tasks.contains(*i)) {
+            prop_assert!(
+                Instant::now() < deadline,
+                "window slots or tasks leaked: {} in flight",
+                shared.in_flight()
+            );
+            while let Ok(Outgoing::Pdu(p)) = rx.try_recv() {
+                wire.push(p);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        while let Ok(Some(Outgoing::Pdu(p))) =
+            tokio::time::timeout(Duration::from_millis(50), rx.recv()).await
+        {
+            wire.push(p);
+        }
+        drop(launcher);
+        // Every task management request was answered exactly once.
+        for t in &tmfs {
+            let n = wire
+                .iter()
+                .filter(|p| matches!(p.bhs, Bhs::TaskMgmtResponse(r) if r.itt == *t))
+                .count();
+            prop_assert!(n <= 1, "TMF {t:#x} answered {n} times");
+        }
+        // No command answered twice; none answered after "Function complete" for it.
+        let status_of = |p: &Pdu| match p.bhs {
+            Bhs::ScsiResponse(r) => Some(r.itt),
+            Bhs::DataIn(d) if d.status.is_some() => Some(d.itt),
+            _ => None,
+        };
+        for i in &cmds {
+            let n = wire.iter().filter(|p| status_of(p) == Some(*i)).count();
+            prop_assert!(n <= 1, "command {i:#x} answered {n} times");
+        }
+        for (tmf, victim) in &aborted {
+            let at = wire
+                .iter()
+                .position(|p| matches!(p.bhs, Bhs::TaskMgmtResponse(r) if r.itt == *tmf))
+                .expect("the TMF response is on the wire");
+            prop_assert!(
+                !wire[at..].iter().any(|p| status_of(p) == Some(*victim)
+                    || matches!(p.bhs, Bhs::DataIn(d) if d.itt == *victim)),
+                "task {victim:#x} answered after ABORT TASK {tmf:#x} completed"
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn random_initiators_never_leak_or_answer_twice(evs in proptest::collection::vec(ev(), 1..40)) {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            rt.block_on(play(evs))?;
+        }
+    }
+}

@@ -74,15 +74,7 @@ impl ConnMachine {
         }
         if !(cmd.write && edtl > 0) {
             self.register_task(&cmd, &mut slot);
-            self.run(Ready {
-                cmd,
-                cdb,
-                r2t_count: 0,
-                data_out: Vec::new(),
-                offload: None,
-                budget: None,
-                slot,
-            });
+            self.run(Ready::without_data(cmd, cdb, None, slot));
             return;
         }
         if edtl > self.fabric.settings.max_io_bytes {
@@ -188,15 +180,7 @@ impl ConnMachine {
             return;
         }
         self.register_task(&cmd, &mut slot);
-        self.run(Ready {
-            cmd,
-            cdb,
-            r2t_count: 0,
-            data_out: Vec::new(),
-            offload: Some((rdma, desc)),
-            budget: None,
-            slot,
-        });
+        self.run(Ready::without_data(cmd, cdb, Some((rdma, desc)), slot));
     }
 
     /// The LUN's double-buffered write path and a buffer for this WRITE,
