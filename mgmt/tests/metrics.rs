@@ -228,8 +228,9 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
         s.lun_reset(0).await.expect("LUN RESET");
         Arc::try_unwrap(s).unwrap().logout().await.expect("logout");
     });
-    // A planned READ is counted when the fabric lets go of its plan, just
-    // after its status left: poll briefly.
+    // A planned command is counted when the fabric drops its plan or hold,
+    // which need not happen before the initiator sees the status: poll
+    // briefly.
     let want = [
         (series("blockwire_lun_commands_total", 0, "write"), 3.0),
         (series("blockwire_lun_commands_total", 0, "read"), 5.0),

@@ -43,7 +43,9 @@ pub struct PlannedRead {
     /// Logical block size.
     pub block_size: u32,
     /// Counts the READ in the unit's statistics once every copy of the
-    /// plan is dropped (the fabric holds it until the data are sent).
+    /// plan is dropped: a fabric that keeps it until the status is sent
+    /// gets the whole command timed, one that drops it on taking the
+    /// fields the core's part.
     pub clock: Arc<CommandClock>,
 }
 

@@ -6,7 +6,10 @@
 //!   at the end of [`LunTable::execute`](super::LunTable::execute), timed
 //!   from its start (a stalled unit's wait included);
 //! - READs the fabric reads itself (sendfile, the engine path) when the
-//!   fabric drops the plan, timed from the start of the validation;
+//!   fabric drops the plan, timed from the start of the validation. Both
+//!   paths take the plan's fields and drop it before reading, so their
+//!   time is the core's part (stall gate and validation); the engine
+//!   path's whole-command timers are its `PhaseStats`;
 //! - WRITEs the fabric writes itself (double-buffered writes) when the
 //!   range hold is dropped after the last chunk write, timed likewise.
 //!
