@@ -56,27 +56,29 @@ mod tests {
 
     #[test]
     fn refusals_and_task_management_are_counted_by_their_codes() {
-        let before = |s: LoginStatus| {
+        // Codes no login or task management path answers with, so that
+        // other tests running in this process cannot move these counts.
+        let status = LoginStatus::new(3, 0x7f);
+        let count = || {
             login_failures()
                 .into_iter()
-                .find(|(x, _)| *x == s)
+                .find(|(x, _)| *x == status)
                 .map_or(0, |(_, n)| n)
         };
-        let auth = before(LoginStatus::AUTHENTICATION_FAILURE);
-        login_failed(LoginStatus::AUTHENTICATION_FAILURE);
-        login_failed(LoginStatus::AUTHENTICATION_FAILURE);
-        assert_eq!(before(LoginStatus::AUTHENTICATION_FAILURE), auth + 2);
+        assert_eq!(count(), 0);
+        login_failed(status);
+        login_failed(status);
+        assert_eq!(count(), 2);
 
+        let (function, response) = (TmfFunction::Other(0x7e), TmfResponse::Other(0x7d));
         let tmf = || {
             task_management_counts()
                 .into_iter()
-                .find(|(f, r, _)| {
-                    *f == TmfFunction::ClearAca && *r == TmfResponse::FunctionComplete
-                })
+                .find(|(f, r, _)| *f == function && *r == response)
                 .map_or(0, |(_, _, n)| n)
         };
-        let n = tmf();
-        task_management(TmfFunction::ClearAca, TmfResponse::FunctionComplete);
-        assert_eq!(tmf(), n + 1);
+        assert_eq!(tmf(), 0);
+        task_management(function, response);
+        assert_eq!(tmf(), 1);
     }
 }
