@@ -285,13 +285,13 @@ fn engine_metrics(e: &mut Exposition, fabric: &Fabric) {
         let lun = lun.to_string();
         for p in PHASES {
             let h = s.histogram(p);
-            for q in ["0.5", "0.99"] {
-                let v = seconds(h.quantile(q.parse().unwrap_or(0.5)));
+            for (q, label) in [(0.5, "0.5"), (0.99, "0.99")] {
+                let v = seconds(h.quantile(q));
                 let labels = [
                     ("target", &**target),
                     ("lun", &*lun),
                     ("phase", p.name()),
-                    ("quantile", q),
+                    ("quantile", label),
                 ];
                 e.sample(name, &labels, v);
             }

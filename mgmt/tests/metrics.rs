@@ -3,7 +3,8 @@
 //! - after known READ/WRITE traffic, a refused login and a LUN reset, the
 //!   scraped exposition counts exactly that traffic per LUN (a RAM LUN the
 //!   SCSI core serves, a cached file LUN whose READs go by sendfile), the
-//!   refusal by reason and the reset by function and response, and Debian's
+//!   refusal by reason, the reset by function and response and the target's
+//!   session while it is logged in, and Debian's
 //!   `promtool check metrics` accepts it;
 //! - a real Prometheus server scraping the endpoint sees the LUN's READ and
 //!   WRITE counters and latency histogram grow with the traffic.
@@ -226,6 +227,10 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
             .expect("login"),
         );
         s.lun_reset(0).await.expect("LUN RESET");
+        // While it is logged in, the target has one session.
+        let (_, text) = http_get(metrics, "/metrics");
+        let sessions = format!("blockwire_target_sessions{{target=\"{IQN}\"}}");
+        assert_eq!(sample(&text, &sessions), Some(1.0), "{text}");
         Arc::try_unwrap(s).unwrap().logout().await.expect("logout");
     });
     // A planned command is counted when the fabric drops its plan or hold,
@@ -248,6 +253,8 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
             "blockwire_login_failures_total{reason=\"target_not_found\"}".to_owned(),
             1.0,
         ),
+        // Every session logged out.
+        (format!("blockwire_target_sessions{{target=\"{IQN}\"}}"), 0.0),
         (
             "blockwire_task_management_total{function=\"logical_unit_reset\",response=\"function_complete\"}"
                 .to_owned(),
