@@ -143,8 +143,8 @@ fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
         "histogram",
         "Time from a READ or WRITE reaching the SCSI core until the logical unit was done with it: \
          the backstore I/O for commands the core executes, the last chunk write for \
-         double-buffered WRITEs, the validation only for READs sent by sendfile or the I/O \
-         engine (whole-command timers of the latter: blockwire_engine_read_phase_seconds).",
+         double-buffered WRITEs, the last Data-In and status queued for READs sent by \
+         sendfile or the I/O engine.",
     );
     let bounds: Vec<String> = (0..LATENCY_BUCKETS)
         .map(|i| seconds(LatencyHistogram::bound(i)).to_string())

@@ -94,10 +94,12 @@ pub(super) async fn serve(ctx: Arc<CommandContext>, lun: Arc<SendfileLun>) {
         // Nothing to send (Expected Data Transfer Length 0): the normal
         // path reports the residual.
         let send = plan.len.min(edtl);
-        (send > 0).then_some((plan.offset, plan.len, send as u32))
+        (send > 0).then_some((plan.offset, plan.len, send as u32, plan.clock))
     })
     .await;
-    let (offset, len, send) = match step {
+    // The plan's clock times the READ in the LUN's statistics until this task ends,
+    // its last Data-In queued.
+    let (offset, len, send, _clock) = match step {
         Planned::Go(go) => go,
         Planned::Aborted => {
             mover.answer(&ctx, None, 0).await;

@@ -319,6 +319,7 @@ fn start(
             lba: plan.lba,
             lu: plan.lu,
             sent_len: send as u32,
+            _clock: plan.clock,
         }),
         Ok(None) => {
             debug!(itt = ctx.cmd.itt, "no free I/O buffer: serial read");
@@ -545,6 +546,9 @@ struct Pipelined {
     lba: u64,
     lu: Arc<crate::scsi::LogicalUnit>,
     sent_len: u32,
+    /// Times the READ in the LUN's statistics until the task ends (its
+    /// status queued or it was aborted).
+    _clock: Arc<crate::scsi::stats::CommandClock>,
 }
 
 impl Pipelined {

@@ -7,9 +7,8 @@
 //!   from its start (a stalled unit's wait included);
 //! - READs the fabric reads itself (sendfile, the engine path) when the
 //!   fabric drops the plan, timed from the start of the validation. Both
-//!   paths take the plan's fields and drop it before reading, so their
-//!   time is the core's part (stall gate and validation); the engine
-//!   path's whole-command timers are its `PhaseStats`;
+//!   paths keep the plan's clock until the command's last Data-In (or
+//!   RDMA Write) and status are queued, so the whole command is timed;
 //! - WRITEs the fabric writes itself (double-buffered writes) when the
 //!   range hold is dropped after the last chunk write, timed likewise.
 //!
