@@ -14,11 +14,16 @@
 #   interop/kernel/guest-rdma.sh        the verbs backend on Soft-RoCE (rdma_rxe): the RDMA
 #                                       conformance suite through libibverbs and librdmacm,
 #                                       then RDMA-assisted iSCSI on verbs end to end
+#   interop/kernel/guest-ocfs2.sh       two guests on one private link: an OCFS2 cluster (o2cb,
+#                                       disk heartbeat) of two kernel nodes on one blockwire LUN
+#                                       served by node1; shared writes, a target restart under
+#                                       load, fsck, identity, fence_scsi's PREEMPT AND ABORT
 #
 # Needs root and the lab (`../shared/kernel-lab/setup.sh`, which .ci/run runs). Without the lab
 # this test FAILS: it never passes without having booted the kernel.
 #   KL_SUITES="initiator eh ..."   run only these suites (default: all)
 #   KL_FIO_MIB=N                   fio size per LUN kind (default 256)
+#   KL_LINK_PORT=N                 host port of the ocfs2 suite's private link (default 41016)
 # Each suite's logs (the guest's output, daemon logs, fio logs, dmesg) land in
 # build/kernel-lab/SUITE/.
 set -euo pipefail
@@ -43,7 +48,53 @@ step "release binaries: blockwire-target, blockwire (with the ublk front end), r
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \
         --example rdma_assisted_check)
 
-suites=${KL_SUITES:-initiator eh multipath ublk rdma}
+# run_ocfs2 OUT: the two-guest suite. node1 (target and cluster node 1) listens on the private
+# link, node2 connects to it; they meet through OUT/sync. Each guest prints its own summary
+# line; the suite's line adds them up, so a guest that died early (no summary) fails the suite.
+run_ocfs2() {
+    local out=$1 port=${KL_LINK_PORT:-41016} rc1=0 rc2=0 pid1 n p f
+    mkdir -p "$out/node1" "$out/node2" "$out/sync"
+    if ss -Htln "sport = :$port" | grep -q .; then
+        echo "FAIL: host port $port (the private link) is taken; set KL_LINK_PORT"
+        return 1
+    fi
+    KLAB_CWD=$repo "$lab/run.sh" --cpus 1 --mem 1G --link "listen:$port" --rw "$out" \
+        --timeout "${KL_TIMEOUT:-1500}" -- \
+        env KL_OUT="$out/node1" KL_SYNC="$out/sync" BLOCKWIRE_BUILD="$build" \
+        "$here/kernel/guest-ocfs2.sh" node1 >"$out/node1.log" 2>&1 &
+    pid1=$!
+    # node2's QEMU connects to the socket node1's QEMU listens on.
+    if ! timeout 60 bash -c 'until ss -Htln "sport = :$1" | grep -q .; do
+            kill -0 "$2" 2>/dev/null || exit 1; sleep 0.5; done' _ "$port" "$pid1"; then
+        echo "FAIL: node1's guest never listened on 127.0.0.1:$port"
+        kill "$pid1" 2>/dev/null
+        wait "$pid1" 2>/dev/null
+        cat "$out/node1.log"
+        return 1
+    fi
+    KLAB_CWD=$repo "$lab/run.sh" --cpus 1 --mem 1G --link "connect:$port" --rw "$out" \
+        --timeout "${KL_TIMEOUT:-1500}" -- \
+        env KL_OUT="$out/node2" KL_SYNC="$out/sync" BLOCKWIRE_BUILD="$build" \
+        "$here/kernel/guest-ocfs2.sh" node2 2>&1 | tee "$out/node2.log" | sed -u 's/^/node2| /' || rc2=$?
+    # node1's guest is bounded by its own --timeout.
+    wait "$pid1" || rc1=$?
+    sed 's/^/node1| /' "$out/node1.log"
+    n=0 f=0
+    for p in node1 node2; do
+        line=$(grep -E "^==== ocfs2 $p: [0-9]+ passed, [0-9]+ failed" "$out/$p.log" 2>/dev/null) || true
+        if [ -z "$line" ]; then
+            echo "FAIL: ocfs2 $p printed no summary (guest exit $([ $p = node1 ] && echo $rc1 || echo $rc2))"
+            f=$((f + 1))
+            continue
+        fi
+        set -- $line
+        n=$((n + $4)) f=$((f + $6))
+    done
+    echo "==== ocfs2: $n passed, $f failed (guests exit $rc1, $rc2)"
+    [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
+}
+
+suites=${KL_SUITES:-initiator eh multipath ublk rdma ocfs2}
 failed=()
 for s in $suites; do
     out=$build/kernel-lab/$s
@@ -51,13 +102,17 @@ for s in $suites; do
     mkdir -p "$out"
     step "guest suite $s (logs in $out)"
     rc=0
-    KLAB_CWD=$repo "$lab/run.sh" --cpus 2 --mem 4G --rw "$out" --timeout "${KL_TIMEOUT:-1500}" -- \
-        env KL_OUT="$out" KL_FIO_MIB="${KL_FIO_MIB:-256}" BLOCKWIRE_BUILD="$build" \
-        "$here/kernel/guest-$s.sh" 2>&1 | tee "$out/guest.log" || rc=$?
+    if [ "$s" = ocfs2 ]; then
+        run_ocfs2 "$out" 2>&1 | tee "$out/guest.log" || rc=$?
+    else
+        KLAB_CWD=$repo "$lab/run.sh" --cpus 2 --mem 4G --rw "$out" --timeout "${KL_TIMEOUT:-1500}" -- \
+            env KL_OUT="$out" KL_FIO_MIB="${KL_FIO_MIB:-256}" BLOCKWIRE_BUILD="$build" \
+            "$here/kernel/guest-$s.sh" 2>&1 | tee "$out/guest.log" || rc=$?
+    fi
     # The guest's own summary line is the verdict: a guest that died early printed none.
     if [ "$rc" != 0 ] || ! grep -q "^==== $s: [0-9]* passed, 0 failed" "$out/guest.log"; then
         echo "FAIL: kernel-lab suite $s (exit $rc)"
-        grep '^FAIL' "$out/guest.log" | sed 's/^/    /' || true
+        grep -E '^(node[12]\| )?FAIL' "$out/guest.log" | sed 's/^/    /' || true
         failed+=("$s")
     fi
 done

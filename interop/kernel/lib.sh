@@ -151,3 +151,46 @@ wait_written() {
     timeout "$3" bash -c 'until [ "$(awk "{print \$7}" /sys/block/$1/stat)" -gt "$2" ]; do sleep 0.2; done' \
         _ "$1" "$goal"
 }
+
+# ---- two guests on one private link (run.sh --link) -------------------------------------------
+# The guests meet through files in KL_SYNC, a directory both share read-write with the host.
+# A guest that gives up leaves "abort" there, so its peer stops waiting at once instead of
+# running into its own timeouts.
+
+# peer_say NAME [TEXT]: publish NAME (written aside, then renamed: the peer never sees half).
+peer_say() {
+    local f=${KL_SYNC:?KL_SYNC: the directory both guests share}/$1
+    printf '%s\n' "${2:-}" >"$f.tmp.$BASHPID" && mv -f "$f.tmp.$BASHPID" "$f"
+}
+
+# peer_wait NAME SECS: wait (at most SECS) until NAME is published; fails early on "abort".
+peer_wait() {
+    local name=$1 secs=$2 t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt "$secs" ]; do
+        [ -e "$KL_SYNC/$name" ] && return 0
+        if [ -e "$KL_SYNC/abort" ]; then
+            log "waiting for $name: the peer gave up ($(cat "$KL_SYNC/abort"))"
+            return 1
+        fi
+        sleep 0.5
+    done
+    log "waiting for $name: nothing after ${secs}s"
+    return 1
+}
+
+# peer_get NAME: the text published as NAME.
+peer_get() { cat "$KL_SYNC/$1"; }
+
+# link_up ADDR/PREFIX: the guest's NIC on the private link (the only one besides lo), with ADDR.
+link_up() {
+    local nic
+    nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+    [ -n "$nic" ] || return 1
+    ip link set "$nic" up && ip addr add "$1" dev "$nic" && echo "$nic"
+}
+
+# wait_listen ADDR:PORT PID SECS: until ADDR:PORT accepts, while PID lives.
+wait_listen() {
+    timeout "$3" bash -c 'until (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; do
+        kill -0 "$2" 2>/dev/null || exit 1; sleep 0.2; done' _ "$1" "$2"
+}
