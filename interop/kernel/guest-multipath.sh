@@ -113,7 +113,9 @@ if [ -n "$map" ] && grep -A1 "prio=50 status=" <<<"$before" | grep -q " sd" &&
 else
     fail "multipath map with two ALUA path groups"
 fi
-[ -b "/dev/mapper/$map" ] || fail "/dev/mapper/$map is not a block device"
+# udev makes the node after the map exists; on a loaded machine that can take a while.
+timeout 30 bash -c 'until [ -b "$1" ]; do sleep 0.2; done' _ "/dev/mapper/$map" ||
+    fail "/dev/mapper/$map is not a block device after 30 s"
 
 opt_dev=$(awk '/prio=50/{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
 log "optimized path: $opt_dev"
