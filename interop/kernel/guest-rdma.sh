@@ -11,11 +11,16 @@
 # verbs end to end (tests/examples/rdma_assisted_check.rs): a target whose offload listener
 # runs on rxe0, blockwire's initiator moving 32 MiB by RDMA Read/Write and reading it back,
 # both sides' counters, and plain-iSCSI fallback for an initiator asking another backend.
+# Last, standard iSER (RFC 7145): Linux's own iSER initiator (ib_iser, iscsiadm -I iser)
+# logs in to blockwire's iSER portal on rxe0 (tests/examples/iser_target.rs) and runs
+# dd and fio crc32c verify through the disk, mkfs.ext4, fsck and read-back.
 # Env: KL_OUT (results dir shared with the host).
 . "$(dirname "$0")/lib.sh"
 
 RUNNER=$KL_BIN/examples/rdma_conformance
 ASSISTED=$KL_BIN/examples/rdma_assisted_check
+ISER=$KL_BIN/examples/iser_target
+IQN=iqn.2026-11.io.blockwire:iser
 ip link set lo up
 [ -x "$RUNNER" ] || { fail "no $RUNNER (cargo build --release -p blockwire-transport --features verbs --example rdma_conformance)"; finish rdma; exit 1; }
 
@@ -62,5 +67,57 @@ run_suite conformance-verbs verbs "$RUNNER" verbs 10.77.0.1 rxe0
 [ -x "$ASSISTED" ] || fail "no $ASSISTED (cargo build --release -p blockwire-tests --features blockwire-transport/verbs --example rdma_assisted_check)"
 run_suite assisted-verbs "rdma-assisted verbs" "$ASSISTED" verbs 10.77.0.1 rxe0
 
-dmesg | grep -i -E "rxe|rdma" | tail -n 20 >"$KL_OUT/dmesg-rdma.log" || true
+# ---- standard iSER with the kernel's initiator ----
+iser_suite() {
+    [ -x "$ISER" ] || { fail "no $ISER"; return; }
+    modprobe ib_iser && pass "modprobe ib_iser" || { fail "modprobe ib_iser"; return; }
+    lab_up || { fail "iscsid"; return; }
+    "$ISER" verbs 10.77.0.1 512 rxe0 >"$KL_OUT/iser-target.log" 2>&1 &
+    ISER_PID=$!
+    timeout 60 bash -c 'until grep -q "^iSER portal" "$1"; do sleep 0.2; done' _ "$KL_OUT/iser-target.log" ||
+        { fail "iser_target did not start: $(tail -n 3 "$KL_OUT/iser-target.log" | tr '\n' ' ')"; return; }
+    pass "blockwire iSER portal: $(grep '^iSER portal' "$KL_OUT/iser-target.log")"
+    out=$(iscsiadm -m discovery -t sendtargets -p 10.77.0.1:3260 -I iser 2>&1)
+    grep -q "$IQN" <<<"$out" && pass "discovery over iSER: $out" || { fail "discovery: $out"; return; }
+    out=$(timeout 120 iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser --login 2>&1) &&
+        pass "login over iSER (iscsiadm -I iser)" || { fail "iSER login: $out"; return; }
+    sid=$(session_id "$IQN" iser)
+    transport=$(iscsiadm -m session -r "$sid" -P 1 2>/dev/null | awk '/Iface Transport/{print $3}')
+    [ "$transport" = iser ] && pass "session $sid runs on the iser transport" ||
+        fail "session $sid transport: '$transport'"
+    dev=$(lun_dev "$sid" 0) || { fail "no disk for session $sid"; return; }
+    head -c 4194304 /dev/urandom >"$KL_WORK/iser.blk"
+    dd if="$KL_WORK/iser.blk" of=/dev/"$dev" bs=1M seek=7 oflag=direct status=none &&
+        dd if=/dev/"$dev" of="$KL_WORK/iser.back" bs=1M skip=7 count=4 iflag=direct status=none &&
+        cmp -s "$KL_WORK/iser.blk" "$KL_WORK/iser.back" &&
+        pass "dd 4 MiB written by RDMA Read and read back by RDMA Write" || fail "dd round trip through /dev/$dev"
+    if fio_verify /dev/"$dev" 256M >"$KL_OUT/fio-iser.log" 2>&1; then
+        pass "fio crc32c verify 256M QD32 over iSER: $(fio_result "$KL_OUT/fio-iser.log")"
+    else
+        fail "fio over iSER: $(tail -n 5 "$KL_OUT/fio-iser.log" | tr '\n' ' ')"
+    fi
+    mkdir -p "$KL_WORK/iser-mnt"
+    if mkfs.ext4 -q -F /dev/"$dev" && mount /dev/"$dev" "$KL_WORK/iser-mnt"; then
+        for i in 1 2 3; do head -c $((6 << 20)) /dev/urandom >"$KL_WORK/iser-mnt/f$i"; done
+        (cd "$KL_WORK/iser-mnt" && sha256sum f1 f2 f3) >"$KL_WORK/iser.sums"
+        umount "$KL_WORK/iser-mnt"
+        fsck.ext4 -f -n /dev/"$dev" >"$KL_OUT/fsck-iser.log" 2>&1 && pass "mkfs.ext4, files, fsck clean over iSER" ||
+            fail "fsck over iSER: $(tail -n 3 "$KL_OUT/fsck-iser.log" | tr '\n' ' ')"
+        mount /dev/"$dev" "$KL_WORK/iser-mnt" && (cd "$KL_WORK/iser-mnt" && sha256sum -c --quiet "$KL_WORK/iser.sums") &&
+            pass "files read back after remount: sha256 match" || fail "read back over iSER"
+        umount "$KL_WORK/iser-mnt" 2>/dev/null
+    else
+        fail "mkfs.ext4/mount /dev/$dev"
+    fi
+    out=$(iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser --logout 2>&1) && pass "logout" || fail "logout: $out"
+    if grep -q "WARN\|ERROR" "$KL_OUT/iser-target.log"; then
+        fail "the iSER target logged warnings: $(grep 'WARN\|ERROR' "$KL_OUT/iser-target.log" | head -n 3 | tr '\n' ' ')"
+    else
+        pass "the iSER target logged no warning"
+    fi
+    kill "$ISER_PID" 2>/dev/null
+}
+iser_suite
+
+dmesg | grep -i -E "rxe|rdma|iser" | tail -n 30 >"$KL_OUT/dmesg-rdma.log" || true
 finish rdma

@@ -537,7 +537,10 @@ impl Negotiator {
                     KeyId::MaxRecvDataSegmentLength,
                     c.max_recv_data_segment_length.to_string(),
                 );
-                if self.params.rdma_extensions {
+                // An iSER target (one configured for RDMAExtensions) declares it at once:
+                // initiators size their unsolicited data from it (open-iscsi takes its
+                // MaxXmitDataSegmentLength from it and sends nothing without it).
+                if self.params.rdma_extensions || c.rdma_extensions {
                     self.declare(
                         &mut out,
                         KeyId::TargetRecvDataSegmentLength,

@@ -9,6 +9,7 @@ pub mod datain;
 pub mod dataout;
 pub mod discovery;
 pub mod io;
+pub mod iser;
 mod launch;
 pub mod login;
 pub mod lun_paths;

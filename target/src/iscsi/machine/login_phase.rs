@@ -49,6 +49,43 @@ impl LoginPhase {
         rng: R,
     ) -> LoginPhase {
         let settings = offers(&fabric, local);
+        Self::with_offers(fabric, tpgt, local, settings, rng)
+    }
+
+    /// The login phase of an iSER connection (RFC 7145 §6): RDMAExtensions=Yes,
+    /// TargetRecvDataSegmentLength declared, no digests, no RDMA-assisted offload.
+    pub(in crate::iscsi) fn new_iser<R: RngCore + Send + 'static>(
+        fabric: Arc<Fabric>,
+        tpgt: u16,
+        local: SocketAddr,
+        rng: R,
+    ) -> LoginPhase {
+        let mut settings = offers(&fabric, local);
+        settings.rdma_offload = None;
+        let n = &mut settings.negotiation;
+        n.rdma_extensions = true;
+        n.rdma_recv_data_segment_length = crate::iscsi::iser::TARGET_RECV_DATA_SEGMENT_LENGTH;
+        n.max_recv_data_segment_length = crate::iscsi::iser::TARGET_RECV_DATA_SEGMENT_LENGTH;
+        n.header_digests = vec![Digest::None];
+        n.data_digests = vec![Digest::None];
+        n.first_burst_length = n
+            .first_burst_length
+            .min(crate::iscsi::iser::TARGET_RECV_DATA_SEGMENT_LENGTH);
+        // InitialR2T=Yes (an OR key: it wins): every byte of a WRITE is solicited, that
+        // is RDMA-Read by the target. open-iscsi sizes unsolicited data from
+        // MaxXmitDataSegmentLength, which it does not take from the target on RDMA
+        // transports, so unsolicited data would come as empty Data-Out PDUs forever.
+        n.initial_r2t = true;
+        Self::with_offers(fabric, tpgt, local, settings, rng)
+    }
+
+    fn with_offers<R: RngCore + Send + 'static>(
+        fabric: Arc<Fabric>,
+        tpgt: u16,
+        local: SocketAddr,
+        settings: LoginSettings,
+        rng: R,
+    ) -> LoginPhase {
         let machine =
             LoginMachine::with_settings(fabric.catalog.clone(), tpgt, local, settings, rng);
         LoginPhase {
