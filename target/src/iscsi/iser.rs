@@ -232,16 +232,6 @@ struct Advertised {
 /// offset of the command's first R2T, which is where the unsolicited data ended.
 type Buffers = Arc<Mutex<HashMap<u32, (Option<Advertised>, Option<Advertised>)>>>;
 
-/// Completions of the send CQ to their waiters.
-async fn pump(cq: AnyCq, waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>) {
-    loop {
-        let Ok(c) = cq.next().await else { return };
-        if let Some(tx) = waiters.lock().unwrap().remove(&c.wr_id) {
-            let _ = tx.send(c.status);
-        }
-    }
-}
-
 /// Receives: one registered region cut into [`RECVS`] buffers.
 struct Receives {
     mr: <AnyPd as ProtectionDomain>::Mr,
@@ -320,7 +310,7 @@ async fn serve(
     }
     info!(%peer, "iSER connection accepted");
     let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>> = Arc::default();
-    let pump_task = tokio::spawn(pump(send_cq, waiters.clone()));
+    let pump_task = tokio::spawn(super::rdma::pump(send_cq, Arc::downgrade(&waiters)));
     let wire = Arc::new(Wire {
         qp: qp.clone(),
         pool,
