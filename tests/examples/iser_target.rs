@@ -13,10 +13,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use blockwire_target::backstore::RamBackstore;
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::catalog::{Acl, Catalog};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LuConfig, LunTable};
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use blockwire_transport::rdma::any::Backend;
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:iser";
@@ -34,22 +34,7 @@ async fn main() -> std::process::ExitCode {
     tracing_subscriber_init();
     let addr = SocketAddr::new(ip, 3260);
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(size_mib << 20))));
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-            data_paths: Vec::new(),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
+    let catalog = Catalog::one_target(TARGET, addr, Acl::Any, Arc::new(lu));
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
     let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
     let portal = match Portal::bind(addr, 1).await {

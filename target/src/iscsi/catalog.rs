@@ -140,6 +140,32 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// One target named `name`, with `lun` as LUN 0, reachable in portal group 1 at
+    /// `portal`, under `acl`, with no authentication and no data paths besides the core's.
+    pub fn one_target(
+        name: &str,
+        portal: SocketAddr,
+        acl: Acl,
+        lun: Arc<crate::scsi::LogicalUnit>,
+    ) -> Catalog {
+        Catalog {
+            portal_groups: vec![PortalGroup {
+                tag: 1,
+                addresses: vec![portal],
+            }],
+            targets: vec![Arc::new(TargetEntry {
+                name: name.into(),
+                alias: None,
+                portal_groups: vec![1],
+                acl,
+                auth: AuthPolicy::default(),
+                luns: Arc::new(LunTable::new(vec![(0, lun)])),
+                data_paths: Vec::new(),
+            })],
+            discovery_auth: AuthPolicy::default(),
+        }
+    }
+
     /// The target with this name (iSCSI names compare case-insensitively).
     pub fn target(&self, name: &str) -> Option<&Arc<TargetEntry>> {
         self.targets

@@ -494,10 +494,7 @@ fn sub_range(chunks: &[RemoteBuf], mut offset: u64, mut len: u64) -> Option<Vec<
 
 /// Hands each completion of `cq` to the waiter registered under its work request id, until
 /// the CQ fails or the waiters' owner is gone (shared by RDMA-assisted bindings and iSER).
-pub(super) async fn pump(
-    cq: AnyCq,
-    waiters: Weak<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>,
-) {
+pub(super) async fn pump(cq: AnyCq, waiters: Weak<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>) {
     loop {
         let c = match cq.next().await {
             Ok(c) => c,

@@ -14,10 +14,10 @@ use blockwire_pdu::keys::{
 };
 use blockwire_pdu::pdu::LoginRequest;
 use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Pdu, Stage};
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::catalog::{Acl, Catalog};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LunTable};
+use blockwire_target::scsi::LogicalUnit;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -67,22 +67,7 @@ pub async fn bind_target(
         .await
         .unwrap();
     let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: name.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-            data_paths: Vec::new(),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
+    let catalog = Catalog::one_target(name, addr, acl, Arc::new(lu));
     let (stop, shutdown) = watch::channel(false);
     let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
     BoundTarget {

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blockwire_initiator::{DataDir, Session};
-use blockwire_target::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use blockwire_target::iscsi::catalog::{Acl, Catalog};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
-use blockwire_target::scsi::{LogicalUnit, LunTable};
+use blockwire_target::scsi::LogicalUnit;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
@@ -224,22 +224,7 @@ pub async fn bind_target(name: &str, lu: LogicalUnit, settings: FabricSettings) 
         .await
         .unwrap();
     let addr = portal.local_addr().unwrap();
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![addr],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: name.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-            data_paths: Vec::new(),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
+    let catalog = Catalog::one_target(name, addr, Acl::Any, Arc::new(lu));
     let (stop, shutdown) = watch::channel(false);
     let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
     BoundTarget {

@@ -25,12 +25,12 @@ use tokio::sync::{mpsc, watch};
 
 use super::{Action, ConnMachine, EndReason, LoginAction, LoginPhase};
 use crate::backstore::RamBackstore;
-use crate::iscsi::catalog::{Acl, AuthPolicy, Catalog, PortalGroup, TargetEntry};
+use crate::iscsi::catalog::{Acl, Catalog};
 use crate::iscsi::connection::{carry_out, Outgoing, Stop};
 use crate::iscsi::launch::Launcher;
 use crate::iscsi::session::Session;
 use crate::iscsi::{Fabric, FabricSettings};
-use crate::scsi::{LogicalUnit, LuConfig, LunTable};
+use crate::scsi::{LogicalUnit, LuConfig};
 
 const TARGET: &str = "iqn.2026-11.test:machine";
 const INITIATOR: &str = "iqn.2026-11.test:host";
@@ -47,22 +47,7 @@ fn local() -> std::net::SocketAddr {
 /// A fabric serving one target with a 1 MiB RAM LUN 0.
 fn fabric() -> Arc<Fabric> {
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
-    let catalog = Catalog {
-        portal_groups: vec![PortalGroup {
-            tag: 1,
-            addresses: vec![local()],
-        }],
-        targets: vec![Arc::new(TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl: Acl::Any,
-            auth: AuthPolicy::default(),
-            luns: Arc::new(LunTable::new(vec![(0, Arc::new(lu))])),
-            data_paths: Vec::new(),
-        })],
-        discovery_auth: AuthPolicy::default(),
-    };
+    let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
     let settings = FabricSettings {
         queue_depth: 16,
         nop_interval: Some(NOP_INTERVAL),
