@@ -24,6 +24,10 @@ const TARGET: &str = "iqn.2026-11.io.blockwire:rdma-test";
 const BS: usize = 512;
 
 async fn start(rdma: bool) -> TestTarget {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("warn")
+        .try_init();
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
     bind_target(TARGET, lu, FabricSettings::default())
         .await

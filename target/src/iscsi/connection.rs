@@ -25,6 +25,13 @@ use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
 use super::session::Session;
 use super::Fabric;
 
+/// An RDMA offload grant bound to a session: its token and its slot in the
+/// target's RDMA service.
+type RdmaGrant = (
+    [u8; blockwire_transport::assist::TOKEN_LEN],
+    Arc<super::rdma::Slot>,
+);
+
 /// A PDU or an instruction for the writer task.
 #[derive(Debug)]
 pub(super) enum Outgoing {
@@ -114,7 +121,7 @@ async fn drive<R: AsyncRead + Unpin>(
             None
         }
     };
-    let Some((session, outcome)) = logged_in else {
+    let Some((session, outcome, rdma)) = logged_in else {
         let _ = writer.shutdown().await;
         return;
     };
@@ -126,15 +133,6 @@ async fn drive<R: AsyncRead + Unpin>(
         ?peer,
         "login complete: full feature phase"
     );
-    // RDMA offload granted at login: bind the token to the session (never
-    // with data digests, which offloaded data cannot carry).
-    let rdma = match (outcome.rdma_token, fabric.rdma.get()) {
-        (Some(token), Some(svc)) if session.params.data_digest != Digest::Crc32c => {
-            info!(tsih = session.tsih, "RDMA offload granted");
-            Some((token, svc.register(token, session.tsih)))
-        }
-        _ => None,
-    };
     let machine = ConnMachine::new(
         fabric.clone(),
         session.clone(),
@@ -169,7 +167,7 @@ async fn login<R: AsyncRead + Unpin>(
     tpgt: u16,
     local: SocketAddr,
     peer: Option<SocketAddr>,
-) -> Option<(Arc<Session>, Box<LoginOutcome>)> {
+) -> Option<(Arc<Session>, Box<LoginOutcome>, Option<RdmaGrant>)> {
     use rand::SeedableRng;
     let mut phase = LoginPhase::new(
         fabric.clone(),
@@ -206,11 +204,40 @@ async fn login<R: AsyncRead + Unpin>(
                 session,
                 outcome,
             } => {
-                writer.push(&response).await.ok()?;
-                writer.flush().await.ok()?;
-                return Some((session, outcome));
+                // The token is bound to the session before the final Login Response
+                // carries it: an initiator may open its RDMA connection the moment
+                // it reads the grant.
+                let rdma = grant_rdma_offload(fabric, &session, &outcome);
+                let sent = match writer.push(&response).await {
+                    Ok(()) => writer.flush().await,
+                    Err(e) => Err(e),
+                };
+                if sent.is_err() {
+                    if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
+                        svc.unregister(token);
+                    }
+                    return None;
+                }
+                return Some((session, outcome, rdma));
             }
         }
+    }
+}
+
+/// The session's RDMA offload slot when the login granted offload: the token is
+/// registered to the session (never with data digests, which offloaded data
+/// cannot carry).
+fn grant_rdma_offload(
+    fabric: &Fabric,
+    session: &Session,
+    outcome: &LoginOutcome,
+) -> Option<RdmaGrant> {
+    match (outcome.rdma_token, fabric.rdma.get()) {
+        (Some(token), Some(svc)) if session.params.data_digest != Digest::Crc32c => {
+            info!(tsih = session.tsih, "RDMA offload granted");
+            Some((token, svc.register(token, session.tsih)))
+        }
+        _ => None,
     }
 }
 

@@ -33,6 +33,9 @@ const MAX_OP: u64 = 4 << 20;
 /// initiator sends a descriptor only once its side of the connection is up, so
 /// the wait is the target's accept catching up; a loaded host can take seconds.
 const BIND_WAIT: Duration = Duration::from_secs(10);
+/// How long a bind request for an already bound session waits for the old
+/// connection's failure to show on this side before it is refused.
+const REPLACEMENT_WAIT: Duration = Duration::from_millis(500);
 
 /// Counters of the RDMA data path.
 #[derive(Debug, Default)]
@@ -70,6 +73,10 @@ impl std::fmt::Debug for RdmaService {
 pub struct Slot {
     tsih: u16,
     binding: watch::Sender<Option<Arc<Binding>>>,
+    /// A bind request for this session is between its verdict and its accept. The
+    /// claim is taken with the verdict, so a second request with the same token (a
+    /// replay racing the real one) is refused even before the first is accepted.
+    accepting: std::sync::atomic::AtomicBool,
 }
 
 /// A session's RDMA connection: the queue pair and the completions of its operations.
@@ -152,7 +159,11 @@ impl RdmaService {
     /// A session with `tsih` was granted `token`.
     pub fn register(&self, token: [u8; TOKEN_LEN], tsih: u16) -> Arc<Slot> {
         let (tx, _) = watch::channel(None);
-        let slot = Arc::new(Slot { tsih, binding: tx });
+        let slot = Arc::new(Slot {
+            tsih,
+            binding: tx,
+            accepting: std::sync::atomic::AtomicBool::new(false),
+        });
         self.slots.lock().unwrap().insert(token, slot.clone());
         slot
     }
@@ -183,15 +194,15 @@ impl RdmaService {
                 let slot = self.slots.lock().unwrap().get(&b.token).cloned();
                 match slot {
                     Some(s) if s.tsih == b.tsih => {
-                        let busy = s
-                            .binding
-                            .borrow()
-                            .as_ref()
-                            .is_some_and(|b| !b.qp.is_error());
-                        if busy {
-                            Err(refuse(reject::ALREADY_BOUND, "session already bound"))
-                        } else {
+                        let busy = s.old_binding_lives().await;
+                        let claimed = !busy
+                            && s.accepting
+                                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                                .is_ok();
+                        if claimed {
                             Ok(s)
+                        } else {
+                            Err(refuse(reject::ALREADY_BOUND, "session already bound"))
                         }
                     }
                     _ => Err(refuse(reject::UNKNOWN_TOKEN, "unknown token or TSIH")),
@@ -205,9 +216,16 @@ impl RdmaService {
                 return;
             }
         };
+        // Whatever happens below, the claim ends with this call: on success the
+        // binding itself then marks the session as bound.
+        let _claim = AcceptClaim(&slot.accepting);
         let cq = match self.provider.create_cq(4096) {
             Ok(c) => c,
-            Err(_) => return,
+            Err(e) => {
+                warn!(%peer, error = %e, "RDMA connection refused: no completion queue");
+                let _ = req.reject(&[]).await;
+                return;
+            }
         };
         let recv_cq = match self.provider.create_cq(16) {
             Ok(c) => c,
@@ -436,7 +454,36 @@ impl RdmaService {
     }
 }
 
+/// Ends a bind request's claim on its session when the request is done with.
+struct AcceptClaim<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for AcceptClaim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl Slot {
+    /// Whether the session's current RDMA connection still works. A replacement
+    /// bind follows a connection the initiator saw fail (a bad key or a bounds
+    /// error moves both queue pairs to the error state), and the error can reach
+    /// this side a moment after the initiator's new request: wait briefly for it
+    /// before calling the session busy.
+    async fn old_binding_lives(&self) -> bool {
+        let deadline = tokio::time::Instant::now() + REPLACEMENT_WAIT;
+        loop {
+            let lives = self
+                .binding
+                .borrow()
+                .as_ref()
+                .is_some_and(|b| !b.qp.is_error());
+            if !lives || tokio::time::Instant::now() >= deadline {
+                return lives;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// The session's working RDMA connection, waiting briefly for it to be bound.
     async fn wait(&self) -> Result<Arc<Binding>, TransferError> {
         let mut rx = self.binding.subscribe();
