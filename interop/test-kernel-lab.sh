@@ -43,11 +43,11 @@ if [ ! -x "$lab/run.sh" ] || [ ! -e /opt/kernel-lab/current ]; then
 fi
 
 step "release binaries: blockwire-target, blockwire (with the ublk front end), rdma_conformance and rdma_assisted_check (verbs)"
-(cd "$repo" && cargo build -q --release -p blockwire-mgmt &&
+(cd "$repo" && cargo build -q --release -p blockwire-mgmt --features verbs &&
     cargo build -q --release -p blockwire-initiator --features ublk &&
     cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance &&
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \
-        --example rdma_assisted_check --example iser_target)
+        --example rdma_assisted_check)
 
 # run_ocfs2 OUT: the two-guest suite. node1 (target and cluster node 1) listens on the private
 # link, node2 connects to it; they meet through OUT/sync. Each guest prints its own summary

@@ -12,14 +12,15 @@
 # runs on rxe0, blockwire's initiator moving 32 MiB by RDMA Read/Write and reading it back,
 # both sides' counters, and plain-iSCSI fallback for an initiator asking another backend.
 # Last, standard iSER (RFC 7145): Linux's own iSER initiator (ib_iser, iscsiadm -I iser)
-# logs in to blockwire's iSER portal on rxe0 (tests/examples/iser_target.rs) and runs
-# dd and fio crc32c verify through the disk, mkfs.ext4, fsck and read-back.
+# logs in to blockwire-target's iSER portal on rxe0 (`iser = true` on its portal group,
+# `rdma_backend = "verbs"`), with CRC32C digests offered and answered None as RFC 7145
+# requires, and runs dd and fio crc32c verify through the disk, mkfs.ext4, fsck and
+# read-back; then logs out and in again and finds the same data.
 # Env: KL_OUT (results dir shared with the host).
 . "$(dirname "$0")/lib.sh"
 
 RUNNER=$KL_BIN/examples/rdma_conformance
 ASSISTED=$KL_BIN/examples/rdma_assisted_check
-ISER=$KL_BIN/examples/iser_target
 IQN=iqn.2026-11.io.blockwire:iser
 ip link set lo up
 [ -x "$RUNNER" ] || { fail "no $RUNNER (cargo build --release -p blockwire-transport --features verbs --example rdma_conformance)"; finish rdma; exit 1; }
@@ -69,22 +70,49 @@ run_suite assisted-verbs "rdma-assisted verbs" "$ASSISTED" verbs 10.77.0.1 rxe0
 
 # ---- standard iSER with the kernel's initiator ----
 iser_suite() {
-    [ -x "$ISER" ] || { fail "no $ISER"; return; }
     modprobe ib_iser && pass "modprobe ib_iser" || { fail "modprobe ib_iser"; return; }
     lab_up || { fail "iscsid"; return; }
-    "$ISER" verbs 10.77.0.1 512 rxe0 >"$KL_OUT/iser-target.log" 2>&1 &
+    cat >"$KL_WORK/iser.toml" <<EOF
+[fabric]
+rdma_backend = "verbs"
+rdma_device = "rxe0"
+
+[[portal_group]]
+tag = 1
+listen = ["10.77.0.1:3260"]
+iser = true
+
+[[target]]
+name = "$IQN"
+
+[[target.lun]]
+id = 0
+backstore = "ram"
+size = "512M"
+EOF
+    "$KL_BIN/blockwire-target" --config "$KL_WORK/iser.toml" >"$KL_OUT/iser-target.log" 2>&1 </dev/null &
     ISER_PID=$!
-    timeout 60 bash -c 'until grep -q "^iSER portal" "$1"; do sleep 0.2; done' _ "$KL_OUT/iser-target.log" ||
-        { fail "iser_target did not start: $(tail -n 3 "$KL_OUT/iser-target.log" | tr '\n' ' ')"; return; }
-    pass "blockwire iSER portal: $(grep '^iSER portal' "$KL_OUT/iser-target.log")"
+    timeout 60 bash -c 'until grep -q "iSER portal (RFC 7145) listening" "$1"; do
+            kill -0 "$2" 2>/dev/null || exit 1; sleep 0.2; done' _ "$KL_OUT/iser-target.log" "$ISER_PID" ||
+        { fail "blockwire-target with an iSER portal did not start: $(tail -n 3 "$KL_OUT/iser-target.log" | tr '\n' ' ')"; return; }
+    pass "blockwire-target iSER portal from the config file: $(grep -o 'iSER portal.*' "$KL_OUT/iser-target.log" | head -n 1)"
     out=$(iscsiadm -m discovery -t sendtargets -p 10.77.0.1:3260 -I iser 2>&1)
     grep -q "$IQN" <<<"$out" && pass "discovery over iSER: $out" || { fail "discovery: $out"; return; }
+    # Offer digests: RFC 7145 says an iSER connection has none, so the target answers None.
+    for key in HeaderDigest DataDigest; do
+        iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser -o update \
+            -n "node.conn[0].iscsi.$key" -v CRC32C,None >/dev/null 2>&1 ||
+            fail "iscsiadm -o update $key"
+    done
     out=$(timeout 120 iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser --login 2>&1) &&
         pass "login over iSER (iscsiadm -I iser)" || { fail "iSER login: $out"; return; }
     sid=$(session_id "$IQN" iser)
     transport=$(iscsiadm -m session -r "$sid" -P 1 2>/dev/null | awk '/Iface Transport/{print $3}')
     [ "$transport" = iser ] && pass "session $sid runs on the iser transport" ||
         fail "session $sid transport: '$transport'"
+    digests=$(iscsiadm -m session -r "$sid" -P 2 2>/dev/null | grep -E '^\s*(HeaderDigest|DataDigest):' | tr -s ' \t\n' ' ')
+    [ "$(grep -o 'Digest: None' <<<"$digests" | wc -l)" = 2 ] &&
+        pass "digests offered as CRC32C,None, negotiated: $digests" || fail "negotiated digests over iSER: '$digests'"
     dev=$(lun_dev "$sid" 0) || { fail "no disk for session $sid"; return; }
     head -c 4194304 /dev/urandom >"$KL_WORK/iser.blk"
     dd if="$KL_WORK/iser.blk" of=/dev/"$dev" bs=1M seek=7 oflag=direct status=none &&
@@ -110,12 +138,24 @@ iser_suite() {
         fail "mkfs.ext4/mount /dev/$dev"
     fi
     out=$(iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser --logout 2>&1) && pass "logout" || fail "logout: $out"
+    # Log in again: a new RDMA connection and session, the same LUN and data.
+    out=$(timeout 120 iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser --login 2>&1) &&
+        pass "login again over iSER after logout" || { fail "iSER re-login: $out"; return; }
+    sid=$(session_id "$IQN" iser)
+    dev=$(lun_dev "$sid" 0) || { fail "no disk after re-login"; return; }
+    if mount /dev/"$dev" "$KL_WORK/iser-mnt" && (cd "$KL_WORK/iser-mnt" && sha256sum -c --quiet "$KL_WORK/iser.sums"); then
+        pass "after reconnecting, the files read back: sha256 match"
+    else
+        fail "read back after reconnecting"
+    fi
+    umount "$KL_WORK/iser-mnt" 2>/dev/null
+    out=$(iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser --logout 2>&1) && pass "second logout" || fail "second logout: $out"
     if grep -q "WARN\|ERROR" "$KL_OUT/iser-target.log"; then
         fail "the iSER target logged warnings: $(grep 'WARN\|ERROR' "$KL_OUT/iser-target.log" | head -n 3 | tr '\n' ' ')"
     else
         pass "the iSER target logged no warning"
     fi
-    kill "$ISER_PID" 2>/dev/null
+    stop_target "$ISER_PID"
 }
 iser_suite
 

@@ -110,6 +110,8 @@ pub struct FabricConfig {
     /// anywhere) or "verbs" (hardware; without a device the target says so
     /// and serves plain iSCSI).
     pub rdma_backend: String,
+    /// The RDMA device for "verbs" (e.g. "rxe0"); unset: the first one.
+    pub rdma_device: Option<String>,
     /// WRITE data one connection may hold at once (e.g. "256M"); commands
     /// beyond it are answered TASK SET FULL.
     pub write_budget: String,
@@ -136,6 +138,7 @@ impl Default for FabricConfig {
             state_dir: None,
             rdma_listen: None,
             rdma_backend: "soft".into(),
+            rdma_device: None,
             write_budget: "256M".into(),
             zero_copy_send: d.zero_copy_send,
             data_pdu_in_order: d.data_pdu_in_order,
@@ -156,6 +159,11 @@ pub struct PortalGroupConfig {
     /// not preferred) or "standby" (media commands get NOT READY, LOGICAL
     /// UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE).
     pub alua_state: Option<Spanned<String>>,
+    /// Also accept standard iSER (RFC 7145) on every listen address: an RDMA
+    /// CM listener on the same address and port, with `[fabric] rdma_backend`
+    /// and `rdma_device` as the RDMA provider (Linux initiators need "verbs").
+    #[serde(default)]
+    pub iser: bool,
 }
 
 /// A CHAP credential.
@@ -310,6 +318,11 @@ pub struct Built {
     pub rdma_listen: Option<SocketAddr>,
     /// Which RDMA provider (`[fabric] rdma_backend`).
     pub rdma_backend: RdmaBackend,
+    /// The RDMA device for "verbs" (`[fabric] rdma_device`).
+    pub rdma_device: Option<String>,
+    /// Addresses with an iSER listener, each with its portal group's tag
+    /// (`[[portal_group]] iser = true`).
+    pub iser_portals: Vec<(SocketAddr, u16)>,
     /// Built with `--no-disk`: no LUN stores anything.
     pub no_disk: bool,
     /// The control socket's path (`[control] socket`).
@@ -582,6 +595,7 @@ impl TargetConfig {
             fabric_settings(f, ctx).map_err(|mut errors| errors.swap_remove(0))?;
 
         let mut portal_groups = Vec::new();
+        let mut iser_portals = Vec::new();
         let mut alua_states = Vec::new();
         for g in &self.portal_groups {
             let span = g.span();
@@ -627,6 +641,9 @@ impl TargetConfig {
                 })?,
             };
             alua_states.push((g.tag, state));
+            if g.iser {
+                iser_portals.extend(addresses.iter().map(|a| (*a, g.tag)));
+            }
             portal_groups.push(PortalGroup {
                 tag: g.tag,
                 addresses,
@@ -1142,6 +1159,8 @@ impl TargetConfig {
             max_recv_data_segment_length: f.max_recv_data_segment_length,
             rdma_listen,
             rdma_backend,
+            rdma_device: f.rdma_device.clone(),
+            iser_portals,
             no_disk: ctx.no_disk,
             control_socket: self.control.socket,
             metrics_listen,
@@ -2132,6 +2151,19 @@ mod tests {
              [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n{target_groups}\n\
              [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n"
         )
+    }
+
+    #[test]
+    fn iser_portals_are_the_flagged_groups_addresses_with_their_tags() {
+        let b = TargetConfig::from_str("t.toml", &two_groups("iser = true\n", ""))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            b.iser_portals,
+            vec![("127.0.0.1:3261".parse().unwrap(), 2)],
+            "only group 2 asked for iSER"
+        );
+        let b = TargetConfig::from_str("t.toml", &two_groups("iser = \"yes\"\n", ""));
+        assert!(b.is_err(), "iser takes true or false");
     }
 
     #[test]

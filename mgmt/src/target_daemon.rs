@@ -27,7 +27,10 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
             RdmaBackend::Soft => blockwire_transport::rdma::any::Backend::Soft,
             RdmaBackend::Verbs => blockwire_transport::rdma::any::Backend::Verbs,
         };
-        match fabric.start_rdma_on(listen, backend, None).await {
+        match fabric
+            .start_rdma_on(listen, backend, built.rdma_device.as_deref())
+            .await
+        {
             Ok(ep) => info!(
                 endpoint = %ep,
                 backend = backend.name(),
@@ -44,6 +47,30 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
                     .with_context(|| format!("starting the RDMA offload listener on {listen}"))
             }
         }
+    }
+    for (addr, tag) in &built.iser_portals {
+        let backend = match built.rdma_backend {
+            RdmaBackend::Soft => blockwire_transport::rdma::any::Backend::Soft,
+            RdmaBackend::Verbs => blockwire_transport::rdma::any::Backend::Verbs,
+        };
+        // An iSER portal is asked for by name: without its RDMA device the daemon
+        // stops and says so, rather than serve with a portal missing.
+        let bound = blockwire_target::iscsi::iser::start(
+            fabric.clone(),
+            *addr,
+            backend,
+            built.rdma_device.as_deref(),
+            *tag,
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "starting the iSER portal {addr} (portal group {tag}, RDMA backend {}); \
+                 load the RDMA device (e.g. rdma_rxe) or remove `iser = true` from the group",
+                backend.name()
+            )
+        })?;
+        info!(portal = %bound, tpgt = tag, backend = backend.name(), "iSER portal (RFC 7145) listening");
     }
 
     if built.no_disk {

@@ -85,12 +85,21 @@ fn login(
     target: Option<&str>,
     keys: &[(&str, &str)],
 ) -> Result<(Pdu, Arc<Session>, Box<crate::iscsi::login::LoginOutcome>), Pdu> {
-    let mut phase = LoginPhase::new(
+    let phase = LoginPhase::new(
         fabric.clone(),
         1,
         local(),
         rand::rngs::StdRng::seed_from_u64(1),
     );
+    login_through(phase, target, keys)
+}
+
+/// `login` through a given login phase (TCP's or iSER's).
+fn login_through(
+    mut phase: LoginPhase,
+    target: Option<&str>,
+    keys: &[(&str, &str)],
+) -> Result<(Pdu, Arc<Session>, Box<crate::iscsi::login::LoginOutcome>), Pdu> {
     let mut security = vec![("InitiatorName", INITIATOR), ("AuthMethod", "None")];
     match target {
         Some(t) => security.extend([("SessionType", "Normal"), ("TargetName", t)]),
@@ -450,6 +459,65 @@ async fn login_hands_off_a_session_to_the_full_feature_phase() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// RFC 7145 §6.3: on an iSER connection (RDMAExtensions=Yes) the digests are
+/// None: the RDMA fabric's own CRC protects the data. An initiator that offers
+/// CRC32C gets None, never a digest.
+#[tokio::test]
+async fn iser_login_answers_none_to_offered_digests() {
+    let fabric = fabric();
+    let iser = || {
+        LoginPhase::new_iser(
+            fabric.clone(),
+            1,
+            local(),
+            rand::rngs::StdRng::seed_from_u64(2),
+        )
+    };
+    let offers = [
+        ("RDMAExtensions", "Yes"),
+        ("HeaderDigest", "CRC32C,None"),
+        ("DataDigest", "CRC32C,None"),
+    ];
+    let (_, _, outcome) = login_through(iser(), Some(TARGET), &offers).expect("accepted");
+    assert!(outcome.params.rdma_extensions, "RDMAExtensions=Yes");
+    assert_eq!(
+        outcome.params.header_digest,
+        blockwire_pdu::keys::Digest::None
+    );
+    assert_eq!(
+        outcome.params.data_digest,
+        blockwire_pdu::keys::Digest::None
+    );
+    // Insisting on CRC32C leaves no common value: never a session with digests.
+    let insist = [
+        ("RDMAExtensions", "Yes"),
+        ("HeaderDigest", "CRC32C"),
+        ("DataDigest", "CRC32C"),
+    ];
+    match login_through(iser(), Some(TARGET), &insist) {
+        Err(_) => {}
+        Ok((response, _, outcome)) => {
+            let answers = blockwire_pdu::keys::parse_text(&response.data).unwrap();
+            assert_eq!(
+                outcome.params.header_digest,
+                blockwire_pdu::keys::Digest::None,
+                "{answers:?}"
+            );
+            assert_eq!(
+                outcome.params.data_digest,
+                blockwire_pdu::keys::Digest::None,
+                "{answers:?}"
+            );
+        }
+    }
+    // The same offers over TCP get CRC32C: the refusal is iSER's alone.
+    let (_, _, outcome) = login(&fabric, Some(TARGET), &offers[1..]).expect("accepted");
+    assert_eq!(
+        outcome.params.header_digest,
+        blockwire_pdu::keys::Digest::Crc32c
+    );
 }
 
 #[tokio::test]
