@@ -269,14 +269,14 @@ impl<P: ProtectionDomain> PoolBuf<P> {
     }
     /// CPU read of the buffer at `off` (bounded by `len`).
     pub fn read_at(&self, off: usize, dst: &mut [u8]) -> Result<()> {
-        if off.checked_add(dst.len()).map_or(true, |e| e > self.len) {
+        if off.checked_add(dst.len()).is_none_or(|e| e > self.len) {
             return Err(RdmaError::InvalidArgument("read past the buffer".into()));
         }
         self.class().mr.read_at(self.offset() + off, dst)
     }
     /// CPU write of the buffer at `off` (bounded by `len`).
     pub fn write_at(&self, off: usize, src: &[u8]) -> Result<()> {
-        if off.checked_add(src.len()).map_or(true, |e| e > self.len) {
+        if off.checked_add(src.len()).is_none_or(|e| e > self.len) {
             return Err(RdmaError::InvalidArgument("write past the buffer".into()));
         }
         self.class().mr.write_at(self.offset() + off, src)

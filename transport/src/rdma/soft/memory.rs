@@ -203,7 +203,7 @@ mod os {
         };
         // SAFETY: getrlimit writes into the struct we pass.
         let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
-        (rc == 0).then_some(rl.rlim_cur as u64)
+        (rc == 0).then_some(rl.rlim_cur)
     }
     // Miri cannot run these system calls: pinning is only accounted there.
     #[cfg(miri)]
@@ -329,6 +329,9 @@ impl Region {
 
     /// CPU write of the region (MemoryRegion::write_at).
     pub fn local_write(&self, off: usize, src: &[u8]) -> Result<()> {
+        // Exclusive, though `live` is only read: placing bytes through the shared
+        // region must not overlap another placement or a reader's copy.
+        #[allow(clippy::readonly_write_lock)]
         let live = self.live.write().unwrap();
         if !*live {
             return Err(RdmaError::InvalidArgument("region deregistered".into()));
@@ -572,6 +575,9 @@ impl KeyTable {
         let Some(region) = self.lookup(rkey) else {
             return WcStatus::RemoteAccessError;
         };
+        // Exclusive, though `live` is only read: placing bytes through the shared
+        // region must not overlap another placement or a reader's copy.
+        #[allow(clippy::readonly_write_lock)]
         let live = region.live.write().unwrap();
         match self.check_remote(&region, *live, rkey, addr, data.len(), RemoteAccess::Write) {
             Some(off) => {
@@ -675,7 +681,10 @@ impl KeyTable {
             let region = self
                 .lookup(sge.lkey)
                 .ok_or(WcStatus::LocalProtectionError)?;
-            let live = region.live.write().unwrap();
+            // Exclusive, though `live` is only read: placing bytes through the shared
+        // region must not overlap another placement or a reader's copy.
+        #[allow(clippy::readonly_write_lock)]
+        let live = region.live.write().unwrap();
             if !*live || region.lkey != sge.lkey {
                 return Err(WcStatus::LocalProtectionError);
             }
