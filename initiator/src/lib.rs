@@ -36,6 +36,7 @@ mod connect;
 pub(crate) mod discovery;
 pub(crate) mod engine;
 mod error;
+pub mod iser;
 mod isid;
 pub(crate) mod login;
 pub mod rdma;

@@ -101,13 +101,55 @@ impl LoginMachine {
         cmd_sn: u32,
         fill: Fill,
     ) -> Result<LoginMachine> {
-        let label = target.unwrap_or("discovery").to_owned();
-        let chap_cfg: Option<&ChapConfig> = if target.is_some() {
+        let local = config.local_config(target, Self::chap_of(config, target).is_some());
+        Self::with_local(config, target, local, isid, tsih, cmd_sn, fill)
+    }
+
+    /// A new session's login to `target` over iSER (RFC 7145 §6): RDMAExtensions=Yes,
+    /// InitiatorRecvDataSegmentLength = `recv_data_segment_length` (what one posted
+    /// receive holds), no digests (the RDMA fabric checks the data), and every WRITE
+    /// byte solicited (ImmediateData=No, InitialR2T=Yes): the target RDMA-Reads it from
+    /// the buffer the command advertises. No vendor keys.
+    pub fn new_iser(
+        config: &InitiatorConfig,
+        target: &str,
+        isid: [u8; 6],
+        recv_data_segment_length: u32,
+        fill: Fill,
+    ) -> Result<LoginMachine> {
+        let mut local =
+            config.local_config(Some(target), Self::chap_of(config, Some(target)).is_some());
+        local.rdma_extensions = true;
+        local.rdma_recv_data_segment_length = recv_data_segment_length;
+        local.header_digests = vec![blockwire_pdu::keys::Digest::None];
+        local.data_digests = vec![blockwire_pdu::keys::Digest::None];
+        local.immediate_data = false;
+        local.initial_r2t = true;
+        local.vendor_keys.clear();
+        let mut m = Self::with_local(config, Some(target), local, isid, 0, 1, fill)?;
+        m.vendor_offers.clear();
+        Ok(m)
+    }
+
+    fn chap_of<'a>(config: &'a InitiatorConfig, target: Option<&str>) -> Option<&'a ChapConfig> {
+        if target.is_some() {
             config.chap.as_ref()
         } else {
             config.discovery_chap.as_ref()
-        };
-        let local = config.local_config(target, chap_cfg.is_some());
+        }
+    }
+
+    fn with_local(
+        config: &InitiatorConfig,
+        target: Option<&str>,
+        local: blockwire_pdu::keys::LocalConfig,
+        isid: [u8; 6],
+        tsih: u16,
+        cmd_sn: u32,
+        fill: Fill,
+    ) -> Result<LoginMachine> {
+        let label = target.unwrap_or("discovery").to_owned();
+        let chap_cfg = Self::chap_of(config, target);
         let negotiator =
             Negotiator::new(Role::Initiator, local).map_err(|cause| Error::Negotiation {
                 target: label.clone(),

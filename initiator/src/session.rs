@@ -901,6 +901,22 @@ impl Inner {
         result: TaskResult,
         buf: &mut Option<Vec<u8>>,
     ) -> Result<Completion> {
+        scsi_completion(lun, opcode, read_len, write_len, result, buf)
+    }
+}
+
+/// How a SCSI task's end looks to the caller: a [`Completion`], or the error that
+/// names the LUN and the command (CHECK CONDITION with its sense, an abort, a
+/// protocol failure). `buf` gets the read buffer back.
+pub(crate) fn scsi_completion(
+    lun: u16,
+    opcode: u8,
+    read_len: usize,
+    write_len: usize,
+    result: TaskResult,
+    buf: &mut Option<Vec<u8>>,
+) -> Result<Completion> {
+    {
         match result {
             TaskResult::Scsi(o) => {
                 *buf = o.buf;
