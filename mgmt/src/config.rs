@@ -164,6 +164,10 @@ pub struct PortalGroupConfig {
     /// and `rdma_device` as the RDMA provider (Linux initiators need "verbs").
     #[serde(default)]
     pub iser: bool,
+    /// iSER listeners at other addresses than `listen` (required with the
+    /// soft provider, which runs over TCP and cannot share the iSCSI port).
+    #[serde(default)]
+    pub iser_listen: Vec<Spanned<String>>,
 }
 
 /// A CHAP credential.
@@ -642,7 +646,36 @@ impl TargetConfig {
             };
             alua_states.push((g.tag, state));
             if g.iser {
+                if rdma_backend == RdmaBackend::Soft {
+                    return Err(ctx.err(
+                        span,
+                        "portal_group.iser",
+                        "the soft RDMA provider runs over TCP and cannot share the iSCSI \
+                         port: set [fabric] rdma_backend = \"verbs\", or give the iSER \
+                         addresses with iser_listen = [\"ADDR:PORT\"] instead",
+                    ));
+                }
                 iser_portals.extend(addresses.iter().map(|a| (*a, g.tag)));
+            }
+            for a in &g.iser_listen {
+                let addr: SocketAddr = a.get_ref().parse().map_err(|_| {
+                    ctx.err(
+                        a.span(),
+                        "portal_group.iser_listen",
+                        format!("{:?} is not an address:port", a.get_ref()),
+                    )
+                })?;
+                if rdma_backend == RdmaBackend::Soft && addresses.contains(&addr) {
+                    return Err(ctx.err(
+                        a.span(),
+                        "portal_group.iser_listen",
+                        format!(
+                            "{addr} is also an iSCSI listen address: the soft RDMA provider \
+                             runs over TCP, so pick another port"
+                        ),
+                    ));
+                }
+                iser_portals.push((addr, g.tag));
             }
             portal_groups.push(PortalGroup {
                 tag: g.tag,
@@ -2155,8 +2188,11 @@ mod tests {
 
     #[test]
     fn iser_portals_are_the_flagged_groups_addresses_with_their_tags() {
-        let b = TargetConfig::from_str("t.toml", &two_groups("iser = true\n", ""))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let verbs = format!(
+            "[fabric]\nrdma_backend = \"verbs\"\n{}",
+            two_groups("iser = true\n", "")
+        );
+        let b = TargetConfig::from_str("t.toml", &verbs).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             b.iser_portals,
             vec![("127.0.0.1:3261".parse().unwrap(), 2)],
@@ -2164,6 +2200,24 @@ mod tests {
         );
         let b = TargetConfig::from_str("t.toml", &two_groups("iser = \"yes\"\n", ""));
         assert!(b.is_err(), "iser takes true or false");
+        // With the soft provider (RDMA over TCP) the iSER listener needs its own port.
+        let soft = |second: &str| {
+            TargetConfig::from_str(
+                "t.toml",
+                &format!(
+                    "[fabric]\nrdma_backend = \"soft\"\n{}",
+                    two_groups(second, "")
+                ),
+            )
+        };
+        let e = soft("iser = true\n").unwrap_err().to_string();
+        assert!(e.contains("iser_listen") && e.contains("verbs"), "{e}");
+        let e = soft("iser_listen = [\"127.0.0.1:3261\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("127.0.0.1:3261"), "{e}");
+        let b = soft("iser_listen = [\"127.0.0.1:3262\"]\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.iser_portals, vec![("127.0.0.1:3262".parse().unwrap(), 2)]);
     }
 
     #[test]
