@@ -13,8 +13,10 @@
 #   interop/kernel/guest-ublk.sh        `blockwire ublk`: a LUN as /dev/ublkbN
 #   interop/kernel/guest-rdma.sh        the verbs backend on Soft-RoCE (rdma_rxe): the RDMA
 #                                       conformance suite through libibverbs and librdmacm,
-#                                       then RDMA-assisted iSCSI on verbs end to end, and
-#                                       Linux's iSER initiator against blockwire's iSER target
+#                                       then RDMA-assisted iSCSI on verbs end to end,
+#                                       Linux's iSER initiator against blockwire's iSER target,
+#                                       and blockwire's iSER initiator against blockwire's
+#                                       and LIO's (ib_isert) iSER targets
 #   interop/kernel/guest-ocfs2.sh       two guests on one private link: an OCFS2 cluster (o2cb,
 #                                       disk heartbeat) of two kernel nodes on one blockwire LUN
 #                                       served by node1; shared writes, a target restart under
@@ -47,7 +49,7 @@ step "release binaries: blockwire-target, blockwire (with the ublk front end), r
     cargo build -q --release -p blockwire-initiator --features ublk &&
     cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance &&
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \
-        --example rdma_assisted_check)
+        --example rdma_assisted_check --example iser_check)
 
 # run_ocfs2 OUT: the two-guest suite. node1 (target and cluster node 1) listens on the private
 # link, node2 connects to it; they meet through OUT/sync. Each guest prints its own summary

@@ -15,12 +15,15 @@
 # logs in to blockwire-target's iSER portal on rxe0 (`iser = true` on its portal group,
 # `rdma_backend = "verbs"`), with CRC32C digests offered and answered None as RFC 7145
 # requires, and runs dd and fio crc32c verify through the disk, mkfs.ext4, fsck and
-# read-back; then logs out and in again and finds the same data.
+# read-back; then logs out and in again and finds the same data. blockwire's own iSER
+# initiator (tests/examples/iser_check.rs, verbs on rxe0) then runs its checks against
+# that portal and against LIO's iSER target (ib_isert, interop/kernel/lio_iser.py).
 # Env: KL_OUT (results dir shared with the host).
 . "$(dirname "$0")/lib.sh"
 
 RUNNER=$KL_BIN/examples/rdma_conformance
 ASSISTED=$KL_BIN/examples/rdma_assisted_check
+ISER_CHECK=$KL_BIN/examples/iser_check
 IQN=iqn.2026-11.io.blockwire:iser
 ip link set lo up
 [ -x "$RUNNER" ] || { fail "no $RUNNER (cargo build --release -p blockwire-transport --features verbs --example rdma_conformance)"; finish rdma; exit 1; }
@@ -150,6 +153,9 @@ EOF
     fi
     umount "$KL_WORK/iser-mnt" 2>/dev/null
     out=$(iscsiadm -m node -T "$IQN" -p 10.77.0.1:3260 -I iser --logout 2>&1) && pass "second logout" || fail "second logout: $out"
+    # blockwire's iSER initiator against the same portal.
+    [ -x "$ISER_CHECK" ] || fail "no $ISER_CHECK (cargo build --release -p blockwire-tests --features blockwire-transport/verbs --example iser_check)"
+    run_suite iser-initiator-blockwire iser-initiator "$ISER_CHECK" verbs 10.77.0.1:3260 "$IQN" rxe0
     if grep -q "WARN\|ERROR" "$KL_OUT/iser-target.log"; then
         fail "the iSER target logged warnings: $(grep 'WARN\|ERROR' "$KL_OUT/iser-target.log" | head -n 3 | tr '\n' ' ')"
     else
@@ -158,6 +164,24 @@ EOF
     stop_target "$ISER_PID"
 }
 iser_suite
+
+# ---- blockwire's iSER initiator against LIO's iSER target (ib_isert) ----
+lio_iser_suite() {
+    local lio=iqn.2003-01.org.linux-iscsi.lab:lio-iser
+    modprobe configfs && { mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config; } &&
+        modprobe -a target_core_mod iscsi_target_mod target_core_file ib_isert &&
+        pass "LIO modules with ib_isert" || { fail "LIO modules (ib_isert)"; return; }
+    truncate -s 256M "$KL_WORK/lio-iser.img"
+    if out=$(python3 "$(dirname "$0")/lio_iser.py" "$KL_WORK/lio-iser.img" 10.77.0.1 3262 2>&1); then
+        pass "LIO iSER portal: $(tail -n 1 <<<"$out")"
+    else
+        fail "LIO iSER setup: $(tail -n 3 <<<"$out" | tr '\n' ' ')"
+        return
+    fi
+    run_suite iser-initiator-lio iser-initiator "$ISER_CHECK" verbs 10.77.0.1:3262 "$lio" rxe0
+    dmesg | grep -i -E "isert|iscsi_target" | tail -n 20 >"$KL_OUT/dmesg-lio-iser.log" || true
+}
+lio_iser_suite
 
 dmesg | grep -i -E "rxe|rdma|iser" | tail -n 30 >"$KL_OUT/dmesg-rdma.log" || true
 finish rdma

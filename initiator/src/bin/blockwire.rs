@@ -48,6 +48,8 @@ use blockwire_initiator::{
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rand::{Rng, SeedableRng};
 
+#[path = "blockwire/data_path.rs"]
+mod data_path;
 #[path = "blockwire/mount.rs"]
 mod mount;
 #[path = "blockwire/nodedb.rs"]
@@ -107,6 +109,8 @@ struct Cli {
     /// Log protocol events (tracing; RUST_LOG refines it).
     #[arg(long, global = true)]
     verbose: bool,
+    #[command(flatten)]
+    data: data_path::DataPathArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -459,6 +463,31 @@ fn config(cli: &Cli, auth: &AuthArgs) -> Result<InitiatorConfig> {
 }
 
 async fn open(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<Session> {
+    let (cfg, target) = resolve(cli, s, qd).await?;
+    Session::connect(cfg, &s.portal, &target)
+        .await
+        .with_context(|| format!("login to {target} at {}", s.portal))
+}
+
+/// A session for `dd` and `bench`, its data on the path `--data-path` chose.
+async fn open_lun(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<data_path::LunSession> {
+    let (cfg, target) = resolve(cli, s, qd).await?;
+    data_path::LunSession::open(cfg, &cli.data, &s.portal, &target).await
+}
+
+/// Mount and ublk hand the LUN to the kernel through plain iSCSI sessions.
+fn tcp_only(what: &str, cli: &Cli) -> Result<()> {
+    if cli.data.data_path != data_path::DataPath::Tcp {
+        bail!(
+            "`blockwire {what}` moves data over TCP only; --data-path rdma and iser \
+             work with `blockwire dd` and `blockwire bench`"
+        );
+    }
+    Ok(())
+}
+
+/// The login configuration and the target name (`-T`, or the first that discovery lists).
+async fn resolve(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<(InitiatorConfig, String)> {
     let cfg = config(cli, &s.auth)?
         .with_digests(s.header_digest, s.data_digest)
         .with_queue_depth(qd);
@@ -476,9 +505,7 @@ async fn open(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<Session> {
             })?
         }
     };
-    Session::connect(cfg, &s.portal, &target)
-        .await
-        .with_context(|| format!("login to {target} at {}", s.portal))
+    Ok((cfg, target))
 }
 
 fn print_iscsiadm(targets: &[DiscoveredTarget]) {
@@ -514,11 +541,18 @@ async fn main() {
 fn dd_operands(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let mut args: Vec<_> = args.into_iter().collect();
     // The subcommand is the first argument that is neither an option nor
-    // the value of --initiator-name given as a separate word.
+    // the value of a global option given as a separate word.
+    const TAKES_VALUE: [&str; 5] = [
+        "--initiator-name",
+        "--data-path",
+        "--rdma-backend",
+        "--rdma-device",
+        "--iser-portal",
+    ];
     let mut i = 1;
     while i < args.len() {
         let a = args[i].to_string_lossy();
-        if a == "--initiator-name" {
+        if TAKES_VALUE.contains(&a.as_ref()) {
             i += 2;
         } else if a.starts_with('-') {
             i += 1;
@@ -761,6 +795,7 @@ async fn run(cli: &Cli) -> Result<()> {
             fua_direct,
             mountpoint,
         } => {
+            tcp_only("mount", cli)?;
             let sess = open(cli, s, (*qd).max(1)).await?;
             let opts = mount::MountOptions {
                 mountpoint: mountpoint.clone(),
@@ -774,6 +809,7 @@ async fn run(cli: &Cli) -> Result<()> {
         Command::Ublk { s, lun, qd } => {
             // Before the login: no point in one without the driver.
             ublk::check_available()?;
+            tcp_only("ublk", cli)?;
             let sess = open(cli, s, usize::from((*qd).max(1))).await?;
             ublk::serve(sess, *lun, *qd).await?;
         }
@@ -792,7 +828,7 @@ async fn run(cli: &Cli) -> Result<()> {
 /// One end of a copy.
 enum End {
     File(Arc<std::fs::File>, u64),
-    Lun(Arc<Session>, u16, u32, u64),
+    Lun(Arc<data_path::LunSession>, u16, u32, u64),
 }
 
 impl End {
@@ -884,7 +920,7 @@ async fn open_end(cli: &Cli, spec: &str, write: bool, qd: usize) -> Result<End> 
             header_digest: false,
             data_digest: false,
         };
-        let sess = open(cli, &s, qd).await?;
+        let sess = open_lun(cli, &s, qd).await?;
         let cap = sess.read_capacity(lun).await?;
         return Ok(End::Lun(Arc::new(sess), lun, cap.block_size, cap.bytes()));
     }
@@ -1267,7 +1303,7 @@ async fn bench(
     time: Duration,
     span: Option<u64>,
 ) -> Result<()> {
-    let sess = Arc::new(open(cli, s, qd).await?);
+    let sess = Arc::new(open_lun(cli, s, qd).await?);
     let cap = sess.read_capacity(lun).await?;
     let block = u64::from(cap.block_size);
     if bs == 0 || bs % block != 0 {
@@ -1280,7 +1316,7 @@ async fn bench(
     }
     let slots = span_blocks / per_io;
     println!(
-        "bench: {} {} bs={} qd={} time={:?} target={} lun={} span={}",
+        "bench: {} {} bs={} qd={} time={:?} target={} lun={} span={} data-path={}",
         match pattern {
             Pattern::Rand => "random",
             Pattern::Seq => "sequential",
@@ -1294,7 +1330,8 @@ async fn bench(
         time,
         sess.target(),
         lun,
-        human(slots * bs)
+        human(slots * bs),
+        sess.describe()
     );
     let start = Instant::now();
     let deadline = start + time;
@@ -1331,7 +1368,7 @@ async fn bench(
                 };
                 lat.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
             }
-            Ok::<_, blockwire_initiator::Error>(lat)
+            Ok::<_, anyhow::Error>(lat)
         }));
     }
     let mut all = Vec::new();
@@ -1382,6 +1419,21 @@ mod tests {
 
     fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
         words.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn dd_operands_after_global_options_with_values() {
+        let got = dd_operands(argv(&[
+            "blockwire",
+            "--data-path",
+            "iser",
+            "--iser-portal",
+            "10.0.0.1:3260",
+            "dd",
+            "if=a",
+            "of=b",
+        ]));
+        assert_eq!(&got[6..], &argv(&["--if=a", "--of=b"])[..]);
     }
 
     #[test]
