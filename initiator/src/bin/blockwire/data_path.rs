@@ -78,7 +78,7 @@ pub enum LunSession {
     /// Plain iSCSI.
     Tcp(Session),
     /// RDMA-assisted iSCSI (plain when the target did not grant offload).
-    Rdma(AssistedSession),
+    Rdma(Box<AssistedSession>),
     /// iSER.
     Iser(IserSession),
 }
@@ -108,7 +108,7 @@ impl LunSession {
                          the data go over TCP"
                     );
                 }
-                LunSession::Rdma(s)
+                LunSession::Rdma(Box::new(s))
             }
             DataPath::Iser => {
                 let spec = path
