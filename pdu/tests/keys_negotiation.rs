@@ -775,6 +775,37 @@ fn initiator_keeps_defaults_on_not_understood_irrelevant_reject() {
 
 // ---- each key exactly once ----------------------------------------------------
 
+/// LIO's iSER target repeats TargetRecvDataSegmentLength (and echoes
+/// InitiatorRecvDataSegmentLength) in every operational Login Response: an
+/// initiator takes the repeated declaration; other keys stay once only.
+#[test]
+fn iser_data_segment_lengths_may_be_declared_again_by_the_target() {
+    let mut cfg = LocalConfig::initiator("iqn.i", "iqn.t");
+    cfg.rdma_extensions = true;
+    let mut i = initiator(cfg);
+    i.offer(Phase::Operational).unwrap();
+    for _ in 0..2 {
+        i.receive(
+            Phase::Operational,
+            &pairs(&[
+                ("TargetRecvDataSegmentLength", "8192"),
+                ("InitiatorRecvDataSegmentLength", "8192"),
+            ]),
+        )
+        .unwrap();
+    }
+    assert!(matches!(
+        i.receive(
+            Phase::Operational,
+            &pairs(&[
+                ("MaxRecvDataSegmentLength", "8192"),
+                ("MaxRecvDataSegmentLength", "8192")
+            ])
+        ),
+        Err(NegotiationError::Duplicate { .. })
+    ));
+}
+
 #[test]
 fn duplicate_keys_are_protocol_errors() {
     let mut t = target(LocalConfig::target(1));

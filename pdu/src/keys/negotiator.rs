@@ -696,6 +696,14 @@ impl Negotiator {
             || (phase == Phase::FullFeature
                 && self.role == Role::Initiator
                 && matches!(key, "TargetName" | "TargetAlias"))
+            // LIO's iSER target repeats the iSER data segment lengths (RFC 7145 §6.3)
+            // in each Login Response of the operational stage. They are declarations:
+            // taking the repeat as a new declaration changes nothing but the value.
+            || (self.role == Role::Initiator
+                && matches!(
+                    key,
+                    "InitiatorRecvDataSegmentLength" | "TargetRecvDataSegmentLength"
+                ))
     }
 
     fn handle(&mut self, phase: Phase, key: &str, value: &str) -> Result<Action, NegotiationError> {
