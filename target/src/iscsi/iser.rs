@@ -93,7 +93,25 @@ pub async fn start(
 }
 
 /// The send side of one iSER connection: posts and awaits work requests.
+/// What the iSER portals of a fabric moved: messages and one-sided operations.
+#[derive(Debug, Default)]
+pub struct IserCounters {
+    /// iSER connections accepted.
+    pub connections: AtomicU64,
+    /// RDMA Sends posted (Login, SCSI and other responses, NOP-In, R2T-free status).
+    pub sends: AtomicU64,
+    /// Messages received (commands, Data-Out-free WRITE commands, NOP-Out, ...).
+    pub receives: AtomicU64,
+    /// RDMA Writes posted (READ data into the initiator's read STag).
+    pub rdma_writes: AtomicU64,
+    /// RDMA Reads posted (WRITE data from the initiator's write STag).
+    pub rdma_reads: AtomicU64,
+    /// Bytes moved by RDMA Write and RDMA Read.
+    pub rdma_bytes: AtomicU64,
+}
+
 struct Wire {
+    fabric: Arc<Fabric>,
     qp: Arc<AnyQp>,
     pool: Arc<BufferPool<AnyPd>>,
     waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>>,
@@ -102,6 +120,19 @@ struct Wire {
 
 impl Wire {
     async fn post(&self, op: SendOp, sgl: Vec<Sge>) -> Result<(), String> {
+        let c = &self.fabric.iser_counters;
+        let bytes: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
+        match op {
+            SendOp::Send => c.sends.fetch_add(1, Ordering::Relaxed),
+            SendOp::RdmaWrite { .. } => {
+                c.rdma_bytes.fetch_add(bytes, Ordering::Relaxed);
+                c.rdma_writes.fetch_add(1, Ordering::Relaxed)
+            }
+            SendOp::RdmaRead { .. } => {
+                c.rdma_bytes.fetch_add(bytes, Ordering::Relaxed);
+                c.rdma_reads.fetch_add(1, Ordering::Relaxed)
+            }
+        };
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.waiters.lock().unwrap().insert(wr_id, tx);
@@ -311,7 +342,9 @@ async fn serve(
     info!(%peer, "iSER connection accepted");
     let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>> = Arc::default();
     let pump_task = tokio::spawn(super::rdma::pump(send_cq, Arc::downgrade(&waiters)));
+    fabric.iser_counters.connections.fetch_add(1, Ordering::Relaxed);
     let wire = Arc::new(Wire {
+        fabric: fabric.clone(),
         qp: qp.clone(),
         pool,
         waiters,
@@ -419,7 +452,9 @@ async fn run(
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
         tokio::select! {
             m = receive(recvs, &qp, recv_cq) => match m {
-                Ok(Some(msg)) => match parse(&msg) {
+                Ok(Some(msg)) => match parse(&msg).inspect(|_| {
+                    fabric.iser_counters.receives.fetch_add(1, Ordering::Relaxed);
+                }) {
                     Ok((header, pdu)) => {
                         debug!(opcode = ?pdu.bhs.opcode(), ?header, data = pdu.data.len(), "iSER receive");
                         if let (IserHeader::Control { write, read }, Bhs::ScsiCommand(c)) = (header, &pdu.bhs) {

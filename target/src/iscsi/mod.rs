@@ -114,6 +114,8 @@ pub struct Fabric {
     pub sync_writes: syncwrite::SyncWrites,
     /// Cached file LUNs whose READ payloads go by sendfile (see [`sendfile`]).
     pub sendfile_reads: sendfile::SendfileReads,
+    /// What the iSER portals moved (see [`iser`]).
+    pub iser_counters: iser::IserCounters,
 }
 
 impl Fabric {
@@ -135,6 +137,7 @@ impl Fabric {
             sync_writes: syncwrite::SyncWrites::new(lun_paths.clone()),
             sendfile_reads: sendfile::SendfileReads::new(lun_paths.clone()),
             lun_paths,
+            iser_counters: iser::IserCounters::default(),
         });
         for target in &fabric.catalog.targets {
             // Weak: the handler lives inside the catalog the fabric owns.
