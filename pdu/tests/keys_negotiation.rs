@@ -804,6 +804,26 @@ fn iser_data_segment_lengths_may_be_declared_again_by_the_target() {
         ),
         Err(NegotiationError::Duplicate { .. })
     ));
+    // A target may say it did not understand our declaration: nothing to answer.
+    let mut cfg = LocalConfig::initiator("iqn.i", "iqn.t");
+    cfg.rdma_extensions = true;
+    let mut i = initiator(cfg);
+    i.offer(Phase::Operational).unwrap();
+    i.receive(
+        Phase::Operational,
+        &pairs(&[("InitiatorRecvDataSegmentLength", "NotUnderstood")]),
+    )
+    .unwrap();
+    // NotUnderstood for a key nobody declared or offered is still a protocol error.
+    let mut i = initiator(LocalConfig::initiator("iqn.i", "iqn.t"));
+    i.offer(Phase::Operational).unwrap();
+    assert!(matches!(
+        i.receive(
+            Phase::Operational,
+            &pairs(&[("InitiatorRecvDataSegmentLength", "NotUnderstood")])
+        ),
+        Err(NegotiationError::UnexpectedAnswer { .. })
+    ));
 }
 
 #[test]

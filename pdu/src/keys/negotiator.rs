@@ -722,6 +722,15 @@ impl Negotiator {
             self.check_answer(def, &pending.value, value)?;
             return Ok(Action::Silent);
         }
+        // A declaration needs no answer, but a peer that does not know the key may
+        // say so (LIO's iSER target answers InitiatorRecvDataSegmentLength with
+        // NotUnderstood in its second operational response). Our declared value then
+        // binds nobody; the peer's default stands, which for the iSER lengths is
+        // RFC 7145's 8192.
+        if value == NOT_UNDERSTOOD && def.kind == Kind::Declarative && self.sent.contains(def.name)
+        {
+            return Ok(Action::Silent);
+        }
         if is_answer_constant(value) {
             return Err(NegotiationError::UnexpectedAnswer {
                 key: key.to_owned(),
