@@ -3,18 +3,65 @@
 //! The default LUN is 1 GiB; allocating it up front would cost a gibibyte
 //! per target even when idle, so the store is split into 1 MiB chunks that
 //! come into being on first write. Unwritten chunks read as zeros.
+//!
+//! Each chunk also keeps which of its 512-byte sectors were written since they
+//! were last discarded: the store's allocation map. GET LBA STATUS answers from
+//! it without reading data (an initiator such as QEMU asks before its reads, and
+//! deriving the map from content would scan megabytes per command).
 
-use super::Backstore;
+use super::{Backstore, Extent};
 use std::io;
 use std::sync::RwLock;
 
 const CHUNK: u64 = 1 << 20;
+/// The allocation map's unit: the smallest logical block.
+const SECTOR: u64 = 512;
+const SECTORS: usize = (CHUNK / SECTOR) as usize;
+
+/// One allocated chunk: its bytes and which sectors hold written data.
+#[derive(Debug)]
+struct Chunk {
+    data: Box<[u8]>,
+    written: Box<[u64; SECTORS / 64]>,
+}
+
+impl Chunk {
+    fn new() -> Chunk {
+        Chunk {
+            data: vec![0u8; CHUNK as usize].into_boxed_slice(),
+            written: Box::new([0; SECTORS / 64]),
+        }
+    }
+
+    /// Marks every sector that bytes `at..at + n` touch.
+    fn mark(&mut self, at: usize, n: usize) {
+        let first = at / SECTOR as usize;
+        let end = (at + n).div_ceil(SECTOR as usize);
+        for s in first..end {
+            self.written[s / 64] |= 1 << (s % 64);
+        }
+    }
+
+    /// Clears the sectors wholly inside `at..at + n` (a partly discarded sector
+    /// still holds data).
+    fn clear(&mut self, at: usize, n: usize) {
+        let first = at.div_ceil(SECTOR as usize);
+        let end = (at + n) / SECTOR as usize;
+        for s in first..end {
+            self.written[s / 64] &= !(1 << (s % 64));
+        }
+    }
+
+    fn is_written(&self, sector: usize) -> bool {
+        self.written[sector / 64] & (1 << (sector % 64)) != 0
+    }
+}
 
 /// Sparse in-memory storage.
 #[derive(Debug)]
 pub struct RamBackstore {
     size: u64,
-    chunks: Vec<RwLock<Option<Box<[u8]>>>>,
+    chunks: Vec<RwLock<Option<Chunk>>>,
 }
 
 impl RamBackstore {
@@ -65,8 +112,8 @@ impl Backstore for RamBackstore {
             let chunk = self.chunks[c].read().unwrap_or_else(|e| e.into_inner());
             let n = range.len();
             match chunk.as_ref() {
-                Some(data) => {
-                    buf[range].copy_from_slice(&data[at..at + n]);
+                Some(c) => {
+                    buf[range].copy_from_slice(&c.data[at..at + n]);
                     crate::copies::note_user_copy(n);
                 }
                 None => buf[range].fill(0),
@@ -84,8 +131,9 @@ impl Backstore for RamBackstore {
                 // Zeros into an unallocated chunk: it already reads so.
                 return;
             }
-            let store = chunk.get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice());
-            store[at..at + n].copy_from_slice(&data[range]);
+            let store = chunk.get_or_insert_with(Chunk::new);
+            store.data[at..at + n].copy_from_slice(&data[range]);
+            store.mark(at, n);
         });
         Ok(())
     }
@@ -102,7 +150,8 @@ impl Backstore for RamBackstore {
                 // A whole chunk: give the memory back.
                 *chunk = None;
             } else if let Some(store) = chunk.as_mut() {
-                store[at..at + range.len()].fill(0);
+                store.data[at..at + range.len()].fill(0);
+                store.clear(at, range.len());
             }
         });
         Ok(())
@@ -113,6 +162,41 @@ impl Backstore for RamBackstore {
         self.discard(offset, len)
     }
 
+    fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {
+        self.check(offset, len as usize)?;
+        let mut map: Vec<Extent> = Vec::new();
+        let mut push = |offset: u64, len: u64, mapped: bool| match map.last_mut() {
+            Some(last) if last.mapped == mapped && last.offset + last.len == offset => {
+                last.len += len;
+            }
+            _ => map.push(Extent {
+                offset,
+                len,
+                mapped,
+            }),
+        };
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let c = (pos / CHUNK) as usize;
+            let chunk_end = ((c as u64 + 1) * CHUNK).min(end);
+            let chunk = self.chunks[c].read().unwrap_or_else(|e| e.into_inner());
+            match chunk.as_ref() {
+                None => push(pos, chunk_end - pos, false),
+                Some(ch) => {
+                    while pos < chunk_end {
+                        let sector = ((pos % CHUNK) / SECTOR) as usize;
+                        let next = ((pos / SECTOR + 1) * SECTOR).min(chunk_end);
+                        push(pos, next - pos, ch.is_written(sector));
+                        pos = next;
+                    }
+                }
+            }
+            pos = chunk_end;
+        }
+        Ok(Some(map))
+    }
+
     fn describe(&self) -> String {
         format!("ram ({} MiB, allocated on write)", self.size >> 20)
     }
@@ -121,6 +205,53 @@ impl Backstore for RamBackstore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mapped(s: &RamBackstore, offset: u64, len: u64) -> Vec<(u64, u64, bool)> {
+        s.allocation(offset, len)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(|x| (x.offset, x.len, x.mapped))
+            .collect()
+    }
+
+    #[test]
+    fn the_allocation_map_follows_writes_and_discards_by_sector() {
+        let s = RamBackstore::new(4 * CHUNK);
+        assert_eq!(mapped(&s, 0, 4 * CHUNK), vec![(0, 4 * CHUNK, false)]);
+        // A write touching part of two sectors maps both.
+        s.write_at(CHUNK + 700, &[1u8; 400]).unwrap();
+        assert_eq!(
+            mapped(&s, 0, 4 * CHUNK),
+            vec![
+                (0, CHUNK + 512, false),
+                (CHUNK + 512, 1024, true),
+                (CHUNK + 1536, 3 * CHUNK - 1536, false)
+            ]
+        );
+        // Discarding one whole sector unmaps it; half a sector stays mapped.
+        s.discard(CHUNK + 512, 512 + 256).unwrap();
+        assert_eq!(
+            mapped(&s, CHUNK, 2048),
+            vec![
+                (CHUNK, 1024, false),
+                (CHUNK + 1024, 512, true),
+                (CHUNK + 1536, 512, false)
+            ]
+        );
+        // Zeros into a chunk never written allocate nothing.
+        s.write_at(3 * CHUNK, &[0u8; 4096]).unwrap();
+        assert_eq!(
+            mapped(&s, 3 * CHUNK, CHUNK),
+            vec![(3 * CHUNK, CHUNK, false)]
+        );
+        // A range that is not sector aligned is answered for exactly that range.
+        assert_eq!(
+            mapped(&s, CHUNK + 1100, 100),
+            vec![(CHUNK + 1100, 100, true)]
+        );
+        assert!(s.allocation(4 * CHUNK - 1, 2).is_err());
+    }
 
     #[test]
     fn reads_what_was_written_across_chunks() {

@@ -342,7 +342,10 @@ async fn serve(
     info!(%peer, "iSER connection accepted");
     let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<WcStatus>>>> = Arc::default();
     let pump_task = tokio::spawn(super::rdma::pump(send_cq, Arc::downgrade(&waiters)));
-    fabric.iser_counters.connections.fetch_add(1, Ordering::Relaxed);
+    fabric
+        .iser_counters
+        .connections
+        .fetch_add(1, Ordering::Relaxed);
     let wire = Arc::new(Wire {
         fabric: fabric.clone(),
         qp: qp.clone(),

@@ -203,9 +203,15 @@ fn write_same_unmap_and_lba_status() {
         GOOD
     );
     assert_eq!(read(&t, &a, 8, 16).data_in, vec![0xab; 16 * 512]);
+    crate::copies::take_thread();
     assert_eq!(
         lba_status(&t, &a, 0)[..3],
         [(0, 8, 1), (8, 16, 0), (24, 2024, 1)]
+    );
+    assert_eq!(
+        crate::copies::take_thread().user_copied,
+        0,
+        "GET LBA STATUS answers from the RAM store's allocation map, reading no data"
     );
     // UNMAP with a zero block deallocates.
     assert_eq!(

@@ -682,9 +682,9 @@ impl KeyTable {
                 .lookup(sge.lkey)
                 .ok_or(WcStatus::LocalProtectionError)?;
             // Exclusive, though `live` is only read: placing bytes through the shared
-        // region must not overlap another placement or a reader's copy.
-        #[allow(clippy::readonly_write_lock)]
-        let live = region.live.write().unwrap();
+            // region must not overlap another placement or a reader's copy.
+            #[allow(clippy::readonly_write_lock)]
+            let live = region.live.write().unwrap();
             if !*live || region.lkey != sge.lkey {
                 return Err(WcStatus::LocalProtectionError);
             }
