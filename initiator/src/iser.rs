@@ -525,10 +525,12 @@ impl Conn {
         let mut pdu = machine.start()?;
         let mut sends = 0;
         loop {
+            tracing::debug!(%portal, bhs = ?pdu.bhs, text = %String::from_utf8_lossy(&pdu.data).replace('\0', " "), "iSER Login Request");
             self.send_during_login(&pdu).await?;
             sends += 1;
             let msg = self.receive_during_login().await?;
             let (_, response) = parse_message(&msg)?;
+            tracing::debug!(%portal, bhs = ?response.bhs, text = %String::from_utf8_lossy(&response.data).replace('\0', " "), "iSER Login Response");
             match machine.receive(response) {
                 Ok(LoginStep::Send(next)) => pdu = next,
                 Ok(LoginStep::Done(o)) => {

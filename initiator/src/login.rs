@@ -358,7 +358,14 @@ impl LoginMachine {
                 .filter(|(k, _)| k.starts_with("X"))
                 .cloned(),
         );
-        if r.transit && r.nsg == Stage::FullFeature && got.answers.is_empty() {
+        // The final response ends the login even when it declares
+        // TargetRecvDataSegmentLength: its echo (for targets that wait for it in
+        // earlier rounds, see the negotiator) has nothing left to answer.
+        let only_echoes = got
+            .answers
+            .iter()
+            .all(|(k, _)| k == "TargetRecvDataSegmentLength");
+        if r.transit && r.nsg == Stage::FullFeature && only_echoes {
             return self.finish(r);
         }
         let mut out = got.answers;

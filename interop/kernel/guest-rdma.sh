@@ -178,8 +178,8 @@ lio_iser_suite() {
         fail "LIO iSER setup: $(tail -n 3 <<<"$out" | tr '\n' ' ')"
         return
     fi
-    run_suite iser-initiator-lio iser-initiator "$ISER_CHECK" verbs 10.77.0.1:3262 "$lio" rxe0
-    dmesg | grep -i -E "isert|iscsi_target" | tail -n 20 >"$KL_OUT/dmesg-lio-iser.log" || true
+    RUST_LOG=blockwire_initiator=debug run_suite iser-initiator-lio iser-initiator "$ISER_CHECK" verbs 10.77.0.1:3262 "$lio" rxe0
+    dmesg | tail -n 60 >"$KL_OUT/dmesg-lio-iser.log" || true
 }
 lio_iser_suite
 

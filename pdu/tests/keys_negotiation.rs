@@ -804,6 +804,38 @@ fn iser_data_segment_lengths_may_be_declared_again_by_the_target() {
         ),
         Err(NegotiationError::Duplicate { .. })
     ));
+    // The initiator sends TargetRecvDataSegmentLength back (LIO waits for it), and a
+    // target takes that echo of its own declaration silently.
+    let mut cfg = LocalConfig::initiator("iqn.i", "iqn.t");
+    cfg.rdma_extensions = true;
+    let mut i = initiator(cfg);
+    i.offer(Phase::Operational).unwrap();
+    let r = i
+        .receive(
+            Phase::Operational,
+            &pairs(&[("TargetRecvDataSegmentLength", "4096")]),
+        )
+        .unwrap();
+    assert_eq!(
+        r.answers,
+        pairs(&[("TargetRecvDataSegmentLength", "4096")]),
+        "echoed"
+    );
+    assert_eq!(i.params().target_recv_data_segment_length, 4096);
+    let mut tcfg = LocalConfig::target(1);
+    tcfg.rdma_extensions = true;
+    let mut t = target(tcfg);
+    let declared = t.offer(Phase::Operational).unwrap();
+    assert!(declared
+        .iter()
+        .any(|(k, _)| k == "TargetRecvDataSegmentLength"));
+    let r = t
+        .receive(
+            Phase::Operational,
+            &pairs(&[("TargetRecvDataSegmentLength", "8192")]),
+        )
+        .unwrap();
+    assert!(r.answers.is_empty(), "{:?}", r.answers);
     // A target may say it did not understand our declaration: nothing to answer.
     let mut cfg = LocalConfig::initiator("iqn.i", "iqn.t");
     cfg.rdma_extensions = true;

@@ -184,6 +184,14 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let device = args.get(3).cloned();
+    // Protocol events on stderr when RUST_LOG asks (e.g. blockwire_initiator=debug).
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

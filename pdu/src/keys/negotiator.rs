@@ -504,8 +504,11 @@ impl Negotiator {
                     let wanted = match def.id {
                         // Irrelevant when InitialR2T=Yes and ImmediateData=No.
                         KeyId::FirstBurstLength => !c.initial_r2t || c.immediate_data,
-                        KeyId::RdmaExtensions | KeyId::MaxOutstandingUnexpectedPdus => {
-                            c.rdma_extensions
+                        KeyId::RdmaExtensions => c.rdma_extensions,
+                        // Only when it says something: the default (0, no limit) needs
+                        // no offer, and LIO does not know the key at all.
+                        KeyId::MaxOutstandingUnexpectedPdus => {
+                            c.rdma_extensions && !self.is_default(def)
                         }
                         KeyId::TaskReporting | KeyId::IscsiProtocolLevel => !self.is_default(def),
                         _ => true,
@@ -753,6 +756,12 @@ impl Negotiator {
                     | (Senders::Target, Role::Target)
             ),
         };
+        // A declarative key only we may send, coming back: the peer echoes our
+        // declaration (open-iscsi and LIO do so for the iSER data segment lengths).
+        // It declares nothing of the peer's; take it silently.
+        if !sender_ok && def.kind == Kind::Declarative && self.sent.contains(def.name) {
+            return Action::Silent;
+        }
         if !sender_ok || !usage_allows(def.usage, phase) {
             return say(REJECT);
         }
@@ -845,6 +854,14 @@ impl Negotiator {
             KeyId::SendTargets | KeyId::TargetAddress => Action::Pass,
             KeyId::TargetName | KeyId::TargetAlias if self.phase == Some(Phase::FullFeature) => {
                 Action::Pass
+            }
+            // LIO's iSER target proposes TargetRecvDataSegmentLength and fails the login
+            // ("No response for proposed key") unless the initiator sends it back, as
+            // open-iscsi does. RFC 7145 §6.3 makes it a declaration; the echo repeats
+            // the target's own value and binds nothing new.
+            KeyId::TargetRecvDataSegmentLength if self.role == Role::Initiator => {
+                self.store_declaration(def.id, from, value);
+                Action::Answer(value.to_owned())
             }
             _ => {
                 self.store_declaration(def.id, from, value);
