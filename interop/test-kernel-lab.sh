@@ -47,7 +47,8 @@ fi
 step "release binaries: blockwire-target, blockwire (with the ublk front end), rdma_conformance and rdma_assisted_check (verbs)"
 (cd "$repo" && cargo build -q --release -p blockwire-mgmt --features verbs &&
     cargo build -q --release -p blockwire-initiator --features ublk &&
-    cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance &&
+    cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance \
+        --example registration_reuse &&
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \
         --example rdma_assisted_check --example iser_check)
 

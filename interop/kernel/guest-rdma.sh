@@ -70,6 +70,9 @@ run_suite conformance-soft soft "$RUNNER" soft 127.0.0.1
 run_suite conformance-verbs verbs "$RUNNER" verbs 10.77.0.1 rxe0
 [ -x "$ASSISTED" ] || fail "no $ASSISTED (cargo build --release -p blockwire-tests --features blockwire-transport/verbs --example rdma_assisted_check)"
 run_suite assisted-verbs "rdma-assisted verbs" "$ASSISTED" verbs 10.77.0.1 rxe0
+# The registration strategies on real verbs memory regions (function: data checked,
+# registrations balanced; the emulated CPU's timings are no measurement).
+run_suite registration-verbs registration-reuse "$KL_BIN/examples/registration_reuse" verbs 10.77.0.1 rxe0 --quick
 
 # ---- standard iSER with the kernel's initiator ----
 iser_suite() {
