@@ -218,13 +218,44 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
     ctx: &Arc<CommandContext>,
     take: impl FnOnce(&CommandContext, PlannedRead) -> Option<T> + Send + 'static,
 ) -> Planned<T> {
+    // Planning is CPU work (the CDB, reservations, unit attentions, the range): done
+    // here, on the connection's task, it saves the hand-off to a blocking thread and
+    // back that a small READ would otherwise pay. Only a stalled unit waits, and only
+    // commands the core must run itself do I/O: those go to the blocking pool.
+    let (inline, core) = ctx.in_core(|| {
+        copies::counted(|| {
+            if ctx.is_aborted() {
+                return Some(None);
+            }
+            match crate::scsi::stall::without_waiting(|| ctx.luns.plan_read(&ctx.read_request())) {
+                ReadPlan::Read(p) => Some(Some(Ok(p))),
+                ReadPlan::Answer(r) => Some(Some(Err(r))),
+                ReadPlan::NotPlanned | ReadPlan::WouldWait => None,
+            }
+        })
+    });
+    match inline {
+        Some(None) => return Planned::Aborted,
+        Some(Some(Err(r))) => return Planned::Answer(r, core),
+        Some(Some(Ok(plan))) => {
+            if let Some(t) = take(ctx, plan) {
+                return Planned::Go(t);
+            }
+            // Valid but not for this path: the core runs it.
+            return match run_core(ctx, Vec::new(), ()).await {
+                None => Planned::Aborted,
+                Some((r, c)) => Planned::Answer(r, c),
+            };
+        }
+        None => {}
+    }
     let r = in_core(ctx, move |c| {
         if c.is_aborted() {
             return None;
         }
         let req = c.read_request();
         Some(match c.luns.plan_read(&req) {
-            ReadPlan::NotPlanned => Err(c.luns.execute(&req)),
+            ReadPlan::NotPlanned | ReadPlan::WouldWait => Err(c.luns.execute(&req)),
             ReadPlan::Answer(r) => Err(r),
             ReadPlan::Read(p) => match take(c, p) {
                 Some(t) => Ok(t),

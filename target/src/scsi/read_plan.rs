@@ -59,6 +59,9 @@ pub enum ReadPlan {
     /// Not a plannable READ: nothing was done, run it with
     /// [`LunTable::execute`].
     NotPlanned,
+    /// Planning under [`stall::without_waiting`](super::stall::without_waiting) met a
+    /// stalled unit: nothing was done; plan again where waiting is allowed.
+    WouldWait,
 }
 
 impl LunTable {
@@ -80,6 +83,9 @@ impl LunTable {
         let bytes = u64::from(rw.length) * u64::from(bs);
         // A stalled unit holds the READ here, before it is validated (the
         // fabric reads the data itself after this, so the gate is now).
+        if super::stall::waiting_forbidden() && lu.is_stalled() {
+            return ReadPlan::WouldWait;
+        }
         if let Err(aborted) = lu.pass_stall_gate(bytes) {
             return ReadPlan::Answer(aborted);
         }

@@ -37,6 +37,29 @@ pub const POLL: Duration = Duration::from_millis(20);
 thread_local! {
     /// The abort flag of the task whose core calls run on this thread.
     static TASK_ABORT: RefCell<Option<Arc<AtomicBool>>> = const { RefCell::new(None) };
+    /// Core calls on this thread must not wait at a gate (they run on an async
+    /// worker, see [`without_waiting`]).
+    static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (core calls that must not block: on an async worker thread) so that no
+/// stall gate waits: a caller checks [`StallGate::is_stalled`] first and goes to a
+/// blocking thread when the unit is stalled; a stall set after that check finds the
+/// command already past the gate, as if it had arrived a moment earlier.
+pub fn without_waiting<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_WAIT.with(|n| n.set(self.0));
+        }
+    }
+    let _restore = Restore(NO_WAIT.with(|n| n.replace(true)));
+    f()
+}
+
+/// Whether core calls on this thread run under [`without_waiting`].
+pub(crate) fn waiting_forbidden() -> bool {
+    NO_WAIT.with(|n| n.get())
 }
 
 /// Runs `f` (the core calls of one task, on this thread) with `aborted` as
@@ -173,7 +196,7 @@ impl StallGate {
     /// otherwise waits until the stall is lifted. Fails if the task running
     /// on this thread (see [`abortable`]) was aborted while it waited.
     pub fn pass(&self) -> Result<(), HeldAndAborted> {
-        if !self.stalled.load(Ordering::SeqCst) {
+        if !self.stalled.load(Ordering::SeqCst) || waiting_forbidden() {
             return Ok(());
         }
         let mut st = self.lock();
