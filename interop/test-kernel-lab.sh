@@ -48,7 +48,7 @@ step "release binaries: blockwire-target, blockwire (with the ublk front end), r
 (cd "$repo" && cargo build -q --release -p blockwire-mgmt --features verbs &&
     cargo build -q --release -p blockwire-initiator --features ublk &&
     cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance \
-        --example registration_reuse &&
+        --example reg_fig8 &&
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \
         --example rdma_assisted_check --example iser_check)
 

@@ -72,7 +72,7 @@ run_suite conformance-verbs verbs "$RUNNER" verbs 10.77.0.1 rxe0
 run_suite assisted-verbs "rdma-assisted verbs" "$ASSISTED" verbs 10.77.0.1 rxe0
 # The registration strategies on real verbs memory regions (function: data checked,
 # registrations balanced; the emulated CPU's timings are no measurement).
-run_suite registration-verbs registration-reuse "$KL_BIN/examples/registration_reuse" verbs 10.77.0.1 rxe0 --quick
+run_suite registration-verbs reg-fig8 "$KL_BIN/examples/reg_fig8" --backend verbs --addr 10.77.0.1 --device rxe0
 
 # ---- standard iSER with the kernel's initiator ----
 iser_suite() {
