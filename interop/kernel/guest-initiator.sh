@@ -335,14 +335,16 @@ printf '%s\n' "$res" | sed 's/^/    | /'
 grep -q "Key=0x2002" <<<"$res" && pass "reservation now held by node 2" || fail "READ RESERVATION: $res"
 out=$(w10 "$d1")
 printf '%s\n' "$out" | sed 's/^/    | /' | head -3
-# The preempted I_T nexus first hears of it by a unit attention (SPC-4 PREEMPT: REGISTRATIONS
-# PREEMPTED) unless one of the kernel's own commands took it already; the WRITE after that
-# must meet the reservation.
-if grep -qi "registrations preempted" <<<"$out"; then
-    pass "fenced node 1 hears REGISTRATIONS PREEMPTED (unit attention)"
+# The preempted I_T nexus first hears of it by unit attentions, one per command (SPC-4
+# PREEMPT AND ABORT: REGISTRATIONS PREEMPTED, and COMMANDS CLEARED BY ANOTHER INITIATOR for
+# its aborted tasks), unless the kernel's own commands took them already; the WRITE after
+# them must meet the reservation.
+for _ in 1 2 3; do
+    grep -qi "unit attention" <<<"$out" || break
+    pass "fenced node 1 hears a unit attention: $(grep -i -o 'Additional sense: .*' <<<"$out" | head -n 1)"
     out=$(w10 "$d1")
     printf '%s\n' "$out" | sed 's/^/    | /' | head -3
-fi
+done
 grep -qi "reservation conflict" <<<"$out" && pass "fenced node 1's WRITE: RESERVATION CONFLICT" ||
     fail "fenced node 1's WRITE was not refused: $out"
 if dd if="$KL_WORK/blk" of="$d1" bs=4096 count=1 seek=4 oflag=direct 2>/dev/null; then
