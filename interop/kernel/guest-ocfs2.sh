@@ -400,13 +400,15 @@ if [ "$ROLE" = node1 ]; then
     kmark "node2 preempted node1's key"
     out=$(w10)
     printf '%s\n' "$out" | sed 's/^/    | /' | head -3
-    # The preempted I_T nexus first hears of it by a unit attention (REGISTRATIONS PREEMPTED)
-    # unless the kernel's own I/O (o2hb writes every 2 s) took it already.
-    if grep -qi "registrations preempted" <<<"$out"; then
-        pass "fenced node1 hears REGISTRATIONS PREEMPTED (unit attention)"
+    # The preempted I_T nexus first hears of it by unit attentions, one per command
+    # (REGISTRATIONS PREEMPTED, COMMANDS CLEARED BY ANOTHER INITIATOR for its aborted
+    # tasks), unless the kernel's own I/O (o2hb writes every 2 s) took them already.
+    for _ in 1 2 3; do
+        grep -qi "unit attention" <<<"$out" || break
+        pass "fenced node1 hears a unit attention: $(grep -i -o 'Additional sense: .*' <<<"$out" | head -n 1)"
         out=$(w10)
         printf '%s\n' "$out" | sed 's/^/    | /' | head -3
-    fi
+    done
     grep -qi "reservation conflict" <<<"$out" && pass "fenced node1's WRITE(10): RESERVATION CONFLICT" ||
         fail "fenced node1's WRITE(10) was not refused: $out"
     head -c 65536 /dev/urandom >"$KL_WORK/fbuf"
