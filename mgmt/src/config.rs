@@ -373,7 +373,14 @@ struct Ctx<'a> {
     /// `--check`: build nothing that touches the disk (no file created,
     /// grown or opened for writing, no directory created).
     dry_run: bool,
+    /// Units already serving, by lower-case target name and LUN: a live
+    /// change keeps them (their data, reservations and sessions) instead of
+    /// opening their storage again.
+    reuse: Option<&'a Reuse>,
 }
+
+/// Units a live change keeps, by lower-case target name and LUN.
+pub type Reuse = std::collections::HashMap<(String, u16), Arc<LogicalUnit>>;
 
 /// The 1-based line of `key = ...` in the `[table]` section of `text`, or
 /// of the section's header when the key is not written there (a default
@@ -492,6 +499,7 @@ impl TargetConfig {
             text,
             no_disk: opts.no_disk,
             dry_run: true,
+            reuse: None,
         };
         let mut report = config.validate(&ctx);
         report.targets = config.targets.len();
@@ -549,12 +557,25 @@ impl TargetConfig {
     /// Parses and checks configuration text, building backstores as `opts`
     /// says; `file` names it in errors.
     pub fn from_str_with(file: &str, text: &str, opts: LoadOptions) -> Result<Built, ConfigError> {
+        Self::from_str_reusing(file, text, opts, None)
+    }
+
+    /// [`TargetConfig::from_str_with`] for a live change: the LUNs in
+    /// `reuse` keep their running units (nothing of theirs is opened,
+    /// created or grown); every other LUN is built.
+    pub fn from_str_reusing(
+        file: &str,
+        text: &str,
+        opts: LoadOptions,
+        reuse: Option<&Reuse>,
+    ) -> Result<Built, ConfigError> {
         let config = Self::parse(file, text)?;
         let ctx = Ctx {
             file,
             text,
             no_disk: opts.no_disk,
             dry_run: false,
+            reuse,
         };
         // Validate without side effects first, so a start that would fail
         // on a later field has not created or grown any file yet.
@@ -905,7 +926,14 @@ impl TargetConfig {
                     ));
                 }
                 let sync_write = l.sync_write.as_ref().is_some_and(|w| *w.get_ref());
+                let kept = ctx
+                    .reuse
+                    .and_then(|r| r.get(&(name.to_ascii_lowercase(), l.id)).cloned());
                 let backstore: Arc<dyn Backstore> = match kind {
+                    _ if kept.is_some() => kept
+                        .as_ref()
+                        .map(|u| u.config().backstore.clone())
+                        .expect("checked is_some"),
                     "null" | "ram" if ctx.no_disk => {
                         let size = size.ok_or_else(|| {
                             ctx.err(
@@ -1104,11 +1132,18 @@ impl TargetConfig {
                         .collect();
                     d.join(format!("{safe}.lun{}.pr", l.id))
                 });
-                let unit = LogicalUnit::new(lu);
-                if stalled {
-                    unit.set_stalled(true);
-                }
-                luns.push((l.id, Arc::new(unit)));
+                let unit = match kept {
+                    // A kept unit stays as it runs (its stall switch too).
+                    Some(unit) => unit,
+                    None => {
+                        let unit = LogicalUnit::new(lu);
+                        if stalled {
+                            unit.set_stalled(true);
+                        }
+                        Arc::new(unit)
+                    }
+                };
+                luns.push((l.id, unit));
                 // What the operator asked of the LUN's data; the fabric
                 // maps it onto what the storage can do when it starts.
                 // File and striped LUNs read through the engine when direct
@@ -2048,12 +2083,13 @@ mod tests {
             .collect();
         assert_eq!(engine, [0, 2], "the engine-path LUNs");
         for lun in engine {
-            let store = &b.catalog.targets[0]
+            let store = b.catalog.targets[0]
                 .luns
                 .get(lun)
                 .unwrap()
                 .config()
-                .backstore;
+                .backstore
+                .clone();
             let source = store.engine_source().unwrap().map(|(s, _)| s);
             assert!(matches!(source, Some(Source::Pattern)), "LUN {lun}");
         }
@@ -2093,7 +2129,13 @@ mod tests {
         let p = policy(&b, 0).expect("a data path policy");
         assert!(p.double_buffered_writes);
         assert_eq!(p.chunk, 256 << 10);
-        let store = &b.catalog.targets[0].luns.get(0).unwrap().config().backstore;
+        let store = b.catalog.targets[0]
+            .luns
+            .get(0)
+            .unwrap()
+            .config()
+            .backstore
+            .clone();
         assert_eq!(
             store.capabilities().file,
             Some(blockwire_target::backstore::StoreFile {

@@ -19,6 +19,8 @@ use std::time::Duration;
 use blockwire_target::iscsi::portal::{PortalError, PortalSet};
 use blockwire_target::iscsi::Fabric;
 use blockwire_target::scsi::LunTable;
+
+use crate::live::{edits, Live, LiveError};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -68,6 +70,81 @@ pub const METHODS: &[Method] = &[
         name: "portal.open",
         params: r#"{"listen": "127.0.0.1:3260"}"#,
         summary: "re-open a closed portal",
+    },
+    Method {
+        name: "session.close",
+        params: r#"{"tsih": 1}"#,
+        summary: "end a session's connection (the initiator may log in again if the access list admits it)",
+    },
+    Method {
+        name: "target.add",
+        params: r#"{"target": {"name": "iqn...", "allow": ["iqn..."], "lun": [{"id": 0, "backstore": "ram", "size": "1G"}]}}"#,
+        summary: "add a target, its table written as in the configuration file",
+    },
+    Method {
+        name: "target.remove",
+        params: r#"{"target": "iqn...", "force": false}"#,
+        summary: "remove a target; refused while sessions are logged in to it unless forced (they are then closed)",
+    },
+    Method {
+        name: "lun.add",
+        params: r#"{"target": "iqn...", "lun": {"id": 1, "backstore": "file", "path": "/srv/disk1.img", "size": "10G"}}"#,
+        summary: "add a LUN, its table written as in the configuration file; initiators hear REPORTED LUNS DATA HAS CHANGED",
+    },
+    Method {
+        name: "lun.remove",
+        params: r#"{"target": "iqn...", "lun": 1, "force": false}"#,
+        summary: "remove a LUN; refused while in use (commands running, or a READ or WRITE in the last 10 s) unless forced",
+    },
+    Method {
+        name: "lun.resize",
+        params: r#"{"target": "iqn...", "lun": 1, "size": "20G"}"#,
+        summary: "change a LUN's capacity (files only grow); initiators hear CAPACITY DATA HAS CHANGED",
+    },
+    Method {
+        name: "acl.add",
+        params: r#"{"target": "iqn...", "initiator": "iqn..."}"#,
+        summary: "admit an initiator (the first entry restricts the target to its list)",
+    },
+    Method {
+        name: "acl.remove",
+        params: r#"{"target": "iqn...", "initiator": "iqn..."}"#,
+        summary: "stop admitting an initiator; its sessions to the target are closed",
+    },
+    Method {
+        name: "chap.add",
+        params: r#"{"target": "iqn...", "user": "name", "secret": "12 to 255 chars", "initiator": "iqn... (optional)"}"#,
+        summary: "add a CHAP account for logins from now on (no target: discovery)",
+    },
+    Method {
+        name: "chap.remove",
+        params: r#"{"target": "iqn...", "user": "name", "initiator": "iqn... (optional)"}"#,
+        summary: "remove a CHAP account (sessions already logged in keep running)",
+    },
+    Method {
+        name: "portal.add",
+        params: r#"{"tag": 1, "listen": "0.0.0.0:3261"}"#,
+        summary: "listen on another address in a portal group (created if new)",
+    },
+    Method {
+        name: "portal.remove",
+        params: r#"{"listen": "0.0.0.0:3261", "tag": 1}"#,
+        summary: "stop listening on an address for good (tag: only when several groups list it); connections through it are cut",
+    },
+    Method {
+        name: "config.show",
+        params: "",
+        summary: "the running configuration, as TOML",
+    },
+    Method {
+        name: "config.reload",
+        params: "",
+        summary: "read the configuration file again and apply the difference (what SIGHUP does)",
+    },
+    Method {
+        name: "config.save",
+        params: r#"{"path": "/etc/blockwire/target.toml (optional)"}"#,
+        summary: "write the running configuration atomically (default: the file it came from), keeping 10 backups in backup/",
     },
 ];
 
@@ -157,17 +234,259 @@ struct PortalParams {
 #[serde(deny_unknown_fields)]
 struct NoParams {}
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TsihParams {
+    tsih: u16,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TargetAddParams {
+    target: serde_json::Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TargetRemoveParams {
+    target: String,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunAddParams {
+    target: String,
+    lun: serde_json::Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunRemoveParams {
+    target: String,
+    lun: u16,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunResizeParams {
+    target: String,
+    lun: u16,
+    size: String,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AclParams {
+    target: String,
+    initiator: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChapParams {
+    target: Option<String>,
+    user: String,
+    secret: Option<String>,
+    initiator: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortalAddParams {
+    tag: u16,
+    listen: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortalRemoveParams {
+    listen: String,
+    tag: Option<u16>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SaveParams {
+    path: Option<PathBuf>,
+}
+
 /// What the control API acts on.
 #[derive(Debug)]
 pub struct Control {
     fabric: Arc<Fabric>,
     portals: Arc<PortalSet>,
+    /// The running configuration (None: a fabric without one, in tests).
+    live: Option<Arc<Live>>,
+}
+
+fn live_error(e: LiveError) -> RpcError {
+    let code = match e {
+        LiveError::Invalid(_) => code::INVALID_PARAMS,
+        LiveError::NotFound(_) => code::NOT_FOUND,
+        LiveError::InUse(_) => code::CONFLICT,
+        LiveError::Failed(_) => code::FAILED,
+    };
+    RpcError::new(code, e.to_string())
+}
+
+fn table(v: serde_json::Map<String, Value>) -> Result<toml::Table, RpcError> {
+    match edits::json_to_toml(Value::Object(v)).map_err(live_error)? {
+        toml::Value::Table(t) => Ok(t),
+        _ => Err(RpcError::new(code::INVALID_PARAMS, "expected an object")),
+    }
 }
 
 impl Control {
-    /// The API over a running fabric and its portals.
-    pub fn new(fabric: Arc<Fabric>, portals: Arc<PortalSet>) -> Control {
-        Control { fabric, portals }
+    /// The API over a running fabric, its portals and its configuration.
+    pub fn new(fabric: Arc<Fabric>, portals: Arc<PortalSet>, live: Option<Arc<Live>>) -> Control {
+        Control {
+            fabric,
+            portals,
+            live,
+        }
+    }
+
+    fn live(&self) -> Result<&Live, RpcError> {
+        self.live.as_deref().ok_or_else(|| {
+            RpcError::new(
+                code::FAILED,
+                "this daemon has no running configuration to change",
+            )
+        })
+    }
+
+    async fn edit(
+        &self,
+        force: bool,
+        f: impl FnOnce(&mut toml::Table) -> Result<(), LiveError>,
+    ) -> Result<Value, RpcError> {
+        let applied = self.live()?.edit(force, f).await.map_err(live_error)?;
+        Ok(serde_json::to_value(applied).unwrap_or(Value::Null))
+    }
+
+    /// The methods that change the configuration.
+    async fn call_edit(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        match method {
+            "target.add" => {
+                let p: TargetAddParams = parse(method, params)?;
+                let t = table(p.target)?;
+                self.edit(false, |d| edits::add_target(d, t)).await
+            }
+            "target.remove" => {
+                let p: TargetRemoveParams = parse(method, params)?;
+                self.edit(p.force, |d| edits::remove_target(d, &p.target))
+                    .await
+            }
+            "lun.add" => {
+                let p: LunAddParams = parse(method, params)?;
+                let l = table(p.lun)?;
+                self.edit(false, |d| edits::add_lun(d, &p.target, l)).await
+            }
+            "lun.remove" => {
+                let p: LunRemoveParams = parse(method, params)?;
+                self.edit(p.force, |d| edits::remove_lun(d, &p.target, p.lun))
+                    .await
+            }
+            "lun.resize" => {
+                let p: LunResizeParams = parse(method, params)?;
+                self.edit(p.force, |d| edits::resize_lun(d, &p.target, p.lun, &p.size))
+                    .await
+            }
+            "acl.add" => {
+                let p: AclParams = parse(method, params)?;
+                self.edit(false, |d| edits::acl_add(d, &p.target, &p.initiator))
+                    .await
+            }
+            "acl.remove" => {
+                let p: AclParams = parse(method, params)?;
+                self.edit(false, |d| edits::acl_remove(d, &p.target, &p.initiator))
+                    .await
+            }
+            "chap.add" => {
+                let p: ChapParams = parse(method, params)?;
+                let secret = p.secret.ok_or_else(|| {
+                    RpcError::new(
+                        code::INVALID_PARAMS,
+                        "chap.add needs a \"secret\" (12 to 255 characters)",
+                    )
+                })?;
+                self.edit(false, |d| {
+                    edits::chap_add(
+                        d,
+                        p.target.as_deref(),
+                        &p.user,
+                        &secret,
+                        p.initiator.as_deref(),
+                    )
+                })
+                .await
+            }
+            "chap.remove" => {
+                let p: ChapParams = parse(method, params)?;
+                self.edit(false, |d| {
+                    edits::chap_remove(d, p.target.as_deref(), &p.user, p.initiator.as_deref())
+                })
+                .await
+            }
+            "portal.add" => {
+                let p: PortalAddParams = parse(method, params)?;
+                self.edit(false, |d| edits::portal_add(d, p.tag, &p.listen))
+                    .await
+            }
+            "portal.remove" => {
+                let p: PortalRemoveParams = parse(method, params)?;
+                self.edit(false, |d| edits::portal_remove(d, &p.listen, p.tag))
+                    .await
+            }
+            "config.show" => {
+                let NoParams {} = parse(method, params)?;
+                Ok(json!({"toml": self.live()?.text().await}))
+            }
+            "config.reload" => {
+                let NoParams {} = parse(method, params)?;
+                let a = self.live()?.reload().await.map_err(live_error)?;
+                Ok(serde_json::to_value(a).unwrap_or(Value::Null))
+            }
+            "config.save" => {
+                let p: SaveParams = parse(method, params)?;
+                let saved = self
+                    .live()?
+                    .save(p.path.as_deref())
+                    .await
+                    .map_err(live_error)?;
+                Ok(serde_json::to_value(saved).unwrap_or(Value::Null))
+            }
+            _ => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!(
+                    "no method {method:?}; methods are {}",
+                    listing(METHODS.iter().map(|m| m.name))
+                ),
+            )),
+        }
+    }
+
+    fn session_close(&self, p: TsihParams) -> Result<Value, RpcError> {
+        let sessions = self.fabric.sessions.all();
+        let s = sessions.iter().find(|s| s.tsih == p.tsih).ok_or_else(|| {
+            RpcError::new(
+                code::NOT_FOUND,
+                format!(
+                    "no session with TSIH {}; sessions are {}",
+                    p.tsih,
+                    listing(sessions.iter().map(|s| s.tsih))
+                ),
+            )
+        })?;
+        warn!(tsih = s.tsih, initiator = %s.initiator_name, "session closed by the control socket");
+        self.fabric.sessions.close(s);
+        Ok(json!({"tsih": s.tsih, "initiator": s.initiator_name, "closed": true}))
     }
 
     /// Runs one method.
@@ -198,21 +517,16 @@ impl Control {
                 self.portals.reopen(addr).await.map_err(portal_error)?;
                 Ok(json!({"listen": addr.to_string(), "open": true}))
             }
-            other => Err(RpcError::new(
-                code::METHOD_NOT_FOUND,
-                format!(
-                    "no method {other:?}; methods are {}",
-                    listing(METHODS.iter().map(|m| m.name))
-                ),
-            )),
+            "session.close" => self.session_close(parse(method, params)?),
+            other => self.call_edit(other, params).await,
         }
     }
 
-    fn target_luns(&self, name: &str) -> Result<(&str, &Arc<LunTable>), RpcError> {
-        let catalog = &self.fabric.catalog;
+    fn target_luns(&self, name: &str) -> Result<(String, Arc<LunTable>), RpcError> {
+        let catalog = self.fabric.catalog();
         catalog
             .target(name)
-            .map(|t| (t.name.as_str(), &t.luns))
+            .map(|t| (t.name.clone(), t.luns.clone()))
             .ok_or_else(|| {
                 RpcError::new(
                     code::NOT_FOUND,
@@ -251,7 +565,7 @@ impl Control {
     fn lun_list(&self) -> Value {
         let targets: Vec<Value> = self
             .fabric
-            .catalog
+            .catalog()
             .targets
             .iter()
             .map(|t| {
@@ -266,6 +580,8 @@ impl Control {
                             "stalled": lu.is_stalled(),
                             "held": lu.held_commands(),
                             "size": lu.config().backstore.size(),
+                            "commands_running": lu.activity().in_flight,
+                            "last_io_secs_ago": lu.activity().last_media.map(|d| d.as_secs_f64()),
                             "backstore": lu.config().backstore.describe(),
                         })
                     })
@@ -295,6 +611,20 @@ impl Control {
                     "target": s.target.as_ref().map(|t| t.name.as_str()),
                     "portal": s.portal().to_string(),
                     "tpgt": s.tpgt,
+                    "params": {
+                        "header_digest": format!("{:?}", s.params.header_digest),
+                        "data_digest": format!("{:?}", s.params.data_digest),
+                        "initial_r2t": s.params.initial_r2t,
+                        "immediate_data": s.params.immediate_data,
+                        "max_recv_data_segment_length": s.params.initiator_max_recv_data_segment_length,
+                        "target_max_recv_data_segment_length": s.params.target_max_recv_data_segment_length,
+                        "max_burst_length": s.params.max_burst_length,
+                        "first_burst_length": s.params.first_burst_length,
+                        "max_outstanding_r2t": s.params.max_outstanding_r2t,
+                        "data_pdu_in_order": s.params.data_pdu_in_order,
+                        "error_recovery_level": s.params.error_recovery_level,
+                        "rdma_extensions": s.params.rdma_extensions,
+                    },
                 })
             })
             .collect();
@@ -638,7 +968,7 @@ mod tests {
         let (stop, rx) = tokio::sync::watch::channel(false);
         let fabric = Fabric::new(built.catalog, built.settings, rx);
         let portals = Arc::new(PortalSet::new(fabric.clone()));
-        (Control::new(fabric, portals), stop)
+        (Control::new(fabric, portals, None), stop)
     }
 
     async fn rpc(c: &Control, line: &str) -> Value {

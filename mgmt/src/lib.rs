@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod control;
+pub mod live;
 pub mod metrics;
 pub mod notify;
 pub mod target_daemon;

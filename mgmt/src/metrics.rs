@@ -96,13 +96,11 @@ pub fn render(fabric: &Fabric) -> String {
 }
 
 /// Every LUN of every target, with its label values.
-fn luns(fabric: &Fabric) -> Vec<(String, String, &blockwire_target::scsi::LogicalUnit)> {
+fn luns(fabric: &Fabric) -> Vec<(String, String, Arc<blockwire_target::scsi::LogicalUnit>)> {
     let mut out = Vec::new();
-    for t in &fabric.catalog.targets {
-        for id in t.luns.lun_ids() {
-            if let Some(lu) = t.luns.get(id) {
-                out.push((t.name.clone(), id.to_string(), &**lu));
-            }
+    for t in &fabric.catalog().targets {
+        for (id, lu) in t.luns.units() {
+            out.push((t.name.clone(), id.to_string(), lu));
         }
     }
     out
@@ -185,7 +183,7 @@ fn session_metrics(e: &mut Exposition, fabric: &Fabric) {
         "gauge",
         "Normal sessions logged in to the target now.",
     );
-    for t in &fabric.catalog.targets {
+    for t in &fabric.catalog().targets {
         let n = sessions
             .iter()
             .filter(|s| s.target.as_ref().is_some_and(|st| st.name == t.name))

@@ -1,7 +1,9 @@
 //! Running the target daemon: bind every portal, serve until SIGTERM or
-//! SIGINT, then ask initiators to log out, drain, flush and exit. A service
-//! manager hears READY=1 once the portals accept connections and
-//! STOPPING=1 when the shutdown begins (see `notify`).
+//! SIGINT, then ask initiators to log out, drain, flush and exit. SIGHUP
+//! reloads the configuration file and applies the difference live (see
+//! `live`). A service manager hears READY=1 once the portals accept
+//! connections, RELOADING=1 and READY=1 around a reload, and STOPPING=1
+//! when the shutdown begins (see `notify`).
 
 use anyhow::Context;
 use blockwire_target::iscsi::portal::{Portal, PortalSet};
@@ -11,12 +13,19 @@ use tracing::{error, info, warn};
 
 use std::sync::Arc;
 
-use crate::config::{Built, RdmaBackend};
+use crate::config::{Built, LoadOptions, RdmaBackend};
 use crate::control::Control;
+use crate::live::{Live, Source};
 use crate::notify::Notifier;
 
-/// Serves `built` until a termination signal; returns after a clean shutdown.
-pub async fn run(built: Built) -> anyhow::Result<()> {
+/// Serves `built`, made from the configuration document `doc` (read from
+/// `source`), until a termination signal; returns after a clean shutdown.
+pub async fn run(
+    built: Built,
+    doc: toml::Table,
+    source: Source,
+    opts: LoadOptions,
+) -> anyhow::Result<()> {
     let notifier = Notifier::from_env();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut settings = built.settings;
@@ -81,11 +90,13 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         );
     }
     let mut portals = Vec::new();
-    for group in &fabric.catalog.portal_groups {
+    let mut bound_at = std::collections::HashMap::new();
+    for group in &fabric.catalog().portal_groups {
         for addr in &group.addresses {
             let portal = Portal::bind(*addr, group.tag).await?;
             let bound = portal.local_addr()?;
             info!(portal = %bound, tpgt = group.tag, "listening");
+            bound_at.insert(*addr, bound);
             portals.push((bound, portal));
         }
     }
@@ -116,7 +127,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     } else {
         info!("zero-copy sends off ([fabric] zero_copy_send = false): Data-In payloads are copied into socket buffers");
     }
-    for t in &fabric.catalog.targets {
+    for t in &fabric.catalog().targets {
         for lun in t.luns.lun_ids() {
             if fabric.settings.no_net && fabric.sync_reads.get(&t.name, lun).is_some() {
                 info!(target = %t.name, lun, "READ engine: --no-net (engine path read as configured, nothing sent)");
@@ -147,7 +158,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
         } else {
             host
         };
-        let t = &fabric.catalog.targets[0];
+        let t = &fabric.catalog().targets[0];
         let lun = t.luns.lun_ids().first().copied().unwrap_or(0);
         info!(
             "reach it with: iscsi-ls -s iscsi://{host}:{}  or  iscsi-inq iscsi://{host}:{}/{}/{lun}",
@@ -160,9 +171,21 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     for (_, portal) in portals {
         portal_set.start(portal).await?;
     }
+    let live = Arc::new(Live::new(
+        fabric.clone(),
+        portal_set.clone(),
+        opts,
+        source,
+        doc,
+        bound_at,
+    ));
     let control_task = control_listener.map(|(path, listener)| {
         info!(socket = %path.display(), "control socket (JSON-RPC 2.0, one object per line; try: blockwire-target ctl --control {} lun.list)", path.display());
-        let control = Arc::new(Control::new(fabric.clone(), portal_set.clone()));
+        let control = Arc::new(Control::new(
+            fabric.clone(),
+            portal_set.clone(),
+            Some(live.clone()),
+        ));
         tokio::spawn(crate::control::serve(listener, path, control))
     });
     let metrics_task = metrics_listener.map(|listener| {
@@ -180,7 +203,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     // may log in.
     notifier.notify("READY=1\nSTATUS=serving");
 
-    signals.wait(&notifier).await;
+    signals.wait(&notifier, &live).await;
     notifier.notify("STOPPING=1\nSTATUS=logging initiators out, flushing");
     info!("shutting down: asking initiators to log out");
     let _ = stop_tx.send(true);
@@ -196,7 +219,7 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     for line in fabric.sync_reads.summary() {
         info!("READ state timers: {line}");
     }
-    for t in &fabric.catalog.targets {
+    for t in &fabric.catalog().targets {
         if let Err(e) = t.luns.flush_all() {
             error!(target = %t.name, error = %e, "flushing backstores failed");
             return Err(e).context(format!("flushing the backstores of {}", t.name));
@@ -206,8 +229,8 @@ pub async fn run(built: Built) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The daemon's signal handlers: SIGTERM and SIGINT end it, SIGHUP is
-/// acknowledged.
+/// The daemon's signal handlers: SIGTERM and SIGINT end it, SIGHUP
+/// reloads the configuration.
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
@@ -220,14 +243,13 @@ impl Signals {
         Ok(Signals {
             term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
             int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
-            // SIGHUP's default action ends the process; until the configuration
-            // can be reloaded live, it is caught and only answered with a warning.
+            // SIGHUP's default action ends the process: caught, it reloads.
             hup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
         })
     }
 
     /// Returns on SIGTERM or SIGINT.
-    async fn wait(self, notifier: &Notifier) {
+    async fn wait(self, notifier: &Notifier, live: &Live) {
         let Signals {
             mut term,
             mut int,
@@ -239,12 +261,20 @@ impl Signals {
                 _ = int.recv() => { info!("SIGINT received"); break; }
                 _ = hup.recv() => {
                     // The manager's `systemctl reload` waits for READY=1 after
-                    // RELOADING=1; nothing is reloaded yet, so both go at once.
+                    // RELOADING=1.
                     notifier.notify("RELOADING=1\nSTATUS=reloading");
-                    warn!(
-                        "SIGHUP: configuration reload is not supported yet; restart the daemon to apply changes"
-                    );
-                    notifier.notify("READY=1\nSTATUS=serving (configuration unchanged: reload is not supported yet)");
+                    info!("SIGHUP: reloading the configuration");
+                    let status = match live.reload().await {
+                        Ok(a) => {
+                            info!(changes = a.changes.len(), restart_needed = a.restart_needed.len(), "configuration reloaded");
+                            format!("serving (reloaded: {} change(s))", a.changes.len())
+                        }
+                        Err(e) => {
+                            error!("reload failed, still serving the previous configuration: {e}");
+                            "serving the previous configuration (reload failed, see the log)".to_string()
+                        }
+                    };
+                    notifier.notify(&format!("READY=1\nSTATUS={status}"));
                 }
             }
         }

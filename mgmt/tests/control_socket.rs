@@ -592,3 +592,304 @@ async fn every_data_path_waits_at_the_stall_gate() {
         c.assert_never_answered(cmd.itt, name);
     }
 }
+
+/// The sense key, ASC and ASCQ of the next TEST UNIT READY's CHECK
+/// CONDITION, or None when it ends GOOD.
+async fn tur_sense(c: &mut Client) -> Option<(u8, u8, u8)> {
+    let cmd = c.command(&[0; 6], false, false, 0);
+    c.conn.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    loop {
+        let pdu = c
+            .recv_within(Duration::from_secs(5))
+            .await
+            .expect("no answer to TEST UNIT READY");
+        if let Bhs::ScsiResponse(r) = &pdu.bhs {
+            if r.itt != cmd.itt {
+                continue;
+            }
+            if r.status == 0 {
+                return None;
+            }
+            // Sense data: a two-byte length, then fixed-format sense.
+            let s = &pdu.data[2..];
+            return Some((s[2] & 0x0f, s[12], s[13]));
+        }
+    }
+}
+
+/// Unit attentions until GOOD, in the order TEST UNIT READY reported them.
+async fn unit_attentions(c: &mut Client) -> Vec<(u8, u8)> {
+    let mut seen = Vec::new();
+    while let Some((key, asc, ascq)) = tur_sense(c).await {
+        assert_eq!(key, 6, "not a unit attention: {asc:#x}/{ascq:#x}");
+        seen.push((asc, ascq));
+        assert!(seen.len() < 8, "unit attentions never cleared: {seen:?}");
+    }
+    seen
+}
+
+/// REPORT LUNS through `c`: the LUN numbers.
+async fn report_luns(c: &mut Client) -> Vec<u16> {
+    let (status, data) = c
+        .run(&[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], 256, &[])
+        .await;
+    assert_eq!(status, 0);
+    let n = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize / 8;
+    (0..n)
+        .map(|i| u16::from_be_bytes([data[8 + 8 * i] & 0x3f, data[9 + 8 * i]]))
+        .collect()
+}
+
+/// The one session's TSIH, from session.list.
+async fn only_tsih(d: &Daemon) -> Option<u64> {
+    let v = d.call("session.list", Value::Null).await;
+    let s = v["sessions"].as_array().unwrap();
+    assert!(s.len() <= 1, "{v}");
+    s.first().map(|s| s["tsih"].as_u64().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
+    let mut d = Daemon::start().await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.ready().await;
+    let tsih = only_tsih(&d).await.expect("a session");
+    let block: Vec<u8> = (0..512u32).map(|i| (i * 7 + 3) as u8).collect();
+    assert_eq!(c.run(&rw10(0x2a, 0, 1), 0, &block).await.0, 0);
+
+    // A LUN added live: REPORTED LUNS DATA HAS CHANGED, then REPORT LUNS has it.
+    let v = d
+        .call(
+            "lun.add",
+            json!({"target": TARGET, "lun": {"id": 1, "backstore": "ram", "size": "4M"}}),
+        )
+        .await;
+    assert!(v["changes"].to_string().contains("LUN 1 of"), "{v}");
+    assert_eq!(unit_attentions(&mut c).await, [(0x3f, 0x0e)]);
+    assert_eq!(report_luns(&mut c).await, [0, 1]);
+    let (status, data) = c.run(&rw10(0x28, 0, 1), 512, &[]).await;
+    assert_eq!((status, data), (0, block.clone()), "LUN 0's data survived");
+
+    // Removing the LUN that just served I/O is refused and names why;
+    // the unused one goes.
+    let e = d
+        .try_call("lun.remove", json!({"target": TARGET, "lun": 0}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("removing LUN 0 of")
+            && e.contains("served a READ or WRITE")
+            && e.contains("force"),
+        "{e}"
+    );
+    d.call("lun.remove", json!({"target": TARGET, "lun": 1}))
+        .await;
+    assert_eq!(unit_attentions(&mut c).await, [(0x3f, 0x0e)]);
+    assert_eq!(report_luns(&mut c).await, [0]);
+
+    // A resize: CAPACITY DATA HAS CHANGED, READ CAPACITY has the new size,
+    // the data stays.
+    d.call(
+        "lun.resize",
+        json!({"target": TARGET, "lun": 0, "size": "16M"}),
+    )
+    .await;
+    assert_eq!(unit_attentions(&mut c).await, [(0x2a, 0x09)]);
+    let (status, cap) = c.run(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], 8, &[]).await;
+    assert_eq!(status, 0);
+    assert_eq!(
+        u32::from_be_bytes(cap[0..4].try_into().unwrap()),
+        (16 << 20) / 512 - 1
+    );
+    assert_eq!(c.run(&rw10(0x28, 0, 1), 512, &[]).await.1, block);
+    assert_eq!(only_tsih(&d).await, Some(tsih), "the session never dropped");
+
+    // The running configuration saved over the file it came from (the old
+    // one kept as a backup) is what a start reads.
+    let config = d._process.dir().join("two-groups.toml");
+    let v = d.call("config.save", Value::Null).await;
+    assert!(
+        v["backup"].as_str().is_some_and(|b| b.contains("/backup/")),
+        "{v}"
+    );
+    let saved = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        saved.contains("size = \"16M\"") && !saved.contains("id = 1"),
+        "{saved}"
+    );
+    let check = Command::new(BIN)
+        .args(["--check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // SIGHUP applies an edited file: a new LUN, the session untouched.
+    std::fs::write(
+        &config,
+        format!("{saved}\n[[target.lun]]\nid = 2\nbackstore = \"ram\"\nsize = \"1M\"\n"),
+    )
+    .unwrap();
+    d._process.signal("HUP");
+    d._process
+        .wait_log("the reload", |l| l.contains("LUN 2 of").then_some(()));
+    assert_eq!(unit_attentions(&mut c).await, [(0x3f, 0x0e)]);
+    assert_eq!(report_luns(&mut c).await, [0, 2]);
+    // A broken file changes nothing and says why.
+    std::fs::write(
+        &config,
+        format!("{saved}\n[[target.lun]]\nid = 3\nbackstore = \"tape\"\n"),
+    )
+    .unwrap();
+    d._process.signal("HUP");
+    d._process.wait_log("the failed reload", |l| {
+        l.contains("reload failed, still serving the previous configuration")
+            .then_some(())
+    });
+    let log = d._process.log_text();
+    assert!(log.contains("\"tape\" is not a backstore"), "{log}");
+    assert_eq!(report_luns(&mut c).await, [0, 2]);
+    assert_eq!(only_tsih(&d).await, Some(tsih));
+
+    // An access list without this initiator ends its session; adding it
+    // lets it back in.
+    let v = d
+        .call(
+            "acl.add",
+            json!({"target": TARGET, "initiator": "iqn.2026-11.io.blockwire:someone-else"}),
+        )
+        .await;
+    assert!(
+        v["changes"]
+            .to_string()
+            .contains("no longer in the access list"),
+        "{v}"
+    );
+    assert!(
+        c.recv_within(Duration::from_secs(3)).await.is_none(),
+        "the session was closed"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while only_tsih(&d).await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "the session stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    d.call("acl.add", json!({"target": TARGET, "initiator": INITIATOR}))
+        .await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.ready().await;
+    assert_eq!(c.run(&rw10(0x28, 0, 1), 512, &[]).await.1, block);
+
+    // Errors name what is missing and what there is.
+    let e = d
+        .try_call(
+            "lun.resize",
+            json!({"target": TARGET, "lun": 9, "size": "1G"}),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no LUN 9 in target") && e.contains("LUNs are 0, 2"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
+    let d = Daemon::start().await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.ready().await;
+    let tsih = only_tsih(&d).await.unwrap();
+
+    // A new target on a new portal.
+    let other = "iqn.2026-11.io.blockwire:ctl-e2e-second";
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    d.call("portal.add", json!({"tag": 3, "listen": free.to_string()}))
+        .await;
+    let v = d
+        .call(
+            "target.add",
+            json!({"target": {"name": other, "portal_groups": [3],
+                   "lun": [{"id": 0, "backstore": "ram", "size": "2M"}]}}),
+        )
+        .await;
+    assert!(
+        v["changes"]
+            .to_string()
+            .contains("target iqn.2026-11.io.blockwire:ctl-e2e-second added"),
+        "{v}"
+    );
+    let p3 = d.portal(3).await;
+    assert_eq!(p3, free);
+    // Removing a target with a session needs force.
+    let mut second = Client {
+        conn: RawConn::login(
+            p3,
+            INITIATOR,
+            other,
+            [0x80, 0, 0, 0, 0x2b, 2],
+            0,
+            Digests::NONE,
+            0x100,
+            1,
+        )
+        .await
+        .conn,
+        cmd_sn: 1,
+        itt: 0x100,
+        seen: Vec::new(),
+        lun: 0,
+    };
+    second.ready().await;
+    let e = d
+        .try_call("target.remove", json!({"target": other}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("has 1 session(s)") && e.contains(INITIATOR),
+        "{e}"
+    );
+    d.call("target.remove", json!({"target": other, "force": true}))
+        .await;
+    assert!(
+        second.recv_within(Duration::from_secs(3)).await.is_none(),
+        "forced out"
+    );
+    let v = d
+        .call("portal.remove", json!({"listen": free.to_string()}))
+        .await;
+    assert!(v["changes"].to_string().contains("removed"), "{v}");
+    assert!(
+        tokio::net::TcpStream::connect(free).await.is_err(),
+        "portal 3 is gone"
+    );
+    let e = d
+        .try_call("portal.remove", json!({"listen": "127.0.0.1:0"}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("portal groups 1, 2") && e.contains("tag"), "{e}");
+    // The first session never noticed.
+    assert_eq!(tur_sense(&mut c).await, None);
+    assert_eq!(only_tsih_of(&d, TARGET).await, Some(tsih));
+}
+
+async fn only_tsih_of(d: &Daemon, target: &str) -> Option<u64> {
+    let v = d.call("session.list", Value::Null).await;
+    v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["target"] == target)
+        .map(|s| s["tsih"].as_u64().unwrap())
+}

@@ -2,8 +2,9 @@
 //! redirected to a file as a service manager would:
 //!
 //! - the text log carries no ANSI escape codes when stderr is not a terminal;
-//! - SIGHUP does not end the daemon: it logs a warning and keeps accepting
-//!   connections on its portal; SIGTERM then ends it with exit 0;
+//! - SIGHUP does not end the daemon: it reloads the unchanged file, logs
+//!   that nothing changed and keeps accepting connections on its portal;
+//!   SIGTERM then ends it with exit 0;
 //! - `--log-format json` writes one JSON object per line;
 //! - `--log json` (a format name given as the filter) is refused with a
 //!   message naming --log-format.
@@ -17,8 +18,7 @@ use serde_json::Value;
 mod daemon;
 use daemon::{DaemonProcess as Daemon, BIN};
 
-const HUP_WARNING: &str =
-    "SIGHUP: configuration reload is not supported yet; restart the daemon to apply changes";
+const HUP_LINE: &str = "configuration applied: nothing to change";
 
 /// Starts the daemon with one portal on a free port of 127.0.0.1 and one
 /// 8 MiB RAM LUN, stderr to a file, plus `extra` arguments.
@@ -63,12 +63,12 @@ fn assert_accepts(portal: SocketAddr) {
         .unwrap_or_else(|e| panic!("the portal {portal} refused a connection: {e}"));
 }
 
-/// Sends SIGHUP, checks the warning and that the portal still accepts a
+/// Sends SIGHUP, checks the reload's log line and that the portal still accepts a
 /// connection, then SIGTERM and a clean exit. Returns the whole log.
 fn hup_then_term(d: &mut Daemon, portal: SocketAddr) -> String {
     d.signal("HUP");
-    d.wait_log("the SIGHUP warning", |log| {
-        log.contains(HUP_WARNING).then_some(())
+    d.wait_log("the reload line", |log| {
+        log.contains(HUP_LINE).then_some(())
     });
     std::thread::sleep(Duration::from_millis(200));
     assert!(
@@ -83,16 +83,16 @@ fn hup_then_term(d: &mut Daemon, portal: SocketAddr) -> String {
 }
 
 #[test]
-fn sighup_warns_and_keeps_serving_text_log_has_no_escape_codes() {
+fn sighup_reloads_and_keeps_serving_text_log_has_no_escape_codes() {
     let mut d = start(&["--log", "info"]);
     let portal = d.wait_log("the portal address", text_portal);
     assert_accepts(portal);
     let log = hup_then_term(&mut d, portal);
     let line = log
         .lines()
-        .find(|l| l.contains(HUP_WARNING))
-        .expect("the warning line");
-    assert!(line.contains("WARN"), "not at warn level: {line}");
+        .find(|l| l.contains(HUP_LINE))
+        .expect("the reload line");
+    assert!(line.contains("INFO"), "not at info level: {line}");
     assert!(log.contains("SIGTERM received"), "{log}");
     assert!(
         !log.as_bytes().contains(&0x1b),
@@ -111,8 +111,8 @@ fn json_log_format_writes_one_object_per_line() {
             .unwrap_or_else(|e| panic!("a log line is not JSON ({e}): {line:?}"));
         assert!(v.is_object(), "not an object: {line}");
         events += 1;
-        if v["fields"]["message"] == HUP_WARNING {
-            assert_eq!(v["level"], "WARN", "{line}");
+        if v["fields"]["message"] == HUP_LINE {
+            assert_eq!(v["level"], "INFO", "{line}");
         }
     }
     assert!(events >= 3, "too few events: {log}");

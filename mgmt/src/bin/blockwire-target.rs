@@ -283,20 +283,38 @@ fn main() -> anyhow::Result<ExitCode> {
     if args.check {
         return Ok(check(config.as_deref(), args.listen, opts));
     }
-    let mut built = match &config {
-        Some(path) => TargetConfig::load_with(path, opts).map_err(|e| anyhow::anyhow!("{e}"))?,
-        None => TargetConfig::embedded_default_with(
-            args.listen
-                .unwrap_or_else(|| "0.0.0.0:3260".parse().expect("valid default address")),
-            opts,
+    // The daemon keeps the configuration as a document: live changes edit
+    // it, SIGHUP reloads it, `ctl config.save` writes it.
+    let (file, text) = match &config {
+        Some(path) => (
+            path.display().to_string(),
+            std::fs::read_to_string(path)
+                .with_context(|| format!("{}: cannot read the file", path.display()))?,
+        ),
+        None => (
+            "<embedded default>".to_string(),
+            TargetConfig::embedded_default_text(
+                args.listen
+                    .unwrap_or_else(|| "0.0.0.0:3260".parse().expect("valid default address")),
+            ),
         ),
     };
-    if let (Some(listen), Some(_)) = (args.listen, &config) {
-        let catalog = std::sync::Arc::get_mut(&mut built.catalog).expect("catalog not shared yet");
-        for group in &mut catalog.portal_groups {
-            group.addresses = vec![listen];
+    let mut doc =
+        blockwire_mgmt::live::parse_doc(&file, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let listen_override = args.listen.filter(|_| config.is_some());
+    let text = match listen_override {
+        Some(listen) => {
+            blockwire_mgmt::live::override_listen(&mut doc, listen);
+            toml::to_string(&doc).context("applying --listen")?
         }
-    }
+        None => text,
+    };
+    let mut built =
+        TargetConfig::from_str_with(&file, &text, opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let source = blockwire_mgmt::live::Source {
+        file: config.clone(),
+        listen_override,
+    };
     built.settings.no_net = args.no_net;
     if let Some(path) = args.control {
         built.control_socket = Some(path);
@@ -309,7 +327,7 @@ fn main() -> anyhow::Result<ExitCode> {
         .thread_name("blockwire")
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(blockwire_mgmt::target_daemon::run(built))?;
+    runtime.block_on(blockwire_mgmt::target_daemon::run(built, doc, source, opts))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -29,7 +29,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
 use tracing::warn;
 
@@ -54,7 +54,8 @@ pub enum FileMode {
 pub struct FileBackstore {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// Capacity in bytes; only ever grows while the store is open.
+    size: AtomicU64,
     mode: FileMode,
     fallback: Option<String>,
     regular: bool,
@@ -196,7 +197,7 @@ impl FileBackstore {
         Ok(FileBackstore {
             file,
             path: path.to_owned(),
-            size: actual,
+            size: AtomicU64::new(actual),
             mode: effective,
             fallback,
             regular,
@@ -219,13 +220,13 @@ impl FileBackstore {
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "range {offset}+{len} beyond backstore {} of {} bytes",
                     self.path.display(),
-                    self.size
+                    self.size()
                 ),
             )),
         }
@@ -366,7 +367,42 @@ impl Backstore for FileBackstore {
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Grows a regular file (shrinking would cut data that commands in
+    /// flight may still address, so it is refused).
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let now = self.size();
+        if new_size < now {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{} is {now} bytes: a file LUN only grows; copy the data to a smaller LUN instead",
+                    self.path.display()
+                ),
+            ));
+        }
+        if !self.regular {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{} is a block device: resize the device itself",
+                    self.path.display()
+                ),
+            ));
+        }
+        if self.mode == FileMode::Direct && new_size % DIRECT_ALIGN != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("direct mode needs a size that is a multiple of {DIRECT_ALIGN} bytes"),
+            ));
+        }
+        if self.file.metadata()?.len() < new_size {
+            self.file.set_len(new_size)?;
+        }
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -502,7 +538,7 @@ impl Backstore for FileBackstore {
         format!(
             "file {} ({} MiB, {mode})",
             self.path.display(),
-            self.size >> 20
+            self.size() >> 20
         )
     }
 }

@@ -75,6 +75,16 @@ pub struct Extent {
 pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// Capacity in bytes (a multiple of the block size).
     fn size(&self) -> u64;
+    /// Changes the capacity to `new_size` bytes (a multiple of the block
+    /// size) while the store serves; the logical unit reports CAPACITY DATA
+    /// HAS CHANGED on its next command. Stores that cannot, say why.
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let _ = new_size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot be resized while it serves", self.describe()),
+        ))
+    }
     /// Reads `buf.len()` bytes at `offset`; the range lies within `size()`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `data` at `offset`; the range lies within `size()`.

@@ -8,6 +8,7 @@
 use super::{Backstore, Extent};
 use crate::datapath::source::pattern_fill;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What reads of a storage-less store return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +25,7 @@ enum Fill {
 /// no-disk pattern ([`NullBackstore::pattern`]).
 #[derive(Debug)]
 pub struct NullBackstore {
-    size: u64,
+    size: AtomicU64,
     fill: Fill,
 }
 
@@ -32,7 +33,7 @@ impl NullBackstore {
     /// A store that claims `size` bytes and reads zeros.
     pub fn new(size: u64) -> NullBackstore {
         NullBackstore {
-            size,
+            size: AtomicU64::new(size),
             fill: Fill::Zeros,
         }
     }
@@ -41,14 +42,14 @@ impl NullBackstore {
     /// (`--no-disk`).
     pub fn pattern(size: u64) -> NullBackstore {
         NullBackstore {
-            size,
+            size: AtomicU64::new(size),
             fill: Fill::Pattern,
         }
     }
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -57,7 +58,7 @@ impl NullBackstore {
                         Fill::Zeros => "null",
                         Fill::Pattern => "no-disk",
                     },
-                    self.size
+                    self.size()
                 ),
             )),
         }
@@ -79,7 +80,12 @@ impl Backstore for NullBackstore {
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -128,11 +134,11 @@ impl Backstore for NullBackstore {
         match self.fill {
             Fill::Zeros => format!(
                 "null ({} MiB, reads zeros, discards writes)",
-                self.size >> 20
+                self.size() >> 20
             ),
             Fill::Pattern => format!(
                 "no-disk pattern ({} MiB, benchmark only: writes are dropped)",
-                self.size >> 20
+                self.size() >> 20
             ),
         }
     }

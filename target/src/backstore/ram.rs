@@ -11,7 +11,8 @@
 
 use super::{Backstore, Extent};
 use std::io;
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
 
 const CHUNK: u64 = 1 << 20;
 /// The allocation map's unit: the smallest logical block.
@@ -60,33 +61,20 @@ impl Chunk {
 /// Sparse in-memory storage.
 #[derive(Debug)]
 pub struct RamBackstore {
+    /// The capacity, as `slots` has it (read without the lock by `size()`).
+    size: AtomicU64,
+    /// Every access holds this shared; a resize holds it exclusive, so a
+    /// range checked against the capacity stays valid while it is used.
+    slots: RwLock<Slots>,
+}
+
+#[derive(Debug)]
+struct Slots {
     size: u64,
     chunks: Vec<RwLock<Option<Chunk>>>,
 }
 
-impl RamBackstore {
-    /// A zero-filled store of `size` bytes.
-    pub fn new(size: u64) -> RamBackstore {
-        let n = size.div_ceil(CHUNK) as usize;
-        RamBackstore {
-            size,
-            chunks: (0..n).map(|_| RwLock::new(None)).collect(),
-        }
-    }
-
-    /// Calls `f(chunk index, offset in chunk, range in caller's buffer)` for
-    /// each chunk piece of `[offset, offset+len)`.
-    fn pieces(offset: u64, len: usize, mut f: impl FnMut(usize, usize, std::ops::Range<usize>)) {
-        let mut done = 0usize;
-        while done < len {
-            let pos = offset + done as u64;
-            let in_chunk = (pos % CHUNK) as usize;
-            let n = (len - done).min(CHUNK as usize - in_chunk);
-            f((pos / CHUNK) as usize, in_chunk, done..done + n);
-            done += n;
-        }
-    }
-
+impl Slots {
     fn check(&self, offset: u64, len: usize) -> io::Result<()> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(()),
@@ -101,15 +89,71 @@ impl RamBackstore {
     }
 }
 
+impl RamBackstore {
+    /// A zero-filled store of `size` bytes.
+    pub fn new(size: u64) -> RamBackstore {
+        let n = size.div_ceil(CHUNK) as usize;
+        RamBackstore {
+            size: AtomicU64::new(size),
+            slots: RwLock::new(Slots {
+                size,
+                chunks: (0..n).map(|_| RwLock::new(None)).collect(),
+            }),
+        }
+    }
+
+    fn slots(&self) -> RwLockReadGuard<'_, Slots> {
+        self.slots.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `f(chunk index, offset in chunk, range in caller's buffer)` for
+    /// each chunk piece of `[offset, offset+len)`.
+    fn pieces(offset: u64, len: usize, mut f: impl FnMut(usize, usize, std::ops::Range<usize>)) {
+        let mut done = 0usize;
+        while done < len {
+            let pos = offset + done as u64;
+            let in_chunk = (pos % CHUNK) as usize;
+            let n = (len - done).min(CHUNK as usize - in_chunk);
+            f((pos / CHUNK) as usize, in_chunk, done..done + n);
+            done += n;
+        }
+    }
+}
+
 impl Backstore for RamBackstore {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let n = new_size.div_ceil(CHUNK) as usize;
+        if new_size < slots.size {
+            // Bytes past the new end must read as zeros if the store grows
+            // again: clear the tail of the last kept chunk.
+            let tail = new_size % CHUNK;
+            if tail != 0 {
+                if let Some(ch) = slots.chunks[n - 1]
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                {
+                    ch.data[tail as usize..].fill(0);
+                    ch.clear(tail as usize, (CHUNK - tail) as usize);
+                }
+            }
+        }
+        slots.chunks.resize_with(n, || RwLock::new(None));
+        slots.size = new_size;
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.check(offset, buf.len())?;
+        let slots = self.slots();
+        slots.check(offset, buf.len())?;
         Self::pieces(offset, buf.len(), |c, at, range| {
-            let chunk = self.chunks[c].read().unwrap_or_else(|e| e.into_inner());
+            let chunk = slots.chunks[c].read().unwrap_or_else(|e| e.into_inner());
             let n = range.len();
             match chunk.as_ref() {
                 Some(c) => {
@@ -123,9 +167,10 @@ impl Backstore for RamBackstore {
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.check(offset, data.len())?;
+        let slots = self.slots();
+        slots.check(offset, data.len())?;
         Self::pieces(offset, data.len(), |c, at, range| {
-            let mut chunk = self.chunks[c].write().unwrap_or_else(|e| e.into_inner());
+            let mut chunk = slots.chunks[c].write().unwrap_or_else(|e| e.into_inner());
             let n = range.len();
             if chunk.is_none() && data[range.clone()].iter().all(|&b| b == 0) {
                 // Zeros into an unallocated chunk: it already reads so.
@@ -143,9 +188,10 @@ impl Backstore for RamBackstore {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check(offset, len as usize)?;
+        let slots = self.slots();
+        slots.check(offset, len as usize)?;
         Self::pieces(offset, len as usize, |c, at, range| {
-            let mut chunk = self.chunks[c].write().unwrap_or_else(|e| e.into_inner());
+            let mut chunk = slots.chunks[c].write().unwrap_or_else(|e| e.into_inner());
             if at == 0 && range.len() == CHUNK as usize {
                 // A whole chunk: give the memory back.
                 *chunk = None;
@@ -163,7 +209,8 @@ impl Backstore for RamBackstore {
     }
 
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {
-        self.check(offset, len as usize)?;
+        let slots = self.slots();
+        slots.check(offset, len as usize)?;
         let mut map: Vec<Extent> = Vec::new();
         let mut push = |offset: u64, len: u64, mapped: bool| match map.last_mut() {
             Some(last) if last.mapped == mapped && last.offset + last.len == offset => {
@@ -180,7 +227,7 @@ impl Backstore for RamBackstore {
         while pos < end {
             let c = (pos / CHUNK) as usize;
             let chunk_end = ((c as u64 + 1) * CHUNK).min(end);
-            let chunk = self.chunks[c].read().unwrap_or_else(|e| e.into_inner());
+            let chunk = slots.chunks[c].read().unwrap_or_else(|e| e.into_inner());
             match chunk.as_ref() {
                 None => push(pos, chunk_end - pos, false),
                 Some(ch) => {
@@ -198,7 +245,7 @@ impl Backstore for RamBackstore {
     }
 
     fn describe(&self) -> String {
-        format!("ram ({} MiB, allocated on write)", self.size >> 20)
+        format!("ram ({} MiB, allocated on write)", self.size() >> 20)
     }
 }
 

@@ -41,9 +41,9 @@ impl Fabric {
     /// Starts every configured LUN's data paths (see the module docs).
     pub fn start_data_paths(&self) -> Result<Vec<StartedPath>, DataPathError> {
         let mut started = Vec::new();
-        for t in &self.catalog.targets {
+        for t in &self.catalog().targets {
             for &(lun, policy) in &t.data_paths {
-                for line in self.start_lun(&t.name, lun, &t.luns, policy)? {
+                for line in self.start_lun_paths(&t.name, lun, &t.luns, policy)? {
                     started.push(StartedPath {
                         target: t.name.clone(),
                         lun,
@@ -55,7 +55,9 @@ impl Fabric {
         Ok(started)
     }
 
-    fn start_lun(
+    /// Starts the data paths of one LUN (at start-up, or when the
+    /// management plane adds it); returns a line per path for the log.
+    pub fn start_lun_paths(
         &self,
         target: &str,
         lun: u16,

@@ -55,6 +55,18 @@ impl LunPaths {
         self.any.store(true, Ordering::Release);
     }
 
+    /// Forgets the data paths of `lun` of `target` (the LUN was removed or
+    /// replaced: a new unit under the same number must not inherit them).
+    pub fn remove(&self, target: &str, lun: u16) -> Option<Arc<LunDataPaths>> {
+        let mut luns = self.luns.write().unwrap_or_else(|e| e.into_inner());
+        let t = luns.get_mut(target)?;
+        let gone = t.remove(&lun);
+        if t.is_empty() {
+            luns.remove(target);
+        }
+        gone
+    }
+
     /// The data paths of `lun` of `target`, if it has any.
     pub fn get(&self, target: &str, lun: u16) -> Option<Arc<LunDataPaths>> {
         if !self.any.load(Ordering::Acquire) {

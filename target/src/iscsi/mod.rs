@@ -96,8 +96,9 @@ impl Default for FabricSettings {
 /// The shared state of every connection.
 #[derive(Debug)]
 pub struct Fabric {
-    /// What is served.
-    pub catalog: Arc<Catalog>,
+    /// What is served: logins and discovery read the snapshot current when
+    /// they start; the management plane swaps in a new one.
+    catalog: std::sync::RwLock<Arc<Catalog>>,
     /// Live sessions.
     pub sessions: SessionTable,
     /// Tunables.
@@ -127,8 +128,9 @@ impl Fabric {
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Fabric> {
         let lun_paths = Arc::new(lun_paths::LunPaths::default());
+        let targets = catalog.targets.clone();
         let fabric = Arc::new(Fabric {
-            catalog,
+            catalog: std::sync::RwLock::new(catalog),
             sessions: SessionTable::default(),
             settings,
             shutdown,
@@ -139,17 +141,42 @@ impl Fabric {
             lun_paths,
             iser_counters: iser::IserCounters::default(),
         });
-        for target in &fabric.catalog.targets {
-            // Weak: the handler lives inside the catalog the fabric owns.
-            let weak = Arc::downgrade(&fabric);
-            target.luns.set_abort_handler(Arc::new(move |lun, nexus| {
-                if let Some(f) = weak.upgrade() {
-                    let n = f.sessions.abort_nexus_tasks(lun, nexus);
-                    tracing::info!(lun, nexus = %nexus.initiator_port, tasks = n, "tasks aborted by PREEMPT AND ABORT");
-                }
-            }));
+        for target in &targets {
+            fabric.wire_aborts(&target.luns);
         }
         fabric
+    }
+
+    /// What is served now.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Serves `catalog` from now on: new logins and discovery see it;
+    /// sessions keep the target entry they logged in to (its LUN table is
+    /// shared, so LUN changes reach them). Units of new tables get the
+    /// PREEMPT AND ABORT wiring.
+    pub fn replace_catalog(self: &Arc<Self>, catalog: Arc<Catalog>) {
+        for target in &catalog.targets {
+            self.wire_aborts(&target.luns);
+        }
+        *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = catalog;
+    }
+
+    /// Routes the table's PREEMPT AND ABORT to the sessions of the
+    /// preempted nexus (SPC-4 5.9.11.5: the fabric owns the tasks).
+    fn wire_aborts(self: &Arc<Self>, luns: &crate::scsi::LunTable) {
+        // Weak: the handler lives inside the catalog the fabric owns.
+        let weak = Arc::downgrade(self);
+        luns.set_abort_handler(Arc::new(move |lun, nexus| {
+            if let Some(f) = weak.upgrade() {
+                let n = f.sessions.abort_nexus_tasks(lun, nexus);
+                tracing::info!(lun, nexus = %nexus.initiator_port, tasks = n, "tasks aborted by PREEMPT AND ABORT");
+            }
+        }));
     }
 
     /// Starts the RDMA offload listener (soft provider) on `listen`: from now on

@@ -252,6 +252,27 @@ impl PortalSet {
         Ok(cut)
     }
 
+    /// Takes the portal on `addr` out of the set for good (it left the
+    /// configuration): closed as by [`PortalSet::close`] if open, then
+    /// forgotten. Returns how many connections were cut.
+    pub async fn remove(&self, addr: SocketAddr) -> Result<usize, PortalError> {
+        let mut entries = self.entries.lock().await;
+        let Some(i) = entries.iter().position(|e| e.addr == addr) else {
+            return Err(Self::unknown(&entries, addr));
+        };
+        let e = entries.remove(i);
+        let cut = match e.running {
+            Some(running) => {
+                let _ = running.close.send(true);
+                running.task.await.unwrap_or(0)
+            }
+            None => 0,
+        };
+        info!(portal = %addr, tpgt = e.tpgt, connections = cut, "portal removed");
+        self.reindex(&entries);
+        Ok(cut)
+    }
+
     /// Opens the closed portal `addr` again (same address, same portal
     /// group).
     pub async fn reopen(&self, addr: SocketAddr) -> Result<(), PortalError> {

@@ -345,6 +345,27 @@ impl SessionTable {
         }
     }
 
+    /// Ends `session` from the target's side (an operator closed it, or a
+    /// live change took away its target or its place in the access list):
+    /// it leaves the table at once, its I_T nexus is lost on every LUN (SPC-2
+    /// reservations go, persistent ones stay), and its connection stops.
+    pub fn close(&self, session: &Arc<Session>) {
+        {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if inner
+                .by_tsih
+                .get(&session.tsih)
+                .is_some_and(|s| Arc::ptr_eq(s, session))
+            {
+                inner.by_tsih.remove(&session.tsih);
+            }
+        }
+        session.stop_connection();
+        if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
+            t.luns.nexus_lost(nexus);
+        }
+    }
+
     /// Every live session.
     pub fn all(&self) -> Vec<Arc<Session>> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -384,7 +405,13 @@ impl SessionTable {
     pub fn abort_target_tasks(&self, target: &Arc<TargetEntry>, lun: Option<u16>) -> usize {
         self.all()
             .iter()
-            .filter(|s| s.target.as_ref().is_some_and(|t| Arc::ptr_eq(t, target)))
+            // By name: a live change gives later sessions a new entry for
+            // the same target (same LUN table).
+            .filter(|s| {
+                s.target
+                    .as_ref()
+                    .is_some_and(|t| t.name.eq_ignore_ascii_case(&target.name))
+            })
             .map(|s| {
                 s.tasks
                     .abort_where(|_, task_lun| lun.is_none_or(|l| l == task_lun))

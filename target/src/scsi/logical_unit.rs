@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -127,6 +128,20 @@ pub struct LogicalUnit {
     /// READ/WRITE counters and latencies (shared with planned commands'
     /// clocks, which count after the plan is dropped).
     pub(crate) stats: Arc<LunStats>,
+    /// When the unit was made: the origin of `last_media_ms`.
+    born: Instant,
+    /// Milliseconds after `born` of the last media command (0: none yet),
+    /// for telling an operator whether a LUN is in use before removing it.
+    last_media_ms: AtomicU64,
+}
+
+/// How busy a unit is, for the management plane's "in use" checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// Commands executing on the unit now.
+    pub in_flight: usize,
+    /// Time since the last media command (READ, WRITE, ...), if any came.
+    pub last_media: Option<Duration>,
 }
 
 /// Commands executing on this unit, per nexus. PREEMPT AND ABORT waits
@@ -235,6 +250,8 @@ impl LogicalUnit {
             in_flight: InFlight::default(),
             stall: StallGate::default(),
             stats: Arc::default(),
+            born: Instant::now(),
+            last_media_ms: AtomicU64::new(0),
             cfg,
         }
     }
@@ -265,6 +282,48 @@ impl LogicalUnit {
     /// were waiting.
     pub fn set_stalled(&self, stalled: bool) -> StallChange {
         self.stall.set(stalled)
+    }
+
+    /// Changes the capacity to `new_size` bytes while the unit serves; each
+    /// initiator hears CAPACITY DATA HAS CHANGED (SBC-4 4.6) with its next
+    /// command and may READ CAPACITY again.
+    pub fn resize(&self, new_size: u64) -> std::io::Result<()> {
+        let bs = u64::from(self.cfg.block_size);
+        if new_size < bs || new_size % bs != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{new_size} bytes is not a whole number of {bs}-byte blocks"),
+            ));
+        }
+        self.cfg.backstore.resize(new_size)?;
+        let mut st = self.lock();
+        let now = self.blocks();
+        if now != st.blocks {
+            st.blocks = now;
+            st.ua.push_others(None, Asc::CAPACITY_DATA_HAS_CHANGED);
+        }
+        Ok(())
+    }
+
+    /// Commands running now and how long since the last media command.
+    pub fn activity(&self) -> Activity {
+        let in_flight = self
+            .in_flight
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum();
+        let ms = self.last_media_ms.load(Ordering::Relaxed);
+        let last_media = (ms != 0).then(|| {
+            self.born
+                .elapsed()
+                .saturating_sub(Duration::from_millis(ms))
+        });
+        Activity {
+            in_flight,
+            last_media,
+        }
     }
 
     /// Whether the unit is stalled.
@@ -328,6 +387,10 @@ impl LogicalUnit {
             }
         }
         let _in_flight = self.in_flight.enter(req.nexus);
+        if media {
+            let ms = started.saturating_duration_since(self.born).as_millis() as u64;
+            self.last_media_ms.store(ms.max(1), Ordering::Relaxed);
+        }
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         let decoded = Cdb::decode(req.cdb);
         let transfer = match &decoded {

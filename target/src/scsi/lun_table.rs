@@ -1,9 +1,11 @@
 //! The logical units of one target, by LUN: routes commands, answers
 //! REPORT LUNS and commands to LUNs that do not exist, and applies task
-//! management and nexus loss to every unit.
+//! management and nexus loss to every unit. Units can be added and removed
+//! while sessions run (the management plane); every change raises REPORTED
+//! LUNS DATA HAS CHANGED for the initiators the remaining units know.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use blockwire_pdu::scsi::opcode as op;
 use blockwire_pdu::scsi::{
@@ -19,13 +21,52 @@ use super::{ItNexus, ScsiRequest, ScsiResult};
 
 /// The logical units of one target, by LUN. Answers REPORT LUNS and
 /// commands to LUNs that do not exist.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct LunTable {
-    luns: BTreeMap<u16, Arc<LogicalUnit>>,
-    /// LUN numbers in ascending order, for REPORT LUNS.
-    ids: Vec<u16>,
+    /// The current set; a command works on the snapshot it started with.
+    units: RwLock<Arc<Units>>,
     /// The target port groups the units are reached through (ALUA).
     ports: RwLock<PortGroups>,
+    /// What PREEMPT AND ABORT calls, kept for units added later.
+    abort: Mutex<Option<TableAbortHandler>>,
+}
+
+/// The fabric's PREEMPT AND ABORT hook for a table: called with the LUN and
+/// the preempted nexus.
+pub type TableAbortHandler = Arc<dyn Fn(u16, &ItNexus) + Send + Sync>;
+
+impl std::fmt::Debug for LunTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LunTable")
+            .field("luns", &self.lun_ids())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One snapshot of a table's units.
+#[derive(Debug, Default)]
+struct Units {
+    map: BTreeMap<u16, Arc<LogicalUnit>>,
+    /// LUN numbers in ascending order, for REPORT LUNS.
+    ids: Vec<u16>,
+}
+
+impl Units {
+    fn of(map: BTreeMap<u16, Arc<LogicalUnit>>) -> Units {
+        let ids = map.keys().copied().collect();
+        Units { map, ids }
+    }
+}
+
+/// Why a unit cannot be added to a table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddLunError {
+    /// The number is taken.
+    #[error("LUN {0} exists already; remove it first or pick another number")]
+    Exists(u16),
+    /// Above what single-level LUN addressing reaches.
+    #[error("LUN {0} is above 16383, the highest LUN single-level addressing reaches")]
+    OutOfRange(u16),
 }
 
 /// Why a LUN-addressed management request (e.g. a stall) cannot be done.
@@ -61,11 +102,73 @@ impl LunTable {
             }
             map.insert(id, lu);
         }
-        let ids = map.keys().copied().collect();
         LunTable {
-            luns: map,
-            ids,
+            units: RwLock::new(Arc::new(Units::of(map))),
             ports: RwLock::default(),
+            abort: Mutex::default(),
+        }
+    }
+
+    fn snapshot(&self) -> Arc<Units> {
+        self.units.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Adds `lu` as `lun` while sessions run. Every initiator a unit of the
+    /// table knows gets REPORTED LUNS DATA HAS CHANGED (SPC-4 6.33), which
+    /// tells it to scan again.
+    pub fn add(&self, lun: u16, lu: Arc<LogicalUnit>) -> Result<(), AddLunError> {
+        if Lun::new(lun).is_none() {
+            return Err(AddLunError::OutOfRange(lun));
+        }
+        if let Some(h) = self.abort.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            lu.set_abort_handler(Arc::new(move |n: &ItNexus| h(lun, n)));
+        }
+        {
+            let mut units = self.units.write().unwrap_or_else(|e| e.into_inner());
+            if units.map.contains_key(&lun) {
+                return Err(AddLunError::Exists(lun));
+            }
+            let mut map = units.map.clone();
+            map.insert(lun, lu);
+            *units = Arc::new(Units::of(map));
+        }
+        info!(lun, "LUN added");
+        self.luns_changed();
+        Ok(())
+    }
+
+    /// Removes `lun`, returning its unit (which commands already running
+    /// on it finish with). The remaining units' initiators get REPORTED
+    /// LUNS DATA HAS CHANGED; new commands to `lun` get LOGICAL UNIT NOT
+    /// SUPPORTED.
+    pub fn remove(&self, lun: u16) -> Result<Arc<LogicalUnit>, NoSuchLun> {
+        let removed = {
+            let mut units = self.units.write().unwrap_or_else(|e| e.into_inner());
+            let mut map = units.map.clone();
+            let removed = map.remove(&lun).ok_or_else(|| NoSuchLun {
+                lun,
+                existing: units.ids.clone(),
+            })?;
+            *units = Arc::new(Units::of(map));
+            removed
+        };
+        info!(lun, "LUN removed");
+        self.luns_changed();
+        Ok(removed)
+    }
+
+    /// Queues REPORTED LUNS DATA HAS CHANGED for every nexus any unit knows.
+    fn luns_changed(&self) {
+        let units = self.snapshot();
+        let mut nexuses = std::collections::HashSet::new();
+        for lu in units.map.values() {
+            nexuses.extend(lu.lock().ua.known().cloned());
+        }
+        for lu in units.map.values() {
+            let mut st = lu.lock();
+            for n in &nexuses {
+                st.ua.push(n, Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+            }
         }
     }
 
@@ -92,9 +195,10 @@ impl LunTable {
     /// released, unless their task was aborted meanwhile (see
     /// `LogicalUnit::set_stalled`). Logged at warn level.
     pub fn set_stalled(&self, lun: u16, stalled: bool) -> Result<StallChange, NoSuchLun> {
-        let lu = self.luns.get(&lun).ok_or_else(|| NoSuchLun {
+        let units = self.snapshot();
+        let lu = units.map.get(&lun).ok_or_else(|| NoSuchLun {
             lun,
-            existing: self.ids.clone(),
+            existing: units.ids.clone(),
         })?;
         let change = lu.set_stalled(stalled);
         if stalled {
@@ -120,7 +224,7 @@ impl LunTable {
         // the LUN and initiator through this span.
         let span = debug_span!("scsi", lun = req.lun, initiator = %req.nexus.initiator_port, itt = req.task_tag);
         let _in = span.enter();
-        match self.luns.get(&req.lun) {
+        match self.get(req.lun) {
             Some(lu) => lu.execute(req.lun, req, self, true),
             None => self.no_such_lun(req),
         }
@@ -130,7 +234,7 @@ impl LunTable {
     /// probe: the same checks, but not counted as a READ or WRITE of its
     /// own (the planned command is counted when it ends).
     pub(crate) fn execute_probe(&self, req: &ScsiRequest<'_>) -> ScsiResult {
-        match self.luns.get(&req.lun) {
+        match self.get(req.lun) {
             Some(lu) => lu.execute(req.lun, req, self, false),
             None => self.no_such_lun(req),
         }
@@ -138,29 +242,34 @@ impl LunTable {
 
     /// Whether `lun` exists.
     pub fn has_lun(&self, lun: u16) -> bool {
-        self.luns.contains_key(&lun)
+        self.snapshot().map.contains_key(&lun)
     }
 
     /// The LUNs, ascending.
     pub fn lun_ids(&self) -> Vec<u16> {
-        self.ids.clone()
+        self.snapshot().ids.clone()
     }
 
     /// The unit at `lun`.
-    pub fn get(&self, lun: u16) -> Option<&Arc<LogicalUnit>> {
-        self.luns.get(&lun)
+    pub fn get(&self, lun: u16) -> Option<Arc<LogicalUnit>> {
+        self.snapshot().map.get(&lun).cloned()
     }
 
     /// Every unit, by LUN.
-    pub(crate) fn units(&self) -> impl Iterator<Item = &Arc<LogicalUnit>> {
-        self.luns.values()
+    pub fn units(&self) -> Vec<(u16, Arc<LogicalUnit>)> {
+        self.snapshot()
+            .map
+            .iter()
+            .map(|(id, lu)| (*id, lu.clone()))
+            .collect()
     }
 
     /// Sets what PREEMPT AND ABORT calls, with the LUN and the preempted
     /// nexus, so the fabric aborts that nexus's tasks on that LUN (SPC-4
     /// 5.9.11.5). Without one, only the reservation state changes.
-    pub fn set_abort_handler(&self, handler: Arc<dyn Fn(u16, &ItNexus) + Send + Sync>) {
-        for (&lun, lu) in &self.luns {
+    pub fn set_abort_handler(&self, handler: TableAbortHandler) {
+        *self.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler.clone());
+        for (lun, lu) in self.units() {
             let h = handler.clone();
             lu.set_abort_handler(Arc::new(move |n: &ItNexus| h(lun, n)));
         }
@@ -168,7 +277,7 @@ impl LunTable {
 
     /// LOGICAL UNIT RESET of `lun`, requested through `by`.
     pub fn reset_lun(&self, lun: u16, by: &ItNexus) {
-        if let Some(lu) = self.luns.get(&lun) {
+        if let Some(lu) = self.get(lun) {
             info!(lun, initiator = %by.initiator_port, "logical unit reset");
             lu.reset(Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED);
         }
@@ -177,7 +286,7 @@ impl LunTable {
     /// TARGET WARM/COLD RESET requested through `by`: every unit is reset.
     pub fn reset_target(&self, by: &ItNexus) {
         info!(initiator = %by.initiator_port, "target reset");
-        for lu in self.luns.values() {
+        for (_, lu) in self.units() {
             lu.reset(Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET);
         }
     }
@@ -186,7 +295,7 @@ impl LunTable {
     /// nexus's SPC-2 reservations and per-nexus state on every unit.
     /// Persistent reservations and registrations stay.
     pub fn nexus_lost(&self, nexus: &ItNexus) {
-        for lu in self.luns.values() {
+        for (_, lu) in self.units() {
             lu.nexus_lost(nexus);
         }
     }
@@ -195,7 +304,7 @@ impl LunTable {
     /// every unit is still flushed.
     pub fn flush_all(&self) -> std::io::Result<()> {
         let mut first = Ok(());
-        for (lun, lu) in &self.luns {
+        for (lun, lu) in self.units() {
             if let Err(e) = lu.flush() {
                 warn!(lun, error = %e, "flush failed");
                 if first.is_ok() {
@@ -231,7 +340,7 @@ impl LunTable {
                     select_report,
                     allocation_length,
                 }),
-            ) => report_luns(&self.ids, select_report, allocation_length),
+            ) => report_luns(&self.lun_ids(), select_report, allocation_length),
             (
                 _,
                 Ok(Cdb::RequestSense {

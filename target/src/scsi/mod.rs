@@ -39,8 +39,8 @@ mod tests_pr;
 
 pub use alua::{AluaState, TargetPortGroup};
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};
-pub use logical_unit::{LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
-pub use lun_table::{LunTable, NoSuchLun};
+pub use logical_unit::{Activity, LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
+pub use lun_table::{AddLunError, LunTable, NoSuchLun, TableAbortHandler};
 pub use reservations::AbortHandler;
 pub use stall::{abortable, StallChange};
 

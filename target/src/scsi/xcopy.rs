@@ -156,7 +156,12 @@ impl LogicalUnit {
             let Ok((des, _)) = Designator::decode(&d[4..24]) else {
                 return Err(invalid_param((off + 4) as u16, None));
             };
-            let Some(lu) = table.units().find(|u| u.naa_designator() == des.id) else {
+            let Some(lu) = table
+                .units()
+                .into_iter()
+                .map(|(_, u)| u)
+                .find(|u| u.naa_designator() == des.id)
+            else {
                 return Err(copy_aborted(Asc::COPY_TARGET_DEVICE_NOT_REACHABLE));
             };
             let dbl = be32(d, 28) & 0x00ff_ffff;

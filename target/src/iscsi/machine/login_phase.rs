@@ -86,8 +86,7 @@ impl LoginPhase {
         settings: LoginSettings,
         rng: R,
     ) -> LoginPhase {
-        let machine =
-            LoginMachine::with_settings(fabric.catalog.clone(), tpgt, local, settings, rng);
+        let machine = LoginMachine::with_settings(fabric.catalog(), tpgt, local, settings, rng);
         LoginPhase {
             fabric,
             machine,

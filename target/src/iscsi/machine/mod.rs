@@ -281,7 +281,7 @@ impl ConnMachine {
             shared: Shared::new(outcome.exp_cmd_sn, settings.queue_depth),
             collectors: HashMap::new(),
             write_budget: WriteBudget::new(settings.write_budget_bytes),
-            text: TextExchange::from_outcome(fabric.catalog.clone(), outcome, local),
+            text: TextExchange::from_outcome(fabric.catalog(), outcome, local),
             write_limits,
             next_ttt: 1,
             ping: None,

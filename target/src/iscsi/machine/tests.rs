@@ -538,7 +538,7 @@ async fn login_refusals_name_their_status() {
     let mut strict = fabric.settings.clone();
     strict.require_header_digest = true;
     let (_, rx) = watch::channel(false);
-    let strict = Fabric::new(fabric.catalog.clone(), strict, rx);
+    let strict = Fabric::new(fabric.catalog(), strict, rx);
     let status = refused(login(&strict, Some(TARGET), &[("HeaderDigest", "None")]));
     assert_eq!(status.class, 2, "an initiator error: {status:?}");
     assert!(strict.sessions.all().is_empty(), "no session left behind");

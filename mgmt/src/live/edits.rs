@@ -1,0 +1,459 @@
+//! Edits of the configuration document behind the control API's methods:
+//! each one changes the TOML document the way an operator would edit the
+//! file, names what it could not find, and leaves checking the result to
+//! the same validation a start runs.
+
+use toml::{Table, Value};
+
+use super::LiveError;
+
+/// A JSON parameter as TOML (no nulls in TOML: a null is refused).
+pub fn json_to_toml(v: serde_json::Value) -> Result<Value, LiveError> {
+    Ok(match v {
+        serde_json::Value::Null => {
+            return Err(LiveError::Invalid(
+                "null has no TOML form: leave the field out instead".into(),
+            ))
+        }
+        serde_json::Value::Bool(b) => Value::Boolean(b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::String(s),
+        serde_json::Value::Array(a) => {
+            Value::Array(a.into_iter().map(json_to_toml).collect::<Result<_, _>>()?)
+        }
+        serde_json::Value::Object(o) => Value::Table(
+            o.into_iter()
+                .map(|(k, v)| Ok((k, json_to_toml(v)?)))
+                .collect::<Result<_, LiveError>>()?,
+        ),
+    })
+}
+
+fn array<'a>(t: &'a mut Table, key: &str) -> &'a mut Vec<Value> {
+    let v = t
+        .entry(key.to_owned())
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !v.is_array() {
+        *v = Value::Array(Vec::new());
+    }
+    v.as_array_mut().expect("made an array above")
+}
+
+fn name_of(t: &Table) -> &str {
+    t.get("name").and_then(Value::as_str).unwrap_or("").trim()
+}
+
+fn target_names(doc: &Table) -> String {
+    let names: Vec<&str> = super::tables(doc, "target").map(name_of).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The `[[target]]` table named `name` (iSCSI names compare case-insensitively).
+pub fn target_mut<'a>(doc: &'a mut Table, name: &str) -> Result<&'a mut Table, LiveError> {
+    let known = target_names(doc);
+    array(doc, "target")
+        .iter_mut()
+        .filter_map(Value::as_table_mut)
+        .find(|t| name_of(t).eq_ignore_ascii_case(name.trim()))
+        .ok_or_else(|| LiveError::NotFound(format!("no target {name}; targets are {known}")))
+}
+
+/// Adds a target (its table as the file would have it, LUNs included).
+pub fn add_target(doc: &mut Table, target: Table) -> Result<(), LiveError> {
+    let name = name_of(&target).to_owned();
+    if name.is_empty() {
+        return Err(LiveError::Invalid(
+            "a target needs a name, e.g. \"iqn.2026-11.com.example:disk1\"".into(),
+        ));
+    }
+    if target_mut(doc, &name).is_ok() {
+        return Err(LiveError::Invalid(format!("target {name} exists already")));
+    }
+    array(doc, "target").push(Value::Table(target));
+    Ok(())
+}
+
+/// Removes the target `name`.
+pub fn remove_target(doc: &mut Table, name: &str) -> Result<(), LiveError> {
+    target_mut(doc, name)?;
+    array(doc, "target").retain(|t| {
+        !t.as_table()
+            .is_some_and(|t| name_of(t).eq_ignore_ascii_case(name.trim()))
+    });
+    Ok(())
+}
+
+fn lun_id(t: &Table) -> Option<i64> {
+    t.get("id").and_then(Value::as_integer)
+}
+
+fn lun_ids(t: &Table) -> String {
+    let ids: Vec<String> = super::tables(t, "lun")
+        .filter_map(lun_id)
+        .map(|i| i.to_string())
+        .collect();
+    if ids.is_empty() {
+        "none".into()
+    } else {
+        ids.join(", ")
+    }
+}
+
+/// Adds a LUN (its table as the file would have it) to `target`.
+pub fn add_lun(doc: &mut Table, target: &str, lun: Table) -> Result<(), LiveError> {
+    let t = target_mut(doc, target)?;
+    let Some(id) = lun_id(&lun) else {
+        return Err(LiveError::Invalid(
+            "a LUN needs an id (0..16383), e.g. {\"id\": 1, \"backstore\": \"ram\", \"size\": \"1G\"}".into(),
+        ));
+    };
+    if super::tables(t, "lun").any(|l| lun_id(l) == Some(id)) {
+        return Err(LiveError::Invalid(format!(
+            "LUN {id} exists in {target} already (LUNs are {}); remove it first or pick another id",
+            lun_ids(t)
+        )));
+    }
+    array(t, "lun").push(Value::Table(lun));
+    Ok(())
+}
+
+fn lun_mut<'a>(t: &'a mut Table, target: &str, id: u16) -> Result<&'a mut Table, LiveError> {
+    let known = lun_ids(t);
+    array(t, "lun")
+        .iter_mut()
+        .filter_map(Value::as_table_mut)
+        .find(|l| lun_id(l) == Some(i64::from(id)))
+        .ok_or_else(|| {
+            LiveError::NotFound(format!("no LUN {id} in target {target}; LUNs are {known}"))
+        })
+}
+
+/// Removes LUN `id` of `target`.
+pub fn remove_lun(doc: &mut Table, target: &str, id: u16) -> Result<(), LiveError> {
+    let t = target_mut(doc, target)?;
+    lun_mut(t, target, id)?;
+    array(t, "lun").retain(|l| {
+        !l.as_table()
+            .is_some_and(|l| lun_id(l) == Some(i64::from(id)))
+    });
+    Ok(())
+}
+
+/// Sets the size of LUN `id` of `target`.
+pub fn resize_lun(doc: &mut Table, target: &str, id: u16, size: &str) -> Result<(), LiveError> {
+    let t = target_mut(doc, target)?;
+    let l = lun_mut(t, target, id)?;
+    l.insert("size".into(), Value::String(size.to_owned()));
+    Ok(())
+}
+
+/// Adds `initiator` to the access list of `target`. A target without one
+/// admits every initiator; the first entry restricts it to the list.
+pub fn acl_add(doc: &mut Table, target: &str, initiator: &str) -> Result<(), LiveError> {
+    let t = target_mut(doc, target)?;
+    let allow = array(t, "allow");
+    if allow.iter().any(|a| {
+        a.as_str()
+            .is_some_and(|a| a.eq_ignore_ascii_case(initiator))
+    }) {
+        return Err(LiveError::Invalid(format!(
+            "{initiator} is in the access list of {target} already"
+        )));
+    }
+    allow.push(Value::String(initiator.to_owned()));
+    Ok(())
+}
+
+/// Removes `initiator` from the access list of `target` (its sessions end).
+pub fn acl_remove(doc: &mut Table, target: &str, initiator: &str) -> Result<(), LiveError> {
+    let t = target_mut(doc, target)?;
+    let Some(allow) = t.get_mut("allow").and_then(Value::as_array_mut) else {
+        return Err(LiveError::NotFound(format!(
+            "target {target} has no access list (every initiator may log in); add entries with acl.add"
+        )));
+    };
+    let before = allow.len();
+    allow.retain(|a| {
+        !a.as_str()
+            .is_some_and(|a| a.eq_ignore_ascii_case(initiator))
+    });
+    if allow.len() == before {
+        let list: Vec<&str> = allow.iter().filter_map(Value::as_str).collect();
+        return Err(LiveError::NotFound(format!(
+            "{initiator} is not in the access list of {target}; it lists {}",
+            if list.is_empty() {
+                "nobody".to_string()
+            } else {
+                list.join(", ")
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// The table CHAP settings live in: a target's, or `[discovery]`.
+fn auth_table<'a>(doc: &'a mut Table, target: Option<&str>) -> Result<&'a mut Table, LiveError> {
+    match target {
+        Some(t) => target_mut(doc, t),
+        None => {
+            let d = doc
+                .entry("discovery".to_owned())
+                .or_insert_with(|| Value::Table(Table::new()));
+            d.as_table_mut()
+                .ok_or_else(|| LiveError::Invalid("[discovery] is not a table".into()))
+        }
+    }
+}
+
+/// Adds a CHAP account: one any initiator may use, or, with `initiator`,
+/// one for that initiator only.
+pub fn chap_add(
+    doc: &mut Table,
+    target: Option<&str>,
+    user: &str,
+    secret: &str,
+    initiator: Option<&str>,
+) -> Result<(), LiveError> {
+    let t = auth_table(doc, target)?;
+    let key = if initiator.is_some() {
+        "initiator_chap"
+    } else {
+        "chap"
+    };
+    let list = array(t, key);
+    let taken = list.iter().filter_map(Value::as_table).any(|c| {
+        c.get("user").and_then(Value::as_str) == Some(user)
+            && c.get("initiator").and_then(Value::as_str) == initiator
+    });
+    if taken {
+        return Err(LiveError::Invalid(format!(
+            "CHAP user {user} exists already there; remove it first to change its secret"
+        )));
+    }
+    let mut c = Table::new();
+    if let Some(i) = initiator {
+        c.insert("initiator".into(), Value::String(i.to_owned()));
+    }
+    c.insert("user".into(), Value::String(user.to_owned()));
+    c.insert("secret".into(), Value::String(secret.to_owned()));
+    list.push(Value::Table(c));
+    Ok(())
+}
+
+/// Removes a CHAP account (sessions that logged in with it keep running).
+pub fn chap_remove(
+    doc: &mut Table,
+    target: Option<&str>,
+    user: &str,
+    initiator: Option<&str>,
+) -> Result<(), LiveError> {
+    let t = auth_table(doc, target)?;
+    let key = if initiator.is_some() {
+        "initiator_chap"
+    } else {
+        "chap"
+    };
+    let list = array(t, key);
+    let before = list.len();
+    list.retain(|c| {
+        !c.as_table().is_some_and(|c| {
+            c.get("user").and_then(Value::as_str) == Some(user)
+                && c.get("initiator").and_then(Value::as_str) == initiator
+        })
+    });
+    if list.len() == before {
+        return Err(LiveError::NotFound(format!(
+            "no CHAP user {user}{} there",
+            initiator.map_or(String::new(), |i| format!(" for {i}"))
+        )));
+    }
+    Ok(())
+}
+
+/// Adds `listen` to portal group `tag`, creating the group if needed.
+pub fn portal_add(doc: &mut Table, tag: u16, listen: &str) -> Result<(), LiveError> {
+    let groups = array(doc, "portal_group");
+    let group = groups
+        .iter_mut()
+        .filter_map(Value::as_table_mut)
+        .find(|g| g.get("tag").and_then(Value::as_integer) == Some(i64::from(tag)));
+    match group {
+        Some(g) => {
+            let l = array(g, "listen");
+            if l.iter().any(|a| a.as_str() == Some(listen)) {
+                return Err(LiveError::Invalid(format!(
+                    "portal group {tag} listens on {listen} already"
+                )));
+            }
+            l.push(Value::String(listen.to_owned()));
+        }
+        None => {
+            let mut g = Table::new();
+            g.insert("tag".into(), Value::Integer(i64::from(tag)));
+            g.insert(
+                "listen".into(),
+                Value::Array(vec![Value::String(listen.to_owned())]),
+            );
+            groups.push(Value::Table(g));
+        }
+    }
+    Ok(())
+}
+
+/// Removes `listen` from the portal group that has it (group `tag` when
+/// several list it, as with port 0); a group left without addresses goes
+/// too.
+pub fn portal_remove(doc: &mut Table, listen: &str, tag: Option<u16>) -> Result<(), LiveError> {
+    let groups = array(doc, "portal_group");
+    let tag_of = |g: &Table| g.get("tag").and_then(Value::as_integer);
+    let listed: Vec<i64> = groups
+        .iter()
+        .filter_map(Value::as_table)
+        .filter(|g| {
+            super::strings(g, "listen").any(|a| a == listen)
+                && tag.is_none_or(|t| tag_of(g) == Some(i64::from(t)))
+        })
+        .filter_map(tag_of)
+        .collect();
+    match listed.len() {
+        0 => {
+            return Err(LiveError::NotFound(format!(
+                "no portal group{} listens on {listen} (see portal.list)",
+                tag.map_or(String::new(), |t| format!(" with tag {t}"))
+            )))
+        }
+        1 => {}
+        _ => {
+            let tags: Vec<String> = listed.iter().map(|t| t.to_string()).collect();
+            return Err(LiveError::Invalid(format!(
+                "{listen} is in portal groups {}: give the group's tag",
+                tags.join(", ")
+            )));
+        }
+    }
+    for g in groups
+        .iter_mut()
+        .filter_map(Value::as_table_mut)
+        .filter(|g| tag_of(g) == Some(listed[0]))
+    {
+        array(g, "listen").retain(|a| a.as_str() != Some(listen));
+    }
+    groups.retain(|g| {
+        g.as_table()
+            .and_then(|g| g.get("listen"))
+            .and_then(Value::as_array)
+            .is_some_and(|l| !l.is_empty())
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = r#"
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+[[target]]
+name = "iqn.2026-11.io.blockwire:a"
+
+[[target.lun]]
+id = 0
+backstore = "ram"
+size = "64M"
+"#;
+
+    fn doc() -> Table {
+        DOC.parse().unwrap()
+    }
+
+    #[test]
+    fn luns_are_added_resized_and_removed_by_id() {
+        let mut d = doc();
+        let lun: Table = "id = 1\nbackstore = \"ram\"\nsize = \"8M\""
+            .parse()
+            .unwrap();
+        add_lun(&mut d, "IQN.2026-11.io.blockwire:a", lun.clone()).unwrap();
+        let e = add_lun(&mut d, "iqn.2026-11.io.blockwire:a", lun).unwrap_err();
+        assert!(e.to_string().contains("LUN 1 exists"), "{e}");
+        resize_lun(&mut d, "iqn.2026-11.io.blockwire:a", 1, "16M").unwrap();
+        let text = toml::to_string(&d).unwrap();
+        assert!(text.contains("size = \"16M\""), "{text}");
+        remove_lun(&mut d, "iqn.2026-11.io.blockwire:a", 1).unwrap();
+        let e = remove_lun(&mut d, "iqn.2026-11.io.blockwire:a", 1).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no LUN 1 in target iqn.2026-11.io.blockwire:a; LUNs are 0"
+        );
+        let e = remove_lun(&mut d, "iqn.x:y", 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no target iqn.x:y; targets are iqn.2026-11.io.blockwire:a"
+        );
+    }
+
+    #[test]
+    fn access_lists_and_chap_accounts() {
+        let mut d = doc();
+        let t = "iqn.2026-11.io.blockwire:a";
+        assert!(acl_remove(&mut d, t, "iqn.i:1").is_err(), "no list yet");
+        acl_add(&mut d, t, "iqn.i:1").unwrap();
+        acl_add(&mut d, t, "iqn.i:2").unwrap();
+        assert!(
+            acl_add(&mut d, t, "IQN.i:1").is_err(),
+            "names compare case-insensitively"
+        );
+        acl_remove(&mut d, t, "iqn.i:1").unwrap();
+        let e = acl_remove(&mut d, t, "iqn.i:1").unwrap_err().to_string();
+        assert!(e.ends_with("it lists iqn.i:2"), "{e}");
+        chap_add(&mut d, Some(t), "u", "secret-of-16-chars", None).unwrap();
+        chap_add(&mut d, None, "disc", "secret-of-16-chars", None).unwrap();
+        chap_add(&mut d, Some(t), "u", "secret-of-16-chars", Some("iqn.i:2")).unwrap();
+        assert!(chap_add(&mut d, Some(t), "u", "x", None).is_err());
+        chap_remove(&mut d, Some(t), "u", None).unwrap();
+        assert!(chap_remove(&mut d, Some(t), "u", None).is_err());
+        chap_remove(&mut d, Some(t), "u", Some("iqn.i:2")).unwrap();
+        chap_remove(&mut d, None, "disc", None).unwrap();
+    }
+
+    #[test]
+    fn portals_join_and_leave_groups() {
+        let mut d = doc();
+        portal_add(&mut d, 1, "127.0.0.1:3261").unwrap();
+        portal_add(&mut d, 2, "127.0.0.2:3260").unwrap();
+        assert!(portal_add(&mut d, 1, "127.0.0.1:3261").is_err());
+        portal_remove(&mut d, "127.0.0.2:3260", None).unwrap();
+        assert_eq!(
+            super::super::tables(&d, "portal_group").count(),
+            1,
+            "empty group dropped"
+        );
+        assert!(portal_remove(&mut d, "127.0.0.2:3260", None).is_err());
+        portal_add(&mut d, 4, "127.0.0.1:3261").unwrap();
+        let e = portal_remove(&mut d, "127.0.0.1:3261", None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "127.0.0.1:3261 is in portal groups 1, 4: give the group's tag"
+        );
+        portal_remove(&mut d, "127.0.0.1:3261", Some(4)).unwrap();
+    }
+
+    #[test]
+    fn json_parameters_become_toml_and_nulls_are_refused() {
+        let v = json_to_toml(serde_json::json!({"id": 2, "backstore": "ram", "read_only": true}))
+            .unwrap();
+        assert_eq!(v.get("id").and_then(Value::as_integer), Some(2));
+        assert!(json_to_toml(serde_json::json!({"path": null})).is_err());
+    }
+}

@@ -1,0 +1,792 @@
+//! Live changes to a running target. Every change, a control-socket call
+//! or a SIGHUP reload, is a whole new configuration document: it is checked
+//! exactly like a file at start-up, and only if it passes is the difference
+//! to what runs applied. Sessions a change does not concern keep running:
+//! targets keep their LUN table (sessions hold it), LUNs whose definition
+//! is unchanged keep their unit (data, reservations, unit attentions), and
+//! portals that stay keep their connections. `ctl save` writes the document
+//! that runs, so the daemon can start from it.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use blockwire_target::iscsi::catalog::{Catalog, TargetEntry};
+use blockwire_target::iscsi::portal::{Portal, PortalSet};
+use blockwire_target::iscsi::Fabric;
+use blockwire_target::scsi::Activity;
+use toml::{Table, Value};
+use tracing::{info, warn};
+
+use crate::config::{parse_size, LoadOptions, Reuse, TargetConfig};
+
+pub mod edits;
+
+/// A LUN that served a READ or WRITE this recently counts as in use: an
+/// initiator is likely to have it open (mounted, in a volume group).
+const IN_USE_WINDOW: Duration = Duration::from_secs(10);
+
+/// Backups `save` keeps of the file it replaces (targetcli keeps 10 too).
+pub const BACKUPS_KEPT: usize = 10;
+
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// The new configuration fails a check; nothing changed.
+    #[error("{0}")]
+    Invalid(String),
+    /// A target, LUN, ACL entry or credential the request names is not there.
+    #[error("{0}")]
+    NotFound(String),
+    /// The change would take away something in use; nothing changed.
+    #[error("{0}")]
+    InUse(String),
+    /// The change was attempted and failed (a portal that cannot bind, a
+    /// file that cannot grow, a save that cannot write).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What a change did, a line each, for the log and the caller.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Applied {
+    /// What changed.
+    pub changes: Vec<String>,
+    /// Sections that changed in the document but take effect only at the
+    /// next start.
+    pub restart_needed: Vec<String>,
+}
+
+/// Where the running configuration came from.
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    /// The file SIGHUP reloads and `save` writes (none: the embedded default).
+    pub file: Option<PathBuf>,
+    /// `--listen`: replaces every portal group's addresses, at start and on
+    /// each reload.
+    pub listen_override: Option<SocketAddr>,
+}
+
+/// The running configuration and the means to change it.
+pub struct Live {
+    fabric: Arc<Fabric>,
+    portals: Arc<PortalSet>,
+    opts: LoadOptions,
+    source: Source,
+    running: tokio::sync::Mutex<Running>,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Running {
+    doc: Table,
+    /// Each configured listen address and the address its portal is bound
+    /// to (they differ for port 0).
+    bound: HashMap<SocketAddr, SocketAddr>,
+}
+
+/// Parses configuration text into a document; a syntax error names its line.
+pub fn parse_doc(file: &str, text: &str) -> Result<Table, LiveError> {
+    text.parse::<Table>().map_err(|e| {
+        let line = e.span().map_or(0, |s| {
+            text[..s.start.min(text.len())].lines().count().max(1)
+        });
+        LiveError::Invalid(format!("{file}:{line}: syntax: {}", e.message()))
+    })
+}
+
+/// Replaces every portal group's listen addresses by `listen` (`--listen`).
+pub fn override_listen(doc: &mut Table, listen: SocketAddr) {
+    if let Some(Value::Array(groups)) = doc.get_mut("portal_group") {
+        for g in groups.iter_mut().filter_map(Value::as_table_mut) {
+            g.insert(
+                "listen".into(),
+                Value::Array(vec![Value::String(listen.to_string())]),
+            );
+        }
+    }
+}
+
+impl Live {
+    /// The running configuration `doc`, served by `fabric` through
+    /// `portals`; `bound` maps configured listen addresses to bound ones.
+    pub fn new(
+        fabric: Arc<Fabric>,
+        portals: Arc<PortalSet>,
+        opts: LoadOptions,
+        source: Source,
+        doc: Table,
+        bound: HashMap<SocketAddr, SocketAddr>,
+    ) -> Live {
+        Live {
+            fabric,
+            portals,
+            opts,
+            source,
+            running: tokio::sync::Mutex::new(Running { doc, bound }),
+        }
+    }
+
+    /// The running configuration as TOML.
+    pub async fn text(&self) -> String {
+        toml::to_string(&self.running.lock().await.doc).unwrap_or_default()
+    }
+
+    /// Reads the configuration file again and applies the difference
+    /// (SIGHUP). A file that fails a check changes nothing.
+    pub async fn reload(&self) -> Result<Applied, LiveError> {
+        let Some(path) = &self.source.file else {
+            return Err(LiveError::NotFound(
+                "the daemon runs the embedded default (no --config file): there is nothing to reload; \
+                 start it with --config FILE, or change it with the control socket"
+                    .into(),
+            ));
+        };
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| LiveError::Invalid(format!("{name}: cannot read the file: {e}")))?;
+        let mut doc = parse_doc(&name, &text)?;
+        if let Some(l) = self.source.listen_override {
+            override_listen(&mut doc, l);
+        }
+        let mut running = self.running.lock().await;
+        self.apply(&mut running, doc, false, &name).await
+    }
+
+    /// Changes the running document with `edit` and applies the result;
+    /// `force` allows taking away LUNs and targets in use.
+    pub async fn edit(
+        &self,
+        force: bool,
+        edit: impl FnOnce(&mut Table) -> Result<(), LiveError>,
+    ) -> Result<Applied, LiveError> {
+        let mut running = self.running.lock().await;
+        let mut doc = running.doc.clone();
+        edit(&mut doc)?;
+        self.apply(&mut running, doc, force, "<control socket change>")
+            .await
+    }
+
+    /// Checks `doc` and applies what differs from the running document.
+    async fn apply(
+        &self,
+        running: &mut Running,
+        doc: Table,
+        force: bool,
+        origin: &str,
+    ) -> Result<Applied, LiveError> {
+        let text = toml::to_string(&doc)
+            .map_err(|e| LiveError::Invalid(format!("cannot write the configuration: {e}")))?;
+        let old = self.fabric.catalog();
+        let mut applied = Applied::default();
+
+        // Units that stay: the same LUN table (size and the stall switch
+        // aside) in a target of the same name.
+        let old_luns = lun_defs(&running.doc);
+        let mut reuse = Reuse::new();
+        let mut resizes = Vec::new();
+        for (key, def) in lun_defs(&doc) {
+            let Some(before) = old_luns.get(&key) else {
+                continue;
+            };
+            let Some(unit) = old.target(&key.0).and_then(|t| t.luns.get(key.1)) else {
+                continue;
+            };
+            if same_unit(before, &def) {
+                if before.get("size") != def.get("size") {
+                    let size = def.get("size").and_then(size_of).ok_or_else(|| {
+                        LiveError::Invalid(format!(
+                            "LUN {} of {}: give size as e.g. \"2G\" to resize it",
+                            key.1, key.0
+                        ))
+                    })?;
+                    resizes.push((key.clone(), unit.clone(), size));
+                }
+                reuse.insert(key, unit);
+            }
+        }
+        let built = TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse))
+            .map_err(|e| LiveError::Invalid(format!("{e}; nothing was changed")))?;
+        let new = built.catalog.clone();
+
+        // What would be taken away, and whether it is in use.
+        let mut busy = Vec::new();
+        let sessions = self.fabric.sessions.all();
+        for t in &old.targets {
+            let gone = new.target(&t.name).is_none();
+            if gone {
+                let users: Vec<&str> = sessions
+                    .iter()
+                    .filter(|s| {
+                        s.target
+                            .as_ref()
+                            .is_some_and(|st| st.name.eq_ignore_ascii_case(&t.name))
+                    })
+                    .map(|s| s.initiator_name.as_str())
+                    .collect();
+                if !users.is_empty() {
+                    busy.push(format!(
+                        "target {} has {} session(s) (from {})",
+                        t.name,
+                        users.len(),
+                        users.join(", ")
+                    ));
+                }
+            }
+            for (id, lu) in t.luns.units() {
+                if reuse.contains_key(&(t.name.to_ascii_lowercase(), id)) {
+                    continue;
+                }
+                if let Some(why) = in_use(&lu.activity()) {
+                    let what = if gone || new.target(&t.name).is_some_and(|n| !n.luns.has_lun(id)) {
+                        "removing"
+                    } else {
+                        "replacing (its definition changed)"
+                    };
+                    busy.push(format!("{what} LUN {id} of {}: {why}", t.name));
+                }
+            }
+        }
+        for (key, unit, size) in &resizes {
+            if *size < unit.config().backstore.size() {
+                if let Some(why) = in_use(&unit.activity()) {
+                    busy.push(format!("shrinking LUN {} of {}: {why}", key.1, key.0));
+                }
+            }
+        }
+        if !busy.is_empty() && !force {
+            return Err(LiveError::InUse(format!(
+                "{}; nothing was changed (pass force to do it anyway: sessions are closed, \
+                 commands to the LUN fail)",
+                busy.join("; ")
+            )));
+        }
+
+        // Portals: those that leave or change group close first (their
+        // address may be bound again), then new ones bind; a bind failure
+        // undoes the binds and changes nothing else.
+        let old_portals = portal_pairs(&old);
+        let new_portals = portal_pairs(&new);
+        let leaving: Vec<(SocketAddr, u16)> = old_portals
+            .iter()
+            .filter(|p| !new_portals.contains(p))
+            .copied()
+            .collect();
+        let coming: Vec<(SocketAddr, u16)> = new_portals
+            .iter()
+            .filter(|p| !old_portals.contains(p))
+            .copied()
+            .collect();
+        let mut opened = Vec::new();
+        for (addr, tag) in &coming {
+            let start = async {
+                let portal = Portal::bind(*addr, *tag).await?;
+                self.portals.start(portal).await
+            };
+            let rebinding = leaving.iter().any(|(a, _)| a == addr);
+            if rebinding {
+                // Same address, other group: it must be free first.
+                if let Some(b) = running.bound.remove(addr) {
+                    let _ = self.portals.remove(b).await;
+                }
+            }
+            match start.await {
+                Ok(bound) => opened.push((*addr, *tag, bound)),
+                Err(e) => {
+                    for (_, _, b) in &opened {
+                        let _ = self.portals.remove(*b).await;
+                    }
+                    return Err(LiveError::Failed(format!(
+                        "cannot listen on {addr} (portal group {tag}): {e}; nothing else was changed"
+                    )));
+                }
+            }
+        }
+        for (addr, tag, bound) in opened {
+            running.bound.insert(addr, bound);
+            applied
+                .changes
+                .push(format!("portal {bound} (portal group {tag}) listening"));
+        }
+
+        for (key, unit, size) in resizes {
+            let before = unit.config().backstore.size();
+            unit.resize(size).map_err(|e| {
+                LiveError::Failed(format!("resizing LUN {} of {}: {e}", key.1, key.0))
+            })?;
+            applied.changes.push(format!(
+                "LUN {} of {} resized from {before} to {size} bytes (initiators hear CAPACITY DATA HAS CHANGED)",
+                key.1, key.0
+            ));
+        }
+
+        // The new catalog: targets that stay keep their LUN table, brought
+        // in line with the new definition.
+        let mut targets = Vec::new();
+        for nt in &new.targets {
+            let Some(ot) = old.target(&nt.name) else {
+                for line in self.start_paths(nt) {
+                    applied.changes.push(line);
+                }
+                applied.changes.push(format!(
+                    "target {} added ({} LUNs)",
+                    nt.name,
+                    nt.luns.lun_ids().len()
+                ));
+                targets.push(nt.clone());
+                continue;
+            };
+            let table = ot.luns.clone();
+            for (id, lu) in table.units() {
+                if nt.luns.get(id).is_some_and(|n| Arc::ptr_eq(&n, &lu)) {
+                    continue;
+                }
+                let _ = table.remove(id);
+                self.fabric.lun_paths.remove(&ot.name, id);
+                applied
+                    .changes
+                    .push(format!("LUN {id} of {} removed", ot.name));
+            }
+            let mut added = Vec::new();
+            for (id, lu) in nt.luns.units() {
+                if table.get(id).is_some() {
+                    continue;
+                }
+                if let Err(e) = table.add(id, lu.clone()) {
+                    warn!(target = %nt.name, lun = id, "{e}");
+                    continue;
+                }
+                added.push(id);
+                applied.changes.push(format!(
+                    "LUN {id} of {} added: {} (initiators hear REPORTED LUNS DATA HAS CHANGED; rescan to see it)",
+                    nt.name,
+                    lu.config().backstore.describe()
+                ));
+            }
+            table.set_port_groups(nt.luns.target_port_groups());
+            let entry = Arc::new(TargetEntry {
+                name: nt.name.clone(),
+                alias: nt.alias.clone(),
+                portal_groups: nt.portal_groups.clone(),
+                acl: nt.acl.clone(),
+                auth: nt.auth.clone(),
+                luns: table,
+                data_paths: nt.data_paths.clone(),
+            });
+            for &(id, policy) in entry.data_paths.iter().filter(|(id, _)| added.contains(id)) {
+                match self
+                    .fabric
+                    .start_lun_paths(&entry.name, id, &entry.luns, policy)
+                {
+                    Ok(lines) => applied.changes.extend(
+                        lines
+                            .into_iter()
+                            .map(|l| format!("LUN {id} of {}: {l}", entry.name)),
+                    ),
+                    Err(e) => warn!("{e}; the LUN uses the SCSI core's copy path"),
+                }
+            }
+            if ot.acl != nt.acl {
+                applied
+                    .changes
+                    .push(format!("access list of {} changed", nt.name));
+            }
+            if ot.auth != nt.auth {
+                applied.changes.push(format!(
+                    "CHAP settings of {} changed (for logins from now on)",
+                    nt.name
+                ));
+            }
+            if ot.portal_groups != nt.portal_groups || ot.alias != nt.alias {
+                applied
+                    .changes
+                    .push(format!("portal groups or alias of {} changed", nt.name));
+            }
+            targets.push(entry);
+        }
+        if old.discovery_auth != new.discovery_auth {
+            applied
+                .changes
+                .push("discovery CHAP settings changed".into());
+        }
+        let catalog = Arc::new(Catalog {
+            portal_groups: new.portal_groups.clone(),
+            targets,
+            discovery_auth: new.discovery_auth.clone(),
+        });
+        self.fabric.replace_catalog(catalog.clone());
+
+        // Sessions the change concerns: of removed targets, and of
+        // initiators the access list no longer admits.
+        for s in &sessions {
+            let Some(st) = &s.target else { continue };
+            let why = match catalog.target(&st.name) {
+                None => format!("target {} was removed", st.name),
+                Some(t) if !t.acl.allows(&s.initiator_name) => {
+                    format!(
+                        "{} is no longer in the access list of {}",
+                        s.initiator_name, t.name
+                    )
+                }
+                Some(_) => continue,
+            };
+            self.fabric.sessions.close(s);
+            applied.changes.push(format!(
+                "session {} (TSIH {}) closed: {why}",
+                s.initiator_name, s.tsih
+            ));
+        }
+        for t in old
+            .targets
+            .iter()
+            .filter(|t| catalog.target(&t.name).is_none())
+        {
+            for id in t.luns.lun_ids() {
+                self.fabric.lun_paths.remove(&t.name, id);
+            }
+            applied.changes.push(format!("target {} removed", t.name));
+        }
+        for (addr, tag) in leaving {
+            if new_portals.iter().any(|(a, _)| *a == addr) {
+                continue; // re-bound above for its new group
+            }
+            if let Some(b) = running.bound.remove(&addr) {
+                let cut = self.portals.remove(b).await.unwrap_or(0);
+                applied.changes.push(format!(
+                    "portal {b} (portal group {tag}) removed, {cut} connection(s) cut"
+                ));
+            }
+        }
+        for section in ["fabric", "control", "metrics"] {
+            if running.doc.get(section) != doc.get(section) {
+                applied.restart_needed.push(format!("[{section}]"));
+            }
+        }
+        if iser_keys(&running.doc) != iser_keys(&doc) {
+            applied
+                .restart_needed
+                .push("iSER portals (iser, iser_listen)".into());
+        }
+        running.doc = doc;
+        for c in &applied.changes {
+            info!(origin, "{c}");
+        }
+        for r in &applied.restart_needed {
+            warn!(origin, "{r} changed: it takes effect at the next start");
+        }
+        if applied.changes.is_empty() {
+            info!(origin, "configuration applied: nothing to change");
+        }
+        Ok(applied)
+    }
+
+    fn start_paths(&self, t: &TargetEntry) -> Vec<String> {
+        let mut lines = Vec::new();
+        for &(id, policy) in &t.data_paths {
+            match self.fabric.start_lun_paths(&t.name, id, &t.luns, policy) {
+                Ok(l) => lines.extend(
+                    l.into_iter()
+                        .map(|l| format!("LUN {id} of {}: {l}", t.name)),
+                ),
+                Err(e) => warn!("{e}; the LUN uses the SCSI core's copy path"),
+            }
+        }
+        lines
+    }
+
+    /// Writes the running configuration to `path` (default: the file it
+    /// was loaded from) atomically: a temporary file in the same directory,
+    /// fsync, rename, fsync of the directory. A file it replaces is kept in
+    /// `backup/` next to it; the newest [`BACKUPS_KEPT`] backups stay.
+    pub async fn save(&self, path: Option<&Path>) -> Result<Saved, LiveError> {
+        let path = match (path, &self.source.file) {
+            (Some(p), _) => p.to_owned(),
+            (None, Some(f)) => f.clone(),
+            (None, None) => {
+                return Err(LiveError::NotFound(
+                    "the daemon runs the embedded default: name the file to write (\"path\")"
+                        .into(),
+                ))
+            }
+        };
+        let body = self.text().await;
+        let text = format!(
+            "# blockwire-target configuration, saved from the running daemon at {}.\n\
+             # Start it with: blockwire-target --config {}\n\n{body}",
+            utc_stamp(SystemTime::now(), ' '),
+            path.display()
+        );
+        let _guard = self.running.lock().await; // one save or change at a time
+        write_atomically(&path, text.as_bytes())
+            .map_err(|e| LiveError::Failed(format!("saving to {}: {e}", path.display())))
+    }
+}
+
+/// What a save wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Saved {
+    /// The file written.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: usize,
+    /// Where the file it replaced was kept, if there was one.
+    pub backup: Option<PathBuf>,
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old file or
+/// the new one, never a mix; the old one is copied to `backup/` first.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<Saved> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the path names no file"))?
+        .to_string_lossy()
+        .into_owned();
+    let backup = if path.exists() {
+        let bdir = dir.join("backup");
+        std::fs::create_dir_all(&bdir)?;
+        let b = bdir.join(format!("{name}.{}", utc_stamp(SystemTime::now(), 'T')));
+        std::fs::copy(path, &b)?;
+        prune_backups(&bdir, &name)?;
+        Some(b)
+    } else {
+        None
+    };
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode_owner_only()
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result?;
+    Ok(Saved {
+        path: path.to_owned(),
+        bytes: bytes.len(),
+        backup,
+    })
+}
+
+/// Owner-only permissions for saved files: they hold CHAP secrets.
+trait OwnerOnly {
+    fn mode_owner_only(&mut self) -> &mut Self;
+}
+
+impl OwnerOnly for std::fs::OpenOptions {
+    fn mode_owner_only(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.mode(0o600)
+    }
+}
+
+/// Keeps the newest [`BACKUPS_KEPT`] backups of `name` (their names sort by time).
+fn prune_backups(bdir: &Path, name: &str) -> std::io::Result<()> {
+    let prefix = format!("{name}.");
+    let mut backups: Vec<PathBuf> = std::fs::read_dir(bdir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect();
+    backups.sort();
+    let excess = backups.len().saturating_sub(BACKUPS_KEPT);
+    for old in &backups[..excess] {
+        std::fs::remove_file(old)?;
+    }
+    Ok(())
+}
+
+/// `2026-11-26T05:12:33.123456Z`-style UTC time (with `sep` between date
+/// and time; ':' becomes '-' in file names).
+fn utc_stamp(t: SystemTime, sep: char) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Gregorian, proleptic).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let colon = if sep == 'T' { '-' } else { ':' };
+    format!(
+        "{year:04}-{month:02}-{day:02}{sep}{:02}{colon}{:02}{colon}{:02}.{:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+/// Why a unit counts as in use, if it does.
+fn in_use(a: &Activity) -> Option<String> {
+    if a.in_flight > 0 {
+        return Some(format!("{} command(s) are running on it", a.in_flight));
+    }
+    match a.last_media {
+        Some(ago) if ago < IN_USE_WINDOW => Some(format!(
+            "it served a READ or WRITE {:.1} s ago",
+            ago.as_secs_f64()
+        )),
+        _ => None,
+    }
+}
+
+/// Every LUN definition of `doc`, by lower-case target name and LUN.
+fn lun_defs(doc: &Table) -> HashMap<(String, u16), Table> {
+    let mut out = HashMap::new();
+    for t in tables(doc, "target") {
+        let Some(name) = t.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        for l in tables(t, "lun") {
+            if let Some(id) = l
+                .get("id")
+                .and_then(Value::as_integer)
+                .and_then(|i| u16::try_from(i).ok())
+            {
+                out.insert((name.trim().to_ascii_lowercase(), id), l.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The tables of the array `key` of `t`.
+pub fn tables<'a>(t: &'a Table, key: &str) -> impl Iterator<Item = &'a Table> + 'a {
+    t.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_table)
+}
+
+/// The strings of the array `key` of `t`.
+pub fn strings<'a>(t: &'a Table, key: &str) -> impl Iterator<Item = &'a str> + 'a {
+    t.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+}
+
+/// Whether two LUN definitions describe the same unit: equal but for the
+/// size (a resize) and the stall switch (a start-up option).
+fn same_unit(a: &Table, b: &Table) -> bool {
+    let strip = |t: &Table| {
+        let mut t = t.clone();
+        t.remove("size");
+        t.remove("stalled");
+        t
+    };
+    strip(a) == strip(b)
+}
+
+fn size_of(v: &Value) -> Option<u64> {
+    match v {
+        Value::String(s) => parse_size(s),
+        Value::Integer(i) => u64::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+fn portal_pairs(c: &Catalog) -> Vec<(SocketAddr, u16)> {
+    c.portal_groups
+        .iter()
+        .flat_map(|g| g.addresses.iter().map(move |a| (*a, g.tag)))
+        .collect()
+}
+
+fn iser_keys(doc: &Table) -> Vec<(Option<Value>, Option<Value>)> {
+    tables(doc, "portal_group")
+        .map(|g| (g.get("iser").cloned(), g.get("iser_listen").cloned()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_stamps_are_civil_dates() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        assert_eq!(utc_stamp(t, ' '), "2026-11-18 11:06:40.000000Z");
+        assert_eq!(utc_stamp(UNIX_EPOCH, 'T'), "1970-01-01T00-00-00.000000Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert!(utc_stamp(leap, ' ').starts_with("2000-02-29 "));
+    }
+
+    #[test]
+    fn saves_replace_atomically_and_keep_ten_backups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("target.toml");
+        let first = write_atomically(&path, b"one").unwrap();
+        assert!(first.backup.is_none());
+        for i in 0..12 {
+            let s = write_atomically(&path, format!("v{i}").as_bytes()).unwrap();
+            let b = s.backup.unwrap();
+            let before = if i == 0 {
+                "one".to_string()
+            } else {
+                format!("v{}", i - 1)
+            };
+            assert_eq!(std::fs::read_to_string(&b).unwrap(), before);
+        }
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "v11");
+        let kept = std::fs::read_dir(dir.path().join("backup"))
+            .unwrap()
+            .count();
+        assert_eq!(kept, BACKUPS_KEPT);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "saved files hold CHAP secrets");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn a_unit_is_the_same_across_a_resize_but_not_a_new_backstore() {
+        let a: Table = "id = 0\nbackstore = \"ram\"\nsize = \"1G\"\n"
+            .parse()
+            .unwrap();
+        let b: Table = "id = 0\nbackstore = \"ram\"\nsize = \"2G\"\n"
+            .parse()
+            .unwrap();
+        let c: Table = "id = 0\nbackstore = \"null\"\nsize = \"1G\"\n"
+            .parse()
+            .unwrap();
+        assert!(same_unit(&a, &b));
+        assert!(!same_unit(&a, &c));
+    }
+}
