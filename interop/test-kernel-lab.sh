@@ -11,6 +11,8 @@
 #   interop/kernel/guest-eh.sh          the SCSI error handler against a stalled LUN
 #   interop/kernel/guest-multipath.sh   dm-multipath with ALUA over two portal groups
 #   interop/kernel/guest-ublk.sh        `blockwire ublk`: a LUN as /dev/ublkbN
+#   interop/kernel/guest-mgmt.sh        live changes (control socket, SIGHUP, config.save) under
+#                                       the kernel initiator's fio verify; Prometheus histograms
 #   interop/kernel/guest-rdma.sh        the verbs backend on Soft-RoCE (rdma_rxe): the RDMA
 #                                       conformance suite through libibverbs and librdmacm,
 #                                       then RDMA-assisted iSCSI on verbs end to end,
@@ -98,7 +100,7 @@ run_ocfs2() {
     [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
 }
 
-suites=${KL_SUITES:-initiator eh multipath ublk rdma ocfs2}
+suites=${KL_SUITES:-initiator eh multipath ublk mgmt rdma ocfs2}
 failed=()
 for s in $suites; do
     out=$build/kernel-lab/$s

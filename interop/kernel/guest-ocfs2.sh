@@ -18,7 +18,7 @@
 #     RESERVATION CONFLICT while node2 keeps writing to the mounted file system.
 # The guests wait for each other through files in KL_SYNC (shared with the host), every wait
 # bounded. Env: KL_OUT (this node's results), KL_SYNC, KL_O2HB_DEAD (heartbeat dead threshold,
-# default 61 iterations of 2 s).
+# default 31 iterations of 2 s: o2cb's own default, a 60 s limit the target restart must beat).
 ROLE=${1:?usage: guest-ocfs2.sh node1|node2}
 case $ROLE in
 node1) PEER=node2 N=1 ;;
@@ -34,7 +34,7 @@ PORTAL=10.99.0.1:3260
 CLUSTER=bwlab
 MNT=$KL_WORK/ocfs2 # /mnt is part of the read-only root
 LUN_MIB=640
-DEAD=${KL_O2HB_DEAD:-61}
+DEAD=${KL_O2HB_DEAD:-31}
 # o2hb fences a node whose heartbeat write has not completed for (dead threshold - 1) beats
 # of 2 s: the longest storage outage the cluster survives.
 HB_LIMIT=$(((DEAD - 1) * 2))
@@ -343,12 +343,20 @@ sg_inq -p 0x83 "/dev/$dev" >"$KL_OUT/vpd83-after.txt" 2>&1
     fail "$ROLE: identity before: $ID1; after: $ID2"
 peer_say "id2-$ROLE" "$ID2"
 if [ "$ROLE" = node1 ]; then
-    # SIGHUP is the daemon manager's reload signal: the target keeps its sessions and names.
+    # SIGHUP is the daemon manager's reload signal. The file changes (a second LUN), the reload
+    # applies it live, and LUN 0 keeps its unit: same sessions, same names.
+    printf '\n[[target.lun]]\nid = 1\nbackstore = "ram"\nsize = "8M"\n' >>"$KL_WORK/target.toml"
     kill -HUP "$T_PID"
-    sleep 2
-    kill -0 "$T_PID" 2>/dev/null && [ "$(identity "$dev")" = "$ID1" ] && mounted_rw &&
-        pass "SIGHUP (reload): the target keeps running, LUN identity unchanged" ||
-        fail "after SIGHUP: target alive=$(kill -0 "$T_PID" 2>/dev/null && echo yes || echo no), identity $(identity "$dev")"
+    if timeout 60 bash -c 'until cat "$1"/target-*.log | grep -q "LUN 1 of $2 added"; do sleep 0.2; done' \
+        _ "$KL_OUT" "$IQN"; then
+        applied="LUN 1 added"
+    else
+        applied="not applied"
+    fi
+    kill -0 "$T_PID" 2>/dev/null && [ "$applied" = "LUN 1 added" ] && [ "$(identity "$dev")" = "$ID1" ] &&
+        mounted_rw &&
+        pass "SIGHUP reload of a changed file ($applied): the target keeps running, LUN 0 identity unchanged" ||
+        fail "after SIGHUP ($applied): target alive=$(kill -0 "$T_PID" 2>/dev/null && echo yes || echo no), identity $(identity "$dev")"
     peer_wait id2-node2 300 && [ "$(peer_get id2-node2)" = "$ID1" ] &&
         pass "node2's identity after the restart equals node1's before it" ||
         fail "node2 after the restart: $(peer_get id2-node2 2>/dev/null)"

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use blockwire_target::iscsi::portal::{PortalError, PortalSet};
 use blockwire_target::iscsi::Fabric;
+use blockwire_target::scsi::stats::Direction;
 use blockwire_target::scsi::LunTable;
 
 use crate::live::{edits, Live, LiveError};
@@ -325,6 +326,17 @@ pub struct Control {
     live: Option<Arc<Live>>,
 }
 
+/// A LUN's counters in one direction, as lun.list shows them.
+fn counted(lu: &blockwire_target::scsi::LogicalUnit, d: Direction) -> Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = lu.stats().direction(d);
+    json!({
+        "commands": s.commands.load(Relaxed),
+        "errors": s.errors.load(Relaxed),
+        "bytes": s.bytes.load(Relaxed),
+    })
+}
+
 fn live_error(e: LiveError) -> RpcError {
     let code = match e {
         LiveError::Invalid(_) => code::INVALID_PARAMS,
@@ -581,6 +593,10 @@ impl Control {
                             "held": lu.held_commands(),
                             "size": lu.config().backstore.size(),
                             "commands_running": lu.activity().in_flight,
+                            "counters": {
+                                "reads": counted(&lu, Direction::Read),
+                                "writes": counted(&lu, Direction::Write),
+                            },
                             "last_io_secs_ago": lu.activity().last_media.map(|d| d.as_secs_f64()),
                             "backstore": lu.config().backstore.describe(),
                         })

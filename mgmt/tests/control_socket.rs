@@ -728,6 +728,16 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
         "{}",
         String::from_utf8_lossy(&check.stderr)
     );
+    // A second daemon starts from it (its portals are on port 0 again).
+    let copy_dir = tempfile::tempdir().unwrap();
+    let copy = copy_dir.path().join("saved.toml");
+    std::fs::copy(&config, &copy).unwrap();
+    let mut second = daemon::DaemonProcess::spawn(copy_dir, &copy, ["--log", "info"]);
+    second.wait_log("the saved configuration serving", |l| {
+        l.contains(&format!("serving target={TARGET} lun=0"))
+            .then_some(())
+    });
+    drop(second);
 
     // SIGHUP applies an edited file: a new LUN, the session untouched.
     std::fs::write(

@@ -97,8 +97,9 @@ Running under systemd:
   service: it sends READY=1 to $NOTIFY_SOCKET once every portal accepts
   connections, STOPPING=1 when SIGTERM or SIGINT begins the graceful
   shutdown (initiators are asked to log out, backstores flushed), and
-  RELOADING=1 then READY=1 on SIGHUP (`systemctl reload`; the
-  configuration is not reloaded yet: restart to apply changes).
+  RELOADING=1 then READY=1 around a SIGHUP (`systemctl reload`), which
+  reads the configuration file again and applies the difference live (a
+  file that fails a check changes nothing; see docs/control.md).
 
 Files:
   /etc/blockwire/target.toml   the configuration when --config is not given";

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# interop/kernel/guest-mgmt.sh — runs INSIDE the kernel lab guest (see interop/test-kernel-lab.sh).
+#
+# The management plane under a real kernel initiator: open-iscsi is logged in to blockwire-target
+# and runs fio crc32c verify on LUN 0 while, through the control socket and SIGHUP,
+#   - a LUN is added (the kernel sees it after `iscsiadm -m session --rescan`),
+#   - the access list gains another initiator (this one stays in it),
+#   - an unused LUN is removed (after the kernel let go of it), a busy one is refused,
+#   - `ctl config.save` writes the running configuration over the file it came from, which
+#     `--check` accepts and which holds every change,
+#   - SIGHUP reloads an edited file (a LUN more, seen after a rescan) and a broken one changes
+#     nothing;
+# fio ends without an error, the kernel's session is the one it logged in with (one login in the
+# target's log), and the Prometheus endpoint shows fio's traffic in LUN 0's latency histograms.
+# Env: KL_OUT (results dir shared with the host), KL_FIO_MIB (fio size, default 256).
+. "$(dirname "$0")/lib.sh"
+
+MIB=${KL_FIO_MIB:-256}
+ME=iqn.2026-11.lab:kernel-guest
+PFX=iqn.2026-11.io.blockwire
+T=$PFX:lab-mgmt
+export KL_INITIATOR=$ME
+SOCK=$KL_WORK/control.sock
+METRICS=127.0.0.1:9450
+
+lab_up || { fail "lab-up: modules or iscsid"; finish mgmt; exit 1; }
+truncate -s $((MIB + 256))M "$KL_WORK/fs.img"
+mkfs.ext4 -q -F "$KL_WORK/fs.img"
+mkdir -p "$KL_WORK/fs"
+mount -o loop "$KL_WORK/fs.img" "$KL_WORK/fs" || { fail "backing-fs"; finish mgmt; exit 1; }
+
+CONF=$KL_WORK/etc/target.toml
+mkdir -p "$KL_WORK/etc"
+cat >"$CONF" <<EOF
+[fabric]
+nop_interval_secs = 5
+nop_timeout_secs = 20
+
+[control]
+socket = "$SOCK"
+
+[metrics]
+listen = "$METRICS"
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+[[target]]
+name = "$T"
+allow = ["$ME"]
+[[target.lun]]
+id = 0
+backstore = "file"
+path = "$KL_WORK/fs/lun0.img"
+size = "$((MIB + 64))M"
+[[target.lun]]
+id = 1
+backstore = "ram"
+size = "64M"
+EOF
+start_target target "$CONF" || { fail "start blockwire-target"; finish mgmt; exit 1; }
+T_PID=$KL_TPID
+
+# ctl METHOD [PARAMS]: one control call; its JSON result in $KL_OUT/ctl.log and on stdout.
+ctl() {
+    printf '\n$ ctl %s %s\n' "$1" "${2:-}" >>"$KL_OUT/ctl.log"
+    "$KL_BIN/blockwire-target" ctl --control "$SOCK" "$@" 2>&1 | tee -a "$KL_OUT/ctl.log"
+    return "${PIPESTATUS[0]}"
+}
+
+iadm -m discovery -t st -p 127.0.0.1:3260 >/dev/null || fail "discovery"
+iadm -m node -T "$T" -p 127.0.0.1:3260 --login >/dev/null || { fail "login"; finish mgmt; exit 1; }
+sid=$(session_id "$T")
+dev0=$(lun_dev "$sid" 0) && dev1=$(lun_dev "$sid" 1) || { fail "LUNs 0 and 1 as disks"; finish mgmt; exit 1; }
+pass "logged in: session $sid, LUN 0 /dev/$dev0, LUN 1 /dev/$dev1"
+
+fio_verify "/dev/$dev0" "${MIB}M" >"$KL_OUT/fio-mgmt.log" 2>&1 &
+FIO=$!
+# Changes start once fio is writing.
+wait_written "$dev0" 4096 60 || fail "fio never wrote to /dev/$dev0"
+
+# A LUN added live; the kernel finds it on a rescan.
+if ctl lun.add "{\"target\": \"$T\", \"lun\": {\"id\": 2, \"backstore\": \"ram\", \"size\": \"32M\"}}" >/dev/null; then
+    iadm -m session -r "$sid" --rescan >/dev/null
+    if dev2=$(lun_dev "$sid" 2); then
+        pass "lun.add: LUN 2 appeared as /dev/$dev2 after iscsiadm --rescan ($(cat /sys/block/$dev2/size) sectors)"
+    else
+        fail "lun.add: no disk for LUN 2 after the rescan"
+    fi
+else
+    fail "lun.add"
+fi
+
+# The access list: another initiator joins; this session keeps running.
+ctl acl.add "{\"target\": \"$T\", \"initiator\": \"iqn.2026-11.lab:another-node\"}" >/dev/null &&
+    pass "acl.add: iqn.2026-11.lab:another-node admitted" || fail "acl.add"
+
+# A busy LUN is refused; the unused one goes once the kernel let go of it.
+if out=$(ctl lun.remove "{\"target\": \"$T\", \"lun\": 0}"); then
+    fail "lun.remove of the LUN fio writes to was accepted"
+else
+    grep -q "in use\|running on it\|served a READ or WRITE" <<<"$out" &&
+        pass "lun.remove of busy LUN 0 refused: $(head -n 1 <<<"$out")" || fail "lun.remove refusal: $out"
+fi
+echo 1 >"/sys/block/$dev1/device/delete"
+idle=""
+for _ in $(seq 1 60); do
+    ago=$(ctl lun.list | python3 -c 'import json,sys; v=json.load(sys.stdin)
+l=[l for t in v["targets"] for l in t["luns"] if l["lun"]==1][0]
+print("idle" if l["last_io_secs_ago"] is None or l["last_io_secs_ago"] > 10 else "busy")')
+    [ "$ago" = idle ] && { idle=1; break; }
+    sleep 1
+done
+[ -n "$idle" ] || fail "LUN 1 never went idle"
+if ctl lun.remove "{\"target\": \"$T\", \"lun\": 1}" >/dev/null; then
+    iadm -m session -r "$sid" --rescan >/dev/null
+    pass "lun.remove: unused LUN 1 removed"
+else
+    fail "lun.remove of unused LUN 1"
+fi
+
+# config.save over the file it came from: a backup of the old one, --check accepts it, and it
+# holds every change so far.
+if ctl config.save >/dev/null; then
+    ls "$KL_WORK/etc/backup/"target.toml.* >/dev/null 2>&1 && pass "config.save: old file kept in backup/" ||
+        fail "config.save left no backup"
+    "$KL_BIN/blockwire-target" --check --config "$CONF" >"$KL_OUT/check.log" 2>&1 &&
+        pass "the saved file passes --check" || fail "--check of the saved file: $(tail -n 3 "$KL_OUT/check.log")"
+    grep -q 'iqn.2026-11.lab:another-node' "$CONF" && grep -q 'size = "32M"' "$CONF" &&
+        ! grep -q 'size = "64M"' "$CONF" && pass "the saved file holds the ACL entry and LUN 2, not LUN 1" ||
+        fail "saved file content: $(cat "$CONF")"
+    cp "$CONF" "$KL_OUT/saved-target.toml"
+else
+    fail "config.save"
+fi
+
+# SIGHUP: an edited file is applied (LUN 3), a broken one changes nothing.
+cat >>"$CONF" <<EOF
+
+[[target.lun]]
+id = 3
+backstore = "ram"
+size = "16M"
+EOF
+kill -HUP "$T_PID"
+if timeout 30 bash -c 'until grep -q "LUN 3 of" "$1"; do sleep 0.2; done' _ "$KL_OUT/target.log"; then
+    iadm -m session -r "$sid" --rescan >/dev/null
+    dev3=$(lun_dev "$sid" 3) && pass "SIGHUP reload: LUN 3 appeared as /dev/$dev3" || fail "no disk for LUN 3"
+else
+    fail "SIGHUP reload did not add LUN 3"
+fi
+good=$(cat "$CONF")
+printf '%s\n[[target.lun]]\nid = 4\nbackstore = "tape"\n' "$good" >"$CONF"
+kill -HUP "$T_PID"
+if timeout 30 bash -c 'until grep -q "reload failed" "$1"; do sleep 0.2; done' _ "$KL_OUT/target.log"; then
+    kill -0 "$T_PID" && pass "SIGHUP with a broken file: $(grep 'reload failed' "$KL_OUT/target.log" | tail -n 1 | sed 's/.*ERROR //')" ||
+        fail "the daemon died on a broken reload"
+else
+    fail "a broken file was not refused"
+fi
+printf '%s\n' "$good" >"$CONF"
+
+wait "$FIO"
+rc=$?
+[ "$rc" = 0 ] && pass "fio verify on /dev/$dev0 through every change: $(fio_result "$KL_OUT/fio-mgmt.log")" ||
+    fail "fio exit $rc: $(grep -i 'err\|verify' "$KL_OUT/fio-mgmt.log" | head -n 3 | tr '\n' ' ')"
+logins=$(grep -c "login complete target=$T initiator=$ME" "$KL_OUT/target.log")
+[ "$(session_id "$T")" = "$sid" ] && [ "$logins" = 1 ] &&
+    pass "the kernel's session $sid never dropped (1 login in the target's log)" ||
+    fail "session changed: now $(session_id "$T"), $logins logins"
+
+# Prometheus: fio's traffic in LUN 0's latency histograms.
+curl -s "http://$METRICS/metrics" >"$KL_OUT/metrics.txt"
+writes=$(awk -v t="$T" '$1 ~ /^blockwire_lun_command_duration_seconds_count/ && $1 ~ "target=\"" t "\"" && $1 ~ /lun="0"/ && $1 ~ /op="write"/ {print $2}' "$KL_OUT/metrics.txt")
+bytes=$(awk -v t="$T" '$1 ~ /^blockwire_lun_bytes_total/ && $1 ~ "target=\"" t "\"" && $1 ~ /lun="0"/ && $1 ~ /op="write"/ {print $2}' "$KL_OUT/metrics.txt")
+if [ -n "$writes" ] && [ "${writes%.*}" -gt 0 ] && [ -n "$bytes" ] && [ "${bytes%.*}" -ge $((MIB << 20)) ]; then
+    pass "metrics: LUN 0 write latency histogram counts $writes commands, $bytes bytes written"
+else
+    fail "metrics: LUN 0 writes=$writes bytes=$bytes: $(grep 'lun="0"' "$KL_OUT/metrics.txt" | head -n 5 | tr '\n' ' ')"
+fi
+
+iadm -m node -T "$T" -p 127.0.0.1:3260 --logout >/dev/null || fail "logout"
+stop_target "$T_PID"
+finish mgmt
