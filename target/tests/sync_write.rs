@@ -39,7 +39,13 @@ async fn start(
     let store = FileBackstore::open_with(lun_file, Some(size), false, mode).unwrap();
     let direct = store.mode() == FileMode::Direct;
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(store)));
-    let t = bind_target(TARGET, Acl::Any, lu, FabricSettings::default()).await;
+    // No NOP-In pings: the raw client does not answer them, and a loaded
+    // machine can take longer than the default interval over 64 MiB.
+    let settings = FabricSettings {
+        nop_interval: None,
+        ..FabricSettings::default()
+    };
+    let t = bind_target(TARGET, Acl::Any, lu, settings).await;
     t.fabric
         .sync_writes
         .enable(engine, TARGET, 0, engine_file, direct, CHUNK)

@@ -212,6 +212,30 @@ fn auth_table<'a>(doc: &'a mut Table, target: Option<&str>) -> Result<&'a mut Ta
     }
 }
 
+/// The CHAP accounts of a target (or of discovery): those any initiator
+/// may use (`chap`), or, with `initiator`, the per-initiator ones.
+fn chap_list<'a>(
+    doc: &'a mut Table,
+    target: Option<&str>,
+    initiator: Option<&str>,
+) -> Result<&'a mut Vec<Value>, LiveError> {
+    let t = auth_table(doc, target)?;
+    let key = if initiator.is_some() {
+        "initiator_chap"
+    } else {
+        "chap"
+    };
+    Ok(array(t, key))
+}
+
+/// Whether `c` is the account of `user` (for `initiator`).
+fn is_account(c: &Value, user: &str, initiator: Option<&str>) -> bool {
+    c.as_table().is_some_and(|c| {
+        c.get("user").and_then(Value::as_str) == Some(user)
+            && c.get("initiator").and_then(Value::as_str) == initiator
+    })
+}
+
 /// Adds a CHAP account: one any initiator may use, or, with `initiator`,
 /// one for that initiator only.
 pub fn chap_add(
@@ -221,18 +245,8 @@ pub fn chap_add(
     secret: &str,
     initiator: Option<&str>,
 ) -> Result<(), LiveError> {
-    let t = auth_table(doc, target)?;
-    let key = if initiator.is_some() {
-        "initiator_chap"
-    } else {
-        "chap"
-    };
-    let list = array(t, key);
-    let taken = list.iter().filter_map(Value::as_table).any(|c| {
-        c.get("user").and_then(Value::as_str) == Some(user)
-            && c.get("initiator").and_then(Value::as_str) == initiator
-    });
-    if taken {
+    let list = chap_list(doc, target, initiator)?;
+    if list.iter().any(|c| is_account(c, user, initiator)) {
         return Err(LiveError::Invalid(format!(
             "CHAP user {user} exists already there; remove it first to change its secret"
         )));
@@ -254,20 +268,9 @@ pub fn chap_remove(
     user: &str,
     initiator: Option<&str>,
 ) -> Result<(), LiveError> {
-    let t = auth_table(doc, target)?;
-    let key = if initiator.is_some() {
-        "initiator_chap"
-    } else {
-        "chap"
-    };
-    let list = array(t, key);
+    let list = chap_list(doc, target, initiator)?;
     let before = list.len();
-    list.retain(|c| {
-        !c.as_table().is_some_and(|c| {
-            c.get("user").and_then(Value::as_str) == Some(user)
-                && c.get("initiator").and_then(Value::as_str) == initiator
-        })
-    });
+    list.retain(|c| !is_account(c, user, initiator));
     if list.len() == before {
         return Err(LiveError::NotFound(format!(
             "no CHAP user {user}{} there",
