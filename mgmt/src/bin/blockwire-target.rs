@@ -144,6 +144,33 @@ fn log_filter(spec: &str) -> anyhow::Result<tracing_subscriber::EnvFilter> {
 }
 
 /// Installs the global subscriber: `filter`, written to stderr in `format`.
+/// Raises the open-file limit to the hard limit: every session is a socket,
+/// and the usual soft limit (1024) would refuse connections long before
+/// the target runs out of anything else. Logged either way.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current >= limit.maximum {
+        return;
+    }
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::info!(
+            from = limit.current,
+            to = limit.maximum,
+            "open-file limit raised (one socket per connection)"
+        ),
+        Err(e) => tracing::warn!(
+            limit = limit.current,
+            error = %e,
+            "cannot raise the open-file limit: at most about that many connections"
+        ),
+    }
+}
+
 fn init_logging(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
@@ -272,6 +299,7 @@ fn main() -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     init_logging(log_filter(&args.log)?, args.log_format);
+    raise_open_file_limit();
     let opts = LoadOptions {
         no_disk: args.no_disk,
     };
