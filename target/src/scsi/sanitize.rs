@@ -308,7 +308,11 @@ fn worker(
 ) {
     let hold = ranges.lock_id(0, u64::MAX, true);
     let size = store.size() / u64::from(block_size) * u64::from(block_size);
-    let result = run(&job, &*store, size, block_size, &op);
+    // A panic in the backstore must not leave the unit NOT READY forever.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run(&job, &*store, size, block_size, &op)
+    }))
+    .unwrap_or_else(|_| Err(super::outcome::internal_failure()));
     ranges.unlock_id(hold);
     if let Err(f) = &result {
         tracing::warn!(failure = ?f, "sanitize operation failed: sanitize failure mode");
