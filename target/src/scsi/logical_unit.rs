@@ -768,7 +768,9 @@ impl LogicalUnit {
     /// LOGICAL UNIT RESET (SAM-5 6.3.3): SPC-2 reservations and PREVENT
     /// states go, mode parameters return to their defaults (none are
     /// saved), every nexus gets BUS DEVICE RESET FUNCTION OCCURRED.
-    /// Persistent reservations survive, as SPC-4 requires.
+    /// Persistent reservations survive, as SPC-4 requires; a removable
+    /// medium stays loaded or ejected, and a sanitize operation in progress
+    /// goes on (SBC-4 4.11).
     pub fn reset(&self, code: Asc) {
         let mut st = self.lock();
         st.res.reset();
@@ -779,7 +781,8 @@ impl LogicalUnit {
 
     /// I_T nexus loss: its SPC-2 reservation and PREVENT state are
     /// released and its unit attentions forgotten. Persistent reservations
-    /// and registrations are kept (that is their point).
+    /// and registrations are kept (that is their point), and a sanitize
+    /// operation it started goes on (SBC-4 4.11).
     pub fn nexus_lost(&self, nexus: &ItNexus) {
         let mut st = self.lock();
         st.res.nexus_lost(nexus);

@@ -374,7 +374,11 @@ impl LogicalUnit {
             }
             st.sanitize = Some(job.clone());
         }
-        tracing::info!(op = ?std::mem::discriminant(&op), immed = c.immed, "sanitize operation started");
+        tracing::info!(
+            service_action = c.service_action,
+            immed = c.immed,
+            "sanitize operation started"
+        );
         let (store, ranges, bs) = (
             self.cfg.backstore.clone(),
             self.ranges.clone(),
