@@ -1,10 +1,14 @@
 #!/bin/bash
-# Issue 4's acceptance in CI: libiscsi's whole ALL family (iscsi-test-cu -d, suite by
-# suite, both test initiator names allowed by the ACL) against blockwire-target, with 0
-# failures. Skips are counted and listed (interop/results/conformance.md explains each:
-# SANITIZE and WRITE ATOMIC 16 are not implemented; PreventAllow and
-# StartStopUnit.Simple need removable media). The comparison with tgtd and the reruns on
-# specially configured LUNs live in conformance.sh / conformance-variants.sh (not CI).
+# libiscsi's whole ALL family in CI (iscsi-test-cu -d -S, suite by suite, both test
+# initiator names allowed by the ACL) against blockwire-target, with 0 failures:
+#   LUN 0  1 GiB RAM, a fixed disk            -> every suite but those below
+#   LUN 1  64 MiB RAM, removable = true,      -> PreventAllow, StartStopUnit, NoMedia (eject
+#          sanitize_min_seconds = 10             and load) and Sanitize (-S: --allow-sanitize;
+#                                                Sanitize.Reset needs an operation still
+#                                                running after its resets and re-login)
+# Skips are counted and listed (interop/results/conformance.md explains each). The
+# comparison with tgtd and the reruns on specially configured LUNs live in conformance.sh /
+# conformance-variants.sh (not CI).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib/blockwire.sh"
@@ -22,11 +26,33 @@ trap cleanup EXIT
 port=$(free_port)
 blockwire_config_file "$tmp/target.toml" "$IQN" 1024M \
     "$LIBISCSI_TEST_INITIATOR" "$LIBISCSI_TEST_INITIATOR2"
+cat >>"$tmp/target.toml" <<'TOML'
+
+[[target.lun]]
+id = 1
+backstore = "ram"
+size = "64M"
+removable = true
+sanitize_min_seconds = 10
+
+[fabric]
+# Sanitize.Reset polls TEST UNIT READY every 60 s without reading its socket in between, so it
+# cannot answer NOP-Ins for that long: past the default 15 + 30 s the connection would be
+# dropped and every re-login would meet a fresh unit attention instead of the end of the
+# sanitize. 15 + 90 s outlasts its sleep.
+nop_timeout_secs = 90
+TOML
 pid=$(start_blockwire "$port" "$tmp" "$tmp/target.toml")
-url="iscsi://127.0.0.1:$port/$IQN/0"
-echo "== iscsi-test-cu ALL against $url"
+url="iscsi://127.0.0.1:$port/$IQN"
+echo "== iscsi-test-cu -S ALL against $url/0 (removable medium and SANITIZE suites: $url/1)"
 for s in $(testcu_suites ALL); do
-    testcu_run "$url" "ALL.$s" "$tmp/res" "${SUITE_TIMEOUT:-180}" >/dev/null
+    lun=0 secs=${SUITE_TIMEOUT:-180}
+    case $s in
+    PreventAllow | StartStopUnit | NoMedia) lun=1 ;;
+    # Overwrite waits for three 10 s operations, BlockErase for one, Reset polls every 60 s.
+    Sanitize) lun=1 secs=$((secs + 240)) ;;
+    esac
+    testcu_run "$url/$lun" "ALL.$s" "$tmp/res" "$secs" -S >/dev/null
     if ! kill -0 "$pid" 2>/dev/null; then
         echo "FAIL blockwire-target died during ALL.$s"
         tail -n 30 "$tmp/blockwire-$port.log"

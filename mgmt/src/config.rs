@@ -260,6 +260,16 @@ pub struct LunDef {
     /// Refuse writes.
     #[serde(default)]
     pub read_only: bool,
+    /// Removable medium: INQUIRY reports RMB=1, START STOP UNIT with LOEJ
+    /// ejects and loads it (refused while PREVENT ALLOW MEDIUM REMOVAL
+    /// prevents removal), and with the medium out media commands, TEST
+    /// UNIT READY and READ CAPACITY end NOT READY, MEDIUM NOT PRESENT.
+    #[serde(default)]
+    pub removable: bool,
+    /// The least time, in seconds, a SANITIZE operation takes (default 0:
+    /// as fast as the backstore goes); the LUN answers NOT READY,
+    /// SANITIZE IN PROGRESS meanwhile. Emulates a slow medium.
+    pub sanitize_min_seconds: Option<Spanned<u64>>,
     /// Fault injection: start with the LUN stalled (media commands wait
     /// before the backstore until released with the control socket's
     /// `lun.stall`).
@@ -1116,6 +1126,17 @@ impl TargetConfig {
                 lu.block_size = block_size;
                 lu.physical_block_exponent = physical_block_exponent;
                 lu.read_only = l.read_only;
+                lu.removable = l.removable;
+                if let Some(secs) = &l.sanitize_min_seconds {
+                    if *secs.get_ref() > 86_400 {
+                        return Err(ctx.err(
+                            secs.span(),
+                            "target.lun.sanitize_min_seconds",
+                            format!("{} seconds is more than a day", secs.get_ref()),
+                        ));
+                    }
+                    lu.sanitize_min_duration = std::time::Duration::from_secs(*secs.get_ref());
+                }
                 let stalled = l.stalled;
                 lu.serial = l.serial.clone().unwrap_or(serial);
                 lu.naa_id = naa;
@@ -2348,6 +2369,34 @@ mod tests {
             e.contains("t.toml:2") && e.contains("metrics.listen") && e.contains("127.0.0.1:9450"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn removable_and_sanitize_min_seconds() {
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &one_lun(
+                "backstore = \"ram\"\nsize = \"1M\"\nremovable = true\nsanitize_min_seconds = 10\n",
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let lu = b.catalog.targets[0].luns.get(0).unwrap();
+        assert!(lu.config().removable);
+        assert_eq!(
+            lu.config().sanitize_min_duration,
+            std::time::Duration::from_secs(10)
+        );
+        let b = TargetConfig::from_str("t.toml", &one_lun("backstore = \"ram\"\nsize = \"1M\"\n"))
+            .unwrap();
+        let lu = b.catalog.targets[0].luns.get(0).unwrap();
+        assert!(!lu.config().removable, "fixed unless asked for");
+        assert!(lu.config().sanitize_min_duration.is_zero());
+        let e = TargetConfig::from_str(
+            "t.toml",
+            &one_lun("backstore = \"ram\"\nsize = \"1M\"\nsanitize_min_seconds = 100000\n"),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "target.lun.sanitize_min_seconds", "{e}");
     }
 
     #[test]

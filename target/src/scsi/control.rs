@@ -1,46 +1,91 @@
 //! START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL and READ DEFECT DATA: the
-//! unit's medium state, which for a virtual disk is mostly fixed (path
-//! state, REPORT TARGET PORT GROUPS, lives in `alua`).
+//! unit's medium state: fixed, or a removable medium that can be ejected
+//! and loaded (`LuConfig::removable`). Path state, REPORT TARGET PORT
+//! GROUPS, lives in `alua`.
 
 use blockwire_pdu::scsi::Asc;
 
 use super::logical_unit::LogicalUnit;
-use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
+use super::outcome::{illegal, internal_failure, invalid_cdb, CmdResult, Done};
 use super::ItNexus;
 
 impl LogicalUnit {
-    /// START STOP UNIT. The medium is not removable (RMB=0), so LOEJ with
-    /// START=0 (eject) is refused: while any nexus prevents removal with
-    /// MEDIUM REMOVAL PREVENTED, otherwise as an invalid LOEJ field. Power
-    /// conditions and plain start/stop are accepted and change nothing: a
-    /// virtual disk has no spindle, and initiators (and libiscsi's
-    /// conformance tests) expect it to stay ready.
+    /// START STOP UNIT (SBC-3 5.25). Plain start/stop (LOEJ=0) changes
+    /// nothing: a virtual disk has no spindle, and initiators expect it to
+    /// stay ready.
+    ///
+    /// A fixed medium (RMB=0) cannot be ejected: LOEJ with START=0 is
+    /// refused, with MEDIUM REMOVAL PREVENTED while a nexus prevents
+    /// removal, otherwise as an invalid LOEJ field; power conditions other
+    /// than the SBC-4 table 90 ones are an invalid field.
+    ///
+    /// A removable medium (RMB=1) is ejected (START=0) and loaded
+    /// (START=1) by LOEJ=1; while any nexus prevents removal both are
+    /// refused with MEDIUM REMOVAL PREVENTED (SBC-3 5.13, PREVENT ALLOW
+    /// MEDIUM REMOVAL). Ejecting writes
+    /// the cache back first unless NO_FLUSH is set; loading tells the
+    /// other nexuses NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED
+    /// (SAM-5 unit attention conditions). A non-zero POWER CONDITION makes the device server
+    /// ignore LOEJ and START (SBC-3 5.25); with no power states to emulate
+    /// a removable unit accepts every value there, as the MMC devices that
+    /// usually carry removable media define values SBC-4 reserves.
     pub(crate) fn start_stop_unit(
         &self,
         nexus: &ItNexus,
         power_condition: u8,
+        no_flush: bool,
         loej: bool,
         start: bool,
     ) -> CmdResult {
-        // SBC-3 table 90: 0 START_VALID, 1 ACTIVE, 2 IDLE, 3 STANDBY,
-        // 7 LU_CONTROL, Ah FORCE_IDLE_0, Bh FORCE_STANDBY_0.
-        if !matches!(power_condition, 0 | 1 | 2 | 3 | 7 | 0xa | 0xb) {
-            return Err(invalid_cdb(4, Some(7)));
-        }
-        if power_condition == 0 && loej && !start {
-            let prevented = !self.lock().prevent.is_empty();
-            tracing::info!(initiator = %nexus.initiator_port, prevented, "eject refused");
-            if prevented {
-                return Err(illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
+        if !self.cfg.removable {
+            // SBC-3 table 90: 0 START_VALID, 1 ACTIVE, 2 IDLE, 3 STANDBY,
+            // 7 LU_CONTROL, Ah FORCE_IDLE_0, Bh FORCE_STANDBY_0.
+            if !matches!(power_condition, 0 | 1 | 2 | 3 | 7 | 0xa | 0xb) {
+                return Err(invalid_cdb(4, Some(7)));
             }
-            return Err(invalid_cdb(4, Some(1)));
+            if power_condition == 0 && loej && !start {
+                let prevented = !self.lock().prevent.is_empty();
+                tracing::info!(initiator = %nexus.initiator_port, prevented, "eject refused");
+                if prevented {
+                    return Err(illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
+                }
+                return Err(invalid_cdb(4, Some(1)));
+            }
+            return Ok(Done::none());
+        }
+        if power_condition != 0 || !loej {
+            return Ok(Done::none());
+        }
+        if !self.lock().prevent.is_empty() {
+            tracing::info!(initiator = %nexus.initiator_port, load = start, "medium removal prevented");
+            return Err(illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
+        }
+        if !start && !no_flush {
+            self.cfg.backstore.flush().map_err(|e| {
+                tracing::warn!(error = %e, "flush before eject failed");
+                internal_failure()
+            })?;
+        }
+        let mut st = self.lock();
+        if !st.prevent.is_empty() {
+            return Err(illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
+        }
+        let was = st.medium_present;
+        st.medium_present = start;
+        if start && !was {
+            st.ua
+                .push_others(Some(nexus), Asc::NOT_READY_TO_READY_CHANGE);
+        }
+        if was != start {
+            tracing::info!(initiator = %nexus.initiator_port, "medium {}", if start { "loaded" } else { "ejected" });
         }
         Ok(Done::none())
     }
 
-    /// PREVENT ALLOW MEDIUM REMOVAL: kept per nexus (SPC-4 says removal is
-    /// prevented while any nexus prevents it); PREVENT values 2 and 3 are
-    /// obsolete and refused.
+    /// PREVENT ALLOW MEDIUM REMOVAL (SBC-3): kept per nexus (removal
+    /// is prevented while any nexus prevents it; nexus loss, logical unit
+    /// reset and target reset clear it); PREVENT values 2 and 3 are
+    /// obsolete and refused. Works with the medium out too.
     pub(crate) fn prevent_allow(&self, nexus: &ItNexus, prevent: u8) -> CmdResult {
         let mut st = self.lock();
         match prevent {

@@ -41,6 +41,7 @@ impl LogicalUnit {
         inq.tpgs = 1;
         // EXTENDED COPY (LID1) within the target.
         inq.three_pc = true;
+        inq.rmb = self.cfg.removable;
         inq
     }
 
@@ -77,6 +78,11 @@ impl LogicalUnit {
                 VpdPage::BlockDeviceCharacteristics(BlockDeviceCharacteristics {
                     // Non-rotating medium: no seek penalty to plan around.
                     medium_rotation_rate: 1,
+                    // SBC-4 6.6.2: 01b, a READ of a block a SANITIZE BLOCK
+                    // ERASE deallocated completes with GOOD (zeros, LBPRZ=1);
+                    // 00b where BLOCK ERASE is not offered. CRYPTO ERASE
+                    // never is (WACEREQ 00b).
+                    wabereq: u8::from(self.offers_block_erase()),
                     ..BlockDeviceCharacteristics::default()
                 })
             }

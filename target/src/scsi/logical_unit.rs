@@ -20,6 +20,7 @@ use super::mode::ModeState;
 use super::outcome::{illegal, CmdResult, Done, Failure};
 use super::range_lock::RangeLock;
 use super::reservations::{AbortHandler, Reservations};
+use super::sanitize::{SanitizeJob, SANITIZE};
 use super::stall::{is_media_command, StallChange, StallGate};
 use super::stats::{Direction, LunStats};
 use super::unit_attention::UnitAttentions;
@@ -69,6 +70,16 @@ pub struct LuConfig {
     /// Where persistent reservations with APTPL are kept (written to a
     /// temporary file, fsynced, renamed). `None`: APTPL is refused.
     pub pr_state_path: Option<PathBuf>,
+    /// Removable medium (INQUIRY RMB=1): START STOP UNIT with LOEJ ejects
+    /// and loads it, PREVENT ALLOW MEDIUM REMOVAL guards it, and while it
+    /// is out every command that needs it ends NOT READY, MEDIUM NOT
+    /// PRESENT (SBC-3 START STOP UNIT and PREVENT ALLOW MEDIUM REMOVAL).
+    pub removable: bool,
+    /// The least time a SANITIZE operation takes (it runs as fast as the
+    /// backstore allows, then waits out the rest, the unit NOT READY,
+    /// SANITIZE IN PROGRESS throughout): emulates a slow medium. Zero by
+    /// default.
+    pub sanitize_min_duration: Duration,
 }
 
 impl LuConfig {
@@ -91,6 +102,8 @@ impl LuConfig {
             physical_block_exponent: 0,
             thin_provisioning: true,
             pr_state_path: None,
+            removable: false,
+            sanitize_min_duration: Duration::ZERO,
         }
     }
 }
@@ -110,6 +123,61 @@ pub(crate) struct LuState {
     pub blocks: u64,
     /// EXTENDED COPY results for RECEIVE COPY RESULTS.
     pub copies: CopyResults,
+    /// A removable unit's medium is loaded (always true for the others).
+    pub medium_present: bool,
+    /// The sanitize operation running, or ended and not yet looked at.
+    pub sanitize: Option<Arc<SanitizeJob>>,
+    /// Sanitize failure mode (SBC-4 4.11): `Some(ause)` of the failed
+    /// operation.
+    pub sanitize_failed: Option<bool>,
+}
+
+impl LuState {
+    /// The progress of the sanitize operation in progress, if one is;
+    /// an operation that ended is retired here (a failed one enters
+    /// sanitize failure mode, a successful one leaves it).
+    pub(crate) fn sanitizing(&mut self) -> Option<u16> {
+        let job = self.sanitize.as_ref()?;
+        match job.outcome() {
+            None => Some(job.progress()),
+            Some(result) => {
+                self.sanitize_failed = result.is_err().then_some(job.ause);
+                self.sanitize = None;
+                None
+            }
+        }
+    }
+
+    /// Why the unit cannot run a command with this `opcode` now (a
+    /// sanitize in progress or sanitize failure mode, SBC-4 4.11; no
+    /// medium in a removable unit), if it cannot. `media`: the command reads
+    /// or changes the medium.
+    fn not_ready(&mut self, opcode: u8, cdb: &[u8], media: bool) -> Option<Failure> {
+        if let Some(progress) = self.sanitizing() {
+            // SBC-4 4.11: only these are processed during a sanitize.
+            if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
+                return Some(super::sanitize::in_progress(progress));
+            }
+            return None;
+        }
+        let needs_medium = media
+            || opcode == op::TEST_UNIT_READY
+            || opcode == op::READ_CAPACITY_10
+            || (opcode == op::SERVICE_ACTION_IN_16
+                && cdb.get(1).is_some_and(|sa| sa & 0x1f == 0x10));
+        if !self.medium_present && needs_medium {
+            return Some(medium_not_present());
+        }
+        if self.sanitize_failed.is_some() && media && opcode != SANITIZE {
+            return Some(super::sanitize::failure_mode());
+        }
+        None
+    }
+}
+
+/// NOT READY, MEDIUM NOT PRESENT (a removable unit's medium is ejected).
+pub(crate) fn medium_not_present() -> Failure {
+    Failure::Check(Sense::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT))
 }
 
 /// An emulated SBC-3 direct-access block device.
@@ -117,7 +185,8 @@ pub(crate) struct LuState {
 pub struct LogicalUnit {
     pub(crate) cfg: LuConfig,
     pub(crate) state: Mutex<LuState>,
-    pub(crate) ranges: RangeLock,
+    /// Shared with a running sanitize operation, which holds all of it.
+    pub(crate) ranges: Arc<RangeLock>,
     /// Told which nexuses' tasks a PREEMPT AND ABORT aborts (the fabric
     /// owns the tasks).
     abort: AbortSlot,
@@ -244,8 +313,11 @@ impl LogicalUnit {
                 prevent: HashSet::new(),
                 blocks,
                 copies: CopyResults::default(),
+                medium_present: true,
+                sanitize: None,
+                sanitize_failed: None,
             }),
-            ranges: RangeLock::default(),
+            ranges: Arc::default(),
             abort: AbortSlot::default(),
             in_flight: InFlight::default(),
             stall: StallGate::default(),
@@ -404,7 +476,7 @@ impl LogicalUnit {
             Ok(Cdb::Write(_)) => Some(Direction::Write),
             _ => None,
         };
-        let (format, ua) = {
+        let (format, ua, not_ready) = {
             let mut st = self.lock();
             st.ua.first_contact(req.nexus);
             let now = self.blocks();
@@ -422,7 +494,13 @@ impl LogicalUnit {
             } else {
                 SenseFormat::Fixed
             };
-            (format, ua)
+            // A pending unit attention is reported first (SAM-5 5.14).
+            let not_ready = if ua.is_none() {
+                st.not_ready(opcode, req.cdb, media)
+            } else {
+                None
+            };
+            (format, ua, not_ready)
         };
         // Through a port in standby, media commands get NOT READY (after a
         // pending unit attention, before reservations).
@@ -438,6 +516,8 @@ impl LogicalUnit {
             Err(Failure::Check(Sense::unit_attention(code)))
         } else if let Some(standby) = standby {
             Err(standby)
+        } else if let Some(not_ready) = not_ready {
+            Err(not_ready)
         } else {
             match decoded {
                 Err(e) => Err(Failure::Check(e.to_sense())),
@@ -450,6 +530,13 @@ impl LogicalUnit {
                 ) => self
                     .reservation_check(req.nexus, cdb)
                     .and_then(|()| self.read_defect_data(req.cdb)),
+                Ok(
+                    ref cdb @ Cdb::Unknown {
+                        opcode: SANITIZE, ..
+                    },
+                ) => self
+                    .reservation_check(req.nexus, cdb)
+                    .and_then(|()| self.sanitize(req.cdb, req.data_out)),
                 Ok(Cdb::Unknown { .. }) => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
                 Ok(cdb) => match self.reservation_check(req.nexus, &cdb) {
                     Err(f) => Err(f),
@@ -550,6 +637,7 @@ impl LogicalUnit {
                 requested_service_action,
                 allocation_length,
             } => super::opcodes::report_supported_operation_codes(
+                &|opcode, sa| self.offers(opcode, sa),
                 *rctd,
                 *reporting_options,
                 *requested_opcode,
@@ -563,10 +651,11 @@ impl LogicalUnit {
             SetTargetPortGroups { .. } => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
             StartStopUnit {
                 power_condition,
+                no_flush,
                 loej,
                 start,
                 ..
-            } => self.start_stop_unit(req.nexus, *power_condition, *loej, *start),
+            } => self.start_stop_unit(req.nexus, *power_condition, *no_flush, *loej, *start),
             PreventAllowMediumRemoval { prevent } => self.prevent_allow(req.nexus, *prevent),
             Reserve6 => self.reserve_spc2(req.nexus),
             Release6 => self.release_spc2(req.nexus),
@@ -639,19 +728,31 @@ impl LogicalUnit {
         }
     }
 
-    /// TEST UNIT READY: the medium is always present and spun up (START
-    /// STOP UNIT changes no readiness on a virtual disk; see `control`).
+    /// TEST UNIT READY: GOOD once `execute` found the unit ready (no
+    /// sanitize running, the medium present); START STOP UNIT without
+    /// LOEJ changes no readiness on a virtual disk (see `control`).
     fn test_unit_ready(&self) -> CmdResult {
         Ok(Done::none())
     }
 
-    /// REQUEST SENSE: a pending unit attention (which it clears), or NO
+    /// REQUEST SENSE: a pending unit attention (which it clears), else
+    /// the condition that makes the unit not ready (SPC-5 5.12: a sanitize
+    /// in progress with its progress indication, or no medium), or NO
     /// SENSE. Other errors are reported with the command (autosense), so
     /// nothing else is ever pending.
     fn request_sense(&self, nexus: &ItNexus, desc: bool, allocation_length: u8) -> CmdResult {
-        let sense = match self.lock().ua.take(nexus) {
-            Some(code) => Sense::unit_attention(code),
-            None => Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE),
+        let sense = {
+            let mut st = self.lock();
+            match st.ua.take(nexus) {
+                Some(code) => Sense::unit_attention(code),
+                None => match st.sanitizing() {
+                    Some(progress) => super::sanitize::in_progress_sense(progress),
+                    None if !st.medium_present => {
+                        Sense::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT)
+                    }
+                    None => Sense::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE),
+                },
+            }
         };
         let format = if desc {
             SenseFormat::Descriptor
@@ -667,7 +768,9 @@ impl LogicalUnit {
     /// LOGICAL UNIT RESET (SAM-5 6.3.3): SPC-2 reservations and PREVENT
     /// states go, mode parameters return to their defaults (none are
     /// saved), every nexus gets BUS DEVICE RESET FUNCTION OCCURRED.
-    /// Persistent reservations survive, as SPC-4 requires.
+    /// Persistent reservations survive, as SPC-4 requires; a removable
+    /// medium stays loaded or ejected, and a sanitize operation in progress
+    /// goes on (SBC-4 4.11).
     pub fn reset(&self, code: Asc) {
         let mut st = self.lock();
         st.res.reset();
@@ -678,7 +781,8 @@ impl LogicalUnit {
 
     /// I_T nexus loss: its SPC-2 reservation and PREVENT state are
     /// released and its unit attentions forgotten. Persistent reservations
-    /// and registrations are kept (that is their point).
+    /// and registrations are kept (that is their point), and a sanitize
+    /// operation it started goes on (SBC-4 4.11).
     pub fn nexus_lost(&self, nexus: &ItNexus) {
         let mut st = self.lock();
         st.res.nexus_lost(nexus);

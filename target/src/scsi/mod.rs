@@ -22,6 +22,7 @@ mod range_lock;
 pub mod read_plan;
 mod read_write;
 mod reservations;
+mod sanitize;
 pub mod stall;
 pub mod stats;
 mod unit_attention;
@@ -36,6 +37,8 @@ mod tests_alua_stall;
 mod tests_media;
 #[cfg(test)]
 mod tests_pr;
+#[cfg(test)]
+mod tests_sanitize;
 
 pub use alua::{AluaState, TargetPortGroup};
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};

@@ -55,6 +55,11 @@ static COMMANDS: &[Entry] = &[
     e(0x37, &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, CTL]),
     e(0x41, &[0x41, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, CTL]),
     e(0x42, &[0x42, 0x01, 0, 0, 0, 0, 0x1f, 0xff, 0xff, CTL]),
+    // SANITIZE: IMMED, AUSE, SERVICE ACTION; OVERWRITE, BLOCK ERASE (thin
+    // provisioned units only, see `LogicalUnit::offers`), EXIT FAILURE MODE.
+    s(0x48, 0x01, &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, CTL]),
+    s(0x48, 0x02, &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, CTL]),
+    s(0x48, 0x1f, &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, CTL]),
     e(0x55, &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, CTL]),
     e(0x56, &[0x56, 0x12, 0, 0xff, 0, 0, 0, 0xff, 0xff, CTL]),
     e(0x57, &[0x57, 0x12, 0, 0xff, 0, 0, 0, 0xff, 0xff, CTL]),
@@ -99,7 +104,10 @@ static COMMANDS: &[Entry] = &[
 /// Whether `opcode` is one whose commands are told apart by a service
 /// action (so REPORTING OPTIONS 001b cannot name it alone).
 fn has_service_actions(opcode: u8) -> bool {
-    matches!(opcode, 0x5e | 0x5f | 0x83 | 0x84 | 0x9e | 0xa3 | 0xa4)
+    matches!(
+        opcode,
+        0x48 | 0x5e | 0x5f | 0x83 | 0x84 | 0x9e | 0xa3 | 0xa4
+    )
 }
 
 /// Command timeouts descriptor (SPC-4 6.35.4): nominal and recommended
@@ -108,6 +116,8 @@ fn has_service_actions(opcode: u8) -> bool {
 fn timeouts(opcode: u8) -> [u8; 12] {
     let (nominal, recommended): (u32, u32) = match opcode {
         0x83 | 0x41 | 0x93 | 0x42 => (10, 120),
+        // A sanitize overwrites or deallocates the whole medium.
+        0x48 => (60, 3600),
         _ => (1, 30),
     };
     let mut t = [0u8; 12];
@@ -117,7 +127,10 @@ fn timeouts(opcode: u8) -> [u8; 12] {
     t
 }
 
+/// REPORT SUPPORTED OPERATION CODES for a unit that `offers` the
+/// commands of the table it is asked about (opcode, service action).
 pub(crate) fn report_supported_operation_codes(
+    offers: &dyn Fn(u8, Option<u16>) -> bool,
     rctd: bool,
     reporting_options: u8,
     requested_opcode: u8,
@@ -126,7 +139,7 @@ pub(crate) fn report_supported_operation_codes(
 ) -> CmdResult {
     let mut d = Vec::new();
     if reporting_options == 0 {
-        for c in COMMANDS {
+        for c in COMMANDS.iter().filter(|c| offers(c.opcode, c.sa)) {
             d.push(c.opcode);
             d.push(0);
             d.extend_from_slice(&c.sa.unwrap_or(0).to_be_bytes());
@@ -152,6 +165,7 @@ pub(crate) fn report_supported_operation_codes(
     };
     let found = COMMANDS
         .iter()
+        .filter(|c| offers(c.opcode, c.sa))
         .find(|c| c.opcode == requested_opcode && c.sa == want_sa);
     match found {
         Some(c) => {
@@ -205,18 +219,29 @@ mod tests {
 
     #[test]
     fn all_and_one() {
-        let all = report_supported_operation_codes(true, 0, 0, 0, 65536).unwrap();
+        let all = report_supported_operation_codes(&|_, _| true, true, 0, 0, 0, 65536).unwrap();
         let len = u32::from_be_bytes(all.data[..4].try_into().unwrap()) as usize;
         assert_eq!(len, COMMANDS.len() * 20);
-        let one = report_supported_operation_codes(false, 1, 0x28, 0, 64).unwrap();
+        let one = report_supported_operation_codes(&|_, _| true, false, 1, 0x28, 0, 64).unwrap();
         assert_eq!(&one.data[..4], &[0, 3, 0, 10]);
         assert_eq!(one.data[4], 0x28);
-        let rc16 = report_supported_operation_codes(true, 2, 0x9e, 0x10, 64).unwrap();
+        let rc16 = report_supported_operation_codes(&|_, _| true, true, 2, 0x9e, 0x10, 64).unwrap();
         assert_eq!(rc16.data[1], 0x83);
         assert_eq!(rc16.data.len(), 4 + 16 + 12);
-        assert!(report_supported_operation_codes(false, 1, 0x9e, 0, 64).is_err());
-        assert!(report_supported_operation_codes(false, 2, 0x28, 0, 64).is_err());
-        let none = report_supported_operation_codes(false, 1, 0x04, 0, 64).unwrap();
+        assert!(report_supported_operation_codes(&|_, _| true, false, 1, 0x9e, 0, 64).is_err());
+        assert!(report_supported_operation_codes(&|_, _| true, false, 2, 0x28, 0, 64).is_err());
+        let none = report_supported_operation_codes(&|_, _| true, false, 1, 0x04, 0, 64).unwrap();
         assert_eq!(none.data, vec![0, 1, 0, 0]);
+        let san = report_supported_operation_codes(&|_, _| true, false, 2, 0x48, 0x02, 64).unwrap();
+        assert_eq!(&san.data[..4], &[0, 3, 0, 10]);
+        let no_erase = |op, sa| !(op == 0x48 && sa == Some(2));
+        let hidden = report_supported_operation_codes(&no_erase, false, 2, 0x48, 0x02, 64).unwrap();
+        assert_eq!(hidden.data, vec![0, 1, 0, 0]);
+        let all = report_supported_operation_codes(&no_erase, false, 0, 0, 0, 65536).unwrap();
+        assert_eq!(all.data.len(), 4 + (COMMANDS.len() - 1) * 8);
+        // CRYPTO ERASE is never offered.
+        let crypto =
+            report_supported_operation_codes(&|_, _| true, false, 2, 0x48, 0x03, 64).unwrap();
+        assert_eq!(crypto.data, vec![0, 1, 0, 0]);
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! While a unit is stalled, each command that would touch the medium (READ,
 //! WRITE, VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE, ORWRITE, PRE-FETCH,
-//! SYNCHRONIZE CACHE, GET LBA STATUS, EXTENDED COPY) waits at the gate, on
+//! SYNCHRONIZE CACHE, GET LBA STATUS, EXTENDED COPY, SANITIZE) waits at the gate, on
 //! its blocking thread, before the unit counts it in flight, checks
 //! reservations or takes a range lock; everything else (TEST UNIT READY,
 //! INQUIRY, REPORT LUNS, MODE SENSE, REPORT TARGET PORT GROUPS, persistent
@@ -81,7 +81,7 @@ pub fn abortable<T>(aborted: &Arc<AtomicBool>, f: impl FnOnce() -> T) -> T {
 
 /// Whether the task running on this thread was aborted (false outside
 /// [`abortable`]).
-fn task_aborted() -> bool {
+pub(crate) fn task_aborted() -> bool {
     TASK_ABORT.with(|t| {
         t.borrow()
             .as_ref()
@@ -125,7 +125,8 @@ pub fn is_media_command(cdb: &[u8]) -> bool {
         | op::PRE_FETCH_16
         | op::SYNCHRONIZE_CACHE_10
         | op::SYNCHRONIZE_CACHE_16
-        | op::EXTENDED_COPY => true,
+        | op::EXTENDED_COPY
+        | super::sanitize::SANITIZE => true,
         _ => false,
     }
 }
