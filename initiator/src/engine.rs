@@ -711,20 +711,30 @@ impl<T: Clone> Engine<T> {
                 }) = self.tasks.get(&r.itt)
                 {
                     let end = r.buffer_offset as u64 + u64::from(r.desired_data_transfer_length);
+                    // RFC 7143 §11.8.4: the Desired Data Transfer Length is
+                    // neither 0 nor above MaxBurstLength. An empty R2T asks
+                    // for nothing (a read, whose write length is 0, would
+                    // otherwise take it as one of its own).
                     if end > *expected_out as u64
+                        || r.desired_data_transfer_length == 0
                         || r.desired_data_transfer_length > self.limits.max_burst
                     {
                         let reason = format!(
-                                "R2T for {} bytes at offset {} is outside the {}-byte write or above MaxBurstLength {}",
+                                "R2T for {} bytes at offset {} is empty, outside the {}-byte write or above MaxBurstLength {}",
                                 r.desired_data_transfer_length,
                                 r.buffer_offset,
                                 expected_out,
                                 self.limits.max_burst
                             );
                         let task = self.tasks.remove(&r.itt).expect("present");
+                        // A read's buffer goes back to its owner with the failure.
+                        let buf = match task.kind {
+                            Kind::Scsi { buf, .. } => buf,
+                            _ => None,
+                        };
                         events.push(Event::Complete {
                             owner: task.owner,
-                            result: TaskResult::Failed { reason, buf: None },
+                            result: TaskResult::Failed { reason, buf },
                         });
                     } else {
                         events.push(Event::R2t {
@@ -981,6 +991,60 @@ mod tests {
             ..l
         };
         assert_eq!(l2.unsolicited(100_000), (0, 0));
+    }
+
+    fn r2t(itt: u32, buffer_offset: u32, desired_data_transfer_length: u32) -> Pdu {
+        Pdu::new(Bhs::R2t(R2t {
+            lun: Lun::from_index(0),
+            itt,
+            ttt: 0x55,
+            stat_sn: 100,
+            exp_cmd_sn: 10,
+            max_cmd_sn: 12,
+            r2t_sn: 0,
+            buffer_offset,
+            desired_data_transfer_length,
+        }))
+    }
+
+    /// RFC 7143 §11.8.4: an R2T asks for at least one byte. An empty one
+    /// fails the task (a read's or a write's) like any R2T outside it, and
+    /// a read's buffer comes back with the failure.
+    #[test]
+    fn empty_r2t_fails_the_task() {
+        let mut e = engine();
+        let cdb = [0u8; 16];
+        let (read, ..) = e.start_scsi(0, &cdb, Some(vec![0; 512]), 0, 1);
+        let events = e.receive(r2t(read, 0, 0));
+        assert!(
+            matches!(
+                &events[..],
+                [Event::Complete {
+                    owner: 1,
+                    result: TaskResult::Failed { buf: Some(b), .. }
+                }] if b.len() == 512
+            ),
+            "{events:?}"
+        );
+        let (write, ..) = e.start_scsi(0, &cdb, None, 100_000, 2);
+        let events = e.receive(r2t(write, 65536, 0));
+        assert!(
+            matches!(
+                &events[..],
+                [Event::Complete {
+                    owner: 2,
+                    result: TaskResult::Failed { .. }
+                }]
+            ),
+            "{events:?}"
+        );
+        // A sound R2T still reaches the write's owner.
+        let (write, ..) = e.start_scsi(0, &cdb, None, 100_000, 3);
+        let events = e.receive(r2t(write, 65536, 34464));
+        assert!(
+            matches!(&events[..], [Event::R2t { owner: 3, .. }]),
+            "{events:?}"
+        );
     }
 
     #[test]
