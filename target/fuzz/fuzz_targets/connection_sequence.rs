@@ -354,6 +354,16 @@ struct Cmd {
     immediate: bool,
 }
 
+/// A task management request the target received.
+#[derive(Debug, Clone, Copy)]
+struct Tmf {
+    function: TmfFunction,
+    lun: u16,
+    referenced: u32,
+    cmd_sn: u32,
+    immediate: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
     Scsi,
@@ -388,8 +398,8 @@ struct Model {
     open: HashSet<u32>,
     /// Tasks "Function complete" aborted: never heard of again.
     aborted: HashSet<u32>,
-    /// TMF requests received, by ITT: function, LUN, referenced ITT.
-    tmfs: HashMap<u32, (TmfFunction, u16, u32)>,
+    /// TMF requests received, by ITT.
+    tmfs: HashMap<u32, Tmf>,
     /// Data-In bytes per open command: the ranges received.
     data_in: HashMap<u32, Vec<(u32, u32)>>,
     r2t_sn: HashMap<u32, u32>,
@@ -533,11 +543,13 @@ impl Model {
             Bhs::TaskMgmtRequest(t) => {
                 self.tmfs.insert(
                     t.itt,
-                    (
-                        t.function,
-                        t.lun.index().unwrap_or(u16::MAX),
-                        t.referenced_task_tag,
-                    ),
+                    Tmf {
+                        function: t.function,
+                        lun: t.lun.index().unwrap_or(u16::MAX),
+                        referenced: t.referenced_task_tag,
+                        cmd_sn: t.cmd_sn,
+                        immediate: t.immediate,
+                    },
                 );
                 (t.itt, Kind::Tmf)
             }
@@ -649,8 +661,8 @@ impl Model {
                     t.itt
                 );
                 if t.response == TmfResponse::FunctionComplete {
-                    if let Some(&(function, lun, referenced)) = self.tmfs.get(&t.itt) {
-                        self.aborted_by(function, lun, referenced, t.exp_cmd_sn);
+                    if let Some(&tmf) = self.tmfs.get(&t.itt) {
+                        self.aborted_by(tmf, t.exp_cmd_sn);
                     }
                 }
             }
@@ -713,8 +725,17 @@ impl Model {
     }
 
     /// Open commands a "Function complete" covered: those the target had
-    /// delivered (immediate, or below the ExpCmdSN the response carries).
-    fn aborted_by(&mut self, function: TmfFunction, lun: u16, referenced: u32, exp_cmd_sn: u32) {
+    /// delivered when the function ran (RFC 7143 §3.2.2.1, §11.5): immediate
+    /// ones, and those below the ExpCmdSN its response carries and, for a
+    /// non-immediate function, below its own CmdSN (commands after it in
+    /// CmdSN order may be delivered in the same breath and are not its).
+    fn aborted_by(&mut self, tmf: Tmf, exp_cmd_sn: u32) {
+        let Tmf {
+            function,
+            lun,
+            referenced,
+            ..
+        } = tmf;
         let victims: Vec<u32> = self
             .open
             .iter()
@@ -723,7 +744,9 @@ impl Model {
                 let Some(Some(cmd)) = self.cmds.get(itt) else {
                     return false;
                 };
-                let delivered = cmd.immediate || sn_lt(cmd.cmd_sn, exp_cmd_sn);
+                let delivered = cmd.immediate
+                    || (sn_lt(cmd.cmd_sn, exp_cmd_sn)
+                        && (tmf.immediate || sn_lt(cmd.cmd_sn, tmf.cmd_sn)));
                 delivered
                     && match function {
                         TmfFunction::AbortTask => *itt == referenced,
