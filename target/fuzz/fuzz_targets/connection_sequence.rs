@@ -394,8 +394,9 @@ struct Model {
     /// The SCSI command of each ITT the target received; None once two
     /// commands shared it unanswered (their answers cannot be told apart).
     cmds: HashMap<u32, Option<Cmd>>,
-    /// SCSI commands received and not yet answered.
-    open: HashSet<u32>,
+    /// SCSI commands received and not yet answered, by ITT: how many (an
+    /// initiator that reuses a live ITT may hear of each command).
+    open: HashMap<u32, u32>,
     /// Tasks "Function complete" aborted: never heard of again.
     aborted: HashSet<u32>,
     /// TMF requests received, by ITT.
@@ -427,7 +428,7 @@ impl Model {
             recent: Vec::new(),
             kinds: HashMap::new(),
             cmds: HashMap::new(),
-            open: HashSet::new(),
+            open: HashMap::new(),
             aborted: HashSet::new(),
             tmfs: HashMap::new(),
             data_in: HashMap::new(),
@@ -532,9 +533,9 @@ impl Model {
                     cmd_sn: c.cmd_sn,
                     immediate: c.immediate,
                 };
-                let shared = self.open.contains(&c.itt);
+                let shared = self.open.get(&c.itt).is_some_and(|&n| n > 0);
                 self.cmds.insert(c.itt, (!shared).then_some(cmd));
-                self.open.insert(c.itt);
+                *self.open.entry(c.itt).or_default() += 1;
                 self.aborted.remove(&c.itt);
                 self.data_in.remove(&c.itt);
                 self.r2t_sn.remove(&c.itt);
@@ -711,7 +712,9 @@ impl Model {
             "status for ITT {itt:#x}, no command"
         );
         self.not_aborted(itt, "status");
-        assert!(self.open.remove(&itt), "a second status for ITT {itt:#x}");
+        let open = self.open.entry(itt).or_default();
+        assert!(*open > 0, "more statuses than commands for ITT {itt:#x}");
+        *open -= 1;
         self.data_in.remove(&itt);
         self.r2t_sn.remove(&itt);
         self.r2ts.retain(|r| r.0 != itt);
@@ -739,7 +742,8 @@ impl Model {
         let victims: Vec<u32> = self
             .open
             .iter()
-            .copied()
+            .filter(|(_, &n)| n > 0)
+            .map(|(&itt, _)| itt)
             .filter(|itt| {
                 let Some(Some(cmd)) = self.cmds.get(itt) else {
                     return false;
