@@ -332,13 +332,15 @@ impl Harness {
     }
 
     /// Carries out `actions` as the driver does, then waits until every
-    /// command started so far has answered.
+    /// command started so far has answered; or, when they end the
+    /// connection, ends it at once as the driver does (commands started
+    /// with the ending, say before a Logout delivered with them, are
+    /// aborted, not waited for).
     async fn carry(&mut self, actions: Vec<Action>) {
         let full = self.full.as_ref().expect("full feature phase");
-        let stop = carry_out(&full.launcher, actions).await;
-        self.settle().await;
-        if let Some(Stop::Close | Stop::Cut) = stop {
-            self.end().await;
+        match carry_out(&full.launcher, actions).await {
+            Some(Stop::Close | Stop::Cut) => self.end().await,
+            None => self.settle().await,
         }
     }
 
