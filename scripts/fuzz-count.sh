@@ -45,6 +45,7 @@ extra=()
 (cd "$crate" && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer "$sanitizer" "$target") \
   >"$logs/build.log" 2>&1 || { tail -n 40 "$logs/build.log" >&2; exit 1; }
 
+commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo +changes)"
 start=$(date +%s)
 pids=()
 for ((j = 0; j < jobs; j++)); do
@@ -75,7 +76,7 @@ for ((j = 0; j < jobs; j++)); do
 done
 [ "$failed" = 0 ] || { echo "FAIL: see $logs" >&2; exit 1; }
 
-echo "target: $target ($crate), sanitizer $sanitizer, commit $(git rev-parse --short HEAD)"
+echo "target: $target ($crate), sanitizer $sanitizer, commit $commit"
 echo "asked: $runs executions in $jobs process(es)${FUZZ_MAX_TIME:+, at most $FUZZ_MAX_TIME s each}"
 printf '%s\n' "${lines[@]}"
 for ((j = 0; j < jobs; j++)); do
