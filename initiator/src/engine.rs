@@ -219,6 +219,10 @@ enum Kind {
     Logout,
 }
 
+fn is_scsi(kind: &Kind) -> bool {
+    matches!(kind, Kind::Scsi { .. })
+}
+
 #[derive(Debug)]
 struct Task<T> {
     owner: T,
@@ -670,7 +674,10 @@ impl<T: Clone> Engine<T> {
             *received += len as u64;
         }
         if let Some(status) = d.status {
-            let task = self.tasks.remove(&d.itt).expect("present");
+            let Some(task) = self.answered(d.itt, "Data-In with status", is_scsi, &mut events)
+            else {
+                return events;
+            };
             let (buf, received) = match task.kind {
                 Kind::Scsi { buf, received, .. } => (buf, received),
                 _ => (None, 0),
@@ -711,20 +718,30 @@ impl<T: Clone> Engine<T> {
                 }) = self.tasks.get(&r.itt)
                 {
                     let end = r.buffer_offset as u64 + u64::from(r.desired_data_transfer_length);
+                    // RFC 7143 §11.8.4: the Desired Data Transfer Length is
+                    // neither 0 nor above MaxBurstLength. An empty R2T asks
+                    // for nothing (a read, whose write length is 0, would
+                    // otherwise take it as one of its own).
                     if end > *expected_out as u64
+                        || r.desired_data_transfer_length == 0
                         || r.desired_data_transfer_length > self.limits.max_burst
                     {
                         let reason = format!(
-                                "R2T for {} bytes at offset {} is outside the {}-byte write or above MaxBurstLength {}",
+                                "R2T for {} bytes at offset {} is empty, outside the {}-byte write or above MaxBurstLength {}",
                                 r.desired_data_transfer_length,
                                 r.buffer_offset,
                                 expected_out,
                                 self.limits.max_burst
                             );
                         let task = self.tasks.remove(&r.itt).expect("present");
+                        // A read's buffer goes back to its owner with the failure.
+                        let buf = match task.kind {
+                            Kind::Scsi { buf, .. } => buf,
+                            _ => None,
+                        };
                         events.push(Event::Complete {
                             owner: task.owner,
-                            result: TaskResult::Failed { reason, buf: None },
+                            result: TaskResult::Failed { reason, buf },
                         });
                     } else {
                         events.push(Event::R2t {
@@ -744,7 +761,10 @@ impl<T: Clone> Engine<T> {
             }
             Bhs::TaskMgmtResponse(t) => {
                 self.update_sn(Some(t.stat_sn), t.exp_cmd_sn, t.max_cmd_sn);
-                if let Some(task) = self.tasks.remove(&t.itt) {
+                let tmf = |k: &Kind| matches!(k, Kind::Tmf { .. });
+                if let Some(task) =
+                    self.answered(t.itt, "Task Management Response", tmf, &mut events)
+                {
                     if let Kind::Tmf {
                         function,
                         referenced,
@@ -763,7 +783,8 @@ impl<T: Clone> Engine<T> {
             }
             Bhs::LogoutResponse(l) => {
                 self.update_sn(Some(l.stat_sn), l.exp_cmd_sn, l.max_cmd_sn);
-                if let Some(task) = self.tasks.remove(&l.itt) {
+                let logout = |k: &Kind| matches!(k, Kind::Logout);
+                if let Some(task) = self.answered(l.itt, "Logout Response", logout, &mut events) {
                     events.push(Event::Complete {
                         owner: task.owner,
                         result: TaskResult::Logout(l.response),
@@ -819,8 +840,37 @@ impl<T: Clone> Engine<T> {
         events
     }
 
+    /// Removes the task `itt` that a target response `what` ends, if it is
+    /// of the kind `fits` accepts. A task of another kind fails instead (the
+    /// target answered it with the wrong PDU, RFC 7143 §11), with its read
+    /// buffer handed back.
+    fn answered(
+        &mut self,
+        itt: u32,
+        what: &str,
+        fits: fn(&Kind) -> bool,
+        events: &mut Vec<Event<T>>,
+    ) -> Option<Task<T>> {
+        let task = self.tasks.remove(&itt)?;
+        if fits(&task.kind) {
+            return Some(task);
+        }
+        let buf = match task.kind {
+            Kind::Scsi { buf, .. } => buf,
+            _ => None,
+        };
+        events.push(Event::Complete {
+            owner: task.owner,
+            result: TaskResult::Failed {
+                reason: format!("{what} for ITT {itt:#x}, a task of another kind"),
+                buf,
+            },
+        });
+        None
+    }
+
     fn scsi_response(&mut self, r: ScsiResponse, data: Vec<u8>, events: &mut Vec<Event<T>>) {
-        let Some(task) = self.tasks.remove(&r.itt) else {
+        let Some(task) = self.answered(r.itt, "SCSI Response", is_scsi, events) else {
             return;
         };
         let (buf, received) = match task.kind {
@@ -843,7 +893,7 @@ impl<T: Clone> Engine<T> {
 
     fn nop_in(&mut self, n: NopIn, events: &mut Vec<Event<T>>) {
         if n.itt != RESERVED_TAG {
-            if let Some(task) = self.tasks.remove(&n.itt) {
+            if let Some(task) = self.answered(n.itt, "NOP-In", |k| matches!(k, Kind::Nop), events) {
                 events.push(Event::Complete {
                     owner: task.owner,
                     result: TaskResult::Nop,
@@ -981,6 +1031,60 @@ mod tests {
             ..l
         };
         assert_eq!(l2.unsolicited(100_000), (0, 0));
+    }
+
+    fn r2t(itt: u32, buffer_offset: u32, desired_data_transfer_length: u32) -> Pdu {
+        Pdu::new(Bhs::R2t(R2t {
+            lun: Lun::from_index(0),
+            itt,
+            ttt: 0x55,
+            stat_sn: 100,
+            exp_cmd_sn: 10,
+            max_cmd_sn: 12,
+            r2t_sn: 0,
+            buffer_offset,
+            desired_data_transfer_length,
+        }))
+    }
+
+    /// RFC 7143 §11.8.4: an R2T asks for at least one byte. An empty one
+    /// fails the task (a read's or a write's) like any R2T outside it, and
+    /// a read's buffer comes back with the failure.
+    #[test]
+    fn empty_r2t_fails_the_task() {
+        let mut e = engine();
+        let cdb = [0u8; 16];
+        let (read, ..) = e.start_scsi(0, &cdb, Some(vec![0; 512]), 0, 1);
+        let events = e.receive(r2t(read, 0, 0));
+        assert!(
+            matches!(
+                &events[..],
+                [Event::Complete {
+                    owner: 1,
+                    result: TaskResult::Failed { buf: Some(b), .. }
+                }] if b.len() == 512
+            ),
+            "{events:?}"
+        );
+        let (write, ..) = e.start_scsi(0, &cdb, None, 100_000, 2);
+        let events = e.receive(r2t(write, 65536, 0));
+        assert!(
+            matches!(
+                &events[..],
+                [Event::Complete {
+                    owner: 2,
+                    result: TaskResult::Failed { .. }
+                }]
+            ),
+            "{events:?}"
+        );
+        // A sound R2T still reaches the write's owner.
+        let (write, ..) = e.start_scsi(0, &cdb, None, 100_000, 3);
+        let events = e.receive(r2t(write, 65536, 34464));
+        assert!(
+            matches!(&events[..], [Event::R2t { owner: 3, .. }]),
+            "{events:?}"
+        );
     }
 
     #[test]
@@ -1229,6 +1333,74 @@ mod tests {
                 result: TaskResult::Tmf(TmfResponse::FunctionComplete)
             }
         ));
+        assert_eq!(e.task_count(), 0);
+    }
+
+    /// A response names its task by ITT (RFC 7143 §11): one of another
+    /// kind than the task (a NOP-In or a task management, logout or SCSI
+    /// response, or a Data-In with status) fails the task, which keeps its
+    /// read buffer, instead of completing it as if it had been answered.
+    #[test]
+    fn a_response_of_the_wrong_kind_fails_the_task() {
+        let mut e = engine();
+        let window = (100, 11, 20);
+        let (read, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 512]), 0, 1);
+        let ping = e.start_ping(2);
+        let logout = e.start_logout(3);
+        let tmf = e.start_tmf(TmfFunction::AbortTask, 0, Some(0x9999), 4);
+        let nop_in = Pdu::new(Bhs::NopIn(NopIn {
+            lun: Lun::default(),
+            itt: read,
+            ttt: RESERVED_TAG,
+            stat_sn: window.0,
+            exp_cmd_sn: window.1,
+            max_cmd_sn: window.2,
+        }));
+        let tmf_response = Pdu::new(Bhs::TaskMgmtResponse(
+            blockwire_pdu::pdu::TaskMgmtResponse {
+                response: TmfResponse::FunctionComplete,
+                itt: ping.itt,
+                stat_sn: window.0,
+                exp_cmd_sn: window.1,
+                max_cmd_sn: window.2,
+            },
+        ));
+        let logout_response = Pdu::new(Bhs::LogoutResponse(blockwire_pdu::pdu::LogoutResponse {
+            response: LogoutResponseCode::Closed,
+            itt: tmf.itt,
+            stat_sn: window.0,
+            exp_cmd_sn: window.1,
+            max_cmd_sn: window.2,
+            time2wait: 0,
+            time2retain: 0,
+        }));
+        for (pdu, owner) in [(nop_in, 1), (tmf_response, 2), (logout_response, 4)] {
+            let ev = e.receive(pdu);
+            match &ev[..] {
+                [Event::Complete {
+                    owner: o,
+                    result: TaskResult::Failed { buf, .. },
+                }] if *o == owner => {
+                    assert_eq!(buf.as_ref().map(Vec::len), (owner == 1).then_some(512));
+                }
+                other => panic!("owner {owner}: {other:?}"),
+            }
+        }
+        // A Data-In with status for the logout.
+        let d = data_in(logout.itt, 0, 0, Some(0));
+        let (p, ev) = e.data_in_begin(&d, 0);
+        assert!(matches!(p, Placement::Discard) && ev.is_empty());
+        let ev = e.data_in_end(&d, None, 0);
+        assert!(
+            matches!(
+                &ev[..],
+                [Event::Complete {
+                    owner: 3,
+                    result: TaskResult::Failed { .. }
+                }]
+            ),
+            "{ev:?}"
+        );
         assert_eq!(e.task_count(), 0);
     }
 

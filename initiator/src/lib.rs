@@ -34,7 +34,13 @@
 mod config;
 mod connect;
 pub(crate) mod discovery;
+#[cfg(not(feature = "fuzzing"))]
 pub(crate) mod engine;
+/// The session's sans-IO engine, open to the stateful fuzz target in `fuzz/`;
+/// not part of the library's API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod engine;
 mod error;
 pub mod iser;
 mod isid;

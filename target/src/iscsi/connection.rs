@@ -25,6 +25,11 @@ use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
 use super::session::Session;
 use super::Fabric;
 
+/// An in-memory driver of this connection for the stateful fuzz targets.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// An RDMA offload grant bound to a session: its token and its slot in the
 /// target's RDMA service.
 type RdmaGrant = (

@@ -1,0 +1,447 @@
+//! An in-memory, deterministic driver of one connection, for the stateful
+//! fuzz targets (`target/fuzz`): the initiator's bytes go through the real
+//! [`PduReader`] into [`LoginPhase`] and then [`ConnMachine`], whose actions
+//! the driver's own [`carry_out`] runs on the driver's [`Launcher`]; what
+//! the target sends leaves through the real [`write_loop`] (StatSN, ExpCmdSN
+//! and MaxCmdSN stamped as on a socket) and is decoded back, as the
+//! initiator would see it.
+//!
+//! It differs from [`super::drive`] only where a fuzzer needs it to: time is
+//! injected (NOP-In pings and the logout grace run on [`Harness::advance`]),
+//! and after every PDU it waits until every command it started has answered
+//! (or was aborted), so that one input always yields the same exchange.
+//! Built with the `fuzzing` feature only; not part of the target's API.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use blockwire_pdu::keys::SessionParams;
+use blockwire_pdu::{Digests, Frame, FrameDecoder, Pdu};
+use bytes::BytesMut;
+use rand::SeedableRng;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+
+use super::{carry_out, digests_of, write_loop, Outgoing, Stop};
+use crate::backstore::RamBackstore;
+use crate::iscsi::catalog::{Acl, Catalog};
+use crate::iscsi::io::{PduReader, PduWriter, ReadError};
+use crate::iscsi::launch::Launcher;
+use crate::iscsi::machine::{Action, ConnMachine, LoginAction, LoginPhase};
+use crate::iscsi::session::Session;
+use crate::iscsi::{Fabric, FabricSettings};
+use crate::scsi::{LogicalUnit, LuConfig};
+
+/// The one target the harness serves (LUN 0, a RAM disk, open to anyone).
+pub const TARGET: &str = "iqn.2026-11.io.blockwire:fuzz";
+
+/// Bytes the in-memory pipe holds each way: more than any exchange one
+/// input produces between two reads (a 1 MiB LUN read whole, with headers).
+const PIPE: usize = 4 << 20;
+
+/// How long one PDU's commands may take before the harness calls it a hang.
+const SETTLE_LIMIT: Duration = Duration::from_secs(20);
+
+fn runtime() -> &'static Runtime {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
+}
+
+fn local() -> SocketAddr {
+    "127.0.0.1:3260".parse().expect("an address")
+}
+
+/// Polls `f` once: its output if ready, None if it would wait.
+async fn poll_once<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match f.as_mut().poll(cx) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+/// One PDU on the wire, in the order the connection saw them.
+#[derive(Debug, Clone)]
+pub enum Wire {
+    /// The target's reader delivered this PDU (to the login phase or the
+    /// machine).
+    ToTarget(Pdu),
+    /// The target sent this PDU, as the initiator decoded it.
+    FromTarget(Pdu),
+}
+
+/// Where the connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Login Requests are answered.
+    Login,
+    /// The session is attached; the full feature phase runs.
+    FullFeature,
+    /// The connection ended (refused login, logout, protocol error, ...).
+    Ended,
+}
+
+struct Full {
+    session: Arc<Session>,
+    generation: u64,
+    machine: ConnMachine,
+    launcher: Launcher,
+    writer_task: tokio::task::JoinHandle<()>,
+}
+
+/// One connection to a fresh target, driven in memory.
+pub struct Harness {
+    fabric: Arc<Fabric>,
+    /// The initiator's end of the pipe.
+    client: DuplexStream,
+    /// The target's reader of the other end.
+    reader: PduReader<ReadHalf<DuplexStream>>,
+    /// The target's writer half, until the full feature phase takes it.
+    writer: Option<PduWriter>,
+    login: Option<LoginPhase>,
+    full: Option<Full>,
+    params: Option<SessionParams>,
+    phase: Phase,
+    now: Instant,
+    /// What crossed the wire since the initiator last looked.
+    log: Vec<Wire>,
+    /// Received bytes not yet cut into PDUs, and how to cut them.
+    received: BytesMut,
+    out_digests: Digests,
+}
+
+impl Harness {
+    /// A connection to a new fabric with `settings`, serving [`TARGET`]
+    /// with one RAM LUN of `lun_bytes`.
+    pub fn new(settings: FabricSettings, lun_bytes: u64) -> Harness {
+        let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(lun_bytes))));
+        let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
+        // Shutdown comes through `Harness::shutdown`, never the watch.
+        let (_, shutdown) = tokio::sync::watch::channel(false);
+        let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+        let (client, server) = tokio::io::duplex(PIPE);
+        let (rd, wr) = tokio::io::split(server);
+        let login = LoginPhase::new(
+            fabric.clone(),
+            1,
+            local(),
+            rand::rngs::StdRng::seed_from_u64(7),
+        );
+        Harness {
+            fabric,
+            client,
+            reader: PduReader::new(rd),
+            writer: Some(PduWriter::over_stream(wr)),
+            login: Some(login),
+            full: None,
+            params: None,
+            phase: Phase::Login,
+            now: Instant::now(),
+            log: Vec::new(),
+            received: BytesMut::new(),
+            out_digests: Digests::default(),
+        }
+    }
+
+    /// Where the connection stands.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The parameters the login negotiated, once logged in.
+    pub fn params(&self) -> Option<&SessionParams> {
+        self.params.as_ref()
+    }
+
+    /// What crossed the wire since the last call, in order.
+    pub fn take_log(&mut self) -> Vec<Wire> {
+        std::mem::take(&mut self.log)
+    }
+
+    /// The initiator sends `bytes`; every whole PDU among what it sent so
+    /// far is handled, and every command it starts answered, before this
+    /// returns.
+    pub fn send(&mut self, bytes: &[u8]) {
+        if self.phase == Phase::Ended {
+            return;
+        }
+        runtime().block_on(async {
+            if self.client.write_all(bytes).await.is_err() {
+                return;
+            }
+            self.handle_input().await;
+        });
+    }
+
+    /// `by` passes: NOP-In pings fall due or time out, the logout grace
+    /// runs out.
+    pub fn advance(&mut self, by: Duration) {
+        self.now += by;
+        if self.phase != Phase::FullFeature {
+            return;
+        }
+        runtime().block_on(async {
+            let now = self.now;
+            let actions = self.full_mut().machine.on_timeout(now);
+            self.carry(actions).await;
+        });
+    }
+
+    /// The daemon shuts down: the initiator is asked to log out.
+    pub fn shutdown(&mut self) {
+        if self.phase != Phase::FullFeature {
+            return;
+        }
+        runtime().block_on(async {
+            let now = self.now;
+            let actions = self.full_mut().machine.on_shutdown(now);
+            self.carry(actions).await;
+        });
+    }
+
+    /// The initiator closes its end; the connection ends as on a socket.
+    pub fn close(&mut self) {
+        if self.phase == Phase::Ended {
+            return;
+        }
+        runtime().block_on(async {
+            let _ = self.client.shutdown().await;
+            self.handle_input().await;
+            if self.phase != Phase::Ended {
+                self.end().await;
+            }
+        });
+    }
+
+    fn full_mut(&mut self) -> &mut Full {
+        self.full.as_mut().expect("full feature phase")
+    }
+
+    /// Every whole PDU (or framing error) the reader holds, handled.
+    async fn handle_input(&mut self) {
+        while self.phase != Phase::Ended {
+            let Some(next) = poll_once(self.reader.next()).await else {
+                return;
+            };
+            match (self.phase, next) {
+                (Phase::Login, Ok(Some(pdu))) => {
+                    self.log.push(Wire::ToTarget(pdu.clone()));
+                    self.login_pdu(&pdu)
+                }
+                (Phase::FullFeature, Ok(Some(pdu))) => {
+                    self.log.push(Wire::ToTarget(pdu.clone()));
+                    let now = self.now;
+                    let actions = self.full_mut().machine.on_pdu(pdu, now);
+                    self.carry(actions).await;
+                }
+                (
+                    Phase::FullFeature,
+                    Err(ReadError::Decode {
+                        error,
+                        header,
+                        skip,
+                    }),
+                ) => {
+                    let actions = self.full_mut().machine.on_decode_error(
+                        &error,
+                        header.as_ref().map(|h| &h[..]),
+                        skip.is_some(),
+                    );
+                    self.carry(actions).await;
+                }
+                // End of stream, a failed read, or a framing error during
+                // login (the login loop gives up on those).
+                (Phase::FullFeature, _) => self.end().await,
+                (_, _) => self.phase = Phase::Ended,
+            }
+        }
+    }
+
+    fn login_pdu(&mut self, pdu: &Pdu) {
+        let phase = self.login.as_mut().expect("login phase");
+        match phase.on_pdu(pdu) {
+            LoginAction::Respond(p) => self.log.push(Wire::FromTarget(p)),
+            LoginAction::Refuse(p) => {
+                self.log.push(Wire::FromTarget(p));
+                self.phase = Phase::Ended;
+                self.login = None;
+            }
+            LoginAction::LoggedIn {
+                response,
+                session,
+                outcome,
+            } => {
+                self.log.push(Wire::FromTarget(response));
+                self.login = None;
+                self.start_full_feature(session, &outcome);
+            }
+        }
+    }
+
+    /// As the driver's `full_feature` sets up: digests and limits on both
+    /// ends, the writer task, the launcher.
+    fn start_full_feature(
+        &mut self,
+        session: Arc<Session>,
+        outcome: &crate::iscsi::login::LoginOutcome,
+    ) {
+        let machine = ConnMachine::new(
+            self.fabric.clone(),
+            session.clone(),
+            outcome,
+            local(),
+            None,
+            self.now,
+        );
+        let params = session.params.clone();
+        let digests = digests_of(&params);
+        self.reader.framer = FrameDecoder::new(params.target_max_recv_data_segment_length, digests);
+        self.out_digests = digests;
+        let mut writer = self.writer.take().expect("writer unused until now");
+        writer.digests = digests;
+        let shared = machine.shared().clone();
+        writer.track_copies(shared.copies.clone());
+        let (tx, rx) = mpsc::channel::<Outgoing>(1024);
+        let first_stat_sn = outcome.stat_sn.wrapping_add(1);
+        let writer_task = {
+            let _guard = runtime().enter();
+            tokio::spawn(write_loop(writer, rx, shared, first_stat_sn))
+        };
+        let launcher = Launcher::new(&self.fabric, &session, &machine, tx);
+        self.params = Some(params);
+        self.full = Some(Full {
+            generation: session.generation(),
+            session,
+            machine,
+            launcher,
+            writer_task,
+        });
+        self.phase = Phase::FullFeature;
+    }
+
+    /// Carries out `actions` as the driver does, then waits until every
+    /// command started so far has answered; or, when they end the
+    /// connection, ends it at once as the driver does (commands started
+    /// with the ending, say before a Logout delivered with them, are
+    /// aborted, not waited for).
+    async fn carry(&mut self, actions: Vec<Action>) {
+        let full = self.full.as_ref().expect("full feature phase");
+        match carry_out(&full.launcher, actions).await {
+            Some(Stop::Close | Stop::Cut) => self.end().await,
+            None => self.settle().await,
+        }
+    }
+
+    /// Waits until no command task holds the writer queue, the writer has
+    /// sent everything queued, and reads what it sent.
+    async fn settle(&mut self) {
+        let started = Instant::now();
+        let mut quiet = 0;
+        while quiet < 3 {
+            let full = self.full.as_ref().expect("full feature phase");
+            let tx = &full.launcher.tx;
+            let idle = tx.strong_count() == 1 && tx.capacity() == tx.max_capacity();
+            let got = self.read_output().await;
+            quiet = if idle && !got { quiet + 1 } else { 0 };
+            assert!(
+                started.elapsed() < SETTLE_LIMIT,
+                "commands still running after {SETTLE_LIMIT:?}: a task never answered"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Reads and decodes what the target sent; true if anything came.
+    async fn read_output(&mut self) -> bool {
+        let mut got = false;
+        loop {
+            self.received.reserve(64 * 1024);
+            match poll_once(self.client.read_buf(&mut self.received)).await {
+                Some(Ok(n)) if n > 0 => got = true,
+                _ => break,
+            }
+        }
+        // The largest segment the format allows: limits are the fuzz
+        // target's to check.
+        let framer = FrameDecoder::new(0x00ff_ffff, self.out_digests);
+        loop {
+            match framer.decode(&self.received) {
+                Ok(Frame::Pdu { pdu, consumed }) => {
+                    let _ = self.received.split_to(consumed);
+                    self.log.push(Wire::FromTarget(pdu));
+                }
+                Ok(Frame::NeedMore(_)) => break,
+                Err(e) => panic!("the target sent bytes that do not decode: {e}"),
+            }
+        }
+        got
+    }
+
+    /// The connection ends, as `full_feature` ends it: running tasks are
+    /// aborted, the writer flushes and closes, the session detaches.
+    async fn end(&mut self) {
+        self.phase = Phase::Ended;
+        let Some(full) = self.full.take() else {
+            return;
+        };
+        let Full {
+            session,
+            generation,
+            machine,
+            launcher,
+            writer_task,
+        } = full;
+        if session.generation() == generation {
+            session.tasks.abort_where(|_, _| true);
+        }
+        drop(machine);
+        let probe = launcher.tx.downgrade();
+        let _ = launcher.tx.send(Outgoing::Close).await;
+        drop(launcher);
+        let started = Instant::now();
+        while probe.strong_count() > 0 {
+            self.read_output().await;
+            assert!(
+                started.elapsed() < SETTLE_LIMIT,
+                "commands still running after the connection closed"
+            );
+            tokio::task::yield_now().await;
+        }
+        while !writer_task.is_finished() {
+            self.read_output().await;
+            tokio::task::yield_now().await;
+        }
+        self.read_output().await;
+        assert!(
+            self.received.is_empty(),
+            "the target's last PDU was cut short: {} bytes left",
+            self.received.len()
+        );
+        if session.generation() == generation {
+            self.fabric.sessions.detach(&session, generation);
+            if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
+                t.luns.nexus_lost(nexus);
+            }
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if self.phase == Phase::FullFeature && !std::thread::panicking() {
+            self.close();
+        }
+    }
+}
