@@ -45,7 +45,10 @@ fn args() -> Args {
             other => panic!("unknown argument {other}"),
         }
     }
-    assert!(!a.target.is_empty() && a.pid != 0, "give --target and --pid");
+    assert!(
+        !a.target.is_empty() && a.pid != 0,
+        "give --target and --pid"
+    );
     assert!(a.busy <= a.sessions, "--busy is at most --sessions");
     a
 }
@@ -78,7 +81,8 @@ async fn main() {
     for batch in (0..a.sessions).collect::<Vec<_>>().chunks(50) {
         let mut joins = Vec::new();
         for &i in batch {
-            let mut cfg = InitiatorConfig::new(format!("iqn.2026-11.io.blockwire:many-{:04}", i % 1000));
+            let mut cfg =
+                InitiatorConfig::new(format!("iqn.2026-11.io.blockwire:many-{:04}", i % 1000));
             cfg.isid_qualifier = i as u16;
             let (portal, target) = (a.portal.clone(), a.target.clone());
             joins.push(tokio::spawn(async move {
@@ -140,7 +144,10 @@ async fn main() {
     // Every session, idle ones included, still answers.
     let mut bad = 0;
     for s in &sessions {
-        if s.execute(0, &[0u8; 6], blockwire_initiator::DataDir::None).await.is_err() {
+        if s.execute(0, &[0u8; 6], blockwire_initiator::DataDir::None)
+            .await
+            .is_err()
+        {
             bad += 1;
         }
     }
