@@ -231,6 +231,26 @@ struct Task<T> {
     kind: Kind,
 }
 
+impl<T> Task<T> {
+    /// The read buffer the task lent, handed back with its end.
+    fn into_parts(self) -> (T, Option<Vec<u8>>) {
+        let buf = match self.kind {
+            Kind::Scsi { buf, .. } => buf,
+            _ => None,
+        };
+        (self.owner, buf)
+    }
+
+    /// The task's end as a failure, its read buffer handed back.
+    fn failed(self, reason: String) -> Event<T> {
+        let (owner, buf) = self.into_parts();
+        Event::Complete {
+            owner,
+            result: TaskResult::Failed { reason, buf },
+        }
+    }
+}
+
 /// A command in flight, as [`Session::in_flight`](crate::Session::in_flight) lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskInfo {
@@ -537,16 +557,7 @@ impl<T: Clone> Engine<T> {
     /// Removes every task (the connection is gone) and returns their owners
     /// with the read buffers they lent.
     pub fn drain(&mut self) -> Vec<(T, Option<Vec<u8>>)> {
-        self.tasks
-            .drain()
-            .map(|(_, t)| {
-                let buf = match t.kind {
-                    Kind::Scsi { buf, .. } => buf,
-                    _ => None,
-                };
-                (t.owner, buf)
-            })
-            .collect()
+        self.tasks.drain().map(|(_, t)| t.into_parts()).collect()
     }
 
     fn update_sn(&mut self, stat_sn: Option<u32>, exp_cmd_sn: u32, max_cmd_sn: u32) -> bool {
@@ -617,14 +628,7 @@ impl<T: Clone> Engine<T> {
         };
         if let Some(reason) = fail {
             let task = self.tasks.remove(&d.itt).expect("present");
-            let buf = match task.kind {
-                Kind::Scsi { buf, .. } => buf,
-                _ => None,
-            };
-            events.push(Event::Complete {
-                owner: task.owner,
-                result: TaskResult::Failed { reason, buf },
-            });
+            events.push(task.failed(reason));
             return (Placement::Discard, events);
         }
         *next_data_sn = next_data_sn.wrapping_add(1);
@@ -735,14 +739,7 @@ impl<T: Clone> Engine<T> {
                             );
                         let task = self.tasks.remove(&r.itt).expect("present");
                         // A read's buffer goes back to its owner with the failure.
-                        let buf = match task.kind {
-                            Kind::Scsi { buf, .. } => buf,
-                            _ => None,
-                        };
-                        events.push(Event::Complete {
-                            owner: task.owner,
-                            result: TaskResult::Failed { reason, buf },
-                        });
+                        events.push(task.failed(reason));
                     } else {
                         events.push(Event::R2t {
                             owner: owner.clone(),
@@ -814,17 +811,8 @@ impl<T: Clone> Engine<T> {
                     .get(16..20)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
                 if let Some(task) = itt.and_then(|itt| self.tasks.remove(&itt)) {
-                    let buf = match task.kind {
-                        Kind::Scsi { buf, .. } => buf,
-                        _ => None,
-                    };
-                    events.push(Event::Complete {
-                        owner: task.owner,
-                        result: TaskResult::Failed {
-                            reason: format!("target rejected the PDU: {}", r.reason.name()),
-                            buf,
-                        },
-                    });
+                    events
+                        .push(task.failed(format!("target rejected the PDU: {}", r.reason.name())));
                 }
             }
             Bhs::TextResponse(t) => {
@@ -855,17 +843,7 @@ impl<T: Clone> Engine<T> {
         if fits(&task.kind) {
             return Some(task);
         }
-        let buf = match task.kind {
-            Kind::Scsi { buf, .. } => buf,
-            _ => None,
-        };
-        events.push(Event::Complete {
-            owner: task.owner,
-            result: TaskResult::Failed {
-                reason: format!("{what} for ITT {itt:#x}, a task of another kind"),
-                buf,
-            },
-        });
+        events.push(task.failed(format!("{what} for ITT {itt:#x}, a task of another kind")));
         None
     }
 
@@ -937,13 +915,9 @@ impl<T: Clone> Engine<T> {
             .map(|(itt, _)| *itt)
             .collect();
         for itt in victims {
-            let task = self.tasks.remove(&itt).expect("present");
-            let buf = match task.kind {
-                Kind::Scsi { buf, .. } => buf,
-                _ => None,
-            };
+            let (owner, buf) = self.tasks.remove(&itt).expect("present").into_parts();
             events.push(Event::Complete {
-                owner: task.owner,
+                owner,
                 result: TaskResult::Aborted { buf },
             });
         }
