@@ -583,21 +583,21 @@ impl Control {
             .map(|t| {
                 let luns: Vec<Value> = t
                     .luns
-                    .lun_ids()
+                    .units()
                     .into_iter()
-                    .filter_map(|id| t.luns.get(id).map(|lu| (id, lu)))
                     .map(|(id, lu)| {
+                        let activity = lu.activity();
                         json!({
                             "lun": id,
                             "stalled": lu.is_stalled(),
                             "held": lu.held_commands(),
                             "size": lu.config().backstore.size(),
-                            "commands_running": lu.activity().in_flight,
+                            "commands_running": activity.in_flight,
                             "counters": {
                                 "reads": counted(&lu, Direction::Read),
                                 "writes": counted(&lu, Direction::Write),
                             },
-                            "last_io_secs_ago": lu.activity().last_media.map(|d| d.as_secs_f64()),
+                            "last_io_secs_ago": activity.last_media.map(|d| d.as_secs_f64()),
                             "backstore": lu.config().backstore.describe(),
                         })
                     })

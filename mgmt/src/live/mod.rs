@@ -518,14 +518,17 @@ impl Live {
                 ))
             }
         };
-        let body = self.text().await;
+        // One save or change at a time: the document is read and written
+        // under the same lock.
+        let running = self.running.lock().await;
+        let body = toml::to_string(&running.doc)
+            .map_err(|e| LiveError::Failed(format!("cannot write the configuration: {e}")))?;
         let text = format!(
             "# blockwire-target configuration, saved from the running daemon at {}.\n\
              # Start it with: blockwire-target --config {}\n\n{body}",
             utc_stamp(SystemTime::now(), ' '),
             path.display()
         );
-        let _guard = self.running.lock().await; // one save or change at a time
         write_atomically(&path, text.as_bytes())
             .map_err(|e| LiveError::Failed(format!("saving to {}: {e}", path.display())))
     }
