@@ -11,6 +11,9 @@
 #   interop/kernel/guest-eh.sh          the SCSI error handler against a stalled LUN
 #   interop/kernel/guest-multipath.sh   dm-multipath with ALUA over two portal groups
 #   interop/kernel/guest-ublk.sh        `blockwire ublk`: a LUN as /dev/ublkbN
+#   interop/kernel/guest-kscsi.sh       the blockwire_scsi kernel driver (initiator/kmod, built
+#                                       here against the lab kernel's headers, warnings as
+#                                       errors) with `blockwire attach`: LUNs as /dev/sdX
 #   interop/kernel/guest-mgmt.sh        live changes (control socket, SIGHUP, config.save) under
 #                                       the kernel initiator's fio verify; Prometheus histograms
 #   interop/kernel/guest-rdma.sh        the verbs backend on Soft-RoCE (rdma_rxe): the RDMA
@@ -53,6 +56,9 @@ step "release binaries: blockwire-target, blockwire (with the ublk front end), r
         --example reg_fig8 &&
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \
         --example rdma_assisted_check --example iser_check)
+
+step "kernel module: blockwire_scsi.ko against the lab kernel's headers (-Werror, W=1)"
+"$repo/initiator/kmod/build.sh" "$build/kmod" || { echo "FAIL: blockwire_scsi.ko does not build"; exit 1; }
 
 # run_ocfs2 OUT: the two-guest suite. node1 (target and cluster node 1) listens on the private
 # link, node2 connects to it; they meet through OUT/sync. Each guest prints its own summary
@@ -100,7 +106,7 @@ run_ocfs2() {
     [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
 }
 
-suites=${KL_SUITES:-initiator eh multipath ublk mgmt rdma ocfs2}
+suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2}
 failed=()
 for s in $suites; do
     out=$build/kernel-lab/$s

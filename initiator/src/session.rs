@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutResponseCode, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{R2t, RESERVED_TAG};
-use blockwire_pdu::scsi::{parse_sense_segment, ScsiStatus, Sense, SenseKey};
+use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense, SenseKey};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -71,6 +71,20 @@ pub struct Completion {
     pub transferred: usize,
     /// Sense data sent with a good status (rare; e.g. recovered errors).
     pub sense: Option<Sense>,
+}
+
+/// How a command passed through for another SCSI stack ended at the target:
+/// any status, with the sense bytes as the target sent them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawCompletion {
+    /// The SCSI status (GOOD, CHECK CONDITION, RESERVATION CONFLICT, ...).
+    pub status: ScsiStatus,
+    /// The sense data, undecoded (empty without).
+    pub sense: Vec<u8>,
+    /// Residual reported by the target.
+    pub residual: Residual,
+    /// Bytes transferred (Data-In received or Data-Out accepted).
+    pub transferred: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,6 +301,28 @@ impl Session {
     /// LOGICAL UNIT RESET.
     pub async fn lun_reset(&self, lun: u16) -> Result<()> {
         self.tmf_ok(TmfFunction::LogicalUnitReset, lun).await
+    }
+
+    /// TARGET WARM RESET (RFC 7143 §11.5.1): every task of the session ends.
+    pub async fn target_warm_reset(&self) -> Result<()> {
+        self.tmf_ok(TmfFunction::TargetWarmReset, 0).await
+    }
+
+    /// Runs one command on behalf of another SCSI stack (the kernel host
+    /// driver): the status and sense come back as the target sent them and
+    /// nothing is retried, so a UNIT ATTENTION or RESERVATION CONFLICT
+    /// reaches that stack's own error handling. `itt` follows the command's
+    /// Initiator Task Tag (0 until it is sent; it changes when the command
+    /// is re-issued after a lost connection), so that stack's ABORT TASK
+    /// can name it (see [`Session::abort_task`]).
+    pub async fn pass_through(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        dir: DataDir<'_>,
+        itt: &AtomicU32,
+    ) -> Result<RawCompletion> {
+        self.inner.pass_through(lun, cdb, dir, itt).await
     }
 
     async fn tmf_ok(&self, f: TmfFunction, lun: u16) -> Result<()> {
@@ -636,20 +672,81 @@ impl Inner {
         }
     }
 
+    async fn pass_through(
+        self: &Arc<Self>,
+        lun: u16,
+        cdb: &[u8],
+        dir: DataDir<'_>,
+        itt: &AtomicU32,
+    ) -> Result<RawCompletion> {
+        let cdb16 = cdb16_of(cdb)?;
+        let _permit = self.slots.acquire().await.map_err(|_| Error::Closed)?;
+        let (read_len, write, mut read_into) = match dir {
+            DataDir::None => (0, &[][..], None),
+            DataDir::Read(b) => (b.len(), &[][..], Some(b)),
+            DataDir::Write(d) => (0, d, None),
+        };
+        let initial = read_into.as_mut().map(|b| std::mem::take(*b));
+        let result = self
+            .run(lun, &cdb16, read_len, write, initial, Some(itt))
+            .await?;
+        let (outcome, back) = match result {
+            TaskResult::Scsi(mut o) => {
+                let back = o.buf.take();
+                (Ok(o), back)
+            }
+            TaskResult::Aborted { buf } => (Err(Error::Aborted { lun }), buf),
+            TaskResult::Failed { reason, buf } => (Err(Error::Protocol(reason)), buf),
+            other => (
+                Err(Error::Protocol(format!(
+                    "unexpected completion {other:?} for a SCSI command"
+                ))),
+                None,
+            ),
+        };
+        if let Some(b) = read_into {
+            *b = back.unwrap_or_default();
+        }
+        let o = outcome?;
+        if o.response != 0 {
+            return Err(Error::TargetFailure {
+                lun,
+                response: o.response,
+            });
+        }
+        let sense = split_sense_segment(&o.sense_segment)
+            .map(|(sense, _)| sense.to_vec())
+            .map_err(|e| Error::Protocol(format!("SCSI Response sense segment: {e}")))?;
+        let residual = match (o.underflow, o.overflow) {
+            (Some(n), _) if n > 0 => Residual::Underflow(n),
+            (_, Some(n)) if n > 0 => Residual::Overflow(n),
+            _ => Residual::None,
+        };
+        let transferred = if read_len > 0 {
+            usize::try_from(o.data_in)
+                .unwrap_or(usize::MAX)
+                .min(read_len)
+        } else {
+            match residual {
+                Residual::Underflow(n) => write.len().saturating_sub(n as usize),
+                _ => write.len(),
+            }
+        };
+        Ok(RawCompletion {
+            status: ScsiStatus(o.status),
+            sense,
+            residual,
+            transferred,
+        })
+    }
+
     async fn execute_once(
         self: &Arc<Self>,
         lun: u16,
         cdb: &[u8],
         dir: &mut DataDir<'_>,
     ) -> Result<Completion> {
-        if cdb.is_empty() || cdb.len() > 16 {
-            return Err(Error::Config(format!(
-                "CDB of {} bytes: blockwire sends CDBs of 1 to 16 bytes",
-                cdb.len()
-            )));
-        }
-        let mut cdb16 = [0u8; 16];
-        cdb16[..cdb.len()].copy_from_slice(cdb);
+        let cdb16 = cdb16_of(cdb)?;
         let _permit = self.slots.acquire().await.map_err(|_| Error::Closed)?;
         let (read_len, write): (usize, &[u8]) = match dir {
             DataDir::None => (0, &[]),
@@ -660,7 +757,10 @@ impl Inner {
             DataDir::Read(b) => Some(std::mem::take(*b)),
             _ => None,
         };
-        let result = self.run(lun, &cdb16, read_len, write, &mut buf).await;
+        let result = self
+            .run(lun, &cdb16, read_len, write, buf.take(), None)
+            .await
+            .and_then(|r| self.complete(lun, cdb16[0], read_len, write.len(), r, &mut buf));
         if let DataDir::Read(b) = dir {
             let mut v = buf.unwrap_or_else(|| vec![0; read_len]);
             if let Ok(c) = &result {
@@ -671,14 +771,20 @@ impl Inner {
         result
     }
 
+    /// Runs one command until the target ends it, re-issuing it after a lost
+    /// connection; the task's end comes back undecoded. `buf` is the read
+    /// buffer to use (one of `read_len` bytes is made if it is None). `itt` follows the
+    /// tag the command was last sent with (0 before it is sent), for an
+    /// ABORT TASK by a caller that only knows its own handle on the command.
     async fn run(
         self: &Arc<Self>,
         lun: u16,
         cdb: &[u8; 16],
         read_len: usize,
         write: &[u8],
-        buf: &mut Option<Vec<u8>>,
-    ) -> Result<Completion> {
+        mut buf: Option<Vec<u8>>,
+        itt_sink: Option<&AtomicU32>,
+    ) -> Result<TaskResult> {
         loop {
             let gen = self.wait_up().await?;
             let (tx, mut rx) = mpsc::unbounded_channel();
@@ -686,18 +792,19 @@ impl Inner {
             let itt = match self.send_command(gen, lun, cdb, read_buf, write, tx).await {
                 Ok(itt) => itt,
                 Err(back) => {
-                    *buf = back;
+                    buf = back;
                     continue;
                 }
             };
+            if let Some(sink) = itt_sink {
+                sink.store(itt, Ordering::Release);
+            }
             while let Some(msg) = rx.recv().await {
                 match msg {
                     Msg::R2t(r2t) => self.send_solicited(gen, itt, lun, &r2t, write).await,
-                    Msg::Done(result) => {
-                        return self.complete(lun, cdb[0], read_len, write.len(), result, buf)
-                    }
+                    Msg::Done(result) => return Ok(result),
                     Msg::Lost(back) => {
-                        *buf = back;
+                        buf = back;
                         break;
                     }
                 }
@@ -903,6 +1010,19 @@ impl Inner {
     ) -> Result<Completion> {
         scsi_completion(lun, opcode, read_len, write_len, result, buf)
     }
+}
+
+/// The CDB padded to the 16 bytes of the SCSI Command PDU (RFC 7143 §11.3.5).
+fn cdb16_of(cdb: &[u8]) -> Result<[u8; 16]> {
+    if cdb.is_empty() || cdb.len() > 16 {
+        return Err(Error::Config(format!(
+            "CDB of {} bytes: blockwire sends CDBs of 1 to 16 bytes",
+            cdb.len()
+        )));
+    }
+    let mut cdb16 = [0u8; 16];
+    cdb16[..cdb.len()].copy_from_slice(cdb);
+    Ok(cdb16)
 }
 
 /// How a SCSI task's end looks to the caller: a [`Completion`], or the error that

@@ -1,8 +1,9 @@
 //! `blockwire`: the command line of blockwire's iSCSI initiator.
 //!
-//! No `unsafe` here: the FUSE export (fuser) and the ublk front end
-//! (libublk) keep theirs inside those crates.
-#![forbid(unsafe_code)]
+//! `unsafe` only in `kernel_host::device` (the ioctls and the shared area
+//! of the blockwire_scsi driver); the FUSE export (fuser) and the ublk
+//! front end (libublk) keep theirs inside those crates.
+#![deny(unsafe_code)]
 // map_or(true, ..) and `%` keep the crate's rust-version (1.80).
 #![allow(
     clippy::unnecessary_map_or,
@@ -50,6 +51,8 @@ use rand::{Rng, SeedableRng};
 
 #[path = "blockwire/data_path.rs"]
 mod data_path;
+#[path = "blockwire/kernel_host/mod.rs"]
+mod kernel_host;
 #[path = "blockwire/mount.rs"]
 mod mount;
 #[path = "blockwire/nodedb.rs"]
@@ -291,6 +294,26 @@ enum Command {
         fua_direct: bool,
         /// Directory to mount on.
         mountpoint: std::path::PathBuf,
+    },
+    /// Attach the target's LUNs as Linux SCSI devices (/dev/sdX and /dev/sgN)
+    /// through the blockwire_scsi kernel driver (initiator/kmod/: build with
+    /// initiator/kmod/build.sh, then insmod blockwire_scsi.ko). Every SCSI
+    /// command the kernel sends runs on this iSCSI session as it is, so
+    /// sg_persist, fence_scsi, multipath and ALUA work; the SCSI error
+    /// handler's aborts and resets become ABORT TASK, LOGICAL UNIT RESET and
+    /// TARGET WARM RESET. Runs in the foreground until SIGINT/SIGTERM, then
+    /// removes the host (sd flushes first) and logs out. If this process
+    /// dies, the kernel fails the outstanding commands and removes the host.
+    Attach {
+        #[command(flatten)]
+        s: SessionArgs,
+        /// Commands in flight at most (the host's queue depth, 1-256).
+        #[arg(long, default_value_t = 32)]
+        qd: u32,
+        /// The largest transfer per command, in KiB (4-1024, a multiple of 4;
+        /// queue depth x this must fit the driver's 64 MiB shared area).
+        #[arg(long, default_value_t = 256)]
+        max_io_kib: u32,
     },
     /// Serve a LUN as a Linux block device /dev/ublkbN through the kernel's
     /// ublk driver (needs /dev/ublk-control, i.e. ublk_drv; and a build with
@@ -804,6 +827,15 @@ async fn run(cli: &Cli) -> Result<()> {
                 fua_direct: *fua_direct,
             };
             mount::mount(sess, luns, opts).await?;
+        }
+        Command::Attach { s, qd, max_io_kib } => {
+            tcp_only("attach", cli)?;
+            let sess = open(cli, s, (*qd).max(1) as usize).await?;
+            let opts = kernel_host::AttachOptions {
+                queue_depth: *qd,
+                max_io_bytes: max_io_kib.saturating_mul(1024),
+            };
+            kernel_host::serve(sess, opts).await?;
         }
         #[cfg(feature = "ublk")]
         Command::Ublk { s, lun, qd } => {
