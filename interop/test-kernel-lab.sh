@@ -49,9 +49,9 @@ if [ ! -x "$lab/run.sh" ] || [ ! -e /opt/kernel-lab/current ]; then
     exit 1
 fi
 
-step "release binaries: blockwire-target, blockwire (with the ublk front end), rdma_conformance and rdma_assisted_check (verbs)"
+step "release binaries: blockwire-target, blockwire (with the ublk front end and verbs), rdma_conformance and rdma_assisted_check (verbs)"
 (cd "$repo" && cargo build -q --release -p blockwire-mgmt --features verbs &&
-    cargo build -q --release -p blockwire-initiator --features ublk &&
+    cargo build -q --release -p blockwire-initiator --features ublk,verbs &&
     cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance \
         --example reg_fig8 &&
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \

@@ -145,16 +145,17 @@ else
     fail "mount /dev/$dev"
 fi
 
-# --- persistent reservations from two nexuses --------------------------------------------------
+# --- persistent reservations from two nexuses (LUN 1) --------------------------------------------------
 attach b iqn.2026-11.lab:kscsi-b 3260 || { finish kscsi; exit 1; }
 PID_B=$A_PID HOST_B=$A_HOST
-devb=$(disk "$HOST_B" 0) || fail "no disk for LUN 0 on host$HOST_B"
-log "the same LUN 0 through host$HOST_B: /dev/$devb"
+# LUN 1 (no file system on it): the writes below would otherwise hit ext4's superblock.
+devb=$(disk "$HOST_B" 1) || fail "no disk for LUN 1 on host$HOST_B"
+log "LUN 1 through host$HOST_A: /dev/$dev1, through host$HOST_B: /dev/$devb"
 pr() { sg_persist -n "$@" 2>&1; }
-check "host A registers key 0xa" sg_persist -n --out --register --param-sark=0xa "/dev/$dev"
+check "host A registers key 0xa" sg_persist -n --out --register --param-sark=0xa "/dev/$dev1"
 check "host B registers key 0xb" sg_persist -n --out --register --param-sark=0xb "/dev/$devb"
 check "host A reserves (Write Exclusive, Registrants Only)" \
-    sg_persist -n --out --reserve --param-rk=0xa --prout-type=5 "/dev/$dev"
+    sg_persist -n --out --reserve --param-rk=0xa --prout-type=5 "/dev/$dev1"
 keys=$(pr --in --read-keys "/dev/$devb" | tr -s ' \n' ' ')
 echo "$keys" | grep -q 0xa && echo "$keys" | grep -q 0xb && pass "both keys registered: $keys" ||
     fail "read keys: $keys"
@@ -162,7 +163,7 @@ res=$(pr --in --read-reservation "/dev/$devb" | tr -s ' \n' ' ')
 echo "$res" | grep -q "Key=0xa" && pass "reservation held by 0xa: $res" || fail "reservation: $res"
 check "host B preempts and aborts key 0xa (fence_scsi)" \
     sg_persist -n --out --preempt-abort --param-rk=0xb --param-sark=0xa --prout-type=5 "/dev/$devb"
-out=$(dd if=/dev/zero of="/dev/$dev" bs=4k count=1 oflag=direct 2>&1)
+out=$(dd if=/dev/zero of="/dev/$dev1" bs=4k count=1 oflag=direct 2>&1)
 if [ $? != 0 ]; then
     pass "preempted host A's write fails: $(echo "$out" | head -n 1)"
 else
@@ -176,7 +177,7 @@ grep -q "reservation conflict" "$KL_OUT/dmesg-pr.log" &&
 check "host B writes under its reservation" dd if=/dev/zero of="/dev/$devb" bs=4k count=1 oflag=direct
 check "host B releases" sg_persist -n --out --release --param-rk=0xb --prout-type=5 "/dev/$devb"
 check "host B clears the registrations" sg_persist -n --out --clear --param-rk=0xb "/dev/$devb"
-check "host A writes again after the clear" dd if=/dev/zero of="/dev/$dev" bs=4k count=1 oflag=direct
+check "host A writes again after the clear" dd if=/dev/zero of="/dev/$dev1" bs=4k count=1 oflag=direct
 
 # --- clean detach ----------------------------------------------------------------------------
 kill -TERM "$PID_B"

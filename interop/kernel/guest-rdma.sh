@@ -159,6 +159,7 @@ EOF
     # blockwire's iSER initiator against the same portal.
     [ -x "$ISER_CHECK" ] || fail "no $ISER_CHECK (cargo build --release -p blockwire-tests --features blockwire-transport/verbs --example iser_check)"
     run_suite iser-initiator-blockwire iser-initiator "$ISER_CHECK" verbs 10.77.0.1:3260 "$IQN" rxe0
+    attach_rdma
     if grep -q "WARN\|ERROR" "$KL_OUT/iser-target.log"; then
         fail "the iSER target logged warnings: $(grep 'WARN\|ERROR' "$KL_OUT/iser-target.log" | head -n 3 | tr '\n' ' ')"
     else
@@ -166,6 +167,47 @@ EOF
     fi
     stop_target "$ISER_PID"
 }
+# ---- the blockwire_scsi kernel host on an RDMA-assisted session (same target, TCP portal) ----
+attach_rdma() {
+    local ko=${BLOCKWIRE_BUILD:-$KL_REPO/build}/kmod/blockwire_scsi.ko log=$KL_OUT/attach-rdma.log d i apid host dev
+    modprobe -a sd_mod sg && insmod "$ko" && pass "insmod blockwire_scsi.ko" || { fail "insmod $ko"; return; }
+    "$KL_BIN/blockwire" --initiator-name iqn.2026-11.lab:attach-rdma --data-path rdma --rdma-backend verbs \
+        --rdma-device rxe0 attach -p 10.77.0.1:3260 -T "$IQN" --qd 16 >"$log" 2>&1 &
+    apid=$!
+    if ! timeout 120 bash -c 'until grep -q "^blockwire attach: host[0-9]* serves" "$1"; do
+            kill -0 "$2" 2>/dev/null || exit 1; sleep 0.2; done' _ "$log" "$apid"; then
+        fail "blockwire attach over RDMA: $(tail -n 3 "$log" | tr '\n' ' ')"
+        rmmod blockwire_scsi
+        return
+    fi
+    pass "$(grep '^blockwire attach: host' "$log")"
+    host=$(sed -n 's/^blockwire attach: host\([0-9]*\) serves.*/\1/p' "$log")
+    dev=""
+    for i in $(seq 1 300); do
+        for d in /sys/class/scsi_host/host"$host"/device/target"$host":0:0/"$host":0:0:0/block/*; do
+            [ -b "/dev/${d##*/}" ] && dev=${d##*/}
+        done
+        [ -n "$dev" ] && break
+        sleep 0.2
+    done
+    if [ -n "$dev" ] && fio_verify "/dev/$dev" 64M >"$KL_OUT/fio-attach-rdma.log" 2>&1; then
+        pass "fio crc32c verify 64M QD32 through /dev/$dev on blockwire_scsi over RDMA-assisted iSCSI: $(fio_result "$KL_OUT/fio-attach-rdma.log")"
+    else
+        fail "fio through the RDMA-assisted kernel host (/dev/$dev): $(tail -n 3 "$KL_OUT/fio-attach-rdma.log" 2>/dev/null | tr '\n' ' ')"
+    fi
+    kill -TERM "$apid"
+    timeout 120 bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.2; done' _ "$apid" || kill -KILL "$apid"
+    wait "$apid"
+    local last
+    last=$(grep "detached" "$log" | tail -n 1)
+    if grep -Eq "data by RDMA: [1-9][0-9]* reads and [1-9][0-9]* writes" <<<"$last"; then
+        pass "the kernel's READs and WRITEs moved by RDMA: $last"
+    else
+        fail "no RDMA data movement reported: '$last' $(tail -n 3 "$log" | tr '\n' ' ')"
+    fi
+    check "rmmod blockwire_scsi after the RDMA host" rmmod blockwire_scsi
+}
+
 iser_suite
 
 # ---- blockwire's iSER initiator against LIO's iSER target (ib_isert) ----

@@ -829,8 +829,8 @@ async fn run(cli: &Cli) -> Result<()> {
             mount::mount(sess, luns, opts).await?;
         }
         Command::Attach { s, qd, max_io_kib } => {
-            tcp_only("attach", cli)?;
-            let sess = open(cli, s, (*qd).max(1) as usize).await?;
+            let (cfg, target) = resolve(cli, s, (*qd).max(1) as usize).await?;
+            let sess = kernel_host::PassSession::open(cfg, &cli.data, &s.portal, &target).await?;
             let opts = kernel_host::AttachOptions {
                 queue_depth: *qd,
                 max_io_bytes: max_io_kib.saturating_mul(1024),

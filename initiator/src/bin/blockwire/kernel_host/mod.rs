@@ -19,6 +19,7 @@
 //! dies instead, the driver fails what is outstanding and removes the host.
 
 mod device;
+mod session;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
@@ -30,12 +31,13 @@ use blockwire_initiator::kernel_host::{
     iscsi_lun, AttachRequest, Attached, Direction, Event, EventKind, HostStatus, Reply, SlotAnswer,
     SlotCommand, EVENT_BYTES,
 };
-use blockwire_initiator::{DataDir, Error as IscsiError, RawCompletion, Session};
+use blockwire_initiator::{Error as IscsiError, RawCompletion};
 use blockwire_pdu::pdu::codes::TmfResponse;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use device::{Device, SharedArea, SlotHold};
+pub use session::PassSession;
 
 /// The driver's character device.
 pub const DEVICE_PATH: &str = "/dev/blockwire-scsi";
@@ -64,7 +66,7 @@ struct Running {
 }
 
 struct Host {
-    session: Arc<Session>,
+    session: Arc<PassSession>,
     dev: Arc<AsyncFd<Device>>,
     area: Arc<SharedArea>,
     max_io: u32,
@@ -77,8 +79,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Attaches the session's target as a SCSI host and serves it until
 /// SIGINT/SIGTERM or until the host is removed.
-pub async fn serve(session: Session, opts: AttachOptions) -> Result<()> {
-    let target = session.target().to_owned();
+pub async fn serve(session: PassSession, opts: AttachOptions) -> Result<()> {
+    let target = session.control().target().to_owned();
     let req = AttachRequest {
         queue_depth: opts.queue_depth,
         max_io_bytes: opts.max_io_bytes,
@@ -104,10 +106,11 @@ pub async fn serve(session: Session, opts: AttachOptions) -> Result<()> {
             .context("mapping the shared command area")?,
     );
     println!(
-        "blockwire attach: host{} serves {target} at {} (queue depth {}, {} KiB per command); \
-         SIGINT or SIGTERM detaches",
+        "blockwire attach: host{} serves {target} at {} over {} (queue depth {}, {} KiB per \
+         command); SIGINT or SIGTERM detaches",
         attached.host_no,
-        session.portal(),
+        session.control().portal(),
+        session.describe(),
         req.queue_depth,
         req.max_io_bytes >> 10
     );
@@ -162,7 +165,17 @@ pub async fn serve(session: Session, opts: AttachOptions) -> Result<()> {
     for mut ended in pending {
         let _ = tokio::time::timeout(COVERED_END_WAIT, ended.wait_for(|&e| e)).await;
     }
-    println!("blockwire attach: host{} detached", attached.host_no);
+    let rdma = match host.session.as_ref() {
+        PassSession::Rdma(s) => {
+            let st = s.stats();
+            format!(
+                "; data by RDMA: {} reads and {} writes, on TCP: {} commands and {} inline writes",
+                st.offloaded_reads, st.offloaded_writes, st.plain_commands, st.inline_writes
+            )
+        }
+        PassSession::Tcp(_) => String::new(),
+    };
+    println!("blockwire attach: host{} detached{rdma}", attached.host_no);
     let host = Arc::try_unwrap(host).map_err(|_| anyhow!("commands still running after detach"))?;
     if let Ok(session) = Arc::try_unwrap(host.session) {
         session.logout().await.context("logout")?;
@@ -306,31 +319,22 @@ async fn execute(
         };
     };
     let len = cmd.data_len as usize;
-    let result: Result<RawCompletion, IscsiError> = match cmd.dir {
-        Direction::None => {
-            host.session
-                .pass_through(lun, &cmd.cdb, DataDir::None, itt)
-                .await
-        }
-        Direction::ToDevice => {
-            let data = hold.data()[..len].to_vec();
-            host.session
-                .pass_through(lun, &cmd.cdb, DataDir::Write(&data), itt)
-                .await
-        }
-        Direction::FromDevice => {
-            let mut buf = vec![0u8; len];
-            let r = host
-                .session
-                .pass_through(lun, &cmd.cdb, DataDir::Read(&mut buf), itt)
-                .await;
-            if let Ok(c) = &r {
-                let n = c.transferred.min(buf.len());
-                hold.data_mut()[..n].copy_from_slice(&buf[..n]);
-            }
-            r
-        }
+    let data_out = match cmd.dir {
+        Direction::ToDevice => hold.data()[..len].to_vec(),
+        _ => Vec::new(),
     };
+    let mut data_in = match cmd.dir {
+        Direction::FromDevice => vec![0u8; len],
+        _ => Vec::new(),
+    };
+    let result: Result<RawCompletion, IscsiError> = host
+        .session
+        .run(lun, &cmd.cdb, cmd.dir, &data_out, &mut data_in, itt)
+        .await;
+    if let (Ok(c), Direction::FromDevice) = (&result, cmd.dir) {
+        let n = c.transferred.min(data_in.len());
+        hold.data_mut()[..n].copy_from_slice(&data_in[..n]);
+    }
     match result {
         Ok(c) => SlotAnswer {
             host: HostStatus::Ok,
@@ -361,7 +365,7 @@ async fn execute(
 /// Carries out one of the mid-layer's task management requests; true when
 /// every command it covered has ended here.
 async fn task_management(host: &Host, ev: Event) -> bool {
-    let session = &host.session;
+    let session = host.session.control();
     let (covered, outcome): (Vec<watch::Receiver<bool>>, std::result::Result<(), String>) = match ev
         .kind
     {
