@@ -47,13 +47,7 @@ size = "$((MIB + 64))M"
 EOF
 start_target eh "$KL_WORK/e.toml" || { fail "start blockwire-target"; finish eh; exit 1; }
 T_PID=$KL_TPID
-ctl() { "$KL_BIN/blockwire-target" ctl --control "$CTL" "$@"; }
-stall() { # true|false
-    local r
-    r=$(ctl lun.stall "{\"target\":\"$IQN\",\"lun\":0,\"stalled\":$1}" 2>&1) ||
-        { fail "lun.stall $1: $r"; return 1; }
-    log "lun.stall $1: $r"
-}
+stall() { lun_stall "$CTL" "$IQN" 0 "$1"; } # true|false
 
 check "pdu_tap catches planted faults" python3 "$(dirname "$0")/pdu_tap.py" --self-test
 python3 "$(dirname "$0")/pdu_tap.py" 3261 127.0.0.1:3260 "$KL_OUT/pdu-tap.txt" >"$KL_OUT/pdu-tap.log" 2>&1 &

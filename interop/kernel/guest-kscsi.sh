@@ -56,13 +56,7 @@ size = "64M"
 EOF
 start_target target "$KL_WORK/k.toml" || { fail "start blockwire-target"; finish kscsi; exit 1; }
 T_PID=$KL_TPID
-ctl() { "$KL_BIN/blockwire-target" ctl --control "$CTL" "$@"; }
-stall() { # true|false
-    local r
-    r=$(ctl lun.stall "{\"target\":\"$IQN\",\"lun\":0,\"stalled\":$1}" 2>&1) ||
-        { fail "lun.stall $1: $r"; return 1; }
-    log "lun.stall $1: $r"
-}
+stall() { lun_stall "$CTL" "$IQN" 0 "$1"; } # true|false
 
 python3 "$(dirname "$0")/pdu_tap.py" 3261 127.0.0.1:3260 "$KL_OUT/pdu-tap.txt" >"$KL_OUT/pdu-tap.log" 2>&1 &
 TAP=$!
@@ -84,28 +78,13 @@ attach() {
     A_HOST=$(sed -n 's/^blockwire attach: host\([0-9]*\) serves.*/\1/p' "$log")
     pass "blockwire attach ($name): $(grep '^blockwire attach: host' "$log")"
 }
-# disk HOST LUN: wait (<= 60 s) for the LUN's disk on that host; print "sdX".
-disk() {
-    local d i
-    for i in $(seq 1 300); do
-        for d in /sys/class/scsi_host/host"$1"/device/target"$1":0:0/"$1":0:0:"$2"/block/*; do
-            if [ -e "$d" ] && [ -b "/dev/${d##*/}" ]; then
-                echo "${d##*/}"
-                return 0
-            fi
-        done
-        sleep 0.2
-    done
-    return 1
-}
-
 # --- attach and the INQUIRY data -------------------------------------------------------------
 attach a iqn.2026-11.lab:kscsi-a 3261 || { finish kscsi; exit 1; }
 PID_A=$A_PID HOST_A=$A_HOST
 check "host$HOST_A is a blockwire_scsi host" grep -qx blockwire_scsi "/sys/class/scsi_host/host$HOST_A/proc_name"
 log "host$HOST_A blockwire_target: $(cat "/sys/class/scsi_host/host$HOST_A/blockwire_target")"
-dev=$(disk "$HOST_A" 0) || { fail "no disk for LUN 0 on host$HOST_A"; finish kscsi; exit 1; }
-dev1=$(disk "$HOST_A" 1) && pass "LUN 1 scanned too: /dev/$dev1" || fail "no disk for LUN 1"
+dev=$(host_disk "$HOST_A" 0) || { fail "no disk for LUN 0 on host$HOST_A"; finish kscsi; exit 1; }
+dev1=$(host_disk "$HOST_A" 1) && pass "LUN 1 scanned too: /dev/$dev1" || fail "no disk for LUN 1"
 sg=$(ls "/sys/block/$dev/device/scsi_generic/")
 pass "LUN 0 appears as /dev/$dev and /dev/$sg ($(cat /sys/block/$dev/size) sectors)"
 "$KL_BIN/blockwire" --initiator-name iqn.2026-11.lab:kscsi-inq inq -p 127.0.0.1:3260 -T "$IQN" -l 0 \
@@ -131,25 +110,13 @@ if fio_verify "/dev/$dev" "${MIB}M" >"$KL_OUT/fio-kscsi.log" 2>&1; then
 else
     fail "fio through /dev/$dev: $(tail -n 5 "$KL_OUT/fio-kscsi.log" | tr '\n' ' ')"
 fi
-mkdir -p "$KL_WORK/mnt"
-check "mkfs.ext4 /dev/$dev" mkfs.ext4 -q -F "/dev/$dev"
-if mount "/dev/$dev" "$KL_WORK/mnt"; then
-    for i in 1 2 3 4; do head -c $((8 << 20)) /dev/urandom >"$KL_WORK/mnt/f$i"; done
-    (cd "$KL_WORK/mnt" && sha256sum f1 f2 f3 f4) >"$KL_WORK/sums"
-    check "umount /dev/$dev" umount "$KL_WORK/mnt"
-    check "fsck.ext4 -fn /dev/$dev clean" fsck.ext4 -fn "/dev/$dev"
-    mount "/dev/$dev" "$KL_WORK/mnt" && (cd "$KL_WORK/mnt" && sha256sum -c --quiet "$KL_WORK/sums") &&
-        pass "4 x 8 MiB files read back after remount" || fail "files after remount"
-    umount "$KL_WORK/mnt"
-else
-    fail "mount /dev/$dev"
-fi
+ext4_roundtrip "/dev/$dev" "$KL_WORK/mnt"
 
 # --- persistent reservations from two nexuses (LUN 1) --------------------------------------------------
 attach b iqn.2026-11.lab:kscsi-b 3260 || { finish kscsi; exit 1; }
 PID_B=$A_PID HOST_B=$A_HOST
 # LUN 1 (no file system on it): the writes below would otherwise hit ext4's superblock.
-devb=$(disk "$HOST_B" 1) || fail "no disk for LUN 1 on host$HOST_B"
+devb=$(host_disk "$HOST_B" 1) || fail "no disk for LUN 1 on host$HOST_B"
 log "LUN 1 through host$HOST_A: /dev/$dev1, through host$HOST_B: /dev/$devb"
 pr() { sg_persist -n "$@" 2>&1; }
 check "host A registers key 0xa" sg_persist -n --out --register --param-sark=0xa "/dev/$dev1"

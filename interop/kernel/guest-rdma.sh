@@ -78,10 +78,13 @@ run_suite registration-verbs reg-fig8 "$KL_BIN/examples/reg_fig8" --backend verb
 iser_suite() {
     modprobe ib_iser && pass "modprobe ib_iser" || { fail "modprobe ib_iser"; return; }
     lab_up || { fail "iscsid"; return; }
+    # rdma_listen: the same target also grants RDMA-assisted iSCSI on its TCP portal (for
+    # the kernel host's RDMA-assisted session below).
     cat >"$KL_WORK/iser.toml" <<EOF
 [fabric]
 rdma_backend = "verbs"
 rdma_device = "rxe0"
+rdma_listen = "10.77.0.1:0"
 
 [[portal_group]]
 tag = 1
@@ -169,7 +172,7 @@ EOF
 }
 # ---- the blockwire_scsi kernel host on an RDMA-assisted session (same target, TCP portal) ----
 attach_rdma() {
-    local ko=${BLOCKWIRE_BUILD:-$KL_REPO/build}/kmod/blockwire_scsi.ko log=$KL_OUT/attach-rdma.log d i apid host dev
+    local ko=${BLOCKWIRE_BUILD:-$KL_REPO/build}/kmod/blockwire_scsi.ko log=$KL_OUT/attach-rdma.log apid host dev
     modprobe -a sd_mod sg && insmod "$ko" && pass "insmod blockwire_scsi.ko" || { fail "insmod $ko"; return; }
     "$KL_BIN/blockwire" --initiator-name iqn.2026-11.lab:attach-rdma --data-path rdma --rdma-backend verbs \
         --rdma-device rxe0 attach -p 10.77.0.1:3260 -T "$IQN" --qd 16 >"$log" 2>&1 &
@@ -182,14 +185,7 @@ attach_rdma() {
     fi
     pass "$(grep '^blockwire attach: host' "$log")"
     host=$(sed -n 's/^blockwire attach: host\([0-9]*\) serves.*/\1/p' "$log")
-    dev=""
-    for i in $(seq 1 300); do
-        for d in /sys/class/scsi_host/host"$host"/device/target"$host":0:0/"$host":0:0:0/block/*; do
-            [ -b "/dev/${d##*/}" ] && dev=${d##*/}
-        done
-        [ -n "$dev" ] && break
-        sleep 0.2
-    done
+    dev=$(host_disk "$host" 0)
     if [ -n "$dev" ] && fio_verify "/dev/$dev" 64M >"$KL_OUT/fio-attach-rdma.log" 2>&1; then
         pass "fio crc32c verify 64M QD32 through /dev/$dev on blockwire_scsi over RDMA-assisted iSCSI: $(fio_result "$KL_OUT/fio-attach-rdma.log")"
     else

@@ -53,18 +53,7 @@ else
     fail "fio through $dev: $(tail -n 5 "$KL_OUT/fio-ublk.log" | tr '\n' ' ')"
 fi
 
-check "mkfs.ext4 $dev" mkfs.ext4 -q -F "$dev"
-if mount "$dev" "$KL_WORK/mnt"; then
-    for i in 1 2 3 4; do head -c $((8 << 20)) /dev/urandom >"$KL_WORK/mnt/f$i"; done
-    (cd "$KL_WORK/mnt" && sha256sum f1 f2 f3 f4) >"$KL_WORK/sums"
-    check "umount $dev" umount "$KL_WORK/mnt"
-    check "fsck.ext4 -fn $dev clean" fsck.ext4 -fn "$dev"
-    mount "$dev" "$KL_WORK/mnt" && (cd "$KL_WORK/mnt" && sha256sum -c --quiet "$KL_WORK/sums") &&
-        pass "4 x 8 MiB files read back after remount" || fail "files after remount"
-    umount "$KL_WORK/mnt"
-else
-    fail "mount $dev"
-fi
+ext4_roundtrip "$dev" "$KL_WORK/mnt"
 
 kill -TERM "$U_PID"
 if timeout 60 bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.2; done' _ "$U_PID"; then

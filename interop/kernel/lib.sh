@@ -194,3 +194,48 @@ wait_listen() {
     timeout "$3" bash -c 'until (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; do
         kill -0 "$2" 2>/dev/null || exit 1; sleep 0.2; done' _ "$1" "$2"
 }
+
+# lun_stall CONTROL_SOCKET TARGET LUN true|false: blockwire-target's fault switch
+# (`ctl lun.stall`): while stalled, the LUN holds every media command before the backstore.
+lun_stall() {
+    local r
+    r=$("$KL_BIN/blockwire-target" ctl --control "$1" lun.stall \
+        "{\"target\":\"$2\",\"lun\":$3,\"stalled\":$4}" 2>&1) ||
+        { fail "lun.stall $4: $r"; return 1; }
+    log "lun.stall $4: $(tr -s ' \n' ' ' <<<"$r")"
+}
+
+# ext4_roundtrip DEV MNT: mkfs.ext4 on DEV, four 8 MiB random files, umount, fsck clean, then
+# remount and check every file's sha256.
+ext4_roundtrip() {
+    local dev=$1 mnt=$2 i
+    mkdir -p "$mnt"
+    check "mkfs.ext4 $dev" mkfs.ext4 -q -F "$dev"
+    if mount "$dev" "$mnt"; then
+        for i in 1 2 3 4; do head -c $((8 << 20)) /dev/urandom >"$mnt/f$i"; done
+        (cd "$mnt" && sha256sum f1 f2 f3 f4) >"$KL_WORK/ext4-roundtrip.sums"
+        check "umount $dev" umount "$mnt"
+        check "fsck.ext4 -fn $dev clean" fsck.ext4 -fn "$dev"
+        mount "$dev" "$mnt" && (cd "$mnt" && sha256sum -c --quiet "$KL_WORK/ext4-roundtrip.sums") &&
+            pass "4 x 8 MiB files read back after remount" || fail "files after remount"
+        umount "$mnt"
+    else
+        fail "mount $dev"
+    fi
+}
+
+# host_disk HOST LUN: wait (<= 60 s) for LUN of SCSI host HOST (target 0) to appear as a disk,
+# print "sdX".
+host_disk() {
+    local d i
+    for i in $(seq 1 300); do
+        for d in /sys/class/scsi_host/host"$1"/device/target"$1":0:0/"$1":0:0:"$2"/block/*; do
+            if [ -e "$d" ] && [ -b "/dev/${d##*/}" ]; then
+                echo "${d##*/}"
+                return 0
+            fi
+        done
+        sleep 0.2
+    done
+    return 1
+}

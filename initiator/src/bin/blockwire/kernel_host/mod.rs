@@ -110,7 +110,7 @@ pub async fn serve(session: PassSession, opts: AttachOptions) -> Result<()> {
          command); SIGINT or SIGTERM detaches",
         attached.host_no,
         session.control().portal(),
-        session.describe(),
+        session.describe().await,
         req.queue_depth,
         req.max_io_bytes >> 10
     );

@@ -6,7 +6,7 @@
 use std::sync::atomic::AtomicU32;
 
 use blockwire_initiator::kernel_host::Direction;
-use blockwire_initiator::rdma::AssistedSession;
+use blockwire_initiator::rdma::{AssistedSession, Mode};
 use blockwire_initiator::{
     Completion, DataDir, Error, InitiatorConfig, RawCompletion, Residual, Session,
 };
@@ -52,9 +52,12 @@ impl PassSession {
     }
 
     /// The data path in words.
-    pub fn describe(&self) -> &'static str {
+    pub async fn describe(&self) -> &'static str {
         match self {
             PassSession::Tcp(_) => "tcp",
+            PassSession::Rdma(s) if s.mode().await == Mode::Plain => {
+                "tcp (the target did not grant RDMA-assisted iSCSI)"
+            }
             PassSession::Rdma(_) => "rdma-assisted",
         }
     }
@@ -101,10 +104,7 @@ impl PassSession {
             }
             (PassSession::Rdma(s), Direction::FromDevice) => {
                 let mut buf = s.alloc(data_in.len())?;
-                let r = raw_of(
-                    s.read_cdb(lun, cdb, std::slice::from_mut(&mut buf))
-                        .await,
-                );
+                let r = raw_of(s.read_cdb(lun, cdb, std::slice::from_mut(&mut buf)).await);
                 if let Ok(c) = &r {
                     let n = c.transferred.min(data_in.len());
                     buf.read_at(0, &mut data_in[..n])
