@@ -326,6 +326,31 @@ pub fn pending_records(
     Ok((pending, last))
 }
 
+/// How many unfinished atomic writes the journal at `path` holds for a
+/// backing file of `capacity` bytes, read without changing anything (a
+/// read-only LUN cannot replay them, so it must not serve the file while
+/// there are any). No journal: 0.
+pub fn unfinished(path: &Path, capacity: u64) -> io::Result<usize> {
+    let image = match std::fs::read(path) {
+        Ok(i) => i,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    if image.is_empty() {
+        return Ok(0);
+    }
+    let (pending, _) = pending_records(&image, capacity).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "atomic-write journal {}: cannot be read: {e}",
+                path.display()
+            ),
+        )
+    })?;
+    Ok(pending.len())
+}
+
 /// An open journal.
 #[derive(Debug)]
 pub struct Journal {
