@@ -18,7 +18,10 @@ fn check(slot: &Slot<'_>, slot_data: u32, capacity: u64) {
         assert_eq!(data.len(), header.len as usize);
         assert!(header.len > 0 && header.len <= slot_data);
         assert_eq!(crc32c_digest(data), header.data_crc);
-        assert!(header.offset.checked_add(u64::from(header.len)).is_some_and(|e| e <= capacity));
+        assert!(header
+            .offset
+            .checked_add(u64::from(header.len))
+            .is_some_and(|e| e <= capacity));
     }
 }
 
