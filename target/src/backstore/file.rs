@@ -486,8 +486,13 @@ impl Backstore for FileBackstore {
         };
         self.check(offset, data.len() as u64)?;
         let ticket = j.begin(offset, data)?;
-        self.write(offset, data, false)?;
-        self.file.sync_data()?;
+        if let Err(e) = self
+            .write(offset, data, false)
+            .and_then(|()| self.file.sync_data())
+        {
+            j.abandon(ticket);
+            return Err(e);
+        }
         j.finish(ticket)
     }
 

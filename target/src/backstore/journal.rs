@@ -360,6 +360,8 @@ pub struct Journal {
     next_seq: AtomicU64,
     free: Mutex<Vec<u32>>,
     freed: Condvar,
+    /// Slots kept by abandoned tickets (an I/O error after their record).
+    abandoned: AtomicU64,
 }
 
 /// A record written and durable (step 1 done): the caller writes in place,
@@ -495,6 +497,7 @@ impl Journal {
             next_seq: AtomicU64::new(next_seq),
             free: Mutex::new((0..geometry.slots).rev().collect()),
             freed: Condvar::new(),
+            abandoned: AtomicU64::new(0),
         }
     }
 
@@ -527,6 +530,12 @@ impl Journal {
                 if let Some(s) = free.pop() {
                     break s;
                 }
+                if self.abandoned.load(Ordering::Relaxed) >= u64::from(self.geometry.slots) {
+                    return Err(io::Error::other(format!(
+                        "atomic-write journal {}: every slot holds an atomic write left unfinished by an I/O error; reopen the LUN to replay them",
+                        self.path.display()
+                    )));
+                }
                 free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
             }
         };
@@ -539,22 +548,49 @@ impl Journal {
             data_crc: crc32c_digest(data),
             done: false,
         };
-        self.file
-            .write_all_at(&record, self.geometry.slot_offset(slot))?;
-        self.file.sync_data()?;
-        Ok(Ticket { slot, header })
+        let ticket = Ticket { slot, header };
+        let written = self
+            .file
+            .write_all_at(&record, self.geometry.slot_offset(slot))
+            .and_then(|()| self.file.sync_data());
+        match written {
+            Ok(()) => Ok(ticket),
+            Err(e) => {
+                self.abandon(ticket);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up on a ticket after an I/O error: its record stays as it is
+    /// (replayed at the next open if it is whole) and its slot stays taken,
+    /// so that nothing overwrites a record that may still be needed.
+    pub fn abandon(&self, t: Ticket) {
+        let _ = t;
+        self.abandoned.fetch_add(1, Ordering::Relaxed);
+        // Waiters re-check whether any slot can still come free.
+        self.freed.notify_all();
     }
 
     /// Step 3: the data is durable in place; marks the record done, makes
-    /// that durable and frees the slot.
+    /// that durable and frees the slot. If that fails the slot stays taken
+    /// and the record pending: the data is whole in place, so replaying it
+    /// at the next open is harmless unless a later write of the same blocks
+    /// came first — the one case an I/O error on the journal itself can
+    /// leave older data behind (the command reports the error).
     pub fn finish(&self, t: Ticket) -> io::Result<()> {
         let done = RecordHeader {
             done: true,
             ..t.header
         };
-        self.file
-            .write_all_at(&done.encode(), self.geometry.slot_offset(t.slot))?;
-        self.file.sync_data()?;
+        let marked = self
+            .file
+            .write_all_at(&done.encode(), self.geometry.slot_offset(t.slot))
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = marked {
+            self.abandon(t);
+            return Err(e);
+        }
         self.free
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -633,6 +669,44 @@ mod tests {
             parse_file_header(&huge),
             Err(HeaderError::Geometry { .. })
         ));
+    }
+
+    #[test]
+    fn abandoned_slots_are_kept_and_never_waited_for_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (j, _) = Journal::open(&path, 1 << 20, |_, _| Ok(()), || Ok(())).unwrap();
+        let tickets: Vec<Ticket> = (0..DEFAULT_SLOTS)
+            .map(|i| j.begin(u64::from(i) * 512, &[i as u8; 512]).unwrap())
+            .collect();
+        let mut tickets = tickets.into_iter();
+        let last = tickets.next().unwrap();
+        for t in tickets {
+            j.abandon(t);
+        }
+        j.finish(last).unwrap();
+        // One slot is free again.
+        let t = j.begin(0, &[9; 512]).unwrap();
+        j.abandon(t);
+        // Every slot now holds an abandoned record: an error, not a hang.
+        let e = j.begin(0, &[9; 512]).unwrap_err();
+        assert!(e.to_string().contains("reopen the LUN"), "{e}");
+        drop(j);
+        // The abandoned records are whole: the next open replays them.
+        let mut seen = Vec::new();
+        let (_, replayed) = Journal::open(
+            &path,
+            1 << 20,
+            |off, data| {
+                seen.push((off, data[0]));
+                Ok(())
+            },
+            || Ok(()),
+        )
+        .unwrap();
+        assert_eq!(replayed, DEFAULT_SLOTS as usize);
+        // Oldest first: records 2, 3, 4 (offsets 512.., fills 1..), then 5.
+        assert_eq!(seen, vec![(512, 1), (1024, 2), (1536, 3), (0, 9)]);
     }
 
     proptest! {
