@@ -22,6 +22,11 @@
 #                                       Linux's iSER initiator against blockwire's iSER target,
 #                                       and blockwire's iSER initiator against blockwire's
 #                                       and LIO's (ib_isert) iSER targets
+#   interop/kernel/guest-atomic.sh      SBC-4 atomic writes: sd's atomic_write_max_bytes from the
+#                                       Block Limits page, pwritev2(RWF_ATOMIC) through /dev/sdX
+#                                       as WRITE ATOMIC(16), and a torn-write test (SIGKILL of the
+#                                       target during a stream of 16 KiB atomic writes, restarted
+#                                       on the same file: every unit wholly old or wholly new)
 #   interop/kernel/guest-ocfs2.sh       two guests on one private link: an OCFS2 cluster (o2cb,
 #                                       disk heartbeat) of two kernel nodes on one blockwire LUN
 #                                       served by node1; shared writes, a target restart under
@@ -106,7 +111,7 @@ run_ocfs2() {
     [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
 }
 
-suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2}
+suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic}
 failed=()
 for s in $suites; do
     out=$build/kernel-lab/$s

@@ -309,6 +309,90 @@ pub struct LunDef {
     /// path is used anyway on connections with DataDigest). false: the
     /// copy path (read into a buffer, then send), the baseline.
     pub zero_copy: Option<Spanned<bool>>,
+    /// WRITE ATOMIC(16) (SBC-4 atomic writes: every block or none, also
+    /// across a crash). Default: on where the backstore can keep that
+    /// promise: RAM and null LUNs (in process) and writable file LUNs on a
+    /// regular file (through a write-ahead journal, `atomic_journal`).
+    /// false: never offered. true: refused where it cannot be kept
+    /// (striped and read-only LUNs, a block device without
+    /// `atomic_journal`).
+    pub atomic_writes: Option<Spanned<bool>>,
+    /// File LUNs: where the atomic-write journal lives (default: the
+    /// backing file's path with `.atomic-journal` appended). It must stay
+    /// with the backing file: unfinished atomic writes are replayed from it
+    /// when the LUN opens.
+    pub atomic_journal: Option<Spanned<PathBuf>>,
+}
+
+/// Gives a file LUN its atomic-write journal when it should have one (see
+/// `LunDef::atomic_writes`), replaying the atomic writes a crash left
+/// unfinished. A read-only LUN cannot replay them, so it refuses to open
+/// while its journal holds any.
+fn file_atomic_journal(
+    ctx: &Ctx<'_>,
+    l: &LunDef,
+    lspan: std::ops::Range<usize>,
+    path: &std::path::Path,
+    fb: FileBackstore,
+    atomic_writes: Option<bool>,
+) -> Result<FileBackstore, ConfigError> {
+    let journal = l
+        .atomic_journal
+        .as_ref()
+        .map(|j| j.get_ref().clone())
+        .unwrap_or_else(|| FileBackstore::default_journal_path(path));
+    let field = if l.atomic_journal.is_some() {
+        "target.lun.atomic_journal"
+    } else {
+        "target.lun.path"
+    };
+    if l.read_only {
+        let n = blockwire_target::backstore::journal::unfinished(&journal, fb.size())
+            .map_err(|e| ctx.err(lspan.clone(), field, e.to_string()))?;
+        if n > 0 {
+            return Err(ctx.err(
+                lspan,
+                field,
+                format!(
+                    "{} holds {n} unfinished atomic write(s) for {}: open the LUN writable once to replay them",
+                    journal.display(),
+                    path.display()
+                ),
+            ));
+        }
+        return Ok(fb);
+    }
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let wanted = match atomic_writes {
+        Some(false) => false,
+        Some(true) => true,
+        None => regular || l.atomic_journal.is_some(),
+    };
+    if !wanted {
+        return Ok(fb);
+    }
+    if !regular && l.atomic_journal.is_none() {
+        return Err(ctx.err(
+            lspan,
+            "target.lun.atomic_writes",
+            format!(
+                "{} is a block device: give its atomic-write journal a place with atomic_journal = \"...\" (on another device), or remove atomic_writes",
+                path.display()
+            ),
+        ));
+    }
+    let (fb, replayed) = fb
+        .with_atomic_journal(&journal)
+        .map_err(|e| ctx.err(lspan, field, e.to_string()))?;
+    if replayed > 0 {
+        tracing::warn!(
+            path = %path.display(),
+            journal = %journal.display(),
+            replayed,
+            "replayed atomic writes a crash left unfinished: each is now wholly written"
+        );
+    }
+    Ok(fb)
 }
 
 /// How a configuration is turned into backstores.
@@ -936,6 +1020,24 @@ impl TargetConfig {
                     ));
                 }
                 let sync_write = l.sync_write.as_ref().is_some_and(|w| *w.get_ref());
+                if let Some(j) = l.atomic_journal.as_ref().filter(|_| kind != "file") {
+                    return Err(ctx.err(
+                        j.span(),
+                        "target.lun.atomic_journal",
+                        format!("only file LUNs keep an atomic-write journal; remove it from this {kind} LUN"),
+                    ));
+                }
+                let atomic_writes = l.atomic_writes.as_ref().map(|a| *a.get_ref());
+                if let Some(a) = l.atomic_writes.as_ref().filter(|a| *a.get_ref()) {
+                    let why = match kind {
+                        "striped" => Some("a striped LUN cannot write atomically (one write may span members); remove atomic_writes"),
+                        _ if l.read_only => Some("a read-only LUN takes no writes; remove atomic_writes"),
+                        _ => None,
+                    };
+                    if let Some(why) = why {
+                        return Err(ctx.err(a.span(), "target.lun.atomic_writes", why));
+                    }
+                }
                 let kept = ctx
                     .reuse
                     .and_then(|r| r.get(&(name.to_ascii_lowercase(), l.id)).cloned());
@@ -1085,7 +1187,14 @@ impl TargetConfig {
                         let fb = FileBackstore::open_with(path, size, l.read_only, mode).map_err(
                             |e| ctx.err(lspan.clone(), "target.lun.path", e.to_string()),
                         )?;
-                        Arc::new(fb)
+                        Arc::new(file_atomic_journal(
+                            ctx,
+                            l,
+                            lspan.clone(),
+                            path,
+                            fb,
+                            atomic_writes,
+                        )?)
                     }
                     other => {
                         return Err(ctx.err(
@@ -1127,6 +1236,7 @@ impl TargetConfig {
                 lu.physical_block_exponent = physical_block_exponent;
                 lu.read_only = l.read_only;
                 lu.removable = l.removable;
+                lu.atomic_writes = atomic_writes != Some(false);
                 if let Some(secs) = &l.sanitize_min_seconds {
                     if *secs.get_ref() > 86_400 {
                         return Err(ctx.err(
@@ -2397,6 +2507,71 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field, "target.lun.sanitize_min_seconds", "{e}");
+    }
+
+    #[test]
+    fn atomic_writes_where_honest() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("a.img");
+        let build = |extra: &str| TargetConfig::from_str("t.toml", &one_lun(extra));
+        let atomic_max = |b: &Built| {
+            let lu = b.catalog.targets[0].luns.get(0).unwrap();
+            (
+                lu.config().atomic_writes,
+                lu.config().backstore.atomic_write_max(),
+            )
+        };
+        // RAM: on by default, off when asked.
+        let b = build("backstore = \"ram\"\nsize = \"1M\"\n").unwrap();
+        assert_eq!(atomic_max(&b), (true, 1 << 20));
+        let b = build("backstore = \"ram\"\nsize = \"1M\"\natomic_writes = false\n").unwrap();
+        assert!(!atomic_max(&b).0);
+        // A file: a journal next to it, by default.
+        let file = format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\n");
+        let b = build(&file).unwrap();
+        assert_eq!(atomic_max(&b), (true, 128 << 10));
+        assert!(dir.path().join("a.img.atomic-journal").is_file());
+        drop(b);
+        // Off: no journal opened.
+        let img2 = dir.path().join("b.img");
+        let b = build(&format!(
+            "backstore = \"file\"\npath = {img2:?}\nsize = \"1M\"\natomic_writes = false\n"
+        ))
+        .unwrap();
+        assert_eq!(atomic_max(&b), (false, 0));
+        assert!(!dir.path().join("b.img.atomic-journal").exists());
+        // Elsewhere.
+        let j = dir.path().join("journals").join("c.journal");
+        std::fs::create_dir(dir.path().join("journals")).unwrap();
+        let b = build(&format!("{file}atomic_journal = {j:?}\n")).unwrap();
+        assert_eq!(atomic_max(&b).1, 128 << 10);
+        assert!(j.is_file());
+        drop(b);
+        // Read-only: no atomic writes, and asking for them is an error.
+        let b = build(&format!("{file}read_only = true\n")).unwrap();
+        assert_eq!(atomic_max(&b).1, 0);
+        let e = build(&format!("{file}read_only = true\natomic_writes = true\n")).unwrap_err();
+        assert_eq!(e.field, "target.lun.atomic_writes", "{e}");
+        let e =
+            build("backstore = \"ram\"\nsize = \"1M\"\natomic_journal = \"/tmp/x\"\n").unwrap_err();
+        assert_eq!(e.field, "target.lun.atomic_journal", "{e}");
+        // A read-only LUN does not serve a file its journal holds an
+        // unfinished atomic write for.
+        let g = blockwire_target::backstore::journal::Geometry::DEFAULT;
+        let jpath = dir.path().join("a.img.atomic-journal");
+        let mut image = std::fs::read(&jpath).unwrap();
+        let rec = blockwire_target::backstore::journal::encode_record(9, 0, &[1; 512]);
+        let at = g.slot_offset(1) as usize;
+        image[at..at + rec.len()].copy_from_slice(&rec);
+        std::fs::write(&jpath, &image).unwrap();
+        let e = build(&format!("{file}read_only = true\n")).unwrap_err();
+        assert!(e.message.contains("unfinished atomic write"), "{e}");
+        // Opened writable, it replays it.
+        let b = build(&file).unwrap();
+        let lu = b.catalog.targets[0].luns.get(0).unwrap();
+        let mut got = [0u8; 512];
+        lu.config().backstore.read_at(0, &mut got).unwrap();
+        assert_eq!(got, [1; 512]);
     }
 
     #[test]

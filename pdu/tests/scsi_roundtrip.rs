@@ -212,6 +212,26 @@ mod scsi {
                     }
                 }),
             (
+                any::<u64>(),
+                any::<u16>(),
+                any::<u16>(),
+                0u8..8,
+                any::<bool>(),
+                any::<bool>(),
+                0u8..64
+            )
+                .prop_map(|(lba, boundary, blocks, wrprotect, dpo, fua, group)| {
+                    Cdb::WriteAtomic16 {
+                        lba,
+                        boundary,
+                        blocks,
+                        wrprotect,
+                        dpo,
+                        fua,
+                        group,
+                    }
+                }),
+            (
                 size_10_16(),
                 any::<bool>(),
                 any::<u64>(),
@@ -643,9 +663,10 @@ mod scsi {
                 (any::<bool>(), any::<u8>(), any::<u16>()),
                 any::<[u32; 7]>(),
                 option::of(0u32..0x8000_0000),
-                any::<u64>()
+                any::<u64>(),
+                any::<[u32; 5]>()
             )
-                .prop_map(|((wsnz, caw, gran), l, uga, ws)| {
+                .prop_map(|((wsnz, caw, gran), l, uga, ws, at)| {
                     VpdPage::BlockLimits(BlockLimits {
                         wsnz,
                         max_compare_and_write_length: caw,
@@ -658,6 +679,11 @@ mod scsi {
                         optimal_unmap_granularity: l[5],
                         unmap_granularity_alignment: uga,
                         max_write_same_length: ws,
+                        max_atomic_transfer_length: at[0],
+                        atomic_alignment: at[1],
+                        atomic_transfer_length_granularity: at[2],
+                        max_atomic_transfer_length_with_boundary: at[3],
+                        max_atomic_boundary_size: at[4],
                     })
                 }),
             (

@@ -407,6 +407,25 @@ pub enum Cdb {
         /// GROUP NUMBER.
         group: u8,
     },
+    /// WRITE ATOMIC(16) (SBC-4 5.48): the blocks are written whole or not
+    /// at all.
+    WriteAtomic16 {
+        /// LOGICAL BLOCK ADDRESS.
+        lba: u64,
+        /// ATOMIC BOUNDARY in blocks (0: the whole transfer is one atomic
+        /// unit).
+        boundary: u16,
+        /// TRANSFER LENGTH in blocks.
+        blocks: u16,
+        /// WRPROTECT.
+        wrprotect: u8,
+        /// DPO.
+        dpo: bool,
+        /// FUA.
+        fua: bool,
+        /// GROUP NUMBER.
+        group: u8,
+    },
     /// PRE-FETCH(10/16).
     PreFetch {
         /// CDB form (Ten or Sixteen).
@@ -889,6 +908,15 @@ impl Cdb {
                 fua: bit(c[1], 3),
                 group: c[14] & 0x1f,
             },
+            op::WRITE_ATOMIC_16 => Cdb::WriteAtomic16 {
+                lba: b64(2),
+                boundary: b16(10),
+                blocks: b16(12),
+                wrprotect: c[1] >> 5,
+                dpo: bit(c[1], 4),
+                fua: bit(c[1], 3),
+                group: c[14] & 0x3f,
+            },
             op::PRE_FETCH_10 | op::PRE_FETCH_16 => {
                 let size = rw_size(opcode);
                 let (lba, blocks, group) = lba_len(&c, size);
@@ -1147,6 +1175,21 @@ impl Cdb {
                 c[13] = *blocks;
                 c[14] = group & 0x1f;
             }
+            Cdb::WriteAtomic16 {
+                lba,
+                boundary,
+                blocks,
+                wrprotect,
+                dpo,
+                fua,
+                group,
+            } => {
+                c[1] = (wrprotect & 7) << 5 | flag(*dpo, 4) | flag(*fua, 3);
+                put(&mut c, 2, &lba.to_be_bytes());
+                put(&mut c, 10, &boundary.to_be_bytes());
+                put(&mut c, 12, &blocks.to_be_bytes());
+                c[14] = group & 0x3f;
+            }
             Cdb::PreFetch {
                 size,
                 immed,
@@ -1347,6 +1390,7 @@ impl Cdb {
             ),
             Cdb::Unmap { .. } => op::UNMAP,
             Cdb::CompareAndWrite { .. } => op::COMPARE_AND_WRITE,
+            Cdb::WriteAtomic16 { .. } => op::WRITE_ATOMIC_16,
             Cdb::PreFetch { size, .. } => pick(
                 *size,
                 op::PRE_FETCH_10,
@@ -1486,6 +1530,7 @@ impl Cdb {
             }),
             Cdb::WriteSame { ndob, .. } => Blocks(if *ndob { 0 } else { 1 }),
             Cdb::CompareAndWrite { blocks, .. } => Blocks(2 * u32::from(*blocks)),
+            Cdb::WriteAtomic16 { blocks, .. } => Blocks(u32::from(*blocks)),
             Cdb::TestUnitReady
             | Cdb::PreFetch { .. }
             | Cdb::SynchronizeCache { .. }
@@ -1517,6 +1562,7 @@ impl Cdb {
             | Cdb::WriteSame { .. }
             | Cdb::Unmap { .. }
             | Cdb::CompareAndWrite { .. }
+            | Cdb::WriteAtomic16 { .. }
             | Cdb::SetTargetPortGroups { .. }
             | Cdb::Reserve10 { .. }
             | Cdb::Release10 { .. }
@@ -1540,6 +1586,7 @@ impl Cdb {
             | Cdb::PreFetch { lba, blocks, .. }
             | Cdb::SynchronizeCache { lba, blocks, .. } => Some((*lba, *blocks)),
             Cdb::CompareAndWrite { lba, blocks, .. } => Some((*lba, u32::from(*blocks))),
+            Cdb::WriteAtomic16 { lba, blocks, .. } => Some((*lba, u32::from(*blocks))),
             _ => None,
         }
     }
@@ -1591,6 +1638,7 @@ fn is_known(opcode: u8) -> bool {
             | op::WRITE_SAME_16
             | op::UNMAP
             | op::COMPARE_AND_WRITE
+            | op::WRITE_ATOMIC_16
             | op::PRE_FETCH_10
             | op::PRE_FETCH_16
             | op::SYNCHRONIZE_CACHE_10
@@ -1761,5 +1809,33 @@ mod tests {
             group: 0,
         };
         assert_eq!(caw.transfer_length(), Some(TransferLength::Blocks(2)));
+    }
+
+    #[test]
+    fn write_atomic16_known_bytes() {
+        // LBA 0x1020, ATOMIC BOUNDARY 0, TRANSFER LENGTH 32, FUA.
+        let b = [0x9c, 0x08, 0, 0, 0, 0, 0, 0, 0x10, 0x20, 0, 0, 0, 32, 0, 0];
+        let c = Cdb::decode(&b).unwrap();
+        assert_eq!(
+            c,
+            Cdb::WriteAtomic16 {
+                lba: 0x1020,
+                boundary: 0,
+                blocks: 32,
+                wrprotect: 0,
+                dpo: false,
+                fua: true,
+                group: 0,
+            }
+        );
+        assert_eq!(c.opcode(), op::WRITE_ATOMIC_16);
+        assert_eq!(c.data_direction(), DataDirection::Out);
+        assert_eq!(c.transfer_length(), Some(TransferLength::Blocks(32)));
+        assert_eq!(c.lba_range(), Some((0x1020, 32)));
+        assert_eq!(c.encode(), b.to_vec());
+        // NACA in the control byte is refused like on every command.
+        let mut naca = b;
+        naca[15] = 0x04;
+        assert!(Cdb::decode(&naca).is_err());
     }
 }

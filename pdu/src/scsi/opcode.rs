@@ -92,6 +92,8 @@ pub const PRE_FETCH_16: u8 = 0x90;
 pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
 /// WRITE SAME(16) (SBC-3 5.46).
 pub const WRITE_SAME_16: u8 = 0x93;
+/// WRITE ATOMIC(16) (SBC-4 5.48).
+pub const WRITE_ATOMIC_16: u8 = 0x9c;
 /// SERVICE ACTION IN(16): READ CAPACITY(16), GET LBA STATUS (SBC-3).
 pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
 /// REPORT LUNS (SPC-4 6.33).
@@ -274,6 +276,7 @@ pub fn opcode_name(opcode: u8, service_action: Option<u8>) -> Option<&'static st
         PRE_FETCH_16 => "PRE-FETCH(16)",
         SYNCHRONIZE_CACHE_16 => "SYNCHRONIZE CACHE(16)",
         WRITE_SAME_16 => "WRITE SAME(16)",
+        WRITE_ATOMIC_16 => "WRITE ATOMIC(16)",
         SERVICE_ACTION_IN_16 => match sa {
             sai16::READ_CAPACITY_16 => "READ CAPACITY(16)",
             sai16::GET_LBA_STATUS => "GET LBA STATUS",

@@ -481,6 +481,18 @@ pub struct BlockLimits {
     pub unmap_granularity_alignment: Option<u32>,
     /// MAXIMUM WRITE SAME LENGTH in blocks.
     pub max_write_same_length: u64,
+    /// MAXIMUM ATOMIC TRANSFER LENGTH in blocks (SBC-4; 0: WRITE ATOMIC
+    /// is not supported).
+    pub max_atomic_transfer_length: u32,
+    /// ATOMIC ALIGNMENT in blocks (0: no alignment requirement).
+    pub atomic_alignment: u32,
+    /// ATOMIC TRANSFER LENGTH GRANULARITY in blocks (0: none).
+    pub atomic_transfer_length_granularity: u32,
+    /// MAXIMUM ATOMIC TRANSFER LENGTH WITH ATOMIC BOUNDARY in blocks (0:
+    /// a non-zero ATOMIC BOUNDARY is not supported).
+    pub max_atomic_transfer_length_with_boundary: u32,
+    /// MAXIMUM ATOMIC BOUNDARY SIZE in blocks.
+    pub max_atomic_boundary_size: u32,
 }
 
 /// Block device characteristics VPD page (B1h) fields.
@@ -647,6 +659,19 @@ impl VpdPage {
                     .map_or(0, |a| 0x8000_0000 | (a & 0x7fff_ffff));
                 put(&mut v, 28, &uga.to_be_bytes());
                 put(&mut v, 32, &l.max_write_same_length.to_be_bytes());
+                put(&mut v, 40, &l.max_atomic_transfer_length.to_be_bytes());
+                put(&mut v, 44, &l.atomic_alignment.to_be_bytes());
+                put(
+                    &mut v,
+                    48,
+                    &l.atomic_transfer_length_granularity.to_be_bytes(),
+                );
+                put(
+                    &mut v,
+                    52,
+                    &l.max_atomic_transfer_length_with_boundary.to_be_bytes(),
+                );
+                put(&mut v, 56, &l.max_atomic_boundary_size.to_be_bytes());
                 v
             }
             Self::BlockDeviceCharacteristics(c) => {
@@ -783,6 +808,11 @@ impl Vpd {
                     unmap_granularity_alignment: (uga & 0x8000_0000 != 0)
                         .then_some(uga & 0x7fff_ffff),
                     max_write_same_length: be64(body, 32).unwrap_or(0),
+                    max_atomic_transfer_length: b32(40),
+                    atomic_alignment: b32(44),
+                    atomic_transfer_length_granularity: b32(48),
+                    max_atomic_transfer_length_with_boundary: b32(52),
+                    max_atomic_boundary_size: b32(56),
                 })
             }
             page::BLOCK_DEVICE_CHARACTERISTICS => {
@@ -901,6 +931,24 @@ mod tests {
         assert_eq!(b.get(8..12), Some(&[0, 0, 8, 0][..]));
         assert_eq!(b.get(32..36), Some(&[0x80, 0, 0, 0][..]));
         assert_eq!(Vpd::decode(&b).unwrap(), v);
+        // SBC-4 atomic fields: page bytes 44..64.
+        let atomic = BlockLimits {
+            max_atomic_transfer_length: 256,
+            atomic_alignment: 8,
+            atomic_transfer_length_granularity: 8,
+            max_atomic_transfer_length_with_boundary: 0,
+            max_atomic_boundary_size: 0,
+            ..bl
+        };
+        let b = Vpd::disk(VpdPage::BlockLimits(atomic)).encode();
+        assert_eq!(
+            b.get(44..56),
+            Some(&[0, 0, 1, 0, 0, 0, 0, 8, 0, 0, 0, 8][..])
+        );
+        assert_eq!(
+            Vpd::decode(&b).unwrap(),
+            Vpd::disk(VpdPage::BlockLimits(atomic))
+        );
         // An SBC-2 era page of length 0x10 still decodes.
         let mut short = b.get(..20).unwrap().to_vec();
         if let Some(l) = short.get_mut(3) {

@@ -21,6 +21,7 @@
 //! `SEEK_DATA`/`SEEK_HOLE`. Where the filesystem cannot punch holes, zeros
 //! are written instead (still LBPRZ-truthful).
 
+use super::journal::Journal;
 use super::{Backstore, Extent};
 use rustix::fs::{FallocateFlags, SeekFrom};
 use rustix::io::{Errno, ReadWriteFlags};
@@ -68,6 +69,9 @@ pub struct FileBackstore {
     can_zero_range: AtomicBool,
     /// `pwritev2(RWF_DSYNC)` still believed to work.
     can_dsync: AtomicBool,
+    /// The write-ahead journal that makes WRITE ATOMIC whole-or-nothing
+    /// (see [`super::journal`]); none: no atomic writes.
+    journal: Option<Journal>,
 }
 
 thread_local! {
@@ -205,7 +209,37 @@ impl FileBackstore {
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
             can_dsync: AtomicBool::new(true),
+            journal: None,
         })
+    }
+
+    /// Where the atomic-write journal of the backing file `path` lives
+    /// unless configured otherwise: `<path>.atomic-journal`.
+    pub fn default_journal_path(path: &Path) -> PathBuf {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".atomic-journal");
+        PathBuf::from(p)
+    }
+
+    /// Turns WRITE ATOMIC on with the write-ahead journal at `journal`
+    /// (created when missing; see [`super::journal`]). Every atomic write
+    /// the journal holds unfinished, from before a crash, is written in
+    /// place first, so the store opens with each one wholly old or wholly
+    /// new. Returns the store and how many writes were replayed.
+    pub fn with_atomic_journal(mut self, journal: &Path) -> io::Result<(FileBackstore, usize)> {
+        let (j, replayed) = Journal::open(
+            journal,
+            self.size(),
+            |offset, data| self.write(offset, data, false),
+            || self.file.sync_data(),
+        )?;
+        self.journal = Some(j);
+        Ok((self, replayed))
+    }
+
+    /// The atomic-write journal, if WRITE ATOMIC is on.
+    pub fn atomic_journal(&self) -> Option<&Path> {
+        self.journal.as_ref().map(Journal::path)
     }
 
     /// The mode the store really runs in.
@@ -429,6 +463,39 @@ impl Backstore for FileBackstore {
         self.file.sync_data()
     }
 
+    fn atomic_write_max(&self) -> u64 {
+        self.journal
+            .as_ref()
+            .map_or(0, |j| u64::from(j.max_bytes()))
+    }
+
+    /// Journal, write in place, mark done: each step durable before the
+    /// next (see [`super::journal`]), so the data is durable when this
+    /// returns whatever `durable` says. A failure after the record is in
+    /// the journal leaves it there, unfinished: the next open writes it in
+    /// place, so the blocks still end up wholly old or wholly new.
+    fn write_atomic(&self, offset: u64, data: &[u8], _durable: bool) -> io::Result<()> {
+        let Some(j) = &self.journal else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: no atomic-write journal, so no atomic writes",
+                    self.path.display()
+                ),
+            ));
+        };
+        self.check(offset, data.len() as u64)?;
+        let ticket = j.begin(offset, data)?;
+        if let Err(e) = self
+            .write(offset, data, false)
+            .and_then(|()| self.file.sync_data())
+        {
+            j.abandon(ticket);
+            return Err(e);
+        }
+        j.finish(ticket)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len)?;
         if len == 0 {
@@ -535,8 +602,12 @@ impl Backstore for FileBackstore {
             (FileMode::Cached, None) => "cached".to_string(),
             (FileMode::Cached, Some(why)) => format!("cached: direct refused, {why}"),
         };
+        let atomic = match &self.journal {
+            Some(j) => format!(", atomic writes up to {} KiB", j.max_bytes() >> 10),
+            None => String::new(),
+        };
         format!(
-            "file {} ({} MiB, {mode})",
+            "file {} ({} MiB, {mode}{atomic})",
             self.path.display(),
             self.size() >> 20
         )

@@ -109,6 +109,15 @@ impl Backstore for NullBackstore {
         Ok(())
     }
 
+    /// Nothing is kept, so nothing can be torn: as large as any transfer.
+    fn atomic_write_max(&self) -> u64 {
+        super::IN_PROCESS_ATOMIC_MAX
+    }
+
+    fn write_atomic(&self, offset: u64, data: &[u8], _durable: bool) -> io::Result<()> {
+        self.check(offset, data.len() as u64)
+    }
+
     fn volatile_cache(&self) -> bool {
         false
     }

@@ -187,6 +187,16 @@ impl Backstore for RamBackstore {
         Ok(())
     }
 
+    /// A RAM disk has no crash to survive: the SCSI core holds the range
+    /// exclusively, so the copy lands whole before any other write of it.
+    fn atomic_write_max(&self) -> u64 {
+        super::IN_PROCESS_ATOMIC_MAX
+    }
+
+    fn write_atomic(&self, offset: u64, data: &[u8], _durable: bool) -> io::Result<()> {
+        self.write_at(offset, data)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let slots = self.slots();
         slots.check(offset, len as usize)?;

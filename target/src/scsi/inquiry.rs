@@ -118,7 +118,7 @@ impl LogicalUnit {
         let bs = self.cfg.block_size;
         let per_4k = (4096 / bs).max(1);
         let thin = self.cfg.thin_provisioning;
-        BlockLimits {
+        let mut l = BlockLimits {
             // WRITE SAME of 0 blocks means "to the end of the medium",
             // bounded like any other by MAXIMUM WRITE SAME LENGTH.
             wsnz: false,
@@ -136,7 +136,10 @@ impl LogicalUnit {
             optimal_unmap_granularity: if thin { per_4k } else { 0 },
             unmap_granularity_alignment: thin.then_some(0),
             max_write_same_length: MAX_UNMAP_BYTES / u64::from(bs),
-        }
+            ..BlockLimits::default()
+        };
+        self.atomic_limits(&mut l);
+        l
     }
 
     /// VPD B2h.

@@ -80,6 +80,10 @@ pub struct LuConfig {
     /// SANITIZE IN PROGRESS throughout): emulates a slow medium. Zero by
     /// default.
     pub sanitize_min_duration: Duration,
+    /// Offer WRITE ATOMIC(16) where the backstore can make writes atomic
+    /// (`Backstore::atomic_write_max`); false: never (the Block Limits
+    /// page reports no atomic support). On by default.
+    pub atomic_writes: bool,
 }
 
 impl LuConfig {
@@ -104,6 +108,7 @@ impl LuConfig {
             pr_state_path: None,
             removable: false,
             sanitize_min_duration: Duration::ZERO,
+            atomic_writes: true,
         }
     }
 }
@@ -473,7 +478,7 @@ impl LogicalUnit {
         };
         let direction = match &decoded {
             Ok(Cdb::Read { .. }) => Some(Direction::Read),
-            Ok(Cdb::Write(_)) => Some(Direction::Write),
+            Ok(Cdb::Write(_) | Cdb::WriteAtomic16 { .. }) => Some(Direction::Write),
             _ => None,
         };
         let (format, ua, not_ready) = {
@@ -610,6 +615,23 @@ impl LogicalUnit {
                 fua,
                 ..
             } => self.compare_and_write(*lba, *blocks, *wrprotect, *fua, req.data_out),
+            WriteAtomic16 {
+                lba,
+                boundary,
+                blocks,
+                wrprotect,
+                fua,
+                ..
+            } => self.write_atomic(
+                &super::atomic::AtomicWrite {
+                    lba: *lba,
+                    boundary: *boundary,
+                    blocks: *blocks,
+                    wrprotect: *wrprotect,
+                    fua: *fua,
+                },
+                req.data_out,
+            ),
             PreFetch { lba, blocks, .. } => self.prefetch(*lba, *blocks),
             SynchronizeCache { lba, blocks, .. } => self.synchronize_cache(*lba, *blocks),
             ReadCapacity10 { lba, pmi } => self.read_capacity10(*lba, *pmi),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use blockwire_pdu::pdu::codes::TaskAttr;
 
 mod alua;
+mod atomic;
 mod control;
 mod identity;
 mod inquiry;
@@ -33,6 +34,8 @@ mod xcopy;
 mod tests;
 #[cfg(test)]
 mod tests_alua_stall;
+#[cfg(test)]
+mod tests_atomic;
 #[cfg(test)]
 mod tests_media;
 #[cfg(test)]

@@ -339,6 +339,7 @@ impl LogicalUnit {
     pub(crate) fn offers(&self, opcode: u8, service_action: Option<u16>) -> bool {
         match (opcode, service_action) {
             (SANITIZE, Some(sa)) if sa == u16::from(SA_BLOCK_ERASE) => self.offers_block_erase(),
+            (blockwire_pdu::scsi::opcode::WRITE_ATOMIC_16, None) => self.atomic_max_blocks() > 0,
             _ => true,
         }
     }

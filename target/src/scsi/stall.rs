@@ -118,6 +118,7 @@ pub fn is_media_command(cdb: &[u8]) -> bool {
         | op::VERIFY_16
         | op::ORWRITE_16
         | op::COMPARE_AND_WRITE
+        | op::WRITE_ATOMIC_16
         | op::WRITE_SAME_10
         | op::WRITE_SAME_16
         | op::UNMAP
