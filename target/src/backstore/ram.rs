@@ -187,6 +187,10 @@ impl Backstore for RamBackstore {
         Ok(())
     }
 
+    fn writes_to_memory(&self) -> bool {
+        true
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let slots = self.slots();
         slots.check(offset, len as usize)?;
