@@ -569,3 +569,56 @@ fn extended_copy_between_units() {
     );
     assert_eq!(r.data_in[1] & 7, 3);
 }
+
+#[test]
+fn lba_status_from_the_map_spans_windows_and_stops_at_the_room_given() {
+    // 8 MiB of RAM: runs longer than the first 1 MiB window the map is asked
+    // about, so descriptors are carried across windows.
+    let t = LunTable::new(vec![(
+        0,
+        Arc::new(LogicalUnit::new(LuConfig::new(Arc::new(
+            crate::backstore::RamBackstore::new(8 << 20),
+        )))),
+    )]);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    for lba in [0u64, 2048, 4096] {
+        assert_eq!(write(&t, &a, lba, &vec![7; 1 << 20]).status, GOOD);
+    }
+    assert_eq!(write(&t, &a, 12288, &[9; 512]).status, GOOD);
+    assert_eq!(
+        lba_status(&t, &a, 0),
+        vec![
+            (0, 6144, 0),
+            (6144, 6144, 1),
+            (12288, 1, 0),
+            (12289, 4095, 1)
+        ]
+    );
+    assert_eq!(
+        lba_status(&t, &a, 6200),
+        vec![(6200, 6088, 1), (12288, 1, 0), (12289, 4095, 1)]
+    );
+    // Room for one descriptor (as QEMU asks before a read): the run the LBA is in.
+    let one = |lba| {
+        let r = run(
+            &t,
+            &a,
+            &c(Cdb::GetLbaStatus {
+                lba,
+                allocation_length: 24,
+            }),
+            &[],
+            24,
+        );
+        assert_eq!(r.status, GOOD);
+        (
+            u64::from_be_bytes(r.data_in[8..16].try_into().unwrap()),
+            u32::from_be_bytes(r.data_in[16..20].try_into().unwrap()),
+            r.data_in[20],
+        )
+    };
+    assert_eq!(one(100), (100, 6044, 0));
+    assert_eq!(one(12288), (12288, 1, 0));
+    assert_eq!(one(12289), (12289, 4095, 1));
+}
