@@ -93,9 +93,9 @@ trap cleanup EXIT
 
 bin=$(blockwire_bin)
 # A compile running beside the benchmark would distort it: wait (<= 15 min) for it to end.
-if [ "${WAIT_RUSTC:-1}" = 1 ] && pgrep -x rustc >/dev/null; then
-    echo "waiting for a running cargo build (rustc) to finish..." >&2
-    timeout 900 bash -c 'while pgrep -x rustc >/dev/null; do sleep 5; done' ||
+if [ "${WAIT_RUSTC:-1}" = 1 ] && pgrep -x 'rustc|clippy-driver' >/dev/null; then
+    echo "waiting for a running cargo build (rustc, clippy-driver) to finish..." >&2
+    timeout 900 bash -c 'while pgrep -x "rustc|clippy-driver" >/dev/null; do sleep 5; done' ||
         echo "WARNING: rustc still running; numbers will be noisy" >&2
 fi
 
