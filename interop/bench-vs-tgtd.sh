@@ -4,7 +4,7 @@
 # CPU time per I/O; then the 1 MiB rows against the machine's TCP loopback rate (iperf3) and a
 # QEMU write-then-read-back measurement.
 #
-# Not run by CI (a benchmark: ~4 minutes with the default 10 s per workload). Uses the
+# Not run by CI (a benchmark: ~6 minutes with the defaults, 2 rounds of 5 s). Uses the
 # release build of blockwire-target (lib/blockwire.sh builds it if missing). Do not run it
 # while cargo builds: it waits (bounded) for running rustc processes to finish first.
 #
@@ -52,7 +52,7 @@
 #       (n/a).
 #   Work that is not a payload copy (GET LBA STATUS walking an allocation map, or reading
 #   blocks to derive one) shows in the target CPU per MiB printed beside it.
-# Workloads (SECS each, default 10): 4 KiB random read and write at queue depth 1 and 32
+# Workloads: 4 KiB random read and write at queue depth 1 and 32
 # over the whole LUN, 1 MiB sequential read and write at queue depth 8.
 # CPU: utime+stime of the target process (all its threads) from /proc/PID/stat before and
 # after each workload, divided by the I/Os done: microseconds of target CPU per I/O.
@@ -62,7 +62,11 @@
 #
 # Output: a table on stdout, also written to interop/results/bench-vs-tgtd.md, with the load
 # average and the busiest other processes at the start (the machine may be shared).
-# Env: SECS (per workload), BW_BACKSTORE (file|ram), QD_SEQ (default 8), RB_MIB (default 32),
+# Each workload runs ROUNDS (default 2) times SECS (default 5) seconds per target, the
+# targets' order swapped every round (A B B A ...) so that other load on the machine that
+# comes or goes during a workload weighs on both; the rows are sums over the rounds. The
+# QEMU read-back does the same (ROUNDS write and read-back passes per target).
+# Env: SECS (per run), ROUNDS, BW_BACKSTORE (file|ram), QD_SEQ (default 8), RB_MIB (default 32),
 # BLOCKWIRE_BIN (another blockwire-target binary, e.g. a build from before a change),
 # ONLY (a regular expression: run only the rows whose "tool workload xfer qd" matches it),
 # WAIT_RUSTC=0 (do not wait for running compiles: quick checks of the script itself).
@@ -70,7 +74,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib/blockwire.sh"
 
-SECS=${SECS:-10}
+SECS=${SECS:-5}
+ROUNDS=${ROUNDS:-2}
 BW_BACKSTORE=${BW_BACKSTORE:-file}
 QD_SEQ=${QD_SEQ:-8}
 SIZE_MIB=1024
@@ -84,7 +89,12 @@ tmp=$(mktemp -d /dev/shm/bw-bench.XXXXXX)
 bw_pid="" tgt_pid="" tgt_port=""
 nbd_pids=()
 cleanup() {
+    # qemu-nbd logs out of its target on the way out: let it, before the targets stop (a
+    # qemu-nbd whose target is gone keeps trying to reconnect instead of exiting).
     for p in "${nbd_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${nbd_pids[@]}"; do
+        timeout 5 tail --pid="$p" -f /dev/null 2>/dev/null || kill -9 "$p" 2>/dev/null || true
+    done
     if [ -n "$bw_pid" ]; then stop_blockwire "$bw_pid" 2>/dev/null || true; fi
     stop_tgtd "$tgt_port" "$tgt_pid"
     rm -rf "$tmp"
@@ -93,9 +103,10 @@ trap cleanup EXIT
 
 bin=$(blockwire_bin)
 # A compile running beside the benchmark would distort it: wait (<= 15 min) for it to end.
-if [ "${WAIT_RUSTC:-1}" = 1 ] && pgrep -x 'rustc|clippy-driver' >/dev/null; then
+compiling() { pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; }
+if [ "${WAIT_RUSTC:-1}" = 1 ] && compiling; then
     echo "waiting for a running cargo build (rustc, clippy-driver) to finish..." >&2
-    timeout 900 bash -c 'while pgrep -x "rustc|clippy-driver" >/dev/null; do sleep 5; done' ||
+    timeout 900 bash -c 'while pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; do sleep 5; done' ||
         echo "WARNING: rustc still running; numbers will be noisy" >&2
 fi
 
@@ -164,7 +175,7 @@ for t in blockwire tgtd; do
     [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
 done
 
-# run TARGET TOOL WORKLOAD XFER QD — prints "iops MBps us_cpu_per_io"
+# run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints "ios secs cpu_ticks"
 run() {
     local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 portal iqn lun pid c0 c1 out ios secs iops mbps
     read -r portal iqn lun pid <<<"${T[$t]}"
@@ -201,14 +212,38 @@ except Exception:
         secs=$SECS
         ios=$(( ${out:-0} * SECS ))
     fi
-    if [ -z "$ios" ] || [ "$ios" = 0 ]; then
+    if [ -z "$ios" ] || [ "$ios" = 0 ] || [ -z "$secs" ]; then
         echo "0 0 0"
         return
     fi
+    echo "$ios $secs $((c1 - c0))"
+}
+
+# measure TOOL WORKLOAD XFER QD — ROUNDS rounds, the targets' order swapped every round
+# (blockwire, tgtd, then tgtd, blockwire, ...) so that a change in the machine's other load
+# during the workload weighs on both alike; prints for each target, from the sums over the
+# rounds, "iops MBps us_cpu_per_io" (blockwire's fields, then tgtd's).
+measure() {
+    local r t order i sec k
+    declare -A ios=() secs=() ticks=()
+    for r in $(seq "$ROUNDS"); do
+        order="blockwire tgtd"
+        [ $((r % 2)) = 0 ] && order="tgtd blockwire"
+        for t in $order; do
+            read -r i sec k <<<"$(run "$t" "$@")"
+            ios[$t]=$((${ios[$t]:-0} + i))
+            secs[$t]=$(awk -v a="${secs[$t]:-0}" -v b="$sec" 'BEGIN { print a + b }')
+            ticks[$t]=$((${ticks[$t]:-0} + k))
+        done
+    done
     python3 -c 'import sys
-ios, secs, xfer, dt, hz = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-print(f"{ios / secs:.0f} {ios * xfer / secs / 1e6:.1f} {dt / hz / ios * 1e6:.2f}")' \
-        "$ios" "$secs" "$xfer" "$((c1 - c0))" "$HZ"
+xfer, hz = int(sys.argv[1]), int(sys.argv[2])
+out = []
+for ios, secs, dt in zip(*[iter(sys.argv[3:])] * 3):
+    ios, secs, dt = int(ios), float(secs), int(dt)
+    out += [f"{ios / secs:.0f}", f"{ios * xfer / secs / 1e6:.1f}", f"{dt / hz / ios * 1e6:.2f}"] if ios and secs else ["0", "0", "0"]
+print(" ".join(out))' "$3" "$HZ" "${ios[blockwire]}" "${secs[blockwire]}" "${ticks[blockwire]}" \
+        "${ios[tgtd]}" "${secs[tgtd]}" "${ticks[tgtd]}"
 }
 
 ratio() { python3 -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f"{a / b:.2f}" if b else "-")' "$1" "$2"; }
@@ -250,8 +285,7 @@ for spec in \
     "fio randread 4096 1" "fio randread 4096 32" "fio randwrite 4096 1" "fio randwrite 4096 32"; do
     if [ -n "${ONLY:-}" ] && ! [[ $spec =~ $ONLY ]]; then continue; fi
     read -r tool w xfer qd <<<"$spec"
-    read -r bi bm bc <<<"$(run blockwire "$tool" "$w" "$xfer" "$qd")"
-    read -r ti tm tc <<<"$(run tgtd "$tool" "$w" "$xfer" "$qd")"
+    read -r bi bm bc ti tm tc <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
     case $tool in
     py) client=libiscsi_rw.py ;;
     perf) client=iscsi-perf ;;
@@ -318,35 +352,61 @@ qemu_io() {
 }
 {
     echo
-    echo "QEMU read-back: $RB_MIB MiB of random 4-64 KiB blocks written by qemu-io, read back and checked by a new qemu-io (one command at a time)"
+    echo "QEMU read-back: $RB_MIB MiB of random 4-64 KiB blocks written by qemu-io, read back and checked by a new qemu-io (one command at a time), $ROUNDS rounds"
     printf '%-10s | %9s %9s %6s | %9s %9s | %10s %10s\n' target "wr MB/s" "rd MB/s" "rd/wr" \
         "wr cp/B" "rd cp/B" "wr us/MiB" "rd us/MiB"
 } | tee -a "$results"
-for t in blockwire tgtd; do
+# readback_round TARGET — one write pass and one read-back pass; prints
+# "write_secs read_secs write_copied read_copied write_ticks read_ticks"
+readback_round() {
+    local t=$1 portal iqn pid url count a b i0 i1 i2 c0 c1 c2 t0 t1 t2
     read -r portal iqn _ pid <<<"${T[$t]}"
     url="iscsi://$portal/$iqn/${RB_LUN[$t]}"
     a=$(now)
-    qemu_io "$t" "$url" /dev/null || continue
+    qemu_io "$t" "$url" /dev/null || return 1
     b=$(now)
     count=io_bytes
     [ "$t" = blockwire ] && count=bw_copies
     i0=$($count "$pid") c0=$(cpu_ticks "$pid") t0=$(now)
-    qemu_io "$t" "$url" "$tmp/rb-write.txt" || continue
+    qemu_io "$t" "$url" "$tmp/rb-write.txt" || return 1
     i1=$($count "$pid") c1=$(cpu_ticks "$pid") t1=$(now)
-    qemu_io "$t" "$url" "$tmp/rb-read.txt" || continue
+    qemu_io "$t" "$url" "$tmp/rb-read.txt" || return 1
     i2=$($count "$pid") c2=$(cpu_ticks "$pid") t2=$(now)
+    # Minus the login-and-logout time of a qemu-io session.
+    awk -v a="$a" -v b="$b" -v t0="$t0" -v t1="$t1" -v t2="$t2" \
+        'BEGIN { l = b - a; printf "%.6f %.6f ", t1 - t0 - l, t2 - t1 - l }'
+    echo "$((i1 - i0)) $((i2 - i1)) $((c1 - c0)) $((c2 - c1))"
+}
+declare -A RB=()
+for r in $(seq "$ROUNDS"); do
+    order="blockwire tgtd"
+    [ $((r % 2)) = 0 ] && order="tgtd blockwire"
+    for t in $order; do
+        if out=$(readback_round "$t"); then
+            RB[$t]="${RB[$t]:-} $out"
+        else
+            RB[$t]="failed"
+        fi
+    done
+done
+for t in blockwire tgtd; do
+    if [[ ${RB[$t]} == *failed* ]]; then
+        echo "$t: qemu-io failed (see above)" | tee -a "$results"
+        continue
+    fi
+    # shellcheck disable=SC2086 # the sums' fields, six per round
     python3 -c 'import sys
-t, a, b, t0, t1, t2 = sys.argv[1], *map(float, sys.argv[2:7])
-i0, i1, i2, c0, c1, c2, hz, mib = map(int, sys.argv[7:])
-login = b - a
-payload = mib << 20
-w, r = max(t1 - t0 - login, 1e-6), max(t2 - t1 - login, 1e-6)
-wcp = "n/a" if t == "blockwire" else f"{(i1 - i0) / payload:.2f}"
+t, hz, mib, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+rounds = [v[i:i + 6] for i in range(0, len(v), 6)]
+w, r = (sum(float(x[k]) for x in rounds) for k in (0, 1))
+wc, rc, wt, rt = (sum(int(x[k]) for x in rounds) for k in (2, 3, 4, 5))
+payload = (mib << 20) * len(rounds)
+w, r = max(w, 1e-6), max(r, 1e-6)
+wcp = "n/a" if t == "blockwire" else f"{wc / payload:.2f}"
 print(f"{t:<10} | {payload / w / 1e6:9.1f} {payload / r / 1e6:9.1f} {w / r:6.2f} | "
-      f"{wcp:>9} {(i2 - i1) / payload:9.2f} | "
-      f"{(c1 - c0) / hz / mib * 1e6:10.0f} {(c2 - c1) / hz / mib * 1e6:10.0f}")' \
-        "$t" "$a" "$b" "$t0" "$t1" "$t2" "$i0" "$i1" "$i2" "$c0" "$c1" "$c2" "$HZ" "$RB_MIB" |
-        tee -a "$results"
+      f"{wcp:>9} {rc / payload:9.2f} | "
+      f"{wt / hz / (mib * len(rounds)) * 1e6:10.0f} {rt / hz / (mib * len(rounds)) * 1e6:10.0f}")' \
+        "$t" "$HZ" "$RB_MIB" ${RB[$t]} | tee -a "$results"
 done
 echo "rd/wr = read rate / write rate; cp/B = copies per payload byte (tgtd: rchar+wchar; blockwire: its READ copy counter; see the script's header); us/MiB = target CPU per MiB of payload" | tee -a "$results"
 
@@ -354,7 +414,7 @@ mkdir -p "$here/results"
 {
     echo "# Benchmark: blockwire vs tgtd (libiscsi clients)"
     echo
-    echo "Generated by \`interop/bench-vs-tgtd.sh\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r)), ${SECS} s per workload, 1 GiB LUN backed by /dev/shm on both (blockwire backstore: $BW_BACKSTORE; tgtd: rdwr file), whole LUN written once before the runs. blockwire: release build of $(date -u -r "$bin" +%H:%M) UTC, repository HEAD $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo "?") at run time. Client and targets share the machine's $(nproc) cores. us/io = target CPU (user+system, all threads) per I/O in microseconds."
+    echo "Generated by \`interop/bench-vs-tgtd.sh\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r)), ${ROUNDS} rounds of ${SECS} s per workload and target (order swapped each round), 1 GiB LUN backed by /dev/shm on both (blockwire backstore: $BW_BACKSTORE; tgtd: rdwr file), whole LUN written once before the runs. blockwire: release build of $(date -u -r "$bin" +%H:%M) UTC, repository HEAD $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo "?") at run time. Client and targets share the machine's $(nproc) cores. us/io = target CPU (user+system, all threads) per I/O in microseconds."
     echo
     echo "Machine at the start of the run:"
     echo
