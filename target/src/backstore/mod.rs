@@ -109,6 +109,13 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn writes_to_memory(&self) -> bool {
         false
     }
+    /// Whether reads, writes and [`Backstore::allocation`] are operations on
+    /// this process's memory that never wait for a device or a file (RAM,
+    /// the null store). The fabric then answers small READs and GET LBA
+    /// STATUS on the connection's task. False unless a store says so.
+    fn in_memory(&self) -> bool {
+        false
+    }
     /// Whether completed writes may still sit in a volatile cache until
     /// [`Backstore::flush`] (the caching mode page reports WCE from this).
     fn volatile_cache(&self) -> bool {

@@ -114,6 +114,11 @@ impl Backstore for NullBackstore {
         true
     }
 
+    fn in_memory(&self) -> bool {
+        // Zeros or the pattern, computed; no device.
+        true
+    }
+
     fn volatile_cache(&self) -> bool {
         false
     }

@@ -191,6 +191,10 @@ impl Backstore for RamBackstore {
         true
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let slots = self.slots();
         slots.check(offset, len as usize)?;

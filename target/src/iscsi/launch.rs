@@ -118,6 +118,15 @@ impl Launcher {
             {
                 tokio::spawn(mover::write_road(ctx, data_out, budget, r2t_count));
             }
+            Road::Core
+                if matches!(route.wire, Wire::Tcp)
+                    && ctx.cmd.read
+                    && !ctx.cmd.write
+                    && u64::from(ctx.cmd.expected_data_transfer_length)
+                        <= mover::MEMORY_READ_ON_TASK_MAX =>
+            {
+                tokio::spawn(mover::memory_road(ctx, data_out, budget, r2t_count));
+            }
             Road::Core => {
                 tokio::spawn(mover::core_road(
                     ctx, route.wire, data_out, budget, r2t_count,

@@ -410,6 +410,11 @@ pub(super) async fn core_road(
 /// is better spent on a blocking thread while the worker keeps receiving.
 pub(super) const WRITE_ON_TASK_MAX: u64 = 64 << 10;
 
+/// Largest READ of an in-memory store (RAM) a connection's task answers
+/// itself (see [`memory_road`]): copying 64 KiB out of memory takes a few
+/// microseconds, less than the hand-off to a blocking thread and back.
+pub(super) const MEMORY_READ_ON_TASK_MAX: u64 = 64 << 10;
+
 /// The core road of a WRITE whose data came over TCP. A small plain WRITE
 /// to a store that writes to memory is written right here, on the
 /// connection's task, through [`crate::scsi::LunTable::write_without_waiting`]
@@ -423,25 +428,60 @@ pub(super) async fn write_road(
     hold: impl Send + 'static,
     r2t_count: u32,
 ) {
-    let here = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    on_task_or_core(ctx, data_out, hold, r2t_count, |c, data| {
+        c.luns
+            .write_without_waiting(&c.request(data, 0), WRITE_ON_TASK_MAX)
+    })
+    .await
+}
+
+/// The core road of a small READ or GET LBA STATUS over TCP: when the unit's
+/// store keeps its blocks and allocation map in memory (RAM) the core
+/// answers it right here, on the connection's task
+/// ([`crate::scsi::LunTable::execute_from_memory`]), otherwise on the
+/// blocking pool. QEMU asks GET LBA STATUS before each READ of 32 KiB or
+/// more, so reading back a RAM LUN was two round trips through the pool per
+/// READ.
+pub(super) async fn memory_road(
+    ctx: Arc<CommandContext>,
+    data_out: Vec<u8>,
+    hold: impl Send + 'static,
+    r2t_count: u32,
+) {
+    on_task_or_core(ctx, data_out, hold, r2t_count, |c, data| {
+        let capacity = c.cmd.expected_data_transfer_length;
+        c.luns
+            .execute_from_memory(&c.request(data, capacity), MEMORY_READ_ON_TASK_MAX)
+    })
+    .await
+}
+
+/// Tries `here` (core calls that must not wait) on this task, under the
+/// task's abort flag and with its copies counted; None from it hands the
+/// command to the core on the blocking pool ([`core_road`]). A panic is
+/// answered HARDWARE ERROR, INTERNAL TARGET FAILURE, as on the pool.
+async fn on_task_or_core(
+    ctx: Arc<CommandContext>,
+    data_out: Vec<u8>,
+    hold: impl Send + 'static,
+    r2t_count: u32,
+    here: impl FnOnce(&CommandContext, &[u8]) -> Option<ScsiResult>,
+) {
+    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         ctx.in_core(|| {
             copies::counted(|| {
                 if ctx.is_aborted() {
                     return Some(None);
                 }
-                crate::scsi::stall::without_waiting(|| {
-                    ctx.luns
-                        .write_without_waiting(&ctx.request(&data_out, 0), WRITE_ON_TASK_MAX)
-                })
-                .map(Some)
+                crate::scsi::stall::without_waiting(|| here(&ctx, &data_out)).map(Some)
             })
         })
     }));
-    let result = match here {
+    let result = match done {
         Ok((None, _)) => return core_road(ctx, Wire::Tcp, data_out, hold, r2t_count).await,
         Ok((Some(r), core)) => r.map(|r| (r, core)),
         Err(_) => {
-            tracing::error!(itt = ctx.itt(), "SCSI WRITE panicked");
+            tracing::error!(itt = ctx.itt(), "SCSI command panicked");
             Some((super::task::internal_failure(), Counts::default()))
         }
     };

@@ -622,3 +622,62 @@ fn lba_status_from_the_map_spans_windows_and_stops_at_the_room_given() {
     assert_eq!(one(12288), (12288, 1, 0));
     assert_eq!(one(12289), (12289, 4095, 1));
 }
+
+#[test]
+fn reads_and_lba_status_from_memory_are_the_normal_answers() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 8, &[3; 1024]).status, GOOD);
+    let req = |n: &'static str, cdb: Vec<u8>, cap: u32| (nexus(n), cdb, cap);
+    let here = |(n, cdb, cap): &(ItNexus, Vec<u8>, u32), max: u64| {
+        t.execute_from_memory(
+            &ScsiRequest {
+                lun: 0,
+                cdb,
+                nexus: n,
+                task_tag: 1,
+                attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+                data_out: &[],
+                data_in_capacity: *cap,
+            },
+            max,
+        )
+    };
+    let read = req(
+        "iqn.a",
+        c(Cdb::Read {
+            rw: rw(CdbSize::Ten, 8, 2),
+            rarc: false,
+        }),
+        1024,
+    );
+    let r = here(&read, 64 << 10).expect("answered at once");
+    assert_eq!(
+        r,
+        run(&t, &a, &read.1, &[], 1024),
+        "the normal path's answer"
+    );
+    assert_eq!(r.data_in, vec![3; 1024]);
+    let gls = req(
+        "iqn.a",
+        c(Cdb::GetLbaStatus {
+            lba: 8,
+            allocation_length: 24,
+        }),
+        24,
+    );
+    let r = here(&gls, 64 << 10).expect("answered at once");
+    assert_eq!(r, run(&t, &a, &gls.1, &[], 24));
+    // Over the bound, another command, a stalled unit: left for a blocking thread.
+    assert!(here(&read, 512).is_none());
+    assert!(here(&req("iqn.a", c(Cdb::TestUnitReady), 0), 64 << 10).is_none());
+    let lu = t.get(0).unwrap().clone();
+    lu.set_stalled(true);
+    assert!(here(&read, 64 << 10).is_none());
+    lu.set_stalled(false);
+    // A pending unit attention is the answer, as on the normal path.
+    let fresh = req("iqn.b", read.1.clone(), 1024);
+    let r = here(&fresh, 64 << 10).expect("answered at once");
+    assert_eq!(sense(&r).key, SenseKey::UnitAttention);
+}
