@@ -1,8 +1,10 @@
 #!/bin/bash
-# interop/bench-vs-tgtd.sh — the same libiscsi workloads against blockwire-target and tgtd in
-# one run; prints both, their ratio, and each target's CPU time per I/O.
+# interop/bench-vs-tgtd.sh — the same workloads against blockwire-target and tgtd in one run,
+# alternating target by target for each workload; prints both, their ratio, and each target's
+# CPU time per I/O; then the 1 MiB rows against the machine's TCP loopback rate (iperf3) and a
+# QEMU write-then-read-back measurement.
 #
-# Not run by CI (a benchmark: ~2.5 minutes with the default 10 s per workload). Uses the
+# Not run by CI (a benchmark: ~6 minutes with the defaults, 2 rounds of 5 s). Uses the
 # release build of blockwire-target (lib/blockwire.sh builds it if missing). Do not run it
 # while cargo builds: it waits (bounded) for running rustc processes to finish first.
 #
@@ -20,28 +22,80 @@
 #     CPU time per I/O is still measured exactly.
 #   - iscsi-perf (C, libiscsi's own READ benchmark): random/sequential reads, as a
 #     cross-check with a cheaper client.
-# Workloads (SECS each, default 10): 4 KiB random read and write at queue depth 1 and 32
+# and QEMU (Debian's qemu-utils + qemu-block-extra: QEMU's own iscsi block driver):
+#   - fio through qemu-nbd: `qemu-nbd iscsi://127.0.0.1:PORT/IQN/LUN` exports each target's
+#     LUN on a Unix socket and fio's `nbd` ioengine (libnbd) drives it (this host's kernel
+#     has no nbd module, so no /dev/nbdX). So fio's I/O goes fio -> NBD -> qemu-nbd ->
+#     QEMU's iscsi driver (libiscsi) -> target, the path of a QEMU guest disk.
+#   - qemu-io with the iscsi:// URL for the read-back measurement below.
+# Loopback: iperf3, one TCP stream over 127.0.0.1 with 1 MiB writes for SECS, in the same
+# run: the rate one connection can reach on this machine. The 1 MiB sequential rows are
+# also printed as a fraction of it.
+# QEMU read-back: a list of random, non-overlapping blocks of 4-64 KiB (4 KiB multiples,
+# 4 KiB aligned) totalling RB_MIB (32) MiB over a 256 MiB LUN (blockwire: a RAM LUN, where
+# the allocation map answers GET LBA STATUS; tgtd: an rdwr file in /dev/shm, it has no RAM
+# store) is written by one qemu-io process (`write -P`, one command at a time), then read
+# back and checked (`read -P`) by a second one: a fresh QEMU process knows nothing of what
+# is allocated, so, as a guest reading its disk later, its iscsi driver asks GET LBA STATUS
+# before reads of 32 KiB and more. Each phase's time is wall time of its qemu-io minus that
+# of a qemu-io that only logs in and out (measured just before). Printed: write and read
+# rate, read/write, and per phase
+#   cp/B = copies per payload byte, counted two ways since the targets differ:
+#     tgtd: (delta rchar + delta wchar of the process, /proc/PID/io) / payload bytes, the
+#       bytes it moved through read/write-family system calls: it reads sockets and files
+#       with read/pread and writes them with write/pwrite, each a kernel copy, and has no
+#       user-space copy of payloads in its rdwr path, so this is its copy count.
+#     blockwire: its sockets use recv/sendmsg, which /proc/PID/io does not count, so for
+#       reads its own copy counter (the daemon's metrics, blockwire_read_path_copy_bytes_total:
+#       user-space memcpy + page cache to user + user to socket + MSG_ZEROCOPY sends the
+#       kernel copied, target/src/copies.rs) / payload bytes; writes have no such counter
+#       (n/a).
+#   Work that is not a payload copy (GET LBA STATUS walking an allocation map, or reading
+#   blocks to derive one) shows in the target CPU per MiB printed beside it.
+# Workloads: 4 KiB random read and write at queue depth 1 and 32
 # over the whole LUN, 1 MiB sequential read and write at queue depth 8.
 # CPU: utime+stime of the target process (all its threads) from /proc/PID/stat before and
 # after each workload, divided by the I/Os done: microseconds of target CPU per I/O.
 #
-# Output: a table on stdout, also written to interop/results/bench-vs-tgtd.md.
-# Env: SECS (per workload), BW_BACKSTORE (file|ram), QD_SEQ (default 8).
+# QD1 rows: at one command in flight latency is 1/IOPS, so ratio >= 1 means blockwire's
+# mean latency is at or below tgtd's.
+#
+# Output: a table on stdout, also written to interop/results/bench-vs-tgtd.md, with the load
+# average and the busiest other processes at the start (the machine may be shared).
+# Each workload runs ROUNDS (default 2) times SECS (default 5) seconds per target, the
+# targets' order swapped every round (A B B A ...) so that other load on the machine that
+# comes or goes during a workload weighs on both; the rows are sums over the rounds. The
+# QEMU read-back does the same (ROUNDS write and read-back passes per target).
+# Env: SECS (per run), ROUNDS, BW_BACKSTORE (file|ram), QD_SEQ (default 8), RB_MIB (default 32),
+# BLOCKWIRE_BIN (another blockwire-target binary, e.g. a build from before a change),
+# BENCH_NOTE (a paragraph for the results file: what the binary is, what else ran),
+# ONLY (a regular expression: run only the rows whose "tool workload xfer qd" matches it),
+# WAIT_RUSTC=0 (do not wait for running compiles: quick checks of the script itself).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib/blockwire.sh"
 
-SECS=${SECS:-10}
+SECS=${SECS:-5}
+ROUNDS=${ROUNDS:-2}
 BW_BACKSTORE=${BW_BACKSTORE:-file}
 QD_SEQ=${QD_SEQ:-8}
 SIZE_MIB=1024
+RB_MIB=${RB_MIB:-32}
+RB_LUN_MIB=256
 IQN_BW=iqn.2026-11.io.blockwire:bench
 IQN_TGT=iqn.2026-11.io.tgtd:bench
 HZ=$(getconf CLK_TCK)
 
 tmp=$(mktemp -d /dev/shm/bw-bench.XXXXXX)
 bw_pid="" tgt_pid="" tgt_port=""
+nbd_pids=()
 cleanup() {
+    # qemu-nbd logs out of its target on the way out: let it, before the targets stop (a
+    # qemu-nbd whose target is gone keeps trying to reconnect instead of exiting).
+    for p in "${nbd_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${nbd_pids[@]}"; do
+        timeout 5 tail --pid="$p" -f /dev/null 2>/dev/null || kill -9 "$p" 2>/dev/null || true
+    done
     if [ -n "$bw_pid" ]; then stop_blockwire "$bw_pid" 2>/dev/null || true; fi
     stop_tgtd "$tgt_port" "$tgt_pid"
     rm -rf "$tmp"
@@ -50,14 +104,16 @@ trap cleanup EXIT
 
 bin=$(blockwire_bin)
 # A compile running beside the benchmark would distort it: wait (<= 15 min) for it to end.
-if pgrep -x rustc >/dev/null; then
-    echo "waiting for a running cargo build (rustc) to finish..." >&2
-    timeout 900 bash -c 'while pgrep -x rustc >/dev/null; do sleep 5; done' ||
+compiling() { pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; }
+if [ "${WAIT_RUSTC:-1}" = 1 ] && compiling; then
+    echo "waiting for a running cargo build (rustc, clippy-driver) to finish..." >&2
+    timeout 900 bash -c 'while pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; do sleep 5; done' ||
         echo "WARNING: rustc still running; numbers will be noisy" >&2
 fi
 
 # --- targets
 bw_port=$(free_port)
+metrics_port=$(free_port)
 {
     echo '[[portal_group]]'
     echo 'tag = 1'
@@ -73,18 +129,28 @@ bw_port=$(free_port)
         echo "path = \"$tmp/blockwire-lun.img\""
     fi
     echo "size = \"${SIZE_MIB}M\""
+    # The QEMU read-back LUN.
+    echo '[[target.lun]]'
+    echo 'id = 1'
+    echo 'backstore = "ram"'
+    echo "size = \"${RB_LUN_MIB}M\""
+    echo '[metrics]'
+    echo "listen = \"127.0.0.1:$metrics_port\""
 } >"$tmp/bench.toml"
 bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/bench.toml")
 tgt_port=$(free_port)
 tgt_pid=$(start_tgtd "$tgt_port" "$tmp")
 tgtd_new_target "$tgt_port" 1 "$IQN_TGT"
 tgtd_add_lun "$tgt_port" 1 1 "$tmp/tgtd-lun.img" "$SIZE_MIB"
+tgtd_add_lun "$tgt_port" 1 2 "$tmp/tgtd-rb.img" "$RB_LUN_MIB"
 
 # name -> "portal iqn lun pid"
 declare -A T=(
     [blockwire]="127.0.0.1:$bw_port $IQN_BW 0 $bw_pid"
     [tgtd]="127.0.0.1:$tgt_port $IQN_TGT 1 $tgt_pid"
 )
+# name -> LUN of the QEMU read-back
+declare -A RB_LUN=([blockwire]=1 [tgtd]=2)
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
@@ -97,12 +163,40 @@ for t in blockwire tgtd; do
 done
 rm -f "$tmp/fill"
 
-# run TARGET TOOL WORKLOAD XFER QD — prints "iops MBps us_cpu_per_io"
+# qemu-nbd per target: the LUN on a Unix socket for fio's nbd engine. cache=none: no
+# write-through emulation (no SYNCHRONIZE CACHE after each write).
+declare -A NBD
+for t in blockwire tgtd; do
+    read -r portal iqn lun _ <<<"${T[$t]}"
+    NBD[$t]=$tmp/nbd-$t.sock
+    qemu-nbd -f raw --cache=none -t -e 4 -k "${NBD[$t]}" "iscsi://$portal/$iqn/$lun" \
+        >"$tmp/qemu-nbd-$t.log" 2>&1 &
+    nbd_pids+=($!)
+    for _ in $(seq 100); do [ -S "${NBD[$t]}" ] && break; sleep 0.1; done
+    [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
+done
+
+# run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints "ios secs cpu_ticks"
 run() {
     local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 portal iqn lun pid c0 c1 out ios secs iops mbps
     read -r portal iqn lun pid <<<"${T[$t]}"
     c0=$(cpu_ticks "$pid")
-    if [ "$tool" = py ]; then
+    if [ "$tool" = fio ]; then
+        local dir=read
+        [[ $w == *write ]] && dir=write
+        out=$(timeout $((SECS + 60)) fio --name=bench --ioengine=nbd \
+            --uri="nbd+unix:///?socket=${NBD[$t]}" --rw="$w" --bs="$xfer" --iodepth="$qd" \
+            --size="${SIZE_MIB}M" --time_based --runtime="$SECS" --norandommap --randrepeat=0 \
+            --output-format=json 2>/dev/null || true)
+        c1=$(cpu_ticks "$pid")
+        read -r ios secs < <(python3 -c 'import json, sys
+s = sys.stdin.read()
+try:
+    d = json.loads(s[s.index("{"):])["jobs"][0][sys.argv[1]]
+    print(d["total_ios"], d["runtime"] / 1000)
+except Exception:
+    print(0, 0)' "$dir" <<<"$out")
+    elif [ "$tool" = py ]; then
         out=$(timeout $((SECS + 60)) python3 "$here/libiscsi_rw.py" "$portal" "$iqn" "$lun" \
             --bench "$w" --xfer "$xfer" --qd "$qd" --seconds "$SECS" --span $((SIZE_MIB << 20)))
         c1=$(cpu_ticks "$pid")
@@ -119,18 +213,68 @@ run() {
         secs=$SECS
         ios=$(( ${out:-0} * SECS ))
     fi
-    if [ -z "$ios" ] || [ "$ios" = 0 ]; then
+    if [ -z "$ios" ] || [ "$ios" = 0 ] || [ -z "$secs" ]; then
         echo "0 0 0"
         return
     fi
+    echo "$ios $secs $((c1 - c0))"
+}
+
+# measure TOOL WORKLOAD XFER QD — ROUNDS rounds, the targets' order swapped every round
+# (blockwire, tgtd, then tgtd, blockwire, ...) so that a change in the machine's other load
+# during the workload weighs on both alike; prints for each target, from the sums over the
+# rounds, "iops MBps us_cpu_per_io" (blockwire's fields, then tgtd's).
+measure() {
+    local r t order i sec k
+    declare -A ios=() secs=() ticks=()
+    for r in $(seq "$ROUNDS"); do
+        order="blockwire tgtd"
+        [ $((r % 2)) = 0 ] && order="tgtd blockwire"
+        for t in $order; do
+            read -r i sec k <<<"$(run "$t" "$@")"
+            ios[$t]=$((${ios[$t]:-0} + i))
+            secs[$t]=$(awk -v a="${secs[$t]:-0}" -v b="$sec" 'BEGIN { print a + b }')
+            ticks[$t]=$((${ticks[$t]:-0} + k))
+        done
+    done
     python3 -c 'import sys
-ios, secs, xfer, dt, hz = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-print(f"{ios / secs:.0f} {ios * xfer / secs / 1e6:.1f} {dt / hz / ios * 1e6:.2f}")' \
-        "$ios" "$secs" "$xfer" "$((c1 - c0))" "$HZ"
+xfer, hz = int(sys.argv[1]), int(sys.argv[2])
+out = []
+for ios, secs, dt in zip(*[iter(sys.argv[3:])] * 3):
+    ios, secs, dt = int(ios), float(secs), int(dt)
+    out += [f"{ios / secs:.0f}", f"{ios * xfer / secs / 1e6:.1f}", f"{dt / hz / ios * 1e6:.2f}"] if ios and secs else ["0", "0", "0"]
+print(" ".join(out))' "$3" "$HZ" "${ios[blockwire]}" "${secs[blockwire]}" "${ticks[blockwire]}" \
+        "${ios[tgtd]}" "${secs[tgtd]}" "${ticks[tgtd]}"
 }
 
 ratio() { python3 -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f"{a / b:.2f}" if b else "-")' "$1" "$2"; }
 
+# What else runs on this machine now (the targets and the clients share its cores with it).
+load_note() {
+    echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); busiest processes over 2 s (top):"
+    top -b -n 2 -d 2 -w 200 | awk '/^ *PID/ { n++; next } n == 2 && NF >= 12 && $9 > 0 { print "    " $9 "% " $12 }' | head -n 6
+}
+load_note | tee "$tmp/load.txt" >&2
+
+# iperf3 loopback: one stream, 1 MiB writes, SECS seconds; prints MB/s.
+loopback() {
+    local port out
+    port=$(free_port)
+    iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+    local srv=$!
+    # (not by connecting: a one-off server would take the probe for its client)
+    for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+    out=$(timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -t "$SECS" -l 1M -J 2>/dev/null || true)
+    wait "$srv" 2>/dev/null || true
+    python3 -c 'import json, sys
+try:
+    bps = json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]
+    print(f"{bps / 8e6:.1f}")
+except Exception:
+    print(0)' <<<"$out"
+}
+
+seq_rows=()
 results=$tmp/results.txt
 printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' workload "bw IOPS" "bw MB/s" "bw us/io" \
     "tgtd IOPS" "tgtd MB/s" "tgt us/io" "ratio" "cpu" | tee "$results"
@@ -138,26 +282,155 @@ for spec in \
     "py randread 4096 1" "py randread 4096 32" \
     "py randwrite 4096 1" "py randwrite 4096 32" \
     "py seqread 1048576 $QD_SEQ" "py seqwrite 1048576 $QD_SEQ" \
-    "perf randread 4096 1" "perf randread 4096 32" "perf seqread 1048576 $QD_SEQ"; do
+    "perf randread 4096 1" "perf randread 4096 32" "perf seqread 1048576 $QD_SEQ" \
+    "fio randread 4096 1" "fio randread 4096 32" "fio randwrite 4096 1" "fio randwrite 4096 32"; do
+    if [ -n "${ONLY:-}" ] && ! [[ $spec =~ $ONLY ]]; then continue; fi
     read -r tool w xfer qd <<<"$spec"
-    read -r bi bm bc <<<"$(run blockwire "$tool" "$w" "$xfer" "$qd")"
-    read -r ti tm tc <<<"$(run tgtd "$tool" "$w" "$xfer" "$qd")"
-    label="$w $((xfer / 1024))KiB qd$qd ($([ "$tool" = py ] && echo libiscsi_rw.py || echo iscsi-perf))"
+    read -r bi bm bc ti tm tc <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
+    case $tool in
+    py) client=libiscsi_rw.py ;;
+    perf) client=iscsi-perf ;;
+    fio) client="fio+qemu-nbd" ;;
+    esac
+    label="$w $((xfer / 1024))KiB qd$qd ($client)"
+    if [ "$xfer" = 1048576 ]; then seq_rows+=("$label|$bm|$tm"); fi
     printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$label" "$bi" "$bm" "$bc" \
         "$ti" "$tm" "$tc" "$(ratio "$bi" "$ti")" "$(ratio "$bc" "$tc")" | tee -a "$results"
 done
 echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire CPU per I/O / tgtd's (<1: blockwire cheaper)"
 
+lo=$(loopback)
+{
+    echo
+    echo "loopback (iperf3, one TCP stream over 127.0.0.1, 1 MiB writes, ${SECS} s): $lo MB/s"
+    printf '%-38s | %12s %12s\n' "1 MiB rows / loopback" blockwire tgtd
+    for r in "${seq_rows[@]}"; do
+        IFS='|' read -r label bm tm <<<"$r"
+        printf '%-38s | %12s %12s\n' "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")"
+    done
+} | tee -a "$results"
+
+# --- QEMU read-back (see the header)
+python3 - "$RB_MIB" "$RB_LUN_MIB" "$tmp/rb-write.txt" "$tmp/rb-read.txt" <<'PY'
+import random, sys
+total, lun_mib, wpath, rpath = int(sys.argv[1]) << 20, int(sys.argv[2]), sys.argv[3], sys.argv[4]
+r = random.Random(14)
+slots = list(range((lun_mib << 20) // 65536))  # one block per 64 KiB slot: no overlaps
+r.shuffle(slots)
+blocks, done = [], 0
+for s in slots:
+    if done >= total:
+        break
+    n = min(r.randrange(1, 17) * 4096, total - done)
+    at = s * 65536 + r.randrange(0, (65536 - n) // 4096 + 1) * 4096
+    blocks.append((at, n, len(blocks) % 251 + 1))
+    done += n
+with open(wpath, "w") as w, open(rpath, "w") as rd:
+    for at, n, pat in blocks:
+        w.write(f"write -q -P {pat} {at} {n}\n")
+        rd.write(f"read -q -P {pat} {at} {n}\n")
+PY
+# blockwire's READ payload copy counter (see the header), bytes
+bw_copies() {
+    python3 -c 'import sys, urllib.request
+total = 0.0
+for line in urllib.request.urlopen(sys.argv[1], timeout=10).read().decode().splitlines():
+    if line.startswith("blockwire_read_path_copy_bytes_total{") and any(
+            f"kind=\"{k}\"" in line for k in ("user_copied", "read_to_user", "sent_from_user", "zc_copied")):
+        total += float(line.rsplit(" ", 1)[1])
+print(f"{total:.0f}")' "http://127.0.0.1:$metrics_port/metrics"
+}
+io_bytes() { awk '/^rchar|^wchar/ { s += $2 } END { printf "%.0f\n", s }' "/proc/$1/io"; }
+now() { date +%s.%N; }
+# qemu_io TARGET URL INPUT — fails on an error or a pattern mismatch
+qemu_io() {
+    local out
+    out=$(timeout 600 qemu-io -f raw "$2" <"$3" 2>&1) || { echo "$1: qemu-io failed: $out" >&2; return 1; }
+    if grep -qiE 'fail|error|mismatch' <<<"$out"; then
+        echo "$1: qemu-io: $(grep -iE 'fail|error|mismatch' <<<"$out" | head -n 3)" >&2
+        return 1
+    fi
+}
+{
+    echo
+    echo "QEMU read-back: $RB_MIB MiB of random 4-64 KiB blocks written by qemu-io, read back and checked by a new qemu-io (one command at a time), $ROUNDS rounds"
+    printf '%-10s | %9s %9s %6s | %9s %9s | %10s %10s\n' target "wr MB/s" "rd MB/s" "rd/wr" \
+        "wr cp/B" "rd cp/B" "wr us/MiB" "rd us/MiB"
+} | tee -a "$results"
+# readback_round TARGET — one write pass and one read-back pass; prints
+# "write_secs read_secs write_copied read_copied write_ticks read_ticks"
+readback_round() {
+    local t=$1 portal iqn pid url count a b i0 i1 i2 c0 c1 c2 t0 t1 t2
+    read -r portal iqn _ pid <<<"${T[$t]}"
+    url="iscsi://$portal/$iqn/${RB_LUN[$t]}"
+    a=$(now)
+    qemu_io "$t" "$url" /dev/null || return 1
+    b=$(now)
+    count=io_bytes
+    [ "$t" = blockwire ] && count=bw_copies
+    i0=$($count "$pid") c0=$(cpu_ticks "$pid") t0=$(now)
+    qemu_io "$t" "$url" "$tmp/rb-write.txt" || return 1
+    i1=$($count "$pid") c1=$(cpu_ticks "$pid") t1=$(now)
+    qemu_io "$t" "$url" "$tmp/rb-read.txt" || return 1
+    i2=$($count "$pid") c2=$(cpu_ticks "$pid") t2=$(now)
+    # Minus the login-and-logout time of a qemu-io session.
+    awk -v a="$a" -v b="$b" -v t0="$t0" -v t1="$t1" -v t2="$t2" \
+        'BEGIN { l = b - a; printf "%.6f %.6f ", t1 - t0 - l, t2 - t1 - l }'
+    echo "$((i1 - i0)) $((i2 - i1)) $((c1 - c0)) $((c2 - c1))"
+}
+declare -A RB=()
+for r in $(seq "$ROUNDS"); do
+    order="blockwire tgtd"
+    [ $((r % 2)) = 0 ] && order="tgtd blockwire"
+    for t in $order; do
+        if out=$(readback_round "$t"); then
+            RB[$t]="${RB[$t]:-} $out"
+        else
+            RB[$t]="failed"
+        fi
+    done
+done
+for t in blockwire tgtd; do
+    if [[ ${RB[$t]} == *failed* ]]; then
+        echo "$t: qemu-io failed (see above)" | tee -a "$results"
+        continue
+    fi
+    # shellcheck disable=SC2086 # the sums' fields, six per round
+    python3 -c 'import sys
+t, hz, mib, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+rounds = [v[i:i + 6] for i in range(0, len(v), 6)]
+w, r = (sum(float(x[k]) for x in rounds) for k in (0, 1))
+wc, rc, wt, rt = (sum(int(x[k]) for x in rounds) for k in (2, 3, 4, 5))
+payload = (mib << 20) * len(rounds)
+w, r = max(w, 1e-6), max(r, 1e-6)
+wcp = "n/a" if t == "blockwire" else f"{wc / payload:.2f}"
+print(f"{t:<10} | {payload / w / 1e6:9.1f} {payload / r / 1e6:9.1f} {w / r:6.2f} | "
+      f"{wcp:>9} {rc / payload:9.2f} | "
+      f"{wt / hz / (mib * len(rounds)) * 1e6:10.0f} {rt / hz / (mib * len(rounds)) * 1e6:10.0f}")' \
+        "$t" "$HZ" "$RB_MIB" ${RB[$t]} | tee -a "$results"
+done
+echo "rd/wr = read rate / write rate; cp/B = copies per payload byte (tgtd: rchar+wchar; blockwire: its READ copy counter; see the script's header); us/MiB = target CPU per MiB of payload" | tee -a "$results"
+
 mkdir -p "$here/results"
 {
-    echo "# Benchmark: blockwire vs tgtd (libiscsi clients)"
+    echo "# Benchmark: blockwire vs tgtd (libiscsi and QEMU clients)"
     echo
-    echo "Generated by \`interop/bench-vs-tgtd.sh\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r)), ${SECS} s per workload, 1 GiB LUN backed by /dev/shm on both (blockwire backstore: $BW_BACKSTORE; tgtd: rdwr file), whole LUN written once before the runs. blockwire: release build of $(date -u -r "$bin" +%H:%M) UTC, repository HEAD $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo "?") at run time. Client and targets share the machine's $(nproc) cores. us/io = target CPU (user+system, all threads) per I/O in microseconds."
+    echo "Generated by \`interop/bench-vs-tgtd.sh\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -r)), ${ROUNDS} rounds of ${SECS} s per workload and target (order swapped each round), 1 GiB LUN backed by /dev/shm on both (blockwire backstore: $BW_BACKSTORE; tgtd: rdwr file), whole LUN written once before the runs. blockwire: ${BLOCKWIRE_BIN:+binary $BLOCKWIRE_BIN (BLOCKWIRE_BIN; its commit is not known to the script), }release build of $(date -u -r "$bin" +%H:%M) UTC, repository HEAD $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo "?") at run time. Client and targets share the machine's $(nproc) cores. us/io = target CPU (user+system, all threads) per I/O in microseconds."
+    if [ -n "${BENCH_NOTE:-}" ]; then
+        echo
+        echo "$BENCH_NOTE"
+    fi
+    echo
+    echo "Machine at the start of the run:"
+    echo
+    echo '```'
+    cat "$tmp/load.txt"
+    echo '```'
     echo
     echo '```'
     cat "$results"
     echo '```'
     echo
-    echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire us/io / tgtd us/io (<1: blockwire cheaper). libiscsi_rw.py = libiscsi's async API from Python (reads and writes); iscsi-perf = libiscsi's C read benchmark."
+    echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire us/io / tgtd us/io (<1: blockwire cheaper). libiscsi_rw.py = libiscsi's async API from Python (reads and writes); iscsi-perf = libiscsi's C read benchmark; fio+qemu-nbd = fio's nbd engine against qemu-nbd exporting the LUN through QEMU's iscsi driver. QD1 ratio >= 1 means blockwire's mean latency is at or below tgtd's."
 } >"$here/results/bench-vs-tgtd.md"
 echo "written: $here/results/bench-vs-tgtd.md"

@@ -496,6 +496,12 @@ impl Backstore for FileBackstore {
         j.finish(ticket)
     }
 
+    fn writes_to_memory(&self) -> bool {
+        // The mode the store really runs in: a direct LUN that fell back to
+        // cached mode writes to the page cache too.
+        self.mode == FileMode::Cached
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len)?;
         if len == 0 {

@@ -134,6 +134,25 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
             format!("{} cannot write atomically", self.describe()),
         ))
     }
+
+    /// Whether a small plain (not durable) [`Backstore::write_at`] is a copy
+    /// into memory that returns without waiting for a device: RAM, or the
+    /// page cache of a file opened without O_DIRECT (there a write waits
+    /// only when the kernel throttles a writer with too many dirty pages).
+    /// The fabric then writes small WRITEs on the connection's task instead
+    /// of handing each to a blocking thread and back. False unless a store
+    /// says so: a store that may sleep (O_DIRECT, members on disks, fault
+    /// injection) keeps its writes on blocking threads.
+    fn writes_to_memory(&self) -> bool {
+        false
+    }
+    /// Whether reads, writes and [`Backstore::allocation`] are operations on
+    /// this process's memory that never wait for a device or a file (RAM,
+    /// the null store). The fabric then answers small READs and GET LBA
+    /// STATUS on the connection's task. False unless a store says so.
+    fn in_memory(&self) -> bool {
+        false
+    }
     /// Whether completed writes may still sit in a volatile cache until
     /// [`Backstore::flush`] (the caching mode page reports WCE from this).
     fn volatile_cache(&self) -> bool {

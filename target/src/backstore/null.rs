@@ -118,6 +118,16 @@ impl Backstore for NullBackstore {
         self.check(offset, data.len() as u64)
     }
 
+    fn writes_to_memory(&self) -> bool {
+        // Writes are checked against the capacity and dropped: no device.
+        true
+    }
+
+    fn in_memory(&self) -> bool {
+        // Zeros or the pattern, computed; no device.
+        true
+    }
+
     fn volatile_cache(&self) -> bool {
         false
     }

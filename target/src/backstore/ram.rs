@@ -197,6 +197,14 @@ impl Backstore for RamBackstore {
         self.write_at(offset, data)
     }
 
+    fn writes_to_memory(&self) -> bool {
+        true
+    }
+
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let slots = self.slots();
         slots.check(offset, len as usize)?;

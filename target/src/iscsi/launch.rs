@@ -110,6 +110,23 @@ impl Launcher {
         let route = mover::choose(&self.fabric, &target.name, &cmd, &cdb, offload, digest);
         let ctx = Arc::new(self.context(cmd, cdb, slot));
         match route.road {
+            Road::Core
+                if matches!(route.wire, Wire::Tcp)
+                    && ctx.cmd.write
+                    && !ctx.cmd.read
+                    && data_out.len() as u64 <= mover::WRITE_ON_TASK_MAX =>
+            {
+                tokio::spawn(mover::write_road(ctx, data_out, budget, r2t_count));
+            }
+            Road::Core
+                if matches!(route.wire, Wire::Tcp)
+                    && ctx.cmd.read
+                    && !ctx.cmd.write
+                    && u64::from(ctx.cmd.expected_data_transfer_length)
+                        <= mover::MEMORY_READ_ON_TASK_MAX =>
+            {
+                tokio::spawn(mover::memory_road(ctx, data_out, budget, r2t_count));
+            }
             Road::Core => {
                 tokio::spawn(mover::core_road(
                     ctx, route.wire, data_out, budget, r2t_count,

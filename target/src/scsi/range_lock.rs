@@ -20,6 +20,25 @@ impl Entry {
     }
 }
 
+impl State {
+    /// Whether request `id` (queued) must still wait for another entry.
+    fn blocked(&self, id: u64, start: u64, end: u64, exclusive: bool) -> bool {
+        self.entries.iter().any(|e| {
+            e.id != id
+                && e.overlaps(start, end)
+                && if exclusive {
+                    // Exclusive waits for every holder, and for exclusive
+                    // requests queued before it (FIFO among them).
+                    e.held || (e.exclusive && e.id < id)
+                } else {
+                    // Shared waits for any exclusive holder or earlier
+                    // exclusive waiter.
+                    e.exclusive && (e.held || e.id < id)
+                }
+        })
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     next_id: u64,
@@ -75,29 +94,36 @@ impl RangeLock {
             exclusive,
             held: false,
         });
-        loop {
-            let blocked = st.entries.iter().any(|e| {
-                e.id != id
-                    && e.overlaps(start, end)
-                    && if exclusive {
-                        // Exclusive waits for every holder, and for exclusive
-                        // requests queued before it (FIFO among them).
-                        e.held || (e.exclusive && e.id < id)
-                    } else {
-                        // Shared waits for any exclusive holder or earlier
-                        // exclusive waiter.
-                        e.exclusive && (e.held || e.id < id)
-                    }
-            });
-            if !blocked {
-                break;
-            }
+        while st.blocked(id, start, end, exclusive) {
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         if let Some(e) = st.entries.iter_mut().find(|e| e.id == id) {
             e.held = true;
         }
         id
+    }
+
+    /// Holds `[start, end)` as [`RangeLock::lock_id`] would when that needs
+    /// no waiting, and returns the hold's id; None (nothing held or
+    /// queued) when an overlapping holder or an earlier waiter it must
+    /// yield to is there. For callers that may not block (an async worker
+    /// thread), which then hand the command to a thread that may.
+    pub(crate) fn try_lock_id(&self, start: u64, end: u64, exclusive: bool) -> Option<u64> {
+        let end = end.max(start.saturating_add(1));
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let id = st.next_id;
+        if st.blocked(id, start, end, exclusive) {
+            return None;
+        }
+        st.next_id += 1;
+        st.entries.push(Entry {
+            id,
+            start,
+            end,
+            exclusive,
+            held: true,
+        });
+        Some(id)
     }
 
     /// Releases a hold taken with [`RangeLock::lock_id`].
@@ -147,5 +173,37 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+    }
+
+    #[test]
+    fn try_lock_never_waits_and_leaves_nothing_queued_when_refused() {
+        let l = RangeLock::default();
+        // Shared beside shared.
+        let a = l.try_lock_id(0, 8, false).expect("free range");
+        let b = l.try_lock_id(4, 12, false).expect("shared beside shared");
+        // Exclusive refused while shared holders overlap; disjoint is fine.
+        assert!(l.try_lock_id(6, 7, true).is_none());
+        let c = l.try_lock_id(12, 16, true).expect("disjoint exclusive");
+        // Shared refused inside an exclusive hold.
+        assert!(l.try_lock_id(15, 20, false).is_none());
+        for id in [a, b, c] {
+            l.unlock_id(id);
+        }
+        // A refused request left no waiter behind: everything is free again.
+        let d = l.try_lock_id(0, 20, true).expect("all released");
+        l.unlock_id(d);
+        // An exclusive request waiting (queued, not held) makes a new
+        // shared one yield too, so writes cannot starve it.
+        let lock = Arc::new(RangeLock::default());
+        let s = lock.lock_id(0, 4, false);
+        let l2 = lock.clone();
+        let waiter = std::thread::spawn(move || l2.unlock_id(l2.lock_id(2, 3, true)));
+        while lock.state.lock().unwrap().entries.len() < 2 {
+            std::thread::yield_now();
+        }
+        assert!(lock.try_lock_id(2, 3, false).is_none());
+        lock.unlock_id(s);
+        waiter.join().unwrap();
+        assert!(lock.try_lock_id(2, 3, false).is_some());
     }
 }

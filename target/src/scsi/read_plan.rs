@@ -128,6 +128,32 @@ impl LunTable {
     }
 }
 
+impl LunTable {
+    /// Runs, here and now, a command the unit answers from memory: a READ
+    /// of at most `max_bytes`, or GET LBA STATUS, on a unit whose store keeps
+    /// its blocks and its allocation map in memory
+    /// ([`Backstore::in_memory`](crate::backstore::Backstore::in_memory))
+    /// and that is not stalled; for a caller that must not block (an async
+    /// worker thread). The answer is [`LunTable::execute`]'s own: it is
+    /// that call, under [`stall::without_waiting`](super::stall::without_waiting)
+    /// (a stall set after the check finds the command already past the
+    /// gate). Neither command takes a range lock. None: nothing was done;
+    /// run it where waiting is allowed.
+    pub fn execute_from_memory(&self, req: &ScsiRequest<'_>, max_bytes: u64) -> Option<ScsiResult> {
+        let lu = self.get(req.lun)?;
+        if !lu.cfg.backstore.in_memory() || lu.is_stalled() {
+            return None;
+        }
+        match Cdb::decode(req.cdb) {
+            Ok(Cdb::Read { rw, .. })
+                if u64::from(rw.length) * u64::from(lu.block_size()) <= max_bytes => {}
+            Ok(Cdb::GetLbaStatus { .. }) => {}
+            _ => return None,
+        }
+        Some(super::stall::without_waiting(|| self.execute(req)))
+    }
+}
+
 impl LogicalUnit {
     /// The answer to a planned READ whose backstore read failed with `e`
     /// at `lba`: the same status and sense the normal path gives.

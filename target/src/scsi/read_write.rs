@@ -451,53 +451,68 @@ impl LogicalUnit {
         // (start, count, deallocated)
         let mut runs: Vec<(u64, u32, bool)> = Vec::new();
         let max_desc = (allocation_length.saturating_sub(8) / 16).clamp(1, 1024) as usize;
-        let allocation = if self.cfg.thin_provisioning {
-            // A backstore that keeps an allocation map (files: SEEK_DATA /
-            // SEEK_HOLE) answers for the whole rest of the medium at once.
-            let span = (cap - lba).min(u64::from(u32::MAX));
-            self.cfg
-                .backstore
-                .allocation(self.offset(lba), span * bs as u64)
-                .map_err(|e| {
-                    warn!(lba, error = %e, "backstore allocation map failed");
-                    backstore_failure(&e, false, lba)
-                })?
-        } else {
-            None
-        };
-        if let Some(extents) = allocation {
-            for x in extents {
-                // A block partly backed by data is mapped: mapped extents
-                // round outward, holes inward.
-                let (first, end) = if x.mapped {
-                    (x.offset / bs as u64, (x.offset + x.len).div_ceil(bs as u64))
-                } else {
-                    (x.offset.div_ceil(bs as u64), (x.offset + x.len) / bs as u64)
+        // A backstore that keeps an allocation map (files: SEEK_DATA /
+        // SEEK_HOLE; RAM: written sectors) is asked about windows that
+        // double from 1 MiB until the descriptors the initiator has room for
+        // are found or the medium ends: an initiator asking about one block
+        // (QEMU asks for one descriptor before each read of 32 KiB or more)
+        // costs a look at that block's neighbourhood, not a walk over the
+        // whole rest of the medium.
+        let mut from_map = false;
+        if self.cfg.thin_provisioning {
+            let end = lba + (cap - lba).min(u64::from(u32::MAX));
+            let mut at = lba;
+            let mut window = ((1u64 << 20) / bs as u64).max(1);
+            'windows: while at < end {
+                let n = window.min(end - at);
+                let Some(extents) = self
+                    .cfg
+                    .backstore
+                    .allocation(self.offset(at), n * bs as u64)
+                    .map_err(|e| {
+                        warn!(lba, error = %e, "backstore allocation map failed");
+                        backstore_failure(&e, false, lba)
+                    })?
+                else {
+                    break;
                 };
-                let first = match runs.last() {
-                    Some(&(s, c, _)) => first.max(s + u64::from(c)),
-                    None => first,
-                };
-                if end <= first {
-                    continue;
-                }
-                let dealloc = !x.mapped;
-                let n = end - first;
-                match runs.last_mut() {
-                    Some((_, cnt, d))
-                        if *d == dealloc && u64::from(*cnt) + n <= u64::from(u32::MAX) =>
-                    {
-                        *cnt += n as u32;
+                from_map = true;
+                for x in extents {
+                    // A block partly backed by data is mapped: mapped extents
+                    // round outward, holes inward.
+                    let (first, end) = if x.mapped {
+                        (x.offset / bs as u64, (x.offset + x.len).div_ceil(bs as u64))
+                    } else {
+                        (x.offset.div_ceil(bs as u64), (x.offset + x.len) / bs as u64)
+                    };
+                    let first = match runs.last() {
+                        Some(&(s, c, _)) => first.max(s + u64::from(c)),
+                        None => first,
+                    };
+                    if end <= first {
+                        continue;
                     }
-                    _ => {
-                        if runs.len() == max_desc {
-                            break;
+                    let dealloc = !x.mapped;
+                    let n = end - first;
+                    match runs.last_mut() {
+                        Some((_, cnt, d))
+                            if *d == dealloc && u64::from(*cnt) + n <= u64::from(u32::MAX) =>
+                        {
+                            *cnt += n as u32;
                         }
-                        runs.push((first, u32::try_from(n).unwrap_or(u32::MAX), dealloc));
+                        _ => {
+                            if runs.len() == max_desc {
+                                break 'windows;
+                            }
+                            runs.push((first, u32::try_from(n).unwrap_or(u32::MAX), dealloc));
+                        }
                     }
                 }
+                at += n;
+                window = window.saturating_mul(2);
             }
-        } else if self.cfg.thin_provisioning {
+        }
+        if !from_map && self.cfg.thin_provisioning {
             let chunk_blocks = ((256usize << 10) / bs) as u64;
             let mut buf = vec![0u8; chunk_blocks as usize * bs];
             let mut at = lba;
@@ -520,7 +535,7 @@ impl LogicalUnit {
                 }
                 at += n as u64;
             }
-        } else {
+        } else if !from_map {
             let n = u32::try_from(cap - lba).unwrap_or(u32::MAX);
             runs.push((lba, n, false));
         }

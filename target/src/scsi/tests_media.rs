@@ -569,3 +569,115 @@ fn extended_copy_between_units() {
     );
     assert_eq!(r.data_in[1] & 7, 3);
 }
+
+#[test]
+fn lba_status_from_the_map_spans_windows_and_stops_at_the_room_given() {
+    // 8 MiB of RAM: runs longer than the first 1 MiB window the map is asked
+    // about, so descriptors are carried across windows.
+    let t = LunTable::new(vec![(
+        0,
+        Arc::new(LogicalUnit::new(LuConfig::new(Arc::new(
+            crate::backstore::RamBackstore::new(8 << 20),
+        )))),
+    )]);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    for lba in [0u64, 2048, 4096] {
+        assert_eq!(write(&t, &a, lba, &vec![7; 1 << 20]).status, GOOD);
+    }
+    assert_eq!(write(&t, &a, 12288, &[9; 512]).status, GOOD);
+    assert_eq!(
+        lba_status(&t, &a, 0),
+        vec![
+            (0, 6144, 0),
+            (6144, 6144, 1),
+            (12288, 1, 0),
+            (12289, 4095, 1)
+        ]
+    );
+    assert_eq!(
+        lba_status(&t, &a, 6200),
+        vec![(6200, 6088, 1), (12288, 1, 0), (12289, 4095, 1)]
+    );
+    // Room for one descriptor (as QEMU asks before a read): the run the LBA is in.
+    let one = |lba| {
+        let r = run(
+            &t,
+            &a,
+            &c(Cdb::GetLbaStatus {
+                lba,
+                allocation_length: 24,
+            }),
+            &[],
+            24,
+        );
+        assert_eq!(r.status, GOOD);
+        (
+            u64::from_be_bytes(r.data_in[8..16].try_into().unwrap()),
+            u32::from_be_bytes(r.data_in[16..20].try_into().unwrap()),
+            r.data_in[20],
+        )
+    };
+    assert_eq!(one(100), (100, 6044, 0));
+    assert_eq!(one(12288), (12288, 1, 0));
+    assert_eq!(one(12289), (12289, 4095, 1));
+}
+
+#[test]
+fn reads_and_lba_status_from_memory_are_the_normal_answers() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 8, &[3; 1024]).status, GOOD);
+    let req = |n: &'static str, cdb: Vec<u8>, cap: u32| (nexus(n), cdb, cap);
+    let here = |(n, cdb, cap): &(ItNexus, Vec<u8>, u32), max: u64| {
+        t.execute_from_memory(
+            &ScsiRequest {
+                lun: 0,
+                cdb,
+                nexus: n,
+                task_tag: 1,
+                attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+                data_out: &[],
+                data_in_capacity: *cap,
+            },
+            max,
+        )
+    };
+    let read = req(
+        "iqn.a",
+        c(Cdb::Read {
+            rw: rw(CdbSize::Ten, 8, 2),
+            rarc: false,
+        }),
+        1024,
+    );
+    let r = here(&read, 64 << 10).expect("answered at once");
+    assert_eq!(
+        r,
+        run(&t, &a, &read.1, &[], 1024),
+        "the normal path's answer"
+    );
+    assert_eq!(r.data_in, vec![3; 1024]);
+    let gls = req(
+        "iqn.a",
+        c(Cdb::GetLbaStatus {
+            lba: 8,
+            allocation_length: 24,
+        }),
+        24,
+    );
+    let r = here(&gls, 64 << 10).expect("answered at once");
+    assert_eq!(r, run(&t, &a, &gls.1, &[], 24));
+    // Over the bound, another command, a stalled unit: left for a blocking thread.
+    assert!(here(&read, 512).is_none());
+    assert!(here(&req("iqn.a", c(Cdb::TestUnitReady), 0), 64 << 10).is_none());
+    let lu = t.get(0).unwrap().clone();
+    lu.set_stalled(true);
+    assert!(here(&read, 64 << 10).is_none());
+    lu.set_stalled(false);
+    // A pending unit attention is the answer, as on the normal path.
+    let fresh = req("iqn.b", read.1.clone(), 1024);
+    let r = here(&fresh, 64 << 10).expect("answered at once");
+    assert_eq!(sense(&r).key, SenseKey::UnitAttention);
+}

@@ -118,17 +118,34 @@ impl LunTable {
     /// no backstore I/O. `exclusive` holds the range exclusively (O_DIRECT
     /// LUNs, see the module docs).
     pub fn plan_write(&self, req: &ScsiRequest<'_>, data_len: u64, exclusive: bool) -> WritePlan {
+        match self.plan_write_with(req, data_len, exclusive, true) {
+            Some(plan) => plan,
+            // Waiting was allowed, so it never gave up.
+            None => WritePlan::NotPlanned,
+        }
+    }
+
+    /// [`LunTable::plan_write`]; with `wait` false it returns None instead of
+    /// blocking on an overlapping range holder, having done nothing that
+    /// counts (the probe's validation is repeated by whoever runs it next).
+    fn plan_write_with(
+        &self,
+        req: &ScsiRequest<'_>,
+        data_len: u64,
+        exclusive: bool,
+        wait: bool,
+    ) -> Option<WritePlan> {
         let Some(lu) = self.get(req.lun) else {
-            return WritePlan::NotPlanned;
+            return Some(WritePlan::NotPlanned);
         };
         let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {
-            return WritePlan::NotPlanned;
+            return Some(WritePlan::NotPlanned);
         };
         let started = std::time::Instant::now();
         let bs = lu.block_size();
         let bytes = u64::from(rw.length) * u64::from(bs);
         if rw.size == CdbSize::Six || rw.length == 0 || bytes != data_len {
-            return WritePlan::NotPlanned;
+            return Some(WritePlan::NotPlanned);
         }
         let no_data = ScsiRequest {
             lun: req.lun,
@@ -141,14 +158,17 @@ impl LunTable {
         };
         // A stalled unit holds the WRITE here, before it is validated or
         // counted in flight (the fabric writes the data itself after this).
+        if !wait && lu.is_stalled() {
+            return None;
+        }
         if let Err(aborted) = lu.pass_stall_gate(bytes) {
-            return WritePlan::Answer(aborted);
+            return Some(WritePlan::Answer(aborted));
         }
         // 1. Length-dependent failures: the real command answers.
         if bytes > u64::from(MAX_TRANSFER_BYTES)
             || lu.check_range(rw.lba, u64::from(rw.length)).is_err()
         {
-            return WritePlan::Answer(self.execute(&no_data));
+            return Some(WritePlan::Answer(self.execute(&no_data)));
         }
         // In flight from before the reservation check (PREEMPT AND ABORT).
         lu.in_flight.hold(req.nexus);
@@ -164,12 +184,21 @@ impl LunTable {
             release();
             lu.stats.record(Direction::Write, false, 0, started);
             first.transfer_length = clamp32(bytes);
-            return WritePlan::Answer(first);
+            return Some(WritePlan::Answer(first));
         }
-        let range = lu
-            .ranges
-            .lock_id(rw.lba, rw.lba + u64::from(rw.length), exclusive);
-        WritePlan::Write(Box::new(PlannedWrite {
+        let (start, end) = (rw.lba, rw.lba + u64::from(rw.length));
+        let range = if wait {
+            lu.ranges.lock_id(start, end, exclusive)
+        } else {
+            match lu.ranges.try_lock_id(start, end, exclusive) {
+                Some(id) => id,
+                None => {
+                    release();
+                    return None;
+                }
+            }
+        };
+        Some(WritePlan::Write(Box::new(PlannedWrite {
             lu: lu.clone(),
             lba: rw.lba,
             offset: rw.lba * u64::from(bs),
@@ -183,7 +212,57 @@ impl LunTable {
                 range,
                 _clock: CommandClock::start(lu.stats.clone(), Direction::Write, bytes, started),
             },
-        }))
+        })))
+    }
+
+    /// Runs a small plain WRITE here and now, for a caller that must not
+    /// block (an async worker thread): a WRITE(10/12/16) of at most
+    /// `max_bytes` whose Data-Out is exactly the CDB's bytes, not durable
+    /// (no FUA, write cache on), to a unit whose store writes to memory
+    /// ([`Backstore::writes_to_memory`](crate::backstore::Backstore::writes_to_memory)),
+    /// not stalled, whose range no COMPARE AND WRITE or ORWRITE holds or
+    /// waits for. Returns its answer, the same as [`LunTable::execute`]
+    /// gives (it is validated by the same probe as a planned WRITE, holds
+    /// its range shared and counts in flight on its nexus while the data
+    /// are copied, as the normal path does). None: nothing was done; run it
+    /// with [`LunTable::execute`] where waiting is allowed.
+    pub fn write_without_waiting(
+        &self,
+        req: &ScsiRequest<'_>,
+        max_bytes: u64,
+    ) -> Option<ScsiResult> {
+        let lu = self.get(req.lun)?;
+        if !lu.cfg.backstore.writes_to_memory() || lu.is_stalled() {
+            return None;
+        }
+        let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {
+            return None;
+        };
+        let bytes = u64::from(rw.length) * u64::from(lu.block_size());
+        // A durable write waits for the device; a large one may be throttled
+        // by the page cache's dirty limits longer than a worker may stall.
+        if bytes > max_bytes || bytes != req.data_out.len() as u64 || lu.write_through(rw.fua) {
+            return None;
+        }
+        let plan = match self.plan_write_with(req, bytes, false, false)? {
+            WritePlan::Write(p) => p,
+            WritePlan::Answer(r) => return Some(r),
+            WritePlan::NotPlanned => return None,
+        };
+        // WCE may have been turned off since the check above: then this one
+        // write waits for the device, as it must.
+        let written = if plan.write_through {
+            lu.cfg.backstore.write_at_durable(plan.offset, req.data_out)
+        } else {
+            lu.cfg.backstore.write_at(plan.offset, req.data_out)
+        };
+        let answer = match written {
+            Ok(()) => lu.write_done(plan.len),
+            Err(e) => lu.write_failure(plan.lba, plan.len, &e),
+        };
+        // Ends the command for the unit: range, in-flight count, statistics.
+        drop(plan);
+        Some(answer)
     }
 }
 
@@ -352,6 +431,82 @@ mod tests {
             WritePlan::NotPlanned
         ));
         assert_eq!(run(&t, &n, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+    }
+
+    fn write_now(t: &LunTable, n: &ItNexus, cdb: &[u8], data: &[u8]) -> Option<ScsiResult> {
+        let req = ScsiRequest {
+            lun: 0,
+            cdb,
+            nexus: n,
+            task_tag: 9,
+            attr: TaskAttr::Simple,
+            data_out: data,
+            data_in_capacity: 0,
+        };
+        crate::scsi::stall::without_waiting(|| t.write_without_waiting(&req, 64 << 10))
+    }
+
+    #[test]
+    fn small_write_to_memory_runs_at_once_with_the_normal_answer() {
+        let t = table();
+        let n = nexus("iqn.2024-01.test:a");
+        ready(&t, &n);
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let cdb = rw(CdbSize::Ten, 16, 8, false);
+        let r = write_now(&t, &n, &cdb, &data).expect("written at once");
+        assert_eq!(r, run(&t, &n, &cdb, &data, 0), "the normal path's answer");
+        assert_eq!(super::super::tests::read(&t, &n, 16, 8).data_in, data);
+        // Nothing is left held: not in flight, the range free for an exclusive holder.
+        let lu = t.get(0).unwrap().clone();
+        assert!(lu.in_flight.wait_idle(&n, Duration::from_millis(10)));
+        drop(lu.ranges.exclusive(16, 24));
+        // A pending unit attention is the answer, as on the normal path.
+        let m = nexus("iqn.2024-01.test:b");
+        let r = write_now(&t, &m, &cdb, &data).expect("answered at once");
+        assert_eq!(sense(&r).key, SenseKey::UnitAttention);
+        // Read-only: DATA PROTECT, the normal path's answer.
+        let ro = table_with(|c| c.read_only = true);
+        ready(&ro, &n);
+        let r = write_now(&ro, &n, &cdb, &data).expect("answered at once");
+        assert_eq!(r, run(&ro, &n, &cdb, &data, 0));
+        expect_check(&r, SenseKey::DataProtect, Asc::WRITE_PROTECTED);
+    }
+
+    #[test]
+    fn writes_that_would_wait_are_left_for_a_blocking_thread_untouched() {
+        let t = table();
+        let n = nexus("iqn.2024-01.test:a");
+        ready(&t, &n);
+        let lu = t.get(0).unwrap().clone();
+        let data = vec![0x5a; 4096];
+        // FUA: durable before status, the device is waited for.
+        assert!(write_now(&t, &n, &rw(CdbSize::Ten, 0, 8, true), &data).is_none());
+        // Larger than the bound.
+        let big = vec![1; 128 << 10];
+        assert!(write_now(&t, &n, &rw(CdbSize::Ten, 0, 256, false), &big).is_none());
+        // Data-Out shorter than the CDB: the normal path's residual rules.
+        assert!(write_now(&t, &n, &rw(CdbSize::Ten, 0, 16, false), &data).is_none());
+        // A stalled unit.
+        lu.set_stalled(true);
+        assert!(write_now(&t, &n, &rw(CdbSize::Ten, 0, 8, false), &data).is_none());
+        lu.set_stalled(false);
+        // A COMPARE AND WRITE holding an overlapping range; a disjoint one goes.
+        {
+            let _caw = lu.ranges.exclusive(4, 5);
+            assert!(write_now(&t, &n, &rw(CdbSize::Ten, 0, 8, false), &data).is_none());
+            assert!(write_now(&t, &n, &rw(CdbSize::Ten, 8, 8, false), &data).is_some());
+        }
+        // None of the refusals changed the medium or left anything held.
+        assert!(super::super::tests::read(&t, &n, 0, 8)
+            .data_in
+            .iter()
+            .all(|&b| b == 0));
+        assert!(lu.in_flight.wait_idle(&n, Duration::from_millis(10)));
+        drop(lu.ranges.exclusive(0, 16));
+        // Write cache off: every write is write-through.
+        let wt = table_with(|c| c.write_cache = false);
+        ready(&wt, &n);
+        assert!(write_now(&wt, &n, &rw(CdbSize::Ten, 0, 8, false), &data).is_none());
     }
 
     #[test]
