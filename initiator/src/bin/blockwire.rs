@@ -4,6 +4,7 @@
 //! of the blockwire_scsi driver); the FUSE export (fuser) and the ublk
 //! front end (libublk) keep theirs inside those crates.
 #![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 // map_or(true, ..) and `%` keep the crate's rust-version (1.80).
 #![allow(
     clippy::unnecessary_map_or,
