@@ -1,6 +1,7 @@
 //! Starting the commands a connection's [`ConnMachine`](super::machine::ConnMachine)
 //! hands over: each becomes a tokio task on the road [`mover::choose`]
-//! picks (the SCSI core on the blocking pool, sendfile, or the I/O engine
+//! picks (the SCSI core on the blocking pool or, for small commands a memory
+//! store answers at once, on the task itself; sendfile; or the I/O engine
 //! with synchronized sends) with the data mover its wire needs (TCP
 //! Data-In, RDMA Write, or nothing for `--no-net`), or a double-buffered
 //! WRITE's task. Also the bounded wait task management needs before its

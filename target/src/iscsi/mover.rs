@@ -4,7 +4,10 @@
 //! A READ's payload leaves by one of these roads, chosen in one place
 //! ([`choose`]):
 //! - from the core's buffer ([`Road::Core`]: the core runs on the blocking
-//!   pool and its result is answered whole),
+//!   pool, or on the connection's task for what cannot wait there (small
+//!   WRITEs to memory or the page cache, [`write_road`]; small READs and
+//!   GET LBA STATUS of RAM LUNs, [`memory_road`]), and its result is
+//!   answered whole),
 //! - from a file range ([`Road::File`]: sendfile, [`super::sendfile`]),
 //! - from registered engine chunks as they complete ([`Road::Engine`]:
 //!   synchronized or serial sends, [`super::syncread`]).
