@@ -14,7 +14,8 @@
 #
 # Writes to $KL_OUT: raw/SUITE.out and raw/SUITE.res (testcu_run), raw/SUITE.secs, lio.txt
 # (kernel, rtslib, the backstore's attributes as LIO reports them), dmesg.log.
-# Env: KL_OUT (host-shared results dir), SUITES (default: the whole ALL family),
+# Env: KL_OUT (host-shared results dir), SUITES or SUITES_FILE (a file in a shared directory
+# holding the list; default: the whole ALL family),
 # SUITE_TIMEOUT (seconds per suite, default 600: the guest's CPU is emulated), LIO_UP (path of
 # lio-up.py).
 # Prints one PASS/FAIL line per step of the harness itself (LIO up, each suite produced a
@@ -71,7 +72,7 @@ fi
 } >"$KL_OUT/lio.txt" 2>&1
 log "$(grep -c . "$KL_OUT/lio.txt") lines of LIO facts in lio.txt"
 
-suites=${SUITES:-$(testcu_suites ALL)}
+if [ -n "${SUITES_FILE:-}" ]; then suites=$(cat "$SUITES_FILE"); else suites=${SUITES:-$(testcu_suites ALL)}; fi
 t_all=$SECONDS
 for s in $suites; do
     extra=()
