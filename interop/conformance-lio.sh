@@ -9,14 +9,16 @@
 # conformance.sh uses, so the verdicts are parsed the same way.
 #
 #   interop/conformance-lio.sh               run the lab, then merge
+#   interop/conformance-lio.sh --no-lab      no lab boot: rebuild conformance-lio.res from the
+#                                            raw results already in build/ and merge
 #   interop/conformance-lio.sh --merge-only  merge the committed results again (after
 #                                            conformance.sh rewrote the table without LIO)
 # Order of the three results scripts: conformance.sh, conformance-variants.sh, this one.
 #
 # Writes:
-#   build/kernel-lab/lio-conformance/        the guest's output (guest-N.log), raw/SUITE.out and
+#   build/kernel-lab/lio-conformance/        the guest's output (guest-TIME-N.log), raw/SUITE.out and
 #                                            .res per suite, lio.txt (kernel, backstore
-#                                            attributes), dmesg.log   (not committed)
+#                                            attributes), dmesg-TIME.log   (not committed)
 #   interop/results/conformance-lio.res      one line per test of the ALL family: `ALL.S.T
 #                                            RESULT [detail]`, `#` lines about the run; a suite
 #                                            without results (guest died or timed out before
@@ -42,13 +44,18 @@ export PATH=/opt/kernel-lab/venv/bin:$PATH
 out=${CARGO_TARGET_DIR:-$repo/build}/kernel-lab/lio-conformance
 res=$here/results/conformance-lio.res
 md=$here/results/conformance.md
-merge_only=false
-[ "${1:-}" = --merge-only ] && merge_only=true
+case "${1:-}" in
+"") mode=run ;;
+--no-lab) mode=collect ;;
+--merge-only) mode=merge ;;
+*) echo "usage: $0 [--no-lab | --merge-only]" >&2; exit 2 ;;
+esac
 
 all_suites=$(testcu_suites ALL)
 [ -n "$all_suites" ] || { echo "FAIL: iscsi-test-cu --list gives no ALL suites" >&2; exit 1; }
 
-if ! $merge_only; then
+rc_all=0
+if [ "$mode" = run ]; then
     if [ ! -x "$lab/run.sh" ] || [ ! -e /opt/kernel-lab/current ]; then
         echo "FAIL: the kernel lab is not set up ($lab/run.sh, /opt/kernel-lab/current):" >&2
         echo "      run $lab/setup.sh as root first" >&2
@@ -60,24 +67,29 @@ if ! $merge_only; then
     read -r -a run_suites <<<"$(echo ${SUITES:-$all_suites})"
     batches=${LIO_BATCHES:-1}
     per=$(((${#run_suites[@]} + batches - 1) / batches))
-    rc_all=0
+    # A rerun of some suites keeps the earlier boots' logs: each boot's names carry the time.
+    tag=$(date -u +%H%M%S)
     for ((b = 0; b * per < ${#run_suites[@]}; b++)); do
         chunk="${run_suites[*]:$((b * per)):$per}"
-        log=$out/guest-$b.log
+        log=$out/guest-$tag-$b.log
         # The suite list goes through a file: run.sh's command becomes part of the guest
         # kernel's command line (base64), which a list of 50 suite names overflows.
-        echo "$chunk" >"$out/suites-$b.txt"
+        echo "$chunk" >"$out/suites-$tag-$b.txt"
         echo "==== lab boot $((b + 1)): ${chunk// /, } (waiting for /tmp/kernel-lab.lock if needed)"
         t0=$SECONDS
         rc=0
         flock "${KL_LOCK:-/tmp/kernel-lab.lock}" env KLAB_CWD="$repo" "$lab/run.sh" --cpus 2 --mem 4G \
             --rw "$out" --timeout "${KL_TIMEOUT:-3600}" -- \
-            env KL_OUT="$out" SUITES_FILE="$out/suites-$b.txt" SUITE_TIMEOUT="${SUITE_TIMEOUT:-600}" \
+            env KL_OUT="$out" SUITES_FILE="$out/suites-$tag-$b.txt" SUITE_TIMEOUT="${SUITE_TIMEOUT:-600}" \
             LIO_UP="$lab/lio-up.py" "$here/kernel/guest-lio-conformance.sh" 2>&1 |
             tee "$log" || rc=$?
         echo "==== lab boot $((b + 1)): exit $rc after $((SECONDS - t0)) s (lock wait included)"
         [ "$rc" = 0 ] || rc_all=$rc
     done
+fi
+
+if [ "$mode" != merge ]; then
+    mkdir -p "$out/raw"
 
     # One line per test of the whole family, in --list order; a suite the guest never
     # finished is there as NOTRUN.

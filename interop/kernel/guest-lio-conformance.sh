@@ -13,7 +13,7 @@
 # second path, as conformance-variants.sh gives blockwire; without one it only skips.
 #
 # Writes to $KL_OUT: raw/SUITE.out and raw/SUITE.res (testcu_run), raw/SUITE.secs, lio.txt
-# (kernel, rtslib, the backstore's attributes as LIO reports them), dmesg.log.
+# (kernel, rtslib, the backstore's attributes as LIO reports them), dmesg-TIME.log.
 # Env: KL_OUT (host-shared results dir), SUITES or SUITES_FILE (a file in a shared directory
 # holding the list; default: the whole ALL family),
 # SUITE_TIMEOUT (seconds per suite, default 600: the guest's CPU is emulated), LIO_UP (path of
@@ -44,6 +44,18 @@ else
     exit 1
 fi
 
+# LIO writes its persistent-reservation file DBROOT/pr/aptpl_<serial> on every PROUT REGISTER,
+# APTPL or not, and answers NOT READY, LOGICAL UNIT COMMUNICATION FAILURE when it cannot: every
+# PR test then fails for want of a directory. Installed LIO setups have it (targetcli's
+# packages); the guest's fresh /var does not, so create it under the kernel's default dbroot
+# (lio-up.py does not move dbroot, and it cannot move once a device is registered).
+dbroot=$(cat /sys/kernel/config/target/dbroot 2>/dev/null)
+if [ -n "$dbroot" ] && mkdir -p "$dbroot/pr"; then
+    pass "LIO dbroot $dbroot with pr/"
+else
+    fail "LIO dbroot '${dbroot}': cannot create pr/"
+fi
+
 # The backing file lives in the guest's memory-backed /tmp: a file on the host share would
 # measure the share's synchronous write path, not LIO. Sparse, so only written blocks cost RAM.
 img=$KL_WORK/lio-lun0.img
@@ -61,6 +73,7 @@ fi
     echo "rtslib-fb $(dpkg-query -W -f '${Version}' python3-rtslib-fb 2>/dev/null)"
     echo "libiscsi-bin $(dpkg-query -W -f '${Version}' libiscsi-bin 2>/dev/null)"
     echo "lio-up.py output: $(tr '\n' ' ' <<<"$out")"
+    echo "dbroot $(cat /sys/kernel/config/target/dbroot 2>/dev/null) (pr/ created)"
     for d in /sys/kernel/config/target/core/fileio_*/*/; do
         [ -e "$d/attrib" ] || continue
         echo "backstore $d: $(grep -h -E '^(Fd|fd)' "$d/info" 2>/dev/null | head -1)"
@@ -98,5 +111,5 @@ for s in $suites; do
     fi
 done
 log "all suites: $((SECONDS - t_all)) s"
-dmesg >"$KL_OUT/dmesg.log" 2>&1 || true
+dmesg >"$KL_OUT/dmesg-$(date -u +%H%M%S).log" 2>&1 || true
 finish lio-conformance
