@@ -95,9 +95,15 @@ if [ "$mode" != merge ]; then
     # finished is there as NOTRUN.
     {
         echo "# LIO under iscsi-test-cu -d -t ALL.SUITE in the kernel lab (interop/conformance-lio.sh)"
-        echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+        # When the suites ran (a rerun of some suites makes this a range), not when this ran.
+        first=$(ls -tr "$out"/raw/*.res 2>/dev/null | head -1)
+        last=$(ls -t "$out"/raw/*.res 2>/dev/null | head -1)
+        if [ -n "$first" ]; then
+            echo "# date: $(date -u -r "$first" '+%Y-%m-%d %H:%M') to $(date -u -r "$last" '+%H:%M UTC')"
+        fi
         echo "# kernel: $(sed -n 's/^kernel //p' "$out/lio.txt" 2>/dev/null | head -1)"
         echo "# rtslib-fb: $(sed -n 's/^rtslib-fb //p' "$out/lio.txt" 2>/dev/null | head -1)"
+        echo "# dbroot: $(sed -n 's/^dbroot \([^ ]*\).*/\1/p' "$out/lio.txt" 2>/dev/null | head -1)"
         echo "# libiscsi-bin: $(dpkg-query -W -f '${Version}' libiscsi-bin)"
         echo "# suite timeout: ${SUITE_TIMEOUT:-600}"
         total=0

@@ -46,9 +46,9 @@ fi
 
 # LIO writes its persistent-reservation file DBROOT/pr/aptpl_<serial> on every PROUT REGISTER,
 # APTPL or not, and answers NOT READY, LOGICAL UNIT COMMUNICATION FAILURE when it cannot: every
-# PR test then fails for want of a directory. Installed LIO setups have it (targetcli's
-# packages); the guest's fresh /var does not, so create it under the kernel's default dbroot
-# (lio-up.py does not move dbroot, and it cannot move once a device is registered).
+# PR test then fails for want of a directory, which the guest's fresh /var does not have:
+# create it under the kernel's default dbroot (lio-up.py does not move dbroot, and it cannot
+# move once a device is registered).
 dbroot=$(cat /sys/kernel/config/target/dbroot 2>/dev/null)
 if [ -n "$dbroot" ] && mkdir -p "$dbroot/pr"; then
     pass "LIO dbroot $dbroot with pr/"
