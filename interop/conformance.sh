@@ -10,7 +10,9 @@
 #   interop/results/verbose-blockwire/      excerpts of -V reruns (every CDB and its answer)
 #                                           of each test that did not pass or skip on
 #                                           blockwire: 25 lines before each failure
-# and prints the totals.
+# and prints the totals. conformance.md is rewritten from scratch, so afterwards run
+# conformance-variants.sh, then `conformance-lio.sh --merge-only` to bring back LIO's column
+# (LIO runs in the kernel lab; its per-test results are kept in results/conformance-lio.res).
 #
 # Both targets get a 1 GiB LUN: blockwire a RAM LUN 0, tgtd a file LUN 1 in /dev/shm (tgtd's
 # LUN 0 is its controller; it has no RAM store). ACLs allow both iscsi-test-cu initiator names
