@@ -330,34 +330,33 @@ static int bw_eh_abort(struct scsi_cmnd *cmd)
 	return ret;
 }
 
-static int bw_eh_device_reset(struct scsi_cmnd *cmd)
+/*
+ * A reset the daemon carries out as task management: on success every
+ * command it covered (those of `only`, or all when NULL) has ended.
+ */
+static int bw_reset(struct scsi_cmnd *cmd, u32 kind, u64 lun, struct scsi_device *only)
 {
 	struct bw_host *h = bw_of(cmd->device->host);
-	int ret = bw_tmf(h, BW_SCSI_EV_LUN_RESET, 0, 0, cmd->device->lun);
+	int ret = bw_tmf(h, kind, 0, 0, lun);
 
 	if (ret == SUCCESS)
-		bw_forget(h, cmd->device);
+		bw_forget(h, only);
 	return ret;
+}
+
+static int bw_eh_device_reset(struct scsi_cmnd *cmd)
+{
+	return bw_reset(cmd, BW_SCSI_EV_LUN_RESET, cmd->device->lun, cmd->device);
 }
 
 static int bw_eh_target_reset(struct scsi_cmnd *cmd)
 {
-	struct bw_host *h = bw_of(cmd->device->host);
-	int ret = bw_tmf(h, BW_SCSI_EV_TARGET_RESET, 0, 0, 0);
-
-	if (ret == SUCCESS)
-		bw_forget(h, NULL);
-	return ret;
+	return bw_reset(cmd, BW_SCSI_EV_TARGET_RESET, 0, NULL);
 }
 
 static int bw_eh_host_reset(struct scsi_cmnd *cmd)
 {
-	struct bw_host *h = bw_of(cmd->device->host);
-	int ret = bw_tmf(h, BW_SCSI_EV_HOST_RESET, 0, 0, 0);
-
-	if (ret == SUCCESS)
-		bw_forget(h, NULL);
-	return ret;
+	return bw_reset(cmd, BW_SCSI_EV_HOST_RESET, 0, NULL);
 }
 
 static ssize_t blockwire_target_show(struct device *dev, struct device_attribute *attr,

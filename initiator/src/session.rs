@@ -29,7 +29,9 @@ use tokio::task::AbortHandle;
 
 use crate::config::InitiatorConfig;
 use crate::connect::{connect_login, normalize_portal, Connection};
-use crate::engine::{data_out_sequence, Engine, Event, Limits, Placement, TaskInfo, TaskResult};
+use crate::engine::{
+    data_out_sequence, Engine, Event, Limits, Placement, ScsiOutcome, TaskInfo, TaskResult,
+};
 use crate::error::{Error, Result, ScsiError};
 use crate::isid::isid_for;
 use crate::wire::{is_data_in, write_pdu, write_whole, PduReader};
@@ -717,21 +719,7 @@ impl Inner {
         let sense = split_sense_segment(&o.sense_segment)
             .map(|(sense, _)| sense.to_vec())
             .map_err(|e| Error::Protocol(format!("SCSI Response sense segment: {e}")))?;
-        let residual = match (o.underflow, o.overflow) {
-            (Some(n), _) if n > 0 => Residual::Underflow(n),
-            (_, Some(n)) if n > 0 => Residual::Overflow(n),
-            _ => Residual::None,
-        };
-        let transferred = if read_len > 0 {
-            usize::try_from(o.data_in)
-                .unwrap_or(usize::MAX)
-                .min(read_len)
-        } else {
-            match residual {
-                Residual::Underflow(n) => write.len().saturating_sub(n as usize),
-                _ => write.len(),
-            }
-        };
+        let (residual, transferred) = transfer_of(&o, read_len, write.len());
         Ok(RawCompletion {
             status: ScsiStatus(o.status),
             sense,
@@ -1012,6 +1000,28 @@ impl Inner {
     }
 }
 
+/// The residual the target reported (RFC 7143 §11.4.5) and the bytes the
+/// command moved: Data-In received for a read, Data-Out accepted (the
+/// length less an underflow) for a write.
+fn transfer_of(o: &ScsiOutcome, read_len: usize, write_len: usize) -> (Residual, usize) {
+    let residual = match (o.underflow, o.overflow) {
+        (Some(n), _) if n > 0 => Residual::Underflow(n),
+        (_, Some(n)) if n > 0 => Residual::Overflow(n),
+        _ => Residual::None,
+    };
+    let transferred = if read_len > 0 {
+        usize::try_from(o.data_in)
+            .unwrap_or(usize::MAX)
+            .min(read_len)
+    } else {
+        match residual {
+            Residual::Underflow(n) => write_len.saturating_sub(n as usize),
+            _ => write_len,
+        }
+    };
+    (residual, transferred)
+}
+
 /// The CDB padded to the 16 bytes of the SCSI Command PDU (RFC 7143 §11.3.5).
 fn cdb16_of(cdb: &[u8]) -> Result<[u8; 16]> {
     if cdb.is_empty() || cdb.len() > 16 {
@@ -1038,8 +1048,8 @@ pub(crate) fn scsi_completion(
 ) -> Result<Completion> {
     {
         match result {
-            TaskResult::Scsi(o) => {
-                *buf = o.buf;
+            TaskResult::Scsi(mut o) => {
+                *buf = o.buf.take();
                 if o.response != 0 {
                     return Err(Error::TargetFailure {
                         lun,
@@ -1056,20 +1066,7 @@ pub(crate) fn scsi_completion(
                         sense,
                     }));
                 }
-                let residual = match (o.underflow, o.overflow) {
-                    (Some(n), _) if n > 0 => Residual::Underflow(n),
-                    (_, Some(n)) if n > 0 => Residual::Overflow(n),
-                    _ => Residual::None,
-                };
-                let expected = read_len.max(write_len);
-                let transferred = if read_len > 0 {
-                    (o.data_in as usize).min(read_len)
-                } else {
-                    match residual {
-                        Residual::Underflow(n) => expected.saturating_sub(n as usize),
-                        _ => expected,
-                    }
-                };
+                let (residual, transferred) = transfer_of(&o, read_len, write_len);
                 Ok(Completion {
                     status,
                     residual,

@@ -46,9 +46,6 @@ pub const DEVICE_PATH: &str = "/dev/blockwire-scsi";
 /// to end in this daemon, after the target said they ended.
 const COVERED_END_WAIT: Duration = Duration::from_secs(20);
 
-/// How long stopping waits for the mid-layer to let go of the host.
-const DETACH_WAIT: Duration = Duration::from_secs(120);
-
 /// What `blockwire attach` was asked for.
 pub struct AttachOptions {
     /// Commands in flight at most.
@@ -184,22 +181,12 @@ pub async fn serve(session: PassSession, opts: AttachOptions) -> Result<()> {
 }
 
 /// Removes the host in a blocking thread while the event loop keeps
-/// answering the mid-layer's last commands.
+/// answering the mid-layer's last commands; the loop ends when the driver
+/// reports end of file, which it does once the removal is done.
 fn start_detach(host: &Arc<Host>, host_no: u32) -> tokio::task::JoinHandle<std::io::Result<()>> {
     eprintln!("blockwire attach: detaching host{host_no}");
     let dev = Arc::clone(&host.dev);
-    tokio::task::spawn_blocking(move || {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(dev.get_ref().detach());
-        });
-        rx.recv_timeout(DETACH_WAIT).unwrap_or_else(|_| {
-            Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the mid-layer held the host for more than {DETACH_WAIT:?}"),
-            ))
-        })
-    })
+    tokio::task::spawn_blocking(move || dev.get_ref().detach())
 }
 
 fn dispatch(host: &Arc<Host>, ev: Event) {
@@ -319,17 +306,19 @@ async fn execute(
         };
     };
     let len = cmd.data_len as usize;
-    let data_out = match cmd.dir {
-        Direction::ToDevice => hold.data()[..len].to_vec(),
-        _ => Vec::new(),
-    };
     let mut data_in = match cmd.dir {
         Direction::FromDevice => vec![0u8; len],
         _ => Vec::new(),
     };
+    // Data-Out goes to the session straight from the shared buffer, which
+    // this command holds until its reply.
+    let data_out: &[u8] = match cmd.dir {
+        Direction::ToDevice => &hold.data()[..len],
+        _ => &[],
+    };
     let result: Result<RawCompletion, IscsiError> = host
         .session
-        .run(lun, &cmd.cdb, cmd.dir, &data_out, &mut data_in, itt)
+        .run(lun, &cmd.cdb, cmd.dir, data_out, &mut data_in, itt)
         .await;
     if let (Ok(c), Direction::FromDevice) = (&result, cmd.dir) {
         let n = c.transferred.min(data_in.len());
