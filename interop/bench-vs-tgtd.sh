@@ -22,6 +22,11 @@
 #     CPU time per I/O is still measured exactly.
 #   - iscsi-perf (C, libiscsi's own READ benchmark): random/sequential reads, as a
 #     cross-check with a cheaper client.
+# and blockwire's own initiator, `blockwire bench` (release build of the CLI, built if
+# missing; BLOCKWIRE_CLI for another): READs and WRITEs, --qd commands in flight on one
+# session, Data-In read from the socket straight into the command's buffer. It is the
+# cheapest client here per 1 MiB, so its 1 MiB rows show best how close a target comes to
+# the loopback rate when the client is not what limits it.
 # and QEMU (Debian's qemu-utils + qemu-block-extra: QEMU's own iscsi block driver):
 #   - fio through qemu-nbd: `qemu-nbd iscsi://127.0.0.1:PORT/IQN/LUN` exports each target's
 #     LUN on a Unix socket and fio's `nbd` ioengine (libnbd) drives it (this host's kernel
@@ -103,6 +108,11 @@ cleanup() {
 trap cleanup EXIT
 
 bin=$(blockwire_bin)
+bw_cli=${BLOCKWIRE_CLI:-${CARGO_TARGET_DIR:-$here/../build}/release/blockwire}
+if [ ! -x "$bw_cli" ]; then
+    echo "building the blockwire CLI (release)" >&2
+    (cd "$here/.." && cargo build --release -p blockwire-initiator >&2)
+fi
 # A compile running beside the benchmark would distort it: wait (<= 15 min) for it to end.
 compiling() { pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; }
 if [ "${WAIT_RUSTC:-1}" = 1 ] && compiling; then
@@ -202,6 +212,15 @@ except Exception:
         c1=$(cpu_ticks "$pid")
         ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$out")
+    elif [ "$tool" = bw ]; then
+        local op=read pattern=rand
+        [[ $w == *write ]] && op=write
+        [[ $w == seq* ]] && pattern=seq
+        out=$(timeout $((SECS + 60)) "$bw_cli" bench -p "$portal" -T "$iqn" -l "$lun" \
+            --pattern "$pattern" --op "$op" --bs "$xfer" --qd "$qd" --time "${SECS}s" 2>&1 || true)
+        c1=$(cpu_ticks "$pid")
+        ios=$(sed -n 's/^ios=\([0-9]*\) .*/\1/p' <<<"$out")
+        secs=$(sed -n 's/.* elapsed=\([0-9.]*\)s.*/\1/p' <<<"$out")
     else
         # iscsi-perf: reads only; -r random, -m requests in flight, -b blocks per request,
         # -t seconds. Its last line: "iops average N (M MB/s)".
@@ -283,7 +302,9 @@ for spec in \
     "py randwrite 4096 1" "py randwrite 4096 32" \
     "py seqread 1048576 $QD_SEQ" "py seqwrite 1048576 $QD_SEQ" \
     "perf randread 4096 1" "perf randread 4096 32" "perf seqread 1048576 $QD_SEQ" \
-    "fio randread 4096 1" "fio randread 4096 32" "fio randwrite 4096 1" "fio randwrite 4096 32"; do
+    "fio randread 4096 1" "fio randread 4096 32" "fio randwrite 4096 1" "fio randwrite 4096 32" \
+    "bw randread 4096 1" "bw randread 4096 32" "bw randwrite 4096 32" \
+    "bw seqread 1048576 $QD_SEQ" "bw seqwrite 1048576 $QD_SEQ"; do
     if [ -n "${ONLY:-}" ] && ! [[ $spec =~ $ONLY ]]; then continue; fi
     read -r tool w xfer qd <<<"$spec"
     read -r bi bm bc ti tm tc <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
@@ -291,6 +312,7 @@ for spec in \
     py) client=libiscsi_rw.py ;;
     perf) client=iscsi-perf ;;
     fio) client="fio+qemu-nbd" ;;
+    bw) client="blockwire bench" ;;
     esac
     label="$w $((xfer / 1024))KiB qd$qd ($client)"
     if [ "$xfer" = 1048576 ]; then seq_rows+=("$label|$bm|$tm"); fi
@@ -431,6 +453,6 @@ mkdir -p "$here/results"
     cat "$results"
     echo '```'
     echo
-    echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire us/io / tgtd us/io (<1: blockwire cheaper). libiscsi_rw.py = libiscsi's async API from Python (reads and writes); iscsi-perf = libiscsi's C read benchmark; fio+qemu-nbd = fio's nbd engine against qemu-nbd exporting the LUN through QEMU's iscsi driver. QD1 ratio >= 1 means blockwire's mean latency is at or below tgtd's."
+    echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire us/io / tgtd us/io (<1: blockwire cheaper). libiscsi_rw.py = libiscsi's async API from Python (reads and writes); iscsi-perf = libiscsi's C read benchmark; blockwire bench = blockwire's own initiator (reads and writes); fio+qemu-nbd = fio's nbd engine against qemu-nbd exporting the LUN through QEMU's iscsi driver. QD1 ratio >= 1 means blockwire's mean latency is at or below tgtd's."
 } >"$here/results/bench-vs-tgtd.md"
 echo "written: $here/results/bench-vs-tgtd.md"

@@ -438,10 +438,7 @@ async fn write_loop(
                     if advances_stat_sn(&bhs) {
                         stat_sn = stat_sn.wrapping_add(1);
                     }
-                    if let Err(e) = writer
-                        .push_file(&bhs, &lun.file, offset, len, &lun.label)
-                        .await
-                    {
+                    if let Err(e) = writer.push_file(&bhs, &lun, offset, len).await {
                         if e.kind() == std::io::ErrorKind::UnexpectedEof {
                             // The header left already: the PDU cannot be
                             // completed or taken back.

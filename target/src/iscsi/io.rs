@@ -2,6 +2,7 @@
 //! around the sans-IO framer.
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use blockwire_pdu::pdu::{data_digest, encode_header, padded_len, RESERVED_TAG};
@@ -11,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
+use super::sendfile::SendfileLun;
 use super::zerocopy::{self, Held, ZeroCopy, ZC_MIN};
 use crate::copies::{CopyPath, Counts, Tracker};
 
@@ -140,7 +142,11 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
 /// [`crate::copies`]) when a tracker is attached.
 pub struct PduWriter {
     inner: Sink,
+    /// Queued bytes the writer owns: headers, small payloads, padding.
     out: Vec<u8>,
+    /// Queued payloads sent from their own buffers, each with the length
+    /// of `out` it follows (see [`GATHER_MIN`]).
+    gather: Vec<(usize, bytes::Bytes)>,
     /// Digests in force.
     pub digests: Digests,
     zc: Option<ZeroCopy>,
@@ -158,6 +164,9 @@ pub struct WriterStats {
     pub gathered_calls: u64,
     /// Payload bytes sent by `sendfile(2)`.
     pub sendfile_bytes: u64,
+    /// Payload bytes of file PDUs read from the page cache into the
+    /// coalescing buffer instead ([`FILE_COPY_MAX`]).
+    pub file_copied_bytes: u64,
     /// Zero-copy send calls.
     pub zc_calls: u64,
 }
@@ -204,6 +213,27 @@ impl Sink {
 /// rather than copied into the coalescing buffer.
 pub const DIRECT_WRITE_MIN: usize = 16 * 1024;
 
+/// File payloads up to this size are read from the page cache into the
+/// coalescing buffer next to their header (`preadv2` with `RWF_NOWAIT`, so a
+/// page not cached never stalls the writer; a plain read for a file in
+/// tmpfs, which is memory) rather than sent by `sendfile(2)`. A 4 KiB READ then costs one read instead of a header
+/// write and a sendfile call of its own, and the responses queued together
+/// leave in one write. Above this size the copy costs more than the calls
+/// it saves.
+pub const FILE_COPY_MAX: u32 = 16 * 1024;
+
+/// Data-In payloads from this size up to [`DIRECT_WRITE_MIN`] are queued by
+/// reference and leave from their own buffer in the same gathered write as
+/// the headers around them, instead of being copied into the coalescing
+/// buffer: a READ's payload is then copied only where it was read and by
+/// the socket. Smaller ones (sense data, text) are cheaper to copy than to
+/// gather.
+pub const GATHER_MIN: usize = 2 * 1024;
+
+/// At most this many payloads wait in the gather list: with the pieces of
+/// `out` between them a flush stays within one `sendmsg`'s IOV_MAX (1024).
+const GATHER_MAX: usize = 256;
+
 /// What the writer needs to know of a PDU for the copy counter.
 fn accounting(bhs: &Bhs) -> (Option<u32>, bool) {
     match bhs {
@@ -230,6 +260,7 @@ impl PduWriter {
         PduWriter {
             inner,
             out: Vec::with_capacity(64 * 1024),
+            gather: Vec::new(),
             digests: Digests::NONE,
             zc: None,
             tracker: None,
@@ -278,6 +309,27 @@ impl PduWriter {
         let (itt, status) = accounting(&pdu.bhs);
         let len = pdu.data.len() as u64;
         let data_in = matches!(pdu.bhs, Bhs::DataIn(_));
+        if data_in && (GATHER_MIN..DIRECT_WRITE_MIN).contains(&pdu.data.len()) && pdu.ahs.is_empty()
+        {
+            // Queued by reference: header and tail copied, the payload not.
+            let n = pdu.data.len();
+            self.out
+                .extend_from_slice(&encode_header(&pdu.bhs, &[], n as u32, self.digests));
+            self.gather.push((self.out.len(), pdu.data.clone()));
+            self.out.extend_from_slice(&[0u8; 3][..padded_len(n) - n]);
+            if self.digests.data {
+                self.out.extend_from_slice(&data_digest(&pdu.data));
+            }
+            self.note(itt, |c| {
+                c.payload += len;
+                c.sent_from_user += len;
+            });
+            self.finish(itt, status);
+            if self.gather.len() >= GATHER_MAX || self.out.len() >= 256 * 1024 {
+                self.flush().await?;
+            }
+            return Ok(());
+        }
         if pdu.data.len() < DIRECT_WRITE_MIN {
             // Copied into the coalescing buffer, then written from it.
             pdu.encode_into(&mut self.out, self.digests);
@@ -293,6 +345,11 @@ impl PduWriter {
                 self.flush().await?;
             }
             return Ok(());
+        }
+        // The large payload goes out with `out` as its head: what is
+        // gathered by reference leaves first.
+        if !self.gather.is_empty() {
+            self.flush_buffer().await?;
         }
         let header = encode_header(&pdu.bhs, &pdu.ahs, pdu.data.len() as u32, self.digests);
         self.out.extend_from_slice(&header);
@@ -345,23 +402,25 @@ impl PduWriter {
         Ok(())
     }
 
-    /// Sends a PDU whose payload is `len` bytes of `file` at `offset`: the
-    /// header (and what is queued) first, then the payload by `sendfile(2)`
-    /// from the page cache straight to the socket; the padding is queued.
-    /// With data digests on (which need the bytes) the payload is read
-    /// into memory and sent as [`PduWriter::push`] would.
+    /// Sends a PDU whose payload is `len` bytes of `lun`'s file at `offset`:
+    /// the header (and what is queued) first, then the payload by
+    /// `sendfile(2)` from the page cache straight to the socket; the padding
+    /// is queued. Payloads up to [`FILE_COPY_MAX`] whose pages are cached are
+    /// copied next to their header instead. With data digests on (which
+    /// need the bytes) the payload is read into memory and sent as
+    /// [`PduWriter::push`] would.
     ///
     /// A file that ends before `offset + len` is an `UnexpectedEof` error
-    /// naming `label`: the header already left, so the connection cannot
+    /// naming the LUN: the header already left, so the connection cannot
     /// continue and the caller must drop it.
     pub async fn push_file(
         &mut self,
         bhs: &Bhs,
-        file: &std::fs::File,
+        lun: &SendfileLun,
         offset: u64,
         len: u32,
-        label: &str,
     ) -> std::io::Result<()> {
+        let (file, label) = (&lun.file, lun.label.as_str());
         if self.digests.data || self.inner.tcp().is_none() {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; len as usize];
@@ -374,6 +433,12 @@ impl PduWriter {
             let (itt, _) = accounting(bhs);
             self.note(itt, |c| c.read_to_user += u64::from(len));
             return self.push(&Pdu::with_data(*bhs, buf)).await;
+        }
+        if len <= FILE_COPY_MAX && self.copy_cached(bhs, lun, offset, len) {
+            if self.out.len() >= 256 * 1024 {
+                self.flush().await?;
+            }
+            return Ok(());
         }
         let (itt, status) = accounting(bhs);
         let header = encode_header(bhs, &[], len, self.digests);
@@ -415,11 +480,90 @@ impl PduWriter {
         Ok(())
     }
 
-    async fn flush_buffer(&mut self) -> std::io::Result<()> {
-        if !self.out.is_empty() {
-            self.inner.write_all(&self.out).await?;
-            self.out.clear();
+    /// Queues the PDU with its payload read from the page cache, if every
+    /// page of it is cached (`RWF_NOWAIT`) or the file is in memory. False,
+    /// with nothing queued, when a page is not cached, the file system
+    /// cannot say, the file ends early or the read fails:
+    /// [`PduWriter::push_file`] then sends it by `sendfile`, which waits for
+    /// the pages and reports the errors.
+    fn copy_cached(&mut self, bhs: &Bhs, lun: &SendfileLun, offset: u64, len: u32) -> bool {
+        if !lun.in_memory && !lun.nowait_reads.load(Ordering::Relaxed) {
+            return false;
         }
+        let flags = if lun.in_memory {
+            rustix::io::ReadWriteFlags::empty()
+        } else {
+            rustix::io::ReadWriteFlags::NOWAIT
+        };
+        let start = self.out.len();
+        self.out
+            .extend_from_slice(&encode_header(bhs, &[], len, self.digests));
+        let at = self.out.len();
+        self.out.resize(at + padded_len(len as usize), 0);
+        let mut done = 0usize;
+        while done < len as usize {
+            let dst = &mut self.out[at + done..at + len as usize];
+            match rustix::io::preadv2(
+                &lun.file,
+                &mut [std::io::IoSliceMut::new(dst)],
+                offset + done as u64,
+                flags,
+            ) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::OPNOTSUPP) => {
+                    lun.nowait_reads.store(false, Ordering::Relaxed);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if done < len as usize {
+            self.out.truncate(start);
+            return false;
+        }
+        let (itt, status) = accounting(bhs);
+        self.stats.file_copied_bytes += u64::from(len);
+        self.note(itt, |c| {
+            c.payload += u64::from(len);
+            c.read_to_user += u64::from(len);
+            c.sent_from_user += u64::from(len);
+        });
+        self.finish(itt, status);
+        true
+    }
+
+    async fn flush_buffer(&mut self) -> std::io::Result<()> {
+        if self.gather.is_empty() {
+            if !self.out.is_empty() {
+                self.inner.write_all(&self.out).await?;
+                self.out.clear();
+            }
+            return Ok(());
+        }
+        // The owned bytes cut where each gathered payload goes, in order.
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * self.gather.len() + 1);
+        let mut at = 0;
+        for (pos, data) in &self.gather {
+            parts.push(&self.out[at..*pos]);
+            parts.push(data);
+            at = *pos;
+        }
+        parts.push(&self.out[at..]);
+        parts.retain(|p| !p.is_empty());
+        match &mut self.inner {
+            Sink::Tcp(w) => {
+                self.stats.gathered_calls += write_gathered(w.as_ref(), &parts).await?;
+            }
+            Sink::Stream(w) => {
+                for part in parts {
+                    w.write_all(part).await?;
+                }
+            }
+        }
+        self.gather.clear();
+        self.out.clear();
         Ok(())
     }
 

@@ -32,6 +32,7 @@
 use std::fs::File;
 use std::io;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use blockwire_pdu::Bhs;
@@ -51,6 +52,33 @@ pub struct SendfileLun {
     pub file: File,
     /// "target LUN n (path)", for errors.
     pub label: String,
+    /// The file lives in memory (tmpfs): a read of it never waits for a
+    /// device, so small payloads are read with a plain `pread`.
+    pub in_memory: bool,
+    /// Cleared when the file system refuses `preadv2(RWF_NOWAIT)`: small
+    /// payloads of a file not in memory then go by sendfile too (see
+    /// [`PduWriter::push_file`]).
+    ///
+    /// [`PduWriter::push_file`]: super::io::PduWriter::push_file
+    pub nowait_reads: AtomicBool,
+}
+
+/// statfs(2)'s f_type of tmpfs (linux/magic.h).
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+
+impl SendfileLun {
+    /// `file` of the LUN `label` names.
+    pub fn new(file: File, label: String) -> SendfileLun {
+        let in_memory = rustix::fs::fstatfs(&file)
+            .map(|s| s.f_type as u64 == TMPFS_MAGIC)
+            .unwrap_or(false);
+        SendfileLun {
+            file,
+            label,
+            in_memory,
+            nowait_reads: AtomicBool::new(true),
+        }
+    }
 }
 
 /// The fabric's sendfile READ paths: entries in its per-LUN data path
@@ -71,7 +99,7 @@ impl SendfileReads {
     pub fn enable(&self, target: &str, lun: u16, path: &Path) -> io::Result<String> {
         let file = File::open(path)?;
         let label = format!("{target} LUN {lun} ({})", path.display());
-        let path = Arc::new(SendfileLun { file, label });
+        let path = Arc::new(SendfileLun::new(file, label));
         self.luns.update(target, lun, |p| p.sendfile = Some(path));
         Ok(
             "sendfile: Data-In payloads from the page cache to the socket, no user-space copy \

@@ -182,6 +182,7 @@ async fn file_payloads_go_by_sendfile_unless_data_digests_need_the_bytes() {
     let mut f = tempfile::tempfile().unwrap();
     let content = payload(300_000, 9);
     f.write_all(&content).unwrap();
+    let f = SendfileLun::new(f, "test LUN".into());
     for digests in [
         Digests {
             header: true,
@@ -197,25 +198,123 @@ async fn file_payloads_go_by_sendfile_unless_data_digests_need_the_bytes() {
         let reader = tokio::spawn(async move { read_pdus(&mut peer, digests, 2).await });
         let a = data_in(0, 0, Bytes::new(), false);
         let b = data_in(1, 4097, Bytes::new(), true);
-        w.push_file(&a.bhs, &f, 0, 4097, "test LUN").await.unwrap();
-        w.push_file(&b.bhs, &f, 4097, 200_001, "test LUN")
-            .await
-            .unwrap();
+        w.push_file(&a.bhs, &f, 0, 4097).await.unwrap();
+        w.push_file(&b.bhs, &f, 4097, 200_001).await.unwrap();
         w.flush().await.unwrap();
         let got = reader.await.unwrap();
         assert_eq!(got[0].data, content.slice(0..4097));
         assert_eq!(got[1].data, content.slice(4097..204_098));
         assert_eq!(got[1].bhs, b.bhs);
+        // The 4097-byte payload is copied when the file is in memory or the
+        // file system answers RWF_NOWAIT reads, else sent by sendfile like
+        // the large one.
         let expect = if digests.data { 0 } else { 204_098 };
-        assert_eq!(w.stats.sendfile_bytes, expect, "{digests:?}");
+        assert_eq!(
+            w.stats.sendfile_bytes + w.stats.file_copied_bytes,
+            expect,
+            "{digests:?}"
+        );
+        if !digests.data {
+            assert!(w.stats.sendfile_bytes >= 200_001, "{:?}", w.stats);
+        }
     }
-    // A file shorter than the PDU: an error naming the LUN.
-    let (mut w, _peer) = pair().await;
-    let h = data_in(0, 0, Bytes::new(), true);
-    let e = w
-        .push_file(&h.bhs, &f, 290_000, 20_000, "iqn.x LUN 3")
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
-    assert!(e.to_string().contains("iqn.x LUN 3"), "{e}");
+    // A file shorter than the PDU: an error naming the LUN, for a large
+    // payload and for a small one (the copy comes up short and sendfile
+    // reports it).
+    for len in [20_000, 4_000] {
+        let (mut w, _peer) = pair().await;
+        let f = SendfileLun::new(f.file.try_clone().unwrap(), "iqn.x LUN 3".into());
+        let h = data_in(0, 0, Bytes::new(), true);
+        let e = w.push_file(&h.bhs, &f, 298_000, len).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert!(e.to_string().contains("iqn.x LUN 3"), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn small_cached_file_payloads_are_copied_beside_their_headers() {
+    use std::io::Write;
+    // A file in tmpfs is memory, as the LUN files of the benchmarks.
+    let mut f = tempfile::tempfile_in("/dev/shm").expect("a file in /dev/shm (tmpfs)");
+    let content = payload(64 * 1024, 3);
+    f.write_all(&content).unwrap();
+    let f = SendfileLun::new(f, "shm LUN".into());
+    let digests = Digests::NONE;
+    let (mut w, mut peer) = pair().await;
+    let reader = tokio::spawn(async move { read_pdus(&mut peer, digests, 4).await });
+    // Three small READs and one above the copy limit, queued back to back.
+    let spans = [
+        (0u64, 4096u32),
+        (4096, 513),
+        (10_000, FILE_COPY_MAX),
+        (20_000, FILE_COPY_MAX + 1),
+    ];
+    for (i, (off, len)) in spans.iter().enumerate() {
+        let h = data_in(i as u32, 0, Bytes::new(), true);
+        w.push_file(&h.bhs, &f, *off, *len).await.unwrap();
+    }
+    w.flush().await.unwrap();
+    let got = reader.await.unwrap();
+    for (pdu, (off, len)) in got.iter().zip(spans) {
+        let (off, len) = (off as usize, len as usize);
+        assert_eq!(pdu.data, content.slice(off..off + len));
+    }
+    let copied = u64::from(4096 + 513 + FILE_COPY_MAX);
+    assert_eq!(w.stats.file_copied_bytes, copied, "{:?}", w.stats);
+    assert_eq!(w.stats.sendfile_bytes, u64::from(FILE_COPY_MAX + 1));
+    assert!(f.in_memory);
+}
+
+#[tokio::test]
+async fn small_payloads_leave_by_reference_in_order_with_everything_queued() {
+    use std::io::Write;
+    let mut f = tempfile::tempfile_in("/dev/shm").expect("a file in /dev/shm (tmpfs)");
+    let content = payload(64 * 1024, 5);
+    f.write_all(&content).unwrap();
+    let f = SendfileLun::new(f, "shm LUN".into());
+    for digests in [
+        Digests::NONE,
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let (mut w, mut peer) = pair().await;
+        w.digests = digests;
+        // Below the gather size (copied), gathered sizes with 0 to 3 bytes
+        // of padding, a file payload between them, then a large payload
+        // that must leave after everything gathered before it.
+        let sizes = [100usize, GATHER_MIN, 4095, 4096, 9999, DIRECT_WRITE_MIN - 1];
+        let mut sent: Vec<Pdu> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| data_in(i as u32, 0, payload(n, i as u8), false))
+            .collect();
+        let file_pdu = data_in(90, 0, Bytes::new(), false);
+        let large = data_in(91, 0, payload(100_000, 77), true);
+        let expect = 2 * sent.len() + 2;
+        let reader = tokio::spawn(async move { read_pdus(&mut peer, digests, expect).await });
+        for p in &sent {
+            w.push(p).await.unwrap();
+        }
+        w.push_file(&file_pdu.bhs, &f, 100, 3000).await.unwrap();
+        for p in &sent {
+            w.push(p).await.unwrap();
+        }
+        w.push(&large).await.unwrap();
+        w.flush().await.unwrap();
+        let got = reader.await.unwrap();
+        let mut want = sent.clone();
+        want.push(Pdu::with_data(file_pdu.bhs, content.slice(100..3100)));
+        want.append(&mut sent);
+        want.push(large.clone());
+        assert_eq!(got.len(), want.len());
+        for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.bhs, s.bhs, "PDU {i} in order ({digests:?})");
+            assert_eq!(g.data, s.data, "PDU {i} intact ({digests:?})");
+        }
+        if !digests.data {
+            assert_eq!(w.stats.file_copied_bytes, 3000);
+        }
+    }
 }
