@@ -17,7 +17,7 @@
 # Env: KL_OUT (host-shared results dir), SUITES or SUITES_FILE (a file in a shared directory
 # holding the list; default: the whole ALL family),
 # SUITE_TIMEOUT (seconds per suite, default 600: the guest's CPU is emulated), LIO_UP (path of
-# lio-up.py).
+# lio-up.py), LIO_BLOCK_SIZE (the LUN's logical block size; default LIO's 512).
 # Prints one PASS/FAIL line per step of the harness itself (LIO up, each suite produced a
 # verdict line for every test it lists); test results are data, not checks: a FAILED test on
 # LIO does not fail this script, a suite that left tests ABORTED/NOTRUN is reported as such.
@@ -60,7 +60,36 @@ fi
 # measure the share's synchronous write path, not LIO. Sparse, so only written blocks cost RAM.
 img=$KL_WORK/lio-lun0.img
 truncate -s 1G "$img"
-if out=$("$PY" "$LIO_UP" "$img" "$PORT" 2>&1) && wait_listen "127.0.0.1:$PORT" $$ 30; then
+# LIO_BLOCK_SIZE (e.g. 4096): the same LUN with that logical block size. LIO takes a block
+# size only before the device is exported, which lio-up.py does at once, so then the same
+# steps run here with the size set first.
+lio_up() {
+    if [ -z "${LIO_BLOCK_SIZE:-}" ]; then
+        "$PY" "$LIO_UP" "$img" "$PORT"
+        return
+    fi
+    "$PY" - "$img" "$PORT" "$LIO_BLOCK_SIZE" "$IQN" <<'PY'
+import sys
+from rtslib_fb import FileIOStorageObject, FabricModule, Target, TPG, LUN, NetworkPortal
+path, port, bs, iqn = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+so = FileIOStorageObject('d0', path, size=1 << 30, write_back=False)
+so.set_attribute('block_size', bs)
+for a in ('emulate_tpu', 'emulate_tpws', 'emulate_caw', 'emulate_3pc'):
+    try:
+        so.set_attribute(a, '1')
+    except Exception as e:
+        print('attr', a, e)
+tpg = TPG(Target(FabricModule('iscsi'), iqn), 1)
+LUN(tpg, 0, so)
+NetworkPortal(tpg, '127.0.0.1', port)
+for k, v in (('generate_node_acls', '1'), ('demo_mode_write_protect', '0'),
+             ('authentication', '0'), ('cache_dynamic_acls', '1')):
+    tpg.set_attribute(k, v)
+tpg.enable = True
+print('LIO up on', port, 'block_size', so.get_attribute('block_size'))
+PY
+}
+if out=$(lio_up 2>&1) && wait_listen "127.0.0.1:$PORT" $$ 30; then
     pass "LIO up: $(tail -n 1 <<<"$out" | tr '\n' ' ')"
 else
     fail "LIO setup ($LIO_UP $img $PORT): $(tail -n 5 <<<"$out" | tr '\n' ' ')"

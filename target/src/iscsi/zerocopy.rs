@@ -295,7 +295,7 @@ pub fn slices_from<'a>(parts: &[&'a [u8]], mut done: usize) -> Vec<IoSlice<'a>> 
 }
 
 /// One non-blocking `sendmsg` of `iov` with `flags`.
-fn sendmsg(fd: RawFd, iov: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+pub(super) fn sendmsg(fd: RawFd, iov: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: IoSlice is ABI-compatible with iovec on Unix; the msghdr
     // points at `iov`, which outlives the call; no control data.
     let r = unsafe {
