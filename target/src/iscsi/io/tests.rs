@@ -74,6 +74,15 @@ async fn read_pdus(peer: &mut TcpStream, digests: Digests, n: usize) -> Vec<Pdu>
     out
 }
 
+/// No digests, and both header and data digests.
+const NO_AND_ALL_DIGESTS: [Digests; 2] = [
+    Digests::NONE,
+    Digests {
+        header: true,
+        data: true,
+    },
+];
+
 fn payload(len: usize, seed: u8) -> Bytes {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -83,13 +92,7 @@ fn payload(len: usize, seed: u8) -> Bytes {
 
 #[tokio::test]
 async fn large_payloads_leave_in_one_gathered_send_each_with_padding_and_digests() {
-    for digests in [
-        Digests::NONE,
-        Digests {
-            header: true,
-            data: true,
-        },
-    ] {
+    for digests in NO_AND_ALL_DIGESTS {
         let (mut w, mut peer) = pair().await;
         w.digests = digests;
         let nop = Pdu::new(Bhs::NopIn(NopIn {
@@ -272,13 +275,7 @@ async fn small_payloads_leave_by_reference_in_order_with_everything_queued() {
     let content = payload(64 * 1024, 5);
     f.write_all(&content).unwrap();
     let f = SendfileLun::new(f, "shm LUN".into());
-    for digests in [
-        Digests::NONE,
-        Digests {
-            header: true,
-            data: true,
-        },
-    ] {
+    for digests in NO_AND_ALL_DIGESTS {
         let (mut w, mut peer) = pair().await;
         w.digests = digests;
         // Below the gather size (copied), gathered sizes with 0 to 3 bytes
