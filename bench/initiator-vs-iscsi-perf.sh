@@ -20,7 +20,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-. "$repo/interop/lib/peers.sh"
+. "$repo/interop/lib/blockwire.sh"
 
 SECS=${SECS:-5}
 REPS=${REPS:-3}
@@ -32,11 +32,7 @@ LUN=1
 command -v iscsi-perf >/dev/null || { echo "iscsi-perf missing (apt-get install libiscsi-bin)" >&2; exit 1; }
 command -v tgtd >/dev/null || { echo "tgtd missing (apt-get install tgt)" >&2; exit 1; }
 
-bw=${BLOCKWIRE_CLI:-${CARGO_TARGET_DIR:-$repo/build}/release/blockwire}
-if [ ! -x "$bw" ]; then
-    echo "building the blockwire CLI (release)" >&2
-    (cd "$repo" && cargo build --release -p blockwire-initiator >&2)
-fi
+bw=$(blockwire_cli)
 if pgrep -x rustc >/dev/null; then
     echo "waiting for a running cargo build (rustc) to finish..." >&2
     timeout 900 bash -c 'while pgrep -x rustc >/dev/null; do sleep 5; done' ||

@@ -108,11 +108,7 @@ cleanup() {
 trap cleanup EXIT
 
 bin=$(blockwire_bin)
-bw_cli=${BLOCKWIRE_CLI:-${CARGO_TARGET_DIR:-$here/../build}/release/blockwire}
-if [ ! -x "$bw_cli" ]; then
-    echo "building the blockwire CLI (release)" >&2
-    (cd "$here/.." && cargo build --release -p blockwire-initiator >&2)
-fi
+bw_cli=$(blockwire_cli)
 # A compile running beside the benchmark would distort it: wait (<= 15 min) for it to end.
 compiling() { pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; }
 if [ "${WAIT_RUSTC:-1}" = 1 ] && compiling; then

@@ -43,11 +43,7 @@ for tool in losetup mkfs.ext4 fsck.ext4 sha256sum fio tgtd tgtadm; do
 done
 command -v fusermount3 >/dev/null || echo "note: fusermount3 missing; mounting with mount(2) as root"
 
-bw=${BLOCKWIRE_CLI:-${CARGO_TARGET_DIR:-$repo/build}/release/blockwire}
-if [ ! -x "$bw" ]; then
-    echo "building the blockwire CLI (release)"
-    (cd "$repo" && cargo build --release -p blockwire-initiator) || fail "release build failed"
-fi
+bw=$(blockwire_cli) || fail "release build of the blockwire CLI failed"
 
 tmp=$(mktemp -d /tmp/bw-fuse.XXXXXX)
 mnt=$tmp/luns

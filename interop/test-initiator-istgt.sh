@@ -23,7 +23,7 @@ if [ -z "${_BW_ISTGT_TIMED:-}" ]; then
 fi
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-. "$here/lib/peers.sh"
+. "$here/lib/blockwire.sh"
 
 step() { printf '==== %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*"; exit 1; }
@@ -31,11 +31,7 @@ fail() { printf 'FAIL: %s\n' "$*"; exit 1; }
 command -v istgt >/dev/null || fail "istgt is not installed (apt-get install istgt; .ci/run does)"
 [ "$(id -u)" = 0 ] || fail "the FUSE step needs root"
 [ -c /dev/fuse ] || fail "/dev/fuse is missing: the FUSE step cannot run"
-bw=${BLOCKWIRE_CLI:-${CARGO_TARGET_DIR:-$repo/build}/release/blockwire}
-if [ ! -x "$bw" ]; then
-    echo "building the blockwire CLI (release)"
-    (cd "$repo" && cargo build --release -p blockwire-initiator) || fail "release build failed"
-fi
+bw=$(blockwire_cli) || fail "release build of the blockwire CLI failed"
 
 USER=alice SECRET=alice-secret-12 TUSER=target TSECRET=target-secret-34
 tmp=$(mktemp -d /tmp/bw-istgt.XXXXXX)

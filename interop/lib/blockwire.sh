@@ -8,6 +8,9 @@
 #                                      binary, building it (cargo build --release -p
 #                                      blockwire-mgmt) if it is missing. $BLOCKWIRE_BIN
 #                                      overrides the path (no build then).
+#   blockwire_cli                      the same for the release `blockwire` CLI (the
+#                                      initiator: cargo build --release -p
+#                                      blockwire-initiator); $BLOCKWIRE_CLI overrides it.
 #   start_blockwire PORT DIR [CONFIG]  start `blockwire-target --listen 127.0.0.1:PORT
 #                                      [--config CONFIG]`, log to DIR/blockwire-PORT.log,
 #                                      wait (<= 20 s) until the port accepts, print the PID
@@ -47,6 +50,22 @@ blockwire_bin() {
 }
 
 # start_blockwire PORT DIR [CONFIG] — prints the daemon's PID.
+blockwire_cli() {
+    if [ -n "${BLOCKWIRE_CLI:-}" ]; then
+        echo "$BLOCKWIRE_CLI"
+        return 0
+    fi
+    local bin="${CARGO_TARGET_DIR:-$_bw_repo/build}/release/blockwire"
+    if [ ! -x "$bin" ]; then
+        echo "blockwire_cli: $bin missing, building it (release)" >&2
+        (cd "$_bw_repo" && timeout 1800 cargo build --release -p blockwire-initiator >&2) || {
+            echo "blockwire_cli: release build failed" >&2
+            return 1
+        }
+    fi
+    echo "$bin"
+}
+
 start_blockwire() {
     local port=$1 dir=$2 config=${3:-} bin pid log
     bin=$(blockwire_bin) || return 1

@@ -2,9 +2,9 @@
 //! around the sans-IO framer.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use blockwire_pdu::digest::DIGEST_LEN;
 use blockwire_pdu::pdu::{data_digest, encode_header, padded_len, RESERVED_TAG};
 use blockwire_pdu::{Bhs, DecodeError, Digests, Frame, FrameDecoder, FrameSize, Pdu};
 use bytes::BytesMut;
@@ -187,17 +187,25 @@ impl Sink {
         }
     }
 
-    async fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        match self {
-            Sink::Tcp(w) => w.write_all(buf).await,
-            Sink::Stream(w) => w.write_all(buf).await,
-        }
-    }
-
     async fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Sink::Tcp(w) => w.flush().await,
             Sink::Stream(w) => w.flush().await,
+        }
+    }
+
+    /// Writes `parts` in order: one gathered `sendmsg` with `flags` on a
+    /// TCP socket when it takes them all, plain writes on any other stream.
+    /// Returns the number of calls that wrote.
+    async fn write_parts(&mut self, parts: &[&[u8]], flags: libc::c_int) -> std::io::Result<u64> {
+        match self {
+            Sink::Tcp(w) => write_gathered(w.as_ref(), parts, flags).await,
+            Sink::Stream(w) => {
+                for part in parts {
+                    w.write_all(part).await?;
+                }
+                Ok(1)
+            }
         }
     }
 
@@ -209,8 +217,8 @@ impl Sink {
     }
 }
 
-/// Data segments at least this long are written from their own buffer
-/// rather than copied into the coalescing buffer.
+/// Data segments at least this long are written at once, from their own
+/// buffer, in one gathered write with everything queued before them.
 pub const DIRECT_WRITE_MIN: usize = 16 * 1024;
 
 /// File payloads up to this size are read from the page cache into the
@@ -223,12 +231,15 @@ pub const DIRECT_WRITE_MIN: usize = 16 * 1024;
 pub const FILE_COPY_MAX: u32 = 16 * 1024;
 
 /// Data-In payloads from this size up to [`DIRECT_WRITE_MIN`] are queued by
-/// reference and leave from their own buffer in the same gathered write as
-/// the headers around them, instead of being copied into the coalescing
-/// buffer: a READ's payload is then copied only where it was read and by
+/// reference too, and leave from their own buffer in the next gathered
+/// write with the headers around them, instead of being copied into the
+/// coalescing buffer: a READ's payload is then copied only where it was read and by
 /// the socket. Smaller ones (sense data, text) are cheaper to copy than to
 /// gather.
 pub const GATHER_MIN: usize = 2 * 1024;
+
+/// Queued bytes are written once they reach this much.
+const FLUSH_AT: usize = 256 * 1024;
 
 /// At most this many payloads wait in the gather list: with the pieces of
 /// `out` between them a flush stays within one `sendmsg`'s IOV_MAX (1024).
@@ -307,30 +318,10 @@ impl PduWriter {
     /// Queues one PDU; large payloads are written immediately.
     pub async fn push(&mut self, pdu: &Pdu) -> std::io::Result<()> {
         let (itt, status) = accounting(&pdu.bhs);
-        let len = pdu.data.len() as u64;
+        let n = pdu.data.len();
+        let len = n as u64;
         let data_in = matches!(pdu.bhs, Bhs::DataIn(_));
-        if data_in && (GATHER_MIN..DIRECT_WRITE_MIN).contains(&pdu.data.len()) && pdu.ahs.is_empty()
-        {
-            // Queued by reference: header and tail copied, the payload not.
-            let n = pdu.data.len();
-            self.out
-                .extend_from_slice(&encode_header(&pdu.bhs, &[], n as u32, self.digests));
-            self.gather.push((self.out.len(), pdu.data.clone()));
-            self.out.extend_from_slice(&[0u8; 3][..padded_len(n) - n]);
-            if self.digests.data {
-                self.out.extend_from_slice(&data_digest(&pdu.data));
-            }
-            self.note(itt, |c| {
-                c.payload += len;
-                c.sent_from_user += len;
-            });
-            self.finish(itt, status);
-            if self.gather.len() >= GATHER_MAX || self.out.len() >= 256 * 1024 {
-                self.flush().await?;
-            }
-            return Ok(());
-        }
-        if pdu.data.len() < DIRECT_WRITE_MIN {
+        if n < DIRECT_WRITE_MIN && !(data_in && n >= GATHER_MIN) {
             // Copied into the coalescing buffer, then written from it.
             pdu.encode_into(&mut self.out, self.digests);
             if data_in {
@@ -341,64 +332,88 @@ impl PduWriter {
                 });
             }
             self.finish(itt, status);
-            if self.out.len() >= 256 * 1024 {
-                self.flush().await?;
-            }
-            return Ok(());
+            return self.flush_if_full().await;
         }
-        // The large payload goes out with `out` as its head: what is
-        // gathered by reference leaves first.
+        if let (true, Sink::Tcp(_)) = (self.zc.is_some() && n >= ZC_MIN, &self.inner) {
+            return self.push_zero_copy(pdu, itt, status).await;
+        }
+        // Queued by reference: header and tail copied, the payload not. A
+        // large one leaves at once, in one gathered write with everything
+        // queued before it.
+        let (tail, tail_len) = self.tail_of(&pdu.data);
+        self.out
+            .extend_from_slice(&encode_header(&pdu.bhs, &pdu.ahs, n as u32, self.digests));
+        self.gather.push((self.out.len(), pdu.data.clone()));
+        self.out.extend_from_slice(&tail[..tail_len]);
+        self.note(itt, |c| {
+            c.payload += len;
+            c.sent_from_user += len;
+        });
+        self.finish(itt, status);
+        if n < DIRECT_WRITE_MIN {
+            return self.flush_if_full().await;
+        }
+        self.stats.gathered_calls += self.flush_buffer().await?;
+        self.stats.gathered_pdus += 1;
+        Ok(())
+    }
+
+    /// Sends a large payload with `MSG_ZEROCOPY` (the queued bytes and the
+    /// header ahead of it), its buffer held until the kernel lets it go.
+    async fn push_zero_copy(
+        &mut self,
+        pdu: &Pdu,
+        itt: Option<u32>,
+        status: bool,
+    ) -> std::io::Result<()> {
+        // The queued bytes become the head of the zero-copy send: what is
+        // gathered by reference among them leaves first.
         if !self.gather.is_empty() {
             self.flush_buffer().await?;
         }
+        let (tail, tail_len) = self.tail_of(&pdu.data);
         let header = encode_header(&pdu.bhs, &pdu.ahs, pdu.data.len() as u32, self.digests);
         self.out.extend_from_slice(&header);
-        let mut tail = [0u8; 3 + 4];
-        let pad = padded_len(pdu.data.len()) - pdu.data.len();
-        let mut tail_len = pad;
-        if self.digests.data {
-            tail[pad..pad + 4].copy_from_slice(&data_digest(&pdu.data));
-            tail_len += 4;
-        }
-        let tail = &tail[..tail_len];
-        let zero_copy = self.zc.is_some() && pdu.data.len() >= ZC_MIN;
-        if let (true, Sink::Tcp(w)) = (zero_copy, &self.inner) {
-            let stream = w.as_ref();
-            let fd = stream.as_raw_fd();
-            let path = self.note(itt, |c| c.payload += len);
-            let held = Arc::new(Held {
-                head: std::mem::take(&mut self.out),
-                payload: pdu.data.clone(),
-                tail: tail.to_vec(),
-            });
-            let zc = self.zc.as_mut().expect("checked");
-            let (zc_bytes, copied, calls) = zc.send(stream, fd, held, path).await?;
-            self.stats.zc_calls += calls;
-            self.stats.gathered_calls += calls;
-            self.note(itt, |c| {
-                c.zc_sent += zc_bytes;
-                c.sent_from_user += copied;
-            });
-        } else {
-            let parts = [&self.out[..], &pdu.data[..], tail];
-            let calls = match &mut self.inner {
-                Sink::Tcp(w) => write_gathered(w.as_ref(), &parts).await?,
-                Sink::Stream(w) => {
-                    for part in parts {
-                        w.write_all(part).await?;
-                    }
-                    1
-                }
-            };
-            self.stats.gathered_calls += calls;
-            self.out.clear();
-            self.note(itt, |c| {
-                c.payload += len;
-                c.sent_from_user += len;
-            });
-        }
+        let Sink::Tcp(w) = &self.inner else {
+            unreachable!("zero-copy sends only on TCP")
+        };
+        let stream = w.as_ref();
+        let fd = stream.as_raw_fd();
+        let path = self.note(itt, |c| c.payload += pdu.data.len() as u64);
+        let held = Arc::new(Held {
+            head: std::mem::take(&mut self.out),
+            payload: pdu.data.clone(),
+            tail: tail[..tail_len].to_vec(),
+        });
+        let zc = self.zc.as_mut().expect("zero-copy is on");
+        let (zc_bytes, copied, calls) = zc.send(stream, fd, held, path).await?;
+        self.stats.zc_calls += calls;
+        self.stats.gathered_calls += calls;
+        self.note(itt, |c| {
+            c.zc_sent += zc_bytes;
+            c.sent_from_user += copied;
+        });
         self.stats.gathered_pdus += 1;
         self.finish(itt, status);
+        Ok(())
+    }
+
+    /// The padding and data digest that follow `data` on the wire.
+    fn tail_of(&self, data: &[u8]) -> ([u8; 3 + DIGEST_LEN], usize) {
+        let mut tail = [0u8; 3 + DIGEST_LEN];
+        let pad = padded_len(data.len()) - data.len();
+        if self.digests.data && !data.is_empty() {
+            tail[pad..pad + DIGEST_LEN].copy_from_slice(&data_digest(data));
+            return (tail, pad + DIGEST_LEN);
+        }
+        (tail, pad)
+    }
+
+    /// Writes what is queued once enough of it has gathered.
+    async fn flush_if_full(&mut self) -> std::io::Result<()> {
+        if self.gather.len() >= GATHER_MAX || self.out.len() >= FLUSH_AT {
+            self.flush().await?;
+        }
         Ok(())
     }
 
@@ -435,10 +450,7 @@ impl PduWriter {
             return self.push(&Pdu::with_data(*bhs, buf)).await;
         }
         if len <= FILE_COPY_MAX && self.copy_cached(bhs, lun, offset, len) {
-            if self.out.len() >= 256 * 1024 {
-                self.flush().await?;
-            }
-            return Ok(());
+            return self.flush_if_full().await;
         }
         let (itt, status) = accounting(bhs);
         let header = encode_header(bhs, &[], len, self.digests);
@@ -489,13 +501,8 @@ impl PduWriter {
     /// [`PduWriter::push_file`] then sends it by `sendfile`, which waits for
     /// the pages and reports the errors.
     fn copy_cached(&mut self, bhs: &Bhs, lun: &SendfileLun, offset: u64, len: u32) -> bool {
-        if !lun.in_memory && !lun.nowait_reads.load(Ordering::Relaxed) {
+        let Some(flags) = lun.small_read_flags() else {
             return false;
-        }
-        let flags = if lun.in_memory {
-            rustix::io::ReadWriteFlags::empty()
-        } else {
-            rustix::io::ReadWriteFlags::NOWAIT
         };
         let start = self.out.len();
         self.out
@@ -515,7 +522,7 @@ impl PduWriter {
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => {}
                 Err(rustix::io::Errno::OPNOTSUPP) => {
-                    lun.nowait_reads.store(false, Ordering::Relaxed);
+                    lun.refuse_nowait_reads();
                     break;
                 }
                 Err(_) => break,
@@ -536,20 +543,14 @@ impl PduWriter {
         true
     }
 
-    async fn flush_buffer(&mut self) -> std::io::Result<()> {
+    async fn flush_buffer(&mut self) -> std::io::Result<u64> {
         self.flush_buffer_with(0).await
     }
 
-    /// Writes what is queued with `sendmsg` `flags` (plain writes on a
-    /// stream sink).
-    async fn flush_buffer_with(&mut self, flags: libc::c_int) -> std::io::Result<()> {
-        if self.gather.is_empty() && (flags == 0 || self.inner.tcp().is_none()) {
-            if !self.out.is_empty() {
-                self.inner.write_all(&self.out).await?;
-                self.out.clear();
-            }
-            return Ok(());
-        }
+    /// Writes what is queued, gathered payloads in their places, with
+    /// `sendmsg` `flags` (plain writes on a stream sink); returns the number
+    /// of calls that wrote.
+    async fn flush_buffer_with(&mut self, flags: libc::c_int) -> std::io::Result<u64> {
         // The owned bytes cut where each gathered payload goes, in order.
         let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * self.gather.len() + 1);
         let mut at = 0;
@@ -560,19 +561,14 @@ impl PduWriter {
         }
         parts.push(&self.out[at..]);
         parts.retain(|p| !p.is_empty());
-        match &mut self.inner {
-            Sink::Tcp(w) => {
-                self.stats.gathered_calls += write_gathered_with(w.as_ref(), &parts, flags).await?;
-            }
-            Sink::Stream(w) => {
-                for part in parts {
-                    w.write_all(part).await?;
-                }
-            }
-        }
+        let calls = if parts.is_empty() {
+            0
+        } else {
+            self.inner.write_parts(&parts, flags).await?
+        };
         self.gather.clear();
         self.out.clear();
-        Ok(())
+        Ok(calls)
     }
 
     /// Sends everything queued.
@@ -634,16 +630,11 @@ impl PduWriter {
     }
 }
 
-/// Writes `parts` in one `writev` when the socket takes it all, resuming
-/// after partial writes; returns the number of calls that wrote.
-pub async fn write_gathered(stream: &TcpStream, parts: &[&[u8]]) -> std::io::Result<u64> {
-    write_gathered_with(stream, parts, 0).await
-}
-
-/// [`write_gathered`] with `sendmsg` flags (MSG_MORE: more of the same PDU
-/// follows at once, so TCP need not send what it has as a segment of its
-/// own).
-async fn write_gathered_with(
+/// Writes `parts` in one `sendmsg` when the socket takes it all, resuming
+/// after partial writes; returns the number of calls that wrote. `flags`
+/// are sendmsg's (MSG_MORE: more of the same PDU follows at once, so TCP
+/// need not send what it has as a segment of its own).
+async fn write_gathered(
     stream: &TcpStream,
     parts: &[&[u8]],
     flags: libc::c_int,

@@ -32,7 +32,7 @@
 use std::fs::File;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use blockwire_pdu::Bhs;
@@ -60,7 +60,7 @@ pub struct SendfileLun {
     /// [`PduWriter::push_file`]).
     ///
     /// [`PduWriter::push_file`]: super::io::PduWriter::push_file
-    pub nowait_reads: AtomicBool,
+    nowait_reads: AtomicBool,
 }
 
 /// statfs(2)'s f_type of tmpfs (linux/magic.h).
@@ -78,6 +78,24 @@ impl SendfileLun {
             in_memory,
             nowait_reads: AtomicBool::new(true),
         }
+    }
+
+    /// How a small payload may be read without stalling the connection's
+    /// writer: a plain read of memory, a read that refuses pages not
+    /// cached, or (None) not at all, by sendfile instead.
+    pub fn small_read_flags(&self) -> Option<rustix::io::ReadWriteFlags> {
+        if self.in_memory {
+            Some(rustix::io::ReadWriteFlags::empty())
+        } else if self.nowait_reads.load(Ordering::Relaxed) {
+            Some(rustix::io::ReadWriteFlags::NOWAIT)
+        } else {
+            None
+        }
+    }
+
+    /// The file system refused `RWF_NOWAIT`: small payloads go by sendfile.
+    pub fn refuse_nowait_reads(&self) {
+        self.nowait_reads.store(false, Ordering::Relaxed);
     }
 }
 
