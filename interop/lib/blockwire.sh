@@ -32,40 +32,29 @@ _bw_repo=$(cd "$_bw_lib_dir/../.." && pwd)
 _bw_state=${TMPDIR:-/tmp}/blockwire-interop-state
 mkdir -p "$_bw_state"
 
-blockwire_bin() {
-    if [ -n "${BLOCKWIRE_BIN:-}" ]; then
-        echo "$BLOCKWIRE_BIN"
+# _bw_release OVERRIDE NAME PACKAGE — prints OVERRIDE if set, else the release binary NAME,
+# built (cargo build --release -p PACKAGE) if it is missing.
+_bw_release() {
+    if [ -n "$1" ]; then
+        echo "$1"
         return 0
     fi
     # .cargo/config.toml puts cargo's output in build/ (the folder target/ is a crate).
-    local bin="${CARGO_TARGET_DIR:-$_bw_repo/build}/release/blockwire-target"
+    local bin="${CARGO_TARGET_DIR:-$_bw_repo/build}/release/$2"
     if [ ! -x "$bin" ]; then
-        echo "blockwire_bin: $bin missing, building it (release)" >&2
-        (cd "$_bw_repo" && timeout 1800 cargo build --release -p blockwire-mgmt >&2) || {
-            echo "blockwire_bin: release build failed" >&2
+        echo "$2: $bin missing, building it (release)" >&2
+        (cd "$_bw_repo" && timeout 1800 cargo build --release -p "$3" >&2) || {
+            echo "$2: release build failed" >&2
             return 1
         }
     fi
     echo "$bin"
 }
+
+blockwire_bin() { _bw_release "${BLOCKWIRE_BIN:-}" blockwire-target blockwire-mgmt; }
+blockwire_cli() { _bw_release "${BLOCKWIRE_CLI:-}" blockwire blockwire-initiator; }
 
 # start_blockwire PORT DIR [CONFIG] — prints the daemon's PID.
-blockwire_cli() {
-    if [ -n "${BLOCKWIRE_CLI:-}" ]; then
-        echo "$BLOCKWIRE_CLI"
-        return 0
-    fi
-    local bin="${CARGO_TARGET_DIR:-$_bw_repo/build}/release/blockwire"
-    if [ ! -x "$bin" ]; then
-        echo "blockwire_cli: $bin missing, building it (release)" >&2
-        (cd "$_bw_repo" && timeout 1800 cargo build --release -p blockwire-initiator >&2) || {
-            echo "blockwire_cli: release build failed" >&2
-            return 1
-        }
-    fi
-    echo "$bin"
-}
-
 start_blockwire() {
     local port=$1 dir=$2 config=${3:-} bin pid log
     bin=$(blockwire_bin) || return 1
