@@ -1,13 +1,17 @@
 //! Starting the commands a connection's [`ConnMachine`](super::machine::ConnMachine)
-//! hands over: each becomes a tokio task on the road [`mover::choose`]
+//! hands over: each runs on the road [`mover::choose`]
 //! picks (the SCSI core on the blocking pool or, for small commands a memory
 //! store answers at once, on the task itself; sendfile; or the I/O engine
 //! with synchronized sends) with the data mover its wire needs (TCP
 //! Data-In, RDMA Write, or nothing for `--no-net`), or a double-buffered
-//! WRITE's task. Also the bounded wait task management needs before its
+//! WRITE's task. A command starts on the connection's reader and becomes a
+//! tokio task of its own only when it has to wait (see [`start`]). Also the bounded wait task management needs before its
 //! response leaves.
 
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -117,7 +121,7 @@ impl Launcher {
                     && !ctx.cmd.read
                     && data_out.len() as u64 <= mover::WRITE_ON_TASK_MAX =>
             {
-                tokio::spawn(mover::write_road(ctx, data_out, budget, r2t_count));
+                start(mover::write_road(ctx, data_out, budget, r2t_count));
             }
             Road::Core
                 if matches!(route.wire, Wire::Tcp)
@@ -126,15 +130,15 @@ impl Launcher {
                     && u64::from(ctx.cmd.expected_data_transfer_length)
                         <= mover::MEMORY_READ_ON_TASK_MAX =>
             {
-                tokio::spawn(mover::memory_road(ctx, data_out, budget, r2t_count));
+                start(mover::memory_road(ctx, data_out, budget, r2t_count));
             }
             Road::Core => {
-                tokio::spawn(mover::core_road(
+                start(mover::core_road(
                     ctx, route.wire, data_out, budget, r2t_count,
                 ));
             }
             Road::File(lun) => {
-                tokio::spawn(super::sendfile::serve(ctx, lun));
+                start(super::sendfile::serve(ctx, lun));
             }
             Road::Engine(path) => {
                 let job = super::syncread::ReadJob {
@@ -156,17 +160,17 @@ impl Launcher {
                             !path.direct,
                         );
                         let m = mover::DataIn::engine(path);
-                        tokio::spawn(super::syncread::serve(job, m));
+                        start(super::syncread::serve(job, m));
                     }
                     Wire::NoNet => {
                         let m = mover::Discard {
                             buffered: !path.direct,
                         };
-                        tokio::spawn(super::syncread::serve(job, m));
+                        start(super::syncread::serve(job, m));
                     }
                     Wire::Rdma(p) => {
                         let m = mover::RdmaWrite::new(p);
-                        tokio::spawn(super::syncread::serve(job, m));
+                        start(super::syncread::serve(job, m));
                     }
                 }
             }
@@ -196,5 +200,28 @@ impl Launcher {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
+    }
+}
+
+/// Starts a command's task: its future is polled once right here, on the
+/// connection's reader, and becomes a tokio task only if it has to wait
+/// (a blocking-pool step, a full writer queue, an engine read). Most small
+/// commands (a READ planned and queued to the writer, a RAM or small WRITE
+/// the core answers at once) end in that first poll, which saves a task
+/// spawn and the wake-up of another worker thread per command. The future
+/// is polled again by its task, with the task's waker, so what it waits
+/// for wakes it there.
+///
+/// A panic in that first poll ends the command only, as it would in a task
+/// of its own: its slot is released as the future is dropped.
+fn start(fut: impl Future<Output = ()> + Send + 'static) {
+    let mut fut = Box::pin(fut);
+    let mut cx = Context::from_waker(Waker::noop());
+    match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+        Ok(Poll::Ready(())) => {}
+        Ok(Poll::Pending) => {
+            tokio::spawn(fut);
+        }
+        Err(_) => tracing::error!("a SCSI command's task panicked; the command is dropped"),
     }
 }

@@ -226,8 +226,18 @@ pub struct Activity {
 /// checks after it conflicts).
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    counts: Mutex<HashMap<ItNexus, usize>>,
+    counts: Mutex<NexusCounts>,
     idle: Condvar,
+}
+
+/// [`InFlight`]'s state: commands per nexus, and how many threads wait in
+/// [`InFlight::wait_idle`] (a command's end wakes them only when there are
+/// some: waking a condition variable is a system call, paid per command
+/// otherwise).
+#[derive(Debug, Default)]
+struct NexusCounts {
+    per_nexus: HashMap<ItNexus, usize>,
+    waiters: usize,
 }
 
 /// Removes its command from [`InFlight`] when dropped.
@@ -246,31 +256,38 @@ impl InFlight {
     /// pipelined WRITE, whose chunk writes outlive any borrowed guard.
     pub(crate) fn hold(&self, nexus: &ItNexus) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        *c.entry(nexus.clone()).or_insert(0) += 1;
+        *c.per_nexus.entry(nexus.clone()).or_insert(0) += 1;
     }
 
     /// Ends one [`InFlight::hold`] of `nexus`.
     pub(crate) fn release(&self, nexus: &ItNexus) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = c.get_mut(nexus) {
+        if let Some(n) = c.per_nexus.get_mut(nexus) {
             *n -= 1;
             if *n == 0 {
-                c.remove(nexus);
+                c.per_nexus.remove(nexus);
             }
         }
+        let waiting = c.waiters > 0;
         drop(c);
-        self.idle.notify_all();
+        if waiting {
+            self.idle.notify_all();
+        }
     }
 
     /// Waits until `nexus` has no command on the unit, at most `limit`;
     /// false if some were still running then.
     pub(crate) fn wait_idle(&self, nexus: &ItNexus, limit: Duration) -> bool {
-        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let (c, _) = self
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        // Counted under the lock, before waiting: a release after this
+        // point sees the waiter and wakes it.
+        c.waiters += 1;
+        let (mut c, _) = self
             .idle
-            .wait_timeout_while(c, limit, |c| c.get(nexus).is_some_and(|&n| n > 0))
+            .wait_timeout_while(c, limit, |c| c.per_nexus.get(nexus).is_some_and(|&n| n > 0))
             .unwrap_or_else(|e| e.into_inner());
-        c.get(nexus).is_none_or(|&n| n == 0)
+        c.waiters -= 1;
+        c.per_nexus.get(nexus).is_none_or(|&n| n == 0)
     }
 }
 
@@ -389,6 +406,7 @@ impl LogicalUnit {
             .counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .per_nexus
             .values()
             .sum();
         let ms = self.last_media_ms.load(Ordering::Relaxed);

@@ -43,6 +43,10 @@ impl State {
 struct State {
     next_id: u64,
     entries: Vec<Entry>,
+    /// Threads waiting in [`RangeLock::lock_id`]: a release wakes them only
+    /// when there are some (waking a condition variable is a system call,
+    /// paid per command otherwise).
+    waiters: usize,
 }
 
 /// Shared/exclusive locks over block ranges `[start, end)`.
@@ -95,7 +99,9 @@ impl RangeLock {
             held: false,
         });
         while st.blocked(id, start, end, exclusive) {
+            st.waiters += 1;
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiters -= 1;
         }
         if let Some(e) = st.entries.iter_mut().find(|e| e.id == id) {
             e.held = true;
@@ -130,8 +136,11 @@ impl RangeLock {
     pub(crate) fn unlock_id(&self, id: u64) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.entries.retain(|e| e.id != id);
+        let waiting = st.waiters > 0;
         drop(st);
-        self.changed.notify_all();
+        if waiting {
+            self.changed.notify_all();
+        }
     }
 }
 
