@@ -225,3 +225,61 @@ fn start(fut: impl Future<Output = ()> + Send + 'static) {
         Err(_) => tracing::error!("a SCSI command's task panicked; the command is dropped"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::start;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Set when dropped: stands for a command's slot, released with its
+    /// future whatever way the future ends.
+    struct Slot(Arc<AtomicBool>);
+
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_that_need_not_wait_ends_before_start_returns() {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        start(async move { d.store(true, Ordering::SeqCst) });
+        assert!(done.load(Ordering::SeqCst), "ran on the caller, to its end");
+    }
+
+    #[tokio::test]
+    async fn a_command_that_waits_goes_on_in_a_task_of_its_own() {
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<u32>();
+        let (out_tx, out_rx) = tokio::sync::oneshot::channel::<u32>();
+        let started = Arc::new(AtomicBool::new(false));
+        let s = started.clone();
+        start(async move {
+            s.store(true, Ordering::SeqCst);
+            let v = go_rx.await.expect("sender kept");
+            out_tx.send(v + 1).expect("receiver kept");
+        });
+        assert!(started.load(Ordering::SeqCst), "its first step ran at once");
+        // What it waits for wakes the task it now runs in.
+        go_tx.send(41).unwrap();
+        let v = tokio::time::timeout(Duration::from_secs(5), out_rx)
+            .await
+            .expect("the waiting command ends")
+            .unwrap();
+        assert_eq!(v, 42);
+    }
+
+    #[tokio::test]
+    async fn a_command_that_panics_at_once_is_dropped_and_its_slot_released() {
+        let released = Arc::new(AtomicBool::new(false));
+        let slot = Slot(released.clone());
+        start(async move {
+            let _slot = slot;
+            panic!("a bug in a SCSI command");
+        });
+        assert!(released.load(Ordering::SeqCst));
+    }
+}

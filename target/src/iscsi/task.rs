@@ -1,8 +1,9 @@
 //! What every SCSI command task takes from its connection, and how such a
 //! task ends.
 //!
-//! A command runs as a tokio task apart from the connection's reader: on
-//! the generic path ([`super::connection`]: the core on the blocking pool),
+//! A command runs as a tokio task apart from the connection's reader (or, when
+//! it never has to wait, to its end on the reader, see
+//! [`super::launch`]): on the generic path ([`super::connection`]: the core on the blocking pool),
 //! or on one of the data paths ([`super::sendfile`], [`super::syncread`],
 //! [`super::syncwrite`]). Each carries a [`CommandContext`]: the command
 //! and its CDB, the LUN table and I_T nexus the core needs, the session
