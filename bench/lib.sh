@@ -48,10 +48,12 @@ plain() { sed 's/\x1b\[[0-9;]*m//g'; }
 # Starts the release daemon with `--config $tmp/target.toml` and the extra flags, logging at info
 # level to the file LOG; sets pid. Waits (at most 10 s) for it to listen; exits on failure with
 # its log.
+# Starts the daemon (BLOCKWIRE_BIN: another blockwire-target binary, e.g. a build from before a
+# change) on $tmp/target.toml with the given flags, logging to LOG; waits until it listens.
 start_daemon() { # log flags...
     local log=$1
     shift
-    BLOCKWIRE_LOG=info "$build/blockwire-target" --config "$tmp/target.toml" "$@" >"$log" 2>&1 &
+    BLOCKWIRE_LOG=info "${BLOCKWIRE_BIN:-$build/blockwire-target}" --config "$tmp/target.toml" "$@" >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do
         grep -q "reach it with" "$log" 2>/dev/null && break

@@ -4,7 +4,8 @@
 # idle. Prints the daemon's memory per idle session, login time, READ latency percentiles and
 # IOPS under that load, and whether every session still answers (tests/examples/many_sessions.rs).
 # 1 GiB RAM LUN, release build, client and target on this machine. Results:
-# bench/many-sessions-results.txt.
+# bench/many-sessions-results.txt. BLOCKWIRE_BIN: another blockwire-target binary (a build from
+# before a change).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
