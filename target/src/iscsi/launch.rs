@@ -5,8 +5,8 @@
 //! with synchronized sends) with the data mover its wire needs (TCP
 //! Data-In, RDMA Write, or nothing for `--no-net`), or a double-buffered
 //! WRITE's task. A command starts on the connection's reader and becomes a
-//! tokio task of its own only when it has to wait (see [`start`]). Also the bounded wait task management needs before its
-//! response leaves.
+//! tokio task of its own only when it has to wait (see [`start`]). Also the
+//! bounded wait task management needs before its response leaves.
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};

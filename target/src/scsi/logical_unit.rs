@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use blockwire_pdu::scsi::opcode as op;
@@ -226,18 +226,8 @@ pub struct Activity {
 /// checks after it conflicts).
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    counts: Mutex<NexusCounts>,
-    idle: Condvar,
-}
-
-/// [`InFlight`]'s state: commands per nexus, and how many threads wait in
-/// [`InFlight::wait_idle`] (a command's end wakes them only when there are
-/// some: waking a condition variable is a system call, paid per command
-/// otherwise).
-#[derive(Debug, Default)]
-struct NexusCounts {
-    per_nexus: HashMap<ItNexus, usize>,
-    waiters: usize,
+    counts: Mutex<HashMap<ItNexus, usize>>,
+    idle: super::wake::QuietCondvar,
 }
 
 /// Removes its command from [`InFlight`] when dropped.
@@ -256,38 +246,30 @@ impl InFlight {
     /// pipelined WRITE, whose chunk writes outlive any borrowed guard.
     pub(crate) fn hold(&self, nexus: &ItNexus) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        *c.per_nexus.entry(nexus.clone()).or_insert(0) += 1;
+        *c.entry(nexus.clone()).or_insert(0) += 1;
     }
 
     /// Ends one [`InFlight::hold`] of `nexus`.
     pub(crate) fn release(&self, nexus: &ItNexus) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = c.per_nexus.get_mut(nexus) {
+        if let Some(n) = c.get_mut(nexus) {
             *n -= 1;
             if *n == 0 {
-                c.per_nexus.remove(nexus);
+                c.remove(nexus);
             }
         }
-        let waiting = c.waiters > 0;
         drop(c);
-        if waiting {
-            self.idle.notify_all();
-        }
+        self.idle.notify_all();
     }
 
     /// Waits until `nexus` has no command on the unit, at most `limit`;
     /// false if some were still running then.
     pub(crate) fn wait_idle(&self, nexus: &ItNexus, limit: Duration) -> bool {
-        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        // Counted under the lock, before waiting: a release after this
-        // point sees the waiter and wakes it.
-        c.waiters += 1;
-        let (mut c, _) = self
+        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let c = self
             .idle
-            .wait_timeout_while(c, limit, |c| c.per_nexus.get(nexus).is_some_and(|&n| n > 0))
-            .unwrap_or_else(|e| e.into_inner());
-        c.waiters -= 1;
-        c.per_nexus.get(nexus).is_none_or(|&n| n == 0)
+            .wait_timeout_while(c, limit, |c| c.get(nexus).is_some_and(|&n| n > 0));
+        c.get(nexus).is_none_or(|&n| n == 0)
     }
 }
 
@@ -406,7 +388,6 @@ impl LogicalUnit {
             .counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .per_nexus
             .values()
             .sum();
         let ms = self.last_media_ms.load(Ordering::Relaxed);

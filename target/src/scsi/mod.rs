@@ -27,6 +27,7 @@ mod sanitize;
 pub mod stall;
 pub mod stats;
 mod unit_attention;
+mod wake;
 pub mod write_plan;
 mod xcopy;
 

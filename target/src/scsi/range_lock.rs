@@ -3,7 +3,9 @@
 //! range alone, so no other writer's data can land between its read and its
 //! write.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
+
+use super::wake::QuietCondvar;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
@@ -43,10 +45,6 @@ impl State {
 struct State {
     next_id: u64,
     entries: Vec<Entry>,
-    /// Threads waiting in [`RangeLock::lock_id`]: a release wakes them only
-    /// when there are some (waking a condition variable is a system call,
-    /// paid per command otherwise).
-    waiters: usize,
 }
 
 /// Shared/exclusive locks over block ranges `[start, end)`.
@@ -56,7 +54,7 @@ struct State {
 #[derive(Debug, Default)]
 pub(crate) struct RangeLock {
     state: Mutex<State>,
-    changed: Condvar,
+    changed: QuietCondvar,
 }
 
 /// A held range; released on drop.
@@ -99,9 +97,7 @@ impl RangeLock {
             held: false,
         });
         while st.blocked(id, start, end, exclusive) {
-            st.waiters += 1;
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            st.waiters -= 1;
+            st = self.changed.wait(st);
         }
         if let Some(e) = st.entries.iter_mut().find(|e| e.id == id) {
             e.held = true;
@@ -136,11 +132,8 @@ impl RangeLock {
     pub(crate) fn unlock_id(&self, id: u64) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.entries.retain(|e| e.id != id);
-        let waiting = st.waiters > 0;
         drop(st);
-        if waiting {
-            self.changed.notify_all();
-        }
+        self.changed.notify_all();
     }
 }
 
