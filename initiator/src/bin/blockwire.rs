@@ -113,6 +113,13 @@ struct Cli {
     /// Log protocol events (tracing; RUST_LOG refines it).
     #[arg(long, global = true)]
     verbose: bool,
+    /// Threads that drive the sessions' sockets (the async runtime's
+    /// workers). Default: 1 for `bench` and `dd`, which stream one session:
+    /// a second worker would sit in epoll_wait and be woken by every TCP
+    /// segment the first is already reading, and would pull tasks across
+    /// cores. Elsewhere (mount, attach, ublk, ...) one per CPU.
+    #[arg(long, global = true, env = "BLOCKWIRE_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
     #[command(flatten)]
     data: data_path::DataPathArgs,
     #[command(subcommand)]
@@ -540,9 +547,37 @@ fn print_iscsiadm(targets: &[DiscoveredTarget]) {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let cli = Cli::parse_from(dd_operands(std::env::args_os()));
+    let runtime = match runtime_for(&cli) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("blockwire: starting the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    runtime.block_on(cli_main(cli));
+}
+
+/// The runtime `cli`'s command runs on: `--threads` workers, or the
+/// command's default (see [`Cli::threads`]).
+fn runtime_for(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
+    let one_stream = matches!(cli.command, Command::Bench { .. } | Command::Dd { .. });
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    match cli.threads {
+        Some(n) => {
+            builder.worker_threads(usize::from(n));
+        }
+        None if one_stream => {
+            builder.worker_threads(1);
+        }
+        None => {}
+    }
+    builder.build()
+}
+
+async fn cli_main(cli: Cli) {
     if cli.verbose {
         tracing_subscriber::fmt()
             .with_env_filter(
