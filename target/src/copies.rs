@@ -29,7 +29,6 @@
 //! prints the totals (the daemon calls it at shutdown).
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -261,11 +260,11 @@ const MAX_TRACKED: usize = 4096;
 /// One connection's per-command tallies, keyed by ITT.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    open: Mutex<HashMap<u32, (CopyPath, Counts, bool)>>,
+    open: Mutex<foldhash::HashMap<u32, (CopyPath, Counts, bool)>>,
 }
 
 impl Tracker {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (CopyPath, Counts, bool)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, foldhash::HashMap<u32, (CopyPath, Counts, bool)>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 

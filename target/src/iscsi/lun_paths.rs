@@ -6,7 +6,6 @@
 //! ([`super::data_paths`]) and read once per command. While no LUN has a
 //! data path, a lookup is one atomic load.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -28,7 +27,9 @@ pub struct LunDataPaths {
 /// Every LUN's data paths.
 #[derive(Default)]
 pub struct LunPaths {
-    luns: RwLock<HashMap<String, HashMap<u16, Arc<LunDataPaths>>>>,
+    // Looked up for every command by target name (foldhash: a short, fast
+    // hash; the keys come from the configuration, not the wire).
+    luns: RwLock<foldhash::HashMap<String, foldhash::HashMap<u16, Arc<LunDataPaths>>>>,
     any: AtomicBool,
 }
 

@@ -61,11 +61,12 @@ pub struct Aborted {
 /// the response is queued so the initiator sees them in that order).
 #[derive(Debug, Default)]
 pub struct TaskSet {
-    tasks: Mutex<HashMap<u32, TaskInfo>>,
+    // One insert and one removal per command (foldhash, seeded per map).
+    tasks: Mutex<foldhash::HashMap<u32, TaskInfo>>,
 }
 
 impl TaskSet {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, TaskInfo>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, foldhash::HashMap<u32, TaskInfo>> {
         self.tasks.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -5,7 +5,7 @@
 //! state mutex is held only for bookkeeping, never across backstore I/O;
 //! block-level atomicity comes from the range lock instead.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -226,7 +226,9 @@ pub struct Activity {
 /// checks after it conflicts).
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    counts: Mutex<HashMap<ItNexus, usize>>,
+    // foldhash, not SipHash: every command holds and releases its nexus
+    // here, and SipHash of the two port names cost about 2 % of a 4 KiB WRITE.
+    counts: Mutex<foldhash::HashMap<ItNexus, usize>>,
     idle: super::wake::QuietCondvar,
 }
 

@@ -4,7 +4,7 @@
 //! DEVICE RESET OCCURRED on its first command, so an initiator learns that
 //! any state it assumed (reservations, mode pages) may be gone.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
 use blockwire_pdu::scsi::Asc;
 
@@ -19,7 +19,8 @@ const MAX_QUEUED: usize = 16;
 #[derive(Debug, Default)]
 pub(crate) struct UnitAttentions {
     known: HashSet<ItNexus>,
-    pending: HashMap<ItNexus, VecDeque<Asc>>,
+    // Looked up for every command (foldhash: see `InFlight`).
+    pending: foldhash::HashMap<ItNexus, VecDeque<Asc>>,
 }
 
 impl UnitAttentions {
