@@ -24,18 +24,22 @@
 #     cross-check with a cheaper client.
 # and blockwire's own initiator, `blockwire bench` (release build of the CLI, built if
 # missing; BLOCKWIRE_CLI for another): READs and WRITEs, --qd commands in flight on one
-# session, Data-In read from the socket straight into the command's buffer. It is the
-# cheapest client here per 1 MiB, so its 1 MiB rows show best how close a target comes to
-# the loopback rate when the client is not what limits it.
+# session on one thread (its default for bench), Data-In read from the socket straight into
+# the command's buffer. It is the cheapest client here per 1 MiB, so its 1 MiB rows show best
+# how close a target comes to the loopback rate when the client is not what limits it.
 # and QEMU (Debian's qemu-utils + qemu-block-extra: QEMU's own iscsi block driver):
 #   - fio through qemu-nbd: `qemu-nbd iscsi://127.0.0.1:PORT/IQN/LUN` exports each target's
 #     LUN on a Unix socket and fio's `nbd` ioengine (libnbd) drives it (this host's kernel
 #     has no nbd module, so no /dev/nbdX). So fio's I/O goes fio -> NBD -> qemu-nbd ->
 #     QEMU's iscsi driver (libiscsi) -> target, the path of a QEMU guest disk.
 #   - qemu-io with the iscsi:// URL for the read-back measurement below.
-# Loopback: iperf3, one TCP stream over 127.0.0.1 with 1 MiB writes for SECS, in the same
-# run: the rate one connection can reach on this machine. The 1 MiB sequential rows are
-# also printed as a fraction of it.
+# Loopback, in the same run, two ways:
+#   - iperf3, one TCP stream over 127.0.0.1 with 1 MiB writes of one buffer for SECS: the rate
+#     one connection can reach on this machine with data that stays in the CPU caches;
+#   - iperf3 -Z -F of a 1 GiB LUN file in /dev/shm (passes repeated for SECS): the rate one
+#     connection moves the bytes a 1 GiB LUN holds, which are not in the CPU caches (see
+#     loopback_file).
+# The 1 MiB sequential rows are printed as a fraction of each.
 # QEMU read-back: a list of random, non-overlapping blocks of 4-64 KiB (4 KiB multiples,
 # 4 KiB aligned) totalling RB_MIB (32) MiB over a 256 MiB LUN (blockwire: a RAM LUN, where
 # the allocation map answers GET LBA STATUS; tgtd: an rdwr file in /dev/shm, it has no RAM
@@ -289,6 +293,33 @@ except Exception:
     print(0)' <<<"$out"
 }
 
+# iperf3 loopback of a file's bytes: `-Z -F FILE`, one pass over FILE per iperf3 run (it stops at
+# end of file), repeated until SECS seconds of transfer; prints MB/s. iperf3 read(2)s each 1 MiB
+# of FILE into its buffer (a temporary file in memory) and sends that buffer with sendfile(2)
+# (strace shows `read(FILE, 1048576)` then `sendfile(sock, tmp, [0], 1048576)`). FILE is a 1 GiB
+# LUN file in /dev/shm, so this is the rate one connection moves the bytes a 1 GiB LUN holds:
+# they are not in the CPU caches and must be read once, which plain iperf3, sending one 1 MiB
+# buffer again and again from the caches, never does.
+loopback_file() {
+    local file=$1 port out srv bytes=0 secs=0
+    while python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$secs" "$SECS"; do
+        port=$(free_port)
+        iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+        srv=$!
+        for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+        out=$(timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -l 1M -Z -F "$file" -J 2>/dev/null || true)
+        wait "$srv" 2>/dev/null || true
+        read -r bytes secs < <(python3 -c 'import json, sys
+try:
+    r = json.loads(sys.argv[3])["end"]["sum_received"]
+    b, s = r["bytes"], r["seconds"]
+except Exception:
+    b, s = 0, 1e9
+print(int(sys.argv[1]) + b, float(sys.argv[2]) + s)' "$bytes" "$secs" "$out")
+    done
+    python3 -c 'import sys; b, s = int(sys.argv[1]), float(sys.argv[2]); print(f"{b / s / 1e6:.1f}" if b else 0)' "$bytes" "$secs"
+}
+
 seq_rows=()
 results=$tmp/results.txt
 printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' workload "bw IOPS" "bw MB/s" "bw us/io" \
@@ -318,13 +349,16 @@ done
 echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire CPU per I/O / tgtd's (<1: blockwire cheaper)"
 
 lo=$(loopback)
+lo_file=$(loopback_file "$tmp/tgtd-lun.img")
 {
     echo
-    echo "loopback (iperf3, one TCP stream over 127.0.0.1, 1 MiB writes, ${SECS} s): $lo MB/s"
-    printf '%-38s | %12s %12s\n' "1 MiB rows / loopback" blockwire tgtd
+    echo "loopback (iperf3, one TCP stream over 127.0.0.1, 1 MiB writes of one buffer, ${SECS} s): $lo MB/s"
+    echo "loopback of a 1 GiB LUN file's bytes (iperf3 -Z -F tgtd's LUN file in /dev/shm, read into its buffer and sent, ${SECS} s): $lo_file MB/s"
+    printf '%-38s | %12s %12s | %12s %12s\n' "1 MiB rows / loopback" blockwire tgtd "bw / file lo" "tgtd / file"
     for r in "${seq_rows[@]}"; do
         IFS='|' read -r label bm tm <<<"$r"
-        printf '%-38s | %12s %12s\n' "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")"
+        printf '%-38s | %12s %12s | %12s %12s\n' "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")" \
+            "$(ratio "$bm" "$lo_file")" "$(ratio "$tm" "$lo_file")"
     done
 } | tee -a "$results"
 
