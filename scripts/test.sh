@@ -5,6 +5,9 @@
 # open-iscsi, tshark, ...). Starts its own servers on free 127.0.0.1 ports
 # and stops them by PID.
 #   FUZZ_RUNS=N   executions per fuzz target in the fuzz smoke (default 200000; 0 skips)
+#   FUZZ_SECS=S   at most S seconds of fuzzing per target (default 360), so that the slowest
+#                 target (connection_sequence drives a whole connection per input) keeps the run
+#                 inside CI's time; libFuzzer's last line says how many executions were done
 #   BLOCKWIRE_ALLOW_NO_IO_URING=1   only on a machine whose kernel lacks io_uring: the
 #                 io_uring tests then accept the thread-pool engine (CI never sets it;
 #                 without it a missing io_uring fails them)
@@ -54,7 +57,8 @@ done
 
 runs="${FUZZ_RUNS:-200000}"
 if [ "$runs" != 0 ]; then
-  step "fuzz smoke: $runs executions per target"
+  secs="${FUZZ_SECS:-360}"
+  step "fuzz smoke: $runs executions or $secs s per target, whichever comes first"
   if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
   fi
@@ -65,7 +69,7 @@ if [ "$runs" != 0 ]; then
       [ -n "$targets" ] || { echo "FAIL: cargo fuzz list found no target in $fuzzdir"; exit 1; }
       for target in $targets; do
         echo "-- $fuzzdir $target"
-        RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_len=4096 2>&1 | tail -n 2
+        RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 2>&1 | tail -n 2
         test "${PIPESTATUS[0]}" = 0
       done
     )
