@@ -412,7 +412,7 @@ qemu_io() {
 # readback_round TARGET — one write pass and one read-back pass; prints
 # "write_secs read_secs write_copied read_copied write_ticks read_ticks"
 readback_round() {
-    local t=$1 portal iqn pid url count a b i0 i1 i2 c0 c1 c2 t0 t1 t2
+    local t=$1 portal iqn pid url count a b i0 i1 i2 c0 c1 c1r c2 t0 t1 t1r t2
     read -r portal iqn _ pid <<<"${T[$t]}"
     url="iscsi://$portal/$iqn/${RB_LUN[$t]}"
     a=$(now)
@@ -420,15 +420,19 @@ readback_round() {
     b=$(now)
     count=io_bytes
     [ "$t" = blockwire ] && count=bw_copies
+    # Each phase's clock and CPU ticks cover its qemu-io alone: the copy count (blockwire: a
+    # scrape of its metrics, some 0.2 s of python) is read outside both.
     i0=$($count "$pid") c0=$(cpu_ticks "$pid") t0=$(now)
     qemu_io "$t" "$url" "$tmp/rb-write.txt" || return 1
-    i1=$($count "$pid") c1=$(cpu_ticks "$pid") t1=$(now)
+    t1=$(now) c1=$(cpu_ticks "$pid")
+    i1=$($count "$pid") c1r=$(cpu_ticks "$pid") t1r=$(now)
     qemu_io "$t" "$url" "$tmp/rb-read.txt" || return 1
-    i2=$($count "$pid") c2=$(cpu_ticks "$pid") t2=$(now)
+    t2=$(now) c2=$(cpu_ticks "$pid")
+    i2=$($count "$pid")
     # Minus the login-and-logout time of a qemu-io session.
-    awk -v a="$a" -v b="$b" -v t0="$t0" -v t1="$t1" -v t2="$t2" \
-        'BEGIN { l = b - a; printf "%.6f %.6f ", t1 - t0 - l, t2 - t1 - l }'
-    echo "$((i1 - i0)) $((i2 - i1)) $((c1 - c0)) $((c2 - c1))"
+    awk -v a="$a" -v b="$b" -v t0="$t0" -v t1="$t1" -v t1r="$t1r" -v t2="$t2" \
+        'BEGIN { l = b - a; printf "%.6f %.6f ", t1 - t0 - l, t2 - t1r - l }'
+    echo "$((i1 - i0)) $((i2 - i1)) $((c1 - c0)) $((c2 - c1r))"
 }
 declare -A RB=()
 for r in $(seq "$ROUNDS"); do
