@@ -275,22 +275,42 @@ load_note() {
 }
 load_note | tee "$tmp/load.txt" >&2
 
-# iperf3 loopback: one stream, 1 MiB writes, SECS seconds; prints MB/s.
-loopback() {
-    local port out
+# iperf3_json ARGS... — one iperf3 client run (ARGS added) over 127.0.0.1 against a one-off
+# server on a free port; prints its JSON report, nothing if it did not run.
+iperf3_json() {
+    local port srv
     port=$(free_port)
     iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
-    local srv=$!
+    srv=$!
     # (not by connecting: a one-off server would take the probe for its client)
     for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
-    out=$(timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -t "$SECS" -l 1M -J 2>/dev/null || true)
+    timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -J "$@" 2>/dev/null || true
     wait "$srv" 2>/dev/null || true
+}
+
+# received FILE — "MB/s seconds" received over the iperf3 JSON reports in FILE, one after
+# another (bytes and seconds summed over them; "0 0" if there are none).
+received() {
     python3 -c 'import json, sys
-try:
-    bps = json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]
-    print(f"{bps / 8e6:.1f}")
-except Exception:
-    print(0)' <<<"$out"
+text, dec, i, b, s = open(sys.argv[1]).read(), json.JSONDecoder(), 0, 0, 0.0
+while True:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    if i >= len(text):
+        break
+    try:
+        doc, i = dec.raw_decode(text, i)
+    except ValueError:
+        break
+    r = doc.get("end", {}).get("sum_received", {})
+    b, s = b + r.get("bytes", 0), s + r.get("seconds", 0.0)
+print(f"{b / s / 1e6:.1f}" if b and s else 0, s)' "$1"
+}
+
+# iperf3 loopback: one stream, 1 MiB writes of one buffer, SECS seconds; prints MB/s.
+loopback() {
+    iperf3_json -t "$SECS" -l 1M >"$tmp/iperf3-buffer.json"
+    received "$tmp/iperf3-buffer.json" | cut -d' ' -f1
 }
 
 # iperf3 loopback of a file's bytes: `-Z -F FILE`, one pass over FILE per iperf3 run (it stops at
@@ -301,23 +321,14 @@ except Exception:
 # they are not in the CPU caches and must be read once, which plain iperf3, sending one 1 MiB
 # buffer again and again from the caches, never does.
 loopback_file() {
-    local file=$1 port out srv bytes=0 secs=0
-    while python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$secs" "$SECS"; do
-        port=$(free_port)
-        iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
-        srv=$!
-        for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
-        out=$(timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -l 1M -Z -F "$file" -J 2>/dev/null || true)
-        wait "$srv" 2>/dev/null || true
-        read -r bytes secs < <(python3 -c 'import json, sys
-try:
-    r = json.loads(sys.argv[3])["end"]["sum_received"]
-    b, s = r["bytes"], r["seconds"]
-except Exception:
-    b, s = 0, 1e9
-print(int(sys.argv[1]) + b, float(sys.argv[2]) + s)' "$bytes" "$secs" "$out")
+    local reports=$tmp/iperf3-file.json out
+    : >"$reports"
+    while awk -v s="$(received "$reports" | cut -d' ' -f2)" -v limit="$SECS" 'BEGIN { exit !(s < limit) }'; do
+        out=$(iperf3_json -l 1M -Z -F "$1")
+        grep -q '"sum_received"' <<<"$out" || break # iperf3 failed: report what was measured
+        echo "$out" >>"$reports"
     done
-    python3 -c 'import sys; b, s = int(sys.argv[1]), float(sys.argv[2]); print(f"{b / s / 1e6:.1f}" if b else 0)' "$bytes" "$secs"
+    received "$reports" | cut -d' ' -f1
 }
 
 seq_rows=()
