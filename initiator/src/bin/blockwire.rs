@@ -563,16 +563,11 @@ fn main() {
 /// command's default (see [`Cli::threads`]).
 fn runtime_for(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
     let one_stream = matches!(cli.command, Command::Bench { .. } | Command::Dd { .. });
+    let workers = cli.threads.map(usize::from).or(one_stream.then_some(1));
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
-    match cli.threads {
-        Some(n) => {
-            builder.worker_threads(usize::from(n));
-        }
-        None if one_stream => {
-            builder.worker_threads(1);
-        }
-        None => {}
+    if let Some(n) = workers {
+        builder.worker_threads(n);
     }
     builder.build()
 }
