@@ -5,7 +5,7 @@
 # open-iscsi, tshark, ...). Starts its own servers on free 127.0.0.1 ports
 # and stops them by PID.
 #   FUZZ_RUNS=N   executions per fuzz target in the fuzz smoke (default 200000; 0 skips)
-#   FUZZ_SECS=S   at most S seconds of fuzzing per target (default 360), so that the slowest
+#   FUZZ_SECS=S   at most S seconds of fuzzing per target (default 240), so that the slowest
 #                 target (connection_sequence drives a whole connection per input) keeps the run
 #                 inside CI's time; libFuzzer's last line says how many executions were done
 #   BLOCKWIRE_ALLOW_NO_IO_URING=1   only on a machine whose kernel lacks io_uring: the
@@ -14,7 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==== %s\n' "$*"; }
+# Each step and interop script says when it began (seconds since this script started), so a CI
+# log shows where the time went.
+step() { printf '\n==== [+%ss] %s\n' "$SECONDS" "$*"; }
 
 step "format"
 cargo fmt --all -- --check
@@ -57,7 +59,7 @@ done
 
 runs="${FUZZ_RUNS:-200000}"
 if [ "$runs" != 0 ]; then
-  secs="${FUZZ_SECS:-360}"
+  secs="${FUZZ_SECS:-240}"
   step "fuzz smoke: $runs executions or $secs s per target, whichever comes first"
   if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
@@ -68,7 +70,7 @@ if [ "$runs" != 0 ]; then
       targets=$(RUSTC_BOOTSTRAP=1 cargo fuzz list)
       [ -n "$targets" ] || { echo "FAIL: cargo fuzz list found no target in $fuzzdir"; exit 1; }
       for target in $targets; do
-        echo "-- $fuzzdir $target"
+        echo "-- [+${SECONDS}s] $fuzzdir $target"
         RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 2>&1 | tail -n 2
         test "${PIPESTATUS[0]}" = 0
       done
