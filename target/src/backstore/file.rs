@@ -75,6 +75,14 @@ pub struct FileBackstore {
     /// The run of data [`Backstore::allocation`] last found (see
     /// [`KnownData`]).
     known_data: Mutex<KnownData>,
+    /// Held by the one allocation query that is seeking, so that queries
+    /// arriving together (QEMU asks GET LBA STATUS before its first reads,
+    /// one per command in flight) wait for that walk's run instead of each
+    /// walking the file themselves.
+    walking: Mutex<()>,
+    /// `SEEK_DATA` calls made, for the tests of [`Self::walking`].
+    #[cfg(test)]
+    data_seeks: AtomicU64,
 }
 
 /// A byte range the file was last seen to hold data throughout (`SEEK_DATA`
@@ -231,6 +239,9 @@ impl FileBackstore {
             can_dsync: AtomicBool::new(true),
             journal: None,
             known_data: Mutex::new(KnownData::default()),
+            walking: Mutex::new(()),
+            #[cfg(test)]
+            data_seeks: AtomicU64::new(0),
         })
     }
 
@@ -238,7 +249,14 @@ impl FileBackstore {
     fn remember_known_data(&self, run: std::ops::Range<u64>, generation: u64) {
         let mut k = self.known_data.lock().unwrap_or_else(|e| e.into_inner());
         if k.generation == generation {
-            k.run = Some(run);
+            // Two runs that meet are one run of data (no deallocation
+            // came between the walks that found them).
+            k.run = Some(match k.run.take() {
+                Some(old) if old.start <= run.end && run.start <= old.end => {
+                    old.start.min(run.start)..old.end.max(run.end)
+                }
+                _ => run,
+            });
         }
     }
 
@@ -622,10 +640,11 @@ impl Backstore for FileBackstore {
                 }
             }
         };
-        let (mut known, generation) = {
+        let (mut known, mut generation) = {
             let k = self.known_data.lock().unwrap_or_else(|e| e.into_inner());
             (k.run.clone(), k.generation)
         };
+        let mut walking = None;
         let mut pos = offset;
         while pos < end {
             if let Some(run) = known.as_ref().filter(|r| r.contains(&pos)) {
@@ -633,6 +652,15 @@ impl Backstore for FileBackstore {
                 pos = run.end;
                 continue;
             }
+            if walking.is_none() {
+                walking = Some(self.walking.lock().unwrap_or_else(|e| e.into_inner()));
+                // Whoever held it may have found the run this query needs.
+                let k = self.known_data.lock().unwrap_or_else(|e| e.into_inner());
+                (known, generation) = (k.run.clone(), k.generation);
+                continue;
+            }
+            #[cfg(test)]
+            self.data_seeks.fetch_add(1, Ordering::Relaxed);
             let data = match rustix::fs::seek(&self.file, SeekFrom::Data(pos)) {
                 Ok(d) => d,
                 // No data at or after pos: the rest is a hole.
@@ -782,5 +810,50 @@ mod tests {
         let mut z = [1u8; 4096];
         s.read_at(0, &mut z).unwrap();
         assert!(z.iter().all(|&b| b == 0));
+    }
+
+    /// Queries that arrive together on a fully written file: one of them
+    /// walks it, the others take the run it found. A query that starts
+    /// before that run walks again, and the two runs become one.
+    #[test]
+    fn concurrent_allocation_queries_walk_the_file_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("full.img");
+        let size = 64u64 << 20;
+        let s = FileBackstore::open(&path, Some(size), false).unwrap();
+        s.write_at(0, &vec![0x5au8; size as usize]).unwrap();
+        let start = std::sync::Barrier::new(8);
+        let maps: Vec<Vec<Extent>> = std::thread::scope(|scope| {
+            let queries: Vec<_> = (0..8u64)
+                .map(|i| {
+                    let (s, start) = (&s, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        s.allocation(4 << 20, size - (4 << 20)).unwrap().unwrap()
+                    })
+                })
+                .collect();
+            queries.into_iter().map(|q| q.join().unwrap()).collect()
+        });
+        for map in maps {
+            let got: Vec<(u64, u64, bool)> =
+                map.iter().map(|e| (e.offset, e.len, e.mapped)).collect();
+            assert_eq!(got, vec![(4 << 20, size - (4 << 20), true)]);
+        }
+        assert_eq!(s.data_seeks.load(Ordering::Relaxed), 1, "one walk");
+        let map = s.allocation(1 << 20, 8192).unwrap().unwrap();
+        assert_eq!(
+            (map[0].offset, map[0].len, map[0].mapped),
+            (1 << 20, 8192, true)
+        );
+        assert_eq!(s.data_seeks.load(Ordering::Relaxed), 2, "a walk from 1 MiB");
+        for from in [0, 2 << 20, 9 << 20] {
+            s.allocation(from, 4096).unwrap().unwrap();
+        }
+        assert_eq!(
+            s.data_seeks.load(Ordering::Relaxed),
+            3,
+            "a walk from 0, then none"
+        );
     }
 }
