@@ -65,6 +65,11 @@
 # over the whole LUN, 1 MiB sequential read and write at queue depth 8.
 # CPU: utime+stime of the target process (all its threads) from /proc/PID/stat before and
 # after each workload, divided by the I/Os done: microseconds of target CPU per I/O.
+# The machine's busy time (/proc/stat: all CPUs, everything but idle and iowait) is read
+# around the same run. What is not the target's is the client's (and the kernel work it
+# causes): a second table prints that "rest" per I/O, the machine's idle share, and the
+# IOPS the machine could reach if the target's CPU were zero and the rest per I/O stayed
+# (CPUs x 1e6 / rest us/io) -- the most a cheaper target can buy with that client here.
 #
 # QD1 rows: at one command in flight latency is 1/IOPS, so ratio >= 1 means blockwire's
 # mean latency is at or below tgtd's.
@@ -163,6 +168,9 @@ declare -A T=(
 declare -A RB_LUN=([blockwire]=1 [tgtd]=2)
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# busy_ticks: the whole machine's non-idle CPU time so far (all CPUs), in ticks.
+busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
+NCPU=$(nproc)
 
 echo "prefill: writing the whole ${SIZE_MIB} MiB LUN once on each target" >&2
 head -c "${SIZE_MIB}M" /dev/zero | tr '\0' 'Z' >"$tmp/fill"
@@ -186,10 +194,12 @@ for t in blockwire tgtd; do
     [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
 done
 
-# run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints "ios secs cpu_ticks"
+# run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints
+# "ios secs target_ticks machine_busy_ticks"
 run() {
-    local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 portal iqn lun pid c0 c1 out ios secs iops mbps
+    local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 portal iqn lun pid c0 c1 b0 out ios secs iops mbps
     read -r portal iqn lun pid <<<"${T[$t]}"
+    b0=$(busy_ticks)
     c0=$(cpu_ticks "$pid")
     if [ "$tool" = fio ]; then
         local dir=read
@@ -233,37 +243,46 @@ except Exception:
         ios=$(( ${out:-0} * SECS ))
     fi
     if [ -z "$ios" ] || [ "$ios" = 0 ] || [ -z "$secs" ]; then
-        echo "0 0 0"
+        echo "0 0 0 0"
         return
     fi
-    echo "$ios $secs $((c1 - c0))"
+    echo "$ios $secs $((c1 - c0)) $(($(busy_ticks) - b0))"
 }
 
 # measure TOOL WORKLOAD XFER QD — ROUNDS rounds, the targets' order swapped every round
 # (blockwire, tgtd, then tgtd, blockwire, ...) so that a change in the machine's other load
 # during the workload weighs on both alike; prints for each target, from the sums over the
-# rounds, "iops MBps us_cpu_per_io" (blockwire's fields, then tgtd's).
+# rounds, "iops MBps us_cpu_per_io" (blockwire's fields, then tgtd's), then for each target
+# "rest_us_per_io idle_percent".
 measure() {
-    local r t order i sec k
-    declare -A ios=() secs=() ticks=()
+    local r t order i sec k m
+    declare -A ios=() secs=() ticks=() busy=()
     for r in $(seq "$ROUNDS"); do
         order="blockwire tgtd"
         [ $((r % 2)) = 0 ] && order="tgtd blockwire"
         for t in $order; do
-            read -r i sec k <<<"$(run "$t" "$@")"
+            read -r i sec k m <<<"$(run "$t" "$@")"
             ios[$t]=$((${ios[$t]:-0} + i))
+            busy[$t]=$((${busy[$t]:-0} + m))
             secs[$t]=$(awk -v a="${secs[$t]:-0}" -v b="$sec" 'BEGIN { print a + b }')
             ticks[$t]=$((${ticks[$t]:-0} + k))
         done
     done
     python3 -c 'import sys
-xfer, hz = int(sys.argv[1]), int(sys.argv[2])
-out = []
-for ios, secs, dt in zip(*[iter(sys.argv[3:])] * 3):
-    ios, secs, dt = int(ios), float(secs), int(dt)
-    out += [f"{ios / secs:.0f}", f"{ios * xfer / secs / 1e6:.1f}", f"{dt / hz / ios * 1e6:.2f}"] if ios and secs else ["0", "0", "0"]
-print(" ".join(out))' "$3" "$HZ" "${ios[blockwire]}" "${secs[blockwire]}" "${ticks[blockwire]}" \
-        "${ios[tgtd]}" "${secs[tgtd]}" "${ticks[tgtd]}"
+xfer, hz, ncpu = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+out, rest = [], []
+for ios, secs, dt, busy in zip(*[iter(sys.argv[4:])] * 4):
+    ios, secs, dt, busy = int(ios), float(secs), int(dt), int(busy)
+    if ios and secs:
+        out += [f"{ios / secs:.0f}", f"{ios * xfer / secs / 1e6:.1f}", f"{dt / hz / ios * 1e6:.2f}"]
+        idle = max(0.0, 1 - busy / hz / (secs * ncpu))
+        rest += [f"{max(0, busy - dt) / hz / ios * 1e6:.2f}", f"{idle * 100:.0f}"]
+    else:
+        out += ["0", "0", "0"]
+        rest += ["0", "0"]
+print(" ".join(out + rest))' "$3" "$HZ" "$NCPU" "${ios[blockwire]}" "${secs[blockwire]}" \
+        "${ticks[blockwire]}" "${busy[blockwire]}" "${ios[tgtd]}" "${secs[tgtd]}" "${ticks[tgtd]}" \
+        "${busy[tgtd]}"
 }
 
 ratio() { python3 -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f"{a / b:.2f}" if b else "-")' "$1" "$2"; }
@@ -332,6 +351,7 @@ loopback_file() {
 }
 
 seq_rows=()
+rest_rows=()
 results=$tmp/results.txt
 printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' workload "bw IOPS" "bw MB/s" "bw us/io" \
     "tgtd IOPS" "tgtd MB/s" "tgt us/io" "ratio" "cpu" | tee "$results"
@@ -345,7 +365,7 @@ for spec in \
     "bw seqread 1048576 $QD_SEQ" "bw seqwrite 1048576 $QD_SEQ"; do
     if [ -n "${ONLY:-}" ] && ! [[ $spec =~ $ONLY ]]; then continue; fi
     read -r tool w xfer qd <<<"$spec"
-    read -r bi bm bc ti tm tc <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
+    read -r bi bm bc ti tm tc br bidle tr tidle <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
     case $tool in
     py) client=libiscsi_rw.py ;;
     perf) client=iscsi-perf ;;
@@ -354,10 +374,24 @@ for spec in \
     esac
     label="$w $((xfer / 1024))KiB qd$qd ($client)"
     if [ "$xfer" = 1048576 ]; then seq_rows+=("$label|$bm|$tm"); fi
+    rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bi|$ti")
     printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$label" "$bi" "$bm" "$bc" \
         "$ti" "$tm" "$tc" "$(ratio "$bi" "$ti")" "$(ratio "$bc" "$tc")" | tee -a "$results"
 done
 echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire CPU per I/O / tgtd's (<1: blockwire cheaper)"
+{
+    echo
+    echo "The rest of the machine's CPU ($NCPU CPUs; clients and the kernel work they cause), per I/O, and its idle share;"
+    echo "bound = IOPS with blockwire's CPU at zero and the rest per I/O unchanged ($NCPU x 1e6 / rest us/io), and that over tgtd's IOPS"
+    printf '%-38s | %12s %6s | %12s %6s | %10s %10s\n' workload "bw rest us" "idle%" "tgtd rest us" "idle%" \
+        "bound IOPS" "bound/tgtd"
+    for r in "${rest_rows[@]}"; do
+        IFS='|' read -r label br bidle tr tidle bi ti <<<"$r"
+        bound=$(python3 -c 'import sys; r = float(sys.argv[1]); print(f"{int(sys.argv[2]) * 1e6 / r:.0f}" if r else "-")' "$br" "$NCPU")
+        printf '%-38s | %12s %6s | %12s %6s | %10s %10s\n' "$label" "$br" "$bidle" "$tr" "$tidle" "$bound" \
+            "$(ratio "${bound/-/0}" "$ti")"
+    done
+} | tee -a "$results"
 
 lo=$(loopback)
 lo_file=$(loopback_file "$tmp/tgtd-lun.img")
