@@ -824,8 +824,8 @@ mod tests {
         s.write_at(0, &vec![0x5au8; size as usize]).unwrap();
         let start = std::sync::Barrier::new(8);
         let maps: Vec<Vec<Extent>> = std::thread::scope(|scope| {
-            let queries: Vec<_> = (0..8u64)
-                .map(|i| {
+            let queries: Vec<_> = (0..8)
+                .map(|_| {
                     let (s, start) = (&s, &start);
                     scope.spawn(move || {
                         start.wait();
