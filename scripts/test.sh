@@ -48,7 +48,7 @@ cargo test --workspace --doc
 step "interop scripts"
 for t in interop/test-*.sh; do
   [ -x "$t" ] || { echo "FAIL: $t is not executable"; exit 1; }
-  echo "-- $t"
+  echo "-- [+${SECONDS}s] $t"
   # The kernel lab boots a TCG guest per suite (interop/test-kernel-lab.sh): minutes, not seconds.
   case "$t" in
     *test-kernel-lab.sh) limit=3600 ;;
