@@ -66,10 +66,11 @@
 # CPU: utime+stime of the target process (all its threads) from /proc/PID/stat before and
 # after each workload, divided by the I/Os done: microseconds of target CPU per I/O.
 # The machine's busy time (/proc/stat: all CPUs, everything but idle and iowait) is read
-# around the same run. What is not the target's is the client's (and the kernel work it
-# causes): a second table prints that "rest" per I/O, the machine's idle share, and the
-# IOPS the machine could reach if the target's CPU were zero and the rest per I/O stayed
-# (CPUs x 1e6 / rest us/io) -- the most a cheaper target can buy with that client here.
+# around the same client run (its start-up and exit included). What is not the target's is
+# the client's (and the kernel work it causes): a second table prints that "rest" per I/O,
+# the machine's idle share, and the IOPS the machine could reach if the target's CPU were
+# zero and the rest per I/O stayed as it is (CPUs x 1e6 / rest us/io): what a cheaper target
+# could gain with that client on this machine, as far as the client's cost per I/O holds.
 #
 # QD1 rows: at one command in flight latency is 1/IOPS, so ratio >= 1 means blockwire's
 # mean latency is at or below tgtd's.
@@ -197,7 +198,7 @@ done
 # run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints
 # "ios secs target_ticks machine_busy_ticks"
 run() {
-    local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 portal iqn lun pid c0 c1 b0 out ios secs iops mbps
+    local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 portal iqn lun pid c0 c1 b0 b1 out ios secs iops mbps
     read -r portal iqn lun pid <<<"${T[$t]}"
     b0=$(busy_ticks)
     c0=$(cpu_ticks "$pid")
@@ -208,7 +209,7 @@ run() {
             --uri="nbd+unix:///?socket=${NBD[$t]}" --rw="$w" --bs="$xfer" --iodepth="$qd" \
             --size="${SIZE_MIB}M" --time_based --runtime="$SECS" --norandommap --randrepeat=0 \
             --output-format=json 2>/dev/null || true)
-        c1=$(cpu_ticks "$pid")
+        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         read -r ios secs < <(python3 -c 'import json, sys
 s = sys.stdin.read()
 try:
@@ -219,7 +220,7 @@ except Exception:
     elif [ "$tool" = py ]; then
         out=$(timeout $((SECS + 60)) python3 "$here/libiscsi_rw.py" "$portal" "$iqn" "$lun" \
             --bench "$w" --xfer "$xfer" --qd "$qd" --seconds "$SECS" --span $((SIZE_MIB << 20)))
-        c1=$(cpu_ticks "$pid")
+        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$out")
     elif [ "$tool" = bw ]; then
@@ -228,7 +229,7 @@ except Exception:
         [[ $w == seq* ]] && pattern=seq
         out=$(timeout $((SECS + 60)) "$bw_cli" bench -p "$portal" -T "$iqn" -l "$lun" \
             --pattern "$pattern" --op "$op" --bs "$xfer" --qd "$qd" --time "${SECS}s" 2>&1 || true)
-        c1=$(cpu_ticks "$pid")
+        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/^ios=\([0-9]*\) .*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* elapsed=\([0-9.]*\)s.*/\1/p' <<<"$out")
     else
@@ -238,7 +239,7 @@ except Exception:
         [ "$w" = randread ] && o+=(-r)
         out=$(timeout -s INT $((SECS + 30)) iscsi-perf "${o[@]}" "iscsi://$portal/$iqn/$lun" 2>&1 |
             tr '\r' '\n' | grep -o 'iops average [0-9]*' | tail -n 1 | grep -o '[0-9]*$' || true)
-        c1=$(cpu_ticks "$pid")
+        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         secs=$SECS
         ios=$(( ${out:-0} * SECS ))
     fi
@@ -246,7 +247,7 @@ except Exception:
         echo "0 0 0 0"
         return
     fi
-    echo "$ios $secs $((c1 - c0)) $(($(busy_ticks) - b0))"
+    echo "$ios $secs $((c1 - c0)) $((b1 - b0))"
 }
 
 # measure TOOL WORKLOAD XFER QD — ROUNDS rounds, the targets' order swapped every round
