@@ -260,6 +260,12 @@ impl FileBackstore {
         }
     }
 
+    /// The run of data known now, and the generation it belongs to.
+    fn known_data_now(&self) -> (Option<std::ops::Range<u64>>, u64) {
+        let k = self.known_data.lock().unwrap_or_else(|e| e.into_inner());
+        (k.run.clone(), k.generation)
+    }
+
     /// A deallocation ended: what [`KnownData`] knew may be a hole now.
     fn forget_known_data(&self) {
         let mut k = self.known_data.lock().unwrap_or_else(|e| e.into_inner());
@@ -640,10 +646,7 @@ impl Backstore for FileBackstore {
                 }
             }
         };
-        let (mut known, mut generation) = {
-            let k = self.known_data.lock().unwrap_or_else(|e| e.into_inner());
-            (k.run.clone(), k.generation)
-        };
+        let (mut known, mut generation) = self.known_data_now();
         let mut walking = None;
         let mut pos = offset;
         while pos < end {
@@ -655,8 +658,7 @@ impl Backstore for FileBackstore {
             if walking.is_none() {
                 walking = Some(self.walking.lock().unwrap_or_else(|e| e.into_inner()));
                 // Whoever held it may have found the run this query needs.
-                let k = self.known_data.lock().unwrap_or_else(|e| e.into_inner());
-                (known, generation) = (k.run.clone(), k.generation);
+                (known, generation) = self.known_data_now();
                 continue;
             }
             #[cfg(test)]
