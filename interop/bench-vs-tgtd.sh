@@ -254,7 +254,7 @@ except Exception:
 # (blockwire, tgtd, then tgtd, blockwire, ...) so that a change in the machine's other load
 # during the workload weighs on both alike; prints for each target, from the sums over the
 # rounds, "iops MBps us_cpu_per_io" (blockwire's fields, then tgtd's), then for each target
-# "rest_us_per_io idle_percent".
+# "rest_us_per_io idle_percent", then blockwire's bound ("bound_iops bound_over_tgtd_iops").
 measure() {
     local r t order i sec k m
     declare -A ios=() secs=() ticks=() busy=()
@@ -281,7 +281,11 @@ for ios, secs, dt, busy in zip(*[iter(sys.argv[4:])] * 4):
     else:
         out += ["0", "0", "0"]
         rest += ["0", "0"]
-print(" ".join(out + rest))' "$3" "$HZ" "$NCPU" "${ios[blockwire]}" "${secs[blockwire]}" \
+# The IOPS with blockwire at zero CPU and its rest per I/O unchanged, and that over the tgtd IOPS.
+bw_rest, tgtd_iops = float(rest[0]), float(out[3])
+bound = ncpu * 1e6 / bw_rest if bw_rest else 0
+bound_fields = [f"{bound:.0f}", f"{bound / tgtd_iops:.2f}" if tgtd_iops else "-"] if bound else ["-", "-"]
+print(" ".join(out + rest + bound_fields))' "$3" "$HZ" "$NCPU" "${ios[blockwire]}" "${secs[blockwire]}" \
         "${ticks[blockwire]}" "${busy[blockwire]}" "${ios[tgtd]}" "${secs[tgtd]}" "${ticks[tgtd]}" \
         "${busy[tgtd]}"
 }
@@ -366,7 +370,7 @@ for spec in \
     "bw seqread 1048576 $QD_SEQ" "bw seqwrite 1048576 $QD_SEQ"; do
     if [ -n "${ONLY:-}" ] && ! [[ $spec =~ $ONLY ]]; then continue; fi
     read -r tool w xfer qd <<<"$spec"
-    read -r bi bm bc ti tm tc br bidle tr tidle <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
+    read -r bi bm bc ti tm tc br bidle tr tidle bound bound_ratio <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
     case $tool in
     py) client=libiscsi_rw.py ;;
     perf) client=iscsi-perf ;;
@@ -375,7 +379,7 @@ for spec in \
     esac
     label="$w $((xfer / 1024))KiB qd$qd ($client)"
     if [ "$xfer" = 1048576 ]; then seq_rows+=("$label|$bm|$tm"); fi
-    rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bi|$ti")
+    rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio")
     printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$label" "$bi" "$bm" "$bc" \
         "$ti" "$tm" "$tc" "$(ratio "$bi" "$ti")" "$(ratio "$bc" "$tc")" | tee -a "$results"
 done
@@ -387,10 +391,9 @@ echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire
     printf '%-38s | %12s %6s | %12s %6s | %10s %10s\n' workload "bw rest us" "idle%" "tgtd rest us" "idle%" \
         "bound IOPS" "bound/tgtd"
     for r in "${rest_rows[@]}"; do
-        IFS='|' read -r label br bidle tr tidle bi ti <<<"$r"
-        bound=$(python3 -c 'import sys; r = float(sys.argv[1]); print(f"{int(sys.argv[2]) * 1e6 / r:.0f}" if r else "-")' "$br" "$NCPU")
+        IFS='|' read -r label br bidle tr tidle bound bound_ratio <<<"$r"
         printf '%-38s | %12s %6s | %12s %6s | %10s %10s\n' "$label" "$br" "$bidle" "$tr" "$tidle" "$bound" \
-            "$(ratio "${bound/-/0}" "$ti")"
+            "$bound_ratio"
     done
 } | tee -a "$results"
 
