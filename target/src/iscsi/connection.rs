@@ -304,21 +304,24 @@ async fn full_feature<R: AsyncRead + Unpin>(
         if let Some(stop) = carry_out(&launcher, std::mem::take(&mut actions)).await {
             break stop;
         }
+        // Commands already received are handled before the connection
+        // waits: one socket read often brings several, and each select
+        // below registers a timer and three watches.
+        if let Some(next) = reader.next_buffered() {
+            match on_read(&mut machine, next.map(Some), session) {
+                Ok(a) => actions = a,
+                Err(stop) => break stop,
+            }
+            continue;
+        }
         let timer = machine
             .poll_timeout()
             .map(tokio::time::Instant::from_std)
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
         tokio::select! {
-            next = reader.next() => match next {
-                Ok(Some(pdu)) => actions = machine.on_pdu(pdu, std::time::Instant::now()),
-                Ok(None) => break Stop::Close,
-                Err(ReadError::Decode { error, header, skip }) => {
-                    actions = machine.on_decode_error(&error, header.as_ref().map(|h| &h[..]), skip.is_some());
-                }
-                Err(ReadError::Io(e)) => {
-                    debug!(tsih = session.tsih, error = %e, "connection read failed");
-                    break Stop::Close;
-                }
+            next = reader.next() => match on_read(&mut machine, next, session) {
+                Ok(a) => actions = a,
+                Err(stop) => break stop,
             },
             _ = turns_true(&mut cut) => {
                 warn!(tsih = session.tsih, initiator = %session.initiator_name, portal = %local, "portal closed: cutting the connection");
@@ -358,6 +361,28 @@ async fn full_feature<R: AsyncRead + Unpin>(
     drop(launcher);
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+}
+
+/// What the machine makes of a read: its actions, or why the connection
+/// ends (the initiator closed it, or the socket failed).
+fn on_read(
+    machine: &mut ConnMachine,
+    read: Result<Option<Pdu>, ReadError>,
+    session: &Session,
+) -> Result<Vec<Action>, Stop> {
+    match read {
+        Ok(Some(pdu)) => Ok(machine.on_pdu(pdu, std::time::Instant::now())),
+        Ok(None) => Err(Stop::Close),
+        Err(ReadError::Decode {
+            error,
+            header,
+            skip,
+        }) => Ok(machine.on_decode_error(&error, header.as_ref().map(|h| &h[..]), skip.is_some())),
+        Err(ReadError::Io(e)) => {
+            debug!(tsih = session.tsih, error = %e, "connection read failed");
+            Err(Stop::Close)
+        }
+    }
 }
 
 /// Carries out the machine's actions in order; Some once the connection

@@ -56,74 +56,101 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
     /// already read stay buffered.
     pub async fn next(&mut self) -> Result<Option<Pdu>, ReadError> {
         loop {
-            // A whole PDU is cut off the buffer and decoded in place: its
-            // data segment shares the received bytes (no copy).
-            if let Ok(FrameSize::Total(total)) = self.framer.frame_size(&self.buf) {
-                if self.buf.len() >= total {
-                    let frame = self.buf.split_to(total).freeze();
-                    match Pdu::decode_shared(&frame, self.framer.digests) {
-                        Ok((pdu, _)) => return Ok(Some(pdu)),
-                        Err(error) => {
-                            let header = frame.get(..48).map(|h| {
-                                let mut a = [0u8; 48];
-                                a.copy_from_slice(h);
-                                a
-                            });
-                            let skip = matches!(
-                                error,
-                                DecodeError::UnknownOpcode(_) | DecodeError::DataDigest { .. }
-                            )
-                            .then_some(total);
-                            return Err(ReadError::Decode {
-                                error,
-                                header,
-                                skip,
-                            });
-                        }
-                    }
-                }
-            }
-            match self.framer.decode(&self.buf) {
-                Ok(Frame::Pdu { pdu, consumed }) => {
-                    let _ = self.buf.split_to(consumed);
-                    return Ok(Some(pdu));
-                }
-                Ok(Frame::NeedMore(n)) => {
-                    // NeedMore is bounded by the framer's length checks.
-                    self.buf.reserve(n.max(4096));
-                    if self.inner.read_buf(&mut self.buf).await? == 0 {
-                        return if self.buf.is_empty() {
-                            Ok(None)
-                        } else {
-                            Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()))
-                        };
-                    }
-                }
-                Err(error) => {
-                    let header = self.buf.get(..48).map(|h| {
-                        let mut a = [0u8; 48];
-                        a.copy_from_slice(h);
-                        a
-                    });
-                    let skip = match (&error, self.framer.frame_size(&self.buf)) {
-                        (
-                            DecodeError::UnknownOpcode(_) | DecodeError::DataDigest { .. },
-                            Ok(FrameSize::Total(t)),
-                        ) => Some(t),
-                        _ => None,
-                    };
-                    if let Some(t) = skip {
-                        let _ = self.buf.split_to(t);
-                    }
-                    return Err(ReadError::Decode {
-                        error,
-                        header,
-                        skip,
-                    });
-                }
+            let need = match self.cut()? {
+                Cut::Pdu(pdu) => return Ok(Some(pdu)),
+                Cut::NeedMore(n) => n,
+            };
+            // NeedMore is bounded by the framer's length checks.
+            self.buf.reserve(need.max(4096));
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()))
+                };
             }
         }
     }
+
+    /// A PDU whose bytes were all received already, without reading the
+    /// socket: None when the buffer holds no whole PDU. One socket read
+    /// often brings several commands; the connection handles them all
+    /// before it waits again.
+    pub fn next_buffered(&mut self) -> Option<Result<Pdu, ReadError>> {
+        match self.cut() {
+            Ok(Cut::Pdu(pdu)) => Some(Ok(pdu)),
+            Ok(Cut::NeedMore(_)) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Cuts the first PDU off the buffer, or says how many more bytes it
+    /// needs. A bad PDU that can be skipped is dropped from the buffer.
+    fn cut(&mut self) -> Result<Cut, ReadError> {
+        // A whole PDU is cut off the buffer and decoded in place: its
+        // data segment shares the received bytes (no copy).
+        if let Ok(FrameSize::Total(total)) = self.framer.frame_size(&self.buf) {
+            if self.buf.len() >= total {
+                let frame = self.buf.split_to(total).freeze();
+                return match Pdu::decode_shared(&frame, self.framer.digests) {
+                    Ok((pdu, _)) => Ok(Cut::Pdu(pdu)),
+                    Err(error) => {
+                        let skip = matches!(
+                            error,
+                            DecodeError::UnknownOpcode(_) | DecodeError::DataDigest { .. }
+                        )
+                        .then_some(total);
+                        Err(ReadError::Decode {
+                            error,
+                            header: first_header(&frame),
+                            skip,
+                        })
+                    }
+                };
+            }
+        }
+        match self.framer.decode(&self.buf) {
+            Ok(Frame::Pdu { pdu, consumed }) => {
+                let _ = self.buf.split_to(consumed);
+                Ok(Cut::Pdu(pdu))
+            }
+            Ok(Frame::NeedMore(n)) => Ok(Cut::NeedMore(n)),
+            Err(error) => {
+                let header = first_header(&self.buf);
+                let skip = match (&error, self.framer.frame_size(&self.buf)) {
+                    (
+                        DecodeError::UnknownOpcode(_) | DecodeError::DataDigest { .. },
+                        Ok(FrameSize::Total(t)),
+                    ) => Some(t),
+                    _ => None,
+                };
+                if let Some(t) = skip {
+                    let _ = self.buf.split_to(t);
+                }
+                Err(ReadError::Decode {
+                    error,
+                    header,
+                    skip,
+                })
+            }
+        }
+    }
+}
+
+/// What the buffer gave: a PDU, or how many more bytes one needs.
+enum Cut {
+    Pdu(Pdu),
+    NeedMore(usize),
+}
+
+/// The 48-byte header at the start of `bytes`, when it is all there (for a
+/// Reject).
+fn first_header(bytes: &[u8]) -> Option<[u8; 48]> {
+    bytes.get(..48).map(|h| {
+        let mut a = [0u8; 48];
+        a.copy_from_slice(h);
+        a
+    })
 }
 
 /// Writes PDUs, coalescing small ones into one buffer and sending large
