@@ -39,6 +39,12 @@
 #   - iperf3 -Z -F of a 1 GiB LUN file in /dev/shm (passes repeated for SECS): the rate one
 #     connection moves the bytes a 1 GiB LUN holds, which are not in the CPU caches (see
 #     loopback_file).
+#   - target/examples/loopback_pair: a bare sender and receiver, no iSCSI, one connection, SECS
+#     each way: the sender sendfile(2)s the 1 GiB LUN file (as a sendfile target does) or
+#     writes one hot 1 MiB buffer (as iperf3 does); the receiver reads into QD_SEQ buffers of
+#     1 MiB in turn, as a client with QD_SEQ 1 MiB READs in flight places their data, where
+#     iperf3's receiver reads into one buffer again and again. It measures what the 1 MiB READ
+#     rows can reach on this machine when the client keeps what it reads.
 # The 1 MiB sequential rows are printed as a fraction of each.
 # QEMU read-back: a list of random, non-overlapping blocks of 4-64 KiB (4 KiB multiples,
 # 4 KiB aligned) totalling RB_MIB (32) MiB over a 256 MiB LUN (blockwire: a RAM LUN, where
@@ -119,6 +125,12 @@ trap cleanup EXIT
 
 bin=$(blockwire_bin)
 bw_cli=$(blockwire_cli)
+# The bare loopback pair (target/examples/loopback_pair.rs; see the header).
+(cd "$here/.." && timeout 1800 cargo build -q --release -p blockwire-target --example loopback_pair) || {
+    echo "bench-vs-tgtd.sh: building the loopback_pair example failed" >&2
+    exit 1
+}
+pair=${CARGO_TARGET_DIR:-$here/../build}/release/examples/loopback_pair
 # A compile running beside the benchmark would distort it: wait (<= 15 min) for it to end.
 compiling() { pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; }
 if [ "${WAIT_RUSTC:-1}" = 1 ] && compiling; then
@@ -290,7 +302,14 @@ print(" ".join(out + rest + bound_fields))' "$3" "$HZ" "$NCPU" "${ios[blockwire]
         "${busy[tgtd]}"
 }
 
-ratio() { python3 -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f"{a / b:.2f}" if b else "-")' "$1" "$2"; }
+ratio() {
+    python3 -c 'import sys
+try:
+    a, b = float(sys.argv[1]), float(sys.argv[2])
+except ValueError:
+    a, b = 0.0, 0.0
+print(f"{a / b:.2f}" if b else "-")' "$1" "$2"
+}
 
 # What else runs on this machine now (the targets and the clients share its cores with it).
 load_note() {
@@ -399,16 +418,21 @@ echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire
 
 lo=$(loopback)
 lo_file=$(loopback_file "$tmp/tgtd-lun.img")
+pair_hot=$(timeout $((SECS + 60)) "$pair" --hot --buffers "$QD_SEQ" --secs "$SECS") || pair_hot=-
+pair_file=$(timeout $((SECS + 60)) "$pair" --file "$tmp/tgtd-lun.img" --buffers "$QD_SEQ" --secs "$SECS") || pair_file=-
 {
     echo
     echo "loopback (iperf3, one TCP stream over 127.0.0.1, 1 MiB writes of one buffer, ${SECS} s): $lo MB/s"
     echo "loopback of a 1 GiB LUN file's bytes (iperf3 -Z -F tgtd's LUN file in /dev/shm, read into its buffer and sent, ${SECS} s): $lo_file MB/s"
-    printf '%-38s | %12s %12s | %12s %12s\n' "1 MiB rows / loopback" blockwire tgtd "bw / file lo" "tgtd / file"
+    echo "bare pair, receiver keeping $QD_SEQ x 1 MiB buffers (loopback_pair, ${SECS} s): one hot buffer sent by write: $pair_hot MB/s; the LUN file sent by sendfile: $pair_file MB/s"
+    printf '%-38s | %12s %12s | %12s %12s | %12s %12s\n' "1 MiB rows / loopback" blockwire tgtd "bw / file lo" "tgtd / file" \
+        "bw / pair" "tgtd / pair"
     for r in "${seq_rows[@]}"; do
         IFS='|' read -r label bm tm <<<"$r"
-        printf '%-38s | %12s %12s | %12s %12s\n' "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")" \
-            "$(ratio "$bm" "$lo_file")" "$(ratio "$tm" "$lo_file")"
+        printf '%-38s | %12s %12s | %12s %12s | %12s %12s\n' "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")" \
+            "$(ratio "$bm" "$lo_file")" "$(ratio "$tm" "$lo_file")" "$(ratio "$bm" "$pair_file")" "$(ratio "$tm" "$pair_file")"
     done
+    echo "bw / pair, tgtd / pair: over the bare pair sending the LUN file (sendfile) to $QD_SEQ x 1 MiB receive buffers"
 } | tee -a "$results"
 
 # --- QEMU read-back (see the header)
