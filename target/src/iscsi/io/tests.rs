@@ -315,3 +315,62 @@ async fn small_payloads_leave_by_reference_in_order_with_everything_queued() {
         }
     }
 }
+
+/// One socket read that brings several PDUs: the first comes from `next`,
+/// the rest from `next_buffered` without touching the socket, which says
+/// None at a PDU that is only partly there; a bad PDU among them is
+/// reported and skipped, and the PDU behind it still comes whole.
+#[tokio::test]
+async fn pdus_one_read_brought_are_cut_without_reading_again() {
+    let (mut ours, theirs) = tokio::io::duplex(1 << 20);
+    let mut reader = PduReader::new(theirs);
+    let pdus: Vec<Pdu> = (0..4)
+        .map(|i| data_in(i, i * 512, payload(512, i as u8), false))
+        .collect();
+    let mut unknown = [0u8; 48];
+    unknown[0] = 0x1d; // no such opcode (RFC 7143 section 11.1.1)
+    let mut bytes = Vec::new();
+    for p in &pdus[..2] {
+        bytes.extend_from_slice(&p.encode(Digests::NONE));
+    }
+    bytes.extend_from_slice(&unknown);
+    bytes.extend_from_slice(&pdus[2].encode(Digests::NONE));
+    let last = pdus[3].encode(Digests::NONE);
+    bytes.extend_from_slice(&last[..100]);
+    ours.write_all(&bytes).await.unwrap();
+
+    let first = reader.next().await.unwrap().expect("a PDU");
+    assert_eq!(first.encode(Digests::NONE), pdus[0].encode(Digests::NONE));
+    let second = reader.next_buffered().expect("buffered").unwrap();
+    assert_eq!(second.encode(Digests::NONE), pdus[1].encode(Digests::NONE));
+    match reader.next_buffered() {
+        Some(Err(ReadError::Decode { header, skip, .. })) => {
+            assert_eq!(header, Some(unknown));
+            assert_eq!(skip, Some(48));
+        }
+        other => panic!("expected the unknown opcode, got {other:?}"),
+    }
+    let third = reader.next_buffered().expect("buffered").unwrap();
+    assert_eq!(third.encode(Digests::NONE), pdus[2].encode(Digests::NONE));
+    assert!(
+        reader.next_buffered().is_none(),
+        "the fourth PDU is only partly there"
+    );
+    assert!(
+        reader.next_buffered().is_none(),
+        "and asking again reads nothing"
+    );
+
+    ours.write_all(&last[100..]).await.unwrap();
+    let fourth = tokio::time::timeout(Duration::from_secs(10), reader.next())
+        .await
+        .expect("the rest arrives")
+        .unwrap()
+        .expect("a PDU");
+    assert_eq!(fourth.encode(Digests::NONE), pdus[3].encode(Digests::NONE));
+    drop(ours);
+    assert!(
+        reader.next().await.unwrap().is_none(),
+        "clean end of stream"
+    );
+}
