@@ -34,7 +34,11 @@ cargo build -p blockwire-transport --features verbs
 cargo test -p blockwire-transport --features verbs --lib verbs
 
 step "release build of the daemons (end-to-end and interop tests use it)"
-cargo build --release -p blockwire-mgmt -p blockwire-initiator
+# With the features the kernel lab's binaries need (interop/test-kernel-lab.sh builds the same
+# two), so the lab finds them built instead of compiling the daemons again. Without an RDMA
+# device the verbs backend is never opened (interop/test-rdma-verbs-fallback.sh).
+cargo build --release -p blockwire-mgmt --features verbs
+cargo build --release -p blockwire-initiator --features ublk,verbs
 
 step "unit, property, golden and end-to-end tests"
 if cargo nextest --version >/dev/null 2>&1; then
