@@ -26,6 +26,12 @@ use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
 
+/// A run that could not measure: says why, exits 1.
+fn fail(why: &str) -> ! {
+    eprintln!("loopback_pair: {why}");
+    std::process::exit(1)
+}
+
 fn usage(why: &str) -> ! {
     eprintln!("loopback_pair: {why}");
     eprintln!(
@@ -98,7 +104,15 @@ fn main() {
                     .filter(|s: &f64| *s > 0.0 && *s <= 3600.0)
                     .unwrap_or_else(|| usage("--secs takes a number of seconds, at most 3600"))
             }
-            "-h" | "--help" => usage("the loopback rate of a bare sender and receiver"),
+            "-h" | "--help" => {
+                println!(
+                    "loopback_pair [--file FILE | --hot] [--buffers N] [--read-max BYTES] [--secs S]\n\
+                     The loopback rate (MB/s) of a bare sender (sendfile of FILE, or one hot 1 MiB\n\
+                     buffer written again and again) and a receiver reading into N 1 MiB buffers\n\
+                     in turn (default 8), for S seconds (default 5)."
+                );
+                std::process::exit(0)
+            }
             other => usage(&format!("unknown argument {other}")),
         }
     }
@@ -106,10 +120,10 @@ fn main() {
         (Some(_), true) | (None, false) => usage("give one of --file FILE and --hot"),
         (None, true) => Source::Hot,
         (Some(path), false) => {
-            let f = std::fs::File::open(&path).unwrap_or_else(|e| usage(&format!("{path}: {e}")));
+            let f = std::fs::File::open(&path).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
             let size = f.metadata().map(|m| m.len()).unwrap_or(0);
             if size < MIB as u64 {
-                usage(&format!("{path} is smaller than 1 MiB"));
+                fail(&format!("{path} is smaller than 1 MiB"));
             }
             Source::File(f, size - size % MIB as u64)
         }
@@ -131,7 +145,7 @@ fn main() {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => usage(&format!("receive failed: {e}")),
+            Err(e) => fail(&format!("receive failed: {e}")),
         };
         total += n as u64;
         at += n;
@@ -142,9 +156,9 @@ fn main() {
     let took = start.elapsed().as_secs_f64();
     match sender.join() {
         Ok(Ok(sent)) if sent == total => {}
-        Ok(Ok(sent)) => usage(&format!("sent {sent} bytes but received {total}")),
-        Ok(Err(e)) => usage(&format!("sender failed: {e}")),
-        Err(_) => usage("sender panicked"),
+        Ok(Ok(sent)) => fail(&format!("sent {sent} bytes but received {total}")),
+        Ok(Err(e)) => fail(&format!("sender failed: {e}")),
+        Err(_) => fail("sender panicked"),
     }
     println!("{:.1}", total as f64 / took / 1e6);
 }
