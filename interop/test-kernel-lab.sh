@@ -55,8 +55,7 @@ if [ ! -x "$lab/run.sh" ] || [ ! -e /opt/kernel-lab/current ]; then
 fi
 
 step "release binaries: blockwire-target, blockwire (with the ublk front end and verbs), rdma_conformance and rdma_assisted_check (verbs)"
-(cd "$repo" && cargo build -q --release -p blockwire-mgmt --features verbs &&
-    cargo build -q --release -p blockwire-initiator --features ublk,verbs &&
+(cd "$repo" && scripts/build-release-daemons.sh -q &&
     cargo build -q --release -p blockwire-transport --features verbs --example rdma_conformance \
         --example reg_fig8 &&
     cargo build -q --release -p blockwire-tests --features blockwire-transport/verbs \

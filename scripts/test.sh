@@ -34,11 +34,8 @@ cargo build -p blockwire-transport --features verbs
 cargo test -p blockwire-transport --features verbs --lib verbs
 
 step "release build of the daemons (end-to-end and interop tests use it)"
-# With the features the kernel lab's binaries need (interop/test-kernel-lab.sh builds the same
-# two), so the lab finds them built instead of compiling the daemons again. Without an RDMA
-# device the verbs backend is never opened (interop/test-rdma-verbs-fallback.sh).
-cargo build --release -p blockwire-mgmt --features verbs
-cargo build --release -p blockwire-initiator --features ublk,verbs
+# With the kernel lab's features, so its build finds them done.
+scripts/build-release-daemons.sh
 
 step "unit, property, golden and end-to-end tests"
 if cargo nextest --version >/dev/null 2>&1; then
