@@ -79,7 +79,14 @@
 # could gain with that client on this machine, as far as the client's cost per I/O holds.
 #
 # QD1 rows: at one command in flight latency is 1/IOPS, so ratio >= 1 means blockwire's
-# mean latency is at or below tgtd's.
+# mean latency is at or below tgtd's. On a virtual machine most of a QD1 round trip can be the
+# hypervisor waking an idle virtual CPU: where the scheduler happens to place the client and
+# the target decides the result more than either program does (on the 2-vCPU VM of
+# 2026-11-27, libiscsi_rw.py READ at QD1 ran at about 10 000 IOPS against either target with
+# the two on different CPUs and at 41 000-51 000 on one). So each QD1 row also runs twice with
+# the placement fixed by taskset(1): "[one CPU]" pins the client (fio and qemu-nbd for fio)
+# and every thread of the target to CPU 0; "[two CPUs]" pins the target to CPU 0 and the
+# client to CPU 1. The pins are lifted after each run.
 #
 # Output: a table on stdout, also written to interop/results/bench-vs-tgtd.md, with the load
 # average and the busiest other processes at the start (the machine may be shared).
@@ -196,13 +203,14 @@ rm -f "$tmp/fill"
 
 # qemu-nbd per target: the LUN on a Unix socket for fio's nbd engine. cache=none: no
 # write-through emulation (no SYNCHRONIZE CACHE after each write).
-declare -A NBD
+declare -A NBD NBD_PID
 for t in blockwire tgtd; do
     read -r portal iqn lun _ <<<"${T[$t]}"
     NBD[$t]=$tmp/nbd-$t.sock
     qemu-nbd -f raw --cache=none -t -e 4 -k "${NBD[$t]}" "iscsi://$portal/$iqn/$lun" \
         >"$tmp/qemu-nbd-$t.log" 2>&1 &
     nbd_pids+=($!)
+    NBD_PID[$t]=$!
     for _ in $(seq 100); do [ -S "${NBD[$t]}" ] && break; sleep 0.1; done
     [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
 done
@@ -210,14 +218,22 @@ done
 # run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints
 # "ios secs target_ticks machine_busy_ticks"
 run() {
-    local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 portal iqn lun pid c0 c1 b0 b1 out ios secs iops mbps
+    local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 place=${6:-free} portal iqn lun pid c0 c1 b0 b1 out ios secs iops mbps
     read -r portal iqn lun pid <<<"${T[$t]}"
+    local -a pin=()
+    if [ "$place" != free ]; then
+        local client_cpu=0
+        [ "$place" = two ] && client_cpu=$((NCPU - 1))
+        pin=(taskset -c "$client_cpu")
+        taskset -a -p -c 0 "$pid" >/dev/null
+        [ "$tool" = fio ] && taskset -a -p -c "$client_cpu" "${NBD_PID[$t]}" >/dev/null
+    fi
     b0=$(busy_ticks)
     c0=$(cpu_ticks "$pid")
     if [ "$tool" = fio ]; then
         local dir=read
         [[ $w == *write ]] && dir=write
-        out=$(timeout $((SECS + 60)) fio --name=bench --ioengine=nbd \
+        out=$(timeout $((SECS + 60)) "${pin[@]}" fio --name=bench --ioengine=nbd \
             --uri="nbd+unix:///?socket=${NBD[$t]}" --rw="$w" --bs="$xfer" --iodepth="$qd" \
             --size="${SIZE_MIB}M" --time_based --runtime="$SECS" --norandommap --randrepeat=0 \
             --output-format=json 2>/dev/null || true)
@@ -230,7 +246,7 @@ try:
 except Exception:
     print(0, 0)' "$dir" <<<"$out")
     elif [ "$tool" = py ]; then
-        out=$(timeout $((SECS + 60)) python3 "$here/libiscsi_rw.py" "$portal" "$iqn" "$lun" \
+        out=$(timeout $((SECS + 60)) "${pin[@]}" python3 "$here/libiscsi_rw.py" "$portal" "$iqn" "$lun" \
             --bench "$w" --xfer "$xfer" --qd "$qd" --seconds "$SECS" --span $((SIZE_MIB << 20)))
         c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
@@ -239,7 +255,7 @@ except Exception:
         local op=read pattern=rand
         [[ $w == *write ]] && op=write
         [[ $w == seq* ]] && pattern=seq
-        out=$(timeout $((SECS + 60)) "$bw_cli" bench -p "$portal" -T "$iqn" -l "$lun" \
+        out=$(timeout $((SECS + 60)) "${pin[@]}" "$bw_cli" bench -p "$portal" -T "$iqn" -l "$lun" \
             --pattern "$pattern" --op "$op" --bs "$xfer" --qd "$qd" --time "${SECS}s" 2>&1 || true)
         c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/^ios=\([0-9]*\) .*/\1/p' <<<"$out")
@@ -249,11 +265,15 @@ except Exception:
         # -t seconds. Its last line: "iops average N (M MB/s)".
         local -a o=(-m "$qd" -b $((xfer / 512)) -t "$SECS")
         [ "$w" = randread ] && o+=(-r)
-        out=$(timeout -s INT $((SECS + 30)) iscsi-perf "${o[@]}" "iscsi://$portal/$iqn/$lun" 2>&1 |
+        out=$(timeout -s INT $((SECS + 30)) "${pin[@]}" iscsi-perf "${o[@]}" "iscsi://$portal/$iqn/$lun" 2>&1 |
             tr '\r' '\n' | grep -o 'iops average [0-9]*' | tail -n 1 | grep -o '[0-9]*$' || true)
         c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         secs=$SECS
         ios=$(( ${out:-0} * SECS ))
+    fi
+    if [ "$place" != free ]; then
+        taskset -a -p -c "0-$((NCPU - 1))" "$pid" >/dev/null
+        [ "$tool" = fio ] && taskset -a -p -c "0-$((NCPU - 1))" "${NBD_PID[$t]}" >/dev/null
     fi
     if [ -z "$ios" ] || [ "$ios" = 0 ] || [ -z "$secs" ]; then
         echo "0 0 0 0"
@@ -262,7 +282,7 @@ except Exception:
     echo "$ios $secs $((c1 - c0)) $((b1 - b0))"
 }
 
-# measure TOOL WORKLOAD XFER QD — ROUNDS rounds, the targets' order swapped every round
+# measure TOOL WORKLOAD XFER QD [PLACE] — ROUNDS rounds, the targets' order swapped every round
 # (blockwire, tgtd, then tgtd, blockwire, ...) so that a change in the machine's other load
 # during the workload weighs on both alike; prints for each target, from the sums over the
 # rounds, "iops MBps us_cpu_per_io" (blockwire's fields, then tgtd's), then for each target
@@ -376,8 +396,10 @@ loopback_file() {
 
 seq_rows=()
 rest_rows=()
+# The width of the workload column (the longest label and its placement tag).
+LW=50
 results=$tmp/results.txt
-printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' workload "bw IOPS" "bw MB/s" "bw us/io" \
+printf '%-*s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$LW" workload "bw IOPS" "bw MB/s" "bw us/io" \
     "tgtd IOPS" "tgtd MB/s" "tgt us/io" "ratio" "cpu" | tee "$results"
 for spec in \
     "py randread 4096 1" "py randread 4096 32" \
@@ -386,10 +408,15 @@ for spec in \
     "perf randread 4096 1" "perf randread 4096 32" "perf seqread 1048576 $QD_SEQ" \
     "fio randread 4096 1" "fio randread 4096 32" "fio randwrite 4096 1" "fio randwrite 4096 32" \
     "bw randread 4096 1" "bw randread 4096 32" "bw randwrite 4096 32" \
-    "bw seqread 1048576 $QD_SEQ" "bw seqwrite 1048576 $QD_SEQ"; do
+    "bw seqread 1048576 $QD_SEQ" "bw seqwrite 1048576 $QD_SEQ" \
+    "py randread 4096 1 one" "py randread 4096 1 two" "py randwrite 4096 1 one" "py randwrite 4096 1 two" \
+    "perf randread 4096 1 one" "perf randread 4096 1 two" \
+    "fio randread 4096 1 one" "fio randread 4096 1 two" "fio randwrite 4096 1 one" "fio randwrite 4096 1 two" \
+    "bw randread 4096 1 one" "bw randread 4096 1 two"; do
     if [ -n "${ONLY:-}" ] && ! [[ $spec =~ $ONLY ]]; then continue; fi
-    read -r tool w xfer qd <<<"$spec"
-    read -r bi bm bc ti tm tc br bidle tr tidle bound bound_ratio <<<"$(measure "$tool" "$w" "$xfer" "$qd")"
+    read -r tool w xfer qd place <<<"$spec"
+    place=${place:-free}
+    read -r bi bm bc ti tm tc br bidle tr tidle bound bound_ratio <<<"$(measure "$tool" "$w" "$xfer" "$qd" "$place")"
     case $tool in
     py) client=libiscsi_rw.py ;;
     perf) client=iscsi-perf ;;
@@ -397,21 +424,28 @@ for spec in \
     bw) client="blockwire bench" ;;
     esac
     label="$w $((xfer / 1024))KiB qd$qd ($client)"
+    case $place in
+    one) label+=" [one CPU]" ;;
+    two) label+=" [two CPUs]" ;;
+    esac
     if [ "$xfer" = 1048576 ]; then seq_rows+=("$label|$bm|$tm"); fi
-    rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio")
-    printf '%-38s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$label" "$bi" "$bm" "$bc" \
+    # A pinned run leaves CPUs idle by design: its rest and bound would not say what they say
+    # of a free run.
+    [ "$place" = free ] && rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio")
+    printf '%-*s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$LW" "$label" "$bi" "$bm" "$bc" \
         "$ti" "$tm" "$tc" "$(ratio "$bi" "$ti")" "$(ratio "$bc" "$tc")" | tee -a "$results"
 done
 echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire CPU per I/O / tgtd's (<1: blockwire cheaper)"
+echo "[one CPU]: client and target pinned to CPU 0; [two CPUs]: target on CPU 0, client on CPU $((NCPU - 1)) (taskset)"
 {
     echo
     echo "The rest of the machine's CPU ($NCPU CPUs; clients and the kernel work they cause), per I/O, and its idle share;"
     echo "bound = IOPS with blockwire's CPU at zero and the rest per I/O unchanged ($NCPU x 1e6 / rest us/io), and that over tgtd's IOPS"
-    printf '%-38s | %12s %6s | %12s %6s | %10s %10s\n' workload "bw rest us" "idle%" "tgtd rest us" "idle%" \
+    printf '%-*s | %12s %6s | %12s %6s | %10s %10s\n' "$LW" workload "bw rest us" "idle%" "tgtd rest us" "idle%" \
         "bound IOPS" "bound/tgtd"
     for r in "${rest_rows[@]}"; do
         IFS='|' read -r label br bidle tr tidle bound bound_ratio <<<"$r"
-        printf '%-38s | %12s %6s | %12s %6s | %10s %10s\n' "$label" "$br" "$bidle" "$tr" "$tidle" "$bound" \
+        printf '%-*s | %12s %6s | %12s %6s | %10s %10s\n' "$LW" "$label" "$br" "$bidle" "$tr" "$tidle" "$bound" \
             "$bound_ratio"
     done
 } | tee -a "$results"
@@ -425,11 +459,11 @@ pair_file=$(timeout $((SECS + 60)) "$pair" --file "$tmp/tgtd-lun.img" --buffers 
     echo "loopback (iperf3, one TCP stream over 127.0.0.1, 1 MiB writes of one buffer, ${SECS} s): $lo MB/s"
     echo "loopback of a 1 GiB LUN file's bytes (iperf3 -Z -F tgtd's LUN file in /dev/shm, read into its buffer and sent, ${SECS} s): $lo_file MB/s"
     echo "bare pair, receiver keeping $QD_SEQ x 1 MiB buffers (loopback_pair, ${SECS} s): one hot buffer sent by write: $pair_hot MB/s; the LUN file sent by sendfile: $pair_file MB/s"
-    printf '%-38s | %12s %12s | %12s %12s | %12s %12s\n' "1 MiB rows / loopback" blockwire tgtd "bw / file lo" "tgtd / file" \
+    printf '%-*s | %12s %12s | %12s %12s | %12s %12s\n' "$LW" "1 MiB rows / loopback" blockwire tgtd "bw / file lo" "tgtd / file" \
         "bw / pair" "tgtd / pair"
     for r in "${seq_rows[@]}"; do
         IFS='|' read -r label bm tm <<<"$r"
-        printf '%-38s | %12s %12s | %12s %12s | %12s %12s\n' "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")" \
+        printf '%-*s | %12s %12s | %12s %12s | %12s %12s\n' "$LW" "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")" \
             "$(ratio "$bm" "$lo_file")" "$(ratio "$tm" "$lo_file")" "$(ratio "$bm" "$pair_file")" "$(ratio "$tm" "$pair_file")"
     done
     echo "bw / pair, tgtd / pair: over the bare pair sending the LUN file (sendfile) to $QD_SEQ x 1 MiB receive buffers"
@@ -560,6 +594,6 @@ mkdir -p "$here/results"
     cat "$results"
     echo '```'
     echo
-    echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire us/io / tgtd us/io (<1: blockwire cheaper). libiscsi_rw.py = libiscsi's async API from Python (reads and writes); iscsi-perf = libiscsi's C read benchmark; blockwire bench = blockwire's own initiator (reads and writes); fio+qemu-nbd = fio's nbd engine against qemu-nbd exporting the LUN through QEMU's iscsi driver. QD1 ratio >= 1 means blockwire's mean latency is at or below tgtd's."
+    echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire us/io / tgtd us/io (<1: blockwire cheaper). libiscsi_rw.py = libiscsi's async API from Python (reads and writes); iscsi-perf = libiscsi's C read benchmark; blockwire bench = blockwire's own initiator (reads and writes); fio+qemu-nbd = fio's nbd engine against qemu-nbd exporting the LUN through QEMU's iscsi driver. QD1 ratio >= 1 means blockwire's mean latency is at or below tgtd's; [one CPU]: client and target pinned to CPU 0, [two CPUs]: target on CPU 0 and client on the other (taskset), since on a virtual machine where the scheduler places the two decides a QD1 round trip more than either program does."
 } >"$here/results/bench-vs-tgtd.md"
 echo "written: $here/results/bench-vs-tgtd.md"
