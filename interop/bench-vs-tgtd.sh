@@ -97,6 +97,7 @@
 # Env: SECS (per run), ROUNDS, BW_BACKSTORE (file|ram), QD_SEQ (default 8), RB_MIB (default 32),
 # BLOCKWIRE_BIN (another blockwire-target binary, e.g. a build from before a change),
 # BENCH_NOTE (a paragraph for the results file: what the binary is, what else ran),
+# BW_BUSY_POLL_US (blockwire's [fabric] busy_poll_us; unset: off, the default),
 # ONLY (a regular expression: run only the rows whose "tool workload xfer qd" matches it),
 # WAIT_RUSTC=0 (do not wait for running compiles: quick checks of the script itself).
 set -euo pipefail
@@ -171,6 +172,10 @@ metrics_port=$(free_port)
     echo "size = \"${RB_LUN_MIB}M\""
     echo '[metrics]'
     echo "listen = \"127.0.0.1:$metrics_port\""
+    if [ -n "${BW_BUSY_POLL_US:-}" ]; then
+        echo '[fabric]'
+        echo "busy_poll_us = $BW_BUSY_POLL_US"
+    fi
 } >"$tmp/bench.toml"
 bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/bench.toml")
 tgt_port=$(free_port)

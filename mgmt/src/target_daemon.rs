@@ -122,6 +122,9 @@ pub async fn run(
         warn!("--no-net: BENCHMARK-ONLY MODE. READ data are read from the backstores (engine-path LUNs through the I/O engine as usual, others by the SCSI core's serial path) but NOT SENT: \
                every READ ends GOOD with a residual underflow of its whole length. Initiators get no data; do not use for real I/O.");
     }
+    if let Some(budget) = fabric.settings.busy_poll {
+        info!("busy polling: a connection looks for the next PDU for {} us before it sleeps ([fabric] busy_poll_us; costs CPU time after every read)", budget.as_micros());
+    }
     if fabric.settings.zero_copy_send {
         info!("zero-copy sends (MSG_ZEROCOPY) for Data-In payloads of at least {} KiB where the kernel allows it ([fabric] zero_copy_send = false turns them off)", blockwire_target::iscsi::zerocopy::ZC_MIN >> 10);
     } else {

@@ -557,3 +557,62 @@ async fn abort_during_sendfile_reads() {
     assert_eq!(status, 0);
     assert!(data == want[..MIB]);
 }
+
+/// With `busy_poll` set, a connection that handled what arrived keeps
+/// looking at its socket before it sleeps. READs one at a time (each
+/// answer is awaited, so every wait of the target ends in the poll) and a
+/// window of them queued together come back whole on the serial and the
+/// sendfile paths, and a closed initiator still ends the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_with_busy_polling() {
+    for lun0 in [Lun0::Serial, Lun0::Sendfile] {
+        let mut s = settings(true, false);
+        s.busy_poll = Some(Duration::from_micros(200));
+        let (t, _dir) = start(4 * MIB, lun0, s).await;
+        let want = pattern(4 * MIB);
+        let mut c = Client::login(t.addr, Digests::NONE).await;
+        for (i, len) in [512, 4096, 65536, MIB].into_iter().enumerate() {
+            let at = i * MIB;
+            let (status, data, residual, _) = c.read(at, len).await;
+            assert_eq!((status, residual), (0, None), "{lun0:?} READ of {len}");
+            assert!(
+                data == want[at..at + len],
+                "{lun0:?}: READ of {len} differs"
+            );
+        }
+        // 16 READs of 4 KiB queued at once, answered in any order.
+        let mut itts = Vec::new();
+        for i in 0..16 {
+            itts.push(c.send_read(i * 8192, 4096).await);
+        }
+        let mut done = 0;
+        while done < itts.len() {
+            let pdu = c
+                .conn
+                .recv_within(Duration::from_secs(20))
+                .await
+                .expect("READ response within 20 s");
+            if let Bhs::DataIn(d) = pdu.bhs {
+                let i = itts.iter().position(|&x| x == d.itt).expect("known ITT");
+                let at = i * 8192 + d.buffer_offset as usize;
+                assert!(
+                    pdu.data[..] == want[at..at + pdu.data.len()],
+                    "{lun0:?}: READ {i} differs"
+                );
+                if d.status.is_some() {
+                    done += 1;
+                }
+            }
+        }
+        drop(c);
+        // The target sees the close: its session goes away.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !t.fabric.sessions.all().is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{lun0:?}: the session outlived its closed connection"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

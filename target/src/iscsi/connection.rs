@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::busy_poll::BusyPoll;
 use super::io::{advances_stat_sn, stamp, PduReader, PduWriter, ReadError};
 use super::launch::Launcher;
 use super::login::LoginOutcome;
@@ -287,6 +288,14 @@ async fn full_feature<R: AsyncRead + Unpin>(
             super::zerocopy::ZC_MIN >> 10
         );
     }
+    let busy_poll = fabric.settings.busy_poll.and_then(|budget| {
+        let stream = writer.tcp_stream()?;
+        BusyPoll::new(stream, budget)
+            .inspect_err(
+                |e| warn!(tsih = session.tsih, error = %e, "busy polling off for this connection"),
+            )
+            .ok()
+    });
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), first_stat_sn));
@@ -313,6 +322,12 @@ async fn full_feature<R: AsyncRead + Unpin>(
                 Err(stop) => break stop,
             }
             continue;
+        }
+        if let Some(poll) = &busy_poll {
+            // Whether or not the next PDU came in the budget, the select
+            // below reads it: found, it is already in epoll's ready list,
+            // so the wait below does not sleep.
+            poll.until_readable().await;
         }
         let timer = machine
             .poll_timeout()

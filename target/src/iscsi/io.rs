@@ -310,6 +310,11 @@ impl PduWriter {
         self.inner.tcp().map(|s| s.as_raw_fd())
     }
 
+    /// The TCP socket written to, if the stream is one.
+    pub fn tcp_stream(&self) -> Option<&TcpStream> {
+        self.inner.tcp()
+    }
+
     /// Turns zero-copy sends on for large payloads; false (logged once)
     /// when the kernel refuses, and sends stay plain.
     pub fn enable_zero_copy(&mut self) -> bool {

@@ -2,6 +2,7 @@
 //! and the command lifecycle over TCP.
 
 pub mod budget;
+pub mod busy_poll;
 pub mod catalog;
 pub mod connection;
 pub mod data_paths;
@@ -68,6 +69,10 @@ pub struct FabricSettings {
     /// Send large Data-In payloads with `MSG_ZEROCOPY` where the kernel
     /// allows it (see [`zerocopy`]); false: plain copying sends.
     pub zero_copy_send: bool,
+    /// After handling what arrived, a connection looks for the initiator's
+    /// next PDU for up to this long before it sleeps (see [`busy_poll`]);
+    /// None (the default): it sleeps at once.
+    pub busy_poll: Option<Duration>,
     /// Benchmark-only `--no-net`: READs read their data but send no
     /// Data-In; they end GOOD with a residual underflow of the whole length.
     pub no_net: bool,
@@ -88,6 +93,7 @@ impl Default for FabricSettings {
             require_data_digest: false,
             data_pdu_in_order: false,
             zero_copy_send: true,
+            busy_poll: None,
             no_net: false,
         }
     }
