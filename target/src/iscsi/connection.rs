@@ -288,7 +288,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
             super::zerocopy::ZC_MIN >> 10
         );
     }
-    let busy_poll = fabric.settings.busy_poll.and_then(|budget| {
+    let mut busy_poll = fabric.settings.busy_poll.and_then(|budget| {
         let stream = writer.tcp_stream()?;
         BusyPoll::new(stream, budget)
             .inspect_err(
@@ -323,7 +323,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
             }
             continue;
         }
-        if let Some(poll) = &busy_poll {
+        if let Some(poll) = &mut busy_poll {
             // Whether or not the next PDU came in the budget, the select
             // below reads it: found, it is already in epoll's ready list,
             // so the wait below does not sleep.
