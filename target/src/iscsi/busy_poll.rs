@@ -35,6 +35,10 @@ pub const BUSY_POLL_MAX: Duration = Duration::from_millis(1);
 /// With nothing else runnable it is one system call, about a microsecond.
 const CONTENDED: Duration = Duration::from_micros(10);
 
+/// A connection polls while its socket reads bring fewer PDUs than this on
+/// average (see [`BusyPoll::note_read`]).
+const POLL_BELOW_PDUS_PER_READ: u32 = 2;
+
 /// How long a connection leaves off polling once its CPU turned out to
 /// have other work.
 const REST: Duration = Duration::from_millis(10);
@@ -48,6 +52,8 @@ pub struct BusyPoll {
     /// Set when another task wanted this CPU during a poll: no polling
     /// until then.
     rest_until: Option<Instant>,
+    /// PDUs per socket read, a moving average in sixteenths.
+    pdus_per_read_x16: u32,
 }
 
 impl BusyPoll {
@@ -57,6 +63,7 @@ impl BusyPoll {
             socket: stream.as_fd().try_clone_to_owned()?,
             budget: budget.min(BUSY_POLL_MAX),
             rest_until: None,
+            pdus_per_read_x16: 16,
         })
     }
 
@@ -68,6 +75,9 @@ impl BusyPoll {
     /// the socket has bytes, an end of stream or an error to report (the
     /// reader finds out which); false when the budget ran out first.
     pub async fn until_readable(&mut self) -> bool {
+        if self.pdus_per_read_x16 >= POLL_BELOW_PDUS_PER_READ * 16 {
+            return false;
+        }
         if let Some(until) = self.rest_until {
             if Instant::now() < until {
                 return false;
@@ -95,6 +105,16 @@ impl BusyPoll {
                 return false;
             }
         }
+    }
+
+    /// Counts the PDUs the last socket read brought. Reads that bring
+    /// several mean the initiator keeps commands queued: the connection has
+    /// work without waking for each one, and a spin between batches would
+    /// only take CPU from the initiator. So polling is for connections
+    /// whose reads bring about one PDU (QD1, a round trip per command).
+    pub fn note_read(&mut self, pdus: u32) {
+        let pdus = pdus.min(64) * 16;
+        self.pdus_per_read_x16 = (self.pdus_per_read_x16 * 7 + pdus) / 8;
     }
 
     /// True when a read would not block.
@@ -201,6 +221,23 @@ mod tests {
         let seen = readable_within(&mut poll).await;
         assert!(seen, "the rest is over, the bytes are there");
         assert_eq!(poll.rest_until, None);
+    }
+
+    #[tokio::test]
+    async fn reads_that_bring_several_pdus_turn_polling_off() {
+        let (mut client, server) = pair().await;
+        client.write_all(b"PDU").await.unwrap();
+        let mut poll = BusyPoll::new(&server, BUSY_POLL_MAX).unwrap();
+        for _ in 0..16 {
+            poll.note_read(7);
+        }
+        for _ in 0..100 {
+            assert!(!poll.until_readable().await, "polled at 7 PDUs per read");
+        }
+        for _ in 0..32 {
+            poll.note_read(1);
+        }
+        assert!(readable_within(&mut poll).await, "one PDU per read again");
     }
 
     #[tokio::test]

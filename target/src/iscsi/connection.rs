@@ -305,6 +305,8 @@ async fn full_feature<R: AsyncRead + Unpin>(
     let my_generation = session.generation();
     let mut shutdown = fabric.shutdown.clone();
     let mut actions = Vec::new();
+    // PDUs the last socket read brought, for busy polling.
+    let mut pdus_this_read = 0u32;
     let mut shutting_down = *shutdown.borrow();
     if shutting_down {
         actions = machine.on_shutdown(std::time::Instant::now());
@@ -317,6 +319,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
         // waits: one socket read often brings several, and each select
         // below registers a timer and three watches.
         if let Some(next) = reader.next_buffered() {
+            pdus_this_read += 1;
             match on_read(&mut machine, next.map(Some), session) {
                 Ok(a) => actions = a,
                 Err(stop) => break stop,
@@ -324,6 +327,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
             continue;
         }
         if let Some(poll) = &mut busy_poll {
+            poll.note_read(std::mem::take(&mut pdus_this_read));
             // Whether or not the next PDU came in the budget, the select
             // below reads it: found, it is already in epoll's ready list,
             // so the wait below does not sleep.
@@ -335,7 +339,10 @@ async fn full_feature<R: AsyncRead + Unpin>(
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
         tokio::select! {
             next = reader.next() => match on_read(&mut machine, next, session) {
-                Ok(a) => actions = a,
+                Ok(a) => {
+                    pdus_this_read = 1;
+                    actions = a;
+                }
                 Err(stop) => break stop,
             },
             _ = turns_true(&mut cut) => {
