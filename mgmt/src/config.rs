@@ -120,8 +120,9 @@ pub struct FabricConfig {
     pub zero_copy_send: bool,
     /// Microseconds a connection keeps looking for the initiator's next PDU
     /// before it sleeps (0, the default: it sleeps at once; at most 1000).
-    /// Saves the wake-up of an idle CPU per round trip, at the price of
-    /// that much CPU time after every socket read.
+    /// Only connections whose reads bring about one PDU poll (QD1). Saves
+    /// the wake-up of an idle CPU per round trip, at the price of up to
+    /// that much CPU time per wait.
     pub busy_poll_us: u64,
     /// The target's DataPDUInOrder answer: false (default) lets an
     /// initiator that offers No receive Data-In in completion order

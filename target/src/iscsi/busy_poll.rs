@@ -9,14 +9,19 @@
 //! send the responses, then looks at the socket for the next PDU (a
 //! non-blocking `MSG_PEEK`) again and again for at most that long, yielding
 //! to the runtime's other tasks between looks, and sleeps only if nothing
-//! came. Between looks it also gives the CPU to any other runnable thread
-//! (`sched_yield`), and when one took it the connection stops polling for a
-//! while: a client on the same CPU is not starved. The CPU stays busy in
-//! the meantime, which is the price: up to the budget of CPU time after
-//! every socket read. A busy client on the *other* CPUs is not seen, and
-//! the scheduler packs it there, away from the spinning target: at QD32
-//! with client and target sharing two CPUs, polling costs IOPS (the
-//! numbers are in interop/results/bench-vs-tgtd.md). Off by default.
+//! came. The CPU stays busy in the meantime, which is the price: up to the
+//! budget of CPU time per wait. Off by default.
+//!
+//! Two rules keep the spin from taking CPU that others need:
+//! - Between looks the poll gives the CPU to any other runnable thread
+//!   (`sched_yield`); when one took it, the connection stops polling for a
+//!   while, so a client on the same CPU is not starved.
+//! - Only connections whose socket reads bring about one PDU poll (QD1: a
+//!   round trip per command). With commands queued, a read brings several
+//!   and the connection has work without a wake-up per command; a spin
+//!   between batches then kept the target's CPU busy, the scheduler packed
+//!   the client onto the other CPU, and 4 KiB QD32 lost about a third of
+//!   its IOPS on the 2-vCPU VM (interop/results/bench-vs-tgtd.md).
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -71,9 +76,12 @@ impl BusyPoll {
     /// sent), then looks for something to read until the budget runs out,
     /// giving the CPU to any other runnable thread between looks
     /// (`sched_yield`). If one took it, the CPU is not idle without the
-    /// poll: the poll ends and the connection does not poll for [`REST`]. True when
-    /// the socket has bytes, an end of stream or an error to report (the
-    /// reader finds out which); false when the budget ran out first.
+    /// poll: the poll ends and the connection does not poll for [`REST`].
+    /// Connections whose reads bring several PDUs do not poll at all.
+    ///
+    /// True when the socket has bytes, an end of stream or an error to
+    /// report (the reader finds out which); false when the budget ran out
+    /// first, or the connection did not poll.
     pub async fn until_readable(&mut self) -> bool {
         if self.pdus_per_read_x16 >= POLL_BELOW_PDUS_PER_READ * 16 {
             return false;
