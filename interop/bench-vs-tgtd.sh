@@ -98,7 +98,8 @@
 # BLOCKWIRE_BIN (another blockwire-target binary, e.g. a build from before a change),
 # BENCH_NOTE (a paragraph for the results file: what the binary is, what else ran),
 # BW_BUSY_POLL_US (blockwire's [fabric] busy_poll_us; unset: off, the default),
-# ONLY (a regular expression: run only the rows whose "tool workload xfer qd" matches it),
+# ONLY (a regular expression: run only the rows whose "tool workload xfer qd [one|two]" matches
+# it; the pinned QD1 rows end in "one" or "two"),
 # WAIT_RUSTC=0 (do not wait for running compiles: quick checks of the script itself).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
