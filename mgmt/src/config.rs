@@ -1470,8 +1470,7 @@ fn fabric_settings(
         nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
         logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
         zero_copy_send: f.zero_copy_send,
-        busy_poll: (f.busy_poll_us > 0)
-            .then(|| std::time::Duration::from_micros(f.busy_poll_us.min(busy_poll_max))),
+        busy_poll: (f.busy_poll_us > 0).then(|| std::time::Duration::from_micros(f.busy_poll_us)),
         data_pdu_in_order: f.data_pdu_in_order,
         ..FabricSettings::default()
     };
