@@ -32,11 +32,12 @@ fn fail(why: &str) -> ! {
     std::process::exit(1)
 }
 
+const SYNOPSIS: &str =
+    "loopback_pair [--file FILE | --hot] [--buffers N] [--read-max BYTES] [--secs S]";
+
 fn usage(why: &str) -> ! {
     eprintln!("loopback_pair: {why}");
-    eprintln!(
-        "usage: loopback_pair [--file FILE | --hot] [--buffers N] [--read-max BYTES] [--secs S]"
-    );
+    eprintln!("usage: {SYNOPSIS}");
     std::process::exit(2)
 }
 
@@ -106,7 +107,7 @@ fn main() {
             }
             "-h" | "--help" => {
                 println!(
-                    "loopback_pair [--file FILE | --hot] [--buffers N] [--read-max BYTES] [--secs S]\n\
+                    "{SYNOPSIS}\n\
                      The loopback rate (MB/s) of a bare sender (sendfile of FILE, or one hot 1 MiB\n\
                      buffer written again and again) and a receiver reading into N 1 MiB buffers\n\
                      in turn (default 8), for S seconds (default 5)."
