@@ -90,6 +90,11 @@
 #
 # Output: a table on stdout, also written to interop/results/bench-vs-tgtd.md, with the load
 # average and the busiest other processes at the start (the machine may be shared).
+# Last, the rows this run measured against the goals they were written for, one line each
+# with "met" or "NOT met": 4 KiB QD32 at >= 2x tgtd's IOPS and <= 0.5x its CPU per I/O (with
+# the bound above beside a miss on IOPS), QD1 at >= 1x its IOPS, 1 MiB READ at >= 0.95x
+# iperf3's loopback rate (the other two loopback rates beside it), QEMU's read-back at >= 0.8x
+# its write rate and <= 2 copies per payload byte.
 # Each workload runs ROUNDS (default 2) times SECS (default 5) seconds per target, the
 # targets' order swapped every round (A B B A ...) so that other load on the machine that
 # comes or goes during a workload weighs on both; the rows are sums over the rounds. The
@@ -402,6 +407,8 @@ loopback_file() {
 
 seq_rows=()
 rest_rows=()
+# Each row's figures for the closing comparison with the goals (see goals_summary).
+goal_rows=()
 # The width of the workload column (the longest label and its placement tag).
 LW=50
 results=$tmp/results.txt
@@ -438,6 +445,7 @@ for spec in \
     # A pinned run leaves CPUs idle by design: its rest and bound would not say what they say
     # of a free run.
     [ "$place" = free ] && rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio")
+    goal_rows+=("rows|$label|$w|$xfer|$qd|$place|$(ratio "$bi" "$ti")|$(ratio "$bc" "$tc")|$bound_ratio")
     printf '%-*s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$LW" "$label" "$bi" "$bm" "$bc" \
         "$ti" "$tm" "$tc" "$(ratio "$bi" "$ti")" "$(ratio "$bc" "$tc")" | tee -a "$results"
 done
@@ -460,6 +468,12 @@ lo=$(loopback)
 lo_file=$(loopback_file "$tmp/tgtd-lun.img")
 pair_hot=$(timeout $((SECS + 60)) "$pair" --hot --buffers "$QD_SEQ" --secs "$SECS") || pair_hot=-
 pair_file=$(timeout $((SECS + 60)) "$pair" --file "$tmp/tgtd-lun.img" --buffers "$QD_SEQ" --secs "$SECS") || pair_file=-
+# (Outside the piped block below, which runs in a subshell.)
+for r in "${seq_rows[@]}"; do
+    IFS='|' read -r label bm tm <<<"$r"
+    [[ $label == seqread* ]] &&
+        goal_rows+=("seq|$label|$(ratio "$bm" "$lo")|$(ratio "$bm" "$lo_file")|$(ratio "$bm" "$pair_file")")
+done
 {
     echo
     echo "loopback (iperf3, one TCP stream over 127.0.0.1, 1 MiB writes of one buffer, ${SECS} s): $lo MB/s"
@@ -565,7 +579,7 @@ for t in blockwire tgtd; do
         continue
     fi
     # shellcheck disable=SC2086 # the sums' fields, six per round
-    python3 -c 'import sys
+    line=$(python3 -c 'import sys
 t, hz, mib, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 rounds = [v[i:i + 6] for i in range(0, len(v), 6)]
 w, r = (sum(float(x[k]) for x in rounds) for k in (0, 1))
@@ -576,9 +590,64 @@ wcp = "n/a" if t == "blockwire" else f"{wc / payload:.2f}"
 print(f"{t:<10} | {payload / w / 1e6:9.1f} {payload / r / 1e6:9.1f} {w / r:6.2f} | "
       f"{wcp:>9} {rc / payload:9.2f} | "
       f"{wt / hz / (mib * len(rounds)) * 1e6:10.0f} {rt / hz / (mib * len(rounds)) * 1e6:10.0f}")' \
-        "$t" "$HZ" "$RB_MIB" ${RB[$t]} | tee -a "$results"
+        "$t" "$HZ" "$RB_MIB" ${RB[$t]})
+    echo "$line" | tee -a "$results"
+    # fields: target | wr rd rd/wr | wr_cp rd_cp | ...
+    [ "$t" = blockwire ] && goal_rows+=("readback|$(awk -F'|' '{ split($2, a, " "); split($3, b, " "); print a[3] "|" b[2] }' <<<"$line")")
 done
 echo "rd/wr = read rate / write rate; cp/B = copies per payload byte (tgtd: rchar+wchar; blockwire: its READ copy counter; see the script's header); us/MiB = target CPU per MiB of payload" | tee -a "$results"
+
+# --- This run against the goals the benchmark was written for, row by row.
+goals_summary() {
+    printf '%s\n' "${goal_rows[@]}" | python3 -c 'import sys
+def num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return None
+lines, met, total = [], 0, 0
+def row(goal, label, value, ok, why=""):
+    global met, total
+    total += 1
+    met += bool(ok)
+    verdict = "met" if ok else "NOT met" + (f" ({why})" if why else "")
+    lines.append(f"{goal:<24} | {label:<50} | {value:<40} | {verdict}")
+for rec in sys.stdin.read().splitlines():
+    f = rec.split("|")
+    if f[0] == "rows":
+        label, w, xfer, qd, place, r, cpu, bound = f[1:]
+        r, cpu, bound = num(r), num(cpu), num(bound)
+        if xfer != "4096" or r is None:
+            continue
+        if qd == "1":
+            row("QD1 >= 1x IOPS", label, f"{r:.2f}x IOPS", r >= 1.0)
+        elif qd == "32":
+            ok = r >= 2.0 and cpu is not None and cpu <= 0.5
+            why = []
+            if r < 2.0:
+                why.append("IOPS" + (f"; bound at zero target CPU: {bound:.2f}x" if bound else ""))
+            if cpu is None or cpu > 0.5:
+                why.append("CPU")
+            row("QD32 >= 2x, <= 0.5x CPU", label, f"{r:.2f}x IOPS, {cpu:.2f}x CPU per I/O", ok, "; ".join(why))
+    elif f[0] == "seq":
+        label, lo, lo_file, pair = f[1], num(f[2]), num(f[3]), num(f[4])
+        if lo is None:
+            continue
+        value = f"{lo:.2f}x iperf3" + (f", {lo_file:.2f}x file lo" if lo_file else "") + (f", {pair:.2f}x pair" if pair else "")
+        row("1 MiB >= 0.95x iperf3", label, value, lo >= 0.95)
+    elif f[0] == "readback":
+        rdwr, cp = num(f[1]), num(f[2])
+        if rdwr is not None and cp is not None:
+            row("read-back >= 0.8x, <= 2", "QEMU read-back (blockwire)", f"{rdwr:.2f}x write rate, {cp:.2f} copies/B", rdwr >= 0.8 and cp <= 2.0)
+print()
+print("Against the goals: 4 KiB QD32 >= 2x tgtd IOPS at <= 0.5x its CPU per I/O; QD1 IOPS at or above tgtd (mean latency at or below);")
+print("1 MiB READ >= 0.95x the loopback rate (iperf3); QEMU read-back >= 0.8x its write rate at <= 2 copies per payload byte")
+print(" | ".join(["goal".ljust(24), "row".ljust(50), "this run (ratios to tgtd or loopback)".ljust(40), "verdict"]))
+for l in lines:
+    print(l)
+print(f"{met} of {total} rows meet their goal")'
+}
+goals_summary | tee -a "$results"
 
 mkdir -p "$here/results"
 {
