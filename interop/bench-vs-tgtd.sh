@@ -445,7 +445,7 @@ for spec in \
     # A pinned run leaves CPUs idle by design: its rest and bound would not say what they say
     # of a free run.
     [ "$place" = free ] && rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio")
-    goal_rows+=("rows|$label|$w|$xfer|$qd|$place|$(ratio "$bi" "$ti")|$(ratio "$bc" "$tc")|$bound_ratio")
+    goal_rows+=("rows|$label|$w|$xfer|$qd|$place|$(ratio "$bi" "$ti")|$(ratio "$bc" "$tc")|$bound_ratio|$bidle")
     printf '%-*s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$LW" "$label" "$bi" "$bm" "$bc" \
         "$ti" "$tm" "$tc" "$(ratio "$bi" "$ti")" "$(ratio "$bc" "$tc")" | tee -a "$results"
 done
@@ -615,8 +615,8 @@ def row(goal, label, value, ok, why=""):
 for rec in sys.stdin.read().splitlines():
     f = rec.split("|")
     if f[0] == "rows":
-        label, w, xfer, qd, place, r, cpu, bound = f[1:]
-        r, cpu, bound = num(r), num(cpu), num(bound)
+        label, w, xfer, qd, place, r, cpu, bound, idle = f[1:]
+        r, cpu, bound, idle = num(r), num(cpu), num(bound), num(idle)
         if xfer != "4096" or r is None:
             continue
         if qd == "1":
@@ -625,10 +625,17 @@ for rec in sys.stdin.read().splitlines():
             ok = r >= 2.0 and cpu is not None and cpu <= 0.5
             why = []
             if r < 2.0:
-                why.append("IOPS" + (f"; bound at zero target CPU: {bound:.2f}x" if bound else ""))
+                miss = "IOPS"
+                if bound:
+                    miss += f"; bound at zero target CPU: {bound:.2f}x"
+                # CPUs left idle while the client ran flat out: it, not the target, set the pace.
+                if idle is not None and idle >= 20:
+                    miss += f"; machine {idle:.0f}% idle"
+                why.append(miss)
             if cpu is None or cpu > 0.5:
                 why.append("CPU")
-            row("QD32 >= 2x, <= 0.5x CPU", label, f"{r:.2f}x IOPS, {cpu:.2f}x CPU per I/O", ok, "; ".join(why))
+            cpu_text = f"{cpu:.2f}x" if cpu is not None else "?"
+            row("QD32 >= 2x, <= 0.5x CPU", label, f"{r:.2f}x IOPS, {cpu_text} CPU per I/O", ok, "; ".join(why))
     elif f[0] == "seq":
         label, lo, lo_file, pair = f[1], num(f[2]), num(f[3]), num(f[4])
         if lo is None:
