@@ -4,9 +4,10 @@
 # CPU time per I/O; then the 1 MiB rows against the machine's TCP loopback rate (iperf3) and a
 # QEMU write-then-read-back measurement.
 #
-# Not run by CI (a benchmark: ~6 minutes with the defaults, 2 rounds of 5 s). Uses the
-# release build of blockwire-target (lib/blockwire.sh builds it if missing). Do not run it
-# while cargo builds: it waits (bounded) for running rustc processes to finish first.
+# Not run by CI (a benchmark: about 12 minutes with the defaults, 2 rounds of 5 s, the pinned
+# QD1 rows included). Uses the release build of blockwire-target (lib/blockwire.sh builds it if
+# missing). Do not run it while cargo builds: it waits (bounded) for running rustc processes to
+# finish first.
 #
 # Targets: both serve a 1 GiB LUN backed by a file in /dev/shm (tmpfs), so the storage under
 # both is the same page cache: blockwire with `backstore = "file"` (BW_BACKSTORE=ram for its
