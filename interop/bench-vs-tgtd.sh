@@ -446,9 +446,10 @@ for spec in \
     # A pinned run leaves CPUs idle by design: its rest and bound would not say what they say
     # of a free run.
     [ "$place" = free ] && rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio")
-    goal_rows+=("rows|$label|$w|$xfer|$qd|$place|$(ratio "$bi" "$ti")|$(ratio "$bc" "$tc")|$bound_ratio|$bidle")
+    iops_ratio=$(ratio "$bi" "$ti") cpu_ratio=$(ratio "$bc" "$tc")
+    goal_rows+=("rows|$label|$xfer|$qd|$iops_ratio|$cpu_ratio|$bound_ratio|$bidle")
     printf '%-*s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$LW" "$label" "$bi" "$bm" "$bc" \
-        "$ti" "$tm" "$tc" "$(ratio "$bi" "$ti")" "$(ratio "$bc" "$tc")" | tee -a "$results"
+        "$ti" "$tm" "$tc" "$iops_ratio" "$cpu_ratio" | tee -a "$results"
 done
 echo "ratio = blockwire IOPS / tgtd IOPS (>1: blockwire faster); cpu = blockwire CPU per I/O / tgtd's (<1: blockwire cheaper)"
 echo "[one CPU]: client and target pinned to CPU 0; [two CPUs]: target on CPU 0, client on CPU $((NCPU - 1)) (taskset)"
@@ -469,11 +470,17 @@ lo=$(loopback)
 lo_file=$(loopback_file "$tmp/tgtd-lun.img")
 pair_hot=$(timeout $((SECS + 60)) "$pair" --hot --buffers "$QD_SEQ" --secs "$SECS") || pair_hot=-
 pair_file=$(timeout $((SECS + 60)) "$pair" --file "$tmp/tgtd-lun.img" --buffers "$QD_SEQ" --secs "$SECS") || pair_file=-
-# (Outside the piped block below, which runs in a subshell.)
+# Each 1 MiB row over the three loopback rates, worked out here rather than in the piped block
+# below, which runs in a subshell: the READ rows also go to the goals.
+seq_lines=()
 for r in "${seq_rows[@]}"; do
     IFS='|' read -r label bm tm <<<"$r"
-    [[ $label == seqread* ]] &&
-        goal_rows+=("seq|$label|$(ratio "$bm" "$lo")|$(ratio "$bm" "$lo_file")|$(ratio "$bm" "$pair_file")")
+    bw_lo=$(ratio "$bm" "$lo") bw_file=$(ratio "$bm" "$lo_file") bw_pair=$(ratio "$bm" "$pair_file")
+    seq_lines+=("$(printf '%-*s | %12s %12s | %12s %12s | %12s %12s' "$LW" "$label" "$bw_lo" "$(ratio "$tm" "$lo")" \
+        "$bw_file" "$(ratio "$tm" "$lo_file")" "$bw_pair" "$(ratio "$tm" "$pair_file")")")
+    if [[ $label == seqread* ]]; then
+        goal_rows+=("seq|$label|$bw_lo|$bw_file|$bw_pair")
+    fi
 done
 {
     echo
@@ -482,11 +489,7 @@ done
     echo "bare pair, receiver keeping $QD_SEQ x 1 MiB buffers (loopback_pair, ${SECS} s): one hot buffer sent by write: $pair_hot MB/s; the LUN file sent by sendfile: $pair_file MB/s"
     printf '%-*s | %12s %12s | %12s %12s | %12s %12s\n' "$LW" "1 MiB rows / loopback" blockwire tgtd "bw / file lo" "tgtd / file" \
         "bw / pair" "tgtd / pair"
-    for r in "${seq_rows[@]}"; do
-        IFS='|' read -r label bm tm <<<"$r"
-        printf '%-*s | %12s %12s | %12s %12s | %12s %12s\n' "$LW" "$label" "$(ratio "$bm" "$lo")" "$(ratio "$tm" "$lo")" \
-            "$(ratio "$bm" "$lo_file")" "$(ratio "$tm" "$lo_file")" "$(ratio "$bm" "$pair_file")" "$(ratio "$tm" "$pair_file")"
-    done
+    [ ${#seq_lines[@]} -gt 0 ] && printf '%s\n' "${seq_lines[@]}"
     echo "bw / pair, tgtd / pair: over the bare pair sending the LUN file (sendfile) to $QD_SEQ x 1 MiB receive buffers"
 } | tee -a "$results"
 
@@ -590,11 +593,12 @@ w, r = max(w, 1e-6), max(r, 1e-6)
 wcp = "n/a" if t == "blockwire" else f"{wc / payload:.2f}"
 print(f"{t:<10} | {payload / w / 1e6:9.1f} {payload / r / 1e6:9.1f} {w / r:6.2f} | "
       f"{wcp:>9} {rc / payload:9.2f} | "
-      f"{wt / hz / (mib * len(rounds)) * 1e6:10.0f} {rt / hz / (mib * len(rounds)) * 1e6:10.0f}")' \
+      f"{wt / hz / (mib * len(rounds)) * 1e6:10.0f} {rt / hz / (mib * len(rounds)) * 1e6:10.0f}")
+print(f"{w / r:.2f}|{rc / payload:.2f}")' \
         "$t" "$HZ" "$RB_MIB" ${RB[$t]})
-    echo "$line" | tee -a "$results"
-    # fields: target | wr rd rd/wr | wr_cp rd_cp | ...
-    [ "$t" = blockwire ] && goal_rows+=("readback|$(awk -F'|' '{ split($2, a, " "); split($3, b, " "); print a[3] "|" b[2] }' <<<"$line")")
+    # First line: the table row; second: read/write rate and read copies per byte, for the goals.
+    echo "${line%%$'\n'*}" | tee -a "$results"
+    [ "$t" = blockwire ] && goal_rows+=("readback|${line#*$'\n'}")
 done
 echo "rd/wr = read rate / write rate; cp/B = copies per payload byte (tgtd: rchar+wchar; blockwire: its READ copy counter; see the script's header); us/MiB = target CPU per MiB of payload" | tee -a "$results"
 
@@ -616,7 +620,7 @@ def row(goal, label, value, ok, why=""):
 for rec in sys.stdin.read().splitlines():
     f = rec.split("|")
     if f[0] == "rows":
-        label, w, xfer, qd, place, r, cpu, bound, idle = f[1:]
+        label, xfer, qd, r, cpu, bound, idle = f[1:]
         r, cpu, bound, idle = num(r), num(cpu), num(bound), num(idle)
         if xfer != "4096" or r is None:
             continue
