@@ -154,13 +154,9 @@ async fn drive<R: AsyncRead + Unpin>(
     if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
         svc.unregister(token);
     }
-    if session.generation() == generation {
-        // The session ends with its only connection (ErrorRecoveryLevel 0).
-        fabric.sessions.detach(&session, generation);
-        if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
-            t.luns.nexus_lost(nexus);
-        }
-    }
+    // The session ends with its only connection (ErrorRecoveryLevel 0),
+    // unless a logout ended it already.
+    fabric.sessions.end(&session, generation);
     info!(tsih = session.tsih, initiator = %session.initiator_name, "connection closed");
 }
 

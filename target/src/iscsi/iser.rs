@@ -493,12 +493,9 @@ async fn run(
     drop(launcher);
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
-    if session.generation() == generation {
-        fabric.sessions.detach(&session, generation);
-        if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
-            t.luns.nexus_lost(nexus);
-        }
-    }
+    // The session ends with its only connection (ErrorRecoveryLevel 0),
+    // unless a logout ended it already.
+    fabric.sessions.end(&session, generation);
     why
 }
 

@@ -209,6 +209,15 @@ impl Session {
         let _ = self.stop.send(*g);
     }
 
+    /// I_T nexus loss on every LUN of the session's target (none for a
+    /// discovery session). Called by whoever takes the session out of the
+    /// table, once.
+    fn release_nexus(&self) {
+        if let (Some(t), Some(nexus)) = (&self.target, &self.nexus) {
+            t.luns.nexus_lost(nexus);
+        }
+    }
+
     /// The portal (local address) of the current connection.
     pub fn portal(&self) -> std::net::SocketAddr {
         *self.portal.lock().unwrap_or_else(|e| e.into_inner())
@@ -302,9 +311,7 @@ impl SessionTable {
                 // The old I_T nexus is lost before the new one exists: its
                 // tasks are aborted and its non-persistent state released.
                 s.tasks.abort_where(|_, _| true);
-                if let (Some(t), Some(nexus)) = (&s.target, &s.nexus) {
-                    t.luns.nexus_lost(nexus);
-                }
+                s.release_nexus();
                 s.stop_connection();
             }
         }
@@ -332,17 +339,32 @@ impl SessionTable {
         Ok(s)
     }
 
-    /// Removes a session whose connection ended (at ErrorRecoveryLevel 0 a
-    /// session does not outlive its last connection). Only the connection
-    /// that still owns the session (same generation) removes it.
-    pub fn detach(&self, session: &Arc<Session>, generation: u64) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if session.generation() == generation {
-            if let Some(s) = inner.by_tsih.get(&session.tsih) {
-                if Arc::ptr_eq(s, session) {
-                    inner.by_tsih.remove(&session.tsih);
-                }
+    /// Ends `session` for its connection of `generation`: at a logout that
+    /// closes it, or when that connection goes (at ErrorRecoveryLevel 0 a
+    /// session does not outlive its last connection). It leaves the table
+    /// and its I_T nexus is lost on every LUN (SPC-2 reservations, PREVENT
+    /// and unit attentions go; persistent reservations stay).
+    ///
+    /// Only the call that takes the session out of the table releases the
+    /// nexus. A connection that was replaced (another generation) does
+    /// nothing, and neither does a second call: once the session is out of
+    /// the table, a new session may already hold the same I_T nexus
+    /// (initiator, ISID, target) and what it took must stay.
+    pub fn end(&self, session: &Arc<Session>, generation: u64) {
+        let removed = {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let owned = session.generation() == generation
+                && inner
+                    .by_tsih
+                    .get(&session.tsih)
+                    .is_some_and(|s| Arc::ptr_eq(s, session));
+            if owned {
+                inner.by_tsih.remove(&session.tsih);
             }
+            owned
+        };
+        if removed {
+            session.release_nexus();
         }
     }
 
@@ -351,19 +373,20 @@ impl SessionTable {
     /// it leaves the table at once, its I_T nexus is lost on every LUN (SPC-2
     /// reservations go, persistent ones stay), and its connection stops.
     pub fn close(&self, session: &Arc<Session>) {
-        {
+        let removed = {
             let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            if inner
+            let present = inner
                 .by_tsih
                 .get(&session.tsih)
-                .is_some_and(|s| Arc::ptr_eq(s, session))
-            {
+                .is_some_and(|s| Arc::ptr_eq(s, session));
+            if present {
                 inner.by_tsih.remove(&session.tsih);
             }
-        }
+            present
+        };
         session.stop_connection();
-        if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
-            t.luns.nexus_lost(nexus);
+        if removed {
+            session.release_nexus();
         }
     }
 

@@ -429,12 +429,9 @@ impl Harness {
             "the target's last PDU was cut short: {} bytes left",
             self.received.len()
         );
-        if session.generation() == generation {
-            self.fabric.sessions.detach(&session, generation);
-            if let (Some(t), Some(nexus)) = (&session.target, &session.nexus) {
-                t.luns.nexus_lost(nexus);
-            }
-        }
+        // The session ends with its only connection (ErrorRecoveryLevel 0),
+        // unless a logout ended it already.
+        self.fabric.sessions.end(&session, generation);
     }
 }
 

@@ -237,6 +237,8 @@ impl std::fmt::Debug for Action {
 pub(super) struct ConnMachine {
     fabric: Arc<Fabric>,
     session: Arc<Session>,
+    /// The session's connection generation this machine serves.
+    generation: u64,
     shared: Arc<Shared>,
     /// WRITEs waiting for data, by ITT.
     collectors: HashMap<u32, Collecting>,
@@ -289,6 +291,7 @@ impl ConnMachine {
             logout_deadline: None,
             rdma,
             out: Vec::new(),
+            generation: session.generation(),
             session,
             fabric,
         }
@@ -553,6 +556,13 @@ impl ConnMachine {
             reason = req.reason.name(),
             "logout"
         );
+        if response == LogoutResponseCode::Closed {
+            // The response tells the initiator that the session's cleanup is
+            // done (RFC 7143 §11.15): its I_T nexus is lost before it
+            // leaves, so a command the initiator sends on another session
+            // right after it no longer meets this one's RESERVE(6).
+            self.fabric.sessions.end(&self.session, self.generation);
+        }
         self.send(Pdu::new(Bhs::LogoutResponse(LogoutResponse {
             response,
             itt: req.itt,

@@ -1008,6 +1008,80 @@ async fn logout_with_commands_in_flight_ends_and_frees_everything() {
     drop(launcher);
 }
 
+/// A RESERVE(6), RELEASE(6) or other command without data on LUN 0.
+fn no_data_command(c: &mut Conn, cdb: &[u8]) -> (u32, Pdu) {
+    let itt = c.itt();
+    let mut full = [0; 16];
+    full[..cdb.len()].copy_from_slice(cdb);
+    let pdu = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt,
+        expected_data_transfer_length: 0,
+        cmd_sn: c.take_cmd_sn(),
+        exp_stat_sn: 0,
+        cdb: full,
+    }));
+    (itt, pdu)
+}
+
+#[tokio::test]
+async fn logout_loses_the_i_t_nexus_before_its_response_leaves() {
+    let mut c = Conn::open(&[]).await;
+    let (itt, reserve) = no_data_command(&mut c, &[0x16, 0, 0, 0, 0, 0]);
+    assert_eq!(c.feed(reserve).await, None);
+    assert_eq!(c.response(itt).await.0, 0, "RESERVE(6) granted");
+    let lu = c.lu();
+    let other =
+        crate::scsi::ItNexus::iscsi("iqn.2026-11.test:other", [0x80, 0, 0, 0, 0, 9], TARGET, 1);
+    assert!(
+        lu.reserve_spc2(&other).is_err(),
+        "the session holds the unit"
+    );
+
+    let logout = c.logout();
+    assert_eq!(c.feed(logout).await, Some(Stop::Close));
+    assert!(
+        c.sent()
+            .iter()
+            .any(|p| matches!(p.bhs, Bhs::LogoutResponse(_))),
+        "the Logout Response is queued"
+    );
+    // The initiator may act on the response at once, on another session,
+    // before this connection's driver has wound down.
+    assert!(
+        !c.machine
+            .fabric
+            .sessions
+            .all()
+            .iter()
+            .any(|s| Arc::ptr_eq(s, &c.session)),
+        "the session left the table"
+    );
+    assert!(
+        lu.reserve_spc2(&other).is_ok(),
+        "its RESERVE(6) went with the I_T nexus"
+    );
+
+    lu.release_spc2(&other).unwrap();
+
+    // A new session of the same initiator port (same ISID) reserves the
+    // unit; the old connection's driver then ends the old session as it
+    // winds down. That must not take the new session's reservation.
+    let same_port = crate::scsi::ItNexus::iscsi(INITIATOR, ISID, TARGET, 1);
+    lu.reserve_spc2(&same_port).unwrap();
+    let generation = c.session.generation();
+    c.machine.fabric.sessions.end(&c.session, generation);
+    assert!(
+        lu.reserve_spc2(&other).is_err(),
+        "the new session still holds the unit"
+    );
+}
+
 // ---- the driver over an in-memory byte stream -----------------------------------
 
 #[tokio::test]
