@@ -351,19 +351,7 @@ impl SessionTable {
     /// the table, a new session may already hold the same I_T nexus
     /// (initiator, ISID, target) and what it took must stay.
     pub fn end(&self, session: &Arc<Session>, generation: u64) {
-        let removed = {
-            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            let owned = session.generation() == generation
-                && inner
-                    .by_tsih
-                    .get(&session.tsih)
-                    .is_some_and(|s| Arc::ptr_eq(s, session));
-            if owned {
-                inner.by_tsih.remove(&session.tsih);
-            }
-            owned
-        };
-        if removed {
+        if self.take_out(session, Some(generation)) {
             session.release_nexus();
         }
     }
@@ -373,21 +361,26 @@ impl SessionTable {
     /// it leaves the table at once, its I_T nexus is lost on every LUN (SPC-2
     /// reservations go, persistent ones stay), and its connection stops.
     pub fn close(&self, session: &Arc<Session>) {
-        let removed = {
-            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            let present = inner
-                .by_tsih
-                .get(&session.tsih)
-                .is_some_and(|s| Arc::ptr_eq(s, session));
-            if present {
-                inner.by_tsih.remove(&session.tsih);
-            }
-            present
-        };
+        let removed = self.take_out(session, None);
         session.stop_connection();
         if removed {
             session.release_nexus();
         }
+    }
+
+    /// Takes `session` out of the table if it is still there (and, with
+    /// `generation`, still owned by that connection); whether it did.
+    fn take_out(&self, session: &Arc<Session>, generation: Option<u64>) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let present = generation.is_none_or(|g| session.generation() == g)
+            && inner
+                .by_tsih
+                .get(&session.tsih)
+                .is_some_and(|s| Arc::ptr_eq(s, session));
+        if present {
+            inner.by_tsih.remove(&session.tsih);
+        }
+        present
     }
 
     /// Every live session.

@@ -152,20 +152,7 @@ impl Conn {
     /// READY that takes the LUN's power-on unit attention) is done.
     async fn open(keys: &[(&str, &str)]) -> Conn {
         let mut c = Self::open_on(fabric(), Some(TARGET), keys);
-        let itt = c.itt();
-        let tur = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: false,
-            write: false,
-            attr: TaskAttr::Simple,
-            lun: Lun::from_index(0),
-            itt,
-            expected_data_transfer_length: 0,
-            cmd_sn: c.take_cmd_sn(),
-            exp_stat_sn: 0,
-            cdb: [0; 16],
-        }));
+        let (itt, tur) = c.no_data_command(&[0; 6]);
         assert_eq!(c.feed(tur).await, None);
         let (status, _) = c.response(itt).await;
         assert_eq!(status, 0x02, "the first command hears of the power-on");
@@ -223,6 +210,27 @@ impl Conn {
         self.now += by;
         let actions = self.machine.on_timeout(self.now);
         carry_out(&self.launcher, actions).await
+    }
+
+    /// A TEST UNIT READY, RESERVE(6) or other command without data on LUN 0.
+    fn no_data_command(&mut self, cdb: &[u8]) -> (u32, Pdu) {
+        let itt = self.itt();
+        let mut full = [0; 16];
+        full[..cdb.len()].copy_from_slice(cdb);
+        let pdu = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: false,
+            write: false,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt,
+            expected_data_transfer_length: 0,
+            cmd_sn: self.take_cmd_sn(),
+            exp_stat_sn: 0,
+            cdb: full,
+        }));
+        (itt, pdu)
     }
 
     fn take_cmd_sn(&mut self) -> u32 {
@@ -1008,31 +1016,10 @@ async fn logout_with_commands_in_flight_ends_and_frees_everything() {
     drop(launcher);
 }
 
-/// A RESERVE(6), RELEASE(6) or other command without data on LUN 0.
-fn no_data_command(c: &mut Conn, cdb: &[u8]) -> (u32, Pdu) {
-    let itt = c.itt();
-    let mut full = [0; 16];
-    full[..cdb.len()].copy_from_slice(cdb);
-    let pdu = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
-        immediate: false,
-        final_bit: true,
-        read: false,
-        write: false,
-        attr: TaskAttr::Simple,
-        lun: Lun::from_index(0),
-        itt,
-        expected_data_transfer_length: 0,
-        cmd_sn: c.take_cmd_sn(),
-        exp_stat_sn: 0,
-        cdb: full,
-    }));
-    (itt, pdu)
-}
-
 #[tokio::test]
 async fn logout_loses_the_i_t_nexus_before_its_response_leaves() {
     let mut c = Conn::open(&[]).await;
-    let (itt, reserve) = no_data_command(&mut c, &[0x16, 0, 0, 0, 0, 0]);
+    let (itt, reserve) = c.no_data_command(&[0x16, 0, 0, 0, 0, 0]);
     assert_eq!(c.feed(reserve).await, None);
     assert_eq!(c.response(itt).await.0, 0, "RESERVE(6) granted");
     let lu = c.lu();
