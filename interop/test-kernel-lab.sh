@@ -141,6 +141,12 @@ for s in $suites; do
     if [ "$rc" != 0 ] || ! grep -q "^==== $s: [0-9]* passed, 0 failed" "$out/guest.log"; then
         echo "FAIL: kernel-lab suite $s (exit $rc)"
         grep -E '^(node[12]\| )?FAIL' "$out/guest.log" | sed 's/^/    /' || true
+        # A guest that died mid-suite printed no verdict: its last kernel messages may say why.
+        for d in "$out"/dmesg.log "$out"/*/dmesg.log; do
+            [ -s "$d" ] || continue
+            echo "    last kernel messages of the guest ($d):"
+            tail -n 25 "$d" | sed 's/^/      /'
+        done
         failed+=("$s")
     fi
 done

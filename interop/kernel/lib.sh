@@ -34,6 +34,10 @@ finish() {
 # lab_up: loopback, the initiator's kernel modules and iscsid (foreground daemon, backgrounded).
 lab_up() {
     ip link set lo up
+    # The kernel's messages, as they come, in the results directory: if the guest dies
+    # (virtme-ng then exits 255 with the suite cut short), whatever the kernel said before
+    # it is still on the host.
+    dmesg -w >"$KL_OUT/dmesg.log" 2>&1 &
     modprobe -a iscsi_tcp sd_mod sg loop || return 1
     mkdir -p /run/lock/iscsi /etc/iscsi
     # The guest shares the host's /etc/iscsi read-only through an overlay: a clean node DB.
