@@ -558,9 +558,11 @@ impl ConnMachine {
         );
         if response == LogoutResponseCode::Closed {
             // The response tells the initiator that the session's cleanup is
-            // done (RFC 7143 §11.15): its I_T nexus is lost before it
-            // leaves, so a command the initiator sends on another session
-            // right after it no longer meets this one's RESERVE(6).
+            // done (RFC 7143 §11.15): the commands still pending are
+            // terminated (§11.14) and then the I_T nexus is lost, before
+            // it leaves, so a command the initiator sends on another
+            // session right after it no longer meets this one's RESERVE(6).
+            self.session.tasks.abort_where(|_, _| true);
             self.fabric.sessions.end(&self.session, self.generation);
         }
         self.send(Pdu::new(Bhs::LogoutResponse(LogoutResponse {

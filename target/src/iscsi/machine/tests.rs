@@ -987,9 +987,10 @@ async fn logout_with_commands_in_flight_ends_and_frees_everything() {
         })
         .expect("a Logout Response");
     assert_eq!(resp.response, LogoutResponseCode::Closed);
-    // What the driver does when the connection ends: abort the session's
-    // tasks and drop the machine (and with it the WRITE still collecting).
-    c.session.tasks.abort_where(|_, _| true);
+    // Pending commands are terminated before the Logout Response
+    // (RFC 7143 §11.14); the driver then drops the machine, and with it the
+    // WRITE still collecting.
+    let aborted_by_logout = !c.session.tasks.contains(running);
     let shared = c.machine.shared().clone();
     let lu = c.lu();
     let Conn {
@@ -1000,7 +1001,13 @@ async fn logout_with_commands_in_flight_ends_and_frees_everything() {
         ..
     } = c;
     drop(machine);
+    // Unstalled before any assertion: a failing one must not leave the
+    // held READ's thread blocking the runtime's shutdown.
     lu.set_stalled(false);
+    assert!(
+        aborted_by_logout,
+        "the running READ was aborted by the logout"
+    );
     let mut after = Vec::new();
     while let Ok(Some(Outgoing::Pdu(p))) =
         tokio::time::timeout(Duration::from_millis(300), wire.recv()).await
