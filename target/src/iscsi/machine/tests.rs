@@ -147,6 +147,25 @@ struct Conn {
     next_itt: u32,
 }
 
+/// A SCSI command without data on LUN 0, `cdb` padded to 16 bytes.
+fn no_data_command(itt: u32, cmd_sn: u32, exp_stat_sn: u32, cdb: &[u8]) -> ScsiCommand {
+    let mut full = [0; 16];
+    full[..cdb.len()].copy_from_slice(cdb);
+    ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt,
+        expected_data_transfer_length: 0,
+        cmd_sn,
+        exp_stat_sn,
+        cdb: full,
+    }
+}
+
 impl Conn {
     /// A connection to the test target whose first command (a TEST UNIT
     /// READY that takes the LUN's power-on unit attention) is done.
@@ -215,22 +234,8 @@ impl Conn {
     /// A TEST UNIT READY, RESERVE(6) or other command without data on LUN 0.
     fn no_data_command(&mut self, cdb: &[u8]) -> (u32, Pdu) {
         let itt = self.itt();
-        let mut full = [0; 16];
-        full[..cdb.len()].copy_from_slice(cdb);
-        let pdu = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: false,
-            write: false,
-            attr: TaskAttr::Simple,
-            lun: Lun::from_index(0),
-            itt,
-            expected_data_transfer_length: 0,
-            cmd_sn: self.take_cmd_sn(),
-            exp_stat_sn: 0,
-            cdb: full,
-        }));
-        (itt, pdu)
+        let cmd = no_data_command(itt, self.take_cmd_sn(), 0, cdb);
+        (itt, Pdu::new(Bhs::ScsiCommand(cmd)))
     }
 
     fn take_cmd_sn(&mut self) -> u32 {
@@ -1148,19 +1153,7 @@ async fn the_driver_serves_an_in_memory_byte_pipe() {
     assert!(fin.transit && fin.nsg == Stage::FullFeature && fin.tsih != 0);
     // TEST UNIT READY takes the power-on unit attention; then a WRITE with
     // immediate data, then a READ of it.
-    let tur = ScsiCommand {
-        immediate: false,
-        final_bit: true,
-        read: false,
-        write: false,
-        attr: TaskAttr::Simple,
-        lun: Lun::from_index(0),
-        itt: 9,
-        expected_data_transfer_length: 0,
-        cmd_sn: fin.exp_cmd_sn,
-        exp_stat_sn: fin.stat_sn + 1,
-        cdb: [0; 16],
-    };
+    let tur = no_data_command(9, fin.exp_cmd_sn, fin.stat_sn + 1, &[0; 6]);
     let r = exchange(&mut writer, &mut reader, Pdu::new(Bhs::ScsiCommand(tur))).await;
     assert!(
         matches!(r.bhs, Bhs::ScsiResponse(s) if s.itt == 9 && s.status == 2),
