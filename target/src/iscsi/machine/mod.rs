@@ -556,7 +556,9 @@ impl ConnMachine {
             reason = req.reason.name(),
             "logout"
         );
-        if response == LogoutResponseCode::Closed {
+        // A connection already replaced by a reinstatement leaves the
+        // session, its tasks and its nexus to the new one.
+        if response == LogoutResponseCode::Closed && self.session.generation() == self.generation {
             // The response tells the initiator that the session's cleanup is
             // done (RFC 7143 §11.15): the commands still pending are
             // terminated (§11.14) and then the I_T nexus is lost, before
