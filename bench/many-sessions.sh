@@ -5,7 +5,7 @@
 # IOPS under that load, and whether every session still answers (tests/examples/many_sessions.rs).
 # 1 GiB RAM LUN, release build, client and target on this machine. Results:
 # bench/many-sessions-results.txt. BLOCKWIRE_BIN: another blockwire-target binary (a build from
-# before a change).
+# before a change); BW_BUSY_POLL_US: the daemon's [fabric] busy_poll_us (unset: its default).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -22,6 +22,7 @@ IQN=iqn.2026-11.io.blockwire:many
 cat >"$tmp/target.toml" <<EOT
 [fabric]
 queue_depth = 32
+${BW_BUSY_POLL_US:+busy_poll_us = $BW_BUSY_POLL_US}
 
 [[portal_group]]
 tag = 1

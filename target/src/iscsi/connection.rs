@@ -18,8 +18,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::busy_poll::BusyPoll;
-use super::io::{advances_stat_sn, stamp, PduReader, PduWriter, ReadError};
+use super::busy_poll::{BusyPoll, NextStatSn};
+use super::io::{advances_stat_sn, exp_stat_sn, stamp, PduReader, PduWriter, ReadError};
 use super::launch::Launcher;
 use super::login::LoginOutcome;
 use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
@@ -284,9 +284,10 @@ async fn full_feature<R: AsyncRead + Unpin>(
             super::zerocopy::ZC_MIN >> 10
         );
     }
+    let next_stat_sn = NextStatSn::new(first_stat_sn);
     let mut busy_poll = fabric.settings.busy_poll.and_then(|budget| {
         let stream = writer.tcp_stream()?;
-        BusyPoll::new(stream, budget)
+        BusyPoll::new(stream, budget, next_stat_sn.clone(), fabric.awake.clone())
             .inspect_err(
                 |e| warn!(tsih = session.tsih, error = %e, "busy polling off for this connection"),
             )
@@ -294,7 +295,13 @@ async fn full_feature<R: AsyncRead + Unpin>(
     });
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
-    let writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), first_stat_sn));
+    let writer_task = tokio::spawn(write_loop(
+        writer,
+        rx,
+        shared.clone(),
+        first_stat_sn,
+        next_stat_sn,
+    ));
     let launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
     let mut stop = session.stop_signal();
@@ -316,6 +323,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
         // below registers a timer and three watches.
         if let Some(next) = reader.next_buffered() {
             pdus_this_read += 1;
+            heard(&mut busy_poll, next.as_ref().ok());
             match on_read(&mut machine, next.map(Some), session) {
                 Ok(a) => actions = a,
                 Err(stop) => break stop,
@@ -328,19 +336,23 @@ async fn full_feature<R: AsyncRead + Unpin>(
             // below reads it: found, it is already in epoll's ready list,
             // so the wait below does not sleep.
             poll.until_readable().await;
+            poll.sleeps();
         }
         let timer = machine
             .poll_timeout()
             .map(tokio::time::Instant::from_std)
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
         tokio::select! {
-            next = reader.next() => match on_read(&mut machine, next, session) {
-                Ok(a) => {
-                    pdus_this_read = 1;
-                    actions = a;
+            next = reader.next() => {
+                heard(&mut busy_poll, next.as_ref().ok().and_then(Option::as_ref));
+                match on_read(&mut machine, next, session) {
+                    Ok(a) => {
+                        pdus_this_read = 1;
+                        actions = a;
+                    }
+                    Err(stop) => break stop,
                 }
-                Err(stop) => break stop,
-            },
+            }
             _ = turns_true(&mut cut) => {
                 warn!(tsih = session.tsih, initiator = %session.initiator_name, portal = %local, "portal closed: cutting the connection");
                 break Stop::Cut;
@@ -358,6 +370,9 @@ async fn full_feature<R: AsyncRead + Unpin>(
             _ = tokio::time::sleep_until(timer) => {
                 actions = machine.on_timeout(std::time::Instant::now());
             }
+        }
+        if let Some(poll) = &mut busy_poll {
+            poll.wakes();
         }
     };
     // Abort whatever is still running: its responses have nowhere to go.
@@ -379,6 +394,14 @@ async fn full_feature<R: AsyncRead + Unpin>(
     drop(launcher);
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+}
+
+/// Tells the busy poll, if any, what the initiator acknowledged with the
+/// PDU just read.
+fn heard(busy_poll: &mut Option<BusyPoll>, pdu: Option<&Pdu>) {
+    if let (Some(poll), Some(exp)) = (busy_poll, pdu.and_then(|p| exp_stat_sn(&p.bhs))) {
+        poll.note_exp_stat_sn(exp);
+    }
 }
 
 /// What the machine makes of a read: its actions, or why the connection
@@ -432,6 +455,7 @@ async fn write_loop(
     mut rx: mpsc::Receiver<Outgoing>,
     shared: Arc<Shared>,
     mut stat_sn: u32,
+    next_stat_sn: NextStatSn,
 ) {
     loop {
         // While zero-copy sends await the kernel's notification, an idle
@@ -465,6 +489,7 @@ async fn write_loop(
                     stamp(&mut pdu.bhs, stat_sn, exp, max);
                     if advances_stat_sn(&pdu.bhs) {
                         stat_sn = stat_sn.wrapping_add(1);
+                        next_stat_sn.set(stat_sn);
                     }
                     if writer.push(&pdu).await.is_err() {
                         return;
@@ -480,6 +505,7 @@ async fn write_loop(
                     stamp(&mut bhs, stat_sn, exp, max);
                     if advances_stat_sn(&bhs) {
                         stat_sn = stat_sn.wrapping_add(1);
+                        next_stat_sn.set(stat_sn);
                     }
                     if let Err(e) = writer.push_file(&bhs, &lun, offset, len).await {
                         if e.kind() == std::io::ErrorKind::UnexpectedEof {

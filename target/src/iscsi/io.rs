@@ -710,6 +710,22 @@ pub fn advances_stat_sn(bhs: &Bhs) -> bool {
     }
 }
 
+/// The ExpStatSN an initiator's PDU carries (every request and Data-Out
+/// has one, RFC 7143 §11); None for a target's PDU.
+pub fn exp_stat_sn(bhs: &Bhs) -> Option<u32> {
+    match bhs {
+        Bhs::NopOut(p) => Some(p.exp_stat_sn),
+        Bhs::ScsiCommand(p) => Some(p.exp_stat_sn),
+        Bhs::TaskMgmtRequest(p) => Some(p.exp_stat_sn),
+        Bhs::LoginRequest(p) => Some(p.exp_stat_sn),
+        Bhs::TextRequest(p) => Some(p.exp_stat_sn),
+        Bhs::DataOut(p) => Some(p.exp_stat_sn),
+        Bhs::LogoutRequest(p) => Some(p.exp_stat_sn),
+        Bhs::SnackRequest(p) => Some(p.exp_stat_sn),
+        _ => None,
+    }
+}
+
 /// Fills StatSN, ExpCmdSN and MaxCmdSN of a target PDU.
 pub fn stamp(bhs: &mut Bhs, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) {
     macro_rules! set {

@@ -71,7 +71,8 @@ pub struct FabricSettings {
     pub zero_copy_send: bool,
     /// After handling what arrived, a connection looks for the initiator's
     /// next PDU for up to this long before it sleeps (see [`busy_poll`]);
-    /// None (the default): it sleeps at once.
+    /// None (this struct's default, for embedders and tests): it sleeps at
+    /// once. The daemon's configuration turns it on by default.
     pub busy_poll: Option<Duration>,
     /// Benchmark-only `--no-net`: READs read their data but send no
     /// Data-In; they end GOOD with a residual underflow of the whole length.
@@ -123,6 +124,8 @@ pub struct Fabric {
     pub sendfile_reads: sendfile::SendfileReads,
     /// What the iSER portals moved (see [`iser`]).
     pub iser_counters: iser::IserCounters,
+    /// TCP connections handling PDUs right now (see [`busy_poll`]).
+    pub awake: Arc<busy_poll::Awake>,
 }
 
 impl Fabric {
@@ -146,6 +149,7 @@ impl Fabric {
             sendfile_reads: sendfile::SendfileReads::new(lun_paths.clone()),
             lun_paths,
             iser_counters: iser::IserCounters::default(),
+            awake: Arc::default(),
         });
         for target in &targets {
             fabric.wire_aborts(&target.luns);

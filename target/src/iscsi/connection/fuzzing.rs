@@ -26,7 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
-use super::{carry_out, digests_of, write_loop, Outgoing, Stop};
+use super::{carry_out, digests_of, write_loop, NextStatSn, Outgoing, Stop};
 use crate::backstore::RamBackstore;
 use crate::iscsi::catalog::{Acl, Catalog};
 use crate::iscsi::io::{PduReader, PduWriter, ReadError};
@@ -317,7 +317,13 @@ impl Harness {
         let first_stat_sn = outcome.stat_sn.wrapping_add(1);
         let writer_task = {
             let _guard = runtime().enter();
-            tokio::spawn(write_loop(writer, rx, shared, first_stat_sn))
+            tokio::spawn(write_loop(
+                writer,
+                rx,
+                shared,
+                first_stat_sn,
+                NextStatSn::new(first_stat_sn),
+            ))
         };
         let launcher = Launcher::new(&self.fabric, &session, &machine, tx);
         self.params = Some(params);
