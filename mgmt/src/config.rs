@@ -119,11 +119,10 @@ pub struct FabricConfig {
     /// allows it (default true); false: plain copying sends.
     pub zero_copy_send: bool,
     /// Microseconds a connection keeps looking for the initiator's next PDU
-    /// before it sleeps (default [`DEFAULT_BUSY_POLL_US`]; 0: it sleeps at
-    /// once; at most 1000). Only a connection whose reads bring about one
-    /// PDU (QD1), whose initiator has seen every response, and while no
-    /// other connection is at work, polls. Saves the wake-up of an idle CPU
-    /// per round trip, at the price of up to that much CPU time per wait.
+    /// before it sleeps (0, the default: it sleeps at once; at most 1000).
+    /// Only connections whose reads bring about one PDU poll (QD1). Saves
+    /// the wake-up of an idle CPU per round trip, at the price of up to
+    /// that much CPU time per wait.
     pub busy_poll_us: u64,
     /// The target's DataPDUInOrder answer: false (default) lets an
     /// initiator that offers No receive Data-In in completion order
@@ -148,7 +147,7 @@ impl Default for FabricConfig {
             rdma_device: None,
             write_budget: "256M".into(),
             zero_copy_send: d.zero_copy_send,
-            busy_poll_us: DEFAULT_BUSY_POLL_US,
+            busy_poll_us: 0,
             data_pdu_in_order: d.data_pdu_in_order,
         }
     }
@@ -561,13 +560,6 @@ impl CheckReport {
         self.errors.is_empty()
     }
 }
-
-/// The default `[fabric] busy_poll_us`: about one QD1 round trip on a
-/// 2-vCPU VM with client and target on different vCPUs, where it took every
-/// 4 KiB QD1 row of interop/bench-vs-tgtd.sh to 1.05-2.34x tgtd's IOPS
-/// (0.96-1.08x without), with the QD32 rows and bench/many-sessions.sh
-/// unchanged (interop/results/bench-vs-tgtd.md).
-pub const DEFAULT_BUSY_POLL_US: u64 = 50;
 
 /// A commented example configuration (`examples/target.toml`), printed by
 /// `blockwire-target --print-example-config`.
@@ -2035,7 +2027,7 @@ mod tests {
     }
 
     #[test]
-    fn busy_polling_is_on_by_default_off_at_zero_and_bounded() {
+    fn busy_polling_is_off_by_default_and_bounded() {
         let with = |fabric: &str| {
             TargetConfig::from_str(
                 "t.toml",
@@ -2046,17 +2038,13 @@ mod tests {
             )
         };
         let b = with("").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            b.settings.busy_poll,
-            Some(std::time::Duration::from_micros(50)),
-            "50 us by default"
-        );
+        assert_eq!(b.settings.busy_poll, None, "off by default");
         let b = with("[fabric]\nbusy_poll_us = 0\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(b.settings.busy_poll, None, "0 is off");
-        let b = with("[fabric]\nbusy_poll_us = 200\n").unwrap_or_else(|e| panic!("{e}"));
+        let b = with("[fabric]\nbusy_poll_us = 50\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             b.settings.busy_poll,
-            Some(std::time::Duration::from_micros(200))
+            Some(std::time::Duration::from_micros(50))
         );
         let e = with("[fabric]\nbusy_poll_us = 5000\n").unwrap_err();
         assert_eq!(e.field, "fabric.busy_poll_us", "{e}");
