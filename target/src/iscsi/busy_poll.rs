@@ -27,9 +27,12 @@
 //!   last (RFC 7143 §4.2.2.2). An initiator that is behind has responses
 //!   still to handle, so it is busy, not waiting on the target, and its
 //!   next command comes when it gets to it: a spin then only takes CPU from
-//!   it. QEMU's iscsi driver behind qemu-nbd sends one command per socket
-//!   read even at QD32, and with the spin its 4 KiB WRITEs ran at 1.12x
-//!   tgtd's IOPS against 1.48x without (the same 2-vCPU VM).
+//!   it. This rule does not cover every busy initiator: QEMU's iscsi driver
+//!   behind qemu-nbd sends one command per socket read even at QD32 and
+//!   acknowledges each response before the next command, and on the 2-vCPU
+//!   VM its 4 KiB WRITEs at QD32 still ran at 1.10-1.30x tgtd's IOPS with a
+//!   50 us spin against 1.38-1.40x without; that is why polling stays off
+//!   by default.
 //! - Only while no other connection of the target is awake (handling PDUs
 //!   rather than waiting in `epoll_wait`): with others at work the CPU is
 //!   not idle without the spin, and the spin holds up their PDUs. With 100
