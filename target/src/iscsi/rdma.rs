@@ -34,7 +34,8 @@ const MAX_OP: u64 = 4 << 20;
 /// the wait is the target's accept catching up; a loaded host can take seconds.
 const BIND_WAIT: Duration = Duration::from_secs(10);
 /// How long a bind request for an already bound session waits for the old
-/// connection's failure to show on this side before it is refused.
+/// connection's failure, and for a bind being accepted, to show on this side
+/// before it is refused.
 const REPLACEMENT_WAIT: Duration = Duration::from_millis(500);
 
 /// Counters of the RDMA data path.
@@ -194,12 +195,7 @@ impl RdmaService {
                 let slot = self.slots.lock().unwrap().get(&b.token).cloned();
                 match slot {
                     Some(s) if s.tsih == b.tsih => {
-                        let busy = s.old_binding_lives().await;
-                        let claimed = !busy
-                            && s.accepting
-                                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                                .is_ok();
-                        if claimed {
+                        if s.claim().await {
                             Ok(s)
                         } else {
                             Err(refuse(reject::ALREADY_BOUND, "session already bound"))
@@ -464,12 +460,18 @@ impl Drop for AcceptClaim<'_> {
 }
 
 impl Slot {
-    /// Whether the session's current RDMA connection still works. A replacement
-    /// bind follows a connection the initiator saw fail (a bad key or a bounds
-    /// error moves both queue pairs to the error state), and the error can reach
-    /// this side a moment after the initiator's new request: wait briefly for it
-    /// before calling the session busy.
-    async fn old_binding_lives(&self) -> bool {
+    /// Claims the session for a new RDMA connection: true once no other bind
+    /// of it is being accepted and its current connection, if any, has failed.
+    /// A replacement bind follows a connection the initiator saw fail (a bad
+    /// key or a bounds error moves both queue pairs to the error state), and
+    /// both the error and the end of the previous bind's accept can reach this
+    /// side a moment after the initiator's new request (the initiator may use
+    /// a connection, break it and ask for the next while the task that bound
+    /// it has yet to drop its claim): wait briefly for them before calling the
+    /// session busy. Two requests racing for one session (a replayed token and
+    /// the real one) get one claim; the other then finds the new connection
+    /// working and is refused.
+    async fn claim(&self) -> bool {
         let deadline = tokio::time::Instant::now() + REPLACEMENT_WAIT;
         loop {
             let lives = self
@@ -477,8 +479,16 @@ impl Slot {
                 .borrow()
                 .as_ref()
                 .is_some_and(|b| !b.qp.is_error());
-            if !lives || tokio::time::Instant::now() >= deadline {
-                return lives;
+            if !lives
+                && self
+                    .accepting
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
