@@ -83,7 +83,8 @@ impl NextStatSn {
         self.0.store(next, Ordering::Relaxed);
     }
 
-    fn get(&self) -> u32 {
+    /// The StatSN of the next response.
+    pub fn get(&self) -> u32 {
         self.0.load(Ordering::Relaxed)
     }
 }
@@ -283,6 +284,12 @@ mod tests {
         false
     }
 
+    /// A poll of `server` with `budget`, its writer at StatSN 1, counted
+    /// alone among the awake connections.
+    fn poll_of(server: &TcpStream, budget: Duration) -> BusyPoll {
+        BusyPoll::new(server, budget, NextStatSn::new(1), Arc::default()).unwrap()
+    }
+
     async fn pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -293,13 +300,7 @@ mod tests {
     #[tokio::test]
     async fn an_idle_socket_spends_the_budget_and_reports_nothing() {
         let (_client, server) = pair().await;
-        let mut poll = BusyPoll::new(
-            &server,
-            Duration::from_micros(300),
-            NextStatSn::new(1),
-            Arc::default(),
-        )
-        .unwrap();
+        let mut poll = poll_of(&server, Duration::from_micros(300));
         let start = Instant::now();
         assert!(!poll.until_readable().await);
         // Unless another thread took this CPU (the poll then stops early
@@ -313,8 +314,7 @@ mod tests {
     async fn bytes_already_there_are_reported_and_left_for_the_reader() {
         let (mut client, server) = pair().await;
         client.write_all(b"PDU").await.unwrap();
-        let mut poll =
-            BusyPoll::new(&server, BUSY_POLL_MAX, NextStatSn::new(1), Arc::default()).unwrap();
+        let mut poll = poll_of(&server, BUSY_POLL_MAX);
         // Loopback delivers within the send; the peek must see the bytes
         // well inside the budget, and must not take them.
         let seen = readable_within(&mut poll).await;
@@ -328,8 +328,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn bytes_sent_while_polling_end_the_poll() {
         let (mut client, server) = pair().await;
-        let mut poll =
-            BusyPoll::new(&server, BUSY_POLL_MAX, NextStatSn::new(1), Arc::default()).unwrap();
+        let mut poll = poll_of(&server, BUSY_POLL_MAX);
         let sender = tokio::spawn(async move {
             client.write_all(b"x").await.unwrap();
             client
@@ -343,8 +342,7 @@ mod tests {
     async fn a_closed_peer_is_reported_so_the_reader_sees_the_end() {
         let (client, server) = pair().await;
         drop(client);
-        let mut poll =
-            BusyPoll::new(&server, BUSY_POLL_MAX, NextStatSn::new(1), Arc::default()).unwrap();
+        let mut poll = poll_of(&server, BUSY_POLL_MAX);
         let seen = readable_within(&mut poll).await;
         assert!(seen, "the peer closed, the poll kept waiting");
     }
@@ -353,8 +351,7 @@ mod tests {
     async fn a_resting_connection_does_not_poll() {
         let (mut client, server) = pair().await;
         client.write_all(b"PDU").await.unwrap();
-        let mut poll =
-            BusyPoll::new(&server, BUSY_POLL_MAX, NextStatSn::new(1), Arc::default()).unwrap();
+        let mut poll = poll_of(&server, BUSY_POLL_MAX);
         poll.rest_until = Some(Instant::now() + Duration::from_secs(60));
         for _ in 0..100 {
             assert!(!poll.until_readable().await, "polled while resting");
@@ -369,8 +366,7 @@ mod tests {
     async fn reads_that_bring_several_pdus_turn_polling_off() {
         let (mut client, server) = pair().await;
         client.write_all(b"PDU").await.unwrap();
-        let mut poll =
-            BusyPoll::new(&server, BUSY_POLL_MAX, NextStatSn::new(1), Arc::default()).unwrap();
+        let mut poll = poll_of(&server, BUSY_POLL_MAX);
         for _ in 0..16 {
             poll.note_read(7);
         }
@@ -455,13 +451,7 @@ mod tests {
     #[tokio::test]
     async fn the_budget_is_capped() {
         let (_client, server) = pair().await;
-        let poll = BusyPoll::new(
-            &server,
-            Duration::from_secs(5),
-            NextStatSn::new(1),
-            Arc::default(),
-        )
-        .unwrap();
+        let poll = poll_of(&server, Duration::from_secs(5));
         assert_eq!(poll.budget, BUSY_POLL_MAX);
     }
 }

@@ -295,13 +295,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
     });
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
-    let writer_task = tokio::spawn(write_loop(
-        writer,
-        rx,
-        shared.clone(),
-        first_stat_sn,
-        next_stat_sn,
-    ));
+    let writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
     let launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
     let mut stop = session.stop_signal();
@@ -449,13 +443,24 @@ pub(super) async fn carry_out(launcher: &Launcher, actions: Vec<Action>) -> Opti
     None
 }
 
-/// Sends PDUs in order, stamping sequence numbers as they leave.
+/// Stamps a PDU as it leaves: StatSN, ExpCmdSN and MaxCmdSN; a PDU that
+/// carries a status moves StatSN on (published for the busy poll).
+fn number(bhs: &mut Bhs, stat_sn: &NextStatSn, shared: &Shared) {
+    let (exp, max) = shared.numbers();
+    let sn = stat_sn.get();
+    stamp(bhs, sn, exp, max);
+    if advances_stat_sn(bhs) {
+        stat_sn.set(sn.wrapping_add(1));
+    }
+}
+
+/// Sends PDUs in order, stamping sequence numbers as they leave; `stat_sn`
+/// holds the StatSN of the next response.
 async fn write_loop(
     mut writer: PduWriter,
     mut rx: mpsc::Receiver<Outgoing>,
     shared: Arc<Shared>,
-    mut stat_sn: u32,
-    next_stat_sn: NextStatSn,
+    stat_sn: NextStatSn,
 ) {
     loop {
         // While zero-copy sends await the kernel's notification, an idle
@@ -485,12 +490,7 @@ async fn write_loop(
                     return;
                 }
                 Outgoing::Pdu(mut pdu) => {
-                    let (exp, max) = shared.numbers();
-                    stamp(&mut pdu.bhs, stat_sn, exp, max);
-                    if advances_stat_sn(&pdu.bhs) {
-                        stat_sn = stat_sn.wrapping_add(1);
-                        next_stat_sn.set(stat_sn);
-                    }
+                    number(&mut pdu.bhs, &stat_sn, &shared);
                     if writer.push(&pdu).await.is_err() {
                         return;
                     }
@@ -501,12 +501,7 @@ async fn write_loop(
                     offset,
                     len,
                 } => {
-                    let (exp, max) = shared.numbers();
-                    stamp(&mut bhs, stat_sn, exp, max);
-                    if advances_stat_sn(&bhs) {
-                        stat_sn = stat_sn.wrapping_add(1);
-                        next_stat_sn.set(stat_sn);
-                    }
+                    number(&mut bhs, &stat_sn, &shared);
                     if let Err(e) = writer.push_file(&bhs, &lun, offset, len).await {
                         if e.kind() == std::io::ErrorKind::UnexpectedEof {
                             // The header left already: the PDU cannot be

@@ -321,7 +321,6 @@ impl Harness {
                 writer,
                 rx,
                 shared,
-                first_stat_sn,
                 NextStatSn::new(first_stat_sn),
             ))
         };
