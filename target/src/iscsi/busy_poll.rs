@@ -38,9 +38,18 @@
 //!   not idle without the spin, and the spin holds up their PDUs. With 100
 //!   sessions at QD1 on the same VM the spin cost 12-22 % of the target's
 //!   IOPS (`bench/many-sessions.sh`).
+//! - Only while every runnable thread of the machine has a CPU: the fourth
+//!   field of `/proc/loadavg` counts the threads running or waiting for a
+//!   CPU, the polling one included, and the poll stops (and rests) when
+//!   that is more than the online CPUs. The `sched_yield` rule only sees
+//!   this CPU's queue; a thread woken while the spin keeps this CPU busy is
+//!   put on another CPU's queue, behind whatever runs there, and waits.
 
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,15 +98,96 @@ impl NextStatSn {
     }
 }
 
-/// How many of a target's busy-polling connections are awake: handling
-/// PDUs, or polling, rather than waiting in `epoll_wait`.
+/// What a connection's busy poll looks at besides its own socket: the
+/// target's other connections, and the machine's other threads.
 #[derive(Debug, Default)]
-pub struct Awake(AtomicUsize);
+pub struct Neighbours {
+    /// How many of the target's busy-polling connections are awake:
+    /// handling PDUs, or polling, rather than waiting in `epoll_wait`.
+    awake: AtomicUsize,
+    run_queue: RunQueue,
+}
 
-impl Awake {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
+impl Neighbours {
+    /// The neighbours of connections on this machine.
+    pub fn of_this_machine() -> Neighbours {
+        Neighbours {
+            awake: AtomicUsize::new(0),
+            run_queue: RunQueue::of_this_machine(),
+        }
     }
+
+    fn awake(&self) -> usize {
+        self.awake.load(Ordering::Relaxed)
+    }
+}
+
+/// The machine's demand for CPU: how many threads are runnable (running or
+/// waiting for a CPU) against how many CPUs are online. The kernel writes
+/// `/proc/loadavg` afresh on each read, so one positioned read of an open
+/// descriptor (well under a microsecond) gives the count of that instant.
+/// Without the file (no procfs) nothing is known, and nothing is reported
+/// as oversubscribed.
+#[derive(Debug, Default)]
+pub struct RunQueue {
+    loadavg: Option<File>,
+    cpus: usize,
+}
+
+impl RunQueue {
+    /// This machine's run queue, from `/proc/loadavg` and the online CPUs
+    /// of `/proc/stat`.
+    pub fn of_this_machine() -> RunQueue {
+        let cpus = std::fs::read("/proc/stat")
+            .map(|stat| online_cpus(&stat))
+            .unwrap_or(0);
+        if cpus == 0 {
+            return RunQueue::default();
+        }
+        RunQueue::at(Path::new("/proc/loadavg"), cpus)
+    }
+
+    /// The run queue of a machine with `cpus` online CPUs whose runnable
+    /// threads are counted in `loadavg` (a file in `/proc/loadavg`'s
+    /// format).
+    pub fn at(loadavg: &Path, cpus: usize) -> RunQueue {
+        RunQueue {
+            loadavg: File::open(loadavg).ok(),
+            cpus,
+        }
+    }
+
+    /// True when more threads are runnable than there are CPUs: some
+    /// thread is waiting for one.
+    fn oversubscribed(&self) -> bool {
+        let Some(file) = &self.loadavg else {
+            return false;
+        };
+        let mut line = [0u8; 128];
+        match file.read_at(&mut line, 0) {
+            Ok(n) => runnable_threads(&line[..n]).is_some_and(|r| r > self.cpus),
+            Err(_) => false,
+        }
+    }
+}
+
+/// The runnable threads of a `/proc/loadavg` line: the part before the
+/// slash of its fourth field ("0.20 0.18 0.12 3/250 4242", proc(5)).
+fn runnable_threads(loadavg: &[u8]) -> Option<usize> {
+    let field = loadavg
+        .split(u8::is_ascii_whitespace)
+        .filter(|f| !f.is_empty())
+        .nth(3)?;
+    let slash = field.iter().position(|&b| b == b'/')?;
+    std::str::from_utf8(&field[..slash]).ok()?.parse().ok()
+}
+
+/// The online CPUs of a `/proc/stat`: one line each, `cpu` and its number
+/// (the line of the sum has no number).
+fn online_cpus(stat: &[u8]) -> usize {
+    stat.split(|&b| b == b'\n')
+        .filter(|line| line.starts_with(b"cpu") && line.get(3).is_some_and(u8::is_ascii_digit))
+        .count()
 }
 
 /// One connection's busy poll: its socket (a duplicate of the descriptor,
@@ -109,8 +199,9 @@ pub struct BusyPoll {
     /// The writer's next StatSN, and the ExpStatSN of the last PDU read.
     next_stat_sn: NextStatSn,
     exp_stat_sn: Option<u32>,
-    /// The target's awake connections, this one counted while `awake`.
-    connections: Arc<Awake>,
+    /// The target's other connections and the machine's other threads;
+    /// this connection is counted among the awake while `awake`.
+    neighbours: Arc<Neighbours>,
     awake: bool,
     /// Set when another task wanted this CPU during a poll: no polling
     /// until then.
@@ -121,22 +212,22 @@ pub struct BusyPoll {
 
 impl BusyPoll {
     /// Busy polling of `stream` for up to `budget` per wait; `next_stat_sn`
-    /// is what the connection's writer publishes, `connections` counts the
-    /// target's awake connections (this one, awake, among them).
+    /// is what the connection's writer publishes; `neighbours` are shared
+    /// by the target's connections (this one is counted awake at first).
     pub fn new(
         stream: &TcpStream,
         budget: Duration,
         next_stat_sn: NextStatSn,
-        connections: Arc<Awake>,
+        neighbours: Arc<Neighbours>,
     ) -> io::Result<BusyPoll> {
         let socket = stream.as_fd().try_clone_to_owned()?;
-        connections.0.fetch_add(1, Ordering::Relaxed);
+        neighbours.awake.fetch_add(1, Ordering::Relaxed);
         Ok(BusyPoll {
             socket,
             budget: budget.min(BUSY_POLL_MAX),
             next_stat_sn,
             exp_stat_sn: None,
-            connections,
+            neighbours,
             awake: true,
             rest_until: None,
             pdus_per_read_x16: 16,
@@ -146,8 +237,9 @@ impl BusyPoll {
     /// Yields to the runtime (so that the responses already queued are
     /// sent), then looks for something to read until the budget runs out,
     /// giving the CPU to any other runnable thread between looks
-    /// (`sched_yield`). If one took it, the CPU is not idle without the
-    /// poll: the poll ends and the connection does not poll for [`REST`].
+    /// (`sched_yield`). If one took it, or some thread of the machine waits
+    /// for a CPU, the CPU is not idle without the poll: the poll ends and
+    /// the connection does not poll for [`REST`].
     /// Connections whose reads bring several PDUs, and initiators that
     /// have not yet seen every response, are not polled for.
     ///
@@ -174,6 +266,12 @@ impl BusyPoll {
                 return false;
             }
             if self.others_awake() {
+                return false;
+            }
+            if self.neighbours.run_queue.oversubscribed() {
+                // A thread woken elsewhere while this CPU spins waits in
+                // another CPU's queue: give this CPU up to it.
+                self.rest_until = Some(Instant::now() + REST);
                 return false;
             }
             if self.readable_now() {
@@ -209,20 +307,20 @@ impl BusyPoll {
     /// The connection goes to wait in `epoll_wait`.
     pub fn sleeps(&mut self) {
         if std::mem::replace(&mut self.awake, false) {
-            self.connections.0.fetch_sub(1, Ordering::Relaxed);
+            self.neighbours.awake.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// The connection woke up to handle what came.
     pub fn wakes(&mut self) {
         if !std::mem::replace(&mut self.awake, true) {
-            self.connections.0.fetch_add(1, Ordering::Relaxed);
+            self.neighbours.awake.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// True when another connection of the target is awake.
     fn others_awake(&self) -> bool {
-        self.connections.count() > usize::from(self.awake)
+        self.neighbours.awake() > usize::from(self.awake)
     }
 
     /// Notes the ExpStatSN of a PDU the initiator sent.
@@ -414,7 +512,7 @@ mod tests {
         let (mut client, server) = pair().await;
         client.write_all(b"PDU").await.unwrap();
         let (_other_client, other_server) = pair().await;
-        let awake = Arc::new(Awake::default());
+        let awake = Arc::new(Neighbours::default());
         let mut poll =
             BusyPoll::new(&server, BUSY_POLL_MAX, NextStatSn::new(1), awake.clone()).unwrap();
         let mut other = BusyPoll::new(
@@ -424,7 +522,7 @@ mod tests {
             awake.clone(),
         )
         .unwrap();
-        assert_eq!(awake.count(), 2);
+        assert_eq!(awake.awake(), 2);
         for _ in 0..100 {
             assert!(
                 !poll.until_readable().await,
@@ -435,17 +533,89 @@ mod tests {
         // polls and finds its bytes.
         other.sleeps();
         other.sleeps();
-        assert_eq!(awake.count(), 1);
+        assert_eq!(awake.awake(), 1);
         assert!(readable_within(&mut poll).await, "alone awake, bytes there");
         other.wakes();
         assert!(!poll.until_readable().await, "the other woke up");
         // A connection that ends is no longer counted.
         drop(other);
-        assert_eq!(awake.count(), 1);
+        assert_eq!(awake.awake(), 1);
         poll.sleeps();
-        assert_eq!(awake.count(), 0);
+        assert_eq!(awake.awake(), 0);
         drop(poll);
-        assert_eq!(awake.count(), 0, "dropped asleep, not taken off twice");
+        assert_eq!(awake.awake(), 0, "dropped asleep, not taken off twice");
+    }
+
+    #[tokio::test]
+    async fn no_connection_polls_while_a_thread_of_the_machine_waits_for_a_cpu() {
+        let (mut client, server) = pair().await;
+        client.write_all(b"PDU").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let loadavg = dir.path().join("loadavg");
+        // Two CPUs, three runnable threads (the polling one among them):
+        // one waits.
+        std::fs::write(&loadavg, "1.92 1.40 0.99 3/211 5150\n").unwrap();
+        let neighbours = Arc::new(Neighbours {
+            awake: AtomicUsize::new(0),
+            run_queue: RunQueue::at(&loadavg, 2),
+        });
+        let mut poll =
+            BusyPoll::new(&server, BUSY_POLL_MAX, NextStatSn::new(1), neighbours).unwrap();
+        // Even with bytes there, a spin would hold a CPU someone waits for:
+        // the poll ends at once, and rests.
+        for _ in 0..100 {
+            assert!(!poll.until_readable().await, "polled on a full machine");
+            assert!(poll.rest_until.take().is_some(), "no rest taken");
+        }
+        // The file is read afresh: two runnable on two CPUs is room enough.
+        std::fs::write(&loadavg, "1.92 1.40 0.99 2/211 5150\n").unwrap();
+        assert!(readable_within(&mut poll).await, "room again, bytes there");
+    }
+
+    #[test]
+    fn run_queue_of_this_machine_counts_its_cpus() {
+        let run_queue = RunQueue::of_this_machine();
+        assert!(run_queue.loadavg.is_some(), "/proc/loadavg not opened");
+        let parallelism = std::thread::available_parallelism().unwrap().get();
+        assert!(
+            run_queue.cpus >= parallelism,
+            "{} online CPUs, {parallelism} usable",
+            run_queue.cpus
+        );
+    }
+
+    #[test]
+    fn loadavg_lines_give_their_runnable_threads() {
+        assert_eq!(runnable_threads(b"0.00 0.01 0.05 1/80 6679\n"), Some(1));
+        assert_eq!(runnable_threads(b"12.5  9.1 3.0\t17/1024 99"), Some(17));
+        assert_eq!(runnable_threads(b"0.00 0.01 0.05"), None);
+        assert_eq!(runnable_threads(b"0.00 0.01 0.05 80 6679"), None);
+        assert_eq!(runnable_threads(b"0.00 0.01 0.05 x/80 6679"), None);
+        assert_eq!(runnable_threads(b""), None);
+    }
+
+    #[test]
+    fn stat_gives_its_online_cpus() {
+        let stat = b"cpu  10 0 5 100 0 0 0 0 0 0\ncpu0 5 0 2 50 0 0 0 0 0 0\n\
+                     cpu1 5 0 3 50 0 0 0 0 0 0\nintr 12 0 3\nctxt 99\ncpus 1\n";
+        assert_eq!(online_cpus(stat), 2);
+        assert_eq!(online_cpus(b""), 0);
+    }
+
+    proptest::proptest! {
+        /// Whatever the file holds, reading it never panics, and a
+        /// well-formed line gives back its count.
+        #[test]
+        fn runnable_threads_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..128)) {
+            let _ = runnable_threads(&bytes);
+            let _ = online_cpus(&bytes);
+        }
+
+        #[test]
+        fn well_formed_lines_round_trip(runnable in 0usize..100_000, total in 0usize..1_000_000, pid in 0u32..4_000_000) {
+            let line = format!("0.10 0.20 0.30 {runnable}/{total} {pid}\n");
+            proptest::prop_assert_eq!(runnable_threads(line.as_bytes()), Some(runnable));
+        }
     }
 
     #[tokio::test]

@@ -287,11 +287,16 @@ async fn full_feature<R: AsyncRead + Unpin>(
     let next_stat_sn = NextStatSn::new(first_stat_sn);
     let mut busy_poll = fabric.settings.busy_poll.and_then(|budget| {
         let stream = writer.tcp_stream()?;
-        BusyPoll::new(stream, budget, next_stat_sn.clone(), fabric.awake.clone())
-            .inspect_err(
-                |e| warn!(tsih = session.tsih, error = %e, "busy polling off for this connection"),
-            )
-            .ok()
+        BusyPoll::new(
+            stream,
+            budget,
+            next_stat_sn.clone(),
+            fabric.busy_poll_neighbours.clone(),
+        )
+        .inspect_err(
+            |e| warn!(tsih = session.tsih, error = %e, "busy polling off for this connection"),
+        )
+        .ok()
     });
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);

@@ -124,8 +124,9 @@ pub struct Fabric {
     pub sendfile_reads: sendfile::SendfileReads,
     /// What the iSER portals moved (see [`iser`]).
     pub iser_counters: iser::IserCounters,
-    /// TCP connections handling PDUs right now (see [`busy_poll`]).
-    pub awake: Arc<busy_poll::Awake>,
+    /// What busy-polling connections look at besides their own sockets
+    /// (see [`busy_poll`]).
+    pub busy_poll_neighbours: Arc<busy_poll::Neighbours>,
 }
 
 impl Fabric {
@@ -149,7 +150,7 @@ impl Fabric {
             sendfile_reads: sendfile::SendfileReads::new(lun_paths.clone()),
             lun_paths,
             iser_counters: iser::IserCounters::default(),
-            awake: Arc::default(),
+            busy_poll_neighbours: Arc::new(busy_poll::Neighbours::of_this_machine()),
         });
         for target in &targets {
             fabric.wire_aborts(&target.luns);
