@@ -398,7 +398,11 @@ async fn full_feature<R: AsyncRead + Unpin>(
 /// Tells the busy poll, if any, what the initiator acknowledged with the
 /// PDU just read.
 fn heard(busy_poll: &mut Option<BusyPoll>, pdu: Option<&Pdu>) {
-    if let (Some(poll), Some(exp)) = (busy_poll, pdu.and_then(|p| exp_stat_sn(&p.bhs))) {
+    // Without a poll (busy polling off) the header is not looked at.
+    let Some(poll) = busy_poll else {
+        return;
+    };
+    if let Some(exp) = pdu.and_then(|p| exp_stat_sn(&p.bhs)) {
         poll.note_exp_stat_sn(exp);
     }
 }
