@@ -103,7 +103,7 @@
 # Env: SECS (per run), ROUNDS, BW_BACKSTORE (file|ram), QD_SEQ (default 8), RB_MIB (default 32),
 # BLOCKWIRE_BIN (another blockwire-target binary, e.g. a build from before a change),
 # BENCH_NOTE (a paragraph for the results file: what the binary is, what else ran),
-# BW_BUSY_POLL_US (blockwire's [fabric] busy_poll_us; unset: off, the default),
+# BW_BUSY_POLL_US (blockwire's [fabric] busy_poll_us; unset: the daemon's default, 50; 0: off),
 # ONLY (a regular expression: run only the rows whose "tool workload xfer qd [one|two]" matches
 # it; the pinned QD1 rows end in "one" or "two"),
 # WAIT_RUSTC=0 (do not wait for running compiles: quick checks of the script itself).

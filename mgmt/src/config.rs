@@ -119,10 +119,12 @@ pub struct FabricConfig {
     /// allows it (default true); false: plain copying sends.
     pub zero_copy_send: bool,
     /// Microseconds a connection keeps looking for the initiator's next PDU
-    /// before it sleeps (0, the default: it sleeps at once; at most 1000).
-    /// Only connections whose reads bring about one PDU poll (QD1). Saves
-    /// the wake-up of an idle CPU per round trip, at the price of up to
-    /// that much CPU time per wait.
+    /// before it sleeps (default [`DEFAULT_BUSY_POLL_US`]; 0: it sleeps at
+    /// once; at most 1000). Only a connection whose reads bring about one
+    /// PDU (QD1) and whose initiator has seen every response polls, and
+    /// only while no other connection is at work and every runnable thread
+    /// of the machine has a CPU. Saves the wake-up of an idle CPU per round
+    /// trip, at the price of up to that much CPU time per wait.
     pub busy_poll_us: u64,
     /// The target's DataPDUInOrder answer: false (default) lets an
     /// initiator that offers No receive Data-In in completion order
@@ -147,7 +149,7 @@ impl Default for FabricConfig {
             rdma_device: None,
             write_budget: "256M".into(),
             zero_copy_send: d.zero_copy_send,
-            busy_poll_us: 0,
+            busy_poll_us: DEFAULT_BUSY_POLL_US,
             data_pdu_in_order: d.data_pdu_in_order,
         }
     }
@@ -560,6 +562,13 @@ impl CheckReport {
         self.errors.is_empty()
     }
 }
+
+/// The default `[fabric] busy_poll_us`: about one QD1 round trip of a fast
+/// initiator on a 2-vCPU VM. The poll gives way to busy initiators, to the
+/// target's other connections and to any thread waiting for a CPU, so QD32
+/// and many sessions keep their pace (interop/results/bench-vs-tgtd.md,
+/// bench/many-sessions-results.txt).
+pub const DEFAULT_BUSY_POLL_US: u64 = 50;
 
 /// A commented example configuration (`examples/target.toml`), printed by
 /// `blockwire-target --print-example-config`.
@@ -2027,7 +2036,7 @@ mod tests {
     }
 
     #[test]
-    fn busy_polling_is_off_by_default_and_bounded() {
+    fn busy_polling_is_on_by_default_off_at_zero_and_bounded() {
         let with = |fabric: &str| {
             TargetConfig::from_str(
                 "t.toml",
@@ -2038,13 +2047,17 @@ mod tests {
             )
         };
         let b = with("").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(b.settings.busy_poll, None, "off by default");
-        let b = with("[fabric]\nbusy_poll_us = 0\n").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(b.settings.busy_poll, None, "0 is off");
-        let b = with("[fabric]\nbusy_poll_us = 50\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             b.settings.busy_poll,
-            Some(std::time::Duration::from_micros(50))
+            Some(std::time::Duration::from_micros(50)),
+            "50 us by default"
+        );
+        let b = with("[fabric]\nbusy_poll_us = 0\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.settings.busy_poll, None, "0 is off");
+        let b = with("[fabric]\nbusy_poll_us = 200\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            b.settings.busy_poll,
+            Some(std::time::Duration::from_micros(200))
         );
         let e = with("[fabric]\nbusy_poll_us = 5000\n").unwrap_err();
         assert_eq!(e.field, "fabric.busy_poll_us", "{e}");

@@ -71,8 +71,8 @@ pub struct FabricSettings {
     pub zero_copy_send: bool,
     /// After handling what arrived, a connection looks for the initiator's
     /// next PDU for up to this long before it sleeps (see [`busy_poll`]);
-    /// None (the default, here and in the daemon's configuration): it
-    /// sleeps at once.
+    /// None (the default here; the daemon's configuration defaults to
+    /// 50 us): it sleeps at once.
     pub busy_poll: Option<Duration>,
     /// Benchmark-only `--no-net`: READs read their data but send no
     /// Data-In; they end GOOD with a residual underflow of the whole length.
