@@ -283,14 +283,14 @@ impl BusyPoll {
             if self.readable_now() {
                 return true;
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return false;
             }
             // Let whatever else is runnable on this CPU (the initiator
             // itself, when it shares the CPU) run before the next look.
-            let before = Instant::now();
             std::thread::yield_now();
-            if before.elapsed() >= CONTENDED {
+            if now.elapsed() >= CONTENDED {
                 // Something else ran: this CPU has work without the poll.
                 // Sleep in epoll instead, and leave the CPU to the others
                 // for a while.
