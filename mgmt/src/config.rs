@@ -126,6 +126,12 @@ pub struct FabricConfig {
     /// of the machine has a CPU. Saves the wake-up of an idle CPU per round
     /// trip, at the price of up to that much CPU time per wait.
     pub busy_poll_us: u64,
+    /// Threads the iSCSI connections run on, each connection on one of them
+    /// from login to close (the one with the fewest when it comes): a
+    /// connection reads, runs a command and answers on one thread. Unset:
+    /// one per CPU; 0: connections share the daemon's runtime workers; at
+    /// most [`CONNECTION_THREADS_MAX`].
+    pub connection_threads: Option<usize>,
     /// The target's DataPDUInOrder answer: false (default) lets an
     /// initiator that offers No receive Data-In in completion order
     /// (synchronized sends); true insists on in-order PDUs.
@@ -150,6 +156,7 @@ impl Default for FabricConfig {
             write_budget: "256M".into(),
             zero_copy_send: d.zero_copy_send,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
+            connection_threads: None,
             data_pdu_in_order: d.data_pdu_in_order,
         }
     }
@@ -569,6 +576,10 @@ impl CheckReport {
 /// and many sessions keep their pace (interop/results/bench-vs-tgtd.md,
 /// bench/many-sessions-results.txt).
 pub const DEFAULT_BUSY_POLL_US: u64 = 50;
+
+/// The most `[fabric] connection_threads` may ask for: more threads than
+/// CPUs only take turns on them.
+pub const CONNECTION_THREADS_MAX: usize = 1024;
 
 /// A commented example configuration (`examples/target.toml`), printed by
 /// `blockwire-target --print-example-config`.
@@ -1431,6 +1442,17 @@ fn fabric_settings(
             ),
         ));
     }
+    if f.connection_threads
+        .is_some_and(|n| n > CONNECTION_THREADS_MAX)
+    {
+        errors.push(ctx.fabric_err(
+            "connection_threads",
+            format!(
+                "{} is more than {CONNECTION_THREADS_MAX} (leave it unset for one per CPU; 0 runs connections on the daemon's shared workers)",
+                f.connection_threads.unwrap_or_default()
+            ),
+        ));
+    }
     if !(1..=65536).contains(&f.queue_depth) {
         errors.push(ctx.fabric_err("queue_depth", "must be between 1 and 65536"));
     }
@@ -1481,6 +1503,9 @@ fn fabric_settings(
         zero_copy_send: f.zero_copy_send,
         busy_poll: (f.busy_poll_us > 0).then(|| std::time::Duration::from_micros(f.busy_poll_us)),
         data_pdu_in_order: f.data_pdu_in_order,
+        connection_threads: f.connection_threads.unwrap_or_else(
+            blockwire_target::iscsi::connection_threads::ConnectionThreads::one_per_cpu,
+        ),
         ..FabricSettings::default()
     };
     Ok((settings, rdma_listen, rdma_backend))
@@ -2062,6 +2087,32 @@ mod tests {
         let e = with("[fabric]\nbusy_poll_us = 5000\n").unwrap_err();
         assert_eq!(e.field, "fabric.busy_poll_us", "{e}");
         assert!(e.to_string().contains("more than 1000"), "{e}");
+    }
+
+    #[test]
+    fn connections_get_a_thread_per_cpu_by_default_the_shared_workers_at_zero() {
+        let with = |fabric: &str| {
+            TargetConfig::from_str(
+                "t.toml",
+                &format!(
+                    "{fabric}{}",
+                    one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
+                ),
+            )
+        };
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        let b = with("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            b.settings.connection_threads, cpus,
+            "one per CPU by default"
+        );
+        let b = with("[fabric]\nconnection_threads = 0\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.settings.connection_threads, 0, "0: the shared workers");
+        let b = with("[fabric]\nconnection_threads = 3\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.settings.connection_threads, 3);
+        let e = with("[fabric]\nconnection_threads = 5000\n").unwrap_err();
+        assert_eq!(e.field, "fabric.connection_threads", "{e}");
+        assert!(e.to_string().contains("one per CPU"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod budget;
 pub mod busy_poll;
 pub mod catalog;
 pub mod connection;
+pub mod connection_threads;
 pub mod data_paths;
 pub mod datain;
 pub mod dataout;
@@ -74,6 +75,11 @@ pub struct FabricSettings {
     /// None (the default here; the daemon's configuration defaults to
     /// 50 us): it sleeps at once.
     pub busy_poll: Option<Duration>,
+    /// Connections run on this many threads of their own, a single-threaded
+    /// runtime each (see [`connection_threads`]); 0 (the default here; the
+    /// daemon's configuration defaults to one per CPU): on the tasks of the
+    /// runtime that accepted them.
+    pub connection_threads: usize,
     /// Benchmark-only `--no-net`: READs read their data but send no
     /// Data-In; they end GOOD with a residual underflow of the whole length.
     pub no_net: bool,
@@ -95,6 +101,7 @@ impl Default for FabricSettings {
             data_pdu_in_order: false,
             zero_copy_send: true,
             busy_poll: None,
+            connection_threads: 0,
             no_net: false,
         }
     }
@@ -127,6 +134,8 @@ pub struct Fabric {
     /// What busy-polling connections look at besides their own sockets
     /// (see [`busy_poll`]).
     pub busy_poll_neighbours: Arc<busy_poll::Neighbours>,
+    /// The threads connections run on, when the settings ask for them.
+    pub connection_threads: Option<connection_threads::ConnectionThreads>,
 }
 
 impl Fabric {
@@ -139,6 +148,8 @@ impl Fabric {
     ) -> Arc<Fabric> {
         let lun_paths = Arc::new(lun_paths::LunPaths::default());
         let targets = catalog.targets.clone();
+        let connection_threads = (settings.connection_threads > 0)
+            .then(|| connection_threads::ConnectionThreads::new(settings.connection_threads));
         let fabric = Arc::new(Fabric {
             catalog: std::sync::RwLock::new(catalog),
             sessions: SessionTable::default(),
@@ -151,6 +162,7 @@ impl Fabric {
             lun_paths,
             iser_counters: iser::IserCounters::default(),
             busy_poll_neighbours: Arc::new(busy_poll::Neighbours::of_this_machine()),
+            connection_threads,
         });
         for target in &targets {
             fabric.wire_aborts(&target.luns);

@@ -67,9 +67,14 @@ impl Portal {
                         info!(%peer, tpgt = self.tpgt, "connection accepted");
                         let live = live.clone();
                         live.fetch_add(1, Ordering::SeqCst);
-                        let serve = connection::serve_until_cut(fabric.clone(), stream, self.tpgt, cut_rx.clone());
+                        let (f, tpgt, cut) = (fabric.clone(), self.tpgt, cut_rx.clone());
+                        let serve = move |s| connection::serve_until_cut(f, s, tpgt, cut);
+                        let fabric = fabric.clone();
                         connections.spawn(async move {
-                            serve.await;
+                            match &fabric.connection_threads {
+                                Some(threads) => threads.serve(stream, serve).await,
+                                None => serve(stream).await,
+                            }
                             live.fetch_sub(1, Ordering::SeqCst);
                         });
                     }
