@@ -5,7 +5,8 @@
 # IOPS under that load, and whether every session still answers (tests/examples/many_sessions.rs).
 # 1 GiB RAM LUN, release build, client and target on this machine. Results:
 # bench/many-sessions-results.txt. BLOCKWIRE_BIN: another blockwire-target binary (a build from
-# before a change); BW_BUSY_POLL_US: the daemon's [fabric] busy_poll_us (unset: its default).
+# before a change); BW_BUSY_POLL_US, BW_CONNECTION_THREADS: the daemon's [fabric] busy_poll_us
+# and connection_threads (unset: their defaults).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -23,6 +24,7 @@ cat >"$tmp/target.toml" <<EOT
 [fabric]
 queue_depth = 32
 ${BW_BUSY_POLL_US:+busy_poll_us = $BW_BUSY_POLL_US}
+${BW_CONNECTION_THREADS:+connection_threads = $BW_CONNECTION_THREADS}
 
 [[portal_group]]
 tag = 1

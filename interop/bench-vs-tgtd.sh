@@ -104,6 +104,8 @@
 # BLOCKWIRE_BIN (another blockwire-target binary, e.g. a build from before a change),
 # BENCH_NOTE (a paragraph for the results file: what the binary is, what else ran),
 # BW_BUSY_POLL_US (blockwire's [fabric] busy_poll_us; unset: the daemon's default, 50; 0: off),
+# BW_CONNECTION_THREADS (its [fabric] connection_threads; unset: one per CPU; 0: the runtime's
+# shared workers),
 # ONLY (a regular expression: run only the rows whose "tool workload xfer qd [one|two]" matches
 # it; the pinned QD1 rows end in "one" or "two"),
 # WAIT_RUSTC=0 (do not wait for running compiles: quick checks of the script itself).
@@ -179,9 +181,10 @@ metrics_port=$(free_port)
     echo "size = \"${RB_LUN_MIB}M\""
     echo '[metrics]'
     echo "listen = \"127.0.0.1:$metrics_port\""
-    if [ -n "${BW_BUSY_POLL_US:-}" ]; then
+    if [ -n "${BW_BUSY_POLL_US:-}${BW_CONNECTION_THREADS:-}" ]; then
         echo '[fabric]'
-        echo "busy_poll_us = $BW_BUSY_POLL_US"
+        [ -z "${BW_BUSY_POLL_US:-}" ] || echo "busy_poll_us = $BW_BUSY_POLL_US"
+        [ -z "${BW_CONNECTION_THREADS:-}" ] || echo "connection_threads = $BW_CONNECTION_THREADS"
     fi
 } >"$tmp/bench.toml"
 bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/bench.toml")

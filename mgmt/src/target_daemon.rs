@@ -125,6 +125,10 @@ pub async fn run(
     if let Some(budget) = fabric.settings.busy_poll {
         info!("busy polling: a connection looks for the next PDU for {} us before it sleeps ([fabric] busy_poll_us; costs CPU time after every read)", budget.as_micros());
     }
+    match fabric.settings.connection_threads {
+        0 => info!("connections share the runtime's workers ([fabric] connection_threads = 0)"),
+        n => info!("connections run on {n} connection threads, each on the one with the fewest ([fabric] connection_threads; 0: the runtime's shared workers)"),
+    }
     if fabric.settings.zero_copy_send {
         info!("zero-copy sends (MSG_ZEROCOPY) for Data-In payloads of at least {} KiB where the kernel allows it ([fabric] zero_copy_send = false turns them off)", blockwire_target::iscsi::zerocopy::ZC_MIN >> 10);
     } else {

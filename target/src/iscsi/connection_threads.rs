@@ -83,7 +83,9 @@ impl ConnectionThreads {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let Some(thread) = self.least_busy() else {
-            return serve(stream).await;
+            // Boxed: the connection's state machine stays out of this
+            // future's, which waits on the connection thread otherwise.
+            return Box::pin(serve(stream)).await;
         };
         // The socket leaves this runtime's I/O driver for the thread's.
         let std_stream = match stream.into_std() {

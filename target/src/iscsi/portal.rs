@@ -69,14 +69,22 @@ impl Portal {
                         live.fetch_add(1, Ordering::SeqCst);
                         let (f, tpgt, cut) = (fabric.clone(), self.tpgt, cut_rx.clone());
                         let serve = move |s| connection::serve_until_cut(f, s, tpgt, cut);
-                        let fabric = fabric.clone();
-                        connections.spawn(async move {
-                            match &fabric.connection_threads {
-                                Some(threads) => threads.serve(stream, serve).await,
-                                None => serve(stream).await,
-                            }
-                            live.fetch_sub(1, Ordering::SeqCst);
-                        });
+                        // Two tasks, each holding only what its road needs: a
+                        // connection's state lives in the task that runs it.
+                        if fabric.connection_threads.is_some() {
+                            let fabric = fabric.clone();
+                            connections.spawn(async move {
+                                if let Some(threads) = &fabric.connection_threads {
+                                    threads.serve(stream, serve).await;
+                                }
+                                live.fetch_sub(1, Ordering::SeqCst);
+                            });
+                        } else {
+                            connections.spawn(async move {
+                                serve(stream).await;
+                                live.fetch_sub(1, Ordering::SeqCst);
+                            });
+                        }
                     }
                     Err(e) => {
                         warn!(error = %e, "accept failed");
