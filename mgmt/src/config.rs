@@ -2060,57 +2060,51 @@ mod tests {
         assert!(b.settings.zero_copy_send, "zero-copy sends on by default");
     }
 
+    /// A configuration of one RAM LUN with `fabric` (a `[fabric]` table or
+    /// nothing) before it.
+    fn with_fabric(fabric: &str) -> Result<Built, ConfigError> {
+        TargetConfig::from_str(
+            "t.toml",
+            &format!(
+                "{fabric}{}",
+                one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
+            ),
+        )
+    }
+
     #[test]
     fn busy_polling_is_on_by_default_off_at_zero_and_bounded() {
-        let with = |fabric: &str| {
-            TargetConfig::from_str(
-                "t.toml",
-                &format!(
-                    "{fabric}{}",
-                    one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
-                ),
-            )
-        };
-        let b = with("").unwrap_or_else(|e| panic!("{e}"));
+        let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             b.settings.busy_poll,
             Some(std::time::Duration::from_micros(50)),
             "50 us by default"
         );
-        let b = with("[fabric]\nbusy_poll_us = 0\n").unwrap_or_else(|e| panic!("{e}"));
+        let b = with_fabric("[fabric]\nbusy_poll_us = 0\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(b.settings.busy_poll, None, "0 is off");
-        let b = with("[fabric]\nbusy_poll_us = 200\n").unwrap_or_else(|e| panic!("{e}"));
+        let b = with_fabric("[fabric]\nbusy_poll_us = 200\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             b.settings.busy_poll,
             Some(std::time::Duration::from_micros(200))
         );
-        let e = with("[fabric]\nbusy_poll_us = 5000\n").unwrap_err();
+        let e = with_fabric("[fabric]\nbusy_poll_us = 5000\n").unwrap_err();
         assert_eq!(e.field, "fabric.busy_poll_us", "{e}");
         assert!(e.to_string().contains("more than 1000"), "{e}");
     }
 
     #[test]
     fn connections_get_a_thread_per_cpu_by_default_the_shared_workers_at_zero() {
-        let with = |fabric: &str| {
-            TargetConfig::from_str(
-                "t.toml",
-                &format!(
-                    "{fabric}{}",
-                    one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
-                ),
-            )
-        };
         let cpus = std::thread::available_parallelism().unwrap().get();
-        let b = with("").unwrap_or_else(|e| panic!("{e}"));
+        let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             b.settings.connection_threads, cpus,
             "one per CPU by default"
         );
-        let b = with("[fabric]\nconnection_threads = 0\n").unwrap_or_else(|e| panic!("{e}"));
+        let b = with_fabric("[fabric]\nconnection_threads = 0\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(b.settings.connection_threads, 0, "0: the shared workers");
-        let b = with("[fabric]\nconnection_threads = 3\n").unwrap_or_else(|e| panic!("{e}"));
+        let b = with_fabric("[fabric]\nconnection_threads = 3\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(b.settings.connection_threads, 3);
-        let e = with("[fabric]\nconnection_threads = 5000\n").unwrap_err();
+        let e = with_fabric("[fabric]\nconnection_threads = 5000\n").unwrap_err();
         assert_eq!(e.field, "fabric.connection_threads", "{e}");
         assert!(e.to_string().contains("one per CPU"), "{e}");
     }

@@ -218,13 +218,36 @@ mod tests {
         s.write_all(&b).await.unwrap();
     }
 
-    #[tokio::test]
-    async fn a_connection_is_served_on_a_connection_thread_and_counted_while_it_runs() {
-        let threads = Arc::new(ConnectionThreads::new(2));
-        let (mut client, accepted) = pair().await;
+    /// A client connected to an echo served on `threads`, the portal-side
+    /// task serving it, and where the echo says which thread it runs on.
+    async fn echo_on(
+        threads: &Arc<ConnectionThreads>,
+    ) -> (TcpStream, JoinHandle<()>, oneshot::Receiver<String>) {
+        let (client, accepted) = pair().await;
         let (tx, rx) = oneshot::channel();
         let t = threads.clone();
         let served = tokio::spawn(async move { t.serve(accepted, |s| echo_once(s, tx)).await });
+        (client, served, rx)
+    }
+
+    /// Waits (up to 5 s) until the threads count `expected` connections.
+    async fn until_counted(threads: &ConnectionThreads, expected: &[usize]) {
+        for _ in 0..500 {
+            if threads.connections() == expected {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!(
+            "counts stayed {:?}, not {expected:?}",
+            threads.connections()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_served_on_a_connection_thread_and_counted_while_it_runs() {
+        let threads = Arc::new(ConnectionThreads::new(2));
+        let (mut client, served, rx) = echo_on(&threads).await;
         client.write_all(b"x").await.unwrap();
         let mut b = [0u8; 1];
         client.read_exact(&mut b).await.unwrap();
@@ -285,14 +308,10 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_serving_future_ends_the_connection() {
         let threads = Arc::new(ConnectionThreads::new(1));
-        let (mut client, accepted) = pair().await;
-        let (tx, rx) = oneshot::channel();
-        let t = threads.clone();
-        let served = tokio::spawn(async move { t.serve(accepted, |s| echo_once(s, tx)).await });
+        let (mut client, served, rx) = echo_on(&threads).await;
         // The connection waits for a byte that never comes; abort its
         // portal-side future.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        assert_eq!(threads.connections(), vec![1]);
+        until_counted(&threads, &[1]).await;
         served.abort();
         let _ = served.await;
         // The connection's task was aborted: the socket closes and the
@@ -304,12 +323,6 @@ mod tests {
             .unwrap_or(0);
         assert_eq!(n, 0, "end of stream");
         drop(rx);
-        for _ in 0..100 {
-            if threads.connections() == vec![0] {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!("count stayed {:?}", threads.connections());
+        until_counted(&threads, &[0]).await;
     }
 }
