@@ -197,6 +197,17 @@ fn session_metrics(e: &mut Exposition, fabric: &Fabric) {
         &[],
         sessions.iter().filter(|s| s.target.is_none()).count(),
     );
+    if let Some(threads) = &fabric.connection_threads {
+        let name = "blockwire_connection_thread_connections";
+        e.family(
+            name,
+            "gauge",
+            "iSCSI connections running on each connection thread now ([fabric] connection_threads).",
+        );
+        for (i, n) in threads.connections().into_iter().enumerate() {
+            e.sample(name, &[("thread", &i.to_string())], n);
+        }
+    }
 }
 
 fn event_metrics(e: &mut Exposition) {

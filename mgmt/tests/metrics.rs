@@ -231,6 +231,19 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
         let (_, text) = http_get(metrics, "/metrics");
         let sessions = format!("blockwire_target_sessions{{target=\"{IQN}\"}}");
         assert_eq!(sample(&text, &sessions), Some(1.0), "{text}");
+        // Its one connection runs on one of the daemon's connection threads
+        // (one per CPU by default).
+        let on_threads: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with("blockwire_connection_thread_connections{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+            .collect();
+        assert_eq!(
+            on_threads.len(),
+            std::thread::available_parallelism().unwrap().get(),
+            "{text}"
+        );
+        assert_eq!(on_threads.iter().sum::<f64>(), 1.0, "{text}");
         Arc::try_unwrap(s).unwrap().logout().await.expect("logout");
     });
     // A planned command is counted when the fabric drops its plan or hold,

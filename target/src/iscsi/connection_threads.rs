@@ -58,19 +58,18 @@ impl ConnectionThreads {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 
-    /// How many threads there are (or will be).
-    pub fn count(&self) -> usize {
-        self.count
-    }
-
-    /// Connections running on each thread now (none before the first).
+    /// Connections running on each thread now (all zero before the first
+    /// connection starts the threads).
     pub fn connections(&self) -> Vec<usize> {
-        self.threads.get().map_or_else(Vec::new, |threads| {
-            threads
-                .iter()
-                .map(|t| t.connections.load(Ordering::Relaxed))
-                .collect()
-        })
+        self.threads.get().map_or_else(
+            || vec![0; self.count],
+            |threads| {
+                threads
+                    .iter()
+                    .map(|t| t.connections.load(Ordering::Relaxed))
+                    .collect()
+            },
+        )
     }
 
     /// Runs `serve` on `stream`, on the connection thread with the fewest
