@@ -135,7 +135,7 @@ pub struct Fabric {
     /// (see [`busy_poll`]).
     pub busy_poll_neighbours: Arc<busy_poll::Neighbours>,
     /// The threads connections run on, when the settings ask for them.
-    pub connection_threads: Option<connection_threads::ConnectionThreads>,
+    pub connection_threads: Option<Arc<connection_threads::ConnectionThreads>>,
 }
 
 impl Fabric {
@@ -148,8 +148,11 @@ impl Fabric {
     ) -> Arc<Fabric> {
         let lun_paths = Arc::new(lun_paths::LunPaths::default());
         let targets = catalog.targets.clone();
-        let connection_threads = (settings.connection_threads > 0)
-            .then(|| connection_threads::ConnectionThreads::new(settings.connection_threads));
+        let connection_threads = (settings.connection_threads > 0).then(|| {
+            Arc::new(connection_threads::ConnectionThreads::new(
+                settings.connection_threads,
+            ))
+        });
         let fabric = Arc::new(Fabric {
             catalog: std::sync::RwLock::new(catalog),
             sessions: SessionTable::default(),

@@ -71,20 +71,16 @@ impl Portal {
                         let serve = move |s| connection::serve_until_cut(f, s, tpgt, cut);
                         // Two tasks, each holding only what its road needs: a
                         // connection's state lives in the task that runs it.
-                        if fabric.connection_threads.is_some() {
-                            let fabric = fabric.clone();
-                            connections.spawn(async move {
-                                if let Some(threads) = &fabric.connection_threads {
-                                    threads.serve(stream, serve).await;
-                                }
+                        match fabric.connection_threads.clone() {
+                            Some(threads) => connections.spawn(async move {
+                                threads.serve(stream, serve).await;
                                 live.fetch_sub(1, Ordering::SeqCst);
-                            });
-                        } else {
-                            connections.spawn(async move {
+                            }),
+                            None => connections.spawn(async move {
                                 serve(stream).await;
                                 live.fetch_sub(1, Ordering::SeqCst);
-                            });
-                        }
+                            }),
+                        };
                     }
                     Err(e) => {
                         warn!(error = %e, "accept failed");
