@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::busy_poll::{BusyPoll, NextStatSn};
+use super::early_responses::{this_thread_cpu, EarlyResponses};
 use super::io::{advances_stat_sn, exp_stat_sn, stamp, PduReader, PduWriter, ReadError};
 use super::launch::Launcher;
 use super::login::LoginOutcome;
@@ -307,15 +308,25 @@ async fn full_feature<R: AsyncRead + Unpin>(
     let my_generation = session.generation();
     let mut shutdown = fabric.shutdown.clone();
     let mut actions = Vec::new();
-    // PDUs the last socket read brought, for busy polling.
+    // PDUs the last socket read brought, for busy polling and early responses.
     let mut pdus_this_read = 0u32;
+    // Only where the writer shares the reader's thread: on the shared
+    // workers it runs beside the reader anyway.
+    let mut early_responses = fabric
+        .connection_threads
+        .is_some()
+        .then(EarlyResponses::new);
     let mut shutting_down = *shutdown.borrow();
     if shutting_down {
         actions = machine.on_shutdown(std::time::Instant::now());
     }
+    let mut pause_after_actions = false;
     let why = loop {
         if let Some(stop) = carry_out(&launcher, std::mem::take(&mut actions)).await {
             break stop;
+        }
+        if std::mem::take(&mut pause_after_actions) {
+            tokio::task::yield_now().await;
         }
         // Commands already received are handled before the connection
         // waits: one socket read often brings several, and each select
@@ -327,7 +338,18 @@ async fn full_feature<R: AsyncRead + Unpin>(
                 Ok(a) => actions = a,
                 Err(stop) => break stop,
             }
+            if early_responses
+                .as_ref()
+                .is_some_and(|early| early.pause_after(pdus_this_read))
+            {
+                // Once this command is carried out, the writer sends what
+                // the batch has produced so far.
+                pause_after_actions = true;
+            }
             continue;
+        }
+        if let Some(early) = &mut early_responses {
+            early.at_wait(std::time::Instant::now(), this_thread_cpu);
         }
         if let Some(poll) = &mut busy_poll {
             poll.note_read(std::mem::take(&mut pdus_this_read));

@@ -10,6 +10,7 @@ pub mod data_paths;
 pub mod datain;
 pub mod dataout;
 pub mod discovery;
+pub mod early_responses;
 pub mod io;
 pub mod iser;
 mod launch;
