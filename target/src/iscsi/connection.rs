@@ -321,6 +321,11 @@ async fn full_feature<R: AsyncRead + Unpin>(
         actions = machine.on_shutdown(std::time::Instant::now());
     }
     let mut pause_after_actions = false;
+    // What the timer waits for while the machine has no deadline.
+    let far_off = || tokio::time::Instant::now() + Duration::from_secs(365 * 86400);
+    let mut no_deadline = far_off();
+    let timer = tokio::time::sleep_until(no_deadline);
+    tokio::pin!(timer);
     let why = loop {
         if let Some(stop) = carry_out(&launcher, std::mem::take(&mut actions)).await {
             break stop;
@@ -359,10 +364,16 @@ async fn full_feature<R: AsyncRead + Unpin>(
             poll.until_readable().await;
             poll.sleeps();
         }
-        let timer = machine
+        // One timer for the connection's life, moved only when the deadline
+        // does: a timer registered afresh for each wait that falls due
+        // before the runtime's next wake-up makes the runtime write its
+        // eventfd to wake itself (most socket reads of a QD1 connection).
+        let deadline = machine
             .poll_timeout()
-            .map(tokio::time::Instant::from_std)
-            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400));
+            .map_or(no_deadline, tokio::time::Instant::from_std);
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
         tokio::select! {
             next = reader.next() => {
                 heard(&mut busy_poll, next.as_ref().ok().and_then(Option::as_ref));
@@ -388,8 +399,12 @@ async fn full_feature<R: AsyncRead + Unpin>(
                 shutting_down = true;
                 actions = machine.on_shutdown(std::time::Instant::now());
             }
-            _ = tokio::time::sleep_until(timer) => {
+            _ = &mut timer => {
                 actions = machine.on_timeout(std::time::Instant::now());
+                if deadline == no_deadline {
+                    // A connection older than a year: a new far deadline.
+                    no_deadline = far_off();
+                }
             }
         }
         if let Some(poll) = &mut busy_poll {
