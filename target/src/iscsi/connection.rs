@@ -335,7 +335,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
         }
         // Commands already received are handled before the connection
         // waits: one socket read often brings several, and each select
-        // below registers a timer and three watches.
+        // below polls the timer and three watches.
         if let Some(next) = reader.next_buffered() {
             pdus_this_read += 1;
             heard(&mut busy_poll, next.as_ref().ok());
