@@ -118,6 +118,12 @@ pub struct FabricConfig {
     /// Send large Data-In payloads with MSG_ZEROCOPY where the kernel
     /// allows it (default true); false: plain copying sends.
     pub zero_copy_send: bool,
+    /// For initiators on this host (connections over the loopback
+    /// interface or to one of its own addresses), send large READ payloads
+    /// of cached file LUNs in tmpfs by copying sends from the file's
+    /// mapping instead of by sendfile (default true; see the target's
+    /// `iscsi::file_map`); false: sendfile for every initiator.
+    pub local_copy_sends: bool,
     /// Microseconds a connection keeps looking for the initiator's next PDU
     /// before it sleeps (default [`DEFAULT_BUSY_POLL_US`]; 0: it sleeps at
     /// once; at most 1000). Only a connection whose reads bring about one
@@ -155,6 +161,7 @@ impl Default for FabricConfig {
             rdma_device: None,
             write_budget: "256M".into(),
             zero_copy_send: d.zero_copy_send,
+            local_copy_sends: d.local_copy_sends,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             connection_threads: None,
             data_pdu_in_order: d.data_pdu_in_order,
@@ -1501,6 +1508,7 @@ fn fabric_settings(
         nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
         logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
         zero_copy_send: f.zero_copy_send,
+        local_copy_sends: f.local_copy_sends,
         busy_poll: (f.busy_poll_us > 0).then(|| std::time::Duration::from_micros(f.busy_poll_us)),
         data_pdu_in_order: f.data_pdu_in_order,
         connection_threads: f.connection_threads.unwrap_or_else(
@@ -2058,6 +2066,16 @@ mod tests {
         assert!(!b.settings.zero_copy_send);
         let b = TargetConfig::from_str("t.toml", &lun("")).unwrap();
         assert!(b.settings.zero_copy_send, "zero-copy sends on by default");
+        assert!(
+            b.settings.local_copy_sends,
+            "copying sends to local initiators by default"
+        );
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &format!("[fabric]\nlocal_copy_sends = false\n{}", lun("")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!b.settings.local_copy_sends);
     }
 
     /// A configuration of one RAM LUN with `fabric` (a `[fabric]` table or

@@ -3,11 +3,13 @@
 //! machine before either end parses a header.
 //!
 //! ```text
-//! loopback_pair [--file FILE | --hot] [--buffers N] [--read-max BYTES] [--secs S]
+//! loopback_pair [--file FILE [--mapped] | --hot] [--buffers N] [--read-max BYTES] [--secs S]
 //! ```
 //!
 //! The sender (a thread) either `sendfile(2)`s FILE, 1 MiB per call, passes
-//! repeated, as a target sending from the page cache does, or with `--hot`
+//! repeated, as a target sending from the page cache does (with `--mapped`:
+//! copying sends from FILE's mapping, as blockwire sends large payloads of
+//! an in-memory file to an initiator on this host), or with `--hot`
 //! writes one 1 MiB buffer again and again, as iperf3 does. The receiver
 //! (the main thread) reads into N buffers of 1 MiB taken in turn, each filled
 //! by `read` calls into what is left of it (at most `--read-max` bytes each,
@@ -21,6 +23,9 @@
 //! Run: `cargo run --release -p blockwire-target --example loopback_pair -- --hot --buffers 8`
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+
+use blockwire_target::iscsi::file_map::FileMap;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -33,7 +38,7 @@ fn fail(why: &str) -> ! {
 }
 
 const SYNOPSIS: &str =
-    "loopback_pair [--file FILE | --hot] [--buffers N] [--read-max BYTES] [--secs S]";
+    "loopback_pair [--file FILE [--mapped] | --hot] [--buffers N] [--read-max BYTES] [--secs S]";
 
 fn usage(why: &str) -> ! {
     eprintln!("loopback_pair: {why}");
@@ -43,6 +48,7 @@ fn usage(why: &str) -> ! {
 
 enum Source {
     File(std::fs::File, u64),
+    Mapped(FileMap, u64),
     Hot,
 }
 
@@ -63,6 +69,15 @@ fn send(mut sock: TcpStream, source: Source, secs: f64) -> std::io::Result<u64> 
                 off = (off + n as u64) % size;
                 sent += n as u64;
             }
+            Source::Mapped(map, size) => {
+                let want = (MIB as u64).min(size - off) as usize;
+                let mut done = 0;
+                while done < want {
+                    done += map.send(sock.as_raw_fd(), &[], off, want, done)?;
+                }
+                off = (off + want as u64) % size;
+                sent += want as u64;
+            }
             Source::Hot => {
                 sock.write_all(&hot)?;
                 sent += MIB as u64;
@@ -75,6 +90,7 @@ fn send(mut sock: TcpStream, source: Source, secs: f64) -> std::io::Result<u64> 
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut file, mut hot, mut buffers, mut secs) = (None, false, 8usize, 5.0f64);
+    let mut mapped = false;
     let mut read_max = MIB;
     while let Some(a) = args.next() {
         let mut value = |name: &str| {
@@ -84,6 +100,7 @@ fn main() {
         match a.as_str() {
             "--file" => file = Some(value("--file")),
             "--hot" => hot = true,
+            "--mapped" => mapped = true,
             "--buffers" => {
                 buffers = value("--buffers")
                     .parse()
@@ -108,14 +125,18 @@ fn main() {
             "-h" | "--help" => {
                 println!(
                     "{SYNOPSIS}\n\
-                     The loopback rate (MB/s) of a bare sender (sendfile of FILE, or one hot 1 MiB\n\
-                     buffer written again and again) and a receiver reading into N 1 MiB buffers\n\
+                     The loopback rate (MB/s) of a bare sender (sendfile of FILE, copying sends\n\
+                     from FILE's mapping with --mapped, or one hot 1 MiB buffer written again and\n\
+                     again) and a receiver reading into N 1 MiB buffers\n\
                      in turn (default 8), for S seconds (default 5)."
                 );
                 std::process::exit(0)
             }
             other => usage(&format!("unknown argument {other}")),
         }
+    }
+    if mapped && file.is_none() {
+        usage("--mapped goes with --file FILE");
     }
     let source = match (file, hot) {
         (Some(_), true) | (None, false) => usage("give one of --file FILE and --hot"),
@@ -126,7 +147,15 @@ fn main() {
             if size < MIB as u64 {
                 fail(&format!("{path} is smaller than 1 MiB"));
             }
-            Source::File(f, size - size % MIB as u64)
+            let size = size - size % MIB as u64;
+            if mapped {
+                let map = FileMap::new(&f)
+                    .unwrap_or_else(|e| fail(&format!("mapping {path}: {e}")))
+                    .unwrap_or_else(|| fail(&format!("{path} is empty")));
+                Source::Mapped(map, size)
+            } else {
+                Source::File(f, size)
+            }
         }
     };
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");

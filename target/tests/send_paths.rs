@@ -33,8 +33,11 @@ const MIB: usize = 1 << 20;
 enum Lun0 {
     /// Not registered anywhere: the SCSI core reads (copy path).
     Serial,
-    /// sendfile registry.
+    /// sendfile registry, `sendfile(2)` even to this host's initiators.
     Sendfile,
+    /// sendfile registry with the file in tmpfs (/dev/shm) and copying
+    /// sends from its mapping to initiators on this host (the default).
+    Mapped,
     /// Engine path (serial mode), O_DIRECT or buffered.
     Engine { direct: bool },
     /// Engine path with synchronized sends (16 KiB chunks), O_DIRECT or
@@ -56,7 +59,13 @@ async fn start(
     lun0: Lun0,
     settings: FabricSettings,
 ) -> (TestTarget, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = match lun0 {
+        Lun0::Mapped => tempfile::Builder::new()
+            .prefix("bw-send-paths")
+            .tempdir_in("/dev/shm")
+            .expect("a tmpfs at /dev/shm for the mapped send path"),
+        _ => tempfile::tempdir().unwrap(),
+    };
     let path = dir.path().join("lun0.img");
     std::fs::write(&path, pattern(size)).unwrap();
     let store =
@@ -71,7 +80,7 @@ async fn start(
     };
     match lun0 {
         Lun0::Serial => {}
-        Lun0::Sendfile => {
+        Lun0::Sendfile | Lun0::Mapped => {
             t.fabric.sendfile_reads.enable(TARGET, 0, &path).unwrap();
         }
         Lun0::Engine { direct } => engine(direct, 64 << 10, Mode::Serial),
@@ -221,7 +230,9 @@ async fn delta(path: CopyPath, before: &Counts, commands: u64) -> Counts {
 /// Reads 1 MiB at 1 MiB through a fresh target and returns the delta of
 /// `path`'s counters, after checking the data.
 async fn read_one_mib(lun0: Lun0, zc: bool, digests: Digests, path: CopyPath) -> Counts {
-    let (t, _dir) = start(4 * MIB, lun0, settings(zc, false)).await;
+    let mut s = settings(zc, false);
+    s.local_copy_sends = matches!(lun0, Lun0::Mapped);
+    let (t, _dir) = start(4 * MIB, lun0, s).await;
     let mut c = Client::login(t.addr, digests).await;
     let before = totals(path);
     let (status, data, residual, _) = c.read(MIB, MIB).await;
@@ -244,6 +255,18 @@ async fn copy_counts_per_path() {
     println!("sendfile: {d:?}");
     assert_eq!((d.commands, d.payload, d.sendfile), (1, m, m));
     assert_eq!(d.copies(), 0, "sendfile path copies nothing: {d:?}");
+
+    // An in-memory file to an initiator on this host: one copying send
+    // from the file's mapping, no sendfile.
+    let d = read_one_mib(Lun0::Mapped, false, plain, CopyPath::Sendfile).await;
+    println!("mapped: {d:?}");
+    assert_eq!((d.commands, d.payload, d.sendfile), (1, m, 0), "{d:?}");
+    assert_eq!(
+        (d.user_copied, d.read_to_user, d.sent_from_user),
+        (0, 0, m),
+        "{d:?}"
+    );
+    assert_eq!(d.copies_per_byte(), 1.0);
 
     // sendfile with header digests: still sendfile.
     let hd = Digests {

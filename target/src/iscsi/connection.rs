@@ -285,6 +285,15 @@ async fn full_feature<R: AsyncRead + Unpin>(
             super::zerocopy::ZC_MIN >> 10
         );
     }
+    if fabric.settings.local_copy_sends
+        && peer_on_this_host(&writer, local)
+        && writer.copy_local_sends()
+    {
+        debug!(
+            tsih = session.tsih,
+            "initiator on this host: large READ payloads of in-memory files by copying sends"
+        );
+    }
     let next_stat_sn = NextStatSn::new(first_stat_sn);
     let mut busy_poll = fabric.settings.busy_poll.and_then(|budget| {
         let stream = writer.tcp_stream()?;
@@ -430,6 +439,16 @@ async fn full_feature<R: AsyncRead + Unpin>(
     drop(launcher);
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+}
+
+/// Whether the initiator runs on this host: its address is a loopback one,
+/// or the address it reached (`local`) is its own. Such a connection never
+/// leaves the host, and its receiving side of TCP runs on the host's CPUs.
+fn peer_on_this_host(writer: &PduWriter, local: SocketAddr) -> bool {
+    writer
+        .tcp_stream()
+        .and_then(|s| s.peer_addr().ok())
+        .is_some_and(|peer| peer.ip().is_loopback() || peer.ip() == local.ip())
 }
 
 /// Tells the busy poll, if any, what the initiator acknowledged with the

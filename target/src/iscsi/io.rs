@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
+use super::file_map::FileMap;
 use super::sendfile::SendfileLun;
 use super::zerocopy::{self, Held, ZeroCopy, ZC_MIN};
 use crate::copies::{CopyPath, Counts, Tracker};
@@ -178,6 +179,10 @@ pub struct PduWriter {
     pub digests: Digests,
     zc: Option<ZeroCopy>,
     tracker: Option<Arc<Tracker>>,
+    /// Large payloads of in-memory files go by copying sends from the
+    /// file's mapping rather than by `sendfile(2)` (see
+    /// [`PduWriter::copy_local_sends`]).
+    mapped_sends: bool,
     /// What the writer did, for tests and debugging.
     pub stats: WriterStats,
 }
@@ -194,6 +199,8 @@ pub struct WriterStats {
     /// Payload bytes of file PDUs read from the page cache into the
     /// coalescing buffer instead ([`FILE_COPY_MAX`]).
     pub file_copied_bytes: u64,
+    /// Payload bytes sent by copying sends from a file's mapping.
+    pub mapped_bytes: u64,
     /// Zero-copy send calls.
     pub zc_calls: u64,
 }
@@ -302,6 +309,7 @@ impl PduWriter {
             digests: Digests::NONE,
             zc: None,
             tracker: None,
+            mapped_sends: false,
             stats: WriterStats::default(),
         }
     }
@@ -322,6 +330,17 @@ impl PduWriter {
             self.zc = ZeroCopy::enable(fd);
         }
         self.zc.is_some()
+    }
+
+    /// For an initiator on this host: payloads above [`FILE_COPY_MAX`] of a
+    /// file in memory (tmpfs) leave by one copying `sendmsg` from the
+    /// file's mapping instead of by `sendfile(2)`, which over the loopback
+    /// interface costs the target twice the CPU per byte and leaves the
+    /// initiator cold pages to copy (see [`super::file_map`]). False when
+    /// the writer is not on a TCP socket.
+    pub fn copy_local_sends(&mut self) -> bool {
+        self.mapped_sends = self.inner.tcp().is_some();
+        self.mapped_sends
     }
 
     /// The zero-copy state, when zero-copy sends are on.
@@ -484,6 +503,15 @@ impl PduWriter {
         if len <= FILE_COPY_MAX && self.copy_cached(bhs, lun, offset, len) {
             return self.flush_if_full().await;
         }
+        if self.mapped_sends {
+            if let Some(map) = lun
+                .map
+                .as_ref()
+                .filter(|m| m.allocated(offset, len as usize))
+            {
+                return self.push_mapped(bhs, lun, map, offset, len).await;
+            }
+        }
         let (itt, status) = accounting(bhs);
         let header = encode_header(bhs, &[], len, self.digests);
         self.out.extend_from_slice(&header);
@@ -521,6 +549,61 @@ impl PduWriter {
         self.note(itt, |c| {
             c.payload += u64::from(len);
             c.sendfile += u64::from(len);
+        });
+        self.finish(itt, status);
+        Ok(())
+    }
+
+    /// Sends a PDU whose payload is `len` bytes of `lun`'s mapping at
+    /// `offset`: what is queued first, then the header and the payload in
+    /// one copying `sendmsg` (more only if the socket fills); the padding is
+    /// queued. A file that shrank below the payload is an `UnexpectedEof`
+    /// error naming the LUN, as for `sendfile`.
+    async fn push_mapped(
+        &mut self,
+        bhs: &Bhs,
+        lun: &SendfileLun,
+        map: &FileMap,
+        offset: u64,
+        len: u32,
+    ) -> std::io::Result<()> {
+        let (itt, status) = accounting(bhs);
+        if !self.out.is_empty() || !self.gather.is_empty() {
+            // MSG_MORE: this PDU follows at once.
+            self.flush_buffer_with(libc::MSG_MORE).await?;
+        }
+        let header = encode_header(bhs, &[], len, self.digests);
+        let stream = self.inner.tcp().expect("mapped sends only on TCP sockets");
+        let fd = stream.as_raw_fd();
+        let total = header.len() + len as usize;
+        let mut done = 0;
+        while done < total {
+            done += stream
+                .async_io(tokio::io::Interest::WRITABLE, || {
+                    map.send(fd, &header, offset, len as usize, done)
+                })
+                .await
+                .map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EFAULT) {
+                        std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "{}: the file ends before byte {} (the mapped send faulted; was it truncated?)",
+                                lun.label,
+                                offset + u64::from(len)
+                            ),
+                        )
+                    } else {
+                        e
+                    }
+                })?;
+        }
+        self.stats.mapped_bytes += u64::from(len);
+        let pad = padded_len(len as usize) - len as usize;
+        self.out.extend_from_slice(&[0u8; 3][..pad]);
+        self.note(itt, |c| {
+            c.payload += u64::from(len);
+            c.sent_from_user += u64::from(len);
         });
         self.finish(itt, status);
         Ok(())

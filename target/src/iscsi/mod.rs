@@ -11,6 +11,7 @@ pub mod datain;
 pub mod dataout;
 pub mod discovery;
 pub mod early_responses;
+pub mod file_map;
 pub mod io;
 pub mod iser;
 mod launch;
@@ -71,6 +72,10 @@ pub struct FabricSettings {
     /// Send large Data-In payloads with `MSG_ZEROCOPY` where the kernel
     /// allows it (see [`zerocopy`]); false: plain copying sends.
     pub zero_copy_send: bool,
+    /// Large READ payloads of in-memory file LUNs go to initiators on this
+    /// host by copying sends from the file's mapping, not by `sendfile(2)`
+    /// (see [`file_map`]).
+    pub local_copy_sends: bool,
     /// After handling what arrived, a connection looks for the initiator's
     /// next PDU for up to this long before it sleeps (see [`busy_poll`]);
     /// None (the default here; the daemon's configuration defaults to
@@ -101,6 +106,7 @@ impl Default for FabricSettings {
             require_data_digest: false,
             data_pdu_in_order: false,
             zero_copy_send: true,
+            local_copy_sends: true,
             busy_poll: None,
             connection_threads: 0,
             no_net: false,

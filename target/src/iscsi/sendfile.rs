@@ -39,6 +39,7 @@ use blockwire_pdu::Bhs;
 
 use super::connection::Outgoing;
 use super::datain;
+use super::file_map::FileMap;
 use super::lun_paths::LunPaths;
 use super::mover::{plan_or_core, DataIn, Planned, Pushed, ReadMover};
 use super::response::Residual;
@@ -55,6 +56,9 @@ pub struct SendfileLun {
     /// The file lives in memory (tmpfs): a read of it never waits for a
     /// device, so small payloads are read with a plain `pread`.
     pub in_memory: bool,
+    /// The file mapped, when it is in memory: large payloads to initiators
+    /// on this host go by copying sends from it (see [`super::file_map`]).
+    pub map: Option<FileMap>,
     /// Cleared when the file system refuses `preadv2(RWF_NOWAIT)`: small
     /// payloads of a file not in memory then go by sendfile too (see
     /// [`PduWriter::push_file`]).
@@ -72,10 +76,21 @@ impl SendfileLun {
         let in_memory = rustix::fs::fstatfs(&file)
             .map(|s| s.f_type as u64 == TMPFS_MAGIC)
             .unwrap_or(false);
+        let map = if in_memory {
+            FileMap::new(&file)
+                .inspect_err(|e| {
+                    tracing::warn!(lun = %label, error = %e, "mapping the LUN's file failed: its large READ payloads go by sendfile")
+                })
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
         SendfileLun {
             file,
             label,
             in_memory,
+            map,
             nowait_reads: AtomicBool::new(true),
         }
     }
