@@ -119,10 +119,11 @@ pub struct FabricConfig {
     /// allows it (default true); false: plain copying sends.
     pub zero_copy_send: bool,
     /// For initiators on this host (connections over the loopback
-    /// interface or to one of its own addresses), send large READ payloads
-    /// of cached file LUNs in tmpfs by copying sends from the file's
-    /// mapping instead of by sendfile (default true; see the target's
-    /// `iscsi::file_map`); false: sendfile for every initiator.
+    /// interface or to one of its own addresses), copying sends: large READ
+    /// payloads of cached file LUNs in tmpfs from the file's mapping instead
+    /// of by sendfile, and no MSG_ZEROCOPY (default true; see the target's
+    /// `iscsi::file_map`); false: sendfile and `zero_copy_send` for every
+    /// initiator.
     pub local_copy_sends: bool,
     /// Microseconds a connection keeps looking for the initiator's next PDU
     /// before it sleeps (default [`DEFAULT_BUSY_POLL_US`]; 0: it sleeps at

@@ -232,7 +232,17 @@ async fn delta(path: CopyPath, before: &Counts, commands: u64) -> Counts {
 async fn read_one_mib(lun0: Lun0, zc: bool, digests: Digests, path: CopyPath) -> Counts {
     let mut s = settings(zc, false);
     s.local_copy_sends = matches!(lun0, Lun0::Mapped);
-    let (t, _dir) = start(4 * MIB, lun0, s).await;
+    read_one_mib_with(lun0, s, digests, path).await
+}
+
+/// [`read_one_mib`] with the fabric's settings given.
+async fn read_one_mib_with(
+    lun0: Lun0,
+    settings: FabricSettings,
+    digests: Digests,
+    path: CopyPath,
+) -> Counts {
+    let (t, _dir) = start(4 * MIB, lun0, settings).await;
     let mut c = Client::login(t.addr, digests).await;
     let before = totals(path);
     let (status, data, residual, _) = c.read(MIB, MIB).await;
@@ -311,6 +321,18 @@ async fn copy_counts_per_path() {
         "{d:?}"
     );
     assert_eq!(d.zc_copied + d.zc_zero, m, "every zero-copy send notified");
+
+    // The same with copying sends to initiators on this host (the
+    // default): no MSG_ZEROCOPY, which loopback delivery copies anyway.
+    let mut local = settings(true, false);
+    local.local_copy_sends = true;
+    let d = read_one_mib_with(Lun0::Serial, local, plain, CopyPath::Copy).await;
+    println!("copy, initiator on this host: {d:?}");
+    assert_eq!(
+        (d.read_to_user, d.sent_from_user, d.zc_sent),
+        (m, m, 0),
+        "{d:?}"
+    );
 
     // Engine path, O_DIRECT (ext4 here): DMA into registered buffers.
     let d = read_one_mib(

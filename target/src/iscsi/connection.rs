@@ -278,20 +278,23 @@ async fn full_feature<R: AsyncRead + Unpin>(
     writer.digests = digests;
     let shared = machine.shared().clone();
     writer.track_copies(shared.copies.clone());
-    if fabric.settings.zero_copy_send && writer.enable_zero_copy() {
+    // An initiator on this host gets copying sends: over loopback the
+    // kernel copies MSG_ZEROCOPY payloads at delivery anyway (and says so
+    // in every notification), and sendfile costs more than one copy (see
+    // super::file_map).
+    let local_copies = fabric.settings.local_copy_sends
+        && peer_on_this_host(&writer, local)
+        && writer.copy_local_sends();
+    if local_copies {
+        debug!(
+            tsih = session.tsih,
+            "initiator on this host: copying sends (no MSG_ZEROCOPY; large READ payloads of in-memory files from their mapping)"
+        );
+    } else if fabric.settings.zero_copy_send && writer.enable_zero_copy() {
         debug!(
             tsih = session.tsih,
             "zero-copy sends (MSG_ZEROCOPY) for Data-In payloads of at least {} KiB",
             super::zerocopy::ZC_MIN >> 10
-        );
-    }
-    if fabric.settings.local_copy_sends
-        && peer_on_this_host(&writer, local)
-        && writer.copy_local_sends()
-    {
-        debug!(
-            tsih = session.tsih,
-            "initiator on this host: large READ payloads of in-memory files by copying sends"
         );
     }
     let next_stat_sn = NextStatSn::new(first_stat_sn);

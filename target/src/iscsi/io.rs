@@ -336,8 +336,9 @@ impl PduWriter {
     /// file in memory (tmpfs) leave by one copying `sendmsg` from the
     /// file's mapping instead of by `sendfile(2)`, which over the loopback
     /// interface costs the target twice the CPU per byte and leaves the
-    /// initiator cold pages to copy (see [`super::file_map`]). False when
-    /// the writer is not on a TCP socket.
+    /// initiator cold pages to copy (see [`super::file_map`]). The caller
+    /// leaves zero-copy sends off for such a writer as well. False when the
+    /// writer is not on a TCP socket.
     pub fn copy_local_sends(&mut self) -> bool {
         self.mapped_sends = self.inner.tcp().is_some();
         self.mapped_sends

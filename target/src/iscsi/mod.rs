@@ -72,9 +72,10 @@ pub struct FabricSettings {
     /// Send large Data-In payloads with `MSG_ZEROCOPY` where the kernel
     /// allows it (see [`zerocopy`]); false: plain copying sends.
     pub zero_copy_send: bool,
-    /// Large READ payloads of in-memory file LUNs go to initiators on this
-    /// host by copying sends from the file's mapping, not by `sendfile(2)`
-    /// (see [`file_map`]).
+    /// Initiators on this host get copying sends: large READ payloads of
+    /// in-memory file LUNs by one copying send from the file's mapping, not
+    /// by `sendfile(2)` (see [`file_map`]), and no `MSG_ZEROCOPY`, which
+    /// loopback delivery copies anyway.
     pub local_copy_sends: bool,
     /// After handling what arrived, a connection looks for the initiator's
     /// next PDU for up to this long before it sleeps (see [`busy_poll`]);
