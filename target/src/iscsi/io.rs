@@ -545,14 +545,26 @@ impl PduWriter {
             at += n as u64;
         }
         self.stats.sendfile_bytes += u64::from(len);
+        self.file_payload_sent(itt, status, len, |c| c.sendfile += u64::from(len));
+        Ok(())
+    }
+
+    /// After a file payload of `len` bytes left: queues its padding and
+    /// tallies it, `how` saying the way it went.
+    fn file_payload_sent(
+        &mut self,
+        itt: Option<u32>,
+        status: bool,
+        len: u32,
+        how: impl FnOnce(&mut Counts),
+    ) {
         let pad = padded_len(len as usize) - len as usize;
         self.out.extend_from_slice(&[0u8; 3][..pad]);
         self.note(itt, |c| {
             c.payload += u64::from(len);
-            c.sendfile += u64::from(len);
+            how(c);
         });
         self.finish(itt, status);
-        Ok(())
     }
 
     /// Sends a PDU whose payload is `len` bytes of `lun`'s mapping at
@@ -600,13 +612,7 @@ impl PduWriter {
                 })?;
         }
         self.stats.mapped_bytes += u64::from(len);
-        let pad = padded_len(len as usize) - len as usize;
-        self.out.extend_from_slice(&[0u8; 3][..pad]);
-        self.note(itt, |c| {
-            c.payload += u64::from(len);
-            c.sent_from_user += u64::from(len);
-        });
-        self.finish(itt, status);
+        self.file_payload_sent(itt, status, len, |c| c.sent_from_user += u64::from(len));
         Ok(())
     }
 

@@ -14,6 +14,16 @@ fn scratch_dir() -> tempfile::TempDir {
         .unwrap()
 }
 
+/// A file of `data` in `dir` and its mapping; the file's path comes back
+/// for writers and truncation through other descriptors.
+fn mapped(dir: &tempfile::TempDir, data: &[u8]) -> (std::path::PathBuf, File, FileMap) {
+    let path = dir.path().join("lun.img");
+    std::fs::write(&path, data).unwrap();
+    let file = File::open(&path).unwrap();
+    let map = FileMap::new(&file).unwrap().expect("a non-empty file maps");
+    (path, file, map)
+}
+
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
 }
@@ -39,11 +49,8 @@ fn send_all(map: &FileMap, head: &[u8], offset: u64, len: usize) -> io::Result<V
 #[test]
 fn sends_the_header_then_the_files_bytes_across_partial_sends() {
     let dir = scratch_dir();
-    let path = dir.path().join("lun.img");
     let data = pattern(3 << 20);
-    std::fs::write(&path, &data).unwrap();
-    let file = File::open(&path).unwrap();
-    let map = FileMap::new(&file).unwrap().expect("a non-empty file maps");
+    let (_path, _file, map) = mapped(&dir, &data);
     assert_eq!(map.len(), data.len());
     let head = b"forty-eight bytes of a Basic Header Segment....".to_vec();
     // 2 MiB through a socket pair's small buffer: many partial sends.
@@ -59,10 +66,7 @@ fn sends_the_header_then_the_files_bytes_across_partial_sends() {
 #[test]
 fn sends_what_the_file_holds_at_send_time() {
     let dir = scratch_dir();
-    let path = dir.path().join("lun.img");
-    std::fs::write(&path, pattern(1 << 20)).unwrap();
-    let file = File::open(&path).unwrap();
-    let map = FileMap::new(&file).unwrap().unwrap();
+    let (path, _file, map) = mapped(&dir, &pattern(1 << 20));
     // A WRITE through another descriptor after the mapping was made.
     let mut w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     w.write_all(&[0xA5; 8192]).unwrap();
@@ -98,10 +102,7 @@ fn ranges_over_holes_or_past_the_mapping_are_not_offered() {
 #[test]
 fn a_file_truncated_under_the_mapping_fails_the_send_without_a_signal() {
     let dir = scratch_dir();
-    let path = dir.path().join("lun.img");
-    std::fs::write(&path, pattern(1 << 20)).unwrap();
-    let file = File::open(&path).unwrap();
-    let map = FileMap::new(&file).unwrap().unwrap();
+    let (path, _file, map) = mapped(&dir, &pattern(1 << 20));
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
