@@ -81,11 +81,6 @@ impl FileMap {
         self.len
     }
 
-    /// Whether the mapping is empty (never: [`FileMap::new`] maps none).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Whether `[offset, offset + len)` lies in the mapping and every page
     /// of it is in the page cache (`mincore`), so a read fault of it neither
     /// allocates (a hole) nor waits (a page swapped out). `SEEK_HOLE` would
