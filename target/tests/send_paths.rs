@@ -38,12 +38,18 @@ enum Lun0 {
     /// sendfile registry with the file in tmpfs (/dev/shm) and copying
     /// sends from its mapping to initiators on this host (the default).
     Mapped,
+    /// As `Mapped`, with the file on a device's file system (cached, since
+    /// it was just written).
+    MappedOnDisk,
     /// Engine path (serial mode), O_DIRECT or buffered.
     Engine { direct: bool },
     /// Engine path with synchronized sends (16 KiB chunks), O_DIRECT or
     /// buffered.
     EngineSync { direct: bool },
 }
+
+/// statfs(2)'s f_type of tmpfs (linux/magic.h).
+const TMPFS_MAGIC: u64 = 0x0102_1994;
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
@@ -64,6 +70,17 @@ async fn start(
             .prefix("bw-send-paths")
             .tempdir_in("/dev/shm")
             .expect("a tmpfs at /dev/shm for the mapped send path"),
+        Lun0::MappedOnDisk => {
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let fs = rustix::fs::statfs(dir.path()).unwrap();
+            assert_ne!(
+                fs.f_type as u64,
+                TMPFS_MAGIC,
+                "{:?} is in tmpfs: the on-disk mapped send path needs a device's file system there",
+                dir.path()
+            );
+            dir
+        }
         _ => tempfile::tempdir().unwrap(),
     };
     let path = dir.path().join("lun0.img");
@@ -80,7 +97,7 @@ async fn start(
     };
     match lun0 {
         Lun0::Serial => {}
-        Lun0::Sendfile | Lun0::Mapped => {
+        Lun0::Sendfile | Lun0::Mapped | Lun0::MappedOnDisk => {
             t.fabric.sendfile_reads.enable(TARGET, 0, &path).unwrap();
         }
         Lun0::Engine { direct } => engine(direct, 64 << 10, Mode::Serial),
@@ -231,7 +248,7 @@ async fn delta(path: CopyPath, before: &Counts, commands: u64) -> Counts {
 /// `path`'s counters, after checking the data.
 async fn read_one_mib(lun0: Lun0, zc: bool, digests: Digests, path: CopyPath) -> Counts {
     let mut s = settings(zc, false);
-    s.local_copy_sends = matches!(lun0, Lun0::Mapped);
+    s.local_copy_sends = matches!(lun0, Lun0::Mapped | Lun0::MappedOnDisk);
     read_one_mib_with(lun0, s, digests, path).await
 }
 
@@ -277,6 +294,32 @@ async fn copy_counts_per_path() {
         "{d:?}"
     );
     assert_eq!(d.copies_per_byte(), 1.0);
+
+    // The same from a file on a device whose pages are cached.
+    let d = read_one_mib(Lun0::MappedOnDisk, false, plain, CopyPath::Sendfile).await;
+    println!("mapped on disk: {d:?}");
+    assert_eq!((d.commands, d.payload, d.sendfile), (1, m, 0), "{d:?}");
+    assert_eq!(d.sent_from_user, m, "{d:?}");
+
+    // Its pages dropped from the page cache: the first payload goes by
+    // sendfile, which may wait for the device, rather than by a fault in
+    // the middle of a copying send; the read-ahead that sendfile starts
+    // may leave later payloads cached, and those go from the mapping.
+    let mut s = settings(false, false);
+    s.local_copy_sends = true;
+    let (t, dir) = start(4 * MIB, Lun0::MappedOnDisk, s).await;
+    let f = std::fs::File::open(dir.path().join("lun0.img")).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    let mut c = Client::login(t.addr, plain).await;
+    let before = totals(CopyPath::Sendfile);
+    let (status, data, _, _) = c.read(MIB, MIB).await;
+    assert_eq!(status, 0);
+    assert!(data == pattern(2 * MIB)[MIB..], "uncached READ data differ");
+    let d = delta(CopyPath::Sendfile, &before, 1).await;
+    println!("uncached on disk: {d:?}");
+    assert!(d.sendfile > 0, "{d:?}");
+    assert_eq!(d.sendfile + d.sent_from_user, m, "{d:?}");
 
     // sendfile with header digests: still sendfile.
     let hd = Digests {

@@ -1,6 +1,6 @@
-//! A read-only shared mapping of an in-memory (tmpfs) LUN file, for
-//! sending large Data-In payloads to an initiator on the same host by
-//! copying sends instead of `sendfile(2)`.
+//! A read-only shared mapping of a cached LUN file, for sending large
+//! Data-In payloads to an initiator on the same host by copying sends
+//! instead of `sendfile(2)`, when the payload's pages are in the page cache.
 //!
 //! Why: over the loopback interface the sender's context also runs the
 //! receiving side of TCP. A `sendfile` of 1 MiB hands TCP 256 page
@@ -19,11 +19,15 @@
 //! the mapping at any time, so no `&[u8]` of it is ever formed. Only its
 //! addresses go to the kernel, inside `sendmsg`.
 //!
-//! A shared read fault on a hole of a tmpfs file allocates a page, where
-//! `read` and `sendfile` return zeroes without one. So a payload goes by
-//! the mapping only if every page of its range is in the page cache
-//! ([`FileMap::allocated`], by `mincore`); a hole punched in between costs
-//! at most the pages of one payload. A file truncated below a payload makes the
+//! A payload goes by the mapping only if every page of its range is in
+//! the page cache ([`FileMap::allocated`], by `mincore`), for two reasons:
+//! a shared read fault on a hole of a tmpfs file allocates a page, where
+//! `read` and `sendfile` return zeroes without one (a hole punched in
+//! between costs at most the pages of one payload); and a fault on a page
+//! of a file on a device that is not cached would stall the connection's
+//! writer for a device read (`sendfile` takes those pages instead, on the
+//! paths that may wait). A page evicted between the check and the send is
+//! read in by the fault, as `sendfile` would. A file truncated below a payload makes the
 //! kernel's copy fault, which `sendmsg` reports as `EFAULT` (the fault is
 //! taken inside the system call, so no SIGBUS reaches the process).
 

@@ -332,9 +332,9 @@ impl PduWriter {
         self.zc.is_some()
     }
 
-    /// For an initiator on this host: payloads above [`FILE_COPY_MAX`] of a
-    /// file in memory (tmpfs) leave by one copying `sendmsg` from the
-    /// file's mapping instead of by `sendfile(2)`, which over the loopback
+    /// For an initiator on this host: payloads above [`FILE_COPY_MAX`] whose
+    /// pages are all in the page cache leave by one copying `sendmsg` from
+    /// the file's mapping instead of by `sendfile(2)`, which over the loopback
     /// interface costs the target twice the CPU per byte and leaves the
     /// initiator cold pages to copy (see [`super::file_map`]). The caller
     /// leaves zero-copy sends off for such a writer as well. False when the

@@ -56,8 +56,9 @@ pub struct SendfileLun {
     /// The file lives in memory (tmpfs): a read of it never waits for a
     /// device, so small payloads are read with a plain `pread`.
     pub in_memory: bool,
-    /// The file mapped, when it is in memory: large payloads to initiators
-    /// on this host go by copying sends from it (see [`super::file_map`]).
+    /// The file mapped: large payloads to initiators on this host go by
+    /// copying sends from it when all their pages are cached (see
+    /// [`super::file_map`]).
     pub map: Option<FileMap>,
     /// Cleared when the file system refuses `preadv2(RWF_NOWAIT)`: small
     /// payloads of a file not in memory then go by sendfile too (see
@@ -76,16 +77,12 @@ impl SendfileLun {
         let in_memory = rustix::fs::fstatfs(&file)
             .map(|s| s.f_type as u64 == TMPFS_MAGIC)
             .unwrap_or(false);
-        let map = if in_memory {
-            FileMap::new(&file)
-                .inspect_err(|e| {
-                    tracing::warn!(lun = %label, error = %e, "mapping the LUN's file failed: its large READ payloads go by sendfile")
-                })
-                .ok()
-                .flatten()
-        } else {
-            None
-        };
+        let map = FileMap::new(&file)
+            .inspect_err(|e| {
+                tracing::warn!(lun = %label, error = %e, "mapping the LUN's file failed: its large READ payloads go by sendfile")
+            })
+            .ok()
+            .flatten();
         SendfileLun {
             file,
             label,
