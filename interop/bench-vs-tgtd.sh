@@ -79,6 +79,13 @@
 # the machine's idle share, and the IOPS the machine could reach if the target's CPU were
 # zero and the rest per I/O stayed as it is (CPUs x 1e6 / rest us/io): what a cheaper target
 # could gain with that client on this machine, as far as the client's cost per I/O holds.
+# The client's own CPU time is read too (the shell's reaped children, /proc/PID/stat cutime +
+# cstime, around the client's run, its start-up and login included; for fio, the qemu-nbd it
+# drives, /proc/PID/stat of that process): "client%", a share of one CPU. The libiscsi clients
+# and QEMU's iscsi driver run on one thread, so a client near 100 % sets the pace itself, and
+# "client ceil" (IOPS / client share) is the rate at which it would be busy all the time at its
+# CPU per I/O of this run: no target takes that client further unless it makes the client's
+# own work per I/O cheaper (fewer segments and wake-ups to handle).
 #
 # QD1 rows: at one command in flight latency is 1/IOPS, so ratio >= 1 means blockwire's
 # mean latency is at or below tgtd's. On a virtual machine most of a QD1 round trip can be the
@@ -231,10 +238,22 @@ for t in blockwire tgtd; do
     [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
 done
 
+# reaped_ticks — CPU time (user + system, ticks) of this shell's children that it has waited for,
+# theirs and their own waited-for children's (/proc/PID/stat cutime + cstime), read without a
+# subshell of its own; into the variable `reaped`.
+reaped_ticks() {
+    local -a st
+    read -r -a st <"/proc/$BASHPID/stat"
+    reaped=$((st[15] + st[16]))
+}
+
 # run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints
-# "ios secs target_ticks machine_busy_ticks"
+# "ios secs target_ticks machine_busy_ticks client_ticks": client_ticks is the CPU time of the
+# client process (for fio, of the qemu-nbd it drives: the busiest link of that chain), from
+# just before it starts to just after it ends.
 run() {
     local t=$1 tool=$2 w=$3 xfer=$4 qd=$5 place=${6:-free} portal iqn lun pid c0 c1 b0 b1 out ios secs iops mbps
+    local reaped k0 k1
     read -r portal iqn lun pid <<<"${T[$t]}"
     local -a pin=()
     if [ "$place" != free ]; then
@@ -246,6 +265,7 @@ run() {
     fi
     b0=$(busy_ticks)
     c0=$(cpu_ticks "$pid")
+    if [ "$tool" = fio ]; then k0=$(cpu_ticks "${NBD_PID[$t]}"); else reaped_ticks; k0=$reaped; fi
     if [ "$tool" = fio ]; then
         local dir=read
         [[ $w == *write ]] && dir=write
@@ -253,7 +273,7 @@ run() {
             --uri="nbd+unix:///?socket=${NBD[$t]}" --rw="$w" --bs="$xfer" --iodepth="$qd" \
             --size="${SIZE_MIB}M" --time_based --runtime="$SECS" --norandommap --randrepeat=0 \
             --output-format=json 2>/dev/null || true)
-        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
+        c1=$(cpu_ticks "$pid") b1=$(busy_ticks) k1=$(cpu_ticks "${NBD_PID[$t]}")
         read -r ios secs < <(python3 -c 'import json, sys
 s = sys.stdin.read()
 try:
@@ -264,7 +284,8 @@ except Exception:
     elif [ "$tool" = py ]; then
         out=$(timeout $((SECS + 60)) "${pin[@]}" python3 "$here/libiscsi_rw.py" "$portal" "$iqn" "$lun" \
             --bench "$w" --xfer "$xfer" --qd "$qd" --seconds "$SECS" --span $((SIZE_MIB << 20)))
-        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
+        reaped_ticks
+        k1=$reaped c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$out")
     elif [ "$tool" = bw ]; then
@@ -273,7 +294,8 @@ except Exception:
         [[ $w == seq* ]] && pattern=seq
         out=$(timeout $((SECS + 60)) "${pin[@]}" "$bw_cli" bench -p "$portal" -T "$iqn" -l "$lun" \
             --pattern "$pattern" --op "$op" --bs "$xfer" --qd "$qd" --time "${SECS}s" 2>&1 || true)
-        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
+        reaped_ticks
+        k1=$reaped c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/^ios=\([0-9]*\) .*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* elapsed=\([0-9.]*\)s.*/\1/p' <<<"$out")
     else
@@ -283,7 +305,8 @@ except Exception:
         [ "$w" = randread ] && o+=(-r)
         out=$(timeout -s INT $((SECS + 30)) "${pin[@]}" iscsi-perf "${o[@]}" "iscsi://$portal/$iqn/$lun" 2>&1 |
             tr '\r' '\n' | grep -o 'iops average [0-9]*' | tail -n 1 | grep -o '[0-9]*$' || true)
-        c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
+        reaped_ticks
+        k1=$reaped c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         secs=$SECS
         ios=$(( ${out:-0} * SECS ))
     fi
@@ -292,26 +315,28 @@ except Exception:
         [ "$tool" = fio ] && taskset -a -p -c "0-$((NCPU - 1))" "${NBD_PID[$t]}" >/dev/null
     fi
     if [ -z "$ios" ] || [ "$ios" = 0 ] || [ -z "$secs" ]; then
-        echo "0 0 0 0"
+        echo "0 0 0 0 0"
         return
     fi
-    echo "$ios $secs $((c1 - c0)) $((b1 - b0))"
+    echo "$ios $secs $((c1 - c0)) $((b1 - b0)) $((k1 - k0))"
 }
 
 # measure TOOL WORKLOAD XFER QD [PLACE] — ROUNDS rounds, the targets' order swapped every round
 # (blockwire, tgtd, then tgtd, blockwire, ...) so that a change in the machine's other load
 # during the workload weighs on both alike; prints for each target, from the sums over the
 # rounds, "iops MBps us_cpu_per_io" (blockwire's fields, then tgtd's), then for each target
-# "rest_us_per_io idle_percent", then blockwire's bound ("bound_iops bound_over_tgtd_iops").
+# "rest_us_per_io idle_percent", then blockwire's bound ("bound_iops bound_over_tgtd_iops"), then
+# for each target the client's CPU time as a percentage of one CPU over the run.
 measure() {
-    local r t order i sec k m
-    declare -A ios=() secs=() ticks=() busy=()
+    local r t order i sec k m c
+    declare -A ios=() secs=() ticks=() busy=() client=()
     for r in $(seq "$ROUNDS"); do
         order="blockwire tgtd"
         [ $((r % 2)) = 0 ] && order="tgtd blockwire"
         for t in $order; do
-            read -r i sec k m <<<"$(run "$t" "$@")"
+            read -r i sec k m c <<<"$(run "$t" "$@")"
             ios[$t]=$((${ios[$t]:-0} + i))
+            client[$t]=$((${client[$t]:-0} + c))
             busy[$t]=$((${busy[$t]:-0} + m))
             secs[$t]=$(awk -v a="${secs[$t]:-0}" -v b="$sec" 'BEGIN { print a + b }')
             ticks[$t]=$((${ticks[$t]:-0} + k))
@@ -319,23 +344,32 @@ measure() {
     done
     python3 -c 'import sys
 xfer, hz, ncpu = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-out, rest = [], []
-for ios, secs, dt, busy in zip(*[iter(sys.argv[4:])] * 4):
-    ios, secs, dt, busy = int(ios), float(secs), int(dt), int(busy)
+out, rest, client = [], [], []
+for ios, secs, dt, busy, cl in zip(*[iter(sys.argv[4:])] * 5):
+    ios, secs, dt, busy, cl = int(ios), float(secs), int(dt), int(busy), int(cl)
     if ios and secs:
         out += [f"{ios / secs:.0f}", f"{ios * xfer / secs / 1e6:.1f}", f"{dt / hz / ios * 1e6:.2f}"]
         idle = max(0.0, 1 - busy / hz / (secs * ncpu))
         rest += [f"{max(0, busy - dt) / hz / ios * 1e6:.2f}", f"{idle * 100:.0f}"]
+        client += [f"{cl / hz / secs * 100:.0f}"]
     else:
         out += ["0", "0", "0"]
         rest += ["0", "0"]
+        client += ["0"]
 # The IOPS with blockwire at zero CPU and its rest per I/O unchanged, and that over the tgtd IOPS.
 bw_rest, tgtd_iops = float(rest[0]), float(out[3])
 bound = ncpu * 1e6 / bw_rest if bw_rest else 0
 bound_fields = [f"{bound:.0f}", f"{bound / tgtd_iops:.2f}" if tgtd_iops else "-"] if bound else ["-", "-"]
-print(" ".join(out + rest + bound_fields))' "$3" "$HZ" "$NCPU" "${ios[blockwire]}" "${secs[blockwire]}" \
-        "${ticks[blockwire]}" "${busy[blockwire]}" "${ios[tgtd]}" "${secs[tgtd]}" "${ticks[tgtd]}" \
-        "${busy[tgtd]}"
+# The IOPS at which the client of blockwire would be busy all the time at its CPU per I/O of this
+# run (its IOPS over the share of a CPU it used), and that over the IOPS of tgtd: for a client
+# that runs on one thread, as near as that client gets to the goal whatever the target does,
+# unless the target makes the work of the client per I/O cheaper.
+bw_iops, bw_client = float(out[0]), float(client[0])
+ceiling = bw_iops / (bw_client / 100) if bw_client else 0
+ceiling_fields = [f"{ceiling:.0f}", f"{ceiling / tgtd_iops:.2f}" if tgtd_iops else "-"] if ceiling else ["-", "-"]
+print(" ".join(out + rest + bound_fields + client + ceiling_fields))' "$3" "$HZ" "$NCPU" "${ios[blockwire]}" "${secs[blockwire]}" \
+        "${ticks[blockwire]}" "${busy[blockwire]}" "${client[blockwire]}" "${ios[tgtd]}" "${secs[tgtd]}" \
+        "${ticks[tgtd]}" "${busy[tgtd]}" "${client[tgtd]}"
 }
 
 ratio() {
@@ -434,7 +468,8 @@ for spec in \
     if [ -n "${ONLY:-}" ] && ! [[ $spec =~ $ONLY ]]; then continue; fi
     read -r tool w xfer qd place <<<"$spec"
     place=${place:-free}
-    read -r bi bm bc ti tm tc br bidle tr tidle bound bound_ratio <<<"$(measure "$tool" "$w" "$xfer" "$qd" "$place")"
+    read -r bi bm bc ti tm tc br bidle tr tidle bound bound_ratio bcl tcl ceil ceil_ratio \
+        <<<"$(measure "$tool" "$w" "$xfer" "$qd" "$place")"
     case $tool in
     py) client=libiscsi_rw.py ;;
     perf) client=iscsi-perf ;;
@@ -449,9 +484,9 @@ for spec in \
     if [ "$xfer" = 1048576 ]; then seq_rows+=("$label|$bm|$tm"); fi
     # A pinned run leaves CPUs idle by design: its rest and bound would not say what they say
     # of a free run.
-    [ "$place" = free ] && rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio")
+    [ "$place" = free ] && rest_rows+=("$label|$br|$bidle|$tr|$tidle|$bound|$bound_ratio|$bcl|$tcl|$ceil_ratio")
     iops_ratio=$(ratio "$bi" "$ti") cpu_ratio=$(ratio "$bc" "$tc")
-    goal_rows+=("rows|$label|$xfer|$qd|$iops_ratio|$cpu_ratio|$bound_ratio|$bidle")
+    goal_rows+=("rows|$label|$xfer|$qd|$iops_ratio|$cpu_ratio|$bound_ratio|$bidle|$bcl|$ceil_ratio")
     printf '%-*s | %10s %9s %8s | %10s %9s %8s | %6s %6s\n' "$LW" "$label" "$bi" "$bm" "$bc" \
         "$ti" "$tm" "$tc" "$iops_ratio" "$cpu_ratio" | tee -a "$results"
 done
@@ -460,13 +495,16 @@ echo "[one CPU]: client and target pinned to CPU 0; [two CPUs]: target on CPU 0,
 {
     echo
     echo "The rest of the machine's CPU ($NCPU CPUs; clients and the kernel work they cause), per I/O, and its idle share;"
-    echo "bound = IOPS with blockwire's CPU at zero and the rest per I/O unchanged ($NCPU x 1e6 / rest us/io), and that over tgtd's IOPS"
-    printf '%-*s | %12s %6s | %12s %6s | %10s %10s\n' "$LW" workload "bw rest us" "idle%" "tgtd rest us" "idle%" \
-        "bound IOPS" "bound/tgtd"
+    echo "bound = IOPS with blockwire's CPU at zero and the rest per I/O unchanged ($NCPU x 1e6 / rest us/io), and that over tgtd's IOPS;"
+    echo "client% = the client process's CPU time over the run, in % of one CPU (fio rows: the qemu-nbd that fio drives, the"
+    echo "busiest link of that chain); client ceil/tgtd = blockwire's IOPS over its client's busy share (the rate at which that"
+    echo "client, at its CPU per I/O of this run, would use a whole CPU: how far a client on one thread can go), over tgtd's IOPS"
+    printf '%-*s | %12s %6s %7s | %12s %6s %7s | %10s %10s | %7s\n' "$LW" workload "bw rest us" "idle%" "client%" \
+        "tgtd rest us" "idle%" "client%" "bound IOPS" "bound/tgtd" "client ceil/tgtd"
     for r in "${rest_rows[@]}"; do
-        IFS='|' read -r label br bidle tr tidle bound bound_ratio <<<"$r"
-        printf '%-*s | %12s %6s | %12s %6s | %10s %10s\n' "$LW" "$label" "$br" "$bidle" "$tr" "$tidle" "$bound" \
-            "$bound_ratio"
+        IFS='|' read -r label br bidle tr tidle bound bound_ratio bcl tcl ceil_ratio <<<"$r"
+        printf '%-*s | %12s %6s %7s | %12s %6s %7s | %10s %10s | %7s\n' "$LW" "$label" "$br" "$bidle" "$bcl" "$tr" \
+            "$tidle" "$tcl" "$bound" "$bound_ratio" "$ceil_ratio"
     done
 } | tee -a "$results"
 
@@ -627,8 +665,8 @@ def row(goal, label, value, ok, why=""):
 for rec in sys.stdin.read().splitlines():
     f = rec.split("|")
     if f[0] == "rows":
-        label, xfer, qd, r, cpu, bound, idle = f[1:]
-        r, cpu, bound, idle = num(r), num(cpu), num(bound), num(idle)
+        label, xfer, qd, r, cpu, bound, idle, client, ceiling = f[1:]
+        r, cpu, bound, idle, client, ceiling = num(r), num(cpu), num(bound), num(idle), num(client), num(ceiling)
         if xfer != "4096" or r is None:
             continue
         if qd == "1":
@@ -643,6 +681,9 @@ for rec in sys.stdin.read().splitlines():
                 # CPUs left idle while the client ran flat out: it, not the target, set the pace.
                 if idle is not None and idle >= 20:
                     miss += f"; machine {idle:.0f}% idle"
+                # A client on one thread that used nearly all of a CPU set the pace itself.
+                if client is not None and client >= 90 and ceiling:
+                    miss += f"; client at {client:.0f}% of a CPU, its ceiling {ceiling:.2f}x"
                 why.append(miss)
             if cpu is None or cpu > 0.5:
                 why.append("CPU")
