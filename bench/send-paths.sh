@@ -25,7 +25,10 @@
 # a real disk rate; /dev/shm would make O_DIRECT a kernel memcpy from tmpfs pages and pin
 # 4 x SIZE_MIB of RAM). They are filled with random data (holes read for free), synced, the
 # direct ones dropped from the page cache, the cached ones read once so they are resident.
-# The daemon's zero-copy sends stay at their default (on). Not run by CI. Compiles beside it
+# The daemon's zero-copy sends stay at their default (on), and `local_copy_sends = false` makes
+# it treat its client on 127.0.0.1 as a remote initiator: each LUN takes the path it names
+# (sendfile, MSG_ZEROCOPY) rather than the copying sends an initiator on this host gets by
+# default (a send from the file's mapping, no MSG_ZEROCOPY). Not run by CI. Compiles beside it
 # distort the numbers: it waits (bounded) for rustc to finish.
 # Env: DIR, SIZE_MIB (1024), BS (1M), QDS ("1 8"), SECS (3), CHUNK (64K).
 # Run time: about 2 + 14 x SECS seconds plus the fill (~4 x SIZE_MIB of writes).
@@ -68,6 +71,7 @@ port=$(free_port)
 cat >"$tmp/target.toml" <<EOF
 [fabric]
 nop_interval_secs = 0
+local_copy_sends = false
 
 [[portal_group]]
 tag = 1
