@@ -161,12 +161,18 @@ impl WriteCollector {
                 limit: unsolicited_limit,
             });
         }
+        // The immediate data is copied in, not written over zeroes: with all
+        // of a small WRITE's data in its command PDU, nothing is zeroed.
+        let buf = if gather {
+            let mut buf = Vec::with_capacity(expected_len as usize);
+            buf.extend_from_slice(immediate);
+            buf.resize(expected_len as usize, 0);
+            buf
+        } else {
+            Vec::new()
+        };
         let mut c = WriteCollector {
-            buf: if gather {
-                vec![0u8; expected_len as usize]
-            } else {
-                Vec::new()
-            },
+            buf,
             expected: expected_len,
             limits,
             covered: Coverage::default(),
@@ -175,9 +181,6 @@ impl WriteCollector {
             next_r2t_sn: 0,
             open: Vec::new(),
         };
-        if gather {
-            c.buf[..immediate.len()].copy_from_slice(immediate);
-        }
         c.covered.insert(0, imm);
         if !final_bit && !limits.initial_r2t && imm < unsolicited_limit {
             c.unsolicited = Some(Sequence {
