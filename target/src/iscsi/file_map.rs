@@ -27,9 +27,14 @@
 //! of a file on a device that is not cached would stall the connection's
 //! writer for a device read (`sendfile` takes those pages instead, on the
 //! paths that may wait). A page evicted between the check and the send is
-//! read in by the fault, as `sendfile` would. A file truncated below a payload makes the
-//! kernel's copy fault, which `sendmsg` reports as `EFAULT` (the fault is
-//! taken inside the system call, so no SIGBUS reaches the process).
+//! read in by the fault, as `sendfile` would. Pages once sent stay mapped
+//! in the daemon, so its resident size counts them as shared file pages;
+//! they are the page cache all the same, which the kernel writes back and
+//! reclaims under memory pressure (unmapping them first).
+//!
+//! A file truncated below a payload makes the kernel's copy fault, which
+//! `sendmsg` reports as `EFAULT` (the fault is taken inside the system
+//! call, so no SIGBUS reaches the process).
 
 use std::fs::File;
 use std::io;
