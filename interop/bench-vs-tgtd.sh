@@ -247,6 +247,12 @@ reaped_ticks() {
     reaped=$((st[15] + st[16]))
 }
 
+# client_ticks TOOL TARGET — the client's CPU time so far (ticks), into the variable `reaped`:
+# for fio, that of the qemu-nbd it drives; else of this shell's reaped children (reaped_ticks).
+client_ticks() {
+    if [ "$1" = fio ]; then reaped=$(cpu_ticks "${NBD_PID[$2]}"); else reaped_ticks; fi
+}
+
 # run TARGET TOOL WORKLOAD XFER QD — one SECS-long run; prints
 # "ios secs target_ticks machine_busy_ticks client_ticks": client_ticks is the CPU time of the
 # client process (for fio, of the qemu-nbd it drives: the busiest link of that chain), from
@@ -265,7 +271,8 @@ run() {
     fi
     b0=$(busy_ticks)
     c0=$(cpu_ticks "$pid")
-    if [ "$tool" = fio ]; then k0=$(cpu_ticks "${NBD_PID[$t]}"); else reaped_ticks; k0=$reaped; fi
+    client_ticks "$tool" "$t"
+    k0=$reaped
     if [ "$tool" = fio ]; then
         local dir=read
         [[ $w == *write ]] && dir=write
@@ -273,7 +280,8 @@ run() {
             --uri="nbd+unix:///?socket=${NBD[$t]}" --rw="$w" --bs="$xfer" --iodepth="$qd" \
             --size="${SIZE_MIB}M" --time_based --runtime="$SECS" --norandommap --randrepeat=0 \
             --output-format=json 2>/dev/null || true)
-        c1=$(cpu_ticks "$pid") b1=$(busy_ticks) k1=$(cpu_ticks "${NBD_PID[$t]}")
+        client_ticks "$tool" "$t"
+        k1=$reaped c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         read -r ios secs < <(python3 -c 'import json, sys
 s = sys.stdin.read()
 try:
@@ -284,7 +292,7 @@ except Exception:
     elif [ "$tool" = py ]; then
         out=$(timeout $((SECS + 60)) "${pin[@]}" python3 "$here/libiscsi_rw.py" "$portal" "$iqn" "$lun" \
             --bench "$w" --xfer "$xfer" --qd "$qd" --seconds "$SECS" --span $((SIZE_MIB << 20)))
-        reaped_ticks
+        client_ticks "$tool" "$t"
         k1=$reaped c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$out")
@@ -294,7 +302,7 @@ except Exception:
         [[ $w == seq* ]] && pattern=seq
         out=$(timeout $((SECS + 60)) "${pin[@]}" "$bw_cli" bench -p "$portal" -T "$iqn" -l "$lun" \
             --pattern "$pattern" --op "$op" --bs "$xfer" --qd "$qd" --time "${SECS}s" 2>&1 || true)
-        reaped_ticks
+        client_ticks "$tool" "$t"
         k1=$reaped c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         ios=$(sed -n 's/^ios=\([0-9]*\) .*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* elapsed=\([0-9.]*\)s.*/\1/p' <<<"$out")
@@ -305,7 +313,7 @@ except Exception:
         [ "$w" = randread ] && o+=(-r)
         out=$(timeout -s INT $((SECS + 30)) "${pin[@]}" iscsi-perf "${o[@]}" "iscsi://$portal/$iqn/$lun" 2>&1 |
             tr '\r' '\n' | grep -o 'iops average [0-9]*' | tail -n 1 | grep -o '[0-9]*$' || true)
-        reaped_ticks
+        client_ticks "$tool" "$t"
         k1=$reaped c1=$(cpu_ticks "$pid") b1=$(busy_ticks)
         secs=$SECS
         ios=$(( ${out:-0} * SECS ))
