@@ -41,7 +41,8 @@
 //! - Only while every runnable thread of the machine has a CPU: the fourth
 //!   field of `/proc/loadavg` counts the threads running or waiting for a
 //!   CPU, the polling one included, and the poll stops when that is more
-//!   than the online CPUs. The `sched_yield` rule only sees this CPU's
+//!   than the online CPUs (read when a look finds nothing to read, at most
+//!   every [`RUN_QUEUE_EVERY`]). The `sched_yield` rule only sees this CPU's
 //!   queue; a thread woken while the spin keeps this CPU busy is put on
 //!   another CPU's queue, behind whatever runs there, and waits. With this
 //!   rule QEMU's 4 KiB QD32 WRITEs keep their pace with a 50 us spin. The
@@ -74,6 +75,14 @@ const CONTENDED: Duration = Duration::from_micros(10);
 /// A connection polls while its socket reads bring fewer PDUs than this on
 /// average (see [`BusyPoll::note_read`]).
 const POLL_BELOW_PDUS_PER_READ: u32 = 2;
+
+/// How often a poll reads the machine's run queue: generating
+/// `/proc/loadavg` costs about 2 us on the 2-vCPU AMD VM of
+/// interop/results/bench-vs-tgtd.md (a look at the socket about 0.5 us), and
+/// reading it on every look took 5 % of the target's CPU under 4 KiB WRITEs
+/// at QD32 through qemu-nbd. A thread that waits for a CPU waits at most
+/// this much longer for the spin to give one up.
+const RUN_QUEUE_EVERY: Duration = Duration::from_micros(10);
 
 /// How long a connection leaves off polling once its CPU turned out to
 /// have other work.
@@ -129,7 +138,8 @@ impl Neighbours {
 /// The machine's demand for CPU: how many threads are runnable (running or
 /// waiting for a CPU) against how many CPUs are online. The kernel writes
 /// `/proc/loadavg` afresh on each read, so one positioned read of an open
-/// descriptor (well under a microsecond) gives the count of that instant.
+/// descriptor (about 2 us, see [`RUN_QUEUE_EVERY`]) gives the count of that
+/// instant.
 /// Without the file (no procfs) nothing is known, and nothing is reported
 /// as oversubscribed.
 #[derive(Debug, Default)]
@@ -194,6 +204,22 @@ fn online_cpus(stat: &[u8]) -> usize {
         .count()
 }
 
+/// How a busy poll ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollEnd {
+    /// The socket has something for the reader.
+    Readable,
+    /// Not polled: reads bring several PDUs, the connection rests, the
+    /// initiator has responses to handle, or another connection is awake.
+    Skipped,
+    /// Some thread of the machine waits for a CPU.
+    MachineFull,
+    /// Another thread took this CPU between looks: the connection rests.
+    Contended,
+    /// The budget ran out with nothing to read.
+    BudgetSpent,
+}
+
 /// One connection's busy poll: its socket (a duplicate of the descriptor,
 /// so that the writer task may own the stream) and its budget.
 #[derive(Debug)]
@@ -247,45 +273,52 @@ impl BusyPoll {
     /// Connections whose reads bring several PDUs, and initiators that
     /// have not yet seen every response, are not polled for.
     ///
-    /// True when the socket has bytes, an end of stream or an error to
-    /// report (the reader finds out which); false when the budget ran out
-    /// first, or the connection did not poll.
-    pub async fn until_readable(&mut self) -> bool {
+    /// [`PollEnd::Readable`] when the socket has bytes, an end of stream or
+    /// an error to report (the reader finds out which), even on a full
+    /// machine: reading them holds no CPU that another thread waits for.
+    pub async fn until_readable(&mut self) -> PollEnd {
         if self.pdus_per_read_x16 >= POLL_BELOW_PDUS_PER_READ * 16 {
-            return false;
+            return PollEnd::Skipped;
         }
         if let Some(until) = self.rest_until {
             if Instant::now() < until {
-                return false;
+                return PollEnd::Skipped;
             }
             self.rest_until = None;
         }
         let deadline = Instant::now() + self.budget;
         let mut first = true;
+        let mut run_queue_seen: Option<Instant> = None;
         loop {
             tokio::task::yield_now().await;
             // Asked after the first yield, once the writer has sent (and
             // numbered) what the last read produced.
             if std::mem::take(&mut first) && self.initiator_is_behind() {
-                return false;
+                return PollEnd::Skipped;
             }
             if self.others_awake() {
-                return false;
+                return PollEnd::Skipped;
             }
-            if self.neighbours.run_queue.oversubscribed() {
-                // A thread woken elsewhere while this CPU spins waits in
-                // another CPU's queue: give this CPU up to it. No rest:
-                // the count is of one instant (a kernel worker that runs
-                // for microseconds counts too), and on a machine that
-                // stays full every poll ends at its first look.
-                return false;
-            }
+            // What came is handled whatever the machine's load: only the
+            // spin, not the reading, holds a CPU that others may want.
             if self.readable_now() {
-                return true;
+                return PollEnd::Readable;
             }
             let now = Instant::now();
+            if run_queue_seen.is_none_or(|at| now.duration_since(at) >= RUN_QUEUE_EVERY) {
+                if self.neighbours.run_queue.oversubscribed() {
+                    // A thread woken elsewhere while this CPU spins waits
+                    // in another CPU's queue: give this CPU up to it. No
+                    // rest: the count is of one instant (a kernel worker
+                    // that runs for microseconds counts too), and on a
+                    // machine that stays full every poll ends at its
+                    // first look.
+                    return PollEnd::MachineFull;
+                }
+                run_queue_seen = Some(now);
+            }
             if now >= deadline {
-                return false;
+                return PollEnd::BudgetSpent;
             }
             // Let whatever else is runnable on this CPU (the initiator
             // itself, when it shares the CPU) run before the next look.
@@ -295,7 +328,7 @@ impl BusyPoll {
                 // Sleep in epoll instead, and leave the CPU to the others
                 // for a while.
                 self.rest_until = Some(Instant::now() + REST);
-                return false;
+                return PollEnd::Contended;
             }
         }
     }
@@ -381,7 +414,7 @@ mod tests {
     async fn readable_within(poll: &mut BusyPoll) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if poll.until_readable().await {
+            if poll.until_readable().await == PollEnd::Readable {
                 return true;
             }
         }
@@ -418,11 +451,12 @@ mod tests {
         let (_client, server) = pair().await;
         let mut poll = poll_of(&server, Duration::from_micros(300));
         let start = Instant::now();
-        assert!(!poll.until_readable().await);
         // Unless another thread took this CPU (the poll then stops early
         // and rests), the whole budget went by.
-        if poll.rest_until.is_none() {
-            assert!(start.elapsed() >= Duration::from_micros(300));
+        match poll.until_readable().await {
+            PollEnd::BudgetSpent => assert!(start.elapsed() >= Duration::from_micros(300)),
+            PollEnd::Contended => assert!(poll.rest_until.is_some(), "contended, no rest"),
+            end => panic!("an idle socket's poll ended {end:?}"),
         }
     }
 
@@ -470,7 +504,11 @@ mod tests {
         let mut poll = poll_of(&server, BUSY_POLL_MAX);
         poll.rest_until = Some(Instant::now() + Duration::from_secs(60));
         for _ in 0..100 {
-            assert!(!poll.until_readable().await, "polled while resting");
+            assert_eq!(
+                poll.until_readable().await,
+                PollEnd::Skipped,
+                "polled while resting"
+            );
         }
         poll.rest_until = Some(Instant::now());
         let seen = readable_within(&mut poll).await;
@@ -487,7 +525,11 @@ mod tests {
             poll.note_read(7);
         }
         for _ in 0..100 {
-            assert!(!poll.until_readable().await, "polled at 7 PDUs per read");
+            assert_eq!(
+                poll.until_readable().await,
+                PollEnd::Skipped,
+                "polled at 7 PDUs per read"
+            );
         }
         for _ in 0..32 {
             poll.note_read(1);
@@ -507,7 +549,11 @@ mod tests {
         next.set(15);
         poll.note_exp_stat_sn(12);
         for _ in 0..100 {
-            assert!(!poll.until_readable().await, "polled for a busy initiator");
+            assert_eq!(
+                poll.until_readable().await,
+                PollEnd::Skipped,
+                "polled for a busy initiator"
+            );
         }
         // Only the latest response unacknowledged (a QD1 round trip in
         // progress), then none: it waits on the target.
@@ -522,7 +568,11 @@ mod tests {
         // at 1: three behind.
         next.set(1);
         poll.note_exp_stat_sn(u32::MAX - 1);
-        assert!(!poll.until_readable().await, "behind across the wrap");
+        assert_eq!(
+            poll.until_readable().await,
+            PollEnd::Skipped,
+            "behind across the wrap"
+        );
     }
 
     #[tokio::test]
@@ -535,8 +585,9 @@ mod tests {
         let mut other = poll_among(&other_server, &neighbours);
         assert_eq!(neighbours.awake(), 2);
         for _ in 0..100 {
-            assert!(
-                !poll.until_readable().await,
+            assert_eq!(
+                poll.until_readable().await,
+                PollEnd::Skipped,
                 "polled while another was at work"
             );
         }
@@ -547,7 +598,11 @@ mod tests {
         assert_eq!(neighbours.awake(), 1);
         assert!(readable_within(&mut poll).await, "alone awake, bytes there");
         other.wakes();
-        assert!(!poll.until_readable().await, "the other woke up");
+        assert_eq!(
+            poll.until_readable().await,
+            PollEnd::Skipped,
+            "the other woke up"
+        );
         // A connection that ends is no longer counted.
         drop(other);
         assert_eq!(neighbours.awake(), 1);
@@ -560,7 +615,6 @@ mod tests {
     #[tokio::test]
     async fn no_connection_polls_while_a_thread_of_the_machine_waits_for_a_cpu() {
         let (mut client, server) = pair().await;
-        client.write_all(b"PDU").await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let loadavg = dir.path().join("loadavg");
         // Two CPUs, three runnable threads (the polling one among them):
@@ -571,16 +625,31 @@ mod tests {
             run_queue: RunQueue::at(&loadavg, 2),
         });
         let mut poll = poll_among(&server, &neighbours);
-        // Even with bytes there, a spin would hold a CPU someone waits for:
-        // the poll ends at once, every time, and takes no rest (the next
-        // wait looks at the run queue again).
+        // Nothing to read: a spin would hold a CPU someone waits for, so
+        // the poll ends at its first look, every time, and takes no rest
+        // (the next wait looks at the run queue again).
         for _ in 0..100 {
-            assert!(!poll.until_readable().await, "polled on a full machine");
+            assert_eq!(poll.until_readable().await, PollEnd::MachineFull);
             assert_eq!(poll.rest_until, None, "rested on one instant's count");
         }
-        // The file is read afresh: two runnable on two CPUs is room enough.
+        // The file is read afresh: two runnable on two CPUs is room
+        // enough, and the poll spins (until its budget, or until another
+        // thread takes this CPU).
         std::fs::write(&loadavg, "1.92 1.40 0.99 2/211 5150\n").unwrap();
-        assert!(readable_within(&mut poll).await, "room again, bytes there");
+        let end = poll.until_readable().await;
+        assert!(
+            matches!(end, PollEnd::BudgetSpent | PollEnd::Contended),
+            "room again, nothing to read: {end:?}"
+        );
+        // Bytes already there are reported on a full machine as well:
+        // reading them takes no CPU from the waiting thread, a spin would.
+        std::fs::write(&loadavg, "1.92 1.40 0.99 3/211 5150\n").unwrap();
+        poll.rest_until = None;
+        client.write_all(b"PDU").await.unwrap();
+        assert!(
+            readable_within(&mut poll).await,
+            "bytes there, machine full"
+        );
     }
 
     #[test]
