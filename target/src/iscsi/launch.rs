@@ -133,8 +133,13 @@ impl Launcher {
                 start(mover::memory_road(ctx, data_out, budget, r2t_count));
             }
             Road::Core => {
+                // Copied out of the read buffer it may pin (see on_task_or_core).
                 start(mover::core_road(
-                    ctx, route.wire, data_out, budget, r2t_count,
+                    ctx,
+                    route.wire,
+                    data_out.into(),
+                    budget,
+                    r2t_count,
                 ));
             }
             Road::File(lun) => {

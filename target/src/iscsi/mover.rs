@@ -427,7 +427,7 @@ pub(super) const MEMORY_READ_ON_TASK_MAX: u64 = 64 << 10;
 /// range a COMPARE AND WRITE holds) goes to the core on the blocking pool.
 pub(super) async fn write_road(
     ctx: Arc<CommandContext>,
-    data_out: Vec<u8>,
+    data_out: bytes::Bytes,
     hold: impl Send + 'static,
     r2t_count: u32,
 ) {
@@ -447,7 +447,7 @@ pub(super) async fn write_road(
 /// READ.
 pub(super) async fn memory_road(
     ctx: Arc<CommandContext>,
-    data_out: Vec<u8>,
+    data_out: bytes::Bytes,
     hold: impl Send + 'static,
     r2t_count: u32,
 ) {
@@ -465,7 +465,7 @@ pub(super) async fn memory_road(
 /// answered HARDWARE ERROR, INTERNAL TARGET FAILURE, as on the pool.
 async fn on_task_or_core(
     ctx: Arc<CommandContext>,
-    data_out: Vec<u8>,
+    data_out: bytes::Bytes,
     hold: impl Send + 'static,
     r2t_count: u32,
     here: impl FnOnce(&CommandContext, &[u8]) -> Option<ScsiResult>,
@@ -481,7 +481,9 @@ async fn on_task_or_core(
         })
     }));
     let result = match done {
-        Ok((None, _)) => return core_road(ctx, Wire::Tcp, data_out, hold, r2t_count).await,
+        // On the pool the data must not hold the connection's read buffer
+        // (a slice of it pins all of it): copied out, unless gathered.
+        Ok((None, _)) => return core_road(ctx, Wire::Tcp, data_out.into(), hold, r2t_count).await,
         Ok((Some(r), core)) => r.map(|r| (r, core)),
         Err(_) => {
             tracing::error!(itt = ctx.itt(), "SCSI command panicked");

@@ -133,8 +133,10 @@ pub(super) struct Ready {
     pub cdb: Vec<u8>,
     /// R2Ts sent for its data (the first Data-In's DataSN follows them).
     pub r2t_count: u32,
-    /// Its WRITE data, gathered.
-    pub data_out: Vec<u8>,
+    /// Its WRITE data: the command PDU's immediate data when that is all
+    /// of it (a slice of the connection's read buffer, which stays
+    /// allocated while the slice lives), otherwise gathered from Data-Out.
+    pub data_out: bytes::Bytes,
     /// The session's RDMA offload and the initiator's buffers, when its
     /// data moves by RDMA.
     pub offload: Option<(Arc<Slot>, Descriptor)>,
@@ -157,7 +159,7 @@ impl Ready {
             cmd,
             cdb,
             r2t_count: 0,
-            data_out: Vec::new(),
+            data_out: bytes::Bytes::new(),
             offload,
             budget: None,
             slot,

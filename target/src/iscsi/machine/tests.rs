@@ -586,7 +586,19 @@ async fn write_with_immediate_data_then_read_back() {
     let mut c = Conn::open(&[]).await;
     let data = pattern(4 * BLOCK as usize, 3);
     let (itt, pdu) = c.rw(true, 8, 4, data.clone());
-    assert_eq!(c.feed(pdu).await, None);
+    // All of the data came in the command PDU: the command runs on those
+    // very bytes, not on a copy.
+    let data_at = pdu.data.as_ptr();
+    let actions = c.actions(pdu);
+    let run = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Run(r) => Some(r),
+            _ => None,
+        })
+        .expect("the WRITE runs at once");
+    assert_eq!(run.data_out.as_ptr(), data_at, "immediate data copied");
+    carry_out(&c.launcher, actions).await;
     let (status, pdus) = c.response(itt).await;
     assert_eq!(status, 0);
     assert!(r2ts(&pdus).is_empty(), "all the data came immediate");

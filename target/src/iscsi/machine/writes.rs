@@ -37,6 +37,10 @@ enum WriteDest {
     /// command's window slot, freed when it is dropped unrun (aborted, or
     /// the connection is gone).
     Gather(Reservation, CommandSlot),
+    /// All of it came as the command PDU's immediate data: kept as that
+    /// slice of the connection's read buffer, not copied (the collector
+    /// only validates). Budget and slot as for `Gather`.
+    Immediate(bytes::Bytes, Reservation, CommandSlot),
     /// Passed to a double-buffered WRITE's task, which owns the window
     /// slot and the budget ([`crate::iscsi::syncwrite`]); the task ends
     /// when its feed drops.
@@ -99,9 +103,13 @@ impl ConnMachine {
             return;
         };
         let lease = self.sync_write_lease(&cmd, &cdb);
-        let made = match lease {
-            Some(_) => WriteCollector::validating,
-            None => WriteCollector::new,
+        // A small WRITE's data usually all come in its command PDU: then
+        // nothing is gathered, and the command runs on the PDU's bytes.
+        let whole_immediate = lease.is_none() && pdu.data.len() == edtl as usize;
+        let made = if lease.is_some() || whole_immediate {
+            WriteCollector::validating
+        } else {
+            WriteCollector::new
         }(edtl, &pdu.data, cmd.final_bit, self.write_limits);
         let collector = match made {
             Ok(c) => c,
@@ -128,6 +136,7 @@ impl ConnMachine {
                 }));
                 WriteDest::Pipe(feed)
             }
+            None if whole_immediate => WriteDest::Immediate(pdu.data, budget, slot),
             None => WriteDest::Gather(budget, slot),
         };
         self.advance_write(Collecting {
@@ -265,7 +274,7 @@ impl ConnMachine {
                 // have reached the disk: see syncwrite).
                 WriteDest::Pipe(feed) => feed.failed(),
                 // Forgotten, its window slot freed, before the status leaves.
-                WriteDest::Gather(_, slot) => {
+                WriteDest::Gather(_, slot) | WriteDest::Immediate(_, _, slot) => {
                     let pdus = status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
                     self.refuse(slot, pdus);
                 }
@@ -292,7 +301,16 @@ impl ConnMachine {
                 cmd: c.cmd,
                 cdb: c.cdb,
                 r2t_count,
-                data_out: c.collector.into_data(),
+                data_out: c.collector.into_data().into(),
+                offload: None,
+                budget: Some(budget),
+                slot,
+            }),
+            WriteDest::Immediate(data, budget, slot) => self.run(Ready {
+                cmd: c.cmd,
+                cdb: c.cdb,
+                r2t_count,
+                data_out: data,
                 offload: None,
                 budget: Some(budget),
                 slot,
