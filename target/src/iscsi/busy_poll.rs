@@ -357,6 +357,17 @@ impl BusyPoll {
         }
     }
 
+    /// Whether the connection's socket reads bring more than one PDU on
+    /// average (the initiator keeps several commands in flight).
+    pub fn reads_bring_several(&self) -> bool {
+        self.pdus_per_read_x16 > 20
+    }
+
+    /// True when no other connection of the target is awake.
+    pub fn alone_awake(&self) -> bool {
+        !self.others_awake()
+    }
+
     /// True when another connection of the target is awake.
     fn others_awake(&self) -> bool {
         self.neighbours.awake() > usize::from(self.awake)

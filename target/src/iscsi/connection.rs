@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::batch_nap::BatchNap;
 use super::busy_poll::{BusyPoll, NextStatSn};
 use super::early_responses::{this_thread_cpu, EarlyResponses};
 use super::io::{advances_stat_sn, exp_stat_sn, stamp, PduReader, PduWriter, ReadError};
@@ -328,6 +329,9 @@ async fn full_feature<R: AsyncRead + Unpin>(
         .connection_threads
         .is_some()
         .then(EarlyResponses::new);
+    // Naps between batches: only on a connection thread (a shared worker
+    // must not sleep) and with busy polling on (its neighbours and reads).
+    let mut batch_nap = (early_responses.is_some() && busy_poll.is_some()).then(BatchNap::new);
     let mut shutting_down = *shutdown.borrow();
     if shutting_down {
         actions = machine.on_shutdown(std::time::Instant::now());
@@ -369,7 +373,20 @@ async fn full_feature<R: AsyncRead + Unpin>(
             early.at_wait(std::time::Instant::now(), this_thread_cpu);
         }
         if let Some(poll) = &mut busy_poll {
-            poll.note_read(std::mem::take(&mut pdus_this_read));
+            let pdus = std::mem::take(&mut pdus_this_read);
+            poll.note_read(pdus);
+            if let Some(nap) = &mut batch_nap {
+                nap.note_read(pdus);
+                let allowed = early_responses.as_ref().is_some_and(EarlyResponses::spare)
+                    && poll.reads_bring_several()
+                    && poll.alone_awake();
+                if let Some(length) = nap.at_wait(std::time::Instant::now(), allowed) {
+                    // The answers leave first; the nap holds the thread,
+                    // which no other connection needs now (see batch_nap).
+                    tokio::task::yield_now().await;
+                    std::thread::sleep(length);
+                }
+            }
             // Whether or not the next PDU came in the budget, the select
             // below reads it: found, it is already in epoll's ready list,
             // so the wait below does not sleep.

@@ -63,6 +63,11 @@ impl EarlyResponses {
         }
     }
 
+    /// Whether the thread had CPU to spare in the last whole window.
+    pub fn spare(&self) -> bool {
+        self.spare
+    }
+
     /// The connection goes to wait on its socket. `thread_cpu` is read
     /// only when a window ends (it costs a system call).
     pub fn at_wait(&mut self, now: Instant, thread_cpu: impl FnOnce() -> Duration) {

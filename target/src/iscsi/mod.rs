@@ -1,6 +1,7 @@
 //! The iSCSI fabric: portals, login, authentication, discovery, sessions
 //! and the command lifecycle over TCP.
 
+pub mod batch_nap;
 pub mod budget;
 pub mod busy_poll;
 pub mod catalog;
