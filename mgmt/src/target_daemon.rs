@@ -123,7 +123,7 @@ pub async fn run(
                every READ ends GOOD with a residual underflow of its whole length. Initiators get no data; do not use for real I/O.");
     }
     if let Some(budget) = fabric.settings.busy_poll {
-        info!("busy polling: a connection looks for the next PDU for {} us before it sleeps ([fabric] busy_poll_us; costs CPU time after every read)", budget.as_micros());
+        info!("busy polling: a connection looks for the next PDU for {} us before it sleeps, or naps between batches of several PDUs ([fabric] busy_poll_us; costs CPU time after every read)", budget.as_micros());
     }
     match fabric.settings.connection_threads {
         0 => info!("connections share the runtime's workers ([fabric] connection_threads = 0)"),

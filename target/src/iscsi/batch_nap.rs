@@ -8,9 +8,10 @@
 //! hypervisor), whether it brings one command or ten. Through qemu-nbd,
 //! whose one thread is the pace at 4 KiB and QD32, socket reads brought 1.6-1.9
 //! PDUs, and those per-wake-up costs were most of the target's 28 us of CPU
-//! per WRITE on the 2-vCPU AMD VM of interop/results/bench-vs-tgtd.md. A
-//! nap of [`NAP`] took that to 22-24 us, and qemu-nbd, woken less often with
-//! more answers at a time, kept or raised its pace.
+//! per WRITE on the 2-vCPU AMD VM of interop/results/bench-vs-tgtd.md. In
+//! alternating runs a nap of [`NAP`] on every wait took that from 27-33 us
+//! to 21-26 us, and qemu-nbd, woken less often with more answers at a time,
+//! kept or raised its pace.
 //!
 //! The price is latency: a command that comes during the nap waits for its
 //! end. An initiator that keeps few commands in flight waits for each answer,

@@ -22,7 +22,8 @@
 //!   and the connection has work without a wake-up per command; a spin
 //!   between batches then kept the target's CPU busy, the scheduler packed
 //!   the client onto the other CPU, and 4 KiB QD32 lost about a third of
-//!   its IOPS on the 2-vCPU VM (interop/results/bench-vs-tgtd.md).
+//!   its IOPS on the 2-vCPU VM (interop/results/bench-vs-tgtd.md). Such a
+//!   connection may nap instead (`super::batch_nap`).
 //! - Only while the initiator has seen every response: the ExpStatSN of the
 //!   last PDU it sent acknowledges all StatSNs but the one the writer gave
 //!   last (RFC 7143 §4.2.2.2). An initiator that is behind has responses
