@@ -29,9 +29,9 @@
 //! saves something (see `connection::full_feature`): on a connection thread
 //! with CPU to spare (where the target sets the pace a nap only slows it:
 //! iscsi-perf at QD32 lost 29 % of its IOPS to untested 60 us naps after
-//! every read of 3 PDUs or more), while
-//! no other connection is awake (the nap holds the thread), and while reads
-//! bring more than one PDU on average (1.125 or more, see
+//! every read of 3 PDUs or more), while no other connection is awake (the
+//! nap holds the thread), and while reads bring more than one PDU on
+//! average (1.125 or more, see
 //! `BusyPoll::reads_bring_several`; at QD1 busy polling is the answer).
 
 use std::time::{Duration, Instant};
