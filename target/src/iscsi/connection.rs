@@ -369,8 +369,9 @@ async fn full_feature<R: AsyncRead + Unpin>(
             }
             continue;
         }
+        let waits_at = std::time::Instant::now();
         if let Some(early) = &mut early_responses {
-            early.at_wait(std::time::Instant::now(), this_thread_cpu);
+            early.at_wait(waits_at, this_thread_cpu);
         }
         if let Some(poll) = &mut busy_poll {
             let pdus = std::mem::take(&mut pdus_this_read);
@@ -380,7 +381,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
                 let allowed = early_responses.as_ref().is_some_and(EarlyResponses::spare)
                     && poll.reads_bring_several()
                     && poll.alone_awake();
-                if let Some(length) = nap.at_wait(std::time::Instant::now(), allowed) {
+                if let Some(length) = nap.at_wait(waits_at, allowed) {
                     // The answers leave first; the nap holds the thread,
                     // which no other connection needs now (see batch_nap).
                     tokio::task::yield_now().await;
