@@ -19,8 +19,11 @@
 #     --qd commands in flight, WRITE(16)/READ(16). It is used for reads AND writes so that
 #     both directions go through the same client. iscsi-perf cannot write, and Debian's fio
 #     has no libiscsi engine. At 4 KiB / qd 32 the Python client itself costs roughly a
-#     core, so those numbers are bounded by the client on this 2-core machine; the target's
-#     CPU time per I/O is still measured exactly.
+#     core, so those numbers are bounded by the client on this 2-core machine (its loop does
+#     the least Python it can per command, and most of what it costs is then the kernel's:
+#     libiscsi's two sends per WRITE: section "A leaner Python client" of
+#     interop/results/bench-vs-tgtd.md); the target's CPU time per I/O is still measured
+#     exactly.
 #   - iscsi-perf (C, libiscsi's own READ benchmark): random/sequential reads, as a
 #     cross-check with a cheaper client.
 # and blockwire's own initiator, `blockwire bench` (release build of the CLI, built if
