@@ -236,11 +236,10 @@ def bulk_mode(lib, ctx, a, err):
     monotonic = time.monotonic
     deadline = monotonic() + a.seconds if a.bench else None
     lun = a.lun
-    # The per-command call skips ctypes' argtypes: converting 15 declared arguments costs more
+    # The per-command call declares no argtypes: converting 15 declared arguments costs more
     # than the call itself. So every argument that is not a C int goes in already typed: the
     # context and each slot's private value as void pointers, the LBA as a 64-bit integer.
-    raw = ctypes.CDLL("libiscsi.so.7")
-    queue_task = raw.iscsi_write16_iov_task if kind == "write" else raw.iscsi_read16_iov_task
+    queue_task = lib.iscsi_write16_iov_task if kind == "write" else lib.iscsi_read16_iov_task
     queue_task.restype = vp
     ctx_arg = vp(ctx)
     slot_args = [vp(s + 1) for s in range(qd)]
