@@ -3,7 +3,8 @@
 //! machine before either end parses a header.
 //!
 //! ```text
-//! loopback_pair [--file FILE [--mapped] | --hot] [--buffers N] [--read-max BYTES] [--secs S]
+//! loopback_pair [--file FILE [--mapped [--pdus N [--pdu-sends]]] | --hot] [--buffers N]
+//!               [--read-max BYTES] [--secs S]
 //! ```
 //!
 //! The sender (a thread) either `sendfile(2)`s FILE, 1 MiB per call, passes
@@ -14,7 +15,12 @@
 //! (the main thread) reads into N buffers of 1 MiB taken in turn, each filled
 //! by `read` calls into what is left of it (at most `--read-max` bytes each,
 //! default all of it) before the next: the way a client with N 1 MiB READs in
-//! flight places their data. `--buffers 1` is a
+//! flight places their data. With `--pdus N` (and `--mapped`) each 1 MiB
+//! leaves as N PDUs of 1/N MiB, each behind a 48-byte header, as Data-In
+//! PDUs of one READ do: all N in one `sendmsg` (as blockwire sends the
+//! Data-In PDUs of a READ queued together), or one `sendmsg` each with
+//! `--pdu-sends`; the receiver then reads each header, then its payload into
+//! the buffer, as an initiator does. `--buffers 1` is a
 //! receiver that keeps one buffer in the CPU caches (iperf3's receiver
 //! reads into one buffer of its length too).
 //!
@@ -25,7 +31,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 
-use blockwire_target::iscsi::file_map::FileMap;
+use blockwire_target::iscsi::file_map::{FileMap, MappedPart, MAX_PARTS};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -37,8 +43,20 @@ fn fail(why: &str) -> ! {
     std::process::exit(1)
 }
 
-const SYNOPSIS: &str =
-    "loopback_pair [--file FILE [--mapped] | --hot] [--buffers N] [--read-max BYTES] [--secs S]";
+const SYNOPSIS: &str = "loopback_pair [--file FILE [--mapped [--pdus N [--pdu-sends]]] | --hot] \
+     [--buffers N] [--read-max BYTES] [--secs S]";
+
+/// The length of a Basic Header Segment, which `--pdus` puts before each
+/// PDU's payload.
+const HEAD: usize = 48;
+
+/// How `--pdus` splits each 1 MiB: PDUs per MiB, and whether each has a
+/// send of its own.
+#[derive(Clone, Copy)]
+struct Pdus {
+    per_mib: usize,
+    separate: bool,
+}
 
 fn usage(why: &str) -> ! {
     eprintln!("loopback_pair: {why}");
@@ -52,7 +70,12 @@ enum Source {
     Hot,
 }
 
-fn send(mut sock: TcpStream, source: Source, secs: f64) -> std::io::Result<u64> {
+fn send(
+    mut sock: TcpStream,
+    source: Source,
+    pdus: Option<Pdus>,
+    secs: f64,
+) -> std::io::Result<u64> {
     let end = Instant::now() + Duration::from_secs_f64(secs);
     let mut sent = 0u64;
     let hot = vec![0x5au8; MIB];
@@ -68,6 +91,33 @@ fn send(mut sock: TcpStream, source: Source, secs: f64) -> std::io::Result<u64> 
                 }
                 off = (off + n as u64) % size;
                 sent += n as u64;
+            }
+            Source::Mapped(map, size) if pdus.is_some() => {
+                // size is a whole number of MiB, so each pass sends 1 MiB.
+                let Pdus { per_mib, separate } = pdus.expect("matched");
+                let piece = MIB / per_mib;
+                let head = [0x48u8; HEAD];
+                let parts: Vec<MappedPart<'_>> = (0..per_mib)
+                    .map(|i| MappedPart {
+                        head: &head,
+                        offset: off + (i * piece) as u64,
+                        len: piece,
+                    })
+                    .collect();
+                let groups: Vec<&[MappedPart<'_>]> = if separate {
+                    parts.chunks(1).collect()
+                } else {
+                    vec![&parts[..]]
+                };
+                for group in groups {
+                    let total: usize = group.iter().map(|p| p.head.len() + p.len).sum();
+                    let mut done = 0;
+                    while done < total {
+                        done += map.send_parts(sock.as_raw_fd(), group, done)?;
+                    }
+                }
+                off = (off + MIB as u64) % size;
+                sent += MIB as u64;
             }
             Source::Mapped(map, size) => {
                 let want = (MIB as u64).min(size - off) as usize;
@@ -92,6 +142,7 @@ fn main() {
     let (mut file, mut hot, mut buffers, mut secs) = (None, false, 8usize, 5.0f64);
     let mut mapped = false;
     let mut read_max = MIB;
+    let (mut per_mib, mut separate) = (0usize, false);
     while let Some(a) = args.next() {
         let mut value = |name: &str| {
             args.next()
@@ -101,6 +152,16 @@ fn main() {
             "--file" => file = Some(value("--file")),
             "--hot" => hot = true,
             "--mapped" => mapped = true,
+            "--pdus" => {
+                per_mib = value("--pdus")
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_PARTS).contains(n) && MIB % n == 0)
+                    .unwrap_or_else(|| {
+                        usage(&format!("--pdus takes 1, 2, 4 or 8 (at most {MAX_PARTS})"))
+                    })
+            }
+            "--pdu-sends" => separate = true,
             "--buffers" => {
                 buffers = value("--buffers")
                     .parse()
@@ -128,7 +189,8 @@ fn main() {
                      The loopback rate (MB/s) of a bare sender (sendfile of FILE, copying sends\n\
                      from FILE's mapping with --mapped, or one hot 1 MiB buffer written again and\n\
                      again) and a receiver reading into N 1 MiB buffers\n\
-                     in turn (default 8), for S seconds (default 5)."
+                     in turn (default 8), for S seconds (default 5). --pdus N sends each 1 MiB\n\
+                     as N PDUs behind 48-byte headers, in one sendmsg (--pdu-sends: one each)."
                 );
                 std::process::exit(0)
             }
@@ -138,6 +200,13 @@ fn main() {
     if mapped && file.is_none() {
         usage("--mapped goes with --file FILE");
     }
+    if (per_mib > 0 || separate) && !mapped {
+        usage("--pdus and --pdu-sends go with --mapped");
+    }
+    if separate && per_mib == 0 {
+        usage("--pdu-sends goes with --pdus N");
+    }
+    let pdus = (per_mib > 0).then_some(Pdus { per_mib, separate });
     let source = match (file, hot) {
         (Some(_), true) | (None, false) => usage("give one of --file FILE and --hot"),
         (None, true) => Source::Hot,
@@ -162,15 +231,25 @@ fn main() {
     let addr = listener.local_addr().expect("bound address");
     let sender = std::thread::spawn(move || {
         let sock = TcpStream::connect(addr)?;
-        send(sock, source, secs)
+        send(sock, source, pdus, secs)
     });
     let (mut conn, _) = listener.accept().expect("accept the sender");
     // Touched once, so no page is faulted in while timing.
     let mut bufs: Vec<Vec<u8>> = (0..buffers).map(|_| vec![1u8; MIB]).collect();
     let (mut which, mut at, mut total) = (0usize, 0usize, 0u64);
+    let piece = pdus.map_or(MIB, |p| MIB / p.per_mib);
+    let mut head = [0u8; HEAD];
     let start = Instant::now();
     loop {
-        let upto = MIB.min(at + read_max);
+        if pdus.is_some() && at % piece == 0 {
+            // Each PDU's header before its payload, as an initiator reads.
+            match conn.read_exact(&mut head) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => fail(&format!("receive failed: {e}")),
+            }
+        }
+        let upto = (at - at % piece + piece).min(at + read_max);
         let n = match conn.read(&mut bufs[which][at..upto]) {
             Ok(0) => break,
             Ok(n) => n,

@@ -21,7 +21,10 @@ use tracing::{debug, info, warn};
 use super::batch_nap::BatchNap;
 use super::busy_poll::{BusyPoll, NextStatSn};
 use super::early_responses::{this_thread_cpu, EarlyResponses};
-use super::io::{advances_stat_sn, exp_stat_sn, stamp, PduReader, PduWriter, ReadError};
+use super::file_map::MAX_PARTS;
+use super::io::{
+    advances_stat_sn, exp_stat_sn, stamp, FilePayload, PduReader, PduWriter, ReadError,
+};
 use super::launch::Launcher;
 use super::login::LoginOutcome;
 use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
@@ -568,6 +571,9 @@ async fn write_loop(
             break;
         };
         let mut next = Some(first);
+        // An item taken from the queue while gathering Data-In PDUs that
+        // could not join them; it is sent next.
+        let mut held = None;
         // Drain what is queued before flushing, so small PDUs share writes.
         while let Some(item) = next.take() {
             match item {
@@ -588,7 +594,28 @@ async fn write_loop(
                     len,
                 } => {
                     number(&mut bhs, &stat_sn, &shared);
-                    if let Err(e) = writer.push_file(&bhs, &lun, offset, len).await {
+                    let mut pdus = vec![FilePayload { bhs, offset, len }];
+                    // The Data-In PDUs of the same LUN queued behind this one
+                    // (the rest of a large READ) may leave in one send.
+                    while pdus.len() < MAX_PARTS {
+                        match rx.try_recv() {
+                            Ok(Outgoing::FileData {
+                                mut bhs,
+                                lun: other,
+                                offset,
+                                len,
+                            }) if Arc::ptr_eq(&other, &lun) => {
+                                number(&mut bhs, &stat_sn, &shared);
+                                pdus.push(FilePayload { bhs, offset, len });
+                            }
+                            Ok(other) => {
+                                held = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(e) = writer.push_files(&lun, &pdus).await {
                         if e.kind() == std::io::ErrorKind::UnexpectedEof {
                             // The header left already: the PDU cannot be
                             // completed or taken back.
@@ -601,7 +628,7 @@ async fn write_loop(
                     }
                 }
             }
-            next = rx.try_recv().ok();
+            next = held.take().or_else(|| rx.try_recv().ok());
         }
         if writer.flush().await.is_err() {
             return;

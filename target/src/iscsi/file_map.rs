@@ -136,40 +136,66 @@ impl FileMap {
         len: usize,
         done: usize,
     ) -> io::Result<usize> {
-        let start = usize::try_from(offset).expect("offset within the mapping");
-        assert!(
-            start.checked_add(len).is_some_and(|end| end <= self.len),
-            "payload outside the mapping"
-        );
+        self.send_parts(fd, &[MappedPart { head, offset, len }], done)
+    }
+
+    /// One `sendmsg` on `fd` of the unsent rest, after `done` bytes, of
+    /// `parts` one after the other, each its head and then its mapped range:
+    /// several PDUs in one call, so that TCP fills its segments across them
+    /// (see [`MAX_PARTS`]). As [`FileMap::send`] otherwise; panics if a
+    /// range is outside the mapping or there are more than [`MAX_PARTS`].
+    pub fn send_parts(
+        &self,
+        fd: RawFd,
+        parts: &[MappedPart<'_>],
+        done: usize,
+    ) -> io::Result<usize> {
+        assert!(parts.len() <= MAX_PARTS, "at most {MAX_PARTS} parts a send");
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
-        }; 2];
+        }; 2 * MAX_PARTS];
         let mut n = 0;
-        if done < head.len() {
-            iov[n] = libc::iovec {
-                iov_base: head[done..].as_ptr() as *mut libc::c_void,
-                iov_len: head.len() - done,
-            };
-            n += 1;
-        }
-        let skip = done.saturating_sub(head.len());
-        if skip < len {
-            iov[n] = libc::iovec {
-                // SAFETY: start + skip < start + len <= self.len (asserted
-                // above), so the address stays inside the mapping.
-                iov_base: unsafe { self.base.as_ptr().add(start + skip) }.cast(),
-                iov_len: len - skip,
-            };
-            n += 1;
+        let mut skip = done;
+        for part in parts {
+            let start = usize::try_from(part.offset).expect("offset within the mapping");
+            assert!(
+                start
+                    .checked_add(part.len)
+                    .is_some_and(|end| end <= self.len),
+                "payload outside the mapping"
+            );
+            if skip < part.head.len() {
+                iov[n] = libc::iovec {
+                    iov_base: part.head[skip..].as_ptr() as *mut libc::c_void,
+                    iov_len: part.head.len() - skip,
+                };
+                n += 1;
+                skip = 0;
+            } else {
+                skip -= part.head.len();
+            }
+            if skip < part.len {
+                iov[n] = libc::iovec {
+                    // SAFETY: start + skip < start + len <= self.len
+                    // (asserted above), so the address stays inside the
+                    // mapping.
+                    iov_base: unsafe { self.base.as_ptr().add(start + skip) }.cast(),
+                    iov_len: part.len - skip,
+                };
+                n += 1;
+                skip = 0;
+            } else {
+                skip -= part.len;
+            }
         }
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: the msghdr points at `iov`, which outlives the call; its
-        // entries point into `head` (borrowed for the call) and into the
-        // mapping (alive while &self is); the kernel only reads them; no
-        // control data.
+        // SAFETY: the msghdr points at `iov`, which outlives the call, with
+        // `n` entries filled; they point into the heads (borrowed for the
+        // call) and into the mapping (alive while &self is); the kernel
+        // only reads them; no control data.
         let r = unsafe {
             let mut msg: libc::msghdr = std::mem::zeroed();
             msg.msg_iov = iov.as_mut_ptr();
@@ -182,6 +208,18 @@ impl FileMap {
             Ok(r as usize)
         }
     }
+}
+
+/// Most PDUs that [`FileMap::send_parts`] sends in one call.
+pub const MAX_PARTS: usize = 8;
+
+/// One PDU for [`FileMap::send_parts`]: its header (and anything else that
+/// precedes its payload), then `len` bytes of the mapping at `offset`.
+#[derive(Debug, Clone, Copy)]
+pub struct MappedPart<'a> {
+    pub head: &'a [u8],
+    pub offset: u64,
+    pub len: usize,
 }
 
 impl Drop for FileMap {

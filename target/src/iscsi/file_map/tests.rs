@@ -122,3 +122,80 @@ fn an_empty_file_has_no_mapping() {
     std::fs::write(&path, b"").unwrap();
     assert!(FileMap::new(&File::open(&path).unwrap()).unwrap().is_none());
 }
+
+#[test]
+fn sends_several_pdus_in_order_across_partial_sends() {
+    let dir = scratch_dir();
+    let data = pattern(4 << 20);
+    let (_path, _file, map) = mapped(&dir, &data);
+    // Four PDUs of a READ, out of file order on purpose, one with no
+    // header, through a socket pair's small buffer: partial sends stop
+    // inside heads and inside payloads alike.
+    let heads: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i + 1; 48]).collect();
+    let ranges = [
+        (1 << 20, 256 << 10),
+        (0, 300_000),
+        (3 << 20, 4),
+        (4096, 512 << 10),
+    ];
+    let parts: Vec<MappedPart<'_>> = ranges
+        .iter()
+        .zip(&heads)
+        .enumerate()
+        .map(|(i, (&(offset, len), head))| MappedPart {
+            head: if i == 2 { &[] } else { head },
+            offset,
+            len,
+        })
+        .collect();
+    let mut want = Vec::new();
+    for p in &parts {
+        want.extend_from_slice(p.head);
+        want.extend_from_slice(&data[p.offset as usize..p.offset as usize + p.len]);
+    }
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let total = want.len();
+    let reader = std::thread::spawn(move || {
+        let mut got = vec![0u8; total];
+        b.read_exact(&mut got).map(|_| got)
+    });
+    // Non-blocking, as the target's sockets are: a call sends what fits.
+    a.set_nonblocking(true).unwrap();
+    let (mut done, mut calls) = (0, 0);
+    while done < total {
+        match map.send_parts(a.as_raw_fd(), &parts, done) {
+            Ok(n) => {
+                done += n;
+                calls += 1;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(e) => panic!("send_parts: {e}"),
+        }
+    }
+    assert_eq!(done, total, "no byte sent twice");
+    assert!(
+        calls > 1,
+        "the socket pair's buffer should have split the send"
+    );
+    let got = reader.join().unwrap().unwrap();
+    assert!(
+        got == want,
+        "bytes differ from the heads and ranges in order"
+    );
+}
+
+#[test]
+#[should_panic(expected = "payload outside the mapping")]
+fn a_part_past_the_mapping_is_refused() {
+    let dir = scratch_dir();
+    let (_path, _file, map) = mapped(&dir, &pattern(8192));
+    let part = MappedPart {
+        head: &[],
+        offset: 4096,
+        len: 8192,
+    };
+    let (a, _b) = UnixStream::pair().unwrap();
+    let _ = map.send_parts(a.as_raw_fd(), &[part], 0);
+}
