@@ -158,7 +158,7 @@ fn main() {
                     .ok()
                     .filter(|n| (1..=MAX_PARTS).contains(n) && MIB % n == 0)
                     .unwrap_or_else(|| {
-                        usage(&format!("--pdus takes 1, 2, 4 or 8 (at most {MAX_PARTS})"))
+                        usage(&format!("--pdus takes a power of two up to {MAX_PARTS}"))
                     })
             }
             "--pdu-sends" => separate = true,
