@@ -46,7 +46,7 @@ metrics_port=$(free_port)
     printf '[[target.lun]]\nid = 0\nbackstore = "file"\npath = "%s"\nsize = "1G"\n\n' "$tmp/lun0.img"
     printf '[metrics]\nlisten = "127.0.0.1:%s"\n' "$metrics_port"
 } >"$tmp/file.toml"
-# after_read_CONFIG PORT — run, if defined, after the read-back, before the daemon stops.
+# after_read_CONFIG — run, if defined, after the read-back, before the daemon stops.
 after_read_file() {
     local sent
     sent=$(python3 -c 'import sys, urllib.request
@@ -73,7 +73,7 @@ round() {
         --xfer 1048576 --qd 8 --initiator "iqn.2026-11.io.blockwire:integrity-$name" "$@")
     timeout 120 "${rw[@]}" --write-from "$tmp/pattern" || rc=$?
     [ $rc = 0 ] && { timeout 120 "${rw[@]}" --read-to "$tmp/readback" --length $((MIB << 20)) || rc=$?; }
-    if [ $rc = 0 ] && declare -F "after_read_$config" >/dev/null; then "after_read_$config" "$port" || rc=$?; fi
+    if [ $rc = 0 ] && declare -F "after_read_$config" >/dev/null; then "after_read_$config" || rc=$?; fi
     stop_blockwire "$pid" 2>/dev/null || true
     pid=""
     if [ $rc != 0 ]; then
