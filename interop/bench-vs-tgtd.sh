@@ -571,13 +571,8 @@ with open(wpath, "w") as w, open(rpath, "w") as rd:
 PY
 # blockwire's READ payload copy counter (see the header), bytes
 bw_copies() {
-    python3 -c 'import sys, urllib.request
-total = 0.0
-for line in urllib.request.urlopen(sys.argv[1], timeout=10).read().decode().splitlines():
-    if line.startswith("blockwire_read_path_copy_bytes_total{") and any(
-            f"kind=\"{k}\"" in line for k in ("user_copied", "read_to_user", "sent_from_user", "zc_copied")):
-        total += float(line.rsplit(" ", 1)[1])
-print(f"{total:.0f}")' "http://127.0.0.1:$metrics_port/metrics"
+    blockwire_metric_sum "$metrics_port" blockwire_read_path_copy_bytes_total \
+        'kind="user_copied"' 'kind="read_to_user"' 'kind="sent_from_user"' 'kind="zc_copied"'
 }
 io_bytes() { awk '/^rchar|^wchar/ { s += $2 } END { printf "%.0f\n", s }' "/proc/$1/io"; }
 now() { date +%s.%N; }

@@ -49,11 +49,8 @@ metrics_port=$(free_port)
 # after_read_CONFIG — run, if defined, after the read-back, before the daemon stops.
 after_read_file() {
     local sent
-    sent=$(python3 -c 'import sys, urllib.request
-text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
-key = "blockwire_read_path_copy_bytes_total{path=\"sendfile\",kind=\"sent_from_user\"} "
-print(sum(int(float(l[len(key):])) for l in text.splitlines() if l.startswith(key)))' \
-        "http://127.0.0.1:$metrics_port/metrics")
+    sent=$(blockwire_metric_sum "$metrics_port" blockwire_read_path_copy_bytes_total \
+        'path="sendfile",kind="sent_from_user"')
     echo "    file LUN: $sent payload bytes left by copying sends from the file's mapping"
     [ "$sent" -ge $((MIB << 20)) ] || {
         echo "    expected the read-back ($((MIB << 20)) bytes) by copying sends from the mapping"

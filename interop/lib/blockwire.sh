@@ -18,6 +18,13 @@
 #                                      the exit code on stderr, then SIGKILL. Returns the
 #                                      daemon's exit code (0 = clean shutdown; 137 when it
 #                                      had to be killed; 0 when it was already gone).
+#   blockwire_metric_sum PORT METRIC [SELECTOR...]
+#                                      the sum of METRIC's samples on the daemon's metrics
+#                                      endpoint 127.0.0.1:PORT (its [metrics] listen), as an
+#                                      integer. A SELECTOR is labels a sample must all carry,
+#                                      comma-separated ('path="sendfile",kind="sent_from_user"');
+#                                      a sample counts when it matches any SELECTOR (none
+#                                      given: every sample of METRIC).
 #
 # Usage:
 #   pid=$(start_blockwire "$port" "$tmp" "$tmp/target.toml")
@@ -147,3 +154,35 @@ blockwire_config_file() {
 # The two initiator names iscsi-test-cu logs in with (the reservation tests use both).
 LIBISCSI_TEST_INITIATOR=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test
 LIBISCSI_TEST_INITIATOR2=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2
+
+# blockwire_metric_sum PORT METRIC [SELECTOR...] — see the header. Labels are compared as
+# parsed pairs, so their order in the exposition does not matter.
+blockwire_metric_sum() {
+    local port=$1 metric=$2
+    shift 2
+    python3 - "http://127.0.0.1:$port/metrics" "$metric" "$@" <<'PY'
+import re, sys, urllib.request
+
+PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+url, metric, selectors = sys.argv[1], sys.argv[2], sys.argv[3:]
+wanted = [set(PAIR.findall(s)) for s in selectors]
+for given, parsed in zip(selectors, wanted):
+    if not parsed:
+        sys.exit(f"blockwire_metric_sum: selector {given!r} has no label=\"value\" pair")
+total = 0.0
+for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+    if line.startswith("#"):
+        continue
+    name, _, rest = line.partition("{")
+    if name == metric:
+        labels, _, value = rest.partition("} ")
+    elif line.startswith(metric + " "):
+        labels, value = "", line[len(metric) + 1:]
+    else:
+        continue
+    have = set(PAIR.findall(labels))
+    if not wanted or any(w <= have for w in wanted):
+        total += float(value.split()[0])
+print(f"{total:.0f}")
+PY
+}
