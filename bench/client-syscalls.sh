@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# bench/client-syscalls.sh — what a one-threaded client does per 4 KiB I/O against blockwire and
+# against tgtd: its system calls per I/O by kind and its CPU time per I/O, at queue depth QD
+# (default 32). A client on one thread that is busy all the time sets the pace itself, and no
+# target takes it further unless the client's own work per I/O gets cheaper; this shows how much
+# of that work depends on the target at all.
+#
+# Clients (each against each target's 1 GiB file LUN in /dev/shm, filled with random data first):
+#   - fio+qemu-nbd: fio's nbd engine driving a qemu-nbd that exports the LUN through QEMU's iscsi
+#     driver (libiscsi), as in interop/bench-vs-tgtd.sh; the counts are qemu-nbd's, the busiest
+#     link of that chain (its I/Os: fio's completed count).
+#   - libiscsi_rw.py: libiscsi's async API from Python (interop/libiscsi_rw.py); the counts are the
+#     whole process's, its login included.
+# Each workload runs twice per target, SECS (default 5) each, the targets alternating: once plain
+# (IOPS and the client's CPU per I/O, from /proc/PID/stat), once under `perf stat` counting the
+# client's system-call tracepoints (perf's own cost is in that run's rate, so it is not printed).
+# Env: SECS, QD, BLOCKWIRE_BIN (another blockwire-target binary). Needs perf (linux-perf), fio,
+# qemu-nbd (qemu-utils, qemu-block-extra), tgtd and libiscsi's Python binding as the interop
+# scripts do; run as root (tracepoints).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+interop=$(cd "$here/../interop" && pwd)
+. "$interop/lib/blockwire.sh"
+
+SECS=${SECS:-5}
+QD=${QD:-32}
+SIZE_MIB=1024
+IQN_BW=iqn.2026-11.io.blockwire:client-syscalls
+IQN_TGT=iqn.2026-11.io.tgtd:client-syscalls
+# The system calls the clients make in their I/O loops (qemu-nbd: ppoll, eventfd write/read,
+# NBD recvmsg/sendmsg, libiscsi's send/recv/readv; Python: poll, send, recv).
+KINDS=(ppoll poll write read recvfrom recvmsg sendto sendmsg readv writev)
+
+for tool in perf fio qemu-nbd tgtd python3; do
+    command -v "$tool" >/dev/null || { echo "client-syscalls.sh: $tool is missing" >&2; exit 1; }
+done
+tmp=$(mktemp -d /dev/shm/bw-client-syscalls.XXXXXX)
+bw_pid="" tgt_pid="" tgt_port="" nbd_pids=()
+cleanup() {
+    local p
+    for p in "${nbd_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${nbd_pids[@]}"; do
+        timeout 5 tail --pid="$p" -f /dev/null 2>/dev/null || kill -9 "$p" 2>/dev/null || true
+    done
+    if [ -n "$bw_pid" ]; then stop_blockwire "$bw_pid" 2>/dev/null || true; fi
+    stop_tgtd "$tgt_port" "$tgt_pid"
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Random contents: holes in a tmpfs file would read for free.
+head -c 64M /dev/urandom >"$tmp/rand"
+for f in blockwire-lun tgtd-lun; do
+    for ((i = 0; i < SIZE_MIB; i += 64)); do cat "$tmp/rand"; done >"$tmp/$f.img"
+done
+rm -f "$tmp/rand"
+
+bin=$(blockwire_bin)
+bw_port=$(free_port)
+cat >"$tmp/target.toml" <<EOT
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+[[target]]
+name = "$IQN_BW"
+[[target.lun]]
+id = 0
+backstore = "file"
+path = "$tmp/blockwire-lun.img"
+size = "${SIZE_MIB}M"
+EOT
+bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/target.toml")
+tgt_port=$(free_port)
+tgt_pid=$(start_tgtd "$tgt_port" "$tmp")
+tgtd_new_target "$tgt_port" 1 "$IQN_TGT"
+tgtd_add_lun "$tgt_port" 1 1 "$tmp/tgtd-lun.img" "$SIZE_MIB"
+declare -A T=([blockwire]="127.0.0.1:$bw_port $IQN_BW 0" [tgtd]="127.0.0.1:$tgt_port $IQN_TGT 1")
+
+declare -A NBD NBD_PID
+for t in blockwire tgtd; do
+    read -r portal iqn lun <<<"${T[$t]}"
+    NBD[$t]=$tmp/nbd-$t.sock
+    qemu-nbd -f raw --cache=none -t -e 4 -k "${NBD[$t]}" "iscsi://$portal/$iqn/$lun" \
+        >"$tmp/qemu-nbd-$t.log" 2>&1 &
+    nbd_pids+=($!)
+    NBD_PID[$t]=$!
+    for _ in $(seq 100); do [ -S "${NBD[$t]}" ] && break; sleep 0.1; done
+    [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
+done
+
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+events=raw_syscalls:sys_enter
+for k in "${KINDS[@]}"; do events+=",syscalls:sys_enter_$k"; done
+
+# fio_ios JSON DIR — fio's completed I/O count and its run time in seconds
+fio_ios() {
+    python3 -c 'import json, sys
+s = open(sys.argv[1]).read()
+d = json.loads(s[s.index("{"):])["jobs"][0][sys.argv[2]]
+print(d["total_ios"], d["runtime"] / 1000)' "$1" "$2"
+}
+
+# measure TARGET CLIENT WORKLOAD COUNTED — one SECS run; COUNTED=1: under perf stat, whose counts
+# go to $tmp/perf.txt. Prints "ios client_ticks".
+measure() {
+    local t=$1 client=$2 w=$3 counted=$4 portal iqn lun ios secs k0 k1 perf_pid=""
+    read -r portal iqn lun <<<"${T[$t]}"
+    rm -f "$tmp/perf.txt"
+    if [ "$client" = fio+qemu-nbd ]; then
+        local nbd=${NBD_PID[$t]} dir=read
+        [[ $w == *write ]] && dir=write
+        if [ "$counted" = 1 ]; then
+            perf stat -x, -o "$tmp/perf.txt" -e "$events" -p "$nbd" >/dev/null 2>&1 &
+            perf_pid=$!
+            sleep 0.5
+        fi
+        k0=$(ticks "$nbd")
+        timeout $((SECS + 60)) fio --name=c --ioengine=nbd --uri="nbd+unix:///?socket=${NBD[$t]}" \
+            --rw="$w" --bs=4k --iodepth="$QD" --size="${SIZE_MIB}M" --time_based --runtime="$SECS" \
+            --norandommap --randrepeat=0 --output-format=json >"$tmp/fio.json" 2>/dev/null
+        k1=$(ticks "$nbd")
+        if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
+        read -r ios secs < <(fio_ios "$tmp/fio.json" "$dir")
+    else
+        local -a py=(python3 "$interop/libiscsi_rw.py" "$portal" "$iqn" "$lun" --bench "$w"
+            --xfer 4096 --qd "$QD" --seconds "$SECS" --span $((SIZE_MIB << 20)))
+        local out st
+        read -r -a st <"/proc/$BASHPID/stat"
+        k0=$((st[15] + st[16]))
+        if [ "$counted" = 1 ]; then
+            out=$(timeout $((SECS + 60)) perf stat -x, -o "$tmp/perf.txt" -e "$events" -- "${py[@]}")
+        else
+            out=$(timeout $((SECS + 60)) "${py[@]}")
+        fi
+        read -r -a st <"/proc/$BASHPID/stat"
+        k1=$((st[15] + st[16]))
+        ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
+        secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$out")
+    fi
+    echo "${ios:-0} ${secs:-0} $((k1 - k0))"
+}
+
+# count KIND — the counted run's system calls of KIND ("" for all)
+count() {
+    local ev=raw_syscalls:sys_enter
+    [ -n "$1" ] && ev=syscalls:sys_enter_$1
+    awk -F, -v ev="$ev" '$3 == ev { print ($1 ~ /^[0-9]+$/) ? $1 : 0 }' "$tmp/perf.txt"
+}
+
+echo "machine: $(nproc) CPUs, $(uname -r); blockwire $(git -C "$here/.." rev-parse --short HEAD) ($bin), tgtd $(tgtd -V 2>/dev/null | head -n 1 || true)"
+echo "4 KiB random I/O at QD $QD, $SECS s per run; us/io = the client's CPU (user + system) per I/O; calls/io = its system calls per I/O, all and by kind (a counted run)"
+printf '%-14s %-10s %-9s | %8s %7s | %9s' client workload target IOPS us/io calls/io
+for k in "${KINDS[@]}"; do printf ' %8s' "$k"; done
+echo
+for client in fio+qemu-nbd libiscsi_rw.py; do
+    for w in randread randwrite; do
+        for t in blockwire tgtd; do
+            read -r ios secs ticks_used < <(measure "$t" "$client" "$w" 0)
+            read -r cios _ _ < <(measure "$t" "$client" "$w" 1)
+            if [ -z "$ios" ] || [ "$ios" = 0 ] || [ -z "$cios" ] || [ "$cios" = 0 ]; then
+                echo "client-syscalls.sh: $client $w against $t completed no I/O" >&2
+                exit 1
+            fi
+            {
+                echo "$ios $secs $ticks_used $HZ $cios $(count '')"
+                for k in "${KINDS[@]}"; do echo "$(count "$k")"; done
+            } | awk -v row="$(printf '%-14s %-10s %-9s' "$client" "$w" "$t")" '
+                NR == 1 { printf "%s | %8.0f %7.2f | %9.2f", row, $1 / $2, $3 * 1e6 / $4 / $1, $6 / $5; cios = $5; next }
+                { printf " %8.2f", $1 / cios }
+                END { print "" }'
+        done
+    done
+done
