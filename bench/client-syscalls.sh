@@ -37,11 +37,7 @@ done
 tmp=$(mktemp -d /dev/shm/bw-client-syscalls.XXXXXX)
 bw_pid="" tgt_pid="" tgt_port="" nbd_pids=()
 cleanup() {
-    local p
-    for p in "${nbd_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${nbd_pids[@]}"; do
-        timeout 5 tail --pid="$p" -f /dev/null 2>/dev/null || kill -9 "$p" 2>/dev/null || true
-    done
+    stop_qemu_nbd "${nbd_pids[@]}"
     if [ -n "$bw_pid" ]; then stop_blockwire "$bw_pid" 2>/dev/null || true; fi
     stop_tgtd "$tgt_port" "$tgt_pid"
     rm -rf "$tmp"
@@ -80,12 +76,8 @@ declare -A NBD NBD_PID
 for t in blockwire tgtd; do
     read -r portal iqn lun <<<"${T[$t]}"
     NBD[$t]=$tmp/nbd-$t.sock
-    qemu-nbd -f raw --cache=none -t -e 4 -k "${NBD[$t]}" "iscsi://$portal/$iqn/$lun" \
-        >"$tmp/qemu-nbd-$t.log" 2>&1 &
-    nbd_pids+=($!)
-    NBD_PID[$t]=$!
-    for _ in $(seq 100); do [ -S "${NBD[$t]}" ] && break; sleep 0.1; done
-    [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
+    NBD_PID[$t]=$(start_qemu_nbd "${NBD[$t]}" "iscsi://$portal/$iqn/$lun" "$tmp/qemu-nbd-$t.log")
+    nbd_pids+=("${NBD_PID[$t]}")
 done
 
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }

@@ -139,12 +139,7 @@ tmp=$(mktemp -d /dev/shm/bw-bench.XXXXXX)
 bw_pid="" tgt_pid="" tgt_port=""
 nbd_pids=()
 cleanup() {
-    # qemu-nbd logs out of its target on the way out: let it, before the targets stop (a
-    # qemu-nbd whose target is gone keeps trying to reconnect instead of exiting).
-    for p in "${nbd_pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${nbd_pids[@]}"; do
-        timeout 5 tail --pid="$p" -f /dev/null 2>/dev/null || kill -9 "$p" 2>/dev/null || true
-    done
+    stop_qemu_nbd "${nbd_pids[@]}"
     if [ -n "$bw_pid" ]; then stop_blockwire "$bw_pid" 2>/dev/null || true; fi
     stop_tgtd "$tgt_port" "$tgt_pid"
     rm -rf "$tmp"
@@ -227,18 +222,13 @@ for t in blockwire tgtd; do
 done
 rm -f "$tmp/fill"
 
-# qemu-nbd per target: the LUN on a Unix socket for fio's nbd engine. cache=none: no
-# write-through emulation (no SYNCHRONIZE CACHE after each write).
+# qemu-nbd per target: the LUN on a Unix socket for fio's nbd engine.
 declare -A NBD NBD_PID
 for t in blockwire tgtd; do
     read -r portal iqn lun _ <<<"${T[$t]}"
     NBD[$t]=$tmp/nbd-$t.sock
-    qemu-nbd -f raw --cache=none -t -e 4 -k "${NBD[$t]}" "iscsi://$portal/$iqn/$lun" \
-        >"$tmp/qemu-nbd-$t.log" 2>&1 &
-    nbd_pids+=($!)
-    NBD_PID[$t]=$!
-    for _ in $(seq 100); do [ -S "${NBD[$t]}" ] && break; sleep 0.1; done
-    [ -S "${NBD[$t]}" ] || { cat "$tmp/qemu-nbd-$t.log" >&2; echo "qemu-nbd for $t did not start" >&2; exit 1; }
+    NBD_PID[$t]=$(start_qemu_nbd "${NBD[$t]}" "iscsi://$portal/$iqn/$lun" "$tmp/qemu-nbd-$t.log")
+    nbd_pids+=("${NBD_PID[$t]}")
 done
 
 # reaped_ticks — CPU time (user + system, ticks) of this shell's children that it has waited for,

@@ -20,6 +20,12 @@
 #                                      TID to discovery sessions; `out` = the target's own
 #                                      (mutual CHAP) account, `--outgoing` in tgtadm terms
 #   stop_pid PID                       SIGTERM, wait up to 2 s, then SIGKILL
+#   start_qemu_nbd SOCKET URL LOG      export the iSCSI LUN at URL (iscsi://HOST:PORT/IQN/LUN)
+#                                      on the Unix socket SOCKET through QEMU's iscsi driver
+#                                      (qemu-nbd, raw, cache=none), log to LOG, wait (<= 10 s)
+#                                      for the socket, print the PID
+#   stop_qemu_nbd PID...               SIGTERM each, wait up to 5 s each (qemu-nbd logs out of
+#                                      its target on the way out), then SIGKILL
 #   stop_tgtd PORT PID                 stop a tgtd from start_tgtd: SIGKILL (tgtd catches and
 #                                      ignores SIGTERM/SIGINT, and `tgtadm --op delete --mode
 #                                      system` refuses while targets exist), then remove its
@@ -141,6 +147,33 @@ _wait_gone() {
     timeout "$1" bash -c '
         while kill -0 "$1" 2>/dev/null && ! grep -q "^State:[[:space:]]*Z" "/proc/$1/status" 2>/dev/null
         do sleep 0.1; done' _ "$2"
+}
+
+# start_qemu_nbd SOCKET URL LOG — prints the PID. cache=none: no write-through emulation (no
+# SYNCHRONIZE CACHE after each write); -t: the export outlives each NBD client; -e 4: up to four
+# NBD clients at once.
+start_qemu_nbd() {
+    local sock=$1 url=$2 log=$3 pid
+    qemu-nbd -f raw --cache=none -t -e 4 -k "$sock" "$url" >"$log" 2>&1 </dev/null &
+    pid=$!
+    if ! timeout 10 bash -c 'until [ -S "$1" ]; do kill -0 "$2" 2>/dev/null || exit 1; sleep 0.1; done' \
+        _ "$sock" "$pid"; then
+        sed 's/^/    /' "$log" >&2
+        echo "start_qemu_nbd: qemu-nbd for $url did not create $sock" >&2
+        kill -9 "$pid" 2>/dev/null || true
+        return 1
+    fi
+    echo "$pid"
+}
+
+# stop_qemu_nbd PID... — stop qemu-nbds from start_qemu_nbd before the targets they use stop: a
+# qemu-nbd whose target is gone keeps trying to reconnect instead of exiting.
+stop_qemu_nbd() {
+    local pid
+    for pid in "$@"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "$@"; do
+        _wait_gone 5 "$pid" || kill -9 "$pid" 2>/dev/null || true
+    done
 }
 
 # stop_tgtd PORT PID
