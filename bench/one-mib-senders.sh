@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# bench/one-mib-senders.sh — where the sending thread's CPU goes when one TCP connection over
+# 127.0.0.1 carries 1 MiB writes, for the senders that interop/bench-vs-tgtd.sh sets its 1 MiB READ
+# rows against and for blockwire itself:
+#   iperf3        iperf3's client, `-l 1M`: one 1 MiB buffer sent again and again (it stays in
+#                 the CPU caches), the bench's loopback rate;
+#   pair hot      target/examples/loopback_pair --hot: the same, the receiver keeping 8 x 1 MiB
+#                 buffers in turn as a client with 8 READs in flight does;
+#   pair mapped   loopback_pair --file LUN --mapped: the 1 GiB LUN file sent by copying sends
+#                 from its mapping, as blockwire sends to an initiator on this host;
+#   blockwire     blockwire-target serving that file as a LUN to `blockwire bench`, 1 MiB
+#                 sequential READs at QD 8 (its connection thread).
+# Over loopback the sender's thread also runs TCP's receive side for the other end, so a sender
+# at a full CPU sets the rate. Each sender runs SECS (default 6) seconds; `perf record` samples
+# its process for the middle SECS - 3 seconds, and the thread with the most samples (the sender)
+# is reported: the rate, how busy that thread was, the share of its samples in the kernel's copy
+# from the sender's memory (`_copy_from_iter`), and its busiest kernel functions. A hot buffer is
+# copied from the CPU caches; the LUN's bytes, 1 GiB of them, are not in them. On a virtual
+# machine without a PMU perf samples on a timer, so time spent with interrupts off shows up at
+# the point they are enabled again (`_raw_spin_unlock_irqrestore`): read the shares as a
+# comparison between the senders, not as exact costs.
+# Env: SECS, BLOCKWIRE_BIN, BLOCKWIRE_CLI. Needs perf (linux-perf) and iperf3; run as root.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+. "$here/lib.sh"
+. "$repo/interop/lib/blockwire.sh"
+
+SECS=${SECS:-6}
+[ "$SECS" -ge 4 ] || { echo "one-mib-senders.sh: SECS must be at least 4" >&2; exit 1; }
+SIZE_MIB=1024
+# Samples a second (perf record -F): a thread busy all the time gets this many.
+HZ_SAMPLE=1000
+IQN=iqn.2026-11.io.blockwire:one-mib
+for tool in perf iperf3 python3; do
+    command -v "$tool" >/dev/null || { echo "one-mib-senders.sh: $tool is missing" >&2; exit 1; }
+done
+tmp=$(mktemp -d /dev/shm/bw-one-mib.XXXXXX)
+bw_pid="" srv=""
+cleanup() {
+    if [ -n "$srv" ]; then kill "$srv" 2>/dev/null || true; fi
+    if [ -n "$bw_pid" ]; then stop_blockwire "$bw_pid" 2>/dev/null || true; fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+bin=$(blockwire_bin)
+cli=$(blockwire_cli)
+(cd "$repo" && timeout 1800 cargo build -q --release -p blockwire-target --example loopback_pair) || {
+    echo "one-mib-senders.sh: building the loopback_pair example failed" >&2
+    exit 1
+}
+pair=${CARGO_TARGET_DIR:-$repo/build}/release/examples/loopback_pair
+wait_for_rustc
+fill_random 0
+
+# profile PID — samples PID's threads for SECS - 3 s after a second's start; prints how busy the
+# sender thread was (its samples over those of a thread busy all the time), its share in
+# _copy_from_iter and its five busiest functions.
+profile() {
+    sleep 1
+    perf record -q -F "$HZ_SAMPLE" -o "$tmp/perf.data" -p "$1" -- sleep $((SECS - 3)) >/dev/null 2>&1 || true
+    perf script -i "$tmp/perf.data" -F tid,ip,sym 2>/dev/null | python3 -c 'import collections, sys
+window = float(sys.argv[1])
+# One line a sample: thread, address, function (absent when perf cannot name it).
+by_tid = collections.defaultdict(collections.Counter)
+for line in sys.stdin:
+    f = line.split()
+    if len(f) >= 2:
+        by_tid[f[0]][f[2] if len(f) > 2 else "[unknown]"] += 1
+if not by_tid:
+    print("no samples")
+    sys.exit()
+counts = max(by_tid.values(), key=lambda c: sum(c.values()))
+total = sum(counts.values())
+top = ", ".join(f"{s} {100 * n / total:.1f}%" for s, n in counts.most_common(5))
+copy = counts["_copy_from_iter"]
+print(f"{100 * total / window:.0f}% of a CPU; copy {100 * copy / total:.1f}%; {top}")' $((HZ_SAMPLE * (SECS - 3)))
+}
+
+printf '%-12s | %9s | %s\n' sender "MB/s" "sender thread: busy; share of its samples in _copy_from_iter; busiest functions"
+
+# iperf3: the client is the sender.
+port=$(free_port)
+iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+srv=$!
+for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -l 1M -t "$SECS" -J >"$tmp/iperf3.json" 2>/dev/null &
+client=$!
+sleep 0.5
+prof=$(profile "$(pgrep -n -f "iperf3 -c 127.0.0.1 -p $port")")
+wait "$client" || true
+wait "$srv" 2>/dev/null || true
+srv=""
+rate=$(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))["end"]["sum_received"]
+rate = r["bytes"] / r["seconds"] / 1e6
+print(f"{rate:.1f}")' "$tmp/iperf3.json")
+printf '%-12s | %9s | %s\n' iperf3 "$rate" "$prof"
+
+# pair_row NAME ARGS... — loopback_pair with ARGS; prints its row.
+pair_row() {
+    local name=$1 out p
+    shift
+    timeout $((SECS + 60)) "$pair" "$@" --buffers 8 --secs "$SECS" >"$tmp/pair.out" &
+    p=$!
+    sleep 0.3
+    # (the pair itself, not the timeout(1) around it)
+    out=$(profile "$(pgrep -n -P "$p")")
+    wait "$p"
+    printf '%-12s | %9s | %s\n' "$name" "$(cat "$tmp/pair.out")" "$out"
+}
+pair_row "pair hot" --hot
+pair_row "pair mapped" --file "$tmp/l0.img" --mapped
+
+# blockwire: the LUN file served to blockwire bench.
+bw_port=$(free_port)
+cat >"$tmp/target.toml" <<EOT
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+[[target]]
+name = "$IQN"
+[[target.lun]]
+id = 0
+backstore = "file"
+path = "$tmp/l0.img"
+size = "${SIZE_MIB}M"
+EOT
+bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/target.toml")
+timeout $((SECS + 60)) "$cli" bench -p "127.0.0.1:$bw_port" -T "$IQN" -l 0 --pattern seq --op read \
+    --bs 1M --qd 8 --time "${SECS}s" >"$tmp/bench.out" 2>&1 &
+client=$!
+prof=$(profile "$bw_pid")
+wait "$client" || { echo "blockwire bench failed:" >&2; cat "$tmp/bench.out" >&2; exit 1; }
+rate=$(sed -n 's/.*MB\/s=\([0-9.]*\).*/\1/p' "$tmp/bench.out" | head -n 1)
+printf '%-12s | %9s | %s\n' blockwire "${rate:-?}" "$prof"
