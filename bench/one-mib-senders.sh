@@ -44,13 +44,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bin=$(blockwire_bin)
 cli=$(blockwire_cli)
-(cd "$repo" && timeout 1800 cargo build -q --release -p blockwire-target --example loopback_pair) || {
-    echo "one-mib-senders.sh: building the loopback_pair example failed" >&2
-    exit 1
-}
-pair=${CARGO_TARGET_DIR:-$repo/build}/release/examples/loopback_pair
+pair=$(loopback_pair_bin)
 wait_for_rustc
 fill_random 0
 

@@ -152,11 +152,7 @@ trap cleanup EXIT
 bin=$(blockwire_bin)
 bw_cli=$(blockwire_cli)
 # The bare loopback pair (target/examples/loopback_pair.rs; see the header).
-(cd "$here/.." && timeout 1800 cargo build -q --release -p blockwire-target --example loopback_pair) || {
-    echo "bench-vs-tgtd.sh: building the loopback_pair example failed" >&2
-    exit 1
-}
-pair=${CARGO_TARGET_DIR:-$here/../build}/release/examples/loopback_pair
+pair=$(loopback_pair_bin)
 # A compile running beside the benchmark would distort it: wait (<= 15 min) for it to end.
 compiling() { pgrep -x rustc >/dev/null || pgrep -x clippy-driver >/dev/null; }
 if [ "${WAIT_RUSTC:-1}" = 1 ] && compiling; then

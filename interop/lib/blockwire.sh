@@ -61,6 +61,17 @@ _bw_release() {
 blockwire_bin() { _bw_release "${BLOCKWIRE_BIN:-}" blockwire-target blockwire-mgmt; }
 blockwire_cli() { _bw_release "${BLOCKWIRE_CLI:-}" blockwire blockwire-initiator; }
 
+# loopback_pair_bin — prints the path of target/examples/loopback_pair (the bare loopback sender
+# and receiver the 1 MiB benchmarks compare against), built (release) first: cargo rebuilds it
+# only if its sources changed.
+loopback_pair_bin() {
+    (cd "$_bw_repo" && timeout 1800 cargo build -q --release -p blockwire-target --example loopback_pair >&2) || {
+        echo "loopback_pair: building the example failed" >&2
+        return 1
+    }
+    echo "${CARGO_TARGET_DIR:-$_bw_repo/build}/release/examples/loopback_pair"
+}
+
 # start_blockwire PORT DIR [CONFIG] — prints the daemon's PID.
 start_blockwire() {
     local port=$1 dir=$2 config=${3:-} bin pid log
