@@ -53,18 +53,7 @@ fill_random 0 1
 
 bin=$(blockwire_bin)
 bw_port=$(free_port)
-cat >"$tmp/target.toml" <<EOT
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:3260"]
-[[target]]
-name = "$IQN_BW"
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "$tmp/l0.img"
-size = "${SIZE_MIB}M"
-EOT
+blockwire_file_config "$tmp/target.toml" "$IQN_BW" "$tmp/l0.img" "${SIZE_MIB}M"
 bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/target.toml")
 tgt_port=$(free_port)
 tgt_pid=$(start_tgtd "$tgt_port" "$tmp")

@@ -77,20 +77,15 @@ printf '%-12s | %9s | %s\n' sender "MB/s" "sender thread: busy; share of its sam
 
 # iperf3: the client is the sender.
 port=$(free_port)
-iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
-srv=$!
-for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+srv=$(start_iperf3_server "$port")
 timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -l 1M -t "$SECS" -J >"$tmp/iperf3.json" 2>/dev/null &
 client=$!
 sleep 0.5
 prof=$(profile "$(pgrep -n -f "iperf3 -c 127.0.0.1 -p $port")")
 wait "$client" || true
-wait "$srv" 2>/dev/null || true
+stop_iperf3_server "$srv"
 srv=""
-rate=$(python3 -c 'import json, sys
-r = json.load(open(sys.argv[1]))["end"]["sum_received"]
-rate = r["bytes"] / r["seconds"] / 1e6
-print(f"{rate:.1f}")' "$tmp/iperf3.json")
+rate=$(iperf3_received "$tmp/iperf3.json" | cut -d' ' -f1)
 printf '%-12s | %9s | %s\n' iperf3 "$rate" "$prof"
 
 # pair_row NAME ARGS... — loopback_pair with ARGS; prints its row.
@@ -110,18 +105,7 @@ pair_row "pair mapped" --file "$tmp/l0.img" --mapped
 
 # blockwire: the LUN file served to blockwire bench.
 bw_port=$(free_port)
-cat >"$tmp/target.toml" <<EOT
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:3260"]
-[[target]]
-name = "$IQN"
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "$tmp/l0.img"
-size = "${SIZE_MIB}M"
-EOT
+blockwire_file_config "$tmp/target.toml" "$IQN" "$tmp/l0.img" "${SIZE_MIB}M"
 bw_pid=$(start_blockwire "$bw_port" "$tmp" "$tmp/target.toml")
 timeout $((SECS + 60)) "$cli" bench -p "127.0.0.1:$bw_port" -T "$IQN" -l 0 --pattern seq --op read \
     --bs 1M --qd 8 --time "${SECS}s" >"$tmp/bench.out" 2>&1 &

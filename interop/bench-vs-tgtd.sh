@@ -383,7 +383,7 @@ ceiling_fields = [f"{ceiling:.0f}", f"{ceiling / tgtd_iops:.2f}" if tgtd_iops el
 print(" ".join(out + rest + bound_fields + client + ceiling_fields))' "$3" "$HZ" "$NCPU" "${ios[blockwire]}" "${secs[blockwire]}" \
         "${ticks[blockwire]}" "${busy[blockwire]}" "${client[blockwire]}" "${ios[tgtd]}" "${secs[tgtd]}" \
         "${ticks[tgtd]}" "${busy[tgtd]}" "${client[tgtd]}")
-    echo "$stats $(received "$lo_json" | cut -d' ' -f1)"
+    echo "$stats $(iperf3_received "$lo_json" | cut -d' ' -f1)"
 }
 
 ratio() {
@@ -407,37 +407,15 @@ load_note | tee "$tmp/load.txt" >&2
 iperf3_json() {
     local port srv
     port=$(free_port)
-    iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
-    srv=$!
-    # (not by connecting: a one-off server would take the probe for its client)
-    for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+    srv=$(start_iperf3_server "$port")
     timeout $((SECS + 30)) iperf3 -c 127.0.0.1 -p "$port" -J "$@" 2>/dev/null || true
-    wait "$srv" 2>/dev/null || true
-}
-
-# received FILE — "MB/s seconds" received over the iperf3 JSON reports in FILE, one after
-# another (bytes and seconds summed over them; "0 0" if there are none).
-received() {
-    python3 -c 'import json, sys
-text, dec, i, b, s = open(sys.argv[1]).read(), json.JSONDecoder(), 0, 0, 0.0
-while True:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    if i >= len(text):
-        break
-    try:
-        doc, i = dec.raw_decode(text, i)
-    except ValueError:
-        break
-    r = doc.get("end", {}).get("sum_received", {})
-    b, s = b + r.get("bytes", 0), s + r.get("seconds", 0.0)
-print(f"{b / s / 1e6:.1f}" if b and s else 0, s)' "$1"
+    stop_iperf3_server "$srv"
 }
 
 # iperf3 loopback: one stream, 1 MiB writes of one buffer, SECS seconds; prints MB/s.
 loopback() {
     iperf3_json -t "$SECS" -l 1M >"$tmp/iperf3-buffer.json"
-    received "$tmp/iperf3-buffer.json" | cut -d' ' -f1
+    iperf3_received "$tmp/iperf3-buffer.json" | cut -d' ' -f1
 }
 
 # iperf3 loopback of a file's bytes: `-Z -F FILE`, one pass over FILE per iperf3 run (it stops at
@@ -450,12 +428,12 @@ loopback() {
 loopback_file() {
     local reports=$tmp/iperf3-file.json out
     : >"$reports"
-    while awk -v s="$(received "$reports" | cut -d' ' -f2)" -v limit="$SECS" 'BEGIN { exit !(s < limit) }'; do
+    while awk -v s="$(iperf3_received "$reports" | cut -d' ' -f2)" -v limit="$SECS" 'BEGIN { exit !(s < limit) }'; do
         out=$(iperf3_json -l 1M -Z -F "$1")
         grep -q '"sum_received"' <<<"$out" || break # iperf3 failed: report what was measured
         echo "$out" >>"$reports"
     done
-    received "$reports" | cut -d' ' -f1
+    iperf3_received "$reports" | cut -d' ' -f1
 }
 
 seq_rows=()

@@ -176,6 +176,41 @@ stop_qemu_nbd() {
     done
 }
 
+# start_iperf3_server PORT — a one-off iperf3 server on PORT (it serves one client, then exits);
+# prints its PID once it listens. Waits by looking at the listening sockets, not by connecting:
+# a one-off server would take the probe for its client.
+start_iperf3_server() {
+    local port=$1 pid
+    iperf3 -s -1 -p "$port" >/dev/null 2>&1 </dev/null &
+    pid=$!
+    for _ in $(seq 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+    echo "$pid"
+}
+
+# stop_iperf3_server PID — after its client ran: at most 5 s for it to exit, then SIGKILL.
+stop_iperf3_server() {
+    _wait_gone 5 "$1" || kill -9 "$1" 2>/dev/null || true
+}
+
+# iperf3_received FILE — "MB/s seconds" received over the iperf3 JSON reports (-J) in FILE, one
+# after another (bytes and seconds summed over them; "0 0" if there are none).
+iperf3_received() {
+    python3 -c 'import json, sys
+text, dec, i, b, s = open(sys.argv[1]).read(), json.JSONDecoder(), 0, 0, 0.0
+while True:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    if i >= len(text):
+        break
+    try:
+        doc, i = dec.raw_decode(text, i)
+    except ValueError:
+        break
+    r = doc.get("end", {}).get("sum_received", {})
+    b, s = b + r.get("bytes", 0), s + r.get("seconds", 0.0)
+print(f"{b / s / 1e6:.1f}" if b and s else 0, s)' "$1"
+}
+
 # stop_tgtd PORT PID
 stop_tgtd() {
     local port=$1 pid=$2
