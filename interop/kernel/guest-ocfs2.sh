@@ -187,6 +187,13 @@ fi
 bounded 300 mount -t ocfs2 "/dev/$dev" "$MNT" >"$KL_OUT/mount.log" 2>&1
 mounted_rw || give_up "mount -t ocfs2" "$(cat "$KL_OUT/mount.log"; dmesg | tail -n 20)"
 pass "mounted: $(grep " $MNT " /proc/mounts)"
+if [ "$ROLE" = node1 ]; then
+    # The shared lock and log exist before node2 mounts: two nodes creating one name at once
+    # race in OCFS2 (each finds no entry, the later create meets the other's and open(2)
+    # fails with EEXIST), which is the file system's rule, not the LUN's.
+    : >>"$MNT/shared.lock" && : >>"$MNT/shared.log" ||
+        give_up "shared files" "cannot create $MNT/shared.lock and shared.log"
+fi
 peer_say "mounted-$ROLE"
 peer_wait "mounted-$PEER" 300 || give_up "both mounted" "$PEER never mounted"
 out=$(mounted.ocfs2 -f 2>&1)
@@ -206,12 +213,21 @@ for i in 1 2 3 4 5 6; do
 done
 pad=$(printf 'x%.0s' $(seq 1 50))
 APPENDS=40
-exec 9>>"$MNT/shared.lock"
+exec 9>>"$MNT/shared.lock" || give_up "shared work" "cannot open $MNT/shared.lock"
+lock_failures=0 append_failures=0
 for i in $(seq 1 $APPENDS); do
-    flock -w 60 9 && printf '%s %05d %s\n' "$ROLE" "$i" "$pad" >>"$MNT/shared.log"
+    if flock -w 60 9; then
+        printf '%s %05d %s\n' "$ROLE" "$i" "$pad" >>"$MNT/shared.log" ||
+            append_failures=$((append_failures + 1))
+    else
+        lock_failures=$((lock_failures + 1))
+    fi
     flock -u 9
 done
 exec 9>&-
+[ $((lock_failures + append_failures)) = 0 ] &&
+    pass "$ROLE appended $APPENDS lines to shared.log, each under the cluster flock" ||
+    fail "$ROLE's appends to shared.log: flock failed $lock_failures times, the append $append_failures times"
 sync
 (cd "$MNT" && sha256sum "$ROLE"/own-*) >"$KL_WORK/sums-$ROLE"
 cp "$KL_WORK/sums-$ROLE" "$KL_SYNC/sums-$ROLE.tmp" && mv "$KL_SYNC/sums-$ROLE.tmp" "$KL_SYNC/sums-$ROLE"
@@ -229,7 +245,8 @@ interleave=$(awk '{print $1}' "$MNT/shared.log" | uniq | wc -l)
 if [ "$good" = $((2 * APPENDS)) ] && [ "$total" = "$good" ] && [ "$o1" = "$want" ] && [ "$o2" = "$want" ]; then
     pass "shared.log: $total whole lines, both nodes' $APPENDS appends in order ($interleave runs of one node)"
 else
-    fail "shared.log: $good well-formed of $total lines (want $((2 * APPENDS)))"
+    fail "shared.log: $good well-formed of $total lines (want $((2 * APPENDS))); node1's appends in it: $(wc -w <<<"$o1"), node2's: $(wc -w <<<"$o2")"
+    sed 's/^/    | /' "$MNT/shared.log" | cut -c1-24 | head -n 100
 fi
 peer_say "shared-$ROLE" "$(sha256sum <"$MNT/shared.log" | cut -c1-64)"
 listing >"$KL_WORK/listing-$ROLE"
@@ -249,7 +266,7 @@ fi
 # writes stall while the target is away and go on when open-iscsi has logged in again.
 writer() {
     local i=0 sum
-    exec 8>>"$MNT/shared.lock"
+    exec 8>>"$MNT/shared.lock" || return 1
     while [ ! -e "$KL_SYNC/stop-writers" ]; do
         i=$((i + 1))
         head -c 131072 /dev/urandom >"$KL_WORK/wbuf"
