@@ -8,13 +8,18 @@
 #                 buffers in turn as a client with 8 READs in flight does;
 #   pair mapped   loopback_pair --file LUN --mapped: the 1 GiB LUN file sent by copying sends
 #                 from its mapping, as blockwire sends to an initiator on this host;
+#   pair splice   loopback_pair --file LUN --splice: the LUN file's page-cache pages passed by
+#                 splice(2) through a 1 MiB pipe, so the sender copies nothing and the receiver
+#                 copies the LUN's bytes out of the pages;
 #   blockwire     blockwire-target serving that file as a LUN to `blockwire bench`, 1 MiB
 #                 sequential READs at QD 8 (its connection thread).
 # Over loopback the sender's thread also runs TCP's receive side for the other end, so a sender
 # at a full CPU sets the rate. Each sender runs SECS (default 6) seconds; `perf record` samples
 # its process for the middle SECS - 3 seconds, and the thread with the most samples (the sender)
-# is reported: the rate, how busy that thread was, the share of its samples in the kernel's copy
-# from the sender's memory (`_copy_from_iter`), and its busiest kernel functions. A hot buffer is
+# is reported: the rate, how busy that thread was, the shares of its samples in the kernel's copies
+# from user memory into socket buffers (`_copy_from_iter`) and from socket buffers or spliced pages
+# to user memory (`_copy_to_iter`), and its busiest kernel functions. For the pair, whose receiver
+# is its main thread, both threads are reported ("send", "recv"). A hot buffer is
 # copied from the CPU caches; the LUN's bytes, 1 GiB of them, are not in them. On a virtual
 # machine without a PMU perf samples on a timer, so time spent with interrupts off shows up at
 # the point they are enabled again (`_raw_spin_unlock_irqrestore`): read the shares as a
@@ -49,14 +54,16 @@ pair=$(loopback_pair_bin)
 wait_for_rustc
 fill_random 0
 
-# profile PID — samples PID's threads for SECS - 3 s after a second's start; prints how busy the
-# sender thread was (its samples over those of a thread busy all the time), its share in
-# _copy_from_iter and its five busiest functions.
+# profile PID [pair] — samples PID's threads for SECS - 3 s after a second's start; prints how
+# busy the busiest thread was (its samples over those of a thread busy all the time), its shares
+# in _copy_from_iter and _copy_to_iter and its five busiest functions. With "pair": a line for
+# the busiest thread other than the main one (the pair's sender), then one for the main thread
+# (its receiver), each behind a tab.
 profile() {
     sleep 1
     perf record -q -F "$HZ_SAMPLE" -o "$tmp/perf.data" -p "$1" -- sleep $((SECS - 3)) >/dev/null 2>&1 || true
     perf script -i "$tmp/perf.data" -F tid,ip,sym 2>/dev/null | python3 -c 'import collections, sys
-window = float(sys.argv[1])
+window, pid, mode = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 # One line a sample: thread, address, function (absent when perf cannot name it).
 by_tid = collections.defaultdict(collections.Counter)
 for line in sys.stdin:
@@ -66,14 +73,23 @@ for line in sys.stdin:
 if not by_tid:
     print("no samples")
     sys.exit()
-counts = max(by_tid.values(), key=lambda c: sum(c.values()))
-total = sum(counts.values())
-top = ", ".join(f"{s} {100 * n / total:.1f}%" for s, n in counts.most_common(5))
-copy = counts["_copy_from_iter"]
-print(f"{100 * total / window:.0f}% of a CPU; copy {100 * copy / total:.1f}%; {top}")' $((HZ_SAMPLE * (SECS - 3)))
+def line(counts):
+    total = sum(counts.values())
+    if not total:
+        return "no samples"
+    top = ", ".join(f"{s} {100 * n / total:.1f}%" for s, n in counts.most_common(5))
+    copies = "; ".join(f"{f} {100 * counts[f] / total:.1f}%" for f in ("_copy_from_iter", "_copy_to_iter"))
+    return f"{100 * total / window:.0f}% of a CPU; {copies}; {top}"
+busiest = lambda tids: max(tids, key=lambda t: sum(by_tid[t].values()))
+if mode == "pair":
+    others = [t for t in by_tid if t != pid]
+    print("send\t" + (line(by_tid[busiest(others)]) if others else "no samples"))
+    print("recv\t" + line(by_tid.get(pid, collections.Counter())))
+else:
+    print(line(by_tid[busiest(list(by_tid))]))' $((HZ_SAMPLE * (SECS - 3))) "$1" "${2:-busiest}"
 }
 
-printf '%-12s | %9s | %s\n' sender "MB/s" "sender thread: busy; share of its samples in _copy_from_iter; busiest functions"
+printf '%-12s | %9s | %s\n' sender "MB/s" "thread: busy; shares of its samples in the two copies; busiest functions"
 
 # iperf3: the client is the sender.
 port=$(free_port)
@@ -88,7 +104,7 @@ srv=""
 rate=$(iperf3_received "$tmp/iperf3.json" | cut -d' ' -f1)
 printf '%-12s | %9s | %s\n' iperf3 "$rate" "$prof"
 
-# pair_row NAME ARGS... — loopback_pair with ARGS; prints its row.
+# pair_row NAME ARGS... — loopback_pair with ARGS; prints its sender's row and its receiver's.
 pair_row() {
     local name=$1 out p
     shift
@@ -96,12 +112,14 @@ pair_row() {
     p=$!
     sleep 0.3
     # (the pair itself, not the timeout(1) around it)
-    out=$(profile "$(pgrep -n -P "$p")")
+    out=$(profile "$(pgrep -n -P "$p")" pair)
     wait "$p"
-    printf '%-12s | %9s | %s\n' "$name" "$(cat "$tmp/pair.out")" "$out"
+    printf '%-12s | %9s | send: %s\n' "$name" "$(cat "$tmp/pair.out")" "$(sed -n 's/^send\t//p' <<<"$out")"
+    printf '%-12s | %9s | recv: %s\n' "" "" "$(sed -n 's/^recv\t//p' <<<"$out")"
 }
 pair_row "pair hot" --hot
 pair_row "pair mapped" --file "$tmp/l0.img" --mapped
+pair_row "pair splice" --file "$tmp/l0.img" --splice
 
 # blockwire: the LUN file served to blockwire bench.
 bw_port=$(free_port)

@@ -3,14 +3,17 @@
 //! machine before either end parses a header.
 //!
 //! ```text
-//! loopback_pair [--file FILE [--mapped [--pdus N [--pdu-sends]]] | --hot] [--buffers N]
-//!               [--read-max BYTES] [--secs S]
+//! loopback_pair [--file FILE [--mapped [--pdus N [--pdu-sends]] | --splice] | --hot]
+//!               [--buffers N] [--read-max BYTES] [--secs S]
 //! ```
 //!
 //! The sender (a thread) either `sendfile(2)`s FILE, 1 MiB per call, passes
 //! repeated, as a target sending from the page cache does (with `--mapped`:
 //! copying sends from FILE's mapping, as blockwire sends large payloads of
-//! an in-memory file to an initiator on this host), or with `--hot`
+//! an in-memory file to an initiator on this host; with `--splice`:
+//! `splice(2)` from FILE into a pipe of 1 MiB and from the pipe to the
+//! socket, which passes the page cache's pages as `sendfile` does but 1 MiB
+//! per call where `sendfile`'s own pipe holds 16 pages), or with `--hot`
 //! writes one 1 MiB buffer again and again, as iperf3 does. The receiver
 //! (the main thread) reads into N buffers of 1 MiB taken in turn, each filled
 //! by `read` calls into what is left of it (at most `--read-max` bytes each,
@@ -29,7 +32,9 @@
 //! Run: `cargo run --release -p blockwire-target --example loopback_pair -- --hot --buffers 8`
 
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use rustix::pipe::{fcntl_setpipe_size, pipe, splice, SpliceFlags};
 
 use blockwire_target::iscsi::file_map::{FileMap, MappedPart, MAX_PARTS};
 use std::net::{TcpListener, TcpStream};
@@ -43,8 +48,8 @@ fn fail(why: &str) -> ! {
     std::process::exit(1)
 }
 
-const SYNOPSIS: &str = "loopback_pair [--file FILE [--mapped [--pdus N [--pdu-sends]]] | --hot] \
-     [--buffers N] [--read-max BYTES] [--secs S]";
+const SYNOPSIS: &str = "loopback_pair [--file FILE [--mapped [--pdus N [--pdu-sends]] | --splice] \
+     | --hot] [--buffers N] [--read-max BYTES] [--secs S]";
 
 /// The length of a Basic Header Segment, which `--pdus` puts before each
 /// PDU's payload.
@@ -67,6 +72,8 @@ fn usage(why: &str) -> ! {
 enum Source {
     File(std::fs::File, u64),
     Mapped(FileMap, u64),
+    /// The file, its size and a pipe (read end, write end) of 1 MiB.
+    Spliced(std::fs::File, u64, (OwnedFd, OwnedFd)),
     Hot,
 }
 
@@ -128,6 +135,31 @@ fn send(
                 off = (off + want as u64) % size;
                 sent += want as u64;
             }
+            Source::Spliced(file, size, (pipe_out, pipe_in)) => {
+                // size is a whole number of MiB: 1 MiB into the pipe, then out.
+                let mut at = off;
+                let mut queued = 0;
+                while queued < MIB {
+                    let n = splice(
+                        file,
+                        Some(&mut at),
+                        pipe_in,
+                        None,
+                        MIB - queued,
+                        SpliceFlags::MOVE,
+                    )?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    queued += n;
+                }
+                let mut out = 0;
+                while out < MIB {
+                    out += splice(pipe_out, None, &sock, None, MIB - out, SpliceFlags::MOVE)?;
+                }
+                off = (off + MIB as u64) % size;
+                sent += MIB as u64;
+            }
             Source::Hot => {
                 sock.write_all(&hot)?;
                 sent += MIB as u64;
@@ -140,7 +172,7 @@ fn send(
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut file, mut hot, mut buffers, mut secs) = (None, false, 8usize, 5.0f64);
-    let mut mapped = false;
+    let (mut mapped, mut spliced) = (false, false);
     let mut read_max = MIB;
     let (mut per_mib, mut separate) = (0usize, false);
     while let Some(a) = args.next() {
@@ -152,6 +184,7 @@ fn main() {
             "--file" => file = Some(value("--file")),
             "--hot" => hot = true,
             "--mapped" => mapped = true,
+            "--splice" => spliced = true,
             "--pdus" => {
                 per_mib = value("--pdus")
                     .parse()
@@ -187,18 +220,22 @@ fn main() {
                 println!(
                     "{SYNOPSIS}\n\
                      The loopback rate (MB/s) of a bare sender (sendfile of FILE, copying sends\n\
-                     from FILE's mapping with --mapped, or one hot 1 MiB buffer written again and\n\
-                     again) and a receiver reading into N 1 MiB buffers\n\
-                     in turn (default 8), for S seconds (default 5). --pdus N sends each 1 MiB\n\
-                     as N PDUs behind 48-byte headers, in one sendmsg (--pdu-sends: one each)."
+                     from FILE's mapping with --mapped, splice through a 1 MiB pipe with --splice,\n\
+                     or one hot 1 MiB buffer written again and again) and a receiver reading into\n\
+                     N 1 MiB buffers in turn (default 8), for S seconds (default 5). --pdus N\n\
+                     sends each 1 MiB as N PDUs behind 48-byte headers, in one sendmsg\n\
+                     (--pdu-sends: one each)."
                 );
                 std::process::exit(0)
             }
             other => usage(&format!("unknown argument {other}")),
         }
     }
-    if mapped && file.is_none() {
-        usage("--mapped goes with --file FILE");
+    if (mapped || spliced) && file.is_none() {
+        usage("--mapped and --splice go with --file FILE");
+    }
+    if mapped && spliced {
+        usage("give one of --mapped and --splice");
     }
     if (per_mib > 0 || separate) && !mapped {
         usage("--pdus and --pdu-sends go with --mapped");
@@ -222,6 +259,12 @@ fn main() {
                     .unwrap_or_else(|e| fail(&format!("mapping {path}: {e}")))
                     .unwrap_or_else(|| fail(&format!("{path} is empty")));
                 Source::Mapped(map, size)
+            } else if spliced {
+                let pipe = pipe().unwrap_or_else(|e| fail(&format!("pipe: {e}")));
+                // 1 MiB fits the default /proc/sys/fs/pipe-max-size.
+                fcntl_setpipe_size(&pipe.1, MIB)
+                    .unwrap_or_else(|e| fail(&format!("a pipe of 1 MiB: {e}")));
+                Source::Spliced(f, size, pipe)
             } else {
                 Source::File(f, size)
             }
