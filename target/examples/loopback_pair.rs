@@ -155,7 +155,10 @@ fn send(
                 }
                 let mut out = 0;
                 while out < MIB {
-                    out += splice(pipe_out, None, &sock, None, MIB - out, SpliceFlags::MOVE)?;
+                    match splice(pipe_out, None, &sock, None, MIB - out, SpliceFlags::MOVE)? {
+                        0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                        n => out += n,
+                    }
                 }
                 off = (off + MIB as u64) % size;
                 sent += MIB as u64;
