@@ -14,6 +14,12 @@
 # Each workload runs twice per target, SECS (default 5) each, the targets alternating: once plain
 # (IOPS and the client's CPU per I/O, from /proc/PID/stat), once under `perf stat` counting the
 # client's system-call tracepoints (perf's own cost is in that run's rate, so it is not printed).
+# The plain run also reads the scheduler's account of the client's main thread
+# (/proc/PID/task/PID/schedstat) from 1 s after the start to 1 s before the end, and splits that
+# wall time three ways: on a CPU, runnable but waiting for one (behind the target, fio or anything
+# else on the run queue), and asleep (waiting for a reply, which is where a slow target would show).
+# A client that is on a CPU nearly all the time and asleep almost never is not waiting for its
+# target.
 # Env: SECS, QD, BLOCKWIRE_BIN (another blockwire-target binary). Needs perf (linux-perf), fio,
 # qemu-nbd (qemu-utils, qemu-block-extra), tgtd and libiscsi's Python binding as the interop
 # scripts do; run as root (tracepoints).
@@ -28,6 +34,7 @@ interop=$repo/interop
 
 SECS=${SECS:-5}
 QD=${QD:-32}
+[ "$SECS" -ge 3 ] || { echo "client-syscalls.sh: SECS must be at least 3 (the scheduler window skips the first and last second)" >&2; exit 2; }
 SIZE_MIB=1024
 IQN_BW=iqn.2026-11.io.blockwire:client-syscalls
 IQN_TGT=iqn.2026-11.io.tgtd:client-syscalls
@@ -70,6 +77,25 @@ for t in blockwire tgtd; do
 done
 
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# sched_now PID — "wall_ns oncpu_ns runqueue_ns" for PID's main thread now (schedstat: time on a
+# CPU, time runnable on a run queue; both in ns since the thread started)
+sched_now() {
+    local s
+    read -r -a s <"/proc/$1/task/$1/schedstat"
+    echo "$(date +%s%N) ${s[0]} ${s[1]}"
+}
+# sched_window PID — called 1 s after the client started: prints "oncpu% runq% asleep%" of PID's
+# main thread over the next SECS - 2 s, the middle of the client's run
+sched_window() {
+    local a b
+    a=$(sched_now "$1")
+    sleep $((SECS - 2))
+    b=$(sched_now "$1")
+    awk -v a="$a" -v b="$b" 'BEGIN {
+        split(a, x, " "); split(b, y, " "); wall = y[1] - x[1]
+        on = 100 * (y[2] - x[2]) / wall; rq = 100 * (y[3] - x[3]) / wall
+        printf "%.1f %.1f %.1f\n", on, rq, 100 - on - rq }'
+}
 HZ=$(getconf CLK_TCK)
 events=raw_syscalls:sys_enter
 for k in "${KINDS[@]}"; do events+=",syscalls:sys_enter_$k"; done
@@ -83,9 +109,10 @@ print(d["total_ios"], d["runtime"] / 1000)' "$1" "$2"
 }
 
 # measure TARGET CLIENT WORKLOAD COUNTED — one SECS run; COUNTED=1: under perf stat, whose counts
-# go to $tmp/perf.txt. Prints "ios secs client_ticks" (0 0 for a run that did no I/O).
+# go to $tmp/perf.txt. Prints "ios secs client_ticks oncpu% runq% asleep%" (0 0 for a run that did
+# no I/O; the last three "- - -" for a counted run).
 measure() {
-    local t=$1 client=$2 w=$3 counted=$4 portal iqn lun ios secs k0 k1 perf_pid=""
+    local t=$1 client=$2 w=$3 counted=$4 portal iqn lun ios secs k0 k1 perf_pid="" sched="- - -" run_pid
     read -r portal iqn lun <<<"${T[$t]}"
     rm -f "$tmp/perf.txt"
     if [ "$client" = fio+qemu-nbd ]; then
@@ -99,7 +126,13 @@ measure() {
         k0=$(ticks "$nbd")
         timeout $((SECS + 60)) fio --name=c --ioengine=nbd --uri="nbd+unix:///?socket=${NBD[$t]}" \
             --rw="$w" --bs=4k --iodepth="$QD" --size="${SIZE_MIB}M" --time_based --runtime="$SECS" \
-            --norandommap --randrepeat=0 --output-format=json >"$tmp/fio.json" 2>/dev/null
+            --norandommap --randrepeat=0 --output-format=json >"$tmp/fio.json" 2>/dev/null &
+        run_pid=$!
+        if [ "$counted" = 0 ]; then
+            sleep 1
+            sched=$(sched_window "$nbd")
+        fi
+        wait "$run_pid" || true
         k1=$(ticks "$nbd")
         if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
         read -r ios secs < <(fio_ios "$tmp/fio.json" "$dir")
@@ -112,14 +145,24 @@ measure() {
         if [ "$counted" = 1 ]; then
             out=$(timeout $((SECS + 60)) perf stat -x, -o "$tmp/perf.txt" -e "$events" -- "${py[@]}")
         else
-            out=$(timeout $((SECS + 60)) "${py[@]}")
+            timeout $((SECS + 60)) "${py[@]}" >"$tmp/py.out" &
+            run_pid=$!
+            sleep 1
+            local py_pid
+            py_pid=$(pgrep -P "$run_pid" -x python3) || {
+                echo "client-syscalls.sh: the Python client against $t is not running 1 s after its start" >&2
+                exit 1
+            }
+            sched=$(sched_window "$py_pid")
+            wait "$run_pid" || true
+            out=$(cat "$tmp/py.out")
         fi
         read -r -a st <"/proc/$BASHPID/stat"
         k1=$((st[15] + st[16]))
         ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$out")
     fi
-    echo "${ios:-0} ${secs:-0} $((k1 - k0))"
+    echo "${ios:-0} ${secs:-0} $((k1 - k0)) $sched"
 }
 
 # count KIND — the counted run's system calls of KIND ("" for all)
@@ -130,24 +173,24 @@ count() {
 }
 
 echo "machine: $(nproc) CPUs, $(uname -r); blockwire $(git -C "$here/.." rev-parse --short HEAD) ($bin), tgtd $(tgtd -V 2>/dev/null | head -n 1 || true)"
-echo "4 KiB random I/O at QD $QD, $SECS s per run; us/io = the client's CPU (user + system) per I/O; calls/io = its system calls per I/O, all and by kind (a counted run)"
-printf '%-14s %-10s %-9s | %8s %7s | %9s' client workload target IOPS us/io calls/io
+echo "4 KiB random I/O at QD $QD, $SECS s per run; us/io = the client's CPU (user + system) per I/O; oncpu, runq, asleep = shares of the wall time its main thread was on a CPU, runnable waiting for one, and asleep (the middle $((SECS - 2)) s of the plain run); calls/io = its system calls per I/O, all and by kind (a counted run)"
+printf '%-14s %-10s %-9s | %8s %7s | %6s %6s %6s | %9s' client workload target IOPS us/io oncpu runq asleep calls/io
 for k in "${KINDS[@]}"; do printf ' %8s' "$k"; done
 echo
 for client in fio+qemu-nbd libiscsi_rw.py; do
     for w in randread randwrite; do
         for t in blockwire tgtd; do
-            read -r ios secs ticks_used < <(measure "$t" "$client" "$w" 0)
+            read -r ios secs ticks_used oncpu runq asleep < <(measure "$t" "$client" "$w" 0)
             read -r cios _ _ < <(measure "$t" "$client" "$w" 1)
-            if [ "$ios" = 0 ] || [ "$secs" = 0 ] || [ "$cios" = 0 ]; then
+            if [ "${ios:-0}" = 0 ] || [ "${secs:-0}" = 0 ] || [ "${cios:-0}" = 0 ]; then
                 echo "client-syscalls.sh: $client $w against $t completed no I/O" >&2
                 exit 1
             fi
             {
-                echo "$ios $secs $ticks_used $HZ $cios $(count '')"
+                echo "$ios $secs $ticks_used $HZ $cios $(count '') $oncpu $runq $asleep"
                 for k in "${KINDS[@]}"; do echo "$(count "$k")"; done
             } | awk -v row="$(printf '%-14s %-10s %-9s' "$client" "$w" "$t")" '
-                NR == 1 { printf "%s | %8.0f %7.2f | %9.2f", row, $1 / $2, $3 * 1e6 / $4 / $1, $6 / $5; cios = $5; next }
+                NR == 1 { printf "%s | %8.0f %7.2f | %5s%% %5s%% %5s%% | %9.2f", row, $1 / $2, $3 * 1e6 / $4 / $1, $7, $8, $9, $6 / $5; cios = $5; next }
                 { printf " %8.2f", $1 / cios }
                 END { print "" }'
         done
