@@ -13,7 +13,10 @@
 #     whole process's, its login included.
 # Each workload runs twice per target, SECS (default 5) each, the targets alternating: once plain
 # (IOPS and the client's CPU per I/O, from /proc/PID/stat), once under `perf stat` counting the
-# client's system-call tracepoints (perf's own cost is in that run's rate, so it is not printed).
+# client's system-call tracepoints (perf's own cost is in that run's rate, so it is not printed),
+# and the target's system calls over the same run (`perf stat -p`: the threads the target has when
+# the run starts, which for blockwire are its connection threads and for tgtd its event loop and
+# its backing store's workers), to show what is left for io_uring to take off the target's side.
 # The plain run also reads the scheduler's account of the client's main thread
 # (/proc/PID/task/PID/schedstat) from 1 s after the start to 1 s before the end, and splits that
 # wall time three ways: on a CPU, runnable but waiting for one (behind the target, fio or anything
@@ -41,6 +44,9 @@ IQN_TGT=iqn.2026-11.io.tgtd:client-syscalls
 # The system calls the clients make in their I/O loops (qemu-nbd: ppoll, eventfd write/read,
 # NBD recvmsg/sendmsg, libiscsi's send/recv/readv; Python: poll, send, recv).
 KINDS=(ppoll poll write read recvfrom recvmsg sendto sendmsg readv writev)
+# The target's calls that read or write the LUN file (blockwire: preadv2 and pwrite64; tgtd's
+# backing store: pread64 and pwrite64); the rest of its calls are its sockets' and its event loop's.
+FILE_KINDS=(pread64 preadv preadv2 pwrite64 pwritev pwritev2)
 
 for tool in perf fio qemu-nbd tgtd python3; do
     command -v "$tool" >/dev/null || { echo "client-syscalls.sh: $tool is missing" >&2; exit 1; }
@@ -67,6 +73,7 @@ tgt_pid=$(start_tgtd "$tgt_port" "$tmp")
 tgtd_new_target "$tgt_port" 1 "$IQN_TGT"
 tgtd_add_lun "$tgt_port" 1 1 "$tmp/l1.img" "$SIZE_MIB"
 declare -A T=([blockwire]="127.0.0.1:$bw_port $IQN_BW 0" [tgtd]="127.0.0.1:$tgt_port $IQN_TGT 1")
+declare -A TARGET_PID=([blockwire]="$bw_pid" [tgtd]="$tgt_pid")
 
 declare -A NBD NBD_PID
 for t in blockwire tgtd; do
@@ -99,6 +106,8 @@ sched_window() {
 HZ=$(getconf CLK_TCK)
 events=raw_syscalls:sys_enter
 for k in "${KINDS[@]}"; do events+=",syscalls:sys_enter_$k"; done
+target_events=raw_syscalls:sys_enter
+for k in "${FILE_KINDS[@]}"; do target_events+=",syscalls:sys_enter_$k"; done
 
 # fio_ios JSON DIR — fio's completed I/O count and its run time in seconds
 fio_ios() {
@@ -109,12 +118,19 @@ print(d["total_ios"], d["runtime"] / 1000)' "$1" "$2"
 }
 
 # measure TARGET CLIENT WORKLOAD COUNTED — one SECS run; COUNTED=1: under perf stat, whose counts
-# go to $tmp/perf.txt. Prints "ios secs client_ticks oncpu% runq% asleep%" (0 0 for a run that did
+# go to $tmp/perf.txt (the client's) and $tmp/perf-target.txt (the target's). Prints "ios secs client_ticks oncpu% runq% asleep%" (0 0 for a run that did
 # no I/O; the last three "- - -" for a counted run).
 measure() {
     local t=$1 client=$2 w=$3 counted=$4 portal iqn lun ios secs k0 k1 perf_pid="" sched="- - -" run_pid
     read -r portal iqn lun <<<"${T[$t]}"
-    rm -f "$tmp/perf.txt"
+    rm -f "$tmp/perf.txt" "$tmp/perf-target.txt"
+    local target_perf=""
+    if [ "$counted" = 1 ]; then
+        perf stat -x, -o "$tmp/perf-target.txt" -e "$target_events" -p "${TARGET_PID[$t]}" \
+            >/dev/null 2>&1 &
+        target_perf=$!
+        sleep 0.5
+    fi
     if [ "$client" = fio+qemu-nbd ]; then
         local nbd=${NBD_PID[$t]} dir=read
         [[ $w == *write ]] && dir=write
@@ -162,21 +178,23 @@ measure() {
         ios=$(sed -n 's/.* ios=\([0-9]*\).*/\1/p' <<<"$out")
         secs=$(sed -n 's/.* secs=\([0-9.]*\).*/\1/p' <<<"$out")
     fi
+    if [ -n "$target_perf" ]; then kill -INT "$target_perf"; wait "$target_perf" || true; fi
     echo "${ios:-0} ${secs:-0} $((k1 - k0)) $sched"
 }
 
-# count KIND — the counted run's system calls of KIND ("" for all)
+# count KIND [FILE] — the counted run's system calls of KIND ("" for all), from FILE (default: the
+# client's counts, $tmp/perf.txt)
 count() {
     local ev=raw_syscalls:sys_enter
     [ -n "$1" ] && ev=syscalls:sys_enter_$1
-    awk -F, -v ev="$ev" '$3 == ev { print ($1 ~ /^[0-9]+$/) ? $1 : 0 }' "$tmp/perf.txt"
+    awk -F, -v ev="$ev" '$3 == ev { print ($1 ~ /^[0-9]+$/) ? $1 : 0 }' "${2:-$tmp/perf.txt}"
 }
 
 echo "machine: $(nproc) CPUs, $(uname -r); blockwire $(git -C "$here/.." rev-parse --short HEAD) ($bin), tgtd $(tgtd -V 2>/dev/null | head -n 1 || true)"
-echo "4 KiB random I/O at QD $QD, $SECS s per run; us/io = the client's CPU (user + system) per I/O; oncpu, runq, asleep = shares of the wall time its main thread was on a CPU, runnable waiting for one, and asleep (the middle $((SECS - 2)) s of the plain run); calls/io = its system calls per I/O, all and by kind (a counted run)"
+echo "4 KiB random I/O at QD $QD, $SECS s per run; us/io = the client's CPU (user + system) per I/O; oncpu, runq, asleep = shares of the wall time its main thread was on a CPU, runnable waiting for one, and asleep (the middle $((SECS - 2)) s of the plain run); calls/io = its system calls per I/O, all and by kind (a counted run); tgt calls/io = the target's system calls per I/O in that run, all and those on the LUN file"
 printf '%-14s %-10s %-9s | %8s %7s | %6s %6s %6s | %9s' client workload target IOPS us/io oncpu runq asleep calls/io
 for k in "${KINDS[@]}"; do printf ' %8s' "$k"; done
-echo
+printf ' | %9s %9s\n' "tgt calls" "tgt file"
 for client in fio+qemu-nbd libiscsi_rw.py; do
     for w in randread randwrite; do
         for t in blockwire tgtd; do
@@ -189,8 +207,12 @@ for client in fio+qemu-nbd libiscsi_rw.py; do
             {
                 echo "$ios $secs $ticks_used $HZ $cios $(count '') $oncpu $runq $asleep"
                 for k in "${KINDS[@]}"; do echo "$(count "$k")"; done
+                file=0
+                for k in "${FILE_KINDS[@]}"; do file=$((file + $(count "$k" "$tmp/perf-target.txt"))); done
+                echo "target $(count '' "$tmp/perf-target.txt") $file"
             } | awk -v row="$(printf '%-14s %-10s %-9s' "$client" "$w" "$t")" '
                 NR == 1 { printf "%s | %8.0f %7.2f | %5s%% %5s%% %5s%% | %9.2f", row, $1 / $2, $3 * 1e6 / $4 / $1, $7, $8, $9, $6 / $5; cios = $5; next }
+                $1 == "target" { printf " | %9.2f %9.2f", $2 / cios, $3 / cios; next }
                 { printf " %8.2f", $1 / cios }
                 END { print "" }'
         done
