@@ -37,7 +37,10 @@ interop=$repo/interop
 
 SECS=${SECS:-5}
 QD=${QD:-32}
-[ "$SECS" -ge 3 ] || { echo "client-syscalls.sh: SECS must be at least 3 (the scheduler window skips the first and last second)" >&2; exit 2; }
+if ! [ "$SECS" -ge 3 ] 2>/dev/null; then
+    echo "client-syscalls.sh: SECS must be a whole number of at least 3 (the scheduler window skips the first and last second)" >&2
+    exit 2
+fi
 SIZE_MIB=1024
 IQN_BW=iqn.2026-11.io.blockwire:client-syscalls
 IQN_TGT=iqn.2026-11.io.tgtd:client-syscalls
@@ -118,10 +121,12 @@ print(d["total_ios"], d["runtime"] / 1000)' "$1" "$2"
 }
 
 # measure TARGET CLIENT WORKLOAD COUNTED — one SECS run; COUNTED=1: under perf stat, whose counts
-# go to $tmp/perf.txt (the client's) and $tmp/perf-target.txt (the target's). Prints "ios secs client_ticks oncpu% runq% asleep%" (0 0 for a run that did
-# no I/O; the last three "- - -" for a counted run).
+# go to $tmp/perf.txt (the client's) and $tmp/perf-target.txt (the target's, from 0.5 s before the
+# client starts until it has ended). Prints "ios secs client_ticks oncpu% runq% asleep%" (0 0 for a
+# run that did no I/O; the last three "- - -" for a counted run).
 measure() {
-    local t=$1 client=$2 w=$3 counted=$4 portal iqn lun ios secs k0 k1 perf_pid="" sched="- - -" run_pid
+    local t=$1 client=$2 w=$3 counted=$4 portal iqn lun ios secs k0 k1 perf_pid="" run_pid
+    local sched="- - -"
     read -r portal iqn lun <<<"${T[$t]}"
     rm -f "$tmp/perf.txt" "$tmp/perf-target.txt"
     local target_perf=""
@@ -166,7 +171,8 @@ measure() {
             sleep 1
             local py_pid
             py_pid=$(pgrep -P "$run_pid" -x python3) || {
-                echo "client-syscalls.sh: the Python client against $t is not running 1 s after its start" >&2
+                echo "client-syscalls.sh: the Python client against $t is not running" \
+                    "1 s after its start" >&2
                 exit 1
             }
             sched=$(sched_window "$py_pid")
