@@ -12,8 +12,9 @@
 # and against a file LUN in tmpfs, whose READ payloads leave by copying sends from the
 # file's mapping, several Data-In PDUs a send. libiscsi offers HeaderDigest (iscsi_set_header_digest
 # / the URL), but it never offers DataDigest: libiscsi has no data-digest support at all, so
-# no libiscsi-based tool can test data digests. They get covered by blockwire's own
-# initiator later (issue 3 asks for "header and data digests on").
+# no libiscsi-based tool can test data digests. Those are covered elsewhere: 256 MiB with
+# HeaderDigest and DataDigest CRC32C in target/tests/fabric.rs, and open-iscsi's kernel
+# initiator with both digests on in the kernel lab (interop/kernel/guest-initiator.sh).
 #
 # Needs libiscsi-bin (libiscsi.so.7), python3. Exit 1 on any mismatch or error.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6: with `[fabric] rdma_backend = "verbs"` on a machine without an RDMA device
+# With `[fabric] rdma_backend = "verbs"` on a machine without an RDMA device
 # (this kind of machine: no /dev/infiniband, no rxe/siw), blockwire-target must say
 # clearly what is missing and keep serving plain iSCSI over TCP. Builds the daemon
 # with the verbs feature (debug), starts it on a free port, checks the log message

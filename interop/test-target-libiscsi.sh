@@ -9,10 +9,10 @@
 #      iscsi-inq -e 1 -c 131     VPD 0x83 device identification naming the target
 #      iscsi-readcapacity16      block length 512 and the LUN's total size
 # 2. iscsi-test-cu, one process per suite under timeout, writes allowed (-d), for the suites
-#    issue 3 requires; PASSED/FAILED/SKIPPED counted per test (skips are not passes).
+#    a SCSI block device must pass; PASSED/FAILED/SKIPPED counted per test (skips are not passes).
 #    Any FAILED/ABORTED/NOTRUN test in these suites fails the script; each failing test is
 #    rerun with -V and its log is kept (path printed) for diagnosis.
-# 3. SIGTERM ends the daemon with exit code 0 (issue 3: clean shutdown).
+# 3. SIGTERM ends the daemon with exit code 0 (a clean shutdown: systemd's stop and a shell's kill both send it).
 #
 # Needs: libiscsi-bin, python3; builds the release daemon if missing (lib/blockwire.sh).
 # Env: KEEP=1 keeps the scratch directory; SUITES="Read10 Write10" overrides the suite list.
