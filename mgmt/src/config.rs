@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use blockwire_target::backstore::{
     striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore, RamBackstore,
-    StripedBackstore,
+    StripedBackstore, RAM_MAX_BYTES,
 };
 use blockwire_target::iscsi::catalog::{
     Acl, AuthPolicy, Catalog, ChapSecret, DataPathPolicy, PortalGroup, TargetEntry,
@@ -479,11 +479,42 @@ pub fn parse_size(s: &str) -> Option<u64> {
     digits.trim().parse::<u64>().ok()?.checked_mul(mult)
 }
 
+/// What a TOML syntax error says, on one line. The parser's own words when
+/// it has any (several joined by "; "); for the errors it leaves without
+/// words, such as a control character in a comment, what stands at the
+/// error's column.
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    let said: Vec<&str> = e
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if !said.is_empty() {
+        return said.join("; ");
+    }
+    let mut at = e.span().map_or(text.len(), |s| s.start.min(text.len()));
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let column = text[line_start..at].chars().count() + 1;
+    match text[at..].chars().next() {
+        Some(c) if c.is_control() => format!(
+            "control character U+{:04X} at column {column}: TOML allows no control character \
+             other than tab in comments and strings (write it as \\u{:04X} inside a string)",
+            c as u32, c as u32
+        ),
+        Some(c) => format!("unexpected {c:?} at column {column}"),
+        None => "the file ends in the middle of a line that needs more".into(),
+    }
+}
+
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())]
-        .bytes()
-        .filter(|&b| b == b'\n')
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
         .count()
         + 1
 }
@@ -659,7 +690,7 @@ impl TargetConfig {
                 file: file.to_owned(),
                 line,
                 field: "syntax".into(),
-                message: e.message().to_owned(),
+                message: syntax_message(text, &e),
             }
         })
     }
@@ -1080,6 +1111,17 @@ impl TargetConfig {
                 let kept = ctx
                     .reuse
                     .and_then(|r| r.get(&(name.to_ascii_lowercase(), l.id)).cloned());
+                if let Some(size) = size.filter(|&n| kind == "ram" && n > RAM_MAX_BYTES) {
+                    let span = l.size.as_ref().map_or(lspan.clone(), Spanned::span);
+                    return Err(ctx.err(
+                        span,
+                        "target.lun.size",
+                        format!(
+                            "a ram LUN holds at most 1 PiB ({RAM_MAX_BYTES} bytes), not {size}: \
+                             a larger thin LUN belongs on a sparse file (backstore = \"file\")"
+                        ),
+                    ));
+                }
                 let backstore: Arc<dyn Backstore> = match kind {
                     _ if kept.is_some() => kept
                         .as_ref()
@@ -2000,6 +2042,49 @@ mod tests {
         assert_eq!(parse_size("512m"), Some(512 << 20));
         assert_eq!(parse_size("4096"), Some(4096));
         assert_eq!(parse_size("x"), None);
+    }
+
+    #[test]
+    fn a_ram_lun_past_a_pebibyte_is_refused_by_name_before_anything_is_built() {
+        let text = |size: &str| {
+            format!(
+                "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\n\
+                 name = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\n\
+                 backstore = \"ram\"\nsize = \"{size}\"\n"
+            )
+        };
+        // A typo's worth of digits used to build a chunk table of its size
+        // (and abort when that could not be had).
+        for size in ["1025T", "16000000T", "18446744073709551615"] {
+            let e = TargetConfig::from_str("t.toml", &text(size)).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (11, "target.lun.size"), "{e}");
+            assert!(e.message.contains("at most 1 PiB"), "{e}");
+            assert_eq!(fields(&check(&text(size))), vec![(11, "target.lun.size")]);
+        }
+        // The largest one is thin: its check and its start allocate no data.
+        assert!(check(&text("1024T")).errors.is_empty());
+        let b = TargetConfig::from_str("t.toml", &text("1024T")).unwrap();
+        let lu = b.catalog.targets[0].luns.get(0).unwrap();
+        assert_eq!(lu.config().backstore.size(), 1 << 50);
+    }
+
+    #[test]
+    fn every_syntax_error_says_what_is_wrong_on_one_line() {
+        // The TOML parser gives no words for a control character in a
+        // comment; the error names it and where it is.
+        let e = TargetConfig::from_str("t.toml", "[fabric]\n# a note\u{e}\n").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (2, "syntax"));
+        assert!(
+            e.message
+                .starts_with("control character U+000E at column 9:"),
+            "{e}"
+        );
+        // Where the parser has several lines of words, one line joins them.
+        let e = TargetConfig::from_str("t.toml", "[fabric]\n[fabric]\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(!e.message.is_empty() && !e.message.contains('\n'), "{e:?}");
+        let e = TargetConfig::from_str("t.toml", "[fabric]\nqueue_depth = ").unwrap_err();
+        assert!(!e.message.is_empty() && !e.message.contains('\n'), "{e:?}");
     }
 
     #[test]

@@ -4,6 +4,13 @@
 //! per target even when idle, so the store is split into 1 MiB chunks that
 //! come into being on first write. Unwritten chunks read as zeros.
 //!
+//! The table of chunks is itself sparse: a top level with one entry per
+//! 4 GiB of capacity, each pointing to a leaf of chunk slots made on the
+//! first write into its range. A thin LUN far larger than memory (READ
+//! CAPACITY(16) past 2 TiB is worth testing) then costs memory for what is
+//! written, not for its size; a dense table would hold 40 bytes per MiB of
+//! capacity, gibibytes for a 100 TiB LUN.
+//!
 //! Each chunk also keeps which of its 512-byte sectors were written since they
 //! were last discarded: the store's allocation map. GET LBA STATUS answers from
 //! it without reading data (an initiator such as QEMU asks before its reads, and
@@ -12,12 +19,19 @@
 use super::{Backstore, Extent};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{OnceLock, RwLock, RwLockReadGuard};
 
 const CHUNK: u64 = 1 << 20;
 /// The allocation map's unit: the smallest logical block.
 const SECTOR: u64 = 512;
 const SECTORS: usize = (CHUNK / SECTOR) as usize;
+/// Chunk slots in one leaf of the table: 4 GiB of capacity.
+const LEAF: usize = 4096;
+
+/// The largest RAM store: 1 PiB. Its table's top level then has 262 144
+/// entries (6 MiB); beyond that the table of an empty store would itself
+/// be a noticeable allocation.
+pub const RAM_MAX_BYTES: u64 = 1 << 50;
 
 /// One allocated chunk: its bytes and which sectors hold written data.
 #[derive(Debug)]
@@ -68,10 +82,36 @@ pub struct RamBackstore {
     slots: RwLock<Slots>,
 }
 
+/// One chunk's place in the table: empty until its first write.
+type Slot = RwLock<Option<Chunk>>;
+
 #[derive(Debug)]
 struct Slots {
     size: u64,
-    chunks: Vec<RwLock<Option<Chunk>>>,
+    /// One entry per `LEAF` chunks of capacity; a leaf holds
+    /// `leaf_len(chunks, i)` slots and exists once a write reached it.
+    leaves: Vec<OnceLock<Box<[Slot]>>>,
+}
+
+/// Chunks a store of `size` bytes spans.
+fn chunks_of(size: u64) -> usize {
+    size.div_ceil(CHUNK) as usize
+}
+
+/// Slots in leaf `i` of a table of `chunks` chunks (the last leaf is short).
+fn leaf_len(chunks: usize, i: usize) -> usize {
+    (chunks - i * LEAF).min(LEAF)
+}
+
+fn empty_slots(n: usize) -> Box<[Slot]> {
+    (0..n).map(|_| RwLock::new(None)).collect()
+}
+
+fn too_large(size: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("a RAM store holds at most {RAM_MAX_BYTES} bytes (1 PiB); {size} bytes asked"),
+    )
 }
 
 impl Slots {
@@ -87,17 +127,46 @@ impl Slots {
             )),
         }
     }
+
+    /// Chunk `c`'s slot, if its leaf exists (`c` within the capacity).
+    fn slot(&self, c: usize) -> Option<&Slot> {
+        self.leaves[c / LEAF].get().map(|leaf| &leaf[c % LEAF])
+    }
+
+    /// Chunk `c`'s slot, making its leaf if no write reached it before.
+    fn slot_or_new(&self, c: usize) -> &Slot {
+        let i = c / LEAF;
+        let leaf = self.leaves[i].get_or_init(|| empty_slots(leaf_len(chunks_of(self.size), i)));
+        &leaf[c % LEAF]
+    }
+
+    /// Gives leaf `i`, if it exists, the length a table of `chunks` chunks
+    /// has there: slots past the end go (their chunks' memory with them),
+    /// new ones are empty.
+    fn fit_leaf(&mut self, i: usize, chunks: usize) {
+        if let Some(leaf) = self.leaves.get_mut(i).and_then(OnceLock::get_mut) {
+            let len = leaf_len(chunks, i);
+            if leaf.len() != len {
+                let mut slots = std::mem::take(leaf).into_vec();
+                slots.resize_with(len, || RwLock::new(None));
+                *leaf = slots.into_boxed_slice();
+            }
+        }
+    }
 }
 
 impl RamBackstore {
-    /// A zero-filled store of `size` bytes.
+    /// A zero-filled store of `size` bytes, at most [`RAM_MAX_BYTES`]
+    /// (configurations are checked against it before they get here).
     pub fn new(size: u64) -> RamBackstore {
-        let n = size.div_ceil(CHUNK) as usize;
+        assert!(size <= RAM_MAX_BYTES, "{}", too_large(size));
         RamBackstore {
             size: AtomicU64::new(size),
             slots: RwLock::new(Slots {
                 size,
-                chunks: (0..n).map(|_| RwLock::new(None)).collect(),
+                leaves: (0..chunks_of(size).div_ceil(LEAF))
+                    .map(|_| OnceLock::new())
+                    .collect(),
             }),
         }
     }
@@ -126,24 +195,39 @@ impl Backstore for RamBackstore {
     }
 
     fn resize(&self, new_size: u64) -> io::Result<()> {
+        if new_size > RAM_MAX_BYTES {
+            return Err(too_large(new_size));
+        }
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
-        let n = new_size.div_ceil(CHUNK) as usize;
+        let n = chunks_of(new_size);
         if new_size < slots.size {
             // Bytes past the new end must read as zeros if the store grows
             // again: clear the tail of the last kept chunk.
             let tail = new_size % CHUNK;
             if tail != 0 {
-                if let Some(ch) = slots.chunks[n - 1]
-                    .get_mut()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_mut()
-                {
+                let last = n - 1;
+                if let Some(ch) = slots.leaves[last / LEAF].get_mut().and_then(|leaf| {
+                    leaf[last % LEAF]
+                        .get_mut()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .as_mut()
+                }) {
                     ch.data[tail as usize..].fill(0);
                     ch.clear(tail as usize, (CHUNK - tail) as usize);
                 }
             }
         }
-        slots.chunks.resize_with(n, || RwLock::new(None));
+        // The leaf that held the old end and the one that holds the new end
+        // change length; leaves wholly past the new end go.
+        let old_last = slots.leaves.len().checked_sub(1);
+        slots.leaves.truncate(n.div_ceil(LEAF));
+        slots.leaves.resize_with(n.div_ceil(LEAF), OnceLock::new);
+        if let Some(i) = old_last {
+            slots.fit_leaf(i, n);
+        }
+        if let Some(i) = n.div_ceil(LEAF).checked_sub(1) {
+            slots.fit_leaf(i, n);
+        }
         slots.size = new_size;
         self.size.store(new_size, Ordering::Release);
         Ok(())
@@ -153,7 +237,11 @@ impl Backstore for RamBackstore {
         let slots = self.slots();
         slots.check(offset, buf.len())?;
         Self::pieces(offset, buf.len(), |c, at, range| {
-            let chunk = slots.chunks[c].read().unwrap_or_else(|e| e.into_inner());
+            let Some(slot) = slots.slot(c) else {
+                buf[range].fill(0);
+                return;
+            };
+            let chunk = slot.read().unwrap_or_else(|e| e.into_inner());
             let n = range.len();
             match chunk.as_ref() {
                 Some(c) => {
@@ -170,9 +258,17 @@ impl Backstore for RamBackstore {
         let slots = self.slots();
         slots.check(offset, data.len())?;
         Self::pieces(offset, data.len(), |c, at, range| {
-            let mut chunk = slots.chunks[c].write().unwrap_or_else(|e| e.into_inner());
+            let zeros = || data[range.clone()].iter().all(|&b| b == 0);
+            if slots.slot(c).is_none() && zeros() {
+                // Zeros into a leaf no write reached: it already reads so.
+                return;
+            }
+            let mut chunk = slots
+                .slot_or_new(c)
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
             let n = range.len();
-            if chunk.is_none() && data[range.clone()].iter().all(|&b| b == 0) {
+            if chunk.is_none() && zeros() {
                 // Zeros into an unallocated chunk: it already reads so.
                 return;
             }
@@ -209,7 +305,11 @@ impl Backstore for RamBackstore {
         let slots = self.slots();
         slots.check(offset, len as usize)?;
         Self::pieces(offset, len as usize, |c, at, range| {
-            let mut chunk = slots.chunks[c].write().unwrap_or_else(|e| e.into_inner());
+            let Some(slot) = slots.slot(c) else {
+                // Never written: nothing to give back.
+                return;
+            };
+            let mut chunk = slot.write().unwrap_or_else(|e| e.into_inner());
             if at == 0 && range.len() == CHUNK as usize {
                 // A whole chunk: give the memory back.
                 *chunk = None;
@@ -244,8 +344,17 @@ impl Backstore for RamBackstore {
         let mut pos = offset;
         while pos < end {
             let c = (pos / CHUNK) as usize;
+            let Some(slot) = slots.slot(c) else {
+                // A leaf no write reached: its whole range is unmapped, and
+                // a GET LBA STATUS over a large thin LUN skips it in one step.
+                let leaf_end = ((c / LEAF + 1) * LEAF) as u64 * CHUNK;
+                let next = leaf_end.min(end);
+                push(pos, next - pos, false);
+                pos = next;
+                continue;
+            };
             let chunk_end = ((c as u64 + 1) * CHUNK).min(end);
-            let chunk = slots.chunks[c].read().unwrap_or_else(|e| e.into_inner());
+            let chunk = slot.read().unwrap_or_else(|e| e.into_inner());
             match chunk.as_ref() {
                 None => push(pos, chunk_end - pos, false),
                 Some(ch) => {
@@ -335,5 +444,174 @@ mod tests {
         s.discard(0, 4 * CHUNK).unwrap();
         s.read_at(CHUNK / 2 + 7, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0));
+    }
+
+    /// Leaves of the table that a write has reached.
+    fn leaves_made(s: &RamBackstore) -> usize {
+        s.slots()
+            .leaves
+            .iter()
+            .filter(|l| l.get().is_some())
+            .count()
+    }
+
+    #[test]
+    fn a_thin_pebibyte_store_makes_a_leaf_only_where_written() {
+        let s = RamBackstore::new(RAM_MAX_BYTES);
+        assert_eq!(s.slots().leaves.len(), 262_144);
+        assert_eq!(leaves_made(&s), 0);
+        // Zeros anywhere, reads and discards make nothing.
+        s.write_at(RAM_MAX_BYTES / 2, &[0u8; 4096]).unwrap();
+        s.read_at(RAM_MAX_BYTES / 3, &mut [7u8; 512]).unwrap();
+        s.discard(0, 64 * CHUNK).unwrap();
+        assert_eq!(leaves_made(&s), 0);
+        let end = RAM_MAX_BYTES - 4096;
+        s.write_at(end, &[9u8; 4096]).unwrap();
+        assert_eq!(leaves_made(&s), 1);
+        let mut back = [0u8; 4096];
+        s.read_at(end, &mut back).unwrap();
+        assert_eq!(back, [9u8; 4096]);
+        // The whole capacity's map in three extents, leaf by leaf.
+        assert_eq!(
+            mapped(&s, 0, RAM_MAX_BYTES),
+            vec![(0, end, false), (end, 4096, true)]
+        );
+        assert!(s.resize(RAM_MAX_BYTES + 512).is_err());
+        assert_eq!(s.size(), RAM_MAX_BYTES);
+    }
+
+    #[test]
+    #[should_panic(expected = "at most")]
+    fn a_store_past_the_largest_is_refused() {
+        RamBackstore::new(RAM_MAX_BYTES + 1);
+    }
+
+    #[test]
+    fn resizing_across_leaves_keeps_what_stays_and_zeros_what_went() {
+        let leaf = LEAF as u64 * CHUNK;
+        let s = RamBackstore::new(leaf + 2 * CHUNK);
+        s.write_at(leaf - 100, &[1u8; 200]).unwrap();
+        s.write_at(leaf + 2 * CHUNK - 10, &[2u8; 10]).unwrap();
+        assert_eq!(leaves_made(&s), 2);
+        // Shrink into the first leaf: the second goes, the first keeps its head.
+        s.resize(leaf - 50).unwrap();
+        assert_eq!(s.slots().leaves.len(), 1);
+        s.resize(3 * leaf).unwrap();
+        let mut back = [0u8; 200];
+        s.read_at(leaf - 100, &mut back).unwrap();
+        assert_eq!(&back[..50], &[1u8; 50]);
+        assert!(back[50..].iter().all(|&b| b == 0));
+        let mut tail = [5u8; 10];
+        s.read_at(leaf + 2 * CHUNK - 10, &mut tail).unwrap();
+        assert_eq!(tail, [0u8; 10]);
+        // The first leaf, short before, now has a full leaf's slots.
+        s.write_at(leaf - 1, &[3u8; 2]).unwrap();
+        s.write_at(3 * leaf - 1, &[4u8]).unwrap();
+        let mut b = [0u8; 2];
+        s.read_at(leaf - 1, &mut b).unwrap();
+        assert_eq!(b, [3, 3]);
+        assert_eq!(mapped(&s, leaf - 512, 1024), vec![(leaf - 512, 1024, true)]);
+    }
+
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeMap;
+
+        const LEAF_BYTES: u64 = LEAF as u64 * CHUNK;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Write { at: u64, len: usize, byte: u8 },
+            Discard { at: u64, len: u64 },
+            Resize { size: u64 },
+            Read { at: u64, len: usize },
+        }
+
+        /// Places where the table's structure changes: chunk and leaf edges.
+        fn place() -> impl Strategy<Value = u64> {
+            let edges = prop::sample::select(vec![
+                0,
+                CHUNK,
+                LEAF_BYTES - CHUNK,
+                LEAF_BYTES,
+                LEAF_BYTES + CHUNK,
+                2 * LEAF_BYTES,
+            ]);
+            (edges, -5000i64..5000).prop_map(|(e, d)| e.saturating_add_signed(d))
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                (place(), 1usize..9000, 1u8..=255).prop_map(|(at, len, byte)| Op::Write {
+                    at,
+                    len,
+                    byte
+                }),
+                (place(), 1u64..3 * CHUNK).prop_map(|(at, len)| Op::Discard { at, len }),
+                place().prop_map(|size| Op::Resize { size: size.max(1) }),
+                (place(), 1usize..9000).prop_map(|(at, len)| Op::Read { at, len }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+            /// The store against a map of the bytes written, over writes,
+            /// discards, reads and resizes at chunk and leaf edges: reads
+            /// match, every byte that holds data is mapped, out-of-range
+            /// requests fail and change nothing.
+            #[test]
+            fn the_store_reads_as_a_plain_byte_map(ops in prop::collection::vec(op(), 1..40)) {
+                let mut size = LEAF_BYTES + 2 * CHUNK;
+                let s = RamBackstore::new(size);
+                let mut model: BTreeMap<u64, u8> = BTreeMap::new();
+                for op in ops {
+                    match op {
+                        Op::Write { at, len, byte } => {
+                            let r = s.write_at(at, &vec![byte; len]);
+                            prop_assert_eq!(r.is_ok(), at + len as u64 <= size);
+                            if r.is_ok() {
+                                for o in at..at + len as u64 {
+                                    model.insert(o, byte);
+                                }
+                            }
+                        }
+                        Op::Discard { at, len } => {
+                            let r = s.discard(at, len);
+                            prop_assert_eq!(r.is_ok(), at + len <= size);
+                            if r.is_ok() {
+                                let gone: Vec<u64> = model.range(at..at + len).map(|(&o, _)| o).collect();
+                                for o in gone {
+                                    model.remove(&o);
+                                }
+                            }
+                        }
+                        Op::Resize { size: new } => {
+                            s.resize(new).unwrap();
+                            size = new;
+                            model.retain(|&o, _| o < size);
+                        }
+                        Op::Read { at, len } => {
+                            let mut buf = vec![0xa5u8; len];
+                            let r = s.read_at(at, &mut buf);
+                            prop_assert_eq!(r.is_ok(), at + len as u64 <= size);
+                            if r.is_ok() {
+                                for (i, &b) in buf.iter().enumerate() {
+                                    let want = model.get(&(at + i as u64)).copied().unwrap_or(0);
+                                    prop_assert_eq!(b, want, "byte {}", at + i as u64);
+                                }
+                            }
+                        }
+                    }
+                }
+                prop_assert_eq!(s.size(), size);
+                let map = s.allocation(0, size).unwrap().unwrap();
+                prop_assert_eq!(map.iter().map(|e| e.len).sum::<u64>(), size);
+                for &o in model.keys() {
+                    let e = map.iter().find(|e| e.offset <= o && o < e.offset + e.len).unwrap();
+                    prop_assert!(e.mapped, "byte {} holds data but is unmapped", o);
+                }
+            }
+        }
     }
 }
