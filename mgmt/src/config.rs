@@ -502,7 +502,7 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     match text[at..].chars().next() {
         Some(c) if c.is_control() => format!(
             "control character U+{:04X} at column {column}: TOML allows no control character \
-             other than tab in comments and strings (write it as \\u{:04X} inside a string)",
+             other than tab in comments and strings (remove it; inside a string, write \\u{:04X})",
             c as u32, c as u32
         ),
         Some(c) => format!("unexpected {c:?} at column {column}"),
