@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blockwire_target::backstore::{
-    striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore, RamBackstore,
-    StripedBackstore, RAM_MAX_BYTES,
+    ram_size_refusal, striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore,
+    RamBackstore, StripedBackstore,
 };
 use blockwire_target::iscsi::catalog::{
     Acl, AuthPolicy, Catalog, ChapSecret, DataPathPolicy, PortalGroup, TargetEntry,
@@ -1111,14 +1111,15 @@ impl TargetConfig {
                 let kept = ctx
                     .reuse
                     .and_then(|r| r.get(&(name.to_ascii_lowercase(), l.id)).cloned());
-                if let Some(size) = size.filter(|&n| kind == "ram" && n > RAM_MAX_BYTES) {
+                // Checked here and not only by the store, so that --check and
+                // --no-disk (which build no RAM store) refuse it too.
+                if let Some(why) = size.filter(|_| kind == "ram").and_then(ram_size_refusal) {
                     let span = l.size.as_ref().map_or(lspan.clone(), Spanned::span);
                     return Err(ctx.err(
                         span,
                         "target.lun.size",
                         format!(
-                            "a ram LUN holds at most 1 PiB ({RAM_MAX_BYTES} bytes), not {size}: \
-                             a larger thin LUN belongs on a sparse file (backstore = \"file\")"
+                            "{why}: a larger thin LUN belongs on a sparse file (backstore = \"file\")"
                         ),
                     ));
                 }

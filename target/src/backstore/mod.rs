@@ -35,7 +35,7 @@ pub mod striped;
 
 pub use file::{FileBackstore, FileMode};
 pub use null::NullBackstore;
-pub use ram::{RamBackstore, RAM_MAX_BYTES};
+pub use ram::{ram_size_refusal, RamBackstore, RAM_MAX_BYTES};
 pub use striped::StripedBackstore;
 
 use std::io;

@@ -107,11 +107,17 @@ fn empty_slots(n: usize) -> Box<[Slot]> {
     (0..n).map(|_| RwLock::new(None)).collect()
 }
 
+/// Why a RAM store cannot have `size` bytes, if it cannot: the one wording
+/// of the limit, for the store's own errors and for configurations that ask
+/// for more (which add the field and the fix).
+pub fn ram_size_refusal(size: u64) -> Option<String> {
+    (size > RAM_MAX_BYTES)
+        .then(|| format!("a ram LUN holds at most 1 PiB ({RAM_MAX_BYTES} bytes), not {size}"))
+}
+
 fn too_large(size: u64) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("a RAM store holds at most {RAM_MAX_BYTES} bytes (1 PiB); {size} bytes asked"),
-    )
+    let why = ram_size_refusal(size).unwrap_or_default();
+    io::Error::new(io::ErrorKind::InvalidInput, why)
 }
 
 impl Slots {
@@ -159,7 +165,9 @@ impl RamBackstore {
     /// A zero-filled store of `size` bytes, at most [`RAM_MAX_BYTES`]
     /// (configurations are checked against it before they get here).
     pub fn new(size: u64) -> RamBackstore {
-        assert!(size <= RAM_MAX_BYTES, "{}", too_large(size));
+        if let Some(why) = ram_size_refusal(size) {
+            panic!("{why}");
+        }
         RamBackstore {
             size: AtomicU64::new(size),
             slots: RwLock::new(Slots {
@@ -195,7 +203,7 @@ impl Backstore for RamBackstore {
     }
 
     fn resize(&self, new_size: u64) -> io::Result<()> {
-        if new_size > RAM_MAX_BYTES {
+        if ram_size_refusal(new_size).is_some() {
             return Err(too_large(new_size));
         }
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
