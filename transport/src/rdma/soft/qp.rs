@@ -6,6 +6,14 @@
 //! to the responder), the responder (serves requests strictly in order, so responses go
 //! back in order; it waits for a posted receive before consuming a SEND, like an RNR
 //! retry that never gives up) and a writer (frames → socket).
+//!
+//! A real RC queue pair buffers nothing for its peer: RDMA READs beyond the responder's
+//! resources wait at the requester, a SEND with no receive posted is refused (RNR NAK)
+//! and retried. Here the responder's queues have budgets ([`REQUEST_BYTES`],
+//! [`ANSWER_BYTES`], [`QUEUED_FRAMES`]); while one is spent the reader reads no more
+//! requests, and TCP's flow control holds the peer back instead of this side's memory
+//! growing. A well-behaved peer, whose requests in flight are bounded by its send queue,
+//! rarely meets a budget, and then only waits.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -16,8 +24,8 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Notify};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::memory::KeyTable;
 use super::wire::{self, Header, Kind, HEADER_LEN, MAGIC, MAX_PAYLOAD};
@@ -28,6 +36,33 @@ use crate::rdma::{
 };
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Payload bytes of the peer's requests (RDMA WRITE and SEND data) read and not yet
+/// served. A frame's share is taken before its payload is read, so at most this much
+/// waits, for instance behind a SEND that has no receive to land in. At least one
+/// frame of the largest size must fit.
+const REQUEST_BYTES: usize = MAX_PAYLOAD;
+/// Bytes of RDMA READ answers built and not yet written to the socket: the responder's
+/// resources for a peer that asks faster than it takes the answers.
+const ANSWER_BYTES: usize = MAX_PAYLOAD;
+/// Requests, and answers, queued at most: a zero-length WRITE costs no bytes, but its
+/// queue entry and acknowledgement do. Above any send queue depth used here (1024), so
+/// a well-behaved peer never waits for it.
+const QUEUED_FRAMES: usize = 4096;
+
+/// A request read from the socket, holding its share of [`REQUEST_BYTES`] until served.
+struct Request {
+    header: Header,
+    payload: Vec<u8>,
+    budget: OwnedSemaphorePermit,
+}
+
+/// The responder's answer to one request; a READ answer holds its share of
+/// [`ANSWER_BYTES`] until written.
+struct Answer {
+    frame: Bytes,
+    budget: Option<OwnedSemaphorePermit>,
+}
 
 struct Pending {
     wr_id: u64,
@@ -299,7 +334,8 @@ fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -
     let peer_addr = stream.peer_addr()?;
     let (rd, wr) = stream.into_split();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
-    let (req_tx, req_rx) = mpsc::unbounded_channel();
+    let (req_tx, req_rx) = mpsc::channel(QUEUED_FRAMES);
+    let (answer_tx, answer_rx) = mpsc::channel(QUEUED_FRAMES);
     let shared = Arc::new(Shared {
         keys: init.pd.keys.clone(),
         send_cq: init.send_cq,
@@ -310,9 +346,9 @@ fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -
         recv_posted: Notify::new(),
     });
     let tasks = vec![
-        tokio::spawn(writer(wr, out_rx)),
+        tokio::spawn(writer(wr, out_rx, answer_rx)),
         tokio::spawn(reader(rd, shared.clone(), req_tx)),
-        tokio::spawn(responder(shared.clone(), req_rx)),
+        tokio::spawn(responder(shared.clone(), req_rx, answer_tx)),
     ];
     Ok(SoftQp {
         shared,
@@ -322,39 +358,65 @@ fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -
     })
 }
 
-async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Bytes>) {
-    while let Some(f) = rx.recv().await {
-        if wr.write_all(&f).await.is_err() {
+/// Writes this side's requests (bounded by the send queue) and the responder's answers.
+async fn writer(
+    mut wr: OwnedWriteHalf,
+    mut requests: mpsc::UnboundedReceiver<Bytes>,
+    mut answers: mpsc::Receiver<Answer>,
+) {
+    loop {
+        let (frame, budget) = tokio::select! {
+            Some(f) = requests.recv() => (f, None),
+            Some(a) = answers.recv() => (a.frame, a.budget),
+            else => break,
+        };
+        if wr.write_all(&frame).await.is_err() {
             break;
         }
+        // Only now is the answer's memory free to count again.
+        drop(budget);
     }
     let _ = wr.shutdown().await;
 }
 
-async fn read_frame(rd: &mut OwnedReadHalf) -> Result<(Header, Vec<u8>)> {
+/// Reads one frame. A request's payload is read only once it has its share of
+/// `request_bytes`; until then the socket is not read.
+async fn read_frame(
+    rd: &mut OwnedReadHalf,
+    request_bytes: &Arc<Semaphore>,
+) -> Result<(Header, Vec<u8>, Option<OwnedSemaphorePermit>)> {
     let mut hb = [0u8; HEADER_LEN];
     rd.read_exact(&mut hb).await?;
     let h = Header::decode(&hb)?;
+    let budget = if h.kind.is_request() {
+        // `decode` bounds len by MAX_PAYLOAD, which the budget holds whole.
+        let share = request_bytes.clone().acquire_many_owned(h.len).await;
+        Some(share.map_err(|_| RdmaError::QpError)?)
+    } else {
+        None
+    };
     let mut payload = vec![0u8; h.len as usize];
     rd.read_exact(&mut payload).await?;
-    Ok((h, payload))
+    Ok((h, payload, budget))
 }
 
-async fn reader(
-    mut rd: OwnedReadHalf,
-    shared: Arc<Shared>,
-    req_tx: mpsc::UnboundedSender<(Header, Vec<u8>)>,
-) {
+async fn reader(mut rd: OwnedReadHalf, shared: Arc<Shared>, req_tx: mpsc::Sender<Request>) {
+    let request_bytes = Arc::new(Semaphore::new(REQUEST_BYTES));
     loop {
-        let (h, payload) = match read_frame(&mut rd).await {
+        let (h, payload, budget) = match read_frame(&mut rd, &request_bytes).await {
             Ok(f) => f,
             Err(e) => {
                 tracing::debug!("soft RDMA connection closed: {e}");
                 break;
             }
         };
-        if h.kind.is_request() {
-            if req_tx.send((h, payload)).is_err() {
+        if let Some(budget) = budget {
+            let request = Request {
+                header: h,
+                payload,
+                budget,
+            };
+            if req_tx.send(request).await.is_err() {
                 break;
             }
         } else if matches!(h.kind, Kind::Ack | Kind::ReadResp) {
@@ -375,8 +437,19 @@ async fn reader(
 
 /// The responder: serves the peer's requests against this side's registered memory,
 /// without involving the upper layer.
-async fn responder(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(Header, Vec<u8>)>) {
-    while let Some((h, payload)) = rx.recv().await {
+async fn responder(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Request>,
+    answers: mpsc::Sender<Answer>,
+) {
+    let answer_bytes = Arc::new(Semaphore::new(ANSWER_BYTES));
+    while let Some(request) = rx.recv().await {
+        let Request {
+            header: h,
+            payload,
+            budget: held,
+        } = request;
+        let mut budget = None;
         let reply = match h.kind {
             Kind::Write => {
                 let mut a = Header::new(Kind::Ack);
@@ -384,10 +457,15 @@ async fn responder(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(Header,
                 wire::frame(a, &[])
             }
             Kind::ReadReq => {
+                // `decode` bounds aux by MAX_PAYLOAD, which the budget holds whole.
+                let Ok(share) = answer_bytes.clone().acquire_many_owned(h.aux).await else {
+                    return;
+                };
                 let mut data = vec![0u8; h.aux as usize];
                 let status = shared.keys.remote_read(h.rkey, h.addr, &mut data);
                 let mut a = Header::new(Kind::ReadResp);
                 a.status = status;
+                budget = status.is_ok().then_some(share);
                 wire::frame(a, if status.is_ok() { &data } else { &[] })
             }
             Kind::Send => {
@@ -400,7 +478,15 @@ async fn responder(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(Header,
             }
             _ => unreachable!("reader forwards requests only"),
         };
-        shared.send_frame(reply.freeze());
+        // Served: the payload's bytes no longer wait.
+        drop((payload, held));
+        let answer = Answer {
+            frame: reply.freeze(),
+            budget,
+        };
+        if answers.send(answer).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -471,15 +557,46 @@ pub(super) async fn connect(
     }
 }
 
+/// CONNECT frames awaited at once at most; past this the listener takes no more TCP
+/// connections until a handshake ends (each ends within [`HANDSHAKE_TIMEOUT`]).
+const HANDSHAKES: usize = 64;
+
 /// Passive side: a TCP listener that reads CONNECT frames.
 pub struct SoftListener {
     listener: TcpListener,
+    /// Connections whose CONNECT frame is awaited, each in its own task: a peer that
+    /// connects and sends nothing holds up no one else.
+    handshakes: JoinSet<(SocketAddr, Result<(TcpStream, Vec<u8>)>)>,
+}
+
+/// Reads a CONNECT frame and its private data.
+async fn handshake(mut stream: TcpStream) -> Result<(TcpStream, Vec<u8>)> {
+    let connect = async {
+        let mut hb = [0u8; HEADER_LEN];
+        stream.read_exact(&mut hb).await?;
+        let h = Header::decode(&hb)?;
+        if h.kind != Kind::Connect || h.aux != MAGIC {
+            return Err(RdmaError::Protocol("not a soft RDMA CONNECT".into()));
+        }
+        let mut pd = vec![0u8; h.len as usize];
+        stream.read_exact(&mut pd).await?;
+        Ok(pd)
+    };
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
+        Ok(Ok(private_data)) => Ok((stream, private_data)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(RdmaError::Protocol(format!(
+            "no CONNECT within {} s",
+            HANDSHAKE_TIMEOUT.as_secs()
+        ))),
+    }
 }
 
 impl SoftListener {
     pub(super) async fn bind(addr: SocketAddr) -> Result<SoftListener> {
         Ok(SoftListener {
             listener: TcpListener::bind(addr).await?,
+            handshakes: JoinSet::new(),
         })
     }
 }
@@ -496,29 +613,24 @@ impl RdmaListener for SoftListener {
 
     async fn accept(&mut self) -> Result<SoftConnectRequest> {
         loop {
-            let (mut stream, peer) = self.listener.accept().await?;
-            let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-                let mut hb = [0u8; HEADER_LEN];
-                stream.read_exact(&mut hb).await?;
-                let h = Header::decode(&hb)?;
-                if h.kind != Kind::Connect || h.aux != MAGIC {
-                    return Err(RdmaError::Protocol("not a soft RDMA CONNECT".into()));
+            tokio::select! {
+                accepted = self.listener.accept(), if self.handshakes.len() < HANDSHAKES => {
+                    let (stream, peer) = accepted?;
+                    self.handshakes.spawn(async move { (peer, handshake(stream).await) });
                 }
-                let mut pd = vec![0u8; h.len as usize];
-                stream.read_exact(&mut pd).await?;
-                Ok(pd)
-            })
-            .await;
-            match hs {
-                Ok(Ok(private_data)) => {
-                    return Ok(SoftConnectRequest {
-                        stream,
-                        peer,
-                        private_data,
-                    })
-                }
-                Ok(Err(e)) => tracing::warn!("soft RDMA: refused connection from {peer}: {e}"),
-                Err(_) => tracing::warn!("soft RDMA: handshake from {peer} timed out"),
+                Some(ended) = self.handshakes.join_next() => match ended {
+                    Ok((peer, Ok((stream, private_data)))) => {
+                        return Ok(SoftConnectRequest {
+                            stream,
+                            peer,
+                            private_data,
+                        })
+                    }
+                    Ok((peer, Err(e))) => {
+                        tracing::warn!("soft RDMA: refused connection from {peer}: {e}")
+                    }
+                    Err(e) => tracing::warn!("soft RDMA: a handshake task failed: {e}"),
+                },
             }
         }
     }
@@ -559,3 +671,7 @@ impl ConnectRequest for SoftConnectRequest {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "qp_tests.rs"]
+mod tests;

@@ -1,0 +1,267 @@
+//! A soft queue pair's memory against a peer that does not keep up.
+//!
+//! A real RC queue pair never buffers for its peer: an RDMA READ beyond the responder's
+//! resources waits at the requester, and a SEND with no receive posted is refused with
+//! RNR NAK and retried by the sender. Over TCP, the soft provider gets the same effect by
+//! reading no more requests while its budgets are spent, so TCP pushes back on the
+//! peer. These tests play a raw peer on a TCP socket (it speaks the frame format and
+//! ignores every rule of a well-behaved requester) and watch this process's resident
+//! memory. Each nextest test is its own process, so the growth is the queue pair's.
+
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::super::wire::{self, Header, Kind, HEADER_LEN, MAGIC};
+use super::super::SoftProvider;
+use crate::rdma::{
+    AccessFlags, AlignedBuf, CompletionQueue, ConnectRequest, MemoryRegion, ProtectionDomain,
+    QpCaps, QpInit, QueuePair, RdmaListener, RdmaProvider, RecvWr, Sge, WcStatus,
+};
+
+const MIB: usize = 1 << 20;
+
+/// Resident bytes of this process.
+fn resident() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|f| f.parse().ok())
+        .expect("statm's second field");
+    pages * 4096
+}
+
+/// Waits at least two seconds, and then until resident memory has not grown for one
+/// (at most `limit` in all); returns the highest growth seen since `base`.
+async fn settled_growth(base: usize, limit: Duration) -> usize {
+    let start = Instant::now();
+    let (mut high, mut since) = (resident(), Instant::now());
+    let settling = |start: Instant, since: Instant| {
+        start.elapsed() < Duration::from_secs(2) || since.elapsed() < Duration::from_secs(1)
+    };
+    while start.elapsed() < limit && settling(start, since) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = resident();
+        if now > high + MIB {
+            (high, since) = (now, Instant::now());
+        }
+    }
+    high.saturating_sub(base)
+}
+
+struct Served<P: RdmaProvider> {
+    qp: P::Qp,
+    pd: P::Pd,
+    recv_cq: P::Cq,
+}
+
+/// A soft listener that accepts one raw peer: the peer's socket and this side's queue pair.
+async fn raw_peer(p: &SoftProvider) -> (TcpStream, Served<SoftProvider>) {
+    let mut listener = p.listen("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let at = listener.local_addr();
+    let mut peer = TcpStream::connect(at).await.unwrap();
+    let mut connect = Header::new(Kind::Connect);
+    connect.aux = MAGIC;
+    peer.write_all(&wire::frame(connect, b"raw")).await.unwrap();
+    let request = listener.accept().await.unwrap();
+    let init: QpInit<SoftProvider> = QpInit {
+        pd: p.alloc_pd().unwrap(),
+        send_cq: p.create_cq(64).unwrap(),
+        recv_cq: p.create_cq(64).unwrap(),
+        caps: QpCaps::default(),
+    };
+    let served = Served {
+        pd: init.pd.clone(),
+        recv_cq: init.recv_cq.clone(),
+        qp: request.accept(init, b"").await.unwrap(),
+    };
+    let accept = read_frame(&mut peer).await.0;
+    assert_eq!(accept.kind, Kind::Accept);
+    (peer, served)
+}
+
+async fn read_frame(peer: &mut (impl AsyncRead + Unpin)) -> (Header, Vec<u8>) {
+    let mut hb = [0u8; HEADER_LEN];
+    peer.read_exact(&mut hb).await.unwrap();
+    let h = Header::decode(&hb).unwrap();
+    let mut payload = vec![0u8; h.len as usize];
+    peer.read_exact(&mut payload).await.unwrap();
+    (h, payload)
+}
+
+/// Writes `frame` `times` times from a task (it blocks once this side stops reading).
+fn send_repeatedly(
+    mut peer: tokio::net::tcp::OwnedWriteHalf,
+    frame: BytesMut,
+    times: usize,
+) -> tokio::task::JoinHandle<tokio::net::tcp::OwnedWriteHalf> {
+    tokio::spawn(async move {
+        for _ in 0..times {
+            peer.write_all(&frame).await.unwrap();
+        }
+        peer
+    })
+}
+
+/// RDMA READ requests whose answers the peer does not read: 256 of 4 MiB would queue
+/// 1 GiB of answers. Once read, every answer arrives whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_read_answers_stay_bounded() {
+    let p = SoftProvider::default();
+    let (peer, served) = raw_peer(&p).await;
+    let len = 4 * MIB;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let mr = served.pd.register(AlignedBuf::new(len), access).unwrap();
+    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    mr.write_at(0, &pattern).unwrap();
+
+    let (mut rd, wr) = peer.into_split();
+    let base = resident();
+    let mut ask = Header::new(Kind::ReadReq);
+    (ask.addr, ask.rkey, ask.aux) = (mr.addr(), mr.rkey(), len as u32);
+    let asking = send_repeatedly(wr, wire::frame(ask, &[]), 256);
+    let growth = settled_growth(base, Duration::from_secs(20)).await;
+    assert!(
+        growth < 160 * MIB,
+        "resident memory grew by {} MiB while the peer left READ answers unread",
+        growth / MIB
+    );
+
+    for n in 0..256 {
+        let (h, data) = read_frame(&mut rd).await;
+        assert_eq!(
+            (h.kind, h.status),
+            (Kind::ReadResp, WcStatus::Success),
+            "answer {n}"
+        );
+        assert!(data == pattern, "answer {n} differs from the region");
+    }
+    drop(asking.await.unwrap());
+    drop(served.qp);
+}
+
+/// SENDs with no receive posted: 64 of 4 MiB would queue 256 MiB of payloads. Once the
+/// receives are posted, each SEND lands in its own, in order, and is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_without_receives_stay_bounded() {
+    let p = SoftProvider::default();
+    let (peer, served) = raw_peer(&p).await;
+    let len = 4 * MIB;
+    let (mut rd, wr) = peer.into_split();
+    let base = resident();
+    let payload = vec![0x5au8; len];
+    let sending = send_repeatedly(wr, wire::frame(Header::new(Kind::Send), &payload), 64);
+    drop(payload);
+    let growth = settled_growth(base, Duration::from_secs(20)).await;
+    assert!(
+        growth < 160 * MIB,
+        "resident memory grew by {} MiB while SENDs waited for receives",
+        growth / MIB
+    );
+
+    let mr = served
+        .pd
+        .register(AlignedBuf::new(len), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    for n in 0..64u64 {
+        mr.write_at(0, &[0u8; 8]).unwrap();
+        let sge = Sge {
+            addr: mr.addr(),
+            length: len as u32,
+            lkey: mr.lkey(),
+        };
+        served
+            .qp
+            .post_recv(RecvWr {
+                wr_id: n,
+                sgl: vec![sge],
+            })
+            .unwrap();
+        let c = tokio::time::timeout(Duration::from_secs(10), served.recv_cq.next())
+            .await
+            .expect("a receive completes")
+            .unwrap();
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len as usize),
+            (n, WcStatus::Success, len)
+        );
+        let mut head = [0u8; 8];
+        mr.read_at(0, &mut head).unwrap();
+        assert_eq!(head, [0x5a; 8], "SEND {n} landed");
+        let (ack, _) = read_frame(&mut rd).await;
+        assert_eq!(
+            (ack.kind, ack.status),
+            (Kind::Ack, WcStatus::Success),
+            "ack {n}"
+        );
+    }
+    drop(sending.await.unwrap());
+}
+
+/// Zero-length RDMA WRITEs whose acknowledgements the peer does not read: each asks
+/// nothing of memory, but two million queued acknowledgements would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_acknowledgements_stay_bounded() {
+    let p = SoftProvider::default();
+    let (peer, served) = raw_peer(&p).await;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mr = served.pd.register(AlignedBuf::new(4096), access).unwrap();
+    let (mut rd, wr) = peer.into_split();
+    let base = resident();
+    let mut put = Header::new(Kind::Write);
+    (put.addr, put.rkey) = (mr.addr(), mr.rkey());
+    let mut burst = BytesMut::new();
+    for _ in 0..4096 {
+        burst.extend_from_slice(&wire::frame(put, &[]));
+    }
+    let times = 512;
+    let putting = send_repeatedly(wr, burst, times);
+    let growth = settled_growth(base, Duration::from_secs(20)).await;
+    assert!(
+        growth < 32 * MIB,
+        "resident memory grew by {} MiB while acknowledgements went unread",
+        growth / MIB
+    );
+    for n in 0..times * 4096 {
+        let (ack, _) = read_frame(&mut rd).await;
+        assert_eq!(
+            (ack.kind, ack.status),
+            (Kind::Ack, WcStatus::Success),
+            "ack {n}"
+        );
+    }
+    drop(putting.await.unwrap());
+    drop(served.qp);
+}
+
+/// Peers that open a TCP connection and never send CONNECT (a port scan, an initiator
+/// that died mid-connect) hold up no one else: a real connect made behind two of them
+/// is accepted long before their handshakes time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_do_not_hold_up_the_listener() {
+    let p = SoftProvider::default();
+    let mut listener = p.listen("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let at = listener.local_addr();
+    let server = tokio::spawn(async move {
+        let request = listener.accept().await.unwrap();
+        (request.private_data().to_vec(), listener)
+    });
+    let silent_a = TcpStream::connect(at).await.unwrap();
+    let silent_b = TcpStream::connect(at).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut real = TcpStream::connect(at).await.unwrap();
+    let mut connect = Header::new(Kind::Connect);
+    connect.aux = MAGIC;
+    real.write_all(&wire::frame(connect, b"real"))
+        .await
+        .unwrap();
+    let (private_data, _listener) = tokio::time::timeout(super::HANDSHAKE_TIMEOUT / 2, server)
+        .await
+        .expect("the real connect is accepted while the silent ones wait")
+        .unwrap();
+    assert!(private_data == b"real", "accepted {private_data:?}");
+    drop((silent_a, silent_b));
+}
