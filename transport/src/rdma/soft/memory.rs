@@ -8,7 +8,7 @@
 //! exclusively after removing the key from the table) waits for in-flight accesses.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -242,6 +242,9 @@ pub(crate) struct Region {
     access: AccessFlags,
     lkey: u32,
     rkey: AtomicU32,
+    /// The slot's key generations, shared with the slot: a new rkey takes the next one,
+    /// so no key the slot gave out before comes back within 256 issues.
+    generations: Arc<Generations>,
     /// `true` while registered. Provider accesses hold it shared (reads) or exclusive
     /// (writes); deregistration and rkey invalidation hold it exclusive.
     live: RwLock<bool>,
@@ -355,14 +358,12 @@ impl Region {
     /// Replace the rkey; returns the new one. Waits for in-flight accesses.
     pub fn invalidate_rkey(&self) -> u32 {
         let _g = self.live.write().unwrap();
-        let old = self.rkey.load(Ordering::Acquire);
-        let new = (old & !0xff) | ((old.wrapping_add(1)) & 0xff);
+        let index = self.lkey >> 8;
+        let mut new = self.generations.issue(index);
         // Keep the rkey distinct from the lkey so neither can stand for the other.
-        let new = if new == self.lkey {
-            (new & !0xff) | (new.wrapping_add(1) & 0xff)
-        } else {
-            new
-        };
+        if new == self.lkey {
+            new = self.generations.issue(index);
+        }
         self.rkey.store(new, Ordering::Release);
         new
     }
@@ -403,7 +404,21 @@ pub(crate) struct KeyTable {
 #[derive(Default)]
 struct Slot {
     region: Option<Arc<Region>>,
-    generation: u8,
+    generations: Arc<Generations>,
+}
+
+/// The 8-bit generations of one key-table slot. Every key the slot issues (a
+/// registration's lkey and rkey, each rkey invalidation) takes the next one, so a key
+/// stays stale until the slot has issued 256 more: a peer holding an invalidated rkey,
+/// or one of a deregistered region, cannot reach the region registered there next.
+#[derive(Default)]
+struct Generations(AtomicU8);
+
+impl Generations {
+    /// The next key for slot `index`.
+    fn issue(&self, index: u32) -> u32 {
+        (index << 8) | u32::from(self.0.fetch_add(1, Ordering::AcqRel).wrapping_add(1))
+    }
 }
 
 impl KeyTable {
@@ -487,9 +502,9 @@ impl KeyTable {
         let pinned = !self.config.no_pin && self.pins.pin(addr as usize, len, &self.counters);
         let mut slots = self.slots.write().unwrap();
         let slot = &mut slots[index as usize];
-        slot.generation = slot.generation.wrapping_add(2);
-        let lkey = (index << 8) | slot.generation as u32;
-        let rkey = (index << 8) | slot.generation.wrapping_add(1) as u32;
+        let generations = slot.generations.clone();
+        let lkey = generations.issue(index);
+        let rkey = generations.issue(index);
         let region = Arc::new(Region {
             base: addr,
             addr: addr as usize,
@@ -497,6 +512,7 @@ impl KeyTable {
             access,
             lkey,
             rkey: AtomicU32::new(rkey),
+            generations,
             live: RwLock::new(true),
             pinned,
             _owned: owned,
@@ -789,6 +805,33 @@ mod tests {
             WcStatus::RemoteAccessError
         );
         assert_eq!(t.counters().deregistrations.load(Ordering::Relaxed), 1);
+    }
+
+    /// The registration cache invalidates a region's rkey each time its last I/O
+    /// releases it. A key the region held, stale since, must not open the next region
+    /// registered in the same slot: a peer's late RDMA WRITE with it (after the command
+    /// was aborted, say) would land in another I/O's buffer.
+    #[test]
+    fn stale_keys_miss_the_slots_next_regions() {
+        let t = table();
+        let mut stale = Vec::new();
+        for round in 0..8 {
+            let r = reg(&t, 4096, AccessFlags::ALL);
+            for _ in 0..round % 4 {
+                stale.push(r.rkey());
+                r.invalidate_rkey();
+            }
+            for &key in &stale {
+                assert_eq!(
+                    t.remote_write(key, r.addr(), b"x"),
+                    WcStatus::RemoteAccessError,
+                    "stale key {key:#x} opened region {r:?} (round {round})"
+                );
+            }
+            assert_eq!(t.remote_write(r.rkey(), r.addr(), b"x"), WcStatus::Success);
+            stale.extend([r.rkey(), r.lkey()]);
+            t.deregister(&r);
+        }
     }
 
     #[test]
