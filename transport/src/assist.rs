@@ -117,6 +117,7 @@ impl BindRequest {
 
     /// Decodes a bind request. InfiniBand's connection manager pads private data to a
     /// fixed length, so zeros after the request are accepted; anything else is not.
+    /// The reserved byte is ignored, as reserved fields are on receipt.
     pub fn decode(b: &[u8]) -> Option<BindRequest> {
         let end = 8 + TOKEN_LEN;
         if b.len() < end
@@ -247,6 +248,66 @@ impl Descriptor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn any_chunk() -> impl Strategy<Value = RemoteBuf> {
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, len, rkey)| RemoteBuf {
+            addr,
+            len: u64::from(len),
+            rkey,
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn descriptors_roundtrip(
+            read in any::<bool>(),
+            chunks in proptest::collection::vec(any_chunk(), 1..=MAX_CHUNKS),
+        ) {
+            let dir = if read { Direction::Read } else { Direction::Write };
+            let d = Descriptor { dir, chunks };
+            prop_assert_eq!(Descriptor::from_ahs(&[d.to_ahs()]), Ok(Some(d)));
+        }
+
+        #[test]
+        fn descriptor_bodies_decode_to_what_they_encode(
+            body in proptest::collection::vec(any::<u8>(), 0..1100),
+        ) {
+            let ahs = Ahs::Other { ahs_type: AHS_RDMA_DESCRIPTOR, specific: body };
+            if let Ok(Some(d)) = Descriptor::from_ahs(std::slice::from_ref(&ahs)) {
+                prop_assert!((1..=MAX_CHUNKS).contains(&d.chunks.len()));
+                prop_assert_eq!(Descriptor::from_ahs(&[d.to_ahs()]), Ok(Some(d)));
+            }
+        }
+
+        #[test]
+        fn grants_roundtrip(
+            backend in "[a-z][a-z0-9_-]{0,15}",
+            ip in any::<std::net::IpAddr>(),
+            port in any::<u16>(),
+            token in any::<[u8; TOKEN_LEN]>(),
+        ) {
+            let g = Grant { backend, endpoint: SocketAddr::new(ip, port), token };
+            prop_assert_eq!(Grant::parse(&g.to_value()), Some(g));
+        }
+
+        #[test]
+        fn bind_requests_roundtrip_with_padding(
+            tsih in any::<u16>(),
+            token in any::<[u8; TOKEN_LEN]>(),
+            pad in 0usize..32,
+            junk in 1u8..,
+        ) {
+            let b = BindRequest { tsih, token };
+            let mut wire = b.encode();
+            wire.resize(wire.len() + pad, 0);
+            prop_assert_eq!(BindRequest::decode(&wire), Some(b));
+            if pad > 0 {
+                *wire.last_mut().unwrap() = junk;
+                prop_assert_eq!(BindRequest::decode(&wire), None);
+            }
+        }
+    }
 
     #[test]
     fn grant_roundtrip_and_refusals() {

@@ -217,6 +217,26 @@ impl Drop for SoftMr {
     }
 }
 
+/// What `transport/fuzz` drives without a socket: the frame header's decoder and the
+/// responder's side of a peer's RDMA READ and WRITE, the checks that stand between a
+/// peer's (rkey, address, length) and this side's memory.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    pub use super::wire::{Header, Kind, HEADER_LEN, MAX_PAYLOAD};
+    use super::SoftPd;
+    use crate::rdma::WcStatus;
+
+    /// Serves a peer's RDMA WRITE into `pd`'s memory, as a connection's responder does.
+    pub fn remote_write(pd: &SoftPd, rkey: u32, addr: u64, data: &[u8]) -> WcStatus {
+        pd.keys.remote_write(rkey, addr, data)
+    }
+
+    /// Serves a peer's RDMA READ of `out.len()` bytes from `pd`'s memory.
+    pub fn remote_read(pd: &SoftPd, rkey: u32, addr: u64, out: &mut [u8]) -> WcStatus {
+        pd.keys.remote_read(rkey, addr, out)
+    }
+}
+
 /// Total pages currently pinned by a provider.
 pub fn pinned_pages(p: &SoftProvider) -> u64 {
     p.counters.pinned_pages.load(Ordering::Relaxed)
