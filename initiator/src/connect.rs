@@ -10,7 +10,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::config::InitiatorConfig;
-use crate::discovery::{DiscoveredTarget, Portal, SendTargets, TextStep};
+use crate::discovery::{DiscoveredTarget, Portal, SendTargets, SendTargetsList, TextStep};
 use crate::error::{Error, Result};
 use crate::isid::isid_for;
 use crate::login::{LoginMachine, LoginOutcome, LoginStep};
@@ -130,8 +130,18 @@ async fn connect_login_inner(
 
 /// SendTargets discovery at `portal` (`HOST[:PORT]`): logs in a discovery
 /// session (CHAP from `config.discovery_chap`), asks for all targets and
-/// logs out.
+/// logs out. Names and addresses that are not iSCSI names and hosts are left
+/// out with a warning (see [`discover_list`] for the reasons).
 pub async fn discover(config: &InitiatorConfig, portal: &str) -> Result<Vec<DiscoveredTarget>> {
+    let list = discover_list(config, portal).await?;
+    for why in &list.refused {
+        tracing::warn!(%portal, "SendTargets: {why}");
+    }
+    Ok(list.targets)
+}
+
+/// [`discover`], with what the answer listed that was left out, and why.
+pub async fn discover_list(config: &InitiatorConfig, portal: &str) -> Result<SendTargetsList> {
     let portal = normalize_portal(portal);
     let mut conn = connect_login(config, &portal, None, 0).await?;
     let (host, port) = portal

@@ -4,7 +4,9 @@
 //! exchange (including the empty requests that fetch continued text) and
 //! turns the assembled response into [`DiscoveredTarget`]s.
 
-use blockwire_pdu::keys::{encode_text, TextAssembler, TextPairs};
+use blockwire_pdu::keys::{
+    check_peer_name, check_portal_host, encode_text, TextAssembler, TextPairs,
+};
 use blockwire_pdu::pdu::{TextRequest, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Lun, Pdu};
 
@@ -48,58 +50,94 @@ pub struct DiscoveredTarget {
     pub portals: Vec<Portal>,
 }
 
+/// What a SendTargets response listed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SendTargetsList {
+    /// The targets whose names can name files, with their portals.
+    pub targets: Vec<DiscoveredTarget>,
+    /// What was left out, and why: names that cannot name files (with their
+    /// addresses) and addresses that are not `HOST[:PORT][,TPGT]`.
+    pub refused: Vec<String>,
+}
+
 /// Parses `host:port,tpgt`, `[v6]:port,tpgt`, `host,tpgt` or `host`
-/// (defaults from `default`).
-pub fn parse_target_address(value: &str, default: &Portal) -> Option<Portal> {
+/// (defaults from `default`). The host must be a domain name or an address
+/// (see [`check_portal_host`]); says what is wrong.
+pub fn parse_target_address(value: &str, default: &Portal) -> Result<Portal, String> {
+    let number = |what: &str, n: &str| {
+        n.trim()
+            .parse()
+            .map_err(|_| format!("{value:?} has {what} {n:?}, not a number up to 65535"))
+    };
     let (addr, tpgt) = match value.rsplit_once(',') {
-        Some((a, t)) => (a, t.trim().parse().ok()?),
+        Some((a, t)) => (a, number("portal group tag", t)?),
         None => (value, default.tpgt),
     };
     let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
-        let (h, after) = rest.split_once(']')?;
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("{value:?} opens '[' and never closes it"))?;
         let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().ok()?,
-            None => default.port,
+            Some(p) => number("port", p)?,
+            None if after.is_empty() => default.port,
+            None => return Err(format!("{value:?} has {after:?} after ']'")),
         };
         (h.to_owned(), port)
     } else {
         match addr.rsplit_once(':') {
-            Some((h, p)) if !h.contains(':') => (h.to_owned(), p.parse().ok()?),
+            Some((h, p)) if !h.contains(':') => (h.to_owned(), number("port", p)?),
             _ => (addr.to_owned(), default.port),
         }
     };
-    if host.is_empty() {
-        return None;
-    }
-    Some(Portal { host, port, tpgt })
+    check_portal_host(&host)?;
+    Ok(Portal { host, port, tpgt })
 }
 
 /// Groups SendTargets pairs into targets. `discovery_portal` stands in for
 /// targets listed without a TargetAddress (RFC 7143 Appendix C).
-pub fn parse_send_targets(pairs: &TextPairs, discovery_portal: &Portal) -> Vec<DiscoveredTarget> {
-    let mut out: Vec<DiscoveredTarget> = Vec::new();
+///
+/// The names and hosts end up in file names and records (the CLI's node database
+/// keeps `nodes/<TargetName>/<host>,<port>,<tpgt>`), so a TargetName that holds a `/`
+/// or a control character (no iSCSI name does, RFC 7143 §4.2.7) is left out with its
+/// addresses, and so is a TargetAddress whose host is not a host;
+/// [`SendTargetsList::refused`] says why.
+pub fn parse_send_targets(pairs: &TextPairs, discovery_portal: &Portal) -> SendTargetsList {
+    let mut list = SendTargetsList::default();
+    // Whether the last TargetName was taken: its addresses follow it.
+    let mut taking = false;
     for (k, v) in pairs {
         match k.as_str() {
-            "TargetName" => out.push(DiscoveredTarget {
-                name: v.clone(),
-                portals: Vec::new(),
-            }),
-            "TargetAddress" => {
-                if let (Some(t), Some(p)) =
-                    (out.last_mut(), parse_target_address(v, discovery_portal))
-                {
-                    t.portals.push(p);
+            "TargetName" => match check_peer_name(v) {
+                Ok(()) => {
+                    taking = true;
+                    list.targets.push(DiscoveredTarget {
+                        name: v.clone(),
+                        portals: Vec::new(),
+                    });
+                }
+                Err(why) => {
+                    taking = false;
+                    list.refused.push(format!("TargetName left out: {why}"));
+                }
+            },
+            "TargetAddress" if taking => {
+                let t = list.targets.last_mut().expect("taking a listed target");
+                match parse_target_address(v, discovery_portal) {
+                    Ok(p) => t.portals.push(p),
+                    Err(why) => list
+                        .refused
+                        .push(format!("TargetAddress of {} left out: {why}", t.name)),
                 }
             }
             _ => {}
         }
     }
-    for t in &mut out {
+    for t in &mut list.targets {
         if t.portals.is_empty() {
             t.portals.push(discovery_portal.clone());
         }
     }
-    out
+    list
 }
 
 /// One SendTargets exchange.
@@ -117,7 +155,7 @@ pub enum TextStep {
     /// Send this request (continued text).
     Send(Pdu),
     /// The exchange is over.
-    Done(Vec<DiscoveredTarget>),
+    Done(SendTargetsList),
 }
 
 impl SendTargets {
@@ -222,21 +260,71 @@ mod tests {
             parse_target_address("host", &dp()).unwrap().to_string(),
             "host:3260,1"
         );
-        assert!(parse_target_address("h:notaport,1", &dp()).is_none());
+        assert!(parse_target_address("h:notaport,1", &dp()).is_err());
+    }
+
+    /// A discovery target's answer ends up in file names and records (the node
+    /// database keeps `nodes/<TargetName>/<host>,<port>,<tpgt>`), so names that cannot
+    /// name a file and hosts that are not hosts are refused, each with its reason, and
+    /// the addresses of a refused name go with it. A name the RFC does not allow but
+    /// that names a file safely (tgtd takes any name) is kept.
+    #[test]
+    fn refuses_names_and_hosts_that_are_not() {
+        let pairs: TextPairs = [
+            ("TargetName", "/etc/cron.d"),
+            ("TargetAddress", "127.0.0.1:3260,1"),
+            ("TargetName", "../../x"),
+            ("TargetName", "disk_1"),
+            ("TargetName", "iqn.2026-11.io.blockwire:ok"),
+            ("TargetAddress", "evil\n* * * * * root sh:3260,1"),
+            ("TargetAddress", "a/b,1"),
+            ("TargetAddress", "127.0.0.2:3261,2"),
+            ("TargetAddress", "[fe80::1%eth0]:3262,3"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let list = parse_send_targets(&pairs, &dp());
+        assert_eq!(list.targets.len(), 2, "{list:?}");
+        assert_eq!(list.targets[0].name, "disk_1");
+        assert_eq!(list.targets[0].portals, vec![dp()]);
+        assert_eq!(list.targets[1].name, "iqn.2026-11.io.blockwire:ok");
+        let portals: Vec<String> = list.targets[1]
+            .portals
+            .iter()
+            .map(Portal::to_string)
+            .collect();
+        assert_eq!(portals, ["127.0.0.2:3261,2", "[fe80::1%eth0]:3262,3"]);
+        assert_eq!(list.refused.len(), 4, "{:#?}", list.refused);
+        assert!(
+            list.refused[0].contains("\"/etc/cron.d\" holds '/'"),
+            "{}",
+            list.refused[0]
+        );
+        assert!(
+            list.refused[2].contains("holds '\\n'"),
+            "{}",
+            list.refused[2]
+        );
+        assert!(
+            list.refused[3].contains("iqn.2026-11.io.blockwire:ok"),
+            "{}",
+            list.refused[3]
+        );
     }
 
     #[test]
     fn groups_targets() {
         let pairs: TextPairs = [
-            ("TargetName", "iqn.a"),
+            ("TargetName", "iqn.2026-11.io.example:a"),
             ("TargetAddress", "127.0.0.1:3260,1"),
             ("TargetAddress", "127.0.0.2:3260,1"),
-            ("TargetName", "iqn.b"),
+            ("TargetName", "iqn.2026-11.io.example:b"),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let t = parse_send_targets(&pairs, &dp());
+        let t = parse_send_targets(&pairs, &dp()).targets;
         assert_eq!(t.len(), 2);
         assert_eq!(t[0].portals.len(), 2);
         assert_eq!(t[1].portals, vec![dp()]);

@@ -53,8 +53,10 @@ mod wire;
 
 pub use blockwire_pdu::chap::{ChapAlgorithm, Credential};
 pub use config::{ChapConfig, InitiatorConfig, RecoveryPolicy};
-pub use connect::{discover, normalize_portal};
-pub use discovery::{DiscoveredTarget, Portal};
+pub use connect::{discover, discover_list, normalize_portal};
+pub use discovery::{
+    parse_send_targets, parse_target_address, DiscoveredTarget, Portal, SendTargetsList,
+};
 pub use engine::TaskInfo;
 pub use error::{Error, Result, ScsiError};
 pub use isid::isid_for;

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use blockwire_pdu::keys::check_iscsi_name;
 use blockwire_target::backstore::{
     ram_size_refusal, striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore,
     RamBackstore, StripedBackstore,
@@ -1567,76 +1568,6 @@ fn fabric_settings(
     Ok((settings, rdma_listen, rdma_backend))
 }
 
-/// Checks an iSCSI name's syntax (RFC 7143 §4.2.7, RFC 3720 §3.2.6.3):
-/// `iqn.YYYY-MM.reversed.domain[:unique]`, `eui.` and 16 hex digits, or
-/// `naa.` and 16 or 32 hex digits; at most 223 bytes, only letters,
-/// digits, `-`, `.`, `:` and non-ASCII characters. Says what is wrong.
-pub fn check_iscsi_name(name: &str) -> Result<(), String> {
-    const FORMS: &str =
-        "iqn.YYYY-MM.reversed.domain:id, eui. + 16 hex digits or naa. + 16 or 32 hex digits";
-    if name.len() > 223 {
-        return Err(format!(
-            "{name:?} is {} bytes, longer than the 223 an iSCSI name may have",
-            name.len()
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| c.is_ascii() && !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':')))
-    {
-        return Err(format!(
-            "{name:?} holds {c:?}: iSCSI names have only letters, digits, '-', '.' and ':' ({FORMS})"
-        ));
-    }
-    let lower = name.to_ascii_lowercase();
-    let hex = |h: &str, lens: &[usize]| {
-        lens.contains(&h.len()) && h.bytes().all(|b| b.is_ascii_hexdigit())
-    };
-    if let Some(rest) = lower.strip_prefix("iqn.") {
-        let b = rest.as_bytes();
-        let date_ok = b.len() >= 8
-            && b[..4].iter().all(u8::is_ascii_digit)
-            && b[4] == b'-'
-            && b[5..7].iter().all(u8::is_ascii_digit)
-            && (1..=12).contains(&((b[5] - b'0') * 10 + (b[6] - b'0')))
-            && b[7] == b'.';
-        if !date_ok {
-            return Err(format!(
-                "{name:?} lacks the date after iqn. (write iqn.YYYY-MM.reversed.domain:id, e.g. iqn.2026-11.com.example:disk0)"
-            ));
-        }
-        let authority = rest[8..].split(':').next().unwrap_or("");
-        if authority.is_empty()
-            || authority.starts_with('.')
-            || authority.ends_with('.')
-            || authority.contains("..")
-        {
-            return Err(format!(
-                "{name:?} lacks a reversed domain name after the date (write iqn.YYYY-MM.reversed.domain:id, e.g. iqn.2026-11.com.example:disk0)"
-            ));
-        }
-        Ok(())
-    } else if let Some(h) = lower.strip_prefix("eui.") {
-        if hex(h, &[16]) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{name:?} is not an EUI-64 name (eui. and 16 hex digits)"
-            ))
-        }
-    } else if let Some(h) = lower.strip_prefix("naa.") {
-        if hex(h, &[16, 32]) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{name:?} is not an NAA name (naa. and 16 or 32 hex digits)"
-            ))
-        }
-    } else {
-        Err(format!("{name:?} is not an iSCSI name ({FORMS})"))
-    }
-}
-
 /// Whether this process may write in (`dir = true`: create entries in)
 /// `path`, by access(2): nothing is opened or created.
 fn writable(path: &Path, dir: bool) -> bool {
@@ -2813,39 +2744,6 @@ mod tests {
             .iter()
             .map(|e| (e.line, e.field.as_str()))
             .collect()
-    }
-
-    #[test]
-    fn iscsi_name_syntax() {
-        for ok in [
-            "iqn.2026-11.io.blockwire:t",
-            "iqn.1993-08.org.debian:01:host2",
-            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
-            "IQN.2026-01.COM.Example",
-            "eui.02004567A425678D",
-            "naa.52004567BA64678D",
-            "naa.62004567BA64678D0123456789ABCDEF",
-        ] {
-            check_iscsi_name(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
-        }
-        for (bad, why) in [
-            ("target0", "not an iSCSI name"),
-            ("iqn.26-11.io.x:t", "lacks the date"),
-            ("iqn.2026-13.io.x:t", "lacks the date"),
-            ("iqn.2026-11:t", "lacks the date"),
-            ("iqn.2026-11.:t", "reversed domain"),
-            ("iqn.2026-11.io..x:t", "reversed domain"),
-            ("iqn.2026-11.io.x:my disk", "holds ' '"),
-            ("iqn.2026-11.io.x:a_b", "holds '_'"),
-            ("eui.0200", "EUI-64"),
-            ("naa.52004567BA64678", "NAA"),
-            ("naa.52004567BA64678G", "NAA"),
-        ] {
-            let e = check_iscsi_name(bad).expect_err(bad);
-            assert!(e.contains(why), "{bad}: {e}");
-        }
-        let long = format!("iqn.2026-11.io.x:{}", "a".repeat(220));
-        assert!(check_iscsi_name(&long).unwrap_err().contains("223"));
     }
 
     #[test]

@@ -45,7 +45,8 @@ fn stdout_line(args: std::fmt::Arguments<'_>) {
     }
 }
 use blockwire_initiator::{
-    discover, serial_of, ChapAlgorithm, ChapConfig, DiscoveredTarget, InitiatorConfig, Session,
+    discover, discover_list, serial_of, ChapAlgorithm, ChapConfig, DiscoveredTarget,
+    InitiatorConfig, Session,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rand::{Rng, SeedableRng};
@@ -1161,8 +1162,13 @@ async fn iscsiadm(cli: &Cli, a: &IscsiadmArgs) -> Result<()> {
                 .as_deref()
                 .ok_or_else(|| anyhow!("-m discovery needs -p HOST[:PORT]"))?;
             let _ = (&a.interface, a.discover);
-            let targets = match discover(&config(cli, &a.auth)?, portal).await {
-                Ok(t) => t,
+            let targets = match discover_list(&config(cli, &a.auth)?, portal).await {
+                Ok(list) => {
+                    for why in &list.refused {
+                        eprintln!("blockwire: SendTargets at {portal}: {why}");
+                    }
+                    list.targets
+                }
                 Err(e @ blockwire_initiator::Error::LoginRejected { .. }) => {
                     eprintln!("iscsiadm: Login failed to authenticate with target\nblockwire: {e}");
                     std::process::exit(24);

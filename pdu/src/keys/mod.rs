@@ -8,13 +8,16 @@
 //!   section 6): result function, usage phase, senders, ranges, defaults.
 //! - [`params`]: [`SessionParams`], the negotiated outcome with RFC defaults.
 //! - [`negotiator`]: the [`Negotiator`] engine both initiator and target use.
+//! - [`names`]: the syntax of iSCSI names and of a TargetAddress's host.
 
+pub(crate) mod names;
 pub(crate) mod negotiator;
 pub(crate) mod params;
 pub(crate) mod rules;
 pub(crate) mod text;
 pub(crate) mod value;
 
+pub use names::{check_iscsi_name, check_peer_name, check_portal_host};
 pub use negotiator::{LocalConfig, NegotiationError, Negotiator, Phase, Responses, Role};
 pub use params::{AuthMethod, Digest, SessionParams, SessionType, TaskReporting};
 pub use text::{encode_text, parse_text, TextAssembler, TextError, TextPairs};

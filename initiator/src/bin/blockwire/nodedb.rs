@@ -12,8 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use blockwire_initiator::Portal;
+use blockwire_pdu::keys::{check_peer_name, check_portal_host};
 
 /// One node record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +66,15 @@ fn portal_file(p: &Portal) -> String {
     format!("{},{},{}", p.host, p.port, p.tpgt)
 }
 
+/// A target's name and portal host become file names here (and come from the
+/// command line or from a discovery target's answer): only a name without `/` or
+/// control characters and a domain name or address may, so that no record lands
+/// outside the database.
+fn check_record(target: &str, p: &Portal) -> Result<()> {
+    check_peer_name(target).map_err(|why| anyhow!("not recording target {target:?}: {why}"))?;
+    check_portal_host(&p.host).map_err(|why| anyhow!("not recording a portal of {target}: {why}"))
+}
+
 fn parse_kv(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter(|l| !l.trim_start().starts_with('#'))
@@ -74,6 +84,16 @@ fn parse_kv(text: &str) -> BTreeMap<String, String> {
 }
 
 fn write_kv(path: &Path, kv: &BTreeMap<String, String>) -> Result<()> {
+    // One record per line: a line break in a key or value would write other keys.
+    if let Some((k, v)) = kv
+        .iter()
+        .find(|(k, v)| k.contains(char::is_control) || v.contains(char::is_control))
+    {
+        bail!(
+            "not writing {}: {k} = {v:?} holds a control character",
+            path.display()
+        );
+    }
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
@@ -106,6 +126,7 @@ impl NodeDb {
 
     /// Adds or replaces a record, keeping the settings of an existing one.
     pub fn upsert(&self, target: &str, portal: &Portal) -> Result<Node> {
+        check_record(target, portal)?;
         let mut n = Node::new(target, portal);
         if let Some(old) = self
             .nodes()?
@@ -119,6 +140,7 @@ impl NodeDb {
     }
 
     pub fn save(&self, n: &Node) -> Result<()> {
+        check_record(&n.target, &n.portal)?;
         write_kv(&self.node_path(n), &n.settings)
     }
 
@@ -194,6 +216,7 @@ impl NodeDb {
     }
 
     pub fn add_session(&self, target: &str, p: &Portal, tsih: u16) -> Result<SessionRecord> {
+        check_record(target, p)?;
         let sid = self.sessions()?.iter().map(|s| s.sid).max().unwrap_or(0) + 1;
         let mut kv = BTreeMap::new();
         kv.insert("sid".to_owned(), sid.to_string());
@@ -214,5 +237,57 @@ impl NodeDb {
     pub fn remove_session(&self, s: &SessionRecord) -> Result<()> {
         let p = self.session_path(&s.target, &s.portal);
         std::fs::remove_file(&p).map_err(|e| anyhow!("removing {}: {e}", p.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn portal(host: &str) -> Portal {
+        Portal {
+            host: host.into(),
+            port: 3260,
+            tpgt: 1,
+        }
+    }
+
+    /// What a discovery target answers, or a user types, becomes file names and
+    /// lines here: none of it may write outside the database or another key.
+    #[test]
+    fn records_stay_inside_the_database() {
+        let base = std::env::temp_dir().join(format!("blockwire-nodedb-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let db = NodeDb::open(Some(base.join("db")));
+        let outside = base.join("outside");
+        let ok = "iqn.2026-11.io.blockwire:ok";
+        for target in [
+            outside.to_str().unwrap(),
+            "../../outside",
+            "iqn.2026-11.io.x:a/b",
+        ] {
+            let e = db.upsert(target, &portal("127.0.0.1")).expect_err(target);
+            assert!(e.to_string().contains("not recording target"), "{e}");
+        }
+        for host in ["../../outside", "h/x", "h\nnode.startup = automatic"] {
+            let e = db.upsert(ok, &portal(host)).expect_err(host);
+            assert!(e.to_string().contains("not recording a portal"), "{e}");
+            assert!(db.add_session(ok, &portal(host), 1).is_err(), "{host:?}");
+        }
+        assert!(
+            !outside.exists(),
+            "a record was written outside the database"
+        );
+
+        let mut n = db.upsert(ok, &portal("fe80::1%eth0")).unwrap();
+        let injected = "u\nnode.startup = automatic";
+        n.settings
+            .insert("node.session.auth.username".into(), injected.into());
+        let e = db.save(&n).expect_err("a value with a line break");
+        assert!(e.to_string().contains("control character"), "{e}");
+        let back = db.nodes().unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].get("node.startup"), Some("manual"));
+        let _ = std::fs::remove_dir_all(&base);
     }
 }
