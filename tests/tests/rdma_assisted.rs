@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use blockwire_initiator::rdma::{AssistedSession, FmrdConfig, Mode, RdmaConfig, RegConfig};
 use blockwire_initiator::{Error, InitiatorConfig, Session};
-use blockwire_pdu::scsi::SenseKey;
+use blockwire_pdu::scsi::{ScsiStatus, SenseKey};
 use blockwire_target::backstore::RamBackstore;
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
@@ -375,4 +375,59 @@ async fn only_the_session_token_binds() {
         len: 0,
         rkey: 0,
     };
+}
+
+/// WRITE data moved by RDMA Read counts against the connection's write budget as data
+/// gathered from Data-Out does: without it, an RDMA-assisted initiator could pin the
+/// whole window times the largest transfer (128 × 32 MiB) while its data is read in.
+/// A WRITE that does not fit is answered TASK SET FULL and nothing is written; one
+/// that fits runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offloaded_writes_count_against_the_write_budget() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("warn")
+        .try_init();
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
+    let settings = FabricSettings {
+        write_budget_bytes: 64 << 10,
+        ..FabricSettings::default()
+    };
+    let t = bind_target(TARGET, lu, settings).await.serve(true).await;
+    let s = assisted(&t, "budget", RdmaConfig::default()).await;
+    assert_eq!(
+        s.mode().await,
+        Mode::Offloaded,
+        "the session must move data by RDMA"
+    );
+
+    let big = random(128 << 10, 7);
+    let mut w = s.alloc(big.len()).unwrap();
+    w.write_at(0, &big).unwrap();
+    let e = s
+        .write(0, 0, 256, &w)
+        .await
+        .expect_err("128 KiB over a 64 KiB budget");
+    assert!(
+        matches!(&e, Error::Scsi(se) if se.status == ScsiStatus::TASK_SET_FULL),
+        "{e:?}"
+    );
+    let mut back = s.alloc(big.len()).unwrap();
+    s.read(0, 0, 256, &mut back).await.unwrap();
+    let mut got = vec![0u8; big.len()];
+    back.read_at(0, &mut got).unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "a refused WRITE changed the LUN"
+    );
+
+    let small = random(32 << 10, 8);
+    let mut w = s.alloc(small.len()).unwrap();
+    w.write_at(0, &small).unwrap();
+    s.write(0, 0, 64, &w).await.unwrap();
+    let mut back = s.alloc(small.len()).unwrap();
+    s.read(0, 0, 64, &mut back).await.unwrap();
+    let mut got = vec![0u8; small.len()];
+    back.read_at(0, &mut got).unwrap();
+    assert!(got == small);
 }

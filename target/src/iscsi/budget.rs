@@ -1,7 +1,8 @@
 //! A per-connection bound on the memory WRITE data may pin.
 //!
 //! Each WRITE gathers its whole Expected Data Transfer Length before it
-//! runs, so without a bound an initiator could pin window × max transfer
+//! runs (from Data-Out, or by RDMA Read from an RDMA-assisted initiator's
+//! buffer), so without a bound an initiator could pin window × max transfer
 //! bytes (128 × 32 MiB). A command that would exceed the budget is answered
 //! TASK SET FULL and retried by the initiator later.
 

@@ -188,8 +188,28 @@ impl ConnMachine {
             self.refuse(slot, pdus);
             return;
         }
+        // WRITE data read in by RDMA is held like data gathered from Data-Out
+        // until the command ends, so it counts against the same budget.
+        let budget = match desc.dir {
+            Direction::Write => match self.write_budget.try_reserve(u64::from(edtl)) {
+                Some(r) => Some(r),
+                None => {
+                    debug!(
+                        tsih = self.session.tsih,
+                        itt = cmd.itt,
+                        edtl,
+                        "write data budget full: TASK SET FULL"
+                    );
+                    self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
+                    return;
+                }
+            },
+            Direction::Read => None,
+        };
         self.register_task(&cmd, &mut slot);
-        self.run(Ready::without_data(cmd, cdb, Some((rdma, desc)), slot));
+        let mut ready = Ready::without_data(cmd, cdb, Some((rdma, desc)), slot);
+        ready.budget = budget;
+        self.run(ready);
     }
 
     /// The LUN's double-buffered write path and a buffer for this WRITE,
