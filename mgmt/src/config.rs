@@ -116,6 +116,9 @@ pub struct FabricConfig {
     /// WRITE data one connection may hold at once (e.g. "256M"); commands
     /// beyond it are answered TASK SET FULL.
     pub write_budget: String,
+    /// READ data one connection may hold before it is sent (e.g. "256M");
+    /// READs beyond it wait until the initiator has taken earlier data.
+    pub read_budget: String,
     /// Send large Data-In payloads with MSG_ZEROCOPY where the kernel
     /// allows it (default true); false: plain copying sends.
     pub zero_copy_send: bool,
@@ -166,6 +169,7 @@ impl Default for FabricConfig {
             rdma_backend: "soft".into(),
             rdma_device: None,
             write_budget: "256M".into(),
+            read_budget: "256M".into(),
             zero_copy_send: d.zero_copy_send,
             local_copy_sends: d.local_copy_sends,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
@@ -1531,24 +1535,25 @@ fn fabric_settings(
     };
     let require_header_digest = require(&f.header_digest, "header_digest");
     let require_data_digest = require(&f.data_digest, "data_digest");
-    let write_budget_bytes = match parse_size(&f.write_budget).filter(|&n| n >= 1 << 20) {
-        Some(n) => n,
-        None => {
-            errors.push(ctx.fabric_err(
-                "write_budget",
-                format!(
-                    "{:?} is not a size of at least 1M (write e.g. \"256M\")",
-                    f.write_budget
-                ),
-            ));
-            1 << 20
-        }
-    };
+    let mut budget =
+        |key: &'static str, value: &str| match parse_size(value).filter(|&n| n >= 1 << 20) {
+            Some(n) => n,
+            None => {
+                errors.push(ctx.fabric_err(
+                    key,
+                    format!("{value:?} is not a size of at least 1M (write e.g. \"256M\")"),
+                ));
+                1 << 20
+            }
+        };
+    let write_budget_bytes = budget("write_budget", &f.write_budget);
+    let read_budget_bytes = budget("read_budget", &f.read_budget);
     if !errors.is_empty() {
         return Err(errors);
     }
     let settings = FabricSettings {
         write_budget_bytes,
+        read_budget_bytes,
         require_header_digest,
         require_data_digest,
         queue_depth: f.queue_depth,

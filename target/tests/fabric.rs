@@ -709,3 +709,76 @@ async fn write_data_beyond_the_connection_budget_gets_task_set_full() {
     // The budget is returned before the status is sent, so this fits.
     assert_eq!(write(&mut c, 400, &data).await, 0);
 }
+
+/// READs from an initiator that does not take its data: the core reads each
+/// whole into memory before the writer sends it, so without a bound 120
+/// READs of 4 MiB would hold 480 MiB for one connection (32 MiB READs, the
+/// largest, 3.8 GiB: measured before the READ budget). With a 16 MiB budget
+/// the target holds back the READs beyond it; once the initiator reads,
+/// every READ arrives whole and GOOD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_read_data_stays_within_the_read_budget() {
+    fn resident() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+    const MIB: usize = 1 << 20;
+    let settings = FabricSettings {
+        read_budget_bytes: 16 << 20,
+        ..FabricSettings::default()
+    };
+    let t = start(settings).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 9, 0], Digests::NONE).await;
+    let _ = c.test_unit_ready().await;
+    let data: Vec<u8> = (0..4 * MIB).map(|i| (i % 253) as u8).collect();
+    assert_eq!(write(&mut c, 0, &data).await, 0);
+
+    let base = resident();
+    let blocks = (4 * MIB / 512) as u16;
+    let mut itts = Vec::new();
+    for _ in 0..120 {
+        let cmd = c.command(&rw10(0x28, 0, blocks), true, false, 4 * MIB as u32, true);
+        itts.push(cmd.itt);
+        c.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    }
+    // At least two seconds, then until resident memory stops growing.
+    let (mut high, mut since) = (resident(), std::time::Instant::now());
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(2) || since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if resident() > high + MIB {
+            (high, since) = (resident(), std::time::Instant::now());
+        }
+    }
+    let growth = high.saturating_sub(base);
+    assert!(
+        growth < 128 * MIB,
+        "resident memory grew by {} MiB while the initiator left READ data unread",
+        growth / MIB
+    );
+    // The READs' Data-In interleave: gather each by its task tag.
+    let mut back: std::collections::HashMap<u32, Vec<u8>> =
+        itts.iter().map(|&i| (i, vec![0u8; 4 * MIB])).collect();
+    let mut ended = 0;
+    while ended < itts.len() {
+        let pdu = c.recv().await.expect("the READs' data and status");
+        match pdu.bhs {
+            Bhs::DataIn(d) => {
+                let buf = back.get_mut(&d.itt).expect("a READ's task tag");
+                let at = d.buffer_offset as usize;
+                buf[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
+                if let Some(status) = d.status {
+                    assert_eq!(status, 0, "READ {:#x}", d.itt);
+                    ended += 1;
+                }
+            }
+            Bhs::ScsiResponse(r) => panic!("READ {:#x} ended {:#x} without data", r.itt, r.status),
+            Bhs::NopIn(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    for (itt, got) in back {
+        assert!(got == data, "READ {itt:#x} returned other data");
+    }
+}

@@ -50,6 +50,11 @@ pub struct FabricSettings {
     /// WRITE data one connection may hold at once; beyond it commands get
     /// TASK SET FULL.
     pub write_budget_bytes: u64,
+    /// READ data one connection may hold in memory before it is sent; READs
+    /// beyond it wait to run until the initiator has taken earlier data, so
+    /// an initiator that asks faster than it reads is held back, not served
+    /// into memory without bound (nothing is refused).
+    pub read_budget_bytes: u64,
     /// Interval of NOP-In keepalive pings; None disables them.
     pub nop_interval: Option<Duration>,
     /// A connection whose initiator leaves a ping unanswered this long is dropped.
@@ -99,6 +104,7 @@ impl Default for FabricSettings {
             queue_depth: 128,
             max_io_bytes: 32 << 20,
             write_budget_bytes: 256 << 20,
+            read_budget_bytes: 256 << 20,
             nop_interval: Some(Duration::from_secs(15)),
             nop_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),

@@ -385,7 +385,20 @@ pub(super) async fn core_road(
     r2t_count: u32,
 ) {
     match wire {
-        Wire::Tcp => answer_core(&ctx, DataIn::new(true), Some(data_out), hold, r2t_count).await,
+        Wire::Tcp => {
+            // The core reads a READ's data whole into memory, where it waits
+            // for the writer: only as much as the connection's READ budget
+            // allows, so an initiator that does not take its data holds
+            // back its own later READs rather than filling memory.
+            let edtl = ctx.cmd.expected_data_transfer_length;
+            let share = if ctx.cmd.read && edtl > 0 {
+                ctx.shared.hold_read_data(edtl).await
+            } else {
+                None
+            };
+            let m = DataIn::new(true).holding(share);
+            answer_core(&ctx, m, Some(data_out), hold, r2t_count).await
+        }
         Wire::NoNet => {
             let m = Discard { buffered: false };
             answer_core(&ctx, m, Some(data_out), hold, r2t_count).await

@@ -63,10 +63,42 @@ pub fn response_pdus(
     limits: DataInLimits,
     r2t_count: u32,
 ) -> Vec<Pdu> {
+    response_pdus_holding(cmd, result, limits, r2t_count, None)
+}
+
+/// READ data and the share of the connection's READ budget it holds: the
+/// share returns when the last Data-In PDU carrying a piece of the data has
+/// been written (or dropped with the connection).
+struct HeldData {
+    data: Vec<u8>,
+    _share: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for HeldData {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// [`response_pdus`], the READ data holding `share` of the connection's READ
+/// budget until every PDU carrying it is gone.
+pub(super) fn response_pdus_holding(
+    cmd: &ScsiCommand,
+    result: ScsiResult,
+    limits: DataInLimits,
+    r2t_count: u32,
+    share: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Vec<Pdu> {
     let expected = cmd.expected_data_transfer_length;
     let residual = Residual::of(expected, result.transfer_length);
     let capacity = if cmd.read { expected as usize } else { 0 };
-    let mut data = Bytes::from(result.data_in);
+    let mut data = match share {
+        Some(share) if !result.data_in.is_empty() => Bytes::from_owner(HeldData {
+            data: result.data_in,
+            _share: share,
+        }),
+        _ => Bytes::from(result.data_in),
+    };
     data.truncate(capacity);
     let collapse = result.status == GOOD && result.sense.is_none() && !data.is_empty();
 

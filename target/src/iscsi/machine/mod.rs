@@ -61,16 +61,42 @@ pub(super) struct Shared {
     window: Mutex<CmdWindow<Admitted>>,
     /// Per-command copy tallies of READ payloads (debug copy counter).
     pub(super) copies: Arc<crate::copies::Tracker>,
+    /// Bytes of READ data the core may have read and not yet sent
+    /// ([`super::FabricSettings::read_budget_bytes`]).
+    pub(super) read_budget: Arc<tokio::sync::Semaphore>,
+    /// The budget's size in bytes (its permits when nothing is held).
+    read_budget_size: usize,
 }
 
 impl Shared {
     /// The shared state of a connection whose CmdSN window starts at
-    /// `exp_cmd_sn` and holds `depth` commands.
-    pub(super) fn new(exp_cmd_sn: u32, depth: u32) -> Arc<Shared> {
+    /// `exp_cmd_sn` and holds `depth` commands, and that may hold
+    /// `read_budget` bytes of READ data waiting to be sent.
+    pub(super) fn new(exp_cmd_sn: u32, depth: u32, read_budget: u64) -> Arc<Shared> {
+        let permits = usize::try_from(read_budget)
+            .unwrap_or(usize::MAX)
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         Arc::new(Shared {
             window: Mutex::new(CmdWindow::new(exp_cmd_sn, depth)),
             copies: Arc::default(),
+            read_budget: Arc::new(tokio::sync::Semaphore::new(permits)),
+            read_budget_size: permits,
         })
+    }
+
+    /// Takes `len` bytes (at most the whole budget) of the READ budget,
+    /// waiting until earlier READ data has been sent (None only if the
+    /// budget were closed, which it never is).
+    pub(super) async fn hold_read_data(
+        &self,
+        len: u32,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let whole = u32::try_from(self.read_budget_size).unwrap_or(u32::MAX);
+        self.read_budget
+            .clone()
+            .acquire_many_owned(len.min(whole))
+            .await
+            .ok()
     }
 
     fn window(&self) -> std::sync::MutexGuard<'_, CmdWindow<Admitted>> {
@@ -282,7 +308,11 @@ impl ConnMachine {
         };
         let settings = &fabric.settings;
         ConnMachine {
-            shared: Shared::new(outcome.exp_cmd_sn, settings.queue_depth),
+            shared: Shared::new(
+                outcome.exp_cmd_sn,
+                settings.queue_depth,
+                settings.read_budget_bytes,
+            ),
             collectors: HashMap::new(),
             write_budget: WriteBudget::new(settings.write_budget_bytes),
             text: TextExchange::from_outcome(fabric.catalog(), outcome, local),

@@ -17,7 +17,7 @@ use crate::copies::{self, CopyPath, Counts};
 use crate::datapath::SendOrder;
 use crate::iscsi::connection::Outgoing;
 use crate::iscsi::datain::{self, DataInSegment};
-use crate::iscsi::response::{data_in_header, response_pdus, Residual};
+use crate::iscsi::response::{data_in_header, response_pdus, response_pdus_holding, Residual};
 use crate::iscsi::syncread::SyncReadLun;
 use crate::iscsi::task::{data_phase_error, CommandContext};
 use crate::scsi::ScsiResult;
@@ -48,6 +48,9 @@ pub(in crate::iscsi) struct DataIn {
     /// than where the previous one ended: DataPDUInOrder=No at work) are
     /// counted.
     engine: Option<Arc<SyncReadLun>>,
+    /// The share of the connection's READ budget a core answer's data hold
+    /// until sent ([`DataIn::holding`]).
+    share: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// What [`DataIn::push`] did.
@@ -71,7 +74,17 @@ impl DataIn {
             stamper: None,
             next_offset: 0,
             engine: None,
+            share: None,
         }
+    }
+
+    /// This mover, its core answer's data holding `share` of the
+    /// connection's READ budget until the last of them is sent.
+    pub(in crate::iscsi) fn holding(
+        self,
+        share: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> DataIn {
+        DataIn { share, ..self }
     }
 
     /// A mover for engine chunks of `path` (whose road keeps its own copy
@@ -135,7 +148,7 @@ impl ReadMover for DataIn {
         result: Option<(ScsiResult, Counts)>,
         r2t_count: u32,
     ) -> bool {
-        let (tally, queued) = (self.tally, self.queued);
+        let (tally, queued, share) = (self.tally, self.queued, self.share.take());
         ctx.answer(|| match result {
             Some((r, core)) => {
                 if tally && ctx.cmd.read && !r.data_in.is_empty() {
@@ -143,7 +156,8 @@ impl ReadMover for DataIn {
                         .copies
                         .begin(ctx.itt(), CopyPath::Copy, core, false);
                 }
-                with_data_ins(response_pdus(&ctx.cmd, r, ctx.limits, r2t_count), queued)
+                let pdus = response_pdus_holding(&ctx.cmd, r, ctx.limits, r2t_count, share);
+                with_data_ins(pdus, queued)
             }
             None => Vec::new(),
         })
