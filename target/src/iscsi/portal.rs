@@ -60,6 +60,7 @@ impl Portal {
         let mut connections = JoinSet::new();
         let (cut_tx, cut_rx) = watch::channel(false);
         let mut closed = false;
+        let mut accept_warned: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => match accepted {
@@ -83,7 +84,24 @@ impl Portal {
                         };
                     }
                     Err(e) => {
-                        warn!(error = %e, "accept failed");
+                        // Out of file descriptors, accept fails until a
+                        // connection closes: say so once in a while, not ten
+                        // times a second, and name the limit to raise.
+                        let now = std::time::Instant::now();
+                        if accept_warned.is_none_or(|t| now.duration_since(t).as_secs() >= 10) {
+                            accept_warned = Some(now);
+                            let open = live.load(Ordering::SeqCst);
+                            if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                                warn!(
+                                    error = %e,
+                                    open,
+                                    "accept failed: the open-file limit is reached; new connections wait \
+                                     until one closes (raise it: ulimit -n, or LimitNOFILE= in the systemd unit)"
+                                );
+                            } else {
+                                warn!(error = %e, open, "accept failed");
+                            }
+                        }
                         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     }
                 },
