@@ -177,7 +177,9 @@ impl PrState {
     }
 
     /// Text form for the APTPL file: one record a line, fields separated
-    /// by spaces (iSCSI names cannot contain spaces).
+    /// by spaces. The names come from the initiators' logins, so each is
+    /// written escaped ([`escape_field`]): whatever it holds, it stays one
+    /// field of its own record.
     fn to_text(&self) -> String {
         let mut s = format!("blockwire-pr 1\ngeneration {}\n", self.generation);
         for r in &self.regs {
@@ -187,8 +189,8 @@ impl PrState {
                 u8::from(r.all_tg_pt),
                 u8::from(r.name_only),
                 r.rtpi,
-                r.initiator,
-                r.target_port
+                escape_field(&r.initiator),
+                escape_field(&r.target_port)
             ));
         }
         if let Some(r) = &self.resv {
@@ -215,8 +217,8 @@ impl PrState {
                     all_tg_pt: *atp == "1",
                     name_only: *no == "1",
                     rtpi: rtpi.parse().ok()?,
-                    initiator: Arc::from(*ini),
-                    target_port: Arc::from(*tp),
+                    initiator: Arc::from(unescape_field(ini)?),
+                    target_port: Arc::from(unescape_field(tp)?),
                 }),
                 ["resv", ty, holder] => {
                     st.resv = Some(Reservation {
@@ -233,6 +235,39 @@ impl PrState {
         }
         Some(st)
     }
+}
+
+/// A name as one field of an APTPL record: `%`, and every byte that is not
+/// printable ASCII other than space, as `%` and two hex digits. A valid
+/// iSCSI name has none of these, so it is written unchanged (files written
+/// before names were escaped read the same).
+fn escape_field(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for &b in name.as_bytes() {
+        if b.is_ascii_graphic() && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The name [`escape_field`] wrote; None if `field` is not its output.
+fn unescape_field(field: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(field.len());
+    let mut rest = field.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// Reservation state of one logical unit.
@@ -921,6 +956,48 @@ pub type AbortHandler = Arc<dyn Fn(&ItNexus) + Send + Sync>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any names, keys and flags come back from the APTPL text as they
+        /// went in, one record each.
+        #[test]
+        fn any_state_round_trips_through_its_text(
+            generation in any::<u32>(),
+            regs in proptest::collection::vec(
+                (".*", ".*", any::<u64>(), any::<bool>(), any::<bool>(), any::<u16>()),
+                0..6,
+            ),
+            resv in proptest::option::of((any::<usize>(), 1u8..=8)),
+        ) {
+            let regs: Vec<Registration> = regs
+                .into_iter()
+                .map(|(ini, tp, key, name_only, all_tg_pt, rtpi)| Registration {
+                    initiator: Arc::from(ini),
+                    name_only,
+                    target_port: Arc::from(tp),
+                    rtpi,
+                    all_tg_pt,
+                    key,
+                })
+                .collect();
+            let resv = resv.filter(|_| !regs.is_empty()).and_then(|(h, code)| {
+                Some(Reservation { holder: h % regs.len(), ty: PrType::from_code(code)? })
+            });
+            let st = PrState { generation, regs, resv, aptpl: true };
+            let text = st.to_text();
+            prop_assert_eq!(text.lines().count(), 2 + st.regs.len() + usize::from(st.resv.is_some()));
+            prop_assert_eq!(PrState::from_text(&text), Some(st));
+        }
+
+        #[test]
+        fn escaped_fields_are_one_field(name in ".*") {
+            let f = escape_field(&name);
+            prop_assert!(!f.is_empty() || name.is_empty());
+            prop_assert!(f.bytes().all(|b| b.is_ascii_graphic()));
+            prop_assert_eq!(unescape_field(&f), Some(name));
+        }
+    }
 
     #[test]
     fn text_round_trip() {

@@ -414,6 +414,83 @@ fn aptpl_survives_restart() {
     assert!(!path.exists());
 }
 
+/// The APTPL file is written one record a line with fields between spaces,
+/// and the names in it come from the initiators' logins. A name with a space
+/// or a line break must come back as it went in, and must not add, drop or
+/// forge a record: otherwise one initiator's registration could make the file
+/// unreadable at the next start, and with it every fencing reservation.
+#[test]
+fn aptpl_names_cannot_break_or_forge_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun0.pr");
+    let store = Arc::new(RamBackstore::new(1 << 20));
+    let mk = || {
+        let mut cfg = LuConfig::new(store.clone());
+        cfg.pr_state_path = Some(path.clone());
+        LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))])
+    };
+    let fencer = nexus("iqn.2026-11.io.example:fencer");
+    let odd = nexus("iqn.x y\nresv 3 1\nreg 00000000000000ee 1 0 1 iqn.forged t %41");
+    let fenced = nexus("iqn.2026-11.io.example:fenced");
+    {
+        let t = mk();
+        for n in [&fencer, &odd] {
+            ready(&t, n);
+        }
+        let mut p = keys(0, 0x77);
+        p.aptpl = true;
+        assert_eq!(
+            prout(
+                &t,
+                &fencer,
+                PrOutAction::Register,
+                PrType::WriteExclusive,
+                p
+            )
+            .status,
+            GOOD
+        );
+        assert_eq!(
+            reserve(&t, &fencer, 0x77, PrType::ExclusiveAccess).status,
+            GOOD
+        );
+        let mut p = keys(0, 0x99);
+        p.aptpl = true;
+        assert_eq!(
+            prout(&t, &odd, PrOutAction::Register, PrType::WriteExclusive, p).status,
+            GOOD
+        );
+    }
+    let t = mk();
+    for n in [&fencer, &odd, &fenced] {
+        ready(&t, n);
+    }
+    assert_eq!(
+        can_read(&t, &fenced),
+        CONFLICT,
+        "the reservation must survive"
+    );
+    assert_eq!(can_read(&t, &fencer), GOOD);
+    // READ KEYS: exactly the two keys registered, no forged 0xee.
+    let d = prin(&t, &fencer, PrInAction::ReadKeys);
+    let len = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+    let mut got: Vec<u64> = d[8..8 + len]
+        .chunks(8)
+        .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![0x77, 0x99]);
+    // The odd name's registration is still its own: it can unregister.
+    let r = prout(
+        &t,
+        &odd,
+        PrOutAction::Register,
+        PrType::WriteExclusive,
+        keys(0x99, 0),
+    );
+    assert_eq!(r.status, GOOD);
+}
+
 #[test]
 fn spc2_reserve_release_and_nexus_loss() {
     let (t, a, b, _) = three();
