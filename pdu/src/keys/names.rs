@@ -73,7 +73,8 @@ pub fn check_iscsi_name(name: &str) -> Result<(), String> {
 }
 
 /// Checks a TargetName or InitiatorName that a peer sent, before it names a file or
-/// a record: 1 to 223 bytes, no `/`, no control character, and not `.` or `..`.
+/// a record: 1 to 223 bytes, no `/`, no white space or other control character, and
+/// not `.` or `..`.
 /// This is looser than [`check_iscsi_name`], because targets in use list names that
 /// RFC 7143 does not allow (tgtd takes any name), and an initiator must still reach
 /// them. Says what is wrong.
@@ -83,7 +84,10 @@ pub fn check_peer_name(name: &str) -> Result<(), String> {
             "{name:?} is not a name: an iSCSI name has 1 to 223 bytes"
         ));
     }
-    if let Some(c) = name.chars().find(|&c| c == '/' || c.is_control()) {
+    if let Some(c) = name
+        .chars()
+        .find(|&c| c == '/' || c.is_control() || c.is_whitespace())
+    {
         return Err(format!(
             "{name:?} holds {c:?}, which no iSCSI name has ({})",
             "names become file names here"
@@ -188,6 +192,7 @@ mod tests {
             ("..", "not a name"),
             ("a\nb", "holds '\\n'"),
             ("a\u{85}b", "holds '\\u{85}'"),
+            ("iqn.x:a b", "holds ' '"),
         ] {
             let e = check_peer_name(bad).expect_err(bad);
             assert!(e.contains(why), "{bad:?}: {e}");

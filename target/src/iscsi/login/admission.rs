@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use blockwire_pdu::chap::{ChapAlgorithm, ChapResponder, Credential, ResponderStep};
-use blockwire_pdu::keys::{AuthMethod, LocalConfig, Negotiator, Role, SessionType, TextPairs};
+use blockwire_pdu::keys::{
+    check_peer_name, AuthMethod, LocalConfig, Negotiator, Role, SessionType, TextPairs,
+};
 use blockwire_pdu::pdu::LoginRequest;
 use blockwire_pdu::LoginStatus;
 use rand::RngCore;
@@ -81,6 +83,15 @@ impl LoginMachine {
                 ))
             }
         };
+        // The name goes into ACL checks, logs and reservation records (and the
+        // saved reservation file): a space, line break or '/' that no iSCSI name
+        // has (RFC 7143 §4.2.7) is refused here, once.
+        if let Err(why) = check_peer_name(&initiator_name) {
+            return Err(refuse(
+                LoginStatus::INITIATOR_ERROR,
+                format!("InitiatorName refused: {why}"),
+            ));
+        }
         let session_type = match value(pairs, "SessionType") {
             None => SessionType::Normal,
             Some(v) => SessionType::from_name(v).ok_or_else(|| {

@@ -582,6 +582,43 @@ fn status_missing_initiator_name_and_target_name() {
     assert_eq!(fail_status(s), LoginStatus::SESSION_TYPE_NOT_SUPPORTED);
 }
 
+/// An InitiatorName names the initiator in ACLs, logs, reservation records
+/// and the saved reservation file: one with a space, a line break or a '/'
+/// (no iSCSI name has them, RFC 7143 §4.2.7) is refused with an initiator
+/// error before anything else is looked at.
+#[test]
+fn status_initiator_name_that_is_no_name() {
+    for name in [
+        "iqn.2026-11.io.x:a b",
+        "iqn.2026-11.io.x:a\nresv 3 0",
+        "iqn.2026-11.io.x:a/b",
+        "iqn.2026-11.io.x:a\tb",
+    ] {
+        let mut m = machine(catalog(), 1);
+        let s = one(
+            &mut m,
+            &sec_req(),
+            &[
+                ("InitiatorName", name),
+                ("TargetName", OPEN),
+                ("AuthMethod", "None"),
+            ],
+        );
+        assert_eq!(fail_status(s), LoginStatus::INITIATOR_ERROR, "{name:?}");
+    }
+    // Names the RFC does not allow but that hold nothing of the kind still log in.
+    let mut m = machine(catalog(), 1);
+    let s = one(
+        &mut m,
+        &sec_req(),
+        &[
+            ("InitiatorName", "iqn.1991-05.com.microsoft:my_host"),
+            ("TargetName", OPEN),
+        ],
+    );
+    assert!(!matches!(s, LoginStep::Fail(_)), "{s:?}");
+}
+
 #[test]
 fn status_unsupported_version() {
     let mut m = machine(catalog(), 1);
