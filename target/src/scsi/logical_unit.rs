@@ -158,6 +158,11 @@ impl LuState {
     /// medium in a removable unit), if it cannot. `media`: the command reads
     /// or changes the medium.
     fn not_ready(&mut self, opcode: u8, cdb: &[u8], media: bool) -> Option<Failure> {
+        if self.res.unreadable()
+            && !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
+        {
+            return Some(reservations_unreadable());
+        }
         if let Some(progress) = self.sanitizing() {
             // SBC-4 4.11: only these are processed during a sanitize.
             if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
@@ -178,6 +183,16 @@ impl LuState {
         }
         None
     }
+}
+
+/// NOT READY, LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED: the
+/// saved persistent reservations could not be read back (see
+/// [`super::reservations::Reservations::load`]).
+fn reservations_unreadable() -> Failure {
+    Failure::Check(Sense::new(
+        SenseKey::NotReady,
+        Asc::LU_NOT_READY_MANUAL_INTERVENTION_REQUIRED,
+    ))
 }
 
 /// NOT READY, MEDIUM NOT PRESENT (a removable unit's medium is ejected).
@@ -759,8 +774,9 @@ impl LogicalUnit {
     }
 
     /// REQUEST SENSE: a pending unit attention (which it clears), else
-    /// the condition that makes the unit not ready (SPC-5 5.12: a sanitize
-    /// in progress with its progress indication, or no medium), or NO
+    /// the condition that makes the unit not ready (SPC-5 5.12: saved
+    /// reservations that could not be read back, a sanitize in progress
+    /// with its progress indication, or no medium), or NO
     /// SENSE. Other errors are reported with the command (autosense), so
     /// nothing else is ever pending.
     fn request_sense(&self, nexus: &ItNexus, desc: bool, allocation_length: u8) -> CmdResult {
@@ -768,6 +784,10 @@ impl LogicalUnit {
             let mut st = self.lock();
             match st.ua.take(nexus) {
                 Some(code) => Sense::unit_attention(code),
+                None if st.res.unreadable() => Sense::new(
+                    SenseKey::NotReady,
+                    Asc::LU_NOT_READY_MANUAL_INTERVENTION_REQUIRED,
+                ),
                 None => match st.sanitizing() {
                     Some(progress) => super::sanitize::in_progress_sense(progress),
                     None if !st.medium_present => {

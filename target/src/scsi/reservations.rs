@@ -18,7 +18,7 @@ use blockwire_pdu::scsi::{
     Asc, Cdb, PrInAction, PrOutAction, PrOutData, PrOutParameters, PrType,
     RegisterAndMoveParameters, TransportId,
 };
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::logical_unit::LogicalUnit;
 use super::outcome::{
@@ -277,32 +277,47 @@ pub(crate) struct Reservations {
     spc2: Option<ItNexus>,
     /// Persistent reservations.
     pr: PrState,
+    /// Why the saved reservations could not be read back, when they could
+    /// not: the unit then stays not ready ([`Self::unreadable`]).
+    unreadable: Option<String>,
 }
 
 impl Reservations {
     /// State at start-up: persistent reservations saved with APTPL are
-    /// read back from `path`; a missing file is a clean start, an
-    /// unreadable one is logged and ignored (the unit still comes up).
+    /// read back from `path`; a missing file is a clean start. A file that
+    /// is there but cannot be read or parsed leaves the unit not ready
+    /// rather than up without its reservations, which would let a node
+    /// they fenced out read and write again.
     pub fn load(path: Option<&Path>) -> Reservations {
         let mut r = Reservations::default();
-        if let Some(p) = path {
-            match std::fs::read_to_string(p) {
-                Ok(text) => match PrState::from_text(&text) {
-                    Some(st) => {
-                        info!(path = %p.display(), registrations = st.regs.len(), "persistent reservations restored");
-                        r.pr = st;
-                    }
-                    None => {
-                        warn!(path = %p.display(), "persistent reservation file is damaged, ignored")
-                    }
-                },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    warn!(path = %p.display(), error = %e, "cannot read persistent reservation file")
+        let Some(p) = path else { return r };
+        let why = match std::fs::read_to_string(p) {
+            Ok(text) => match PrState::from_text(&text) {
+                Some(st) => {
+                    info!(path = %p.display(), registrations = st.regs.len(), "persistent reservations restored");
+                    r.pr = st;
+                    return r;
                 }
-            }
-        }
+                None => "it is damaged (not the format blockwire writes)".to_owned(),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return r,
+            Err(e) => format!("it cannot be read: {e}"),
+        };
+        error!(
+            path = %p.display(),
+            "persistent reservation file not restored, {why}: the logical unit answers NOT READY, \
+             MANUAL INTERVENTION REQUIRED to everything but INQUIRY, REPORT LUNS and REQUEST SENSE \
+             rather than run without the reservations that fence nodes out; restore the file, or \
+             move it aside to start with no reservations, then restart the target"
+        );
+        r.unreadable = Some(why);
         r
+    }
+
+    /// Whether the saved reservations could not be read back (see
+    /// [`Self::load`]): the unit is not ready until the file is dealt with.
+    pub fn unreadable(&self) -> bool {
+        self.unreadable.is_some()
     }
 
     /// Logical unit reset: SPC-2 reservations go; persistent ones stay.

@@ -491,6 +491,55 @@ fn aptpl_names_cannot_break_or_forge_records() {
     assert_eq!(r.status, GOOD);
 }
 
+/// A saved reservation file that cannot be read (a damaged disk, a bad hand
+/// edit) must not bring the unit up without its reservations: a node fenced
+/// out by them would read and write again. The unit answers every command but
+/// INQUIRY, REPORT LUNS and REQUEST SENSE with NOT READY, MANUAL INTERVENTION
+/// REQUIRED, and writes nothing over the file.
+#[test]
+fn an_unreadable_reservation_file_keeps_the_unit_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun0.pr");
+    let damaged = "blockwire-pr 1\ngeneration 3\nreg 77 1 0 1 iqn.a,i,0x400000000001\n";
+    std::fs::write(&path, damaged).unwrap();
+    let mut cfg = LuConfig::new(Arc::new(RamBackstore::new(1 << 20)));
+    cfg.pr_state_path = Some(path.clone());
+    let t = LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))]);
+    let n = nexus("iqn.2026-11.io.example:node");
+    // The first commands report the power-on unit attention.
+    for _ in 0..4 {
+        let _ = run(&t, &n, &c(Cdb::TestUnitReady), &[], 0);
+    }
+    let not_ready = |r: &ScsiResult| {
+        expect_check(
+            r,
+            SenseKey::NotReady,
+            Asc::LU_NOT_READY_MANUAL_INTERVENTION_REQUIRED,
+        );
+    };
+    not_ready(&run(&t, &n, &c(Cdb::TestUnitReady), &[], 0));
+    not_ready(&read(&t, &n, 0, 1));
+    not_ready(&write(&t, &n, 0, &[7; 512]));
+    not_ready(&prout(
+        &t,
+        &n,
+        PrOutAction::Register,
+        PrType::WriteExclusive,
+        keys(0, 5),
+    ));
+    let inquiry = c(Cdb::Inquiry {
+        evpd: false,
+        page_code: 0,
+        allocation_length: 96,
+    });
+    assert_eq!(run(&t, &n, &inquiry, &[], 96).status, GOOD);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        damaged,
+        "the file was written over"
+    );
+}
+
 #[test]
 fn spc2_reserve_release_and_nexus_loss() {
     let (t, a, b, _) = three();
