@@ -83,7 +83,22 @@ fn parse_kv(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// What the temporary file of a record being written has in its name (after
+/// a leading '.'); the readers pass such files by.
+const TMP_MARK: &str = ".tmp-";
+
+fn is_temporary(entry: &std::fs::DirEntry) -> bool {
+    let name = entry.file_name();
+    let name = name.to_string_lossy();
+    name.starts_with('.') && name.contains(TMP_MARK)
+}
+
+/// Writes a record owner-only (files 0600, directories 0700: node records
+/// hold CHAP secrets), whole or not at all: a temporary file beside it,
+/// renamed over it, so a record written before with other modes takes these.
 fn write_kv(path: &Path, kv: &BTreeMap<String, String>) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     // One record per line: a line break in a key or value would write other keys.
     if let Some((k, v)) = kv
         .iter()
@@ -95,13 +110,30 @@ fn write_kv(path: &Path, kv: &BTreeMap<String, String>) -> Result<()> {
         );
     }
     if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .with_context(|| format!("creating {}", d.display()))?;
     }
     let mut s = String::from("# blockwire node database (iscsiadm format)\n");
     for (k, v) in kv {
         s.push_str(&format!("{k} = {v}\n"));
     }
-    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}{TMP_MARK}{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(s.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("writing {}", path.display()))
 }
 
 impl NodeDb {
@@ -163,7 +195,7 @@ impl NodeDb {
             let Ok(portals) = std::fs::read_dir(t.path()) else {
                 continue;
             };
-            for p in portals.flatten() {
+            for p in portals.flatten().filter(|p| !is_temporary(p)) {
                 let text = std::fs::read_to_string(p.path())
                     .with_context(|| format!("reading {}", p.path().display()))?;
                 let settings = parse_kv(&text);
@@ -197,7 +229,7 @@ impl NodeDb {
         let Ok(rd) = std::fs::read_dir(self.dir.join("sessions")) else {
             return Ok(out);
         };
-        for e in rd.flatten() {
+        for e in rd.flatten().filter(|e| !is_temporary(e)) {
             let kv = parse_kv(&std::fs::read_to_string(e.path())?);
             let get = |k: &str| kv.get(k).cloned().unwrap_or_default();
             out.push(SessionRecord {
@@ -288,6 +320,41 @@ mod tests {
         let back = db.nodes().unwrap();
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].get("node.startup"), Some("manual"));
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// Node records hold CHAP secrets (node.session.auth.password): only
+    /// their owner may read them, as open-iscsi keeps /etc/iscsi/nodes, also
+    /// when a record written before was readable by others.
+    #[test]
+    fn records_with_secrets_are_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let base =
+            std::env::temp_dir().join(format!("blockwire-nodedb-mode-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let db = NodeDb::open(Some(base.clone()));
+        let mut n = db
+            .upsert("iqn.2026-11.io.blockwire:t", &portal("127.0.0.1"))
+            .unwrap();
+        let path = db.node_path(&n);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        n.settings
+            .insert("node.session.auth.password".into(), "s3cret-s3cret".into());
+        db.save(&n).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+        for dir in [base.join("nodes"), path.parent().unwrap().to_path_buf()] {
+            assert_eq!(mode(&dir) & 0o077, 0, "{}", dir.display());
+        }
+        db.add_session("iqn.2026-11.io.blockwire:t", &portal("127.0.0.1"), 1)
+            .unwrap();
+        for e in std::fs::read_dir(base.join("sessions")).unwrap() {
+            assert_eq!(mode(&e.unwrap().path()), 0o600);
+        }
+        assert_eq!(
+            db.nodes().unwrap()[0].get("node.session.auth.password"),
+            Some("s3cret-s3cret")
+        );
         let _ = std::fs::remove_dir_all(&base);
     }
 }
