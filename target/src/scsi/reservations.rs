@@ -1005,6 +1005,27 @@ mod tests {
             prop_assert_eq!(PrState::from_text(&text), Some(st));
         }
 
+        /// Whatever a damaged or hand-edited file holds, reading it never
+        /// panics, and what it reads as is what it would be written as.
+        #[test]
+        fn any_text_reads_as_what_it_writes(
+            lines in proptest::collection::vec(
+                prop_oneof![
+                    Just("blockwire-pr 1".to_owned()),
+                    "generation [0-9]{1,11}",
+                    "reg [0-9a-f]{1,17} [01] [01] [0-9]{1,6} [!-~]{0,12} [!-~]{0,12}",
+                    "resv [0-9]{1,3} [0-9]{1,3}",
+                    ".{0,20}",
+                ],
+                0..8,
+            ),
+        ) {
+            let text = lines.join("\n");
+            if let Some(st) = PrState::from_text(&text) {
+                prop_assert_eq!(PrState::from_text(&st.to_text()), Some(st));
+            }
+        }
+
         #[test]
         fn escaped_fields_are_one_field(name in ".*") {
             let f = escape_field(&name);
