@@ -372,16 +372,23 @@ fn spec_i_pt_all_tg_pt_and_full_status() {
     assert_eq!(d[second + 12], 0x03);
 }
 
+/// A maker of a unit whose saved reservations live at `path`, over one RAM
+/// store: each unit it makes is the same LUN after a restart.
+fn aptpl_unit(path: &std::path::Path) -> impl Fn() -> LunTable {
+    let store = Arc::new(RamBackstore::new(1 << 20));
+    let path = path.to_owned();
+    move || {
+        let mut cfg = LuConfig::new(store.clone());
+        cfg.pr_state_path = Some(path.clone());
+        LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))])
+    }
+}
+
 #[test]
 fn aptpl_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lun0.pr");
-    let store = Arc::new(RamBackstore::new(1 << 20));
-    let mk = || {
-        let mut cfg = LuConfig::new(store.clone());
-        cfg.pr_state_path = Some(path.clone());
-        LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))])
-    };
+    let mk = aptpl_unit(&path);
     let (a, b) = (nexus("iqn.a"), nexus("iqn.b"));
     {
         let t = mk();
@@ -423,12 +430,7 @@ fn aptpl_survives_restart() {
 fn aptpl_names_cannot_break_or_forge_records() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lun0.pr");
-    let store = Arc::new(RamBackstore::new(1 << 20));
-    let mk = || {
-        let mut cfg = LuConfig::new(store.clone());
-        cfg.pr_state_path = Some(path.clone());
-        LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))])
-    };
+    let mk = aptpl_unit(&path);
     let fencer = nexus("iqn.2026-11.io.example:fencer");
     let odd = nexus("iqn.x y\nresv 3 1\nreg 00000000000000ee 1 0 1 iqn.forged t %41");
     let fenced = nexus("iqn.2026-11.io.example:fenced");

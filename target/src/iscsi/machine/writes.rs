@@ -92,13 +92,7 @@ impl ConnMachine {
             self.refuse(slot, pdus);
             return;
         }
-        let Some(budget) = self.write_budget.try_reserve(u64::from(edtl)) else {
-            debug!(
-                tsih = self.session.tsih,
-                itt = cmd.itt,
-                edtl,
-                "write data budget full: TASK SET FULL"
-            );
+        let Some(budget) = self.write_budget_for(&cmd) else {
             self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
             return;
         };
@@ -191,15 +185,9 @@ impl ConnMachine {
         // WRITE data read in by RDMA is held like data gathered from Data-Out
         // until the command ends, so it counts against the same budget.
         let budget = match desc.dir {
-            Direction::Write => match self.write_budget.try_reserve(u64::from(edtl)) {
+            Direction::Write => match self.write_budget_for(&cmd) {
                 Some(r) => Some(r),
                 None => {
-                    debug!(
-                        tsih = self.session.tsih,
-                        itt = cmd.itt,
-                        edtl,
-                        "write data budget full: TASK SET FULL"
-                    );
                     self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
                     return;
                 }
@@ -210,6 +198,23 @@ impl ConnMachine {
         let mut ready = Ready::without_data(cmd, cdb, Some((rdma, desc)), slot);
         ready.budget = budget;
         self.run(ready);
+    }
+
+    /// `cmd`'s share of the connection's write budget (its whole Expected
+    /// Data Transfer Length), or None when it does not fit: the command is
+    /// then answered TASK SET FULL, and the initiator retries it later.
+    fn write_budget_for(&self, cmd: &ScsiCommand) -> Option<Reservation> {
+        let edtl = cmd.expected_data_transfer_length;
+        let share = self.write_budget.try_reserve(u64::from(edtl));
+        if share.is_none() {
+            debug!(
+                tsih = self.session.tsih,
+                itt = cmd.itt,
+                edtl,
+                "write data budget full: TASK SET FULL"
+            );
+        }
+        share
     }
 
     /// The LUN's double-buffered write path and a buffer for this WRITE,
