@@ -158,14 +158,14 @@ impl LuState {
     /// medium in a removable unit), if it cannot. `media`: the command reads
     /// or changes the medium.
     fn not_ready(&mut self, opcode: u8, cdb: &[u8], media: bool) -> Option<Failure> {
-        if self.res.unreadable()
-            && !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
-        {
-            return Some(reservations_unreadable());
+        // Only INQUIRY, REPORT LUNS and REQUEST SENSE are processed while the
+        // saved reservations are unreadable, as during a sanitize (SBC-4 4.11).
+        let served_anyway = matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE);
+        if self.res.unreadable() && !served_anyway {
+            return Some(Failure::Check(reservations_unreadable()));
         }
         if let Some(progress) = self.sanitizing() {
-            // SBC-4 4.11: only these are processed during a sanitize.
-            if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
+            if !served_anyway {
                 return Some(super::sanitize::in_progress(progress));
             }
             return None;
@@ -188,11 +188,11 @@ impl LuState {
 /// NOT READY, LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED: the
 /// saved persistent reservations could not be read back (see
 /// [`super::reservations::Reservations::load`]).
-fn reservations_unreadable() -> Failure {
-    Failure::Check(Sense::new(
+fn reservations_unreadable() -> Sense {
+    Sense::new(
         SenseKey::NotReady,
         Asc::LU_NOT_READY_MANUAL_INTERVENTION_REQUIRED,
-    ))
+    )
 }
 
 /// NOT READY, MEDIUM NOT PRESENT (a removable unit's medium is ejected).
@@ -784,10 +784,7 @@ impl LogicalUnit {
             let mut st = self.lock();
             match st.ua.take(nexus) {
                 Some(code) => Sense::unit_attention(code),
-                None if st.res.unreadable() => Sense::new(
-                    SenseKey::NotReady,
-                    Asc::LU_NOT_READY_MANUAL_INTERVENTION_REQUIRED,
-                ),
+                None if st.res.unreadable() => reservations_unreadable(),
                 None => match st.sanitizing() {
                     Some(progress) => super::sanitize::in_progress_sense(progress),
                     None if !st.medium_present => {

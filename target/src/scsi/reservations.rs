@@ -277,9 +277,9 @@ pub(crate) struct Reservations {
     spc2: Option<ItNexus>,
     /// Persistent reservations.
     pr: PrState,
-    /// Why the saved reservations could not be read back, when they could
-    /// not: the unit then stays not ready ([`Self::unreadable`]).
-    unreadable: Option<String>,
+    /// The saved reservations could not be read back: the unit then stays
+    /// not ready (the reason is logged once, by [`Self::load`]).
+    unreadable: bool,
 }
 
 impl Reservations {
@@ -310,14 +310,14 @@ impl Reservations {
              rather than run without the reservations that fence nodes out; restore the file, or \
              move it aside to start with no reservations, then restart the target"
         );
-        r.unreadable = Some(why);
+        r.unreadable = true;
         r
     }
 
     /// Whether the saved reservations could not be read back (see
     /// [`Self::load`]): the unit is not ready until the file is dealt with.
     pub fn unreadable(&self) -> bool {
-        self.unreadable.is_some()
+        self.unreadable
     }
 
     /// Logical unit reset: SPC-2 reservations go; persistent ones stay.

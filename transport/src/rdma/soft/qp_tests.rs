@@ -92,6 +92,16 @@ async fn read_frame(peer: &mut (impl AsyncRead + Unpin)) -> (Header, Vec<u8>) {
     (h, payload)
 }
 
+/// Reads the `n`th acknowledgement, which must report success.
+async fn expect_ack(rd: &mut (impl AsyncRead + Unpin), n: impl std::fmt::Display) {
+    let (ack, _) = read_frame(rd).await;
+    assert_eq!(
+        (ack.kind, ack.status),
+        (Kind::Ack, WcStatus::Success),
+        "ack {n}"
+    );
+}
+
 /// Writes `frame` `times` times from a task (it blocks once this side stops reading).
 fn send_repeatedly(
     mut peer: tokio::net::tcp::OwnedWriteHalf,
@@ -191,12 +201,7 @@ async fn sends_without_receives_stay_bounded() {
         let mut head = [0u8; 8];
         mr.read_at(0, &mut head).unwrap();
         assert_eq!(head, [0x5a; 8], "SEND {n} landed");
-        let (ack, _) = read_frame(&mut rd).await;
-        assert_eq!(
-            (ack.kind, ack.status),
-            (Kind::Ack, WcStatus::Success),
-            "ack {n}"
-        );
+        expect_ack(&mut rd, n).await;
     }
     drop(sending.await.unwrap());
 }
@@ -226,12 +231,7 @@ async fn unread_acknowledgements_stay_bounded() {
         growth / MIB
     );
     for n in 0..times * 4096 {
-        let (ack, _) = read_frame(&mut rd).await;
-        assert_eq!(
-            (ack.kind, ack.status),
-            (Kind::Ack, WcStatus::Success),
-            "ack {n}"
-        );
+        expect_ack(&mut rd, n).await;
     }
     drop(putting.await.unwrap());
     drop(served.qp);
