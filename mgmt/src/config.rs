@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::claims::{Claims, FileUse};
 pub use blockwire_pdu::keys::check_iscsi_name;
 use blockwire_target::backstore::{
     ram_size_refusal, striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore,
@@ -361,6 +362,149 @@ pub struct LunDef {
 /// `LunDef::atomic_writes`), replaying the atomic writes a crash left
 /// unfinished. A read-only LUN cannot replay them, so it refuses to open
 /// while its journal holds any.
+/// The file under `[fabric] state_dir` that keeps the saved persistent
+/// reservations of LUN `id` of target `name`: the name with every
+/// character a file name might not hold as '_'. (Two targets whose names
+/// differ only there would share it: [`Claims`] refuses that.)
+fn pr_state_file_name(name: &str, id: u16) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.lun{id}.pr")
+}
+
+/// The unit serial number (VPD 80h) and NAA identifier (VPD 83h) of LUN
+/// `l` of target `name`: from its uuid, else derived from the target name
+/// and the LUN; a `serial` given replaces the serial. None: the uuid is
+/// not a UUID.
+fn unit_identity(name: &str, l: &LunDef) -> Option<(String, u64)> {
+    let (serial, naa) = match &l.uuid {
+        Some(u) => identity_from_uuid(u.get_ref())?,
+        None => stable_identity(name, l.id),
+    };
+    Some((l.serial.clone().unwrap_or(serial), naa))
+}
+
+/// Takes for each LUN of target `t` its identity and (unless `--no-disk`,
+/// which touches no file) the files it holds, reporting each one that
+/// another LUN holds already.
+fn claim_units(
+    ctx: &Ctx<'_>,
+    report: &mut CheckReport,
+    claims: &mut Claims,
+    state_dir: Option<&Path>,
+    t: &TargetDef,
+) {
+    let name = t.name.get_ref().trim();
+    for l in &t.luns {
+        let lspan = l.span();
+        let l = l.get_ref();
+        let unit = format!("LUN {} of {name}", l.id);
+        let line = line_of(ctx.text, lspan.start);
+        if let Some((serial, naa)) = unit_identity(name, l) {
+            if let Err(m) = claims.identity(&unit, line, &serial, naa) {
+                report.errors.push(match (&l.serial, &l.uuid) {
+                    (None, Some(u)) => ctx.err(u.span(), "target.lun.uuid", m),
+                    _ => ctx.err(lspan.clone(), "target.lun.serial", m),
+                });
+            }
+        }
+        let pr_state = state_dir.map(|d| d.join(pr_state_file_name(name, l.id)));
+        let atomic_writes = l.atomic_writes.as_ref().map(|a| *a.get_ref());
+        let kind = l.backstore.get_ref().as_str();
+        let files = held_files(l, kind, atomic_writes, pr_state.as_deref());
+        // --no-disk opens no backing file, but still keeps reservations.
+        let used = |h: &HeldFile<'_>| !ctx.no_disk || h.what == FileUse::Reservations;
+        for held in files.into_iter().filter(used) {
+            if let Err(m) = claims.file(&unit, line, &held.path, held.what) {
+                let span = held.span.unwrap_or_else(|| t.name.span());
+                report.errors.push(ctx.err(span, held.field, m));
+            }
+        }
+    }
+}
+
+/// A file a LUN holds for itself alone.
+struct HeldFile<'a> {
+    path: std::borrow::Cow<'a, Path>,
+    what: FileUse,
+    /// The field that names it, and where (none: the target's name,
+    /// which the file is named after).
+    field: &'static str,
+    span: Option<std::ops::Range<usize>>,
+}
+
+/// The files LUN `l` (of backstore `kind`) holds for itself alone: its
+/// data or striped members, its atomic-write journal unless atomic writes
+/// are off, and its saved reservations.
+fn held_files<'a>(
+    l: &'a LunDef,
+    kind: &str,
+    atomic_writes: Option<bool>,
+    pr_state_path: Option<&'a Path>,
+) -> Vec<HeldFile<'a>> {
+    use std::borrow::Cow;
+    let named = |path: &'a Path, what, field, span| HeldFile {
+        path: Cow::Borrowed(path),
+        what,
+        field,
+        span: Some(span),
+    };
+    let mut held = Vec::new();
+    match (kind, &l.path, &l.paths) {
+        ("file", Some(path), _) => {
+            held.push(named(
+                path.get_ref(),
+                FileUse::Data,
+                "target.lun.path",
+                path.span(),
+            ));
+            match (&l.atomic_journal, atomic_writes) {
+                (_, Some(false)) => {}
+                (Some(j), _) => held.push(named(
+                    j.get_ref(),
+                    FileUse::AtomicJournal,
+                    "target.lun.atomic_journal",
+                    j.span(),
+                )),
+                (None, _) => held.push(HeldFile {
+                    path: Cow::Owned(FileBackstore::default_journal_path(path.get_ref())),
+                    what: FileUse::AtomicJournal,
+                    field: "target.lun.path",
+                    span: Some(path.span()),
+                }),
+            }
+        }
+        ("striped", _, Some(paths)) => {
+            for p in paths.get_ref() {
+                held.push(named(
+                    p,
+                    FileUse::StripeMember,
+                    "target.lun.paths",
+                    paths.span(),
+                ));
+            }
+        }
+        _ => {}
+    }
+    if let Some(p) = pr_state_path {
+        held.push(HeldFile {
+            path: Cow::Borrowed(p),
+            what: FileUse::Reservations,
+            field: "target.name",
+            span: None,
+        });
+    }
+    held
+}
+
 fn file_atomic_journal(
     ctx: &Ctx<'_>,
     l: &LunDef,
@@ -1113,6 +1257,10 @@ impl TargetConfig {
                         return Err(ctx.err(a.span(), "target.lun.atomic_writes", why));
                     }
                 }
+                let pr_state_path = f
+                    .state_dir
+                    .as_ref()
+                    .map(|d| d.join(pr_state_file_name(&name, l.id)));
                 let kept = ctx
                     .reuse
                     .and_then(|r| r.get(&(name.to_ascii_lowercase(), l.id)).cloned());
@@ -1305,19 +1453,17 @@ impl TargetConfig {
                         ),
                     ));
                 }
-                let (serial, naa) = match &l.uuid {
-                    Some(u) => identity_from_uuid(u.get_ref()).ok_or_else(|| {
-                        ctx.err(
-                            u.span(),
-                            "target.lun.uuid",
-                            format!(
-                                "{:?} is not a UUID (32 hex digits, e.g. from uuidgen)",
-                                u.get_ref()
-                            ),
-                        )
-                    })?,
-                    None => stable_identity(&name, l.id),
-                };
+                let (serial, naa) = unit_identity(&name, l).ok_or_else(|| {
+                    let u = l.uuid.as_ref().expect("only a uuid can be no identity");
+                    ctx.err(
+                        u.span(),
+                        "target.lun.uuid",
+                        format!(
+                            "{:?} is not a UUID (32 hex digits, e.g. from uuidgen)",
+                            u.get_ref()
+                        ),
+                    )
+                })?;
                 let mut lu = LuConfig::new(backstore);
                 lu.block_size = block_size;
                 lu.physical_block_exponent = physical_block_exponent;
@@ -1335,21 +1481,9 @@ impl TargetConfig {
                     lu.sanitize_min_duration = std::time::Duration::from_secs(*secs.get_ref());
                 }
                 let stalled = l.stalled;
-                lu.serial = l.serial.clone().unwrap_or(serial);
+                lu.serial = serial;
                 lu.naa_id = naa;
-                lu.pr_state_path = f.state_dir.as_ref().map(|d| {
-                    let safe: String = name
-                        .chars()
-                        .map(|c| {
-                            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                                c
-                            } else {
-                                '_'
-                            }
-                        })
-                        .collect();
-                    d.join(format!("{safe}.lun{}.pr", l.id))
-                });
+                lu.pr_state_path = pr_state_path;
                 let unit = match kept {
                     // A kept unit stays as it runs (its stall switch too).
                     Some(unit) => unit,
@@ -1811,6 +1945,7 @@ impl TargetConfig {
                 seen.push((addr, tag));
             }
         }
+        let mut claims = Claims::default();
         for t in &self.targets {
             let t = t.get_ref();
             if let Err(why) = check_iscsi_name(t.name.get_ref().trim()) {
@@ -1834,6 +1969,13 @@ impl TargetConfig {
                 chap_algorithms: None,
             };
             check_auth(ctx, &mut report, &auth, "target");
+            claim_units(
+                ctx,
+                &mut report,
+                &mut claims,
+                self.fabric.state_dir.as_deref(),
+                t,
+            );
             if ctx.no_disk {
                 continue; // no backing file is touched at all
             }
@@ -2494,6 +2636,101 @@ mod tests {
         };
         assert_eq!(cfg(&a), cfg(&b));
         assert_eq!(cfg(&a).0, "3f2504e04f8911d39a0c0305e82c3301");
+    }
+
+    #[test]
+    fn each_unit_holds_its_files_and_identity_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("a.img");
+        let other = dir.path().join("b.img");
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let dotted = dir.path().join("sub/../a.img");
+        let two = |first: &str, second: &str| {
+            format!("{}\n[[target.lun]]\nid = 1\n{second}", one_lun(first))
+        };
+        let file = |p: &std::path::Path, more: &str| {
+            format!("backstore = \"file\"\npath = {p:?}\nsize = \"1M\"\n{more}")
+        };
+        // Line 17 is LUN 1's path (or journal), 14 its header.
+        let refused = [
+            (two(&file(&img, ""), &file(&dotted, "")), 17, "target.lun.path", "data file of LUN 0"),
+            (
+                two(&file(&img, ""), &file(&other, &format!("atomic_journal = {img:?}\n"))),
+                19,
+                "target.lun.atomic_journal",
+                "data file of LUN 0",
+            ),
+            (
+                two(
+                    &file(&img, ""),
+                    &format!("backstore = \"striped\"\npaths = [{other:?}, {img:?}]\nsize = \"1M\"\n"),
+                ),
+                17,
+                "target.lun.paths",
+                "data file of LUN 0",
+            ),
+            (
+                two(
+                    "backstore = \"ram\"\nsize = \"1M\"\nuuid = \"3f2504e0-4f89-11d3-9a0c-0305e82c3301\"\n",
+                    "backstore = \"ram\"\nsize = \"1M\"\nuuid = \"3F2504E0-4F89-11D3-9A0C-0305E82C3301\"\n",
+                ),
+                18,
+                "target.lun.uuid",
+                "same identity",
+            ),
+            (
+                two(
+                    "backstore = \"ram\"\nsize = \"1M\"\nserial = \"disk7\"\n",
+                    "backstore = \"ram\"\nsize = \"1M\"\nserial = \"disk7\"\n",
+                ),
+                14,
+                "target.lun.serial",
+                "serial number \"disk7\" of LUN 0",
+            ),
+        ];
+        for (text, line, field, said) in refused {
+            let e = TargetConfig::from_str("t.toml", &text).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (line, field), "{e}\n{text}");
+            assert!(e.message.contains(said), "{e}");
+            // --check finds a problem there too (its own check of the
+            // file may come first: it reports one problem per field).
+            let r = check(&text);
+            assert!(fields(&r).contains(&(line, field)), "{:?}", r.errors);
+        }
+        // Journals apart (or off), LUNs over their own files are fine.
+        let apart = two(&file(&img, ""), &file(&other, ""));
+        TargetConfig::from_str("t.toml", &apart).unwrap_or_else(|e| panic!("{e}"));
+        let journal_off = two(
+            &file(&img, "atomic_writes = false\n"),
+            &file(
+                &other,
+                &format!(
+                    "atomic_journal = {:?}\n",
+                    dir.path().join("a.img.atomic-journal")
+                ),
+            ),
+        );
+        TargetConfig::from_str("t.toml", &journal_off).unwrap_or_else(|e| panic!("{e}"));
+
+        // Saved reservations are named after the target: two names that
+        // differ only in characters a file name holds as '_' (here 'é' and
+        // 'ü') would share them.
+        let state = dir.path().join("state");
+        let two_targets = format!(
+            "[fabric]\nstate_dir = {state:?}\n\n[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:é\"\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:ü\"\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n"
+        );
+        let e = TargetConfig::from_str("t.toml", &two_targets).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (16, "target.name"), "{e}");
+        assert!(
+            e.message
+                .contains("saved reservations of LUN 0 of iqn.2026-11.io.blockwire:ü"),
+            "{e}"
+        );
+        assert!(e.message.contains("rename one of the targets"), "{e}");
+        let apart = two_targets.replace("blockwire:ü", "blockwire:u");
+        TargetConfig::from_str("t.toml", &apart).unwrap_or_else(|e| panic!("{e}"));
     }
 
     fn two_groups(second: &str, target_groups: &str) -> String {

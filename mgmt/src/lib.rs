@@ -4,6 +4,7 @@
 //! notifications.
 #![forbid(unsafe_code)]
 
+pub mod claims;
 pub mod config;
 pub mod control;
 pub mod live;
