@@ -1920,15 +1920,26 @@ impl TargetConfig {
                 let Ok(addr) = a.get_ref().parse::<SocketAddr>() else {
                     continue; // build() reports it
                 };
-                let clash = seen.iter().find(|(other, _)| {
-                    other.port() == addr.port()
-                        && addr.port() != 0
-                        && other.is_ipv4() == addr.is_ipv4()
-                        && (other.ip() == addr.ip()
-                            || other.ip().is_unspecified()
-                            || addr.ip().is_unspecified())
+                // Port 0 (a port picked at start) may be listed in several
+                // groups, each getting its own, but once per group.
+                let clash = seen.iter().find(|(other, other_tag)| {
+                    (*other == addr && *other_tag == tag)
+                        || other.port() == addr.port()
+                            && addr.port() != 0
+                            && other.is_ipv4() == addr.is_ipv4()
+                            && (other.ip() == addr.ip()
+                                || other.ip().is_unspecified()
+                                || addr.ip().is_unspecified())
                 });
-                if let Some((other, other_tag)) = clash {
+                if let Some((_, other_tag)) = clash.filter(|_| addr.port() == 0) {
+                    report.errors.push(ctx.err(
+                        a.span(),
+                        "portal_group.listen",
+                        format!(
+                            "{addr} is listed twice in portal group {other_tag}: port 0 picks one port per group; list it once"
+                        ),
+                    ));
+                } else if let Some((other, other_tag)) = clash {
                     let what = if *other == addr {
                         format!("{addr} is listed already")
                     } else {
@@ -3023,7 +3034,11 @@ mod tests {
         let r = check(text);
         assert_eq!(
             fields(&r),
-            [(7, "portal_group.listen"), (9, "portal_group.listen")],
+            [
+                (7, "portal_group.listen"),
+                (9, "portal_group.listen"),
+                (10, "portal_group.listen")
+            ],
             "{:?}",
             r.errors
         );
@@ -3038,6 +3053,14 @@ mod tests {
             r.errors[1].message.contains("overlaps 0.0.0.0:3261"),
             "{}",
             r.errors[1]
+        );
+        // Port 0 may be in several groups (each gets a port), once in each.
+        assert!(
+            r.errors[2]
+                .message
+                .contains("listed twice in portal group 2"),
+            "{}",
+            r.errors[2]
         );
         assert!(TargetConfig::from_str("t.toml", text).is_err());
     }

@@ -96,7 +96,7 @@ pub async fn run(
             let portal = Portal::bind(*addr, group.tag).await?;
             let bound = portal.local_addr()?;
             info!(portal = %bound, tpgt = group.tag, "listening");
-            bound_at.insert(*addr, bound);
+            bound_at.insert((*addr, group.tag), bound);
             portals.push((bound, portal));
         }
     }

@@ -823,8 +823,11 @@ async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
         .unwrap()
         .local_addr()
         .unwrap();
-    d.call("portal.add", json!({"tag": 3, "listen": free.to_string()}))
+    let v = d
+        .call("portal.add", json!({"tag": 3, "listen": free.to_string()}))
         .await;
+    // A new group without iSER changes no iSER portal: nothing waits for a restart.
+    assert_eq!(v["restart_needed"], json!([]), "{v}");
     let v = d
         .call(
             "target.add",
@@ -892,6 +895,42 @@ async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
     // The first session never noticed.
     assert_eq!(tur_sense(&mut c).await, None);
     assert_eq!(only_tsih_of(&d, TARGET).await, Some(tsih));
+
+    // Both groups list 127.0.0.1:0, each with a port of its own: taking
+    // it out of group 1 closes group 1's portal, not group 2's.
+    let (p1, p2) = (d.portal(1).await, d.portal(2).await);
+    d.call("portal.add", json!({"tag": 1, "listen": "127.0.0.2:0"}))
+        .await;
+    d.call("portal.remove", json!({"listen": "127.0.0.1:0", "tag": 1}))
+        .await;
+    assert!(
+        tokio::net::TcpStream::connect(p1).await.is_err(),
+        "group 1's portal {p1} still listens"
+    );
+    assert!(
+        tokio::net::TcpStream::connect(p2).await.is_ok(),
+        "group 2's portal {p2} was closed"
+    );
+    let listed = d.call("portal.list", Value::Null).await;
+    let listed: Vec<(u64, String)> = listed["portals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["tpgt"].as_u64().unwrap(),
+                p["listen"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.contains(&(2, p2.to_string())), "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .any(|(t, a)| *t == 1 && a.starts_with("127.0.0.2:")),
+        "{listed:?}"
+    );
 }
 
 async fn only_tsih_of(d: &Daemon, target: &str) -> Option<u64> {

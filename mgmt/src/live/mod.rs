@@ -89,9 +89,10 @@ impl std::fmt::Debug for Live {
 
 struct Running {
     doc: Table,
-    /// Each configured listen address and the address its portal is bound
-    /// to (they differ for port 0).
-    bound: HashMap<SocketAddr, SocketAddr>,
+    /// Each configured listen address, with its portal group's tag, and the
+    /// address its portal is bound to (they differ for port 0, which
+    /// several groups may list: each gets a port of its own).
+    bound: HashMap<(SocketAddr, u16), SocketAddr>,
 }
 
 /// Parses configuration text into a document; a syntax error names its line.
@@ -125,7 +126,7 @@ impl Live {
         opts: LoadOptions,
         source: Source,
         doc: Table,
-        bound: HashMap<SocketAddr, SocketAddr>,
+        bound: HashMap<(SocketAddr, u16), SocketAddr>,
     ) -> Live {
         Live {
             fabric,
@@ -292,10 +293,11 @@ impl Live {
                 let portal = Portal::bind(*addr, *tag).await?;
                 self.portals.start(portal).await
             };
-            let rebinding = leaving.iter().any(|(a, _)| a == addr);
-            if rebinding {
-                // Same address, other group: it must be free first.
-                if let Some(b) = running.bound.remove(addr) {
+            // Same address, other group: it must be free first. (Not
+            // for port 0: each listing of it gets a port of its own.)
+            let moving = leaving.iter().find(|(a, _)| a == addr && addr.port() != 0);
+            if let Some(&(a, old_tag)) = moving {
+                if let Some(b) = running.bound.remove(&(a, old_tag)) {
                     let _ = self.portals.remove(b).await;
                 }
             }
@@ -312,7 +314,7 @@ impl Live {
             }
         }
         for (addr, tag, bound) in opened {
-            running.bound.insert(addr, bound);
+            running.bound.insert((addr, tag), bound);
             applied
                 .changes
                 .push(format!("portal {bound} (portal group {tag}) listening"));
@@ -456,10 +458,10 @@ impl Live {
             applied.changes.push(format!("target {} removed", t.name));
         }
         for (addr, tag) in leaving {
-            if new_portals.iter().any(|(a, _)| *a == addr) {
+            if addr.port() != 0 && new_portals.iter().any(|(a, _)| *a == addr) {
                 continue; // re-bound above for its new group
             }
-            if let Some(b) = running.bound.remove(&addr) {
+            if let Some(b) = running.bound.remove(&(addr, tag)) {
                 let cut = self.portals.remove(b).await.unwrap_or(0);
                 applied.changes.push(format!(
                     "portal {b} (portal group {tag}) removed, {cut} connection(s) cut"
@@ -727,9 +729,18 @@ fn portal_pairs(c: &Catalog) -> Vec<(SocketAddr, u16)> {
         .collect()
 }
 
-fn iser_keys(doc: &Table) -> Vec<(Option<Value>, Option<Value>)> {
+/// The iSER settings of each portal group that has any, with its tag:
+/// groups without them coming or going change no iSER portal.
+fn iser_keys(doc: &Table) -> Vec<(Option<Value>, Option<Value>, Option<Value>)> {
     tables(doc, "portal_group")
-        .map(|g| (g.get("iser").cloned(), g.get("iser_listen").cloned()))
+        .map(|g| {
+            (
+                g.get("tag").cloned(),
+                g.get("iser").cloned(),
+                g.get("iser_listen").cloned(),
+            )
+        })
+        .filter(|(_, iser, listen)| iser.is_some() || listen.is_some())
         .collect()
 }
 
