@@ -218,6 +218,22 @@ impl Live {
         let built = TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse))
             .map_err(|e| LiveError::Invalid(format!("{e}; nothing was changed")))?;
         let new = built.catalog.clone();
+        // A target renamed in case only is the same target to initiators
+        // (iSCSI names compare case-insensitively), but its LUNs' derived
+        // identities and its saved reservations' file follow the name as
+        // written: the running units would keep theirs, and the next start
+        // would present new disks without their reservations.
+        for nt in &new.targets {
+            if let Some(ot) = old.target(&nt.name).filter(|ot| ot.name != nt.name) {
+                return Err(LiveError::Invalid(format!(
+                    "target {} is renamed {} (case only): its LUNs' serial numbers and NAA \
+                     identifiers (unless they have a uuid) and its saved reservations' files \
+                     derive from the name as written, so the next start would present new \
+                     disks and lose the reservations; keep the name as it was; nothing was changed",
+                    ot.name, nt.name
+                )));
+            }
+        }
 
         // What would be taken away, and whether it is in use.
         let mut busy = Vec::new();
@@ -747,6 +763,59 @@ fn iser_keys(doc: &Table) -> Vec<(Option<Value>, Option<Value>, Option<Value>)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A live configuration of `text`, served by a fabric with no portal
+    /// bound, reloading from `file`.
+    fn live_of(text: &str, file: &Path) -> Live {
+        let built = TargetConfig::from_str("t.toml", text).unwrap_or_else(|e| panic!("{e}"));
+        let (_, stop) = tokio::sync::watch::channel(false);
+        let fabric = Fabric::new(built.catalog, built.settings, stop);
+        let portals = Arc::new(PortalSet::new(fabric.clone()));
+        let source = Source {
+            file: Some(file.to_path_buf()),
+            listen_override: None,
+        };
+        let doc = parse_doc("t.toml", text).unwrap();
+        Live::new(
+            fabric,
+            portals,
+            LoadOptions::default(),
+            source,
+            doc,
+            HashMap::new(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_reload_may_not_rename_a_target_in_case_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+                    [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
+                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let live = live_of(text, &file);
+        let renamed = text.replace("blockwire:disk", "blockwire:Disk");
+        std::fs::write(&file, &renamed).unwrap();
+        let e = live.reload().await.unwrap_err().to_string();
+        assert!(
+            e.contains("is renamed iqn.2026-11.io.blockwire:Disk (case only)"),
+            "{e}"
+        );
+        let served = live.fabric.catalog();
+        assert_eq!(served.targets[0].name, "iqn.2026-11.io.blockwire:disk");
+        assert!(live.text().await.contains("blockwire:disk"));
+        // Another change of the same target goes through.
+        std::fs::write(&file, text.replace("size = \"1M\"", "size = \"2M\"")).unwrap();
+        live.reload().await.unwrap();
+        assert_eq!(
+            live.fabric.catalog().targets[0]
+                .luns
+                .get(0)
+                .unwrap()
+                .blocks(),
+            4096
+        );
+    }
 
     #[test]
     fn utc_stamps_are_civil_dates() {
