@@ -431,3 +431,133 @@ async fn offloaded_writes_count_against_the_write_budget() {
     back.read_at(0, &mut got).unwrap();
     assert!(got == small);
 }
+
+/// READ data on the core road wait, whole in memory, until their RDMA Writes complete,
+/// and so count against the connection's READ budget just as Data-In waiting for the
+/// socket does. The initiator here binds its RDMA connection by hand and then never
+/// reads it (a stalled or hostile peer): its RDMA Writes never complete. Without the
+/// budget, 120 READs of 4 MiB held their data (and the soft provider's frames of it)
+/// at once; with a 16 MiB budget the READs beyond it wait before the core reads. Once
+/// the peer is gone, the READs still queued fail after one wait for a new bind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offloaded_reads_a_peer_does_not_take_stay_within_the_read_budget() {
+    use blockwire_transport::assist::{Grant, OFFLOAD_KEY};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    fn resident() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+    const MIB: usize = 1 << 20;
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("error")
+        .try_init();
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
+    let settings = FabricSettings {
+        read_budget_bytes: 16 << 20,
+        ..FabricSettings::default()
+    };
+    let t = bind_target(TARGET, lu, settings).await.serve(true).await;
+    let mut config = cfg("stalled-rdma-peer").with_queue_depth(128);
+    config
+        .vendor_offers
+        .push((OFFLOAD_KEY.to_owned(), "soft".to_owned()));
+    let s = Arc::new(
+        Session::connect(config, &t.addr.to_string(), TARGET)
+            .await
+            .unwrap(),
+    );
+    let (generation, answers) = s.vendor_answers();
+    let grant = answers
+        .iter()
+        .find(|(k, _)| k == OFFLOAD_KEY)
+        .and_then(|(_, v)| Grant::parse(v))
+        .expect("the target grants RDMA offload");
+    // The soft provider's CONNECT frame (kind 1, length, the magic "SFRD" in aux)
+    // carrying the bind request; then the ACCEPT, and nothing read after it.
+    let bind = BindRequest {
+        tsih: s.tsih(),
+        token: grant.token,
+    }
+    .encode();
+    let mut rdma = tokio::net::TcpStream::connect(grant.endpoint)
+        .await
+        .unwrap();
+    let mut frame = vec![1u8, 0, 0, 0];
+    frame.extend_from_slice(&(bind.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&[0; 12]);
+    frame.extend_from_slice(&0x5346_5244u32.to_be_bytes());
+    frame.extend_from_slice(&bind);
+    rdma.write_all(&frame).await.unwrap();
+    let mut header = [0u8; 24];
+    rdma.read_exact(&mut header).await.unwrap();
+    assert_eq!(header[0], 2, "the target accepts the bind: {header:?}");
+    let private = u32::from_be_bytes(header[4..8].try_into().unwrap()) as usize;
+    rdma.read_exact(&mut vec![0; private]).await.unwrap();
+
+    // The unit's power-on attention out of the way, and data to read (a
+    // RAM LUN's unwritten blocks read as zeros, which cost no memory).
+    let _ = s
+        .execute(0, &[0; 6], blockwire_initiator::DataDir::None)
+        .await;
+    s.write(0, 0, (4 * MIB / BS) as u32, &random(4 * MIB, 9))
+        .await
+        .unwrap();
+
+    let base = resident();
+    let blocks = (4 * MIB / BS) as u16;
+    let mut reads = tokio::task::JoinSet::new();
+    for i in 0..120u32 {
+        let s = s.clone();
+        let desc = Descriptor {
+            dir: Direction::Read,
+            chunks: vec![RemoteBuf {
+                addr: u64::from(i) << 32,
+                len: 4 * MIB as u64,
+                rkey: 0x100 + i,
+            }],
+        };
+        let cdb = [0x28, 0, 0, 0, 0, 0, 0, (blocks >> 8) as u8, blocks as u8, 0];
+        reads.spawn(async move {
+            s.execute_offloaded(generation, 0, &cdb, 4 * MIB, 0, vec![desc.to_ahs()])
+                .await
+        });
+    }
+    // At least two seconds, then until resident memory stops growing.
+    let (mut high, mut since) = (resident(), std::time::Instant::now());
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(2)
+        || since.elapsed() < std::time::Duration::from_secs(1)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        if resident() > high + MIB {
+            (high, since) = (resident(), std::time::Instant::now());
+        }
+    }
+    let growth = high.saturating_sub(base);
+    eprintln!("resident memory grew by {} MiB", growth / MIB);
+    assert!(
+        growth < 128 * MIB,
+        "resident memory grew by {} MiB while the RDMA peer took no data",
+        growth / MIB
+    );
+    if let Some(r) = reads.try_join_next() {
+        panic!("a READ ended while its RDMA Write waits: {r:?}");
+    }
+    // The peer goes away: every READ ends (failed), those still queued
+    // after one wait for a new bind (10 s) rather than one wait each (120
+    // READs, four at a time within the budget: 300 s).
+    drop(rdma);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(r) = reads.join_next().await {
+            assert!(
+                r.unwrap().is_err(),
+                "a READ whose data never arrived succeeded"
+            );
+        }
+    });
+    if ended.await.is_err() {
+        panic!("READs still wait 60 s after the RDMA connection went");
+    }
+}

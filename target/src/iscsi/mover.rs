@@ -19,7 +19,7 @@
 //! Length). A WRITE's payload arrives as immediate data or solicited
 //! Data-Out (gathered by the connection's reader, or fed to a
 //! double-buffered task, [`super::syncwrite`]) or by RDMA Read
-//! ([`WriteData`]).
+//! ([`rdma_write_data`]).
 //!
 //! Written once here: the Data-In queueing of a PDU under the task set's
 //! lock ([`DataIn::push`]), the answer of a core result on each wire
@@ -350,27 +350,15 @@ pub(super) trait ReadMover: Send {
     ) -> impl std::future::Future<Output = bool> + Send;
 }
 
-/// Where a WRITE's data come from, for a command the core runs whole.
-pub(super) enum WriteData {
-    /// Gathered from immediate data and Data-Out PDUs (or none).
-    Gathered(Vec<u8>),
-    /// In the initiator's buffer: RDMA Read before execution.
-    RdmaRead(Arc<RdmaService>, Arc<Slot>, Descriptor),
-}
-
-impl WriteData {
-    /// The data, or None if RDMA could not move them (the command then
-    /// fails with ABORTED COMMAND, DATA PHASE ERROR, never executed).
-    pub(super) async fn fetch(self, itt: u32) -> Option<Vec<u8>> {
-        match self {
-            WriteData::Gathered(d) => Some(d),
-            WriteData::RdmaRead(svc, slot, desc) => match svc.read_from(&slot, &desc).await {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    warn!(itt, error = %e.0, "RDMA Read of write data failed: command not executed");
-                    None
-                }
-            },
+/// A WRITE's data from the initiator's buffer, by RDMA Read before
+/// execution; None if RDMA could not move them (the command then fails with
+/// ABORTED COMMAND, DATA PHASE ERROR, never executed).
+async fn rdma_write_data(p: &RdmaPlacement, itt: u32) -> Option<Vec<u8>> {
+    match p.svc.read_from(&p.slot, &p.desc).await {
+        Ok(d) => Some(d),
+        Err(e) => {
+            warn!(itt, error = %e.0, "RDMA Read of write data failed: command not executed");
+            None
         }
     }
 }
@@ -386,16 +374,7 @@ pub(super) async fn core_road(
 ) {
     match wire {
         Wire::Tcp => {
-            // The core reads a READ's data whole into memory, where it waits
-            // for the writer: only as much as the connection's READ budget
-            // allows, so an initiator that does not take its data holds
-            // back its own later READs rather than filling memory.
-            let edtl = ctx.cmd.expected_data_transfer_length;
-            let share = if ctx.cmd.read && edtl > 0 {
-                ctx.shared.hold_read_data(edtl).await
-            } else {
-                None
-            };
+            let share = read_share(&ctx).await;
             let m = DataIn::new(true).holding(share);
             answer_core(&ctx, m, Some(data_out), hold, r2t_count).await
         }
@@ -406,14 +385,36 @@ pub(super) async fn core_road(
         Wire::Rdma(p) => {
             let m = RdmaWrite::new(p);
             let p = m.placement();
-            let from = if p.desc.dir == Direction::Write {
-                WriteData::RdmaRead(p.svc.clone(), p.slot.clone(), p.desc.clone())
+            let (data, share) = if p.desc.dir == Direction::Write {
+                (rdma_write_data(p, ctx.itt()).await, None)
+            } else if p.svc.bound(&p.slot).await {
+                (Some(data_out), read_share(&ctx).await)
             } else {
-                WriteData::Gathered(data_out)
+                // No RDMA connection to write the data by: not read at all
+                // (ABORTED COMMAND, DATA PHASE ERROR, like a failed Write).
+                warn!(
+                    itt = ctx.itt(),
+                    "no RDMA connection for the READ's data: command not executed"
+                );
+                (None, None)
             };
-            let data = from.fetch(ctx.itt()).await;
-            answer_core(&ctx, m, data, hold, r2t_count).await
+            answer_core(&ctx, m, data, hold, r2t_count).await;
+            // The data left: the initiator's RDMA Writes completed (or failed).
+            drop(share);
         }
+    }
+}
+
+/// A READ's share of the connection's READ budget, taken before the core
+/// reads its data whole into memory, where they wait for the writer (TCP)
+/// or for the RDMA Writes' completion: an initiator that does not take its
+/// data holds back its own later READs rather than filling memory.
+async fn read_share(ctx: &CommandContext) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let edtl = ctx.cmd.expected_data_transfer_length;
+    if ctx.cmd.read && edtl > 0 {
+        ctx.shared.hold_read_data(edtl).await
+    } else {
+        None
     }
 }
 

@@ -78,6 +78,12 @@ pub struct Slot {
     /// claim is taken with the verdict, so a second request with the same token (a
     /// replay racing the real one) is refused even before the first is accepted.
     accepting: std::sync::atomic::AtomicBool,
+    /// Since when commands have found no working connection (none bound
+    /// yet, or the last one failed), until one is bound: they wait for it
+    /// until [`BIND_WAIT`] after that, not each [`BIND_WAIT`] from its own
+    /// start, so that once a peer is gone for good the commands still
+    /// queued fail at once instead of one wait after another.
+    unbound_since: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A session's RDMA connection: the queue pair and the completions of its operations.
@@ -164,6 +170,7 @@ impl RdmaService {
             tsih,
             binding: tx,
             accepting: std::sync::atomic::AtomicBool::new(false),
+            unbound_since: Mutex::new(None),
         });
         self.slots.lock().unwrap().insert(token, slot.clone());
         slot
@@ -258,6 +265,7 @@ impl RdmaService {
         });
         self.counters.binds.fetch_add(1, Ordering::Relaxed);
         info!(%peer, tsih = slot.tsih, "RDMA connection bound to session");
+        *slot.unbound_since.lock().unwrap() = None;
         slot.binding.send_replace(Some(b));
     }
 
@@ -340,6 +348,14 @@ impl RdmaService {
             .bytes_read
             .fetch_add(len as u64, Ordering::Relaxed);
         Ok(out)
+    }
+
+    /// Whether the session has a working RDMA connection, waiting for a
+    /// (re)bind as a transfer would: a READ checks before its data are read
+    /// and held, so that without a connection it holds nothing while it
+    /// waits.
+    pub async fn bound(&self, slot: &Slot) -> bool {
+        self.wait(slot).await.is_ok()
     }
 
     async fn wait(&self, slot: &Slot) -> Result<Arc<Binding>, TransferError> {
@@ -485,6 +501,8 @@ impl Slot {
                     .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
+                // A connection is on its way: commands wait for it afresh.
+                *self.unbound_since.lock().unwrap() = None;
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -497,8 +515,15 @@ impl Slot {
     /// The session's working RDMA connection, waiting briefly for it to be bound.
     async fn wait(&self) -> Result<Arc<Binding>, TransferError> {
         let mut rx = self.binding.subscribe();
+        let working = rx.borrow().as_ref().is_some_and(|b| !b.qp.is_error());
+        let deadline = if working {
+            tokio::time::Instant::now() + BIND_WAIT
+        } else {
+            let mut since = self.unbound_since.lock().unwrap();
+            *since.get_or_insert_with(tokio::time::Instant::now) + BIND_WAIT
+        };
         // A broken connection may be replaced by a new bind at any moment.
-        let got = tokio::time::timeout(BIND_WAIT, async {
+        let got = tokio::time::timeout_at(deadline, async {
             loop {
                 if let Some(b) = rx.borrow_and_update().clone() {
                     if !b.qp.is_error() {
