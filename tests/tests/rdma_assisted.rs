@@ -24,15 +24,17 @@ const TARGET: &str = "iqn.2026-11.io.blockwire:rdma-test";
 const BS: usize = 512;
 
 async fn start(rdma: bool) -> TestTarget {
+    start_with(FabricSettings::default(), rdma).await
+}
+
+/// A target with a 32 MiB RAM LUN under `settings`, with RDMA offload or not.
+async fn start_with(settings: FabricSettings, rdma: bool) -> TestTarget {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter("warn")
         .try_init();
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
-    bind_target(TARGET, lu, FabricSettings::default())
-        .await
-        .serve(rdma)
-        .await
+    bind_target(TARGET, lu, settings).await.serve(rdma).await
 }
 
 fn cfg(name: &str) -> InitiatorConfig {
@@ -384,16 +386,11 @@ async fn only_the_session_token_binds() {
 /// that fits runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offloaded_writes_count_against_the_write_budget() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("warn")
-        .try_init();
-    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
     let settings = FabricSettings {
         write_budget_bytes: 64 << 10,
         ..FabricSettings::default()
     };
-    let t = bind_target(TARGET, lu, settings).await.serve(true).await;
+    let t = start_with(settings, true).await;
     let s = assisted(&t, "budget", RdmaConfig::default()).await;
     assert_eq!(
         s.mode().await,
@@ -449,16 +446,11 @@ async fn offloaded_reads_a_peer_does_not_take_stay_within_the_read_budget() {
         pages * 4096
     }
     const MIB: usize = 1 << 20;
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("error")
-        .try_init();
-    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(32 << 20))));
     let settings = FabricSettings {
         read_budget_bytes: 16 << 20,
         ..FabricSettings::default()
     };
-    let t = bind_target(TARGET, lu, settings).await.serve(true).await;
+    let t = start_with(settings, true).await;
     let mut config = cfg("stalled-rdma-peer").with_queue_depth(128);
     config
         .vendor_offers

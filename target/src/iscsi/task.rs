@@ -136,7 +136,16 @@ impl CommandContext {
     /// command and returns the answer that replaces its result, so the
     /// initiator is not left waiting.
     pub fn panicked(&self, e: &tokio::task::JoinError) -> ScsiResult {
-        tracing::error!(itt = self.cmd.itt, error = %e, "SCSI command panicked");
+        if e.is_cancelled() {
+            // The runtime is shutting down with the command's blocking step
+            // still queued: not a fault of the command.
+            tracing::debug!(
+                itt = self.cmd.itt,
+                "SCSI command cancelled: the target is stopping"
+            );
+        } else {
+            tracing::error!(itt = self.cmd.itt, error = %e, "SCSI command panicked");
+        }
         internal_failure()
     }
 }
