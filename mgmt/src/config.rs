@@ -426,6 +426,7 @@ fn claim_units(
             if let Err(m) = claims.file(&unit, line, &held.path, held.what) {
                 let span = held.span.unwrap_or_else(|| t.name.span());
                 report.errors.push(ctx.err(span, held.field, m));
+                break; // its other files (a journal named after it) say no more
             }
         }
     }
@@ -726,7 +727,7 @@ impl Ctx<'_> {
             file: self.file.to_owned(),
             line: line_of(self.text, span.start),
             field: field.to_owned(),
-            message: message.into(),
+            message: one_line(message.into()),
         }
     }
 
@@ -736,9 +737,28 @@ impl Ctx<'_> {
             file: self.file.to_owned(),
             line: key_line(self.text, "fabric", key),
             field: format!("fabric.{key}"),
-            message: message.into(),
+            message: one_line(message.into()),
         }
     }
+}
+
+/// `message` with each control character escaped (`\n`, `\u{1b}`): paths
+/// and names quoted from the file may hold them, and a problem is reported
+/// on one line.
+fn one_line(message: String) -> String {
+    if !message.chars().any(char::is_control) {
+        return message;
+    }
+    message
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// What `--check` found: every error it could find without touching the
@@ -2647,6 +2667,18 @@ mod tests {
         };
         assert_eq!(cfg(&a), cfg(&b));
         assert_eq!(cfg(&a).0, "3f2504e04f8911d39a0c0305e82c3301");
+    }
+
+    #[test]
+    fn a_path_with_a_line_break_is_reported_on_one_line() {
+        let lun =
+            "backstore = \"file\"\npath = \"/nonexistent\\nfake: line/a.img\"\nsize = \"1M\"\n";
+        let r = check(&one_lun(lun));
+        assert!(!r.errors.is_empty());
+        for e in &r.errors {
+            assert!(!e.message.contains('\n'), "{e:?}");
+            assert!(e.message.contains("/nonexistent\\nfake: line"), "{e:?}");
+        }
     }
 
     #[test]
