@@ -93,21 +93,38 @@ fn is_temporary(entry: &std::fs::DirEntry) -> bool {
     name.starts_with('.') && name.contains(TMP_MARK)
 }
 
+/// Why a record cannot keep `key = value` as given, if it cannot: a line is
+/// read back as the key before the first '=' and the value after it, both
+/// trimmed, and a line starting with '#' is a comment. So a line break would
+/// write other keys, and a CHAP secret with a trailing space would come
+/// back without it.
+fn unkeepable(key: &str, value: &str) -> Option<String> {
+    if key.contains(char::is_control) || value.contains(char::is_control) {
+        return Some(format!("{key:?} = {value:?} holds a control character"));
+    }
+    if key.is_empty() || key.contains('=') || key.starts_with('#') || key != key.trim() {
+        return Some(format!(
+            "{key:?} is not a record key (keys are names such as node.session.auth.username: \
+             no '=', no leading '#' or white space)"
+        ));
+    }
+    if value != value.trim() {
+        return Some(format!(
+            "{key} = {value:?} starts or ends with white space, which a record reads back \
+             without: give the value without it"
+        ));
+    }
+    None
+}
+
 /// Writes a record owner-only (files 0600, directories 0700: node records
 /// hold CHAP secrets), whole or not at all: a temporary file beside it,
 /// renamed over it, so a record written before with other modes takes these.
 fn write_kv(path: &Path, kv: &BTreeMap<String, String>) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    // One record per line: a line break in a key or value would write other keys.
-    if let Some((k, v)) = kv
-        .iter()
-        .find(|(k, v)| k.contains(char::is_control) || v.contains(char::is_control))
-    {
-        bail!(
-            "not writing {}: {k} = {v:?} holds a control character",
-            path.display()
-        );
+    if let Some(why) = kv.iter().find_map(|(k, v)| unkeepable(k, v)) {
+        bail!("not writing {}: {why}", path.display());
     }
     if let Some(d) = path.parent() {
         std::fs::DirBuilder::new()
@@ -275,6 +292,38 @@ impl NodeDb {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A record written is read back as it was; one that could not be
+        /// is refused whole, and nothing is written.
+        #[test]
+        fn records_read_back_as_written_or_are_refused(
+            kv in prop::collection::btree_map("(?s).{0,10}", "(?s).{0,10}", 0..5),
+        ) {
+            static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir()
+                .join(format!("blockwire-nodedb-kv-{}-{n}", std::process::id()));
+            let path = dir.join("node");
+            let written = write_kv(&path, &kv);
+            let read = std::fs::read_to_string(&path);
+            let _ = std::fs::remove_dir_all(&dir);
+            match written {
+                Ok(()) => prop_assert_eq!(parse_kv(&read.unwrap()), kv),
+                Err(e) => {
+                    prop_assert!(kv.iter().any(|(k, v)| unkeepable(k, v).is_some()), "{}", e);
+                    prop_assert!(read.is_err(), "a refused record was written");
+                }
+            }
+        }
+
+        /// Any text, hand-edited or damaged, reads without panicking.
+        #[test]
+        fn any_text_reads(text in "(?s).{0,200}") {
+            let _ = parse_kv(&text);
+        }
+    }
 
     fn portal(host: &str) -> Portal {
         Portal {
