@@ -76,6 +76,30 @@ pub(crate) fn naa_parts(naa_id: u64) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A UUID in any of its usual spellings (dashed or not, either
+        /// case) parses to its bytes; any other text parses or not without
+        /// panicking, and what parses spells the same bytes again.
+        #[test]
+        fn uuids_parse_in_every_spelling(bytes in any::<[u8; 16]>(), upper: bool, dashed: bool, text in "(?s).{0,40}") {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = if upper { hex.to_uppercase() } else { hex };
+            let spelled = if dashed {
+                format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+            } else {
+                hex
+            };
+            prop_assert_eq!(parse_uuid(&spelled), Some(bytes));
+            prop_assert_eq!(parse_uuid(&format!(" {spelled}\n")), Some(bytes));
+            if let Some(b) = parse_uuid(&text) {
+                let again: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                prop_assert_eq!(parse_uuid(&again), Some(b));
+                prop_assert_eq!(text.trim().replace('-', "").to_lowercase(), again);
+            }
+        }
+    }
 
     #[test]
     fn fnv1a_known_vectors() {
