@@ -61,12 +61,25 @@ const SERIALS: &[&str] = &["disk-1", "DISK-1", "disk-2"];
 const LUN_IDS: &[i64] = &[0, 1, 2, 16383, 16384];
 const FILES: &[&str] = &["f0.img", "f1.img", "sub/../f0.img", "f1.img.atomic-journal"];
 
+const SCRATCH_PREFIX: &str = "blockwire-fuzz-live-";
+
 /// The scratch directory of this process: LUN files, the state directory
-/// and the saved configuration.
+/// and the saved configuration. libFuzzer ends the process without
+/// unwinding, so those of processes gone are removed here.
 fn scratch() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("blockwire-fuzz-live-{}", std::process::id()));
+        let tmp = std::env::temp_dir();
+        for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(SCRATCH_PREFIX)) else {
+                continue;
+            };
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let d = tmp.join(format!("{SCRATCH_PREFIX}{}", std::process::id()));
         std::fs::create_dir_all(d.join("sub")).expect("scratch directory");
         d
     })
