@@ -417,9 +417,7 @@ fn claim_units(
             }
         }
         let pr_state = state_dir.map(|d| d.join(pr_state_file_name(name, l.id)));
-        let atomic_writes = l.atomic_writes.as_ref().map(|a| *a.get_ref());
-        let kind = l.backstore.get_ref().as_str();
-        let files = held_files(l, kind, atomic_writes, pr_state.as_deref());
+        let files = held_files(l, pr_state.as_deref());
         // --no-disk opens no backing file, but still keeps reservations.
         let used = |h: &HeldFile<'_>| !ctx.no_disk || h.what == FileUse::Reservations;
         for held in files.into_iter().filter(used) {
@@ -442,15 +440,12 @@ struct HeldFile<'a> {
     span: Option<std::ops::Range<usize>>,
 }
 
-/// The files LUN `l` (of backstore `kind`) holds for itself alone: its
-/// data or striped members, its atomic-write journal unless atomic writes
-/// are off, and its saved reservations.
-fn held_files<'a>(
-    l: &'a LunDef,
-    kind: &str,
-    atomic_writes: Option<bool>,
-    pr_state_path: Option<&'a Path>,
-) -> Vec<HeldFile<'a>> {
+/// The files LUN `l` holds for itself alone: its data or striped members,
+/// its atomic-write journal unless atomic writes are off, and its saved
+/// reservations (at `pr_state_path`).
+fn held_files<'a>(l: &'a LunDef, pr_state_path: Option<&'a Path>) -> Vec<HeldFile<'a>> {
+    let kind = l.backstore.get_ref().as_str();
+    let atomic_writes = l.atomic_writes.as_ref().map(|a| *a.get_ref());
     use std::borrow::Cow;
     let named = |path: &'a Path, what, field, span| HeldFile {
         path: Cow::Borrowed(path),
