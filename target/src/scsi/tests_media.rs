@@ -193,6 +193,28 @@ fn orwrite_ors_in() {
     assert_eq!(read(&t, &a, 0, 1).data_in, vec![0xff; 512]);
 }
 
+/// WRITE SAME with UNMAP may deallocate only blocks whose data would read
+/// back the same (SBC-4 WRITE SAME: reads behave as if the block sent was
+/// written; with LBPRZ=1 a deallocated block reads as zeros), so a
+/// non-zero block is written, not discarded.
+#[test]
+fn write_same_with_unmap_writes_a_block_that_is_not_zeros() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let mut block = [0u8; 512];
+    block[100] = 0x7e;
+    for (lba, blocks) in [(8, 16), (2000, 0)] {
+        assert_eq!(
+            write_same(&t, &a, lba, blocks, true, false, false, &block).status,
+            GOOD
+        );
+        let n = if blocks == 0 { 2048 - lba as u32 } else { blocks };
+        assert_eq!(read(&t, &a, lba, n).data_in, block.repeat(n as usize));
+        assert!(lba_status(&t, &a, lba)[0].2 == 0, "written blocks are mapped");
+    }
+}
+
 #[test]
 fn write_same_unmap_and_lba_status() {
     let t = table();
