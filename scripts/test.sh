@@ -71,8 +71,15 @@ if [ "$runs" != 0 ]; then
       targets=$(RUSTC_BOOTSTRAP=1 cargo fuzz list)
       [ -n "$targets" ] || { echo "FAIL: cargo fuzz list found no target in $fuzzdir"; exit 1; }
       for target in $targets; do
-        echo "-- [+${SECONDS}s] $fuzzdir $target"
-        RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 2>&1 | tail -n 2
+        # A stateful target lists libFuzzer flags of its own in fuzz_targets/<target>.flags
+        # (-len_control=0: whole sequences of steps from the first input, not a slow
+        # ramp from a few bytes). Later flags override earlier ones.
+        extra=()
+        if [ -f "fuzz_targets/$target.flags" ]; then
+          read -r -a extra < "fuzz_targets/$target.flags"
+        fi
+        echo "-- [+${SECONDS}s] $fuzzdir $target ${extra[*]}"
+        RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 "${extra[@]}" 2>&1 | tail -n 2
         test "${PIPESTATUS[0]}" = 0
       done
     )
