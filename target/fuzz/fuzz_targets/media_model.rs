@@ -8,20 +8,23 @@
 //! in every CDB size, with FUA; WRITE SAME with and without UNMAP and
 //! NDOB; UNMAP with several descriptors; COMPARE AND WRITE that matches or
 //! not; ORWRITE; WRITE AND VERIFY; VERIFY with BYTCHK 0, 1 and 3; WRITE
-//! ATOMIC; SYNCHRONIZE CACHE; GET LBA STATUS; SANITIZE (OVERWRITE and
-//! BLOCK ERASE); the write cache turned on and off by MODE SELECT; and,
+//! ATOMIC; SYNCHRONIZE CACHE; GET LBA STATUS; EXTENDED COPY of block
+//! segments within the unit; SANITIZE (OVERWRITE and BLOCK ERASE); the
+//! write cache turned on and off by MODE SELECT; and,
 //! beside the commands, a resize of the unit and, for files, closing the
 //! store and opening it again. READs and WRITEs go through each road the
 //! fabric takes: the core's own command path, the planned READ the fabric
-//! reads itself, the planned WRITE it writes itself, and the in-memory
-//! answers of the connection task.
+//! reads itself (also through the I/O engine, chunk by chunk, as
+//! synchronized sends do), the planned WRITE it writes itself, and the
+//! in-memory answers of the connection task.
 //!
 //! Checked after every step:
 //! - a READ, by any road, returns exactly the model's bytes;
 //! - a command answers GOOD or CHECK CONDITION (never another status: one
 //!   initiator, no reservations);
 //! - a command whose range runs past the capacity is refused with ILLEGAL
-//!   REQUEST, and a READ, WRITE, ORWRITE, VERIFY or WRITE AND VERIFY
+//!   REQUEST (EXTENDED COPY: aborted with COPY ABORTED, the segments before
+//!   that one done), and a READ, WRITE, ORWRITE, VERIFY or WRITE AND VERIFY
 //!   within it is not refused;
 //! - a miscompare (COMPARE AND WRITE, VERIFY) happens exactly when the
 //!   model says the bytes differ, reports the offset of the first differing
@@ -45,7 +48,7 @@ use std::sync::{Arc, OnceLock};
 use blockwire_pdu::pdu::codes::TaskAttr;
 use blockwire_pdu::scsi::{
     Asc, Cdb, CdbSize, ModePage, ModeParameters, PageControl, Rw, Sense, SenseKey, UnmapDescriptor,
-    UnmapList,
+    UnmapList, Vpd, VpdPage,
 };
 use blockwire_target::backstore::{
     Backstore, FileBackstore, FileMode, RamBackstore, StripedBackstore,
@@ -179,6 +182,10 @@ enum Op {
     },
     GetLbaStatus {
         lba: u16,
+    },
+    /// EXTENDED COPY (LID1) of block-to-block segments within the unit.
+    ExtendedCopy {
+        segments: Vec<(Place, Place)>,
     },
     Sanitize {
         erase: bool,
@@ -622,6 +629,7 @@ impl Rig {
                 }
             }
             Op::GetLbaStatus { lba } => self.get_lba_status(lba),
+            Op::ExtendedCopy { ref segments } => self.extended_copy(segments),
             Op::Sanitize {
                 erase,
                 invert,
@@ -990,6 +998,93 @@ impl Rig {
             "step {}: {what}: the first difference is at byte {offset}",
             self.step
         );
+    }
+
+    /// The unit's NAA designator as a copy source or destination names it
+    /// (SPC-4 EXTENDED COPY: an identification descriptor CSCD of 32 bytes).
+    fn cscd(&mut self) -> Vec<u8> {
+        let cdb = Cdb::Inquiry {
+            evpd: true,
+            page_code: 0x83,
+            allocation_length: 512,
+        }
+        .encode();
+        let r = self.run(&cdb, &[], 512);
+        self.expect_good(&r, "INQUIRY of VPD page 83h");
+        let VpdPage::DeviceIdentification(ds) = Vpd::decode(&r.data_in).expect("VPD page 83h").page
+        else {
+            panic!(
+                "step {}: VPD page 83h is not the device identification page",
+                self.step
+            );
+        };
+        let mut d = vec![0xe4, 0, 0, 0];
+        let mut designator = ds[0].encode();
+        designator.resize(20, 0);
+        d.extend_from_slice(&designator);
+        d.extend_from_slice(&[0, 0, 0, 0]);
+        d.extend_from_slice(&(self.bs as u32).to_be_bytes());
+        d
+    }
+
+    /// Segments run in order; the first whose range leaves the unit aborts
+    /// the copy with the segments before it done (SPC-4 EXTENDED COPY).
+    fn extended_copy(&mut self, segments: &[(Place, Place)]) {
+        if segments.is_empty() {
+            return;
+        }
+        let cscd = self.cscd();
+        let mut segs = Vec::new();
+        let mut list = vec![0u8; 16];
+        // LIST ID USAGE 11b: no list identifier, nothing kept for RECEIVE
+        // COPY RESULTS.
+        list[1] = 0x18;
+        list[2..4].copy_from_slice(&32u16.to_be_bytes());
+        list.extend_from_slice(&cscd);
+        for &(from, to) in segments.iter().take(4) {
+            let (slba, blocks, src_fits) = self.place(from, MAX_STEP_BLOCKS);
+            // The destination holds the source's block count: it fits or not
+            // by where it starts.
+            let (dlba, _, _) = self.place(to, 1);
+            let dst_fits = dlba + blocks <= self.blocks();
+            let mut d = vec![0x02, 0, 0, 0x18, 0, 0, 0, 0, 0, 0];
+            d.extend_from_slice(&(blocks as u16).to_be_bytes());
+            d.extend_from_slice(&slba.to_be_bytes());
+            d.extend_from_slice(&dlba.to_be_bytes());
+            list.extend_from_slice(&d);
+            segs.push((slba, dlba, blocks, src_fits && dst_fits));
+        }
+        let seg_len = (list.len() - 16 - 32) as u32;
+        list[8..12].copy_from_slice(&seg_len.to_be_bytes());
+        let cdb = Cdb::ExtendedCopy {
+            service_action: 0,
+            parameter_list_length: list.len() as u32,
+        }
+        .encode();
+        let r = self.run(&cdb, &list, 0);
+        for &(slba, dlba, blocks, fits) in &segs {
+            if !fits {
+                assert_eq!(
+                    r.status, CHECK_CONDITION,
+                    "step {}: EXTENDED COPY past the end answered GOOD",
+                    self.step
+                );
+                assert_eq!(
+                    sense(&r).key,
+                    SenseKey::CopyAborted,
+                    "step {}: {:?}",
+                    self.step,
+                    sense(&r)
+                );
+                return;
+            }
+            // Ranges under one copy chunk (1 MiB) move as if read whole,
+            // then written.
+            let from = self.model[self.bytes(slba, blocks)].to_vec();
+            let to = self.bytes(dlba, blocks);
+            self.model[to].copy_from_slice(&from);
+        }
+        self.expect_good(&r, "EXTENDED COPY");
     }
 
     fn get_lba_status(&mut self, lba: u16) {
