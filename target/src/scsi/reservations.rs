@@ -71,11 +71,28 @@ impl Registration {
         who && (self.all_tg_pt || *self.target_port == *n.target_port)
     }
 
-    /// Same registrant (same initiator and target port scope).
-    fn same_as(&self, o: &Registration) -> bool {
-        self.initiator.eq_ignore_ascii_case(&o.initiator)
-            && self.name_only == o.name_only
-            && (self.all_tg_pt || o.all_tg_pt || self.target_port == o.target_port)
+    /// Whether some I_T nexus would match both: each I_T nexus has at most
+    /// one registration, hence one reservation key (SPC-4 5.9.7).
+    fn overlaps(&self, o: &Registration) -> bool {
+        let ports = self.all_tg_pt || o.all_tg_pt || *self.target_port == *o.target_port;
+        let initiators = if self.name_only || o.name_only {
+            // A name-only registration covers every ISID of the name.
+            self.initiator_name()
+                .eq_ignore_ascii_case(o.initiator_name())
+        } else {
+            self.initiator.eq_ignore_ascii_case(&o.initiator)
+        };
+        ports && initiators
+    }
+
+    /// The initiator name, without the ISID part of a port name.
+    fn initiator_name(&self) -> &str {
+        if self.name_only {
+            return &self.initiator;
+        }
+        self.initiator
+            .split_once(",i,")
+            .map_or(&*self.initiator, |(name, _)| name)
     }
 
     fn transport_id(&self) -> TransportId {
@@ -733,11 +750,24 @@ impl PrCtx<'_> {
                 if ignore && p.spec_i_pt {
                     return Err(invalid_param(20, Some(3)));
                 }
-                let mut new = vec![Registration::for_nexus(
-                    self.nexus,
-                    p.service_action_key,
-                    p.all_tg_pt,
-                )];
+                let mine = Registration::for_nexus(self.nexus, p.service_action_key, p.all_tg_pt);
+                // With ALL_TG_PT the initiator port is registered through
+                // every target port, as if the command ran on each of those
+                // I_T nexuses (T10's reading of SPC-4 5.9.7). One of them
+                // already registered through another port would need its
+                // own key for REGISTER; REGISTER AND IGNORE EXISTING KEY
+                // replaces that registration. A registration of the whole
+                // initiator name (SPEC_I_PT) cannot be split by port.
+                let covered: Vec<usize> = (0..self.st.regs.len())
+                    .filter(|&i| self.st.regs[i].overlaps(&mine))
+                    .collect();
+                if covered.iter().any(|&i| {
+                    let o = &self.st.regs[i];
+                    !ignore || o.name_only || !o.initiator.eq_ignore_ascii_case(&mine.initiator)
+                }) {
+                    return Err(Failure::Conflict);
+                }
+                let mut new = vec![mine];
                 for (i, t) in p.transport_ids.iter().enumerate() {
                     let TransportId::Iscsi { name, isid } = t else {
                         return Err(invalid_param(28, None));
@@ -755,15 +785,21 @@ impl PrCtx<'_> {
                         key: p.service_action_key,
                     };
                     // A listed port already registered (or listed twice).
-                    if self.st.regs.iter().chain(&new).any(|o| o.same_as(&r)) {
+                    if self.st.regs.iter().chain(&new).any(|o| o.overlaps(&r)) {
                         return Err(invalid_param((28 + i) as u16, None));
                     }
                     new.push(r);
                 }
-                if self.st.regs.len() + new.len() > MAX_REGISTRATIONS {
+                if self.st.regs.len() - covered.len() + new.len() > MAX_REGISTRATIONS {
                     return Err(illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
                 }
+                let (_, held) = self.st.remove_where(|i, _| covered.contains(&i));
+                let at = self.st.regs.len();
                 self.st.regs.extend(new);
+                // A replaced holder keeps its reservation under its new key.
+                if let (true, Some(r)) = (held, self.st.resv.as_mut()) {
+                    r.holder = at;
+                }
             }
             Some(i) => {
                 let cur = self.st.regs.get(i).map_or(0, |r| r.key);

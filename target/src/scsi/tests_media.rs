@@ -209,9 +209,16 @@ fn write_same_with_unmap_writes_a_block_that_is_not_zeros() {
             write_same(&t, &a, lba, blocks, true, false, false, &block).status,
             GOOD
         );
-        let n = if blocks == 0 { 2048 - lba as u32 } else { blocks };
+        let n = if blocks == 0 {
+            2048 - lba as u32
+        } else {
+            blocks
+        };
         assert_eq!(read(&t, &a, lba, n).data_in, block.repeat(n as usize));
-        assert!(lba_status(&t, &a, lba)[0].2 == 0, "written blocks are mapped");
+        assert!(
+            lba_status(&t, &a, lba)[0].2 == 0,
+            "written blocks are mapped"
+        );
     }
 }
 

@@ -338,6 +338,68 @@ fn release_and_clear_unit_attentions() {
     assert_eq!(can_write(&t, &b), GOOD);
 }
 
+/// ALL_TG_PT from an initiator port already registered through another
+/// target port registers it as if each I_T nexus ran the command: REGISTER
+/// needs that nexus's key (RESERVATION CONFLICT, nothing changes); REGISTER
+/// AND IGNORE EXISTING KEY replaces its registration, and a reservation it
+/// held stays held. Never two registrations (two keys) for one I_T nexus.
+#[test]
+fn all_tg_pt_over_a_port_already_registered() {
+    let t = table();
+    let a = nexus("iqn.a");
+    let a2 = ItNexus::iscsi("iqn.a", [0x40, 0, 0, 0, 0, 1], "iqn.2024-01.test:tgt", 2);
+    let b = nexus("iqn.b");
+    for n in [&a, &a2, &b] {
+        ready(&t, n);
+    }
+    register(&t, &a, 0xa);
+    register(&t, &b, 0xb);
+    assert_eq!(reserve(&t, &a, 0xa, PrType::WriteExclusive).status, GOOD);
+    let before = full_status(&t, &a);
+    let all = |rk, sak| PrOutParameters {
+        all_tg_pt: true,
+        ..keys(rk, sak)
+    };
+    let r = prout(
+        &t,
+        &a2,
+        PrOutAction::Register,
+        PrType::WriteExclusive,
+        all(0, 0xc),
+    );
+    assert_eq!(r.status, CONFLICT);
+    assert_eq!(full_status(&t, &a), before);
+    let r = prout(
+        &t,
+        &a2,
+        PrOutAction::RegisterAndIgnoreExistingKey,
+        PrType::WriteExclusive,
+        all(0, 0xc),
+    );
+    assert_eq!(r.status, GOOD);
+    let after = full_status(&t, &a);
+    let mine: Vec<_> = after
+        .registrations
+        .iter()
+        .filter(|r| r.1.starts_with("iqn.a,"))
+        .collect();
+    assert_eq!(mine.len(), 1, "{after:?}");
+    let (key, _, _, all_tg_pt, holder, _) = mine[0];
+    assert_eq!((*key, *all_tg_pt, *holder), (0xc, true, true), "{after:?}");
+    // Both paths of the initiator hold the reservation under the new key.
+    assert_eq!(can_write(&t, &a2), GOOD);
+    assert_eq!(can_write(&t, &b), CONFLICT);
+    let r = prout(
+        &t,
+        &a,
+        PrOutAction::Release,
+        PrType::WriteExclusive,
+        keys(0xc, 0),
+    );
+    assert_eq!(r.status, GOOD);
+    assert_eq!(can_write(&t, &b), GOOD);
+}
+
 #[test]
 fn spec_i_pt_all_tg_pt_and_full_status() {
     let (t, a, b, _) = three();
@@ -674,4 +736,124 @@ fn compare_and_write_respects_reservations() {
     });
     assert_eq!(run(&t, &b, &cdb, &[0; 1024], 0).status, CONFLICT);
     let _ = CdbSize::Ten;
+}
+
+/// What READ FULL STATUS reports (SPC-4 6.16.5): the generation and, per
+/// registration, its key, initiator port (from the TransportID), relative
+/// target port, ALL_TG_PT, R_HOLDER and the reservation type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FullStatus {
+    generation: u32,
+    registrations: Vec<(u64, String, u16, bool, bool, u8)>,
+}
+
+fn full_status(t: &LunTable, n: &ItNexus) -> FullStatus {
+    let fs = prin(t, n, PrInAction::ReadFullStatus);
+    let generation = u32::from_be_bytes(fs[0..4].try_into().unwrap());
+    let end = 8 + u32::from_be_bytes(fs[4..8].try_into().unwrap()) as usize;
+    let mut registrations = Vec::new();
+    let mut off = 8;
+    while off < end {
+        let d = &fs[off..];
+        let key = u64::from_be_bytes(d[0..8].try_into().unwrap());
+        let tid_len = u32::from_be_bytes(d[20..24].try_into().unwrap()) as usize;
+        let tid = &d[24..24 + tid_len];
+        // An iSCSI TransportID: the name (with ",i,0x" and the ISID for
+        // format 01b), NUL terminated, after a 4-byte header.
+        let name: String = tid[4..]
+            .iter()
+            .take_while(|&&b| b != 0)
+            .map(|&b| b as char)
+            .collect();
+        let rtpi = u16::from_be_bytes(d[18..20].try_into().unwrap());
+        registrations.push((
+            key,
+            name,
+            rtpi,
+            d[12] & 2 != 0,
+            d[12] & 1 != 0,
+            d[13] & 0x0f,
+        ));
+        off += 24 + tid_len;
+    }
+    registrations.sort();
+    FullStatus {
+        generation,
+        registrations,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+    /// Random PR OUT sequences from four I_T nexuses (three initiators, one
+    /// of them through two target ports), with keys that collide and
+    /// ALL_TG_PT on and off. After each command, every nexus's READ and
+    /// WRITE answer exactly as the conflict table (SPC-4 5.9.1, SBC-3
+    /// table 13) says for the state READ FULL STATUS reports: holders may do
+    /// anything; registrants may too under a registrants-only or
+    /// all-registrants reservation; otherwise a Write Exclusive type lets
+    /// READs through and an Exclusive Access type nothing. A command that
+    /// is not GOOD changes nothing, and RESERVE and RELEASE never change
+    /// the generation.
+    #[test]
+    fn every_nexus_is_fenced_as_the_reported_state_says(
+        ops in proptest::collection::vec((0usize..4, 0u8..7, 0u64..3, 0u64..3, 0usize..6, any::<bool>()), 1..32)
+    ) {
+        let t = table();
+        let a = nexus("iqn.a");
+        let a2 = ItNexus::iscsi("iqn.a", [0x40, 0, 0, 0, 0, 1], "iqn.2024-01.test:tgt", 2);
+        let (b, x) = (nexus("iqn.b"), nexus("iqn.x"));
+        let ns = [a, a2, b, x];
+        let types = [PrType::WriteExclusive, PrType::ExclusiveAccess, PrType::WriteExclusiveRegistrantsOnly,
+            PrType::ExclusiveAccessRegistrantsOnly, PrType::WriteExclusiveAllRegistrants, PrType::ExclusiveAccessAllRegistrants];
+        let settle = |n: &ItNexus| {
+            for _ in 0..8 {
+                if run(&t, n, &c(Cdb::TestUnitReady), &[], 0).status != CHECK {
+                    return;
+                }
+            }
+            panic!("unit attentions never end");
+        };
+        for n in &ns {
+            settle(n);
+        }
+        for (who, action, rk, sak, ty, all_tg_pt) in ops {
+            let sa = [PrOutAction::Register, PrOutAction::RegisterAndIgnoreExistingKey, PrOutAction::Reserve,
+                PrOutAction::Release, PrOutAction::Clear, PrOutAction::Preempt, PrOutAction::PreemptAndAbort][action as usize];
+            let before = full_status(&t, &ns[0]);
+            let params = PrOutParameters { all_tg_pt, ..keys(rk, sak) };
+            let r = prout(&t, &ns[who], sa, types[ty], params);
+            prop_assert!(matches!(r.status, GOOD | CHECK | CONFLICT), "{r:?}");
+            for n in &ns {
+                settle(n);
+            }
+            let after = full_status(&t, &ns[0]);
+            if r.status != GOOD {
+                prop_assert_eq!(&after, &before, "{:?} by nexus {} answered {:#x} and changed the state", sa, who, r.status);
+            }
+            if matches!(sa, PrOutAction::Reserve | PrOutAction::Release) {
+                prop_assert_eq!(after.generation, before.generation, "{:?} changed the generation", sa);
+            }
+            for n in &ns {
+                let mine: Vec<_> = after.registrations.iter()
+                    .filter(|(_, port, rtpi, all, _, _)| port.eq_ignore_ascii_case(&n.initiator_port) && (*all || *rtpi == n.relative_target_port))
+                    .collect();
+                prop_assert!(mine.len() <= 1, "nexus {} has {} registrations", n.initiator_port, mine.len());
+                let registered = !mine.is_empty();
+                let holder = mine.iter().any(|r| r.4);
+                let reservation = after.registrations.iter().find(|r| r.4).map(|r| r.5);
+                let expected = match reservation {
+                    None => (GOOD, GOOD),
+                    Some(_) if holder => (GOOD, GOOD),
+                    // Registrants only (5h, 6h) and all registrants (7h, 8h).
+                    Some(5..=8) if registered => (GOOD, GOOD),
+                    // Write Exclusive types (1h, 5h, 7h) let READs through.
+                    Some(1 | 5 | 7) => (GOOD, CONFLICT),
+                    Some(_) => (CONFLICT, CONFLICT),
+                };
+                let got = (can_read(&t, n), can_write(&t, n));
+                prop_assert_eq!(got, expected, "nexus {} (registered {}, holder {}) under {:?}", n.initiator_port, registered, holder, after);
+            }
+        }
+    }
 }
