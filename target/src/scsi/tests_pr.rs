@@ -794,38 +794,57 @@ proptest! {
     /// all-registrants reservation; otherwise a Write Exclusive type lets
     /// READs through and an Exclusive Access type nothing. A command that
     /// is not GOOD changes nothing, and RESERVE and RELEASE never change
-    /// the generation.
+    /// the generation. Now and then the unit restarts: with APTPL the
+    /// registrations and the reservation come back as they were, without
+    /// APTPL none do.
     #[test]
     fn every_nexus_is_fenced_as_the_reported_state_says(
-        ops in proptest::collection::vec((0usize..4, 0u8..7, 0u64..3, 0u64..3, 0usize..6, any::<bool>()), 1..32)
+        ops in proptest::collection::vec((0usize..4, 0u8..8, 0u64..3, 0u64..3, 0usize..6, any::<bool>(), any::<bool>()), 1..32)
     ) {
-        let t = table();
+        let dir = tempfile::tempdir().unwrap();
+        let mk = aptpl_unit(&dir.path().join("lun0.pr"));
+        let mut t = mk();
         let a = nexus("iqn.a");
         let a2 = ItNexus::iscsi("iqn.a", [0x40, 0, 0, 0, 0, 1], "iqn.2024-01.test:tgt", 2);
         let (b, x) = (nexus("iqn.b"), nexus("iqn.x"));
         let ns = [a, a2, b, x];
         let types = [PrType::WriteExclusive, PrType::ExclusiveAccess, PrType::WriteExclusiveRegistrantsOnly,
             PrType::ExclusiveAccessRegistrantsOnly, PrType::WriteExclusiveAllRegistrants, PrType::ExclusiveAccessAllRegistrants];
-        let settle = |n: &ItNexus| {
+        let settle = |t: &LunTable, n: &ItNexus| {
             for _ in 0..8 {
-                if run(&t, n, &c(Cdb::TestUnitReady), &[], 0).status != CHECK {
+                if run(t, n, &c(Cdb::TestUnitReady), &[], 0).status != CHECK {
                     return;
                 }
             }
             panic!("unit attentions never end");
         };
         for n in &ns {
-            settle(n);
+            settle(&t, n);
         }
-        for (who, action, rk, sak, ty, all_tg_pt) in ops {
+        for (who, action, rk, sak, ty, all_tg_pt, aptpl) in ops {
+            if action == 7 {
+                // A restart: with APTPL (PTPL_A) every registration and the
+                // reservation come back as they were; without, none.
+                let before = full_status(&t, &ns[0]);
+                let kept = prin(&t, &ns[0], PrInAction::ReportCapabilities)[3] & 1 == 1;
+                drop(t);
+                t = mk();
+                for n in &ns {
+                    settle(&t, n);
+                }
+                let after = full_status(&t, &ns[0]);
+                let expected = if kept { before.registrations } else { vec![] };
+                prop_assert_eq!(after.registrations, expected, "after a restart (PTPL_A {})", kept);
+                continue;
+            }
             let sa = [PrOutAction::Register, PrOutAction::RegisterAndIgnoreExistingKey, PrOutAction::Reserve,
                 PrOutAction::Release, PrOutAction::Clear, PrOutAction::Preempt, PrOutAction::PreemptAndAbort][action as usize];
             let before = full_status(&t, &ns[0]);
-            let params = PrOutParameters { all_tg_pt, ..keys(rk, sak) };
+            let params = PrOutParameters { all_tg_pt, aptpl, ..keys(rk, sak) };
             let r = prout(&t, &ns[who], sa, types[ty], params);
             prop_assert!(matches!(r.status, GOOD | CHECK | CONFLICT), "{r:?}");
             for n in &ns {
-                settle(n);
+                settle(&t, n);
             }
             let after = full_status(&t, &ns[0]);
             if r.status != GOOD {
