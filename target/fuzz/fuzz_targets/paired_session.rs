@@ -1,0 +1,395 @@
+//! Pairs the two sans-IO state machines of a session in memory, as
+//! quinn-proto's tests pair two endpoints: the initiator's [`Engine`]
+//! (blockwire's own, from `initiator/`) logs in to the target's connection
+//! (through the fuzzing harness: the real PDU reader, login phase,
+//! connection machine and writer) with operational keys the fuzzer picks,
+//! then runs batches of READs and WRITEs of sizes the fuzzer picks, several
+//! in flight at once, moving the data as the negotiated keys shape it
+//! (immediate data, unsolicited Data-Out up to FirstBurstLength, R2Ts up to
+//! MaxBurstLength and MaxOutstandingR2T, Data-Out and Data-In segments cut
+//! to each side's MaxRecvDataSegmentLength, Data-In in or out of order).
+//!
+//! Checked: each side accepts everything the other sends (the engine
+//! reports no protocol failure and the target does not end the
+//! connection); every command completes GOOD with no residual; every READ
+//! returns the bytes a model of the LUN holds (writes of one batch never
+//! overlap, so the model's order is the only one); nothing stalls.
+#![no_main]
+
+use std::collections::HashMap;
+
+use blockwire_initiator::engine::{
+    data_out_sequence, Engine, Event, Limits, Placement, TaskResult,
+};
+use blockwire_pdu::keys::encode_text;
+use blockwire_pdu::pdu::{DataOut, LoginRequest};
+use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
+use blockwire_target::iscsi::connection::fuzzing::{Harness, Phase, Wire, TARGET};
+use blockwire_target::iscsi::FabricSettings;
+use libfuzzer_sys::arbitrary::{self, Arbitrary};
+use libfuzzer_sys::fuzz_target;
+
+const BLOCK: usize = 512;
+const LUN_BYTES: usize = 1 << 20;
+const INITIATOR: &str = "iqn.2026-11.io.blockwire:paired";
+const GOOD: u8 = 0;
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    keys: Keys,
+    target_mrdsl: u8,
+    data_pdu_in_order: bool,
+    queue_depth: u8,
+    batches: Vec<Vec<Io>>,
+}
+
+/// The operational keys the initiator offers (RFC 7143 §13).
+#[derive(Arbitrary, Debug)]
+struct Keys {
+    initial_r2t: bool,
+    immediate_data: bool,
+    mrdsl: u8,
+    first_burst: u8,
+    max_burst: u8,
+    max_outstanding_r2t: u8,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct Io {
+    write: bool,
+    lba: u16,
+    blocks: u16,
+    seed: u8,
+}
+
+/// Sizes that fall on and between segment and burst boundaries.
+const SIZES: [u32; 6] = [512, 1000, 4096, 8192, 65_536, 262_144];
+
+impl Keys {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let yes_no = |b: bool| if b { "Yes" } else { "No" }.to_string();
+        let size = |v: u8| SIZES[usize::from(v) % SIZES.len()].max(512).to_string();
+        vec![
+            ("InitialR2T", yes_no(self.initial_r2t)),
+            ("ImmediateData", yes_no(self.immediate_data)),
+            ("MaxRecvDataSegmentLength", size(self.mrdsl)),
+            ("FirstBurstLength", size(self.first_burst)),
+            ("MaxBurstLength", size(self.max_burst)),
+            (
+                "MaxOutstandingR2T",
+                (1 + self.max_outstanding_r2t % 4).to_string(),
+            ),
+        ]
+    }
+}
+
+/// A command in flight: what it asked for (None: TEST UNIT READY), and
+/// its write data.
+struct Pending {
+    io: Option<Io>,
+    data: Vec<u8>,
+}
+
+struct Pair {
+    h: Harness,
+    /// Each task's owner value is its number in `pending`.
+    engine: Engine<u32>,
+    lun: Lun,
+    pending: HashMap<u32, Pending>,
+    /// Initiator Task Tag to owner, for the Data-Out of a task.
+    owners: HashMap<u32, u32>,
+    next: u32,
+    model: Vec<u8>,
+    /// The last TEST UNIT READY answered GOOD.
+    ready: bool,
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (usize::from(seed) * 131 + i * 7 + i / 509) as u8)
+        .collect()
+}
+
+fn login(h: &mut Harness, keys: &Keys) -> Option<Engine<u32>> {
+    let mut pairs = vec![
+        ("InitiatorName", INITIATOR.to_string()),
+        ("AuthMethod", "None".to_string()),
+        ("SessionType", "Normal".to_string()),
+        ("TargetName", TARGET.to_string()),
+    ];
+    pairs.extend(keys.pairs());
+    let request = Pdu::with_data(
+        Bhs::LoginRequest(LoginRequest {
+            transit: true,
+            continue_bit: false,
+            csg: Stage::Security,
+            nsg: Stage::FullFeature,
+            version_max: 0,
+            version_min: 0,
+            isid: [0x80, 0, 0, 0, 0x42, 2],
+            tsih: 0,
+            itt: 1,
+            cid: 1,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+        }),
+        encode_text(&pairs).expect("login keys"),
+    );
+    h.send(&request.encode(Digests::default()));
+    let log = h.take_log();
+    let response = log.iter().rev().find_map(|w| match w {
+        Wire::FromTarget(Pdu {
+            bhs: Bhs::LoginResponse(r),
+            ..
+        }) => Some(*r),
+        _ => None,
+    });
+    let r = response.expect("a Login Response");
+    assert_eq!(h.phase(), Phase::FullFeature, "login refused: {r:?}");
+    let params = h.params().expect("negotiated parameters");
+    // The first command takes the login's CmdSN (RFC 7143 §4.2.2.1).
+    Some(Engine::new(
+        1,
+        Limits::from_params(params),
+        1,
+        r.exp_cmd_sn,
+        r.max_cmd_sn,
+        r.stat_sn,
+    ))
+}
+
+impl Pair {
+    fn send(&mut self, pdu: Pdu) {
+        self.h.send(&pdu.encode(Digests::default()));
+    }
+
+    fn start(&mut self, io: Io) {
+        let lba = u64::from(io.lba) % (LUN_BYTES / BLOCK) as u64;
+        let blocks = (1 + u64::from(io.blocks) % 600).min((LUN_BYTES / BLOCK) as u64 - lba);
+        let io = Io {
+            lba: lba as u16,
+            blocks: blocks as u16,
+            ..io
+        };
+        let len = blocks as usize * BLOCK;
+        let mut cdb = [0u8; 16];
+        cdb[0] = if io.write { 0x8a } else { 0x88 };
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[10..14].copy_from_slice(&(blocks as u32).to_be_bytes());
+        let data = if io.write {
+            pattern(io.seed, len)
+        } else {
+            vec![]
+        };
+        let read_buf = (!io.write).then(|| vec![0u8; len]);
+        let write_len = if io.write { len } else { 0 };
+        let owner = self.next;
+        self.next += 1;
+        let (itt, header, immediate, unsolicited_end) =
+            self.engine.start_scsi(0, &cdb, read_buf, write_len, owner);
+        self.owners.insert(itt, owner);
+        let unsolicited = data_out_sequence(
+            itt,
+            self.lun,
+            0xffff_ffff,
+            immediate..unsolicited_end,
+            self.engine.limits().target_mrdsl,
+            self.engine.exp_stat_sn(),
+        );
+        let command = Pdu::with_data(Bhs::ScsiCommand(header), data[..immediate].to_vec());
+        self.pending.insert(owner, Pending { io: Some(io), data });
+        self.send(command);
+        for d in unsolicited {
+            self.send_data_out(d.header, d.range);
+        }
+    }
+
+    fn send_data_out(&mut self, header: DataOut, range: std::ops::Range<usize>) {
+        let bytes = self.pending[&self.owners[&header.itt]].data[range].to_vec();
+        self.send(Pdu::with_data(Bhs::DataOut(header), bytes));
+    }
+
+    /// Hands the target's PDUs to the engine and carries out what it asks.
+    /// Returns whether anything arrived.
+    fn pump(&mut self) -> bool {
+        let log = self.h.take_log();
+        let mut any = false;
+        for w in log {
+            let Wire::FromTarget(pdu) = w else { continue };
+            any = true;
+            let events = match pdu.bhs {
+                Bhs::DataIn(d) => {
+                    let len = pdu.data.len();
+                    let (placement, mut events) = self.engine.data_in_begin(&d, len);
+                    let back = match placement {
+                        Placement::Into { mut buf, range } => {
+                            buf[range].copy_from_slice(&pdu.data);
+                            Some(buf)
+                        }
+                        Placement::Discard => None,
+                    };
+                    events.extend(self.engine.data_in_end(&d, back, len));
+                    events
+                }
+                _ => self.engine.receive(pdu),
+            };
+            for e in events {
+                self.carry_out(e);
+            }
+        }
+        any
+    }
+
+    fn carry_out(&mut self, e: Event<u32>) {
+        match e {
+            Event::R2t { r2t, .. } => {
+                let start = r2t.buffer_offset as usize;
+                let end = start + r2t.desired_data_transfer_length as usize;
+                for d in data_out_sequence(
+                    r2t.itt,
+                    self.lun,
+                    r2t.ttt,
+                    start..end,
+                    self.engine.limits().target_mrdsl,
+                    self.engine.exp_stat_sn(),
+                ) {
+                    self.send_data_out(d.header, d.range);
+                }
+            }
+            Event::Complete { owner, result } => self.complete(owner, result),
+            Event::Send(pdu) => self.send(pdu),
+            Event::Drop(why) => panic!("the target asked to drop the session: {why}"),
+        }
+    }
+
+    fn complete(&mut self, owner: u32, result: TaskResult) {
+        let p = self
+            .pending
+            .remove(&owner)
+            .expect("a completion for a task started");
+        let TaskResult::Scsi(o) = result else {
+            panic!("{:?} ended as {result:?}", p.io);
+        };
+        let Some(io) = p.io else {
+            self.ready = o.status == GOOD;
+            return;
+        };
+        assert_eq!((o.response, o.status), (0, GOOD), "{io:?} failed: {o:?}");
+        assert_eq!(
+            (o.underflow, o.overflow),
+            (None, None),
+            "residuals on an exact transfer of {io:?}: {o:?}"
+        );
+        let at = usize::from(io.lba) * BLOCK;
+        let len = usize::from(io.blocks) * BLOCK;
+        if io.write {
+            self.model[at..at + len].copy_from_slice(&p.data);
+        } else {
+            let got = o.buf.expect("the read buffer back");
+            assert_eq!(o.data_in, len as u64, "{io:?}: Data-In bytes");
+            if got[..] != self.model[at..at + len] {
+                let i = got
+                    .iter()
+                    .zip(&self.model[at..])
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                panic!(
+                    "{io:?}: byte {i} read {:#04x}, the model holds {:#04x}",
+                    got[i],
+                    self.model[at + i]
+                );
+            }
+        }
+    }
+
+    /// TEST UNIT READY until GOOD: the power-on unit attention of a new
+    /// I_T nexus (SAM-5) goes to the first command otherwise.
+    fn clear_unit_attention(&mut self) {
+        for _ in 0..4 {
+            let owner = self.next;
+            self.next += 1;
+            let (itt, header, _, _) = self.engine.start_scsi(0, &[0u8; 16], None, 0, owner);
+            self.owners.insert(itt, owner);
+            self.pending.insert(
+                owner,
+                Pending {
+                    io: None,
+                    data: vec![],
+                },
+            );
+            self.send(Pdu::with_data(Bhs::ScsiCommand(header), vec![]));
+            self.settle();
+            if self.ready {
+                return;
+            }
+        }
+        panic!("the unit attention never cleared");
+    }
+
+    /// Pumps until every command of the batch completed.
+    fn settle(&mut self) {
+        while !self.pending.is_empty() {
+            assert!(
+                self.h.phase() == Phase::FullFeature,
+                "the target ended the connection"
+            );
+            assert!(
+                self.pump(),
+                "{} command(s) never completed: {:?}",
+                self.pending.len(),
+                self.engine.in_flight()
+            );
+        }
+    }
+}
+
+/// The block range of `io` as [`Pair::start`] will clamp it.
+fn blocks_of(io: &Io) -> std::ops::Range<u64> {
+    let lba = u64::from(io.lba) % (LUN_BYTES / BLOCK) as u64;
+    let blocks = (1 + u64::from(io.blocks) % 600).min((LUN_BYTES / BLOCK) as u64 - lba);
+    lba..lba + blocks
+}
+
+fuzz_target!(|input: Input| {
+    let settings = FabricSettings {
+        queue_depth: u32::from(input.queue_depth % 16) + 1,
+        max_recv_data_segment_length: [262_144, 8192, 512, 4096]
+            [usize::from(input.target_mrdsl % 4)],
+        data_pdu_in_order: input.data_pdu_in_order,
+        zero_copy_send: false,
+        ..FabricSettings::default()
+    };
+    let mut h = Harness::new(settings, LUN_BYTES as u64);
+    let Some(engine) = login(&mut h, &input.keys) else {
+        return;
+    };
+    let mut pair = Pair {
+        h,
+        engine,
+        lun: Lun::from_index(0),
+        pending: HashMap::new(),
+        owners: HashMap::new(),
+        next: 0,
+        model: vec![0; LUN_BYTES],
+        ready: false,
+    };
+    pair.clear_unit_attention();
+    for batch in input.batches.iter().take(8) {
+        // Commands of one batch are in flight together: their ranges never
+        // overlap, so the order the target runs them in cannot matter.
+        let mut taken: Vec<std::ops::Range<u64>> = Vec::new();
+        for io in batch.iter().take(8) {
+            let r = blocks_of(io);
+            if taken.iter().any(|t| t.start < r.end && r.start < t.end) {
+                continue;
+            }
+            taken.push(r);
+            while !pair.engine.window_open() {
+                assert!(pair.pump(), "the CmdSN window stays closed");
+            }
+            pair.start(*io);
+            pair.pump();
+        }
+        pair.settle();
+    }
+});
