@@ -7,12 +7,14 @@
 //! in flight at once, moving the data as the negotiated keys shape it
 //! (immediate data, unsolicited Data-Out up to FirstBurstLength, R2Ts up to
 //! MaxBurstLength and MaxOutstandingR2T, Data-Out and Data-In segments cut
-//! to each side's MaxRecvDataSegmentLength, Data-In in or out of order).
+//! to each side's MaxRecvDataSegmentLength, Data-In in or out of order,
+//! header and data digests), READs whose Expected Data Transfer Length
+//! differs from the CDB's.
 //!
 //! Checked: each side accepts everything the other sends (the engine
 //! reports no protocol failure and the target does not end the
-//! connection); every command completes GOOD with no residual; every READ
-//! returns the bytes a model of the LUN holds (writes of one batch never
+//! connection); every command completes GOOD with the residual RFC 7143
+//! §11.4.5 gives; every READ returns the bytes a model of the LUN holds (writes of one batch never
 //! overlap, so the model's order is the only one); nothing stalls.
 #![no_main]
 
@@ -21,7 +23,7 @@ use std::collections::HashMap;
 use blockwire_initiator::engine::{
     data_out_sequence, Engine, Event, Limits, Placement, TaskResult,
 };
-use blockwire_pdu::keys::encode_text;
+use blockwire_pdu::keys::{encode_text, parse_text, Digest};
 use blockwire_pdu::pdu::{DataOut, LoginRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 use blockwire_target::iscsi::connection::fuzzing::{Harness, Phase, Wire, TARGET};
@@ -52,6 +54,8 @@ struct Keys {
     first_burst: u8,
     max_burst: u8,
     max_outstanding_r2t: u8,
+    header_digest: u8,
+    data_digest: u8,
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -60,7 +64,13 @@ struct Io {
     lba: u16,
     blocks: u16,
     seed: u8,
+    /// For a READ: an Expected Data Transfer Length other than the CDB's
+    /// (0: the same; odd: shorter by this many bytes; even: longer).
+    edtl_off: u16,
 }
+
+/// Digest offers (RFC 7143 §13.1): the target picks the first it takes.
+const DIGESTS: [&str; 3] = ["None", "CRC32C", "CRC32C,None"];
 
 /// Sizes that fall on and between segment and burst boundaries.
 const SIZES: [u32; 6] = [512, 1000, 4096, 8192, 65_536, 262_144];
@@ -79,6 +89,14 @@ impl Keys {
                 "MaxOutstandingR2T",
                 (1 + self.max_outstanding_r2t % 4).to_string(),
             ),
+            (
+                "HeaderDigest",
+                DIGESTS[usize::from(self.header_digest) % 3].to_string(),
+            ),
+            (
+                "DataDigest",
+                DIGESTS[usize::from(self.data_digest) % 3].to_string(),
+            ),
         ]
     }
 }
@@ -95,6 +113,8 @@ struct Pair {
     /// Each task's owner value is its number in `pending`.
     engine: Engine<u32>,
     lun: Lun,
+    /// The digests the login negotiated, on every PDU after it.
+    digests: Digests,
     pending: HashMap<u32, Pending>,
     /// Initiator Task Tag to owner, for the Data-Out of a task.
     owners: HashMap<u32, u32>,
@@ -110,20 +130,14 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn login(h: &mut Harness, keys: &Keys) -> Option<Engine<u32>> {
-    let mut pairs = vec![
-        ("InitiatorName", INITIATOR.to_string()),
-        ("AuthMethod", "None".to_string()),
-        ("SessionType", "Normal".to_string()),
-        ("TargetName", TARGET.to_string()),
-    ];
-    pairs.extend(keys.pairs());
-    let request = Pdu::with_data(
+/// A Login Request of the leading connection of a new session.
+fn login_request(csg: Stage, nsg: Stage, exp_stat_sn: u32, pairs: &[(&str, String)]) -> Pdu {
+    Pdu::with_data(
         Bhs::LoginRequest(LoginRequest {
             transit: true,
             continue_bit: false,
-            csg: Stage::Security,
-            nsg: Stage::FullFeature,
+            csg,
+            nsg,
             version_max: 0,
             version_min: 0,
             isid: [0x80, 0, 0, 0, 0x42, 2],
@@ -131,36 +145,91 @@ fn login(h: &mut Harness, keys: &Keys) -> Option<Engine<u32>> {
             itt: 1,
             cid: 1,
             cmd_sn: 1,
-            exp_stat_sn: 0,
+            exp_stat_sn,
         }),
-        encode_text(&pairs).expect("login keys"),
+        encode_text(pairs).expect("login keys"),
+    )
+}
+
+/// Logs in: the security stage, then the operational stage with the keys
+/// (operational keys count only there, RFC 7143 §6.3), then the engine of
+/// the full feature phase.
+fn login(h: &mut Harness, keys: &Keys) -> Option<(Engine<u32>, Digests)> {
+    let security = [
+        ("InitiatorName", INITIATOR.to_string()),
+        ("AuthMethod", "None".to_string()),
+        ("SessionType", "Normal".to_string()),
+        ("TargetName", TARGET.to_string()),
+    ];
+    let last_response = |h: &mut Harness| {
+        h.take_log().iter().rev().find_map(|w| match w {
+            Wire::FromTarget(Pdu {
+                bhs: Bhs::LoginResponse(r),
+                data,
+                ..
+            }) => Some((*r, data.to_vec())),
+            _ => None,
+        })
+    };
+    let no_digests = Digests::default();
+    h.send(&login_request(Stage::Security, Stage::Operational, 0, &security).encode(no_digests));
+    let (mut r, mut text) = last_response(h).expect("a Login Response");
+    let mine = keys.pairs();
+    let mut request: Vec<(String, String)> = mine
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    // The target may answer without T while it offers keys of its own: the
+    // next request answers those (its first value), as RFC 7143 §6.2 has it.
+    for _ in 0..4 {
+        if h.phase() != Phase::Login {
+            break;
+        }
+        let exp = r.stat_sn.wrapping_add(1);
+        let pairs: Vec<(&str, String)> = request
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        h.send(
+            &login_request(Stage::Operational, Stage::FullFeature, exp, &pairs).encode(no_digests),
+        );
+        (r, text) = last_response(h).expect("a Login Response");
+        request = parse_text(&text)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| !mine.iter().any(|(m, _)| m == k))
+            .map(|(k, v)| {
+                let first = v.split(',').next().unwrap_or_default().to_string();
+                (k, first)
+            })
+            .collect();
+    }
+    assert_eq!(
+        h.phase(),
+        Phase::FullFeature,
+        "login refused: {r:?} {}",
+        String::from_utf8_lossy(&text)
     );
-    h.send(&request.encode(Digests::default()));
-    let log = h.take_log();
-    let response = log.iter().rev().find_map(|w| match w {
-        Wire::FromTarget(Pdu {
-            bhs: Bhs::LoginResponse(r),
-            ..
-        }) => Some(*r),
-        _ => None,
-    });
-    let r = response.expect("a Login Response");
-    assert_eq!(h.phase(), Phase::FullFeature, "login refused: {r:?}");
     let params = h.params().expect("negotiated parameters");
+    let digests = Digests {
+        header: params.header_digest == Digest::Crc32c,
+        data: params.data_digest == Digest::Crc32c,
+    };
     // The first command takes the login's CmdSN (RFC 7143 §4.2.2.1).
-    Some(Engine::new(
+    let engine = Engine::new(
         1,
         Limits::from_params(params),
         1,
         r.exp_cmd_sn,
         r.max_cmd_sn,
         r.stat_sn,
-    ))
+    );
+    Some((engine, digests))
 }
 
 impl Pair {
     fn send(&mut self, pdu: Pdu) {
-        self.h.send(&pdu.encode(Digests::default()));
+        self.h.send(&pdu.encode(self.digests));
     }
 
     fn start(&mut self, io: Io) {
@@ -181,7 +250,7 @@ impl Pair {
         } else {
             vec![]
         };
-        let read_buf = (!io.write).then(|| vec![0u8; len]);
+        let read_buf = (!io.write).then(|| vec![0u8; edtl(&io, len)]);
         let write_len = if io.write { len } else { 0 };
         let owner = self.next;
         self.next += 1;
@@ -275,18 +344,28 @@ impl Pair {
             return;
         };
         assert_eq!((o.response, o.status), (0, GOOD), "{io:?} failed: {o:?}");
-        assert_eq!(
-            (o.underflow, o.overflow),
-            (None, None),
-            "residuals on an exact transfer of {io:?}: {o:?}"
-        );
         let at = usize::from(io.lba) * BLOCK;
         let len = usize::from(io.blocks) * BLOCK;
+        // Residuals (RFC 7143 §11.4.5): overflow when the CDB wanted more
+        // than the Expected Data Transfer Length, underflow when less.
+        let expected = if io.write { len } else { edtl(&io, len) };
+        let residuals = match expected.cmp(&len) {
+            std::cmp::Ordering::Equal => (None, None),
+            std::cmp::Ordering::Less => (None, Some((len - expected) as u32)),
+            std::cmp::Ordering::Greater => (Some((expected - len) as u32), None),
+        };
+        assert_eq!(
+            (o.underflow, o.overflow),
+            residuals,
+            "residuals of {io:?}: {o:?}"
+        );
         if io.write {
             self.model[at..at + len].copy_from_slice(&p.data);
         } else {
             let got = o.buf.expect("the read buffer back");
-            assert_eq!(o.data_in, len as u64, "{io:?}: Data-In bytes");
+            let moved = expected.min(len);
+            assert_eq!(o.data_in, moved as u64, "{io:?}: Data-In bytes");
+            let (got, len) = (&got[..moved], moved);
             if got[..] != self.model[at..at + len] {
                 let i = got
                     .iter()
@@ -343,6 +422,16 @@ impl Pair {
     }
 }
 
+/// The Expected Data Transfer Length of `io` whose CDB moves `len` bytes.
+fn edtl(io: &Io, len: usize) -> usize {
+    let off = usize::from(io.edtl_off % 1024);
+    match off {
+        0 => len,
+        _ if off % 2 == 1 => len - off.min(len - 1),
+        _ => len + off,
+    }
+}
+
 /// The block range of `io` as [`Pair::start`] will clamp it.
 fn blocks_of(io: &Io) -> std::ops::Range<u64> {
     let lba = u64::from(io.lba) % (LUN_BYTES / BLOCK) as u64;
@@ -360,13 +449,14 @@ fuzz_target!(|input: Input| {
         ..FabricSettings::default()
     };
     let mut h = Harness::new(settings, LUN_BYTES as u64);
-    let Some(engine) = login(&mut h, &input.keys) else {
+    let Some((engine, digests)) = login(&mut h, &input.keys) else {
         return;
     };
     let mut pair = Pair {
         h,
         engine,
         lun: Lun::from_index(0),
+        digests,
         pending: HashMap::new(),
         owners: HashMap::new(),
         next: 0,
