@@ -528,6 +528,28 @@ impl Rig {
         false
     }
 
+    /// A command that must work within the capacity and be refused past
+    /// it. True: it took effect.
+    fn required(&self, r: &ScsiResult, fits: bool, what: &str) -> bool {
+        if fits {
+            self.expect_good(r, what);
+        } else {
+            self.expect_refused_past_end(r, what);
+        }
+        fits
+    }
+
+    /// A command that may be refused as an illegal request within the
+    /// capacity (a limit, a feature the unit lacks) and must be past it.
+    /// True: it took effect.
+    fn allowed(&self, r: &ScsiResult, fits: bool, what: &str) -> bool {
+        if !fits {
+            self.expect_refused_past_end(r, what);
+            return false;
+        }
+        self.good_or_illegal(r, what)
+    }
+
     fn step(&mut self, op: &Op) {
         self.step += 1;
         match *op {
@@ -558,14 +580,11 @@ impl Rig {
                 let data = pattern(seed, (blocks * self.bs) as usize);
                 let cdb = Cdb::OrWrite16(rw(CdbSize::Sixteen, lba, blocks as u32, false)).encode();
                 let r = self.run(&cdb, &data, 0);
-                if fits {
-                    self.expect_good(&r, "ORWRITE");
+                if self.required(&r, fits, "ORWRITE") {
                     let range = self.bytes(lba, blocks);
                     for (m, d) in self.model[range].iter_mut().zip(&data) {
                         *m |= d;
                     }
-                } else {
-                    self.expect_refused_past_end(&r, "ORWRITE");
                 }
             }
             Op::WriteAndVerify { at, bytchk, seed } => {
@@ -577,12 +596,9 @@ impl Rig {
                 }
                 .encode();
                 let r = self.run(&cdb, &data, 0);
-                if fits {
-                    self.expect_good(&r, "WRITE AND VERIFY");
+                if self.required(&r, fits, "WRITE AND VERIFY") {
                     let range = self.bytes(lba, blocks);
                     self.model[range].copy_from_slice(&data);
-                } else {
-                    self.expect_refused_past_end(&r, "WRITE AND VERIFY");
                 }
             }
             Op::Verify {
@@ -604,9 +620,7 @@ impl Rig {
                 }
                 .encode();
                 let r = self.run(&cdb, &data, 0);
-                if !fits {
-                    self.expect_refused_past_end(&r, "WRITE ATOMIC");
-                } else if self.good_or_illegal(&r, "WRITE ATOMIC") {
+                if self.allowed(&r, fits, "WRITE ATOMIC") {
                     let range = self.bytes(lba, blocks);
                     self.model[range].copy_from_slice(&data);
                 }
@@ -622,11 +636,7 @@ impl Rig {
                 }
                 .encode();
                 let r = self.run(&cdb, &[], 0);
-                if fits {
-                    self.expect_good(&r, "SYNCHRONIZE CACHE");
-                } else {
-                    self.expect_refused_past_end(&r, "SYNCHRONIZE CACHE");
-                }
+                self.required(&r, fits, "SYNCHRONIZE CACHE");
             }
             Op::GetLbaStatus { lba } => self.get_lba_status(lba),
             Op::ExtendedCopy { ref segments } => self.extended_copy(segments),
@@ -698,12 +708,9 @@ impl Rig {
                     .unwrap_or_else(|| rig.table.execute(req))
             }),
         };
-        if fits {
-            self.expect_good(&r, "WRITE");
+        if self.required(&r, fits, "WRITE") {
             let range = self.bytes(lba, blocks);
             self.model[range].copy_from_slice(&data);
-        } else {
-            self.expect_refused_past_end(&r, "WRITE");
         }
     }
 
@@ -817,9 +824,7 @@ impl Rig {
         }
         .encode();
         let r = self.run(&cdb, &block, 0);
-        if !fits {
-            self.expect_refused_past_end(&r, "WRITE SAME");
-        } else if self.good_or_illegal(&r, "WRITE SAME") {
+        if self.allowed(&r, fits, "WRITE SAME") {
             let fill = if ndob {
                 vec![0; self.bs as usize]
             } else {
@@ -855,10 +860,9 @@ impl Rig {
         }
         .encode();
         let r = self.run(&cdb, &list, 0);
-        if ranges.iter().any(|r| !r.2) {
-            // The whole list is refused: no descriptor is carried out.
-            self.expect_refused_past_end(&r, "UNMAP");
-        } else if self.good_or_illegal(&r, "UNMAP") {
+        // One descriptor past the end refuses the whole list: none is
+        // carried out.
+        if self.allowed(&r, ranges.iter().all(|r| r.2), "UNMAP") {
             assert!(
                 self.thin,
                 "step {}: UNMAP on a unit without thin provisioning",
