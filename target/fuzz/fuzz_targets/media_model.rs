@@ -825,7 +825,11 @@ impl Rig {
         .encode();
         let r = self.run(&cdb, &block, 0);
         if self.allowed(&r, fits, "WRITE SAME") {
-            let fill = if ndob {
+            // With UNMAP each LBA is unmapped, whatever block was sent
+            // (SBC-4 lets the device server write or unmap), and reads as
+            // zeros (LBPRZ=1): what blockwire does, and what libiscsi's
+            // WriteSame10.UnmapUntilEnd expects.
+            let fill = if ndob || unmap {
                 vec![0; self.bs as usize]
             } else {
                 block

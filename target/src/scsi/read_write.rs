@@ -356,11 +356,7 @@ impl LogicalUnit {
         let block: &[u8] = if ndob { &zero_block } else { data_out };
         let end = lba + blocks;
         let _g = self.ranges.shared(lba, end);
-        let all_zero = block.iter().all(|&b| b == 0);
-        // SBC-4 WRITE SAME: later reads return the block sent, whatever
-        // UNMAP says. A deallocated block reads as zeros here (LBPRZ=1), so
-        // only a zero block may be deallocated instead of written.
-        if unmap && all_zero {
+        if unmap {
             self.cfg
                 .backstore
                 .discard(self.offset(lba), blocks * bs as u64)
@@ -372,6 +368,7 @@ impl LogicalUnit {
             // Write in runs of up to 1 MiB of repeated blocks.
             let per_run = ((1usize << 20) / bs).max(1);
             let run: Vec<u8> = block.repeat(per_run.min(blocks as usize));
+            let all_zero = block.iter().all(|&b| b == 0);
             let mut at = lba;
             while at < end {
                 let n = (end - at).min((run.len() / bs) as u64) as usize;
