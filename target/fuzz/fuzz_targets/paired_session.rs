@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use blockwire_initiator::engine::{
     data_out_sequence, Engine, Event, Limits, Placement, TaskResult,
 };
+use blockwire_initiator::rw16;
 use blockwire_pdu::keys::{encode_text, parse_text, Digest};
 use blockwire_pdu::pdu::{DataOut, LoginRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
@@ -234,18 +235,17 @@ impl Pair {
     }
 
     fn start(&mut self, io: Io) {
-        let lba = u64::from(io.lba) % (LUN_BYTES / BLOCK) as u64;
-        let blocks = (1 + u64::from(io.blocks) % 600).min((LUN_BYTES / BLOCK) as u64 - lba);
+        let range = blocks_of(&io);
+        let blocks = range.end - range.start;
         let io = Io {
-            lba: lba as u16,
+            lba: range.start as u16,
             blocks: blocks as u16,
             ..io
         };
         let len = blocks as usize * BLOCK;
-        let mut cdb = [0u8; 16];
-        cdb[0] = if io.write { 0x8a } else { 0x88 };
-        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
-        cdb[10..14].copy_from_slice(&(blocks as u32).to_be_bytes());
+        let cdb: [u8; 16] = rw16(io.write, range.start, blocks as u32, false)
+            .try_into()
+            .expect("a 16-byte CDB");
         let data = if io.write {
             pattern(io.seed, len)
         } else {
