@@ -192,8 +192,8 @@ impl Engine for Reversed {
 /// A DataPDUInOrder=No session reads back what it wrote, through a tap
 /// that watches every Data-In PDU on the wire: at least one must leave with
 /// a lower BufferOffset than an earlier PDU of the same READ (the target
-/// sends in completion order), and the target's own counter agrees that
-/// PDUs left out of order.
+/// sends in completion order within a sequence), and the target's own
+/// counter agrees that PDUs left out of order.
 async fn unordered_reads_leave_out_of_order(eng: Eng) {
     // 16 KiB chunks under 8 KiB PDUs: two PDUs per chunk, 64 chunks per
     // 1 MiB READ, completing in whatever order the engine finishes. 64 MiB
@@ -240,6 +240,10 @@ async fn unordered_reads_leave_out_of_order(eng: Eng) {
     let mut cfg =
         InitiatorConfig::new("iqn.2026-11.io.blockwire:unordered").with_data_pdu_in_order(false);
     cfg.max_recv_data_segment_length = 8192;
+    // 32 KiB sequences (MaxBurstLength): a chunk of a later sequence that
+    // completes first waits, with its bytes, until the sequences before it
+    // were sent (DataSequenceInOrder=Yes).
+    cfg.max_burst_length = 32 << 10;
     let len = LUN_BYTES as usize * 2;
     let s = Arc::new(
         Session::connect(cfg, &format!("127.0.0.1:{}", tap.port), TARGET)

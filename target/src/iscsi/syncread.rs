@@ -337,23 +337,25 @@ fn start(
 /// sequence waits for the current sequence to be sent whole
 /// (DataSequenceInOrder=Yes), the F bit goes on the PDU that completes its
 /// sequence and `last` on the final one sent. With in-order releases the
-/// result equals [`datain::segments`].
+/// result equals [`datain::segments`]. Each unit travels with its payload
+/// `T`: a unit held back keeps its payload until it is sent, however many
+/// releases later.
 #[derive(Debug)]
-pub struct DataInStamper {
+pub struct DataInStamper<T> {
     segs: Vec<DataInSegment>,
     /// Sequence index of each unit.
     seq_of: Vec<u32>,
     /// Units of each sequence not yet sent.
     seq_left: Vec<u32>,
     current: u32,
-    held: Vec<usize>,
+    held: Vec<(usize, T)>,
     sent: u32,
 }
 
-impl DataInStamper {
+impl<T> DataInStamper<T> {
     /// For the Data-In segments of one command, in offset order (units are
     /// their indices).
-    pub fn new(segs: Vec<DataInSegment>) -> DataInStamper {
+    pub fn new(segs: Vec<DataInSegment>) -> DataInStamper<T> {
         let mut seq_of = Vec::with_capacity(segs.len());
         let mut seq_left = Vec::new();
         let mut seq = 0u32;
@@ -382,24 +384,24 @@ impl DataInStamper {
         self.sent
     }
 
-    /// Units just released: the ones to send now, in order, each with its
-    /// segment as it goes on the wire.
+    /// Units just released, each with its payload: the ones to send now, in
+    /// order, each with its segment as it goes on the wire and its payload.
     pub fn release(
         &mut self,
-        units: impl IntoIterator<Item = usize>,
-    ) -> Vec<(usize, DataInSegment)> {
+        units: impl IntoIterator<Item = (usize, T)>,
+    ) -> Vec<(usize, DataInSegment, T)> {
         let mut out = Vec::new();
-        for u in units {
+        for (u, payload) in units {
             if self.seq_of[u] == self.current {
-                self.emit(u, &mut out);
+                self.emit(u, payload, &mut out);
             } else {
-                self.held.push(u);
+                self.held.push((u, payload));
             }
         }
         out
     }
 
-    fn emit(&mut self, u: usize, out: &mut Vec<(usize, DataInSegment)>) {
+    fn emit(&mut self, u: usize, payload: T, out: &mut Vec<(usize, DataInSegment, T)>) {
         let s = self.seq_of[u] as usize;
         self.seq_left[s] -= 1;
         let total = self.segs.len() as u32;
@@ -410,16 +412,18 @@ impl DataInStamper {
             ..self.segs[u]
         };
         self.sent += 1;
-        out.push((u, seg));
+        out.push((u, seg, payload));
         if self.seq_left[s] == 0 {
             // The next sequence may start: send what of it already waits.
             self.current += 1;
             let cur = self.current;
-            let (now, later): (Vec<usize>, Vec<usize>) =
-                self.held.drain(..).partition(|&h| self.seq_of[h] == cur);
+            let (now, later): (Vec<(usize, T)>, Vec<(usize, T)>) = self
+                .held
+                .drain(..)
+                .partition(|(h, _)| self.seq_of[*h] == cur);
             self.held = later;
-            for h in now {
-                self.emit(h, out);
+            for (h, payload) in now {
+                self.emit(h, payload, out);
             }
         }
     }

@@ -42,7 +42,7 @@ pub(in crate::iscsi) struct DataIn {
     tally: bool,
     /// Data-In PDUs queued so far (ExpDataSN of a later SCSI Response).
     queued: u32,
-    stamper: Option<crate::iscsi::syncread::DataInStamper>,
+    stamper: Option<crate::iscsi::syncread::DataInStamper<bytes::Bytes>>,
     next_offset: u32,
     /// The engine LUN whose reordered Data-In PDUs (sent at another offset
     /// than where the previous one ended: DataPDUInOrder=No at work) are
@@ -196,17 +196,16 @@ impl ReadMover for DataIn {
                 .collect(),
             )
         });
-        let mut bytes: std::collections::HashMap<usize, bytes::Bytes> =
-            units.iter().map(|(u, _, b)| (*u, b.clone())).collect();
-        let released = stamper.release(units.into_iter().map(|(u, _, _)| u));
-        for (u, seg) in released {
+        // A unit of a later sequence is held by the stamper with its bytes
+        // until its sequence comes, in this call or a later one.
+        let released = stamper.release(units.into_iter().map(|(u, _, b)| (u, b)));
+        for (_, seg, data) in released {
             if seg.offset != self.next_offset {
                 if let Some(path) = &self.engine {
                     path.reordered_pdus.fetch_add(1, Ordering::Relaxed);
                 }
             }
             self.next_offset = seg.offset + seg.length;
-            let data = bytes.remove(&u).unwrap_or_default();
             let item = |bhs| Outgoing::Pdu(blockwire_pdu::Pdu::with_data(bhs, data));
             match self.push(ctx, &seg, residual, item).await {
                 Pushed::Queued => {}

@@ -97,8 +97,12 @@ fn run(
         engine.complete(c);
         read.on_completion(rx.try_recv().unwrap(), Instant::now())
             .unwrap();
-        for (u, seg) in stamper.release(read.take_ready()) {
-            let (r, bytes) = read.unit_bytes(u);
+        let ready: Vec<_> = read
+            .take_ready()
+            .into_iter()
+            .map(|u| (u, read.unit_bytes(u)))
+            .collect();
+        for (u, seg, (r, bytes)) in stamper.release(ready) {
             assert_eq!(r.start, u64::from(seg.offset));
             let now = Instant::now();
             read.timers_mut().first_send.get_or_insert(now);
@@ -222,14 +226,16 @@ proptest! {
         let mut k = 0;
         while k < n {
             let step = 1 + seed[k % seed.len()] as usize % 4;
-            out.extend(st.release(order[k..(k + step).min(n)].iter().copied()));
+            // Each unit's payload is its own number: it must travel with it.
+            out.extend(st.release(order[k..(k + step).min(n)].iter().map(|&u| (u, u))));
             k += step;
         }
         prop_assert_eq!(out.len(), n);
         let mut seen = vec![false; n];
         let mut cur_seq = 0;
         let mut left_in_seq = segs.iter().filter(|s| seq_of(s.offset) == 0).count();
-        for (i, (u, seg)) in out.iter().enumerate() {
+        for (i, (u, seg, payload)) in out.iter().enumerate() {
+            prop_assert_eq!(u, payload);
             prop_assert!(!seen[*u]);
             seen[*u] = true;
             prop_assert_eq!(seg.data_sn, i as u32);
