@@ -84,6 +84,9 @@ if [ "$runs" != 0 ]; then
       done
     )
   done
+  # The file-backed targets' LUN files (libFuzzer exits without unwinding,
+  # so each process leaves its scratch directory for the next to sweep).
+  rm -rf "${TMPDIR:-/tmp}"/blockwire-fuzz-* /dev/shm/blockwire-fuzz-*
 fi
 
 step "all tests passed"

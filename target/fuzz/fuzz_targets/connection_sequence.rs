@@ -3,7 +3,8 @@
 //! the rest of the core's opcodes), solicited and unsolicited Data-Out,
 //! task management, text, NOP-Out, SNACK, logout, raw frames, the passing
 //! of time and the daemon's shutdown. Most inputs log in properly first, so
-//! the full feature phase is what gets explored.
+//! the full feature phase is what gets explored. LUN 0 is RAM, or a file
+//! served by sendfile or engine READs and double-buffered WRITEs.
 //!
 //! Beyond "no panic, no hang", every exchange is checked as an initiator
 //! would check it (RFC 7143):
@@ -24,11 +25,16 @@
 #![no_main]
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
+
+#[path = "../common/lun_files.rs"]
+mod lun_files;
 
 use blockwire_pdu::keys::{encode_text, parse_text, Digest};
 use blockwire_pdu::pdu::codes::{
-    LogoutReason, LogoutResponseCode, SnackType, TaskAttr, TmfFunction, TmfResponse,
+    LogoutReason, LogoutResponseCode, ServiceResponse, SnackType, TaskAttr, TmfFunction,
+    TmfResponse,
 };
 use blockwire_pdu::pdu::{
     DataOut, LoginRequest, LogoutRequest, NopOut, ScsiCommand, SnackRequest, TaskMgmtRequest,
@@ -36,6 +42,9 @@ use blockwire_pdu::pdu::{
 };
 use blockwire_pdu::serial::sn_lt;
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
+use blockwire_target::backstore::{Backstore, RamBackstore};
+use blockwire_target::datapath::{Engine, Mode};
+use blockwire_target::iscsi::catalog::DataPathPolicy;
 use blockwire_target::iscsi::connection::fuzzing::{Harness, Phase, Wire, TARGET};
 use blockwire_target::iscsi::FabricSettings;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
@@ -43,6 +52,9 @@ use libfuzzer_sys::fuzz_target;
 
 const BLOCK: u32 = 512;
 const LUN_BYTES: u64 = 1 << 20;
+/// SCSI status GOOD.
+const GOOD: u8 = 0;
+const SCRATCH_PREFIX: &str = "blockwire-fuzz-connection-";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:fuzzer";
 
 #[derive(Arbitrary, Debug)]
@@ -59,9 +71,41 @@ struct Settings {
     small_io: bool,
     target_mrdsl: u8,
     data_pdu_in_order: bool,
+    /// LUN 0: RAM (half the inputs), or a file with the data paths a
+    /// daemon starts for one.
+    storage: u8,
 }
 
 impl Settings {
+    /// LUN 0's store, and its data paths on the process's I/O engine: a
+    /// file through the page cache with sendfile READs, or an O_DIRECT
+    /// file with synchronized engine READs; both with double-buffered
+    /// WRITEs, whose tasks take each Data-Out as it arrives (and must end
+    /// cleanly on a sequence error, an abort or the connection's end).
+    fn lun0(
+        &self,
+    ) -> (
+        Arc<dyn Backstore>,
+        Option<(DataPathPolicy, Arc<dyn Engine>)>,
+    ) {
+        let direct = match self.storage % 4 {
+            0 | 1 => return (Arc::new(RamBackstore::new(LUN_BYTES)), None),
+            2 => false,
+            _ => true,
+        };
+        let store = lun_files::zeroed_file_lun(SCRATCH_PREFIX, "lun0.img", direct, LUN_BYTES);
+        let policy = DataPathPolicy {
+            engine_reads: direct.then_some(Mode::Synchronized),
+            sendfile: !direct,
+            double_buffered_writes: true,
+            chunk: if direct { 4 << 10 } else { 8 << 10 },
+        };
+        (
+            Arc::new(store),
+            Some((policy, lun_files::io_engine().clone())),
+        )
+    }
+
     fn fabric(&self) -> FabricSettings {
         FabricSettings {
             queue_depth: u32::from(self.queue_depth % 16) + 1,
@@ -582,7 +626,12 @@ impl Model {
         );
         self.numbers(bhs);
         match *bhs {
-            Bhs::ScsiResponse(r) => self.status(r.itt),
+            Bhs::ScsiResponse(r) => {
+                if r.response == ServiceResponse::CommandCompleted {
+                    self.check_transferred(r.itt, r.status, r.underflow, r.residual_count);
+                }
+                self.status(r.itt)
+            }
             Bhs::DataIn(d) => {
                 let itt = d.itt;
                 assert!(
@@ -614,7 +663,8 @@ impl Model {
                         ranges.push((s, e));
                     }
                 }
-                if d.status.is_some() {
+                if let Some(status) = d.status {
+                    self.check_transferred(itt, status, d.underflow, d.residual_count);
                     self.status(itt);
                 }
             }
@@ -718,6 +768,34 @@ impl Model {
         self.data_in.remove(&itt);
         self.r2t_sn.remove(&itt);
         self.r2ts.retain(|r| r.0 != itt);
+    }
+
+    /// A command that read and ended GOOD received exactly its Expected
+    /// Data Transfer Length, less the residual when the U bit says the
+    /// command wanted fewer bytes (RFC 7143 §11.4.5.1, §11.7.5): an
+    /// initiator trusts the status and the residual, not a count of its own.
+    fn check_transferred(&self, itt: u32, status: u8, underflow: bool, residual: u32) {
+        let Some(Some(cmd)) = self.cmds.get(&itt).copied() else {
+            return;
+        };
+        if status != GOOD || !cmd.read || cmd.write {
+            return;
+        }
+        let got: u64 = self
+            .data_in
+            .get(&itt)
+            .map_or(0, |r| r.iter().map(|&(a, b)| u64::from(b - a)).sum());
+        let want = if underflow {
+            u64::from(cmd.edtl.saturating_sub(residual))
+        } else {
+            u64::from(cmd.edtl)
+        };
+        assert_eq!(
+            got, want,
+            "ITT {itt:#x} ended GOOD with {got} bytes of Data-In, its EDTL {} and residual \
+             (U {underflow}) {residual} say {want}",
+            cmd.edtl
+        );
     }
 
     fn not_aborted(&self, itt: u32, what: &str) {
@@ -1329,7 +1407,8 @@ fn op_bytes(m: &mut Model, op: &Op) -> Vec<u8> {
 fuzz_target!(|input: Input| {
     let settings = input.settings.fabric();
     let mut m = Model::new(settings.queue_depth);
-    let mut h = Harness::new(settings, LUN_BYTES);
+    let (store, paths) = input.settings.lun0();
+    let mut h = Harness::serving(settings, store, paths);
     if login(&mut h, &mut m, &input.login) {
         for op in input.ops.iter().take(64) {
             if h.phase() != Phase::FullFeature {

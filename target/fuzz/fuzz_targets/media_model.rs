@@ -43,7 +43,10 @@
 #![no_main]
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+#[path = "../common/lun_files.rs"]
+mod lun_files;
 
 use blockwire_pdu::pdu::codes::TaskAttr;
 use blockwire_pdu::scsi::{
@@ -53,9 +56,7 @@ use blockwire_pdu::scsi::{
 use blockwire_target::backstore::{
     Backstore, FileBackstore, FileMode, RamBackstore, StripedBackstore,
 };
-use blockwire_target::datapath::{
-    open_engine, BufferPool, Engine, EnginePref, ReadCommand, ReadConfig, SendOrder,
-};
+use blockwire_target::datapath::{Engine, ReadCommand, ReadConfig, SendOrder};
 use blockwire_target::scsi::read_plan::{PlannedRead, ReadPlan};
 use blockwire_target::scsi::write_plan::WritePlan;
 use blockwire_target::scsi::{ItNexus, LogicalUnit, LuConfig, LunTable, ScsiRequest, ScsiResult};
@@ -200,42 +201,9 @@ enum Op {
     Reopen,
 }
 
-/// The scratch directories of this process: one on a file system that
-/// takes O_DIRECT (the temporary directory), one in memory when there is
-/// one. libFuzzer ends the process without unwinding, so those of
-/// processes gone are removed here.
+/// The scratch directory for this process's LUN files.
 fn scratch(direct: bool) -> &'static Path {
-    static DIRS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    let (disk, memory) = DIRS.get_or_init(|| {
-        let shm = Path::new("/dev/shm");
-        let bases = [std::env::temp_dir(), shm.to_path_buf()];
-        for base in &bases {
-            for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
-                let name = entry.file_name();
-                let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(SCRATCH_PREFIX)) else {
-                    continue;
-                };
-                if !Path::new("/proc").join(pid).exists() {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
-        }
-        let mine = format!("{SCRATCH_PREFIX}{}", std::process::id());
-        let disk = bases[0].join(&mine);
-        let memory = if shm.is_dir() {
-            shm.join(&mine)
-        } else {
-            disk.clone()
-        };
-        std::fs::create_dir_all(&disk).expect("scratch directory");
-        std::fs::create_dir_all(&memory).expect("scratch directory");
-        (disk, memory)
-    });
-    if direct {
-        disk
-    } else {
-        memory
-    }
+    lun_files::scratch(SCRATCH_PREFIX, direct)
 }
 
 /// Bytes a step writes: a pattern from `seed` that differs block to block,
@@ -1270,12 +1238,7 @@ fn rw(size: CdbSize, lba: u64, length: u32, fua: bool) -> Rw {
 
 /// The I/O engine of the process (io_uring where the kernel has it).
 fn engine() -> &'static dyn Engine {
-    static ENGINE: OnceLock<Arc<dyn Engine>> = OnceLock::new();
-    &**ENGINE.get_or_init(|| {
-        open_engine(BufferPool::with_defaults(), EnginePref::Auto)
-            .expect("I/O engine")
-            .0
-    })
+    &**lun_files::io_engine()
 }
 
 /// Reads a planned READ as the fabric's engine path does: from the store's

@@ -9,7 +9,13 @@
 //! MaxBurstLength and MaxOutstandingR2T, Data-Out and Data-In segments cut
 //! to each side's MaxRecvDataSegmentLength, Data-In in or out of order,
 //! header and data digests), READs whose Expected Data Transfer Length
-//! differs from the CDB's.
+//! differs from the CDB's. LUN 0 is RAM, or a file (through the page cache
+//! or O_DIRECT) served by the data paths the fuzzer turns on, as a
+//! daemon's `[[target.lun]]` would: READ payloads by sendfile, READs
+//! through the I/O engine (synchronized or serial, in chunks of 4, 8 or 64
+//! KiB) and double-buffered WRITEs, where each payload is copied into a
+//! chunk at its BufferOffset and full chunks go to disk while the next
+//! arrive.
 //!
 //! Checked: each side accepts everything the other sends (the engine
 //! reports no protocol failure and the target does not end the
@@ -20,6 +26,10 @@
 #![no_main]
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+#[path = "../common/lun_files.rs"]
+mod lun_files;
 
 use blockwire_initiator::engine::{
     data_out_sequence, Engine, Event, Limits, Placement, TaskResult,
@@ -28,6 +38,9 @@ use blockwire_initiator::rw16;
 use blockwire_pdu::keys::{encode_text, parse_text, Digest};
 use blockwire_pdu::pdu::{DataOut, LoginRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
+use blockwire_target::backstore::{Backstore, RamBackstore};
+use blockwire_target::datapath::{Engine as IoEngine, Mode};
+use blockwire_target::iscsi::catalog::DataPathPolicy;
 use blockwire_target::iscsi::connection::fuzzing::{Harness, Phase, Wire, TARGET};
 use blockwire_target::iscsi::FabricSettings;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
@@ -37,14 +50,31 @@ const BLOCK: usize = 512;
 const LUN_BYTES: usize = 1 << 20;
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:paired";
 const GOOD: u8 = 0;
+const SCRATCH_PREFIX: &str = "blockwire-fuzz-paired-";
 
 #[derive(Arbitrary, Debug)]
 struct Input {
+    storage: Storage,
     keys: Keys,
     target_mrdsl: u8,
     data_pdu_in_order: bool,
     queue_depth: u8,
     batches: Vec<Vec<Io>>,
+}
+
+/// LUN 0's storage and data paths.
+#[derive(Arbitrary, Debug)]
+enum Storage {
+    Ram,
+    File {
+        /// O_DIRECT: the engine paths then take 4 KiB-aligned commands only.
+        direct: bool,
+        sendfile: bool,
+        /// None, synchronized or serial engine READs.
+        engine_reads: u8,
+        double_buffered_writes: bool,
+        chunk: u8,
+    },
 }
 
 /// The operational keys the initiator offers (RFC 7143 §13).
@@ -69,6 +99,8 @@ struct Io {
     /// For a READ: an Expected Data Transfer Length other than the CDB's
     /// (0: the same; odd: shorter by this many bytes; even: longer).
     edtl_off: u16,
+    /// Whole 4 KiB units, as O_DIRECT engine paths take them.
+    aligned: bool,
 }
 
 /// Digest offers (RFC 7143 §13.1): the target picks the first it takes.
@@ -435,9 +467,42 @@ fn edtl(io: &Io, len: usize) -> usize {
 
 /// The block range of `io` as [`Pair::start`] will clamp it.
 fn blocks_of(io: &Io) -> std::ops::Range<u64> {
-    let lba = u64::from(io.lba) % (LUN_BYTES / BLOCK) as u64;
-    let blocks = (1 + u64::from(io.blocks) % 600).min((LUN_BYTES / BLOCK) as u64 - lba);
-    lba..lba + blocks
+    let lun_blocks = (LUN_BYTES / BLOCK) as u64;
+    let unit = if io.aligned { 4096 / BLOCK as u64 } else { 1 };
+    let lba = u64::from(io.lba) % lun_blocks / unit * unit;
+    let blocks = (1 + u64::from(io.blocks) % 600).div_ceil(unit) * unit;
+    lba..lba + blocks.min(lun_blocks - lba)
+}
+
+/// The data paths of LUN 0 and the engine they run on (None: the core's).
+type DataPaths = Option<(DataPathPolicy, Arc<dyn IoEngine>)>;
+
+/// LUN 0 as `storage` asks: a zeroed store of [`LUN_BYTES`] and the data
+/// paths to start on it.
+fn lun0(storage: &Storage) -> (Arc<dyn Backstore>, DataPaths) {
+    let Storage::File {
+        direct,
+        sendfile,
+        engine_reads,
+        double_buffered_writes,
+        chunk,
+    } = *storage
+    else {
+        return (Arc::new(RamBackstore::new(LUN_BYTES as u64)), None);
+    };
+    // A new file each time: zeros, as the model starts.
+    let store = lun_files::zeroed_file_lun(SCRATCH_PREFIX, "lun0.img", direct, LUN_BYTES as u64);
+    let policy = DataPathPolicy {
+        engine_reads: [None, Some(Mode::Synchronized), Some(Mode::Serial)]
+            [usize::from(engine_reads % 3)],
+        sendfile,
+        double_buffered_writes,
+        chunk: [4 << 10, 8 << 10, 64 << 10][usize::from(chunk % 3)],
+    };
+    (
+        Arc::new(store),
+        Some((policy, lun_files::io_engine().clone())),
+    )
 }
 
 fuzz_target!(|input: Input| {
@@ -449,7 +514,8 @@ fuzz_target!(|input: Input| {
         zero_copy_send: false,
         ..FabricSettings::default()
     };
-    let mut h = Harness::new(settings, LUN_BYTES as u64);
+    let (store, paths) = lun0(&input.storage);
+    let mut h = Harness::serving(settings, store, paths);
     let (engine, digests) = login(&mut h, &input.keys);
     let mut pair = Pair {
         h,

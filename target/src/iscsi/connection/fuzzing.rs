@@ -27,8 +27,9 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use super::{carry_out, digests_of, write_loop, NextStatSn, Outgoing, Stop};
-use crate::backstore::RamBackstore;
-use crate::iscsi::catalog::{Acl, Catalog};
+use crate::backstore::{Backstore, RamBackstore};
+use crate::datapath::Engine;
+use crate::iscsi::catalog::{Acl, Catalog, DataPathPolicy};
 use crate::iscsi::io::{PduReader, PduWriter, ReadError};
 use crate::iscsi::launch::Launcher;
 use crate::iscsi::machine::{Action, ConnMachine, LoginAction, LoginPhase};
@@ -36,7 +37,7 @@ use crate::iscsi::session::Session;
 use crate::iscsi::{Fabric, FabricSettings};
 use crate::scsi::{LogicalUnit, LuConfig};
 
-/// The one target the harness serves (LUN 0, a RAM disk, open to anyone).
+/// The one target the harness serves (LUN 0, open to anyone).
 pub const TARGET: &str = "iqn.2026-11.io.blockwire:fuzz";
 
 /// Bytes the in-memory pipe holds each way: more than any exchange one
@@ -126,11 +127,36 @@ impl Harness {
     /// A connection to a new fabric with `settings`, serving [`TARGET`]
     /// with one RAM LUN of `lun_bytes`.
     pub fn new(settings: FabricSettings, lun_bytes: u64) -> Harness {
-        let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(lun_bytes))));
-        let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
+        Harness::serving(settings, Arc::new(RamBackstore::new(lun_bytes)), None)
+    }
+
+    /// A connection to a new fabric with `settings`, serving [`TARGET`]
+    /// with `store` as LUN 0 and, with `paths`, the data paths a daemon
+    /// starts for such a LUN (sendfile READs, engine READs, double-buffered
+    /// WRITEs) on `engine`, the process's one I/O engine as a daemon has
+    /// one. Over the in-memory pipe the writer sends what `sendfile(2)`
+    /// would send from the file by reading it, as on any non-TCP stream.
+    ///
+    /// # Panics
+    /// When a data path does not start: the fuzz target asked for one the
+    /// store cannot carry.
+    pub fn serving(
+        settings: FabricSettings,
+        store: Arc<dyn Backstore>,
+        paths: Option<(DataPathPolicy, Arc<dyn Engine>)>,
+    ) -> Harness {
+        let lu = Arc::new(LogicalUnit::new(LuConfig::new(store)));
+        let mut catalog = Catalog::one_target(TARGET, local(), Acl::Any, lu);
+        if let (Some((policy, _)), Some(t)) = (&paths, catalog.targets.first_mut()) {
+            Arc::get_mut(t).expect("a target of our own").data_paths = vec![(0, *policy)];
+        }
         // Shutdown comes through `Harness::shutdown`, never the watch.
         let (_, shutdown) = tokio::sync::watch::channel(false);
         let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+        if let Some((_, engine)) = paths {
+            fabric.sync_reads.set_engine(engine, "fuzzing".into());
+            fabric.start_data_paths().expect("LUN 0's data paths");
+        }
         let (client, server) = tokio::io::duplex(PIPE);
         let (rd, wr) = tokio::io::split(server);
         let login = LoginPhase::new(
@@ -349,15 +375,19 @@ impl Harness {
         }
     }
 
-    /// Waits until no command task holds the writer queue, the writer has
-    /// sent everything queued, and reads what it sent.
+    /// Waits until no command task holds the writer queue (except those of
+    /// double-buffered WRITEs waiting for their data), the writer has sent
+    /// everything queued, and reads what it sent.
     async fn settle(&mut self) {
         let started = Instant::now();
         let mut quiet = 0;
         while quiet < 3 {
             let full = self.full.as_ref().expect("full feature phase");
             let tx = &full.launcher.tx;
-            let idle = tx.strong_count() == 1 && tx.capacity() == tx.max_capacity();
+            // A double-buffered WRITE's task holds the queue while its
+            // Data-Out is still to come from the initiator.
+            let waiting = full.machine.piped_writes_waiting_for_data();
+            let idle = tx.strong_count() <= 1 + waiting && tx.capacity() == tx.max_capacity();
             let got = self.read_output().await;
             quiet = if idle && !got { quiet + 1 } else { 0 };
             assert!(

@@ -287,6 +287,13 @@ pub(super) struct ConnMachine {
 }
 
 impl ConnMachine {
+    /// Double-buffered WRITEs whose data still arrive: their tasks run,
+    /// waiting for Data-Out (the in-memory harness counts them as idle).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn piped_writes_waiting_for_data(&self) -> usize {
+        self.collectors.values().filter(|c| c.is_piped()).count()
+    }
+
     /// The full feature phase after `outcome`'s login, on the connection
     /// whose local address is `local`, starting at `now`.
     pub(super) fn new(

@@ -30,6 +30,15 @@ pub(super) struct Collecting {
     dest: WriteDest,
 }
 
+impl Collecting {
+    /// Whether a double-buffered WRITE's task already runs for it: that
+    /// task waits for the initiator's Data-Out, not for the target.
+    #[cfg(feature = "fuzzing")]
+    pub(super) fn is_piped(&self) -> bool {
+        matches!(self.dest, WriteDest::Pipe(_))
+    }
+}
+
 /// Where a WRITE's accepted bytes go.
 enum WriteDest {
     /// Gathered by the collector; the command runs once they are all
