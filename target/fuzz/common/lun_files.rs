@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use blockwire_target::backstore::{FileBackstore, FileMode};
+use blockwire_target::backstore::{FileBackstore, FileMode, StripedBackstore};
 use blockwire_target::datapath::{open_engine, BufferPool, Engine, EnginePref};
 
 /// The scratch directories of this process, named `PREFIX` and the process
@@ -53,12 +53,35 @@ pub fn scratch(prefix: &str, direct: bool) -> &'static Path {
 pub fn zeroed_file_lun(prefix: &str, name: &str, direct: bool, bytes: u64) -> FileBackstore {
     let path = scratch(prefix, direct).join(name);
     let _ = std::fs::remove_file(&path);
-    let mode = if direct {
+    FileBackstore::open_with(&path, Some(bytes), false, file_mode(direct)).expect("the LUN file")
+}
+
+/// A new RAID0 LUN of `bytes` zeros over `members` files (named `name`
+/// and the member's number) in stripes of `stripe` bytes.
+pub fn zeroed_striped_lun(
+    prefix: &str,
+    name: &str,
+    members: usize,
+    stripe: u64,
+    direct: bool,
+    bytes: u64,
+) -> StripedBackstore {
+    let paths: Vec<PathBuf> = (0..members)
+        .map(|i| scratch(prefix, direct).join(format!("{name}.{i}")))
+        .collect();
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
+    StripedBackstore::open(&paths, stripe, Some(bytes), false, file_mode(direct))
+        .expect("the striped LUN")
+}
+
+fn file_mode(direct: bool) -> FileMode {
+    if direct {
         FileMode::Direct
     } else {
         FileMode::Cached
-    };
-    FileBackstore::open_with(&path, Some(bytes), false, mode).expect("the LUN file")
+    }
 }
 
 /// The I/O engine of the process (io_uring where the kernel has it), as a

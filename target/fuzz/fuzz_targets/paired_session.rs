@@ -15,7 +15,8 @@
 //! through the I/O engine (synchronized or serial, in chunks of 4, 8 or 64
 //! KiB) and double-buffered WRITEs, where each payload is copied into a
 //! chunk at its BufferOffset and full chunks go to disk while the next
-//! arrive.
+//! arrive; or files striped RAID0, read by the engine one stream per
+//! member.
 //!
 //! Checked: each side accepts everything the other sends (the engine
 //! reports no protocol failure and the target does not end the
@@ -73,6 +74,15 @@ enum Storage {
         /// None, synchronized or serial engine READs.
         engine_reads: u8,
         double_buffered_writes: bool,
+        chunk: u8,
+    },
+    /// RAID0 over 2 to 4 files, read by the engine one stream per member
+    /// (the only data path a striped LUN has).
+    Striped {
+        members: u8,
+        stripe: u8,
+        direct: bool,
+        engine_reads: u8,
         chunk: u8,
     },
 }
@@ -480,29 +490,66 @@ type DataPaths = Option<(DataPathPolicy, Arc<dyn IoEngine>)>;
 /// LUN 0 as `storage` asks: a zeroed store of [`LUN_BYTES`] and the data
 /// paths to start on it.
 fn lun0(storage: &Storage) -> (Arc<dyn Backstore>, DataPaths) {
-    let Storage::File {
-        direct,
-        sendfile,
-        engine_reads,
-        double_buffered_writes,
-        chunk,
-    } = *storage
-    else {
-        return (Arc::new(RamBackstore::new(LUN_BYTES as u64)), None);
+    let engine_reads =
+        |n: u8| [None, Some(Mode::Synchronized), Some(Mode::Serial)][usize::from(n % 3)];
+    let chunk = |n: u8| [4 << 10, 8 << 10, 64 << 10][usize::from(n % 3)];
+    // New files each time: zeros, as the model starts.
+    let (store, policy): (Arc<dyn Backstore>, _) = match *storage {
+        Storage::Ram => return (Arc::new(RamBackstore::new(LUN_BYTES as u64)), None),
+        Storage::File {
+            direct,
+            sendfile,
+            engine_reads: reads,
+            double_buffered_writes,
+            chunk: c,
+        } => (
+            Arc::new(lun_files::zeroed_file_lun(
+                SCRATCH_PREFIX,
+                "lun0.img",
+                direct,
+                LUN_BYTES as u64,
+            )),
+            DataPathPolicy {
+                engine_reads: engine_reads(reads),
+                sendfile,
+                double_buffered_writes,
+                chunk: chunk(c),
+            },
+        ),
+        Storage::Striped {
+            members,
+            stripe,
+            direct,
+            engine_reads: reads,
+            chunk: c,
+        } => {
+            // O_DIRECT stripes are whole 4 KiB units.
+            let stripes: &[u64] = if direct {
+                &[4096, 8192, 65536]
+            } else {
+                &[512, 4096, 8192, 65536]
+            };
+            let stripe = stripes[usize::from(stripe) % stripes.len()];
+            let members = 2 + usize::from(members % 3);
+            (
+                Arc::new(lun_files::zeroed_striped_lun(
+                    SCRATCH_PREFIX,
+                    "lun0",
+                    members,
+                    stripe,
+                    direct,
+                    LUN_BYTES as u64,
+                )),
+                DataPathPolicy {
+                    engine_reads: engine_reads(reads),
+                    sendfile: false,
+                    double_buffered_writes: false,
+                    chunk: chunk(c),
+                },
+            )
+        }
     };
-    // A new file each time: zeros, as the model starts.
-    let store = lun_files::zeroed_file_lun(SCRATCH_PREFIX, "lun0.img", direct, LUN_BYTES as u64);
-    let policy = DataPathPolicy {
-        engine_reads: [None, Some(Mode::Synchronized), Some(Mode::Serial)]
-            [usize::from(engine_reads % 3)],
-        sendfile,
-        double_buffered_writes,
-        chunk: [4 << 10, 8 << 10, 64 << 10][usize::from(chunk % 3)],
-    };
-    (
-        Arc::new(store),
-        Some((policy, lun_files::io_engine().clone())),
-    )
+    (store, Some((policy, lun_files::io_engine().clone())))
 }
 
 fuzz_target!(|input: Input| {
