@@ -7,9 +7,9 @@
 //! in flight at once, moving the data as the negotiated keys shape it
 //! (immediate data, unsolicited Data-Out up to FirstBurstLength, R2Ts up to
 //! MaxBurstLength and MaxOutstandingR2T, Data-Out and Data-In segments cut
-//! to each side's MaxRecvDataSegmentLength, Data-In in or out of order,
-//! header and data digests), READs whose Expected Data Transfer Length
-//! differs from the CDB's. LUN 0 is RAM, or a file (through the page cache
+//! to each side's MaxRecvDataSegmentLength, Data-Out and Data-In in or out
+//! of order, header and data digests), READs whose Expected Data Transfer
+//! Length differs from the CDB's. LUN 0 is RAM, or a file (through the page cache
 //! or O_DIRECT) served by the data paths the fuzzer turns on, as a
 //! daemon's `[[target.lun]]` would: READ payloads by sendfile, READs
 //! through the I/O engine (synchronized or serial, in chunks of 4, 8 or 64
@@ -33,7 +33,7 @@ use std::sync::Arc;
 mod lun_files;
 
 use blockwire_initiator::engine::{
-    data_out_sequence, Engine, Event, Limits, Placement, TaskResult,
+    data_out_sequence, DataOutPdu, Engine, Event, Limits, Placement, TaskResult,
 };
 use blockwire_initiator::rw16;
 use blockwire_pdu::keys::{encode_text, parse_text, Digest};
@@ -59,6 +59,9 @@ struct Input {
     keys: Keys,
     target_mrdsl: u8,
     data_pdu_in_order: bool,
+    /// With DataPDUInOrder=No negotiated, the seed of the order the PDUs
+    /// of each Data-Out sequence are sent in (0: offset order).
+    data_out_order: u64,
     queue_depth: u8,
     batches: Vec<Vec<Io>>,
 }
@@ -166,6 +169,9 @@ struct Pair {
     model: Vec<u8>,
     /// The last TEST UNIT READY answered GOOD.
     ready: bool,
+    /// DataPDUInOrder=No was negotiated and Data-Out PDUs go shuffled by
+    /// this generator's state (xorshift; 0: in offset order).
+    data_out_order: u64,
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -311,7 +317,29 @@ impl Pair {
         let command = Pdu::with_data(Bhs::ScsiCommand(header), data[..immediate].to_vec());
         self.pending.insert(owner, Pending { io: Some(io), data });
         self.send(command);
-        for d in unsolicited {
+        self.send_sequence(unsolicited);
+    }
+
+    /// Sends one Data-Out sequence: in offset order, or with
+    /// DataPDUInOrder=No in an order the fuzzer picked (RFC 7143 §13.19:
+    /// the PDUs of a sequence may then go in any order), DataSN counting
+    /// them as sent and the F bit on the last one sent.
+    fn send_sequence(&mut self, mut seq: Vec<DataOutPdu>) {
+        if self.data_out_order != 0 {
+            for i in (1..seq.len()).rev() {
+                let x = &mut self.data_out_order;
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                seq.swap(i, (*x % (i as u64 + 1)) as usize);
+            }
+            let last = seq.len().saturating_sub(1);
+            for (i, d) in seq.iter_mut().enumerate() {
+                d.header.data_sn = i as u32;
+                d.header.final_bit = i == last;
+            }
+        }
+        for d in seq {
             self.send_data_out(d.header, d.range);
         }
     }
@@ -357,16 +385,15 @@ impl Pair {
             Event::R2t { r2t, .. } => {
                 let start = r2t.buffer_offset as usize;
                 let end = start + r2t.desired_data_transfer_length as usize;
-                for d in data_out_sequence(
+                let seq = data_out_sequence(
                     r2t.itt,
                     self.lun,
                     r2t.ttt,
                     start..end,
                     self.engine.limits().target_mrdsl,
                     self.engine.exp_stat_sn(),
-                ) {
-                    self.send_data_out(d.header, d.range);
-                }
+                );
+                self.send_sequence(seq);
             }
             Event::Complete { owner, result } => self.complete(owner, result),
             Event::Send(pdu) => self.send(pdu),
@@ -574,7 +601,11 @@ fuzz_target!(|input: Input| {
         next: 0,
         model: vec![0; LUN_BYTES],
         ready: false,
+        data_out_order: 0,
     };
+    if !pair.h.params().expect("negotiated").data_pdu_in_order {
+        pair.data_out_order = input.data_out_order;
+    }
     pair.clear_unit_attention();
     for batch in input.batches.iter().take(8) {
         // Commands of one batch are in flight together: their ranges never
