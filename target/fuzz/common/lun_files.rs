@@ -76,7 +76,8 @@ pub fn zeroed_striped_lun(
         .expect("the striped LUN")
 }
 
-fn file_mode(direct: bool) -> FileMode {
+/// O_DIRECT or through the page cache.
+pub fn file_mode(direct: bool) -> FileMode {
     if direct {
         FileMode::Direct
     } else {

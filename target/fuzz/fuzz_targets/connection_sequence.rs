@@ -43,9 +43,9 @@ use blockwire_pdu::pdu::{
 use blockwire_pdu::serial::sn_lt;
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 use blockwire_target::backstore::{Backstore, RamBackstore};
-use blockwire_target::datapath::{Engine, Mode};
+use blockwire_target::datapath::Mode;
 use blockwire_target::iscsi::catalog::DataPathPolicy;
-use blockwire_target::iscsi::connection::fuzzing::{Harness, Phase, Wire, TARGET};
+use blockwire_target::iscsi::connection::fuzzing::{DataPaths, Harness, Phase, Wire, TARGET};
 use blockwire_target::iscsi::FabricSettings;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
@@ -82,12 +82,7 @@ impl Settings {
     /// file with synchronized engine READs; both with double-buffered
     /// WRITEs, whose tasks take each Data-Out as it arrives (and must end
     /// cleanly on a sequence error, an abort or the connection's end).
-    fn lun0(
-        &self,
-    ) -> (
-        Arc<dyn Backstore>,
-        Option<(DataPathPolicy, Arc<dyn Engine>)>,
-    ) {
+    fn lun0(&self) -> (Arc<dyn Backstore>, DataPaths) {
         let direct = match self.storage % 4 {
             0 | 1 => return (Arc::new(RamBackstore::new(LUN_BYTES)), None),
             2 => false,

@@ -53,9 +53,7 @@ use blockwire_pdu::scsi::{
     Asc, Cdb, CdbSize, ModePage, ModeParameters, PageControl, Rw, Sense, SenseKey, UnmapDescriptor,
     UnmapList, Vpd, VpdPage,
 };
-use blockwire_target::backstore::{
-    Backstore, FileBackstore, FileMode, RamBackstore, StripedBackstore,
-};
+use blockwire_target::backstore::{Backstore, FileBackstore, RamBackstore, StripedBackstore};
 use blockwire_target::datapath::{Engine, ReadCommand, ReadConfig, SendOrder};
 use blockwire_target::scsi::read_plan::{PlannedRead, ReadPlan};
 use blockwire_target::scsi::write_plan::WritePlan;
@@ -301,11 +299,7 @@ impl Rig {
         match self.kind {
             StoreKind::Ram => Arc::new(RamBackstore::new(size.expect("a RAM store is made once"))),
             StoreKind::File { direct, .. } => {
-                let mode = if direct {
-                    FileMode::Direct
-                } else {
-                    FileMode::Cached
-                };
+                let mode = lun_files::file_mode(direct);
                 let f = FileBackstore::open_with(&self.paths[0], size, false, mode)
                     .expect("file store");
                 match &self.journal {
@@ -321,11 +315,7 @@ impl Rig {
                 }
             }
             StoreKind::Striped { direct, .. } => {
-                let mode = if direct {
-                    FileMode::Direct
-                } else {
-                    FileMode::Cached
-                };
+                let mode = lun_files::file_mode(direct);
                 Arc::new(
                     StripedBackstore::open(&self.paths, self.stripe, size, false, mode)
                         .expect("striped store"),

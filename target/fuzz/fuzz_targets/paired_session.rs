@@ -9,8 +9,8 @@
 //! MaxBurstLength and MaxOutstandingR2T, Data-Out and Data-In segments cut
 //! to each side's MaxRecvDataSegmentLength, Data-Out and Data-In in or out
 //! of order, header and data digests), READs whose Expected Data Transfer
-//! Length differs from the CDB's. LUN 0 is RAM, or a file (through the page cache
-//! or O_DIRECT) served by the data paths the fuzzer turns on, as a
+//! Length differs from the CDB's. LUN 0 is RAM, or a file (through the page
+//! cache or O_DIRECT) served by the data paths the fuzzer turns on, as a
 //! daemon's `[[target.lun]]` would: READ payloads by sendfile, READs
 //! through the I/O engine (synchronized or serial, in chunks of 4, 8 or 64
 //! KiB) and double-buffered WRITEs, where each payload is copied into a
@@ -40,9 +40,9 @@ use blockwire_pdu::keys::{encode_text, parse_text, Digest};
 use blockwire_pdu::pdu::{DataOut, LoginRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 use blockwire_target::backstore::{Backstore, RamBackstore};
-use blockwire_target::datapath::{Engine as IoEngine, Mode};
+use blockwire_target::datapath::Mode;
 use blockwire_target::iscsi::catalog::DataPathPolicy;
-use blockwire_target::iscsi::connection::fuzzing::{Harness, Phase, Wire, TARGET};
+use blockwire_target::iscsi::connection::fuzzing::{DataPaths, Harness, Phase, Wire, TARGET};
 use blockwire_target::iscsi::FabricSettings;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
@@ -511,9 +511,6 @@ fn blocks_of(io: &Io) -> std::ops::Range<u64> {
     lba..lba + blocks.min(lun_blocks - lba)
 }
 
-/// The data paths of LUN 0 and the engine they run on (None: the core's).
-type DataPaths = Option<(DataPathPolicy, Arc<dyn IoEngine>)>;
-
 /// LUN 0 as `storage` asks: a zeroed store of [`LUN_BYTES`] and the data
 /// paths to start on it.
 fn lun0(storage: &Storage) -> (Arc<dyn Backstore>, DataPaths) {
@@ -591,6 +588,11 @@ fuzz_target!(|input: Input| {
     let (store, paths) = lun0(&input.storage);
     let mut h = Harness::serving(settings, store, paths);
     let (engine, digests) = login(&mut h, &input.keys);
+    let data_out_order = if h.params().expect("negotiated").data_pdu_in_order {
+        0
+    } else {
+        input.data_out_order
+    };
     let mut pair = Pair {
         h,
         engine,
@@ -601,11 +603,8 @@ fuzz_target!(|input: Input| {
         next: 0,
         model: vec![0; LUN_BYTES],
         ready: false,
-        data_out_order: 0,
+        data_out_order,
     };
-    if !pair.h.params().expect("negotiated").data_pdu_in_order {
-        pair.data_out_order = input.data_out_order;
-    }
     pair.clear_unit_attention();
     for batch in input.batches.iter().take(8) {
         // Commands of one batch are in flight together: their ranges never

@@ -37,6 +37,10 @@ use crate::iscsi::session::Session;
 use crate::iscsi::{Fabric, FabricSettings};
 use crate::scsi::{LogicalUnit, LuConfig};
 
+/// The data paths to start on LUN 0 and the I/O engine they run on (None:
+/// the SCSI core's copy path only).
+pub type DataPaths = Option<(DataPathPolicy, Arc<dyn Engine>)>;
+
 /// The one target the harness serves (LUN 0, open to anyone).
 pub const TARGET: &str = "iqn.2026-11.io.blockwire:fuzz";
 
@@ -143,7 +147,7 @@ impl Harness {
     pub fn serving(
         settings: FabricSettings,
         store: Arc<dyn Backstore>,
-        paths: Option<(DataPathPolicy, Arc<dyn Engine>)>,
+        paths: DataPaths,
     ) -> Harness {
         let lu = Arc::new(LogicalUnit::new(LuConfig::new(store)));
         let mut catalog = Catalog::one_target(TARGET, local(), Acl::Any, lu);
