@@ -5,9 +5,11 @@
 # open-iscsi, tshark, ...). Starts its own servers on free 127.0.0.1 ports
 # and stops them by PID.
 #   FUZZ_RUNS=N   executions per fuzz target in the fuzz smoke (default 200000; 0 skips)
-#   FUZZ_SECS=S   at most S seconds of fuzzing per target (default 240), so that the slowest
-#                 target (connection_sequence drives a whole connection per input) keeps the run
-#                 inside CI's time; libFuzzer's last line says how many executions were done
+#   FUZZ_SECS=S   at most S seconds of fuzzing per target (default 120), so that the slow
+#                 stateful targets (each input drives whole connections, some over LUN files)
+#                 keep the run inside CI's 75 minutes with room to spare on a slow machine;
+#                 libFuzzer's last line says how many executions were done. Long runs are for
+#                 a developer's machine: cargo fuzz run <target> in the crate's fuzz directory
 #   BLOCKWIRE_ALLOW_NO_IO_URING=1   only on a machine whose kernel lacks io_uring: the
 #                 io_uring tests then accept the thread-pool engine (CI never sets it;
 #                 without it a missing io_uring fails them)
@@ -60,7 +62,7 @@ done
 
 runs="${FUZZ_RUNS:-200000}"
 if [ "$runs" != 0 ]; then
-  secs="${FUZZ_SECS:-240}"
+  secs="${FUZZ_SECS:-120}"
   step "fuzz smoke: $runs executions or $secs s per target, whichever comes first"
   if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
