@@ -2,7 +2,8 @@
 //! the soft RDMA provider in this process: login with RDMAExtensions=Yes, READ data placed
 //! by the target's RDMA Writes and WRITE data taken by its RDMA Reads for every
 //! registration strategy that gives one region per buffer, the message count of a 1 MiB
-//! READ, a released buffer's STag refused, logout and a new login finding the data.
+//! READ, a released buffer's STag refused, logout and a new login finding the data, the
+//! portal closing when the target shuts down.
 
 mod support;
 
@@ -175,4 +176,22 @@ async fn a_portal_that_is_not_iser_is_named_in_the_error() {
     .expect("no iSER portal there");
     assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
     drop(t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_shutting_down_takes_no_new_iser_connection() {
+    let (t, portal) = start().await;
+    let s = connect(portal, "before-shutdown", RegConfig::Dynamic).await;
+    s.logout().await.unwrap();
+    t.stop.send(true).unwrap();
+    // The listener closes once the shutdown reaches it: the soft provider's TCP
+    // connection to the portal is then refused.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(portal).await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the iSER portal {portal} still accepts 10 s after shutdown"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -18,7 +18,8 @@
 //! the connection (a forged offset never reaches memory the command does not own).
 //!
 //! One file, a little over the usual size: the login, the receive loop and the send-side
-//! conversions all work on the one message format and the per-command buffer table.
+//! conversions all work on the one message format; the per-command buffer table they share
+//! is [`buffers`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use blockwire_pdu::iser::{IserHeader, RemoteBuffer, ISER_HEADER_LEN};
+use blockwire_pdu::iser::{IserHeader, ISER_HEADER_LEN};
 use blockwire_pdu::pdu::codes::ServiceResponse;
 use blockwire_pdu::pdu::{DataOut, ScsiResponse};
 use blockwire_pdu::{Bhs, Digests, Pdu};
@@ -44,6 +45,10 @@ use super::io::{advances_stat_sn, stamp};
 use super::launch::Launcher;
 use super::machine::{ConnMachine, LoginAction, LoginPhase, Shared};
 use super::Fabric;
+
+mod buffers;
+
+use buffers::{Advertised, CommandBuffers};
 
 /// What the target can receive in one message's data segment (TargetRecvDataSegmentLength).
 pub const TARGET_RECV_DATA_SEGMENT_LENGTH: u32 = 8192;
@@ -70,9 +75,18 @@ pub async fn start(
     let pd = provider.alloc_pd().map_err(io)?;
     let pool = Arc::new(BufferPool::new(&pd, &PoolConfig::default()).map_err(io)?);
     info!(portal = %bound, backend = backend.name(), "iSER portal listening");
+    // A target shutting down takes no new connections; the listener closes with this task.
+    let mut shutdown = fabric.shutdown.clone();
     tokio::spawn(async move {
         loop {
-            let req = match listener.accept().await {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = turns_true(&mut shutdown) => {
+                    info!(portal = %bound, "iSER portal closed: the target is shutting down");
+                    return;
+                }
+            };
+            let req = match accepted {
                 Ok(r) => r,
                 Err(e) => {
                     warn!(error = %e, "iSER listener failed");
@@ -245,23 +259,9 @@ impl Wire {
     }
 }
 
-/// A buffer the initiator advertised for one command, and how far it reaches (the command's
-/// Expected Data Transfer Length).
-#[derive(Debug, Clone, Copy)]
-struct Advertised {
-    buf: RemoteBuffer,
-    len: u64,
-    /// Writes: the BufferOffset the advertised buffer starts at (the first R2T's).
-    solicited_from: Option<u64>,
-}
-
-/// The buffers of the commands in flight, by ITT: (write, read).
-///
-/// The write buffer's base offset points at the first byte the initiator did not send
-/// unsolicited (Linux's initiator advertises its buffer's address plus the unsolicited
-/// length), so solicited data at BufferOffset B is read from the base plus B minus the
-/// offset of the command's first R2T, which is where the unsolicited data ended.
-type Buffers = Arc<Mutex<HashMap<u32, (Option<Advertised>, Option<Advertised>)>>>;
+/// The buffer table of one connection, shared by its receive loop (which records what each
+/// command advertises) and its send loop (which moves data to and from those buffers).
+type Buffers = Arc<Mutex<CommandBuffers>>;
 
 /// Receives: one registered region cut into [`RECVS`] buffers.
 struct Receives {
@@ -421,7 +421,7 @@ async fn run(
     );
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let (data_tx, mut data_rx) = mpsc::unbounded_channel::<Pdu>();
-    let buffers: Buffers = Arc::default();
+    let buffers: Buffers = Arc::new(Mutex::new(CommandBuffers::new(fabric.settings.queue_depth)));
     let writer = tokio::spawn(write_loop(
         wire.clone(),
         rx,
@@ -462,8 +462,7 @@ async fn run(
                         debug!(opcode = ?pdu.bhs.opcode(), ?header, data = pdu.data.len(), "iSER receive");
                         if let (IserHeader::Control { write, read }, Bhs::ScsiCommand(c)) = (header, &pdu.bhs) {
                             let len = u64::from(c.expected_data_transfer_length);
-                            let adv = |b: Option<RemoteBuffer>| b.map(|buf| Advertised { buf, len, solicited_from: None });
-                            buffers.lock().unwrap().insert(c.itt, (adv(write), adv(read)));
+                            buffers.lock().unwrap().advertise(c.itt, len, write, read, |itt| session.tasks.contains(itt));
                         }
                         actions = machine.on_pdu(pdu, std::time::Instant::now());
                     }
@@ -531,7 +530,7 @@ async fn write_loop(
         };
         let result = match bhs {
             Bhs::DataIn(d) => {
-                let read = buffers.lock().unwrap().get(&d.itt).and_then(|b| b.1);
+                let read = buffers.lock().unwrap().read(d.itt);
                 let written = match (read, data.is_empty()) {
                     (_, true) => Ok(()),
                     (Some(r), false) => wire
@@ -547,7 +546,7 @@ async fn write_loop(
                     (Err(e), _) => Err(e),
                     (Ok(()), None) => Ok(()),
                     (Ok(()), Some(status)) => {
-                        buffers.lock().unwrap().remove(&d.itt);
+                        buffers.lock().unwrap().answered(d.itt);
                         let mut resp = Bhs::ScsiResponse(ScsiResponse {
                             bidi_read_overflow: false,
                             bidi_read_underflow: false,
@@ -569,13 +568,7 @@ async fn write_loop(
                 }
             }
             Bhs::R2t(r) => {
-                let write = buffers.lock().unwrap().get_mut(&r.itt).and_then(|b| {
-                    let w = b.0.as_mut()?;
-                    if w.solicited_from.is_none() {
-                        w.solicited_from = Some(u64::from(r.buffer_offset));
-                    }
-                    Some(*w)
-                });
+                let write = buffers.lock().unwrap().solicit(r.itt, r.buffer_offset);
                 match write {
                     None => Err(format!("R2T for ITT {:#x} without a write STag", r.itt)),
                     Some(w) => {
@@ -628,7 +621,7 @@ async fn write_loop(
             }
             mut other => {
                 if let Bhs::ScsiResponse(s) = other {
-                    buffers.lock().unwrap().remove(&s.itt);
+                    buffers.lock().unwrap().answered(s.itt);
                 }
                 send_stamped(&wire, &shared, &mut stat_sn, &mut other, data).await
             }
