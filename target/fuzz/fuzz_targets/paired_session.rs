@@ -27,10 +27,11 @@
 #![no_main]
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 #[path = "../common/lun_files.rs"]
 mod lun_files;
+#[path = "../common/storage.rs"]
+mod storage;
 
 use blockwire_initiator::engine::{
     data_out_sequence, DataOutPdu, Engine, Event, Limits, Placement, TaskResult,
@@ -39,10 +40,7 @@ use blockwire_initiator::rw16;
 use blockwire_pdu::keys::{encode_text, parse_text, Digest};
 use blockwire_pdu::pdu::{DataOut, LoginRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
-use blockwire_target::backstore::{Backstore, RamBackstore};
-use blockwire_target::datapath::Mode;
-use blockwire_target::iscsi::catalog::DataPathPolicy;
-use blockwire_target::iscsi::connection::fuzzing::{DataPaths, Harness, Phase, Wire, TARGET};
+use blockwire_target::iscsi::connection::fuzzing::{Harness, Phase, Wire, TARGET};
 use blockwire_target::iscsi::FabricSettings;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
@@ -55,7 +53,7 @@ const SCRATCH_PREFIX: &str = "blockwire-fuzz-paired-";
 
 #[derive(Arbitrary, Debug)]
 struct Input {
-    storage: Storage,
+    storage: storage::Storage,
     keys: Keys,
     target_mrdsl: u8,
     data_pdu_in_order: bool,
@@ -64,30 +62,6 @@ struct Input {
     data_out_order: u64,
     queue_depth: u8,
     batches: Vec<Vec<Io>>,
-}
-
-/// LUN 0's storage and data paths.
-#[derive(Arbitrary, Debug)]
-enum Storage {
-    Ram,
-    File {
-        /// O_DIRECT: the engine paths then take 4 KiB-aligned commands only.
-        direct: bool,
-        sendfile: bool,
-        /// None, synchronized or serial engine READs.
-        engine_reads: u8,
-        double_buffered_writes: bool,
-        chunk: u8,
-    },
-    /// RAID0 over 2 to 4 files, read by the engine one stream per member
-    /// (the only data path a striped LUN has).
-    Striped {
-        members: u8,
-        stripe: u8,
-        direct: bool,
-        engine_reads: u8,
-        chunk: u8,
-    },
 }
 
 /// The operational keys the initiator offers (RFC 7143 §13).
@@ -511,71 +485,6 @@ fn blocks_of(io: &Io) -> std::ops::Range<u64> {
     lba..lba + blocks.min(lun_blocks - lba)
 }
 
-/// LUN 0 as `storage` asks: a zeroed store of [`LUN_BYTES`] and the data
-/// paths to start on it.
-fn lun0(storage: &Storage) -> (Arc<dyn Backstore>, DataPaths) {
-    let engine_reads =
-        |n: u8| [None, Some(Mode::Synchronized), Some(Mode::Serial)][usize::from(n % 3)];
-    let chunk = |n: u8| [4 << 10, 8 << 10, 64 << 10][usize::from(n % 3)];
-    // New files each time: zeros, as the model starts.
-    let (store, policy): (Arc<dyn Backstore>, _) = match *storage {
-        Storage::Ram => return (Arc::new(RamBackstore::new(LUN_BYTES as u64)), None),
-        Storage::File {
-            direct,
-            sendfile,
-            engine_reads: reads,
-            double_buffered_writes,
-            chunk: c,
-        } => (
-            Arc::new(lun_files::zeroed_file_lun(
-                SCRATCH_PREFIX,
-                "lun0.img",
-                direct,
-                LUN_BYTES as u64,
-            )),
-            DataPathPolicy {
-                engine_reads: engine_reads(reads),
-                sendfile,
-                double_buffered_writes,
-                chunk: chunk(c),
-            },
-        ),
-        Storage::Striped {
-            members,
-            stripe,
-            direct,
-            engine_reads: reads,
-            chunk: c,
-        } => {
-            // O_DIRECT stripes are whole 4 KiB units.
-            let stripes: &[u64] = if direct {
-                &[4096, 8192, 65536]
-            } else {
-                &[512, 4096, 8192, 65536]
-            };
-            let stripe = stripes[usize::from(stripe) % stripes.len()];
-            let members = 2 + usize::from(members % 3);
-            (
-                Arc::new(lun_files::zeroed_striped_lun(
-                    SCRATCH_PREFIX,
-                    "lun0",
-                    members,
-                    stripe,
-                    direct,
-                    LUN_BYTES as u64,
-                )),
-                DataPathPolicy {
-                    engine_reads: engine_reads(reads),
-                    sendfile: false,
-                    double_buffered_writes: false,
-                    chunk: chunk(c),
-                },
-            )
-        }
-    };
-    (store, Some((policy, lun_files::io_engine().clone())))
-}
-
 fuzz_target!(|input: Input| {
     let settings = FabricSettings {
         queue_depth: u32::from(input.queue_depth % 16) + 1,
@@ -585,7 +494,7 @@ fuzz_target!(|input: Input| {
         zero_copy_send: false,
         ..FabricSettings::default()
     };
-    let (store, paths) = lun0(&input.storage);
+    let (store, paths) = storage::lun0(&input.storage, SCRATCH_PREFIX, LUN_BYTES as u64);
     let mut h = Harness::serving(settings, store, paths);
     let (engine, digests) = login(&mut h, &input.keys);
     let data_out_order = if h.params().expect("negotiated").data_pdu_in_order {

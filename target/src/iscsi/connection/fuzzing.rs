@@ -127,6 +127,33 @@ pub struct Harness {
     out_digests: Digests,
 }
 
+/// A new fabric with `settings`, serving [`TARGET`] (open to any
+/// initiator) with `store` as LUN 0 and, with `paths`, the data paths a
+/// daemon starts for such a LUN on the engine `paths` names; `shutdown`
+/// turning true shuts it down, as SIGTERM does a daemon's.
+///
+/// # Panics
+/// When a data path does not start: the fuzz target asked for one the
+/// store cannot carry.
+pub fn fabric_serving(
+    settings: FabricSettings,
+    store: Arc<dyn Backstore>,
+    paths: DataPaths,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Arc<Fabric> {
+    let lu = Arc::new(LogicalUnit::new(LuConfig::new(store)));
+    let mut catalog = Catalog::one_target(TARGET, local(), Acl::Any, lu);
+    if let (Some((policy, _)), Some(t)) = (&paths, catalog.targets.first_mut()) {
+        Arc::get_mut(t).expect("a target of our own").data_paths = vec![(0, *policy)];
+    }
+    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+    if let Some((_, engine)) = paths {
+        fabric.sync_reads.set_engine(engine, "fuzzing".into());
+        fabric.start_data_paths().expect("LUN 0's data paths");
+    }
+    fabric
+}
+
 impl Harness {
     /// A connection to a new fabric with `settings`, serving [`TARGET`]
     /// with one RAM LUN of `lun_bytes`.
@@ -149,18 +176,9 @@ impl Harness {
         store: Arc<dyn Backstore>,
         paths: DataPaths,
     ) -> Harness {
-        let lu = Arc::new(LogicalUnit::new(LuConfig::new(store)));
-        let mut catalog = Catalog::one_target(TARGET, local(), Acl::Any, lu);
-        if let (Some((policy, _)), Some(t)) = (&paths, catalog.targets.first_mut()) {
-            Arc::get_mut(t).expect("a target of our own").data_paths = vec![(0, *policy)];
-        }
         // Shutdown comes through `Harness::shutdown`, never the watch.
         let (_, shutdown) = tokio::sync::watch::channel(false);
-        let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
-        if let Some((_, engine)) = paths {
-            fabric.sync_reads.set_engine(engine, "fuzzing".into());
-            fabric.start_data_paths().expect("LUN 0's data paths");
-        }
+        let fabric = fabric_serving(settings, store, paths, shutdown);
         let (client, server) = tokio::io::duplex(PIPE);
         let (rd, wr) = tokio::io::split(server);
         let login = LoginPhase::new(
