@@ -1,7 +1,8 @@
 //! RDMA-assisted iSCSI end to end: blockwire's initiator (AssistedSession) against an
 //! in-process blockwire target with the soft RDMA provider. Integrity for every
 //! registration strategy and for scatter-gather buffers; forged, out-of-range and
-//! replayed descriptors are refused and change nothing; the fallback matrix.
+//! replayed descriptors are refused and change nothing; the fallback matrix; the offload
+//! listener closing when the target shuts down.
 
 mod support;
 
@@ -551,5 +552,25 @@ async fn offloaded_reads_a_peer_does_not_take_stay_within_the_read_budget() {
     });
     if ended.await.is_err() {
         panic!("READs still wait 60 s after the RDMA connection went");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_shutting_down_takes_no_new_rdma_connection() {
+    let t = start(true).await;
+    let endpoint = t.fabric.rdma.get().expect("the RDMA service").endpoint();
+    let s = assisted(&t, "before-shutdown", RdmaConfig::default()).await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    s.logout().await.unwrap();
+    t.stop.send(true).unwrap();
+    // The offload listener closes once the shutdown reaches it: the soft provider's
+    // TCP connection to the endpoint is then refused.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(endpoint).await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the RDMA endpoint {endpoint} still accepts 10 s after shutdown"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }

@@ -241,7 +241,8 @@ impl Fabric {
         if let Some(s) = self.rdma.get() {
             return Ok(s.endpoint());
         }
-        let svc = rdma::RdmaService::start_on(listen, backend, device).await?;
+        let svc =
+            rdma::RdmaService::start_on(listen, backend, device, self.shutdown.clone()).await?;
         let addr = svc.endpoint();
         let _ = self.rdma.set(svc);
         Ok(addr)

@@ -106,17 +106,14 @@ impl Drop for Binding {
 pub struct TransferError(pub String);
 
 impl RdmaService {
-    /// Starts the soft-provider listener on `listen` (port 0: any).
-    pub async fn start(listen: SocketAddr) -> std::io::Result<Arc<RdmaService>> {
-        Self::start_on(listen, Backend::Soft, None).await
-    }
-
     /// Starts the listener of `backend` on `listen` (port 0: any); verbs opens `device`
-    /// (default: the first one) and must listen on an address of that device.
+    /// (default: the first one) and must listen on an address of that device. It stops
+    /// accepting when `shutdown` turns true, as the target's portals do.
     pub async fn start_on(
         listen: SocketAddr,
         backend: Backend,
         device: Option<&str>,
+        mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<Arc<RdmaService>> {
         let io = |e: blockwire_transport::rdma::RdmaError| std::io::Error::other(e.to_string());
         let provider = AnyProvider::open(backend, device).map_err(io)?;
@@ -135,7 +132,14 @@ impl RdmaService {
         let weak = Arc::downgrade(&svc);
         tokio::spawn(async move {
             loop {
-                let req = match listener.accept().await {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = super::connection::turns_true(&mut shutdown) => {
+                        info!(%endpoint, "RDMA offload listener closed: the target is shutting down");
+                        return;
+                    }
+                };
+                let req = match accepted {
                     Ok(r) => r,
                     Err(e) => {
                         warn!(error = %e, "RDMA listener failed");
