@@ -186,12 +186,5 @@ async fn a_target_shutting_down_takes_no_new_iser_connection() {
     t.stop.send(true).unwrap();
     // The listener closes once the shutdown reaches it: the soft provider's TCP
     // connection to the portal is then refused.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(portal).await.is_ok() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the iSER portal {portal} still accepts 10 s after shutdown"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    support::wait_until_refused(portal, "the iSER portal").await;
 }

@@ -28,6 +28,8 @@
 
 use std::collections::HashMap;
 
+#[path = "../common/commands.rs"]
+mod commands;
 #[path = "../common/lun_files.rs"]
 mod lun_files;
 #[path = "../common/storage.rs"]
@@ -45,8 +47,8 @@ use blockwire_target::iscsi::FabricSettings;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 
-const BLOCK: usize = 512;
-const LUN_BYTES: usize = 1 << 20;
+use commands::{blocks_of, edtl, pattern, Io, BLOCK, LUN_BYTES};
+
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:paired";
 const GOOD: u8 = 0;
 const SCRATCH_PREFIX: &str = "blockwire-fuzz-paired-";
@@ -75,19 +77,6 @@ struct Keys {
     max_outstanding_r2t: u8,
     header_digest: u8,
     data_digest: u8,
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-struct Io {
-    write: bool,
-    lba: u16,
-    blocks: u16,
-    seed: u8,
-    /// For a READ: an Expected Data Transfer Length other than the CDB's
-    /// (0: the same; odd: shorter by this many bytes; even: longer).
-    edtl_off: u16,
-    /// Whole 4 KiB units, as O_DIRECT engine paths take them.
-    aligned: bool,
 }
 
 /// Digest offers (RFC 7143 §13.1): the target picks the first it takes.
@@ -146,12 +135,6 @@ struct Pair {
     /// DataPDUInOrder=No was negotiated and Data-Out PDUs go shuffled by
     /// this generator's state (xorshift; 0: in offset order).
     data_out_order: u64,
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (usize::from(seed) * 131 + i * 7 + i / 509) as u8)
-        .collect()
 }
 
 /// A Login Request of the leading connection of a new session.
@@ -466,25 +449,6 @@ impl Pair {
     }
 }
 
-/// The Expected Data Transfer Length of `io` whose CDB moves `len` bytes.
-fn edtl(io: &Io, len: usize) -> usize {
-    let off = usize::from(io.edtl_off % 1024);
-    match off {
-        0 => len,
-        _ if off % 2 == 1 => len - off.min(len - 1),
-        _ => len + off,
-    }
-}
-
-/// The block range of `io` as [`Pair::start`] will clamp it.
-fn blocks_of(io: &Io) -> std::ops::Range<u64> {
-    let lun_blocks = (LUN_BYTES / BLOCK) as u64;
-    let unit = if io.aligned { 4096 / BLOCK as u64 } else { 1 };
-    let lba = u64::from(io.lba) % lun_blocks / unit * unit;
-    let blocks = (1 + u64::from(io.blocks) % 600).div_ceil(unit) * unit;
-    lba..lba + blocks.min(lun_blocks - lba)
-}
-
 fuzz_target!(|input: Input| {
     let settings = FabricSettings {
         queue_depth: u32::from(input.queue_depth % 16) + 1,
@@ -516,19 +480,11 @@ fuzz_target!(|input: Input| {
     };
     pair.clear_unit_attention();
     for batch in input.batches.iter().take(8) {
-        // Commands of one batch are in flight together: their ranges never
-        // overlap, so the order the target runs them in cannot matter.
-        let mut taken: Vec<std::ops::Range<u64>> = Vec::new();
-        for io in batch.iter().take(8) {
-            let r = blocks_of(io);
-            if taken.iter().any(|t| t.start < r.end && r.start < t.end) {
-                continue;
-            }
-            taken.push(r);
+        for io in commands::disjoint(batch) {
             while !pair.engine.window_open() {
                 assert!(pair.pump(), "the CmdSN window stays closed");
             }
-            pair.start(*io);
+            pair.start(io);
             pair.pump();
         }
         pair.settle();

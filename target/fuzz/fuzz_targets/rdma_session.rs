@@ -36,6 +36,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+#[path = "../common/commands.rs"]
+mod commands;
 #[path = "../common/lun_files.rs"]
 mod lun_files;
 #[path = "../common/storage.rs"]
@@ -53,10 +55,10 @@ use blockwire_target::iscsi::{iser, Fabric, FabricSettings};
 use blockwire_transport::rdma::any::Backend;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
+
+use commands::{blocks_of, edtl, pattern, Io, BLOCK, LUN_BYTES};
 use tokio::runtime::Runtime;
 
-const BLOCK: usize = 512;
-const LUN_BYTES: usize = 1 << 20;
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:rdma-paired";
 const SCRATCH_PREFIX: &str = "blockwire-fuzz-rdma-";
 /// How long one batch, a login or a logout may take before it counts as a
@@ -89,21 +91,6 @@ enum Transport {
     },
 }
 
-#[derive(Arbitrary, Debug, Clone, Copy)]
-struct Io {
-    write: bool,
-    lba: u16,
-    blocks: u16,
-    seed: u8,
-    /// For a READ: an Expected Data Transfer Length other than the CDB's
-    /// (0: the same; odd: shorter by this many bytes; even: longer).
-    edtl_off: u16,
-    /// Whole 4 KiB units, as O_DIRECT engine paths take them.
-    aligned: bool,
-    /// RDMA-assisted: where the buffer is cut in two (0: one piece).
-    split: u16,
-}
-
 /// Burst sizes on and between the target's staging buffer classes.
 const BURSTS: [u32; 5] = [4096, 8192, 65_536, 262_144, 1 << 20];
 
@@ -116,34 +103,6 @@ fn runtime() -> &'static Runtime {
             .build()
             .expect("a tokio runtime")
     })
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (usize::from(seed) * 131 + i * 7 + i / 509) as u8)
-        .collect()
-}
-
-/// The block range of `io`, clamped to the LUN.
-fn blocks_of(io: &Io) -> std::ops::Range<u64> {
-    let lun_blocks = (LUN_BYTES / BLOCK) as u64;
-    let unit = if io.aligned { 4096 / BLOCK as u64 } else { 1 };
-    let lba = u64::from(io.lba) % lun_blocks / unit * unit;
-    let blocks = (1 + u64::from(io.blocks) % 600).div_ceil(unit) * unit;
-    lba..lba + blocks.min(lun_blocks - lba)
-}
-
-/// The Expected Data Transfer Length of `io` whose CDB moves `len` bytes.
-fn edtl(io: &Io, len: usize) -> usize {
-    if io.write {
-        return len;
-    }
-    let off = usize::from(io.edtl_off % 1024);
-    match off {
-        0 => len,
-        _ if off % 2 == 1 => len - off.min(len - 1),
-        _ => len + off,
-    }
 }
 
 fn registration(n: u8, iser: bool) -> RegConfig {
@@ -338,23 +297,18 @@ async fn session(input: &Input) {
     let mut model = Arc::new(vec![0u8; LUN_BYTES]);
     let (mut wrote, mut offloadable) = (0u64, 0u64);
     for batch in input.batches.iter().take(8) {
-        let mut taken: Vec<std::ops::Range<u64>> = Vec::new();
         let mut tasks = tokio::task::JoinSet::new();
-        for io in batch.iter().take(8) {
-            let r = blocks_of(io);
-            if taken.iter().any(|t| t.start < r.end && r.start < t.end) {
-                continue;
-            }
+        for io in commands::disjoint(batch) {
             // What the initiator sends by RDMA: every READ, and WRITEs above
             // the inline threshold.
+            let r = blocks_of(&io);
             let bytes = (r.end - r.start) as usize * BLOCK;
-            taken.push(r);
             if offloads(&input.transport)
                 && (!io.write || bytes > inline_threshold(&input.transport))
             {
                 offloadable += 1;
             }
-            tasks.spawn(run(client.clone(), *io, model.clone()));
+            tasks.spawn(run(client.clone(), io, model.clone()));
         }
         let stored = tokio::time::timeout(LIMIT, tasks.join_all())
             .await

@@ -655,3 +655,16 @@ pub async fn read_all(
 pub fn checksum(b: &[u8]) -> u32 {
     crc32c::crc32c(b)
 }
+
+/// Waits until connecting to `addr` is refused (a listener closed), failing
+/// after 10 s with `what` named.
+pub async fn wait_until_refused(addr: std::net::SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} {addr} still accepts 10 s after shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
