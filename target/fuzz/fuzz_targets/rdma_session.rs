@@ -23,7 +23,8 @@
 //! Checked: the session logs in (and RDMA-assisted sessions bind, unless
 //! DataDigest=CRC32C keeps their data on TCP); every
 //! command completes GOOD with the residual RFC 7143 §11.4.5 gives and the
-//! bytes a model of the LUN holds (commands of one batch never overlap);
+//! bytes a model of the LUN holds (commands of one batch never overlap),
+//! and a READ buffer longer than the data keeps its zeros past them;
 //! nothing stalls; the data went by RDMA (iSER: the target's RDMA byte
 //! count covers what was written; RDMA-assisted: every command that could
 //! be offloaded was, and no transfer failed over to TCP); after logout and
@@ -204,6 +205,15 @@ async fn run(c: Arc<Client>, io: Io, model: Arc<Vec<u8>>) -> Option<(usize, Vec<
         let mut piece = vec![0u8; b.len()];
         b.read_at(0, &mut piece).expect("the read data");
         got.extend_from_slice(&piece);
+    }
+    // A buffer longer than the data (underflow) keeps its zeros past them:
+    // the target places nothing beyond what it reports.
+    if let Some(i) = got[moved..].iter().position(|&b| b != 0) {
+        panic!(
+            "{io:?} (cut at {cut}): byte {} of the {expected}-byte buffer was written, \
+             past the {moved} bytes of data",
+            moved + i
+        );
     }
     let got = &got[..moved];
     if got[..] != model[at..at + moved] {
