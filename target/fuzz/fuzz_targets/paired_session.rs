@@ -375,7 +375,7 @@ impl Pair {
         let len = usize::from(io.blocks) * BLOCK;
         // Residuals (RFC 7143 §11.4.5): overflow when the CDB wanted more
         // than the Expected Data Transfer Length, underflow when less.
-        let expected = if io.write { len } else { edtl(&io, len) };
+        let expected = edtl(&io, len);
         let residuals = match expected.cmp(&len) {
             std::cmp::Ordering::Equal => (None, None),
             std::cmp::Ordering::Less => (None, Some((len - expected) as u32)),

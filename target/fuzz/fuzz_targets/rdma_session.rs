@@ -150,6 +150,14 @@ impl Client {
         };
         r.unwrap_or_else(|e| panic!("{cdb:02x?} failed: {e}"))
     }
+
+    async fn logout(self) {
+        let r = match self {
+            Client::Iser(s) => tokio::time::timeout(LIMIT, s.logout()).await,
+            Client::Assisted(s) => tokio::time::timeout(LIMIT, s.logout()).await,
+        };
+        r.expect("logout in time").expect("logout");
+    }
 }
 
 /// Runs `io` and checks its completion against `model` (the LUN before the
@@ -278,12 +286,10 @@ async fn connect(
             let s = AssistedSession::connect(config, rdma, &addr.to_string(), TARGET)
                 .await
                 .unwrap_or_else(|e| panic!("RDMA-assisted login: {e}"));
-            // Data digests cannot cover what RDMA places, so a session that
-            // negotiated DataDigest=CRC32C keeps its data on TCP.
-            let expected = if data_digest {
-                Mode::Plain
-            } else {
+            let expected = if offloads(&input.transport) {
                 Mode::Offloaded
+            } else {
+                Mode::Plain
             };
             assert_eq!(s.mode().await, expected, "the session's data path");
             (Client::Assisted(s), vec![addr, endpoint], Some(serving))
@@ -329,18 +335,15 @@ async fn session(input: &Input) {
             m[at..at + data.len()].copy_from_slice(&data);
         }
     }
-    match Arc::into_inner(client).expect("no command left holding the session") {
-        Client::Iser(s) => {
+    let client = Arc::into_inner(client).expect("no command left holding the session");
+    match &client {
+        Client::Iser(_) => {
             // Every byte went one-sided: the target's Sends carry no data.
             let moved = fabric.iser_counters.rdma_bytes.load(Ordering::Relaxed);
             assert!(
                 moved >= wrote,
                 "{wrote} bytes written but only {moved} moved by RDMA"
             );
-            tokio::time::timeout(LIMIT, s.logout())
-                .await
-                .expect("logout in time")
-                .expect("logout");
         }
         Client::Assisted(s) => {
             let st = s.stats();
@@ -353,12 +356,9 @@ async fn session(input: &Input) {
                 offloadable,
                 "commands offloaded: {st:?}"
             );
-            tokio::time::timeout(LIMIT, s.logout())
-                .await
-                .expect("logout in time")
-                .expect("logout");
         }
     }
+    client.logout().await;
     stop.send(true).expect("the fabric listens for shutdown");
     if let Some(serving) = serving {
         tokio::time::timeout(LIMIT, serving)
@@ -395,7 +395,8 @@ async fn session(input: &Input) {
 }
 
 /// Whether the data go by RDMA: always on iSER; on RDMA-assisted sessions
-/// unless DataDigest=CRC32C was negotiated.
+/// unless DataDigest=CRC32C was negotiated (a data digest cannot cover what
+/// RDMA places, so such a session keeps its data on TCP).
 fn offloads(t: &Transport) -> bool {
     !matches!(
         t,

@@ -75,24 +75,11 @@ pub async fn start(
     let pd = provider.alloc_pd().map_err(io)?;
     let pool = Arc::new(BufferPool::new(&pd, &PoolConfig::default()).map_err(io)?);
     info!(portal = %bound, backend = backend.name(), "iSER portal listening");
-    // A target shutting down takes no new connections; the listener closes with this task.
     let mut shutdown = fabric.shutdown.clone();
     tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = turns_true(&mut shutdown) => {
-                    info!(portal = %bound, "iSER portal closed: the target is shutting down");
-                    return;
-                }
-            };
-            let req = match accepted {
-                Ok(r) => r,
-                Err(e) => {
-                    warn!(error = %e, "iSER listener failed");
-                    return;
-                }
-            };
+        while let Some(req) =
+            super::rdma::next_request(&mut listener, &mut shutdown, "iSER portal").await
+        {
             let (fabric, provider, pd, pool) =
                 (fabric.clone(), provider.clone(), pd.clone(), pool.clone());
             tokio::spawn(async move {

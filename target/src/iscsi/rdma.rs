@@ -131,21 +131,9 @@ impl RdmaService {
         });
         let weak = Arc::downgrade(&svc);
         tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    a = listener.accept() => a,
-                    _ = super::connection::turns_true(&mut shutdown) => {
-                        info!(%endpoint, "RDMA offload listener closed: the target is shutting down");
-                        return;
-                    }
-                };
-                let req = match accepted {
-                    Ok(r) => r,
-                    Err(e) => {
-                        warn!(error = %e, "RDMA listener failed");
-                        return;
-                    }
-                };
+            while let Some(req) =
+                next_request(&mut listener, &mut shutdown, "RDMA offload listener").await
+            {
                 let Some(svc) = weak.upgrade() else { return };
                 tokio::spawn(async move { svc.bind(req).await });
             }
@@ -590,6 +578,30 @@ pub(super) async fn pump(cq: AnyCq, waiters: Weak<Mutex<HashMap<u64, oneshot::Se
         let tx = w.lock().unwrap().remove(&c.wr_id);
         if let Some(tx) = tx {
             let _ = tx.send(c.status);
+        }
+    }
+}
+
+/// The next connection request on an RDMA listener (`what` names it in the log), or None
+/// when it is to close: the target is shutting down and takes no new connections, or the
+/// listener failed.
+pub(super) async fn next_request<L: RdmaListener>(
+    listener: &mut L,
+    shutdown: &mut watch::Receiver<bool>,
+    what: &str,
+) -> Option<L::Request> {
+    let addr = listener.local_addr();
+    tokio::select! {
+        accepted = listener.accept() => match accepted {
+            Ok(req) => Some(req),
+            Err(e) => {
+                warn!(listener = what, %addr, error = %e, "RDMA listener failed");
+                None
+            }
+        },
+        _ = super::connection::turns_true(shutdown) => {
+            info!(listener = what, %addr, "closed: the target is shutting down");
+            None
         }
     }
 }
