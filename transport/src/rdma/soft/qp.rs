@@ -17,6 +17,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ struct Request {
 /// The responder's answer to one request; a READ answer holds its share of
 /// [`ANSWER_BYTES`] until written.
 struct Answer {
+    /// Its place in the order this side queues frames in ([`Shared::queue_order`]).
+    queued: u64,
     frame: Bytes,
     budget: Option<OwnedSemaphorePermit>,
 }
@@ -87,7 +90,10 @@ struct Shared {
     send_cq: SoftCq,
     recv_cq: SoftCq,
     caps: QpCaps,
-    out: mpsc::UnboundedSender<Bytes>,
+    out: mpsc::UnboundedSender<(u64, Bytes)>,
+    /// Numbers the frames this side queues, requests and answers alike: the writer sends
+    /// them in this order, as one wire would.
+    queued: AtomicU64,
     state: Mutex<State>,
     recv_posted: Notify,
 }
@@ -175,7 +181,12 @@ impl Shared {
 
     fn send_frame(&self, f: Bytes) {
         // A closed channel means the connection is gone; the reader flushes everything.
-        let _ = self.out.send(f);
+        let _ = self.out.send((self.queue_order(), f));
+    }
+
+    /// The next frame's place in the order of the wire.
+    fn queue_order(&self) -> u64 {
+        self.queued.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -342,6 +353,7 @@ fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -
         recv_cq: init.recv_cq,
         caps: init.caps,
         out: out_tx,
+        queued: AtomicU64::new(0),
         state: Mutex::new(State::default()),
         recv_posted: Notify::new(),
     });
@@ -358,17 +370,40 @@ fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -
     })
 }
 
-/// Writes this side's requests (bounded by the send queue) and the responder's answers.
+/// Writes this side's requests (bounded by the send queue) and the responder's answers,
+/// in the order they were queued: an acknowledgement queued before this side's software
+/// saw the SEND it acknowledges goes out before whatever that software posts in reply.
 async fn writer(
     mut wr: OwnedWriteHalf,
-    mut requests: mpsc::UnboundedReceiver<Bytes>,
+    mut requests: mpsc::UnboundedReceiver<(u64, Bytes)>,
     mut answers: mpsc::Receiver<Answer>,
 ) {
+    let (mut request, mut answer) = (None, None);
     loop {
-        let (frame, budget) = tokio::select! {
-            Some(f) = requests.recv() => (f, None),
-            Some(a) = answers.recv() => (a.frame, a.budget),
-            else => break,
+        if request.is_none() {
+            request = requests.try_recv().ok();
+        }
+        if answer.is_none() {
+            answer = answers.try_recv().ok();
+        }
+        let first_answer = match (&request, &answer) {
+            (Some((r, _)), Some(a)) => a.queued < *r,
+            (None, Some(_)) => true,
+            (Some(_), None) => false,
+            (None, None) => {
+                tokio::select! {
+                    Some(r) = requests.recv() => request = Some(r),
+                    Some(a) = answers.recv() => answer = Some(a),
+                    else => break,
+                }
+                continue;
+            }
+        };
+        let (frame, budget) = if first_answer {
+            let a = answer.take().expect("an answer waits");
+            (a.frame, a.budget)
+        } else {
+            (request.take().expect("a request waits").1, None)
         };
         if wr.write_all(&frame).await.is_err() {
             break;
@@ -469,18 +504,22 @@ async fn responder(
                 wire::frame(a, if status.is_ok() { &data } else { &[] })
             }
             Kind::Send => {
-                let Some(status) = deliver_send(&shared, &payload).await else {
+                // The acknowledgement is queued as the receive completes (see
+                // `deliver_send`), not after.
+                let Ok(ack) = answers.reserve().await else {
                     return;
                 };
-                let mut a = Header::new(Kind::Ack);
-                a.status = status;
-                wire::frame(a, &[])
+                if !deliver_send(&shared, &payload, ack).await {
+                    return;
+                }
+                continue;
             }
             _ => unreachable!("reader forwards requests only"),
         };
         // Served: the payload's bytes no longer wait.
         drop((payload, held));
         let answer = Answer {
+            queued: shared.queue_order(),
             frame: reply.freeze(),
             budget,
         };
@@ -490,15 +529,20 @@ async fn responder(
     }
 }
 
-/// Place an incoming SEND into the oldest posted receive, waiting for one. Returns the
-/// status for the sender, or None when the queue pair failed meanwhile.
-async fn deliver_send(shared: &Shared, payload: &[u8]) -> Option<WcStatus> {
+/// Place an incoming SEND into the oldest posted receive, waiting for one, and queue its
+/// acknowledgement through `ack` before the receive's completion becomes visible: an RC
+/// adapter acknowledges on placement, so whatever the software above posts in answer
+/// leaves after the acknowledgement. (Were the answer first, a peer that answers and then
+/// disconnects, as an iSER target does after a Logout Response, would leave the
+/// requester's SEND, which it did receive, flushed with an error.) False when the queue
+/// pair failed meanwhile.
+async fn deliver_send(shared: &Shared, payload: &[u8], ack: mpsc::Permit<'_, Answer>) -> bool {
     loop {
         let posted = shared.recv_posted.notified();
         {
             let mut st = shared.state.lock().unwrap();
             if st.error {
-                return None;
+                return false;
             }
             if let Some(r) = st.recvs.pop_front() {
                 let (recv_status, sender_status) = match shared.keys.scatter(&r.sgl, payload) {
@@ -508,6 +552,13 @@ async fn deliver_send(shared: &Shared, payload: &[u8]) -> Option<WcStatus> {
                     }
                     Err(s) => (s, WcStatus::RemoteOperationError),
                 };
+                let mut a = Header::new(Kind::Ack);
+                a.status = sender_status;
+                ack.send(Answer {
+                    queued: shared.queue_order(),
+                    frame: wire::frame(a, &[]).freeze(),
+                    budget: None,
+                });
                 shared.recv_cq.push(Completion {
                     wr_id: r.wr_id,
                     status: recv_status,
@@ -518,7 +569,7 @@ async fn deliver_send(shared: &Shared, payload: &[u8]) -> Option<WcStatus> {
                         0
                     },
                 });
-                return Some(sender_status);
+                return true;
             }
         }
         posted.await;

@@ -1,4 +1,5 @@
-//! A soft queue pair's memory against a peer that does not keep up.
+//! A soft queue pair against a raw peer: its memory when the peer does not keep up, and
+//! the order of what it sends back.
 //!
 //! A real RC queue pair never buffers for its peer: an RDMA READ beyond the responder's
 //! resources waits at the requester, and a SEND with no receive posted is refused with
@@ -18,7 +19,7 @@ use super::super::wire::{self, Header, Kind, HEADER_LEN, MAGIC};
 use super::super::SoftProvider;
 use crate::rdma::{
     AccessFlags, AlignedBuf, CompletionQueue, ConnectRequest, MemoryRegion, ProtectionDomain,
-    QpCaps, QpInit, QueuePair, RdmaListener, RdmaProvider, RecvWr, Sge, WcStatus,
+    QpCaps, QpInit, QueuePair, RdmaListener, RdmaProvider, RecvWr, SendOp, SendWr, Sge, WcStatus,
 };
 
 const MIB: usize = 1 << 20;
@@ -264,4 +265,65 @@ async fn silent_connections_do_not_hold_up_the_listener() {
         .unwrap();
     assert!(private_data == b"real", "accepted {private_data:?}");
     drop((silent_a, silent_b));
+}
+
+/// A responder acknowledges a SEND before the software above can react to its receive
+/// completion, as an RC adapter acknowledges on placement: a SEND posted in answer goes
+/// out after the acknowledgement. Otherwise a requester that gets the answer and then
+/// the close (an iSER target answering a Logout Request and disconnecting) sees its own
+/// SEND, which the peer did receive, flushed with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_is_acknowledged_before_the_answer_to_it() {
+    let p = SoftProvider::default();
+    let (peer, served) = raw_peer(&p).await;
+    // Small frames both ways, as an adapter sends them: no Nagle delay.
+    peer.set_nodelay(true).unwrap();
+    let (mut rd, mut wr) = peer.into_split();
+    let mr = served
+        .pd
+        .register(AlignedBuf::new(4096), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let sge = |len: u32| Sge {
+        addr: mr.addr(),
+        length: len,
+        lkey: mr.lkey(),
+    };
+    for n in 0..500u64 {
+        served
+            .qp
+            .post_recv(RecvWr {
+                wr_id: n,
+                sgl: vec![sge(4096)],
+            })
+            .unwrap();
+        wr.write_all(&wire::frame(Header::new(Kind::Send), b"request"))
+            .await
+            .unwrap();
+        let c = tokio::time::timeout(Duration::from_secs(10), served.recv_cq.next())
+            .await
+            .expect("the request's receive completes")
+            .unwrap();
+        assert_eq!((c.wr_id, c.status), (n, WcStatus::Success));
+        served
+            .qp
+            .post_send(SendWr {
+                wr_id: n,
+                op: SendOp::Send,
+                sgl: vec![sge(8)],
+                signaled: false,
+            })
+            .unwrap();
+        let (first, _) = read_frame(&mut rd).await;
+        assert_eq!(
+            (first.kind, first.status),
+            (Kind::Ack, WcStatus::Success),
+            "round {n}: the answer went out before the request's acknowledgement"
+        );
+        let (answer, payload) = read_frame(&mut rd).await;
+        assert_eq!((answer.kind, payload.len()), (Kind::Send, 8), "round {n}");
+        // Acknowledge the answer, as the raw peer's adapter would.
+        wr.write_all(&wire::frame(Header::new(Kind::Ack), &[]))
+            .await
+            .unwrap();
+    }
 }
