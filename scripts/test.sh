@@ -60,6 +60,24 @@ for t in interop/test-*.sh; do
   timeout "$limit" "$t"
 done
 
+# A fuzz target that fails prints what reproduces it, with the reason last, where a CI log that
+# keeps only its tail still shows it: the crash input (base64; `base64 -d` it into a file and
+# pass that file to `cargo fuzz run <target>`), the end of libFuzzer's report, then the panic.
+fuzz_failure() {
+  local fuzzdir="$1" target="$2" log="$3" input
+  echo "FAIL: fuzz target $target in $fuzzdir"
+  input=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
+  # libFuzzer names the input relative to the fuzz directory, the working directory here.
+  if [ -n "$input" ] && [ -f "$input" ]; then
+    echo "crash input $fuzzdir/$input ($(stat -c %s "$input") bytes), base64:"
+    base64 -w 120 "$input"
+  fi
+  echo "-- the end of libFuzzer's report (stack frames left out):"
+  grep -v -e '^ *at ' -e '^ *[0-9]*: ' -e '^ *#[0-9]* 0x' "$log" | tail -n 12
+  echo "-- the panic:"
+  awk '/panicked at/ { on = 1; n = 0 } on && /^(stack backtrace:|note: )/ { exit } on && n++ < 20' "$log"
+}
+
 runs="${FUZZ_RUNS:-200000}"
 if [ "$runs" != 0 ]; then
   secs="${FUZZ_SECS:-120}"
@@ -81,8 +99,14 @@ if [ "$runs" != 0 ]; then
           read -r -a extra < "fuzz_targets/$target.flags"
         fi
         echo "-- [+${SECONDS}s] $fuzzdir $target ${extra[*]}"
-        RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 "${extra[@]}" 2>&1 | tail -n 2
-        test "${PIPESTATUS[0]}" = 0
+        log=$(mktemp)
+        if RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 "${extra[@]}" >"$log" 2>&1; then
+          tail -n 2 "$log"
+          rm -f "$log"
+        else
+          fuzz_failure "$fuzzdir" "$target" "$log"
+          exit 1
+        fi
       done
     )
   done
