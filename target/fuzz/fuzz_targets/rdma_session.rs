@@ -65,9 +65,10 @@ const SCRATCH_PREFIX: &str = "blockwire-fuzz-rdma-";
 /// How long one batch, a login or a logout may take before it counts as a
 /// stall.
 const LIMIT: Duration = Duration::from_secs(20);
-/// 5 ms polls for the listeners to close and the tasks to end after
-/// shutdown: 10 s.
-const SETTLE_POLLS: u32 = 2000;
+/// How long the listeners may take to close, and the tasks to end, after
+/// shutdown: generous, so that a slow machine is not a failure (a listener
+/// or task that never ends still is).
+const SETTLE: Duration = Duration::from_secs(10);
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -370,33 +371,35 @@ async fn session(input: &Input) {
             .expect("the TCP portal's task");
     }
     // The listeners close once they see the shutdown: a connection then fails.
-    // (SETTLE_POLLS: generous, so that a slow machine is not a failure;
-    // a listener or task that never ends still is.)
     for addr in listeners {
-        let mut closed = false;
-        for _ in 0..SETTLE_POLLS {
-            if tokio::net::TcpStream::connect(addr).await.is_err() {
-                closed = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert!(closed, "{addr} still accepts after shutdown");
+        let closed =
+            settles(|| async move { tokio::net::TcpStream::connect(addr).await.is_err() }).await;
+        assert!(closed, "{addr} still accepts {SETTLE:?} after shutdown");
     }
     drop(fabric);
     // The connections' tasks (receive and send loops, completion pumps, the
     // soft provider's responders) end with them.
     let metrics = tokio::runtime::Handle::current().metrics();
-    for _ in 0..SETTLE_POLLS {
-        if metrics.num_alive_tasks() == 0 {
-            return;
+    let ended = settles(|| std::future::ready(metrics.num_alive_tasks() == 0)).await;
+    assert!(
+        ended,
+        "{} task(s) still alive {SETTLE:?} after logout and shutdown",
+        metrics.num_alive_tasks()
+    );
+}
+
+/// Whether `done` comes true within [`SETTLE`], asked every 5 ms.
+async fn settles<F: std::future::Future<Output = bool>>(mut done: impl FnMut() -> F) -> bool {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        if done().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    panic!(
-        "{} task(s) still alive 10 s after logout and shutdown",
-        metrics.num_alive_tasks()
-    );
 }
 
 /// Whether the data go by RDMA: always on iSER; on RDMA-assisted sessions
