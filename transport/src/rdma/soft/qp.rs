@@ -81,6 +81,9 @@ struct Pending {
 #[derive(Default)]
 struct State {
     error: bool,
+    /// The peer's frames have ended (it closed, or broke the protocol): the requests
+    /// read before are still served, in order, and then the queue pair fails.
+    peer_closed: bool,
     outstanding: VecDeque<Pending>,
     recvs: VecDeque<RecvWr>,
 }
@@ -464,16 +467,32 @@ async fn reader(mut rd: OwnedReadHalf, shared: Arc<Shared>, req_tx: mpsc::Sender
             break;
         }
     }
+    // What the peer sent before it closed still lands, as on an RC adapter, which
+    // places every packet it received before it notices the connection is gone: a
+    // target's Logout Response followed at once by its close must reach the initiator.
+    // The responder serves the requests already read, then fails the queue pair; the
+    // requests' channel closes as this task ends.
+    shared.state.lock().unwrap().peer_closed = true;
+    shared.recv_posted.notify_waiters();
+}
+
+/// The responder: serves the peer's requests against this side's registered memory,
+/// without involving the upper layer. When the requests end (the peer closed) or cannot
+/// be served, the queue pair enters the error state.
+async fn responder(
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Request>,
+    answers: mpsc::Sender<Answer>,
+) {
+    serve_requests(&shared, rx, answers).await;
     let mut st = shared.state.lock().unwrap();
     if !st.error {
         shared.enter_error(&mut st);
     }
 }
 
-/// The responder: serves the peer's requests against this side's registered memory,
-/// without involving the upper layer.
-async fn responder(
-    shared: Arc<Shared>,
+async fn serve_requests(
+    shared: &Shared,
     mut rx: mpsc::Receiver<Request>,
     answers: mpsc::Sender<Answer>,
 ) {
@@ -509,7 +528,7 @@ async fn responder(
                 let Ok(ack) = answers.reserve().await else {
                     return;
                 };
-                if !deliver_send(&shared, &payload, ack).await {
+                if !deliver_send(shared, &payload, ack).await {
                     return;
                 }
                 continue;
@@ -535,7 +554,8 @@ async fn responder(
 /// leaves after the acknowledgement. (Were the answer first, a peer that answers and then
 /// disconnects, as an iSER target does after a Logout Response, would leave the
 /// requester's SEND, which it did receive, flushed with an error.) False when the queue
-/// pair failed meanwhile.
+/// pair failed meanwhile, or when no receive is posted and the peer has closed (no RNR
+/// retry can follow).
 async fn deliver_send(shared: &Shared, payload: &[u8], ack: mpsc::Permit<'_, Answer>) -> bool {
     loop {
         let posted = shared.recv_posted.notified();
@@ -570,6 +590,9 @@ async fn deliver_send(shared: &Shared, payload: &[u8], ack: mpsc::Permit<'_, Ans
                     },
                 });
                 return true;
+            }
+            if st.peer_closed {
+                return false;
             }
         }
         posted.await;

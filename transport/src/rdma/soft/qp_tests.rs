@@ -327,3 +327,74 @@ async fn a_send_is_acknowledged_before_the_answer_to_it() {
             .unwrap();
     }
 }
+
+/// A SEND the peer made just before it closed lands in its posted receive, and only
+/// then does the queue pair fail: an RC adapter places what arrived before it notices
+/// the connection is gone. (An iSER target closes right after its Logout Response.)
+/// A SEND that finds no receive posted after the close is not kept waiting for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_before_the_close_lands() {
+    let p = SoftProvider::default();
+    for round in 0..200 {
+        let (peer, served) = raw_peer(&p).await;
+        let (mut rd, mut wr) = peer.into_split();
+        let mr = served
+            .pd
+            .register(AlignedBuf::new(4096), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let sge = Sge {
+            addr: mr.addr(),
+            length: 4096,
+            lkey: mr.lkey(),
+        };
+        for wr_id in [1, 2] {
+            let sgl = vec![sge];
+            served.qp.post_recv(RecvWr { wr_id, sgl }).unwrap();
+        }
+        let mut both = wire::frame(Header::new(Kind::Send), b"last words");
+        both.extend_from_slice(&wire::frame(Header::new(Kind::Send), b"after"));
+        wr.write_all(&both).await.unwrap();
+        wr.shutdown().await.unwrap();
+        let mut completions = Vec::new();
+        for _ in 0..2 {
+            let c = tokio::time::timeout(Duration::from_secs(10), served.recv_cq.next())
+                .await
+                .expect("the receives complete")
+                .unwrap();
+            completions.push((c.wr_id, c.status, c.byte_len));
+        }
+        assert_eq!(
+            completions,
+            [(1, WcStatus::Success, 10), (2, WcStatus::Success, 5)],
+            "round {round}"
+        );
+        // Both acknowledged, then the queue pair failed: its socket closes.
+        expect_ack(&mut rd, "of the first SEND").await;
+        expect_ack(&mut rd, "of the second SEND").await;
+        let served_qp = &served.qp;
+        let failed = async {
+            while !served_qp.is_error() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), failed)
+            .await
+            .expect("the queue pair fails after the peer's close");
+    }
+    // No receive posted: the SEND cannot land, and the close fails the queue pair.
+    let (peer, served) = raw_peer(&p).await;
+    let (_rd, mut wr) = peer.into_split();
+    wr.write_all(&wire::frame(Header::new(Kind::Send), b"nowhere"))
+        .await
+        .unwrap();
+    wr.shutdown().await.unwrap();
+    let served_qp = &served.qp;
+    let failed = async {
+        while !served_qp.is_error() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), failed)
+        .await
+        .expect("a SEND with no receive does not hold up the failure");
+}
