@@ -447,8 +447,13 @@ impl IserSession {
         let (tx, rx) = oneshot::channel();
         let owner: Owner = Arc::new(Mutex::new(Some(tx)));
         let request = lock(&inner.engine).start_logout(owner);
+        // The Send's completion does not decide the outcome: a target that answers and
+        // closes at once (RFC 7143 §11.14) may do so before its adapter acknowledges
+        // the request, whose Send is then flushed although the target received it. The
+        // response decides. Without one, the receive queue's flush (which follows any
+        // response in completion order) fails the logout as a lost connection.
         let sent = inner
-            .send(
+            .send_and_wait(
                 IserHeader::Control {
                     write: None,
                     read: None,
@@ -456,19 +461,23 @@ impl IserSession {
                 &Pdu::new(Bhs::LogoutRequest(request)),
             )
             .await;
-        let answer = match sent {
-            Ok(()) => tokio::time::timeout(Duration::from_secs(10), rx).await,
-            Err(e) => {
+        let outcome = match sent {
+            Ok(sent) => (
+                tokio::time::timeout(Duration::from_secs(10), rx).await,
+                sent,
+            ),
+            Err(never_posted) => {
                 self.close();
-                return Err(e);
+                return Err(never_posted);
             }
         };
         self.close();
-        match answer {
-            Ok(Ok(TaskResult::Logout(LogoutResponseCode::Closed))) => Ok(()),
-            Ok(Ok(other)) => Err(Error::Protocol(format!("logout answered {other:?}"))),
-            Ok(Err(_)) => Err(Error::Closed),
-            Err(_) => Err(Error::Timeout("iSER logout".into())),
+        match outcome {
+            (Ok(Ok(TaskResult::Logout(LogoutResponseCode::Closed))), _) => Ok(()),
+            (_, Err(e)) => Err(e),
+            (Ok(Ok(other)), Ok(())) => Err(Error::Protocol(format!("logout answered {other:?}"))),
+            (Ok(Err(_)), Ok(())) => Err(Error::Closed),
+            (Err(_), Ok(())) => Err(Error::Timeout("iSER logout".into())),
         }
     }
 
@@ -704,30 +713,40 @@ fn take_message(
 }
 
 impl Inner {
-    /// Sends one message and waits for its Send to complete.
+    /// Sends one message and waits for its Send to complete; a failed Send means the
+    /// connection is lost.
     async fn send(&self, header: IserHeader, pdu: &Pdu) -> Result<()> {
+        let r = self.send_and_wait(header, pdu).await.and_then(|sent| sent);
+        if r.is_err() {
+            self.connection_lost("a Send failed");
+        }
+        r
+    }
+
+    /// Sends one message and waits for its Send's completion. The outer error: the Send
+    /// was never posted, so nothing reached the wire; the inner one: it was posted and
+    /// did not complete successfully, which does not tell whether the peer received it.
+    async fn send_and_wait(&self, header: IserHeader, pdu: &Pdu) -> Result<Result<()>> {
         let msg = message(header, pdu)?;
         let slot = self.sends.take().await?;
-        let r = match post_send(
+        let r = post_send(
             &self.qp,
             &self.sends,
             slot,
             &msg,
             &self.waiters,
             &self.next_wr,
-        ) {
-            Ok(rx) => match rx.await {
+        );
+        let r = match r {
+            Ok(completion) => Ok(match completion.await {
                 Ok(WcStatus::Success) => Ok(()),
                 Ok(s) => Err(Error::Protocol(format!("iSER Send completed with {s:?}"))),
                 Err(_) => Err(Error::Closed),
-            },
+            }),
             Err(e) => Err(e),
         };
         self.sends.give(slot);
         self.counters.sends.fetch_add(1, Ordering::Relaxed);
-        if r.is_err() {
-            self.connection_lost("a Send failed");
-        }
         r
     }
 

@@ -1,0 +1,206 @@
+//! blockwire's iSER initiator logs out cleanly when the target's Logout Response arrives
+//! before the acknowledgement of the Logout Request's Send.
+//!
+//! On a reliable connection the target's adapter acknowledges a Send when it lands, but
+//! the acknowledgement may be coalesced or delayed (InfiniBand allows a responder to
+//! acknowledge several requests at once). A target that answers Logout and then closes
+//! the connection at once (RFC 7143 §11.14: the connection ends after the response)
+//! can therefore leave the initiator's Logout Request Send unacknowledged; the close
+//! flushes it. The response says the target received the request, so the logout
+//! succeeded whatever the Send's completion says.
+//!
+//! The target here is scripted on the soft RDMA provider's frame format (a 24-byte
+//! header, see `blockwire_transport::rdma::soft`), so that it can withhold that one
+//! acknowledgement, which no real adapter lets software do on purpose.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use blockwire_initiator::iser::IserSession;
+use blockwire_initiator::rdma::RdmaConfig;
+use blockwire_initiator::InitiatorConfig;
+use blockwire_pdu::iser::{IserHeader, ISER_HEADER_LEN};
+use blockwire_pdu::keys::{encode_text, parse_text};
+use blockwire_pdu::pdu::codes::LogoutResponseCode;
+use blockwire_pdu::pdu::{LoginResponse, LogoutResponse};
+use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu, Stage};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Frame kinds of the soft provider's wire format.
+const CONNECT: u8 = 1;
+const ACCEPT: u8 = 2;
+const SEND: u8 = 6;
+const ACK: u8 = 7;
+const FRAME_HEADER_LEN: usize = 24;
+/// The soft provider's CONNECT magic ("SFRD").
+const MAGIC: u32 = 0x5346_5244;
+const TARGET: &str = "iqn.2026-11.io.blockwire:scripted-iser";
+
+/// A frame this target sends (addr, rkey and aux zero).
+fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![kind, 0, 0, 0];
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    f.extend_from_slice(&[0; 16]);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// One frame: its kind, its status byte, its aux field and its payload.
+async fn read_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).await.ok()?;
+    let len = u32::from_be_bytes(h[4..8].try_into().unwrap()) as usize;
+    assert!(len <= 1 << 20, "a {len}-byte frame from the initiator");
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).await.ok()?;
+    let aux = u32::from_be_bytes(h[20..24].try_into().unwrap());
+    Some((h[0], h[1], aux, payload))
+}
+
+/// An iSER message: the iSER control header, then the PDU without digests.
+fn message(pdu: &Pdu) -> Vec<u8> {
+    let mut m = IserHeader::Control {
+        write: None,
+        read: None,
+    }
+    .encode()
+    .to_vec();
+    pdu.encode_into(&mut m, Digests::NONE);
+    m
+}
+
+/// Every login step agreed to: each negotiated key answered with the initiator's value
+/// (the last of a list), declarations left unanswered.
+fn login_answer(pdu: &Pdu, stat_sn: u32) -> Pdu {
+    let Bhs::LoginRequest(r) = &pdu.bhs else {
+        panic!("expected a Login Request, got {:?}", pdu.bhs)
+    };
+    let declarative = [
+        "InitiatorName",
+        "InitiatorAlias",
+        "SessionType",
+        "TargetName",
+        "InitiatorRecvDataSegmentLength",
+        "MaxRecvDataSegmentLength",
+    ];
+    let keys: Vec<(String, String)> = parse_text(&pdu.data)
+        .expect("login keys")
+        .into_iter()
+        .filter(|(k, _)| !declarative.contains(&k.as_str()))
+        .map(|(k, v)| {
+            let last = v.rsplit(',').next().unwrap_or("").to_owned();
+            (k, last)
+        })
+        .collect();
+    let nsg = if r.transit { r.nsg } else { r.csg };
+    Pdu::with_data(
+        Bhs::LoginResponse(LoginResponse {
+            transit: r.transit,
+            continue_bit: false,
+            csg: r.csg,
+            nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: r.isid,
+            tsih: if r.transit && nsg == Stage::FullFeature {
+                1
+            } else {
+                0
+            },
+            itt: r.itt,
+            stat_sn,
+            exp_cmd_sn: r.cmd_sn,
+            max_cmd_sn: r.cmd_sn.wrapping_add(8),
+            status: LoginStatus::SUCCESS,
+        }),
+        encode_text(&keys).unwrap(),
+    )
+}
+
+/// Serves one iSER session: acknowledges each Send the initiator makes and answers it;
+/// for the Logout Request, unless `ack_logout`, sends the response without the
+/// acknowledgement and closes the connection at once.
+async fn scripted_target(listener: TcpListener, ack_logout: bool) {
+    let (mut s, _) = listener.accept().await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let (kind, _, aux, _) = read_frame(&mut s).await.expect("CONNECT");
+    assert_eq!((kind, aux), (CONNECT, MAGIC), "a soft RDMA CONNECT");
+    s.write_all(&frame(ACCEPT, &[])).await.unwrap();
+    let mut stat_sn = 0u32;
+    while let Some((kind, status, _, payload)) = read_frame(&mut s).await {
+        match kind {
+            // The initiator's adapter acknowledging our Sends.
+            ACK => {
+                assert_eq!(status, 0, "the initiator refused a Send");
+                continue;
+            }
+            SEND => {}
+            other => panic!("frame kind {other} from the initiator"),
+        }
+        assert!(payload.len() >= ISER_HEADER_LEN, "a short iSER message");
+        let (pdu, _) = Pdu::decode(&payload[ISER_HEADER_LEN..], Digests::NONE)
+            .expect("the initiator sends PDUs");
+        let reply = match &pdu.bhs {
+            Bhs::LoginRequest(_) => login_answer(&pdu, stat_sn),
+            Bhs::LogoutRequest(r) => Pdu::new(Bhs::LogoutResponse(LogoutResponse {
+                response: LogoutResponseCode::Closed,
+                itt: r.itt,
+                stat_sn,
+                exp_cmd_sn: r.cmd_sn,
+                max_cmd_sn: r.cmd_sn.wrapping_add(8),
+                time2wait: 0,
+                time2retain: 0,
+            })),
+            other => panic!("scripted target got {other:?}"),
+        };
+        stat_sn += 1;
+        let logout = matches!(pdu.bhs, Bhs::LogoutRequest(_));
+        if ack_logout || !logout {
+            s.write_all(&frame(ACK, &[])).await.unwrap();
+        }
+        s.write_all(&frame(SEND, &message(&reply))).await.unwrap();
+        if logout {
+            // The connection ends with the response (RFC 7143 §11.14): an orderly
+            // close, then whatever the initiator still sends is read and dropped (a
+            // close with unread bytes would reset the connection, and a reset may
+            // discard the response before the initiator reads it).
+            s.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+            return;
+        }
+    }
+    panic!("the initiator closed before logging out");
+}
+
+async fn log_in_and_out(ack_logout: bool) -> blockwire_initiator::Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let portal: SocketAddr = listener.local_addr().unwrap();
+    let target = tokio::spawn(scripted_target(listener, ack_logout));
+    let config = InitiatorConfig::new("iqn.2026-11.io.blockwire:logout-order");
+    let session = IserSession::connect(config, RdmaConfig::default(), portal, TARGET)
+        .await
+        .expect("login to the scripted iSER target");
+    let out = tokio::time::timeout(Duration::from_secs(30), session.logout())
+        .await
+        .expect("logout ends");
+    target.await.expect("the scripted target ran to the end");
+    out
+}
+
+/// The control: the Logout Request's Send is acknowledged before the response.
+#[tokio::test]
+async fn logout_with_the_request_acknowledged() {
+    log_in_and_out(true).await.expect("logout");
+}
+
+/// The response comes, then the close flushes the unacknowledged request Send.
+#[tokio::test]
+async fn logout_whose_request_send_is_flushed_after_the_response() {
+    for round in 0..20 {
+        if let Err(e) = log_in_and_out(false).await {
+            panic!("round {round}: the target answered Logout, yet: {e}");
+        }
+    }
+}
