@@ -109,6 +109,9 @@ pub struct IserCounters {
     pub rdma_reads: AtomicU64,
     /// Bytes moved by RDMA Write and RDMA Read.
     pub rdma_bytes: AtomicU64,
+    /// The most commands whose advertised buffers one connection held on record at once
+    /// (bounded, however many commands go unanswered: see `buffers`).
+    pub advertised_high: AtomicU64,
 }
 
 struct Wire {
@@ -449,7 +452,12 @@ async fn run(
                         debug!(opcode = ?pdu.bhs.opcode(), ?header, data = pdu.data.len(), "iSER receive");
                         if let (IserHeader::Control { write, read }, Bhs::ScsiCommand(c)) = (header, &pdu.bhs) {
                             let len = u64::from(c.expected_data_transfer_length);
-                            buffers.lock().unwrap().advertise(c.itt, len, write, read, |itt| session.tasks.contains(itt));
+                            let held = {
+                                let mut b = buffers.lock().unwrap();
+                                b.advertise(c.itt, len, write, read, |itt| session.tasks.contains(itt));
+                                b.len() as u64
+                            };
+                            fabric.iser_counters.advertised_high.fetch_max(held, Ordering::Relaxed);
                         }
                         actions = machine.on_pdu(pdu, std::time::Instant::now());
                     }

@@ -110,7 +110,6 @@ impl CommandBuffers {
     }
 
     /// Commands with buffers on record.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_itt.len()
     }

@@ -1,0 +1,261 @@
+//! blockwire's iSER target against an initiator that sends commands it never lets the
+//! target answer: each advertises a read buffer in its iSER header (RFC 7145 §5.1), and
+//! each carries a CmdSN outside the command window, so the target drops it unanswered
+//! (RFC 7143 §4.2.2.1). A target that kept every advertised buffer until its command was
+//! answered would hold one entry per such command for the connection's life; blockwire's
+//! keeps at most twice the queue depth plus 128 (`iscsi::iser::buffers`), and the
+//! connection still serves afterwards.
+//!
+//! The initiator here is written by hand on the soft RDMA provider's verbs (it is not
+//! blockwire's initiator, which only sends commands inside the window).
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockwire_pdu::iser::{IserHeader, RemoteBuffer, ISER_HEADER_LEN};
+use blockwire_pdu::keys::{encode_text, parse_text};
+use blockwire_pdu::pdu::codes::TaskAttr;
+use blockwire_pdu::pdu::{LoginRequest, NopOut, ScsiCommand, RESERVED_TAG};
+use blockwire_pdu::{Bhs, Digests, LoginStatus, Lun, Pdu, Stage};
+use blockwire_target::backstore::RamBackstore;
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
+use blockwire_transport::rdma::any::Backend;
+use blockwire_transport::rdma::soft::{SoftCq, SoftMr, SoftProvider, SoftQp};
+use blockwire_transport::rdma::{
+    AccessFlags, AlignedBuf, CompletionQueue, MemoryRegion, ProtectionDomain, QpCaps, QpInit,
+    QueuePair, RdmaProvider, RecvWr, SendOp, SendWr, WcStatus,
+};
+use support::bind_target;
+
+const TARGET: &str = "iqn.2026-11.io.blockwire:iser-unanswered";
+const MSG: usize = 16 << 10;
+const RECVS: usize = 8;
+/// Commands the target drops unanswered.
+const DROPPED: u32 = 4000;
+const QUEUE_DEPTH: u32 = 32;
+
+/// A hand-made iSER initiator: one registered buffer to send from, `RECVS` to receive in.
+struct RawIser {
+    qp: SoftQp,
+    send_cq: SoftCq,
+    recv_cq: SoftCq,
+    send_mr: SoftMr,
+    recv_mr: SoftMr,
+}
+
+impl RawIser {
+    async fn connect(portal: std::net::SocketAddr) -> RawIser {
+        let p = SoftProvider::default();
+        let pd = p.alloc_pd().unwrap();
+        let (send_cq, recv_cq) = (p.create_cq(16).unwrap(), p.create_cq(16).unwrap());
+        let init = QpInit::<SoftProvider> {
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            caps: QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: RECVS as u32,
+                max_sge: 1,
+            },
+        };
+        let local = AccessFlags::LOCAL_WRITE;
+        let send_mr = pd.register(AlignedBuf::new(MSG), local).unwrap();
+        let recv_mr = pd.register(AlignedBuf::new(RECVS * MSG), local).unwrap();
+        // RFC 7145 §9.2: no zero-based virtual addresses, no Send with Invalidate.
+        let qp = p.connect(portal, init, &[0xc0, 0, 0, 0]).await.unwrap();
+        let raw = RawIser {
+            qp,
+            send_cq,
+            recv_cq,
+            send_mr,
+            recv_mr,
+        };
+        for i in 0..RECVS {
+            raw.post_recv(i);
+        }
+        raw
+    }
+
+    fn post_recv(&self, i: usize) {
+        let sgl = vec![self.recv_mr.sge(i * MSG, MSG).unwrap()];
+        let wr_id = i as u64;
+        self.qp.post_recv(RecvWr { wr_id, sgl }).unwrap();
+    }
+
+    /// Sends `pdu` behind an iSER header advertising `read`, and waits for the Send.
+    async fn send(&self, read: Option<RemoteBuffer>, pdu: &Pdu) {
+        let mut msg = IserHeader::Control { write: None, read }.encode().to_vec();
+        pdu.encode_into(&mut msg, Digests::NONE);
+        self.send_mr.write_at(0, &msg).unwrap();
+        let sgl = vec![self.send_mr.sge(0, msg.len()).unwrap()];
+        let (wr_id, op, signaled) = (0, SendOp::Send, true);
+        self.qp
+            .post_send(SendWr {
+                wr_id,
+                op,
+                sgl,
+                signaled,
+            })
+            .unwrap();
+        let c = tokio::time::timeout(Duration::from_secs(10), self.send_cq.next())
+            .await
+            .expect("the Send completes")
+            .unwrap();
+        assert_eq!(c.status, WcStatus::Success, "a Send to the target");
+    }
+
+    /// The target's next message, as a PDU.
+    async fn receive(&self) -> Pdu {
+        let c = tokio::time::timeout(Duration::from_secs(10), self.recv_cq.next())
+            .await
+            .expect("the target answers")
+            .unwrap();
+        assert_eq!(c.status, WcStatus::Success, "a receive");
+        let i = c.wr_id as usize;
+        let mut msg = vec![0u8; c.byte_len as usize];
+        self.recv_mr.read_at(i * MSG, &mut msg).unwrap();
+        self.post_recv(i);
+        Pdu::decode(&msg[ISER_HEADER_LEN..], Digests::NONE)
+            .expect("the target sends PDUs")
+            .0
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let settings = FabricSettings {
+        queue_depth: QUEUE_DEPTH,
+        ..FabricSettings::default()
+    };
+    let t = bind_target(TARGET, lu, settings).await.serve(false).await;
+    let portal = blockwire_target::iscsi::iser::start(
+        t.fabric.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        Backend::Soft,
+        None,
+        1,
+    )
+    .await
+    .expect("iSER portal");
+    let raw = RawIser::connect(portal).await;
+
+    // Straight to the operational stage (no security negotiation is required); the
+    // target's own offers are accepted as it makes them.
+    let mut keys: Vec<(String, String)> = [
+        ("InitiatorName", "iqn.2026-11.io.blockwire:unanswered"),
+        ("TargetName", TARGET),
+        ("SessionType", "Normal"),
+        ("RDMAExtensions", "Yes"),
+        ("HeaderDigest", "None"),
+        ("DataDigest", "None"),
+        ("InitiatorRecvDataSegmentLength", "8192"),
+        ("ImmediateData", "No"),
+        ("InitialR2T", "Yes"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .to_vec();
+    let mut sent: Vec<String> = Vec::new();
+    let response = loop {
+        assert!(sent.len() < 64, "the login does not end");
+        sent.extend(keys.iter().map(|(k, _)| k.clone()));
+        let login = Pdu::with_data(
+            Bhs::LoginRequest(LoginRequest {
+                transit: true,
+                continue_bit: false,
+                csg: Stage::Operational,
+                nsg: Stage::FullFeature,
+                version_max: 0,
+                version_min: 0,
+                isid: [0x80, 0, 0x2a, 0, 0, 1],
+                tsih: 0,
+                itt: 1,
+                cid: 0,
+                cmd_sn: 1,
+                exp_stat_sn: 0,
+            }),
+            encode_text(&keys).unwrap(),
+        );
+        raw.send(None, &login).await;
+        let answer = raw.receive().await;
+        let Bhs::LoginResponse(r) = answer.bhs else {
+            panic!("login answered {:?}", answer.bhs)
+        };
+        let text = String::from_utf8_lossy(&answer.data).replace('\0', " ");
+        assert_eq!(r.status, LoginStatus::SUCCESS, "login: {text}");
+        if r.transit {
+            assert_eq!(r.nsg, Stage::FullFeature, "login: {text}");
+            break r;
+        }
+        let declared = ["TargetPortalGroupTag", "MaxRecvDataSegmentLength"];
+        keys = parse_text(&answer.data)
+            .expect("the target's login keys")
+            .into_iter()
+            .filter(|(k, _)| !sent.contains(k) && !declared.contains(&k.as_str()))
+            .collect();
+    };
+    let (cmd_sn, stat_sn) = (response.exp_cmd_sn, response.stat_sn.wrapping_add(1));
+
+    // READ(10) of one block, each with its own ITT and read buffer, each far outside
+    // the window [ExpCmdSN, MaxCmdSN].
+    for n in 0..DROPPED {
+        let command = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: true,
+            write: false,
+            attr: TaskAttr::Simple,
+            lun: Lun::default(),
+            itt: 0x1000 + n,
+            expected_data_transfer_length: 512,
+            cmd_sn: cmd_sn.wrapping_add(1 << 20).wrapping_add(n),
+            exp_stat_sn: stat_sn,
+            cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+        }));
+        let buffer = RemoteBuffer {
+            stag: 0x5000 + n,
+            base_offset: 0x10_0000,
+        };
+        raw.send(Some(buffer), &command).await;
+    }
+
+    // The connection still serves: an immediate NOP-Out is answered.
+    let ping = Pdu::new(Bhs::NopOut(NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: 7,
+        ttt: RESERVED_TAG,
+        cmd_sn,
+        exp_stat_sn: stat_sn,
+    }));
+    raw.send(None, &ping).await;
+    let pong = raw.receive().await;
+    match pong.bhs {
+        Bhs::NopIn(n) => assert_eq!((n.itt, n.stat_sn), (7, stat_sn), "the ping's NOP-In"),
+        other => panic!("the ping was answered by {other:?}"),
+    }
+
+    let counters = &t.fabric.iser_counters;
+    // Every command and the ping, after the login.
+    let receives = counters.receives.load(Ordering::Relaxed);
+    assert!(
+        receives > u64::from(DROPPED),
+        "the target received {receives} messages"
+    );
+    let high = counters.advertised_high.load(Ordering::Relaxed);
+    let bound = 2 * (u64::from(QUEUE_DEPTH) + 64);
+    eprintln!("at most {high} commands' buffers on record at once (bound {bound})");
+    assert!(
+        high <= bound,
+        "{high} commands' buffers on record at once after {DROPPED} unanswered commands \
+         (bound {bound})"
+    );
+    assert!(
+        high > u64::from(QUEUE_DEPTH),
+        "the table held commands: {high}"
+    );
+}
