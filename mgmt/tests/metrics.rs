@@ -32,6 +32,11 @@ const BLOCKS: u32 = 128;
 /// Starts the daemon with a RAM LUN 0 and a cached file LUN 1 and the
 /// metrics endpoint on a free port; returns it, its portal and endpoint.
 fn start() -> (Daemon, SocketAddr, SocketAddr) {
+    start_with("")
+}
+
+/// [`start`], with `group` added to the portal group's settings.
+fn start_with(group: &str) -> (Daemon, SocketAddr, SocketAddr) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("metrics.toml");
     let file = dir.path().join("lun1.img");
@@ -40,7 +45,7 @@ fn start() -> (Daemon, SocketAddr, SocketAddr) {
         format!(
             "[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
              [fabric]\nnop_interval_secs = 0\n\n\
-             [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+             [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n{group}\n\
              [[target]]\nname = \"{IQN}\"\n\n\
              [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n\n\
              [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = \"{}\"\nsize = \"8M\"\n",
@@ -51,7 +56,7 @@ fn start() -> (Daemon, SocketAddr, SocketAddr) {
     let mut d = Daemon::spawn(dir, &config, ["--log", "info"]);
     let portal = d.wait_log("the listening portal", |log| {
         log.lines()
-            .filter(|l| l.contains("listening"))
+            .filter(|l| l.contains("listening") && !l.contains("iSER"))
             .find_map(|l| {
                 l.split_once("portal=")?
                     .1
@@ -466,5 +471,96 @@ fn a_prometheus_server_scrapes_the_lun_traffic() {
         .expect("a quantile");
     assert!(p99 > 0.0 && p99.is_finite(), "p99 {p99}");
     drop(prom);
+    drop(d);
+}
+
+/// An iSER portal on the soft RDMA provider (`iser_listen`, on another
+/// loopback address than the TCP portal's): after blockwire's iSER initiator
+/// writes and reads through it, the exposition counts the connection, the
+/// RDMA Reads that took the WRITE data, the RDMA Writes that placed the READ
+/// data and their bytes, and promtool accepts it.
+#[test]
+fn the_exposition_counts_iser_traffic() {
+    use blockwire_initiator::iser::IserSession;
+    use blockwire_initiator::rdma::RdmaConfig;
+
+    tool("promtool");
+    let (mut d, _, metrics) = start_with("iser_listen = [\"127.0.0.2:0\"]\n");
+    let iser: SocketAddr = d.wait_log("the iSER portal", |log| {
+        log.lines()
+            .filter(|l| l.contains("iSER portal"))
+            .find_map(|l| {
+                l.split_once("portal=")?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+    });
+    let (_, before) = http_get(metrics, "/metrics");
+    assert_eq!(
+        sample(&before, "blockwire_iser_connections_total"),
+        Some(0.0),
+        "{before}"
+    );
+    let (writes, reads) = (2u32, 3u32);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let s = IserSession::connect(
+            InitiatorConfig::new("iqn.2026-11.io.blockwire.test:metrics-iser"),
+            RdmaConfig::default(),
+            iser,
+            IQN,
+        )
+        .await
+        .expect("iSER login");
+        // TEST UNIT READY takes the new I_T nexus's UNIT ATTENTION (see
+        // `traffic`), so that each WRITE below moves its data once.
+        s.command(0, &[0u8; 6]).await.expect("TEST UNIT READY");
+        let mut buf = s.alloc((BLOCK * BLOCKS) as usize).unwrap();
+        buf.write_at(0, &vec![0x3c; buf.len()]).unwrap();
+        for i in 0..writes {
+            s.write(0, u64::from(i * BLOCKS), BLOCKS, &buf)
+                .await
+                .expect("iSER WRITE");
+        }
+        for i in 0..reads {
+            let c = s
+                .read(0, u64::from((i % writes) * BLOCKS), BLOCKS, &mut buf)
+                .await
+                .expect("iSER READ");
+            assert_eq!(c.transferred, buf.len());
+        }
+        s.logout().await.expect("iSER logout");
+    });
+    let bytes = f64::from((writes + reads) * BLOCK * BLOCKS);
+    let want = [
+        ("blockwire_iser_connections_total", 1.0),
+        ("blockwire_iser_rdma_reads_total", f64::from(writes)),
+        ("blockwire_iser_rdma_writes_total", f64::from(reads)),
+        ("blockwire_iser_rdma_bytes_total", bytes),
+        ("blockwire_iser_advertised_commands_high", 1.0),
+    ];
+    let (_, text) = http_get(metrics, "/metrics");
+    let wrong: Vec<_> = want
+        .iter()
+        .filter(|(s, v)| sample(&text, s) != Some(*v))
+        .map(|(s, v)| format!("{s}: want {v}, got {:?}", sample(&text, s)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "the exposition does not show the iSER traffic:\n{}\n--- exposition ---\n{text}",
+        wrong.join("\n")
+    );
+    // Login, commands, logout: each a Send one way and an answer the other.
+    for name in [
+        "blockwire_iser_sends_total",
+        "blockwire_iser_receives_total",
+    ] {
+        let n = sample(&text, name).unwrap_or(0.0);
+        assert!(n >= f64::from(writes + reads), "{name} {n}\n{text}");
+    }
+    promtool_check(&text);
     drop(d);
 }
