@@ -9,10 +9,11 @@ use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use blockwire_pdu::keys::{encode_text, parse_text};
-use blockwire_pdu::pdu::codes::LogoutResponseCode;
-use blockwire_pdu::pdu::{LoginResponse, LogoutResponse, TextResponse, RESERVED_TAG};
-use blockwire_pdu::{Bhs, Digests, LoginStatus, Lun, Pdu, Stage};
+use blockwire_pdu::keys::encode_text;
+use blockwire_pdu::pdu::{TextResponse, RESERVED_TAG};
+use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
+
+mod scripted;
 
 fn read_pdu(s: &mut TcpStream) -> Option<Pdu> {
     let mut head = [0u8; 48];
@@ -37,49 +38,7 @@ fn scripted_target(listener: TcpListener, answer: Vec<(&'static str, String)>) {
     let mut stat_sn = 0u32;
     while let Some(pdu) = read_pdu(&mut s) {
         let reply = match pdu.bhs {
-            Bhs::LoginRequest(r) => {
-                // Every negotiated key gets an answer the initiator offered: its
-                // value, or the last of a list (AuthMethod=CHAP,None: None).
-                let offered = parse_text(&pdu.data).expect("login keys");
-                let declarative = [
-                    "InitiatorName",
-                    "InitiatorAlias",
-                    "SessionType",
-                    "TargetName",
-                    "MaxRecvDataSegmentLength",
-                ];
-                let keys: Vec<(String, String)> = offered
-                    .into_iter()
-                    .filter(|(k, _)| !declarative.contains(&k.as_str()))
-                    .map(|(k, v)| {
-                        let last = v.rsplit(',').next().unwrap_or_default().to_owned();
-                        (k, last)
-                    })
-                    .collect();
-                let nsg = if r.transit { r.nsg } else { r.csg };
-                Pdu::with_data(
-                    Bhs::LoginResponse(LoginResponse {
-                        transit: r.transit,
-                        continue_bit: false,
-                        csg: r.csg,
-                        nsg,
-                        version_max: 0,
-                        version_active: 0,
-                        isid: r.isid,
-                        tsih: if r.transit && nsg == Stage::FullFeature {
-                            1
-                        } else {
-                            0
-                        },
-                        itt: r.itt,
-                        stat_sn,
-                        exp_cmd_sn: r.cmd_sn,
-                        max_cmd_sn: r.cmd_sn.wrapping_add(8),
-                        status: LoginStatus::SUCCESS,
-                    }),
-                    encode_text(&keys).unwrap(),
-                )
-            }
+            Bhs::LoginRequest(r) => scripted::agree_to_login(&r, &pdu.data, stat_sn),
             Bhs::TextRequest(r) => {
                 let pairs: Vec<(&str, &str)> =
                     answer.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -97,15 +56,7 @@ fn scripted_target(listener: TcpListener, answer: Vec<(&'static str, String)>) {
                     encode_text(&pairs).unwrap(),
                 )
             }
-            Bhs::LogoutRequest(r) => Pdu::new(Bhs::LogoutResponse(LogoutResponse {
-                response: LogoutResponseCode::Closed,
-                itt: r.itt,
-                stat_sn,
-                exp_cmd_sn: r.cmd_sn,
-                max_cmd_sn: r.cmd_sn.wrapping_add(8),
-                time2wait: 0,
-                time2retain: 0,
-            })),
+            Bhs::LogoutRequest(r) => scripted::agree_to_logout(&r, stat_sn),
             other => panic!("scripted target got {other:?}"),
         };
         stat_sn += 1;

@@ -20,12 +20,11 @@ use blockwire_initiator::iser::IserSession;
 use blockwire_initiator::rdma::RdmaConfig;
 use blockwire_initiator::InitiatorConfig;
 use blockwire_pdu::iser::{IserHeader, ISER_HEADER_LEN};
-use blockwire_pdu::keys::{encode_text, parse_text};
-use blockwire_pdu::pdu::codes::LogoutResponseCode;
-use blockwire_pdu::pdu::{LoginResponse, LogoutResponse};
-use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu, Stage};
+use blockwire_pdu::{Bhs, Digests, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+mod scripted;
 
 /// Frame kinds of the soft provider's wire format.
 const CONNECT: u8 = 1;
@@ -70,54 +69,6 @@ fn message(pdu: &Pdu) -> Vec<u8> {
     m
 }
 
-/// Every login step agreed to: each negotiated key answered with the initiator's value
-/// (the last of a list), declarations left unanswered.
-fn login_answer(pdu: &Pdu, stat_sn: u32) -> Pdu {
-    let Bhs::LoginRequest(r) = &pdu.bhs else {
-        panic!("expected a Login Request, got {:?}", pdu.bhs)
-    };
-    let declarative = [
-        "InitiatorName",
-        "InitiatorAlias",
-        "SessionType",
-        "TargetName",
-        "InitiatorRecvDataSegmentLength",
-        "MaxRecvDataSegmentLength",
-    ];
-    let keys: Vec<(String, String)> = parse_text(&pdu.data)
-        .expect("login keys")
-        .into_iter()
-        .filter(|(k, _)| !declarative.contains(&k.as_str()))
-        .map(|(k, v)| {
-            let last = v.rsplit(',').next().unwrap_or("").to_owned();
-            (k, last)
-        })
-        .collect();
-    let nsg = if r.transit { r.nsg } else { r.csg };
-    Pdu::with_data(
-        Bhs::LoginResponse(LoginResponse {
-            transit: r.transit,
-            continue_bit: false,
-            csg: r.csg,
-            nsg,
-            version_max: 0,
-            version_active: 0,
-            isid: r.isid,
-            tsih: if r.transit && nsg == Stage::FullFeature {
-                1
-            } else {
-                0
-            },
-            itt: r.itt,
-            stat_sn,
-            exp_cmd_sn: r.cmd_sn,
-            max_cmd_sn: r.cmd_sn.wrapping_add(8),
-            status: LoginStatus::SUCCESS,
-        }),
-        encode_text(&keys).unwrap(),
-    )
-}
-
 /// Serves one iSER session: acknowledges each Send the initiator makes and answers it;
 /// for the Logout Request, unless `ack_logout`, sends the response without the
 /// acknowledgement and closes the connection at once.
@@ -142,16 +93,8 @@ async fn scripted_target(listener: TcpListener, ack_logout: bool) {
         let (pdu, _) = Pdu::decode(&payload[ISER_HEADER_LEN..], Digests::NONE)
             .expect("the initiator sends PDUs");
         let reply = match &pdu.bhs {
-            Bhs::LoginRequest(_) => login_answer(&pdu, stat_sn),
-            Bhs::LogoutRequest(r) => Pdu::new(Bhs::LogoutResponse(LogoutResponse {
-                response: LogoutResponseCode::Closed,
-                itt: r.itt,
-                stat_sn,
-                exp_cmd_sn: r.cmd_sn,
-                max_cmd_sn: r.cmd_sn.wrapping_add(8),
-                time2wait: 0,
-                time2retain: 0,
-            })),
+            Bhs::LoginRequest(r) => scripted::agree_to_login(r, &pdu.data, stat_sn),
+            Bhs::LogoutRequest(r) => scripted::agree_to_logout(r, stat_sn),
             other => panic!("scripted target got {other:?}"),
         };
         stat_sn += 1;

@@ -14,7 +14,7 @@
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +42,14 @@ impl Exposition {
         let help = help.replace('\\', "\\\\").replace('\n', "\\n");
         let _ = writeln!(self.out, "# HELP {name} {help}");
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    /// One unlabelled counter family per (name, help, value).
+    fn counters(&mut self, families: &[(&str, &str, &AtomicU64)]) {
+        for (name, help, v) in families {
+            self.family(name, "counter", help);
+            self.sample(name, &[], v.load(Ordering::Relaxed));
+        }
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
@@ -368,7 +376,7 @@ fn rdma_metrics(e: &mut Exposition, fabric: &Fabric) {
         return;
     };
     let c = svc.counters();
-    for (name, help, v) in [
+    e.counters(&[
         (
             "blockwire_rdma_binds_total",
             "RDMA connections bound to a session.",
@@ -409,16 +417,13 @@ fn rdma_metrics(e: &mut Exposition, fabric: &Fabric) {
             "Commands whose data moved by RDMA.",
             &c.offloaded_commands,
         ),
-    ] {
-        e.family(name, "counter", help);
-        e.sample(name, &[], v.load(Ordering::Relaxed));
-    }
+    ]);
 }
 
 /// What the iSER portals (RFC 7145) moved; zero while none is configured.
 fn iser_metrics(e: &mut Exposition, fabric: &Fabric) {
     let c = &fabric.iser_counters;
-    for (name, help, v) in [
+    e.counters(&[
         (
             "blockwire_iser_connections_total",
             "iSER connections accepted.",
@@ -449,10 +454,7 @@ fn iser_metrics(e: &mut Exposition, fabric: &Fabric) {
             "Bytes moved by the RDMA Writes and Reads of iSER connections.",
             &c.rdma_bytes,
         ),
-    ] {
-        e.family(name, "counter", help);
-        e.sample(name, &[], v.load(Ordering::Relaxed));
-    }
+    ]);
     let name = "blockwire_iser_advertised_commands_high";
     e.family(
         name,

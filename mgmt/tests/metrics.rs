@@ -54,17 +54,8 @@ fn start_with(group: &str) -> (Daemon, SocketAddr, SocketAddr) {
     )
     .unwrap();
     let mut d = Daemon::spawn(dir, &config, ["--log", "info"]);
-    let portal = d.wait_log("the listening portal", |log| {
-        log.lines()
-            .filter(|l| l.contains("listening") && !l.contains("iSER"))
-            .find_map(|l| {
-                l.split_once("portal=")?
-                    .1
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
+    let portal = logged_portal(&mut d, "the listening portal", |l| {
+        l.contains("listening") && !l.contains("iSER")
     });
     let metrics = d.wait_log("the metrics endpoint", |log| {
         log.lines().find_map(|l| {
@@ -77,6 +68,20 @@ fn start_with(group: &str) -> (Daemon, SocketAddr, SocketAddr) {
         })
     });
     (d, portal, metrics)
+}
+
+/// The `portal=` address of the first line of the daemon's log that `line` picks.
+fn logged_portal(d: &mut Daemon, what: &str, line: impl Fn(&str) -> bool) -> SocketAddr {
+    d.wait_log(what, |log| {
+        log.lines().filter(|l| line(l)).find_map(|l| {
+            l.split_once("portal=")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+    })
 }
 
 /// GET `path` from `addr` over plain HTTP/1.1; the status code and body.
@@ -486,18 +491,7 @@ fn the_exposition_counts_iser_traffic() {
 
     tool("promtool");
     let (mut d, _, metrics) = start_with("iser_listen = [\"127.0.0.2:0\"]\n");
-    let iser: SocketAddr = d.wait_log("the iSER portal", |log| {
-        log.lines()
-            .filter(|l| l.contains("iSER portal"))
-            .find_map(|l| {
-                l.split_once("portal=")?
-                    .1
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-    });
+    let iser = logged_portal(&mut d, "the iSER portal", |l| l.contains("iSER portal"));
     let (_, before) = http_get(metrics, "/metrics");
     assert_eq!(
         sample(&before, "blockwire_iser_connections_total"),

@@ -33,15 +33,7 @@ async fn start() -> (TestTarget, std::net::SocketAddr) {
         .await
         .serve(false)
         .await;
-    let iser = blockwire_target::iscsi::iser::start(
-        t.fabric.clone(),
-        "127.0.0.1:0".parse().unwrap(),
-        Backend::Soft,
-        None,
-        1,
-    )
-    .await
-    .expect("iSER portal");
+    let iser = t.start_iser().await;
     (t, iser)
 }
 

@@ -23,7 +23,6 @@ use blockwire_pdu::{Bhs, Digests, LoginStatus, Lun, Pdu, Stage};
 use blockwire_target::backstore::RamBackstore;
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
-use blockwire_transport::rdma::any::Backend;
 use blockwire_transport::rdma::soft::{SoftCq, SoftMr, SoftProvider, SoftQp};
 use blockwire_transport::rdma::{
     AccessFlags, AlignedBuf, CompletionQueue, MemoryRegion, ProtectionDomain, QpCaps, QpInit,
@@ -133,15 +132,7 @@ async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
         ..FabricSettings::default()
     };
     let t = bind_target(TARGET, lu, settings).await.serve(false).await;
-    let portal = blockwire_target::iscsi::iser::start(
-        t.fabric.clone(),
-        "127.0.0.1:0".parse().unwrap(),
-        Backend::Soft,
-        None,
-        1,
-    )
-    .await
-    .expect("iSER portal");
+    let portal = t.start_iser().await;
     let raw = RawIser::connect(portal).await;
 
     // Straight to the operational stage (no security negotiation is required); the

@@ -105,15 +105,7 @@ async fn messages_per_1_mib_read_for_each_data_path() {
         .await
         .serve(true)
         .await;
-    let iser = blockwire_target::iscsi::iser::start(
-        t.fabric.clone(),
-        "127.0.0.1:0".parse().unwrap(),
-        Backend::Soft,
-        None,
-        1,
-    )
-    .await
-    .unwrap();
+    let iser = t.start_iser().await;
     let tally = Arc::new(Mutex::new(Tally::default()));
     let relay = counting_relay(t.addr, tally.clone()).await;
     let cfg = |n: &str| InitiatorConfig::new(format!("iqn.2026-11.io.blockwire:{n}"));

@@ -187,6 +187,22 @@ pub struct TestTarget {
     pub stop: watch::Sender<bool>,
 }
 
+impl TestTarget {
+    /// Opens an iSER portal (RFC 7145) for portal group 1 on the soft RDMA provider, on a
+    /// free port of 127.0.0.1; where it listens.
+    pub async fn start_iser(&self) -> std::net::SocketAddr {
+        blockwire_target::iscsi::iser::start(
+            self.fabric.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            blockwire_transport::rdma::any::Backend::Soft,
+            None,
+            1,
+        )
+        .await
+        .expect("an iSER portal on the soft RDMA provider")
+    }
+}
+
 /// An in-process target bound to its port but not accepting yet: set up
 /// its fabric (e.g. put the LUN on a data path), then [`Self::serve`].
 pub struct BoundTarget {

@@ -368,18 +368,10 @@ async fn a_send_before_the_close_lands() {
             [(1, WcStatus::Success, 10), (2, WcStatus::Success, 5)],
             "round {round}"
         );
-        // Both acknowledged, then the queue pair failed: its socket closes.
+        // Both acknowledged, then the queue pair fails.
         expect_ack(&mut rd, "of the first SEND").await;
         expect_ack(&mut rd, "of the second SEND").await;
-        let served_qp = &served.qp;
-        let failed = async {
-            while !served_qp.is_error() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(10), failed)
-            .await
-            .expect("the queue pair fails after the peer's close");
+        fails(&served.qp, "after the peer's close").await;
     }
     // No receive posted: the SEND cannot land, and the close fails the queue pair.
     let (peer, served) = raw_peer(&p).await;
@@ -388,13 +380,17 @@ async fn a_send_before_the_close_lands() {
         .await
         .unwrap();
     wr.shutdown().await.unwrap();
-    let served_qp = &served.qp;
+    fails(&served.qp, "although a SEND waits for a receive").await;
+}
+
+/// Waits (10 s at most) for `qp` to enter the error state.
+async fn fails(qp: &impl QueuePair, when: &str) {
     let failed = async {
-        while !served_qp.is_error() {
+        while !qp.is_error() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     };
     tokio::time::timeout(Duration::from_secs(10), failed)
         .await
-        .expect("a SEND with no receive does not hold up the failure");
+        .unwrap_or_else(|_| panic!("the queue pair did not fail {when}"));
 }

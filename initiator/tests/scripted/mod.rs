@@ -1,0 +1,64 @@
+//! A scripted target's answers, shared by the tests that play one: a login step agreed
+//! to, and a logout.
+
+use blockwire_pdu::keys::{encode_text, parse_text};
+use blockwire_pdu::pdu::codes::LogoutResponseCode;
+use blockwire_pdu::pdu::{LoginRequest, LoginResponse, LogoutRequest, LogoutResponse};
+use blockwire_pdu::{Bhs, LoginStatus, Pdu, Stage};
+
+/// Agrees to the login step `r` (with its text `data`): every negotiated key gets an
+/// answer the initiator offered, its value or the last of a list (AuthMethod=CHAP,None:
+/// None); declarations are not answered. The target moves to the stage the initiator
+/// asks for, and gives TSIH 1 on entering full feature phase.
+pub fn agree_to_login(r: &LoginRequest, data: &[u8], stat_sn: u32) -> Pdu {
+    let declarative = [
+        "InitiatorName",
+        "InitiatorAlias",
+        "SessionType",
+        "TargetName",
+        "MaxRecvDataSegmentLength",
+        "InitiatorRecvDataSegmentLength",
+    ];
+    let keys: Vec<(String, String)> = parse_text(data)
+        .expect("login keys")
+        .into_iter()
+        .filter(|(k, _)| !declarative.contains(&k.as_str()))
+        .map(|(k, v)| {
+            let last = v.rsplit(',').next().unwrap_or_default().to_owned();
+            (k, last)
+        })
+        .collect();
+    let nsg = if r.transit { r.nsg } else { r.csg };
+    let full_feature = r.transit && nsg == Stage::FullFeature;
+    Pdu::with_data(
+        Bhs::LoginResponse(LoginResponse {
+            transit: r.transit,
+            continue_bit: false,
+            csg: r.csg,
+            nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: r.isid,
+            tsih: u16::from(full_feature),
+            itt: r.itt,
+            stat_sn,
+            exp_cmd_sn: r.cmd_sn,
+            max_cmd_sn: r.cmd_sn.wrapping_add(8),
+            status: LoginStatus::SUCCESS,
+        }),
+        encode_text(&keys).unwrap(),
+    )
+}
+
+/// Closes the session as `r` asks.
+pub fn agree_to_logout(r: &LogoutRequest, stat_sn: u32) -> Pdu {
+    Pdu::new(Bhs::LogoutResponse(LogoutResponse {
+        response: LogoutResponseCode::Closed,
+        itt: r.itt,
+        stat_sn,
+        exp_cmd_sn: r.cmd_sn,
+        max_cmd_sn: r.cmd_sn.wrapping_add(8),
+        time2wait: 0,
+        time2retain: 0,
+    }))
+}
