@@ -275,16 +275,26 @@ writer() {
         echo "$sum  $ROLE/r-$i" >>"$KL_WORK/rsums-$ROLE"
         flock -w 120 8 && printf '%s r%04d %s\n' "$ROLE" "$i" "$pad" >>"$MNT/shared.log" || return 1
         flock -u 8
-        peer_say "progress-$ROLE" "$i"
+        # One new, empty marker per file written. The other guest reads progress from names
+        # alone: re-reading one file that the other guest keeps replacing can hang its read
+        # forever in the lab kernel's 9p client (seen: cat stuck in netfs_retry_reads).
+        : >"$KL_SYNC/progress-$ROLE.$i"
     done
     echo "$i files"
 }
-progress() { cat "$KL_SYNC/progress-$1" 2>/dev/null || echo 0; }
+# progress NODE: how many files NODE's writer has written (its highest marker).
+progress() {
+    local f n=0
+    for f in "$KL_SYNC/progress-$1".*; do
+        [ -e "$f" ] && [ "${f##*.}" -gt "$n" ] && n=${f##*.}
+    done
+    echo "$n"
+}
 # wait_progress SECS GOAL1 GOAL2: until node1 has written GOAL1 files and node2 GOAL2.
 wait_progress() {
     local t0=$SECONDS
     while [ $((SECONDS - t0)) -lt "$1" ]; do
-        [ "$(progress node1)" -ge "$2" ] && [ "$(progress node2)" -ge "$3" ] && return 0
+        [ -e "$KL_SYNC/progress-node1.$2" ] && [ -e "$KL_SYNC/progress-node2.$3" ] && return 0
         [ -e "$KL_SYNC/abort" ] && return 1
         sleep 0.5
     done

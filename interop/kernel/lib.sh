@@ -17,9 +17,11 @@ KL_WORK=/tmp/kl-work
 mkdir -p "$KL_WORK" "$KL_OUT"
 _kl_pass=0 _kl_fail=0
 
-log() { printf '[%s] %s\n' "$(date +%T)" "$*"; }
-pass() { _kl_pass=$((_kl_pass + 1)); printf 'PASS %s\n' "$*"; }
-fail() { _kl_fail=$((_kl_fail + 1)); printf 'FAIL %s\n' "$*"; }
+# Every line the script prints is also a heartbeat for the stall watchdog below.
+_kl_beat() { printf '%s\n' "$EPOCHSECONDS" 2>/dev/null >/run/kl-beat; }
+log() { _kl_beat; printf '[%s] %s\n' "$(date +%T)" "$*"; }
+pass() { _kl_beat; _kl_pass=$((_kl_pass + 1)); printf 'PASS %s\n' "$*"; }
+fail() { _kl_beat; _kl_fail=$((_kl_fail + 1)); printf 'FAIL %s\n' "$*"; }
 # check NAME CMD...: run CMD, PASS or FAIL by its exit status.
 check() {
     local name=$1
@@ -30,6 +32,62 @@ finish() {
     printf '==== %s: %d passed, %d failed\n' "${1:-guest}" "$_kl_pass" "$_kl_fail"
     [ "$_kl_fail" = 0 ]
 }
+
+# ---- stall watchdog ---------------------------------------------------------------------------
+# A guest script that stops printing leaves nothing behind when the host's timeout kills the
+# guest. So when no log/PASS/FAIL line has come for KL_QUIET seconds (default 240), this prints
+# to stderr (a virtio serial port, not the 9p share) every process's state and wait channel,
+# and the kernel stacks of the script's own descendants and of every task in uninterruptible
+# or killable sleep (which the kernel's hung-task detector skips). It uses bash builtins only,
+# so it still reports when the shared root file system no longer answers. It only reports: a
+# quiet phase that is expected (a long wait for the peer guest) ends with the next line.
+_kl_proc_line() { # PID: sets _kl_line "pid ppid state wchan args", _kl_ppid, _kl_state
+    local p=$1 stat wchan=- args=() f
+    read -r stat 2>/dev/null <"/proc/$p/stat" || return 1
+    f=(${stat##*) }) # after the command name: state, ppid, ...
+    _kl_state=${f[0]} _kl_ppid=${f[1]}
+    read -r wchan 2>/dev/null <"/proc/$p/wchan"
+    mapfile -d "" args 2>/dev/null <"/proc/$p/cmdline"
+    [ ${#args[@]} -gt 0 ] || return 1 # a kernel thread
+    _kl_line="$p $_kl_ppid $_kl_state ${wchan:--} ${args[*]:0:12}"
+}
+_kl_stall_report() { # MAIN_PID QUIET_SECS
+    local main=$1 p d frame
+    local -A parent=() state=()
+    printf 'watch| no log, PASS or FAIL line for %ss; processes (pid ppid state wchan args):\n' "$2"
+    for d in /proc/[0-9]*; do
+        p=${d#/proc/}
+        [ "$p" = "$BASHPID" ] && continue
+        _kl_proc_line "$p" || continue
+        printf 'watch|   %s\n' "$_kl_line"
+        parent[$p]=$_kl_ppid state[$p]=$_kl_state
+    done
+    for p in "${!parent[@]}"; do
+        d=$p
+        while [ -n "${parent[$d]:-}" ] && [ "$d" != "$main" ]; do d=${parent[$d]}; done
+        [ "$d" = "$main" ] || [ "${state[$p]}" = D ] || continue
+        printf 'watch| kernel stack of %s (%s):\n' "$p" "${state[$p]}"
+        while read -r _ frame; do printf 'watch|     %s\n' "$frame"; done 2>/dev/null <"/proc/$p/stack"
+    done
+}
+_kl_watchdog() { # MAIN_PID
+    local main=$1 quiet=${KL_QUIET:-240} beat reported=0 fd
+    # A FIFO nobody writes is a sleep that needs no program from the shared root.
+    mkfifo /run/kl-watch.fifo 2>/dev/null
+    exec {fd}<>/run/kl-watch.fifo || return
+    _kl_beat
+    while [ "$reported" -lt 3 ]; do
+        read -rt 5 -u "$fd" _
+        kill -0 "$main" 2>/dev/null || return 0
+        read -r beat 2>/dev/null </run/kl-beat || continue
+        if [ $((EPOCHSECONDS - beat)) -ge "$quiet" ]; then
+            _kl_stall_report "$main" "$((EPOCHSECONDS - beat))" >&2
+            reported=$((reported + 1))
+            _kl_beat # the next report comes after another quiet period
+        fi
+    done
+}
+_kl_watchdog $$ </dev/null &
 
 # lab_up: loopback, the initiator's kernel modules and iscsid (foreground daemon, backgrounded).
 lab_up() {
