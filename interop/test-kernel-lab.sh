@@ -38,7 +38,9 @@
 #   KL_FIO_MIB=N                   fio size per LUN kind (default 256)
 #   KL_LINK_PORT=N                 host port of the ocfs2 suite's private link (default 41016)
 # Each suite's logs (the guest's output, daemon logs, fio logs, dmesg) land in
-# build/kernel-lab/SUITE/.
+# build/kernel-lab/SUITE/. A guest script that prints no line for 240 s prints, as `watch| `
+# lines, every process's state and the kernel stacks of its own (interop/kernel/lib.sh), so
+# that a suite stopped by the timeout shows where it waited.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
