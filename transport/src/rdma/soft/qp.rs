@@ -50,6 +50,11 @@ const ANSWER_BYTES: usize = MAX_PAYLOAD;
 /// queue entry and acknowledgement do. Above any send queue depth used here (1024), so
 /// a well-behaved peer never waits for it.
 const QUEUED_FRAMES: usize = 4096;
+/// How long one frame may wait to be written once the peer's frames have ended. A peer
+/// that closed and takes nothing for this long never will (its queue pair is gone; an RC
+/// requester would exhaust its transport retries), so the queue pair fails instead of
+/// holding its answers until the layer above times out.
+const CLOSED_PEER_WRITE_GRACE: Duration = Duration::from_secs(5);
 
 /// A request read from the socket, holding its share of [`REQUEST_BYTES`] until served.
 struct Request {
@@ -361,7 +366,7 @@ fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -
         recv_posted: Notify::new(),
     });
     let tasks = vec![
-        tokio::spawn(writer(wr, out_rx, answer_rx)),
+        tokio::spawn(writer(wr, shared.clone(), out_rx, answer_rx)),
         tokio::spawn(reader(rd, shared.clone(), req_tx)),
         tokio::spawn(responder(shared.clone(), req_rx, answer_tx)),
     ];
@@ -378,6 +383,7 @@ fn start(stream: TcpStream, init: QpInit<SoftProvider>, peer_private: Vec<u8>) -
 /// saw the SEND it acknowledges goes out before whatever that software posts in reply.
 async fn writer(
     mut wr: OwnedWriteHalf,
+    shared: Arc<Shared>,
     mut requests: mpsc::UnboundedReceiver<(u64, Bytes)>,
     mut answers: mpsc::Receiver<Answer>,
 ) {
@@ -408,13 +414,32 @@ async fn writer(
         } else {
             (request.take().expect("a request waits").1, None)
         };
-        if wr.write_all(&frame).await.is_err() {
+        if !write_frame(&mut wr, &shared, &frame).await {
             break;
         }
         // Only now is the answer's memory free to count again.
         drop(budget);
     }
     let _ = wr.shutdown().await;
+}
+
+/// Writes one frame; false when the socket failed, or when the peer's frames have ended
+/// and it took nothing for [`CLOSED_PEER_WRITE_GRACE`]. The writer then stops, which
+/// ends the responder, and the queue pair fails.
+async fn write_frame(wr: &mut OwnedWriteHalf, shared: &Shared, frame: &[u8]) -> bool {
+    let mut write = std::pin::pin!(wr.write_all(frame));
+    loop {
+        match tokio::time::timeout(CLOSED_PEER_WRITE_GRACE, &mut write).await {
+            Ok(written) => return written.is_ok(),
+            Err(_) if shared.state.lock().unwrap().peer_closed => {
+                tracing::debug!("soft RDMA: the peer closed and reads nothing more");
+                return false;
+            }
+            // The peer is slow, or has no receive posted for our SEND: an RC requester
+            // keeps retrying (RNR retry count 7 is unbounded), and so does this.
+            Err(_) => {}
+        }
+    }
 }
 
 /// Reads one frame. A request's payload is read only once it has its share of

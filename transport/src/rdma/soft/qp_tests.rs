@@ -383,6 +383,26 @@ async fn a_send_before_the_close_lands() {
     fails(&served.qp, "although a SEND waits for a receive").await;
 }
 
+/// A peer that asks for RDMA READs, closes its side and then reads nothing: the answers
+/// (256 MiB) cannot all be written, and the queue pair fails within seconds instead of
+/// holding them until the layer above gives up on the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_peer_that_reads_nothing_fails_the_queue_pair() {
+    let p = SoftProvider::default();
+    let (peer, served) = raw_peer(&p).await;
+    let len = 4 * MIB;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let mr = served.pd.register(AlignedBuf::new(len), access).unwrap();
+    let (_unread, mut wr) = peer.into_split();
+    let mut ask = Header::new(Kind::ReadReq);
+    (ask.addr, ask.rkey, ask.aux) = (mr.addr(), mr.rkey(), len as u32);
+    for _ in 0..64 {
+        wr.write_all(&wire::frame(ask, &[])).await.unwrap();
+    }
+    wr.shutdown().await.unwrap();
+    fails(&served.qp, "although its peer closed and reads nothing").await;
+}
+
 /// Waits (10 s at most) for `qp` to enter the error state.
 async fn fails(qp: &impl QueuePair, when: &str) {
     let failed = async {
