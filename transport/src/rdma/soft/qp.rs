@@ -50,9 +50,9 @@ const ANSWER_BYTES: usize = MAX_PAYLOAD;
 /// queue entry and acknowledgement do. Above any send queue depth used here (1024), so
 /// a well-behaved peer never waits for it.
 const QUEUED_FRAMES: usize = 4096;
-/// How long one frame may wait to be written once the peer's frames have ended. A peer
-/// that closed and takes nothing for this long never will (its queue pair is gone; an RC
-/// requester would exhaust its transport retries), so the queue pair fails instead of
+/// How long one frame may take to be written, counted in steps of this length, once the
+/// peer's frames have ended: a peer that closed is going away (its queue pair is gone; an
+/// RC requester would exhaust its transport retries), so the queue pair fails instead of
 /// holding its answers until the layer above times out.
 const CLOSED_PEER_WRITE_GRACE: Duration = Duration::from_secs(5);
 
@@ -423,9 +423,10 @@ async fn writer(
     let _ = wr.shutdown().await;
 }
 
-/// Writes one frame; false when the socket failed, or when the peer's frames have ended
-/// and it took nothing for [`CLOSED_PEER_WRITE_GRACE`]. The writer then stops, which
-/// ends the responder, and the queue pair fails.
+/// Writes one frame; false when the socket failed, or when the frame is still not
+/// written at the end of a [`CLOSED_PEER_WRITE_GRACE`] step and the peer's frames have
+/// ended by then. The writer then stops, which ends the responder, and the queue pair
+/// fails.
 async fn write_frame(wr: &mut OwnedWriteHalf, shared: &Shared, frame: &[u8]) -> bool {
     let mut write = std::pin::pin!(wr.write_all(frame));
     loop {
