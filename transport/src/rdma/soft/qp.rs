@@ -50,10 +50,11 @@ const ANSWER_BYTES: usize = MAX_PAYLOAD;
 /// queue entry and acknowledgement do. Above any send queue depth used here (1024), so
 /// a well-behaved peer never waits for it.
 const QUEUED_FRAMES: usize = 4096;
-/// How long one frame may take to be written, counted in steps of this length, once the
-/// peer's frames have ended: a peer that closed is going away (its queue pair is gone; an
-/// RC requester would exhaust its transport retries), so the queue pair fails instead of
-/// holding its answers until the layer above times out.
+/// How long the socket may take no byte at all once the peer's frames have ended: a
+/// peer that closed and reads nothing more is going away (its queue pair is gone; an RC
+/// requester would exhaust its transport retries), so the queue pair fails instead of
+/// holding its answers until the layer above times out. A closed peer that still reads,
+/// however slowly, gets every answer.
 const CLOSED_PEER_WRITE_GRACE: Duration = Duration::from_secs(5);
 
 /// A request read from the socket, holding its share of [`REQUEST_BYTES`] until served.
@@ -423,15 +424,16 @@ async fn writer(
     let _ = wr.shutdown().await;
 }
 
-/// Writes one frame; false when the socket failed, or when the frame is still not
-/// written at the end of a [`CLOSED_PEER_WRITE_GRACE`] step and the peer's frames have
-/// ended by then. The writer then stops, which ends the responder, and the queue pair
-/// fails.
+/// Writes one frame; false when the socket failed, or when it took no byte of the frame
+/// for [`CLOSED_PEER_WRITE_GRACE`] and the peer's frames had ended by then. The writer
+/// then stops, which ends the responder, and the queue pair fails.
 async fn write_frame(wr: &mut OwnedWriteHalf, shared: &Shared, frame: &[u8]) -> bool {
-    let mut write = std::pin::pin!(wr.write_all(frame));
-    loop {
-        match tokio::time::timeout(CLOSED_PEER_WRITE_GRACE, &mut write).await {
-            Ok(written) => return written.is_ok(),
+    let mut rest = frame;
+    while !rest.is_empty() {
+        // `write` takes bytes only when it completes, so a timed-out one wrote nothing.
+        match tokio::time::timeout(CLOSED_PEER_WRITE_GRACE, wr.write(rest)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return false,
+            Ok(Ok(n)) => rest = &rest[n..],
             Err(_) if shared.state.lock().unwrap().peer_closed => {
                 tracing::debug!("soft RDMA: the peer closed and reads nothing more");
                 return false;
@@ -441,6 +443,7 @@ async fn write_frame(wr: &mut OwnedWriteHalf, shared: &Shared, frame: &[u8]) -> 
             Err(_) => {}
         }
     }
+    true
 }
 
 /// Reads one frame. A request's payload is read only once it has its share of

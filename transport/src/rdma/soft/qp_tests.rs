@@ -103,6 +103,19 @@ async fn expect_ack(rd: &mut (impl AsyncRead + Unpin), n: impl std::fmt::Display
     );
 }
 
+/// Registers a 4 MiB region the peer may read, filled with a pattern, and the RDMA READ
+/// request for all of it: the region, the request, and the bytes an answer must carry.
+fn readable_region(served: &Served<SoftProvider>) -> (impl MemoryRegion, Header, Vec<u8>) {
+    let len = 4 * MIB;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let mr = served.pd.register(AlignedBuf::new(len), access).unwrap();
+    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    mr.write_at(0, &pattern).unwrap();
+    let mut ask = Header::new(Kind::ReadReq);
+    (ask.addr, ask.rkey, ask.aux) = (mr.addr(), mr.rkey(), len as u32);
+    (mr, ask, pattern)
+}
+
 /// Writes `frame` `times` times from a task (it blocks once this side stops reading).
 fn send_repeatedly(
     mut peer: tokio::net::tcp::OwnedWriteHalf,
@@ -123,16 +136,9 @@ fn send_repeatedly(
 async fn unread_read_answers_stay_bounded() {
     let p = SoftProvider::default();
     let (peer, served) = raw_peer(&p).await;
-    let len = 4 * MIB;
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
-    let mr = served.pd.register(AlignedBuf::new(len), access).unwrap();
-    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-    mr.write_at(0, &pattern).unwrap();
-
+    let (_mr, ask, pattern) = readable_region(&served);
     let (mut rd, wr) = peer.into_split();
     let base = resident();
-    let mut ask = Header::new(Kind::ReadReq);
-    (ask.addr, ask.rkey, ask.aux) = (mr.addr(), mr.rkey(), len as u32);
     let asking = send_repeatedly(wr, wire::frame(ask, &[]), 256);
     let growth = settled_growth(base, Duration::from_secs(20)).await;
     assert!(
@@ -390,17 +396,57 @@ async fn a_send_before_the_close_lands() {
 async fn a_closed_peer_that_reads_nothing_fails_the_queue_pair() {
     let p = SoftProvider::default();
     let (peer, served) = raw_peer(&p).await;
-    let len = 4 * MIB;
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
-    let mr = served.pd.register(AlignedBuf::new(len), access).unwrap();
+    let (_mr, ask, _) = readable_region(&served);
     let (_unread, mut wr) = peer.into_split();
-    let mut ask = Header::new(Kind::ReadReq);
-    (ask.addr, ask.rkey, ask.aux) = (mr.addr(), mr.rkey(), len as u32);
     for _ in 0..64 {
         wr.write_all(&wire::frame(ask, &[])).await.unwrap();
     }
     wr.shutdown().await.unwrap();
     fails(&served.qp, "although its peer closed and reads nothing").await;
+}
+
+/// A peer that asks for RDMA READs, closes its side and then reads the answers slowly
+/// (640 KiB/s, so one 4 MiB answer takes over 6 s to write): while the socket takes
+/// bytes the peer is still there, and it gets every answer whole before the queue pair
+/// fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_peer_that_still_reads_gets_every_answer() {
+    let p = SoftProvider::default();
+    let (peer, served) = raw_peer(&p).await;
+    let (_mr, ask, pattern) = readable_region(&served);
+    let (mut rd, mut wr) = peer.into_split();
+    for _ in 0..2 {
+        wr.write_all(&wire::frame(ask, &[])).await.unwrap();
+    }
+    wr.shutdown().await.unwrap();
+    let (mut stream, mut piece) = (Vec::new(), vec![0u8; 64 * 1024]);
+    let expected = 2 * (HEADER_LEN + pattern.len());
+    let started = Instant::now();
+    while stream.len() < expected {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let want = piece.len().min(expected - stream.len());
+        let n = tokio::time::timeout(Duration::from_secs(20), rd.read(&mut piece[..want]))
+            .await
+            .expect("the answers keep coming")
+            .unwrap();
+        assert!(
+            n > 0,
+            "the connection ended {:?} after the close, {} of the answers' {expected} bytes read",
+            started.elapsed(),
+            stream.len()
+        );
+        stream.extend_from_slice(&piece[..n]);
+    }
+    for (n, answer) in stream.chunks(HEADER_LEN + pattern.len()).enumerate() {
+        let h = Header::decode(answer[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(
+            (h.kind, h.status, h.len as usize),
+            (Kind::ReadResp, WcStatus::Success, pattern.len()),
+            "answer {n}"
+        );
+        assert!(answer[HEADER_LEN..] == pattern, "answer {n} differs");
+    }
+    fails(&served.qp, "once its closed peer had every answer").await;
 }
 
 /// Waits (10 s at most) for `qp` to enter the error state.
