@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blockwire_pdu::keys::{encode_text, Digest, SessionParams};
-use blockwire_pdu::pdu::codes::{AsyncEvent, RejectReason, TaskAttr, TmfFunction, TmfResponse};
+use blockwire_pdu::pdu::codes::{AsyncEvent, RejectReason, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{
     DataOut, LoginRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
 };
@@ -19,7 +19,7 @@ use blockwire_target::scsi::{LogicalUnit, LuConfig};
 use tokio::io::AsyncWriteExt;
 
 mod support;
-use support::{rw10, start_target, RawConn, TestTarget};
+use support::{lun0_command, rw10, start_target, RawConn, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:fabric-test";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:test-initiator";
@@ -84,22 +84,8 @@ impl Client {
         edtl: u32,
         final_bit: bool,
     ) -> ScsiCommand {
-        let mut c = [0u8; 16];
-        c[..cdb.len()].copy_from_slice(cdb);
         self.itt += 1;
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_bit,
-            read,
-            write,
-            attr: TaskAttr::Simple,
-            lun: Lun::from_index(0),
-            itt: self.itt,
-            expected_data_transfer_length: edtl,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: 0,
-            cdb: c,
-        };
+        let cmd = lun0_command(cdb, (read, write), edtl, final_bit, self.itt, self.cmd_sn);
         self.cmd_sn += 1;
         cmd
     }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blockwire_pdu::keys::SessionParams;
-use blockwire_pdu::pdu::codes::{TaskAttr, TmfFunction, TmfResponse};
+use blockwire_pdu::pdu::codes::{TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{DataOut, R2t, ScsiCommand, TaskMgmtRequest, RESERVED_TAG};
 use blockwire_pdu::scsi::{Asc, Sense, SenseKey};
-use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
+use blockwire_pdu::{Bhs, Digests, Pdu};
 use blockwire_target::backstore::{FileBackstore, FileMode};
 use blockwire_target::datapath::{open_engine, BufferPool, Engine, EnginePref};
 use blockwire_target::iscsi::catalog::Acl;
@@ -20,7 +20,7 @@ use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
 
 mod support;
-use support::{bind_target, rw10, RawConn, TestTarget};
+use support::{bind_target, lun0_command, rw10, RawConn, TestTarget};
 
 const TARGET: &str = "iqn.2026-11.io.blockwire:sync-write-test";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:sync-write-initiator";
@@ -102,22 +102,8 @@ impl Client {
         edtl: u32,
         final_bit: bool,
     ) -> ScsiCommand {
-        let mut c = [0u8; 16];
-        c[..cdb.len()].copy_from_slice(cdb);
         self.itt += 1;
-        let cmd = ScsiCommand {
-            immediate: false,
-            final_bit,
-            read,
-            write,
-            attr: TaskAttr::Simple,
-            lun: Lun::from_index(0),
-            itt: self.itt,
-            expected_data_transfer_length: edtl,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: 0,
-            cdb: c,
-        };
+        let cmd = lun0_command(cdb, (read, write), edtl, final_bit, self.itt, self.cmd_sn);
         self.cmd_sn += 1;
         cmd
     }

@@ -27,32 +27,17 @@ struct Link {
     _b_qp: SoftQp,
 }
 
+/// a: the side that issues RDMA operations; b: the buffer owner, which stays passive.
 async fn link(p: &SoftProvider) -> Link {
-    let mut l = p.listen("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let addr = l.local_addr();
-    let b_pd = p.alloc_pd().unwrap();
-    let ib = QpInit::<SoftProvider> {
-        pd: b_pd.clone(),
-        send_cq: p.create_cq(64).unwrap(),
-        recv_cq: p.create_cq(64).unwrap(),
-        caps: QpCaps::default(),
-    };
-    let srv = tokio::spawn(async move { l.accept().await.unwrap().accept(ib, b"").await.unwrap() });
-    let a_pd = p.alloc_pd().unwrap();
-    let a_cq = p.create_cq(64).unwrap();
-    let ia = QpInit::<SoftProvider> {
-        pd: a_pd.clone(),
-        send_cq: a_cq.clone(),
-        recv_cq: p.create_cq(64).unwrap(),
-        caps: QpCaps::default(),
-    };
-    let a_qp = p.connect(addr, ia, b"").await.unwrap();
+    let (a, b) = conformance::pair(p, "127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("a soft RDMA connection over loopback");
     Link {
-        a_cq,
-        a_qp,
-        a_pd,
-        b_pd,
-        _b_qp: srv.await.unwrap(),
+        a_pd: a.pd,
+        a_cq: a.cq,
+        a_qp: a.qp,
+        b_pd: b.pd,
+        _b_qp: b.qp,
     }
 }
 

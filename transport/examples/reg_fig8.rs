@@ -101,26 +101,14 @@ fn main() -> ExitCode {
             }
         };
         // b: the initiator (buffer owner, passive); a: the target (issues RDMA Read).
-        let mut l = p.listen(std::net::SocketAddr::new(ip, 0)).await.unwrap();
-        let addr = l.local_addr();
-        let b_pd = p.alloc_pd().unwrap();
-        let ib = QpInit::<AnyProvider> {
-            pd: b_pd.clone(),
-            send_cq: p.create_cq(64).unwrap(),
-            recv_cq: p.create_cq(64).unwrap(),
-            caps: QpCaps::default(),
+        let (a, b) = match conformance::pair(&p, std::net::SocketAddr::new(ip, 0)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                println!("FAIL connect over the {} backend: {e}", backend.name());
+                return (0, 1);
+            }
         };
-        let srv = tokio::spawn(async move { l.accept().await.unwrap().accept(ib, b"").await.unwrap() });
-        let a_pd = p.alloc_pd().unwrap();
-        let a_cq = p.create_cq(64).unwrap();
-        let ia = QpInit::<AnyProvider> {
-            pd: a_pd.clone(),
-            send_cq: a_cq.clone(),
-            recv_cq: p.create_cq(64).unwrap(),
-            caps: QpCaps::default(),
-        };
-        let a_qp = p.connect(addr, ia, b"").await.unwrap();
-        let _b_qp = srv.await.unwrap();
+        let (a_pd, a_cq, a_qp, b_pd, _b_qp) = (a.pd, a.cq, a.qp, b.pd, b.qp);
         let staging = a_pd.register(AlignedBuf::new(size), AccessFlags::LOCAL_WRITE).unwrap();
 
         println!(

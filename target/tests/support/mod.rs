@@ -12,8 +12,9 @@ use std::time::Duration;
 use blockwire_pdu::keys::{
     encode_text, parse_text, Digest, LocalConfig, Negotiator, Phase, Role, SessionParams,
 };
-use blockwire_pdu::pdu::LoginRequest;
-use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Pdu, Stage};
+use blockwire_pdu::pdu::codes::TaskAttr;
+use blockwire_pdu::pdu::{LoginRequest, ScsiCommand};
+use blockwire_pdu::{Bhs, Digests, Frame, FrameDecoder, Lun, Pdu, Stage};
 use blockwire_target::iscsi::catalog::{Acl, Catalog};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{Fabric, FabricSettings};
@@ -227,4 +228,31 @@ pub fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
     cdb.extend_from_slice(&blocks.to_be_bytes());
     cdb.push(0);
     cdb
+}
+
+/// A SIMPLE SCSI Command to LUN 0 carrying `cdb` (padded to 16 bytes), numbered `itt`
+/// and `cmd_sn`, expecting `edtl` bytes in the direction `read` or `write` says.
+pub fn lun0_command(
+    cdb: &[u8],
+    (read, write): (bool, bool),
+    edtl: u32,
+    final_bit: bool,
+    itt: u32,
+    cmd_sn: u32,
+) -> ScsiCommand {
+    let mut c = [0u8; 16];
+    c[..cdb.len()].copy_from_slice(cdb);
+    ScsiCommand {
+        immediate: false,
+        final_bit,
+        read,
+        write,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt,
+        expected_data_transfer_length: edtl,
+        cmd_sn,
+        exp_stat_sn: 0,
+        cdb: c,
+    }
 }
