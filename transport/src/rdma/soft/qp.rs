@@ -664,16 +664,19 @@ pub(super) async fn connect(
 /// connections until a handshake ends (each ends within [`HANDSHAKE_TIMEOUT`]).
 const HANDSHAKES: usize = 64;
 
+/// A connection whose CONNECT frame arrived: its socket and the peer's private data.
+type Handshaken = Result<(TcpStream, Vec<u8>)>;
+
 /// Passive side: a TCP listener that reads CONNECT frames.
 pub struct SoftListener {
     listener: TcpListener,
     /// Connections whose CONNECT frame is awaited, each in its own task: a peer that
     /// connects and sends nothing holds up no one else.
-    handshakes: JoinSet<(SocketAddr, Result<(TcpStream, Vec<u8>)>)>,
+    handshakes: JoinSet<(SocketAddr, Handshaken)>,
 }
 
 /// Reads a CONNECT frame and its private data.
-async fn handshake(mut stream: TcpStream) -> Result<(TcpStream, Vec<u8>)> {
+async fn handshake(mut stream: TcpStream) -> Handshaken {
     let connect = async {
         let mut hb = [0u8; HEADER_LEN];
         stream.read_exact(&mut hb).await?;

@@ -1,0 +1,348 @@
+//! `--check`: everything in a configuration that can be checked without side effects
+//! and without building: iSCSI names, listen addresses, CHAP secrets, `[fabric]`, and
+//! the backing files (by metadata and access(2) only; nothing is opened or created).
+
+use super::*;
+
+/// Whether this process may write in (`dir = true`: create entries in)
+/// `path`, by access(2): nothing is opened or created.
+pub(super) fn writable(path: &Path, dir: bool) -> bool {
+    use rustix::fs::Access;
+    let how = if dir {
+        Access::WRITE_OK | Access::EXEC_OK
+    } else {
+        Access::WRITE_OK
+    };
+    rustix::fs::access(path, how).is_ok()
+}
+
+/// The size and state of one backing file, checked by metadata and
+/// access(2) only; errors and notices go to `report`.
+fn check_backing_file(
+    ctx: &Ctx<'_>,
+    report: &mut CheckReport,
+    line: std::ops::Range<usize>,
+    field: &str,
+    path: &Path,
+    size: Option<u64>,
+    read_only: bool,
+) -> Option<u64> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            report.errors.push(ctx.err(
+                line,
+                field,
+                format!("{shown} is a directory: name a file or block device in it"),
+            ));
+            None
+        }
+        Ok(m) => {
+            if !read_only && !writable(path, false) {
+                report.errors.push(ctx.err(
+                    line.clone(),
+                    field,
+                    format!(
+                        "{shown} is not writable by this user: fix its permissions or set read_only = true"
+                    ),
+                ));
+            }
+            if !m.is_file() {
+                // A block device: its size needs an open; the start reads it.
+                return None;
+            }
+            let len = m.len();
+            match size {
+                Some(want) if len < want && !read_only => report.notices.push(ctx.err(
+                    line,
+                    field,
+                    format!("{shown} is {len} bytes: a start grows it to {want} bytes"),
+                )),
+                Some(want) if len < want => report.notices.push(ctx.err(
+                    line,
+                    field,
+                    format!(
+                        "{shown} is {len} bytes, less than size ({want}); read_only: it is served at {len} bytes, not grown"
+                    ),
+                )),
+                None if len == 0 => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!("{shown} is empty: give the LUN a size = \"...\""),
+                )),
+                _ => {}
+            }
+            Some(len)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let pshown = parent.display();
+            match std::fs::metadata(parent) {
+                Err(_) => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!(
+                        "the directory {pshown} of {shown} does not exist: create it (mkdir -p {pshown}) or fix the path"
+                    ),
+                )),
+                Ok(m) if !m.is_dir() => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!("{pshown} (the directory of {shown}) is not a directory: fix the path"),
+                )),
+                Ok(_) if read_only => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!("{shown} does not exist and a read_only LUN is never created: fix the path or remove read_only"),
+                )),
+                Ok(_) if !writable(parent, true) => report.errors.push(ctx.err(
+                    line,
+                    field,
+                    format!(
+                        "{shown} does not exist and its directory {pshown} is not writable by this user: fix the permissions or the path"
+                    ),
+                )),
+                Ok(_) => match size {
+                    None => report.errors.push(ctx.err(
+                        line,
+                        field,
+                        format!("{shown} does not exist: add size = \"...\" to create it, or fix the path"),
+                    )),
+                    Some(want) => report.notices.push(ctx.err(
+                        line,
+                        field,
+                        format!("{shown} does not exist: a start creates it ({want} bytes)"),
+                    )),
+                },
+            }
+            Some(0)
+        }
+        Err(e) => {
+            report
+                .errors
+                .push(ctx.err(line, field, format!("cannot inspect {shown}: {e}")));
+            None
+        }
+    }
+}
+
+/// The CHAP credentials of one section checked together: each secret's
+/// length, each initiator's name, and no mutual secret equal to a one-way
+/// one (RFC 7143 §12.1.3: a secret used to authenticate initiators must
+/// not authenticate the target).
+fn check_auth(ctx: &Ctx<'_>, report: &mut CheckReport, a: &AuthConfig, section: &str) {
+    let mut one_way = Vec::new();
+    for c in &a.chap {
+        if let Err(e) = secret(ctx, &c.secret, &format!("{section}.chap.secret")) {
+            report.errors.push(e);
+        }
+        one_way.push(c.secret.get_ref());
+    }
+    for c in &a.initiator_chap {
+        if let Err(why) = check_iscsi_name(c.initiator.get_ref().trim()) {
+            report.errors.push(ctx.err(
+                c.initiator.span(),
+                &format!("{section}.initiator_chap.initiator"),
+                why,
+            ));
+        }
+        if let Err(e) = secret(ctx, &c.secret, &format!("{section}.initiator_chap.secret")) {
+            report.errors.push(e);
+        }
+        one_way.push(c.secret.get_ref());
+    }
+    if let Some(m) = &a.mutual_chap {
+        if let Err(e) = secret(ctx, &m.secret, &format!("{section}.mutual_chap.secret")) {
+            report.errors.push(e);
+        }
+        if one_way.contains(&m.secret.get_ref()) {
+            report.errors.push(ctx.err(
+                m.secret.span(),
+                &format!("{section}.mutual_chap.secret"),
+                "the mutual CHAP secret equals a one-way CHAP secret of the same section; RFC 7143 (12.1.3) forbids using one secret in both directions: choose another",
+            ));
+        }
+    }
+}
+
+impl TargetConfig {
+    /// Checks everything that can be checked without side effects and
+    /// without building: iSCSI names, listen addresses, CHAP secrets,
+    /// `[fabric]`, and the backing files (metadata and access(2) only).
+    pub(super) fn validate(&self, ctx: &Ctx<'_>) -> CheckReport {
+        let mut report = CheckReport::default();
+        if let Err(errors) = fabric_settings(&self.fabric, ctx) {
+            report.errors.extend(errors);
+        }
+        if let Some(dir) = &self.fabric.state_dir {
+            match std::fs::metadata(dir) {
+                Ok(m) if !m.is_dir() => report.errors.push(
+                    ctx.fabric_err("state_dir", format!("{} is not a directory", dir.display())),
+                ),
+                Ok(_) if !writable(dir, true) => report.errors.push(ctx.fabric_err(
+                    "state_dir",
+                    format!(
+                        "{} is not writable by this user: fix its permissions",
+                        dir.display()
+                    ),
+                )),
+                Ok(_) => {}
+                Err(_) => {
+                    let existing = dir.ancestors().skip(1).find(|a| a.is_dir());
+                    match existing {
+                        Some(a) if writable(a, true) => report.notices.push(ctx.fabric_err(
+                            "state_dir",
+                            format!("{} does not exist: a start creates it", dir.display()),
+                        )),
+                        _ => report.errors.push(ctx.fabric_err(
+                            "state_dir",
+                            format!(
+                                "{} does not exist and cannot be created by this user: create it or fix the path",
+                                dir.display()
+                            ),
+                        )),
+                    }
+                }
+            }
+        }
+        // Each listen address is bound once: a repeat, or an address under
+        // a wildcard of the same family and port, fails the start.
+        let mut seen: Vec<(SocketAddr, u16)> = Vec::new();
+        for g in &self.portal_groups {
+            let tag = g.get_ref().tag;
+            for a in &g.get_ref().listen {
+                let Ok(addr) = a.get_ref().parse::<SocketAddr>() else {
+                    continue; // build() reports it
+                };
+                // Port 0 (a port picked at start) may be listed in several
+                // groups, each getting its own, but once per group.
+                let clash = seen.iter().find(|(other, other_tag)| {
+                    (*other == addr && *other_tag == tag)
+                        || other.port() == addr.port()
+                            && addr.port() != 0
+                            && other.is_ipv4() == addr.is_ipv4()
+                            && (other.ip() == addr.ip()
+                                || other.ip().is_unspecified()
+                                || addr.ip().is_unspecified())
+                });
+                if let Some((_, other_tag)) = clash.filter(|_| addr.port() == 0) {
+                    report.errors.push(ctx.err(
+                        a.span(),
+                        "portal_group.listen",
+                        format!(
+                            "{addr} is listed twice in portal group {other_tag}: port 0 picks one port per group; list it once"
+                        ),
+                    ));
+                } else if let Some((other, other_tag)) = clash {
+                    let what = if *other == addr {
+                        format!("{addr} is listed already")
+                    } else {
+                        format!("{addr} overlaps {other}")
+                    };
+                    report.errors.push(ctx.err(
+                        a.span(),
+                        "portal_group.listen",
+                        format!(
+                            "{what} (portal group {other_tag}): an address:port is bound once; remove it from one group (portal group {tag} here)"
+                        ),
+                    ));
+                }
+                seen.push((addr, tag));
+            }
+        }
+        let mut claims = Claims::default();
+        for t in &self.targets {
+            let t = t.get_ref();
+            if let Err(why) = check_iscsi_name(t.name.get_ref().trim()) {
+                report
+                    .errors
+                    .push(ctx.err(t.name.span(), "target.name", why));
+            }
+            for a in t.allow.iter().flatten() {
+                if let Err(why) = check_iscsi_name(a.get_ref().trim()) {
+                    report.errors.push(ctx.err(
+                        a.span(),
+                        "target.allow",
+                        format!("{why}; allow lists InitiatorNames"),
+                    ));
+                }
+            }
+            let auth = AuthConfig {
+                chap: t.chap.clone(),
+                initiator_chap: t.initiator_chap.clone(),
+                mutual_chap: t.mutual_chap.clone(),
+                chap_algorithms: None,
+            };
+            check_auth(ctx, &mut report, &auth, "target");
+            claim_units(
+                ctx,
+                &mut report,
+                &mut claims,
+                self.fabric.state_dir.as_deref(),
+                t,
+            );
+            if ctx.no_disk {
+                continue; // no backing file is touched at all
+            }
+            for l in &t.luns {
+                let l = l.get_ref();
+                let size = l.size.as_ref().and_then(|s| parse_size(s.get_ref()));
+                match l.backstore.get_ref().as_str() {
+                    "file" => {
+                        if let Some(p) = &l.path {
+                            check_backing_file(
+                                ctx,
+                                &mut report,
+                                p.span(),
+                                "target.lun.path",
+                                p.get_ref(),
+                                size,
+                                l.read_only,
+                            );
+                        }
+                    }
+                    "striped" => {
+                        let Some(paths) = &l.paths else { continue };
+                        let n = paths.get_ref().len().max(1) as u64;
+                        let member_size = size.map(|s| s.div_ceil(n));
+                        let mut lens = Vec::new();
+                        for p in paths.get_ref() {
+                            let len = check_backing_file(
+                                ctx,
+                                &mut report,
+                                paths.span(),
+                                "target.lun.paths",
+                                p,
+                                member_size,
+                                l.read_only,
+                            );
+                            if let Some(len) = len {
+                                lens.push((p, len));
+                            }
+                        }
+                        let with_data: Vec<_> = lens.iter().filter(|(_, n)| *n > 0).collect();
+                        if let Some((first, flen)) = with_data.first() {
+                            if let Some((p, n)) = lens.iter().find(|(_, n)| n != flen) {
+                                report.errors.push(ctx.err(
+                                    paths.span(),
+                                    "target.lun.paths",
+                                    format!(
+                                        "striped member {} is {n} bytes but {} is {flen} bytes: the members of one set are equal in size; restore or grow the member, else fix paths",
+                                        p.display(),
+                                        first.display()
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        check_auth(ctx, &mut report, &self.discovery, "discovery");
+        report
+    }
+}

@@ -1,0 +1,420 @@
+//! One `[[target.lun]]` table: its fields checked against its backstore kind, its
+//! storage opened (or, for `--check` and `--no-disk`, stood in for), and the data path
+//! the operator asked of it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use blockwire_target::backstore::{
+    ram_size_refusal, striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore,
+    RamBackstore, StripedBackstore,
+};
+use blockwire_target::iscsi::catalog::DataPathPolicy;
+use blockwire_target::scsi::{LogicalUnit, LuConfig};
+use toml::Spanned;
+
+use super::{
+    file_atomic_journal, parse_size, pr_state_file_name, unit_identity, ConfigError, Ctx, LunDef,
+    DRY_RUN_SIZE,
+};
+
+/// Builds LUN `l` of target `name` (its span `lspan`): the logical unit (the running
+/// one when the configuration is reloaded and the LUN is kept), and its data path
+/// when it asks for one other than the default copy path. `state_dir` keeps the
+/// persistent-reservation state of units that persist through power loss (APTPL).
+pub(super) fn build_lun(
+    ctx: &Ctx<'_>,
+    state_dir: Option<&Path>,
+    name: &str,
+    l: &LunDef,
+    lspan: std::ops::Range<usize>,
+) -> Result<(Arc<LogicalUnit>, Option<DataPathPolicy>), ConfigError> {
+    let size = match &l.size {
+        Some(s) => Some(parse_size(s.get_ref()).filter(|&n| n > 0).ok_or_else(|| {
+            ctx.err(
+                s.span(),
+                "target.lun.size",
+                format!(
+                    "{:?} is not a size (write e.g. \"1G\", \"512M\" or bytes)",
+                    s.get_ref()
+                ),
+            )
+        })?),
+        None => None,
+    };
+    let block_size = match &l.block_size {
+        Some(b) if *b.get_ref() != 512 && *b.get_ref() != 4096 => {
+            return Err(ctx.err(b.span(), "target.lun.block_size", "must be 512 or 4096"));
+        }
+        Some(b) => *b.get_ref(),
+        None => 512,
+    };
+    let kind = l.backstore.get_ref().as_str();
+    let mode = match &l.mode {
+        None => FileMode::Cached,
+        Some(m) if kind != "file" && kind != "striped" => {
+            return Err(ctx.err(
+                m.span(),
+                "target.lun.mode",
+                format!("only file and striped LUNs have a mode; remove it from this {kind} LUN"),
+            ));
+        }
+        Some(m) => match m.get_ref().as_str() {
+            "cached" => FileMode::Cached,
+            "direct" => FileMode::Direct,
+            other => {
+                return Err(ctx.err(
+                    m.span(),
+                    "target.lun.mode",
+                    format!("{other:?} is not a mode (use \"cached\" or \"direct\")"),
+                ));
+            }
+        },
+    };
+    let physical_block_exponent = match &l.physical_block_size {
+        None => 0,
+        Some(p) => {
+            let v = *p.get_ref();
+            let ratio = v / block_size;
+            if v < block_size || v % block_size != 0 || !ratio.is_power_of_two() || ratio > 1 << 15
+            {
+                return Err(ctx.err(
+                    p.span(),
+                    "target.lun.physical_block_size",
+                    format!("must be block_size ({block_size}) times a power of two, e.g. 4096"),
+                ));
+            }
+            ratio.trailing_zeros() as u8
+        }
+    };
+    let sync_chunk = match &l.sync_chunk {
+        None => 64 << 10,
+        Some(c) => match parse_size(c.get_ref()) {
+            Some(n) if (4096..=1 << 20).contains(&n) && n % 4096 == 0 => n as usize,
+            _ => {
+                return Err(ctx.err(
+                    c.span(),
+                    "target.lun.sync_chunk",
+                    format!(
+                        "{:?} is not a chunk size (a multiple of 4K from \"4K\" to \"1M\", e.g. \"64K\")",
+                        c.get_ref()
+                    ),
+                ));
+            }
+        },
+    };
+    let sync_send = l.sync_send.as_ref().is_some_and(|s| *s.get_ref());
+    if let Some(s) = l
+        .sync_send
+        .as_ref()
+        .filter(|_| kind != "file" && kind != "striped")
+    {
+        return Err(ctx.err(
+            s.span(),
+            "target.lun.sync_send",
+            format!("only file and striped LUNs have synchronized sends; remove it from this {kind} LUN"),
+        ));
+    }
+    let engine_mode = if sync_send {
+        blockwire_target::datapath::Mode::Synchronized
+    } else {
+        blockwire_target::datapath::Mode::Serial
+    };
+    // Striped LUNs, like file LUNs, read through the engine when
+    // direct (serial unless sync_send) or with sync_send.
+    let engine_path = sync_send || mode == FileMode::Direct;
+    if let Some(p) = l.paths.as_ref().filter(|_| kind != "striped") {
+        return Err(ctx.err(
+            p.span(),
+            "target.lun.paths",
+            format!("only striped LUNs have member paths; use path = \"...\" for this {kind} LUN"),
+        ));
+    }
+    if let Some(c) = l.stripe_chunk.as_ref().filter(|_| kind != "striped") {
+        return Err(ctx.err(
+            c.span(),
+            "target.lun.stripe_chunk",
+            format!("only striped LUNs have a stripe chunk; remove it from this {kind} LUN"),
+        ));
+    }
+    if let Some(z) = l.zero_copy.as_ref().filter(|_| kind != "file") {
+        return Err(ctx.err(
+            z.span(),
+            "target.lun.zero_copy",
+            format!(
+                "only file LUNs have zero_copy (sendfile) reads; remove it from this {kind} LUN"
+            ),
+        ));
+    }
+    let zero_copy = l.zero_copy.as_ref().is_none_or(|z| *z.get_ref());
+    if let Some(w) = l.sync_write.as_ref().filter(|_| kind != "file") {
+        return Err(ctx.err(
+            w.span(),
+            "target.lun.sync_write",
+            format!("only file LUNs have double-buffered writes; remove sync_write from this {kind} LUN"),
+        ));
+    }
+    let sync_write = l.sync_write.as_ref().is_some_and(|w| *w.get_ref());
+    if let Some(j) = l.atomic_journal.as_ref().filter(|_| kind != "file") {
+        return Err(ctx.err(
+            j.span(),
+            "target.lun.atomic_journal",
+            format!("only file LUNs keep an atomic-write journal; remove it from this {kind} LUN"),
+        ));
+    }
+    let atomic_writes = l.atomic_writes.as_ref().map(|a| *a.get_ref());
+    if let Some(a) = l.atomic_writes.as_ref().filter(|a| *a.get_ref()) {
+        let why = match kind {
+            "striped" => Some("a striped LUN cannot write atomically (one write may span members); remove atomic_writes"),
+            _ if l.read_only => Some("a read-only LUN takes no writes; remove atomic_writes"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(ctx.err(a.span(), "target.lun.atomic_writes", why));
+        }
+    }
+    let pr_state_path = state_dir.map(|d| d.join(pr_state_file_name(name, l.id)));
+    let kept = ctx
+        .reuse
+        .and_then(|r| r.get(&(name.to_ascii_lowercase(), l.id)).cloned());
+    // Checked here and not only by the store, so that --check and
+    // --no-disk (which build no RAM store) refuse it too.
+    if let Some(why) = size.filter(|_| kind == "ram").and_then(ram_size_refusal) {
+        let span = l.size.as_ref().map_or(lspan.clone(), Spanned::span);
+        return Err(ctx.err(
+            span,
+            "target.lun.size",
+            format!("{why}: a larger thin LUN belongs on a sparse file (backstore = \"file\")"),
+        ));
+    }
+    let backstore: Arc<dyn Backstore> = match kind {
+        _ if kept.is_some() => kept
+            .as_ref()
+            .map(|u| u.config().backstore.clone())
+            .expect("checked is_some"),
+        "null" | "ram" if ctx.no_disk => {
+            let size = size.ok_or_else(|| {
+                ctx.err(
+                    lspan.clone(),
+                    "target.lun.size",
+                    format!("a {kind} LUN needs a size"),
+                )
+            })?;
+            Arc::new(NullBackstore::pattern(size))
+        }
+        "null" => {
+            let size = size.ok_or_else(|| {
+                ctx.err(lspan.clone(), "target.lun.size", "a null LUN needs a size")
+            })?;
+            Arc::new(NullBackstore::new(size))
+        }
+        "ram" => {
+            let size = size.ok_or_else(|| {
+                ctx.err(lspan.clone(), "target.lun.size", "a ram LUN needs a size")
+            })?;
+            Arc::new(RamBackstore::new(size))
+        }
+        "file" if ctx.no_disk || ctx.dry_run => {
+            let path = l.path.as_ref().map(Spanned::get_ref).ok_or_else(|| {
+                ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
+            })?;
+            // --no-disk and --check: the file is neither opened
+            // nor created; its length (metadata only) stands in
+            // for a size.
+            let size = match (size, std::fs::metadata(path), ctx.dry_run) {
+                (Some(s), _, _) => s,
+                (None, Ok(m), true) if m.is_file() && m.len() > 0 => m.len(),
+                // validate() reports the missing, empty or
+                // special file; a stand-in lets the rest be checked.
+                (None, _, true) => DRY_RUN_SIZE,
+                (None, Ok(m), false) => m.len(),
+                (None, Err(e), false) => {
+                    return Err(ctx.err(
+                        lspan.clone(),
+                        "target.lun.size",
+                        format!(
+                            "--no-disk needs a size for {} ({e}): add size = \"...\"",
+                            path.display()
+                        ),
+                    ))
+                }
+            };
+            Arc::new(NullBackstore::pattern(size))
+        }
+        "striped" => {
+            let paths = l.paths.as_ref().ok_or_else(|| {
+                ctx.err(
+                    lspan.clone(),
+                    "target.lun.paths",
+                    "a striped LUN needs paths = [\"a.img\", \"b.img\", ...] (at least 2)",
+                )
+            })?;
+            if paths.get_ref().len() < 2 {
+                return Err(ctx.err(
+                    paths.span(),
+                    "target.lun.paths",
+                    format!("a striped LUN needs at least 2 member paths ({} given); use backstore = \"file\" for one", paths.get_ref().len()),
+                ));
+            }
+            if l.path.is_some() {
+                return Err(ctx.err(
+                    lspan.clone(),
+                    "target.lun.path",
+                    "a striped LUN takes its members from paths = [...]; remove path",
+                ));
+            }
+            let stripe = match &l.stripe_chunk {
+                None => 64 << 10,
+                Some(c) => {
+                    let n = parse_size(c.get_ref()).ok_or_else(|| {
+                        ctx.err(
+                            c.span(),
+                            "target.lun.stripe_chunk",
+                            format!("{:?} is not a size (write e.g. \"64K\")", c.get_ref()),
+                        )
+                    })?;
+                    check_stripe(n, mode)
+                        .map_err(|m| ctx.err(c.span(), "target.lun.stripe_chunk", m))?;
+                    if n < u64::from(block_size) {
+                        return Err(ctx.err(
+                            c.span(),
+                            "target.lun.stripe_chunk",
+                            format!("the stripe chunk ({n} bytes) must hold at least one {block_size}-byte block"),
+                        ));
+                    }
+                    n
+                }
+            };
+            if ctx.no_disk || ctx.dry_run {
+                let size = match size {
+                    Some(s) => s,
+                    None => {
+                        let mut least = u64::MAX;
+                        for p in paths.get_ref() {
+                            let len = match (std::fs::metadata(p), ctx.dry_run) {
+                                (Ok(m), _) => m.len(),
+                                // validate() reports the missing member.
+                                (Err(_), true) => DRY_RUN_SIZE,
+                                (Err(e), false) => {
+                                    return Err(ctx.err(
+                                        lspan.clone(),
+                                        "target.lun.size",
+                                        format!(
+                                        "--no-disk needs a size for {} ({e}): add size = \"...\"",
+                                        p.display()
+                                    ),
+                                    ))
+                                }
+                            };
+                            least = least.min(len);
+                        }
+                        let size = least / stripe * stripe * paths.get_ref().len() as u64;
+                        if ctx.dry_run && size == 0 {
+                            stripe * paths.get_ref().len() as u64
+                        } else {
+                            size
+                        }
+                    }
+                };
+                Arc::new(NullBackstore::pattern(size))
+            } else {
+                let sb = StripedBackstore::open(paths.get_ref(), stripe, size, l.read_only, mode)
+                    .map_err(|e| ctx.err(paths.span(), "target.lun.paths", e.to_string()))?;
+                Arc::new(sb)
+            }
+        }
+        "file" => {
+            let path = l.path.as_ref().map(Spanned::get_ref).ok_or_else(|| {
+                ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
+            })?;
+            let fb = FileBackstore::open_with(path, size, l.read_only, mode)
+                .map_err(|e| ctx.err(lspan.clone(), "target.lun.path", e.to_string()))?;
+            Arc::new(file_atomic_journal(
+                ctx,
+                l,
+                lspan.clone(),
+                path,
+                fb,
+                atomic_writes,
+            )?)
+        }
+        other => {
+            return Err(ctx.err(
+                l.backstore.span(),
+                "target.lun.backstore",
+                format!(
+                    "{other:?} is not a backstore (use \"ram\", \"file\", \"striped\" or \"null\")"
+                ),
+            ));
+        }
+    };
+    if !backstore.size().is_multiple_of(u64::from(block_size))
+        || backstore.size() < u64::from(block_size)
+    {
+        return Err(ctx.err(
+            lspan,
+            "target.lun.size",
+            format!(
+                "{} bytes is not a whole number of {block_size}-byte blocks",
+                backstore.size()
+            ),
+        ));
+    }
+    let (serial, naa) = unit_identity(name, l).ok_or_else(|| {
+        let u = l.uuid.as_ref().expect("only a uuid can be no identity");
+        ctx.err(
+            u.span(),
+            "target.lun.uuid",
+            format!(
+                "{:?} is not a UUID (32 hex digits, e.g. from uuidgen)",
+                u.get_ref()
+            ),
+        )
+    })?;
+    let mut lu = LuConfig::new(backstore);
+    lu.block_size = block_size;
+    lu.physical_block_exponent = physical_block_exponent;
+    lu.read_only = l.read_only;
+    lu.removable = l.removable;
+    lu.atomic_writes = atomic_writes != Some(false);
+    if let Some(secs) = &l.sanitize_min_seconds {
+        if *secs.get_ref() > 86_400 {
+            return Err(ctx.err(
+                secs.span(),
+                "target.lun.sanitize_min_seconds",
+                format!("{} seconds is more than a day", secs.get_ref()),
+            ));
+        }
+        lu.sanitize_min_duration = std::time::Duration::from_secs(*secs.get_ref());
+    }
+    let stalled = l.stalled;
+    lu.serial = serial;
+    lu.naa_id = naa;
+    lu.pr_state_path = pr_state_path;
+    let unit = match kept {
+        // A kept unit stays as it runs (its stall switch too).
+        Some(unit) => unit,
+        None => {
+            let unit = LogicalUnit::new(lu);
+            if stalled {
+                unit.set_stalled(true);
+            }
+            Arc::new(unit)
+        }
+    };
+    // What the operator asked of the LUN's data; the fabric
+    // maps it onto what the storage can do when it starts.
+    // File and striped LUNs read through the engine when direct
+    // (serial unless sync_send) or with sync_send; cached file
+    // LUNs otherwise send READ payloads by sendfile unless
+    // zero_copy = false.
+    let policy = DataPathPolicy {
+        engine_reads: (engine_path && (kind == "file" || kind == "striped")).then_some(engine_mode),
+        sendfile: kind == "file" && !sync_send && mode == FileMode::Cached && zero_copy,
+        // --no-disk drops every WRITE: nothing to double-buffer.
+        double_buffered_writes: sync_write && !ctx.no_disk,
+        chunk: sync_chunk,
+    };
+    let asked = policy.engine_reads.is_some() || policy.sendfile || policy.double_buffered_writes;
+    Ok((unit, asked.then_some(policy)))
+}

@@ -1,0 +1,1392 @@
+//! The target's TOML configuration and its translation into the fabric's
+//! catalog.
+//!
+//! Every error names the file, the line and the field, and says how to fix
+//! it: a storage daemon that refuses to start must say why in one line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::claims::{Claims, FileUse};
+pub use blockwire_pdu::keys::check_iscsi_name;
+use blockwire_target::backstore::{Backstore, FileBackstore};
+use blockwire_target::iscsi::catalog::{
+    Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry,
+};
+use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::{
+    identity_from_uuid, stable_identity, AluaState, LogicalUnit, LunTable, TargetPortGroup,
+};
+use serde::Deserialize;
+use toml::Spanned;
+
+mod check;
+mod lun;
+
+/// A configuration error with its location.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}: {field}: {message}")]
+pub struct ConfigError {
+    /// The configuration file.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// The field at fault (dotted path).
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// The whole file.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Fabric tunables.
+    #[serde(default)]
+    pub fabric: FabricConfig,
+    /// Portal groups.
+    #[serde(default, rename = "portal_group")]
+    pub portal_groups: Vec<Spanned<PortalGroupConfig>>,
+    /// Discovery session authentication.
+    #[serde(default)]
+    pub discovery: AuthConfig,
+    /// Targets.
+    #[serde(default, rename = "target")]
+    pub targets: Vec<Spanned<TargetDef>>,
+    /// The runtime control socket.
+    #[serde(default)]
+    pub control: ControlConfig,
+    /// The Prometheus metrics endpoint.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: an HTTP endpoint serving Prometheus' text exposition
+/// format at `/metrics` (see docs/metrics.md). Off unless a listen
+/// address is given here or with `--metrics`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// ADDR:PORT, e.g. "127.0.0.1:9450". The endpoint has no
+    /// authentication: bind it where only the scraper can reach it.
+    pub listen: Option<Spanned<String>>,
+}
+
+/// `[control]`: the daemon's runtime control socket (JSON-RPC 2.0, one
+/// object per line; see docs/control.md).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Unix socket path, created owner-only (0600). `--control` overrides
+    /// it; without either there is no control socket.
+    pub socket: Option<PathBuf>,
+}
+
+/// `[fabric]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FabricConfig {
+    /// Commands in flight per session.
+    pub queue_depth: u32,
+    /// Seconds between NOP-In keepalives; 0 disables them.
+    pub nop_interval_secs: u64,
+    /// Seconds before an initiator that ignores pings is dropped.
+    pub nop_timeout_secs: u64,
+    /// Seconds initiators get to log out at shutdown.
+    pub logout_grace_secs: u64,
+    /// The target's MaxRecvDataSegmentLength.
+    pub max_recv_data_segment_length: u32,
+    /// HeaderDigest policy: "allow" (the initiator chooses) or "require" (CRC32C only).
+    pub header_digest: String,
+    /// DataDigest policy: "allow" or "require".
+    pub data_digest: String,
+    /// Directory for state that must survive restarts (persistent
+    /// reservations with APTPL). Without it APTPL=1 is refused.
+    pub state_dir: Option<PathBuf>,
+    /// RDMA-assisted iSCSI: where the soft RDMA provider listens (e.g.
+    /// "127.0.0.1:0"; port 0 picks one). Unset: no offload is offered.
+    pub rdma_listen: Option<String>,
+    /// RDMA provider for offloaded sessions: "soft" (RDMA over TCP, runs
+    /// anywhere) or "verbs" (hardware; without a device the target says so
+    /// and serves plain iSCSI).
+    pub rdma_backend: String,
+    /// The RDMA device for "verbs" (e.g. "rxe0"); unset: the first one.
+    pub rdma_device: Option<String>,
+    /// WRITE data one connection may hold at once (e.g. "256M"); commands
+    /// beyond it are answered TASK SET FULL.
+    pub write_budget: String,
+    /// READ data one connection may hold before it is sent (e.g. "256M");
+    /// READs beyond it wait until the initiator has taken earlier data.
+    pub read_budget: String,
+    /// Send large Data-In payloads with MSG_ZEROCOPY where the kernel
+    /// allows it (default true); false: plain copying sends.
+    pub zero_copy_send: bool,
+    /// For initiators on this host (connections over the loopback
+    /// interface or to one of its own addresses), copying sends: large READ
+    /// payloads of cached file LUNs in tmpfs from the file's mapping instead
+    /// of by sendfile, and no MSG_ZEROCOPY (default true; see the target's
+    /// `iscsi::file_map`); false: sendfile and `zero_copy_send` for every
+    /// initiator.
+    pub local_copy_sends: bool,
+    /// Microseconds a connection keeps looking for the initiator's next PDU
+    /// before it sleeps (default [`DEFAULT_BUSY_POLL_US`]; 0: it sleeps at
+    /// once; at most 1000). Only a connection whose reads bring about one
+    /// PDU (QD1) and whose initiator has seen every response polls, and
+    /// only while no other connection is at work and every runnable thread
+    /// of the machine has a CPU. Saves the wake-up of an idle CPU per round
+    /// trip, at the price of up to that much CPU time per wait. With it on,
+    /// a connection on a connection thread whose reads bring several PDUs
+    /// may instead nap 30 us after answering a batch, while that keeps its
+    /// initiator's rate (the target's `iscsi::batch_nap`); 0 turns naps off
+    /// as well.
+    pub busy_poll_us: u64,
+    /// Threads the iSCSI connections run on, each connection on one of them
+    /// from login to close (the one with the fewest when it comes): a
+    /// connection reads, runs a command and answers on one thread. Unset:
+    /// one per CPU; 0: connections share the daemon's runtime workers; at
+    /// most [`CONNECTION_THREADS_MAX`].
+    pub connection_threads: Option<usize>,
+    /// The target's DataPDUInOrder answer: false (default) lets an
+    /// initiator that offers No receive Data-In in completion order
+    /// (synchronized sends); true insists on in-order PDUs.
+    pub data_pdu_in_order: bool,
+}
+
+impl Default for FabricConfig {
+    fn default() -> Self {
+        let d = FabricSettings::default();
+        FabricConfig {
+            queue_depth: d.queue_depth,
+            nop_interval_secs: d.nop_interval.map_or(0, |i| i.as_secs()),
+            nop_timeout_secs: d.nop_timeout.as_secs(),
+            logout_grace_secs: d.logout_grace.as_secs(),
+            max_recv_data_segment_length: 262_144,
+            header_digest: "allow".into(),
+            data_digest: "allow".into(),
+            state_dir: None,
+            rdma_listen: None,
+            rdma_backend: "soft".into(),
+            rdma_device: None,
+            write_budget: "256M".into(),
+            read_budget: "256M".into(),
+            zero_copy_send: d.zero_copy_send,
+            local_copy_sends: d.local_copy_sends,
+            busy_poll_us: DEFAULT_BUSY_POLL_US,
+            connection_threads: None,
+            data_pdu_in_order: d.data_pdu_in_order,
+        }
+    }
+}
+
+/// `[[portal_group]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortalGroupConfig {
+    /// Target portal group tag (1..65535).
+    pub tag: u16,
+    /// Listen addresses, e.g. "0.0.0.0:3260" or "[::]:3260".
+    pub listen: Vec<Spanned<String>>,
+    /// ALUA state of the group's port for every target in it:
+    /// "active_optimized" (default), "active_non_optimized" (serves I/O,
+    /// not preferred) or "standby" (media commands get NOT READY, LOGICAL
+    /// UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE).
+    pub alua_state: Option<Spanned<String>>,
+    /// Also accept standard iSER (RFC 7145) on every listen address: an RDMA
+    /// CM listener on the same address and port, with `[fabric] rdma_backend`
+    /// and `rdma_device` as the RDMA provider (Linux initiators need "verbs").
+    #[serde(default)]
+    pub iser: bool,
+    /// iSER listeners at other addresses than `listen` (required with the
+    /// soft provider, which runs over TCP and cannot share the iSCSI port).
+    #[serde(default)]
+    pub iser_listen: Vec<Spanned<String>>,
+}
+
+/// A CHAP credential.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ChapConfig {
+    /// CHAP_N.
+    pub user: String,
+    /// Secret (12 to 255 characters; RFC 7143 asks for at least 96 bits).
+    pub secret: Spanned<String>,
+}
+
+/// A per-initiator CHAP credential.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct InitiatorChapConfig {
+    /// The initiator's iSCSI name.
+    pub initiator: Spanned<String>,
+    /// CHAP_N it uses.
+    pub user: String,
+    /// Its secret.
+    pub secret: Spanned<String>,
+}
+
+/// Authentication settings shared by `[discovery]` and targets.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// One-way CHAP credentials any initiator may use.
+    #[serde(default)]
+    pub chap: Vec<ChapConfig>,
+    /// Credentials for particular initiators.
+    #[serde(default)]
+    pub initiator_chap: Vec<InitiatorChapConfig>,
+    /// The target's own credential for mutual CHAP.
+    pub mutual_chap: Option<ChapConfig>,
+    /// CHAP algorithms in order of preference: "SHA3-256", "SHA-256", "SHA1", "MD5".
+    pub chap_algorithms: Option<Spanned<Vec<String>>>,
+}
+
+/// `[[target]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetDef {
+    /// iSCSI name.
+    pub name: Spanned<String>,
+    /// TargetAlias.
+    pub alias: Option<String>,
+    /// Portal group tags; all groups when omitted.
+    pub portal_groups: Option<Vec<Spanned<u16>>>,
+    /// Initiator names allowed; any initiator when omitted.
+    pub allow: Option<Vec<Spanned<String>>>,
+    /// One-way CHAP credentials any initiator may use.
+    #[serde(default)]
+    pub chap: Vec<ChapConfig>,
+    /// Credentials for particular initiators.
+    #[serde(default)]
+    pub initiator_chap: Vec<InitiatorChapConfig>,
+    /// The target's own credential for mutual CHAP.
+    pub mutual_chap: Option<ChapConfig>,
+    /// CHAP algorithms in order of preference.
+    pub chap_algorithms: Option<Spanned<Vec<String>>>,
+    /// Logical units.
+    #[serde(default, rename = "lun")]
+    pub luns: Vec<Spanned<LunDef>>,
+}
+
+/// `[[target.lun]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LunDef {
+    /// LUN number (0..16383).
+    pub id: u16,
+    /// "ram", "file", "striped" (RAID0 over `paths`) or "null" (reads
+    /// zeros, discards writes: benchmarks).
+    pub backstore: Spanned<String>,
+    /// File and striped LUNs: "cached" (page cache, the default) or
+    /// "direct" (O_DIRECT).
+    pub mode: Option<Spanned<String>>,
+    /// File or block device path (file backstore).
+    pub path: Option<Spanned<PathBuf>>,
+    /// Striped LUNs: the member files (at least 2), in layout order: stripe
+    /// chunk k lives on member k mod N, so the order must never change.
+    pub paths: Option<Spanned<Vec<PathBuf>>>,
+    /// Striped LUNs: the stripe chunk, a power of two from the logical
+    /// block size to "16M" ("64K" by default; at least "4K" in direct mode).
+    pub stripe_chunk: Option<Spanned<String>>,
+    /// Size, e.g. "1G", "512M", "1048576" (required for ram; creates or grows files).
+    pub size: Option<Spanned<String>>,
+    /// Refuse writes.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Removable medium: INQUIRY reports RMB=1, START STOP UNIT with LOEJ
+    /// ejects and loads it (refused while PREVENT ALLOW MEDIUM REMOVAL
+    /// prevents removal), and with the medium out media commands, TEST
+    /// UNIT READY and READ CAPACITY end NOT READY, MEDIUM NOT PRESENT.
+    #[serde(default)]
+    pub removable: bool,
+    /// The least time, in seconds, a SANITIZE operation takes (default 0:
+    /// as fast as the backstore goes); the LUN answers NOT READY,
+    /// SANITIZE IN PROGRESS meanwhile. Emulates a slow medium.
+    pub sanitize_min_seconds: Option<Spanned<u64>>,
+    /// Fault injection: start with the LUN stalled (media commands wait
+    /// before the backstore until released with the control socket's
+    /// `lun.stall`).
+    #[serde(default)]
+    pub stalled: bool,
+    /// Logical block size: 512 (default) or 4096.
+    pub block_size: Option<Spanned<u32>>,
+    /// Unit serial number; derived from `uuid` or, without one, from the
+    /// target name and LUN when omitted.
+    pub serial: Option<String>,
+    /// The LUN's UUID: its unit serial number (VPD 80h) and NAA identifier
+    /// (VPD 83h) derive from it, so they stay the same when the LUN moves to
+    /// another target name or LUN number. Without it both derive from the
+    /// target name and the LUN number (deterministic, stable across
+    /// restarts and portals, but changed by a rename). Generate one with
+    /// `uuidgen` and keep it with the data.
+    pub uuid: Option<Spanned<String>>,
+    /// Physical block size reported in READ CAPACITY (16): equal to
+    /// `block_size` (default) or a power-of-two multiple of it, e.g. 4096.
+    pub physical_block_size: Option<Spanned<u32>>,
+    /// File LUNs: READs use synchronized sends: read by the I/O
+    /// engine in `sync_chunk` chunks submitted together, each Data-In PDU
+    /// sent as soon as its bytes are read. Off by default (serial: read
+    /// all, then send). A `mode = "direct"` LUN always reads through the
+    /// engine into registered buffers; there `false` means the serial
+    /// baseline on that path, `true` the synchronized sends.
+    pub sync_send: Option<Spanned<bool>>,
+    /// Chunk size for `sync_send`, e.g. "64K" (default), 4K to 1M.
+    pub sync_chunk: Option<Spanned<String>>,
+    /// File LUNs: double-buffered WRITEs: each `sync_chunk` chunk
+    /// of a WRITE goes to disk (I/O engine, registered buffer) while the
+    /// next one arrives. Off by default (gather the whole WRITE, then
+    /// write it).
+    pub sync_write: Option<Spanned<bool>>,
+    /// File LUNs in cached mode without `sync_send`: READ payloads go from
+    /// the page cache to the socket by sendfile (default true; the copy
+    /// path is used anyway on connections with DataDigest). false: the
+    /// copy path (read into a buffer, then send), the baseline.
+    pub zero_copy: Option<Spanned<bool>>,
+    /// WRITE ATOMIC(16) (SBC-4 atomic writes: every block or none, also
+    /// across a crash). Default: on where the backstore can keep that
+    /// promise: RAM and null LUNs (in process) and writable file LUNs on a
+    /// regular file (through a write-ahead journal, `atomic_journal`).
+    /// false: never offered. true: refused where it cannot be kept
+    /// (striped and read-only LUNs, a block device without
+    /// `atomic_journal`).
+    pub atomic_writes: Option<Spanned<bool>>,
+    /// File LUNs: where the atomic-write journal lives (default: the
+    /// backing file's path with `.atomic-journal` appended). It must stay
+    /// with the backing file: unfinished atomic writes are replayed from it
+    /// when the LUN opens.
+    pub atomic_journal: Option<Spanned<PathBuf>>,
+}
+
+/// Gives a file LUN its atomic-write journal when it should have one (see
+/// `LunDef::atomic_writes`), replaying the atomic writes a crash left
+/// unfinished. A read-only LUN cannot replay them, so it refuses to open
+/// while its journal holds any.
+/// The file under `[fabric] state_dir` that keeps the saved persistent
+/// reservations of LUN `id` of target `name`: the name with every
+/// character a file name might not hold as '_'. (Two targets whose names
+/// differ only there would share it: [`Claims`] refuses that.)
+fn pr_state_file_name(name: &str, id: u16) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.lun{id}.pr")
+}
+
+/// The unit serial number (VPD 80h) and NAA identifier (VPD 83h) of LUN
+/// `l` of target `name`: from its uuid, else derived from the target name
+/// and the LUN; a `serial` given replaces the serial. None: the uuid is
+/// not a UUID.
+fn unit_identity(name: &str, l: &LunDef) -> Option<(String, u64)> {
+    let (serial, naa) = match &l.uuid {
+        Some(u) => identity_from_uuid(u.get_ref())?,
+        None => stable_identity(name, l.id),
+    };
+    Some((l.serial.clone().unwrap_or(serial), naa))
+}
+
+/// Takes for each LUN of target `t` its identity and (unless `--no-disk`,
+/// which touches no file) the files it holds, reporting each one that
+/// another LUN holds already.
+fn claim_units(
+    ctx: &Ctx<'_>,
+    report: &mut CheckReport,
+    claims: &mut Claims,
+    state_dir: Option<&Path>,
+    t: &TargetDef,
+) {
+    let name = t.name.get_ref().trim();
+    for l in &t.luns {
+        let lspan = l.span();
+        let l = l.get_ref();
+        let unit = format!("LUN {} of {name}", l.id);
+        let line = line_of(ctx.text, lspan.start);
+        if let Some((serial, naa)) = unit_identity(name, l) {
+            if let Err(m) = claims.identity(&unit, line, &serial, naa) {
+                report.errors.push(match (&l.serial, &l.uuid) {
+                    (None, Some(u)) => ctx.err(u.span(), "target.lun.uuid", m),
+                    _ => ctx.err(lspan.clone(), "target.lun.serial", m),
+                });
+            }
+        }
+        let pr_state = state_dir.map(|d| d.join(pr_state_file_name(name, l.id)));
+        let files = held_files(l, pr_state.as_deref());
+        // --no-disk opens no backing file, but still keeps reservations.
+        let used = |h: &HeldFile<'_>| !ctx.no_disk || h.what == FileUse::Reservations;
+        for held in files.into_iter().filter(used) {
+            if let Err(m) = claims.file(&unit, line, &held.path, held.what) {
+                let span = held.span.unwrap_or_else(|| t.name.span());
+                report.errors.push(ctx.err(span, held.field, m));
+                break; // its other files (a journal named after it) say no more
+            }
+        }
+    }
+}
+
+/// A file a LUN holds for itself alone.
+struct HeldFile<'a> {
+    path: std::borrow::Cow<'a, Path>,
+    what: FileUse,
+    /// The field that names it, and where (none: the target's name,
+    /// which the file is named after).
+    field: &'static str,
+    span: Option<std::ops::Range<usize>>,
+}
+
+/// The files LUN `l` holds for itself alone: its data or striped members,
+/// its atomic-write journal unless atomic writes are off, and its saved
+/// reservations (at `pr_state_path`).
+fn held_files<'a>(l: &'a LunDef, pr_state_path: Option<&'a Path>) -> Vec<HeldFile<'a>> {
+    let kind = l.backstore.get_ref().as_str();
+    let atomic_writes = l.atomic_writes.as_ref().map(|a| *a.get_ref());
+    use std::borrow::Cow;
+    let named = |path: &'a Path, what, field, span| HeldFile {
+        path: Cow::Borrowed(path),
+        what,
+        field,
+        span: Some(span),
+    };
+    let mut held = Vec::new();
+    match (kind, &l.path, &l.paths) {
+        ("file", Some(path), _) => {
+            held.push(named(
+                path.get_ref(),
+                FileUse::Data,
+                "target.lun.path",
+                path.span(),
+            ));
+            match (&l.atomic_journal, atomic_writes) {
+                (_, Some(false)) => {}
+                (Some(j), _) => held.push(named(
+                    j.get_ref(),
+                    FileUse::AtomicJournal,
+                    "target.lun.atomic_journal",
+                    j.span(),
+                )),
+                (None, _) => held.push(HeldFile {
+                    path: Cow::Owned(FileBackstore::default_journal_path(path.get_ref())),
+                    what: FileUse::AtomicJournal,
+                    field: "target.lun.path",
+                    span: Some(path.span()),
+                }),
+            }
+        }
+        ("striped", _, Some(paths)) => {
+            for p in paths.get_ref() {
+                held.push(named(
+                    p,
+                    FileUse::StripeMember,
+                    "target.lun.paths",
+                    paths.span(),
+                ));
+            }
+        }
+        _ => {}
+    }
+    if let Some(p) = pr_state_path {
+        held.push(HeldFile {
+            path: Cow::Borrowed(p),
+            what: FileUse::Reservations,
+            field: "target.name",
+            span: None,
+        });
+    }
+    held
+}
+
+fn file_atomic_journal(
+    ctx: &Ctx<'_>,
+    l: &LunDef,
+    lspan: std::ops::Range<usize>,
+    path: &std::path::Path,
+    fb: FileBackstore,
+    atomic_writes: Option<bool>,
+) -> Result<FileBackstore, ConfigError> {
+    let journal = l
+        .atomic_journal
+        .as_ref()
+        .map(|j| j.get_ref().clone())
+        .unwrap_or_else(|| FileBackstore::default_journal_path(path));
+    let field = if l.atomic_journal.is_some() {
+        "target.lun.atomic_journal"
+    } else {
+        "target.lun.path"
+    };
+    if l.read_only {
+        let n = blockwire_target::backstore::journal::unfinished(&journal, fb.size())
+            .map_err(|e| ctx.err(lspan.clone(), field, e.to_string()))?;
+        if n > 0 {
+            return Err(ctx.err(
+                lspan,
+                field,
+                format!(
+                    "{} holds {n} unfinished atomic write(s) for {}: open the LUN writable once to replay them",
+                    journal.display(),
+                    path.display()
+                ),
+            ));
+        }
+        return Ok(fb);
+    }
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let wanted = match atomic_writes {
+        Some(false) => false,
+        Some(true) => true,
+        None => regular || l.atomic_journal.is_some(),
+    };
+    if !wanted {
+        return Ok(fb);
+    }
+    if !regular && l.atomic_journal.is_none() {
+        return Err(ctx.err(
+            lspan,
+            "target.lun.atomic_writes",
+            format!(
+                "{} is a block device: give its atomic-write journal a place with atomic_journal = \"...\" (on another device), or remove atomic_writes",
+                path.display()
+            ),
+        ));
+    }
+    let (fb, replayed) = fb
+        .with_atomic_journal(&journal)
+        .map_err(|e| ctx.err(lspan, field, e.to_string()))?;
+    if replayed > 0 {
+        tracing::warn!(
+            path = %path.display(),
+            journal = %journal.display(),
+            replayed,
+            "replayed atomic writes a crash left unfinished: each is now wholly written"
+        );
+    }
+    Ok(fb)
+}
+
+/// How a configuration is turned into backstores.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// `--no-disk`: every LUN serves the no-disk pattern and drops writes;
+    /// no backstore file is opened or created (benchmarks only).
+    pub no_disk: bool,
+}
+
+/// What the daemon needs to start.
+#[derive(Debug)]
+pub struct Built {
+    /// Targets and portals.
+    pub catalog: Arc<Catalog>,
+    /// Tunables.
+    pub settings: FabricSettings,
+    /// The target's MaxRecvDataSegmentLength.
+    pub max_recv_data_segment_length: u32,
+    /// Where the RDMA offload listener binds (`[fabric] rdma_listen`).
+    pub rdma_listen: Option<SocketAddr>,
+    /// Which RDMA provider (`[fabric] rdma_backend`).
+    pub rdma_backend: RdmaBackend,
+    /// The RDMA device for "verbs" (`[fabric] rdma_device`).
+    pub rdma_device: Option<String>,
+    /// Addresses with an iSER listener, each with its portal group's tag
+    /// (`[[portal_group]] iser = true`).
+    pub iser_portals: Vec<(SocketAddr, u16)>,
+    /// Built with `--no-disk`: no LUN stores anything.
+    pub no_disk: bool,
+    /// The control socket's path (`[control] socket`).
+    pub control_socket: Option<PathBuf>,
+    /// The Prometheus endpoint's address (`[metrics] listen`).
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// The RDMA provider asked for in the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaBackend {
+    /// The software provider (RDMA semantics over TCP).
+    Soft,
+    /// libibverbs hardware.
+    Verbs,
+}
+
+/// Parses a size like "1G", "512M", "64K", "4096" into bytes.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (digits, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        't' | 'T' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// What a TOML syntax error says, on one line. The parser's own words when
+/// it has any (several joined by "; "); for the errors it leaves without
+/// words, such as a control character in a comment, what stands at the
+/// error's column.
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    let said: Vec<&str> = e
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if !said.is_empty() {
+        return said.join("; ");
+    }
+    let mut at = e.span().map_or(text.len(), |s| s.start.min(text.len()));
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let column = text[line_start..at].chars().count() + 1;
+    match text[at..].chars().next() {
+        Some(c) if c.is_control() => format!(
+            "control character U+{:04X} at column {column}: TOML allows no control character \
+             other than tab in comments and strings (remove it; inside a string, write \\u{:04X})",
+            c as u32, c as u32
+        ),
+        Some(c) => format!("unexpected {c:?} at column {column}"),
+        None => "the file ends in the middle of a line that needs more".into(),
+    }
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+struct Ctx<'a> {
+    file: &'a str,
+    text: &'a str,
+    no_disk: bool,
+    /// `--check`: build nothing that touches the disk (no file created,
+    /// grown or opened for writing, no directory created).
+    dry_run: bool,
+    /// Units already serving, by lower-case target name and LUN: a live
+    /// change keeps them (their data, reservations and sessions) instead of
+    /// opening their storage again.
+    reuse: Option<&'a Reuse>,
+}
+
+/// Units a live change keeps, by lower-case target name and LUN.
+pub type Reuse = std::collections::HashMap<(String, u16), Arc<LogicalUnit>>;
+
+/// The 1-based line of `key = ...` in the `[table]` section of `text`, or
+/// of the section's header when the key is not written there (a default
+/// value at fault), or 1.
+fn key_line(text: &str, table: &str, key: &str) -> usize {
+    let mut in_table = false;
+    let mut header = None;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            // "[fabric]", "[fabric] # tunables", "[[target]]".
+            let name = line
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim();
+            in_table = name == table;
+            if in_table && header.is_none() {
+                header = Some(i + 1);
+            }
+        } else if in_table {
+            if let Some(rest) = line.strip_prefix(key) {
+                if rest.trim_start().starts_with('=') {
+                    return i + 1;
+                }
+            }
+        }
+    }
+    header.unwrap_or(1)
+}
+
+impl Ctx<'_> {
+    fn err(
+        &self,
+        span: std::ops::Range<usize>,
+        field: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line: line_of(self.text, span.start),
+            field: field.to_owned(),
+            message: one_line(message.into()),
+        }
+    }
+
+    /// An error in `[fabric] key`, on the key's line.
+    fn fabric_err(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line: key_line(self.text, "fabric", key),
+            field: format!("fabric.{key}"),
+            message: one_line(message.into()),
+        }
+    }
+}
+
+/// `message` with each control character escaped (`\n`, `\u{1b}`): paths
+/// and names quoted from the file may hold them, and a problem is reported
+/// on one line.
+fn one_line(message: String) -> String {
+    if !message.chars().any(char::is_control) {
+        return message;
+    }
+    message
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// What `--check` found: every error it could find without touching the
+/// disk, and notices of what a start would do to it (files created or
+/// grown, directories created).
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    /// Problems that stop a start, in line order.
+    pub errors: Vec<ConfigError>,
+    /// Changes a start would make on disk, in line order (same shape as an
+    /// error: file, line, field, what).
+    pub notices: Vec<ConfigError>,
+    /// Targets defined.
+    pub targets: usize,
+}
+
+impl CheckReport {
+    /// Whether the configuration would start.
+    pub fn is_valid(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// The default `[fabric] busy_poll_us`: about one QD1 round trip of a fast
+/// initiator on a 2-vCPU VM. The poll gives way to busy initiators, to the
+/// target's other connections and to any thread waiting for a CPU, so QD32
+/// and many sessions keep their pace (interop/results/bench-vs-tgtd.md,
+/// bench/many-sessions-results.txt).
+pub const DEFAULT_BUSY_POLL_US: u64 = 50;
+
+/// The most `[fabric] connection_threads` may ask for: more threads than
+/// CPUs only take turns on them.
+pub const CONNECTION_THREADS_MAX: usize = 1024;
+
+/// A commented example configuration (`examples/target.toml`), printed by
+/// `blockwire-target --print-example-config`.
+pub const EXAMPLE_CONFIG: &str = include_str!("../../../examples/target.toml");
+
+impl TargetConfig {
+    /// Checks a configuration file without side effects: nothing is
+    /// created, grown or opened for writing. Reports every problem found.
+    pub fn check_file(path: &Path, opts: LoadOptions) -> CheckReport {
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::check_str(&file, &text, opts),
+            Err(e) => CheckReport {
+                errors: vec![ConfigError {
+                    file,
+                    line: 0,
+                    field: "-".into(),
+                    message: format!("cannot read the file: {e}"),
+                }],
+                ..CheckReport::default()
+            },
+        }
+    }
+
+    /// Checks configuration text without side effects; `file` names it.
+    pub fn check_str(file: &str, text: &str, opts: LoadOptions) -> CheckReport {
+        let config = match Self::parse(file, text) {
+            Ok(c) => c,
+            Err(e) => {
+                return CheckReport {
+                    errors: vec![e],
+                    ..CheckReport::default()
+                }
+            }
+        };
+        let ctx = Ctx {
+            file,
+            text,
+            no_disk: opts.no_disk,
+            dry_run: true,
+            reuse: None,
+        };
+        let mut report = config.validate(&ctx);
+        report.targets = config.targets.len();
+        // The checks that building does (LUN ids, sizes, modes, ...), with
+        // every file replaced by a stand-in: the first one that fails.
+        if let Err(e) = config.build(&ctx, None) {
+            if !report
+                .errors
+                .iter()
+                .any(|x| x.line == e.line && x.field == e.field)
+            {
+                report.errors.push(e);
+            }
+        }
+        report.errors.sort_by_key(|e| e.line);
+        report.notices.sort_by_key(|e| e.line);
+        report
+    }
+
+    fn parse(file: &str, text: &str) -> Result<TargetConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of(text, s.start));
+            ConfigError {
+                file: file.to_owned(),
+                line,
+                field: "syntax".into(),
+                message: syntax_message(text, &e),
+            }
+        })
+    }
+
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Built, ConfigError> {
+        Self::load_with(path, LoadOptions::default())
+    }
+
+    /// Reads and checks a configuration file, building backstores as
+    /// `opts` says.
+    pub fn load_with(path: &Path, opts: LoadOptions) -> Result<Built, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            field: "-".into(),
+            message: format!("cannot read the file: {e}"),
+        })?;
+        Self::from_str_with(&file, &text, opts)
+    }
+
+    /// Parses and checks configuration text; `file` names it in errors.
+    pub fn from_str(file: &str, text: &str) -> Result<Built, ConfigError> {
+        Self::from_str_with(file, text, LoadOptions::default())
+    }
+
+    /// Parses and checks configuration text, building backstores as `opts`
+    /// says; `file` names it in errors.
+    pub fn from_str_with(file: &str, text: &str, opts: LoadOptions) -> Result<Built, ConfigError> {
+        Self::from_str_reusing(file, text, opts, None)
+    }
+
+    /// [`TargetConfig::from_str_with`] for a live change: the LUNs in
+    /// `reuse` keep their running units (nothing of theirs is opened,
+    /// created or grown); every other LUN is built.
+    pub fn from_str_reusing(
+        file: &str,
+        text: &str,
+        opts: LoadOptions,
+        reuse: Option<&Reuse>,
+    ) -> Result<Built, ConfigError> {
+        let config = Self::parse(file, text)?;
+        let ctx = Ctx {
+            file,
+            text,
+            no_disk: opts.no_disk,
+            dry_run: false,
+            reuse,
+        };
+        // Validate without side effects first, so a start that would fail
+        // on a later field has not created or grown any file yet.
+        let mut report = config.validate(&ctx);
+        if !report.errors.is_empty() {
+            report.errors.sort_by_key(|e| e.line);
+            return Err(report.errors.swap_remove(0));
+        }
+        config.build(&ctx, None)
+    }
+
+    /// The embedded default: one target with one 1 GiB RAM LUN, open to any
+    /// initiator, on `listen`.
+    pub fn embedded_default(listen: SocketAddr) -> Built {
+        Self::embedded_default_with(listen, LoadOptions::default())
+    }
+
+    /// The embedded default's configuration text.
+    pub fn embedded_default_text(listen: SocketAddr) -> String {
+        format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"{listen}\"]\n\n\
+             [[target]]\nname = \"{DEFAULT_TARGET}\"\nalias = \"blockwire-default\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1G\"\n"
+        )
+    }
+
+    /// The embedded default, its LUN built as `opts` says.
+    pub fn embedded_default_with(listen: SocketAddr, opts: LoadOptions) -> Built {
+        let text = Self::embedded_default_text(listen);
+        Self::from_str_with("<embedded default>", &text, opts)
+            .expect("the embedded default configuration is valid")
+    }
+
+    fn build(self, ctx: &Ctx<'_>, _base: Option<&Path>) -> Result<Built, ConfigError> {
+        let f = &self.fabric;
+        if let Some(dir) = f.state_dir.as_ref().filter(|_| !ctx.dry_run) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                ctx.fabric_err("state_dir", format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        let (settings, rdma_listen, rdma_backend) =
+            fabric_settings(f, ctx).map_err(|mut errors| errors.swap_remove(0))?;
+
+        let mut portal_groups = Vec::new();
+        let mut iser_portals = Vec::new();
+        let mut alua_states = Vec::new();
+        for g in &self.portal_groups {
+            let span = g.span();
+            let g = g.get_ref();
+            if g.tag == 0 {
+                return Err(ctx.err(span, "portal_group.tag", "must be between 1 and 65535"));
+            }
+            if portal_groups.iter().any(|p: &PortalGroup| p.tag == g.tag) {
+                return Err(ctx.err(
+                    span,
+                    "portal_group.tag",
+                    format!("tag {} is defined twice", g.tag),
+                ));
+            }
+            let mut addresses = Vec::new();
+            for a in &g.listen {
+                let addr: SocketAddr = a.get_ref().parse().map_err(|_| {
+                    ctx.err(
+                        a.span(),
+                        "portal_group.listen",
+                        format!(
+                            "{:?} is not an address:port (write \"0.0.0.0:3260\" or \"[::]:3260\")",
+                            a.get_ref()
+                        ),
+                    )
+                })?;
+                addresses.push(addr);
+            }
+            if addresses.is_empty() {
+                return Err(ctx.err(span, "portal_group.listen", "give at least one address"));
+            }
+            let state = match &g.alua_state {
+                None => AluaState::ActiveOptimized,
+                Some(s) => AluaState::from_name(s.get_ref()).ok_or_else(|| {
+                    ctx.err(
+                        s.span(),
+                        "portal_group.alua_state",
+                        format!(
+                            "{:?} is not an ALUA state (use \"active_optimized\", \"active_non_optimized\" or \"standby\")",
+                            s.get_ref()
+                        ),
+                    )
+                })?,
+            };
+            alua_states.push((g.tag, state));
+            if g.iser {
+                if rdma_backend == RdmaBackend::Soft {
+                    return Err(ctx.err(
+                        span,
+                        "portal_group.iser",
+                        "the soft RDMA provider runs over TCP and cannot share the iSCSI \
+                         port: set [fabric] rdma_backend = \"verbs\", or give the iSER \
+                         addresses with iser_listen = [\"ADDR:PORT\"] instead",
+                    ));
+                }
+                iser_portals.extend(addresses.iter().map(|a| (*a, g.tag)));
+            }
+            for a in &g.iser_listen {
+                let addr: SocketAddr = a.get_ref().parse().map_err(|_| {
+                    ctx.err(
+                        a.span(),
+                        "portal_group.iser_listen",
+                        format!("{:?} is not an address:port", a.get_ref()),
+                    )
+                })?;
+                if rdma_backend == RdmaBackend::Soft && addresses.contains(&addr) {
+                    return Err(ctx.err(
+                        a.span(),
+                        "portal_group.iser_listen",
+                        format!(
+                            "{addr} is also an iSCSI listen address: the soft RDMA provider \
+                             runs over TCP, so pick another port"
+                        ),
+                    ));
+                }
+                iser_portals.push((addr, g.tag));
+            }
+            portal_groups.push(PortalGroup {
+                tag: g.tag,
+                addresses,
+            });
+        }
+        if portal_groups.is_empty() {
+            return Err(ctx.err(
+                0..0,
+                "portal_group",
+                "no [[portal_group]] is defined: add one with a tag and listen addresses",
+            ));
+        }
+
+        let mut targets = Vec::new();
+        for t in self.targets {
+            let tspan = t.span();
+            let t = t.into_inner();
+            let name = t.name.get_ref().trim().to_owned();
+            let lower = name.to_ascii_lowercase();
+            if !(lower.starts_with("iqn.")
+                || lower.starts_with("eui.")
+                || lower.starts_with("naa."))
+                || name.len() > 223
+            {
+                return Err(ctx.err(t.name.span(), "target.name", format!(
+                    "{name:?} is not an iSCSI name (iqn.YYYY-MM.reversed.domain:id, at most 223 bytes)")));
+            }
+            if targets
+                .iter()
+                .any(|e: &Arc<TargetEntry>| e.name.eq_ignore_ascii_case(&name))
+            {
+                return Err(ctx.err(
+                    t.name.span(),
+                    "target.name",
+                    format!("target {name} is defined twice"),
+                ));
+            }
+            let groups = match &t.portal_groups {
+                None => portal_groups.iter().map(|g| g.tag).collect(),
+                Some(tags) => {
+                    let mut v = Vec::new();
+                    for tag in tags {
+                        if !portal_groups.iter().any(|g| g.tag == *tag.get_ref()) {
+                            return Err(ctx.err(
+                                tag.span(),
+                                "target.portal_groups",
+                                format!(
+                                    "portal group {} is not defined (defined: {})",
+                                    tag.get_ref(),
+                                    portal_groups
+                                        .iter()
+                                        .map(|g| g.tag.to_string())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                ),
+                            ));
+                        }
+                        if v.contains(tag.get_ref()) {
+                            return Err(ctx.err(
+                                tag.span(),
+                                "target.portal_groups",
+                                format!("portal group {} is listed twice", tag.get_ref()),
+                            ));
+                        }
+                        v.push(*tag.get_ref());
+                    }
+                    v
+                }
+            };
+            // Spans do not survive #[serde(flatten)], so the target's auth
+            // fields are listed in TargetDef and gathered here.
+            let auth_config = AuthConfig {
+                chap: t.chap.clone(),
+                initiator_chap: t.initiator_chap.clone(),
+                mutual_chap: t.mutual_chap.clone(),
+                chap_algorithms: t.chap_algorithms.clone(),
+            };
+            let auth = auth_policy(ctx, &auth_config, "target")?;
+            let mut luns = Vec::new();
+            let mut data_paths = Vec::new();
+            for l in &t.luns {
+                let lspan = l.span();
+                let l = l.get_ref();
+                if l.id > 16383 {
+                    return Err(ctx.err(lspan, "target.lun.id", "must be between 0 and 16383"));
+                }
+                if luns.iter().any(|(id, _)| *id == l.id) {
+                    return Err(ctx.err(
+                        lspan,
+                        "target.lun.id",
+                        format!("LUN {} is defined twice in {name}", l.id),
+                    ));
+                }
+                let (unit, policy) = lun::build_lun(ctx, f.state_dir.as_deref(), &name, l, lspan)?;
+                luns.push((l.id, unit));
+                if let Some(policy) = policy {
+                    data_paths.push((l.id, policy));
+                }
+            }
+            if luns.is_empty() {
+                return Err(ctx.err(
+                    tspan,
+                    "target.lun",
+                    format!("target {name} has no [[target.lun]]"),
+                ));
+            }
+            // ALUA: one target port group per portal group of the target,
+            // its relative port the TPGT (the SCSI target port of an iSCSI
+            // target is its name and TPGT); the first one is preferred.
+            let luns = LunTable::new(luns);
+            luns.set_port_groups(
+                groups
+                    .iter()
+                    .map(|&tag| TargetPortGroup {
+                        id: tag,
+                        state: alua_states
+                            .iter()
+                            .find(|(t, _)| *t == tag)
+                            .map_or(AluaState::ActiveOptimized, |(_, s)| *s),
+                        ports: vec![tag],
+                    })
+                    .collect(),
+            );
+            targets.push(Arc::new(TargetEntry {
+                name,
+                alias: t.alias,
+                portal_groups: groups,
+                acl: t.allow.map_or(Acl::Any, |names| {
+                    Acl::Only(names.into_iter().map(Spanned::into_inner).collect())
+                }),
+                auth,
+                luns: Arc::new(luns),
+                data_paths,
+            }));
+        }
+        if targets.is_empty() {
+            return Err(ctx.err(0..0, "target", "no [[target]] is defined"));
+        }
+        let discovery_auth = auth_policy(ctx, &self.discovery, "discovery")?;
+        let metrics_listen = match &self.metrics.listen {
+            None => None,
+            Some(l) => Some(l.get_ref().parse::<SocketAddr>().map_err(|_| {
+                ctx.err(
+                    l.span(),
+                    "metrics.listen",
+                    format!(
+                        "{:?} is not an IP address and port: write e.g. \"127.0.0.1:9450\" \
+                         or \"[::1]:9450\" (host names are not resolved)",
+                        l.get_ref()
+                    ),
+                )
+            })?),
+        };
+        Ok(Built {
+            catalog: Arc::new(Catalog {
+                portal_groups,
+                targets,
+                discovery_auth,
+            }),
+            settings,
+            max_recv_data_segment_length: f.max_recv_data_segment_length,
+            rdma_listen,
+            rdma_backend,
+            rdma_device: f.rdma_device.clone(),
+            iser_portals,
+            no_disk: ctx.no_disk,
+            control_socket: self.control.socket,
+            metrics_listen,
+        })
+    }
+}
+
+/// The name the embedded default target serves.
+pub const DEFAULT_TARGET: &str = "iqn.2026-11.io.blockwire:default";
+
+/// The size a file LUN stands in with when `--check` cannot learn one
+/// (the file is missing or special); validate() reports why.
+const DRY_RUN_SIZE: u64 = 1 << 20;
+
+/// `[fabric]` turned into the fabric's settings: every problem found, each
+/// on its key's line. Never fails with an empty list.
+fn fabric_settings(
+    f: &FabricConfig,
+    ctx: &Ctx<'_>,
+) -> Result<(FabricSettings, Option<SocketAddr>, RdmaBackend), Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let rdma_listen = match &f.rdma_listen {
+        None => None,
+        Some(a) => match a.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                errors.push(ctx.fabric_err(
+                    "rdma_listen",
+                    format!("{a:?} is not an address:port ({e}); write e.g. \"127.0.0.1:0\""),
+                ));
+                None
+            }
+        },
+    };
+    let rdma_backend = match f.rdma_backend.as_str() {
+        "soft" => RdmaBackend::Soft,
+        "verbs" => RdmaBackend::Verbs,
+        other => {
+            errors.push(ctx.fabric_err(
+                "rdma_backend",
+                format!("{other:?} is not an RDMA backend (use \"soft\" or \"verbs\")"),
+            ));
+            RdmaBackend::Soft
+        }
+    };
+    let busy_poll_max = blockwire_target::iscsi::busy_poll::BUSY_POLL_MAX.as_micros() as u64;
+    if f.busy_poll_us > busy_poll_max {
+        errors.push(ctx.fabric_err(
+            "busy_poll_us",
+            format!(
+                "{} is more than {busy_poll_max}: a connection would burn a CPU for little (0 turns busy polling off)",
+                f.busy_poll_us
+            ),
+        ));
+    }
+    if f.connection_threads
+        .is_some_and(|n| n > CONNECTION_THREADS_MAX)
+    {
+        errors.push(ctx.fabric_err(
+            "connection_threads",
+            format!(
+                "{} is more than {CONNECTION_THREADS_MAX} (leave it unset for one per CPU; 0 runs connections on the daemon's shared workers)",
+                f.connection_threads.unwrap_or_default()
+            ),
+        ));
+    }
+    if !(1..=65536).contains(&f.queue_depth) {
+        errors.push(ctx.fabric_err("queue_depth", "must be between 1 and 65536"));
+    }
+    if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
+        errors.push(ctx.fabric_err(
+            "max_recv_data_segment_length",
+            "must be between 512 and 16777215",
+        ));
+    }
+    let mut require = |v: &str, key: &str| match v {
+        "allow" => false,
+        "require" => true,
+        other => {
+            errors.push(ctx.fabric_err(
+                key,
+                format!("{other:?} is not a digest policy (use \"allow\" or \"require\")"),
+            ));
+            false
+        }
+    };
+    let require_header_digest = require(&f.header_digest, "header_digest");
+    let require_data_digest = require(&f.data_digest, "data_digest");
+    let mut budget =
+        |key: &'static str, value: &str| match parse_size(value).filter(|&n| n >= 1 << 20) {
+            Some(n) => n,
+            None => {
+                errors.push(ctx.fabric_err(
+                    key,
+                    format!("{value:?} is not a size of at least 1M (write e.g. \"256M\")"),
+                ));
+                1 << 20
+            }
+        };
+    let write_budget_bytes = budget("write_budget", &f.write_budget);
+    let read_budget_bytes = budget("read_budget", &f.read_budget);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let settings = FabricSettings {
+        write_budget_bytes,
+        read_budget_bytes,
+        require_header_digest,
+        require_data_digest,
+        queue_depth: f.queue_depth,
+        nop_interval: (f.nop_interval_secs > 0)
+            .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
+        nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
+        logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
+        zero_copy_send: f.zero_copy_send,
+        local_copy_sends: f.local_copy_sends,
+        busy_poll: (f.busy_poll_us > 0).then(|| std::time::Duration::from_micros(f.busy_poll_us)),
+        data_pdu_in_order: f.data_pdu_in_order,
+        connection_threads: f.connection_threads.unwrap_or_else(
+            blockwire_target::iscsi::connection_threads::ConnectionThreads::one_per_cpu,
+        ),
+        ..FabricSettings::default()
+    };
+    Ok((settings, rdma_listen, rdma_backend))
+}
+
+fn secret(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<String, ConfigError> {
+    let len = s.get_ref().len();
+    if !(12..=255).contains(&len) {
+        // RFC 7143 §12.1.3: at least 96 bits of secret; tgt and open-iscsi
+        // refuse shorter ones too, so catch it here rather than at login.
+        return Err(ctx.err(
+            s.span(),
+            field,
+            format!(
+                "CHAP secrets must be 12 to 255 characters ({len} given): RFC 7143 (12.1.3) asks for at least 96 bits; use a random secret of 16 characters or more"
+            ),
+        ));
+    }
+    Ok(s.get_ref().clone())
+}
+
+fn auth_policy(ctx: &Ctx<'_>, a: &AuthConfig, section: &str) -> Result<AuthPolicy, ConfigError> {
+    let mut p = AuthPolicy::default();
+    for c in &a.chap {
+        p.incoming.push(ChapSecret {
+            user: c.user.clone(),
+            secret: secret(ctx, &c.secret, &format!("{section}.chap.secret"))?,
+        });
+    }
+    for c in &a.initiator_chap {
+        p.per_initiator.push((
+            c.initiator.get_ref().clone(),
+            ChapSecret {
+                user: c.user.clone(),
+                secret: secret(ctx, &c.secret, &format!("{section}.initiator_chap.secret"))?,
+            },
+        ));
+    }
+    if let Some(m) = &a.mutual_chap {
+        if !p.requires_chap() {
+            return Err(ctx.err(
+                m.secret.span(),
+                &format!("{section}.mutual_chap"),
+                "mutual CHAP needs one-way CHAP credentials too (add chap = [...])",
+            ));
+        }
+        p.outgoing = Some(ChapSecret {
+            user: m.user.clone(),
+            secret: secret(ctx, &m.secret, &format!("{section}.mutual_chap.secret"))?,
+        });
+    }
+    p.algorithms = match &a.chap_algorithms {
+        None => vec![8, 7, 6, 5],
+        Some(list) => {
+            let mut v = Vec::new();
+            for name in list.get_ref() {
+                v.push(match name.to_ascii_uppercase().as_str() {
+                    "MD5" => 5,
+                    "SHA1" | "SHA-1" => 6,
+                    "SHA256" | "SHA-256" => 7,
+                    "SHA3-256" | "SHA3_256" => 8,
+                    _ => {
+                        return Err(ctx.err(
+                            list.span(),
+                            &format!("{section}.chap_algorithms"),
+                            format!(
+                        "{name:?} is not a CHAP algorithm (use SHA3-256, SHA-256, SHA1 or MD5)"),
+                        ))
+                    }
+                });
+            }
+            v
+        }
+    };
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1161 @@
+//! The configuration's parsing, checks and build, against TOML texts.
+
+use super::check::writable;
+use super::*;
+use blockwire_target::iscsi::catalog::DataPathPolicy;
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("1G"), Some(1 << 30));
+    assert_eq!(parse_size("512m"), Some(512 << 20));
+    assert_eq!(parse_size("4096"), Some(4096));
+    assert_eq!(parse_size("x"), None);
+}
+
+#[test]
+fn a_ram_lun_past_a_pebibyte_is_refused_by_name_before_anything_is_built() {
+    let text = |size: &str| {
+        format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\n\
+             name = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\n\
+             backstore = \"ram\"\nsize = \"{size}\"\n"
+        )
+    };
+    // A typo's worth of digits used to build a chunk table of its size
+    // (and abort when that could not be had).
+    for size in ["1025T", "16000000T", "18446744073709551615"] {
+        let e = TargetConfig::from_str("t.toml", &text(size)).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (11, "target.lun.size"), "{e}");
+        assert!(e.message.contains("at most 1 PiB"), "{e}");
+        assert_eq!(fields(&check(&text(size))), vec![(11, "target.lun.size")]);
+    }
+    // The largest one is thin: its check and its start allocate no data.
+    assert!(check(&text("1024T")).errors.is_empty());
+    let b = TargetConfig::from_str("t.toml", &text("1024T")).unwrap();
+    let lu = b.catalog.targets[0].luns.get(0).unwrap();
+    assert_eq!(lu.config().backstore.size(), 1 << 50);
+}
+
+#[test]
+fn every_syntax_error_says_what_is_wrong_on_one_line() {
+    // The TOML parser gives no words for a control character in a
+    // comment; the error names it and where it is.
+    let e = TargetConfig::from_str("t.toml", "[fabric]\n# a note\u{e}\n").unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (2, "syntax"));
+    assert!(
+        e.message
+            .starts_with("control character U+000E at column 9:"),
+        "{e}"
+    );
+    // Where the parser has several lines of words, one line joins them.
+    let e = TargetConfig::from_str("t.toml", "[fabric]\n[fabric]\n").unwrap_err();
+    assert_eq!(e.line, 2);
+    assert!(!e.message.is_empty() && !e.message.contains('\n'), "{e:?}");
+    let e = TargetConfig::from_str("t.toml", "[fabric]\nqueue_depth = ").unwrap_err();
+    assert!(!e.message.is_empty() && !e.message.contains('\n'), "{e:?}");
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\nbackstore = \"tape\"\nsize = \"1M\"\n";
+    let e = TargetConfig::from_str("t.toml", text).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (10, "target.lun.backstore"));
+    assert!(
+        e.to_string()
+            .starts_with("t.toml:10: target.lun.backstore:"),
+        "{e}"
+    );
+
+    let e = TargetConfig::from_str(
+        "t.toml",
+        "[[portal_group]]\ntag = 1\nlisten = [\"nowhere\"]\n",
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (3, "portal_group.listen"));
+
+    let e = TargetConfig::from_str("t.toml", "[fabric]\nqueue_dpth = 3\n").unwrap_err();
+    assert_eq!(e.line, 2);
+    assert!(e.message.contains("queue_dpth"), "{e}");
+}
+
+fn one_lun(lun: &str) -> String {
+    format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n[[target.lun]]\nid = 0\n{lun}")
+}
+
+/// The data path policy of LUN `lun` of the first target, if it has one.
+fn policy(b: &Built, lun: u16) -> Option<DataPathPolicy> {
+    b.catalog.targets[0]
+        .data_paths
+        .iter()
+        .find(|(l, _)| *l == lun)
+        .map(|(_, p)| *p)
+}
+
+#[test]
+fn zero_copy_sendfile_on_cached_file_luns_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("z.img");
+    let lun = |extra: &str| {
+        one_lun(&format!(
+            "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\n{extra}"
+        ))
+    };
+    let sendfiles = |extra: &str| {
+        TargetConfig::from_str("t.toml", &lun(extra))
+            .map(|b| usize::from(policy(&b, 0).is_some_and(|p| p.sendfile)))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(sendfiles(""), 1, "cached file LUNs use sendfile by default");
+    assert_eq!(sendfiles("zero_copy = true\n"), 1);
+    assert_eq!(sendfiles("zero_copy = false\n"), 0, "the copy path");
+    assert_eq!(sendfiles("sync_send = true\n"), 0, "the engine path");
+    assert_eq!(sendfiles("mode = \"direct\"\n"), 0, "the engine path");
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"1M\"\nzero_copy = true\n"),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "target.lun.zero_copy", "{e}");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &format!("[fabric]\nzero_copy_send = false\n{}", lun("")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!b.settings.zero_copy_send);
+    let b = TargetConfig::from_str("t.toml", &lun("")).unwrap();
+    assert!(b.settings.zero_copy_send, "zero-copy sends on by default");
+    assert!(
+        b.settings.local_copy_sends,
+        "copying sends to local initiators by default"
+    );
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &format!("[fabric]\nlocal_copy_sends = false\n{}", lun("")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!b.settings.local_copy_sends);
+}
+
+/// A configuration of one RAM LUN with `fabric` (a `[fabric]` table or
+/// nothing) before it.
+fn with_fabric(fabric: &str) -> Result<Built, ConfigError> {
+    TargetConfig::from_str(
+        "t.toml",
+        &format!(
+            "{fabric}{}",
+            one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
+        ),
+    )
+}
+
+#[test]
+fn busy_polling_is_on_by_default_off_at_zero_and_bounded() {
+    let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        b.settings.busy_poll,
+        Some(std::time::Duration::from_micros(50)),
+        "50 us by default"
+    );
+    let b = with_fabric("[fabric]\nbusy_poll_us = 0\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.settings.busy_poll, None, "0 is off");
+    let b = with_fabric("[fabric]\nbusy_poll_us = 200\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        b.settings.busy_poll,
+        Some(std::time::Duration::from_micros(200))
+    );
+    let e = with_fabric("[fabric]\nbusy_poll_us = 5000\n").unwrap_err();
+    assert_eq!(e.field, "fabric.busy_poll_us", "{e}");
+    assert!(e.to_string().contains("more than 1000"), "{e}");
+}
+
+#[test]
+fn connections_get_a_thread_per_cpu_by_default_the_shared_workers_at_zero() {
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        b.settings.connection_threads, cpus,
+        "one per CPU by default"
+    );
+    let b = with_fabric("[fabric]\nconnection_threads = 0\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.settings.connection_threads, 0, "0: the shared workers");
+    let b = with_fabric("[fabric]\nconnection_threads = 3\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.settings.connection_threads, 3);
+    let e = with_fabric("[fabric]\nconnection_threads = 5000\n").unwrap_err();
+    assert_eq!(e.field, "fabric.connection_threads", "{e}");
+    assert!(e.to_string().contains("one per CPU"), "{e}");
+}
+
+#[test]
+fn sync_send_only_on_file_luns_with_a_valid_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("s.img");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\nsync_send = true\nsync_chunk = \"128K\"\n")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let p = policy(&b, 0).expect("a data path policy");
+    assert_eq!(p.chunk, 128 << 10);
+    assert_eq!(
+        p.engine_reads,
+        Some(blockwire_target::datapath::Mode::Synchronized)
+    );
+    let off = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\n"
+        )),
+    )
+    .unwrap();
+    assert!(
+        policy(&off, 0).is_none_or(|p| p.engine_reads.is_none()),
+        "off by default on cached LUNs"
+    );
+    // A direct LUN always reads through the engine: serial without
+    // sync_send (the baseline on registered buffers).
+    let direct = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\n"
+        )),
+    )
+    .unwrap();
+    assert_eq!(
+        policy(&direct, 0).and_then(|p| p.engine_reads),
+        Some(blockwire_target::datapath::Mode::Serial)
+    );
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"1M\"\nsync_send = true\n"),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "target.lun.sync_send", "{e}");
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {img:?}\nsync_send = true\nsync_chunk = \"3K\"\n"
+        )),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "target.lun.sync_chunk", "{e}");
+}
+
+#[test]
+fn striped_luns_and_their_errors() {
+    use blockwire_target::datapath::{Mode, Source};
+    let dir = tempfile::tempdir().unwrap();
+    let m = |i: usize| dir.path().join(format!("m{i}.img"));
+    let members = format!("paths = [{:?}, {:?}, {:?}]\n", m(0), m(1), m(2));
+    // Cached, default 64K stripe, no sync_send: the core path.
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"striped\"\n{members}size = \"3M\"\n"
+        )),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(policy(&b, 0), None, "the core path");
+    let lu = b.catalog.targets[0].luns.get(0).unwrap().config().clone();
+    assert_eq!(lu.backstore.size(), 3 << 20);
+    assert!(lu.backstore.describe().starts_with("striped 3 x 64 KiB"));
+    assert_eq!(std::fs::metadata(m(2)).unwrap().len(), 1 << 20);
+    // Direct with sync_send: engine path, one stream per member.
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!("backstore = \"striped\"\n{members}size = \"3M\"\nmode = \"direct\"\nstripe_chunk = \"128K\"\nsync_send = true\nsync_chunk = \"256K\"\n")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let p = policy(&b, 0).expect("a data path policy");
+    assert_eq!(
+        (p.chunk, p.engine_reads),
+        (256 << 10, Some(Mode::Synchronized))
+    );
+    let store = b.catalog.targets[0]
+        .luns
+        .get(0)
+        .unwrap()
+        .config()
+        .backstore
+        .clone();
+    let (source, _) = store.engine_source().unwrap().expect("the engine reads it");
+    match &source {
+        Source::Striped { files, layout } => {
+            assert_eq!((files.len(), layout.stripe), (3, 128 << 10))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Direct without sync_send: the engine's serial baseline.
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"striped\"\n{members}mode = \"direct\"\nstripe_chunk = \"128K\"\n"
+        )),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        policy(&b, 0).and_then(|p| p.engine_reads),
+        Some(Mode::Serial)
+    );
+    assert_eq!(
+        b.catalog.targets[0]
+            .luns
+            .get(0)
+            .unwrap()
+            .config()
+            .backstore
+            .size(),
+        3 << 20,
+        "size from the members"
+    );
+
+    let bad = |lun: String| TargetConfig::from_str("t.toml", &one_lun(&lun)).expect_err(&lun);
+    let e = bad(format!(
+        "backstore = \"striped\"\npaths = [{:?}]\nsize = \"1M\"\n",
+        m(0)
+    ));
+    assert_eq!((e.line, e.field.as_str()), (11, "target.lun.paths"), "{e}");
+    assert!(e.message.contains("at least 2"), "{e}");
+    let e = bad("backstore = \"striped\"\nsize = \"1M\"\n".into());
+    assert_eq!(e.field, "target.lun.paths", "{e}");
+    for (chunk, why) in [
+        ("3K", "power of two"),
+        ("1K\"\nmode = \"direct", "at least 4K"),
+        ("64M", "power of two"),
+        ("lots", "not a size"),
+    ] {
+        let e = bad(format!(
+            "backstore = \"striped\"\n{members}size = \"3M\"\nstripe_chunk = \"{chunk}\"\n"
+        ));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (13, "target.lun.stripe_chunk"),
+            "{e}"
+        );
+        assert!(e.message.contains(why), "{chunk}: {e}");
+    }
+    let e = bad(format!("backstore = \"striped\"\n{members}size = \"3M\"\nblock_size = 4096\nstripe_chunk = \"2K\"\n"));
+    assert_eq!(e.field, "target.lun.stripe_chunk", "{e}");
+    assert!(e.message.contains("4096-byte block"), "{e}");
+    let e = bad(format!(
+        "backstore = \"file\"\npath = {:?}\n{members}",
+        m(0)
+    ));
+    assert_eq!((e.line, e.field.as_str()), (12, "target.lun.paths"), "{e}");
+    let e = bad(format!(
+        "backstore = \"file\"\npath = {:?}\nstripe_chunk = \"64K\"\n",
+        m(0)
+    ));
+    assert_eq!(e.field, "target.lun.stripe_chunk", "{e}");
+    // A member of another size: refused, naming it.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m(1))
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let e = bad(format!("backstore = \"striped\"\n{members}size = \"3M\"\n"));
+    assert_eq!((e.line, e.field.as_str()), (11, "target.lun.paths"), "{e}");
+    assert!(e.message.contains("m1.img is 4096 bytes"), "{e}");
+}
+
+#[test]
+fn no_disk_serves_the_pattern_and_opens_no_file() {
+    use blockwire_target::datapath::source::pattern_byte;
+    use blockwire_target::datapath::Source;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("never.img");
+    let m = |i: usize| dir.path().join(format!("s{i}.img"));
+    let text = format!(
+        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
+         [[target.lun]]\nid = 0\nbackstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\n\n\
+         [[target.lun]]\nid = 1\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+         [[target.lun]]\nid = 2\nbackstore = \"striped\"\npaths = [{:?}, {:?}]\nsize = \"1M\"\nsync_send = true\n",
+        m(0),
+        m(1)
+    );
+    let b = TargetConfig::from_str_with("t.toml", &text, LoadOptions { no_disk: true })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(b.no_disk);
+    assert!(
+        !img.exists() && !m(0).exists(),
+        "no backstore file is created"
+    );
+    let paths = &b.catalog.targets[0].data_paths;
+    assert!(paths
+        .iter()
+        .all(|(_, p)| !p.sendfile && !p.double_buffered_writes));
+    let engine: Vec<u16> = paths
+        .iter()
+        .filter(|(_, p)| p.engine_reads.is_some())
+        .map(|(l, _)| *l)
+        .collect();
+    assert_eq!(engine, [0, 2], "the engine-path LUNs");
+    for lun in engine {
+        let store = b.catalog.targets[0]
+            .luns
+            .get(lun)
+            .unwrap()
+            .config()
+            .backstore
+            .clone();
+        let source = store.engine_source().unwrap().map(|(s, _)| s);
+        assert!(matches!(source, Some(Source::Pattern)), "LUN {lun}");
+    }
+    for lun in 0..3 {
+        let store = b.catalog.targets[0]
+            .luns
+            .get(lun)
+            .unwrap()
+            .config()
+            .backstore
+            .clone();
+        assert_eq!(store.size(), 1 << 20);
+        store.write_at(4096, &[0u8; 512]).unwrap();
+        let mut back = [0u8; 512];
+        store.read_at(4096, &mut back).unwrap();
+        assert!(
+            back.iter()
+                .enumerate()
+                .all(|(i, &v)| v == pattern_byte(4096 + i as u64)),
+            "LUN {lun}"
+        );
+    }
+    // Without the option the same text creates the files.
+    TargetConfig::from_str("t.toml", &text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(img.exists() && m(1).exists());
+}
+
+#[test]
+fn sync_write_only_on_file_luns() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("w.img");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nsync_write = true\nsync_chunk = \"256K\"\n")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let p = policy(&b, 0).expect("a data path policy");
+    assert!(p.double_buffered_writes);
+    assert_eq!(p.chunk, 256 << 10);
+    let store = b.catalog.targets[0]
+        .luns
+        .get(0)
+        .unwrap()
+        .config()
+        .backstore
+        .clone();
+    assert_eq!(
+        store.capabilities().file,
+        Some(blockwire_target::backstore::StoreFile {
+            path: img.clone(),
+            direct: false
+        }),
+        "the double-buffered path writes the store's own file"
+    );
+    let off = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nsync_write = false\n"
+        )),
+    )
+    .unwrap();
+    assert!(policy(&off, 0).is_none_or(|p| !p.double_buffered_writes));
+    for kind in [
+        "backstore = \"ram\"\nsize = \"1M\"\n",
+        "backstore = \"null\"\nsize = \"1M\"\n",
+    ] {
+        let e = TargetConfig::from_str("t.toml", &one_lun(&format!("{kind}sync_write = true\n")))
+            .unwrap_err();
+        assert_eq!(e.field, "target.lun.sync_write", "{e}");
+        assert!(e.message.contains("only file LUNs"), "{e}");
+    }
+}
+
+#[test]
+fn lun_backstores_modes_and_uuid() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("d.img");
+    // null, file direct (or its announced fallback), file cached.
+    for lun in [
+        "backstore = \"null\"\nsize = \"1G\"\n".to_string(),
+        format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\nmode = \"direct\"\n"),
+        format!(
+            "backstore = \"file\"\npath = {img:?}\nmode = \"cached\"\nphysical_block_size = 4096\n"
+        ),
+    ] {
+        TargetConfig::from_str("t.toml", &one_lun(&lun)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"1M\"\nmode = \"direct\"\n"),
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (12, "target.lun.mode"), "{e}");
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {img:?}\nmode = \"fast\"\n"
+        )),
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (12, "target.lun.mode"), "{e}");
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"null\"\nsize = \"1M\"\nuuid = \"nope\"\n"),
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (12, "target.lun.uuid"), "{e}");
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"null\"\nsize = \"1M\"\nphysical_block_size = 1000\n"),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "target.lun.physical_block_size", "{e}");
+    // The UUID, not the target name, decides the identity.
+    let uuid = "uuid = \"3f2504e0-4f89-11d3-9a0c-0305e82c3301\"\n";
+    let lun = format!("backstore = \"null\"\nsize = \"1M\"\n{uuid}");
+    let a = TargetConfig::from_str("t.toml", &one_lun(&lun)).unwrap();
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&lun).replace("blockwire:t", "blockwire:renamed"),
+    )
+    .unwrap();
+    let cfg = |b: &Built| {
+        let lu = b.catalog.targets[0].luns.get(0).unwrap().config().clone();
+        (lu.serial, lu.naa_id)
+    };
+    assert_eq!(cfg(&a), cfg(&b));
+    assert_eq!(cfg(&a).0, "3f2504e04f8911d39a0c0305e82c3301");
+}
+
+#[test]
+fn a_path_with_a_line_break_is_reported_on_one_line() {
+    let lun = "backstore = \"file\"\npath = \"/nonexistent\\nfake: line/a.img\"\nsize = \"1M\"\n";
+    let r = check(&one_lun(lun));
+    assert!(!r.errors.is_empty());
+    for e in &r.errors {
+        assert!(!e.message.contains('\n'), "{e:?}");
+        assert!(e.message.contains("/nonexistent\\nfake: line"), "{e:?}");
+    }
+}
+
+#[test]
+fn each_unit_holds_its_files_and_identity_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("a.img");
+    let other = dir.path().join("b.img");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let dotted = dir.path().join("sub/../a.img");
+    let two =
+        |first: &str, second: &str| format!("{}\n[[target.lun]]\nid = 1\n{second}", one_lun(first));
+    let file = |p: &std::path::Path, more: &str| {
+        format!("backstore = \"file\"\npath = {p:?}\nsize = \"1M\"\n{more}")
+    };
+    // Line 17 is LUN 1's path (or journal), 14 its header.
+    let refused = [
+        (two(&file(&img, ""), &file(&dotted, "")), 17, "target.lun.path", "data file of LUN 0"),
+        (
+            two(&file(&img, ""), &file(&other, &format!("atomic_journal = {img:?}\n"))),
+            19,
+            "target.lun.atomic_journal",
+            "data file of LUN 0",
+        ),
+        (
+            two(
+                &file(&img, ""),
+                &format!("backstore = \"striped\"\npaths = [{other:?}, {img:?}]\nsize = \"1M\"\n"),
+            ),
+            17,
+            "target.lun.paths",
+            "data file of LUN 0",
+        ),
+        (
+            two(
+                "backstore = \"ram\"\nsize = \"1M\"\nuuid = \"3f2504e0-4f89-11d3-9a0c-0305e82c3301\"\n",
+                "backstore = \"ram\"\nsize = \"1M\"\nuuid = \"3F2504E0-4F89-11D3-9A0C-0305E82C3301\"\n",
+            ),
+            18,
+            "target.lun.uuid",
+            "same identity",
+        ),
+        (
+            two(
+                "backstore = \"ram\"\nsize = \"1M\"\nserial = \"disk7\"\n",
+                "backstore = \"ram\"\nsize = \"1M\"\nserial = \"disk7\"\n",
+            ),
+            14,
+            "target.lun.serial",
+            "serial number \"disk7\" of LUN 0",
+        ),
+    ];
+    for (text, line, field, said) in refused {
+        let e = TargetConfig::from_str("t.toml", &text).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (line, field), "{e}\n{text}");
+        assert!(e.message.contains(said), "{e}");
+        // --check finds a problem there too (its own check of the
+        // file may come first: it reports one problem per field).
+        let r = check(&text);
+        assert!(fields(&r).contains(&(line, field)), "{:?}", r.errors);
+    }
+    // Journals apart (or off), LUNs over their own files are fine.
+    let apart = two(&file(&img, ""), &file(&other, ""));
+    TargetConfig::from_str("t.toml", &apart).unwrap_or_else(|e| panic!("{e}"));
+    let journal_off = two(
+        &file(&img, "atomic_writes = false\n"),
+        &file(
+            &other,
+            &format!(
+                "atomic_journal = {:?}\n",
+                dir.path().join("a.img.atomic-journal")
+            ),
+        ),
+    );
+    TargetConfig::from_str("t.toml", &journal_off).unwrap_or_else(|e| panic!("{e}"));
+
+    // Saved reservations are named after the target: two names that
+    // differ only in characters a file name holds as '_' (here 'é' and
+    // 'ü') would share them.
+    let state = dir.path().join("state");
+    let two_targets = format!(
+        "[fabric]\nstate_dir = {state:?}\n\n[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+         [[target]]\nname = \"iqn.2026-11.io.blockwire:é\"\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+         [[target]]\nname = \"iqn.2026-11.io.blockwire:ü\"\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n"
+    );
+    let e = TargetConfig::from_str("t.toml", &two_targets).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (16, "target.name"), "{e}");
+    assert!(
+        e.message
+            .contains("saved reservations of LUN 0 of iqn.2026-11.io.blockwire:ü"),
+        "{e}"
+    );
+    assert!(e.message.contains("rename one of the targets"), "{e}");
+    let apart = two_targets.replace("blockwire:ü", "blockwire:u");
+    TargetConfig::from_str("t.toml", &apart).unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn two_groups(second: &str, target_groups: &str) -> String {
+    format!(
+        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+         [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:3261\"]\n{second}\n\
+         [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n{target_groups}\n\
+         [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n"
+    )
+}
+
+#[test]
+fn iser_portals_are_the_flagged_groups_addresses_with_their_tags() {
+    let verbs = format!(
+        "[fabric]\nrdma_backend = \"verbs\"\n{}",
+        two_groups("iser = true\n", "")
+    );
+    let b = TargetConfig::from_str("t.toml", &verbs).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        b.iser_portals,
+        vec![("127.0.0.1:3261".parse().unwrap(), 2)],
+        "only group 2 asked for iSER"
+    );
+    let b = TargetConfig::from_str("t.toml", &two_groups("iser = \"yes\"\n", ""));
+    assert!(b.is_err(), "iser takes true or false");
+    // With the soft provider (RDMA over TCP) the iSER listener needs its own port.
+    let soft = |second: &str| {
+        TargetConfig::from_str(
+            "t.toml",
+            &format!(
+                "[fabric]\nrdma_backend = \"soft\"\n{}",
+                two_groups(second, "")
+            ),
+        )
+    };
+    let e = soft("iser = true\n").unwrap_err().to_string();
+    assert!(e.contains("iser_listen") && e.contains("verbs"), "{e}");
+    let e = soft("iser_listen = [\"127.0.0.1:3261\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("127.0.0.1:3261"), "{e}");
+    let b = soft("iser_listen = [\"127.0.0.1:3262\"]\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.iser_portals, vec![("127.0.0.1:3262".parse().unwrap(), 2)]);
+}
+
+#[test]
+fn alua_one_target_port_group_per_portal_group_of_the_target() {
+    let groups = |b: &Built| b.catalog.targets[0].luns.target_port_groups();
+    let b = TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [2, 1]\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let g = groups(&b);
+    assert_eq!(
+        g.iter()
+            .map(|g| (g.id, g.state, g.ports.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (2, AluaState::ActiveOptimized, vec![2]),
+            (1, AluaState::ActiveOptimized, vec![1])
+        ],
+        "in the target's order (the first is preferred), relative port = TPGT"
+    );
+    for (state, want) in [
+        ("active_optimized", AluaState::ActiveOptimized),
+        ("active_non_optimized", AluaState::ActiveNonOptimized),
+        ("standby", AluaState::Standby),
+    ] {
+        let b = TargetConfig::from_str(
+            "t.toml",
+            &two_groups(&format!("alua_state = \"{state}\"\n"), ""),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(groups(&b)[1].state, want);
+        assert_eq!(
+            groups(&b)[0].state,
+            AluaState::ActiveOptimized,
+            "the default"
+        );
+    }
+    let b = TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [1]\n")).unwrap();
+    assert_eq!(groups(&b).len(), 1, "only the target's own groups");
+}
+
+#[test]
+fn alua_and_portal_group_errors() {
+    let e = TargetConfig::from_str("t.toml", &two_groups("alua_state = \"offline\"\n", ""))
+        .unwrap_err();
+    assert_eq!(
+        (e.line, e.field.as_str()),
+        (8, "portal_group.alua_state"),
+        "{e}"
+    );
+    assert!(
+        e.message.contains("\"standby\""),
+        "says what is allowed: {e}"
+    );
+    let e =
+        TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [1, 3]\n")).unwrap_err();
+    assert_eq!(
+        (e.line, e.field.as_str()),
+        (11, "target.portal_groups"),
+        "{e}"
+    );
+    assert_eq!(e.message, "portal group 3 is not defined (defined: 1, 2)");
+    let e =
+        TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [2, 2]\n")).unwrap_err();
+    assert_eq!(e.message, "portal group 2 is listed twice", "{e}");
+    let e = TargetConfig::from_str("t.toml", &two_groups("alua = 1\n", "")).unwrap_err();
+    assert!(e.message.contains("unknown field `alua`"), "{e}");
+}
+
+#[test]
+fn metrics_listen_address_is_opt_in_and_checked() {
+    let lun = || one_lun("backstore = \"ram\"\nsize = \"1M\"\n");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &format!("[metrics]\nlisten = \"127.0.0.1:9450\"\n\n{}", lun()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.metrics_listen, Some("127.0.0.1:9450".parse().unwrap()));
+    let b = TargetConfig::from_str("t.toml", &lun()).unwrap();
+    assert_eq!(b.metrics_listen, None, "no endpoint unless asked for");
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &format!("[metrics]\nlisten = \"localhost\"\n\n{}", lun()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("t.toml:2") && e.contains("metrics.listen") && e.contains("127.0.0.1:9450"),
+        "{e}"
+    );
+}
+
+#[test]
+fn removable_and_sanitize_min_seconds() {
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(
+            "backstore = \"ram\"\nsize = \"1M\"\nremovable = true\nsanitize_min_seconds = 10\n",
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let lu = b.catalog.targets[0].luns.get(0).unwrap();
+    assert!(lu.config().removable);
+    assert_eq!(
+        lu.config().sanitize_min_duration,
+        std::time::Duration::from_secs(10)
+    );
+    let b =
+        TargetConfig::from_str("t.toml", &one_lun("backstore = \"ram\"\nsize = \"1M\"\n")).unwrap();
+    let lu = b.catalog.targets[0].luns.get(0).unwrap();
+    assert!(!lu.config().removable, "fixed unless asked for");
+    assert!(lu.config().sanitize_min_duration.is_zero());
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"1M\"\nsanitize_min_seconds = 100000\n"),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "target.lun.sanitize_min_seconds", "{e}");
+}
+
+#[test]
+fn atomic_writes_where_honest() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("a.img");
+    let build = |extra: &str| TargetConfig::from_str("t.toml", &one_lun(extra));
+    let atomic_max = |b: &Built| {
+        let lu = b.catalog.targets[0].luns.get(0).unwrap();
+        (
+            lu.config().atomic_writes,
+            lu.config().backstore.atomic_write_max(),
+        )
+    };
+    // RAM: on by default, off when asked.
+    let b = build("backstore = \"ram\"\nsize = \"1M\"\n").unwrap();
+    assert_eq!(atomic_max(&b), (true, 1 << 20));
+    let b = build("backstore = \"ram\"\nsize = \"1M\"\natomic_writes = false\n").unwrap();
+    assert!(!atomic_max(&b).0);
+    // A file: a journal next to it, by default.
+    let file = format!("backstore = \"file\"\npath = {img:?}\nsize = \"1M\"\n");
+    let b = build(&file).unwrap();
+    assert_eq!(atomic_max(&b), (true, 128 << 10));
+    assert!(dir.path().join("a.img.atomic-journal").is_file());
+    drop(b);
+    // Off: no journal opened.
+    let img2 = dir.path().join("b.img");
+    let b = build(&format!(
+        "backstore = \"file\"\npath = {img2:?}\nsize = \"1M\"\natomic_writes = false\n"
+    ))
+    .unwrap();
+    assert_eq!(atomic_max(&b), (false, 0));
+    assert!(!dir.path().join("b.img.atomic-journal").exists());
+    // Elsewhere.
+    let j = dir.path().join("journals").join("c.journal");
+    std::fs::create_dir(dir.path().join("journals")).unwrap();
+    let b = build(&format!("{file}atomic_journal = {j:?}\n")).unwrap();
+    assert_eq!(atomic_max(&b).1, 128 << 10);
+    assert!(j.is_file());
+    drop(b);
+    // Read-only: no atomic writes, and asking for them is an error.
+    let b = build(&format!("{file}read_only = true\n")).unwrap();
+    assert_eq!(atomic_max(&b).1, 0);
+    let e = build(&format!("{file}read_only = true\natomic_writes = true\n")).unwrap_err();
+    assert_eq!(e.field, "target.lun.atomic_writes", "{e}");
+    let e = build("backstore = \"ram\"\nsize = \"1M\"\natomic_journal = \"/tmp/x\"\n").unwrap_err();
+    assert_eq!(e.field, "target.lun.atomic_journal", "{e}");
+    // A read-only LUN does not serve a file its journal holds an
+    // unfinished atomic write for.
+    let g = blockwire_target::backstore::journal::Geometry::DEFAULT;
+    let jpath = dir.path().join("a.img.atomic-journal");
+    let mut image = std::fs::read(&jpath).unwrap();
+    let rec = blockwire_target::backstore::journal::encode_record(9, 0, &[1; 512]);
+    let at = g.slot_offset(1) as usize;
+    image[at..at + rec.len()].copy_from_slice(&rec);
+    std::fs::write(&jpath, &image).unwrap();
+    let e = build(&format!("{file}read_only = true\n")).unwrap_err();
+    assert!(e.message.contains("unfinished atomic write"), "{e}");
+    // Opened writable, it replays it.
+    let b = build(&file).unwrap();
+    let lu = b.catalog.targets[0].luns.get(0).unwrap();
+    let mut got = [0u8; 512];
+    lu.config().backstore.read_at(0, &mut got).unwrap();
+    assert_eq!(got, [1; 512]);
+}
+
+#[test]
+fn control_socket_and_stalled_luns() {
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &format!(
+            "[control]\nsocket = \"/run/bw.sock\"\n\n{}",
+            one_lun("backstore = \"ram\"\nsize = \"1M\"\nstalled = true\n")
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.control_socket.as_deref(), Some(Path::new("/run/bw.sock")));
+    assert!(b.catalog.targets[0].luns.get(0).unwrap().is_stalled());
+    let b =
+        TargetConfig::from_str("t.toml", &one_lun("backstore = \"ram\"\nsize = \"1M\"\n")).unwrap();
+    assert_eq!(b.control_socket, None, "no socket unless asked for");
+    assert!(!b.catalog.targets[0].luns.get(0).unwrap().is_stalled());
+    let e = TargetConfig::from_str("t.toml", "[control]\npath = \"/x\"\n").unwrap_err();
+    assert!(e.message.contains("unknown field `path`"), "{e}");
+}
+
+fn check(text: &str) -> CheckReport {
+    TargetConfig::check_str("t.toml", text, LoadOptions::default())
+}
+
+fn fields(r: &CheckReport) -> Vec<(usize, &str)> {
+    r.errors
+        .iter()
+        .map(|e| (e.line, e.field.as_str()))
+        .collect()
+}
+
+#[test]
+fn check_reports_every_bad_name_with_its_line() {
+    let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+                [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\
+                allow = [\"iqn.2026-01.org.example:ok\",\n         \"host1\"]\n\
+                initiator_chap = [{ initiator = \"my_host\", user = \"u\", secret = \"0123456789abcdef\" }]\n\n\
+                [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+                [[target]]\nname = \"disk2\"\n\n\
+                [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+    let r = check(text);
+    assert_eq!(
+        fields(&r),
+        [
+            (8, "target.allow"),
+            (9, "target.initiator_chap.initiator"),
+            (17, "target.name")
+        ],
+        "{:?}",
+        r.errors
+    );
+    assert!(r.errors[0].message.contains("\"host1\""), "{}", r.errors[0]);
+    // A normal start refuses the first one.
+    let e = TargetConfig::from_str("t.toml", text).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (8, "target.allow"));
+}
+
+#[test]
+fn check_refuses_a_listen_address_bound_twice() {
+    let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\", \"[::1]:3260\"]\n\n\
+                [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:3260\",\n  \"0.0.0.0:3261\",\n  \"127.0.0.2:3261\",\n  \"127.0.0.1:0\", \"127.0.0.1:0\"]\n\n\
+                [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
+                [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+    let r = check(text);
+    assert_eq!(
+        fields(&r),
+        [
+            (7, "portal_group.listen"),
+            (9, "portal_group.listen"),
+            (10, "portal_group.listen")
+        ],
+        "{:?}",
+        r.errors
+    );
+    assert!(
+        r.errors[0]
+            .message
+            .contains("listed already (portal group 1)"),
+        "{}",
+        r.errors[0]
+    );
+    assert!(
+        r.errors[1].message.contains("overlaps 0.0.0.0:3261"),
+        "{}",
+        r.errors[1]
+    );
+    // Port 0 may be in several groups (each gets a port), once in each.
+    assert!(
+        r.errors[2]
+            .message
+            .contains("listed twice in portal group 2"),
+        "{}",
+        r.errors[2]
+    );
+    assert!(TargetConfig::from_str("t.toml", text).is_err());
+}
+
+#[test]
+fn check_chap_secret_lengths_and_mutual_secret_reuse() {
+    let lun = "\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+    let head = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n";
+    let text = format!(
+        "{head}chap = [{{ user = \"a\", secret = \"short\" }},\n  {{ user = \"b\", secret = \"0123456789abcdef\" }}]\n\
+         mutual_chap = {{ user = \"t\", secret = \"0123456789abcdef\" }}\n{lun}\n\
+         [discovery]\nchap = [{{ user = \"d\", secret = \"eleven-char\" }}]\n"
+    );
+    let r = check(&text);
+    assert_eq!(
+        fields(&r),
+        [
+            (7, "target.chap.secret"),
+            (9, "target.mutual_chap.secret"),
+            (17, "discovery.chap.secret")
+        ],
+        "{:?}",
+        r.errors
+    );
+    assert!(r.errors[0].message.contains("(5 given)"), "{}", r.errors[0]);
+    assert!(r.errors[1].message.contains("RFC 7143"), "{}", r.errors[1]);
+    // Distinct secrets of 12 characters or more pass.
+    let ok = format!(
+        "{head}chap = [{{ user = \"a\", secret = \"0123456789ab\" }}]\n\
+         mutual_chap = {{ user = \"t\", secret = \"another-secret-1\" }}\n{lun}"
+    );
+    assert!(check(&ok).is_valid(), "{:?}", check(&ok).errors);
+    // The same secret in per-initiator CHAP counts as one-way too.
+    let reuse = format!(
+        "{head}initiator_chap = [{{ initiator = \"iqn.2026-01.org.example:i\", user = \"a\", secret = \"0123456789ab\" }}]\n\
+         mutual_chap = {{ user = \"t\", secret = \"0123456789ab\" }}\n{lun}"
+    );
+    assert_eq!(fields(&check(&reuse)), [(8, "target.mutual_chap.secret")]);
+}
+
+#[test]
+fn fabric_errors_name_their_line_and_all_are_reported() {
+    let text = format!(
+        "# comment\n[fabric]\nqueue_depth = 0\nnop_interval_secs = 5\nheader_digest = \"sometimes\"\nwrite_budget = \"1K\"\n\n{}",
+        one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
+    );
+    let r = check(&text);
+    assert_eq!(
+        fields(&r),
+        [
+            (3, "fabric.queue_depth"),
+            (5, "fabric.header_digest"),
+            (6, "fabric.write_budget")
+        ],
+        "{:?}",
+        r.errors
+    );
+    let e = TargetConfig::from_str("t.toml", &text).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (3, "fabric.queue_depth"));
+    assert_eq!(key_line("[fabric]\nx = 1\n", "fabric", "queue_depth"), 1);
+    assert_eq!(key_line("a = 1\n", "fabric", "queue_depth"), 1);
+    assert_eq!(
+        key_line(
+            "[[target]]\nqueue_depth = 1\n[ fabric ] # tunables\n  queue_depth= 0\n",
+            "fabric",
+            "queue_depth"
+        ),
+        4
+    );
+}
+
+#[test]
+fn check_backing_files_without_touching_them() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let lun = |path: &Path, extra: &str| {
+        one_lun(&format!("backstore = \"file\"\npath = {path:?}\n{extra}"))
+    };
+    // Absent, in a writable directory: it would be created.
+    let new = dir.path().join("new.img");
+    let r = check(&lun(&new, "size = \"1M\"\n"));
+    assert!(r.is_valid(), "{:?}", r.errors);
+    assert_eq!(r.notices.len(), 1);
+    assert_eq!(
+        (r.notices[0].line, r.notices[0].field.as_str()),
+        (11, "target.lun.path")
+    );
+    assert!(r.notices[0].message.contains("a start creates it"));
+    assert!(!new.exists(), "--check creates nothing");
+    // Absent without a size, or read-only: an error.
+    let r = check(&lun(&new, ""));
+    assert_eq!(fields(&r), [(11, "target.lun.path")], "{:?}", r.errors);
+    assert!(r.errors[0].message.contains("add size"));
+    let r = check(&lun(&new, "size = \"1M\"\nread_only = true\n"));
+    assert!(r.errors[0].message.contains("read_only"), "{:?}", r.errors);
+    // Its directory missing.
+    let r = check(&lun(&dir.path().join("nodir/x.img"), "size = \"1M\"\n"));
+    assert_eq!(fields(&r), [(11, "target.lun.path")], "{:?}", r.errors);
+    assert!(r.errors[0].message.contains("mkdir -p"), "{}", r.errors[0]);
+    assert!(!dir.path().join("nodir").exists());
+    // Smaller than size: reported as grown, left alone.
+    let small = dir.path().join("small.img");
+    std::fs::write(&small, vec![0u8; 4096]).unwrap();
+    let r = check(&lun(&small, "size = \"1M\"\n"));
+    assert!(r.is_valid(), "{:?}", r.errors);
+    assert!(
+        r.notices[0]
+            .message
+            .contains("is 4096 bytes: a start grows it to 1048576 bytes"),
+        "{}",
+        r.notices[0]
+    );
+    assert_eq!(std::fs::metadata(&small).unwrap().len(), 4096);
+    // A directory is not a backing file; an empty file needs a size.
+    let r = check(&lun(dir.path(), "size = \"1M\"\n"));
+    assert!(
+        r.errors[0].message.contains("is a directory"),
+        "{:?}",
+        r.errors
+    );
+    let empty = dir.path().join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(check(&lun(&empty, "")).errors[0]
+        .message
+        .contains("is empty"));
+    // Not writable (unless root, whom access(2) lets write anyway).
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    if !writable(&ro, true) {
+        let r = check(&lun(&ro.join("x.img"), "size = \"1M\"\n"));
+        assert!(
+            r.errors[0].message.contains("not writable"),
+            "{:?}",
+            r.errors
+        );
+    }
+    // A state_dir to create is a notice, and is not created.
+    let state = dir.path().join("state/sub");
+    let r = check(&format!(
+        "[fabric]\nstate_dir = {state:?}\n\n{}",
+        one_lun("backstore = \"ram\"\nsize = \"1M\"\n")
+    ));
+    assert!(r.is_valid(), "{:?}", r.errors);
+    assert_eq!(
+        (r.notices[0].line, r.notices[0].field.as_str()),
+        (2, "fabric.state_dir")
+    );
+    assert!(!state.exists());
+    // Striped members: one absent while another holds data.
+    let m0 = dir.path().join("m0.img");
+    std::fs::write(&m0, vec![0u8; 1 << 20]).unwrap();
+    let r = check(&one_lun(&format!(
+        "backstore = \"striped\"\npaths = [{m0:?}, {:?}]\nsize = \"2M\"\n",
+        dir.path().join("m1.img")
+    )));
+    assert_eq!(fields(&r), [(11, "target.lun.paths")], "{:?}", r.errors);
+    assert!(!dir.path().join("m1.img").exists());
+}
+
+#[test]
+fn example_config_parses() {
+    let r = TargetConfig::check_str("example", EXAMPLE_CONFIG, LoadOptions::default());
+    assert!(r.is_valid(), "{:?}", r.errors);
+    assert!(EXAMPLE_CONFIG.starts_with("# "), "commented");
+}
+
+#[test]
+fn embedded_default_and_examples_load() {
+    let b = TargetConfig::embedded_default("127.0.0.1:3260".parse().unwrap());
+    assert_eq!(b.catalog.targets.len(), 1);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    // The two-portal-group example (ALUA, control socket, a stalled LUN)
+    // loads as its comments say.
+    let ha =
+        TargetConfig::load(&dir.join("two-portal-groups.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let t = &ha.catalog.targets[0];
+    let states: Vec<(u16, AluaState)> = t
+        .luns
+        .target_port_groups()
+        .iter()
+        .map(|g| (g.id, g.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (1, AluaState::ActiveOptimized),
+            (2, AluaState::ActiveNonOptimized)
+        ]
+    );
+    assert!(!t.luns.get(0).unwrap().is_stalled() && t.luns.get(1).unwrap().is_stalled());
+    assert_eq!(
+        ha.control_socket.as_deref(),
+        Some(Path::new("/run/blockwire/control.sock"))
+    );
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            // File LUNs in examples point at /var/lib; load only those
+            // whose backstores are RAM, check the others parse.
+            let text = std::fs::read_to_string(&path).unwrap();
+            if !text.contains("backstore = \"file\"") {
+                TargetConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            } else {
+                toml::from_str::<TargetConfig>(&text)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+        }
+    }
+}
