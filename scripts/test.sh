@@ -5,7 +5,7 @@
 # open-iscsi, tshark, ...). Starts its own servers on free 127.0.0.1 ports
 # and stops them by PID.
 #   FUZZ_RUNS=N   executions per fuzz target in the fuzz smoke (default 200000; 0 skips)
-#   FUZZ_SECS=S   at most S seconds of fuzzing per target (default 120), so that the slow
+#   FUZZ_SECS=S   at most S seconds of fuzzing per target (default 60), so that the slow
 #                 stateful targets (each input drives whole connections, some over LUN files)
 #                 keep the run inside CI's 75 minutes with room to spare on a slow machine;
 #                 libFuzzer's last line says how many executions were done. Long runs are for
@@ -80,7 +80,7 @@ fuzz_failure() {
 
 runs="${FUZZ_RUNS:-200000}"
 if [ "$runs" != 0 ]; then
-  secs="${FUZZ_SECS:-120}"
+  secs="${FUZZ_SECS:-60}"
   step "fuzz smoke: $runs executions or $secs s per target, whichever comes first"
   if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
