@@ -12,36 +12,42 @@
 //! writes over both. So a configuration that names a file or an identity
 //! twice is refused, naming both users.
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
-/// Where a file is: its inode when it exists (hard links and symbolic
-/// links meet there), and its absolute path with `.`, `..` and the links
-/// of its directory resolved (a file a start will create meets there).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct FileKey {
-    inode: Option<(u64, u64)>,
-    path: PathBuf,
+/// Where a file is. A file that exists is its inode: every spelling of its path, hard links
+/// and symbolic links meet there, and a stat is all it costs (the configuration is checked
+/// whole at every start and live change, so with thousands of file LUNs a path resolution
+/// per file would dominate). A file a start will create is its absolute path with `.`, `..`
+/// and the links of its directory resolved; it cannot be one of the files that exist.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum FileKey {
+    Inode { dev: u64, ino: u64 },
+    Path(PathBuf),
 }
 
 impl FileKey {
     fn of(path: &Path) -> FileKey {
-        let inode = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| {
-            let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-            let lexical = lexically_normal(&absolute);
-            match (lexical.parent(), lexical.file_name()) {
-                (Some(dir), Some(name)) => std::fs::canonicalize(dir)
-                    .map(|d| d.join(name))
-                    .unwrap_or(lexical.clone()),
-                _ => lexical,
-            }
-        });
-        FileKey { inode, path }
-    }
-
-    fn same(&self, other: &FileKey) -> bool {
-        self.path == other.path || (self.inode.is_some() && self.inode == other.inode)
+        let inode = |p: &Path| {
+            std::fs::metadata(p).ok().map(|m| FileKey::Inode {
+                dev: m.dev(),
+                ino: m.ino(),
+            })
+        };
+        if let Some(key) = inode(path) {
+            return key;
+        }
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let lexical = lexically_normal(&absolute);
+        let resolved = match (lexical.parent(), lexical.file_name()) {
+            (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+                .map(|d| d.join(name))
+                .unwrap_or(lexical.clone()),
+            _ => lexical,
+        };
+        // `dir/missing/../disk.img` does not resolve, but names `dir/disk.img` as written.
+        inode(&resolved).unwrap_or(FileKey::Path(resolved))
     }
 }
 
@@ -93,12 +99,16 @@ struct Holder {
     line: usize,
 }
 
-/// The files and identities the units defined so far hold.
+/// The files and identities the units defined so far hold, each looked up by hash: a
+/// configuration is checked whole at every start and live change, so with thousands of
+/// LUNs a scan of the earlier units for each unit would cost the square of their number.
 #[derive(Debug, Default)]
 pub struct Claims {
-    files: Vec<(FileKey, FileUse, Holder)>,
-    serials: Vec<(String, Holder)>,
-    naa_ids: Vec<(u64, Holder)>,
+    files: HashMap<FileKey, (FileUse, Holder)>,
+    /// By the serial as hosts compare it: leading and trailing spaces dropped, ASCII
+    /// case ignored.
+    serials: HashMap<String, Holder>,
+    naa_ids: HashMap<u64, Holder>,
 }
 
 impl Claims {
@@ -112,7 +122,7 @@ impl Claims {
         what: FileUse,
     ) -> Result<(), String> {
         let key = FileKey::of(path);
-        if let Some((_, theirs, holder)) = self.files.iter().find(|(k, _, _)| k.same(&key)) {
+        if let Some((theirs, holder)) = self.files.get(&key) {
             if holder.unit == unit {
                 return Err(format!(
                     "{} is named twice for {unit}, as its {} and as its {}: every member, \
@@ -146,14 +156,11 @@ impl Claims {
                 holder.line
             ));
         }
-        self.files.push((
-            key,
-            what,
-            Holder {
-                unit: unit.to_owned(),
-                line,
-            },
-        ));
+        let holder = Holder {
+            unit: unit.to_owned(),
+            line,
+        };
+        self.files.insert(key, (what, holder));
         Ok(())
     }
 
@@ -168,18 +175,15 @@ impl Claims {
     ) -> Result<(), String> {
         const WHY: &str = "hosts would take the two for paths to one disk (multipath merges \
                            devices by their identifiers, udev names them by serial)";
-        if let Some((_, holder)) = self.naa_ids.iter().find(|(n, _)| *n == naa_id) {
+        if let Some(holder) = self.naa_ids.get(&naa_id) {
             return Err(format!(
                 "{unit} has the same identity (NAA {naa_id:016x}) as {} (line {}): {WHY}; \
                  give each LUN its own uuid (uuidgen), or none",
                 holder.unit, holder.line
             ));
         }
-        if let Some((_, holder)) = self
-            .serials
-            .iter()
-            .find(|(s, _)| s.trim().eq_ignore_ascii_case(serial.trim()))
-        {
+        let serial_key = serial.trim().to_ascii_lowercase();
+        if let Some(holder) = self.serials.get(&serial_key) {
             return Err(format!(
                 "{unit} has the unit serial number {serial:?} of {} (line {}): {WHY}; \
                  give each LUN its own serial, or none",
@@ -190,8 +194,8 @@ impl Claims {
             unit: unit.to_owned(),
             line,
         };
-        self.serials.push((serial.to_owned(), holder.clone()));
-        self.naa_ids.push((naa_id, holder));
+        self.serials.insert(serial_key, holder.clone());
+        self.naa_ids.insert(naa_id, holder);
         Ok(())
     }
 }
@@ -241,6 +245,8 @@ mod tests {
         );
         let e = c.identity("LUN 1 of a", 9, "ABC", 8).unwrap_err();
         assert!(e.contains("serial number \"ABC\" of LUN 0 of a"), "{e}");
+        // Hosts compare serials without their padding (VPD 80h pads with spaces).
+        assert!(c.identity("LUN 1 of a", 9, " Abc  ", 8).is_err());
         c.identity("LUN 1 of a", 9, "def", 8).unwrap();
     }
 }

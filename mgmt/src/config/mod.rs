@@ -406,7 +406,7 @@ fn claim_units(
         let lspan = l.span();
         let l = l.get_ref();
         let unit = format!("LUN {} of {name}", l.id);
-        let line = line_of(ctx.text, lspan.start);
+        let line = ctx.line(lspan.start);
         if let Some((serial, naa)) = unit_identity(name, l) {
             if let Err(m) = claims.identity(&unit, line, &serial, naa) {
                 report.errors.push(match (&l.serial, &l.uuid) {
@@ -666,6 +666,9 @@ fn line_of(text: &str, offset: usize) -> usize {
 struct Ctx<'a> {
     file: &'a str,
     text: &'a str,
+    /// Where each line of `text` starts: every unit's line is looked up, and a count of
+    /// newlines from the start each time would cost the square of the file's length.
+    line_starts: Vec<usize>,
     no_disk: bool,
     /// `--check`: build nothing that touches the disk (no file created,
     /// grown or opened for writing, no directory created).
@@ -710,7 +713,22 @@ fn key_line(text: &str, table: &str, key: &str) -> usize {
     header.unwrap_or(1)
 }
 
+/// Byte offsets where the lines of `text` start (the first at 0).
+fn line_starts(text: &str) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+        .collect()
+}
+
 impl Ctx<'_> {
+    /// 1-based line of a byte offset, as [`line_of`] counts it.
+    fn line(&self, offset: usize) -> usize {
+        let offset = offset.min(self.text.len());
+        // Lines starting at or before `offset`; a line that starts exactly at it (just
+        // after a newline at offset - 1) counts, as that newline lies before `offset`.
+        self.line_starts.partition_point(|&start| start <= offset)
+    }
+
     fn err(
         &self,
         span: std::ops::Range<usize>,
@@ -719,7 +737,7 @@ impl Ctx<'_> {
     ) -> ConfigError {
         ConfigError {
             file: self.file.to_owned(),
-            line: line_of(self.text, span.start),
+            line: self.line(span.start),
             field: field.to_owned(),
             message: one_line(message.into()),
         }
@@ -824,6 +842,7 @@ impl TargetConfig {
         let ctx = Ctx {
             file,
             text,
+            line_starts: line_starts(text),
             no_disk: opts.no_disk,
             dry_run: true,
             reuse: None,
@@ -900,6 +919,7 @@ impl TargetConfig {
         let ctx = Ctx {
             file,
             text,
+            line_starts: line_starts(text),
             no_disk: opts.no_disk,
             dry_run: false,
             reuse,

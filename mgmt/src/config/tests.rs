@@ -1159,3 +1159,32 @@ fn embedded_default_and_examples_load() {
         }
     }
 }
+
+#[test]
+fn the_line_index_numbers_lines_as_counting_newlines_does() {
+    for text in [
+        "",
+        "\n",
+        "a",
+        "a\n",
+        "\n\nb",
+        "[x]\nk = 1\n\n[[y]]\nz = \"\\n\"\n",
+        "é\nü\n\n",
+    ] {
+        let ctx = Ctx {
+            file: "t.toml",
+            text,
+            line_starts: line_starts(text),
+            no_disk: true,
+            dry_run: true,
+            reuse: None,
+        };
+        for offset in 0..=text.len() + 2 {
+            assert_eq!(
+                ctx.line(offset),
+                line_of(text, offset),
+                "{text:?} at {offset}"
+            );
+        }
+    }
+}
