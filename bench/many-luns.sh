@@ -7,7 +7,8 @@
 # `blockwire-target ctl lun.add` (a process per call, as tgtadm is) takes at the end, a login's
 # REPORT LUNS through iscsi-ls (every LUN listed), and for blockwire `lun.list`, `config.save`,
 # a restart from the saved file, a SIGHUP reload with all the LUNs, and one that adds them all at
-# once to a daemon serving LUN 0 alone, and each daemon's memory.
+# once to a daemon serving LUN 0 alone, and each daemon's memory. Then the same number of targets
+# of one LUN each (one target per volume): time per target added, and SendTargets listing them.
 # Each LUN is its own sparse 1 MiB file in a scratch directory. BLOCKWIRE_BIN: another
 # blockwire-target binary (a build from before a change). Results: bench/many-luns-results.txt.
 set -euo pipefail
@@ -45,17 +46,20 @@ backstore = "file"
 path = "$tmp/bw/l0.img"
 size = "1M"
 EOT
+cp "$tmp/target.toml" "$tmp/one-lun.toml"
 wait_for_rustc
 echo "machine: $(nproc) CPUs, $(uname -r), $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo); $(git -C "$repo" rev-parse --short HEAD)${BLOCKWIRE_BIN:+, BLOCKWIRE_BIN=$BLOCKWIRE_BIN}"
 echo "$LUNS file LUNs of 1 MiB (sparse) on one target, added one by one after LUN 0"
 sock=$tmp/control.sock
 start_daemon "$tmp/target.log" --control "$sock"
 
-# Adds LUNs 1..LUNS-1 over one control-socket connection and prints, per STEP LUNs, the
-# milliseconds per lun.add; then the milliseconds of lun.list and config.save.
-python3 - "$sock" "$IQN" "$tmp/bw" "$LUNS" "$STEP" >"$tmp/bw.times" <<'EOF'
+# Over one control-socket connection, adds LUNs 1..LUNS-1 to $IQN (luns) or targets
+# $IQN-1..$IQN-(LUNS-1) of one LUN each (targets), and prints, per STEP LUNs or targets, the
+# milliseconds per lun.add or target.add; then the milliseconds of lun.list and config.save.
+add_over_socket() { # luns|targets files-dir
+    python3 - "$sock" "$IQN" "$2" "$LUNS" "$STEP" "$1" <<'EOF'
 import json, socket, sys, time
-sock, iqn, files, luns, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+sock, iqn, files, luns, step, mode = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 s = socket.socket(socket.AF_UNIX)
 s.connect(sock)
 f = s.makefile("rw")
@@ -68,8 +72,11 @@ def call(method, params):
     return r["result"]
 t = time.monotonic()
 for lun in range(1, luns):
-    call("lun.add", {"target": iqn, "lun": {"id": lun, "backstore": "file",
-                                            "path": f"{files}/l{lun}.img", "size": "1M"}})
+    file = {"backstore": "file", "path": f"{files}/l{lun}.img", "size": "1M"}
+    if mode == "luns":
+        call("lun.add", {"target": iqn, "lun": {"id": lun, **file}})
+    else:
+        call("target.add", {"target": {"name": f"{iqn}-{lun}", "lun": [{"id": 0, **file}]}})
     if (lun + 1) % step == 0:
         now = time.monotonic()
         print("add", lun + 1, 1000 * (now - t) / (step - (lun + 1 == step)))
@@ -81,6 +88,8 @@ t = time.monotonic()
 call("config.save", {})
 print("save", 0, 1000 * (time.monotonic() - t))
 EOF
+}
+add_over_socket luns "$tmp/bw" >"$tmp/bw.times"
 ms() { awk -v k="$1" -v n="$2" '$1 == k && $2 == n {printf "%.2f", $3}' "$3"; }
 t0=$(date +%s%N)
 "$bin" ctl --control "$sock" lun.add "{\"target\":\"$IQN\",\"lun\":{\"id\":$LUNS,\"backstore\":\"file\",\"path\":\"$tmp/bw/extra.img\",\"size\":\"1M\"}}" >/dev/null
@@ -136,6 +145,30 @@ tgt_rss=$(awk '/VmRSS/ {print $2}' "/proc/$tgt_pid/status")
 stop_tgtd "$tgt_port" "$tgt_pid"
 tgt_pid=""
 
+# Many targets of one LUN each (one target per volume): blockwire's target.add, and tgtd's three
+# tgtadm calls (new target, bind its access list, new LUN) per target.
+cp "$tmp/one-lun.toml" "$tmp/target.toml"
+start_daemon "$tmp/targets.log" --control "$sock"
+add_over_socket targets "$tmp/bw" >"$tmp/bwt.times"
+bwt_listed=$(timeout 60 iscsi-ls "iscsi://127.0.0.1:$port" | grep -c "^Target:" || true)
+stop_daemon
+tgt_port=$(free_port)
+tgt_pid=$(start_tgtd "$tgt_port" "$tmp")
+tgtd_new_target "$tgt_port" 1 "$TGT_IQN"
+t=$(date +%s%N)
+for ((l = 1; l < LUNS; l++)); do
+    tgtd_new_target "$tgt_port" $((l + 1)) "$TGT_IQN-$l"
+    tgtadm -C "$tgt_port" --lld iscsi --op new --mode logicalunit --tid $((l + 1)) --lun 1 -b "$tmp/tgt/l$l.img"
+    if [ $(((l + 1) % STEP)) -eq 0 ]; then
+        now=$(date +%s%N)
+        awk -v n=$((l + 1)) -v d=$((now - t)) -v k=$((STEP - (l + 1 == STEP))) 'BEGIN {print "add", n, d / 1e6 / k}'
+        t=$now
+    fi
+done >"$tmp/tgtt.times"
+tgtt_listed=$(timeout 60 iscsi-ls "iscsi://127.0.0.1:$tgt_port" | grep -c "^Target:" || true)
+stop_tgtd "$tgt_port" "$tgt_pid"
+tgt_pid=""
+
 echo
 printf '%-8s %16s %16s %14s\n' "LUNs" "blockwire ms/add" "tgtd ms/add" "blockwire/tgtd"
 for ((n = STEP; n <= LUNS; n += STEP)); do
@@ -145,10 +178,20 @@ done
 growth() { awk -v a="$(ms add "$STEP" "$1")" -v z="$(ms add "$LUNS" "$1")" 'BEGIN {printf "%.2fx", z / a}'; }
 echo "last step against the first (1.00x: a LUN costs the same however many are there):" \
     "blockwire $(growth "$tmp/bw.times"), tgtd $(growth "$tmp/tgt.times")"
+echo
+printf '%-8s %16s %16s %14s\n' "targets" "blockwire ms/add" "tgtd ms/add" "blockwire/tgtd"
+for ((n = STEP; n <= LUNS; n += STEP)); do
+    b=$(ms add "$n" "$tmp/bwt.times") g=$(ms add "$n" "$tmp/tgtt.times")
+    printf '%-8s %16s %16s %14s\n' "$n" "$b" "$g" "$(awk -v b="$b" -v g="$g" 'BEGIN {printf "%.2fx", b / g}')"
+done
+echo "last step against the first: blockwire $(growth "$tmp/bwt.times"), tgtd $(growth "$tmp/tgtt.times");" \
+    "SendTargets through iscsi-ls lists blockwire's $bwt_listed and tgtd's $tgtt_listed of $LUNS targets"
+echo
 echo "one add at $LUNS LUNs as a process per call: blockwire-target ctl lun.add $bw_cli_ms ms, tgtadm $tgt_last_ms ms"
 echo "blockwire, all $((LUNS - 1)) LUNs added at once: SIGHUP reload of the saved file into a daemon with LUN 0 alone $bulk_ms ms"
 echo "REPORT LUNS through iscsi-ls: blockwire $bw_listed of $LUNS LUNs, after a restart $restart_listed, after the bulk reload $bulk_listed; tgtd $tgt_listed (its LUN 0 is a controller, so $((LUNS + 1)) expected)"
 echo "blockwire with $LUNS LUNs: lun.list $(ms list "$LUNS" "$tmp/bw.times") ms, config.save $(ms save 0 "$tmp/bw.times") ms," \
     "SIGHUP reload $reload_ms ms, restart from the saved file to listening $restart_ms ms"
 echo "memory (VmRSS): blockwire $((bw_rss / 1024)) MiB, tgtd $((tgt_rss / 1024)) MiB"
-[ "$bw_listed" -eq "$LUNS" ] && [ "$restart_listed" -eq "$LUNS" ] && [ "$bulk_listed" -eq "$LUNS" ] || { echo "FAIL: blockwire did not list every LUN" >&2; exit 1; }
+[ "$bw_listed" -eq "$LUNS" ] && [ "$restart_listed" -eq "$LUNS" ] && [ "$bulk_listed" -eq "$LUNS" ] &&
+    [ "$bwt_listed" -eq "$LUNS" ] || { echo "FAIL: blockwire did not list every LUN and target" >&2; exit 1; }

@@ -402,9 +402,19 @@ fn claim_units(
     t: &TargetDef,
 ) {
     let name = t.name.get_ref().trim();
+    let mut ids = std::collections::HashSet::new();
     for l in &t.luns {
         let lspan = l.span();
         let l = l.get_ref();
+        if !ids.insert(l.id) {
+            // Said as what it is, not as the identity or files the two definitions share.
+            report.errors.push(ctx.err(
+                lspan,
+                "target.lun.id",
+                format!("LUN {} is defined twice in {name}", l.id),
+            ));
+            continue;
+        }
         let unit = format!("LUN {} of {name}", l.id);
         let line = ctx.line(lspan.start);
         if let Some((serial, naa)) = unit_identity(name, l) {
@@ -1059,6 +1069,9 @@ impl TargetConfig {
         }
 
         let mut targets = Vec::new();
+        // Names seen, in lower case (iSCSI names compare without regard to case): a scan
+        // of the targets built so far for each would cost the square of their number.
+        let mut names = std::collections::HashSet::new();
         for t in self.targets {
             let tspan = t.span();
             let t = t.into_inner();
@@ -1072,10 +1085,7 @@ impl TargetConfig {
                 return Err(ctx.err(t.name.span(), "target.name", format!(
                     "{name:?} is not an iSCSI name (iqn.YYYY-MM.reversed.domain:id, at most 223 bytes)")));
             }
-            if targets
-                .iter()
-                .any(|e: &Arc<TargetEntry>| e.name.eq_ignore_ascii_case(&name))
-            {
+            if !names.insert(lower.clone()) {
                 return Err(ctx.err(
                     t.name.span(),
                     "target.name",
@@ -1124,6 +1134,7 @@ impl TargetConfig {
             };
             let auth = auth_policy(ctx, &auth_config, "target")?;
             let mut luns = Vec::new();
+            let mut ids = std::collections::HashSet::new();
             let mut data_paths = Vec::new();
             for l in &t.luns {
                 let lspan = l.span();
@@ -1131,7 +1142,7 @@ impl TargetConfig {
                 if l.id > 16383 {
                     return Err(ctx.err(lspan, "target.lun.id", "must be between 0 and 16383"));
                 }
-                if luns.iter().any(|(id, _)| *id == l.id) {
+                if !ids.insert(l.id) {
                     return Err(ctx.err(
                         lspan,
                         "target.lun.id",

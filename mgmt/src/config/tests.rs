@@ -1188,3 +1188,31 @@ fn the_line_index_numbers_lines_as_counting_newlines_does() {
         }
     }
 }
+
+#[test]
+fn a_target_or_lun_defined_twice_is_refused_on_its_second_definition() {
+    let lun = |id: u16| format!("[[target.lun]]\nid = {id}\nbackstore = \"ram\"\nsize = \"1M\"\n");
+    let head = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n";
+    // iSCSI names compare without regard to case (RFC 3722).
+    let text = format!(
+        "{head}[[target]]\nname = \"iqn.2026-11.io.blockwire:a\"\n{}{}\
+         [[target]]\nname = \"iqn.2026-11.io.blockwire:b\"\n{}\
+         [[target]]\nname = \"IQN.2026-11.io.blockwire:A\"\n{}",
+        lun(0),
+        lun(1),
+        lun(0),
+        lun(0)
+    );
+    let e = TargetConfig::from_str("t.toml", &text).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (21, "target.name"), "{e}");
+    assert!(e.message.contains("defined twice"), "{e}");
+    let text = format!(
+        "{head}[[target]]\nname = \"iqn.2026-11.io.blockwire:a\"\n{}{}{}",
+        lun(0),
+        lun(7),
+        lun(7)
+    );
+    let e = TargetConfig::from_str("t.toml", &text).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (14, "target.lun.id"), "{e}");
+    assert!(e.message.contains("LUN 7 is defined twice"), "{e}");
+}

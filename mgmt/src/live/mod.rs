@@ -193,13 +193,14 @@ impl Live {
         // Units that stay: the same LUN table (size and the stall switch
         // aside) in a target of the same name.
         let old_luns = lun_defs(&running.doc);
+        let old_by_name = old.targets_by_name();
         let mut reuse = Reuse::new();
         let mut resizes = Vec::new();
         for (key, def) in lun_defs(&doc) {
             let Some(before) = old_luns.get(&key) else {
                 continue;
             };
-            let Some(unit) = old.target(&key.0).and_then(|t| t.luns.get(key.1)) else {
+            let Some(unit) = old_by_name.get(&key.0).and_then(|t| t.luns.get(key.1)) else {
                 continue;
             };
             if same_unit(before, &def) {
@@ -218,13 +219,14 @@ impl Live {
         let built = TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse))
             .map_err(|e| LiveError::Invalid(format!("{e}; nothing was changed")))?;
         let new = built.catalog.clone();
+        let new_by_name = new.targets_by_name();
         // A target renamed in case only is the same target to initiators
         // (iSCSI names compare case-insensitively), but its LUNs' derived
         // identities and its saved reservations' file follow the name as
         // written: the running units would keep theirs, and the next start
         // would present new disks without their reservations.
         for nt in &new.targets {
-            if let Some(ot) = old.target(&nt.name).filter(|ot| ot.name != nt.name) {
+            if let Some(ot) = old_by_name.get(&nt.name).filter(|ot| ot.name != nt.name) {
                 return Err(LiveError::Invalid(format!(
                     "target {} is renamed {} (case only): its LUNs' serial numbers and NAA \
                      identifiers (unless they have a uuid) and its saved reservations' files \
@@ -239,7 +241,7 @@ impl Live {
         let mut busy = Vec::new();
         let sessions = self.fabric.sessions.all();
         for t in &old.targets {
-            let gone = new.target(&t.name).is_none();
+            let gone = new_by_name.get(&t.name).is_none();
             if gone {
                 let users: Vec<&str> = sessions
                     .iter()
@@ -264,7 +266,11 @@ impl Live {
                     continue;
                 }
                 if let Some(why) = in_use(&lu.activity()) {
-                    let what = if gone || new.target(&t.name).is_some_and(|n| !n.luns.has_lun(id)) {
+                    let what = if gone
+                        || new_by_name
+                            .get(&t.name)
+                            .is_some_and(|n| !n.luns.has_lun(id))
+                    {
                         "removing"
                     } else {
                         "replacing (its definition changed)"
@@ -351,7 +357,7 @@ impl Live {
         // in line with the new definition.
         let mut targets = Vec::new();
         for nt in &new.targets {
-            let Some(ot) = old.target(&nt.name) else {
+            let Some(ot) = old_by_name.get(&nt.name) else {
                 for line in self.start_paths(nt) {
                     applied.changes.push(line);
                 }
@@ -442,12 +448,13 @@ impl Live {
             discovery_auth: new.discovery_auth.clone(),
         });
         self.fabric.replace_catalog(catalog.clone());
+        let catalog_by_name = catalog.targets_by_name();
 
         // Sessions the change concerns: of removed targets, and of
         // initiators the access list no longer admits.
         for s in &sessions {
             let Some(st) = &s.target else { continue };
-            let why = match catalog.target(&st.name) {
+            let why = match catalog_by_name.get(&st.name) {
                 None => format!("target {} was removed", st.name),
                 Some(t) if !t.acl.allows(&s.initiator_name) => {
                     format!(
@@ -466,7 +473,7 @@ impl Live {
         for t in old
             .targets
             .iter()
-            .filter(|t| catalog.target(&t.name).is_none())
+            .filter(|t| catalog_by_name.get(&t.name).is_none())
         {
             for id in t.luns.lun_ids() {
                 self.fabric.lun_paths.remove(&t.name, id);

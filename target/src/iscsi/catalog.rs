@@ -177,4 +177,27 @@ impl Catalog {
     pub fn portal_group(&self, tag: u16) -> Option<&PortalGroup> {
         self.portal_groups.iter().find(|g| g.tag == tag)
     }
+
+    /// The targets by name, for a caller that looks up many names (every target of another
+    /// catalog, every session's target): [`Catalog::target`] scans the list, and a scan per
+    /// target would cost the square of their number.
+    pub fn targets_by_name(&self) -> TargetsByName<'_> {
+        let mut by_name = std::collections::HashMap::with_capacity(self.targets.len());
+        for t in &self.targets {
+            // The first of two names equal but for case wins, as with `target`.
+            by_name.entry(t.name.to_ascii_lowercase()).or_insert(t);
+        }
+        TargetsByName(by_name)
+    }
+}
+
+/// A catalog's targets by name; names compare without regard to ASCII case, as iSCSI
+/// names do (RFC 3722 maps them to lower case).
+pub struct TargetsByName<'a>(std::collections::HashMap<String, &'a Arc<TargetEntry>>);
+
+impl<'a> TargetsByName<'a> {
+    /// The target named `name`, as [`Catalog::target`] finds it.
+    pub fn get(&self, name: &str) -> Option<&'a Arc<TargetEntry>> {
+        self.0.get(&name.to_ascii_lowercase()).copied()
+    }
 }
