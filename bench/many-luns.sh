@@ -7,7 +7,8 @@
 # `blockwire-target ctl lun.add` (a process per call, as tgtadm is) takes at the end, a login's
 # REPORT LUNS through iscsi-ls (every LUN listed), and for blockwire `lun.list`, `config.save`,
 # a restart from the saved file, a SIGHUP reload with all the LUNs, and one that adds them all at
-# once to a daemon serving LUN 0 alone, and each daemon's memory. Then the same number of targets
+# once to a daemon serving LUN 0 alone, as does one lun.add with their list, and each daemon's
+# memory. Then the same number of targets
 # of one LUN each (one target per volume): time per target added, and SendTargets listing them.
 # Each LUN is its own sparse 1 MiB file in a scratch directory. BLOCKWIRE_BIN: another
 # blockwire-target binary (a build from before a change). Results: bench/many-luns-results.txt.
@@ -71,6 +72,12 @@ def call(method, params):
         sys.exit(f"{method}: {r['error']}")
     return r["result"]
 t = time.monotonic()
+if mode == "list":
+    t = time.monotonic()
+    call("lun.add", {"target": iqn, "lun": [{"id": lun, "backstore": "file", "path": f"{files}/l{lun}.img",
+                                             "size": "1M"} for lun in range(1, luns)]})
+    print("list-add", luns - 1, 1000 * (time.monotonic() - t))
+    sys.exit(0)
 for lun in range(1, luns):
     file = {"backstore": "file", "path": f"{files}/l{lun}.img", "size": "1M"}
     if mode == "luns":
@@ -122,6 +129,12 @@ timeout 120 bash -c 'until grep -q "configuration reloaded" "$1"; do sleep 0.01;
     { echo "FAIL: no reload within 120 s of SIGHUP" >&2; plain <"$tmp/bulk.log" | tail -5 >&2; exit 1; }
 bulk_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 bulk_listed=$(timeout 60 iscsi-ls -s "iscsi://127.0.0.1:$port" | grep -c "Lun:" || true)
+stop_daemon
+# And through the control socket: one lun.add with the list of them all.
+cp "$tmp/one-lun.toml" "$tmp/target.toml"
+start_daemon "$tmp/list.log" --control "$sock"
+list_ms=$(add_over_socket list "$tmp/bw" | awk '{printf "%.0f", $3}')
+list_listed=$(timeout 60 iscsi-ls -s "iscsi://127.0.0.1:$port" | grep -c "Lun:" || true)
 stop_daemon
 
 # tgtd: the same LUNs through tgtadm, one process per LUN as its administrators run it.
@@ -188,10 +201,11 @@ echo "last step against the first: blockwire $(growth "$tmp/bwt.times"), tgtd $(
     "SendTargets through iscsi-ls lists blockwire's $bwt_listed and tgtd's $tgtt_listed of $LUNS targets"
 echo
 echo "one add at $LUNS LUNs as a process per call: blockwire-target ctl lun.add $bw_cli_ms ms, tgtadm $tgt_last_ms ms"
-echo "blockwire, all $((LUNS - 1)) LUNs added at once: SIGHUP reload of the saved file into a daemon with LUN 0 alone $bulk_ms ms"
-echo "REPORT LUNS through iscsi-ls: blockwire $bw_listed of $LUNS LUNs, after a restart $restart_listed, after the bulk reload $bulk_listed; tgtd $tgt_listed (its LUN 0 is a controller, so $((LUNS + 1)) expected)"
+echo "blockwire, all $((LUNS - 1)) LUNs added at once to a daemon with LUN 0 alone: SIGHUP reload of the saved file $bulk_ms ms, one lun.add with their list $list_ms ms"
+echo "REPORT LUNS through iscsi-ls: blockwire $bw_listed of $LUNS LUNs, after a restart $restart_listed, after the bulk reload $bulk_listed, after the list $list_listed; tgtd $tgt_listed (its LUN 0 is a controller, so $((LUNS + 1)) expected)"
 echo "blockwire with $LUNS LUNs: lun.list $(ms list "$LUNS" "$tmp/bw.times") ms, config.save $(ms save 0 "$tmp/bw.times") ms," \
     "SIGHUP reload $reload_ms ms, restart from the saved file to listening $restart_ms ms"
 echo "memory (VmRSS): blockwire $((bw_rss / 1024)) MiB, tgtd $((tgt_rss / 1024)) MiB"
 [ "$bw_listed" -eq "$LUNS" ] && [ "$restart_listed" -eq "$LUNS" ] && [ "$bulk_listed" -eq "$LUNS" ] &&
+    [ "$list_listed" -eq "$LUNS" ] &&
     [ "$bwt_listed" -eq "$LUNS" ] || { echo "FAIL: blockwire did not list every LUN and target" >&2; exit 1; }

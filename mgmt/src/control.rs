@@ -90,7 +90,7 @@ pub const METHODS: &[Method] = &[
     Method {
         name: "lun.add",
         params: r#"{"target": "iqn...", "lun": {"id": 1, "backstore": "file", "path": "/srv/disk1.img", "size": "10G"}}"#,
-        summary: "add a LUN, its table written as in the configuration file; initiators hear REPORTED LUNS DATA HAS CHANGED",
+        summary: "add a LUN, its table written as in the configuration file, or a list of such tables in one change (all or none); initiators hear REPORTED LUNS DATA HAS CHANGED",
     },
     Method {
         name: "lun.remove",
@@ -259,7 +259,17 @@ struct TargetRemoveParams {
 #[serde(deny_unknown_fields)]
 struct LunAddParams {
     target: String,
-    lun: serde_json::Map<String, Value>,
+    lun: OneOrMany,
+}
+
+/// One LUN's table, or a list of them added in one change: each change checks and builds
+/// the whole configuration, so a thousand LUNs added one call each cost a thousand such
+/// passes, and a list costs one.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(serde_json::Map<String, Value>),
+    Many(Vec<serde_json::Map<String, Value>>),
 }
 
 #[derive(Deserialize)]
@@ -397,8 +407,21 @@ impl Control {
             }
             "lun.add" => {
                 let p: LunAddParams = parse(method, params)?;
-                let l = table(p.lun)?;
-                self.edit(false, |d| edits::add_lun(d, &p.target, l)).await
+                let luns = match p.lun {
+                    OneOrMany::One(l) => vec![table(l)?],
+                    OneOrMany::Many(ls) => ls.into_iter().map(table).collect::<Result<_, _>>()?,
+                };
+                if luns.is_empty() {
+                    return Err(RpcError::new(
+                        code::INVALID_PARAMS,
+                        "lun.add: the list of LUNs is empty; give one LUN's table or a list of them",
+                    ));
+                }
+                self.edit(false, |d| {
+                    luns.into_iter()
+                        .try_for_each(|l| edits::add_lun(d, &p.target, l))
+                })
+                .await
             }
             "lun.remove" => {
                 let p: LunRemoveParams = parse(method, params)?;

@@ -808,6 +808,42 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
         e.contains("no LUN 9 in target") && e.contains("LUNs are 0, 2"),
         "{e}"
     );
+
+    // A list of LUNs is one change: all of them, with one unit attention, or none.
+    let ram = |id: u16| json!({"id": id, "backstore": "ram", "size": "1M"});
+    let e = d
+        .try_call(
+            "lun.add",
+            json!({"target": TARGET, "lun": [ram(3), ram(4), ram(3)]}),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("LUN 3 exists in") && e.contains("already"),
+        "{e}"
+    );
+    assert_eq!(report_luns(&mut c).await, [0, 2], "none of the list added");
+    let v = d
+        .call(
+            "lun.add",
+            json!({"target": TARGET, "lun": [ram(3), ram(4), ram(5)]}),
+        )
+        .await;
+    for id in 3..=5 {
+        assert!(
+            v["changes"].to_string().contains(&format!("LUN {id} of")),
+            "{v}"
+        );
+    }
+    assert_eq!(unit_attentions(&mut c).await, [(0x3f, 0x0e)]);
+    assert_eq!(report_luns(&mut c).await, [0, 2, 3, 4, 5]);
+    let e = d
+        .try_call("lun.add", json!({"target": TARGET, "lun": []}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the list of LUNs is empty"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
