@@ -151,7 +151,12 @@ fn call(c: &mut Choices<'_>) -> (&'static str, Value) {
             ("target.add", json!({ "target": t }))
         }
         1 => ("target.remove", json!({"target": target, "force": c.flag()})),
-        2 | 3 => ("lun.add", json!({"target": target, "lun": lun_json(c)})),
+        2 => ("lun.add", json!({"target": target, "lun": lun_json(c)})),
+        // A list is one change: all its LUNs or none (ids and files may repeat in it).
+        3 => {
+            let luns: Vec<_> = (0..c.pick(&[0usize, 1, 2, 3])).map(|_| lun_json(c)).collect();
+            ("lun.add", json!({"target": target, "lun": luns}))
+        }
         4 => ("lun.remove", json!({"target": target, "lun": c.pick(LUN_IDS), "force": c.flag()})),
         5 => ("lun.resize", json!({"target": target, "lun": c.pick(LUN_IDS), "size": c.pick(SIZES)})),
         6 => ("acl.add", json!({"target": target, "initiator": c.pick(INITIATORS)})),
