@@ -182,21 +182,21 @@ tgtt_listed=$(timeout 60 iscsi-ls "iscsi://127.0.0.1:$tgt_port" | grep -c "^Targ
 stop_tgtd "$tgt_port" "$tgt_pid"
 tgt_pid=""
 
-echo
-printf '%-8s %16s %16s %14s\n' "LUNs" "blockwire ms/add" "tgtd ms/add" "blockwire/tgtd"
-for ((n = STEP; n <= LUNS; n += STEP)); do
-    b=$(ms add "$n" "$tmp/bw.times") g=$(ms add "$n" "$tmp/tgt.times")
-    printf '%-8s %16s %16s %14s\n' "$n" "$b" "$g" "$(awk -v b="$b" -v g="$g" 'BEGIN {printf "%.2fx", b / g}')"
-done
+# The time per add at each step, blockwire's against tgtd's.
+per_step() { # heading blockwire-times tgtd-times
+    printf '%-8s %16s %16s %14s\n' "$1" "blockwire ms/add" "tgtd ms/add" "blockwire/tgtd"
+    for ((n = STEP; n <= LUNS; n += STEP)); do
+        b=$(ms add "$n" "$2") g=$(ms add "$n" "$3")
+        printf '%-8s %16s %16s %14s\n' "$n" "$b" "$g" "$(awk -v b="$b" -v g="$g" 'BEGIN {printf "%.2fx", b / g}')"
+    done
+}
 growth() { awk -v a="$(ms add "$STEP" "$1")" -v z="$(ms add "$LUNS" "$1")" 'BEGIN {printf "%.2fx", z / a}'; }
+echo
+per_step LUNs "$tmp/bw.times" "$tmp/tgt.times"
 echo "last step against the first (1.00x: a LUN costs the same however many are there):" \
     "blockwire $(growth "$tmp/bw.times"), tgtd $(growth "$tmp/tgt.times")"
 echo
-printf '%-8s %16s %16s %14s\n' "targets" "blockwire ms/add" "tgtd ms/add" "blockwire/tgtd"
-for ((n = STEP; n <= LUNS; n += STEP)); do
-    b=$(ms add "$n" "$tmp/bwt.times") g=$(ms add "$n" "$tmp/tgtt.times")
-    printf '%-8s %16s %16s %14s\n' "$n" "$b" "$g" "$(awk -v b="$b" -v g="$g" 'BEGIN {printf "%.2fx", b / g}')"
-done
+per_step targets "$tmp/bwt.times" "$tmp/tgtt.times"
 echo "last step against the first: blockwire $(growth "$tmp/bwt.times"), tgtd $(growth "$tmp/tgtt.times");" \
     "SendTargets through iscsi-ls lists blockwire's $bwt_listed and tgtd's $tgtt_listed of $LUNS targets"
 echo
