@@ -144,7 +144,7 @@ tgtd_new_target "$tgt_port" 1 "$TGT_IQN"
 t=$(date +%s%N)
 for ((l = 1; l <= LUNS; l++)); do
     [ "$l" -lt "$LUNS" ] || t_last=$(date +%s%N)
-    tgtadm -C "$tgt_port" --lld iscsi --op new --mode logicalunit --tid 1 --lun "$l" -b "$tmp/tgt/l$((l % LUNS)).img"
+    tgtd_add_lun "$tgt_port" 1 "$l" "$tmp/tgt/l$((l % LUNS)).img"
     if [ "$l" -lt "$LUNS" ] && [ $(((l + 1) % STEP)) -eq 0 ]; then
         now=$(date +%s%N)
         awk -v n=$((l + 1)) -v d=$((now - t)) -v k=$((STEP - (l + 1 == STEP))) 'BEGIN {print "add", n, d / 1e6 / k}'
@@ -171,7 +171,7 @@ tgtd_new_target "$tgt_port" 1 "$TGT_IQN"
 t=$(date +%s%N)
 for ((l = 1; l < LUNS; l++)); do
     tgtd_new_target "$tgt_port" $((l + 1)) "$TGT_IQN-$l"
-    tgtadm -C "$tgt_port" --lld iscsi --op new --mode logicalunit --tid $((l + 1)) --lun 1 -b "$tmp/tgt/l$l.img"
+    tgtd_add_lun "$tgt_port" $((l + 1)) 1 "$tmp/tgt/l$l.img"
     if [ $(((l + 1) % STEP)) -eq 0 ]; then
         now=$(date +%s%N)
         awk -v n=$((l + 1)) -v d=$((now - t)) -v k=$((STEP - (l + 1 == STEP))) 'BEGIN {print "add", n, d / 1e6 / k}'
