@@ -38,7 +38,11 @@
 #   KL_FIO_MIB=N                   fio size per LUN kind (default 256)
 #   KL_LINK_PORT=N                 host port of the ocfs2 suite's private link (default 41016)
 # Each suite's logs (the guest's output, daemon logs, fio logs, dmesg) land in
-# build/kernel-lab/SUITE/. A guest script that prints no line for 240 s prints, as `watch| `
+# build/kernel-lab/SUITE/, with console.log: the guest kernel's console (warnings and worse),
+# sent by netconsole over a user-mode NIC that has no address or route for anything else, so a
+# guest whose kernel panics leaves its last words (interop/kernel/lib.sh). A guest that dies
+# mid-suite (exit 255, no summary) has that printed and is booted once more; its first run's
+# logs stay in build/kernel-lab/SUITE.died. A guest script that prints no line for 240 s prints, as `watch| `
 # lines, every process's state and the kernel stacks of its own (interop/kernel/lib.sh), so
 # that a suite stopped by the timeout shows where it waited.
 set -euo pipefail
@@ -66,6 +70,44 @@ step "release binaries: blockwire-target, blockwire (with the ublk front end and
 step "kernel module: blockwire_scsi.ko against the lab kernel's headers (-Werror, W=1)"
 "$repo/initiator/kmod/build.sh" "$build/kmod" || { echo "FAIL: blockwire_scsi.ko does not build"; exit 1; }
 
+# kernel_console DIR: the host's end of one guest's kernel console (netconsole, see
+# interop/kernel/lib.sh): a listener appending to DIR/console.log, bounded by the guest's own
+# timeout. Sets KC_PORT (for the guest's KL_CONSOLE_PORT) and KC_PID; console_stop ends it.
+KC_PIDS=()
+trap 'kill "${KC_PIDS[@]}" 2>/dev/null || true' EXIT
+kernel_console() {
+    local dir=$1
+    mkdir -p "$dir"
+    python3 "$here/kernel/console_listener.py" "$dir/console.log" $((${KL_TIMEOUT:-1500} + 120)) \
+        >"$dir/console.port" &
+    KC_PID=$!
+    KC_PIDS+=("$KC_PID")
+    if ! timeout 10 bash -c 'until [ -s "$1" ]; do sleep 0.1; done' _ "$dir/console.port"; then
+        echo "FAIL: the kernel console listener for $dir did not start"
+        return 1
+    fi
+    KC_PORT=$(head -n 1 "$dir/console.port")
+}
+console_stop() {
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+# console_tail DIR: what the guest's kernel said on its console (warnings and worse): from the
+# first oops, BUG, lockup, hung task or panic on (70 lines), else its last 40 lines.
+console_tail() {
+    local log=$1/console.log first
+    [ -s "$log" ] || { echo "    the guest's kernel console ($log) is empty"; return 0; }
+    first=$(grep -n -m 1 -E 'Kernel panic|BUG:|Oops|general protection|watchdog: BUG|INFO: task|WARNING:' \
+        "$log" | cut -d: -f1) || true
+    if [ -n "$first" ]; then
+        echo "    the guest's kernel console ($log) from line $first:"
+        tail -n "+$first" "$log" | head -n 70 | sed 's/^/      /'
+    else
+        echo "    last kernel console lines of the guest ($log):"
+        tail -n 40 "$log" | sed 's/^/      /'
+    fi
+}
+
 # run_ocfs2 OUT: the two-guest suite. node1 (target and cluster node 1) listens on the private
 # link, node2 connects to it; they meet through OUT/sync. Each guest prints its own summary
 # line; the suite's line adds them up, so a guest that died early (no summary) fails the suite.
@@ -76,9 +118,11 @@ run_ocfs2() {
         echo "FAIL: host port $port (the private link) is taken; set KL_LINK_PORT"
         return 1
     fi
-    KLAB_CWD=$repo "$lab/run.sh" --cpus 1 --mem 1G --link "listen:$port" --rw "$out" \
+    kernel_console "$out/node1" || return 1
+    local kc1=$KC_PID
+    KLAB_CWD=$repo "$lab/run.sh" --cpus 1 --mem 1G --link "listen:$port" --net --rw "$out" \
         --timeout "${KL_TIMEOUT:-1500}" -- \
-        env KL_OUT="$out/node1" KL_SYNC="$out/sync" BLOCKWIRE_BUILD="$build" \
+        env KL_OUT="$out/node1" KL_SYNC="$out/sync" BLOCKWIRE_BUILD="$build" KL_CONSOLE_PORT="$KC_PORT" \
         "$here/kernel/guest-ocfs2.sh" node1 >"$out/node1.log" 2>&1 &
     pid1=$!
     # node2's QEMU connects to the socket node1's QEMU listens on.
@@ -90,12 +134,16 @@ run_ocfs2() {
         cat "$out/node1.log"
         return 1
     fi
-    KLAB_CWD=$repo "$lab/run.sh" --cpus 1 --mem 1G --link "connect:$port" --rw "$out" \
+    kernel_console "$out/node2" || return 1
+    local kc2=$KC_PID
+    KLAB_CWD=$repo "$lab/run.sh" --cpus 1 --mem 1G --link "connect:$port" --net --rw "$out" \
         --timeout "${KL_TIMEOUT:-1500}" -- \
-        env KL_OUT="$out/node2" KL_SYNC="$out/sync" BLOCKWIRE_BUILD="$build" \
+        env KL_OUT="$out/node2" KL_SYNC="$out/sync" BLOCKWIRE_BUILD="$build" KL_CONSOLE_PORT="$KC_PORT" \
         "$here/kernel/guest-ocfs2.sh" node2 2>&1 | tee "$out/node2.log" | sed -u 's/^/node2| /' || rc2=$?
     # node1's guest is bounded by its own --timeout.
     wait "$pid1" || rc1=$?
+    console_stop "$kc1"
+    console_stop "$kc2"
     sed 's/^/node1| /' "$out/node1.log"
     n=0 f=0
     for p in node1 node2; do
@@ -113,10 +161,10 @@ run_ocfs2() {
 }
 
 suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic}
-failed=()
+failed=() died=()
 for s in $suites; do
     out=$build/kernel-lab/$s
-    rm -rf "$out"
+    rm -rf "$out" "$out.died"
     mkdir -p "$out"
     step "guest suite $s (logs in $out)"
     rc=0
@@ -124,19 +172,32 @@ for s in $suites; do
         run_ocfs2 "$out" 2>&1 | tee "$out/guest.log" || rc=$?
     else
         run_guest() {
-            KLAB_CWD=$repo "$lab/run.sh" --cpus 2 --mem 4G --rw "$out" --timeout "${KL_TIMEOUT:-1500}" -- \
+            rc=0
+            kernel_console "$out" || { rc=1; return; }
+            KLAB_CWD=$repo "$lab/run.sh" --cpus 2 --mem 4G --net --rw "$out" --timeout "${KL_TIMEOUT:-1500}" -- \
                 env KL_OUT="$out" KL_FIO_MIB="${KL_FIO_MIB:-256}" BLOCKWIRE_BUILD="$build" \
-                "$here/kernel/guest-$s.sh" 2>&1 | tee "$out/guest.log"
+                KL_CONSOLE_PORT="$KC_PORT" "$here/kernel/guest-$s.sh" 2>&1 | tee "$out/guest.log" || rc=$?
+            console_stop "$KC_PID"
         }
-        run_guest || rc=$?
+        run_guest
         # A guest that printed nothing at all never reached the suite's script (virtme-ng
         # exits 255 when the guest does not come up): that is the lab failing to boot, not a
         # test result, so it gets one more boot. Any output means the suite ran, and its
-        # verdict stands.
+        # verdict stands, with one exception: a guest that vanished mid-suite (exit 255, no
+        # summary line: its kernel panicked or QEMU ended) gets one more boot, after its
+        # kernel's last console lines are printed here and its logs moved to $out.died. A
+        # second death, like any failure of the second run, fails the suite.
         if [ "$rc" != 0 ] && ! [ -s "$out/guest.log" ]; then
             echo "kernel-lab: the guest for suite $s printed nothing (exit $rc): booting it once more"
-            rc=0
-            run_guest || rc=$?
+            run_guest
+        elif [ "$rc" = 255 ] && ! grep -q "^==== $s: [0-9]* passed" "$out/guest.log"; then
+            echo "kernel-lab: the guest for suite $s DIED mid-suite (exit 255, no summary line)"
+            console_tail "$out"
+            mv "$out" "$out.died"
+            mkdir -p "$out"
+            died+=("$s")
+            echo "kernel-lab: its logs are in $out.died; booting suite $s once more"
+            run_guest
         fi
     fi
     # The guest's own summary line is the verdict: a guest that died early printed none.
@@ -149,9 +210,18 @@ for s in $suites; do
             echo "    last kernel messages of the guest ($d):"
             tail -n 25 "$d" | sed 's/^/      /'
         done
+        # A guest that died: the kernel's own last words, sent by netconsole from the panic.
+        if [ "$rc" = 255 ] || [ "$s" = ocfs2 ]; then
+            for d in "$out" "$out"/node1 "$out"/node2; do
+                [ -e "$d/console.port" ] && console_tail "$d"
+            done
+        fi
         failed+=("$s")
     fi
 done
+if [ ${#died[@]} -gt 0 ]; then
+    echo "NOTE: kernel-lab guests that died mid-suite and were booted once more: ${died[*]} (first run's logs in $build/kernel-lab/SUITE.died)"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
     echo "FAIL: kernel-lab suites: ${failed[*]}"
     exit 1

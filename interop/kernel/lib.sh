@@ -17,6 +17,40 @@ KL_WORK=/tmp/kl-work
 mkdir -p "$KL_WORK" "$KL_OUT"
 _kl_pass=0 _kl_fail=0
 
+# ---- the kernel's console on the host -----------------------------------------------------------
+# A guest whose kernel panics is gone at once (virtme-ng exits 255): `dmesg -w`, a process, never
+# writes the panic into KL_OUT. netconsole sends console messages from the kernel itself, panic
+# included, as UDP over QEMU's user-mode NIC (run.sh --net) to the host's listener on
+# KL_CONSOLE_PORT (interop/kernel/console_listener.py). That NIC carries nothing else: no
+# address, IPv6 off, an unreachable default route: no way out of the guest; netconsole names
+# its own source address.
+# Console level 5: warnings and worse (oops, lockups, hung tasks, panics) as they happen.
+# The user-mode NIC has QEMU's default MAC; the private links of run.sh --link have their own.
+_kl_user_nic() {
+    local d
+    for d in /sys/class/net/*; do
+        [ "$(cat "$d/address" 2>/dev/null)" = 52:54:00:12:34:56 ] && echo "${d##*/}"
+    done
+    return 0
+}
+_kl_netconsole() {
+    [ -n "${KL_CONSOLE_PORT:-}" ] || return 0
+    local dev
+    dev=$(_kl_user_nic)
+    if [ -z "$dev" ]; then
+        printf '[%s] kernel console: no user-mode NIC, not sent to the host\n' "$(date +%T)"
+        return 0
+    fi
+    sysctl -qw "net.ipv6.conf.$dev.disable_ipv6=1"
+    # Should a DHCP client configure the NIC later, its default route finds this one in place.
+    ip route add unreachable default 2>/dev/null
+    ip link set "$dev" up
+    dmesg -n 5
+    modprobe netconsole "netconsole=6665@10.0.2.15/$dev,$KL_CONSOLE_PORT@10.0.2.2/" ||
+        printf '[%s] kernel console: netconsole did not load, not sent to the host\n' "$(date +%T)"
+}
+_kl_netconsole
+
 # Every line the script prints is also a heartbeat for the stall watchdog below.
 _kl_beat() { printf '%s\n' "$EPOCHSECONDS" 2>/dev/null >/run/kl-beat; }
 log() { _kl_beat; printf '[%s] %s\n' "$(date +%T)" "$*"; }
@@ -243,10 +277,12 @@ peer_wait() {
 # peer_get NAME: the text published as NAME.
 peer_get() { cat "$KL_SYNC/$1"; }
 
-# link_up ADDR/PREFIX: the guest's NIC on the private link (the only one besides lo), with ADDR.
+# link_up ADDR/PREFIX: the guest's NIC on the private link (the only one besides lo and the
+# user-mode NIC of the kernel console), with ADDR.
 link_up() {
-    local nic
-    nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+    local nic user
+    user=$(_kl_user_nic)
+    nic=$(ls /sys/class/net | grep -v -x -e lo ${user:+-e "$user"} | head -1)
     [ -n "$nic" ] || return 1
     ip link set "$nic" up && ip addr add "$1" dev "$nic" && echo "$nic"
 }
