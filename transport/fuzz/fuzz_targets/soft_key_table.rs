@@ -5,14 +5,15 @@
 //!
 //! A model of the regions checks that a peer's access succeeds exactly when its key is
 //! the current rkey of a registered region that grants the access and holds the whole
-//! range; that a refused WRITE changes no byte; that READs return what was written;
-//! and that no slot gives out a key again before it has issued 200 others, so a key
-//! made stale by invalidation or deregistration cannot open the slot's next region.
+//! range, and that the check a WRITE's header gets before its payload agrees; that a
+//! refused WRITE changes no byte; that READs return what was written; and that no slot
+//! gives out a key again before it has issued 200 others, so a key made stale by
+//! invalidation or deregistration cannot open the slot's next region.
 #![no_main]
 
 use std::collections::{HashMap, VecDeque};
 
-use blockwire_transport::rdma::soft::fuzzing::{remote_read, remote_write};
+use blockwire_transport::rdma::soft::fuzzing::{remote_read, remote_write, remote_write_allowed};
 use blockwire_transport::rdma::soft::{SoftConfig, SoftMr, SoftPd, SoftProvider};
 use blockwire_transport::rdma::{
     AccessFlags, AlignedBuf, MemoryRegion, ProtectionDomain, RdmaProvider, WcStatus,
@@ -171,8 +172,15 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::RemoteWrite { key, at, offset, len, byte } => {
                 let (key, addr, n) = (m.key(&key), m.addr(at, offset), usize::from(len % 8192));
+                let allowed = remote_write_allowed(&pd, key, addr, n);
                 let status = remote_write(&pd, key, addr, &vec![byte; n]);
-                match m.expect(key, addr, n, AccessFlags::REMOTE_WRITE) {
+                let expected = m.expect(key, addr, n, AccessFlags::REMOTE_WRITE);
+                assert_eq!(
+                    allowed,
+                    expected.is_some(),
+                    "the header's check of WRITE {key:#x} at {addr:#x}+{n}"
+                );
+                match expected {
                     Some((i, off)) => {
                         assert_eq!(status, WcStatus::Success, "WRITE {key:#x} at {addr:#x}+{n}");
                         m.live[i].bytes[off..off + n].fill(byte);

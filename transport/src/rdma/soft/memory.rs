@@ -604,6 +604,20 @@ impl KeyTable {
         }
     }
 
+    /// Whether an RDMA WRITE of `len` bytes at `addr` under `rkey` would be placed now
+    /// (the checks of [`KeyTable::remote_write`], nothing written). The responder asks this
+    /// as the request's header arrives: a WRITE that fails it is refused without its payload
+    /// ever being held. One that passes is checked again when placed, since the region may
+    /// be deregistered in between.
+    pub fn remote_write_allowed(&self, rkey: u32, addr: u64, len: usize) -> bool {
+        let Some(region) = self.lookup(rkey) else {
+            return false;
+        };
+        let live = *region.live.read().unwrap();
+        self.check_remote(&region, live, rkey, addr, len, RemoteAccess::Write)
+            .is_some()
+    }
+
     /// Responder side of RDMA READ: validate and copy `len` bytes at `addr` into `out`.
     pub fn remote_read(&self, rkey: u32, addr: u64, out: &mut [u8]) -> WcStatus {
         let Some(region) = self.lookup(rkey) else {
@@ -771,6 +785,21 @@ mod tests {
             WcStatus::RemoteAccessError
         );
         assert_eq!(t.remote_write(0, 0, b""), WcStatus::RemoteAccessError);
+        // The check a WRITE's header gets, before its payload, agrees case by case.
+        assert!(t.remote_write_allowed(r.rkey(), r.addr() + 10, 5));
+        for (key, addr, len) in [
+            (r.rkey() ^ 1, r.addr(), 1),
+            (r.lkey(), r.addr(), 1),
+            (r.rkey(), r.addr() + 8190, 3),
+            (r.rkey(), r.addr() - 1, 1),
+            (ro.rkey(), ro.addr(), 1),
+            (0, 0, 0),
+        ] {
+            assert!(
+                !t.remote_write_allowed(key, addr, len),
+                "{key:#x} at {addr:#x}+{len}"
+            );
+        }
         let mut all = vec![0u8; 8192];
         r.local_read(0, &mut all).unwrap();
         assert_eq!(&all[10..15], b"hello");

@@ -231,6 +231,12 @@ pub mod fuzzing {
         pd.keys.remote_write(rkey, addr, data)
     }
 
+    /// Whether a peer's RDMA WRITE would be placed, as a connection's reader asks when the
+    /// WRITE's header arrives, before its payload.
+    pub fn remote_write_allowed(pd: &SoftPd, rkey: u32, addr: u64, len: usize) -> bool {
+        pd.keys.remote_write_allowed(rkey, addr, len)
+    }
+
     /// Serves a peer's RDMA READ of `out.len()` bytes from `pd`'s memory.
     pub fn remote_read(pd: &SoftPd, rkey: u32, addr: u64, out: &mut [u8]) -> WcStatus {
         pd.keys.remote_read(rkey, addr, out)

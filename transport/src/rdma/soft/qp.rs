@@ -57,11 +57,17 @@ const QUEUED_FRAMES: usize = 4096;
 /// however slowly, gets every answer.
 const CLOSED_PEER_WRITE_GRACE: Duration = Duration::from_secs(5);
 
-/// A request read from the socket, holding its share of [`REQUEST_BYTES`] until served.
-struct Request {
+/// A frame read from the socket. A request (RDMA WRITE, SEND) holds its share of
+/// [`REQUEST_BYTES`] until served.
+struct Frame {
     header: Header,
     payload: Vec<u8>,
-    budget: OwnedSemaphorePermit,
+    /// A request's share; none for responses and for a refused WRITE.
+    budget: Option<OwnedSemaphorePermit>,
+    /// An RDMA WRITE that could not be placed as its header arrived (unknown or stale
+    /// rkey, out of bounds, no REMOTE_WRITE): its payload was read and dropped, and it is
+    /// answered with a remote access error in its turn.
+    refused: bool,
 }
 
 /// The responder's answer to one request; a READ answer holds its share of
@@ -447,14 +453,32 @@ async fn write_frame(wr: &mut OwnedWriteHalf, shared: &Shared, frame: &[u8]) -> 
 }
 
 /// Reads one frame. A request's payload is read only once it has its share of
-/// `request_bytes`; until then the socket is not read.
+/// `request_bytes`; until then the socket is not read. An RDMA WRITE that this side's
+/// keys refuse as its header arrives takes no share: its payload passes through a small
+/// buffer and is dropped, so a peer cannot make this side hold up to [`MAX_PAYLOAD`]
+/// bytes per frame for writes it may not make (a peer that was given no key, such as an
+/// initiator before login, can make no other).
 async fn read_frame(
     rd: &mut OwnedReadHalf,
+    keys: &KeyTable,
     request_bytes: &Arc<Semaphore>,
-) -> Result<(Header, Vec<u8>, Option<OwnedSemaphorePermit>)> {
+) -> Result<Frame> {
     let mut hb = [0u8; HEADER_LEN];
     rd.read_exact(&mut hb).await?;
     let h = Header::decode(&hb)?;
+    if h.kind == Kind::Write && !keys.remote_write_allowed(h.rkey, h.addr, h.len as usize) {
+        let len = u64::from(h.len);
+        let dropped = tokio::io::copy(&mut (&mut *rd).take(len), &mut tokio::io::sink()).await?;
+        if dropped != len {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+        return Ok(Frame {
+            header: h,
+            payload: Vec::new(),
+            budget: None,
+            refused: true,
+        });
+    }
     let budget = if h.kind.is_request() {
         // `decode` bounds len by MAX_PAYLOAD, which the budget holds whole.
         let share = request_bytes.clone().acquire_many_owned(h.len).await;
@@ -464,30 +488,31 @@ async fn read_frame(
     };
     let mut payload = vec![0u8; h.len as usize];
     rd.read_exact(&mut payload).await?;
-    Ok((h, payload, budget))
+    Ok(Frame {
+        header: h,
+        payload,
+        budget,
+        refused: false,
+    })
 }
 
-async fn reader(mut rd: OwnedReadHalf, shared: Arc<Shared>, req_tx: mpsc::Sender<Request>) {
+async fn reader(mut rd: OwnedReadHalf, shared: Arc<Shared>, req_tx: mpsc::Sender<Frame>) {
     let request_bytes = Arc::new(Semaphore::new(REQUEST_BYTES));
     loop {
-        let (h, payload, budget) = match read_frame(&mut rd, &request_bytes).await {
+        let frame = match read_frame(&mut rd, &shared.keys, &request_bytes).await {
             Ok(f) => f,
             Err(e) => {
                 tracing::debug!("soft RDMA connection closed: {e}");
                 break;
             }
         };
-        if let Some(budget) = budget {
-            let request = Request {
-                header: h,
-                payload,
-                budget,
-            };
-            if req_tx.send(request).await.is_err() {
+        let h = frame.header;
+        if h.kind.is_request() {
+            if req_tx.send(frame).await.is_err() {
                 break;
             }
         } else if matches!(h.kind, Kind::Ack | Kind::ReadResp) {
-            if let Err(e) = shared.on_response(&h, &payload) {
+            if let Err(e) = shared.on_response(&h, &frame.payload) {
                 tracing::warn!("soft RDMA: {e}; closing the connection");
                 break;
             }
@@ -508,11 +533,7 @@ async fn reader(mut rd: OwnedReadHalf, shared: Arc<Shared>, req_tx: mpsc::Sender
 /// The responder: serves the peer's requests against this side's registered memory,
 /// without involving the upper layer. When the requests end (the peer closed) or cannot
 /// be served, the queue pair enters the error state.
-async fn responder(
-    shared: Arc<Shared>,
-    rx: mpsc::Receiver<Request>,
-    answers: mpsc::Sender<Answer>,
-) {
+async fn responder(shared: Arc<Shared>, rx: mpsc::Receiver<Frame>, answers: mpsc::Sender<Answer>) {
     serve_requests(&shared, rx, answers).await;
     let mut st = shared.state.lock().unwrap();
     if !st.error {
@@ -522,21 +543,26 @@ async fn responder(
 
 async fn serve_requests(
     shared: &Shared,
-    mut rx: mpsc::Receiver<Request>,
+    mut rx: mpsc::Receiver<Frame>,
     answers: mpsc::Sender<Answer>,
 ) {
     let answer_bytes = Arc::new(Semaphore::new(ANSWER_BYTES));
     while let Some(request) = rx.recv().await {
-        let Request {
+        let Frame {
             header: h,
             payload,
             budget: held,
+            refused,
         } = request;
         let mut budget = None;
         let reply = match h.kind {
             Kind::Write => {
                 let mut a = Header::new(Kind::Ack);
-                a.status = shared.keys.remote_write(h.rkey, h.addr, &payload);
+                a.status = if refused {
+                    WcStatus::RemoteAccessError
+                } else {
+                    shared.keys.remote_write(h.rkey, h.addr, &payload)
+                };
                 wire::frame(a, &[])
             }
             Kind::ReadReq => {

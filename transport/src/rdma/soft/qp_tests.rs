@@ -116,6 +116,18 @@ fn readable_region(served: &Served<SoftProvider>) -> (impl MemoryRegion, Header,
     (mr, ask, pattern)
 }
 
+/// A buffer of `len` bytes registered for receives, and the one SGE that covers it.
+fn receive_buffer(served: &Served<SoftProvider>, len: usize) -> (impl MemoryRegion, Sge) {
+    let access = AccessFlags::LOCAL_WRITE;
+    let mr = served.pd.register(AlignedBuf::new(len), access).unwrap();
+    let sge = Sge {
+        addr: mr.addr(),
+        length: len as u32,
+        lkey: mr.lkey(),
+    };
+    (mr, sge)
+}
+
 /// Writes `frame` `times` times from a task (it blocks once this side stops reading).
 fn send_repeatedly(
     mut peer: tokio::net::tcp::OwnedWriteHalf,
@@ -179,17 +191,9 @@ async fn sends_without_receives_stay_bounded() {
         growth / MIB
     );
 
-    let mr = served
-        .pd
-        .register(AlignedBuf::new(len), AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let (mr, sge) = receive_buffer(&served, len);
     for n in 0..64u64 {
         mr.write_at(0, &[0u8; 8]).unwrap();
-        let sge = Sge {
-            addr: mr.addr(),
-            length: len as u32,
-            lkey: mr.lkey(),
-        };
         served
             .qp
             .post_recv(RecvWr {
@@ -241,6 +245,80 @@ async fn unread_acknowledgements_stay_bounded() {
         expect_ack(&mut rd, n).await;
     }
     drop(putting.await.unwrap());
+    drop(served.qp);
+}
+
+/// RDMA WRITEs this side's keys refuse (an rkey never issued), eight of the largest frame
+/// (64 MiB), behind a SEND that waits for a receive and so holds its share of the request
+/// budget. Each WRITE is refused as its header arrives and its payload dropped on the way
+/// in: the peer gets to write all 512 MiB while the SEND still waits, and none of it stays
+/// resident here. (Were the payloads held, the first would wait for a budget the waiting
+/// SEND never gives back, and TCP would stop the peer.) Once a receive is posted every
+/// answer comes back in order: the SEND's acknowledgement, eight remote access errors,
+/// and a valid WRITE that follows them lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_writes_are_dropped_as_they_arrive() {
+    let p = SoftProvider::default();
+    let (peer, served) = raw_peer(&p).await;
+    let (mut rd, mut wr) = peer.into_split();
+    let message = vec![0x5au8; 4096];
+    let send = wire::frame(Header::new(Kind::Send), &message);
+    wr.write_all(&send).await.unwrap();
+    let mut bad = Header::new(Kind::Write);
+    (bad.addr, bad.rkey) = (0x10_0000, 0xdead_be01);
+    let refused = 8;
+    let frame = wire::frame(bad, &vec![0xa5u8; wire::MAX_PAYLOAD]);
+    let base = resident();
+    let writing = send_repeatedly(wr, frame, refused);
+    let mut wr = tokio::time::timeout(Duration::from_secs(60), writing)
+        .await
+        .expect("the peer wrote every refused WRITE while the SEND waited for a receive")
+        .unwrap();
+    let growth = settled_growth(base, Duration::from_secs(10)).await;
+    assert!(
+        growth < 32 * MIB,
+        "resident memory grew by {} MiB for WRITEs that were refused",
+        growth / MIB
+    );
+
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let target = served.pd.register(AlignedBuf::new(4096), access).unwrap();
+    let mut good = Header::new(Kind::Write);
+    (good.addr, good.rkey) = (target.addr(), target.rkey());
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    wr.write_all(&wire::frame(good, &pattern)).await.unwrap();
+    let (inbox, sge) = receive_buffer(&served, 4096);
+    served
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 7,
+            sgl: vec![sge],
+        })
+        .unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(10), served.recv_cq.next())
+        .await
+        .expect("the SEND lands once a receive is posted")
+        .unwrap();
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (7, WcStatus::Success, 4096)
+    );
+    let mut landed = vec![0u8; 4096];
+    inbox.read_at(0, &mut landed).unwrap();
+    assert!(landed == message, "the SEND's bytes");
+    expect_ack(&mut rd, "of the SEND").await;
+    for n in 0..refused {
+        let (h, _) = read_frame(&mut rd).await;
+        assert_eq!(
+            (h.kind, h.status),
+            (Kind::Ack, WcStatus::RemoteAccessError),
+            "refused WRITE {n}"
+        );
+    }
+    expect_ack(&mut rd, "of the valid WRITE").await;
+    let mut placed = vec![0u8; 4096];
+    target.read_at(0, &mut placed).unwrap();
+    assert!(placed == pattern, "the valid WRITE's bytes");
     drop(served.qp);
 }
 
@@ -344,15 +422,7 @@ async fn a_send_before_the_close_lands() {
     for round in 0..200 {
         let (peer, served) = raw_peer(&p).await;
         let (mut rd, mut wr) = peer.into_split();
-        let mr = served
-            .pd
-            .register(AlignedBuf::new(4096), AccessFlags::LOCAL_WRITE)
-            .unwrap();
-        let sge = Sge {
-            addr: mr.addr(),
-            length: 4096,
-            lkey: mr.lkey(),
-        };
+        let (_mr, sge) = receive_buffer(&served, 4096);
         for wr_id in [1, 2] {
             let sgl = vec![sge];
             served.qp.post_recv(RecvWr { wr_id, sgl }).unwrap();
