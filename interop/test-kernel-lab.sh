@@ -41,10 +41,10 @@
 # build/kernel-lab/SUITE/, with console.log: the guest kernel's console (warnings and worse),
 # sent by netconsole over a user-mode NIC that has no address or route for anything else, so a
 # guest whose kernel panics leaves its last words (interop/kernel/lib.sh). A guest that dies
-# mid-suite (exit 255, no summary) has that printed and is booted once more; its first run's
-# logs stay in build/kernel-lab/SUITE.died. A guest script that prints no line for 240 s prints, as `watch| `
-# lines, every process's state and the kernel stacks of its own (interop/kernel/lib.sh), so
-# that a suite stopped by the timeout shows where it waited.
+# mid-suite (exit 255, no summary) has them printed and is booted once more; its first run's
+# logs stay in build/kernel-lab/SUITE.died. A guest script that prints no line for 240 s
+# prints, as `watch| ` lines, every process's state and the kernel stacks of its own
+# (interop/kernel/lib.sh), so that a suite stopped by the timeout shows where it waited.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)

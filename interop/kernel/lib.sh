@@ -23,8 +23,9 @@ _kl_pass=0 _kl_fail=0
 # included, as UDP over QEMU's user-mode NIC (run.sh --net) to the host's listener on
 # KL_CONSOLE_PORT (interop/kernel/console_listener.py). That NIC carries nothing else: no
 # address, IPv6 off, an unreachable default route: no way out of the guest; netconsole names
-# its own source address.
-# Console level 5: warnings and worse (oops, lockups, hung tasks, panics) as they happen.
+# its own source address. Console level 5: warnings and worse (oops, lockups, hung tasks,
+# panics) as they happen.
+
 # The user-mode NIC has QEMU's default MAC; the private links of run.sh --link have their own.
 _kl_user_nic() {
     local d
