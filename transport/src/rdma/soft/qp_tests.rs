@@ -18,8 +18,9 @@ use tokio::net::TcpStream;
 use super::super::wire::{self, Header, Kind, HEADER_LEN, MAGIC};
 use super::super::SoftProvider;
 use crate::rdma::{
-    AccessFlags, AlignedBuf, CompletionQueue, ConnectRequest, MemoryRegion, ProtectionDomain,
-    QpCaps, QpInit, QueuePair, RdmaListener, RdmaProvider, RecvWr, SendOp, SendWr, Sge, WcStatus,
+    AccessFlags, AlignedBuf, Completion, CompletionQueue, ConnectRequest, MemoryRegion,
+    ProtectionDomain, QpCaps, QpInit, QueuePair, RdmaListener, RdmaProvider, RecvWr, SendOp,
+    SendWr, Sge, WcStatus,
 };
 
 const MIB: usize = 1 << 20;
@@ -128,6 +129,22 @@ fn receive_buffer(served: &Served<SoftProvider>, len: usize) -> (impl MemoryRegi
     (mr, sge)
 }
 
+/// Posts a receive of `sge` as `wr_id` and waits (at most 10 s, else
+/// panics with `why`) for the completion it gets.
+async fn receive(served: &Served<SoftProvider>, wr_id: u64, sge: Sge, why: &str) -> Completion {
+    served
+        .qp
+        .post_recv(RecvWr {
+            wr_id,
+            sgl: vec![sge],
+        })
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), served.recv_cq.next())
+        .await
+        .expect(why)
+        .unwrap()
+}
+
 /// Writes `frame` `times` times from a task (it blocks once this side stops reading).
 fn send_repeatedly(
     mut peer: tokio::net::tcp::OwnedWriteHalf,
@@ -194,17 +211,7 @@ async fn sends_without_receives_stay_bounded() {
     let (mr, sge) = receive_buffer(&served, len);
     for n in 0..64u64 {
         mr.write_at(0, &[0u8; 8]).unwrap();
-        served
-            .qp
-            .post_recv(RecvWr {
-                wr_id: n,
-                sgl: vec![sge],
-            })
-            .unwrap();
-        let c = tokio::time::timeout(Duration::from_secs(10), served.recv_cq.next())
-            .await
-            .expect("a receive completes")
-            .unwrap();
+        let c = receive(&served, n, sge, "a receive completes").await;
         assert_eq!(
             (c.wr_id, c.status, c.byte_len as usize),
             (n, WcStatus::Success, len)
@@ -288,17 +295,7 @@ async fn refused_writes_are_dropped_as_they_arrive() {
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
     wr.write_all(&wire::frame(good, &pattern)).await.unwrap();
     let (inbox, sge) = receive_buffer(&served, 4096);
-    served
-        .qp
-        .post_recv(RecvWr {
-            wr_id: 7,
-            sgl: vec![sge],
-        })
-        .unwrap();
-    let c = tokio::time::timeout(Duration::from_secs(10), served.recv_cq.next())
-        .await
-        .expect("the SEND lands once a receive is posted")
-        .unwrap();
+    let c = receive(&served, 7, sge, "the SEND lands once a receive is posted").await;
     assert_eq!(
         (c.wr_id, c.status, c.byte_len),
         (7, WcStatus::Success, 4096)
