@@ -101,7 +101,28 @@ pub fn render(fabric: &Fabric) -> String {
     engine_metrics(&mut e, fabric);
     rdma_metrics(&mut e, fabric);
     iser_metrics(&mut e, fabric);
+    ram_metrics(&mut e);
     e.out
+}
+
+/// What the RAM LUNs hold against `[fabric] ram_limit`.
+fn ram_metrics(e: &mut Exposition) {
+    let budget = blockwire_target::backstore::ram_budget::RamBudget::process();
+    let name = "blockwire_ram_bytes";
+    e.family(
+        name,
+        "gauge",
+        "Memory the RAM LUNs hold now (1 MiB per chunk written since it was last freed).",
+    );
+    e.sample(name, &[], budget.held());
+    let name = "blockwire_ram_limit_bytes";
+    e.family(
+        name,
+        "gauge",
+        "Memory the RAM LUNs may hold together ([fabric] ram_limit); writes that need more \
+         are answered SPACE ALLOCATION FAILED.",
+    );
+    e.sample(name, &[], budget.limit());
 }
 
 /// Every LUN of every target, with its label values.

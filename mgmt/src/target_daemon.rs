@@ -6,6 +6,7 @@
 //! when the shutdown begins (see `notify`).
 
 use anyhow::Context;
+use blockwire_target::backstore::ram_budget::RamBudget;
 use blockwire_target::iscsi::portal::{Portal, PortalSet};
 use blockwire_target::iscsi::Fabric;
 use tokio::sync::watch;
@@ -18,6 +19,34 @@ use crate::control::Control;
 use crate::live::{Live, Source};
 use crate::notify::Notifier;
 
+/// Sets the process's RAM budget to `[fabric] ram_limit` when given, and
+/// says what the RAM LUNs (`ram_lun_bytes` of them) may hold: a warning
+/// when they could hold more than the budget allows.
+fn ram_budget(limit: Option<u64>, ram_lun_bytes: u64) {
+    let budget = RamBudget::process();
+    if let Some(limit) = limit {
+        budget.set_limit(limit);
+    }
+    if ram_lun_bytes == 0 {
+        return;
+    }
+    let whence = if limit.is_some() {
+        "[fabric] ram_limit"
+    } else {
+        "[fabric] ram_limit unset: 3/4 of this machine's memory"
+    };
+    let (total, limit) = (ram_lun_bytes >> 20, budget.limit() >> 20);
+    if ram_lun_bytes > budget.limit() {
+        warn!(
+            "the RAM LUNs add up to {total} MiB, more than the {limit} MiB they may hold together \
+             ({whence}): they are thin, and a write that needs memory past that fails with DATA \
+             PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT until UNMAP frees some"
+        );
+    } else {
+        info!("the RAM LUNs add up to {total} MiB of at most {limit} MiB they may hold together ({whence})");
+    }
+}
+
 /// Serves `built`, made from the configuration document `doc` (read from
 /// `source`), until a termination signal; returns after a clean shutdown.
 pub async fn run(
@@ -28,6 +57,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let notifier = Notifier::from_env();
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Before any initiator can write to a RAM LUN.
+    ram_budget(built.ram_limit, built.ram_lun_bytes);
     let mut settings = built.settings;
     settings.max_recv_data_segment_length = built.max_recv_data_segment_length;
     let fabric = Fabric::new(built.catalog.clone(), settings, stop_rx);

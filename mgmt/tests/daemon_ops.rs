@@ -7,7 +7,11 @@
 //!   SIGTERM then ends it with exit 0;
 //! - `--log-format json` writes one JSON object per line;
 //! - `--log json` (a format name given as the filter) is refused with a
-//!   message naming --log-format.
+//!   message naming --log-format;
+//! - RAM LUNs hold at most `[fabric] ram_limit` together: the start warns
+//!   when they could hold more, a WRITE that needs memory past it is
+//!   answered DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT and the
+//!   daemon serves on; memory an UNMAP frees takes writes again.
 
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
@@ -144,4 +148,87 @@ fn format_name_as_log_filter_is_refused() {
     }
     let stderr = refused(&["--log-format", "yaml"]);
     assert!(stderr.contains("json"), "{stderr}");
+}
+
+/// UNMAP of `blocks` 512-byte blocks at `lba` (one descriptor).
+fn unmap(lba: u64, blocks: u32) -> ([u8; 10], Vec<u8>) {
+    let mut param = vec![0u8; 24];
+    param[0..2].copy_from_slice(&22u16.to_be_bytes());
+    param[2..4].copy_from_slice(&16u16.to_be_bytes());
+    param[8..16].copy_from_slice(&lba.to_be_bytes());
+    param[16..20].copy_from_slice(&blocks.to_be_bytes());
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x42;
+    cdb[7..9].copy_from_slice(&24u16.to_be_bytes());
+    (cdb, param)
+}
+
+#[test]
+fn ram_luns_past_their_memory_limit_refuse_writes_and_serve_on() {
+    use blockwire_initiator::{DataDir, Error, InitiatorConfig, Session};
+    use blockwire_pdu::scsi::SenseKey;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ram.toml");
+    std::fs::write(
+        &config,
+        "[fabric]\nnop_interval_secs = 0\nram_limit = \"2M\"\n\n\
+         [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+         [[target]]\nname = \"iqn.2026-11.io.blockwire:ram\"\n\n\
+         [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n",
+    )
+    .unwrap();
+    let mut d = Daemon::spawn(dir, &config, ["--log", "info"]);
+    let portal = d.wait_log("the portal address", text_portal);
+    let log = d.log_text();
+    assert!(
+        log.contains("the RAM LUNs add up to 8 MiB, more than the 2 MiB they may hold together ([fabric] ram_limit)"),
+        "{log}"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = Session::connect(
+            InitiatorConfig::new("iqn.2026-11.io.blockwire.test:ram"),
+            &portal.to_string(),
+            "iqn.2026-11.io.blockwire:ram",
+        )
+        .await
+        .expect("login");
+        // The power-on unit attention goes to a TEST UNIT READY.
+        let _ = s.execute(0, &[0u8; 6], DataDir::None).await;
+        let mib = vec![0x5au8; 1 << 20];
+        // Two MiB fit, in the LUN's first and last chunks.
+        s.write(0, 0, 2048, &mib).await.expect("the first MiB");
+        s.write(0, 14336, 2048, &mib).await.expect("the last MiB");
+        // A third chunk does not, and nothing of the write lands.
+        let refused = match s.write(0, 4096, 8, &mib[..4096]).await {
+            Err(Error::Scsi(e)) => e,
+            other => panic!("a write past ram_limit: {other:?}"),
+        };
+        assert_eq!(
+            refused.sense_code(),
+            Some((SenseKey::DataProtect, 0x27, 0x07)),
+            "{refused:?}"
+        );
+        let mut back = vec![1u8; 4096];
+        s.read(0, 4096, 8, &mut back).await.expect("READ");
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "bytes of the refused write landed"
+        );
+        // UNMAP of the first chunk gives its memory back.
+        let (cdb, param) = unmap(0, 2048);
+        s.execute(0, &cdb, DataDir::Write(&param))
+            .await
+            .expect("UNMAP");
+        s.write(0, 4096, 8, &mib[..4096])
+            .await
+            .expect("a write after UNMAP");
+        s.read(0, 4096, 8, &mut back).await.expect("READ");
+        assert!(back.iter().all(|&b| b == 0x5a));
+    });
+    d.signal("TERM");
+    assert!(d.wait_exit().success(), "{}", d.log_text());
 }

@@ -278,6 +278,8 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
         ),
         // Every session logged out.
         (format!("blockwire_target_sessions{{target=\"{IQN}\"}}"), 0.0),
+        // LUN 0's three 64 KiB WRITEs fell in its first 1 MiB chunk.
+        ("blockwire_ram_bytes".to_owned(), 1048576.0),
         (
             "blockwire_task_management_total{function=\"logical_unit_reset\",response=\"function_complete\"}"
                 .to_owned(),

@@ -177,6 +177,9 @@ impl TargetConfig {
         if let Err(errors) = fabric_settings(&self.fabric, ctx) {
             report.errors.extend(errors);
         }
+        if let Err(e) = ram_limit(&self.fabric, ctx) {
+            report.errors.push(e);
+        }
         if let Some(dir) = &self.fabric.state_dir {
             match std::fs::metadata(dir) {
                 Ok(m) if !m.is_dir() => report.errors.push(

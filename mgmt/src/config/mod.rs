@@ -151,6 +151,13 @@ pub struct FabricConfig {
     /// initiator that offers No receive Data-In in completion order
     /// (synchronized sends); true insists on in-order PDUs.
     pub data_pdu_in_order: bool,
+    /// Memory the RAM LUNs may hold together (e.g. "16G"; unset: three
+    /// quarters of the machine's memory, or of the control group's
+    /// memory.max where that is lower). RAM LUNs are thin: a write that
+    /// needs memory past it fails with DATA PROTECT, SPACE ALLOCATION
+    /// FAILED WRITE PROTECT instead of growing the daemon into the OOM
+    /// killer.
+    pub ram_limit: Option<String>,
 }
 
 impl Default for FabricConfig {
@@ -175,6 +182,7 @@ impl Default for FabricConfig {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             connection_threads: None,
             data_pdu_in_order: d.data_pdu_in_order,
+            ram_limit: None,
         }
     }
 }
@@ -609,6 +617,10 @@ pub struct Built {
     pub control_socket: Option<PathBuf>,
     /// The Prometheus endpoint's address (`[metrics] listen`).
     pub metrics_listen: Option<SocketAddr>,
+    /// `[fabric] ram_limit` in bytes (unset: the budget's default).
+    pub ram_limit: Option<u64>,
+    /// The sizes of the RAM LUNs, added up (0 with `--no-disk`).
+    pub ram_lun_bytes: u64,
 }
 
 /// The RDMA provider asked for in the configuration.
@@ -975,6 +987,18 @@ impl TargetConfig {
         }
         let (settings, rdma_listen, rdma_backend) =
             fabric_settings(f, ctx).map_err(|mut errors| errors.swap_remove(0))?;
+        let ram_limit = ram_limit(f, ctx)?;
+        let ram_lun_bytes = if ctx.no_disk {
+            0
+        } else {
+            self.targets
+                .iter()
+                .flat_map(|t| &t.get_ref().luns)
+                .map(Spanned::get_ref)
+                .filter(|l| l.backstore.get_ref() == "ram")
+                .filter_map(|l| l.size.as_ref().and_then(|s| parse_size(s.get_ref())))
+                .sum()
+        };
 
         let mut portal_groups = Vec::new();
         let mut iser_portals = Vec::new();
@@ -1224,6 +1248,8 @@ impl TargetConfig {
             no_disk: ctx.no_disk,
             control_socket: self.control.socket,
             metrics_listen,
+            ram_limit,
+            ram_lun_bytes,
         })
     }
 }
@@ -1345,6 +1371,23 @@ fn fabric_settings(
         ..FabricSettings::default()
     };
     Ok((settings, rdma_listen, rdma_backend))
+}
+
+/// `[fabric] ram_limit` in bytes, if set.
+fn ram_limit(f: &FabricConfig, ctx: &Ctx<'_>) -> Result<Option<u64>, ConfigError> {
+    let Some(value) = &f.ram_limit else {
+        return Ok(None);
+    };
+    match parse_size(value).filter(|&n| n >= 1 << 20) {
+        Some(n) => Ok(Some(n)),
+        None => Err(ctx.fabric_err(
+            "ram_limit",
+            format!(
+                "{value:?} is not a size of at least 1M (write e.g. \"16G\"; unset, RAM LUNs \
+                 may hold three quarters of the machine's memory)"
+            ),
+        )),
+    }
 }
 
 fn secret(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<String, ConfigError> {

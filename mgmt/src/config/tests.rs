@@ -765,6 +765,40 @@ fn metrics_listen_address_is_opt_in_and_checked() {
 }
 
 #[test]
+fn ram_limit_is_a_size_and_ram_luns_are_added_up() {
+    let luns = "[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
+                [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1G\"\n\n\
+                [[target.lun]]\nid = 1\nbackstore = \"ram\"\nsize = \"512M\"\n\n\
+                [[target.lun]]\nid = 2\nbackstore = \"null\"\nsize = \"8G\"\n";
+    let config = |fabric: &str| {
+        format!(
+            "[fabric]\n{fabric}\n[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n{luns}"
+        )
+    };
+    let b = TargetConfig::from_str("t.toml", &config("ram_limit = \"16G\"\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.ram_limit, Some(16 << 30));
+    assert_eq!(b.ram_lun_bytes, (1 << 30) + (512 << 20));
+    let b = TargetConfig::from_str("t.toml", &config("")).unwrap();
+    assert_eq!(b.ram_limit, None, "unset: the budget's default");
+    for bad in ["\"lots\"", "\"512K\""] {
+        let text = config(&format!("ram_limit = {bad}\n"));
+        let e = TargetConfig::from_str("t.toml", &text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.toml:2") && e.contains("ram_limit") && e.contains("16G"),
+            "{e}"
+        );
+        let report = TargetConfig::check_str("t.toml", &text, LoadOptions::default());
+        assert!(
+            report.errors.iter().any(|e| e.field == "fabric.ram_limit"),
+            "{report:?}"
+        );
+    }
+}
+
+#[test]
 fn removable_and_sanitize_min_seconds() {
     let b = TargetConfig::from_str(
         "t.toml",

@@ -31,6 +31,7 @@ mod file;
 pub mod journal;
 mod null;
 mod ram;
+pub mod ram_budget;
 pub mod striped;
 
 pub use file::{FileBackstore, FileMode};

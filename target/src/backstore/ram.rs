@@ -15,11 +15,16 @@
 //! were last discarded: the store's allocation map. GET LBA STATUS answers from
 //! it without reading data (an initiator such as QEMU asks before its reads, and
 //! deriving the map from content would scan megabytes per command).
+//!
+//! Every chunk holds a charge against a [`RamBudget`] (the process's unless
+//! the store was given another) for as long as it exists: a write that needs
+//! chunks the budget refuses fails whole, before it copies a byte.
 
+use super::ram_budget::{Charge, RamBudget};
 use super::{Backstore, Extent};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{OnceLock, RwLock, RwLockReadGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 const CHUNK: u64 = 1 << 20;
 /// The allocation map's unit: the smallest logical block.
@@ -33,18 +38,21 @@ const LEAF: usize = 4096;
 /// be a noticeable allocation.
 pub const RAM_MAX_BYTES: u64 = 1 << 50;
 
-/// One allocated chunk: its bytes and which sectors hold written data.
+/// One allocated chunk: its bytes, which sectors hold written data, and its
+/// charge against the budget (given back when the chunk goes).
 #[derive(Debug)]
 struct Chunk {
     data: Box<[u8]>,
     written: Box<[u64; SECTORS / 64]>,
+    _charge: Charge,
 }
 
 impl Chunk {
-    fn new() -> Chunk {
+    fn new(charge: Charge) -> Chunk {
         Chunk {
             data: vec![0u8; CHUNK as usize].into_boxed_slice(),
             written: Box::new([0; SECTORS / 64]),
+            _charge: charge,
         }
     }
 
@@ -80,6 +88,8 @@ pub struct RamBackstore {
     /// Every access holds this shared; a resize holds it exclusive, so a
     /// range checked against the capacity stays valid while it is used.
     slots: RwLock<Slots>,
+    /// What the chunks are charged to.
+    budget: Arc<RamBudget>,
 }
 
 /// One chunk's place in the table: empty until its first write.
@@ -139,6 +149,12 @@ impl Slots {
         self.leaves[c / LEAF].get().map(|leaf| &leaf[c % LEAF])
     }
 
+    /// Whether chunk `c` holds memory now.
+    fn is_allocated(&self, c: usize) -> bool {
+        self.slot(c)
+            .is_some_and(|s| s.read().unwrap_or_else(|e| e.into_inner()).is_some())
+    }
+
     /// Chunk `c`'s slot, making its leaf if no write reached it before.
     fn slot_or_new(&self, c: usize) -> &Slot {
         let i = c / LEAF;
@@ -163,8 +179,14 @@ impl Slots {
 
 impl RamBackstore {
     /// A zero-filled store of `size` bytes, at most [`RAM_MAX_BYTES`]
-    /// (configurations are checked against it before they get here).
+    /// (configurations are checked against it before they get here), whose
+    /// chunks count against the process's [`RamBudget`].
     pub fn new(size: u64) -> RamBackstore {
+        Self::with_budget(size, RamBudget::process().clone())
+    }
+
+    /// [`RamBackstore::new`], its chunks counting against `budget`.
+    pub fn with_budget(size: u64, budget: Arc<RamBudget>) -> RamBackstore {
         if let Some(why) = ram_size_refusal(size) {
             panic!("{why}");
         }
@@ -176,6 +198,7 @@ impl RamBackstore {
                     .map(|_| OnceLock::new())
                     .collect(),
             }),
+            budget,
         }
     }
 
@@ -265,10 +288,20 @@ impl Backstore for RamBackstore {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         let slots = self.slots();
         slots.check(offset, data.len())?;
+        let zeros = |range: &std::ops::Range<usize>| data[range.clone()].iter().all(|&b| b == 0);
+        // The chunks this write brings into being, charged before a byte is
+        // copied, so that a refused write changes nothing. Zeros into a
+        // chunk that does not exist need none: it already reads so.
+        let mut wanted = 0;
+        Self::pieces(offset, data.len(), |c, _, range| {
+            if !slots.is_allocated(c) && !zeros(&range) {
+                wanted += 1;
+            }
+        });
+        let mut charges = self.budget.charge(wanted, CHUNK)?;
+        let mut refused = None;
         Self::pieces(offset, data.len(), |c, at, range| {
-            let zeros = || data[range.clone()].iter().all(|&b| b == 0);
-            if slots.slot(c).is_none() && zeros() {
-                // Zeros into a leaf no write reached: it already reads so.
+            if refused.is_some() || slots.slot(c).is_none() && zeros(&range) {
                 return;
             }
             let mut chunk = slots
@@ -276,15 +309,30 @@ impl Backstore for RamBackstore {
                 .write()
                 .unwrap_or_else(|e| e.into_inner());
             let n = range.len();
-            if chunk.is_none() && zeros() {
-                // Zeros into an unallocated chunk: it already reads so.
+            if chunk.is_none() && zeros(&range) {
                 return;
             }
-            let store = chunk.get_or_insert_with(Chunk::new);
+            if chunk.is_none() {
+                // A discard racing this write freed a chunk counted above as
+                // there: charge it now. (Atomic writes hold their range
+                // exclusively in the SCSI core, so this never splits one.)
+                let charge = match charges
+                    .take()
+                    .map_or_else(|| self.budget.charge_one(CHUNK), Ok)
+                {
+                    Ok(c) => c,
+                    Err(e) => {
+                        refused = Some(e);
+                        return;
+                    }
+                };
+                *chunk = Some(Chunk::new(charge));
+            }
+            let store = chunk.as_mut().expect("allocated above");
             store.data[at..at + n].copy_from_slice(&data[range]);
             store.mark(at, n);
         });
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -488,6 +536,49 @@ mod tests {
         assert_eq!(s.size(), RAM_MAX_BYTES);
     }
 
+    /// Chunks holding memory in `s`.
+    fn allocated(s: &RamBackstore) -> u64 {
+        let slots = s.slots();
+        (0..chunks_of(slots.size))
+            .filter(|&c| slots.is_allocated(c))
+            .count() as u64
+    }
+
+    #[test]
+    fn a_write_past_the_budget_fails_whole_and_freed_chunks_make_room() {
+        let budget = RamBudget::with_limit(3 * CHUNK);
+        let s = RamBackstore::with_budget(8 * CHUNK, budget.clone());
+        s.write_at(0, &vec![1u8; 2 * CHUNK as usize]).unwrap();
+        // Zeros into chunks that do not exist take nothing.
+        s.write_at(4 * CHUNK, &vec![0u8; CHUNK as usize]).unwrap();
+        assert_eq!(budget.held(), 2 * CHUNK);
+        // This one needs chunks 2 and 3 with room for one: nothing lands.
+        let e = s
+            .write_at(2 * CHUNK + 10, &vec![2u8; CHUNK as usize])
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+        assert!(e.to_string().contains("ram_limit"), "{e}");
+        assert_eq!(budget.held(), 2 * CHUNK);
+        assert_eq!(allocated(&s), 2);
+        let mut back = vec![9u8; CHUNK as usize];
+        s.read_at(2 * CHUNK + 10, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        // Writes into chunks it holds take nothing more.
+        s.write_at(100, &[3u8; 1000]).unwrap();
+        assert_eq!(budget.held(), 2 * CHUNK);
+        // A discarded chunk gives its memory back, and the write fits.
+        s.discard(0, CHUNK).unwrap();
+        assert_eq!(budget.held(), CHUNK);
+        s.write_at(2 * CHUNK + 10, &vec![2u8; CHUNK as usize])
+            .unwrap();
+        assert_eq!(budget.held(), 3 * CHUNK);
+        // A shrink gives back the chunks it cuts off; the store, the rest.
+        s.resize(2 * CHUNK).unwrap();
+        assert_eq!((allocated(&s), budget.held()), (1, CHUNK));
+        drop(s);
+        assert_eq!(budget.held(), 0);
+    }
+
     #[test]
     #[should_panic(expected = "at most")]
     fn a_store_past_the_largest_is_refused() {
@@ -571,7 +662,8 @@ mod tests {
             #[test]
             fn the_store_reads_as_a_plain_byte_map(ops in prop::collection::vec(op(), 1..40)) {
                 let mut size = LEAF_BYTES + 2 * CHUNK;
-                let s = RamBackstore::new(size);
+                let budget = RamBudget::with_limit(u64::MAX);
+                let s = RamBackstore::with_budget(size, budget.clone());
                 let mut model: BTreeMap<u64, u8> = BTreeMap::new();
                 for op in ops {
                     match op {
@@ -619,6 +711,11 @@ mod tests {
                     let e = map.iter().find(|e| e.offset <= o && o < e.offset + e.len).unwrap();
                     prop_assert!(e.mapped, "byte {} holds data but is unmapped", o);
                 }
+                // The budget holds exactly the chunks that exist, and all
+                // of it comes back with the store.
+                prop_assert_eq!(budget.held(), allocated(&s) * CHUNK);
+                drop(s);
+                prop_assert_eq!(budget.held(), 0);
             }
         }
     }

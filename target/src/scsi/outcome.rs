@@ -143,7 +143,13 @@ pub(crate) fn backstore_failure(e: &std::io::Error, write: bool, lba: u64) -> Fa
         Some(Errno::IO | Errno::BADMSG | Errno::NODATA | Errno::UCLEAN) => {
             return io_failure(write, lba)
         }
+        // A file system or quota out of space, or the RAM LUNs' budget
+        // spent: a thin-provisioned device out of space.
         Some(Errno::NOSPC | Errno::DQUOT) if write => Sense::new(
+            SenseKey::DataProtect,
+            Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
+        ),
+        _ if write && e.kind() == std::io::ErrorKind::StorageFull => Sense::new(
             SenseKey::DataProtect,
             Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
         ),

@@ -526,4 +526,28 @@ mod tests {
         );
         assert_eq!(s.information, Some(9));
     }
+
+    #[test]
+    fn a_ram_lun_past_its_memory_budget_answers_space_allocation_failed() {
+        use crate::backstore::ram_budget::RamBudget;
+        use crate::backstore::RamBackstore;
+        use crate::scsi::LuConfig;
+        let budget = RamBudget::with_limit(1 << 20);
+        let store = Arc::new(RamBackstore::with_budget(4 << 20, budget.clone()));
+        let t = LunTable::new(vec![(0, Arc::new(LogicalUnit::new(LuConfig::new(store))))]);
+        let n = nexus("iqn.x");
+        ready(&t, &n);
+        let data = vec![7u8; 1 << 20];
+        // The first MiB fits; one in the next chunk does not.
+        let r = run(&t, &n, &rw(CdbSize::Ten, 0, 2048, false), &data, 0);
+        assert_eq!(r.status, GOOD, "{r:?}");
+        let r = run(&t, &n, &rw(CdbSize::Ten, 2048, 8, false), &data[..4096], 0);
+        let s = expect_check(
+            &r,
+            SenseKey::DataProtect,
+            Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
+        );
+        assert_eq!(s.information, Some(2048));
+        assert_eq!(budget.held(), 1 << 20);
+    }
 }
