@@ -144,19 +144,17 @@ impl Drop for Charge {
 }
 
 /// Three quarters of the memory this process may use: the machine's
-/// (`MemTotal`), or its control group's `memory.max` where that is lower
-/// (a container, a systemd unit with MemoryMax=). Unknown: no limit.
+/// (`MemTotal`), or its control group's limit where that is lower (a
+/// container, a systemd unit with MemoryMax=). Unknown: no limit.
 pub fn default_limit() -> u64 {
     let machine = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| mem_total(&m));
     let group = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
-        .and_then(|c| {
-            let max = format!("/sys/fs/cgroup{}/memory.max", unified_path(&c)?);
-            std::fs::read_to_string(max).ok()
-        })
-        // "max": no limit of the group's own.
+        .and_then(|c| std::fs::read_to_string(group_limit_file(&c)?).ok())
+        // "max" (v2), or a number past any machine's memory (v1): no
+        // limit of the group's own.
         .and_then(|v| v.trim().parse::<u64>().ok());
     match (machine, group) {
         (None, None) => u64::MAX,
@@ -179,10 +177,26 @@ fn mem_total(meminfo: &str) -> Option<u64> {
     }
 }
 
-/// The unified (cgroup v2) hierarchy's path of this process, from
-/// /proc/self/cgroup (its `0::PATH` line).
-fn unified_path(cgroup: &str) -> Option<&str> {
-    cgroup.lines().find_map(|l| l.strip_prefix("0::"))
+/// The file that holds the memory limit of this process's control group,
+/// from /proc/self/cgroup: the v1 memory controller's `memory.limit_in_bytes`
+/// where that controller is mounted (an `N:memory:PATH` line), else the
+/// unified (v2) hierarchy's `memory.max` (the `0::PATH` line).
+fn group_limit_file(cgroup: &str) -> Option<String> {
+    let v1 = cgroup.lines().find_map(|l| {
+        let (_, rest) = l.split_once(':')?;
+        let (controllers, path) = rest.split_once(':')?;
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path)
+    });
+    match v1 {
+        Some(path) => Some(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")),
+        None => {
+            let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+            Some(format!("/sys/fs/cgroup{path}/memory.max"))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -225,10 +239,14 @@ mod tests {
         assert_eq!(mem_total(meminfo), Some(24_576_000 * 1024));
         assert_eq!(mem_total("MemFree: 1 kB\n"), None);
         assert_eq!(
-            unified_path("0::/system.slice/blockwire.service\n"),
-            Some("/system.slice/blockwire.service")
+            group_limit_file("0::/system.slice/blockwire.service\n").as_deref(),
+            Some("/sys/fs/cgroup/system.slice/blockwire.service/memory.max")
         );
-        assert_eq!(unified_path("12:memory:/x\n"), None);
+        assert_eq!(
+            group_limit_file("5:devices:/\n4:memory:/box/1\n0::/\n").as_deref(),
+            Some("/sys/fs/cgroup/memory/box/1/memory.limit_in_bytes")
+        );
+        assert_eq!(group_limit_file("1:cpu:/\n"), None);
         let limit = default_limit();
         let machine = mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap();
         assert!(limit <= machine / 4 * 3, "{limit} of {machine}");
