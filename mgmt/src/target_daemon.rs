@@ -33,7 +33,7 @@ fn ram_budget(limit: Option<u64>, ram_lun_bytes: u64) {
     let whence = if limit.is_some() {
         "[fabric] ram_limit"
     } else {
-        "[fabric] ram_limit unset: 3/4 of this machine's memory"
+        "[fabric] ram_limit unset: 3/4 of the memory this process may use"
     };
     let (total, limit) = (ram_lun_bytes >> 20, budget.limit() >> 20);
     if ram_lun_bytes > budget.limit() {

@@ -152,11 +152,10 @@ pub struct FabricConfig {
     /// (synchronized sends); true insists on in-order PDUs.
     pub data_pdu_in_order: bool,
     /// Memory the RAM LUNs may hold together (e.g. "16G"; unset: three
-    /// quarters of the machine's memory, or of the control group's
-    /// memory.max where that is lower). RAM LUNs are thin: a write that
-    /// needs memory past it fails with DATA PROTECT, SPACE ALLOCATION
-    /// FAILED WRITE PROTECT instead of growing the daemon into the OOM
-    /// killer.
+    /// quarters of the machine's memory, or of its control group's limit
+    /// where that is lower). RAM LUNs are thin: a write that needs memory
+    /// past it fails with DATA PROTECT, SPACE ALLOCATION FAILED WRITE
+    /// PROTECT instead of taking memory the machine may not have.
     pub ram_limit: Option<String>,
 }
 

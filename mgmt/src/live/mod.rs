@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use blockwire_target::backstore::ram_budget::RamBudget;
 use blockwire_target::iscsi::catalog::{Catalog, TargetEntry};
 use blockwire_target::iscsi::portal::{Portal, PortalSet};
 use blockwire_target::iscsi::Fabric;
@@ -501,6 +502,17 @@ impl Live {
                 .restart_needed
                 .push("iSER portals (iser, iser_listen)".into());
         }
+        let ram = RamBudget::process();
+        let ram_bytes = (ram_lun_bytes(&running.doc), ram_lun_bytes(&doc));
+        if !self.opts.no_disk && ram_bytes.1 > ram_bytes.0 && ram_bytes.1 > ram.limit() {
+            applied.changes.push(format!(
+                "the RAM LUNs now add up to {} MiB, more than the {} MiB they may hold together \
+                 ([fabric] ram_limit): they are thin, and a write that needs memory past that \
+                 fails with DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT",
+                ram_bytes.1 >> 20,
+                ram.limit() >> 20
+            ));
+        }
         running.doc = doc;
         for c in &applied.changes {
             info!(origin, "{c}");
@@ -727,6 +739,15 @@ pub fn strings<'a>(t: &'a Table, key: &str) -> impl Iterator<Item = &'a str> + '
 
 /// Whether two LUN definitions describe the same unit: equal but for the
 /// size (a resize) and the stall switch (a start-up option).
+/// The sizes of `doc`'s RAM LUNs, added up.
+fn ram_lun_bytes(doc: &Table) -> u64 {
+    lun_defs(doc)
+        .values()
+        .filter(|l| l.get("backstore").and_then(Value::as_str) == Some("ram"))
+        .filter_map(|l| l.get("size").and_then(size_of))
+        .sum()
+}
+
 fn same_unit(a: &Table, b: &Table) -> bool {
     let strip = |t: &Table| {
         let mut t = t.clone();
@@ -822,6 +843,29 @@ mod tests {
                 .blocks(),
             4096
         );
+    }
+
+    #[tokio::test]
+    async fn a_change_that_adds_ram_luns_past_the_ram_limit_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+                    [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
+                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let live = live_of(text, &dir.path().join("t.toml"));
+        let add = |id: u16, size: &str| {
+            let lun: Table = format!("id = {id}\nbackstore = \"ram\"\nsize = \"{size}\"\n")
+                .parse()
+                .unwrap();
+            move |d: &mut Table| edits::add_lun(d, "iqn.2026-11.io.blockwire:disk", lun)
+        };
+        let said = |a: &Applied| a.changes.iter().any(|c| c.contains("[fabric] ram_limit"));
+        let small = live.edit(false, add(1, "1M")).await.unwrap();
+        assert!(!said(&small), "{small:?}");
+        // 100 TiB: more than any machine's memory, thin as every RAM LUN.
+        let huge = live.edit(false, add(2, "100T")).await.unwrap();
+        assert!(said(&huge), "{huge:?}");
+        let e = live.fabric.catalog().targets[0].luns.get(2).unwrap();
+        assert_eq!(e.config().backstore.size(), 100 << 40);
     }
 
     #[test]

@@ -313,9 +313,11 @@ impl Backstore for RamBackstore {
                 return;
             }
             if chunk.is_none() {
-                // A discard racing this write freed a chunk counted above as
-                // there: charge it now. (Atomic writes hold their range
-                // exclusively in the SCSI core, so this never splits one.)
+                // With no charge left, this is a chunk counted above as
+                // there that a discard racing this write has freed since:
+                // charged now. (A discard that frees a chunk covers its
+                // blocks, and an atomic write holds its blocks exclusively in
+                // the SCSI core, so this never splits one.)
                 let charge = match charges
                     .take()
                     .map_or_else(|| self.budget.charge_one(CHUNK), Ok)
