@@ -2,7 +2,7 @@
 //!
 //! A RAM store is thin: a 1 MiB chunk comes into being on the first write
 //! into it. Unbounded, RAM LUNs larger than the machine's memory (or several
-//! that fill up) end with the kernel's OOM killer stopping the daemon, and
+//! that fill up) can end with the kernel's OOM killer stopping the daemon, and
 //! with it every LUN and session it serves. Bounded, a write that needs a
 //! chunk past the limit fails as a thin-provisioned device out of space
 //! fails (SBC-4 thin provisioning: DATA PROTECT, SPACE ALLOCATION FAILED
