@@ -737,8 +737,6 @@ pub fn strings<'a>(t: &'a Table, key: &str) -> impl Iterator<Item = &'a str> + '
         .filter_map(Value::as_str)
 }
 
-/// Whether two LUN definitions describe the same unit: equal but for the
-/// size (a resize) and the stall switch (a start-up option).
 /// The sizes of `doc`'s RAM LUNs, added up.
 fn ram_lun_bytes(doc: &Table) -> u64 {
     lun_defs(doc)
@@ -748,6 +746,8 @@ fn ram_lun_bytes(doc: &Table) -> u64 {
         .sum()
 }
 
+/// Whether two LUN definitions describe the same unit: equal but for the
+/// size (a resize) and the stall switch (a start-up option).
 fn same_unit(a: &Table, b: &Table) -> bool {
     let strip = |t: &Table| {
         let mut t = t.clone();
