@@ -144,18 +144,16 @@ impl Drop for Charge {
 }
 
 /// Three quarters of the memory this process may use: the machine's
-/// (`MemTotal`), or its control group's limit where that is lower (a
-/// container, a systemd unit with MemoryMax=). Unknown: no limit.
+/// (`MemTotal`), or the lowest limit of its control group and the groups
+/// above it where that is lower (a container, a systemd unit with
+/// MemoryMax=, or the slice it runs in). Unknown: no limit.
 pub fn default_limit() -> u64 {
     let machine = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| mem_total(&m));
     let group = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
-        .and_then(|c| std::fs::read_to_string(group_limit_file(&c)?).ok())
-        // "max" (v2), or a number past any machine's memory (v1): no
-        // limit of the group's own.
-        .and_then(|v| v.trim().parse::<u64>().ok());
+        .and_then(|c| lowest_limit(&group_limit_files(&c)));
     match (machine, group) {
         (None, None) => u64::MAX,
         (a, b) => {
@@ -163,6 +161,17 @@ pub fn default_limit() -> u64 {
             memory / DEFAULT_SHARE_DEN * DEFAULT_SHARE_NUM
         }
     }
+}
+
+/// The lowest limit the files of [`group_limit_files`] hold: a file that
+/// does not exist (the root on a host) or says "max" (v2) sets none; v1
+/// says a number past any machine's memory instead.
+fn lowest_limit(files: &[String]) -> Option<u64> {
+    files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .min()
 }
 
 /// `MemTotal` of a /proc/meminfo text, in bytes.
@@ -177,11 +186,16 @@ fn mem_total(meminfo: &str) -> Option<u64> {
     }
 }
 
-/// The file that holds the memory limit of this process's control group,
-/// from /proc/self/cgroup: the v1 memory controller's `memory.limit_in_bytes`
-/// where that controller is mounted (an `N:memory:PATH` line), else the
-/// unified (v2) hierarchy's `memory.max` (the `0::PATH` line).
-fn group_limit_file(cgroup: &str) -> Option<String> {
+/// The files that hold the memory limits of this process's control group
+/// and of every group above it, from /proc/self/cgroup, the process's own
+/// first: the v1 memory controller's `memory.limit_in_bytes` where that
+/// controller is mounted (an `N:memory:PATH` line), else the unified (v2)
+/// hierarchy's `memory.max` (the `0::PATH` line). A group's usage counts
+/// against each ancestor's limit, so the lowest of them binds. The
+/// hierarchy's root has no limit file on a host; in a container with its
+/// own cgroup namespace, the root seen is the container's group and its
+/// file holds the container's limit.
+fn group_limit_files(cgroup: &str) -> Vec<String> {
     let v1 = cgroup.lines().find_map(|l| {
         let (_, rest) = l.split_once(':')?;
         let (controllers, path) = rest.split_once(':')?;
@@ -190,11 +204,20 @@ fn group_limit_file(cgroup: &str) -> Option<String> {
             .any(|c| c == "memory")
             .then_some(path)
     });
-    match v1 {
-        Some(path) => Some(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")),
-        None => {
-            let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-            Some(format!("/sys/fs/cgroup{path}/memory.max"))
+    let (mount, path, file) = match v1 {
+        Some(path) => ("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes"),
+        None => match cgroup.lines().find_map(|l| l.strip_prefix("0::")) {
+            Some(path) => ("/sys/fs/cgroup", path, "memory.max"),
+            None => return Vec::new(),
+        },
+    };
+    let mut files = Vec::new();
+    let mut group = path.trim_end_matches('/');
+    loop {
+        files.push(format!("{mount}{group}/{file}"));
+        match group.rsplit_once('/') {
+            Some((parent, _)) => group = parent,
+            None => return files,
         }
     }
 }
@@ -239,14 +262,40 @@ mod tests {
         assert_eq!(mem_total(meminfo), Some(24_576_000 * 1024));
         assert_eq!(mem_total("MemFree: 1 kB\n"), None);
         assert_eq!(
-            group_limit_file("0::/system.slice/blockwire.service\n").as_deref(),
-            Some("/sys/fs/cgroup/system.slice/blockwire.service/memory.max")
+            group_limit_files("0::/system.slice/blockwire.service\n"),
+            [
+                "/sys/fs/cgroup/system.slice/blockwire.service/memory.max",
+                "/sys/fs/cgroup/system.slice/memory.max",
+                "/sys/fs/cgroup/memory.max",
+            ]
         );
         assert_eq!(
-            group_limit_file("5:devices:/\n4:memory:/box/1\n0::/\n").as_deref(),
-            Some("/sys/fs/cgroup/memory/box/1/memory.limit_in_bytes")
+            group_limit_files("5:devices:/\n4:memory:/box/1\n0::/\n"),
+            [
+                "/sys/fs/cgroup/memory/box/1/memory.limit_in_bytes",
+                "/sys/fs/cgroup/memory/box/memory.limit_in_bytes",
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            ]
         );
-        assert_eq!(group_limit_file("1:cpu:/\n"), None);
+        assert_eq!(group_limit_files("0::/\n"), ["/sys/fs/cgroup/memory.max"]);
+        assert!(group_limit_files("1:cpu:/\n").is_empty());
+        // A unit without MemoryMax= in a slice with one: the slice's binds.
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: Option<&str>| {
+            let path = dir.path().join(name);
+            if let Some(text) = text {
+                std::fs::write(&path, text).unwrap();
+            }
+            path.to_str().unwrap().to_owned()
+        };
+        let files = [
+            file("unit", Some("max\n")),
+            file("slice", Some("1073741824\n")),
+            file("parent", Some("2147483648\n")),
+            file("root", None),
+        ];
+        assert_eq!(lowest_limit(&files), Some(1 << 30));
+        assert_eq!(lowest_limit(&[files[0].clone(), files[3].clone()]), None);
         let limit = default_limit();
         let machine = mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap();
         assert!(limit <= machine / 4 * 3, "{limit} of {machine}");
