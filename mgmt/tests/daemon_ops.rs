@@ -150,16 +150,20 @@ fn format_name_as_log_filter_is_refused() {
     assert!(stderr.contains("json"), "{stderr}");
 }
 
-/// UNMAP of `blocks` 512-byte blocks at `lba` (one descriptor).
-fn unmap(lba: u64, blocks: u32) -> ([u8; 10], Vec<u8>) {
-    let mut param = vec![0u8; 24];
-    param[0..2].copy_from_slice(&22u16.to_be_bytes());
-    param[2..4].copy_from_slice(&16u16.to_be_bytes());
-    param[8..16].copy_from_slice(&lba.to_be_bytes());
-    param[16..20].copy_from_slice(&blocks.to_be_bytes());
-    let mut cdb = [0u8; 10];
-    cdb[0] = 0x42;
-    cdb[7..9].copy_from_slice(&24u16.to_be_bytes());
+/// UNMAP of `blocks` 512-byte blocks at `lba` (one descriptor): its CDB
+/// and its parameter list.
+fn unmap(lba: u64, blocks: u32) -> (Vec<u8>, Vec<u8>) {
+    use blockwire_pdu::scsi::{Cdb, UnmapDescriptor, UnmapList};
+    let param = UnmapList {
+        descriptors: vec![UnmapDescriptor { lba, blocks }],
+    }
+    .encode();
+    let cdb = Cdb::Unmap {
+        anchor: false,
+        group: 0,
+        parameter_list_length: param.len() as u16,
+    }
+    .encode();
     (cdb, param)
 }
 
