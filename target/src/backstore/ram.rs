@@ -218,6 +218,46 @@ impl RamBackstore {
             done += n;
         }
     }
+
+    /// A write that brings chunks into being. It holds every chunk slot it
+    /// writes exclusively (in ascending order, so two such writes cannot
+    /// deadlock) while it counts the new chunks, charges them at once and
+    /// copies. Counted under the locks, the count is exact: writers racing
+    /// into one new chunk charge it once, so a budget with room for that
+    /// chunk refuses none of them; and a refused write changes nothing.
+    fn write_bringing_chunks(&self, slots: &Slots, offset: u64, data: &[u8]) -> io::Result<()> {
+        let zeros = |range: &std::ops::Range<usize>| data[range.clone()].iter().all(|&b| b == 0);
+        let mut held = Vec::new();
+        Self::pieces(offset, data.len(), |c, at, range| {
+            // Zeros into a leaf no write reached: nothing to hold or write.
+            if slots.slot(c).is_some() || !zeros(&range) {
+                let chunk = slots
+                    .slot_or_new(c)
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner());
+                held.push((chunk, at, range));
+            }
+        });
+        let wanted = held
+            .iter()
+            .filter(|(chunk, _, range)| chunk.is_none() && !zeros(range))
+            .count();
+        let mut charges = self.budget.charge(wanted as u64, CHUNK)?;
+        for (chunk, at, range) in &mut held {
+            if chunk.is_none() {
+                if zeros(range) {
+                    continue;
+                }
+                let charge = charges.take().expect("counted under the same locks");
+                **chunk = Some(Chunk::new(charge));
+            }
+            let n = range.len();
+            let store = chunk.as_mut().expect("allocated above");
+            store.data[*at..*at + n].copy_from_slice(&data[range.clone()]);
+            store.mark(*at, n);
+        }
+        Ok(())
+    }
 }
 
 impl Backstore for RamBackstore {
@@ -289,16 +329,16 @@ impl Backstore for RamBackstore {
         let slots = self.slots();
         slots.check(offset, data.len())?;
         let zeros = |range: &std::ops::Range<usize>| data[range.clone()].iter().all(|&b| b == 0);
-        // The chunks this write brings into being, charged before a byte is
-        // copied, so that a refused write changes nothing. Zeros into a
-        // chunk that does not exist need none: it already reads so.
-        let mut wanted = 0;
+        // Zeros into a chunk that does not exist need no chunk: it already
+        // reads so.
+        let mut brings_chunks = false;
         Self::pieces(offset, data.len(), |c, _, range| {
-            if !slots.is_allocated(c) && !zeros(&range) {
-                wanted += 1;
-            }
+            brings_chunks |= !slots.is_allocated(c) && !zeros(&range);
         });
-        let mut charges = self.budget.charge(wanted, CHUNK)?;
+        if brings_chunks {
+            return self.write_bringing_chunks(&slots, offset, data);
+        }
+        // Every chunk this write needs exists: copy, one chunk at a time.
         let mut refused = None;
         Self::pieces(offset, data.len(), |c, at, range| {
             if refused.is_some() || slots.slot(c).is_none() && zeros(&range) {
@@ -313,22 +353,17 @@ impl Backstore for RamBackstore {
                 return;
             }
             if chunk.is_none() {
-                // With no charge left, this is a chunk counted above as
-                // there that a discard racing this write has freed since:
-                // charged now. (A discard that frees a chunk covers its
+                // A discard racing this write freed the chunk since it was
+                // seen: charged now. (A discard that frees a chunk covers its
                 // blocks, and an atomic write holds its blocks exclusively in
-                // the SCSI core, so this never splits one.)
-                let charge = match charges
-                    .take()
-                    .map_or_else(|| self.budget.charge_one(CHUNK), Ok)
-                {
-                    Ok(c) => c,
+                // the SCSI core, so a refusal here never splits one.)
+                match self.budget.charge_one(CHUNK) {
+                    Ok(charge) => *chunk = Some(Chunk::new(charge)),
                     Err(e) => {
                         refused = Some(e);
                         return;
                     }
-                };
-                *chunk = Some(Chunk::new(charge));
+                }
             }
             let store = chunk.as_mut().expect("allocated above");
             store.data[at..at + n].copy_from_slice(&data[range]);
@@ -577,6 +612,73 @@ mod tests {
         // A shrink gives back the chunks it cuts off; the store, the rest.
         s.resize(2 * CHUNK).unwrap();
         assert_eq!((allocated(&s), budget.held()), (1, CHUNK));
+        drop(s);
+        assert_eq!(budget.held(), 0);
+    }
+
+    /// Writers racing into one new chunk with room for exactly that chunk:
+    /// the chunk is charged once, so none of them is refused.
+    #[test]
+    fn writes_racing_into_one_new_chunk_at_the_limit_all_land() {
+        const WRITERS: usize = 4;
+        const ROUNDS: u64 = 200;
+        let budget = RamBudget::with_limit(CHUNK);
+        let s = RamBackstore::with_budget(ROUNDS * CHUNK, budget.clone());
+        for round in 0..ROUNDS {
+            let start = std::sync::Barrier::new(WRITERS);
+            std::thread::scope(|scope| {
+                for w in 0..WRITERS {
+                    let (s, start) = (&s, &start);
+                    scope.spawn(move || {
+                        let at = round * CHUNK + w as u64 * 4096;
+                        start.wait();
+                        s.write_at(at, &[w as u8 + 1; 4096])
+                            .unwrap_or_else(|e| panic!("round {round}, writer {w}: {e}"));
+                    });
+                }
+            });
+            assert_eq!(budget.held(), CHUNK);
+            let mut back = vec![0u8; WRITERS * 4096];
+            s.read_at(round * CHUNK, &mut back).unwrap();
+            for (w, piece) in back.chunks(4096).enumerate() {
+                assert!(piece.iter().all(|&b| b == w as u8 + 1), "round {round}");
+            }
+            s.discard(round * CHUNK, CHUNK).unwrap();
+            assert_eq!(budget.held(), 0);
+        }
+    }
+
+    /// Writers and discarders racing over a few chunks with room for all of
+    /// them: no write is refused, and afterwards the budget holds exactly
+    /// the chunks that exist (no charge lost or taken twice).
+    #[test]
+    fn racing_writes_and_discards_keep_the_budget_exact() {
+        const CHUNKS: u64 = 4;
+        let budget = RamBudget::with_limit(CHUNKS * CHUNK);
+        let s = RamBackstore::with_budget(CHUNKS * CHUNK, budget.clone());
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let s = &s;
+                scope.spawn(move || {
+                    let mut x = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                    for _ in 0..2000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let c = x % CHUNKS;
+                        if t % 2 == 0 {
+                            // Across a chunk boundary now and then.
+                            let at = c * CHUNK + (x >> 8) % CHUNK;
+                            let len = (4096).min(CHUNKS * CHUNK - at) as usize;
+                            s.write_at(at, &vec![t as u8 + 1; len]).unwrap();
+                        } else {
+                            s.discard(c * CHUNK, CHUNK).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(budget.held(), allocated(&s) * CHUNK);
         drop(s);
         assert_eq!(budget.held(), 0);
     }
