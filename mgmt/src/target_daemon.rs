@@ -216,6 +216,7 @@ pub async fn run(
         source,
         doc,
         bound_at,
+        built.ram_lun_bytes,
     ));
     let control_task = control_listener.map(|(path, listener)| {
         info!(socket = %path.display(), "control socket (JSON-RPC 2.0, one object per line; try: blockwire-target ctl --control {} lun.list)", path.display());

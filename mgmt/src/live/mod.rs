@@ -94,6 +94,9 @@ struct Running {
     /// address its portal is bound to (they differ for port 0, which
     /// several groups may list: each gets a port of its own).
     bound: HashMap<(SocketAddr, u16), SocketAddr>,
+    /// The RAM LUNs' sizes added up, as the configuration's build counted
+    /// them (against `[fabric] ram_limit`).
+    ram_lun_bytes: u64,
 }
 
 /// Parses configuration text into a document; a syntax error names its line.
@@ -120,7 +123,8 @@ pub fn override_listen(doc: &mut Table, listen: SocketAddr) {
 
 impl Live {
     /// The running configuration `doc`, served by `fabric` through
-    /// `portals`; `bound` maps configured listen addresses to bound ones.
+    /// `portals`; `bound` maps configured listen addresses to bound ones;
+    /// `ram_lun_bytes` is what its build counted of RAM LUNs.
     pub fn new(
         fabric: Arc<Fabric>,
         portals: Arc<PortalSet>,
@@ -128,13 +132,18 @@ impl Live {
         source: Source,
         doc: Table,
         bound: HashMap<(SocketAddr, u16), SocketAddr>,
+        ram_lun_bytes: u64,
     ) -> Live {
         Live {
             fabric,
             portals,
             opts,
             source,
-            running: tokio::sync::Mutex::new(Running { doc, bound }),
+            running: tokio::sync::Mutex::new(Running {
+                doc,
+                bound,
+                ram_lun_bytes,
+            }),
         }
     }
 
@@ -220,6 +229,7 @@ impl Live {
         let built = TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse))
             .map_err(|e| LiveError::Invalid(format!("{e}; nothing was changed")))?;
         let new = built.catalog.clone();
+        let ram_lun_bytes = built.ram_lun_bytes;
         let new_by_name = new.targets_by_name();
         // A target renamed in case only is the same target to initiators
         // (iSCSI names compare case-insensitively), but its LUNs' derived
@@ -503,8 +513,9 @@ impl Live {
                 .push("iSER portals (iser, iser_listen)".into());
         }
         let ram = RamBudget::process();
-        let ram_bytes = (ram_lun_bytes(&running.doc), ram_lun_bytes(&doc));
-        if !self.opts.no_disk && ram_bytes.1 > ram_bytes.0 && ram_bytes.1 > ram.limit() {
+        // (With no_disk the build counts no RAM LUN: nothing holds memory.)
+        let ram_bytes = (running.ram_lun_bytes, ram_lun_bytes);
+        if ram_bytes.1 > ram_bytes.0 && ram_bytes.1 > ram.limit() {
             applied.changes.push(format!(
                 "the RAM LUNs now add up to {} MiB, more than the {} MiB they may hold together \
                  ([fabric] ram_limit): they are thin, and a write that needs memory past that \
@@ -514,6 +525,7 @@ impl Live {
             ));
         }
         running.doc = doc;
+        running.ram_lun_bytes = ram_lun_bytes;
         for c in &applied.changes {
             info!(origin, "{c}");
         }
@@ -737,15 +749,6 @@ pub fn strings<'a>(t: &'a Table, key: &str) -> impl Iterator<Item = &'a str> + '
         .filter_map(Value::as_str)
 }
 
-/// The sizes of `doc`'s RAM LUNs, added up.
-fn ram_lun_bytes(doc: &Table) -> u64 {
-    lun_defs(doc)
-        .values()
-        .filter(|l| l.get("backstore").and_then(Value::as_str) == Some("ram"))
-        .filter_map(|l| l.get("size").and_then(size_of))
-        .sum()
-}
-
 /// Whether two LUN definitions describe the same unit: equal but for the
 /// size (a resize) and the stall switch (a start-up option).
 fn same_unit(a: &Table, b: &Table) -> bool {
@@ -811,6 +814,7 @@ mod tests {
             source,
             doc,
             HashMap::new(),
+            built.ram_lun_bytes,
         )
     }
 
