@@ -397,7 +397,15 @@ async fn run(input: &[u8]) {
         file: Some(saved.clone()),
         listen_override: None,
     };
-    let live = Arc::new(Live::new(fabric.clone(), portals.clone(), opts, source, doc, bound));
+    let live = Arc::new(Live::new(
+        fabric.clone(),
+        portals.clone(),
+        opts,
+        source,
+        doc,
+        bound,
+        built.ram_lun_bytes,
+    ));
     let control = Control::new(fabric.clone(), portals.clone(), Some(live.clone()));
 
     let mut c = Choices(input);
