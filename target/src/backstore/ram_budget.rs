@@ -92,12 +92,6 @@ impl RamBudget {
         }
     }
 
-    /// One charge of `bytes`, or the refusal [`RamBudget::charge`] gives.
-    pub(super) fn charge_one(self: &Arc<Self>, bytes: u64) -> io::Result<Charge> {
-        let mut one = self.charge(1, bytes)?;
-        Ok(one.take().expect("a charge of one holds one"))
-    }
-
     fn give_back(&self, bytes: u64) {
         self.held.fetch_sub(bytes, Ordering::Relaxed);
     }
