@@ -66,6 +66,19 @@ identity() {
     done | sort | tr '\n' ' ')
     echo "serial=$serial naa=$naa wwid=$wwid by-id=${byid% }"
 }
+# byid_wait DEV SECS: wait, at most SECS, until udev has made a /dev/disk/by-id link to DEV;
+# prints the seconds it took. On a guest with one emulated CPU, `udevadm settle` after the login
+# has returned before udev made the links of the new disk, which came some seconds later.
+byid_wait() {
+    local d=$1 t0=$SECONDS l
+    while :; do
+        for l in /dev/disk/by-id/*; do
+            [ "$(readlink -f "$l")" = "/dev/$d" ] && echo $((SECONDS - t0)) && return 0
+        done
+        [ $((SECONDS - t0)) -ge "$2" ] && return 1
+        sleep 1
+    done
+}
 # bg_done PID SECS: wait (at most SECS) for a background job that may block in the kernel
 # (timeout(1) would wait on an unkillable child); its status in BG_RC.
 bg_done() {
@@ -153,6 +166,12 @@ sid=$(session_id "$IQN")
 dev=$(lun_dev "$sid" 0) || give_up "LUN 0 as a disk" "session $sid has no sd device"
 timeout 60 udevadm settle -t 50
 pass "$KL_INITIATOR logged in (session $sid): LUN 0 is /dev/$dev, $(($(blockdev --getsize64 "/dev/$dev") >> 20)) MiB"
+if waited=$(byid_wait "$dev" 60); then
+    [ "$waited" = 0 ] || log "udev made the by-id links of /dev/$dev ${waited} s after udevadm settle"
+else
+    log "no by-id link to /dev/$dev 60 s after udevadm settle; udev's record of it:"
+    udevadm info --query=all --name="/dev/$dev" 2>&1 | sed 's/^/    /'
+fi
 sg_inq -p 0x83 "/dev/$dev" >"$KL_OUT/vpd83-before.txt" 2>&1
 ID1=$(identity "$dev")
 log "identity: $ID1"
