@@ -56,28 +56,30 @@ mounted_rw() { awk -v m="$MNT" '$2 == m && $3 == "ocfs2" {print $4}' /proc/mount
 # identity DEV: the LUN's names as a node sees them: unit serial (VPD 80h), the NAA designator
 # (VPD 83h), the WWID udev builds by-id names from, and the by-id links pointing at DEV.
 identity() {
-    local d=$1 serial naa wwid byid l
+    local d=$1 serial naa wwid
     serial=$(sg_inq -p 0x80 "/dev/$d" 2>/dev/null | sed -n 's/.*Unit serial number: *//p')
     naa=$(sg_inq -p 0x83 "/dev/$d" 2>/dev/null | grep -A5 'designator_type: NAA' |
         grep -o '\[0x[0-9a-f]*\]' | head -1 | tr -d '[]')
     wwid=$(/lib/udev/scsi_id -g -u -d "/dev/$d" 2>/dev/null)
-    byid=$(for l in /dev/disk/by-id/*; do
-        [ "$(readlink -f "$l")" = "/dev/$d" ] && echo "${l##*/}"
-    done | sort | tr '\n' ' ')
-    echo "serial=$serial naa=$naa wwid=$wwid by-id=${byid% }"
+    echo "serial=$serial naa=$naa wwid=$wwid by-id=$(byid_links "$d")"
+}
+# byid_links DEV: the names of the /dev/disk/by-id links pointing at DEV, sorted, on one line.
+byid_links() {
+    local l
+    for l in /dev/disk/by-id/*; do
+        [ "$(readlink -f "$l")" = "/dev/$1" ] && echo "${l##*/}"
+    done | sort | paste -sd ' '
 }
 # byid_wait DEV SECS: wait, at most SECS, until udev has made a /dev/disk/by-id link to DEV;
 # prints the seconds it took. On a guest with one emulated CPU, `udevadm settle` after the login
-# has returned before udev made the links of the new disk, which came some seconds later.
+# has returned before udev made the links of the new disk (in one CI run, a second later).
 byid_wait() {
-    local d=$1 t0=$SECONDS l
-    while :; do
-        for l in /dev/disk/by-id/*; do
-            [ "$(readlink -f "$l")" = "/dev/$d" ] && echo $((SECONDS - t0)) && return 0
-        done
+    local t0=$SECONDS
+    until [ -n "$(byid_links "$1")" ]; do
         [ $((SECONDS - t0)) -ge "$2" ] && return 1
         sleep 1
     done
+    echo $((SECONDS - t0))
 }
 # bg_done PID SECS: wait (at most SECS) for a background job that may block in the kernel
 # (timeout(1) would wait on an unkillable child); its status in BG_RC.
