@@ -23,6 +23,9 @@ step() { printf '\n==== [+%ss] %s\n' "$SECONDS" "$*"; }
 step "format"
 cargo fmt --all -- --check
 
+step "fuzz crates pin the main Cargo.lock's versions (one build of the dependencies for the fuzz smoke)"
+scripts/check-fuzz-locks.py
+
 step "every unsafe block has a SAFETY comment (clippy::undocumented_unsafe_blocks, verbs included)"
 # Crate roots say #![warn(clippy::undocumented_unsafe_blocks)]; -D warnings makes it fail here.
 cargo clippy --workspace --all-targets --features blockwire-transport/verbs -- \
