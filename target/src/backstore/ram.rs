@@ -230,29 +230,33 @@ impl RamBackstore {
     /// counted too, so a refused write changes nothing, whatever races it.
     fn write_holding_chunks(&self, slots: &Slots, offset: u64, data: &[u8]) -> io::Result<()> {
         let zeros = |range: &std::ops::Range<usize>| data[range.clone()].iter().all(|&b| b == 0);
+        // Each held piece with whether it is zeros into a chunk that does
+        // not exist: such a piece needs no chunk, the chunk already reads
+        // so. Each piece's bytes are scanned for zeros at most once.
         let mut held = Vec::new();
         Self::pieces(offset, data.len(), |c, at, range| {
-            // Zeros into a leaf no write reached: nothing to hold or write
-            // (zeros into a chunk that does not exist need no chunk either:
-            // it already reads so).
-            if slots.slot(c).is_some() || !zeros(&range) {
-                let chunk = slots
-                    .slot_or_new(c)
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner());
-                held.push((chunk, at, range));
+            let mut zero = None;
+            // Zeros into a leaf no write reached: nothing to hold or write.
+            if slots.slot(c).is_none() && *zero.insert(zeros(&range)) {
+                return;
             }
+            let chunk = slots
+                .slot_or_new(c)
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            let skip = chunk.is_none() && zero.unwrap_or_else(|| zeros(&range));
+            held.push((chunk, at, range, skip));
         });
         let wanted = held
             .iter()
-            .filter(|(chunk, _, range)| chunk.is_none() && !zeros(range))
+            .filter(|(chunk, _, _, skip)| chunk.is_none() && !skip)
             .count();
         let mut charges = self.budget.charge(wanted as u64, CHUNK)?;
-        for (chunk, at, range) in &mut held {
+        for (chunk, at, range, skip) in &mut held {
+            if *skip {
+                continue;
+            }
             if chunk.is_none() {
-                if zeros(range) {
-                    continue;
-                }
                 let charge = charges.take().expect("counted under the same locks");
                 **chunk = Some(Chunk::new(charge));
             }
@@ -761,10 +765,24 @@ mod tests {
 
         #[derive(Debug, Clone)]
         enum Op {
-            Write { at: u64, len: usize, byte: u8 },
-            Discard { at: u64, len: u64 },
-            Resize { size: u64 },
-            Read { at: u64, len: usize },
+            /// `head` bytes of zeros, then `byte` (zero too at times) to `len`.
+            Write {
+                at: u64,
+                len: usize,
+                head: usize,
+                byte: u8,
+            },
+            Discard {
+                at: u64,
+                len: u64,
+            },
+            Resize {
+                size: u64,
+            },
+            Read {
+                at: u64,
+                len: usize,
+            },
         }
 
         /// Places where the table's structure changes: chunk and leaf edges.
@@ -782,11 +800,14 @@ mod tests {
 
         fn op() -> impl Strategy<Value = Op> {
             prop_oneof![
-                (place(), 1usize..9000, 1u8..=255).prop_map(|(at, len, byte)| Op::Write {
-                    at,
-                    len,
-                    byte
-                }),
+                (place(), 1usize..9000, 0usize..9000, any::<u8>()).prop_map(
+                    |(at, len, head, byte)| Op::Write {
+                        at,
+                        len,
+                        head: head.min(len),
+                        byte
+                    }
+                ),
                 (place(), 1u64..3 * CHUNK).prop_map(|(at, len)| Op::Discard { at, len }),
                 place().prop_map(|size| Op::Resize { size: size.max(1) }),
                 (place(), 1usize..9000).prop_map(|(at, len)| Op::Read { at, len }),
@@ -807,12 +828,14 @@ mod tests {
                 let mut model: BTreeMap<u64, u8> = BTreeMap::new();
                 for op in ops {
                     match op {
-                        Op::Write { at, len, byte } => {
-                            let r = s.write_at(at, &vec![byte; len]);
+                        Op::Write { at, len, head, byte } => {
+                            let mut data = vec![byte; len];
+                            data[..head].fill(0);
+                            let r = s.write_at(at, &data);
                             prop_assert_eq!(r.is_ok(), at + len as u64 <= size);
                             if r.is_ok() {
-                                for o in at..at + len as u64 {
-                                    model.insert(o, byte);
+                                for (o, &b) in (at..).zip(&data) {
+                                    model.insert(o, b);
                                 }
                             }
                         }
@@ -847,7 +870,7 @@ mod tests {
                 prop_assert_eq!(s.size(), size);
                 let map = s.allocation(0, size).unwrap().unwrap();
                 prop_assert_eq!(map.iter().map(|e| e.len).sum::<u64>(), size);
-                for &o in model.keys() {
+                for (&o, _) in model.iter().filter(|(_, &b)| b != 0) {
                     let e = map.iter().find(|e| e.offset <= o && o < e.offset + e.len).unwrap();
                     prop_assert!(e.mapped, "byte {} holds data but is unmapped", o);
                 }
