@@ -4,7 +4,8 @@
 #
 #   scripts/fuzz-count.sh TARGET [RUNS]        RUNS defaults to 10000000
 #
-# TARGET is any target of a `*/fuzz` crate (`cargo fuzz list` there).
+# TARGET is any target of a `*/fuzz` crate (`cargo fuzz list` there). Its own libFuzzer flags
+# (fuzz_targets/TARGET.flags, if there is one) are passed as scripts/test.sh passes them.
 # Environment:
 #   FUZZ_JOBS=J                   J libFuzzer processes at once, RUNS split
 #                                 between them (default 1); the count is the
@@ -38,7 +39,14 @@ done
 logs="${FUZZ_LOGS:-$(mktemp -d)}"
 mkdir -p "$logs"
 sanitizer="${FUZZ_SANITIZER:-address}"
+# A stateful target's own libFuzzer flags (fuzz_targets/<target>.flags), as the fuzz smoke of
+# scripts/test.sh passes them: without them media_model runs with leak detection, which reports
+# the C library's per-thread destructor list of a SANITIZE worker thread still exiting, and the
+# stateful targets ramp up from a few bytes instead of whole sequences of steps.
 extra=()
+if [ -f "$crate/fuzz_targets/$target.flags" ]; then
+  read -r -a extra < "$crate/fuzz_targets/$target.flags"
+fi
 [ -z "${FUZZ_MAX_TIME:-}" ] || extra+=("-max_total_time=$FUZZ_MAX_TIME")
 
 # Build once, so that the processes do not wait for each other's build.
@@ -77,7 +85,7 @@ done
 [ "$failed" = 0 ] || { echo "FAIL: see $logs" >&2; exit 1; }
 
 echo "target: $target ($crate), sanitizer $sanitizer, commit $commit"
-echo "asked: $runs executions in $jobs process(es)${FUZZ_MAX_TIME:+, at most $FUZZ_MAX_TIME s each}"
+echo "asked: $runs executions in $jobs process(es)${FUZZ_MAX_TIME:+, at most $FUZZ_MAX_TIME s each}; libFuzzer flags: ${extra[*]:-none}"
 printf '%s\n' "${lines[@]}"
 for ((j = 0; j < jobs; j++)); do
   grep -E '^#[0-9]+[[:space:]]+DONE' "$logs/job-$j.log" | tail -n 1 | sed "s/^/libFuzzer process $j: /"
