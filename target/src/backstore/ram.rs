@@ -230,13 +230,13 @@ impl RamBackstore {
     /// counted too, so a refused write changes nothing, whatever races it.
     fn write_holding_chunks(&self, slots: &Slots, offset: u64, data: &[u8]) -> io::Result<()> {
         let zeros = |range: &std::ops::Range<usize>| data[range.clone()].iter().all(|&b| b == 0);
-        // Each held piece with whether it is zeros into a chunk that does
-        // not exist: such a piece needs no chunk, the chunk already reads
-        // so. Each piece's bytes are scanned for zeros at most once.
+        // Zeros into a chunk that does not exist need no chunk (it already
+        // reads so): such a piece is neither held nor written. Each piece's
+        // bytes are scanned for zeros at most once.
         let mut held = Vec::new();
         Self::pieces(offset, data.len(), |c, at, range| {
             let mut zero = None;
-            // Zeros into a leaf no write reached: nothing to hold or write.
+            // Zeros into a leaf no write reached: no lock to take either.
             if slots.slot(c).is_none() && *zero.insert(zeros(&range)) {
                 return;
             }
@@ -244,18 +244,14 @@ impl RamBackstore {
                 .slot_or_new(c)
                 .write()
                 .unwrap_or_else(|e| e.into_inner());
-            let skip = chunk.is_none() && zero.unwrap_or_else(|| zeros(&range));
-            held.push((chunk, at, range, skip));
-        });
-        let wanted = held
-            .iter()
-            .filter(|(chunk, _, _, skip)| chunk.is_none() && !skip)
-            .count();
-        let mut charges = self.budget.charge(wanted as u64, CHUNK)?;
-        for (chunk, at, range, skip) in &mut held {
-            if *skip {
-                continue;
+            if chunk.is_none() && zero.unwrap_or_else(|| zeros(&range)) {
+                return;
             }
+            held.push((chunk, at, range));
+        });
+        let wanted = held.iter().filter(|(chunk, _, _)| chunk.is_none()).count();
+        let mut charges = self.budget.charge(wanted as u64, CHUNK)?;
+        for (chunk, at, range) in &mut held {
             if chunk.is_none() {
                 let charge = charges.take().expect("counted under the same locks");
                 **chunk = Some(Chunk::new(charge));
