@@ -95,8 +95,18 @@ impl FileUse {
 struct Holder {
     /// "LUN 0 of iqn...".
     unit: String,
-    /// The configuration line of the unit's definition.
+    /// The configuration line of the unit's definition (0: not said, the text
+    /// checked is no file a reader has).
     line: usize,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            0 => write!(f, "{}", self.unit),
+            line => write!(f, "{} (line {line})", self.unit),
+        }
+    }
 }
 
 /// The files and identities the units defined so far hold, each looked up by hash: a
@@ -148,12 +158,10 @@ impl Claims {
                 )
             };
             return Err(format!(
-                "{} would be the {} of {unit} and also the {} of {} (line {}): {why}; {fix}",
+                "{} would be the {} of {unit} and also the {} of {holder}: {why}; {fix}",
                 path.display(),
                 what.describe(),
                 theirs.describe(),
-                holder.unit,
-                holder.line
             ));
         }
         let holder = Holder {
@@ -177,17 +185,15 @@ impl Claims {
                            devices by their identifiers, udev names them by serial)";
         if let Some(holder) = self.naa_ids.get(&naa_id) {
             return Err(format!(
-                "{unit} has the same identity (NAA {naa_id:016x}) as {} (line {}): {WHY}; \
-                 give each LUN its own uuid (uuidgen), or none",
-                holder.unit, holder.line
+                "{unit} has the same identity (NAA {naa_id:016x}) as {holder}: {WHY}; \
+                 give each LUN its own uuid (uuidgen), or none"
             ));
         }
         let serial_key = serial.trim().to_ascii_lowercase();
         if let Some(holder) = self.serials.get(&serial_key) {
             return Err(format!(
-                "{unit} has the unit serial number {serial:?} of {} (line {}): {WHY}; \
-                 give each LUN its own serial, or none",
-                holder.unit, holder.line
+                "{unit} has the unit serial number {serial:?} of {holder}: {WHY}; \
+                 give each LUN its own serial, or none"
             ));
         }
         let holder = Holder {

@@ -73,3 +73,28 @@ fn printed_example_config_parses() {
     assert!(report.is_valid(), "{:?}", report.errors);
     TargetConfig::from_str("printed", &text).unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// With `--listen`, the file's addresses are replaced where they are written, so a start
+/// that fails names the line of the file (a rendering of the document would have dropped
+/// its comments and blank lines and joined its listen array).
+#[test]
+fn a_start_with_listen_names_the_files_own_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("t.toml");
+    let text = "# blockwire\n\n[[portal_group]]\ntag = 1\nlisten = [\n  \"127.0.0.9:3260\",\n]\n\n\
+                # disks\n[[target]]\nname = \"iqn.2026-11.io.blockwire:listen\"\n\n\
+                [[target.lun]]\nid = 0\nbackstore = \"file\"\n\
+                path = \"/nonexistent-blockwire-dir/disk.img\"\nsize = \"1M\"\n";
+    std::fs::write(&config, text).unwrap();
+    let out = daemon()
+        .arg("--config")
+        .arg(&config)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let at = format!("{}:16: target.lun.path: the directory", config.display());
+    assert!(stderr.contains(&at), "{stderr}");
+}

@@ -10,10 +10,12 @@
 //! reach the LUN's own fields (backstore, size, block size, modes, paths)
 //! without having to invent the rest. Files named in the text are only
 //! looked at (metadata), never opened for writing: the check has no side
-//! effects.
+//! effects. `--listen` replaces the text's addresses where it writes them:
+//! the text keeps its lines and reads as the document with the override.
 #![no_main]
 
 use blockwire_mgmt::config::{LoadOptions, TargetConfig};
+use blockwire_mgmt::live::{override_listen, override_listen_text, parse_doc};
 use libfuzzer_sys::fuzz_target;
 
 /// A portal group, a target and the start of its LUN 0.
@@ -44,5 +46,14 @@ fuzz_target!(|input: &[u8]| {
         assert!(e.line <= last_line, "line {} of {last_line}: {e}", e.line);
         assert!(!e.field.is_empty() && !e.message.is_empty(), "{e:?}");
         assert!(!e.message.contains('\n'), "a message on one line: {e:?}");
+    }
+    let listen = "127.0.0.3:3261".parse().expect("an address");
+    if let Some(out) = override_listen_text(text, listen) {
+        assert_eq!(out.matches('\n').count(), text.matches('\n').count(), "{text:?} became {out:?}");
+        let mut doc = parse_doc("fuzz.toml", text).expect("text whose portal groups were read parses");
+        override_listen(&mut doc, listen);
+        // Compared as rendered: a NaN in the text is not equal to itself.
+        let read = parse_doc("fuzz.toml", &out).expect("the text with the override parses");
+        assert_eq!(toml::to_string(&read).ok(), toml::to_string(&doc).ok(), "{text:?} became {out:?}");
     }
 });

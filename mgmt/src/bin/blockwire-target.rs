@@ -334,7 +334,12 @@ fn main() -> anyhow::Result<ExitCode> {
     let text = match listen_override {
         Some(listen) => {
             blockwire_mgmt::live::override_listen(&mut doc, listen);
-            toml::to_string(&doc).context("applying --listen")?
+            // The file's text with the addresses replaced in place keeps its lines for
+            // the check's messages; a rendering of the document only when that cannot be.
+            match blockwire_mgmt::live::override_listen_text(&text, listen) {
+                Some(t) => t,
+                None => toml::to_string(&doc).context("applying --listen")?,
+            }
         }
         None => text,
     };

@@ -423,7 +423,12 @@ fn claim_units(
             continue;
         }
         let unit = format!("LUN {} of {name}", l.id);
-        let line = ctx.line(lspan.start);
+        // (A rendering's lines mean nothing to the reader: the unit's name says it.)
+        let line = if ctx.rendered {
+            0
+        } else {
+            ctx.line(lspan.start)
+        };
         if let Some((serial, naa)) = unit_identity(name, l) {
             if let Err(m) = claims.identity(&unit, line, &serial, naa) {
                 report.errors.push(match (&l.serial, &l.uuid) {
@@ -698,6 +703,9 @@ struct Ctx<'a> {
     /// change keeps them (their data, reservations and sessions) instead of
     /// opening their storage again.
     reuse: Option<&'a Reuse>,
+    /// The text is a rendering of the running document (a control-socket
+    /// change), not a file: its line numbers are nobody's to look up.
+    rendered: bool,
 }
 
 /// Units a live change keeps, by lower-case target name and LUN.
@@ -867,6 +875,7 @@ impl TargetConfig {
             no_disk: opts.no_disk,
             dry_run: true,
             reuse: None,
+            rendered: false,
         };
         let mut report = config.validate(&ctx);
         report.targets = config.targets.len();
@@ -924,17 +933,20 @@ impl TargetConfig {
     /// Parses and checks configuration text, building backstores as `opts`
     /// says; `file` names it in errors.
     pub fn from_str_with(file: &str, text: &str, opts: LoadOptions) -> Result<Built, ConfigError> {
-        Self::from_str_reusing(file, text, opts, None)
+        Self::from_str_reusing(file, text, opts, None, false)
     }
 
     /// [`TargetConfig::from_str_with`] for a live change: the LUNs in
     /// `reuse` keep their running units (nothing of theirs is opened,
-    /// created or grown); every other LUN is built.
+    /// created or grown); every other LUN is built. `rendered`: the text is a
+    /// rendering of the running document, not a file (its lines go unnamed in
+    /// messages).
     pub fn from_str_reusing(
         file: &str,
         text: &str,
         opts: LoadOptions,
         reuse: Option<&Reuse>,
+        rendered: bool,
     ) -> Result<Built, ConfigError> {
         let config = Self::parse(file, text)?;
         let ctx = Ctx {
@@ -944,6 +956,7 @@ impl TargetConfig {
             no_disk: opts.no_disk,
             dry_run: false,
             reuse,
+            rendered,
         };
         // Validate without side effects first, so a start that would fail
         // on a later field has not created or grown any file yet.

@@ -1212,6 +1212,7 @@ fn the_line_index_numbers_lines_as_counting_newlines_does() {
             no_disk: true,
             dry_run: true,
             reuse: None,
+            rendered: false,
         };
         for offset in 0..=text.len() + 2 {
             assert_eq!(

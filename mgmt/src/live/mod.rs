@@ -121,6 +121,75 @@ pub fn override_listen(doc: &mut Table, listen: SocketAddr) {
     }
 }
 
+/// The configuration text with every portal group's listen addresses replaced by `listen`
+/// (`--listen`) where they are written, each array keeping its lines, so that a check of
+/// the text names the file's own lines. None when a portal group has no `listen` to
+/// replace (then only a rendering of the document carries the override).
+pub fn override_listen_text(text: &str, listen: SocketAddr) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Groups {
+        #[serde(default)]
+        portal_group: Vec<Group>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Group {
+        listen: Option<toml::Spanned<Value>>,
+    }
+    let groups: Groups = toml::from_str(text).ok()?;
+    let mut spans = Vec::new();
+    for g in groups.portal_group {
+        // An array written as one (`listen = [...]`), not a table of dotted keys.
+        let listen = g.listen?;
+        let written = text.get(listen.span())?;
+        if !listen.get_ref().is_array() || !written.starts_with('[') || !written.ends_with(']') {
+            return None;
+        }
+        spans.push(listen.span());
+    }
+    let address = Value::String(listen.to_string());
+    let mut out = text.to_owned();
+    spans.sort_by_key(|s| std::cmp::Reverse(s.start));
+    for span in spans {
+        let newlines = text[span.clone()].matches('\n').count();
+        out.replace_range(span, &format!("[{address}{}]", "\n".repeat(newlines)));
+    }
+    Some(out)
+}
+
+/// Where line `line` of a rendering of the document lies, in the words of the
+/// configuration ("LUN 3 of iqn...", "portal group 1", "[fabric]"): a control-socket
+/// change is checked as such a rendering, whose line numbers nobody has seen.
+fn place_in_rendering(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let value_in = |header: usize, key: &str| -> Option<String> {
+        lines[header + 1..]
+            .iter()
+            .take_while(|l| !l.trim_start().starts_with('['))
+            .find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == key).then(|| v.trim().trim_matches('"').to_owned())
+            })
+    };
+    let last_header =
+        |before: usize, name: &str| (0..before).rev().find(|&i| lines[i].trim() == name);
+    let at = line.checked_sub(1).filter(|&i| i < lines.len())?;
+    let header = (0..=at)
+        .rev()
+        .find(|&i| lines[i].trim_start().starts_with('['))?;
+    let target_name = |before| last_header(before, "[[target]]").and_then(|t| value_in(t, "name"));
+    match lines[header].trim() {
+        "[[target]]" => Some(format!("target {}", value_in(header, "name")?)),
+        "[[target.lun]]" => Some(format!(
+            "LUN {} of {}",
+            value_in(header, "id")?,
+            target_name(header)?
+        )),
+        h if h.starts_with("[[target.") => Some(format!("{h} of target {}", target_name(header)?)),
+        "[[portal_group]]" => Some(format!("portal group {}", value_in(header, "tag")?)),
+        h => Some(h.to_owned()),
+    }
+}
+
 impl Live {
     /// The running configuration `doc`, served by `fabric` through
     /// `portals`; `bound` maps configured listen addresses to bound ones;
@@ -166,11 +235,16 @@ impl Live {
         let text = std::fs::read_to_string(path)
             .map_err(|e| LiveError::Invalid(format!("{name}: cannot read the file: {e}")))?;
         let mut doc = parse_doc(&name, &text)?;
-        if let Some(l) = self.source.listen_override {
-            override_listen(&mut doc, l);
-        }
+        // The file's own text is checked, so that an error names its line in the file.
+        let text = match self.source.listen_override {
+            Some(l) => {
+                override_listen(&mut doc, l);
+                override_listen_text(&text, l)
+            }
+            None => Some(text),
+        };
         let mut running = self.running.lock().await;
-        self.apply(&mut running, doc, false, &name).await
+        self.apply(&mut running, doc, text, false, &name).await
     }
 
     /// Changes the running document with `edit` and applies the result;
@@ -183,20 +257,27 @@ impl Live {
         let mut running = self.running.lock().await;
         let mut doc = running.doc.clone();
         edit(&mut doc)?;
-        self.apply(&mut running, doc, force, "<control socket change>")
+        self.apply(&mut running, doc, None, force, "<control socket change>")
             .await
     }
 
-    /// Checks `doc` and applies what differs from the running document.
+    /// Checks `doc` and applies what differs from the running document;
+    /// `text` is the text `doc` was read from (none: a rendering of `doc` is
+    /// checked, and errors say where in the configuration instead of a line).
     async fn apply(
         &self,
         running: &mut Running,
         doc: Table,
+        text: Option<String>,
         force: bool,
         origin: &str,
     ) -> Result<Applied, LiveError> {
-        let text = toml::to_string(&doc)
-            .map_err(|e| LiveError::Invalid(format!("cannot write the configuration: {e}")))?;
+        let rendered = text.is_none();
+        let text = match text {
+            Some(t) => t,
+            None => toml::to_string(&doc)
+                .map_err(|e| LiveError::Invalid(format!("cannot write the configuration: {e}")))?,
+        };
         let old = self.fabric.catalog();
         let mut applied = Applied::default();
 
@@ -226,8 +307,15 @@ impl Live {
                 reuse.insert(key, unit);
             }
         }
-        let built = TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse))
-            .map_err(|e| LiveError::Invalid(format!("{e}; nothing was changed")))?;
+        let built =
+            TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse), rendered)
+                .map_err(|e| {
+                    let located = match place_in_rendering(&text, e.line).filter(|_| rendered) {
+                        Some(place) => format!("{origin}: {place}: {}: {}", e.field, e.message),
+                        None => e.to_string(),
+                    };
+                    LiveError::Invalid(format!("{located}; nothing was changed"))
+                })?;
         let new = built.catalog.clone();
         let ram_lun_bytes = built.ram_lun_bytes;
         let new_by_name = new.targets_by_name();
@@ -816,6 +904,110 @@ mod tests {
             HashMap::new(),
             built.ram_lun_bytes,
         )
+    }
+
+    /// A Live serving `text` from `file`, as the daemon starts it with `--listen`
+    /// when `listen` is given.
+    fn live_listening(text: &str, file: &Path, listen: Option<SocketAddr>) -> Live {
+        let mut doc = parse_doc("t.toml", text).unwrap();
+        let text = match listen {
+            Some(l) => {
+                override_listen(&mut doc, l);
+                toml::to_string(&doc).unwrap()
+            }
+            None => text.to_owned(),
+        };
+        let mut live = live_of(&text, file);
+        live.source.listen_override = listen;
+        live
+    }
+
+    #[tokio::test]
+    async fn a_reload_names_the_line_of_the_file_not_of_a_rendering() {
+        // Comments, blank lines and a listen array over three lines: a rendering of the
+        // document has none of them, so its lines are not the file's.
+        let text =
+            "# blockwire\n\n[[portal_group]]\ntag = 1\nlisten = [\n  \"127.0.0.9:3260\",\n]\n\n\
+                    # disks\n[[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
+                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let broken = format!(
+            "{text}\n# a file in a directory that is not there\n[[target.lun]]\nid = 1\n\
+             backstore = \"file\"\npath = \"/nonexistent-blockwire-dir/disk.img\"\nsize = \"1M\"\n"
+        );
+        let line = broken
+            .lines()
+            .position(|l| l.starts_with("path ="))
+            .unwrap()
+            + 1;
+        assert_eq!(line, 22);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        for listen in [None, Some("127.0.0.1:0".parse().unwrap())] {
+            let live = live_listening(text, &file, listen);
+            std::fs::write(&file, &broken).unwrap();
+            let e = live.reload().await.unwrap_err().to_string();
+            let at = format!("{}:{line}: target.lun.path: ", file.display());
+            assert!(e.starts_with(&at), "--listen {listen:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn listen_overrides_keep_the_lines_of_the_file() {
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\n  \"127.0.0.1:3260\", # first\n  \
+                    \"[::1]:3260\",\n]\n\n[[portal_group]]\ntag = 2\nlisten = [\"127.0.0.2:3260\"]\n\
+                    [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n";
+        let listen: SocketAddr = "127.0.0.3:3261".parse().unwrap();
+        let out = override_listen_text(text, listen).unwrap();
+        assert_eq!(out.lines().count(), text.lines().count(), "{out}");
+        assert_eq!(out.lines().nth(10), Some("[[target]]"), "{out}");
+        let mut doc = parse_doc("t.toml", text).unwrap();
+        override_listen(&mut doc, listen);
+        assert_eq!(parse_doc("t.toml", &out).unwrap(), doc);
+        // A group with no listen to replace: only a rendering can carry the override.
+        assert!(override_listen_text("[[portal_group]]\ntag = 1\n", listen).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_control_change_names_the_unit_at_fault_not_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+                    [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
+                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let live = live_of(text, &dir.path().join("t.toml"));
+        let add = |lun: &str| {
+            let lun: Table = lun.parse().unwrap();
+            move |d: &mut Table| edits::add_lun(d, "iqn.2026-11.io.blockwire:disk", lun)
+        };
+        let e = live
+            .edit(false, add("id = 1\nbackstore = \"ram\"\nsize = \"ten\"\n"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "<control socket change>: LUN 1 of iqn.2026-11.io.blockwire:disk: target.lun.size: "
+            ),
+            "{e}"
+        );
+        live.edit(
+            false,
+            add("id = 1\nbackstore = \"ram\"\nsize = \"1M\"\nserial = \"abc\"\n"),
+        )
+        .await
+        .unwrap();
+        let e = live
+            .edit(
+                false,
+                add("id = 2\nbackstore = \"ram\"\nsize = \"1M\"\nserial = \"ABC\"\n"),
+            )
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("serial number \"ABC\" of LUN 1 of iqn.2026-11.io.blockwire:disk: "),
+            "{e}"
+        );
+        assert!(!e.contains("line"), "a line of a text nobody sees: {e}");
     }
 
     #[tokio::test]
