@@ -40,6 +40,10 @@ pub struct Method {
     pub summary: &'static str,
 }
 
+/// Where `blockwire-target ctl` calls when not told (`--control`), and where the
+/// packaged systemd unit (`packaging/blockwire-target.service`) opens the socket.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/blockwire/control.sock";
+
 /// Every method the control socket answers.
 pub const METHODS: &[Method] = &[
     Method {

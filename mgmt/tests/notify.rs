@@ -12,6 +12,7 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::time::Duration;
 
 mod daemon;
@@ -141,7 +142,19 @@ fn the_unit_file_is_type_notify_reloads_with_sighup_and_passes_systemd_analyze()
     };
     assert_eq!(key("Type"), "notify");
     assert_eq!(key("ExecReload"), "/bin/kill -HUP $MAINPID");
-    assert_eq!(key("ExecStart"), "/usr/local/bin/blockwire-target");
+    // The control socket where `blockwire-target ctl` looks when not told, in the
+    // directory systemd makes for the unit.
+    assert_eq!(
+        key("ExecStart"),
+        format!(
+            "/usr/local/bin/blockwire-target --control {}",
+            blockwire_mgmt::control::DEFAULT_CONTROL_SOCKET
+        )
+    );
+    assert_eq!(
+        Path::new(blockwire_mgmt::control::DEFAULT_CONTROL_SOCKET).parent(),
+        Some(Path::new("/run").join(key("RuntimeDirectory")).as_path())
+    );
 
     // systemd's own parser, on the unit as installed with this build's
     // binary: any unknown key, bad value or missing executable is reported.

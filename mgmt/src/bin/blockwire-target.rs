@@ -188,8 +188,9 @@ enum Command {
     /// its result as JSON (exit 0), or its error (exit 1).
     #[command(after_help = ctl_help())]
     Ctl {
-        /// The daemon's control socket (its --control PATH).
-        #[arg(long, value_name = "PATH")]
+        /// The daemon's control socket (its --control PATH); the default is
+        /// where the packaged systemd unit opens it.
+        #[arg(long, value_name = "PATH", default_value = blockwire_mgmt::control::DEFAULT_CONTROL_SOCKET)]
         control: PathBuf,
         /// Seconds to wait for the answer (portal.close waits until the
         /// portal's connections are gone).
@@ -205,7 +206,7 @@ enum Command {
 
 fn ctl_help() -> String {
     format!(
-        "Methods:\n{}\n\nExample:\n  blockwire-target ctl --control /run/blockwire.sock lun.stall \\\n    '{{\"target\": \"iqn.2026-11.io.blockwire:default\", \"lun\": 0, \"stalled\": true}}'",
+        "Methods:\n{}\n\nExample:\n  blockwire-target ctl --control /run/blockwire/control.sock lun.stall \\\n    '{{\"target\": \"iqn.2026-11.io.blockwire:default\", \"lun\": 0, \"stalled\": true}}'",
         blockwire_mgmt::control::methods_help()
     )
 }
@@ -368,6 +369,21 @@ fn main() -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ctl_calls_the_packaged_units_socket_when_not_told() {
+        let Some(Command::Ctl { control, .. }) =
+            Args::try_parse_from(["blockwire-target", "ctl", "lun.list"])
+                .unwrap()
+                .command
+        else {
+            panic!("ctl parses as ctl");
+        };
+        assert_eq!(
+            control,
+            Path::new(blockwire_mgmt::control::DEFAULT_CONTROL_SOCKET)
+        );
+    }
 
     #[test]
     fn the_default_configuration_file_is_used_only_when_it_exists() {
