@@ -906,6 +906,11 @@ mod tests {
         )
     }
 
+    /// A portal group and a target of one RAM LUN.
+    const ONE_RAM_LUN: &str = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
+        [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
+        [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+
     /// A Live serving `text` from `file`, as the daemon starts it with `--listen`
     /// when `listen` is given.
     fn live_listening(text: &str, file: &Path, listen: Option<SocketAddr>) -> Live {
@@ -970,9 +975,7 @@ mod tests {
     #[tokio::test]
     async fn a_control_change_names_the_unit_at_fault_not_a_line() {
         let dir = tempfile::tempdir().unwrap();
-        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
-                    [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
-                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let text = ONE_RAM_LUN;
         let live = live_of(text, &dir.path().join("t.toml"));
         let add = |lun: &str| {
             let lun: Table = lun.parse().unwrap();
@@ -1014,9 +1017,7 @@ mod tests {
     async fn a_reload_may_not_rename_a_target_in_case_only() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("t.toml");
-        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
-                    [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
-                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let text = ONE_RAM_LUN;
         let live = live_of(text, &file);
         let renamed = text.replace("blockwire:disk", "blockwire:Disk");
         std::fs::write(&file, &renamed).unwrap();
@@ -1044,9 +1045,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_that_adds_ram_luns_past_the_ram_limit_says_so() {
         let dir = tempfile::tempdir().unwrap();
-        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
-                    [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
-                    [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let text = ONE_RAM_LUN;
         let live = live_of(text, &dir.path().join("t.toml"));
         let add = |id: u16, size: &str| {
             let lun: Table = format!("id = {id}\nbackstore = \"ram\"\nsize = \"{size}\"\n")
