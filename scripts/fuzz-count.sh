@@ -39,14 +39,12 @@ done
 logs="${FUZZ_LOGS:-$(mktemp -d)}"
 mkdir -p "$logs"
 sanitizer="${FUZZ_SANITIZER:-address}"
-# A stateful target's own libFuzzer flags (fuzz_targets/<target>.flags), as the fuzz smoke of
-# scripts/test.sh passes them: without them media_model runs with leak detection, which reports
-# the C library's per-thread destructor list of a SANITIZE worker thread still exiting, and the
-# stateful targets ramp up from a few bytes instead of whole sequences of steps.
-extra=()
-if [ -f "$crate/fuzz_targets/$target.flags" ]; then
-  read -r -a extra < "$crate/fuzz_targets/$target.flags"
-fi
+# The target's own libFuzzer flags, as the fuzz smoke of scripts/test.sh passes them (see
+# scripts/lib/fuzz-flags.sh for which and why).
+# shellcheck source=scripts/lib/fuzz-flags.sh
+. scripts/lib/fuzz-flags.sh
+fuzz_target_flags "$crate" "$target"
+extra=("${fuzz_flags[@]}")
 [ -z "${FUZZ_MAX_TIME:-}" ] || extra+=("-max_total_time=$FUZZ_MAX_TIME")
 
 # Build once, so that the processes do not wait for each other's build.

@@ -19,6 +19,8 @@ cd "$(dirname "$0")/.."
 # Each step and interop script says when it began (seconds since this script started), so a CI
 # log shows where the time went.
 step() { printf '\n==== [+%ss] %s\n' "$SECONDS" "$*"; }
+# shellcheck source=scripts/lib/fuzz-flags.sh
+. scripts/lib/fuzz-flags.sh
 
 step "format"
 cargo fmt --all -- --check
@@ -94,13 +96,9 @@ if [ "$runs" != 0 ]; then
       targets=$(RUSTC_BOOTSTRAP=1 cargo fuzz list)
       [ -n "$targets" ] || { echo "FAIL: cargo fuzz list found no target in $fuzzdir"; exit 1; }
       for target in $targets; do
-        # A stateful target lists libFuzzer flags of its own in fuzz_targets/<target>.flags
-        # (-len_control=0: whole sequences of steps from the first input, not a slow
-        # ramp from a few bytes). Later flags override earlier ones.
-        extra=()
-        if [ -f "fuzz_targets/$target.flags" ]; then
-          read -r -a extra < "fuzz_targets/$target.flags"
-        fi
+        # The target's own libFuzzer flags (scripts/lib/fuzz-flags.sh says which and why).
+        fuzz_target_flags . "$target"
+        extra=("${fuzz_flags[@]}")
         echo "-- [+${SECONDS}s] $fuzzdir $target ${extra[*]}"
         log=$(mktemp)
         if RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 "${extra[@]}" >"$log" 2>&1; then

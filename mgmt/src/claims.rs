@@ -95,16 +95,16 @@ impl FileUse {
 struct Holder {
     /// "LUN 0 of iqn...".
     unit: String,
-    /// The configuration line of the unit's definition (0: not said, the text
-    /// checked is no file a reader has).
-    line: usize,
+    /// The configuration line of the unit's definition; None when the text
+    /// checked is no file a reader has.
+    line: Option<usize>,
 }
 
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.line {
-            0 => write!(f, "{}", self.unit),
-            line => write!(f, "{} (line {line})", self.unit),
+            None => write!(f, "{}", self.unit),
+            Some(line) => write!(f, "{} (line {line})", self.unit),
         }
     }
 }
@@ -122,12 +122,12 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// Takes `path` for `unit` (defined on `line`), or says which unit
+    /// Takes `path` for `unit` (defined on `line`, if the reader has the text), or says which unit
     /// holds it already and what to do.
     pub fn file(
         &mut self,
         unit: &str,
-        line: usize,
+        line: Option<usize>,
         path: &Path,
         what: FileUse,
     ) -> Result<(), String> {
@@ -177,7 +177,7 @@ impl Claims {
     pub fn identity(
         &mut self,
         unit: &str,
-        line: usize,
+        line: Option<usize>,
         serial: &str,
         naa_id: u64,
     ) -> Result<(), String> {
@@ -225,34 +225,36 @@ mod tests {
 
         for other in [&file, &hard, &soft, &dotted] {
             let mut c = Claims::default();
-            c.file("LUN 0 of a", 3, &file, FileUse::Data).unwrap();
+            c.file("LUN 0 of a", Some(3), &file, FileUse::Data).unwrap();
             let e = c
-                .file("LUN 1 of a", 9, other, FileUse::AtomicJournal)
+                .file("LUN 1 of a", Some(9), other, FileUse::AtomicJournal)
                 .unwrap_err();
             assert!(e.contains("atomic-write journal of LUN 1 of a"), "{e}");
             assert!(e.contains("data file of LUN 0 of a (line 3)"), "{e}");
         }
         let mut c = Claims::default();
-        c.file("LUN 0 of a", 3, &missing, FileUse::Data).unwrap();
+        c.file("LUN 0 of a", Some(3), &missing, FileUse::Data)
+            .unwrap();
         assert!(c
-            .file("LUN 1 of a", 9, &missing_dotted, FileUse::Data)
+            .file("LUN 1 of a", Some(9), &missing_dotted, FileUse::Data)
             .is_err());
-        c.file("LUN 2 of a", 12, &file, FileUse::Data).unwrap();
+        c.file("LUN 2 of a", Some(12), &file, FileUse::Data)
+            .unwrap();
     }
 
     #[test]
     fn identities_are_held_once() {
         let mut c = Claims::default();
-        c.identity("LUN 0 of a", 3, "abc", 7).unwrap();
-        let e = c.identity("LUN 1 of a", 9, "def", 7).unwrap_err();
+        c.identity("LUN 0 of a", Some(3), "abc", 7).unwrap();
+        let e = c.identity("LUN 1 of a", Some(9), "def", 7).unwrap_err();
         assert!(
             e.contains("(NAA 0000000000000007) as LUN 0 of a (line 3)"),
             "{e}"
         );
-        let e = c.identity("LUN 1 of a", 9, "ABC", 8).unwrap_err();
+        let e = c.identity("LUN 1 of a", Some(9), "ABC", 8).unwrap_err();
         assert!(e.contains("serial number \"ABC\" of LUN 0 of a"), "{e}");
         // Hosts compare serials without their padding (VPD 80h pads with spaces).
-        assert!(c.identity("LUN 1 of a", 9, " Abc  ", 8).is_err());
-        c.identity("LUN 1 of a", 9, "def", 8).unwrap();
+        assert!(c.identity("LUN 1 of a", Some(9), " Abc  ", 8).is_err());
+        c.identity("LUN 1 of a", Some(9), "def", 8).unwrap();
     }
 }

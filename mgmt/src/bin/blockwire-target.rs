@@ -206,8 +206,15 @@ enum Command {
 
 fn ctl_help() -> String {
     format!(
-        "Methods:\n{}\n\nExample:\n  blockwire-target ctl --control /run/blockwire/control.sock lun.stall \\\n    '{{\"target\": \"iqn.2026-11.io.blockwire:default\", \"lun\": 0, \"stalled\": true}}'",
-        blockwire_mgmt::control::methods_help()
+        "Methods:\n{}\n\nExamples:\n  \
+         # the packaged service's socket, {socket}\n  \
+         blockwire-target ctl lun.stall \\\n    \
+         '{{\"target\": \"{target}\", \"lun\": 0, \"stalled\": true}}'\n  \
+         # a daemon started with --control /tmp/bw.sock\n  \
+         blockwire-target ctl --control /tmp/bw.sock lun.list",
+        blockwire_mgmt::control::methods_help(),
+        socket = blockwire_mgmt::control::DEFAULT_CONTROL_SOCKET,
+        target = blockwire_mgmt::config::DEFAULT_TARGET,
     )
 }
 
@@ -332,17 +339,9 @@ fn main() -> anyhow::Result<ExitCode> {
     let mut doc =
         blockwire_mgmt::live::parse_doc(&file, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
     let listen_override = args.listen.filter(|_| config.is_some());
-    let text = match listen_override {
-        Some(listen) => {
-            blockwire_mgmt::live::override_listen(&mut doc, listen);
-            // The file's text with the addresses replaced in place keeps its lines for
-            // the check's messages; a rendering of the document only when that cannot be.
-            match blockwire_mgmt::live::override_listen_text(&text, listen) {
-                Some(t) => t,
-                None => toml::to_string(&doc).context("applying --listen")?,
-            }
-        }
-        None => text,
+    let text = match blockwire_mgmt::live::apply_listen_override(&mut doc, text, listen_override) {
+        Some(t) => t,
+        None => toml::to_string(&doc).context("applying --listen")?,
     };
     let mut built =
         TargetConfig::from_str_with(&file, &text, opts).map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -424,11 +424,7 @@ fn claim_units(
         }
         let unit = format!("LUN {} of {name}", l.id);
         // (A rendering's lines mean nothing to the reader: the unit's name says it.)
-        let line = if ctx.rendered {
-            0
-        } else {
-            ctx.line(lspan.start)
-        };
+        let line = (!ctx.rendered).then(|| ctx.line(lspan.start));
         if let Some((serial, naa)) = unit_identity(name, l) {
             if let Err(m) = claims.identity(&unit, line, &serial, naa) {
                 report.errors.push(match (&l.serial, &l.uuid) {

@@ -121,6 +121,24 @@ pub fn override_listen(doc: &mut Table, listen: SocketAddr) {
     }
 }
 
+/// Applies `--listen` (if given) to a file's document and returns the text to check it by:
+/// the file's text with the addresses replaced in place, so that the check's messages name
+/// the file's own lines; None when only a rendering of the document carries the override
+/// (a portal group without `listen`).
+pub fn apply_listen_override(
+    doc: &mut Table,
+    text: String,
+    listen: Option<SocketAddr>,
+) -> Option<String> {
+    match listen {
+        Some(l) => {
+            override_listen(doc, l);
+            override_listen_text(&text, l)
+        }
+        None => Some(text),
+    }
+}
+
 /// The configuration text with every portal group's listen addresses replaced by `listen`
 /// (`--listen`) where they are written, each array keeping its lines, so that a check of
 /// the text names the file's own lines. None when a portal group has no `listen` to
@@ -236,13 +254,7 @@ impl Live {
             .map_err(|e| LiveError::Invalid(format!("{name}: cannot read the file: {e}")))?;
         let mut doc = parse_doc(&name, &text)?;
         // The file's own text is checked, so that an error names its line in the file.
-        let text = match self.source.listen_override {
-            Some(l) => {
-                override_listen(&mut doc, l);
-                override_listen_text(&text, l)
-            }
-            None => Some(text),
-        };
+        let text = apply_listen_override(&mut doc, text, self.source.listen_override);
         let mut running = self.running.lock().await;
         self.apply(&mut running, doc, text, false, &name).await
     }
@@ -310,7 +322,10 @@ impl Live {
         let built =
             TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse), rendered)
                 .map_err(|e| {
-                    let located = match place_in_rendering(&text, e.line).filter(|_| rendered) {
+                    let located = match rendered
+                        .then(|| place_in_rendering(&text, e.line))
+                        .flatten()
+                    {
                         Some(place) => format!("{origin}: {place}: {}: {}", e.field, e.message),
                         None => e.to_string(),
                     };
