@@ -22,7 +22,7 @@ use anyhow::Context;
 use blockwire_target::copies::{self, CopyPath};
 use blockwire_target::datapath::stats::PHASES;
 use blockwire_target::iscsi::Fabric;
-use blockwire_target::scsi::stats::{Direction, LatencyHistogram, LATENCY_BUCKETS};
+use blockwire_target::scsi::stats::{Direction, IoStats, LatencyHistogram, LATENCY_BUCKETS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -95,6 +95,7 @@ fn label_word(name: &str) -> String {
 pub fn render(fabric: &Fabric) -> String {
     let mut e = Exposition { out: String::new() };
     lun_metrics(&mut e, fabric);
+    initiator_metrics(&mut e, fabric);
     session_metrics(&mut e, fabric);
     event_metrics(&mut e);
     copy_metrics(&mut e);
@@ -125,82 +126,129 @@ fn ram_metrics(e: &mut Exposition) {
     e.sample(name, &[], budget.limit());
 }
 
-/// Every LUN of every target, with its label values.
-fn luns(fabric: &Fabric) -> Vec<(String, String, Arc<blockwire_target::scsi::LogicalUnit>)> {
+/// One set of READ/WRITE counters and the labels that name it.
+type IoRow = (Vec<(&'static str, String)>, Arc<IoStats>);
+
+/// Every LUN of every target: its labels and counters.
+fn luns(fabric: &Fabric) -> Vec<IoRow> {
     let mut out = Vec::new();
     for t in &fabric.catalog().targets {
         for (id, lu) in t.luns.units() {
-            out.push((t.name.clone(), id.to_string(), lu));
+            let labels = vec![("target", t.name.clone()), ("lun", id.to_string())];
+            out.push((labels, lu.stats().clone()));
         }
     }
     out
 }
 
+/// Every initiator on every target it has a session with: its labels and
+/// counters (every LUN and session of it there).
+fn initiators(fabric: &Fabric) -> Vec<IoRow> {
+    fabric
+        .sessions
+        .initiators()
+        .into_iter()
+        .map(|i| {
+            let labels = vec![("target", i.target), ("initiator", i.initiator)];
+            (labels, i.io)
+        })
+        .collect()
+}
+
 fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
-    let luns = luns(fabric);
+    io_metrics(e, "blockwire_lun", "the logical unit", "", &luns(fabric));
+}
+
+fn initiator_metrics(e: &mut Exposition, fabric: &Fabric) {
+    io_metrics(
+        e,
+        "blockwire_initiator",
+        "the initiator on the target, over all its LUNs and sessions there",
+        " The series of an initiator are there while it has a session with the target, and \
+         count from 0 when it logs in again after all its sessions had gone.",
+        &initiators(fabric),
+    );
+}
+
+/// The READ/WRITE families `PREFIX_commands_total`, `PREFIX_command_errors_total`,
+/// `PREFIX_bytes_total` and the `PREFIX_command_duration_seconds` histogram, one series
+/// per row and direction (`op`), for the commands `whose` says.
+fn io_metrics(e: &mut Exposition, prefix: &str, whose: &str, note: &str, rows: &[IoRow]) {
     type Pick = fn(&blockwire_target::scsi::stats::DirectionStats) -> u64;
     let counters: [(&str, &str, Pick); 3] = [
         (
-            "blockwire_lun_commands_total",
-            "READ and WRITE commands the logical unit finished, GOOD or not.",
+            "commands_total",
+            "READ and WRITE commands finished (GOOD or not)",
             |s| s.commands.load(Ordering::Relaxed),
         ),
         (
-            "blockwire_lun_command_errors_total",
-            "READ and WRITE commands that did not end GOOD.",
+            "command_errors_total",
+            "READ and WRITE commands that did not end GOOD",
             |s| s.errors.load(Ordering::Relaxed),
         ),
         (
-            "blockwire_lun_bytes_total",
-            "Data bytes READ and WRITE commands moved.",
+            "bytes_total",
+            "Data bytes READ and WRITE commands moved",
             |s| s.bytes.load(Ordering::Relaxed),
         ),
     ];
-    for (name, help, pick) in counters {
-        e.family(name, "counter", help);
-        for (target, lun, lu) in &luns {
+    // One sample: the row's labels, then `more`.
+    let sample = |e: &mut Exposition,
+                  name: &str,
+                  row: &[(&'static str, String)],
+                  more: &[(&str, &str)],
+                  value: &dyn std::fmt::Display| {
+        let labels: Vec<(&str, &str)> = row
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .chain(more.iter().copied())
+            .collect();
+        e.sample(name, &labels, value);
+    };
+    for (suffix, help, pick) in counters {
+        let name = format!("{prefix}_{suffix}");
+        e.family(&name, "counter", &format!("{help} for {whose}.{note}"));
+        for (labels, stats) in rows {
             for d in Direction::ALL {
-                let labels = [("target", &**target), ("lun", &**lun), ("op", d.name())];
-                e.sample(name, &labels, pick(lu.stats().direction(d)));
+                let op = [("op", d.name())];
+                sample(e, &name, labels, &op, &pick(stats.direction(d)));
             }
         }
     }
-    let name = "blockwire_lun_command_duration_seconds";
+    let name = format!("{prefix}_command_duration_seconds");
     e.family(
-        name,
+        &name,
         "histogram",
-        "Time from a READ or WRITE reaching the SCSI core until the logical unit was done with it: \
-         the backstore I/O for commands the core executes, the last chunk write for \
-         double-buffered WRITEs, the last Data-In and status queued for READs sent by \
-         sendfile or the I/O engine.",
+        &format!(
+            "Time from a READ or WRITE reaching the SCSI core until the logical unit was done \
+             with it, for {whose}: the backstore I/O for commands the core executes, the last \
+             chunk write for double-buffered WRITEs, the last Data-In and status queued for \
+             READs sent by sendfile or the I/O engine.{note}"
+        ),
     );
     let bounds: Vec<String> = (0..LATENCY_BUCKETS)
         .map(|i| seconds(LatencyHistogram::bound(i)).to_string())
         .collect();
-    for (target, lun, lu) in &luns {
+    for (labels, stats) in rows {
         for d in Direction::ALL {
-            let h = &lu.stats().direction(d).latency;
+            let h = &stats.direction(d).latency;
             let cumulative = h.cumulative();
+            let bucket = format!("{name}_bucket");
+            let op = d.name();
             for (i, le) in bounds.iter().enumerate() {
-                let labels = [
-                    ("target", &**target),
-                    ("lun", &**lun),
-                    ("op", d.name()),
-                    ("le", le),
-                ];
-                e.sample(&format!("{name}_bucket"), &labels, cumulative[i]);
+                sample(
+                    e,
+                    &bucket,
+                    labels,
+                    &[("op", op), ("le", le)],
+                    &cumulative[i],
+                );
             }
-            let labels = [
-                ("target", &**target),
-                ("lun", &**lun),
-                ("op", d.name()),
-                ("le", "+Inf"),
-            ];
             let total = cumulative[LATENCY_BUCKETS];
-            e.sample(&format!("{name}_bucket"), &labels, total);
-            let labels = [("target", &**target), ("lun", &**lun), ("op", d.name())];
-            e.sample(&format!("{name}_sum"), &labels, seconds(h.sum()));
-            e.sample(&format!("{name}_count"), &labels, total);
+            sample(e, &bucket, labels, &[("op", op), ("le", "+Inf")], &total);
+            let sum = seconds(h.sum());
+            sample(e, &format!("{name}_sum"), labels, &[("op", op)], &sum);
+            sample(e, &format!("{name}_count"), labels, &[("op", op)], &total);
         }
     }
 }

@@ -6,6 +6,9 @@
 //!   refusal by reason, the reset by function and response and the target's
 //!   session while it is logged in, and Debian's
 //!   `promtool check metrics` accepts it;
+//! - each initiator's READ/WRITE counters on the target add up its traffic
+//!   over its sessions and LUNs while it is logged in, and go with its last
+//!   session;
 //! - a real Prometheus server scraping the endpoint sees the LUN's READ and
 //!   WRITE counters and latency histogram grow with the traffic.
 //!
@@ -141,36 +144,8 @@ fn series(name: &str, lun: u16, op: &str) -> String {
 
 /// Writes `writes` and reads `reads` 64 KiB commands on `lun`, then logs out.
 async fn traffic(portal: SocketAddr, lun: u16, writes: u32, reads: u32) {
-    let s = Session::connect(
-        InitiatorConfig::new("iqn.2026-11.io.blockwire.test:metrics"),
-        &portal.to_string(),
-        IQN,
-    )
-    .await
-    .expect("login");
-    // The first command of a new I_T nexus on a LUN is answered UNIT
-    // ATTENTION (power on) and retried: a TEST UNIT READY takes it, so
-    // that the READs and WRITEs below all end GOOD and count exactly.
-    let _ = s.execute(lun, &[0u8; 6], DataDir::None).await;
-    let data = vec![0x5au8; (BLOCK * BLOCKS) as usize];
-    for i in 0..writes {
-        s.write(lun, u64::from(i * BLOCKS), BLOCKS, &data)
-            .await
-            .expect("WRITE");
-    }
-    for i in 0..reads {
-        let mut buf = vec![0u8; data.len()];
-        let c = s
-            .read(
-                lun,
-                u64::from((i % writes.max(1)) * BLOCKS),
-                BLOCKS,
-                &mut buf,
-            )
-            .await
-            .expect("READ");
-        assert_eq!(c.transferred, data.len());
-    }
+    let s = logged_in(portal, "iqn.2026-11.io.blockwire.test:metrics", 0).await;
+    io(&s, lun, writes, reads).await;
     s.logout().await.expect("logout");
 }
 
@@ -286,25 +261,8 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
             1.0,
         ),
     ];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        let (status, text) = http_get(metrics, "/metrics");
-        assert_eq!(status, 200, "{text}");
-        let wrong: Vec<_> = want
-            .iter()
-            .filter(|(s, v)| sample(&text, s) != Some(*v))
-            .map(|(s, v)| format!("{s}: want {v}, got {:?}", sample(&text, s)))
-            .collect();
-        if wrong.is_empty() {
-            break text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the exposition does not show the traffic:\n{}\n--- exposition ---\n{text}",
-            wrong.join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let want: Vec<_> = want.into_iter().map(|(s, v)| (s, Some(v))).collect();
+    let text = scrape_until(metrics, &want);
     // Every READ of LUN 0 took some time: the +Inf bucket holds them all
     // and the sum is positive.
     let inf = format!(
@@ -321,6 +279,126 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
     let (status, body) = http_get(metrics, "/nope");
     assert_eq!(status, 404);
     assert!(body.contains("/metrics"), "{body}");
+    drop(d);
+}
+
+/// A logged-in session of `initiator` with ISID qualifier `qualifier`. The
+/// first command of a new I_T nexus on a LUN is answered UNIT ATTENTION
+/// (power on): a TEST UNIT READY on LUNs 0 and 1 takes it (not a READ or
+/// WRITE, so not counted), so that the READs and WRITEs after all end GOOD
+/// and count exactly.
+async fn logged_in(portal: SocketAddr, initiator: &str, qualifier: u16) -> Session {
+    let mut config = InitiatorConfig::new(initiator);
+    config.isid_qualifier = qualifier;
+    let s = Session::connect(config, &portal.to_string(), IQN)
+        .await
+        .expect("login");
+    for lun in [0, 1] {
+        let _ = s.execute(lun, &[0u8; 6], DataDir::None).await;
+    }
+    s
+}
+
+/// `writes` 64 KiB WRITEs then `reads` 64 KiB READs on `lun` from `s`.
+async fn io(s: &Session, lun: u16, writes: u32, reads: u32) {
+    let data = vec![0x5au8; (BLOCK * BLOCKS) as usize];
+    for i in 0..writes {
+        s.write(lun, u64::from(i * BLOCKS), BLOCKS, &data)
+            .await
+            .expect("WRITE");
+    }
+    for i in 0..reads {
+        let mut buf = vec![0u8; data.len()];
+        let lba = u64::from((i % writes.max(1)) * BLOCKS);
+        let c = s.read(lun, lba, BLOCKS, &mut buf).await.expect("READ");
+        assert_eq!(c.transferred, data.len());
+    }
+}
+
+/// Polls the exposition until every series of `want` has its value (None:
+/// absent), or fails naming those that do not; returns the last exposition.
+fn scrape_until(metrics: SocketAddr, want: &[(String, Option<f64>)]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, text) = http_get(metrics, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        let wrong: Vec<_> = want
+            .iter()
+            .filter(|(s, v)| sample(&text, s) != *v)
+            .map(|(s, v)| format!("{s}: want {v:?}, got {:?}", sample(&text, s)))
+            .collect();
+        if wrong.is_empty() {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the exposition does not show the traffic:\n{}\n--- exposition ---\n{text}",
+            wrong.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn each_initiators_traffic_is_counted_over_its_sessions_while_it_is_logged_in() {
+    tool("promtool");
+    const HOST_A: &str = "iqn.2026-11.io.blockwire.test:host-a";
+    const HOST_B: &str = "iqn.2026-11.io.blockwire.test:host-b";
+    let per_host = |name: &str, host: &str, op: &str| {
+        format!("{name}{{target=\"{IQN}\",initiator=\"{host}\",op=\"{op}\"}}")
+    };
+    let (d, portal, metrics) = start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Host A over two sessions (two paths: ISIDs differ) and both LUNs: the RAM
+        // LUN the core serves, the file LUN whose READs go by sendfile and whose
+        // WRITEs by the double-buffered path.
+        let a1 = logged_in(portal, HOST_A, 1).await;
+        let a2 = logged_in(portal, HOST_A, 2).await;
+        let b = logged_in(portal, HOST_B, 1).await;
+        io(&a1, 0, 2, 0).await;
+        io(&a1, 1, 1, 0).await;
+        io(&a2, 1, 0, 3).await;
+        io(&a2, 0, 0, 1).await;
+        io(&b, 0, 1, 2).await;
+        let bytes = |n: f64| Some(n * 65536.0);
+        let text = scrape_until(
+            metrics,
+            &[
+                (per_host("blockwire_initiator_commands_total", HOST_A, "write"), Some(3.0)),
+                (per_host("blockwire_initiator_commands_total", HOST_A, "read"), Some(4.0)),
+                (per_host("blockwire_initiator_bytes_total", HOST_A, "write"), bytes(3.0)),
+                (per_host("blockwire_initiator_bytes_total", HOST_A, "read"), bytes(4.0)),
+                (per_host("blockwire_initiator_command_errors_total", HOST_A, "read"), Some(0.0)),
+                (per_host("blockwire_initiator_command_duration_seconds_count", HOST_A, "read"), Some(4.0)),
+                (per_host("blockwire_initiator_commands_total", HOST_B, "write"), Some(1.0)),
+                (per_host("blockwire_initiator_commands_total", HOST_B, "read"), Some(2.0)),
+                (per_host("blockwire_initiator_bytes_total", HOST_B, "read"), bytes(2.0)),
+            ],
+        );
+        let inf = format!(
+            "blockwire_initiator_command_duration_seconds_bucket{{target=\"{IQN}\",initiator=\"{HOST_A}\",op=\"write\",le=\"+Inf\"}}"
+        );
+        assert_eq!(sample(&text, &inf), Some(3.0), "{text}");
+        promtool_check(&text);
+        // One of A's two sessions goes: A is still there, its counts kept.
+        a1.logout().await.expect("logout");
+        io(&a2, 0, 1, 0).await;
+        scrape_until(
+            metrics,
+            &[(per_host("blockwire_initiator_commands_total", HOST_A, "write"), Some(4.0))],
+        );
+        // Its last session goes, and its series with it; B's stay.
+        a2.logout().await.expect("logout");
+        scrape_until(
+            metrics,
+            &[
+                (per_host("blockwire_initiator_commands_total", HOST_A, "write"), None),
+                (per_host("blockwire_initiator_commands_total", HOST_B, "write"), Some(1.0)),
+            ],
+        );
+        b.logout().await.expect("logout");
+    });
     drop(d);
 }
 
@@ -528,6 +606,20 @@ fn the_exposition_counts_iser_traffic() {
                 .expect("iSER READ");
             assert_eq!(c.transferred, buf.len());
         }
+        // The initiator's own counters count its iSER commands as its TCP ones.
+        let host = |op: &str| {
+            format!(
+                "blockwire_initiator_commands_total{{target=\"{IQN}\",\
+                 initiator=\"iqn.2026-11.io.blockwire.test:metrics-iser\",op=\"{op}\"}}"
+            )
+        };
+        scrape_until(
+            metrics,
+            &[
+                (host("write"), Some(f64::from(writes))),
+                (host("read"), Some(f64::from(reads))),
+            ],
+        );
         s.logout().await.expect("iSER logout");
     });
     let bytes = f64::from((writes + reads) * BLOCK * BLOCKS);

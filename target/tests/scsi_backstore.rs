@@ -94,6 +94,7 @@ fn run(t: &LunTable, cdb: &[u8], data_out: &[u8], capacity: u32) -> ScsiResult {
         attr: TaskAttr::Simple,
         data_out,
         data_in_capacity: capacity,
+        initiator_stats: None,
     })
 }
 

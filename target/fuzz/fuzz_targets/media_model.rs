@@ -374,6 +374,7 @@ impl Rig {
             attr: TaskAttr::Simple,
             data_out: out,
             data_in_capacity: cap,
+            initiator_stats: None,
         }
     }
 

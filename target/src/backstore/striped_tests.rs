@@ -372,6 +372,7 @@ fn a_failing_member_is_a_medium_error_at_the_lba() {
             attr: TaskAttr::Simple,
             data_out: &[],
             data_in_capacity: blocks * 512,
+            initiator_stats: None,
         })
     };
     // Clear the power-on unit attention.

@@ -10,12 +10,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use blockwire_pdu::keys::SessionParams;
 use tokio::sync::watch;
 
 use crate::iscsi::catalog::TargetEntry;
+use crate::scsi::stats::IoStats;
 use crate::scsi::ItNexus;
 
 /// Why a session could not be created or joined.
@@ -189,6 +190,9 @@ pub struct Session {
     generation: Mutex<u64>,
     /// Running SCSI tasks.
     pub tasks: TaskSet,
+    /// READ/WRITE counters of this session's initiator on its target, shared
+    /// by every session of that initiator there (None: discovery).
+    pub initiator_io: Option<Arc<IoStats>>,
 }
 
 impl Session {
@@ -239,6 +243,30 @@ pub struct SessionTable {
 struct TableInner {
     by_tsih: HashMap<u16, Arc<Session>>,
     last_tsih: u16,
+    /// Each initiator's counters on each target, held by its sessions: an
+    /// entry lives while one of them does (so memory follows the sessions),
+    /// and counts again from 0 when the initiator comes back after all had
+    /// gone. Keyed by the two names as iSCSI compares them (case ignored).
+    initiators: HashMap<(String, String), InitiatorEntry>,
+}
+
+#[derive(Debug)]
+struct InitiatorEntry {
+    target: String,
+    initiator: String,
+    io: Weak<IoStats>,
+}
+
+/// One initiator's READ/WRITE counters on one target (every LUN, every
+/// session of it there), for a metrics exporter.
+#[derive(Debug, Clone)]
+pub struct InitiatorIo {
+    /// The target's name.
+    pub target: String,
+    /// The InitiatorName, as its first session still open spelled it.
+    pub initiator: String,
+    /// The counters.
+    pub io: Arc<IoStats>,
 }
 
 /// A request to create or join a session, from a completed login.
@@ -320,6 +348,10 @@ impl SessionTable {
             .target
             .as_ref()
             .map(|t| ItNexus::iscsi(&req.initiator_name, req.isid, &t.name, req.tpgt));
+        let initiator_io = req
+            .target
+            .as_ref()
+            .map(|t| Self::initiator_io(&mut inner, &t.name, &req.initiator_name));
         let (stop, _) = watch::channel(0);
         let s = Arc::new(Session {
             tsih,
@@ -334,6 +366,7 @@ impl SessionTable {
             stop,
             generation: Mutex::new(0),
             tasks: TaskSet::default(),
+            initiator_io,
         });
         inner.by_tsih.insert(tsih, s.clone());
         Ok(s)
@@ -389,6 +422,45 @@ impl SessionTable {
         inner.by_tsih.values().cloned().collect()
     }
 
+    /// Every initiator's counters on every target it has a session with,
+    /// in the order of the two names.
+    pub fn initiators(&self) -> Vec<InitiatorIo> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<InitiatorIo> = inner
+            .initiators
+            .values()
+            .filter_map(|e| {
+                Some(InitiatorIo {
+                    target: e.target.clone(),
+                    initiator: e.initiator.clone(),
+                    io: e.io.upgrade()?,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.target, &a.initiator).cmp(&(&b.target, &b.initiator)));
+        out
+    }
+
+    /// The counters `initiator` shares on `target`, made when it has no
+    /// session there; entries no session holds any more are dropped first.
+    fn initiator_io(inner: &mut TableInner, target: &str, initiator: &str) -> Arc<IoStats> {
+        inner.initiators.retain(|_, e| e.io.strong_count() > 0);
+        let key = (target.to_ascii_lowercase(), initiator.to_ascii_lowercase());
+        if let Some(io) = inner.initiators.get(&key).and_then(|e| e.io.upgrade()) {
+            return io;
+        }
+        let io = Arc::new(IoStats::default());
+        inner.initiators.insert(
+            key,
+            InitiatorEntry {
+                target: target.to_owned(),
+                initiator: initiator.to_owned(),
+                io: Arc::downgrade(&io),
+            },
+        );
+        io
+    }
+
     fn free_tsih(inner: &mut TableInner) -> Option<u16> {
         for _ in 0..u16::MAX {
             inner.last_tsih = inner.last_tsih.wrapping_add(1);
@@ -436,5 +508,120 @@ impl SessionTable {
                     .len()
             })
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::iscsi::catalog::{Acl, AuthPolicy};
+    use crate::iscsi::login::tests::target;
+    use crate::scsi::stats::Direction;
+
+    fn login(
+        table: &SessionTable,
+        initiator: &str,
+        qualifier: u8,
+        target: Option<&Arc<TargetEntry>>,
+    ) -> Arc<Session> {
+        table
+            .attach(SessionRequest {
+                initiator_name: initiator.into(),
+                isid: [0x80, 0, 0, 0, 0, qualifier],
+                tsih: 0,
+                cid: 0,
+                target: target.cloned(),
+                tpgt: 1,
+                portal: "127.0.0.1:3260".parse().unwrap(),
+                params: Default::default(),
+            })
+            .unwrap()
+    }
+
+    fn names(table: &SessionTable) -> Vec<(String, String)> {
+        table
+            .initiators()
+            .into_iter()
+            .map(|i| (i.target, i.initiator))
+            .collect()
+    }
+
+    #[test]
+    fn an_initiators_sessions_on_a_target_share_its_counters_while_one_is_open() {
+        let table = SessionTable::default();
+        let t1 = target(
+            "iqn.2026-11.test:one",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        let t2 = target(
+            "iqn.2026-11.test:two",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        // Two paths of one host (ISIDs differ; iSCSI names compare without case), the
+        // same host on another target, another host, and a discovery session.
+        let a1 = login(&table, "iqn.2026-11.test:host-a", 1, Some(&t1));
+        let a2 = login(&table, "IQN.2026-11.TEST:HOST-A", 2, Some(&t1));
+        let a_on_2 = login(&table, "iqn.2026-11.test:host-a", 1, Some(&t2));
+        let b = login(&table, "iqn.2026-11.test:host-b", 1, Some(&t1));
+        let discovery = login(&table, "iqn.2026-11.test:host-c", 1, None);
+        assert!(discovery.initiator_io.is_none());
+        let (a1_io, a2_io) = (
+            a1.initiator_io.clone().unwrap(),
+            a2.initiator_io.clone().unwrap(),
+        );
+        assert!(Arc::ptr_eq(&a1_io, &a2_io));
+        assert!(!Arc::ptr_eq(&a1_io, a_on_2.initiator_io.as_ref().unwrap()));
+        assert!(!Arc::ptr_eq(&a1_io, b.initiator_io.as_ref().unwrap()));
+        assert_eq!(
+            names(&table),
+            [
+                (
+                    "iqn.2026-11.test:one".into(),
+                    "iqn.2026-11.test:host-a".into()
+                ),
+                (
+                    "iqn.2026-11.test:one".into(),
+                    "iqn.2026-11.test:host-b".into()
+                ),
+                (
+                    "iqn.2026-11.test:two".into(),
+                    "iqn.2026-11.test:host-a".into()
+                ),
+            ]
+        );
+        a1_io.record(
+            Direction::Write,
+            true,
+            4096,
+            std::time::Duration::from_micros(5),
+        );
+        // One path goes: the host's counters stay, with what they counted.
+        table.end(&a1, a1.generation());
+        drop((a1, a1_io));
+        let kept = table.initiators();
+        assert_eq!(kept.len(), 3);
+        let write = kept[0].io.direction(Direction::Write);
+        assert_eq!(write.commands.load(Ordering::Relaxed), 1);
+        drop(kept);
+        // Its last path goes: the entry goes once no session holds it, and a new
+        // session of the host counts from 0.
+        table.end(&a2, a2.generation());
+        drop((a2, a2_io));
+        assert_eq!(names(&table).len(), 2);
+        let again = login(&table, "iqn.2026-11.test:host-a", 3, Some(&t1));
+        let io = again.initiator_io.as_ref().unwrap();
+        assert_eq!(
+            io.direction(Direction::Write)
+                .commands
+                .load(Ordering::Relaxed),
+            0
+        );
+        assert_eq!(names(&table).len(), 3);
     }
 }

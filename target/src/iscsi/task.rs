@@ -93,6 +93,7 @@ impl CommandContext {
             attr: self.cmd.attr,
             data_out,
             data_in_capacity,
+            initiator_stats: self.session.initiator_io.as_ref(),
         }
     }
 

@@ -22,7 +22,7 @@ use super::range_lock::RangeLock;
 use super::reservations::{AbortHandler, Reservations};
 use super::sanitize::{SanitizeJob, SANITIZE};
 use super::stall::{is_media_command, StallChange, StallGate};
-use super::stats::{Direction, LunStats};
+use super::stats::{record_command, Direction, IoStats};
 use super::unit_attention::UnitAttentions;
 use super::xcopy::CopyResults;
 use super::{ItNexus, LunTable, ScsiRequest, ScsiResult};
@@ -216,7 +216,7 @@ pub struct LogicalUnit {
     pub(crate) stall: StallGate,
     /// READ/WRITE counters and latencies (shared with planned commands'
     /// clocks, which count after the plan is dropped).
-    pub(crate) stats: Arc<LunStats>,
+    pub(crate) stats: Arc<IoStats>,
     /// When the unit was made: the origin of `last_media_ms`.
     born: Instant,
     /// Milliseconds after `born` of the last media command (0: none yet),
@@ -350,7 +350,7 @@ impl LogicalUnit {
     }
 
     /// READ/WRITE commands, bytes and latencies so far.
-    pub fn stats(&self) -> &LunStats {
+    pub fn stats(&self) -> &Arc<IoStats> {
         &self.stats
     }
 
@@ -568,7 +568,8 @@ impl LogicalUnit {
         let result = finish(outcome, transfer, format, req.data_in_capacity);
         if let Some(d) = direction.filter(|_| counted) {
             let good = result.status == ScsiStatus::GOOD.0;
-            self.stats.record(d, good, transfer, started);
+            let initiator = req.initiator_stats.map(|s| &**s);
+            record_command(&self.stats, initiator, d, good, transfer, started);
         }
         if result.status != ScsiStatus::GOOD.0 {
             debug!(

@@ -102,6 +102,9 @@ pub struct ScsiRequest<'a> {
     /// How many bytes of data the initiator will accept back (its Expected
     /// Data Transfer Length for reads, or the bidirectional read length).
     pub data_in_capacity: u32,
+    /// The initiator's READ/WRITE counters on this target, if the fabric
+    /// keeps them: a READ or WRITE is counted there as on its LUN.
+    pub initiator_stats: Option<&'a Arc<stats::IoStats>>,
 }
 
 /// What a command produced.

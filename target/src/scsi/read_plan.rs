@@ -24,7 +24,7 @@ use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
 
 use super::logical_unit::finish;
 use super::outcome::{backstore_failure, clamp32};
-use super::stats::{CommandClock, Direction};
+use super::stats::{record_command, CommandClock, Direction};
 use super::{LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
 
 /// A validated READ: what to read and how to answer.
@@ -103,10 +103,18 @@ impl LunTable {
             attr: req.attr,
             data_out: req.data_out,
             data_in_capacity: 0,
+            initiator_stats: req.initiator_stats,
         };
         let mut first = self.execute_probe(&probe);
         if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
-            lu.stats.record(Direction::Read, false, 0, started);
+            record_command(
+                &lu.stats,
+                req.initiator_stats.map(|s| &**s),
+                Direction::Read,
+                false,
+                0,
+                started,
+            );
             // As `finish` reports failures: the CDB's transfer length.
             first.transfer_length = clamp32(bytes);
             return ReadPlan::Answer(first);
@@ -123,7 +131,13 @@ impl LunTable {
             offset: rw.lba * u64::from(bs),
             len: bytes,
             block_size: bs,
-            clock: CommandClock::start(lu.stats.clone(), Direction::Read, bytes, started),
+            clock: CommandClock::start(
+                lu.stats.clone(),
+                req.initiator_stats,
+                Direction::Read,
+                bytes,
+                started,
+            ),
         })
     }
 }

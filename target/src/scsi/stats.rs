@@ -1,7 +1,9 @@
-//! Per logical unit READ/WRITE counters and latency histograms, for a
-//! metrics exporter.
+//! READ/WRITE counters and latency histograms, for a metrics exporter: one
+//! set per logical unit, and one per initiator on a target when the fabric
+//! hands the core one with the command ([`ScsiRequest::initiator_stats`](super::ScsiRequest::initiator_stats):
+//! the per-host view, every LUN and session of that initiator there).
 //!
-//! A command is counted once, when the logical unit is done with it:
+//! A command is counted once in each, when the logical unit is done with it:
 //! - commands the core executes (RAM LUNs, the serial path, every failure)
 //!   at the end of [`LunTable::execute`](super::LunTable::execute), timed
 //!   from its start (a stalled unit's wait included);
@@ -98,7 +100,7 @@ impl Direction {
     }
 }
 
-/// Counters of one direction on one logical unit.
+/// Counters of one direction.
 #[derive(Debug, Default)]
 pub struct DirectionStats {
     /// Commands finished (GOOD or not).
@@ -112,14 +114,15 @@ pub struct DirectionStats {
     pub latency: LatencyHistogram,
 }
 
-/// READ and WRITE counters of one logical unit.
+/// READ and WRITE counters of one logical unit, or of one initiator on a
+/// target.
 #[derive(Debug, Default)]
-pub struct LunStats {
+pub struct IoStats {
     read: DirectionStats,
     write: DirectionStats,
 }
 
-impl LunStats {
+impl IoStats {
     /// The counters of `d`.
     pub fn direction(&self, d: Direction) -> &DirectionStats {
         match d {
@@ -128,9 +131,9 @@ impl LunStats {
         }
     }
 
-    /// One finished command of `d`: `bytes` moved (0 unless GOOD), started
-    /// at `started`.
-    pub fn record(&self, d: Direction, good: bool, bytes: u64, started: Instant) {
+    /// One finished command of `d`: `bytes` moved (0 unless GOOD), taking
+    /// `elapsed`.
+    pub fn record(&self, d: Direction, good: bool, bytes: u64, elapsed: Duration) {
         let s = self.direction(d);
         s.commands.fetch_add(1, Ordering::Relaxed);
         if good {
@@ -138,7 +141,24 @@ impl LunStats {
         } else {
             s.errors.fetch_add(1, Ordering::Relaxed);
         }
-        s.latency.record(started.elapsed());
+        s.latency.record(elapsed);
+    }
+}
+
+/// Counts one finished command of `d`, started at `started`, on its logical
+/// unit and, if the fabric gave them, on its initiator's counters.
+pub(crate) fn record_command(
+    lun: &IoStats,
+    initiator: Option<&IoStats>,
+    d: Direction,
+    good: bool,
+    bytes: u64,
+    started: Instant,
+) {
+    let elapsed = started.elapsed();
+    lun.record(d, good, bytes, elapsed);
+    if let Some(i) = initiator {
+        i.record(d, good, bytes, elapsed);
     }
 }
 
@@ -147,7 +167,8 @@ impl LunStats {
 /// over for the logical unit only when every copy is gone.
 #[derive(Debug)]
 pub struct CommandClock {
-    stats: Arc<LunStats>,
+    stats: Arc<IoStats>,
+    initiator: Option<Arc<IoStats>>,
     direction: Direction,
     bytes: u64,
     started: Instant,
@@ -156,13 +177,15 @@ pub struct CommandClock {
 
 impl CommandClock {
     pub(crate) fn start(
-        stats: Arc<LunStats>,
+        stats: Arc<IoStats>,
+        initiator: Option<&Arc<IoStats>>,
         direction: Direction,
         bytes: u64,
         started: Instant,
     ) -> Arc<CommandClock> {
         Arc::new(CommandClock {
             stats,
+            initiator: initiator.cloned(),
             direction,
             bytes,
             started,
@@ -179,8 +202,14 @@ impl CommandClock {
 impl Drop for CommandClock {
     fn drop(&mut self) {
         let good = !self.failed.load(Ordering::Relaxed);
-        self.stats
-            .record(self.direction, good, self.bytes, self.started);
+        record_command(
+            &self.stats,
+            self.initiator.as_deref(),
+            self.direction,
+            good,
+            self.bytes,
+            self.started,
+        );
     }
 }
 
@@ -209,17 +238,33 @@ mod tests {
 
     #[test]
     fn a_cloned_plan_counts_once_when_the_last_copy_goes() {
-        let stats = Arc::new(LunStats::default());
-        let clock = CommandClock::start(stats.clone(), Direction::Read, 4096, Instant::now());
+        let stats = Arc::new(IoStats::default());
+        let initiator = Arc::new(IoStats::default());
+        let clock = CommandClock::start(
+            stats.clone(),
+            Some(&initiator),
+            Direction::Read,
+            4096,
+            Instant::now(),
+        );
         let copy = clock.clone();
         drop(clock);
-        let r = stats.direction(Direction::Read);
-        assert_eq!(r.commands.load(Ordering::Relaxed), 0);
+        for s in [&stats, &initiator] {
+            assert_eq!(
+                s.direction(Direction::Read)
+                    .commands
+                    .load(Ordering::Relaxed),
+                0
+            );
+        }
         copy.fail();
         drop(copy);
-        assert_eq!(r.commands.load(Ordering::Relaxed), 1);
-        assert_eq!(r.errors.load(Ordering::Relaxed), 1);
-        assert_eq!(r.bytes.load(Ordering::Relaxed), 0);
-        assert_eq!(r.latency.cumulative()[LATENCY_BUCKETS], 1);
+        for s in [&stats, &initiator] {
+            let r = s.direction(Direction::Read);
+            assert_eq!(r.commands.load(Ordering::Relaxed), 1);
+            assert_eq!(r.errors.load(Ordering::Relaxed), 1);
+            assert_eq!(r.bytes.load(Ordering::Relaxed), 0);
+            assert_eq!(r.latency.cumulative()[LATENCY_BUCKETS], 1);
+        }
     }
 }

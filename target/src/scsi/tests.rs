@@ -38,6 +38,7 @@ pub(crate) fn run(t: &LunTable, n: &ItNexus, cdb: &[u8], out: &[u8], cap: u32) -
         attr: TaskAttr::Simple,
         data_out: out,
         data_in_capacity: cap,
+        initiator_stats: None,
     })
 }
 
@@ -231,6 +232,7 @@ fn missing_lun() {
             attr: TaskAttr::Simple,
             data_out: &[],
             data_in_capacity: cap,
+            initiator_stats: None,
         })
     };
     let r = req(
@@ -565,6 +567,7 @@ fn report_luns_and_sync_cache() {
         attr: TaskAttr::Simple,
         data_out: &[],
         data_in_capacity: 256,
+        initiator_stats: None,
     });
     assert_eq!(r.status, GOOD);
     assert_eq!(r.data_in.len(), 8 + 24);

@@ -201,6 +201,7 @@ fn read_req<'a>(n: &'a ItNexus, cdb: &'a [u8]) -> ScsiRequest<'a> {
         attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
         data_out: &[],
         data_in_capacity: 512,
+        initiator_stats: None,
     }
 }
 

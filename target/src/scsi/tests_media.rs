@@ -493,6 +493,7 @@ fn extended_copy_between_units() {
             attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
             data_out: out,
             data_in_capacity: cap,
+            initiator_stats: None,
         })
     };
     for lun in [0, 1] {
@@ -671,6 +672,7 @@ fn reads_and_lba_status_from_memory_are_the_normal_answers() {
                 attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
                 data_out: &[],
                 data_in_capacity: *cap,
+                initiator_stats: None,
             },
             max,
         )

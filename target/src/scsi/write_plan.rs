@@ -44,7 +44,7 @@ use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
 
 use super::logical_unit::finish;
 use super::outcome::{backstore_failure, clamp32, Done};
-use super::stats::{CommandClock, Direction};
+use super::stats::{record_command, CommandClock, Direction};
 use super::{ItNexus, LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
 
 /// The range lock and in-flight count a planned WRITE holds until dropped
@@ -155,6 +155,7 @@ impl LunTable {
             attr: req.attr,
             data_out: &[],
             data_in_capacity: 0,
+            initiator_stats: req.initiator_stats,
         };
         // A stalled unit holds the WRITE here, before it is validated or
         // counted in flight (the fabric writes the data itself after this).
@@ -182,7 +183,14 @@ impl LunTable {
         let mut first = self.execute_probe(&probe);
         if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
             release();
-            lu.stats.record(Direction::Write, false, 0, started);
+            record_command(
+                &lu.stats,
+                req.initiator_stats.map(|s| &**s),
+                Direction::Write,
+                false,
+                0,
+                started,
+            );
             first.transfer_length = clamp32(bytes);
             return Some(WritePlan::Answer(first));
         }
@@ -210,7 +218,13 @@ impl LunTable {
                 lu: lu.clone(),
                 nexus: req.nexus.clone(),
                 range,
-                _clock: CommandClock::start(lu.stats.clone(), Direction::Write, bytes, started),
+                _clock: CommandClock::start(
+                    lu.stats.clone(),
+                    req.initiator_stats,
+                    Direction::Write,
+                    bytes,
+                    started,
+                ),
             },
         })))
     }
@@ -336,6 +350,7 @@ mod tests {
             attr: TaskAttr::Simple,
             data_out: &[],
             data_in_capacity: 0,
+            initiator_stats: None,
         };
         t.plan_write(&req, len, false)
     }
@@ -442,6 +457,7 @@ mod tests {
             attr: TaskAttr::Simple,
             data_out: data,
             data_in_capacity: 0,
+            initiator_stats: None,
         };
         crate::scsi::stall::without_waiting(|| t.write_without_waiting(&req, 64 << 10))
     }
