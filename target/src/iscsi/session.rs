@@ -423,22 +423,23 @@ impl SessionTable {
     }
 
     /// Every initiator's counters on every target it has a session with,
-    /// in the order of the two names.
+    /// in the order of the two names (case ignored).
     pub fn initiators(&self) -> Vec<InitiatorIo> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<InitiatorIo> = inner
+        let mut live: Vec<(&(String, String), InitiatorIo)> = inner
             .initiators
-            .values()
-            .filter_map(|e| {
-                Some(InitiatorIo {
+            .iter()
+            .filter_map(|(key, e)| {
+                let io = InitiatorIo {
                     target: e.target.clone(),
                     initiator: e.initiator.clone(),
                     io: e.io.upgrade()?,
-                })
+                };
+                Some((key, io))
             })
             .collect();
-        out.sort_by(|a, b| (&a.target, &a.initiator).cmp(&(&b.target, &b.initiator)));
-        out
+        live.sort_by(|a, b| a.0.cmp(b.0));
+        live.into_iter().map(|(_, io)| io).collect()
     }
 
     /// The counters `initiator` shares on `target`, made when it has no
@@ -623,5 +624,86 @@ mod tests {
             0
         );
         assert_eq!(names(&table).len(), 3);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A login of host `host` (its name in upper case if `shout`) with ISID
+        /// qualifier `qualifier` to target `target`.
+        Login {
+            host: usize,
+            shout: bool,
+            qualifier: u8,
+            target: usize,
+        },
+        /// The end of the `n`th session still open (modulo their number).
+        End(usize),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..3usize, any::<bool>(), 0..3u8, 0..2usize).prop_map(
+                |(host, shout, qualifier, target)| Step::Login {
+                    host,
+                    shout,
+                    qualifier,
+                    target
+                }
+            ),
+            any::<usize>().prop_map(Step::End),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the order of logins, reinstatements and ends: the counters
+        /// listed are exactly those of the (target, initiator) pairs with an open
+        /// session, and every open session of a pair shares its pair's counters.
+        #[test]
+        fn the_counters_listed_are_those_of_the_open_sessions(
+            steps in proptest::collection::vec(step(), 1..40)
+        ) {
+            let table = SessionTable::default();
+            let targets = [
+                target("iqn.2026-11.test:one", Acl::Any, AuthPolicy::default(), vec![1]),
+                target("iqn.2026-11.test:two", Acl::Any, AuthPolicy::default(), vec![1]),
+            ];
+            let mut open: Vec<(usize, usize, Arc<Session>)> = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Login { host, shout, qualifier, target: t } => {
+                        let name = format!("iqn.2026-11.test:host-{host}");
+                        let name = if shout { name.to_ascii_uppercase() } else { name };
+                        let s = login(&table, &name, qualifier, Some(&targets[t]));
+                        // Reinstatement: the session of the same I_T nexus is gone.
+                        open.retain(|(h, tt, o)| !(*h == host && *tt == t && o.isid == s.isid));
+                        open.push((host, t, s));
+                    }
+                    Step::End(n) if !open.is_empty() => {
+                        let (_, _, s) = open.remove(n % open.len());
+                        table.end(&s, s.generation());
+                    }
+                    Step::End(_) => {}
+                }
+                let mut want: Vec<(String, String)> = open
+                    .iter()
+                    .map(|(h, t, _)| (targets[*t].name.clone(), format!("iqn.2026-11.test:host-{h}")))
+                    .collect();
+                want.sort();
+                want.dedup();
+                let listed = table.initiators();
+                let got: Vec<(String, String)> = listed
+                    .iter()
+                    .map(|i| (i.target.clone(), i.initiator.to_ascii_lowercase()))
+                    .collect();
+                proptest::prop_assert_eq!(&got, &want);
+                for (h, t, s) in &open {
+                    let pair = &listed[want
+                        .binary_search(&(targets[*t].name.clone(), format!("iqn.2026-11.test:host-{h}")))
+                        .unwrap()];
+                    proptest::prop_assert!(Arc::ptr_eq(s.initiator_io.as_ref().unwrap(), &pair.io));
+                }
+            }
+        }
     }
 }
