@@ -11,7 +11,8 @@
 #   - SIGHUP reloads an edited file (a LUN more, seen after a rescan) and a broken one changes
 #     nothing;
 # fio ends without an error, the kernel's session is the one it logged in with (one login in the
-# target's log), and the Prometheus endpoint shows fio's traffic in LUN 0's latency histograms.
+# target's log), and the Prometheus endpoint shows fio's traffic in LUN 0's latency histograms
+# and in the kernel host's own (per initiator) counters.
 # Env: KL_OUT (results dir shared with the host), KL_FIO_MIB (fio size, default 256).
 . "$(dirname "$0")/lib.sh"
 
@@ -178,6 +179,27 @@ if [ -n "$writes" ] && [ "${writes%.*}" -gt 0 ] && [ -n "$bytes" ] && [ "${bytes
     pass "metrics: LUN 0 write latency histogram counts $writes commands, $bytes bytes written"
 else
     fail "metrics: LUN 0 writes=$writes bytes=$bytes: $(grep 'lun="0"' "$KL_OUT/metrics.txt" | head -n 5 | tr '\n' ' ')"
+fi
+# The kernel's host, per initiator: fio wrote to LUN 0 only, so the host's WRITEs are LUN 0's,
+# and its READs at least LUN 0's (the kernel also read the other LUNs' partition tables).
+host_sample() { # FAMILY OP
+    awk -v f="$1" -v t="$T" -v me="$ME" -v op="$2" '$1 ~ "^" f "[{]" && $1 ~ "target=\"" t "\"" &&
+        $1 ~ "initiator=\"" me "\"" && $1 ~ "op=\"" op "\"" {print $2}' "$KL_OUT/metrics.txt"
+}
+lun0_sample() { # FAMILY OP
+    awk -v f="$1" -v t="$T" -v op="$2" '$1 ~ "^" f "[{]" && $1 ~ "target=\"" t "\"" && $1 ~ /lun="0"/ &&
+        $1 ~ "op=\"" op "\"" {print $2}' "$KL_OUT/metrics.txt"
+}
+h_writes=$(host_sample blockwire_initiator_commands_total write)
+h_wbytes=$(host_sample blockwire_initiator_bytes_total write)
+h_reads=$(host_sample blockwire_initiator_commands_total read)
+h_hist=$(host_sample blockwire_initiator_command_duration_seconds_count write)
+l_reads=$(lun0_sample blockwire_lun_commands_total read)
+if [ -n "$h_writes" ] && [ "$h_writes" = "$writes" ] && [ "$h_wbytes" = "$bytes" ] && [ "$h_hist" = "$writes" ] &&
+    [ -n "$h_reads" ] && [ -n "$l_reads" ] && [ "${h_reads%.*}" -ge "${l_reads%.*}" ]; then
+    pass "metrics: host $ME on $T: $h_writes WRITEs ($h_wbytes bytes, as LUN 0's), $h_reads READs (LUN 0: $l_reads)"
+else
+    fail "metrics: host $ME: writes=$h_writes bytes=$h_wbytes histogram=$h_hist reads=$h_reads against LUN 0's writes=$writes bytes=$bytes reads=$l_reads: $(grep '^blockwire_initiator_commands' "$KL_OUT/metrics.txt" | tr '\n' ' ')"
 fi
 
 iadm -m node -T "$T" -p 127.0.0.1:3260 --logout >/dev/null || fail "logout"
