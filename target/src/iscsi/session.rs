@@ -263,7 +263,7 @@ struct InitiatorEntry {
 pub struct InitiatorIo {
     /// The target's name.
     pub target: String,
-    /// The InitiatorName, as its first session still open spelled it.
+    /// The InitiatorName, as the login that made the entry spelled it.
     pub initiator: String,
     /// The counters.
     pub io: Arc<IoStats>,

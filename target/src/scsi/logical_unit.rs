@@ -568,8 +568,7 @@ impl LogicalUnit {
         let result = finish(outcome, transfer, format, req.data_in_capacity);
         if let Some(d) = direction.filter(|_| counted) {
             let good = result.status == ScsiStatus::GOOD.0;
-            let initiator = req.initiator_stats.map(|s| &**s);
-            record_command(&self.stats, initiator, d, good, transfer, started);
+            record_command(&self.stats, req.initiator_stats, d, good, transfer, started);
         }
         if result.status != ScsiStatus::GOOD.0 {
             debug!(

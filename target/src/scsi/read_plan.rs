@@ -109,7 +109,7 @@ impl LunTable {
         if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
             record_command(
                 &lu.stats,
-                req.initiator_stats.map(|s| &**s),
+                req.initiator_stats,
                 Direction::Read,
                 false,
                 0,

@@ -149,7 +149,7 @@ impl IoStats {
 /// unit and, if the fabric gave them, on its initiator's counters.
 pub(crate) fn record_command(
     lun: &IoStats,
-    initiator: Option<&IoStats>,
+    initiator: Option<&Arc<IoStats>>,
     d: Direction,
     good: bool,
     bytes: u64,
@@ -204,7 +204,7 @@ impl Drop for CommandClock {
         let good = !self.failed.load(Ordering::Relaxed);
         record_command(
             &self.stats,
-            self.initiator.as_deref(),
+            self.initiator.as_ref(),
             self.direction,
             good,
             self.bytes,

@@ -185,7 +185,7 @@ impl LunTable {
             release();
             record_command(
                 &lu.stats,
-                req.initiator_stats.map(|s| &**s),
+                req.initiator_stats,
                 Direction::Write,
                 false,
                 0,
