@@ -59,7 +59,7 @@ pub const METHODS: &[Method] = &[
     Method {
         name: "session.list",
         params: "",
-        summary: "sessions: initiator, ISID, TSIH, target, portal, TPGT",
+        summary: "sessions: initiator, ISID, TSIH, target, portal, TPGT, negotiated parameters, and the initiator's READ/WRITE totals on the target",
     },
     Method {
         name: "portal.list",
@@ -668,6 +668,7 @@ impl Control {
                         "error_recovery_level": s.params.error_recovery_level,
                         "rdma_extensions": s.params.rdma_extensions,
                     },
+                    "initiator_io": s.initiator_io.as_deref().map(io_totals),
                 })
             })
             .collect();
@@ -990,6 +991,24 @@ pub async fn ctl(
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| CtlError::Timeout(timeout))?
+}
+
+/// READ and WRITE totals of `io` (commands, of those not GOOD, data bytes).
+fn io_totals(io: &blockwire_target::scsi::stats::IoStats) -> Value {
+    use blockwire_target::scsi::stats::Direction;
+    let mut totals = serde_json::Map::new();
+    for d in Direction::ALL {
+        let s = io.direction(d);
+        totals.insert(
+            d.name().to_owned(),
+            json!({
+                "commands": s.commands.load(std::sync::atomic::Ordering::Relaxed),
+                "errors": s.errors.load(std::sync::atomic::Ordering::Relaxed),
+                "bytes": s.bytes.load(std::sync::atomic::Ordering::Relaxed),
+            }),
+        );
+    }
+    Value::Object(totals)
 }
 
 #[cfg(test)]

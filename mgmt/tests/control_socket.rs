@@ -476,6 +476,16 @@ async fn portal_close_cuts_only_the_sessions_of_that_portal() {
     let sessions = d.call("session.list", Value::Null).await;
     assert_eq!(sessions["sessions"].as_array().unwrap().len(), 1);
     assert_eq!(sessions["sessions"][0]["tpgt"], 2);
+    // The initiator's totals on the target, over both its sessions: that one READ
+    // (TEST UNIT READY, REPORT TARGET PORT GROUPS and INQUIRY are not READs or WRITEs).
+    assert_eq!(
+        sessions["sessions"][0]["initiator_io"],
+        json!({
+            "read": {"commands": 1, "errors": 0, "bytes": 4096},
+            "write": {"commands": 0, "errors": 0, "bytes": 0},
+        }),
+        "{sessions}"
+    );
 
     // Closing it again is a conflict the CLI reports with exit code 1.
     let (code, _, err) = d.ctl_cli(
