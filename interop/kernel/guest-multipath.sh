@@ -7,7 +7,8 @@
 # (prio alua, path_grouping_policy group_by_prio) builds one map with two path groups. While fio
 # writes and verifies through the map, portal group 1 goes away (the daemon's control socket:
 # portal.close cuts its connections and closes its listener): I/O moves to group 2 and fio sees
-# no error. `multipath -ll` before and after.
+# no error. `multipath -ll` before and after; the metrics count the host's sessions (paths), 2
+# then 1.
 # Env: KL_OUT (results dir shared with the host), KL_FIO_MIB (fio size, default 256).
 . "$(dirname "$0")/lib.sh"
 
@@ -15,6 +16,7 @@ MIB=${KL_FIO_MIB:-256}
 PFX=iqn.2026-11.io.blockwire
 IQN=$PFX:lab-mpath
 CTL=$KL_WORK/control.sock
+METRICS=127.0.0.1:9450
 export KL_INITIATOR=iqn.2026-11.lab:kernel-guest
 lab_up || { fail "lab-up"; finish multipath; exit 1; }
 modprobe -a dm_multipath dm_round_robin scsi_dh_alua || { fail "modprobe multipath modules"; finish multipath; exit 1; }
@@ -27,6 +29,9 @@ nop_timeout_secs = 20
 
 [control]
 socket = "$CTL"
+
+[metrics]
+listen = "$METRICS"
 
 [[portal_group]]
 tag = 1
@@ -85,6 +90,14 @@ for sid in $sids; do
     d=$(lun_dev "$sid" 0) && devs+=("$d")
 done
 [ ${#devs[@]} = 2 ] && pass "two paths: ${devs[*]}" || fail "paths: ${devs[*]}"
+# The host's paths in the metrics: its sessions with the target, by InitiatorName.
+host_paths() {
+    curl -s "http://$METRICS/metrics" | awk -v t="$IQN" -v me="$KL_INITIATOR" \
+        '$1 ~ /^blockwire_initiator_sessions[{]/ && $1 ~ "target=\"" t "\"" && $1 ~ "initiator=\"" me "\"" {print $2}'
+}
+n=$(host_paths)
+[ "$n" = 2 ] && pass "metrics: host $KL_INITIATOR has 2 sessions (paths) with $IQN" ||
+    fail "metrics: host $KL_INITIATOR has '$n' sessions with $IQN, want 2"
 for d in "${devs[@]}"; do
     r=$(sg_rtpg -d "/dev/$d" 2>&1)
     printf '%s\n' "$r" | sed "s/^/    $d | /" | head -12
@@ -134,6 +147,10 @@ printf '    ctl portal.close: %s\n' "$r"
 [ $rc = 0 ] && pass "portal.close 127.0.0.1:3260" || fail "portal.close: exit $rc"
 if (exec 3<>/dev/tcp/127.0.0.1/3260) 2>/dev/null; then fail "127.0.0.1:3260 still accepts"; else pass "127.0.0.1:3260 refuses connections"; fi
 timeout 120 bash -c 'until multipath -ll 2>/dev/null | grep -q "failed"; do sleep 1; done'
+n=
+for _ in $(seq 50); do n=$(host_paths); [ "$n" = 1 ] && break; sleep 0.2; done
+[ "$n" = 1 ] && pass "metrics: the host's sessions went from 2 to 1 with its path through group 1" ||
+    fail "metrics: host $KL_INITIATOR has '$n' sessions after group 1 went, want 1"
 if wait "$fio_pid"; then
     pass "fio verify through /dev/mapper/$map while group 1 went away: $(fio_result "$KL_OUT/fio-mpath.log")"
 else

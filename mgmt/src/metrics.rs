@@ -12,6 +12,7 @@
 //! answered and closed. The endpoint has no authentication; bind it to an
 //! address only the scraper reaches.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -141,32 +142,50 @@ fn luns(fabric: &Fabric) -> Vec<IoRow> {
     out
 }
 
-/// Every initiator on every target it has a session with: its labels and
-/// counters (every LUN and session of it there).
-fn initiators(fabric: &Fabric) -> Vec<IoRow> {
-    fabric
-        .sessions
-        .initiators()
+fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
+    io_metrics(e, "blockwire_lun", "the logical unit", "", &luns(fabric));
+}
+
+/// Per host: each initiator's sessions with each target (its paths), and its
+/// READ/WRITE families over all its LUNs and sessions there.
+fn initiator_metrics(e: &mut Exposition, fabric: &Fabric) {
+    let listed = fabric.sessions.initiators();
+    // A session shares its initiator's counters: count the sessions by them.
+    let mut sessions: HashMap<*const IoStats, usize> = HashMap::new();
+    for s in fabric.sessions.all() {
+        if let Some(io) = &s.initiator_io {
+            *sessions.entry(Arc::as_ptr(io)).or_default() += 1;
+        }
+    }
+    let name = "blockwire_initiator_sessions";
+    e.family(
+        name,
+        "gauge",
+        "Sessions the initiator has with the target now: one per path of a multipath host, \
+         so a drop says a path went.",
+    );
+    for i in &listed {
+        let n = sessions.get(&Arc::as_ptr(&i.io)).copied().unwrap_or(0);
+        e.sample(
+            name,
+            &[("target", &i.target), ("initiator", &i.initiator)],
+            n,
+        );
+    }
+    let rows: Vec<IoRow> = listed
         .into_iter()
         .map(|i| {
             let labels = vec![("target", i.target), ("initiator", i.initiator)];
             (labels, i.io)
         })
-        .collect()
-}
-
-fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
-    io_metrics(e, "blockwire_lun", "the logical unit", "", &luns(fabric));
-}
-
-fn initiator_metrics(e: &mut Exposition, fabric: &Fabric) {
+        .collect();
     io_metrics(
         e,
         "blockwire_initiator",
         "the initiator on the target, over all its LUNs and sessions there",
         " The series of an initiator are there while it has a session with the target, and \
          count from 0 when it logs in again after all its sessions had gone.",
-        &initiators(fabric),
+        &rows,
     );
 }
 

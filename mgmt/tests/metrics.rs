@@ -347,6 +347,9 @@ fn each_initiators_traffic_is_counted_over_its_sessions_while_it_is_logged_in() 
     let per_host = |name: &str, host: &str, op: &str| {
         format!("{name}{{target=\"{IQN}\",initiator=\"{host}\",op=\"{op}\"}}")
     };
+    let paths = |host: &str| {
+        format!("blockwire_initiator_sessions{{target=\"{IQN}\",initiator=\"{host}\"}}")
+    };
     let (d, portal, metrics) = start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -374,6 +377,8 @@ fn each_initiators_traffic_is_counted_over_its_sessions_while_it_is_logged_in() 
                 (per_host("blockwire_initiator_commands_total", HOST_B, "write"), Some(1.0)),
                 (per_host("blockwire_initiator_commands_total", HOST_B, "read"), Some(2.0)),
                 (per_host("blockwire_initiator_bytes_total", HOST_B, "read"), bytes(2.0)),
+                (paths(HOST_A), Some(2.0)),
+                (paths(HOST_B), Some(1.0)),
             ],
         );
         let inf = format!(
@@ -386,7 +391,10 @@ fn each_initiators_traffic_is_counted_over_its_sessions_while_it_is_logged_in() 
         io(&a2, 0, 1, 0).await;
         scrape_until(
             metrics,
-            &[(per_host("blockwire_initiator_commands_total", HOST_A, "write"), Some(4.0))],
+            &[
+                (per_host("blockwire_initiator_commands_total", HOST_A, "write"), Some(4.0)),
+                (paths(HOST_A), Some(1.0)),
+            ],
         );
         // Its last session goes, and its series with it; B's stay.
         a2.logout().await.expect("logout");
@@ -394,6 +402,7 @@ fn each_initiators_traffic_is_counted_over_its_sessions_while_it_is_logged_in() 
             metrics,
             &[
                 (per_host("blockwire_initiator_commands_total", HOST_A, "write"), None),
+                (paths(HOST_A), None),
                 (per_host("blockwire_initiator_commands_total", HOST_B, "write"), Some(1.0)),
             ],
         );
