@@ -3,7 +3,7 @@
 //! `[metrics] listen` or `--metrics` names. Off unless asked for.
 //!
 //! Everything is read at scrape time from counters the data path already
-//! keeps with relaxed atomics (per logical unit READ/WRITE statistics, the
+//! keeps with relaxed atomics (per logical unit and per initiator READ/WRITE statistics, the
 //! copy counters, the engine path's state timers, the double-buffered
 //! write path, RDMA) or from rare-event counters (refused logins, task
 //! management); a scrape costs the data path nothing.
