@@ -12,7 +12,6 @@
 //! answered and closed. The endpoint has no authentication; bind it to an
 //! address only the scraper reaches.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -150,13 +149,6 @@ fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
 /// READ/WRITE families over all its LUNs and sessions there.
 fn initiator_metrics(e: &mut Exposition, fabric: &Fabric) {
     let listed = fabric.sessions.initiators();
-    // A session shares its initiator's counters: count the sessions by them.
-    let mut sessions: HashMap<*const IoStats, usize> = HashMap::new();
-    for s in fabric.sessions.all() {
-        if let Some(io) = &s.initiator_io {
-            *sessions.entry(Arc::as_ptr(io)).or_default() += 1;
-        }
-    }
     let name = "blockwire_initiator_sessions";
     e.family(
         name,
@@ -165,12 +157,8 @@ fn initiator_metrics(e: &mut Exposition, fabric: &Fabric) {
          so a drop says a path went.",
     );
     for i in &listed {
-        let n = sessions.get(&Arc::as_ptr(&i.io)).copied().unwrap_or(0);
-        e.sample(
-            name,
-            &[("target", &i.target), ("initiator", &i.initiator)],
-            n,
-        );
+        let labels = [("target", &*i.target), ("initiator", &*i.initiator)];
+        e.sample(name, &labels, i.sessions);
     }
     let rows: Vec<IoRow> = listed
         .into_iter()

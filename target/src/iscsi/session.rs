@@ -267,6 +267,8 @@ pub struct InitiatorIo {
     pub initiator: String,
     /// The counters.
     pub io: Arc<IoStats>,
+    /// Its sessions with the target in the table now (its paths).
+    pub sessions: usize,
 }
 
 /// A request to create or join a session, from a completed login.
@@ -422,18 +424,30 @@ impl SessionTable {
         inner.by_tsih.values().cloned().collect()
     }
 
-    /// Every initiator's counters on every target it has a session with,
-    /// in the order of the two names (case ignored).
+    /// Every initiator's counters and sessions on every target it has a
+    /// session with, in the order of the two names (case ignored).
     pub fn initiators(&self) -> Vec<InitiatorIo> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        // A session holds its initiator's counters: count the sessions by them.
+        let mut paths: HashMap<*const IoStats, usize> = HashMap::new();
+        for io in inner
+            .by_tsih
+            .values()
+            .filter_map(|s| s.initiator_io.as_ref())
+        {
+            *paths.entry(Arc::as_ptr(io)).or_default() += 1;
+        }
         let mut live: Vec<(&(String, String), InitiatorIo)> = inner
             .initiators
             .iter()
             .filter_map(|(key, e)| {
+                let io = e.io.upgrade()?;
+                let sessions = paths.get(&Arc::as_ptr(&io)).copied().unwrap_or(0);
                 let io = InitiatorIo {
                     target: e.target.clone(),
                     initiator: e.initiator.clone(),
-                    io: e.io.upgrade()?,
+                    io,
+                    sessions,
                 };
                 Some((key, io))
             })
