@@ -187,8 +187,18 @@ impl PrState {
             }
         }
         self.regs = kept;
-        if let (Some(r), Some(h)) = (self.resv.as_mut(), new_holder) {
-            r.holder = h;
+        if let Some(r) = self.resv.as_mut() {
+            match new_holder {
+                Some(h) => r.holder = h,
+                // An all-registrants reservation is held by every registrant (SPC-4
+                // 5.9.10.3); its record names one of them, which must stay a registration:
+                // the APTPL file is read back by that index, and one past the end reads as
+                // damaged (the unit would come back NOT READY).
+                None if holder_removed && all_registrants(r.ty) && !self.regs.is_empty() => {
+                    r.holder = 0;
+                }
+                None => {}
+            }
         }
         (removed, holder_removed)
     }
