@@ -27,6 +27,11 @@
 #                                       as WRITE ATOMIC(16), and a torn-write test (SIGKILL of the
 #                                       target during a stream of 16 KiB atomic writes, restarted
 #                                       on the same file: every unit wholly old or wholly new)
+#   interop/kernel/guest-offload.sh    copy offload from the kernel initiator's /dev/sdX: the
+#                                       Third-party Copy page through sg_vpd, POPULATE TOKEN and
+#                                       WRITE USING TOKEN (ODX) sent exactly by sg_raw and by
+#                                       sg3_utils' ddpt --odx and ddptctl, the block device zero
+#                                       token, forged and deleted tokens refused, EXTENDED COPY
 #   interop/kernel/guest-ocfs2.sh       two guests on one private link: an OCFS2 cluster (o2cb,
 #                                       disk heartbeat) of two kernel nodes on one blockwire LUN
 #                                       served by node1; shared writes, a target restart under
@@ -160,7 +165,7 @@ run_ocfs2() {
     [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
 }
 
-suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic}
+suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic offload}
 failed=() died=()
 for s in $suites; do
     out=$build/kernel-lab/$s

@@ -373,6 +373,16 @@ mod scsi {
                     parameter_list_length,
                 }
             }),
+            (0x10u8..0x12, any::<u32>(), any::<u32>(), 0u8..32).prop_map(
+                |(service_action, list_identifier, parameter_list_length, group)| {
+                    Cdb::TokenCopy {
+                        service_action,
+                        list_identifier,
+                        parameter_list_length,
+                        group,
+                    }
+                }
+            ),
             (
                 prop_oneof![
                     Just(0u8),

@@ -560,13 +560,25 @@ pub enum Cdb {
         /// PARAMETER LIST LENGTH.
         parameter_list_length: u16,
     },
-    /// EXTENDED COPY (LID1 or LID4). Token-based copy service actions are
-    /// reported as unsupported by the decoder.
+    /// EXTENDED COPY (LID1 or LID4).
     ExtendedCopy {
         /// SERVICE ACTION (00h LID1, 01h LID4).
         service_action: u8,
         /// PARAMETER LIST LENGTH.
         parameter_list_length: u32,
+    },
+    /// POPULATE TOKEN (10h) or WRITE USING TOKEN (11h), the token-based
+    /// copy service actions of THIRD-PARTY COPY OUT (SBC-3 5.10, 5.31).
+    TokenCopy {
+        /// SERVICE ACTION (see [`op::copy_out`]).
+        service_action: u8,
+        /// LIST IDENTIFIER: names the operation for RECEIVE ROD TOKEN
+        /// INFORMATION.
+        list_identifier: u32,
+        /// PARAMETER LIST LENGTH.
+        parameter_list_length: u32,
+        /// GROUP NUMBER.
+        group: u8,
     },
     /// RECEIVE COPY RESULTS (THIRD-PARTY COPY IN).
     ReceiveCopyResults {
@@ -1026,6 +1038,12 @@ impl Cdb {
                         parameter_list_length: b32(10),
                     }
                 }
+                op::copy_out::POPULATE_TOKEN | op::copy_out::WRITE_USING_TOKEN => Cdb::TokenCopy {
+                    service_action: sa,
+                    list_identifier: b32(6),
+                    parameter_list_length: b32(10),
+                    group: c[14] & 0x1f,
+                },
                 _ => return Err(bad_sa),
             },
             op::RECEIVE_COPY_RESULTS => {
@@ -1310,6 +1328,17 @@ impl Cdb {
                 c[1] = service_action & 0x1f;
                 put(&mut c, 10, &parameter_list_length.to_be_bytes());
             }
+            Cdb::TokenCopy {
+                service_action,
+                list_identifier,
+                parameter_list_length,
+                group,
+            } => {
+                c[1] = service_action & 0x1f;
+                put(&mut c, 6, &list_identifier.to_be_bytes());
+                put(&mut c, 10, &parameter_list_length.to_be_bytes());
+                c[14] = group & 0x1f;
+            }
             Cdb::ReceiveCopyResults {
                 service_action,
                 list_identifier,
@@ -1418,7 +1447,7 @@ impl Cdb {
             Cdb::Release6 => op::RELEASE_6,
             Cdb::Reserve10 { .. } => op::RESERVE_10,
             Cdb::Release10 { .. } => op::RELEASE_10,
-            Cdb::ExtendedCopy { .. } => op::EXTENDED_COPY,
+            Cdb::ExtendedCopy { .. } | Cdb::TokenCopy { .. } => op::EXTENDED_COPY,
             Cdb::ReceiveCopyResults { .. } => op::RECEIVE_COPY_RESULTS,
             Cdb::PersistentReserveIn { .. } => op::PERSISTENT_RESERVE_IN,
             Cdb::PersistentReserveOut { .. } => op::PERSISTENT_RESERVE_OUT,
@@ -1438,6 +1467,7 @@ impl Cdb {
             Cdb::ReportSupportedTmfs { .. } => op::maintenance_in::REPORT_SUPPORTED_TMFS,
             Cdb::SetTargetPortGroups { .. } => op::maintenance_out::SET_TARGET_PORT_GROUPS,
             Cdb::ExtendedCopy { service_action, .. }
+            | Cdb::TokenCopy { service_action, .. }
             | Cdb::ReceiveCopyResults { service_action, .. } => *service_action,
             Cdb::PersistentReserveIn { service_action, .. } => service_action.code(),
             Cdb::PersistentReserveOut { service_action, .. } => service_action.code(),
@@ -1514,6 +1544,10 @@ impl Cdb {
                 parameter_list_length,
                 ..
             }
+            | Cdb::TokenCopy {
+                parameter_list_length,
+                ..
+            }
             | Cdb::PersistentReserveOut {
                 parameter_list_length,
                 ..
@@ -1567,6 +1601,7 @@ impl Cdb {
             | Cdb::Reserve10 { .. }
             | Cdb::Release10 { .. }
             | Cdb::ExtendedCopy { .. }
+            | Cdb::TokenCopy { .. }
             | Cdb::PersistentReserveOut { .. } => DataDirection::Out,
             _ => DataDirection::In,
         }

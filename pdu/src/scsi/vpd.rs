@@ -15,6 +15,8 @@ pub mod page {
     pub const DEVICE_IDENTIFICATION: u8 = 0x83;
     /// Extended INQUIRY data.
     pub const EXTENDED_INQUIRY: u8 = 0x86;
+    /// Third-party Copy (SPC-4 7.8.17).
+    pub const THIRD_PARTY_COPY: u8 = 0x8f;
     /// Block limits (SBC).
     pub const BLOCK_LIMITS: u8 = 0xb0;
     /// Block device characteristics (SBC).

@@ -9,7 +9,8 @@
 //! NDOB; UNMAP with several descriptors; COMPARE AND WRITE that matches or
 //! not; ORWRITE; WRITE AND VERIFY; VERIFY with BYTCHK 0, 1 and 3; WRITE
 //! ATOMIC; SYNCHRONIZE CACHE; GET LBA STATUS; EXTENDED COPY of block
-//! segments within the unit; SANITIZE (OVERWRITE and BLOCK ERASE); the
+//! segments within the unit; POPULATE TOKEN and WRITE USING TOKEN within
+//! the unit, and the block device zero token; SANITIZE (OVERWRITE and BLOCK ERASE); the
 //! write cache turned on and off by MODE SELECT; and,
 //! beside the commands, a resize of the unit and, for files, closing the
 //! store and opening it again. READs and WRITEs go through each road the
@@ -57,6 +58,10 @@ use blockwire_target::backstore::{Backstore, FileBackstore, RamBackstore, Stripe
 use blockwire_target::datapath::{Engine, ReadCommand, ReadConfig, SendOrder};
 use blockwire_target::scsi::read_plan::{PlannedRead, ReadPlan};
 use blockwire_target::scsi::write_plan::WritePlan;
+use blockwire_target::scsi::token_copy::{
+    block_zero_token, encode_populate_token, encode_write_using_token, BlockRange,
+    PopulateTokenParams, WriteUsingTokenParams, TOKEN_LEN,
+};
 use blockwire_target::scsi::{ItNexus, LogicalUnit, LuConfig, LunTable, ScsiRequest, ScsiResult};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
@@ -185,6 +190,16 @@ enum Op {
     /// EXTENDED COPY (LID1) of block-to-block segments within the unit.
     ExtendedCopy {
         segments: Vec<(Place, Place)>,
+    },
+    /// POPULATE TOKEN of `sources`, then WRITE USING TOKEN of it to
+    /// `dests` from `offset` blocks in (the token is made and used on the
+    /// unit itself); with `zero`, the block device zero token instead.
+    TokenCopy {
+        sources: Vec<Place>,
+        offset: u8,
+        dests: Vec<Place>,
+        zero: bool,
+        delete: bool,
     },
     Sanitize {
         erase: bool,
@@ -599,6 +614,13 @@ impl Rig {
             }
             Op::GetLbaStatus { lba } => self.get_lba_status(lba),
             Op::ExtendedCopy { ref segments } => self.extended_copy(segments),
+            Op::TokenCopy {
+                ref sources,
+                offset,
+                ref dests,
+                zero,
+                delete,
+            } => self.token_copy(sources, offset, dests, zero, delete),
             Op::Sanitize {
                 erase,
                 invert,
@@ -1052,6 +1074,170 @@ impl Rig {
             self.model[to].copy_from_slice(&from);
         }
         self.expect_good(&r, "EXTENDED COPY");
+    }
+
+    /// The ranges `places` name (at most four), and whether they all fit.
+    fn token_ranges(&self, places: &[Place]) -> (Vec<BlockRange>, bool) {
+        let mut fits = true;
+        let ranges = places
+            .iter()
+            .take(4)
+            .map(|&p| {
+                let (lba, blocks, ok) = self.place(p, MAX_STEP_BLOCKS);
+                fits &= ok;
+                BlockRange {
+                    lba,
+                    blocks: blocks as u32,
+                }
+            })
+            .collect();
+        (ranges, fits)
+    }
+
+    /// The blocks of `ranges`, in order.
+    fn flat(ranges: &[BlockRange]) -> Vec<u64> {
+        ranges
+            .iter()
+            .flat_map(|r| r.lba..r.lba + u64::from(r.blocks))
+            .collect()
+    }
+
+    /// RECEIVE ROD TOKEN INFORMATION for `list_id`: (COPY OPERATION
+    /// STATUS, TRANSFER COUNT, the token if one came back).
+    fn receive_token_information(&mut self, list_id: u32) -> (u8, u64, Option<Box<[u8; TOKEN_LEN]>>) {
+        let cdb = Cdb::ReceiveCopyResults {
+            service_action: 0x07,
+            list_identifier: list_id,
+            allocation_length: 1024,
+        }
+        .encode();
+        let r = self.run(&cdb, &[], 1024);
+        self.expect_good(&r, "RECEIVE ROD TOKEN INFORMATION");
+        let d = &r.data_in;
+        let at = 32 + usize::from(d[13]);
+        let count = u64::from_be_bytes(d[16..24].try_into().unwrap());
+        let len = u32::from_be_bytes(d[at..at + 4].try_into().unwrap()) as usize;
+        let token = (len == TOKEN_LEN + 2).then(|| {
+            let mut t = Box::new([0u8; TOKEN_LEN]);
+            t.copy_from_slice(&d[at + 6..at + 6 + TOKEN_LEN]);
+            t
+        });
+        (d[5], count, token)
+    }
+
+    /// Token copy within the unit. Tokens stand for the data when they are
+    /// used (access upon reference), so the model copies at WRITE USING
+    /// TOKEN; ranges that overlap each other are refused, and so is a
+    /// destination asking for more than the token holds past the offset.
+    /// Destinations overlapping the sources are not sent: their outcome
+    /// depends on the order the copy moves its pieces in.
+    fn token_copy(&mut self, sources: &[Place], offset: u8, dests: &[Place], zero: bool, delete: bool) {
+        let (dst, dst_fit) = self.token_ranges(dests);
+        if dst.is_empty() {
+            return;
+        }
+        let overlapping = |rs: &[BlockRange]| {
+            let mut b = Self::flat(rs);
+            let n = b.len();
+            b.sort_unstable();
+            b.dedup();
+            b.len() != n
+        };
+        let token = if zero {
+            block_zero_token()
+        } else {
+            let (src, src_fit) = self.token_ranges(sources);
+            if src.is_empty() {
+                return;
+            }
+            let s_blocks = Self::flat(&src);
+            if Self::flat(&dst).iter().any(|b| s_blocks.contains(b)) {
+                return;
+            }
+            let p = encode_populate_token(&PopulateTokenParams {
+                immed: false,
+                rod_type: None,
+                inactivity_timeout: 0,
+                ranges: src.clone(),
+            });
+            let cdb = Cdb::TokenCopy {
+                service_action: 0x10,
+                list_identifier: 1,
+                parameter_list_length: p.len() as u32,
+                group: 0,
+            }
+            .encode();
+            let r = self.run(&cdb, &p, 0);
+            if !src_fit || overlapping(&src) {
+                self.expect_refused_past_end(&r, "POPULATE TOKEN of bad ranges");
+                return;
+            }
+            self.expect_good(&r, "POPULATE TOKEN");
+            let (status, count, token) = self.receive_token_information(1);
+            assert_eq!(
+                (status, count),
+                (1, s_blocks.len() as u64),
+                "step {}: POPULATE TOKEN's status",
+                self.step
+            );
+            token.unwrap_or_else(|| panic!("step {}: no ROD token returned", self.step))
+        };
+        let p = encode_write_using_token(&WriteUsingTokenParams {
+            immed: false,
+            delete_token: delete,
+            offset: u64::from(offset % 8),
+            token: token.clone(),
+            ranges: dst.clone(),
+        });
+        let cdb = Cdb::TokenCopy {
+            service_action: 0x11,
+            list_identifier: 2,
+            parameter_list_length: p.len() as u32,
+            group: 0,
+        }
+        .encode();
+        let r = self.run(&cdb, &p, 0);
+        let d_blocks = Self::flat(&dst);
+        let source: Option<Vec<u64>> = if zero {
+            None
+        } else {
+            let src = self.token_ranges(sources).0;
+            Some(Self::flat(&src).into_iter().skip(usize::from(offset % 8)).collect())
+        };
+        let too_long = source.as_ref().is_some_and(|s| s.is_empty() || s.len() < d_blocks.len());
+        if !dst_fit || overlapping(&dst) || too_long {
+            self.expect_refused_past_end(&r, "WRITE USING TOKEN of bad ranges");
+            let (status, _, _) = self.receive_token_information(2);
+            assert_eq!(status, 2, "step {}: a refused WRITE USING TOKEN's status", self.step);
+            return;
+        }
+        self.expect_good(&r, "WRITE USING TOKEN");
+        let bs = self.bs as usize;
+        for (i, &to) in d_blocks.iter().enumerate() {
+            let block = match &source {
+                Some(s) => self.model[self.bytes(s[i], 1)].to_vec(),
+                None => vec![0u8; bs],
+            };
+            let at = self.bytes(to, 1);
+            self.model[at].copy_from_slice(&block);
+        }
+        let (status, count, _) = self.receive_token_information(2);
+        assert_eq!(
+            (status, count),
+            (1, d_blocks.len() as u64),
+            "step {}: WRITE USING TOKEN's status",
+            self.step
+        );
+        if delete && !zero {
+            // DEL_TKN: the token is gone.
+            let r = self.run(&cdb, &p, 0);
+            assert_eq!(
+                sense(&r).code(),
+                Asc::TOKEN_UNKNOWN,
+                "step {}: a deleted token was used",
+                self.step
+            );
+        }
     }
 
     fn get_lba_status(&mut self, lba: u16) {

@@ -23,11 +23,12 @@ pub(crate) const MAX_UNMAP_BLOCKS: u64 = 1 << 20;
 pub(crate) const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 
 /// VPD pages this unit answers, ascending (VPD 00h lists them).
-const PAGES: [u8; 7] = [
+const PAGES: [u8; 8] = [
     page::SUPPORTED_PAGES,
     page::UNIT_SERIAL_NUMBER,
     page::DEVICE_IDENTIFICATION,
     page::EXTENDED_INQUIRY,
+    page::THIRD_PARTY_COPY,
     page::BLOCK_LIMITS,
     page::BLOCK_DEVICE_CHARACTERISTICS,
     page::LOGICAL_BLOCK_PROVISIONING,
@@ -39,7 +40,8 @@ impl LogicalUnit {
         let mut inq = StandardInquiry::new(&self.cfg.vendor, &self.cfg.product, &self.cfg.revision);
         // Implicit ALUA: REPORT TARGET PORT GROUPS is answered, SET is not.
         inq.tpgs = 1;
-        // EXTENDED COPY (LID1) within the target.
+        // EXTENDED COPY (LID1) and the token-based copies within the
+        // target.
         inq.three_pc = true;
         inq.rmb = self.cfg.removable;
         inq
@@ -73,6 +75,10 @@ impl LogicalUnit {
                 v_sup: self.cfg.backstore.volatile_cache(),
                 ..ExtendedInquiry::default()
             }),
+            page::THIRD_PARTY_COPY => VpdPage::Other {
+                page_code: page::THIRD_PARTY_COPY,
+                data: self.third_party_copy_page(),
+            },
             page::BLOCK_LIMITS => VpdPage::BlockLimits(self.block_limits()),
             page::BLOCK_DEVICE_CHARACTERISTICS => {
                 VpdPage::BlockDeviceCharacteristics(BlockDeviceCharacteristics {

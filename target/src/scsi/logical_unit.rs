@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use blockwire_pdu::scsi::opcode as op;
+use blockwire_pdu::scsi::opcode::{copy_in, copy_out};
 use blockwire_pdu::scsi::{Asc, Cdb, ScsiStatus, Sense, SenseFormat, SenseKey};
 use tracing::{debug, warn};
 
@@ -23,6 +24,7 @@ use super::reservations::{AbortHandler, Reservations};
 use super::sanitize::{SanitizeJob, SANITIZE};
 use super::stall::{is_media_command, StallChange, StallGate};
 use super::stats::{record_command, Direction, IoStats};
+use super::token_copy::TokenOpResults;
 use super::unit_attention::UnitAttentions;
 use super::xcopy::CopyResults;
 use super::{ItNexus, LunTable, ScsiRequest, ScsiResult};
@@ -128,6 +130,9 @@ pub(crate) struct LuState {
     pub blocks: u64,
     /// EXTENDED COPY results for RECEIVE COPY RESULTS.
     pub copies: CopyResults,
+    /// POPULATE TOKEN and WRITE USING TOKEN results for RECEIVE ROD TOKEN
+    /// INFORMATION.
+    pub token_ops: TokenOpResults,
     /// A removable unit's medium is loaded (always true for the others).
     pub medium_present: bool,
     /// The sanitize operation running, or ended and not yet looked at.
@@ -334,6 +339,7 @@ impl LogicalUnit {
                 prevent: HashSet::new(),
                 blocks,
                 copies: CopyResults::default(),
+                token_ops: TokenOpResults::default(),
                 medium_present: true,
                 sanitize: None,
                 sanitize_failed: None,
@@ -735,6 +741,36 @@ impl LogicalUnit {
                 *parameter_list_length,
                 req.data_out,
             ),
+            TokenCopy {
+                service_action: copy_out::POPULATE_TOKEN,
+                list_identifier,
+                parameter_list_length,
+                ..
+            } => self.populate_token(
+                req.nexus,
+                table,
+                *list_identifier,
+                *parameter_list_length,
+                req.data_out,
+            ),
+            TokenCopy {
+                list_identifier,
+                parameter_list_length,
+                ..
+            } => self.write_using_token(
+                req.nexus,
+                table,
+                *list_identifier,
+                *parameter_list_length,
+                req.data_out,
+            ),
+            ReceiveCopyResults {
+                service_action: copy_in::RECEIVE_ROD_TOKEN_INFORMATION,
+                list_identifier,
+                allocation_length,
+            } => {
+                self.receive_rod_token_information(req.nexus, *list_identifier, *allocation_length)
+            }
             ReceiveCopyResults {
                 service_action,
                 list_identifier,

@@ -17,6 +17,7 @@ use super::alua::{PortGroups, TargetPortGroup};
 use super::logical_unit::{finish, LogicalUnit};
 use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
 use super::stall::StallChange;
+use super::token_copy::RodTokens;
 use super::{ItNexus, ScsiRequest, ScsiResult};
 
 /// The logical units of one target, by LUN. Answers REPORT LUNS and
@@ -29,6 +30,9 @@ pub struct LunTable {
     ports: RwLock<PortGroups>,
     /// What PREEMPT AND ABORT calls, kept for units added later.
     abort: Mutex<Option<TableAbortHandler>>,
+    /// The ROD tokens of the target's copy manager (POPULATE TOKEN, WRITE
+    /// USING TOKEN across its units).
+    tokens: RodTokens,
 }
 
 /// The fabric's PREEMPT AND ABORT hook for a table: called with the LUN and
@@ -106,7 +110,13 @@ impl LunTable {
             units: RwLock::new(Arc::new(Units::of(map))),
             ports: RwLock::default(),
             abort: Mutex::default(),
+            tokens: RodTokens::default(),
         }
+    }
+
+    /// The target's live ROD tokens.
+    pub fn rod_tokens(&self) -> &RodTokens {
+        &self.tokens
     }
 
     fn snapshot(&self) -> Arc<Units> {

@@ -26,6 +26,7 @@ mod reservations;
 mod sanitize;
 pub mod stall;
 pub mod stats;
+pub mod token_copy;
 mod unit_attention;
 mod wake;
 pub mod write_plan;
@@ -43,6 +44,8 @@ mod tests_media;
 mod tests_pr;
 #[cfg(test)]
 mod tests_sanitize;
+#[cfg(test)]
+mod tests_token_copy;
 
 pub use alua::{AluaState, TargetPortGroup};
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};

@@ -581,12 +581,21 @@ impl LogicalUnit {
         if !pmi && lba != 0 {
             return Err(invalid_cdb(2, None));
         }
+        Ok(Done::data(
+            self.capacity16().encode().to_vec(),
+            allocation_length,
+        ))
+    }
+
+    /// READ CAPACITY (16) parameter data (also the device type specific
+    /// data of a ROD token).
+    pub(crate) fn capacity16(&self) -> ReadCapacity16 {
         let mut d = ReadCapacity16::for_capacity(self.blocks(), self.cfg.block_size);
         d.lbpme = self.cfg.thin_provisioning;
         d.lbprz = self.cfg.thin_provisioning;
         // Configurable (LuConfig::physical_block_exponent); 0 by default.
         d.lbppbe = self.cfg.physical_block_exponent;
-        Ok(Done::data(d.encode().to_vec(), allocation_length))
+        d
     }
 }
 

@@ -416,6 +416,10 @@ fn access(cdb: &Cdb) -> Access {
         | GetLbaStatus { .. }
         | PreFetch { .. }
         | ReceiveCopyResults { .. }
+        | TokenCopy {
+            service_action: blockwire_pdu::scsi::opcode::copy_out::POPULATE_TOKEN,
+            ..
+        }
         | PreventAllowMediumRemoval { prevent: 0 } => Access::Read,
         Unknown {
             opcode: super::control::READ_DEFECT_DATA_10 | super::control::READ_DEFECT_DATA_12,

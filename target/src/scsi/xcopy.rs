@@ -20,11 +20,12 @@ use super::outcome::{illegal, invalid_cdb, invalid_param, param_length, CmdResul
 use super::{ItNexus, LunTable};
 
 /// Limits advertised in RECEIVE COPY OPERATING PARAMETERS.
-const MAX_CSCD_DESCRIPTORS: usize = 16;
-const MAX_SEGMENT_DESCRIPTORS: usize = 64;
-const MAX_LIST_LENGTH: usize = 16 + MAX_CSCD_DESCRIPTORS * 32 + MAX_SEGMENT_DESCRIPTORS * 28;
+pub(crate) const MAX_CSCD_DESCRIPTORS: usize = 16;
+pub(crate) const MAX_SEGMENT_DESCRIPTORS: usize = 64;
+pub(crate) const MAX_LIST_LENGTH: usize =
+    16 + MAX_CSCD_DESCRIPTORS * 32 + MAX_SEGMENT_DESCRIPTORS * 28;
 /// Largest segment, in bytes (the 16-bit block count at 4 KiB blocks).
-const MAX_SEGMENT_BYTES: u32 = 256 << 20;
+pub(crate) const MAX_SEGMENT_BYTES: u32 = 256 << 20;
 /// Bytes moved per read/write step.
 const CHUNK: usize = 1 << 20;
 /// Finished copies remembered per unit for RECEIVE COPY STATUS.
@@ -89,9 +90,14 @@ fn be64(b: &[u8], o: usize) -> u64 {
 
 impl LogicalUnit {
     /// The NAA designator this unit reports in VPD 83h.
-    fn naa_designator(&self) -> DesignatorId {
+    pub(crate) fn naa_designator(&self) -> DesignatorId {
+        self.naa_designator_full().id
+    }
+
+    /// The NAA designation descriptor itself.
+    pub(crate) fn naa_designator_full(&self) -> Designator {
         let (vs, ext) = naa_parts(self.cfg.naa_id);
-        Designator::naa_registered_extended(self.cfg.company_id, vs, ext).id
+        Designator::naa_registered_extended(self.cfg.company_id, vs, ext)
     }
 
     pub(crate) fn extended_copy(
@@ -276,7 +282,7 @@ impl LogicalUnit {
 
 /// Copies one segment: checks reservations, write protection and ranges of
 /// both units as if the nexus had sent the READ and WRITE itself.
-fn copy_segment(
+pub(crate) fn copy_segment(
     nexus: &ItNexus,
     src: &LogicalUnit,
     dst: &LogicalUnit,
