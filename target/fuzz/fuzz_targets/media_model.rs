@@ -1160,14 +1160,7 @@ impl Rig {
                 inactivity_timeout: 0,
                 ranges: src.clone(),
             });
-            let cdb = Cdb::TokenCopy {
-                service_action: 0x10,
-                list_identifier: 1,
-                parameter_list_length: p.len() as u32,
-                group: 0,
-            }
-            .encode();
-            let r = self.run(&cdb, &p, 0);
+            let r = self.run(&token_cdb(0x10, 1, &p), &p, 0);
             if !src_fit || overlapping(&src) {
                 self.expect_refused_past_end(&r, "POPULATE TOKEN of bad ranges");
                 return;
@@ -1189,13 +1182,7 @@ impl Rig {
             token: token.clone(),
             ranges: dst.clone(),
         });
-        let cdb = Cdb::TokenCopy {
-            service_action: 0x11,
-            list_identifier: 2,
-            parameter_list_length: p.len() as u32,
-            group: 0,
-        }
-        .encode();
+        let cdb = token_cdb(0x11, 2, &p);
         let r = self.run(&cdb, &p, 0);
         let d_blocks = Self::flat(&dst);
         let source: Option<Vec<u64>> = if zero {
@@ -1496,3 +1483,14 @@ fuzz_target!(|input: Input| {
         rig.step(op);
     }
 });
+
+/// POPULATE TOKEN (10h) or WRITE USING TOKEN (11h) with parameter list `p`.
+fn token_cdb(service_action: u8, list_identifier: u32, p: &[u8]) -> Vec<u8> {
+    Cdb::TokenCopy {
+        service_action,
+        list_identifier,
+        parameter_list_length: p.len() as u32,
+        group: 0,
+    }
+    .encode()
+}

@@ -19,6 +19,7 @@ mod lun_table;
 mod mode;
 mod opcodes;
 mod outcome;
+mod param_bytes;
 mod range_lock;
 pub mod read_plan;
 mod read_write;

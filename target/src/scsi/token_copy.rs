@@ -25,7 +25,7 @@
 //! to delete it. The table of live tokens is bounded
 //! ([`MAX_TOKENS`] per target, least recently used dropped first).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,8 @@ use tracing::{info, warn};
 
 use super::logical_unit::LogicalUnit;
 use super::outcome::{illegal, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure};
-use super::xcopy::{self, copy_segment};
+use super::param_bytes::{be16, be32, be64};
+use super::xcopy::{self, copy_segment, ListResults};
 use super::{ItNexus, LunTable};
 
 /// Bytes of a ROD token (SPC-4 8.3.1: ROD TOKEN LENGTH 01F8h).
@@ -55,9 +56,6 @@ pub const DEFAULT_INACTIVITY_SECS: u32 = 60;
 pub const MAX_INACTIVITY_SECS: u32 = 600;
 /// Live tokens one target keeps.
 pub const MAX_TOKENS: usize = 1024;
-/// Finished token operations remembered per unit for RECEIVE ROD TOKEN
-/// INFORMATION.
-const MAX_RESULTS: usize = 64;
 
 /// POPULATE TOKEN's parameter list header, before the range descriptors.
 const PT_HEADER: usize = 16;
@@ -65,24 +63,6 @@ const PT_HEADER: usize = 16;
 const WUT_HEADER: usize = 536;
 /// One block device range descriptor.
 const RANGE_LEN: usize = 16;
-
-fn be16(b: &[u8], o: usize) -> usize {
-    b.get(o..o + 2)
-        .map_or(0, |x| usize::from(u16::from_be_bytes([x[0], x[1]])))
-}
-
-fn be32(b: &[u8], o: usize) -> u32 {
-    b.get(o..o + 4)
-        .map_or(0, |x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
-}
-
-fn be64(b: &[u8], o: usize) -> u64 {
-    b.get(o..o + 8).map_or(0, |x| {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(x);
-        u64::from_be_bytes(a)
-    })
-}
 
 /// One block device range descriptor: `blocks` blocks from `lba`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,21 +138,27 @@ fn parse_ranges(
     Ok(ranges)
 }
 
+/// Checks a token command's parameter list lengths against each other and
+/// against the bytes that came: the list holds its `header`, its DATA
+/// LENGTH (bytes 0-1, counting the bytes after itself) fits in it, and the
+/// BLOCK DEVICE RANGE DESCRIPTOR LENGTH at `ranges_field` fits in that.
+/// Returns the range descriptor length.
+fn checked_lengths(p: &[u8], header: usize, ranges_field: usize) -> Result<usize, Failure> {
+    if p.len() < header || be16(p, 0) + 2 > p.len() {
+        return Err(param_length());
+    }
+    let ranges_len = be16(p, ranges_field);
+    if header + ranges_len > be16(p, 0) + 2 {
+        return Err(invalid_param(ranges_field as u16, None));
+    }
+    Ok(ranges_len)
+}
+
 /// Parses POPULATE TOKEN's parameter list (`p` is exactly PARAMETER LIST
 /// LENGTH bytes). Lengths are checked against each other and against `p`
 /// before any is trusted.
 pub(crate) fn parse_populate_token(p: &[u8]) -> Result<PopulateTokenParams, Failure> {
-    if p.len() < PT_HEADER {
-        return Err(param_length());
-    }
-    // POPULATE TOKEN DATA LENGTH counts the bytes after itself.
-    if be16(p, 0) + 2 > p.len() {
-        return Err(param_length());
-    }
-    let ranges_len = be16(p, 14);
-    if PT_HEADER + ranges_len > be16(p, 0) + 2 {
-        return Err(invalid_param(14, None));
-    }
+    let ranges_len = checked_lengths(p, PT_HEADER, 14)?;
     let rtv = p[2] & 0x02 != 0;
     Ok(PopulateTokenParams {
         immed: p[2] & 0x01 != 0,
@@ -184,16 +170,7 @@ pub(crate) fn parse_populate_token(p: &[u8]) -> Result<PopulateTokenParams, Fail
 
 /// Parses WRITE USING TOKEN's parameter list.
 pub(crate) fn parse_write_using_token(p: &[u8]) -> Result<WriteUsingTokenParams, Failure> {
-    if p.len() < WUT_HEADER {
-        return Err(param_length());
-    }
-    if be16(p, 0) + 2 > p.len() {
-        return Err(param_length());
-    }
-    let ranges_len = be16(p, 534);
-    if WUT_HEADER + ranges_len > be16(p, 0) + 2 {
-        return Err(invalid_param(534, None));
-    }
+    let ranges_len = checked_lengths(p, WUT_HEADER, 534)?;
     let mut token = Box::new([0u8; TOKEN_LEN]);
     token.copy_from_slice(&p[16..16 + TOKEN_LEN]);
     Ok(WriteUsingTokenParams {
@@ -449,7 +426,7 @@ fn expired(h: &HeldToken, now: Instant) -> bool {
 /// The outcome of one POPULATE TOKEN or WRITE USING TOKEN, kept for
 /// RECEIVE ROD TOKEN INFORMATION.
 #[derive(Debug, Clone)]
-struct TokenOpResult {
+pub(crate) struct TokenOpResult {
     /// 10h POPULATE TOKEN, 11h WRITE USING TOKEN.
     service_action: u8,
     /// Why it failed, or None.
@@ -460,28 +437,8 @@ struct TokenOpResult {
     token: Option<Box<[u8; TOKEN_LEN]>>,
 }
 
-/// Finished token operations of one unit, by nexus and LIST IDENTIFIER.
-#[derive(Debug, Default)]
-pub(crate) struct TokenOpResults {
-    done: VecDeque<(ItNexus, u32, TokenOpResult)>,
-}
-
-impl TokenOpResults {
-    fn record(&mut self, nexus: &ItNexus, id: u32, r: TokenOpResult) {
-        self.done.retain(|(n, i, _)| !(n == nexus && *i == id));
-        if self.done.len() == MAX_RESULTS {
-            self.done.pop_front();
-        }
-        self.done.push_back((nexus.clone(), id, r));
-    }
-
-    fn get(&self, nexus: &ItNexus, id: u32) -> Option<&TokenOpResult> {
-        self.done
-            .iter()
-            .find(|(n, i, _)| n == nexus && *i == id)
-            .map(|(_, _, r)| r)
-    }
-}
+/// POPULATE TOKEN and WRITE USING TOKEN results of one unit.
+pub(crate) type TokenOpResults = ListResults<u32, TokenOpResult>;
 
 /// The sense data of a failure, for RECEIVE ROD TOKEN INFORMATION.
 fn failure_sense(f: &Failure) -> Option<Sense> {

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::identity::naa_parts;
 use super::logical_unit::LogicalUnit;
 use super::outcome::{illegal, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure};
+use super::param_bytes::{be16, be32, be64};
 use super::{ItNexus, LunTable};
 
 /// Limits advertised in RECEIVE COPY OPERATING PARAMETERS.
@@ -28,39 +29,53 @@ pub(crate) const MAX_LIST_LENGTH: usize =
 pub(crate) const MAX_SEGMENT_BYTES: u32 = 256 << 20;
 /// Bytes moved per read/write step.
 const CHUNK: usize = 1 << 20;
-/// Finished copies remembered per unit for RECEIVE COPY STATUS.
+/// Finished operations remembered per unit for RECEIVE COPY RESULTS.
 const MAX_RESULTS: usize = 64;
 
 /// Outcome of one finished copy.
 #[derive(Debug, Clone, Copy)]
-struct CopyStatus {
+pub(crate) struct CopyStatus {
     ok: bool,
     segments: u16,
     bytes: u64,
 }
 
-/// Results of finished copy operations, by nexus and list identifier.
-#[derive(Debug, Default)]
-pub(crate) struct CopyResults {
-    done: VecDeque<(ItNexus, u8, CopyStatus)>,
+/// Results of finished copy operations, by nexus and LIST IDENTIFIER (one
+/// byte for EXTENDED COPY (LID1), four for the token commands): the last
+/// [`MAX_RESULTS`] per unit, a list identifier used again replacing its
+/// result.
+#[derive(Debug)]
+pub(crate) struct ListResults<Id, R> {
+    done: VecDeque<(ItNexus, Id, R)>,
 }
 
-impl CopyResults {
-    fn record(&mut self, nexus: &ItNexus, id: u8, st: CopyStatus) {
+impl<Id, R> Default for ListResults<Id, R> {
+    fn default() -> Self {
+        ListResults {
+            done: VecDeque::new(),
+        }
+    }
+}
+
+impl<Id: PartialEq + Copy, R> ListResults<Id, R> {
+    pub(crate) fn record(&mut self, nexus: &ItNexus, id: Id, r: R) {
         self.done.retain(|(n, i, _)| !(n == nexus && *i == id));
         if self.done.len() == MAX_RESULTS {
             self.done.pop_front();
         }
-        self.done.push_back((nexus.clone(), id, st));
+        self.done.push_back((nexus.clone(), id, r));
     }
 
-    fn get(&self, nexus: &ItNexus, id: u8) -> Option<CopyStatus> {
+    pub(crate) fn get(&self, nexus: &ItNexus, id: Id) -> Option<&R> {
         self.done
             .iter()
             .find(|(n, i, _)| n == nexus && *i == id)
-            .map(|(_, _, s)| *s)
+            .map(|(_, _, r)| r)
     }
 }
+
+/// EXTENDED COPY (LID1) results.
+pub(crate) type CopyResults = ListResults<u8, CopyStatus>;
 
 /// UNREACHABLE COPY TARGET (08h/04h).
 const UNREACHABLE_COPY_TARGET: Asc = Asc::new(0x08, 0x04);
@@ -68,24 +83,6 @@ const UNREACHABLE_COPY_TARGET: Asc = Asc::new(0x08, 0x04);
 /// COPY ABORTED with the given ASC.
 fn copy_aborted(code: Asc) -> Failure {
     Failure::Check(Sense::new(SenseKey::CopyAborted, code))
-}
-
-fn be16(b: &[u8], o: usize) -> usize {
-    b.get(o..o + 2)
-        .map_or(0, |x| usize::from(u16::from_be_bytes([x[0], x[1]])))
-}
-
-fn be32(b: &[u8], o: usize) -> u32 {
-    b.get(o..o + 4)
-        .map_or(0, |x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
-}
-
-fn be64(b: &[u8], o: usize) -> u64 {
-    b.get(o..o + 8).map_or(0, |x| {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(x);
-        u64::from_be_bytes(a)
-    })
 }
 
 impl LogicalUnit {
@@ -241,7 +238,12 @@ impl LogicalUnit {
         match service_action {
             // RECEIVE COPY STATUS (LID1).
             0x00 => {
-                let Some(st) = self.lock().copies.get(nexus, list_identifier as u8) else {
+                let Some(st) = self
+                    .lock()
+                    .copies
+                    .get(nexus, list_identifier as u8)
+                    .copied()
+                else {
                     return Err(invalid_cdb(2, None));
                 };
                 d.extend_from_slice(&8u32.to_be_bytes());
