@@ -421,6 +421,29 @@ fn reservations_fence_token_copies_like_reads_and_writes() {
         write_using(&t, &b, 1, 2, &tok, 0, false, &[(0, 4)]).status,
         GOOD
     );
+    // A token made before its unit was reserved by another host: the
+    // source is read as the nexus using the token, so A is fenced off it.
+    pr(&b, 0, PrOutAction::Release, 0xb, 3);
+    assert_eq!(populate(&t, &a, 0, 3, &[(8, 4)]).status, GOOD);
+    let early = token_of(&t, &a, 0, 3);
+    pr(&b, 0, PrOutAction::Reserve, 0xb, 3);
+    pr(&b, 1, PrOutAction::Release, 0xb, 1);
+    assert_eq!(
+        write_using(&t, &a, 1, 4, &early, 0, false, &[(0, 4)]).status,
+        CONFLICT
+    );
+    // RECEIVE ROD TOKEN INFORMATION says so: completed with errors, ended
+    // in RESERVATION CONFLICT, no sense data, nothing written.
+    let st = rrti(&t, &a, 1, 4);
+    assert_eq!(
+        (
+            st.data_in[5],
+            st.data_in[12],
+            st.data_in[13],
+            st.data_in[23]
+        ),
+        (0x02, CONFLICT, 0, 0)
+    );
 }
 
 #[test]

@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use blockwire_pdu::scsi::opcode::copy_out;
-use blockwire_pdu::scsi::{Asc, DesignatorId, Sense, SenseFormat};
+use blockwire_pdu::scsi::{Asc, DesignatorId, SenseFormat};
 use tracing::{info, warn};
 
 use super::logical_unit::LogicalUnit;
@@ -367,20 +367,22 @@ impl RodTokens {
         token: &[u8; TOKEN_LEN],
         now: Instant,
     ) -> Result<TokenSource, TokenRefusal> {
-        if be16(token, 6) != TOKEN_LEN - 8 {
-            return Err(TokenRefusal::InvalidLength);
-        }
+        // The zero token is known by its ROD type alone (its other bytes
+        // are all zero but for ROD TOKEN LENGTH).
         match be32(token, 0) {
             ROD_TYPE_BLOCK_ZERO => return Ok(TokenSource::Zeros),
             ROD_TYPE_ACCESS_UPON_REFERENCE => {}
             _ => return Err(TokenRefusal::UnsupportedType),
+        }
+        if be16(token, 6) != TOKEN_LEN - 8 {
+            return Err(TokenRefusal::InvalidLength);
         }
         let id = be64(token, 8);
         let mut t = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let Some(h) = t.by_id.get_mut(&id) else {
             return Err(TokenRefusal::Unknown);
         };
-        if h.bytes[..] != token[..] {
+        if !same_bytes(&h.bytes, token) {
             return Err(TokenRefusal::Corrupt);
         }
         if expired(h, now) {
@@ -399,7 +401,10 @@ impl RodTokens {
     pub(crate) fn delete(&self, token: &[u8; TOKEN_LEN]) {
         let id = be64(token, 8);
         let mut t = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if t.by_id.get(&id).is_some_and(|h| h.bytes[..] == token[..]) {
+        if t.by_id
+            .get(&id)
+            .is_some_and(|h| same_bytes(&h.bytes, token))
+        {
             t.by_id.remove(&id);
         }
     }
@@ -419,6 +424,12 @@ impl RodTokens {
     }
 }
 
+/// Whether two tokens are the same, in time that does not depend on where
+/// they differ (a host learns nothing of the secret part by timing).
+fn same_bytes(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
 fn expired(h: &HeldToken, now: Instant) -> bool {
     now.saturating_duration_since(h.last_use) > h.inactivity
 }
@@ -430,7 +441,7 @@ pub(crate) struct TokenOpResult {
     /// 10h POPULATE TOKEN, 11h WRITE USING TOKEN.
     service_action: u8,
     /// Why it failed, or None.
-    failure: Option<Sense>,
+    failure: Option<Failure>,
     /// Blocks the token stands for (POPULATE TOKEN) or written (WRITE
     /// USING TOKEN).
     transfer_blocks: u64,
@@ -439,14 +450,6 @@ pub(crate) struct TokenOpResult {
 
 /// POPULATE TOKEN and WRITE USING TOKEN results of one unit.
 pub(crate) type TokenOpResults = ListResults<u32, TokenOpResult>;
-
-/// The sense data of a failure, for RECEIVE ROD TOKEN INFORMATION.
-fn failure_sense(f: &Failure) -> Option<Sense> {
-    match f {
-        Failure::Check(s) => Some(s.clone()),
-        _ => None,
-    }
-}
 
 impl LogicalUnit {
     /// The 32-byte identification CSCD descriptor (E4h) naming this unit by
@@ -488,7 +491,7 @@ impl LogicalUnit {
         let result = self.populate_token_inner(nexus, table, parameter_list_length, data_out);
         let (failure, transfer_blocks, token) = match &result {
             Ok((blocks, token)) => (None, *blocks, Some(token.clone())),
-            Err(f) => (failure_sense(f), 0, None),
+            Err(f) => (Some(f.clone()), 0, None),
         };
         self.lock().token_ops.record(
             nexus,
@@ -563,7 +566,7 @@ impl LogicalUnit {
             data_out,
             &mut written,
         );
-        let failure = result.as_ref().err().and_then(failure_sense);
+        let failure = result.as_ref().err().cloned();
         self.lock().token_ops.record(
             nexus,
             list_id,
@@ -687,11 +690,11 @@ impl LogicalUnit {
         let Some(r) = st.token_ops.get(nexus, list_id) else {
             return Err(invalid_cdb(2, None));
         };
-        let sense = r
-            .failure
-            .as_ref()
-            .map(|s| s.encode(format))
-            .unwrap_or_default();
+        let (status, sense) = match &r.failure {
+            None => (0x00, Vec::new()),
+            Some(Failure::Check(s)) => (0x02, s.encode(format)),
+            Some(Failure::Conflict) => (0x18, Vec::new()),
+        };
         let sense = &sense[..sense.len().min(255)];
         let mut d = vec![0u8; 32];
         d[4] = r.service_action;
@@ -699,8 +702,8 @@ impl LogicalUnit {
         // errors (SPC-4 6.18.3). Nothing runs in the background here.
         d[5] = if r.failure.is_some() { 0x02 } else { 0x01 };
         // EXTENDED COPY COMPLETION STATUS: the SCSI status the operation
-        // ended with.
-        d[12] = if r.failure.is_some() { 0x02 } else { 0x00 };
+        // ended with (CHECK CONDITION, RESERVATION CONFLICT).
+        d[12] = status;
         d[13] = sense.len() as u8;
         d[14] = sense.len() as u8;
         // TRANSFER COUNT UNITS F1h: logical blocks.
