@@ -564,8 +564,54 @@ fn a_prometheus_server_scrapes_the_lun_traffic() {
         ))
         .expect("a quantile");
     assert!(p99 > 0.0 && p99.is_finite(), "p99 {p99}");
+    // docs/metrics.md's per-host latency query, as the page writes it,
+    // answers for a host that writes while logged in (a host's series go
+    // with its last session).
+    let host = rt.block_on(logged_in(portal, "iqn.2026-11.test:host-p", 7));
+    // rate() needs the host's series scraped before its WRITEs too.
+    let seen = "sum(blockwire_initiator_sessions{initiator=\"iqn.2026-11.test:host-p\"})";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while prom.query(seen) != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never saw host-p's session"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    rt.block_on(io(&host, 0, 4, 0));
+    let per_host = documented_per_host_query();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match prom.query(&per_host) {
+            Some(v) if v > 0.0 && v.is_finite() => break,
+            got => assert!(
+                Instant::now() < deadline,
+                "docs/metrics.md's query `{per_host}` answers {got:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    rt.block_on(host.logout()).expect("logout");
     drop(prom);
     drop(d);
+}
+
+/// The per-host latency query docs/metrics.md gives, joined from its
+/// indented lines.
+fn documented_per_host_query() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
+        .expect("docs/metrics.md");
+    let lines: Vec<&str> = doc.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("    histogram_quantile(0.99, sum by (initiator, le)"))
+        .expect("docs/metrics.md gives the per-host latency query");
+    lines[at..]
+        .iter()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| l.trim())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// An iSER portal on the soft RDMA provider (`iser_listen`, on another
