@@ -190,6 +190,20 @@ impl LuState {
     }
 }
 
+impl LogicalUnit {
+    /// Whether a copy may read or write this unit's medium now, as a READ
+    /// sent to it would be answered: not while a sanitize runs or has
+    /// failed, with the medium out, or with its saved reservations
+    /// unreadable. A copy between units reaches the unit it does not run on
+    /// without a command of its own, so it asks here.
+    pub(crate) fn ready_for_copy(&self) -> Result<(), Failure> {
+        match self.lock().not_ready(op::READ_16, &[op::READ_16], true) {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+}
+
 /// NOT READY, LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED: the
 /// saved persistent reservations could not be read back (see
 /// [`super::reservations::Reservations::load`]).

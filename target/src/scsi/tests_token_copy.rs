@@ -311,6 +311,43 @@ fn a_token_whose_unit_left_the_target_is_revoked() {
 }
 
 #[test]
+fn a_token_of_a_unit_whose_medium_is_out_is_not_read() {
+    // The copy runs on LUN 1; LUN 0, the token's unit, answers no command
+    // of its own, so the copy asks it whether it can be read.
+    let a = nexus("iqn.a");
+    let t = LunTable::new(vec![
+        (0, {
+            let mut c = LuConfig::new(Arc::new(crate::backstore::RamBackstore::new(1 << 20)));
+            let (serial, naa) = stable_identity("iqn.t", 0);
+            c.serial = serial;
+            c.naa_id = naa;
+            c.removable = true;
+            Arc::new(LogicalUnit::new(c))
+        }),
+        (1, unit(1)),
+    ]);
+    for lun in [0, 1] {
+        while on(&t, &a, lun, &c(Cdb::TestUnitReady), &[], 0).status != GOOD {}
+    }
+    write_at(&t, &a, 1, 0, &pattern(2, 4));
+    assert_eq!(populate(&t, &a, 0, 1, &[(0, 4)]).status, GOOD);
+    let tok = token_of(&t, &a, 0, 1);
+    let eject = c(Cdb::StartStopUnit {
+        immed: false,
+        power_condition_modifier: 0,
+        power_condition: 0,
+        no_flush: false,
+        loej: true,
+        start: false,
+    });
+    assert_eq!(on(&t, &a, 0, &eject, &[], 0).status, GOOD);
+    let r = write_using(&t, &a, 1, 2, &tok, 0, false, &[(0, 4)]);
+    let s = expect_check(&r, SenseKey::CopyAborted, Asc::NO_ADDITIONAL_SENSE);
+    assert_eq!(s.command_specific, Some(0x3a00), "MEDIUM NOT PRESENT");
+    assert_eq!(read_at(&t, &a, 1, 0, 4), pattern(2, 4), "nothing written");
+}
+
+#[test]
 fn ranges_are_checked_before_anything_moves() {
     let a = nexus("iqn.a");
     let t = two_units(&[&a]);

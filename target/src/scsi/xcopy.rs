@@ -309,7 +309,8 @@ pub(crate) fn copy_segment(
         },
     )?;
     dst.reservation_check(nexus, &Cdb::Write(rw(dlba)))?;
-    // A range or protection problem of a copy target aborts the copy
+    // A copy target not ready (sanitize, medium out), or a range or
+    // protection problem of one, aborts the copy
     // (SPC-4 6.4.5): COPY ABORTED; the copy target's own reason (LBA OUT OF
     // RANGE, WRITE PROTECTED) goes in the COMMAND-SPECIFIC INFORMATION
     // field as ASC/ASCQ, the outer code is NO ADDITIONAL SENSE INFORMATION.
@@ -322,6 +323,8 @@ pub(crate) fn copy_segment(
         }
         other => other,
     };
+    src.ready_for_copy().map_err(abort_with)?;
+    dst.ready_for_copy().map_err(abort_with)?;
     src.check_range(slba, blocks).map_err(abort_with)?;
     dst.check_range(dlba, blocks).map_err(abort_with)?;
     dst.check_writable().map_err(abort_with)?;
