@@ -30,8 +30,20 @@ pub(crate) fn table() -> LunTable {
 }
 
 pub(crate) fn run(t: &LunTable, n: &ItNexus, cdb: &[u8], out: &[u8], cap: u32) -> ScsiResult {
+    on(t, n, 0, cdb, out, cap)
+}
+
+/// `cdb` to LUN `lun` of `t` from nexus `n`.
+pub(crate) fn on(
+    t: &LunTable,
+    n: &ItNexus,
+    lun: u16,
+    cdb: &[u8],
+    out: &[u8],
+    cap: u32,
+) -> ScsiResult {
     t.execute(&ScsiRequest {
-        lun: 0,
+        lun,
         cdb,
         nexus: n,
         task_tag: 1,

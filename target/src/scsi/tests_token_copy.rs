@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blockwire_pdu::pdu::codes::TaskAttr;
 use blockwire_pdu::scsi::opcode::copy_out;
 use blockwire_pdu::scsi::{Asc, Cdb, CdbSize, PrOutAction, SenseKey, Vpd, VpdPage};
 use proptest::prelude::*;
@@ -31,19 +30,6 @@ fn two_units(hosts: &[&ItNexus]) -> LunTable {
         }
     }
     t
-}
-
-fn on(t: &LunTable, n: &ItNexus, lun: u16, cdb: &[u8], out: &[u8], cap: u32) -> ScsiResult {
-    t.execute(&ScsiRequest {
-        lun,
-        cdb,
-        nexus: n,
-        task_tag: 1,
-        attr: TaskAttr::Simple,
-        data_out: out,
-        data_in_capacity: cap,
-        initiator_stats: None,
-    })
 }
 
 fn write_at(t: &LunTable, n: &ItNexus, lun: u16, lba: u64, data: &[u8]) {

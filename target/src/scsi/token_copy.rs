@@ -125,7 +125,7 @@ impl LogicalUnit {
             Ok((blocks, token)) => (None, *blocks, Some(token.clone())),
             Err(f) => (Some(f.clone()), 0, None),
         };
-        self.lock().token_ops.record(
+        self.record_token_op(
             nexus,
             list_id,
             TokenOpResult {
@@ -135,8 +135,19 @@ impl LogicalUnit {
                 token,
             },
         );
-        info!(initiator = %nexus.initiator_port, list_id, blocks = transfer_blocks, ok = result.is_ok(), "populate token");
         result.map(|_| Done::out(u64::from(parameter_list_length)))
+    }
+
+    /// Keeps a token command's outcome for RECEIVE ROD TOKEN INFORMATION,
+    /// and logs it.
+    fn record_token_op(&self, nexus: &ItNexus, list_id: u32, op: TokenOpResult) {
+        let what = if op.service_action == copy_out::POPULATE_TOKEN {
+            "populate token"
+        } else {
+            "write using token"
+        };
+        info!(initiator = %nexus.initiator_port, list_id, blocks = op.transfer_blocks, ok = op.failure.is_none(), "{what}");
+        self.lock().token_ops.record(nexus, list_id, op);
     }
 
     fn populate_token_inner(
@@ -199,7 +210,7 @@ impl LogicalUnit {
             &mut written,
         );
         let failure = result.as_ref().err().cloned();
-        self.lock().token_ops.record(
+        self.record_token_op(
             nexus,
             list_id,
             TokenOpResult {
@@ -209,7 +220,6 @@ impl LogicalUnit {
                 token: None,
             },
         );
-        info!(initiator = %nexus.initiator_port, list_id, blocks = written, ok = result.is_ok(), "write using token");
         result.map(|_| Done::out(u64::from(parameter_list_length)))
     }
 
