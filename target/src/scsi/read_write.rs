@@ -103,14 +103,14 @@ impl LogicalUnit {
             })
     }
 
-    /// Zeros over `zeros.len()` bytes at `lba` (the backstore may do it
-    /// without moving the bytes).
-    fn zero_blocks(&self, lba: u64, zeros: &[u8]) -> Result<(), Failure> {
+    /// Zeros over `len` bytes at `lba` (the backstore may do it without
+    /// moving the bytes).
+    pub(crate) fn zero_blocks(&self, lba: u64, len: u64) -> Result<(), Failure> {
         self.cfg
             .backstore
-            .write_zeroes(self.offset(lba), zeros.len() as u64)
+            .write_zeroes(self.offset(lba), len)
             .map_err(|e| {
-                warn!(lba, len = zeros.len(), error = %e, "backstore write zeroes failed");
+                warn!(lba, len, error = %e, "backstore write zeroes failed");
                 backstore_failure(&e, true, lba)
             })
     }
@@ -374,7 +374,7 @@ impl LogicalUnit {
                 let n = (end - at).min((run.len() / bs) as u64) as usize;
                 let piece = run.get(..n * bs).unwrap_or_default();
                 if all_zero {
-                    self.zero_blocks(at, piece)?;
+                    self.zero_blocks(at, piece.len() as u64)?;
                 } else {
                     self.write_blocks(at, piece)?;
                 }

@@ -29,11 +29,11 @@ use std::time::{Duration, Instant};
 
 use blockwire_pdu::scsi::opcode::copy_out;
 use blockwire_pdu::scsi::{Asc, SenseFormat};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::logical_unit::LogicalUnit;
 use super::outcome::{illegal, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure};
-use super::xcopy::{self, copy_segment, ListResults};
+use super::xcopy::{self, copy_segment, read_cdb, write_cdb, ListResults};
 use super::{ItNexus, LunTable};
 
 mod params;
@@ -295,22 +295,17 @@ impl LogicalUnit {
         Ok(())
     }
 
-    /// Writes zeros over `blocks` blocks from `lba`, a MiB at a time.
+    /// Writes zeros over `blocks` blocks from `lba`, a MiB at a time, as
+    /// WRITE SAME of a zero block does (the backstore's `write_zeroes`,
+    /// which may not move the bytes).
     fn write_zeros(&self, lba: u64, blocks: u64) -> Result<(), Failure> {
         let bs = u64::from(self.cfg.block_size);
         let per = ((1 << 20) / bs).max(1);
-        let zeros = vec![0u8; (per.min(blocks.max(1)) * bs) as usize];
         let mut done = 0;
         while done < blocks {
             let n = (blocks - done).min(per);
             let _g = self.ranges.shared(lba + done, lba + done + n);
-            self.cfg
-                .backstore
-                .write_at((lba + done) * bs, &zeros[..(n * bs) as usize])
-                .map_err(|e| {
-                    warn!(lba = lba + done, error = %e, "write using token: zeroing failed");
-                    super::outcome::io_failure(true, lba + done)
-                })?;
+            self.zero_blocks(lba + done, n * bs)?;
             done += n;
         }
         self.persist(lba, false)
@@ -504,27 +499,4 @@ pub(crate) fn pair_ranges(
         }
     }
     out
-}
-
-fn read_cdb(lba: u64) -> blockwire_pdu::scsi::Cdb {
-    blockwire_pdu::scsi::Cdb::Read {
-        rw: rw16(lba),
-        rarc: false,
-    }
-}
-
-fn write_cdb(lba: u64) -> blockwire_pdu::scsi::Cdb {
-    blockwire_pdu::scsi::Cdb::Write(rw16(lba))
-}
-
-fn rw16(lba: u64) -> blockwire_pdu::scsi::Rw {
-    blockwire_pdu::scsi::Rw {
-        size: blockwire_pdu::scsi::CdbSize::Sixteen,
-        lba,
-        length: 1,
-        protect: 0,
-        dpo: false,
-        fua: false,
-        group: 0,
-    }
 }

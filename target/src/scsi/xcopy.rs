@@ -292,23 +292,8 @@ pub(crate) fn copy_segment(
     dlba: u64,
     blocks: u64,
 ) -> Result<(), Failure> {
-    let rw = |lba| Rw {
-        size: CdbSize::Sixteen,
-        lba,
-        length: 1,
-        protect: 0,
-        dpo: false,
-        fua: false,
-        group: 0,
-    };
-    src.reservation_check(
-        nexus,
-        &Cdb::Read {
-            rw: rw(slba),
-            rarc: false,
-        },
-    )?;
-    dst.reservation_check(nexus, &Cdb::Write(rw(dlba)))?;
+    src.reservation_check(nexus, &read_cdb(slba))?;
+    dst.reservation_check(nexus, &write_cdb(dlba))?;
     // A copy target not ready (sanitize, medium out), or a range or
     // protection problem of one, aborts the copy
     // (SPC-4 6.4.5): COPY ABORTED; the copy target's own reason (LBA OUT OF
@@ -354,4 +339,30 @@ pub(crate) fn copy_segment(
     }
     dst.persist(dlba, false)?;
     Ok(())
+}
+
+/// A READ of one block at `lba`: what a copy's source range is checked
+/// against reservations as.
+pub(crate) fn read_cdb(lba: u64) -> Cdb {
+    Cdb::Read {
+        rw: one_block(lba),
+        rarc: false,
+    }
+}
+
+/// A WRITE of one block at `lba`, for a copy's destination range.
+pub(crate) fn write_cdb(lba: u64) -> Cdb {
+    Cdb::Write(one_block(lba))
+}
+
+fn one_block(lba: u64) -> Rw {
+    Rw {
+        size: CdbSize::Sixteen,
+        lba,
+        length: 1,
+        protect: 0,
+        dpo: false,
+        fua: false,
+        group: 0,
+    }
 }
