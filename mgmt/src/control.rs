@@ -62,6 +62,11 @@ pub const METHODS: &[Method] = &[
         summary: "sessions: initiator, ISID, TSIH, target, portal, TPGT, negotiated parameters, and the initiator's READ/WRITE totals on the target",
     },
     Method {
+        name: "isns.status",
+        params: "",
+        summary: "the iSNS registration ([isns]): server, entity, state, targets and portals registered, period granted, last error",
+    },
+    Method {
         name: "portal.list",
         params: "",
         summary: "portals: listen address, TPGT, open or closed, connections",
@@ -557,6 +562,20 @@ impl Control {
                 Ok(json!({"listen": addr.to_string(), "open": true}))
             }
             "session.close" => self.session_close(parse(method, params)?),
+            "isns.status" => {
+                let NoParams {} = parse(method, params)?;
+                let client = self.live()?.isns().ok_or_else(|| {
+                    RpcError::new(
+                        code::NOT_FOUND,
+                        "no iSNS registration: the configuration has no [isns] server (see docs/isns.md)",
+                    )
+                })?;
+                let mut v = serde_json::to_value(client.status())
+                    .map_err(|e| RpcError::new(code::FAILED, e.to_string()))?;
+                v["server"] = json!(client.server());
+                v["entity"] = json!(client.entity());
+                Ok(v)
+            }
             other => self.call_edit(other, params).await,
         }
     }

@@ -7,6 +7,7 @@
 pub mod claims;
 pub mod config;
 pub mod control;
+pub mod isns;
 pub mod live;
 pub mod metrics;
 pub mod notify;

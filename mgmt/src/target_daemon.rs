@@ -209,7 +209,19 @@ pub async fn run(
     for (_, portal) in portals {
         portal_set.start(portal).await?;
     }
-    let live = Arc::new(Live::new(
+    // Registered once every portal listens: an initiator that learns of a
+    // portal from the server can connect to it.
+    let isns = built.isns.as_ref().map(|i| {
+        let wanted =
+            crate::isns::Registration::of(&i.entity, i.period_secs, &fabric.catalog(), &bound_at);
+        info!(server = %i.server, entity = %i.entity, "iSNS: registering the targets (RFC 4171)");
+        Arc::new(crate::isns::Client::start(
+            i.server.clone(),
+            wanted,
+            stop_tx.subscribe(),
+        ))
+    });
+    let mut live = Live::new(
         fabric.clone(),
         portal_set.clone(),
         opts,
@@ -217,7 +229,11 @@ pub async fn run(
         doc,
         bound_at,
         built.ram_lun_bytes,
-    ));
+    );
+    if let Some(c) = &isns {
+        live = live.with_isns(c.clone());
+    }
+    let live = Arc::new(live);
     let control_task = control_listener.map(|(path, listener)| {
         info!(socket = %path.display(), "control socket (JSON-RPC 2.0, one object per line; try: blockwire-target ctl --control {} lun.list)", path.display());
         let control = Arc::new(Control::new(
@@ -247,6 +263,10 @@ pub async fn run(
     info!("shutting down: asking initiators to log out");
     let _ = stop_tx.send(true);
     portal_set.join().await;
+    if let Some(c) = &isns {
+        // Deregistered: at most the answer timeout.
+        c.join().await;
+    }
     if let Some(t) = control_task {
         let _ = t.await;
     }

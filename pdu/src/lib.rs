@@ -2,8 +2,9 @@
 //!
 //! This crate is deterministic: it never touches sockets, files or clocks.
 //! It knows the iSCSI PDUs of RFC 7143, the iSER header of RFC 7145, the
-//! login/text keys and their negotiation, and the SCSI structures (CDBs,
-//! sense data, VPD pages) that a target and an initiator exchange.
+//! login/text keys and their negotiation, the iSNS messages of RFC 4171, and
+//! the SCSI structures (CDBs, sense data, VPD pages) that a target and an
+//! initiator exchange.
 //!
 //! Decoding never panics on any input, and every length read from the wire
 //! is checked against the buffer and the negotiated limits before use.
@@ -14,6 +15,7 @@ pub mod digest;
 mod error;
 pub(crate) mod framing;
 pub mod iser;
+pub mod isns;
 pub mod keys;
 pub mod pdu;
 pub mod scsi;

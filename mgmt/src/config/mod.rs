@@ -60,6 +60,39 @@ pub struct TargetConfig {
     /// The Prometheus metrics endpoint.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Registration with an iSNS server.
+    #[serde(default)]
+    pub isns: IsnsConfig,
+}
+
+/// `[isns]`: register the targets, their portals and portal groups with an
+/// iSNS server (RFC 4171; see docs/isns.md), so initiators find them with
+/// `iscsiadm -m discovery -t isns`. Off unless `server` is given.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct IsnsConfig {
+    /// HOST[:PORT] of the server; the port defaults to 3205.
+    pub server: Option<Spanned<String>>,
+    /// The Entity Identifier the targets are registered under (default:
+    /// this machine's host name). Two daemons registering with one server
+    /// need two names: each registration replaces its entity's.
+    pub entity: Option<Spanned<String>>,
+    /// The registration period asked for, in seconds (default 900): the
+    /// server forgets the targets this long after the daemon's last
+    /// message if it dies without deregistering. The daemon refreshes at
+    /// half the period the server grants.
+    pub registration_period_secs: Option<Spanned<u32>>,
+}
+
+/// `[isns]` checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsnsSettings {
+    /// HOST:PORT.
+    pub server: String,
+    /// The Entity Identifier.
+    pub entity: String,
+    /// The registration period asked for, in seconds.
+    pub period_secs: u32,
 }
 
 /// `[metrics]`: an HTTP endpoint serving Prometheus' text exposition
@@ -617,6 +650,8 @@ pub struct Built {
     pub control_socket: Option<PathBuf>,
     /// The Prometheus endpoint's address (`[metrics] listen`).
     pub metrics_listen: Option<SocketAddr>,
+    /// The iSNS server to register with (`[isns]`).
+    pub isns: Option<IsnsSettings>,
     /// `[fabric] ram_limit` in bytes (unset: the budget's default).
     pub ram_limit: Option<u64>,
     /// The sizes of the RAM LUNs, added up (0 with `--no-disk`).
@@ -1241,6 +1276,7 @@ impl TargetConfig {
                 )
             })?),
         };
+        let isns = isns_settings(&self.isns, ctx)?;
         Ok(Built {
             catalog: Arc::new(Catalog {
                 portal_groups,
@@ -1256,6 +1292,7 @@ impl TargetConfig {
             no_disk: ctx.no_disk,
             control_socket: self.control.socket,
             metrics_listen,
+            isns,
             ram_limit,
             ram_lun_bytes,
         })
@@ -1382,6 +1419,59 @@ fn fabric_settings(
 }
 
 /// `[fabric] ram_limit` in bytes, if set.
+/// The shortest and longest registration periods taken: a period of a few
+/// seconds would have the daemon refresh all the time; RFC 4171 §6.2.6
+/// gives the field 32 bits, and a day is long enough for a server to keep a
+/// dead entity.
+const ISNS_PERIOD_SECS: std::ops::RangeInclusive<u32> = 30..=86_400;
+
+fn isns_settings(i: &IsnsConfig, ctx: &Ctx<'_>) -> Result<Option<IsnsSettings>, ConfigError> {
+    let Some(server) = &i.server else {
+        if let Some(e) = &i.entity {
+            return Err(ctx.err(
+                e.span(),
+                "isns.entity",
+                "is set but isns.server is not: name the iSNS server to register with",
+            ));
+        }
+        return Ok(None);
+    };
+    let server = crate::isns::server_address(server.get_ref())
+        .map_err(|m| ctx.err(server.span(), "isns.server", m))?;
+    let entity = match &i.entity {
+        Some(e) => {
+            let v = e.get_ref();
+            // RFC 4171 §6.2.1: up to 255 bytes of UTF-8, NUL-terminated on the wire.
+            if v.is_empty() || v.len() > 255 || v.contains('\0') {
+                return Err(ctx.err(e.span(), "isns.entity", format!("{v:?}: give 1 to 255 bytes without NUL (the Entity Identifier, unique on the iSNS server)")));
+            }
+            v.clone()
+        }
+        None => crate::isns::default_entity(),
+    };
+    let period_secs = match &i.registration_period_secs {
+        Some(p) if !ISNS_PERIOD_SECS.contains(p.get_ref()) => {
+            return Err(ctx.err(
+                p.span(),
+                "isns.registration_period_secs",
+                format!(
+                    "{} is outside {}..={} seconds",
+                    p.get_ref(),
+                    ISNS_PERIOD_SECS.start(),
+                    ISNS_PERIOD_SECS.end()
+                ),
+            ))
+        }
+        Some(p) => *p.get_ref(),
+        None => crate::isns::DEFAULT_PERIOD_SECS,
+    };
+    Ok(Some(IsnsSettings {
+        server,
+        entity,
+        period_secs,
+    }))
+}
+
 fn ram_limit(f: &FabricConfig, ctx: &Ctx<'_>) -> Result<Option<u64>, ConfigError> {
     let Some(value) = &f.ram_limit else {
         return Ok(None);

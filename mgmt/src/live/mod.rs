@@ -78,6 +78,8 @@ pub struct Live {
     opts: LoadOptions,
     source: Source,
     running: tokio::sync::Mutex<Running>,
+    /// The iSNS registration, told of every change.
+    isns: Option<Arc<crate::isns::Client>>,
 }
 
 impl std::fmt::Debug for Live {
@@ -231,7 +233,19 @@ impl Live {
                 bound,
                 ram_lun_bytes,
             }),
+            isns: None,
         }
+    }
+
+    /// Tells `client` of every change from now on (`[isns]`).
+    pub fn with_isns(mut self, client: Arc<crate::isns::Client>) -> Live {
+        self.isns = Some(client);
+        self
+    }
+
+    /// The iSNS registration, if `[isns]` configured one.
+    pub fn isns(&self) -> Option<&Arc<crate::isns::Client>> {
+        self.isns.as_ref()
     }
 
     /// The running configuration as TOML.
@@ -605,7 +619,10 @@ impl Live {
                 ));
             }
         }
-        for section in ["fabric", "control", "metrics"] {
+        if let Some(isns) = &self.isns {
+            isns.serve(&catalog, &running.bound);
+        }
+        for section in ["fabric", "control", "metrics", "isns"] {
             if running.doc.get(section) != doc.get(section) {
                 applied.restart_needed.push(format!("[{section}]"));
             }
