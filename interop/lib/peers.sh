@@ -30,11 +30,13 @@
 #                                      ignores SIGTERM/SIGINT, and `tgtadm --op delete --mode
 #                                      system` refuses while targets exist), then remove its
 #                                      control socket /var/run/tgtd/socket.PORT{,.lock}
-#   iscsiadm_discover HOST:PORT [--chap USER PASS] [--mutual USER_IN PASS_IN]
+#   iscsiadm_discover HOST:PORT [--chap USER PASS] [--mutual USER_IN PASS_IN] [--isns]
 #                                      open-iscsi SendTargets discovery without the kernel
 #                                      (see /work/shared/INTEROP.md); prints iscsiadm's
 #                                      stdout, returns its exit code (24 = auth failure,
-#                                      19 = bad mutual-CHAP answer from the target)
+#                                      19 = bad mutual-CHAP answer from the target);
+#                                      --isns: ask the iSNS server at HOST:PORT instead
+#                                      (-m discovery -t isns; 21 = no target found)
 #
 # Everything a caller starts it must stop by PID, e.g.
 #   pid=$(start_tgtd "$port" "$tmp"); trap 'stop_tgtd "$port" "$pid"' EXIT
@@ -224,7 +226,7 @@ stop_tgtd() {
     return 0
 }
 
-# iscsiadm_discover HOST:PORT [--chap USER PASS] [--mutual USER_IN PASS_IN]
+# iscsiadm_discover HOST:PORT [--chap USER PASS] [--mutual USER_IN PASS_IN] [--isns]
 #
 # Runs inside a private mount namespace (unshare -m) so neither the host's sysfs view nor
 # its open-iscsi node database is touched:
@@ -236,11 +238,12 @@ stop_tgtd() {
 iscsiadm_discover() {
     local portal=$1
     shift
-    local user="" pass="" user_in="" pass_in=""
+    local user="" pass="" user_in="" pass_in="" isns=""
     while [ $# -gt 0 ]; do
         case $1 in
             --chap) user=$2 pass=$3; shift 3 ;;
             --mutual) user_in=$2 pass_in=$3; shift 3 ;;
+            --isns) isns=1; shift ;;
             *) echo "iscsiadm_discover: unknown argument $1" >&2; return 2 ;;
         esac
     done
@@ -252,7 +255,7 @@ iscsiadm_discover() {
     # The inner script gets everything as positional arguments (no quoting games).
     timeout 60 unshare -m --propagation private bash -c '
         set -u
-        portal=$1 scratch=$2 user=$3 pass=$4 user_in=$5 pass_in=$6
+        portal=$1 scratch=$2 user=$3 pass=$4 user_in=$5 pass_in=$6 isns=$7
         classes=$(ls /sys/class)
         mount -t tmpfs tmpfs /sys/class || exit 2
         for c in $classes; do mkdir -p "/sys/class/$c"; done
@@ -267,6 +270,9 @@ iscsiadm_discover() {
         ia -m iface -I tiface -o update -n iface.initiatorname \
             -v iqn.2026-11.io.blockwire:iscsiadm-test
         ia -m iface -I tiface -o update -n iface.transport_name -v tcp
+        if [ -n "$isns" ]; then
+            exec iscsiadm -m discovery -t isns -p "$portal" -I tiface
+        fi
         ia -m discoverydb -t sendtargets -p "$portal" -I tiface -o new
         upd() { ia -m discoverydb -t sendtargets -p "$portal" -I tiface -o update -n "$1" -v "$2"; }
         if [ -n "$user" ]; then
@@ -279,7 +285,7 @@ iscsiadm_discover() {
             upd discovery.sendtargets.auth.password_in "$pass_in"
         fi
         exec iscsiadm -m discoverydb -t sendtargets -p "$portal" -I tiface --discover
-    ' _ "$portal" "$scratch" "$user" "$pass" "$user_in" "$pass_in" || rc=$?
+    ' _ "$portal" "$scratch" "$user" "$pass" "$user_in" "$pass_in" "$isns" || rc=$?
     rm -rf "$scratch"
     return "$rc"
 }

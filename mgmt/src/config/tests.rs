@@ -765,6 +765,45 @@ fn metrics_listen_address_is_opt_in_and_checked() {
 }
 
 #[test]
+fn isns_registration_is_opt_in_and_checked() {
+    let lun = || one_lun("backstore = \"ram\"\nsize = \"1M\"\n");
+    let with = |isns: &str| TargetConfig::from_str("t.toml", &format!("[isns]\n{isns}\n{}", lun()));
+    assert_eq!(TargetConfig::from_str("t.toml", &lun()).unwrap().isns, None);
+    let b = with("server = \"192.0.2.1\"\nentity = \"rack-3\"\nregistration_period_secs = 60\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        b.isns,
+        Some(crate::config::IsnsSettings {
+            server: "192.0.2.1:3205".into(),
+            entity: "rack-3".into(),
+            period_secs: 60,
+        })
+    );
+    let b = with("server = \"isns.example:13205\"\n").unwrap();
+    let i = b.isns.unwrap();
+    assert_eq!(
+        (i.server.as_str(), i.period_secs),
+        ("isns.example:13205", 900)
+    );
+    assert!(!i.entity.is_empty(), "the host name by default");
+    for (isns, field, line) in [
+        ("server = \"host:0\"\n", "isns.server", "t.toml:2"),
+        ("entity = \"x\"\n", "isns.entity", "t.toml:2"),
+        ("server = \"h\"\nentity = \"\"\n", "isns.entity", "t.toml:3"),
+        (
+            "server = \"h\"\nregistration_period_secs = 5\n",
+            "isns.registration_period_secs",
+            "t.toml:3",
+        ),
+    ] {
+        let e = with(isns).unwrap_err().to_string();
+        assert!(e.contains(field) && e.contains(line), "{isns:?}: {e}");
+    }
+    let e = with("sever = \"h\"\n").unwrap_err().to_string();
+    assert!(e.contains("unknown field `sever`"), "{e}");
+}
+
+#[test]
 fn ram_limit_is_a_size_and_ram_luns_are_added_up() {
     let luns = "[[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
                 [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1G\"\n\n\
