@@ -12,6 +12,9 @@
 # Cases:
 #   registered        iscsiadm lists A on both portals with their tags and B on 127.0.0.2
 #                     only: exactly what SendTargets on either portal says
+#   blockwire initiator
+#                     blockwire's own `iscsiadm -m discovery -t isns` lists the same and
+#                     records the three nodes
 #   entity            isnsadm lists the entity by its configured name, and A's alias
 #   live change       target.add C (group 1) and target.remove B through the control
 #                     socket: iscsiadm lists C, no longer B
@@ -40,9 +43,11 @@ done
 # Enter a private network namespace once, with the release binary resolved outside it.
 if [ -z "${BW_ISNS_NETNS:-}" ]; then
     bin=$(blockwire_bin)
-    exec timeout 300 unshare -n env BW_ISNS_NETNS=1 BLOCKWIRE_BIN="$bin" bash "$0" "$@"
+    cli=$(blockwire_cli)
+    exec timeout 300 unshare -n env BW_ISNS_NETNS=1 BLOCKWIRE_BIN="$bin" BLOCKWIRE_CLI="$cli" bash "$0" "$@"
 fi
 bin=$BLOCKWIRE_BIN
+cli=$BLOCKWIRE_CLI
 ip link set lo up
 ip addr add 127.0.0.2/8 dev lo
 
@@ -197,6 +202,14 @@ ok=0
 [ "$got" = "$want" ] && [ "$st1" = "$want" ] && [ "$st2" = "$want" ] && ok=1
 report registered $ok "iSNS: $(oneline "$got")| SendTargets on 127.0.0.1: $(oneline "$st1")| on 127.0.0.2: $(oneline "$st2")"
 
+# blockwire's initiator: `blockwire iscsiadm -m discovery -t isns` lists what open-iscsi's
+# does, and records the nodes.
+bw_out=$("$cli" iscsiadm -m discovery -t isns -p 127.0.0.1 --config-dir "$tmp/nodes" 2>"$tmp/cli.err" | sort || true)
+records=$(find "$tmp/nodes/nodes" -mindepth 2 -maxdepth 2 -type f 2>/dev/null | wc -l)
+ok=0
+[ "$bw_out" = "$want" ] && [ "$records" = 3 ] && ok=1
+report "blockwire initiator" $ok "($records node records): $(oneline "$bw_out")$(oneline "$(cat "$tmp/cli.err")")"
+
 # entity: the configured Entity Identifier and A's alias on the server.
 ents=$(isnsadm -c "$tmp/isnsadm.conf" --list entities 2>/dev/null || true)
 nodes=$(isnsadm -c "$tmp/isnsadm.conf" --list nodes 2>/dev/null || true)
@@ -230,7 +243,9 @@ empty=$(isns_listing)
 got=$(wait_listing 15 "$want")
 regs_after=$(status_field registrations)
 ok=0
-[ -z "$empty" ] && [ "$got" = "$want" ] && [ "$regs_after" -gt "$regs_before" ] && ok=1
+# (Whether the first listing after the restart is empty depends on how soon the daemon
+# noticed: the new registration is what counts.)
+[ "$got" = "$want" ] && [ "$regs_after" -gt "$regs_before" ] && ok=1
 report "server restart" $ok "(empty right after: $([ -z "$empty" ] && echo yes || echo no); registrations $regs_before -> $regs_after): $(oneline "$got")"
 
 # shutdown: a clean exit deregisters the entity.

@@ -44,6 +44,7 @@ pub mod engine;
 mod error;
 pub mod iser;
 mod isid;
+pub mod isns;
 pub mod kernel_host;
 pub(crate) mod login;
 pub mod rdma;

@@ -351,7 +351,8 @@ struct IscsiadmArgs {
     /// Mode: discovery (or discoverydb).
     #[arg(short = 'm', long)]
     mode: String,
-    /// Discovery type: sendtargets (st).
+    /// Discovery type: sendtargets (st), or isns: ask the iSNS server at -p
+    /// (HOST[:PORT], port 3205 by default) which targets this initiator may see.
     #[arg(short = 't', long = "type")]
     kind: Option<String>,
     /// Portal, HOST[:PORT].

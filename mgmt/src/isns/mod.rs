@@ -11,8 +11,7 @@ pub mod registration;
 pub use driver::Client;
 pub use registration::Registration;
 
-/// The port iSNS servers listen on (RFC 4171 §5.1, IANA).
-pub const DEFAULT_PORT: u16 = 3205;
+pub use blockwire_pdu::isns::DEFAULT_PORT;
 
 /// The registration period asked for by default, in seconds: the server
 /// forgets the entity this long after its last message if the daemon dies

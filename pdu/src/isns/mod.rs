@@ -12,6 +12,8 @@ pub mod attr;
 
 pub use attr::{node_type, tag, Attr, ENTITY_PROTOCOL_ISCSI};
 
+/// The TCP port iSNS servers listen on (IANA, RFC 4171 §5.1).
+pub const DEFAULT_PORT: u16 = 3205;
 /// Length of the iSNSP PDU header (§5.1).
 pub const HEADER_LEN: usize = 12;
 /// The iSNSP version of RFC 4171.

@@ -24,18 +24,28 @@ pub(super) async fn iscsiadm(cli: &Cli, a: &IscsiadmArgs) -> Result<()> {
     match a.mode.as_str() {
         "discovery" | "discoverydb" => {
             let kind = a.kind.as_deref().unwrap_or("sendtargets");
-            if kind != "sendtargets" && kind != "st" {
-                bail!("discovery type `{kind}` is not supported: use -t sendtargets");
-            }
+            let isns = match kind {
+                "sendtargets" | "st" => false,
+                "isns" => true,
+                _ => {
+                    bail!("discovery type `{kind}` is not supported: use -t sendtargets or -t isns")
+                }
+            };
             let portal = a
                 .portal
                 .as_deref()
                 .ok_or_else(|| anyhow!("-m discovery needs -p HOST[:PORT]"))?;
             let _ = (&a.interface, a.discover);
-            let targets = match discover_list(&config(cli, &a.auth)?, portal).await {
+            let found = if isns {
+                blockwire_initiator::isns::discover_isns(&config(cli, &a.auth)?, portal).await
+            } else {
+                discover_list(&config(cli, &a.auth)?, portal).await
+            };
+            let what = if isns { "iSNS server" } else { "SendTargets" };
+            let targets = match found {
                 Ok(list) => {
                     for why in &list.refused {
-                        eprintln!("blockwire: SendTargets at {portal}: {why}");
+                        eprintln!("blockwire: {what} at {portal}: {why}");
                     }
                     list.targets
                 }
@@ -47,6 +57,7 @@ pub(super) async fn iscsiadm(cli: &Cli, a: &IscsiadmArgs) -> Result<()> {
                     eprintln!("iscsiadm: discovery login failed: {e}");
                     std::process::exit(19);
                 }
+                Err(e) if isns => return Err(e).context(format!("iSNS discovery at {portal}")),
                 Err(e) => return Err(e).context(format!("SendTargets discovery at {portal}")),
             };
             if targets.is_empty() {

@@ -1,0 +1,243 @@
+//! iSNS discovery (RFC 4171): asking an iSNS server which targets this
+//! initiator may see, and through which portals, instead of asking a target
+//! portal (SendTargets). The messages and the reading of the answer have no
+//! I/O; [`discover_isns`] runs them over TCP.
+//!
+//! The query is the one open-iscsi's `iscsiadm -m discovery -t isns` sends:
+//! a DevAttrQry from the initiator's name for every storage node of type
+//! Target, asking for the Portal Group objects (§3.4). A target is reachable
+//! through each portal whose group object carries a tag; a NULL tag means
+//! the portal does not serve it. Servers that answer only registered nodes
+//! (status Source Unknown) get the initiator registered for the query and
+//! deregistered after it.
+
+use blockwire_pdu::isns::{
+    function, node_type, status, tag, Attr, Message, MessageReader, DEFAULT_PORT,
+};
+use blockwire_pdu::keys::{check_peer_name, check_portal_host};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::config::InitiatorConfig;
+use crate::discovery::{DiscoveredTarget, Portal, SendTargetsList};
+use crate::error::{Error, Result};
+
+/// Status code 6: the server does not know the query's source.
+const SOURCE_UNKNOWN: u32 = 6;
+
+/// The DevAttrQry for every target and its portal groups, from `initiator`.
+pub fn targets_query(initiator: &str, transaction: u16) -> Message {
+    let mut attrs = vec![
+        Attr::string(tag::ISCSI_NAME, initiator),
+        Attr::u32(tag::ISCSI_NODE_TYPE, node_type::TARGET),
+        Attr::empty(tag::DELIMITER),
+    ];
+    for t in [
+        tag::ISCSI_NAME,
+        tag::ISCSI_NODE_TYPE,
+        tag::PG_ISCSI_NAME,
+        tag::PG_PORTAL_IP_ADDRESS,
+        tag::PG_PORTAL_PORT,
+        tag::PG_TAG,
+    ] {
+        attrs.push(Attr::empty(t));
+    }
+    Message::request(function::DEV_ATTR_QRY, transaction, attrs)
+}
+
+/// The DevAttrReg of `initiator` as a node of its own entity, for servers
+/// that answer only registered sources.
+pub fn initiator_registration(initiator: &str, transaction: u16) -> Message {
+    Message::request(
+        function::DEV_ATTR_REG,
+        transaction,
+        vec![
+            Attr::string(tag::ISCSI_NAME, initiator),
+            Attr::empty(tag::DELIMITER),
+            Attr::string(tag::ISCSI_NAME, initiator),
+            Attr::u32(tag::ISCSI_NODE_TYPE, node_type::INITIATOR),
+        ],
+    )
+}
+
+/// The DevDereg of `initiator`.
+pub fn initiator_deregistration(initiator: &str, transaction: u16) -> Message {
+    Message::request(
+        function::DEV_DEREG,
+        transaction,
+        vec![
+            Attr::string(tag::ISCSI_NAME, initiator),
+            Attr::empty(tag::DELIMITER),
+            Attr::string(tag::ISCSI_NAME, initiator),
+        ],
+    )
+}
+
+/// Reads the targets and portals out of an answer to [`targets_query`]:
+/// each Portal Group object with a tag is a portal of its target. Names and
+/// addresses that could not name a node record are left out, with the
+/// reason, as SendTargets answers are ([`crate::discovery::parse_send_targets`]).
+pub fn parse_targets(answer: &Message) -> std::result::Result<SendTargetsList, String> {
+    let code = answer.status.unwrap_or(status::SUCCESSFUL);
+    if code != status::SUCCESSFUL {
+        return Err(format!(
+            "the iSNS server answered the query with status {code} ({})",
+            status::name(code)
+        ));
+    }
+    // The operating attributes follow the echoed key's delimiter.
+    let start = answer
+        .attrs
+        .iter()
+        .position(|a| a.tag == tag::DELIMITER)
+        .map_or(0, |i| i + 1);
+    let mut list = SendTargetsList::default();
+    let mut group: (Option<String>, Option<String>, Option<u16>) = (None, None, None);
+    for a in &answer.attrs[start..] {
+        match a.tag {
+            tag::PG_ISCSI_NAME => group = (a.as_str().map(str::to_owned), None, None),
+            tag::PG_PORTAL_IP_ADDRESS => group.1 = a.as_ip().map(|ip| ip.to_string()),
+            tag::PG_PORTAL_PORT => group.2 = a.as_port().filter(|(_, udp)| !udp).map(|(p, _)| p),
+            tag::PG_TAG => {
+                let (name, host, port) = std::mem::take(&mut group);
+                // A NULL tag: the portal does not serve the node.
+                let Some(tpgt) = a.as_u32() else { continue };
+                let (Some(name), Some(host), Some(port)) = (name, host, port) else {
+                    list.refused.push(
+                        "a portal group without its node's name, address or TCP port left out"
+                            .into(),
+                    );
+                    continue;
+                };
+                if let Err(why) = check_peer_name(&name) {
+                    list.refused.push(format!("target name left out: {why}"));
+                    continue;
+                }
+                if let Err(why) = check_portal_host(&host) {
+                    list.refused
+                        .push(format!("portal of {name} left out: {why}"));
+                    continue;
+                }
+                let Ok(tpgt) = u16::try_from(tpgt) else {
+                    list.refused.push(format!(
+                        "portal {host}:{port} of {name} left out: tag {tpgt} is not 0-65535"
+                    ));
+                    continue;
+                };
+                let portal = Portal { host, port, tpgt };
+                match list.targets.iter_mut().find(|t| t.name == name) {
+                    Some(t) if !t.portals.contains(&portal) => t.portals.push(portal),
+                    Some(_) => {}
+                    None => list.targets.push(DiscoveredTarget {
+                        name,
+                        portals: vec![portal],
+                    }),
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(list)
+}
+
+/// `HOST` or `HOST:PORT` (IPv6 in brackets) with the iSNS port filled in.
+pub fn server_address(server: &str) -> String {
+    let s = server.trim();
+    if s.parse::<std::net::SocketAddr>().is_ok() {
+        return s.to_owned();
+    }
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return std::net::SocketAddr::new(ip, DEFAULT_PORT).to_string();
+    }
+    match s.rsplit_once(':') {
+        Some((_, p)) if p.parse::<u16>().is_ok() && !s.ends_with(']') => s.to_owned(),
+        _ => format!("{s}:{DEFAULT_PORT}"),
+    }
+}
+
+/// Asks the iSNS server at `server` (`HOST[:PORT]`, port 3205 by default)
+/// which targets `config.initiator_name` may see; each with the portals
+/// that serve it. Bounded by `config.login_timeout`.
+pub async fn discover_isns(config: &InitiatorConfig, server: &str) -> Result<SendTargetsList> {
+    let addr = server_address(server);
+    tokio::time::timeout(config.login_timeout, ask(&config.initiator_name, &addr))
+        .await
+        .map_err(|_| Error::Timeout(format!("iSNS query at {addr}")))?
+}
+
+async fn ask(initiator: &str, addr: &str) -> Result<SendTargetsList> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| Error::io(format!("connecting to the iSNS server {addr}"), e))?;
+    let mut reader = MessageReader::new();
+    let answer = exchange(&mut stream, &mut reader, targets_query(initiator, 1), addr).await?;
+    if answer.status == Some(SOURCE_UNKNOWN) {
+        // Registered for the query, deregistered after it.
+        let reg = exchange(
+            &mut stream,
+            &mut reader,
+            initiator_registration(initiator, 2),
+            addr,
+        )
+        .await?;
+        let code = reg.status.unwrap_or(status::SUCCESSFUL);
+        if code != status::SUCCESSFUL {
+            return Err(Error::Protocol(format!(
+                "the iSNS server {addr} does not know {initiator} and refused to register it: status {code} ({})",
+                status::name(code)
+            )));
+        }
+        let again = exchange(&mut stream, &mut reader, targets_query(initiator, 3), addr).await;
+        let _ = exchange(
+            &mut stream,
+            &mut reader,
+            initiator_deregistration(initiator, 4),
+            addr,
+        )
+        .await;
+        return parse_targets(&again?).map_err(Error::Protocol);
+    }
+    parse_targets(&answer).map_err(|why| Error::Protocol(format!("{addr}: {why}")))
+}
+
+/// Sends `request` and reads its answer (server messages in between are
+/// skipped).
+async fn exchange(
+    stream: &mut TcpStream,
+    reader: &mut MessageReader,
+    request: Message,
+    addr: &str,
+) -> Result<Message> {
+    let bytes = request
+        .encode()
+        .map_err(|e| Error::Protocol(format!("iSNS query: {e}")))?;
+    stream
+        .write_all(&bytes)
+        .await
+        .map_err(|e| Error::io(format!("sending to the iSNS server {addr}"), e))?;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if let Some(m) = reader
+            .next_message()
+            .map_err(|e| Error::Protocol(format!("the iSNS server {addr} sent {e}")))?
+        {
+            if m.is_response() && m.transaction == request.transaction {
+                return Ok(m);
+            }
+            continue;
+        }
+        let n = stream
+            .read(&mut buf)
+            .await
+            .map_err(|e| Error::io(format!("reading from the iSNS server {addr}"), e))?;
+        if n == 0 {
+            return Err(Error::Protocol(format!(
+                "the iSNS server {addr} closed the connection without answering"
+            )));
+        }
+        reader.feed(&buf[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests;
