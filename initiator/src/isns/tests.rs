@@ -137,3 +137,67 @@ proptest! {
         }
     }
 }
+
+/// A server that answers only registered sources (as Microsoft's iSNS
+/// server is reported to): the initiator registers, asks again, and
+/// deregisters. Scripted on loopback: no such server runs here.
+#[tokio::test]
+async fn a_server_that_wants_the_source_registered_gets_it_for_the_query() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut reader = MessageReader::new();
+        let mut buf = [0u8; 4096];
+        let mut seen = Vec::new();
+        let mut registered = false;
+        while seen.len() < 4 {
+            let m = loop {
+                if let Some(m) = reader.next_message().unwrap() {
+                    break m;
+                }
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed after {seen:?}");
+                reader.feed(&buf[..n]);
+            };
+            seen.push(m.function);
+            let answer = match m.function {
+                function::DEV_ATTR_QRY if !registered => answer(6, vec![]),
+                function::DEV_ATTR_QRY => answer(
+                    0,
+                    group("iqn.2026-12.io.x:t", [127, 0, 0, 1], 3260, Some(1)),
+                ),
+                function::DEV_ATTR_REG => {
+                    assert_eq!(
+                        m.attr(tag::ISCSI_NODE_TYPE).and_then(Attr::as_u32),
+                        Some(node_type::INITIATOR)
+                    );
+                    registered = true;
+                    answer(0, vec![])
+                }
+                function::DEV_DEREG => answer(0, vec![]),
+                other => panic!("unexpected {other:#x}"),
+            };
+            let answer = Message {
+                function: m.function | function::RESPONSE,
+                transaction: m.transaction,
+                ..answer
+            };
+            s.write_all(&answer.encode().unwrap()).await.unwrap();
+        }
+        seen
+    });
+    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:host");
+    let list = discover_isns(&config, &addr).await.unwrap();
+    assert_eq!(list.targets.len(), 1);
+    assert_eq!(list.targets[0].portals[0].to_string(), "127.0.0.1:3260,1");
+    assert_eq!(
+        server.await.unwrap(),
+        [
+            function::DEV_ATTR_QRY,
+            function::DEV_ATTR_REG,
+            function::DEV_ATTR_QRY,
+            function::DEV_DEREG
+        ]
+    );
+}
