@@ -19,23 +19,24 @@
 #   live change       target.add C (group 1) and target.remove B through the control
 #                     socket: iscsiadm lists C, no longer B
 #   refreshed         13 s later (past the 10 s period) everything is still listed, and
-#                     isns.status counts refreshes
+#                     isns.status and the metrics count refreshes
 #   server restart    isnsd killed and started again on an empty database: within 15 s the
 #                     targets are listed again (the refresh finds the entity gone and
 #                     registers it again)
 #   shutdown          SIGTERM: the daemon exits 0 and the entity is gone from the server
-#   unreachable       a daemon whose server does not answer serves its targets, and
-#                     isns.status names the server and the refusal
+#   unreachable       a daemon whose server does not answer serves its targets,
+#                     isns.status names the server and the refusal, and the metrics count
+#                     the failures
 #
 # Prints PASS/FAIL per case; exits 1 if any case fails. Needs root (unshare -n, -m) and the
-# packages open-isns-server, open-isns-utils, open-iscsi, iproute2.
+# packages open-isns-server, open-isns-utils, open-iscsi, iproute2, prometheus (promtool).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib/blockwire.sh"
 
-for tool in isnsd isnsadm iscsiadm ip unshare; do
+for tool in isnsd isnsadm iscsiadm ip unshare promtool; do
     if ! command -v "$tool" >/dev/null; then
-        echo "FAIL setup: $tool is not installed (apt-get install open-isns-server open-isns-utils open-iscsi iproute2)"
+        echo "FAIL setup: $tool is not installed (apt-get install open-isns-server open-isns-utils open-iscsi iproute2 prometheus)"
         exit 1
     fi
 done
@@ -122,6 +123,9 @@ listen = ["127.0.0.2:3260"]
 [control]
 socket = "$3"
 
+[metrics]
+listen = "127.0.0.1:9450"
+
 [isns]
 server = "$2"
 entity = "$ENTITY"
@@ -186,6 +190,17 @@ wait_listing() {
         sleep 1
     done
 }
+# metric NAME — its value on the daemon's metrics endpoint (empty when absent).
+metric() {
+    python3 - "$1" <<'PY'
+import sys, urllib.request
+body = urllib.request.urlopen("http://127.0.0.1:9450/metrics", timeout=5).read().decode()
+for line in body.splitlines():
+    if line.startswith(sys.argv[1] + "{") or line.startswith(sys.argv[1] + " "):
+        print(line.rsplit(" ", 1)[1])
+        break
+PY
+}
 status_field() { ctl isns.status | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 oneline() { tr '\n' ' ' <<<"$1"; }
 
@@ -230,9 +245,14 @@ report "live change" $ok "$(oneline "$got")"
 sleep 13
 got=$(isns_listing)
 refreshes=$(status_field refreshes)
+m_reg=$(metric blockwire_isns_registered)
+m_ref=$(metric blockwire_isns_refreshes_total)
+# The exposition with the iSNS families is still one promtool accepts.
+lint=$(python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9450/metrics", timeout=5).read().decode(), end="")' \
+    | promtool check metrics 2>&1) && lint_rc=0 || lint_rc=$?
 ok=0
-[ "$got" = "$want" ] && [ "$refreshes" -ge 1 ] && ok=1
-report refreshed $ok "(refreshes $refreshes, period granted $(status_field period_secs) s): $(oneline "$got")"
+[ "$got" = "$want" ] && [ "$refreshes" -ge 1 ] && [ "$m_reg" = 1 ] && [ "$m_ref" -ge 1 ] && [ "$lint_rc" = 0 ] && ok=1
+report refreshed $ok "(refreshes $refreshes, period granted $(status_field period_secs) s; metrics: registered $m_reg, refreshes $m_ref; promtool check metrics: exit $lint_rc $(oneline "$lint")): $(oneline "$got")"
 echo "   isns.status: $(ctl isns.status | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin), sort_keys=True))')"
 
 # server restart on an empty database: registered again by the next refresh.
@@ -269,9 +289,12 @@ sleep 2
 st=$(iscsiadm_discover 127.0.0.2:3260 2>/dev/null | sort || true)
 state=$(status_field state)
 err=$(status_field last_error)
+m_reg=$(metric blockwire_isns_registered)
+m_fail=$(metric blockwire_isns_failures_total)
 ok=0
-[ -n "$st" ] && [ "$state" = waiting ] && grep -q "127.0.0.1:3206" <<<"$err" && grep -qi "refused" <<<"$err" && ok=1
-report unreachable $ok "(state $state, last_error: $err; SendTargets: $(oneline "$st"))"
+[ -n "$st" ] && [ "$state" = waiting ] && grep -q "127.0.0.1:3206" <<<"$err" && grep -qi "refused" <<<"$err" \
+    && [ "$m_reg" = 0 ] && [ "$m_fail" -ge 1 ] && ok=1
+report unreachable $ok "(state $state, last_error: $err; metrics: registered $m_reg, failures $m_fail; SendTargets: $(oneline "$st"))"
 
 echo "== $([ $fails = 0 ] && echo "all passed" || echo "$fails FAILED")"
 [ "$fails" = 0 ]

@@ -106,6 +106,51 @@ pub fn render(fabric: &Fabric) -> String {
     e.out
 }
 
+/// The fabric's metrics and those of the iSNS registration, if any.
+pub fn render_all(fabric: &Fabric, isns: Option<&crate::isns::Client>) -> String {
+    let mut out = render(fabric);
+    if let Some(client) = isns {
+        let mut e = Exposition { out: String::new() };
+        isns_metrics(&mut e, client);
+        out.push_str(&e.out);
+    }
+    out
+}
+
+/// Where the iSNS registration stands (`[isns]`).
+fn isns_metrics(e: &mut Exposition, client: &crate::isns::Client) {
+    let s = client.status();
+    let labels = [("server", client.server()), ("entity", client.entity())];
+    let name = "blockwire_isns_registered";
+    e.family(
+        name,
+        "gauge",
+        "1 while the iSNS server holds the registration ([isns]; isns.status says more).",
+    );
+    let registered = s.state == crate::isns::registrar::State::Registered;
+    e.sample(name, &labels, u8::from(registered));
+    for (name, help, v) in [
+        (
+            "blockwire_isns_registrations_total",
+            "Registrations the iSNS server accepted (the first, each change, each re-registration).",
+            s.registrations,
+        ),
+        (
+            "blockwire_isns_refreshes_total",
+            "Refreshes of the registration the iSNS server answered.",
+            s.refreshes,
+        ),
+        (
+            "blockwire_isns_failures_total",
+            "Attempts that failed: no connection, no answer, an error status, a broken connection.",
+            s.failures,
+        ),
+    ] {
+        e.family(name, "counter", help);
+        e.sample(name, &labels, v);
+    }
+}
+
 /// What the RAM LUNs hold against `[fabric] ram_limit`.
 fn ram_metrics(e: &mut Exposition) {
     let budget = blockwire_target::backstore::ram_budget::RamBudget::process();
@@ -554,7 +599,12 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 }
 
 /// Serves `/metrics` on `listener` until `stop` turns true.
-pub async fn serve(listener: TcpListener, fabric: Arc<Fabric>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    fabric: Arc<Fabric>,
+    isns: Option<Arc<crate::isns::Client>>,
+    mut stop: watch::Receiver<bool>,
+) {
     if let Ok(addr) = listener.local_addr() {
         info!(endpoint = %addr, "Prometheus metrics at http://{addr}/metrics");
     }
@@ -568,8 +618,9 @@ pub async fn serve(listener: TcpListener, fabric: Arc<Fabric>, mut stop: watch::
         match accepted {
             Ok((stream, peer)) => {
                 let fabric = fabric.clone();
+                let isns = isns.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = answer(stream, &fabric).await {
+                    if let Err(e) = answer(stream, &fabric, isns.as_deref()).await {
                         debug!(%peer, error = %e, "metrics request failed");
                     }
                 });
@@ -584,7 +635,11 @@ pub async fn serve(listener: TcpListener, fabric: Arc<Fabric>, mut stop: watch::
 }
 
 /// Reads one request (headers only; a scraper sends no body) and answers it.
-async fn answer(mut stream: TcpStream, fabric: &Fabric) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    fabric: &Fabric,
+    isns: Option<&crate::isns::Client>,
+) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let read = async {
         let mut chunk = [0u8; 1024];
@@ -605,7 +660,7 @@ async fn answer(mut stream: TcpStream, fabric: &Fabric) -> std::io::Result<()> {
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     let (status, ctype, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => ("200 OK", CONTENT_TYPE, render(fabric)),
+        ("GET" | "HEAD", "/metrics") => ("200 OK", CONTENT_TYPE, render_all(fabric, isns)),
         ("GET" | "HEAD", "/") => (
             "200 OK",
             "text/plain; charset=utf-8",

@@ -247,6 +247,7 @@ pub async fn run(
         tokio::spawn(crate::metrics::serve(
             listener,
             fabric.clone(),
+            isns.clone(),
             stop_tx.subscribe(),
         ))
     });

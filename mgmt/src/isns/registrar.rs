@@ -69,6 +69,9 @@ pub struct Status {
     pub registrations: u64,
     /// Refreshes the server answered.
     pub refreshes: u64,
+    /// Attempts that failed (no connection, no answer, an error status, a
+    /// connection broken with a request out).
+    pub failures: u64,
     /// The last failure, if the last attempt failed.
     pub last_error: Option<String>,
 }
@@ -127,6 +130,7 @@ impl Registrar {
             period_secs: 0,
             registrations: 0,
             refreshes: 0,
+            failures: 0,
             last_error: None,
         };
         Registrar {
@@ -482,6 +486,7 @@ impl Registrar {
     }
 
     fn fail(&mut self, why: String, now: Instant) {
+        self.status.failures += 1;
         self.status.last_error = Some(why);
         self.outbox.clear();
         self.close = self.link;

@@ -342,6 +342,7 @@ fn failures_back_off_and_a_success_starts_over() {
         now = next;
     }
     assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 60, 60]);
+    assert_eq!(r.status().failures, 8);
     assert_eq!(r.status().state, State::Waiting);
     assert!(r
         .status()
