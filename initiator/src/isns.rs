@@ -12,7 +12,7 @@
 //! deregistered after it.
 
 use blockwire_pdu::isns::{
-    function, node_type, status, tag, Attr, Message, MessageReader, DEFAULT_PORT,
+    function, node_type, server_address, status, tag, Attr, Message, MessageReader,
 };
 use blockwire_pdu::keys::{check_peer_name, check_portal_host};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -140,26 +140,11 @@ pub fn parse_targets(answer: &Message) -> std::result::Result<SendTargetsList, S
     Ok(list)
 }
 
-/// `HOST` or `HOST:PORT` (IPv6 in brackets) with the iSNS port filled in.
-pub fn server_address(server: &str) -> String {
-    let s = server.trim();
-    if s.parse::<std::net::SocketAddr>().is_ok() {
-        return s.to_owned();
-    }
-    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
-        return std::net::SocketAddr::new(ip, DEFAULT_PORT).to_string();
-    }
-    match s.rsplit_once(':') {
-        Some((_, p)) if p.parse::<u16>().is_ok() && !s.ends_with(']') => s.to_owned(),
-        _ => format!("{s}:{DEFAULT_PORT}"),
-    }
-}
-
 /// Asks the iSNS server at `server` (`HOST[:PORT]`, port 3205 by default)
 /// which targets `config.initiator_name` may see; each with the portals
 /// that serve it. Bounded by `config.login_timeout`.
 pub async fn discover_isns(config: &InitiatorConfig, server: &str) -> Result<SendTargetsList> {
-    let addr = server_address(server);
+    let addr = server_address(server).map_err(|why| Error::Config(format!("iSNS server {why}")))?;
     tokio::time::timeout(config.login_timeout, ask(&config.initiator_name, &addr))
         .await
         .map_err(|_| Error::Timeout(format!("iSNS query at {addr}")))?

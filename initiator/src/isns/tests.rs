@@ -112,16 +112,6 @@ fn what_cannot_be_a_node_record_is_left_out_and_said() {
     assert!(e.contains("status 6 (Source Unknown)"), "{e}");
 }
 
-#[test]
-fn server_addresses_get_the_isns_port() {
-    assert_eq!(server_address("127.0.0.1"), "127.0.0.1:3205");
-    assert_eq!(server_address("127.0.0.1:13205"), "127.0.0.1:13205");
-    assert_eq!(server_address("isns.example"), "isns.example:3205");
-    assert_eq!(server_address("isns.example:99"), "isns.example:99");
-    assert_eq!(server_address("::1"), "[::1]:3205");
-    assert_eq!(server_address("[::1]:9"), "[::1]:9");
-}
-
 proptest! {
     #[test]
     fn any_answer_is_read_or_refused_without_panicking(

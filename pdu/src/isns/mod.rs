@@ -116,6 +116,49 @@ pub mod status {
     }
 }
 
+/// `host`, `host:port`, `a.b.c.d`, `[v6]` or `[v6]:port` with the iSNS port
+/// filled in where none is given.
+pub fn server_address(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(
+            "is empty: give the iSNS server's host name or address, e.g. \"isns.example:3205\""
+                .into(),
+        );
+    }
+    if s.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(s.to_string());
+    }
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Ok(std::net::SocketAddr::new(ip, DEFAULT_PORT).to_string());
+    }
+    if s.starts_with('[') {
+        let inner = s.trim_start_matches('[').trim_end_matches(']');
+        return match inner.parse::<std::net::Ipv6Addr>() {
+            Ok(ip) => Ok(std::net::SocketAddr::new(ip.into(), DEFAULT_PORT).to_string()),
+            Err(_) => Err(format!("{s:?} is not an IPv6 address in brackets")),
+        };
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) => {
+            let valid_host = !host.is_empty() && !host.contains(':');
+            match port.parse::<u16>() {
+                Ok(p) if p != 0 && valid_host => Ok(s.to_string()),
+                _ => Err(format!(
+                    "{s:?} is not HOST:PORT (the port 1-65535; IPv6 addresses in brackets)"
+                )),
+            }
+        }
+        None if s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') =>
+        {
+            Ok(format!("{s}:{DEFAULT_PORT}"))
+        }
+        None => Err(format!("{s:?} is not a host name or address")),
+    }
+}
+
 /// Why bytes could not be taken as an iSNS message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IsnsError {

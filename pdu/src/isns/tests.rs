@@ -16,6 +16,23 @@ const TGTD_DEV_ATTR_REG: &str = "0001000100c09c0000010000000000200000001c69716e2
 /// open-isns 0.101's (isnsd) answer to it.
 const ISNSD_DEV_ATTR_REG_RSP: &str = "0001800100b84c000001000000000000000000010000000c3132372e302e302e310000000000000000000000000000010000000c3132372e302e302e31000000000000020000000400000002000000060000000400000258000000100000001000000000000000000000ffff7f000001000000110000000400000cbc000000170000000400009c43000000160000000400000002000000200000001c69716e2e323032362d31322e696f2e746573743a7467743100000000000000210000000400000001";
 
+#[test]
+fn server_addresses_get_the_isns_port() {
+    assert_eq!(server_address("192.0.2.7").unwrap(), "192.0.2.7:3205");
+    assert_eq!(server_address("192.0.2.7:4000").unwrap(), "192.0.2.7:4000");
+    assert_eq!(server_address("isns.example").unwrap(), "isns.example:3205");
+    assert_eq!(
+        server_address("isns.example:13205").unwrap(),
+        "isns.example:13205"
+    );
+    assert_eq!(server_address("[::1]").unwrap(), "[::1]:3205");
+    assert_eq!(server_address("[::1]:9").unwrap(), "[::1]:9");
+    assert_eq!(server_address("::1").unwrap(), "[::1]:3205");
+    for bad in ["", "host:0", "host:x", "a b", "[zz]", ":3205"] {
+        assert!(server_address(bad).is_err(), "{bad:?} taken");
+    }
+}
+
 fn read_one(bytes: &[u8]) -> Message {
     let mut r = MessageReader::new();
     r.feed(bytes);
