@@ -24,6 +24,9 @@
 #                     targets are listed again (the refresh finds the entity gone and
 #                     registers it again)
 #   shutdown          SIGTERM: the daemon exits 0 and the entity is gone from the server
+#   many targets      60 targets (about 16 KiB of registration, more than one isnsd PDU):
+#                     one registration in several messages; isnsadm lists all 60 nodes and
+#                     120 portal groups with their tags
 #   unreachable       a daemon whose server does not answer serves its targets,
 #                     isns.status names the server and the refusal, and the metrics count
 #                     the failures
@@ -280,6 +283,35 @@ ents=$(isnsadm -c "$tmp/isnsadm.conf" --list entities 2>/dev/null || true)
 ok=0
 [ "$rc" = 0 ] && [ -z "$got" ] && ! grep -q "$ENTITY" <<<"$ents" && ok=1
 report shutdown $ok "(exit $rc; listing after: '$(oneline "$got")'; deregistered: $(grep -q "$ENTITY" <<<"$ents" && echo no || echo yes))"
+
+# many targets: 60 targets on both groups, about 16 KiB of registration, more than isnsd
+# takes in one PDU (8 KiB): it goes in several messages, and the server holds every node and
+# all 120 portal groups with their tags. (isnsadm lists them one object per message; isnsd
+# answers a query in one PDU, so iscsiadm's single query for all targets gets Internal
+# Error once its answer passes 8 KiB, whoever registered them: printed, not checked.)
+{
+    echo '[[portal_group]]'; echo 'tag = 1'; echo 'listen = ["127.0.0.1:3260"]'
+    echo '[[portal_group]]'; echo 'tag = 2'; echo 'listen = ["127.0.0.2:3260"]'
+    echo '[control]'; echo "socket = \"$tmp/ctl.sock\""
+    echo '[isns]'; echo 'server = "127.0.0.1"'; echo 'entity = "blockwire-isns-many"'
+    for i in $(seq 1 60); do
+        echo '[[target]]'; echo "name = \"iqn.2026-12.io.blockwire:many-$i\""
+        echo '[[target.lun]]'; echo 'id = 0'; echo 'backstore = "null"'; echo 'size = "1M"'
+    done
+} >"$tmp/many.toml"
+bw_pid=$(start_daemon "$tmp/many.toml" "$tmp/blockwire-many.log")
+timeout 10 bash -c 'until "$1" ctl --control "$2" isns.status | grep -q "\"registered\""; do sleep 0.2; done' \
+    _ "$bin" "$tmp/ctl.sock" || true
+regs=$(status_field registrations)
+nodes=$(isnsadm -c "$tmp/isnsadm.conf" --list nodes 2>/dev/null | grep -c 'iSCSI name = "iqn.2026-12.io.blockwire:many-' || true)
+pgs=$(isnsadm -c "$tmp/isnsadm.conf" --list portal-groups 2>/dev/null || true)
+tag1=$(grep -c 'Portal group tag = 1$' <<<"$pgs" || true)
+tag2=$(grep -c 'Portal group tag = 2$' <<<"$pgs" || true)
+ok=0
+[ "$regs" = 1 ] && [ "$nodes" = 60 ] && [ "$tag1" = 60 ] && [ "$tag2" = 60 ] && ok=1
+report "many targets" $ok "(registrations $regs; isnsadm: $nodes target nodes, $tag1 portal groups tagged 1, $tag2 tagged 2; iscsiadm -t isns: $(iscsiadm_discover 127.0.0.1:3205 --isns 2>&1 | grep -c ',[12] iqn') portals, $(iscsiadm_discover 127.0.0.1:3205 --isns 2>&1 | grep -o 'discovery failed: [A-Za-z ]*' | head -n 1))"
+kill -TERM "$bw_pid"
+timeout 20 bash -c 'until [ -s "$1" ]; do sleep 0.1; done' _ "$tmp/blockwire-many.log.rc" && bw_pid=""
 
 # unreachable: nothing listens on 127.0.0.1:3206; the daemon serves and says why.
 stop_isnsd

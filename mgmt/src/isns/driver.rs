@@ -113,6 +113,10 @@ async fn run(
     let mut buf = vec![0u8; 64 * 1024];
     let mut last_state = reg.status().state.clone();
     let mut last_error = None;
+    // A sender dropped is heard once: its branch is then left out, so that
+    // a closed channel does not wake the loop again and again.
+    let mut wanted_open = true;
+    let mut stop_open = true;
     if *stop.borrow() {
         reg.stop(Instant::now().into_std());
     }
@@ -206,13 +210,19 @@ async fn run(
                     None => std::future::pending().await,
                 }
             } => reg.handle_timeout(Instant::now().into_std()),
-            changed = wanted.changed() => {
+            changed = wanted.changed(), if wanted_open => {
                 if changed.is_ok() {
                     let w = wanted.borrow_and_update().clone();
                     reg.update(w, Instant::now().into_std());
+                } else {
+                    wanted_open = false;
                 }
             }
-            changed = stop.changed() => {
+            changed = stop.changed(), if stop_open => {
+                // The daemon's stop, or its sender gone: stop either way.
+                if changed.is_err() {
+                    stop_open = false;
+                }
                 if changed.is_err() || *stop.borrow() {
                     reg.stop(Instant::now().into_std());
                 }
@@ -252,5 +262,52 @@ fn publish(
             _ => {}
         }
         *last_state = s.state.clone();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isns::registration::Node;
+
+    fn wanted() -> Registration {
+        Registration {
+            entity: "host-a".into(),
+            period_secs: 900,
+            portals: vec![("127.0.0.1:3260".parse().unwrap(), 1)],
+            nodes: vec![Node {
+                name: "iqn.2026-12.io.blockwire:t".into(),
+                alias: None,
+                groups: vec![1],
+            }],
+        }
+    }
+
+    /// A server that refuses connections: the client says so, backs off,
+    /// and ends at the daemon's stop (or when the stop's sender is gone)
+    /// without anything to deregister.
+    #[tokio::test]
+    async fn an_unreachable_server_is_said_and_the_stop_ends_the_client() {
+        // A port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (tx, rx) = watch::channel(false);
+        let client = Client::start(format!("127.0.0.1:{port}"), wanted(), rx);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client.status().failures == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let s = client.status();
+        assert_eq!(s.state, State::Waiting);
+        let e = s.last_error.unwrap();
+        assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(2), client.join())
+            .await
+            .expect("the client ends when its stop's sender is gone");
+        assert_eq!(client.status().state, State::Stopped);
     }
 }
