@@ -9,7 +9,10 @@
 //! through each portal whose group object carries a tag; a NULL tag means
 //! the portal does not serve it. Servers that answer only registered nodes
 //! (status Source Unknown) get the initiator registered for the query and
-//! deregistered after it.
+//! deregistered after it. A server that cannot answer for every target at
+//! once (open-isns answers in one PDU of at most 8 KiB) is asked one target
+//! at a time: DevGetNext through its target nodes, and each one's portal
+//! groups.
 
 use blockwire_pdu::isns::{
     function, node_type, server_address, status, tag, Attr, Message, MessageReader,
@@ -44,6 +47,56 @@ pub fn targets_query(initiator: &str, transaction: u16) -> Message {
     }
     Message::request(function::DEV_ATTR_QRY, transaction, attrs)
 }
+
+/// The DevGetNext for the storage node after `last` (none: the first),
+/// targets only (RFC 4171 §5.6.5.3: the operating attributes filter).
+pub fn next_target_query(initiator: &str, last: Option<&str>, transaction: u16) -> Message {
+    Message::request(
+        function::DEV_GET_NEXT,
+        transaction,
+        vec![
+            Attr::string(tag::ISCSI_NAME, initiator),
+            match last {
+                Some(name) => Attr::string(tag::ISCSI_NAME, name),
+                None => Attr::empty(tag::ISCSI_NAME),
+            },
+            Attr::empty(tag::DELIMITER),
+            Attr::u32(tag::ISCSI_NODE_TYPE, node_type::TARGET),
+        ],
+    )
+}
+
+/// The DevAttrQry for one target's portal groups.
+pub fn portal_groups_query(initiator: &str, target: &str, transaction: u16) -> Message {
+    let mut attrs = vec![
+        Attr::string(tag::ISCSI_NAME, initiator),
+        Attr::string(tag::ISCSI_NAME, target),
+        Attr::empty(tag::DELIMITER),
+    ];
+    for t in [
+        tag::PG_ISCSI_NAME,
+        tag::PG_PORTAL_IP_ADDRESS,
+        tag::PG_PORTAL_PORT,
+        tag::PG_TAG,
+    ] {
+        attrs.push(Attr::empty(t));
+    }
+    Message::request(function::DEV_ATTR_QRY, transaction, attrs)
+}
+
+/// The node a DevGetNext answer names (its key, the first iSCSI Name) and
+/// whether it is a target (when the answer says).
+fn next_node(answer: &Message) -> Option<(String, bool)> {
+    let name = answer.attr(tag::ISCSI_NAME)?.as_str()?.to_owned();
+    let target = answer
+        .attr(tag::ISCSI_NODE_TYPE)
+        .and_then(Attr::as_u32)
+        .is_none_or(|t| t & node_type::TARGET != 0);
+    Some((name, target))
+}
+
+/// The most nodes a walk of the server's nodes visits.
+const MAX_WALK: usize = 100_000;
 
 /// The DevAttrReg of `initiator` as a node of its own entity, for servers
 /// that answer only registered sources.
@@ -182,7 +235,78 @@ async fn ask(initiator: &str, addr: &str) -> Result<SendTargetsList> {
         .await;
         return parse_targets(&again?).map_err(Error::Protocol);
     }
-    parse_targets(&answer).map_err(|why| Error::Protocol(format!("{addr}: {why}")))
+    match parse_targets(&answer) {
+        Ok(list) => Ok(list),
+        // A server that cannot answer for every target at once (open-isns
+        // answers in one PDU of at most 8 KiB and says Internal Error past
+        // it): one target at a time.
+        Err(why) => walk(initiator, addr, &mut stream, &mut reader)
+            .await
+            .map_err(|e| {
+                Error::Protocol(format!("{addr}: {why}; asking one target at a time: {e}"))
+            }),
+    }
+}
+
+/// The targets one by one: DevGetNext through the target nodes, and a
+/// DevAttrQry of each one's portal groups.
+async fn walk(
+    initiator: &str,
+    addr: &str,
+    stream: &mut TcpStream,
+    reader: &mut MessageReader,
+) -> Result<SendTargetsList> {
+    let mut list = SendTargetsList::default();
+    let mut last: Option<String> = None;
+    let mut transaction: u16 = 10;
+    for _ in 0..MAX_WALK {
+        transaction = transaction.wrapping_add(1);
+        let q = next_target_query(initiator, last.as_deref(), transaction);
+        let answer = exchange(stream, reader, q, addr).await?;
+        match answer.status.unwrap_or(status::SUCCESSFUL) {
+            status::SUCCESSFUL => {}
+            // Past the last node.
+            status::NO_SUCH_ENTRY => return Ok(list),
+            code => {
+                return Err(Error::Protocol(format!(
+                    "DevGetNext answered status {code} ({})",
+                    status::name(code)
+                )))
+            }
+        }
+        let Some((name, is_target)) = next_node(&answer) else {
+            return Ok(list);
+        };
+        if last.as_deref() == Some(name.as_str()) {
+            return Err(Error::Protocol(format!(
+                "DevGetNext answered {name} twice: the walk would not end"
+            )));
+        }
+        last = Some(name.clone());
+        if !is_target {
+            continue;
+        }
+        transaction = transaction.wrapping_add(1);
+        let q = portal_groups_query(initiator, &name, transaction);
+        let groups =
+            parse_targets(&exchange(stream, reader, q, addr).await?).map_err(Error::Protocol)?;
+        list.refused.extend(groups.refused);
+        for t in groups.targets {
+            match list.targets.iter_mut().find(|x| x.name == t.name) {
+                Some(x) => {
+                    for p in t.portals {
+                        if !x.portals.contains(&p) {
+                            x.portals.push(p);
+                        }
+                    }
+                }
+                None => list.targets.push(t),
+            }
+        }
+    }
+    Err(Error::Protocol(format!(
+        "more than {MAX_WALK} nodes: the walk was cut short"
+    )))
 }
 
 /// Sends `request` and reads its answer (server messages in between are

@@ -191,3 +191,37 @@ async fn a_server_that_wants_the_source_registered_gets_it_for_the_query() {
         ]
     );
 }
+
+#[test]
+fn the_walk_asks_for_the_next_target_and_then_its_portal_groups() {
+    let first = next_target_query("iqn.2026-12.io.blockwire:host", None, 3);
+    assert_eq!(first.function, function::DEV_GET_NEXT);
+    let tags: Vec<u32> = first.attrs.iter().map(|a| a.tag).collect();
+    assert_eq!(tags, [32, 32, 0, 33]);
+    assert!(
+        first.attrs[1].value.is_empty(),
+        "the first asks from no node"
+    );
+    assert_eq!(first.attrs[3].as_u32(), Some(node_type::TARGET));
+    let next = next_target_query(
+        "iqn.2026-12.io.blockwire:host",
+        Some("iqn.2026-12.io.x:t"),
+        4,
+    );
+    assert_eq!(next.attrs[1].as_str(), Some("iqn.2026-12.io.x:t"));
+    let q = portal_groups_query("iqn.2026-12.io.blockwire:host", "iqn.2026-12.io.x:t", 5);
+    let tags: Vec<u32> = q.attrs.iter().map(|a| a.tag).collect();
+    assert_eq!(tags, [32, 32, 0, 48, 49, 50, 51]);
+    // The node an answer names, and whether it is a target.
+    let mut a = answer(0, vec![]);
+    a.attrs = vec![
+        Attr::string(tag::ISCSI_NAME, "iqn.2026-12.io.x:i"),
+        Attr::empty(tag::DELIMITER),
+        Attr::u32(tag::ISCSI_NODE_TYPE, node_type::INITIATOR),
+    ];
+    assert_eq!(next_node(&a), Some(("iqn.2026-12.io.x:i".into(), false)));
+    a.attrs.truncate(2);
+    assert_eq!(next_node(&a), Some(("iqn.2026-12.io.x:i".into(), true)));
+    a.attrs.clear();
+    assert_eq!(next_node(&a), None);
+}
