@@ -28,6 +28,14 @@ use crate::error::{Error, Result};
 /// Status code 6: the server does not know the query's source.
 const SOURCE_UNKNOWN: u32 = 6;
 
+/// A Portal Group object's attributes, asked for with NULL values.
+const PORTAL_GROUP_TAGS: [u32; 4] = [
+    tag::PG_ISCSI_NAME,
+    tag::PG_PORTAL_IP_ADDRESS,
+    tag::PG_PORTAL_PORT,
+    tag::PG_TAG,
+];
+
 /// The DevAttrQry for every target and its portal groups, from `initiator`.
 pub fn targets_query(initiator: &str, transaction: u16) -> Message {
     let mut attrs = vec![
@@ -35,16 +43,9 @@ pub fn targets_query(initiator: &str, transaction: u16) -> Message {
         Attr::u32(tag::ISCSI_NODE_TYPE, node_type::TARGET),
         Attr::empty(tag::DELIMITER),
     ];
-    for t in [
-        tag::ISCSI_NAME,
-        tag::ISCSI_NODE_TYPE,
-        tag::PG_ISCSI_NAME,
-        tag::PG_PORTAL_IP_ADDRESS,
-        tag::PG_PORTAL_PORT,
-        tag::PG_TAG,
-    ] {
-        attrs.push(Attr::empty(t));
-    }
+    attrs.push(Attr::empty(tag::ISCSI_NAME));
+    attrs.push(Attr::empty(tag::ISCSI_NODE_TYPE));
+    attrs.extend(PORTAL_GROUP_TAGS.map(Attr::empty));
     Message::request(function::DEV_ATTR_QRY, transaction, attrs)
 }
 
@@ -73,14 +74,7 @@ pub fn portal_groups_query(initiator: &str, target: &str, transaction: u16) -> M
         Attr::string(tag::ISCSI_NAME, target),
         Attr::empty(tag::DELIMITER),
     ];
-    for t in [
-        tag::PG_ISCSI_NAME,
-        tag::PG_PORTAL_IP_ADDRESS,
-        tag::PG_PORTAL_PORT,
-        tag::PG_TAG,
-    ] {
-        attrs.push(Attr::empty(t));
-    }
+    attrs.extend(PORTAL_GROUP_TAGS.map(Attr::empty));
     Message::request(function::DEV_ATTR_QRY, transaction, attrs)
 }
 
