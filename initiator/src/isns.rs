@@ -132,15 +132,9 @@ pub fn parse_targets(answer: &Message) -> std::result::Result<SendTargetsList, S
             status::name(code)
         ));
     }
-    // The operating attributes follow the echoed key's delimiter.
-    let start = answer
-        .attrs
-        .iter()
-        .position(|a| a.tag == tag::DELIMITER)
-        .map_or(0, |i| i + 1);
     let mut list = SendTargetsList::default();
     let mut group: (Option<String>, Option<String>, Option<u16>) = (None, None, None);
-    for a in &answer.attrs[start..] {
+    for a in answer.operating_attrs() {
         match a.tag {
             tag::PG_ISCSI_NAME => group = (a.as_str().map(str::to_owned), None, None),
             tag::PG_PORTAL_IP_ADDRESS => group.1 = a.as_ip().map(|ip| ip.to_string()),
@@ -171,20 +165,24 @@ pub fn parse_targets(answer: &Message) -> std::result::Result<SendTargetsList, S
                     ));
                     continue;
                 };
-                let portal = Portal { host, port, tpgt };
-                match list.targets.iter_mut().find(|t| t.name == name) {
-                    Some(t) if !t.portals.contains(&portal) => t.portals.push(portal),
-                    Some(_) => {}
-                    None => list.targets.push(DiscoveredTarget {
-                        name,
-                        portals: vec![portal],
-                    }),
-                }
+                add_portal(&mut list, name, Portal { host, port, tpgt });
             }
             _ => {}
         }
     }
     Ok(list)
+}
+
+/// Adds `portal` to target `name` in `list` (once), the target too if new.
+fn add_portal(list: &mut SendTargetsList, name: String, portal: Portal) {
+    match list.targets.iter_mut().find(|t| t.name == name) {
+        Some(t) if !t.portals.contains(&portal) => t.portals.push(portal),
+        Some(_) => {}
+        None => list.targets.push(DiscoveredTarget {
+            name,
+            portals: vec![portal],
+        }),
+    }
 }
 
 /// Asks the iSNS server at `server` (`HOST[:PORT]`, port 3205 by default)
@@ -286,15 +284,8 @@ async fn walk(
             parse_targets(&exchange(stream, reader, q, addr).await?).map_err(Error::Protocol)?;
         list.refused.extend(groups.refused);
         for t in groups.targets {
-            match list.targets.iter_mut().find(|x| x.name == t.name) {
-                Some(x) => {
-                    for p in t.portals {
-                        if !x.portals.contains(&p) {
-                            x.portals.push(p);
-                        }
-                    }
-                }
-                None => list.targets.push(t),
+            for p in t.portals {
+                add_portal(&mut list, t.name.clone(), p);
             }
         }
     }

@@ -460,12 +460,7 @@ impl Registrar {
 
     fn refresh(&mut self, now: Instant) {
         let t = self.transaction();
-        let source = self
-            .wanted
-            .nodes
-            .first()
-            .map(|n| n.name.as_str())
-            .unwrap_or("");
+        let source = self.wanted.source();
         self.outbox.push_back(Message::request(
             function::DEV_ATTR_QRY,
             t,
@@ -514,12 +509,8 @@ impl Registrar {
 /// Whether a query's answer lists the entity `eid` among its operating
 /// attributes (after the delimiter that ends the echoed key).
 fn holds_entity(answer: &Message, eid: &str) -> bool {
-    let after = answer
-        .attrs
-        .iter()
-        .position(|a| a.tag == tag::DELIMITER)
-        .map_or(0, |i| i + 1);
-    answer.attrs[after..]
+    answer
+        .operating_attrs()
         .iter()
         .any(|a| a.tag == tag::ENTITY_IDENTIFIER && a.as_str() == Some(eid))
 }

@@ -147,10 +147,8 @@ impl Registration {
                 ]);
             }
         }
-        // The source of every message is a node of the entity: the first
-        // one, registered by the first message (open-isns would otherwise
-        // make an unknown source a node of the entity).
-        let source = self.nodes.first().map(|n| n.name.as_str()).unwrap_or("");
+        // (The first message registers the source node.)
+        let source = self.source();
         let opening = |replace: bool| {
             let mut m = Message::request(
                 function::DEV_ATTR_REG,
@@ -185,10 +183,16 @@ impl Registration {
         out
     }
 
+    /// The source of every message: the first target, a node of the
+    /// entity (open-isns would make an unknown source a node of it).
+    pub fn source(&self) -> &str {
+        self.nodes.first().map_or("", |n| n.name.as_str())
+    }
+
     /// The DevDereg that removes the entity with all its portals, nodes
     /// and portal groups (RFC 4171 §5.6.5.4).
     pub fn deregistration(&self, transaction: u16) -> Message {
-        let source = self.nodes.first().map(|n| n.name.as_str()).unwrap_or("");
+        let source = self.source();
         Message::request(
             function::DEV_DEREG,
             transaction,

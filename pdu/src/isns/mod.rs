@@ -305,6 +305,17 @@ impl Message {
         self.attrs.iter().find(|a| a.tag == tag)
     }
 
+    /// The operating attributes: those after the delimiter that ends the
+    /// source and message key (§5.6.1); all of them when there is none.
+    pub fn operating_attrs(&self) -> &[Attr] {
+        let start = self
+            .attrs
+            .iter()
+            .position(|a| a.tag == tag::DELIMITER)
+            .map_or(0, |i| i + 1);
+        &self.attrs[start..]
+    }
+
     /// The payload's length on the wire.
     pub fn payload_len(&self) -> usize {
         let status = if self.status.is_some() { 4 } else { 0 };
