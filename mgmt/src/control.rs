@@ -21,7 +21,7 @@ use blockwire_target::iscsi::Fabric;
 use blockwire_target::scsi::stats::Direction;
 use blockwire_target::scsi::LunTable;
 
-use crate::live::{edits, Live, LiveError};
+use crate::live::{edits, ChangeMode, Live, LiveError};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -149,13 +149,29 @@ pub const METHODS: &[Method] = &[
     Method {
         name: "config.reload",
         params: "",
-        summary: "read the configuration file again and apply the difference (what SIGHUP does)",
+        summary: "read the configuration file again and apply the difference (what SIGHUP does); with \"dry_run\": true, as every method that changes the configuration, only say what it would change",
     },
     Method {
         name: "config.save",
         params: r#"{"path": "/etc/blockwire/target.toml (optional)"}"#,
         summary: "write the running configuration atomically (default: the file it came from), keeping 10 backups in backup/",
     },
+];
+
+/// The methods that change the configuration: each takes `"dry_run": true`.
+pub const CHANGES: &[&str] = &[
+    "target.add",
+    "target.remove",
+    "lun.add",
+    "lun.remove",
+    "lun.resize",
+    "acl.add",
+    "acl.remove",
+    "chap.add",
+    "chap.remove",
+    "portal.add",
+    "portal.remove",
+    "config.reload",
 ];
 
 /// The method list as `--help` prints it.
@@ -394,24 +410,32 @@ impl Control {
 
     async fn edit(
         &self,
-        force: bool,
+        mode: ChangeMode,
         f: impl FnOnce(&mut toml::Table) -> Result<(), LiveError>,
     ) -> Result<Value, RpcError> {
-        let applied = self.live()?.edit(force, f).await.map_err(live_error)?;
+        let applied = self.live()?.edit(mode, f).await.map_err(live_error)?;
         Ok(serde_json::to_value(applied).unwrap_or(Value::Null))
     }
 
-    /// The methods that change the configuration.
+    /// The methods that change the configuration. Each takes `"dry_run":
+    /// true` besides its own parameters: the change is checked and what it
+    /// would do is answered, in the words it would use, and nothing changes.
     async fn call_edit(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let (params, dry_run) = if CHANGES.contains(&method) {
+            take_dry_run(method, params)?
+        } else {
+            (params, false)
+        };
+        let mode = |force: bool| ChangeMode { force, dry_run };
         match method {
             "target.add" => {
                 let p: TargetAddParams = parse(method, params)?;
                 let t = table(p.target)?;
-                self.edit(false, |d| edits::add_target(d, t)).await
+                self.edit(mode(false), |d| edits::add_target(d, t)).await
             }
             "target.remove" => {
                 let p: TargetRemoveParams = parse(method, params)?;
-                self.edit(p.force, |d| edits::remove_target(d, &p.target))
+                self.edit(mode(p.force), |d| edits::remove_target(d, &p.target))
                     .await
             }
             "lun.add" => {
@@ -426,7 +450,7 @@ impl Control {
                         "lun.add: the list of LUNs is empty; give one LUN's table or a list of them",
                     ));
                 }
-                self.edit(false, |d| {
+                self.edit(mode(false), |d| {
                     luns.into_iter()
                         .try_for_each(|l| edits::add_lun(d, &p.target, l))
                 })
@@ -434,23 +458,27 @@ impl Control {
             }
             "lun.remove" => {
                 let p: LunRemoveParams = parse(method, params)?;
-                self.edit(p.force, |d| edits::remove_lun(d, &p.target, p.lun))
+                self.edit(mode(p.force), |d| edits::remove_lun(d, &p.target, p.lun))
                     .await
             }
             "lun.resize" => {
                 let p: LunResizeParams = parse(method, params)?;
-                self.edit(p.force, |d| edits::resize_lun(d, &p.target, p.lun, &p.size))
-                    .await
+                self.edit(mode(p.force), |d| {
+                    edits::resize_lun(d, &p.target, p.lun, &p.size)
+                })
+                .await
             }
             "acl.add" => {
                 let p: AclParams = parse(method, params)?;
-                self.edit(false, |d| edits::acl_add(d, &p.target, &p.initiator))
+                self.edit(mode(false), |d| edits::acl_add(d, &p.target, &p.initiator))
                     .await
             }
             "acl.remove" => {
                 let p: AclParams = parse(method, params)?;
-                self.edit(false, |d| edits::acl_remove(d, &p.target, &p.initiator))
-                    .await
+                self.edit(mode(false), |d| {
+                    edits::acl_remove(d, &p.target, &p.initiator)
+                })
+                .await
             }
             "chap.add" => {
                 let p: ChapParams = parse(method, params)?;
@@ -460,7 +488,7 @@ impl Control {
                         "chap.add needs a \"secret\" (12 to 255 characters)",
                     )
                 })?;
-                self.edit(false, |d| {
+                self.edit(mode(false), |d| {
                     edits::chap_add(
                         d,
                         p.target.as_deref(),
@@ -473,19 +501,19 @@ impl Control {
             }
             "chap.remove" => {
                 let p: ChapParams = parse(method, params)?;
-                self.edit(false, |d| {
+                self.edit(mode(false), |d| {
                     edits::chap_remove(d, p.target.as_deref(), &p.user, p.initiator.as_deref())
                 })
                 .await
             }
             "portal.add" => {
                 let p: PortalAddParams = parse(method, params)?;
-                self.edit(false, |d| edits::portal_add(d, p.tag, &p.listen))
+                self.edit(mode(false), |d| edits::portal_add(d, p.tag, &p.listen))
                     .await
             }
             "portal.remove" => {
                 let p: PortalRemoveParams = parse(method, params)?;
-                self.edit(false, |d| edits::portal_remove(d, &p.listen, p.tag))
+                self.edit(mode(false), |d| edits::portal_remove(d, &p.listen, p.tag))
                     .await
             }
             "config.show" => {
@@ -494,7 +522,7 @@ impl Control {
             }
             "config.reload" => {
                 let NoParams {} = parse(method, params)?;
-                let a = self.live()?.reload().await.map_err(live_error)?;
+                let a = self.live()?.reload(mode(false)).await.map_err(live_error)?;
                 Ok(serde_json::to_value(a).unwrap_or(Value::Null))
             }
             "config.save" => {
@@ -535,6 +563,17 @@ impl Control {
 
     /// Runs one method.
     pub async fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let known = METHODS.iter().any(|m| m.name == method);
+        if known && !CHANGES.contains(&method) && params.get("dry_run").is_some() {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!(
+                    "{method} changes no configuration, so it takes no \"dry_run\"; the methods \
+                     that do are {}",
+                    CHANGES.join(", ")
+                ),
+            ));
+        }
         match method {
             "lun.list" => {
                 let NoParams {} = parse(method, params)?;
@@ -793,6 +832,25 @@ impl Control {
             Err(e) => error_reply(id, &e),
         })
     }
+}
+
+/// Takes `"dry_run"` out of a changing method's parameters: the rest are
+/// the method's own.
+fn take_dry_run(method: &str, params: Value) -> Result<(Value, bool), RpcError> {
+    let Value::Object(mut map) = params else {
+        return Ok((params, false));
+    };
+    let dry_run = match map.remove("dry_run") {
+        None => false,
+        Some(Value::Bool(b)) => b,
+        Some(other) => {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!("{method}: \"dry_run\" is true or false, not {other}"),
+            ))
+        }
+    };
+    Ok((Value::Object(map), dry_run))
 }
 
 fn error_reply(id: Value, e: &RpcError) -> Value {

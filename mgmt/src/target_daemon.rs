@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::config::{Built, LoadOptions, RdmaBackend};
 use crate::control::Control;
-use crate::live::{Live, Source};
+use crate::live::{ChangeMode, Live, Source};
 use crate::notify::Notifier;
 
 /// Sets the process's RAM budget to `[fabric] ram_limit` when given, and
@@ -324,7 +324,7 @@ impl Signals {
                     // RELOADING=1.
                     notifier.notify("RELOADING=1\nSTATUS=reloading");
                     info!("SIGHUP: reloading the configuration");
-                    let status = match live.reload().await {
+                    let status = match live.reload(ChangeMode::default()).await {
                         Ok(a) => {
                             info!(changes = a.changes.len(), restart_needed = a.restart_needed.len(), "configuration reloaded");
                             format!("serving (reloaded: {} change(s))", a.changes.len())

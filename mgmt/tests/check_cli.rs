@@ -33,7 +33,7 @@ fn check_creates_no_backing_file() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("a start creates it"), "{stdout}");
+    assert!(stdout.contains("it will be created"), "{stdout}");
     assert!(
         stdout.contains("configuration is valid: 1 target(s)"),
         "{stdout}"

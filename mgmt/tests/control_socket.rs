@@ -693,6 +693,37 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
             && e.contains("force"),
         "{e}"
     );
+    // As a dry run: the same refusal; forced, what it would do, and
+    // nothing done (no unit attention, both LUNs still reported).
+    let dry = d
+        .try_call(
+            "lun.remove",
+            json!({"target": TARGET, "lun": 0, "dry_run": true}),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        dry.contains("removing LUN 0 of") && dry.contains("served a READ or WRITE"),
+        "{dry}"
+    );
+    let v = d
+        .call(
+            "lun.remove",
+            json!({"target": TARGET, "lun": 0, "force": true, "dry_run": true}),
+        )
+        .await;
+    assert_eq!(v["dry_run"], json!(true), "{v}");
+    assert_eq!(
+        v["changes"],
+        json!([format!("LUN 0 of {TARGET} removed")]),
+        "{v}"
+    );
+    assert_eq!(unit_attentions(&mut c).await, []);
+    assert_eq!(report_luns(&mut c).await, [0, 1]);
+    let (status, data) = c.run(&rw10(0x28, 0, 1), 512, &[]).await;
+    assert_eq!((status, data), (0, block.clone()), "LUN 0 serves on");
+
     d.call("lun.remove", json!({"target": TARGET, "lun": 1}))
         .await;
     assert_eq!(unit_attentions(&mut c).await, [(0x3f, 0x0e)]);
@@ -977,6 +1008,93 @@ async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
             .any(|(t, a)| *t == 1 && a.starts_with("127.0.0.2:")),
         "{listed:?}"
     );
+}
+
+/// `blockwire-target ctl --dry-run`, as an operator checks a change before
+/// making it: a LUN over a file that does not exist yet, and an edited file
+/// before `systemctl reload`. The daemon changes nothing until asked for
+/// real, and then says what the dry run said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_dry_run_says_what_a_change_would_do_and_does_nothing() {
+    let d = Daemon::start().await;
+    let dir = d._process.dir().to_path_buf();
+    let disk = dir.join("d1.img");
+    let dry_cli = |method: &str, params: &str| {
+        let out = Command::new(BIN)
+            .args(["ctl", "--dry-run", "--control"])
+            .arg(&d.socket)
+            .arg(method)
+            .args((!params.is_empty()).then_some(params))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "ctl --dry-run {method}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<Value>(&stdout).unwrap()
+    };
+    let luns = |v: &Value| -> Vec<u64> {
+        v["targets"][0]["luns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["lun"].as_u64().unwrap())
+            .collect()
+    };
+    let add = json!({"target": TARGET, "lun": {"id": 1, "backstore": "file",
+        "path": disk.to_str().unwrap(), "size": "4M"}});
+    let said = dry_cli("lun.add", &add.to_string());
+    assert_eq!(said["dry_run"], json!(true), "{said}");
+    let changes = said["changes"].to_string();
+    assert!(
+        changes.contains(&format!(
+            "{} does not exist: it will be created (4194304 bytes)",
+            disk.display()
+        )) && changes.contains(&format!(
+            "LUN 1 of {TARGET} added: file {} (4 MiB, cached",
+            disk.display()
+        )),
+        "{said}"
+    );
+    assert!(!disk.exists(), "a dry run created the file");
+    assert_eq!(luns(&d.call("lun.list", Value::Null).await), [0]);
+    let done = d.call("lun.add", add).await;
+    assert!(done.get("dry_run").is_none(), "{done}");
+    assert!(disk.exists());
+    assert_eq!(luns(&d.call("lun.list", Value::Null).await), [0, 1]);
+
+    // An edited file: what a reload would change, then the reload.
+    let config = dir.join("two-groups.toml");
+    d.call("config.save", Value::Null).await;
+    let saved = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{saved}\n[[target.lun]]\nid = 2\nbackstore = \"ram\"\nsize = \"1M\"\n"),
+    )
+    .unwrap();
+    let said = dry_cli("config.reload", "");
+    assert_eq!(
+        said["changes"],
+        json!([format!(
+            "LUN 2 of {TARGET} added: ram (1 MiB, allocated on write) (initiators hear \
+             REPORTED LUNS DATA HAS CHANGED; rescan to see it)"
+        )]),
+        "{said}"
+    );
+    assert_eq!(luns(&d.call("lun.list", Value::Null).await), [0, 1]);
+    let done = d.call("config.reload", Value::Null).await;
+    assert_eq!(done["changes"], said["changes"]);
+    assert_eq!(luns(&d.call("lun.list", Value::Null).await), [0, 1, 2]);
+
+    // Only changes take a dry run.
+    let e = d
+        .try_call("lun.list", json!({"dry_run": true}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lun.list changes no configuration"), "{e}");
 }
 
 async fn only_tsih_of(d: &Daemon, target: &str) -> Option<u64> {

@@ -429,6 +429,13 @@ async fn run(input: &[u8]) {
         };
         let before = fabric.catalog();
         let before_units = units(&before);
+        // The same call as a dry run first: it changes nothing, and says
+        // what the call then does.
+        let dry = if matches!(method, "lun.stall" | "config.save") {
+            None
+        } else {
+            Some(dry_run(&control, &live, &fabric, &portals, method, &params, round).await)
+        };
         let request = json!({"jsonrpc": "2.0", "id": round, "method": method, "params": params});
         let reply = control
             .handle_line(&request.to_string())
@@ -445,6 +452,10 @@ async fn run(input: &[u8]) {
             }
             _ => panic!("neither a result nor an error: {reply}"),
         };
+
+        if let Some(dry) = dry {
+            same_outcome(method, &params, &dry, &reply);
+        }
 
         let after_text = live.text().await;
         let after_doc = parse_doc("after", &after_text).expect("the running document parses");
@@ -522,6 +533,120 @@ async fn run(input: &[u8]) {
             );
             assert_eq!(live.text().await, after_text, "reloading what was just saved changed the document");
         }
+    }
+}
+
+/// The scratch directory's files and their sizes, and the state directory's.
+fn on_disk() -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![scratch().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            match e.metadata() {
+                Ok(m) if m.is_dir() => {
+                    out.push((p.clone(), 0));
+                    dirs.push(p);
+                }
+                Ok(m) => out.push((p, m.len())),
+                Err(_) => {}
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Calls `method` with `"dry_run": true` and checks that nothing changed:
+/// the document, the catalog and every unit in it (size too), the portals,
+/// the files. Returns the answer.
+async fn dry_run(
+    control: &Control,
+    live: &Live,
+    fabric: &Fabric,
+    portals: &PortalSet,
+    method: &str,
+    params: &Value,
+    round: usize,
+) -> Value {
+    let mut params = params.clone();
+    params["dry_run"] = json!(true);
+    let text = live.text().await;
+    let catalog = fabric.catalog();
+    let served_before = served(&catalog);
+    let listening: Vec<_> = portals.list().iter().map(|p| p.addr).collect();
+    let files = on_disk();
+    let request = json!({"jsonrpc": "2.0", "id": round, "method": method, "params": params});
+    let reply = control.handle_line(&request.to_string()).await.expect("a dry run is answered");
+    let reply: Value = serde_json::from_str(&reply).expect("the answer is JSON");
+    if let Some(r) = reply.get("result") {
+        assert_eq!(r["dry_run"], json!(true), "{method} {params}: {reply}");
+    }
+    assert_eq!(live.text().await, text, "{method} {params} ({reply}) changed the document");
+    assert!(Arc::ptr_eq(&fabric.catalog(), &catalog), "{method} {params} ({reply}) replaced the catalog");
+    assert_eq!(served(&catalog), served_before, "{method} {params} ({reply}) changed what serves");
+    let now: Vec<_> = portals.list().iter().map(|p| p.addr).collect();
+    assert_eq!(now, listening, "{method} {params} ({reply}) changed the portals");
+    assert_eq!(on_disk(), files, "{method} {params} ({reply}) changed files");
+    reply
+}
+
+/// A change's line in words a dry run can know: a port 0 portal's port,
+/// and what opening a file tells (an atomic-write journal's size), left out.
+fn comparable(line: &str) -> String {
+    let mut line = line.to_owned();
+    if let Some(rest) = line.strip_prefix("portal ") {
+        if let Some((addr, tail)) = rest.split_once(" (portal group") {
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+            line = format!("portal {host}:* (portal group{tail}");
+        }
+    }
+    if let Some(at) = line.find(", atomic writes up to ") {
+        let end = line[at..].find(')').map_or(line.len(), |e| at + e);
+        line.replace_range(at..end, "");
+    }
+    line
+}
+
+/// The lines of a change's answer: for a dry run without the notices of
+/// what opening files does on disk ("target.lun.path: ..."), for the change
+/// without its data paths' starts ("LUN 1 of ...: READ engine: ...").
+fn lines(result: &Value, dry: bool) -> Vec<String> {
+    result["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .map(|l| l.as_str().expect("a line").to_owned())
+        .filter(|l| {
+            if dry {
+                !l.split(' ').next().is_some_and(|w| w.ends_with(':'))
+            } else {
+                !l.contains(": READ engine: ") && !l.contains(": WRITE engine: ")
+            }
+        })
+        .map(|l| comparable(&l))
+        .collect()
+}
+
+/// A dry run's answer and the call's agree: the same error, or the same
+/// lines and sections needing a restart; a dry run that passes may meet a
+/// failure only doing can find (a portal that cannot bind, a file that
+/// cannot be opened or grown).
+fn same_outcome(method: &str, params: &Value, dry: &Value, done: &Value) {
+    match (dry.get("result"), done.get("result")) {
+        (Some(d), Some(r)) => {
+            assert_eq!(lines(d, true), lines(r, false), "{method} {params}: dry run {dry}, done {done}");
+            assert_eq!(d["restart_needed"], r["restart_needed"], "{method} {params}: {dry} / {done}");
+        }
+        (None, None) => assert_eq!(dry["error"], done["error"], "{method} {params}"),
+        (Some(_), None) => {
+            let e = &done["error"];
+            assert!(
+                e["code"] == json!(-32003),
+                "{method} {params}: the dry run passed ({dry}) but the call was refused: {done}"
+            );
+        }
+        (None, Some(_)) => panic!("{method} {params}: the dry run was refused ({dry}) but the call passed: {done}"),
     }
 }
 

@@ -196,6 +196,12 @@ enum Command {
         /// portal's connections are gone).
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         timeout: u64,
+        /// For a method that changes the configuration (target.*, lun.add,
+        /// lun.remove, lun.resize, acl.*, chap.*, portal.add, portal.remove,
+        /// config.reload): check the change and print what it would do,
+        /// changing nothing (adds "dry_run": true to the parameters).
+        #[arg(long)]
+        dry_run: bool,
         /// The method, e.g. lun.stall (see the list below).
         method: String,
         /// Its parameters as one JSON object, e.g.
@@ -211,7 +217,9 @@ fn ctl_help() -> String {
          blockwire-target ctl lun.stall \\\n    \
          '{{\"target\": \"{target}\", \"lun\": 0, \"stalled\": true}}'\n  \
          # a daemon started with --control /tmp/bw.sock\n  \
-         blockwire-target ctl --control /tmp/bw.sock lun.list",
+         blockwire-target ctl --control /tmp/bw.sock lun.list\n  \
+         # what reloading the edited file would change (systemctl reload does it)\n  \
+         blockwire-target ctl --dry-run config.reload",
         blockwire_mgmt::control::methods_help(),
         socket = blockwire_mgmt::control::DEFAULT_CONTROL_SOCKET,
         target = blockwire_mgmt::config::DEFAULT_TARGET,
@@ -220,8 +228,14 @@ fn ctl_help() -> String {
 
 /// `blockwire-target ctl`: one call, its result on stdout (exit 0) or its
 /// error on stderr (exit 1).
-fn ctl(control: &Path, timeout: u64, method: &str, params: Option<&str>) -> ExitCode {
-    let params = match params.map(serde_json::from_str::<serde_json::Value>) {
+fn ctl(
+    control: &Path,
+    timeout: u64,
+    method: &str,
+    params: Option<&str>,
+    dry_run: bool,
+) -> ExitCode {
+    let mut params = match params.map(serde_json::from_str::<serde_json::Value>) {
         None => serde_json::Value::Null,
         Some(Ok(v)) => v,
         Some(Err(e)) => {
@@ -229,6 +243,16 @@ fn ctl(control: &Path, timeout: u64, method: &str, params: Option<&str>) -> Exit
             return ExitCode::FAILURE;
         }
     };
+    if dry_run {
+        if params.is_null() {
+            params = serde_json::json!({});
+        }
+        let Some(map) = params.as_object_mut() else {
+            eprintln!("error: --dry-run adds \"dry_run\": true to the parameters, which must then be one JSON object, e.g. '{{\"lun\": 0}}'");
+            return ExitCode::FAILURE;
+        };
+        map.insert("dry_run".into(), serde_json::Value::Bool(true));
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -296,11 +320,12 @@ fn main() -> anyhow::Result<ExitCode> {
     if let Some(Command::Ctl {
         control,
         timeout,
+        dry_run,
         method,
         params,
     }) = &args.command
     {
-        return Ok(ctl(control, *timeout, method, params.as_deref()));
+        return Ok(ctl(control, *timeout, method, params.as_deref(), *dry_run));
     }
     if args.print_example_config {
         print!("{}", blockwire_mgmt::config::EXAMPLE_CONFIG);

@@ -56,7 +56,7 @@ fn check_backing_file(
                 Some(want) if len < want && !read_only => report.notices.push(ctx.err(
                     line,
                     field,
-                    format!("{shown} is {len} bytes: a start grows it to {want} bytes"),
+                    format!("{shown} is {len} bytes: it will be grown to {want} bytes"),
                 )),
                 Some(want) if len < want => report.notices.push(ctx.err(
                     line,
@@ -114,7 +114,7 @@ fn check_backing_file(
                     Some(want) => report.notices.push(ctx.err(
                         line,
                         field,
-                        format!("{shown} does not exist: a start creates it ({want} bytes)"),
+                        format!("{shown} does not exist: it will be created ({want} bytes)"),
                     )),
                 },
             }
@@ -198,7 +198,7 @@ impl TargetConfig {
                     match existing {
                         Some(a) if writable(a, true) => report.notices.push(ctx.fabric_err(
                             "state_dir",
-                            format!("{} does not exist: a start creates it", dir.display()),
+                            format!("{} does not exist: it will be created", dir.display()),
                         )),
                         _ => report.errors.push(ctx.fabric_err(
                             "state_dir",

@@ -239,7 +239,12 @@ pub(super) fn build_lun(
                     ))
                 }
             };
-            Arc::new(NullBackstore::pattern(size))
+            Arc::new(stand_in(
+                ctx,
+                size,
+                || format!("file {}", path.display()),
+                mode,
+            ))
         }
         "striped" => {
             let paths = l.paths.as_ref().ok_or_else(|| {
@@ -316,7 +321,21 @@ pub(super) fn build_lun(
                         }
                     }
                 };
-                Arc::new(NullBackstore::pattern(size))
+                let members = paths.get_ref();
+                let what = || {
+                    let names: Vec<String> =
+                        members.iter().map(|p| p.display().to_string()).collect();
+                    let chunk = match stripe {
+                        s if s >= 1024 => format!("{} KiB", s >> 10),
+                        s => format!("{s} B"),
+                    };
+                    format!(
+                        "striped {} x {chunk} over {}",
+                        members.len(),
+                        names.join(", ")
+                    )
+                };
+                Arc::new(stand_in(ctx, size, what, mode))
             } else {
                 let sb = StripedBackstore::open(paths.get_ref(), stripe, size, l.read_only, mode)
                     .map_err(|e| ctx.err(paths.span(), "target.lun.paths", e.to_string()))?;
@@ -417,4 +436,23 @@ pub(super) fn build_lun(
     };
     let asked = policy.engine_reads.is_some() || policy.sendfile || policy.double_buffered_writes;
     Ok((unit, asked.then_some(policy)))
+}
+
+/// The store a check or dry run builds in place of files it does not open:
+/// the no-disk pattern, named (outside `--no-disk`) for what a real build
+/// would open, `what` followed by the size and mode as its `describe` says.
+fn stand_in(
+    ctx: &Ctx<'_>,
+    size: u64,
+    what: impl FnOnce() -> String,
+    mode: FileMode,
+) -> NullBackstore {
+    if ctx.no_disk {
+        return NullBackstore::pattern(size);
+    }
+    let mode = match mode {
+        FileMode::Direct => "direct",
+        FileMode::Cached => "cached",
+    };
+    NullBackstore::stand_in(size, format!("{} ({} MiB, {mode})", what(), size >> 20))
 }

@@ -742,6 +742,21 @@ struct Ctx<'a> {
 /// Units a live change keeps, by lower-case target name and LUN.
 pub type Reuse = std::collections::HashMap<(String, u16), Arc<LogicalUnit>>;
 
+/// How [`TargetConfig::from_str_reusing`] builds a live change's
+/// configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rebuild<'a> {
+    /// The LUNs that keep their running units (nothing of theirs is
+    /// opened, created or grown); every other LUN is built.
+    pub reuse: Option<&'a Reuse>,
+    /// The text is a rendering of the running document, not a file: its
+    /// lines go unnamed in messages.
+    pub rendered: bool,
+    /// A dry run: the new LUNs get stand-ins, as `--check` builds them, and
+    /// nothing on disk is created, grown or opened for writing.
+    pub dry_run: bool,
+}
+
 /// The 1-based line of `key = ...` in the `[table]` section of `text`, or
 /// of the section's header when the key is not written there (a default
 /// value at fault), or 1.
@@ -964,30 +979,27 @@ impl TargetConfig {
     /// Parses and checks configuration text, building backstores as `opts`
     /// says; `file` names it in errors.
     pub fn from_str_with(file: &str, text: &str, opts: LoadOptions) -> Result<Built, ConfigError> {
-        Self::from_str_reusing(file, text, opts, None, false)
+        Self::from_str_reusing(file, text, opts, Rebuild::default()).map(|(built, _)| built)
     }
 
-    /// [`TargetConfig::from_str_with`] for a live change: the LUNs in
-    /// `reuse` keep their running units (nothing of theirs is opened,
-    /// created or grown); every other LUN is built. `rendered`: the text is a
-    /// rendering of the running document, not a file (its lines go unnamed in
-    /// messages).
+    /// [`TargetConfig::from_str_with`] for a live change (see [`Rebuild`]),
+    /// with the notices of what building does on disk (files created or
+    /// grown), in line order.
     pub fn from_str_reusing(
         file: &str,
         text: &str,
         opts: LoadOptions,
-        reuse: Option<&Reuse>,
-        rendered: bool,
-    ) -> Result<Built, ConfigError> {
+        how: Rebuild<'_>,
+    ) -> Result<(Built, Vec<ConfigError>), ConfigError> {
         let config = Self::parse(file, text)?;
         let ctx = Ctx {
             file,
             text,
             line_starts: line_starts(text),
             no_disk: opts.no_disk,
-            dry_run: false,
-            reuse,
-            rendered,
+            dry_run: how.dry_run,
+            reuse: how.reuse,
+            rendered: how.rendered,
         };
         // Validate without side effects first, so a start that would fail
         // on a later field has not created or grown any file yet.
@@ -996,7 +1008,8 @@ impl TargetConfig {
             report.errors.sort_by_key(|e| e.line);
             return Err(report.errors.swap_remove(0));
         }
-        config.build(&ctx, None)
+        report.notices.sort_by_key(|e| e.line);
+        Ok((config.build(&ctx, None)?, report.notices))
     }
 
     /// The embedded default: one target with one 1 GiB RAM LUN, open to any

@@ -1109,7 +1109,7 @@ fn check_backing_files_without_touching_them() {
         (r.notices[0].line, r.notices[0].field.as_str()),
         (11, "target.lun.path")
     );
-    assert!(r.notices[0].message.contains("a start creates it"));
+    assert!(r.notices[0].message.contains("it will be created"));
     assert!(!new.exists(), "--check creates nothing");
     // Absent without a size, or read-only: an error.
     let r = check(&lun(&new, ""));
@@ -1130,7 +1130,7 @@ fn check_backing_files_without_touching_them() {
     assert!(
         r.notices[0]
             .message
-            .contains("is 4096 bytes: a start grows it to 1048576 bytes"),
+            .contains("is 4096 bytes: it will be grown to 1048576 bytes"),
         "{}",
         r.notices[0]
     );

@@ -5,7 +5,8 @@
 //! targets keep their LUN table (sessions hold it), LUNs whose definition
 //! is unchanged keep their unit (data, reservations, unit attentions), and
 //! portals that stay keep their connections. `ctl save` writes the document
-//! that runs, so the daemon can start from it.
+//! that runs, so the daemon can start from it. A dry run of any change
+//! (`apply`) checks it the same way and says what it would do.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -14,16 +15,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use blockwire_target::backstore::ram_budget::RamBudget;
-use blockwire_target::iscsi::catalog::{Catalog, TargetEntry};
-use blockwire_target::iscsi::portal::{Portal, PortalSet};
+use blockwire_target::iscsi::catalog::Catalog;
+use blockwire_target::iscsi::portal::PortalSet;
 use blockwire_target::iscsi::Fabric;
 use blockwire_target::scsi::Activity;
 use toml::{Table, Value};
-use tracing::{info, warn};
 
-use crate::config::{parse_size, LoadOptions, Reuse, TargetConfig};
+use crate::config::{parse_size, LoadOptions};
 
+mod apply;
 pub mod edits;
 
 /// A LUN that served a READ or WRITE this recently counts as in use: an
@@ -51,14 +51,28 @@ pub enum LiveError {
     Failed(String),
 }
 
-/// What a change did, a line each, for the log and the caller.
+/// What a change did, a line each, for the log and the caller; for a dry
+/// run, what it would do, in the same words.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct Applied {
-    /// What changed.
+    /// What changed (a dry run: what would change, and the files it would
+    /// create or grow).
     pub changes: Vec<String>,
     /// Sections that changed in the document but take effect only at the
     /// next start.
     pub restart_needed: Vec<String>,
+    /// A dry run: nothing was changed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+}
+
+/// How a change is made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChangeMode {
+    /// Take away targets and LUNs in use anyway (their sessions are closed).
+    pub force: bool,
+    /// Check the change and say what it would do, but change nothing.
+    pub dry_run: bool,
 }
 
 /// Where the running configuration came from.
@@ -254,8 +268,9 @@ impl Live {
     }
 
     /// Reads the configuration file again and applies the difference
-    /// (SIGHUP). A file that fails a check changes nothing.
-    pub async fn reload(&self) -> Result<Applied, LiveError> {
+    /// (SIGHUP; with `mode.dry_run`, only says what it would change). A file
+    /// that fails a check changes nothing.
+    pub async fn reload(&self, mode: ChangeMode) -> Result<Applied, LiveError> {
         let Some(path) = &self.source.file else {
             return Err(LiveError::NotFound(
                 "the daemon runs the embedded default (no --config file): there is nothing to reload; \
@@ -270,406 +285,26 @@ impl Live {
         // The file's own text is checked, so that an error names its line in the file.
         let text = apply_listen_override(&mut doc, text, self.source.listen_override);
         let mut running = self.running.lock().await;
-        self.apply(&mut running, doc, text, false, &name).await
+        let mode = ChangeMode {
+            force: false,
+            ..mode
+        };
+        self.apply(&mut running, doc, text, mode, &name).await
     }
 
     /// Changes the running document with `edit` and applies the result;
-    /// `force` allows taking away LUNs and targets in use.
+    /// `mode.force` allows taking away LUNs and targets in use, and
+    /// `mode.dry_run` only says what the change would do.
     pub async fn edit(
         &self,
-        force: bool,
+        mode: ChangeMode,
         edit: impl FnOnce(&mut Table) -> Result<(), LiveError>,
     ) -> Result<Applied, LiveError> {
         let mut running = self.running.lock().await;
         let mut doc = running.doc.clone();
         edit(&mut doc)?;
-        self.apply(&mut running, doc, None, force, "<control socket change>")
+        self.apply(&mut running, doc, None, mode, "<control socket change>")
             .await
-    }
-
-    /// Checks `doc` and applies what differs from the running document;
-    /// `text` is the text `doc` was read from (none: a rendering of `doc` is
-    /// checked, and errors say where in the configuration instead of a line).
-    async fn apply(
-        &self,
-        running: &mut Running,
-        doc: Table,
-        text: Option<String>,
-        force: bool,
-        origin: &str,
-    ) -> Result<Applied, LiveError> {
-        let rendered = text.is_none();
-        let text = match text {
-            Some(t) => t,
-            None => toml::to_string(&doc)
-                .map_err(|e| LiveError::Invalid(format!("cannot write the configuration: {e}")))?,
-        };
-        let old = self.fabric.catalog();
-        let mut applied = Applied::default();
-
-        // Units that stay: the same LUN table (size and the stall switch
-        // aside) in a target of the same name.
-        let old_luns = lun_defs(&running.doc);
-        let old_by_name = old.targets_by_name();
-        let mut reuse = Reuse::new();
-        let mut resizes = Vec::new();
-        for (key, def) in lun_defs(&doc) {
-            let Some(before) = old_luns.get(&key) else {
-                continue;
-            };
-            let Some(unit) = old_by_name.get(&key.0).and_then(|t| t.luns.get(key.1)) else {
-                continue;
-            };
-            if same_unit(before, &def) {
-                if before.get("size") != def.get("size") {
-                    let size = def.get("size").and_then(size_of).ok_or_else(|| {
-                        LiveError::Invalid(format!(
-                            "LUN {} of {}: give size as e.g. \"2G\" to resize it",
-                            key.1, key.0
-                        ))
-                    })?;
-                    resizes.push((key.clone(), unit.clone(), size));
-                }
-                reuse.insert(key, unit);
-            }
-        }
-        let built =
-            TargetConfig::from_str_reusing(origin, &text, self.opts, Some(&reuse), rendered)
-                .map_err(|e| {
-                    let located = match rendered
-                        .then(|| place_in_rendering(&text, e.line))
-                        .flatten()
-                    {
-                        Some(place) => format!("{origin}: {place}: {}: {}", e.field, e.message),
-                        None => e.to_string(),
-                    };
-                    LiveError::Invalid(format!("{located}; nothing was changed"))
-                })?;
-        let new = built.catalog.clone();
-        let ram_lun_bytes = built.ram_lun_bytes;
-        let new_by_name = new.targets_by_name();
-        // A target renamed in case only is the same target to initiators
-        // (iSCSI names compare case-insensitively), but its LUNs' derived
-        // identities and its saved reservations' file follow the name as
-        // written: the running units would keep theirs, and the next start
-        // would present new disks without their reservations.
-        for nt in &new.targets {
-            if let Some(ot) = old_by_name.get(&nt.name).filter(|ot| ot.name != nt.name) {
-                return Err(LiveError::Invalid(format!(
-                    "target {} is renamed {} (case only): its LUNs' serial numbers and NAA \
-                     identifiers (unless they have a uuid) and its saved reservations' files \
-                     derive from the name as written, so the next start would present new \
-                     disks and lose the reservations; keep the name as it was; nothing was changed",
-                    ot.name, nt.name
-                )));
-            }
-        }
-
-        // What would be taken away, and whether it is in use.
-        let mut busy = Vec::new();
-        let sessions = self.fabric.sessions.all();
-        for t in &old.targets {
-            let gone = new_by_name.get(&t.name).is_none();
-            if gone {
-                let users: Vec<&str> = sessions
-                    .iter()
-                    .filter(|s| {
-                        s.target
-                            .as_ref()
-                            .is_some_and(|st| st.name.eq_ignore_ascii_case(&t.name))
-                    })
-                    .map(|s| s.initiator_name.as_str())
-                    .collect();
-                if !users.is_empty() {
-                    busy.push(format!(
-                        "target {} has {} session(s) (from {})",
-                        t.name,
-                        users.len(),
-                        users.join(", ")
-                    ));
-                }
-            }
-            for (id, lu) in t.luns.units() {
-                if reuse.contains_key(&(t.name.to_ascii_lowercase(), id)) {
-                    continue;
-                }
-                if let Some(why) = in_use(&lu.activity()) {
-                    let what = if gone
-                        || new_by_name
-                            .get(&t.name)
-                            .is_some_and(|n| !n.luns.has_lun(id))
-                    {
-                        "removing"
-                    } else {
-                        "replacing (its definition changed)"
-                    };
-                    busy.push(format!("{what} LUN {id} of {}: {why}", t.name));
-                }
-            }
-        }
-        for (key, unit, size) in &resizes {
-            if *size < unit.config().backstore.size() {
-                if let Some(why) = in_use(&unit.activity()) {
-                    busy.push(format!("shrinking LUN {} of {}: {why}", key.1, key.0));
-                }
-            }
-        }
-        if !busy.is_empty() && !force {
-            return Err(LiveError::InUse(format!(
-                "{}; nothing was changed (pass force to do it anyway: sessions are closed, \
-                 commands to the LUN fail)",
-                busy.join("; ")
-            )));
-        }
-
-        // Portals: those that leave or change group close first (their
-        // address may be bound again), then new ones bind; a bind failure
-        // undoes the binds and changes nothing else.
-        let old_portals = portal_pairs(&old);
-        let new_portals = portal_pairs(&new);
-        let leaving: Vec<(SocketAddr, u16)> = old_portals
-            .iter()
-            .filter(|p| !new_portals.contains(p))
-            .copied()
-            .collect();
-        let coming: Vec<(SocketAddr, u16)> = new_portals
-            .iter()
-            .filter(|p| !old_portals.contains(p))
-            .copied()
-            .collect();
-        let mut opened = Vec::new();
-        for (addr, tag) in &coming {
-            let start = async {
-                let portal = Portal::bind(*addr, *tag).await?;
-                self.portals.start(portal).await
-            };
-            // Same address, other group: it must be free first. (Not
-            // for port 0: each listing of it gets a port of its own.)
-            let moving = leaving.iter().find(|(a, _)| a == addr && addr.port() != 0);
-            if let Some(&(a, old_tag)) = moving {
-                if let Some(b) = running.bound.remove(&(a, old_tag)) {
-                    let _ = self.portals.remove(b).await;
-                }
-            }
-            match start.await {
-                Ok(bound) => opened.push((*addr, *tag, bound)),
-                Err(e) => {
-                    for (_, _, b) in &opened {
-                        let _ = self.portals.remove(*b).await;
-                    }
-                    return Err(LiveError::Failed(format!(
-                        "cannot listen on {addr} (portal group {tag}): {e}; nothing else was changed"
-                    )));
-                }
-            }
-        }
-        for (addr, tag, bound) in opened {
-            running.bound.insert((addr, tag), bound);
-            applied
-                .changes
-                .push(format!("portal {bound} (portal group {tag}) listening"));
-        }
-
-        for (key, unit, size) in resizes {
-            let before = unit.config().backstore.size();
-            unit.resize(size).map_err(|e| {
-                LiveError::Failed(format!("resizing LUN {} of {}: {e}", key.1, key.0))
-            })?;
-            applied.changes.push(format!(
-                "LUN {} of {} resized from {before} to {size} bytes (initiators hear CAPACITY DATA HAS CHANGED)",
-                key.1, key.0
-            ));
-        }
-
-        // The new catalog: targets that stay keep their LUN table, brought
-        // in line with the new definition.
-        let mut targets = Vec::new();
-        for nt in &new.targets {
-            let Some(ot) = old_by_name.get(&nt.name) else {
-                for line in self.start_paths(nt) {
-                    applied.changes.push(line);
-                }
-                applied.changes.push(format!(
-                    "target {} added ({} LUNs)",
-                    nt.name,
-                    nt.luns.lun_ids().len()
-                ));
-                targets.push(nt.clone());
-                continue;
-            };
-            let table = ot.luns.clone();
-            for (id, lu) in table.units() {
-                if nt.luns.get(id).is_some_and(|n| Arc::ptr_eq(&n, &lu)) {
-                    continue;
-                }
-                let _ = table.remove(id);
-                self.fabric.lun_paths.remove(&ot.name, id);
-                applied
-                    .changes
-                    .push(format!("LUN {id} of {} removed", ot.name));
-            }
-            let mut added = Vec::new();
-            for (id, lu) in nt.luns.units() {
-                if table.get(id).is_some() {
-                    continue;
-                }
-                if let Err(e) = table.add(id, lu.clone()) {
-                    warn!(target = %nt.name, lun = id, "{e}");
-                    continue;
-                }
-                added.push(id);
-                applied.changes.push(format!(
-                    "LUN {id} of {} added: {} (initiators hear REPORTED LUNS DATA HAS CHANGED; rescan to see it)",
-                    nt.name,
-                    lu.config().backstore.describe()
-                ));
-            }
-            table.set_port_groups(nt.luns.target_port_groups());
-            let entry = Arc::new(TargetEntry {
-                name: nt.name.clone(),
-                alias: nt.alias.clone(),
-                portal_groups: nt.portal_groups.clone(),
-                acl: nt.acl.clone(),
-                auth: nt.auth.clone(),
-                luns: table,
-                data_paths: nt.data_paths.clone(),
-            });
-            for &(id, policy) in entry.data_paths.iter().filter(|(id, _)| added.contains(id)) {
-                match self
-                    .fabric
-                    .start_lun_paths(&entry.name, id, &entry.luns, policy)
-                {
-                    Ok(lines) => applied.changes.extend(
-                        lines
-                            .into_iter()
-                            .map(|l| format!("LUN {id} of {}: {l}", entry.name)),
-                    ),
-                    Err(e) => warn!("{e}; the LUN uses the SCSI core's copy path"),
-                }
-            }
-            if ot.acl != nt.acl {
-                applied
-                    .changes
-                    .push(format!("access list of {} changed", nt.name));
-            }
-            if ot.auth != nt.auth {
-                applied.changes.push(format!(
-                    "CHAP settings of {} changed (for logins from now on)",
-                    nt.name
-                ));
-            }
-            if ot.portal_groups != nt.portal_groups || ot.alias != nt.alias {
-                applied
-                    .changes
-                    .push(format!("portal groups or alias of {} changed", nt.name));
-            }
-            targets.push(entry);
-        }
-        if old.discovery_auth != new.discovery_auth {
-            applied
-                .changes
-                .push("discovery CHAP settings changed".into());
-        }
-        let catalog = Arc::new(Catalog {
-            portal_groups: new.portal_groups.clone(),
-            targets,
-            discovery_auth: new.discovery_auth.clone(),
-        });
-        self.fabric.replace_catalog(catalog.clone());
-        let catalog_by_name = catalog.targets_by_name();
-
-        // Sessions the change concerns: of removed targets, and of
-        // initiators the access list no longer admits.
-        for s in &sessions {
-            let Some(st) = &s.target else { continue };
-            let why = match catalog_by_name.get(&st.name) {
-                None => format!("target {} was removed", st.name),
-                Some(t) if !t.acl.allows(&s.initiator_name) => {
-                    format!(
-                        "{} is no longer in the access list of {}",
-                        s.initiator_name, t.name
-                    )
-                }
-                Some(_) => continue,
-            };
-            self.fabric.sessions.close(s);
-            applied.changes.push(format!(
-                "session {} (TSIH {}) closed: {why}",
-                s.initiator_name, s.tsih
-            ));
-        }
-        for t in old
-            .targets
-            .iter()
-            .filter(|t| catalog_by_name.get(&t.name).is_none())
-        {
-            for id in t.luns.lun_ids() {
-                self.fabric.lun_paths.remove(&t.name, id);
-            }
-            applied.changes.push(format!("target {} removed", t.name));
-        }
-        for (addr, tag) in leaving {
-            if addr.port() != 0 && new_portals.iter().any(|(a, _)| *a == addr) {
-                continue; // re-bound above for its new group
-            }
-            if let Some(b) = running.bound.remove(&(addr, tag)) {
-                let cut = self.portals.remove(b).await.unwrap_or(0);
-                applied.changes.push(format!(
-                    "portal {b} (portal group {tag}) removed, {cut} connection(s) cut"
-                ));
-            }
-        }
-        if let Some(isns) = &self.isns {
-            isns.serve(&catalog, &running.bound);
-        }
-        for section in ["fabric", "control", "metrics", "isns"] {
-            if running.doc.get(section) != doc.get(section) {
-                applied.restart_needed.push(format!("[{section}]"));
-            }
-        }
-        if iser_keys(&running.doc) != iser_keys(&doc) {
-            applied
-                .restart_needed
-                .push("iSER portals (iser, iser_listen)".into());
-        }
-        let ram = RamBudget::process();
-        // (With no_disk the build counts no RAM LUN: nothing holds memory.)
-        let ram_bytes = (running.ram_lun_bytes, ram_lun_bytes);
-        if ram_bytes.1 > ram_bytes.0 && ram_bytes.1 > ram.limit() {
-            applied.changes.push(format!(
-                "the RAM LUNs now add up to {} MiB, more than the {} MiB they may hold together \
-                 ([fabric] ram_limit): they are thin, and a write that needs memory past that \
-                 fails with DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT",
-                ram_bytes.1 >> 20,
-                ram.limit() >> 20
-            ));
-        }
-        running.doc = doc;
-        running.ram_lun_bytes = ram_lun_bytes;
-        for c in &applied.changes {
-            info!(origin, "{c}");
-        }
-        for r in &applied.restart_needed {
-            warn!(origin, "{r} changed: it takes effect at the next start");
-        }
-        if applied.changes.is_empty() {
-            info!(origin, "configuration applied: nothing to change");
-        }
-        Ok(applied)
-    }
-
-    fn start_paths(&self, t: &TargetEntry) -> Vec<String> {
-        let mut lines = Vec::new();
-        for &(id, policy) in &t.data_paths {
-            match self.fabric.start_lun_paths(&t.name, id, &t.luns, policy) {
-                Ok(l) => lines.extend(
-                    l.into_iter()
-                        .map(|l| format!("LUN {id} of {}: {l}", t.name)),
-                ),
-                Err(e) => warn!("{e}; the LUN uses the SCSI core's copy path"),
-            }
-        }
-        lines
     }
 
     /// Writes the running configuration to `path` (default: the file it
@@ -914,6 +549,7 @@ fn iser_keys(doc: &Table) -> Vec<(Option<Value>, Option<Value>, Option<Value>)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TargetConfig;
 
     /// A live configuration of `text`, served by a fabric with no portal
     /// bound, reloading from `file`.
@@ -982,7 +618,11 @@ mod tests {
         for listen in [None, Some("127.0.0.1:0".parse().unwrap())] {
             let live = live_listening(text, &file, listen);
             std::fs::write(&file, &broken).unwrap();
-            let e = live.reload().await.unwrap_err().to_string();
+            let e = live
+                .reload(ChangeMode::default())
+                .await
+                .unwrap_err()
+                .to_string();
             let at = format!("{}:{line}: target.lun.path: ", file.display());
             assert!(e.starts_with(&at), "--listen {listen:?}: {e}");
         }
@@ -1014,7 +654,10 @@ mod tests {
             move |d: &mut Table| edits::add_lun(d, "iqn.2026-11.io.blockwire:disk", lun)
         };
         let e = live
-            .edit(false, add("id = 1\nbackstore = \"ram\"\nsize = \"ten\"\n"))
+            .edit(
+                ChangeMode::default(),
+                add("id = 1\nbackstore = \"ram\"\nsize = \"ten\"\n"),
+            )
             .await
             .unwrap_err()
             .to_string();
@@ -1025,14 +668,14 @@ mod tests {
             "{e}"
         );
         live.edit(
-            false,
+            ChangeMode::default(),
             add("id = 1\nbackstore = \"ram\"\nsize = \"1M\"\nserial = \"abc\"\n"),
         )
         .await
         .unwrap();
         let e = live
             .edit(
-                false,
+                ChangeMode::default(),
                 add("id = 2\nbackstore = \"ram\"\nsize = \"1M\"\nserial = \"ABC\"\n"),
             )
             .await
@@ -1053,7 +696,11 @@ mod tests {
         let live = live_of(text, &file);
         let renamed = text.replace("blockwire:disk", "blockwire:Disk");
         std::fs::write(&file, &renamed).unwrap();
-        let e = live.reload().await.unwrap_err().to_string();
+        let e = live
+            .reload(ChangeMode::default())
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("is renamed iqn.2026-11.io.blockwire:Disk (case only)"),
             "{e}"
@@ -1063,7 +710,7 @@ mod tests {
         assert!(live.text().await.contains("blockwire:disk"));
         // Another change of the same target goes through.
         std::fs::write(&file, text.replace("size = \"1M\"", "size = \"2M\"")).unwrap();
-        live.reload().await.unwrap();
+        live.reload(ChangeMode::default()).await.unwrap();
         assert_eq!(
             live.fabric.catalog().targets[0]
                 .luns
@@ -1072,6 +719,98 @@ mod tests {
                 .blocks(),
             4096
         );
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_says_what_the_change_would_do_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        let live = live_of(ONE_RAM_LUN, &file);
+        let disk = dir.path().join("d1.img");
+        let lun: Table = format!("id = 1\nbackstore = \"file\"\npath = {disk:?}\nsize = \"1M\"\n")
+            .parse()
+            .unwrap();
+        let add = |lun: Table| {
+            move |d: &mut Table| edits::add_lun(d, "iqn.2026-11.io.blockwire:disk", lun)
+        };
+        let dry = ChangeMode {
+            force: false,
+            dry_run: true,
+        };
+        let served = live.fabric.catalog();
+        let text = live.text().await;
+
+        let said = live.edit(dry, add(lun.clone())).await.unwrap();
+        assert!(said.dry_run);
+        let added = format!(
+            "LUN 1 of iqn.2026-11.io.blockwire:disk added: file {} (1 MiB, cached",
+            disk.display()
+        );
+        assert!(
+            said.changes.iter().any(|c| c.starts_with(&added)),
+            "{said:?}"
+        );
+        assert!(
+            said.changes.iter().any(|c| c
+                == &format!(
+                    "target.lun.path: {} does not exist: it will be created (1048576 bytes)",
+                    disk.display()
+                )),
+            "{said:?}"
+        );
+        assert!(!disk.exists(), "a dry run created {}", disk.display());
+        assert!(Arc::ptr_eq(&served, &live.fabric.catalog()));
+        assert_eq!(served.targets[0].luns.lun_ids(), [0]);
+        assert_eq!(live.text().await, text);
+
+        // The change itself says the same, but for what only opening the
+        // file can tell (its data paths, an atomic-write journal).
+        let done = live.edit(ChangeMode::default(), add(lun)).await.unwrap();
+        assert!(!done.dry_run);
+        assert!(
+            done.changes.iter().any(|c| c.starts_with(&added)),
+            "{done:?}"
+        );
+        assert!(disk.exists());
+        assert_eq!(live.fabric.catalog().targets[0].luns.lun_ids(), [0, 1]);
+
+        // A resize and a reload of an edited file, dry: the unit keeps its
+        // size and the document its text.
+        let unit = live.fabric.catalog().targets[0].luns.get(0).unwrap();
+        let resize = |d: &mut Table| edits::resize_lun(d, "iqn.2026-11.io.blockwire:disk", 0, "2M");
+        let said = live.edit(dry, resize).await.unwrap();
+        assert_eq!(
+            said.changes,
+            [
+                "LUN 0 of iqn.2026-11.io.blockwire:disk resized from 1048576 to 2097152 bytes \
+              (initiators hear CAPACITY DATA HAS CHANGED)"
+            ]
+        );
+        assert_eq!(unit.config().backstore.size(), 1 << 20);
+        let text = live.text().await;
+        std::fs::write(&file, &text).unwrap();
+        let mut edited: Table = text.parse().unwrap();
+        edits::remove_lun(&mut edited, "iqn.2026-11.io.blockwire:disk", 1).unwrap();
+        edits::acl_add(
+            &mut edited,
+            "iqn.2026-11.io.blockwire:disk",
+            "iqn.2026-11.io.example:h1",
+        )
+        .unwrap();
+        std::fs::write(&file, toml::to_string(&edited).unwrap()).unwrap();
+        let said = live.reload(dry).await.unwrap();
+        assert_eq!(
+            said.changes,
+            [
+                "LUN 1 of iqn.2026-11.io.blockwire:disk removed",
+                "access list of iqn.2026-11.io.blockwire:disk changed"
+            ]
+        );
+        assert_eq!(live.fabric.catalog().targets[0].luns.lun_ids(), [0, 1]);
+        assert_eq!(live.text().await, text);
+        let done = live.reload(ChangeMode::default()).await.unwrap();
+        assert_eq!(done.changes, said.changes);
+        assert_eq!(live.fabric.catalog().targets[0].luns.lun_ids(), [0]);
     }
 
     #[tokio::test]
@@ -1086,10 +825,16 @@ mod tests {
             move |d: &mut Table| edits::add_lun(d, "iqn.2026-11.io.blockwire:disk", lun)
         };
         let said = |a: &Applied| a.changes.iter().any(|c| c.contains("[fabric] ram_limit"));
-        let small = live.edit(false, add(1, "1M")).await.unwrap();
+        let small = live
+            .edit(ChangeMode::default(), add(1, "1M"))
+            .await
+            .unwrap();
         assert!(!said(&small), "{small:?}");
         // 100 TiB: more than any machine's memory, thin as every RAM LUN.
-        let huge = live.edit(false, add(2, "100T")).await.unwrap();
+        let huge = live
+            .edit(ChangeMode::default(), add(2, "100T"))
+            .await
+            .unwrap();
         assert!(said(&huge), "{huge:?}");
         let e = live.fabric.catalog().targets[0].luns.get(2).unwrap();
         assert_eq!(e.config().backstore.size(), 100 << 40);

@@ -27,6 +27,9 @@ enum Fill {
 pub struct NullBackstore {
     size: AtomicU64,
     fill: Fill,
+    /// What it stands in for (`--check` and dry-run changes build storage
+    /// this way and name what a real build would open).
+    stands_for: Option<String>,
 }
 
 impl NullBackstore {
@@ -35,6 +38,7 @@ impl NullBackstore {
         NullBackstore {
             size: AtomicU64::new(size),
             fill: Fill::Zeros,
+            stands_for: None,
         }
     }
 
@@ -44,6 +48,17 @@ impl NullBackstore {
         NullBackstore {
             size: AtomicU64::new(size),
             fill: Fill::Pattern,
+            stands_for: None,
+        }
+    }
+
+    /// A no-disk pattern store of `size` bytes standing in for the storage
+    /// `what` describes (as [`Backstore::describe`] would), which a check
+    /// or a dry run does not open.
+    pub fn stand_in(size: u64, what: String) -> NullBackstore {
+        NullBackstore {
+            stands_for: Some(what),
+            ..NullBackstore::pattern(size)
         }
     }
 
@@ -150,6 +165,9 @@ impl Backstore for NullBackstore {
     }
 
     fn describe(&self) -> String {
+        if let Some(what) = &self.stands_for {
+            return what.clone();
+        }
         match self.fill {
             Fill::Zeros => format!(
                 "null ({} MiB, reads zeros, discards writes)",

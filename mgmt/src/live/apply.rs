@@ -1,0 +1,554 @@
+//! Applying a checked configuration to what runs: portals, resizes, the
+//! targets' LUN tables, sessions the change concerns. A dry run walks the
+//! same steps and says what each would do, in the words a change uses, but
+//! touches nothing: no portal is bound or closed, no unit resized, no table,
+//! catalog, session or document changed, and the new LUNs are built as
+//! `--check` builds them (stand-ins; no file created, grown or opened for
+//! writing).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use blockwire_target::backstore::ram_budget::RamBudget;
+use blockwire_target::iscsi::catalog::{Catalog, TargetEntry, TargetsByName};
+use blockwire_target::iscsi::portal::Portal;
+use blockwire_target::iscsi::session::Session;
+use blockwire_target::scsi::LogicalUnit;
+use toml::Table;
+use tracing::{debug, info, warn};
+
+use super::{
+    in_use, iser_keys, lun_defs, place_in_rendering, portal_pairs, same_unit, size_of, Applied,
+    ChangeMode, Live, LiveError, Running,
+};
+use crate::config::{Rebuild, Reuse, TargetConfig};
+
+/// A unit a change resizes: its target (lower case) and LUN, the unit, the
+/// new size in bytes.
+type Resize = ((String, u16), Arc<LogicalUnit>, u64);
+
+impl Live {
+    /// Checks `doc` and applies what differs from the running document
+    /// (`mode.dry_run`: says what it would apply); `text` is the text `doc`
+    /// was read from (none: a rendering of `doc` is checked, and errors say
+    /// where in the configuration instead of a line).
+    pub(super) async fn apply(
+        &self,
+        running: &mut Running,
+        doc: Table,
+        text: Option<String>,
+        mode: ChangeMode,
+        origin: &str,
+    ) -> Result<Applied, LiveError> {
+        let rendered = text.is_none();
+        let text = match text {
+            Some(t) => t,
+            None => toml::to_string(&doc)
+                .map_err(|e| LiveError::Invalid(format!("cannot write the configuration: {e}")))?,
+        };
+        let dry = mode.dry_run;
+        let old = self.fabric.catalog();
+        let mut applied = Applied {
+            dry_run: dry,
+            ..Applied::default()
+        };
+
+        // Units that stay: the same LUN table (size and the stall switch
+        // aside) in a target of the same name.
+        let old_luns = lun_defs(&running.doc);
+        let old_by_name = old.targets_by_name();
+        let mut reuse = Reuse::new();
+        let mut resizes: Vec<Resize> = Vec::new();
+        for (key, def) in lun_defs(&doc) {
+            let Some(before) = old_luns.get(&key) else {
+                continue;
+            };
+            let Some(unit) = old_by_name.get(&key.0).and_then(|t| t.luns.get(key.1)) else {
+                continue;
+            };
+            if same_unit(before, &def) {
+                if before.get("size") != def.get("size") {
+                    let size = def.get("size").and_then(size_of).ok_or_else(|| {
+                        LiveError::Invalid(format!(
+                            "LUN {} of {}: give size as e.g. \"2G\" to resize it",
+                            key.1, key.0
+                        ))
+                    })?;
+                    resizes.push((key.clone(), unit.clone(), size));
+                }
+                reuse.insert(key, unit);
+            }
+        }
+        let how = Rebuild {
+            reuse: Some(&reuse),
+            rendered,
+            dry_run: dry,
+        };
+        let (built, notices) = TargetConfig::from_str_reusing(origin, &text, self.opts, how)
+            .map_err(|e| {
+                let located = match rendered
+                    .then(|| place_in_rendering(&text, e.line))
+                    .flatten()
+                {
+                    Some(place) => format!("{origin}: {place}: {}: {}", e.field, e.message),
+                    None => e.to_string(),
+                };
+                LiveError::Invalid(format!("{located}; nothing was changed"))
+            })?;
+        let new = built.catalog.clone();
+        let ram_lun_bytes = built.ram_lun_bytes;
+        let new_by_name = new.targets_by_name();
+        // A target renamed in case only is the same target to initiators
+        // (iSCSI names compare case-insensitively), but its LUNs' derived
+        // identities and its saved reservations' file follow the name as
+        // written: the running units would keep theirs, and the next start
+        // would present new disks without their reservations.
+        for nt in &new.targets {
+            if let Some(ot) = old_by_name.get(&nt.name).filter(|ot| ot.name != nt.name) {
+                return Err(LiveError::Invalid(format!(
+                    "target {} is renamed {} (case only): its LUNs' serial numbers and NAA \
+                     identifiers (unless they have a uuid) and its saved reservations' files \
+                     derive from the name as written, so the next start would present new \
+                     disks and lose the reservations; keep the name as it was; nothing was changed",
+                    ot.name, nt.name
+                )));
+            }
+        }
+
+        let sessions = self.fabric.sessions.all();
+        let busy = busy_units(&old, &new_by_name, &reuse, &resizes, &sessions);
+        if !busy.is_empty() && !mode.force {
+            return Err(LiveError::InUse(format!(
+                "{}; nothing was changed (pass force to do it anyway: sessions are closed, \
+                 commands to the LUN fail)",
+                busy.join("; ")
+            )));
+        }
+        if dry {
+            // What building the real units would do on disk.
+            applied.changes.extend(
+                notices
+                    .iter()
+                    .map(|n| format!("{}: {}", n.field, n.message)),
+            );
+        }
+
+        let old_portals = portal_pairs(&old);
+        let new_portals = portal_pairs(&new);
+        let leaving: Vec<(SocketAddr, u16)> = old_portals
+            .iter()
+            .filter(|p| !new_portals.contains(p))
+            .copied()
+            .collect();
+        let coming: Vec<(SocketAddr, u16)> = new_portals
+            .iter()
+            .filter(|p| !old_portals.contains(p))
+            .copied()
+            .collect();
+        self.open_portals(running, &coming, &leaving, dry, &mut applied)
+            .await?;
+        resize_units(resizes, dry, &mut applied)?;
+
+        let targets = self.merge_targets(&new, &old_by_name, dry, &mut applied);
+        if old.discovery_auth != new.discovery_auth {
+            applied
+                .changes
+                .push("discovery CHAP settings changed".into());
+        }
+        let catalog = Arc::new(Catalog {
+            portal_groups: new.portal_groups.clone(),
+            targets,
+            discovery_auth: new.discovery_auth.clone(),
+        });
+        if !dry {
+            self.fabric.replace_catalog(catalog.clone());
+        }
+        let catalog_by_name = catalog.targets_by_name();
+
+        // Sessions the change concerns: of removed targets, and of
+        // initiators the access list no longer admits.
+        for s in &sessions {
+            let Some(st) = &s.target else { continue };
+            let why = match catalog_by_name.get(&st.name) {
+                None => format!("target {} was removed", st.name),
+                Some(t) if !t.acl.allows(&s.initiator_name) => {
+                    format!(
+                        "{} is no longer in the access list of {}",
+                        s.initiator_name, t.name
+                    )
+                }
+                Some(_) => continue,
+            };
+            if !dry {
+                self.fabric.sessions.close(s);
+            }
+            applied.changes.push(format!(
+                "session {} (TSIH {}) closed: {why}",
+                s.initiator_name, s.tsih
+            ));
+        }
+        for t in old
+            .targets
+            .iter()
+            .filter(|t| catalog_by_name.get(&t.name).is_none())
+        {
+            if !dry {
+                for id in t.luns.lun_ids() {
+                    self.fabric.lun_paths.remove(&t.name, id);
+                }
+            }
+            applied.changes.push(format!("target {} removed", t.name));
+        }
+        self.close_portals(running, leaving, &new_portals, dry, &mut applied)
+            .await;
+        applied.restart_needed = restart_needed(&running.doc, &doc);
+        let ram = RamBudget::process();
+        // (With no_disk the build counts no RAM LUN: nothing holds memory.)
+        if ram_lun_bytes > running.ram_lun_bytes && ram_lun_bytes > ram.limit() {
+            applied.changes.push(format!(
+                "the RAM LUNs now add up to {} MiB, more than the {} MiB they may hold together \
+                 ([fabric] ram_limit): they are thin, and a write that needs memory past that \
+                 fails with DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT",
+                ram_lun_bytes >> 20,
+                ram.limit() >> 20
+            ));
+        }
+        if dry {
+            debug!(
+                origin,
+                lines = applied.changes.len(),
+                "dry run: nothing was changed"
+            );
+            return Ok(applied);
+        }
+        if let Some(isns) = &self.isns {
+            isns.serve(&catalog, &running.bound);
+        }
+        running.doc = doc;
+        running.ram_lun_bytes = ram_lun_bytes;
+        for c in &applied.changes {
+            info!(origin, "{c}");
+        }
+        for r in &applied.restart_needed {
+            warn!(origin, "{r} changed: it takes effect at the next start");
+        }
+        if applied.changes.is_empty() {
+            info!(origin, "configuration applied: nothing to change");
+        }
+        Ok(applied)
+    }
+
+    /// Binds the portals that come. Those that leave or change group close
+    /// first (their address may be bound again); a bind failure undoes the
+    /// binds and changes nothing else. A dry run binds nothing.
+    async fn open_portals(
+        &self,
+        running: &mut Running,
+        coming: &[(SocketAddr, u16)],
+        leaving: &[(SocketAddr, u16)],
+        dry: bool,
+        applied: &mut Applied,
+    ) -> Result<(), LiveError> {
+        let mut opened = Vec::new();
+        for &(addr, tag) in coming {
+            if dry {
+                opened.push((addr, tag, addr));
+                continue;
+            }
+            let start = async {
+                let portal = Portal::bind(addr, tag).await?;
+                self.portals.start(portal).await
+            };
+            // Same address, other group: it must be free first. (Not
+            // for port 0: each listing of it gets a port of its own.)
+            let moving = leaving.iter().find(|(a, _)| *a == addr && addr.port() != 0);
+            if let Some(&(a, old_tag)) = moving {
+                if let Some(b) = running.bound.remove(&(a, old_tag)) {
+                    let _ = self.portals.remove(b).await;
+                }
+            }
+            match start.await {
+                Ok(bound) => opened.push((addr, tag, bound)),
+                Err(e) => {
+                    for (_, _, b) in &opened {
+                        let _ = self.portals.remove(*b).await;
+                    }
+                    return Err(LiveError::Failed(format!(
+                        "cannot listen on {addr} (portal group {tag}): {e}; nothing else was changed"
+                    )));
+                }
+            }
+        }
+        for (addr, tag, bound) in opened {
+            if !dry {
+                running.bound.insert((addr, tag), bound);
+            }
+            applied
+                .changes
+                .push(format!("portal {bound} (portal group {tag}) listening"));
+        }
+        Ok(())
+    }
+
+    /// The new catalog's targets: those that stay keep their LUN table,
+    /// brought in line with the new definition (a dry run leaves the table
+    /// as it is and only says what would change in it).
+    fn merge_targets(
+        &self,
+        new: &Catalog,
+        old_by_name: &TargetsByName<'_>,
+        dry: bool,
+        applied: &mut Applied,
+    ) -> Vec<Arc<TargetEntry>> {
+        let mut targets = Vec::new();
+        for nt in &new.targets {
+            let Some(ot) = old_by_name.get(&nt.name) else {
+                if !dry {
+                    applied.changes.extend(self.start_paths(nt));
+                }
+                applied.changes.push(format!(
+                    "target {} added ({} LUNs)",
+                    nt.name,
+                    nt.luns.lun_ids().len()
+                ));
+                targets.push(nt.clone());
+                continue;
+            };
+            let (leaving, joining) = lun_changes(ot, nt);
+            let table = ot.luns.clone();
+            for id in leaving {
+                if !dry {
+                    let _ = table.remove(id);
+                    self.fabric.lun_paths.remove(&ot.name, id);
+                }
+                applied
+                    .changes
+                    .push(format!("LUN {id} of {} removed", ot.name));
+            }
+            let mut added = Vec::new();
+            for (id, lu) in joining {
+                if !dry {
+                    if let Err(e) = table.add(id, lu.clone()) {
+                        warn!(target = %nt.name, lun = id, "{e}");
+                        continue;
+                    }
+                }
+                added.push(id);
+                applied.changes.push(format!(
+                    "LUN {id} of {} added: {} (initiators hear REPORTED LUNS DATA HAS CHANGED; rescan to see it)",
+                    nt.name,
+                    lu.config().backstore.describe()
+                ));
+            }
+            if !dry {
+                table.set_port_groups(nt.luns.target_port_groups());
+            }
+            let entry = Arc::new(TargetEntry {
+                name: nt.name.clone(),
+                alias: nt.alias.clone(),
+                portal_groups: nt.portal_groups.clone(),
+                acl: nt.acl.clone(),
+                auth: nt.auth.clone(),
+                luns: table,
+                data_paths: nt.data_paths.clone(),
+            });
+            for &(id, policy) in entry.data_paths.iter().filter(|(id, _)| added.contains(id)) {
+                if dry {
+                    continue;
+                }
+                match self
+                    .fabric
+                    .start_lun_paths(&entry.name, id, &entry.luns, policy)
+                {
+                    Ok(lines) => applied.changes.extend(
+                        lines
+                            .into_iter()
+                            .map(|l| format!("LUN {id} of {}: {l}", entry.name)),
+                    ),
+                    Err(e) => warn!("{e}; the LUN uses the SCSI core's copy path"),
+                }
+            }
+            if ot.acl != nt.acl {
+                applied
+                    .changes
+                    .push(format!("access list of {} changed", nt.name));
+            }
+            if ot.auth != nt.auth {
+                applied.changes.push(format!(
+                    "CHAP settings of {} changed (for logins from now on)",
+                    nt.name
+                ));
+            }
+            if ot.portal_groups != nt.portal_groups || ot.alias != nt.alias {
+                applied
+                    .changes
+                    .push(format!("portal groups or alias of {} changed", nt.name));
+            }
+            targets.push(entry);
+        }
+        targets
+    }
+
+    /// Closes the portals that leave (not those re-bound for a new group);
+    /// a dry run counts the connections that closing would cut.
+    async fn close_portals(
+        &self,
+        running: &mut Running,
+        leaving: Vec<(SocketAddr, u16)>,
+        new_portals: &[(SocketAddr, u16)],
+        dry: bool,
+        applied: &mut Applied,
+    ) {
+        for (addr, tag) in leaving {
+            if addr.port() != 0 && new_portals.iter().any(|(a, _)| *a == addr) {
+                continue; // re-bound for its new group
+            }
+            let cut = if dry {
+                let Some(&b) = running.bound.get(&(addr, tag)) else {
+                    continue;
+                };
+                let open = self.portals.list();
+                let cut = open
+                    .iter()
+                    .find(|p| p.addr == b)
+                    .map_or(0, |p| p.connections);
+                (b, cut)
+            } else {
+                let Some(b) = running.bound.remove(&(addr, tag)) else {
+                    continue;
+                };
+                (b, self.portals.remove(b).await.unwrap_or(0))
+            };
+            applied.changes.push(format!(
+                "portal {} (portal group {tag}) removed, {} connection(s) cut",
+                cut.0, cut.1
+            ));
+        }
+    }
+
+    fn start_paths(&self, t: &TargetEntry) -> Vec<String> {
+        let mut lines = Vec::new();
+        for &(id, policy) in &t.data_paths {
+            match self.fabric.start_lun_paths(&t.name, id, &t.luns, policy) {
+                Ok(l) => lines.extend(
+                    l.into_iter()
+                        .map(|l| format!("LUN {id} of {}: {l}", t.name)),
+                ),
+                Err(e) => warn!("{e}; the LUN uses the SCSI core's copy path"),
+            }
+        }
+        lines
+    }
+}
+
+/// What a change would take away while in use: targets with sessions, LUNs
+/// removed or replaced while busy, LUNs shrunk while busy.
+fn busy_units(
+    old: &Catalog,
+    new_by_name: &TargetsByName<'_>,
+    reuse: &Reuse,
+    resizes: &[Resize],
+    sessions: &[Arc<Session>],
+) -> Vec<String> {
+    let mut busy = Vec::new();
+    for t in &old.targets {
+        let gone = new_by_name.get(&t.name).is_none();
+        if gone {
+            let users: Vec<&str> = sessions
+                .iter()
+                .filter(|s| {
+                    s.target
+                        .as_ref()
+                        .is_some_and(|st| st.name.eq_ignore_ascii_case(&t.name))
+                })
+                .map(|s| s.initiator_name.as_str())
+                .collect();
+            if !users.is_empty() {
+                busy.push(format!(
+                    "target {} has {} session(s) (from {})",
+                    t.name,
+                    users.len(),
+                    users.join(", ")
+                ));
+            }
+        }
+        for (id, lu) in t.luns.units() {
+            if reuse.contains_key(&(t.name.to_ascii_lowercase(), id)) {
+                continue;
+            }
+            if let Some(why) = in_use(&lu.activity()) {
+                let what = if gone
+                    || new_by_name
+                        .get(&t.name)
+                        .is_some_and(|n| !n.luns.has_lun(id))
+                {
+                    "removing"
+                } else {
+                    "replacing (its definition changed)"
+                };
+                busy.push(format!("{what} LUN {id} of {}: {why}", t.name));
+            }
+        }
+    }
+    for (key, unit, size) in resizes {
+        if *size < unit.config().backstore.size() {
+            if let Some(why) = in_use(&unit.activity()) {
+                busy.push(format!("shrinking LUN {} of {}: {why}", key.1, key.0));
+            }
+        }
+    }
+    busy
+}
+
+/// Resizes the units whose size changed (a dry run only says so).
+fn resize_units(resizes: Vec<Resize>, dry: bool, applied: &mut Applied) -> Result<(), LiveError> {
+    for (key, unit, size) in resizes {
+        let before = unit.config().backstore.size();
+        if !dry {
+            unit.resize(size).map_err(|e| {
+                LiveError::Failed(format!("resizing LUN {} of {}: {e}", key.1, key.0))
+            })?;
+        }
+        applied.changes.push(format!(
+            "LUN {} of {} resized from {before} to {size} bytes (initiators hear CAPACITY DATA HAS CHANGED)",
+            key.1, key.0
+        ));
+    }
+    Ok(())
+}
+
+/// The LUNs of a target that stays which leave its table (removed, or
+/// replaced by a new unit) and which join it (new, or the replacement).
+fn lun_changes(old: &TargetEntry, new: &TargetEntry) -> (Vec<u16>, Vec<(u16, Arc<LogicalUnit>)>) {
+    let kept = |table: &TargetEntry, id: u16, lu: &Arc<LogicalUnit>| {
+        table.luns.get(id).is_some_and(|u| Arc::ptr_eq(&u, lu))
+    };
+    let leaving = old
+        .luns
+        .units()
+        .into_iter()
+        .filter(|(id, lu)| !kept(new, *id, lu))
+        .map(|(id, _)| id)
+        .collect();
+    let joining = new
+        .luns
+        .units()
+        .into_iter()
+        .filter(|(id, lu)| !kept(old, *id, lu))
+        .collect();
+    (leaving, joining)
+}
+
+/// The sections (and iSER listeners) a change alters that take effect only
+/// at the next start.
+fn restart_needed(old: &Table, new: &Table) -> Vec<String> {
+    let mut needed: Vec<String> = ["fabric", "control", "metrics", "isns"]
+        .into_iter()
+        .filter(|section| old.get(*section) != new.get(*section))
+        .map(|section| format!("[{section}]"))
+        .collect();
+    if iser_keys(old) != iser_keys(new) {
+        needed.push("iSER portals (iser, iser_listen)".into());
+    }
+    needed
+}
