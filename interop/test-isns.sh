@@ -23,6 +23,9 @@
 #   server restart    isnsd killed and started again on an empty database: within 15 s the
 #                     targets are listed again (the refresh finds the entity gone and
 #                     registers it again)
+#   section change    [isns] edited and reloaded while serving: a dry run says what the
+#                     reload would do and changes nothing; another entity name replaces the
+#                     first on the server, no [isns] deregisters, the first comes back
 #   shutdown          SIGTERM: the daemon exits 0 and the entity is gone from the server
 #   many targets      60 targets (about 16 KiB of registration, more than one isnsd PDU):
 #                     one registration in several messages; isnsadm lists all 60 nodes and
@@ -61,6 +64,7 @@ A=iqn.2026-12.io.blockwire:isns-a
 B=iqn.2026-12.io.blockwire:isns-b
 C=iqn.2026-12.io.blockwire:isns-c
 ENTITY=blockwire-isns-test
+ENTITY2=blockwire-isns-renamed
 tmp=$(mktemp -d /tmp/bw-isns.XXXXXX)
 isnsd_pid="" bw_pid="" bw2_pid=""
 cleanup() {
@@ -272,6 +276,48 @@ ok=0
 # noticed: the new registration is what counts.)
 [ "$got" = "$want" ] && [ "$regs_after" -gt "$regs_before" ] && ok=1
 report "server restart" $ok "(empty right after: $([ -z "$empty" ] && echo yes || echo no); registrations $regs_before -> $regs_after): $(oneline "$got")"
+
+# section change: [isns] changed while the daemon runs (saved, edited, reloaded): another
+# entity name, then no [isns], then the first again. A dry run first says what the reload
+# would do and changes nothing; each reload ends the old registration (deregistered) and
+# starts the new one, without a restart.
+ctl config.save >/dev/null
+cp "$tmp/target.toml" "$tmp/saved.toml"
+sed "s/^entity = \"$ENTITY\"/entity = \"$ENTITY2\"/" "$tmp/saved.toml" >"$tmp/target.toml"
+dry=$(ctl --dry-run config.reload 2>&1 || true)
+ents_dry=$(isnsadm -c "$tmp/isnsadm.conf" --list entities 2>/dev/null || true)
+ctl config.reload >/dev/null
+ents2=""
+for _ in $(seq 1 50); do
+    ents2=$(isnsadm -c "$tmp/isnsadm.conf" --list entities 2>/dev/null || true)
+    grep -q "\"$ENTITY2\"" <<<"$ents2" && ! grep -q "\"$ENTITY\"" <<<"$ents2" && break
+    sleep 0.2
+done
+got2=$(wait_listing 10 "$want")
+python3 - "$tmp/saved.toml" "$tmp/target.toml" <<'PY'
+import sys
+lines, out, skip = open(sys.argv[1]).read().splitlines(), [], False
+for l in lines:
+    if l.startswith("["):
+        skip = l.strip() == "[isns]"
+    if not skip:
+        out.append(l)
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+PY
+ctl config.reload >/dev/null
+gone=$(wait_listing 10 "")
+status_rc=0
+ctl isns.status >/dev/null 2>&1 || status_rc=$?
+cp "$tmp/saved.toml" "$tmp/target.toml"
+ctl config.reload >/dev/null
+back=$(wait_listing 10 "$want")
+ok=0
+grep -q "iSNS: entity $ENTITY deregistered from 127.0.0.1:3205" <<<"$dry" \
+    && grep -q "iSNS: registering the targets with 127.0.0.1:3205 as entity $ENTITY2" <<<"$dry" \
+    && grep -q '"dry_run": true' <<<"$dry" && grep -q "\"$ENTITY\"" <<<"$ents_dry" \
+    && grep -q "\"$ENTITY2\"" <<<"$ents2" && ! grep -q "\"$ENTITY\"" <<<"$ents2" \
+    && [ "$got2" = "$want" ] && [ -z "$gone" ] && [ "$status_rc" != 0 ] && [ "$back" = "$want" ] && ok=1
+report "section change" $ok "(dry run: $(grep -c 'iSNS:' <<<"$dry") iSNS lines, entity before it $(grep -o "\"$ENTITY\"" <<<"$ents_dry" | head -1); renamed: $(grep 'Entity identifier' <<<"$ents2" | tr -s ' ' | tr '\n' ' '); without [isns]: listing '$(oneline "$gone")', isns.status exit $status_rc; restored: $(oneline "$back"))"
 
 # shutdown: a clean exit deregisters the entity.
 kill -TERM "$bw_pid"

@@ -602,7 +602,7 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 pub async fn serve(
     listener: TcpListener,
     fabric: Arc<Fabric>,
-    isns: Option<Arc<crate::isns::Client>>,
+    isns: Arc<crate::isns::Slot>,
     mut stop: watch::Receiver<bool>,
 ) {
     if let Ok(addr) = listener.local_addr() {
@@ -618,7 +618,7 @@ pub async fn serve(
         match accepted {
             Ok((stream, peer)) => {
                 let fabric = fabric.clone();
-                let isns = isns.clone();
+                let isns = isns.get();
                 tokio::spawn(async move {
                     if let Err(e) = answer(stream, &fabric, isns.as_deref()).await {
                         debug!(%peer, error = %e, "metrics request failed");

@@ -221,7 +221,10 @@ pub async fn run(
             stop_tx.subscribe(),
         ))
     });
-    let mut live = Live::new(
+    // Live changes of [isns] start, replace or end the client here.
+    let isns_slot = Arc::new(crate::isns::Slot::default());
+    isns_slot.replace(isns);
+    let live = Live::new(
         fabric.clone(),
         portal_set.clone(),
         opts,
@@ -229,10 +232,8 @@ pub async fn run(
         doc,
         bound_at,
         built.ram_lun_bytes,
-    );
-    if let Some(c) = &isns {
-        live = live.with_isns(c.clone());
-    }
+    )
+    .with_isns(isns_slot.clone(), stop_tx.subscribe());
     let live = Arc::new(live);
     let control_task = control_listener.map(|(path, listener)| {
         info!(socket = %path.display(), "control socket (JSON-RPC 2.0, one object per line; try: blockwire-target ctl --control {} lun.list)", path.display());
@@ -247,7 +248,7 @@ pub async fn run(
         tokio::spawn(crate::metrics::serve(
             listener,
             fabric.clone(),
-            isns.clone(),
+            isns_slot.clone(),
             stop_tx.subscribe(),
         ))
     });
@@ -264,7 +265,7 @@ pub async fn run(
     info!("shutting down: asking initiators to log out");
     let _ = stop_tx.send(true);
     portal_set.join().await;
-    if let Some(c) = &isns {
+    if let Some(c) = isns_slot.get() {
         // Deregistered: at most the answer timeout.
         c.join().await;
     }

@@ -25,6 +25,8 @@ pub struct Client {
     entity: String,
     period_secs: u32,
     wanted: watch::Sender<Registration>,
+    /// Ends this client alone (a live change of `[isns]`): it deregisters.
+    retire: watch::Sender<bool>,
     status: Arc<Mutex<Status>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -38,12 +40,18 @@ impl Client {
         let registrar = Registrar::new(wanted.clone(), Instant::now().into_std());
         let status = Arc::new(Mutex::new(registrar.status().clone()));
         let (tx, rx) = watch::channel(wanted);
-        let task = tokio::spawn(run(server.clone(), registrar, rx, stop, status.clone()));
+        let (retire, retired) = watch::channel(false);
+        let stops = Stops {
+            daemon: stop,
+            retired,
+        };
+        let task = tokio::spawn(run(server.clone(), registrar, rx, stops, status.clone()));
         Client {
             server,
             entity,
             period_secs,
             wanted: tx,
+            retire,
             status,
             task: Mutex::new(Some(task)),
         }
@@ -91,8 +99,14 @@ impl Client {
             .unwrap_or_else(|p| p.into_inner().clone())
     }
 
-    /// Waits for the client to finish (after the daemon's stop: at most the
-    /// deregistration's answer timeout).
+    /// Deregisters and ends this client while the daemon runs on (its
+    /// `[isns]` changed); [`Client::join`] waits for it.
+    pub fn retire(&self) {
+        let _ = self.retire.send(true);
+    }
+
+    /// Waits for the client to finish (after the daemon's stop or
+    /// [`Client::retire`]: at most the deregistration's answer timeout).
     pub async fn join(&self) {
         let task = self.task.lock().ok().and_then(|mut t| t.take());
         if let Some(t) = task {
@@ -101,13 +115,25 @@ impl Client {
     }
 }
 
+/// What ends a client: the daemon's stop (true, or its sender gone) or
+/// its own retirement.
+struct Stops {
+    daemon: watch::Receiver<bool>,
+    retired: watch::Receiver<bool>,
+}
+
 async fn run(
     server: String,
     mut reg: Registrar,
     mut wanted: watch::Receiver<Registration>,
-    mut stop: watch::Receiver<bool>,
+    stops: Stops,
     status: Arc<Mutex<Status>>,
 ) {
+    let Stops {
+        daemon: mut stop,
+        mut retired,
+    } = stops;
+    let mut retired_open = true;
     let mut conn: Option<TcpStream> = None;
     let mut reader = MessageReader::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -227,6 +253,13 @@ async fn run(
                     reg.stop(Instant::now().into_std());
                 }
             }
+            changed = retired.changed(), if retired_open => {
+                // Retired, or the client dropped: stop either way.
+                retired_open = false;
+                if changed.is_err() || *retired.borrow() {
+                    reg.stop(Instant::now().into_std());
+                }
+            }
         }
     }
 }
@@ -308,6 +341,24 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(2), client.join())
             .await
             .expect("the client ends when its stop's sender is gone");
+        assert_eq!(client.status().state, State::Stopped);
+    }
+
+    /// A client retired while the daemon runs on (its `[isns]` changed)
+    /// ends by itself; the daemon's stop stays false.
+    #[tokio::test]
+    async fn a_retired_client_ends_while_the_daemon_runs() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (_tx, rx) = watch::channel(false);
+        let client = Client::start(format!("127.0.0.1:{port}"), wanted(), rx);
+        client.retire();
+        tokio::time::timeout(Duration::from_secs(2), client.join())
+            .await
+            .expect("a retired client ends");
         assert_eq!(client.status().state, State::Stopped);
     }
 }

@@ -11,6 +11,8 @@ pub mod registration;
 pub use driver::Client;
 pub use registration::Registration;
 
+use std::sync::{Arc, Mutex};
+
 pub use blockwire_pdu::isns::{server_address, DEFAULT_PORT};
 
 /// The registration period asked for by default, in seconds: the server
@@ -27,4 +29,25 @@ pub fn default_entity() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "blockwire-target".into())
+}
+
+/// The daemon's iSNS client, if `[isns]` configures one. A live change of
+/// `[isns]` replaces it; the control socket and the metrics endpoint look
+/// it up here each time.
+#[derive(Debug, Default)]
+pub struct Slot(Mutex<Option<Arc<Client>>>);
+
+impl Slot {
+    /// The client registering now.
+    pub fn get(&self) -> Option<Arc<Client>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `client` in place and returns the one it replaces.
+    pub fn replace(&self, client: Option<Arc<Client>>) -> Option<Arc<Client>> {
+        std::mem::replace(
+            &mut *self.0.lock().unwrap_or_else(|p| p.into_inner()),
+            client,
+        )
+    }
 }

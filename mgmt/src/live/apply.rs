@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use blockwire_target::backstore::ram_budget::RamBudget;
 use blockwire_target::iscsi::catalog::{Catalog, TargetEntry, TargetsByName};
@@ -21,7 +22,8 @@ use super::{
     in_use, iser_keys, lun_defs, place_in_rendering, portal_pairs, same_unit, size_of, Applied,
     ChangeMode, Live, LiveError, Running,
 };
-use crate::config::{Rebuild, Reuse, TargetConfig};
+use crate::config::{IsnsSettings, Rebuild, Reuse, TargetConfig};
+use crate::isns::{Client, Registration};
 
 /// A unit a change resizes: its target (lower case) and LUN, the unit, the
 /// new size in bytes.
@@ -214,6 +216,13 @@ impl Live {
             ));
         }
         if dry {
+            isns_lines(
+                self.isns(),
+                &running.doc,
+                &doc,
+                built.isns.as_ref(),
+                &mut applied,
+            );
             debug!(
                 origin,
                 lines = applied.changes.len(),
@@ -221,9 +230,8 @@ impl Live {
             );
             return Ok(applied);
         }
-        if let Some(isns) = &self.isns {
-            isns.serve(&catalog, &running.bound);
-        }
+        self.follow_isns(running, &doc, built.isns.as_ref(), &catalog, &mut applied)
+            .await;
         running.doc = doc;
         running.ram_lun_bytes = ram_lun_bytes;
         for c in &applied.changes {
@@ -426,6 +434,42 @@ impl Live {
         }
     }
 
+    /// Tells the iSNS client of the new catalog, or, when the change alters
+    /// `[isns]`, ends the client (it deregisters; the next one starts once
+    /// it has, so that a deregistration never follows the new registration
+    /// of the same entity) and starts the one the new section asks for.
+    async fn follow_isns(
+        &self,
+        running: &Running,
+        doc: &Table,
+        settings: Option<&IsnsSettings>,
+        catalog: &Catalog,
+        applied: &mut Applied,
+    ) {
+        let Some(link) = &self.isns else { return };
+        if !isns_lines(link.slot.get(), &running.doc, doc, settings, applied) {
+            if let Some(client) = link.slot.get() {
+                client.serve(catalog, &running.bound);
+            }
+            return;
+        }
+        if let Some(old) = link.slot.replace(None) {
+            old.retire();
+            if tokio::time::timeout(RETIRE_WAIT, old.join()).await.is_err() {
+                warn!(
+                    server = old.server(),
+                    "iSNS: the old registration did not end in {} s; it goes on ending in the background",
+                    RETIRE_WAIT.as_secs()
+                );
+            }
+        }
+        if let Some(s) = settings {
+            let wanted = Registration::of(&s.entity, s.period_secs, catalog, &running.bound);
+            let client = Client::start(s.server.clone(), wanted, link.stop.clone());
+            link.slot.replace(Some(Arc::new(client)));
+        }
+    }
+
     fn start_paths(&self, t: &TargetEntry) -> Vec<String> {
         let mut lines = Vec::new();
         for &(id, policy) in &t.data_paths {
@@ -539,10 +583,42 @@ fn lun_changes(old: &TargetEntry, new: &TargetEntry) -> (Vec<u16>, Vec<(u16, Arc
     (leaving, joining)
 }
 
+/// How long a change waits for a replaced iSNS client to deregister: its
+/// connection attempt and the answer's timeout.
+const RETIRE_WAIT: Duration = Duration::from_secs(16);
+
+/// Says what a change of `[isns]` from `old` to `new` (now `settings`) does
+/// to the registration `current`; whether the section changed.
+fn isns_lines(
+    current: Option<Arc<Client>>,
+    old: &Table,
+    new: &Table,
+    settings: Option<&IsnsSettings>,
+    applied: &mut Applied,
+) -> bool {
+    if old.get("isns") == new.get("isns") {
+        return false;
+    }
+    if let Some(c) = current {
+        applied.changes.push(format!(
+            "iSNS: entity {} deregistered from {}",
+            c.entity(),
+            c.server()
+        ));
+    }
+    if let Some(s) = settings {
+        applied.changes.push(format!(
+            "iSNS: registering the targets with {} as entity {} (period {} s)",
+            s.server, s.entity, s.period_secs
+        ));
+    }
+    true
+}
+
 /// The sections (and iSER listeners) a change alters that take effect only
 /// at the next start.
 fn restart_needed(old: &Table, new: &Table) -> Vec<String> {
-    let mut needed: Vec<String> = ["fabric", "control", "metrics", "isns"]
+    let mut needed: Vec<String> = ["fabric", "control", "metrics"]
         .into_iter()
         .filter(|section| old.get(*section) != new.get(*section))
         .map(|section| format!("[{section}]"))

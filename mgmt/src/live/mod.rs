@@ -93,7 +93,16 @@ pub struct Live {
     source: Source,
     running: tokio::sync::Mutex<Running>,
     /// The iSNS registration, told of every change.
-    isns: Option<Arc<crate::isns::Client>>,
+    isns: Option<IsnsLink>,
+}
+
+/// Where a live change finds the iSNS client, and what a client it starts
+/// obeys.
+struct IsnsLink {
+    /// The client of `[isns]`, replaced when a change alters the section.
+    slot: Arc<crate::isns::Slot>,
+    /// The daemon's stop: every client deregisters when it turns true.
+    stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Live {
@@ -251,15 +260,21 @@ impl Live {
         }
     }
 
-    /// Tells `client` of every change from now on (`[isns]`).
-    pub fn with_isns(mut self, client: Arc<crate::isns::Client>) -> Live {
-        self.isns = Some(client);
+    /// Tells the iSNS client in `slot` (if any) of every change from now
+    /// on, and starts, replaces or ends it as changes to `[isns]` say;
+    /// every client it starts ends at `stop`.
+    pub fn with_isns(
+        mut self,
+        slot: Arc<crate::isns::Slot>,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Live {
+        self.isns = Some(IsnsLink { slot, stop });
         self
     }
 
-    /// The iSNS registration, if `[isns]` configured one.
-    pub fn isns(&self) -> Option<&Arc<crate::isns::Client>> {
-        self.isns.as_ref()
+    /// The iSNS registration, if `[isns]` configures one.
+    pub fn isns(&self) -> Option<Arc<crate::isns::Client>> {
+        self.isns.as_ref().and_then(|l| l.slot.get())
     }
 
     /// The running configuration as TOML.
