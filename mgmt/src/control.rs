@@ -21,7 +21,7 @@ use blockwire_target::iscsi::Fabric;
 use blockwire_target::scsi::stats::Direction;
 use blockwire_target::scsi::LunTable;
 
-use crate::live::{edits, ChangeMode, Live, LiveError};
+use crate::live::{edits, parse_doc, ChangeMode, Live, LiveError};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -90,6 +90,11 @@ pub const METHODS: &[Method] = &[
         name: "target.add",
         params: r#"{"target": {"name": "iqn...", "allow": ["iqn..."], "lun": [{"id": 0, "backstore": "ram", "size": "1G"}]}}"#,
         summary: "add a target, its table written as in the configuration file",
+    },
+    Method {
+        name: "target.restore",
+        params: r#"{"from": "/etc/blockwire/backup/target.toml.2026-...Z", "target": "iqn... (optional)"}"#,
+        summary: "add a target back as another configuration file (a saved one, or one of its backups) defines it; no target: every target of the file that is not running",
     },
     Method {
         name: "target.remove",
@@ -162,6 +167,7 @@ pub const METHODS: &[Method] = &[
 pub const CHANGES: &[&str] = &[
     "target.add",
     "target.remove",
+    "target.restore",
     "lun.add",
     "lun.remove",
     "lun.resize",
@@ -278,6 +284,13 @@ struct TargetRemoveParams {
     target: String,
     #[serde(default)]
     force: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TargetRestoreParams {
+    from: PathBuf,
+    target: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -437,6 +450,18 @@ impl Control {
                 let p: TargetRemoveParams = parse(method, params)?;
                 self.edit(mode(p.force), |d| edits::remove_target(d, &p.target))
                     .await
+            }
+            "target.restore" => {
+                let p: TargetRestoreParams = parse(method, params)?;
+                let shown = p.from.display().to_string();
+                let text = std::fs::read_to_string(&p.from).map_err(|e| {
+                    RpcError::new(code::NOT_FOUND, format!("cannot read {shown}: {e}"))
+                })?;
+                let from = parse_doc(&shown, &text).map_err(live_error)?;
+                self.edit(mode(false), |d| {
+                    edits::restore_targets(d, &from, p.target.as_deref(), &shown).map(|_| ())
+                })
+                .await
             }
             "lun.add" => {
                 let p: LunAddParams = parse(method, params)?;

@@ -1097,6 +1097,95 @@ async fn ctl_dry_run_says_what_a_change_would_do_and_does_nothing() {
     assert!(e.contains("lun.list changes no configuration"), "{e}");
 }
 
+/// A target removed by mistake comes back from the saved file as it was
+/// defined there (`target.restore`), the rest of the running configuration
+/// untouched; a dry run first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_target_is_restored_from_the_saved_file() {
+    let d = Daemon::start().await;
+    let config = d._process.dir().join("two-groups.toml");
+    let other = "iqn.2026-11.io.blockwire:ctl-e2e-other";
+    d.call(
+        "target.add",
+        json!({"target": {"name": other, "alias": "kept alias", "portal_groups": [2],
+            "allow": [INITIATOR], "lun": [{"id": 4, "backstore": "ram", "size": "2M"}]}}),
+    )
+    .await;
+    d.call("config.save", Value::Null).await;
+    d.call("target.remove", json!({"target": other})).await;
+    // Meanwhile the running configuration moves on.
+    d.call(
+        "lun.add",
+        json!({"target": TARGET, "lun": {"id": 1, "backstore": "ram", "size": "1M"}}),
+    )
+    .await;
+    let names = |v: &Value| -> Vec<String> {
+        v["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let from = config.to_str().unwrap();
+    let said = d
+        .call(
+            "target.restore",
+            json!({"from": from, "target": other, "dry_run": true}),
+        )
+        .await;
+    assert_eq!(
+        said["changes"],
+        json!([format!("target {other} added (1 LUNs)")]),
+        "{said}"
+    );
+    assert_eq!(names(&d.call("lun.list", Value::Null).await), [TARGET]);
+    let done = d
+        .call("target.restore", json!({"from": from, "target": other}))
+        .await;
+    assert_eq!(done["changes"], said["changes"]);
+    let list = d.call("lun.list", Value::Null).await;
+    assert_eq!(names(&list), [TARGET, other]);
+    let shown = d.call("config.show", Value::Null).await["toml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let doc: toml::Table = shown.parse().unwrap();
+    let restored = doc["target"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"].as_str() == Some(other))
+        .unwrap();
+    assert_eq!(restored["alias"].as_str(), Some("kept alias"));
+    assert_eq!(
+        restored["allow"],
+        toml::Value::Array(vec![INITIATOR.into()])
+    );
+    assert_eq!(restored["lun"][0]["id"].as_integer(), Some(4));
+    let first = doc["target"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"].as_str() == Some(TARGET))
+        .unwrap();
+    assert_eq!(first["lun"].as_array().unwrap().len(), 2, "LUN 1 stays");
+
+    // Nothing left to restore, and a target that runs is not overwritten.
+    let e = d
+        .try_call("target.restore", json!({"from": from}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nothing to restore"), "{e}");
+    let e = d
+        .try_call("target.restore", json!({"from": from, "target": TARGET}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("runs already"), "{e}");
+}
+
 async fn only_tsih_of(d: &Daemon, target: &str) -> Option<u64> {
     let v = d.call("session.list", Value::Null).await;
     v["sessions"]

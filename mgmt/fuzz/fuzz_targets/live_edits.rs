@@ -1,7 +1,8 @@
 //! The control API's configuration edits as a state machine. Each input is
 //! a sequence of JSON-RPC calls (targets, LUNs, access lists, CHAP
 //! accounts and portals added and removed, LUNs resized and stalled, the
-//! configuration saved, and edited by hand and reloaded) against a running fabric with RAM,
+//! configuration saved, targets restored from the saved file, and the file
+//! edited by hand and reloaded) against a running fabric with RAM,
 //! null and file LUNs, drawn from small pools so that names, files and
 //! identities meet: targets whose names differ only in case or in
 //! characters a file name cannot hold, LUNs over the same file, uuids and
@@ -139,7 +140,7 @@ fn lun_json(c: &mut Choices<'_>) -> Value {
 /// One call: its method and parameters.
 fn call(c: &mut Choices<'_>) -> (&'static str, Value) {
     let target = c.pick(TARGETS);
-    match c.byte() % 15 {
+    match c.byte() % 16 {
         0 => {
             let mut t = json!({"name": target, "lun": [lun_json(c)]});
             if c.flag() {
@@ -188,6 +189,15 @@ fn call(c: &mut Choices<'_>) -> (&'static str, Value) {
         }
         12 => ("lun.stall", json!({"target": target, "lun": c.pick(LUN_IDS), "stalled": c.flag()})),
         13 => ("config.save", json!({})),
+        // Back from the saved file: one target by name, or all it has that is not running.
+        14 => {
+            let from = scratch().join("target.toml");
+            let mut p = json!({"from": from.to_str().expect("utf-8 scratch path")});
+            if c.flag() {
+                p["target"] = json!(target);
+            }
+            ("target.restore", p)
+        }
         _ => ("config.reload", json!({})),
     }
 }

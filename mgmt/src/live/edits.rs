@@ -80,6 +80,52 @@ pub fn add_target(doc: &mut Table, target: Table) -> Result<(), LiveError> {
     Ok(())
 }
 
+/// Adds targets of another configuration document `from` (a saved file or
+/// one of its backups), their tables as written there: the target `name`,
+/// or every target of `from` the running document lacks. A target that
+/// runs already is left to the operator (remove it first, or edit it).
+/// Returns the names restored.
+pub fn restore_targets(
+    doc: &mut Table,
+    from: &Table,
+    name: Option<&str>,
+    from_name: &str,
+) -> Result<Vec<String>, LiveError> {
+    let chosen: Vec<&Table> = match name {
+        Some(n) => {
+            let t = super::tables(from, "target")
+                .find(|t| name_of(t).eq_ignore_ascii_case(n.trim()))
+                .ok_or_else(|| {
+                    LiveError::NotFound(format!(
+                        "no target {n} in {from_name}; its targets are {}",
+                        target_names(from)
+                    ))
+                })?;
+            if target_mut(doc, n).is_ok() {
+                return Err(LiveError::Invalid(format!(
+                    "target {n} runs already: remove it first (target.remove) to put back the \
+                     definition in {from_name}, or change it in place"
+                )));
+            }
+            vec![t]
+        }
+        None => super::tables(from, "target")
+            .filter(|t| target_mut(doc, name_of(t)).is_err())
+            .collect(),
+    };
+    if chosen.is_empty() {
+        return Err(LiveError::NotFound(format!(
+            "every target of {from_name} runs already ({}): nothing to restore",
+            target_names(from)
+        )));
+    }
+    let names = chosen.iter().map(|t| name_of(t).to_owned()).collect();
+    for t in chosen {
+        add_target(doc, t.clone())?;
+    }
+    Ok(names)
+}
+
 /// Removes the target `name`.
 pub fn remove_target(doc: &mut Table, name: &str) -> Result<(), LiveError> {
     target_mut(doc, name)?;
@@ -402,6 +448,54 @@ size = "64M"
             e.to_string(),
             "no target iqn.x:y; targets are iqn.2026-11.io.blockwire:a"
         );
+    }
+
+    #[test]
+    fn targets_are_restored_from_another_document_by_name_or_all_missing() {
+        let mut d = doc();
+        let saved: Table = "[[target]]\nname = \"iqn.2026-11.io.blockwire:a\"\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:u\"\nalias = \"kept\"\n\
+             [[target.lun]]\nid = 3\nbackstore = \"null\"\nsize = \"2M\"\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:v\"\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n"
+            .parse()
+            .unwrap();
+        let e = restore_targets(
+            &mut d,
+            &saved,
+            Some("iqn.2026-11.io.blockwire:A"),
+            "saved.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("runs already: remove it first"), "{e}");
+        let e = restore_targets(&mut d, &saved, Some("iqn.x:none"), "saved.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "no target iqn.x:none in saved.toml; its targets are iqn.2026-11.io.blockwire:a, "
+            ),
+            "{e}"
+        );
+        let names = restore_targets(
+            &mut d,
+            &saved,
+            Some("IQN.2026-11.io.blockwire:u"),
+            "saved.toml",
+        )
+        .unwrap();
+        assert_eq!(names, ["iqn.2026-11.io.blockwire:u"]);
+        let u = target_mut(&mut d, "iqn.2026-11.io.blockwire:u").unwrap();
+        assert_eq!(u.get("alias").and_then(Value::as_str), Some("kept"));
+        // All that is missing: only v now.
+        let names = restore_targets(&mut d, &saved, None, "saved.toml").unwrap();
+        assert_eq!(names, ["iqn.2026-11.io.blockwire:v"]);
+        let e = restore_targets(&mut d, &saved, None, "saved.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nothing to restore"), "{e}");
     }
 
     #[test]
