@@ -6,12 +6,14 @@
 #          sanitize_min_seconds = 10             and load) and Sanitize (-S: --allow-sanitize;
 #                                                Sanitize.Reset needs an operation still
 #                                                running after its resets and re-login)
-# LUN0_KIND picks LUN 0's backstore (CI: ram; interop/conformance-lun-kinds.sh runs all four):
+# LUN0_KIND picks LUN 0's backstore (CI: ram; interop/conformance-lun-kinds.sh runs the others):
 #   ram     1 GiB RAM, 512-byte blocks
 #   file    1 GiB file in /dev/shm, page cache (mode = "cached")
 #   direct  1 GiB file on the root file system (/var/tmp), O_DIRECT (mode = "direct"; tmpfs
 #           would not be a real O_DIRECT path)
 #   4k      1 GiB RAM with 4096-byte logical blocks
+#   blockdev  a 1 GiB loop device (over a sparse file in /var/tmp), O_DIRECT: a block device
+#           LUN, as an LVM volume or a disk partition is served (needs root)
 # MultipathIO gets LUN 0's URL twice (two I_T nexuses to one LUN).
 # Skips are counted and listed (interop/results/conformance.md explains each). The
 # comparison with tgtd and the reruns on specially configured LUNs live in conformance.sh /
@@ -25,9 +27,11 @@ IQN=iqn.2026-11.io.blockwire:conformance-ci
 LUN0_KIND=${LUN0_KIND:-ram}
 tmp=$(mktemp -d /dev/shm/bw-all.XXXXXX)
 disk=""
+loopdev=""
 pid=""
 cleanup() {
     if [ -n "$pid" ]; then stop_blockwire "$pid" 2>/dev/null || true; fi
+    if [ -n "$loopdev" ]; then losetup -d "$loopdev" 2>/dev/null || true; fi
     rm -rf "$tmp"
     if [ -n "$disk" ]; then rm -rf "$disk"; fi
 }
@@ -45,8 +49,14 @@ direct)
     sed -i "s|^backstore = \"ram\"\$|backstore = \"file\"\npath = \"$disk/lun0.img\"\nmode = \"direct\"|" "$tmp/target.toml"
     ;;
 4k) sed -i 's|^backstore = "ram"$|backstore = "ram"\nblock_size = 4096|' "$tmp/target.toml" ;;
+blockdev)
+    disk=$(mktemp -d /var/tmp/bw-all-blockdev.XXXXXX)
+    truncate -s 1G "$disk/device.img"
+    loopdev=$(losetup -f --show "$disk/device.img")
+    sed -i "s|^backstore = \"ram\"\$|backstore = \"file\"\npath = \"$loopdev\"\nmode = \"direct\"|" "$tmp/target.toml"
+    ;;
 *)
-    echo "LUN0_KIND=$LUN0_KIND: ram, file, direct or 4k" >&2
+    echo "LUN0_KIND=$LUN0_KIND: ram, file, direct, 4k or blockdev" >&2
     exit 2
     ;;
 esac

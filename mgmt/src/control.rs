@@ -114,7 +114,7 @@ pub const METHODS: &[Method] = &[
     Method {
         name: "lun.resize",
         params: r#"{"target": "iqn...", "lun": 1, "size": "20G"}"#,
-        summary: "change a LUN's capacity (files only grow); initiators hear CAPACITY DATA HAS CHANGED",
+        summary: "change a LUN's capacity (files only grow; a block device's LUN follows the grown device up to its size); initiators hear CAPACITY DATA HAS CHANGED",
     },
     Method {
         name: "acl.add",

@@ -464,8 +464,9 @@ impl Backstore for FileBackstore {
         self.size.load(Ordering::Acquire)
     }
 
-    /// Grows a regular file (shrinking would cut data that commands in
-    /// flight may still address, so it is refused).
+    /// Grows a regular file, or follows a block device grown underneath
+    /// (`lvextend`, `losetup -c`) up to its new size (shrinking would cut
+    /// data that commands in flight may still address, so it is refused).
     fn resize(&self, new_size: u64) -> io::Result<()> {
         let now = self.size();
         if new_size < now {
@@ -477,20 +478,29 @@ impl Backstore for FileBackstore {
                 ),
             ));
         }
-        if !self.regular {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "{} is a block device: resize the device itself",
-                    self.path.display()
-                ),
-            ));
-        }
         if self.mode == FileMode::Direct && new_size % DIRECT_ALIGN != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("direct mode needs a size that is a multiple of {DIRECT_ALIGN} bytes"),
             ));
+        }
+        if !self.regular {
+            // A block device cannot be grown from here, only followed: its
+            // size now is where its end lies (every read and write of the
+            // store names its offset, so the seek moves nothing they use).
+            let device = rustix::fs::seek(&self.file, SeekFrom::End(0))?;
+            if new_size > device {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is a block device of {device} bytes: grow the device first (lvextend, \
+                         losetup -c, ...), then resize the LUN to at most its size",
+                        self.path.display()
+                    ),
+                ));
+            }
+            self.size.store(new_size, Ordering::Release);
+            return Ok(());
         }
         if self.file.metadata()?.len() < new_size {
             self.file.set_len(new_size)?;
@@ -732,6 +742,90 @@ mod tests {
         assert_eq!(ro.size(), 1 << 20);
         assert!(ro.write_at(0, b"x").is_err());
         assert!(s.read_at((1 << 20) - 1, &mut [0u8; 2]).is_err());
+    }
+
+    /// A loop device over a scratch file, detached when dropped.
+    struct LoopDevice(PathBuf);
+
+    impl LoopDevice {
+        /// Needs root and util-linux's losetup (as CI runs): without them the
+        /// test fails, saying so.
+        fn over(file: &Path) -> LoopDevice {
+            let out = std::process::Command::new("losetup")
+                .args(["-f", "--show"])
+                .arg(file)
+                .output()
+                .expect("losetup (util-linux) runs");
+            assert!(
+                out.status.success(),
+                "losetup -f --show failed (this test needs root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            LoopDevice(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        }
+
+        /// `losetup -c`: the device takes its file's new size.
+        fn refresh(&self) {
+            let ok = std::process::Command::new("losetup")
+                .arg("-c")
+                .arg(&self.0)
+                .status()
+                .expect("losetup runs")
+                .success();
+            assert!(ok, "losetup -c {}", self.0.display());
+        }
+    }
+
+    impl Drop for LoopDevice {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(&self.0)
+                .status();
+        }
+    }
+
+    /// A block device LUN takes the device's size, follows the device when
+    /// it grows (`lvextend`, `losetup -c`), and never past it.
+    #[test]
+    fn a_block_device_is_followed_when_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let backing = dir.path().join("device.img");
+        std::fs::File::create(&backing)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let dev = LoopDevice::over(&backing);
+        let s = FileBackstore::open_with(&dev.0, None, false, FileMode::Direct).unwrap();
+        assert_eq!(s.size(), 1 << 20);
+        s.write_at(4096, b"kept").unwrap();
+        let e = s.resize(2 << 20).unwrap_err().to_string();
+        assert!(
+            e.contains("is a block device of 1048576 bytes: grow the device first"),
+            "{e}"
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&backing)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        dev.refresh();
+        s.resize(2 << 20).unwrap();
+        assert_eq!(s.size(), 2 << 20);
+        s.write_at((2 << 20) - 4, b"end!").unwrap();
+        let mut back = [0u8; 4];
+        s.read_at(4096, &mut back).unwrap();
+        assert_eq!(&back, b"kept");
+        s.read_at((2 << 20) - 4, &mut back).unwrap();
+        assert_eq!(&back, b"end!");
+        assert!(
+            s.read_at(2 << 20, &mut back).is_err(),
+            "nothing past the size given"
+        );
+        let e = s.resize(5 << 20).unwrap_err().to_string();
+        assert!(e.contains("of 4194304 bytes"), "{e}");
+        assert!(s.resize(1 << 20).is_err(), "never shrinks");
     }
 
     /// Direct mode (or its announced fallback) reads and writes unaligned
