@@ -8,7 +8,9 @@
 # writes and verifies through the map, portal group 1 goes away (the daemon's control socket:
 # portal.close cuts its connections and closes its listener): I/O moves to group 2 and fio sees
 # no error. `multipath -ll` before and after; the metrics count the host's sessions (paths), 2
-# then 1.
+# then 1. Before that, a planned drain: a reload puts group 1 in ALUA standby (the sessions hear
+# ASYMMETRIC ACCESS STATE CHANGED) and multipath moves I/O to group 2 under fio verify, then
+# back when group 1 is active/optimized again.
 # Env: KL_OUT (results dir shared with the host), KL_FIO_MIB (fio size, default 256).
 . "$(dirname "$0")/lib.sh"
 
@@ -22,7 +24,9 @@ lab_up || { fail "lab-up"; finish multipath; exit 1; }
 modprobe -a dm_multipath dm_round_robin scsi_dh_alua || { fail "modprobe multipath modules"; finish multipath; exit 1; }
 ip addr add 127.0.0.2/8 dev lo 2>/dev/null || true
 
-cat >"$KL_WORK/m.toml" <<EOF
+# config_with STATE: the daemon's configuration with portal group 1 in ALUA state STATE.
+config_with() {
+    cat <<EOF
 [fabric]
 nop_interval_secs = 5
 nop_timeout_secs = 20
@@ -36,6 +40,7 @@ listen = "$METRICS"
 [[portal_group]]
 tag = 1
 listen = ["127.0.0.1:3260"]
+alua_state = "$1"
 
 [[portal_group]]
 tag = 2
@@ -50,6 +55,8 @@ id = 0
 backstore = "ram"
 size = "$((MIB + 64))M"
 EOF
+}
+config_with active_optimized >"$KL_WORK/m.toml"
 start_target mpath "$KL_WORK/m.toml" || { fail "start blockwire-target"; finish multipath; exit 1; }
 T_PID=$KL_TPID
 ctl() { "$KL_BIN/blockwire-target" ctl --control "$CTL" "$@"; }
@@ -131,7 +138,51 @@ timeout 30 bash -c 'until [ -b "$1" ]; do sleep 0.2; done' _ "/dev/mapper/$map" 
     fail "/dev/mapper/$map is not a block device after 30 s"
 
 opt_dev=$(awk '/prio=50/{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
-log "optimized path: $opt_dev"
+other_dev=$(awk '/prio=10/{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
+log "optimized path: $opt_dev, non-optimized: $other_dev"
+
+# A planned drain: group 1 put in standby by a reload of the edited file, then back. The
+# target tells every session ASYMMETRIC ACCESS STATE CHANGED (2Ah/06h); scsi_dh_alua reads
+# the groups again and dm-multipath moves the I/O to group 2 with no failed request, then
+# back to group 1 (failback immediate) once it is active/optimized again.
+# group_of DEV: "prio=N status=S" of the path group DEV is in.
+group_of() { multipath -ll 2>/dev/null | grep -B1 " $1 " | grep -o 'prio=[0-9]* status=[a-z]*' | head -1; }
+export -f group_of
+fio_verify "/dev/mapper/$map" "${MIB}M" >"$KL_OUT/fio-drain.log" 2>&1 &
+drain_pid=$!
+wait_written "$opt_dev" 8192 300 || fail "drain: no writes on $opt_dev"
+config_with standby >"$KL_WORK/m.toml"
+r=$(ctl config.reload 2>&1)
+printf '    ctl config.reload (group 1 standby): %s\n' "$(tr -s ' \n' ' ' <<<"$r")"
+grep -q "portal group 1 of $IQN: active_optimized -> standby" <<<"$r" &&
+    pass "reload: portal group 1 to standby" || fail "reload to standby: $r"
+if wait_written "$other_dev" 8192 120; then
+    pass "group 1 in standby: writes move to $other_dev (group 2)"
+else
+    fail "group 1 in standby: no writes on $other_dev"
+fi
+timeout 60 bash -c 'until [ "$(group_of "$1")" = "prio=1 status=enabled" ]; do sleep 1; done' _ "$opt_dev" 2>/dev/null || true
+g_opt=$(group_of "$opt_dev") g_other=$(group_of "$other_dev")
+# (Group 2 is now the one reported preferred: the alua prioritizer gives it 10 + 80.)
+[ "$g_opt" = "prio=1 status=enabled" ] && [ "${g_other#* }" = "status=active" ] &&
+    pass "multipath: $opt_dev in a standby group ($g_opt), $other_dev active ($g_other)" ||
+    fail "multipath after standby: $opt_dev '$g_opt', $other_dev '$g_other'"
+config_with active_optimized >"$KL_WORK/m.toml"
+r=$(ctl config.reload 2>&1)
+grep -q "portal group 1 of $IQN: standby -> active_optimized" <<<"$r" &&
+    pass "reload: portal group 1 active/optimized again" || fail "reload back: $r"
+timeout 60 bash -c 'until [ "$(group_of "$1")" = "prio=50 status=active" ]; do sleep 1; done' _ "$opt_dev" 2>/dev/null || true
+g_opt=$(group_of "$opt_dev")
+[ "$g_opt" = "prio=50 status=active" ] && pass "multipath: $opt_dev active again ($g_opt)" ||
+    fail "multipath after failback: $opt_dev '$g_opt'"
+if wait "$drain_pid"; then
+    pass "fio verify through /dev/mapper/$map across the drain and failback: $(fio_result "$KL_OUT/fio-drain.log")"
+else
+    fail "fio across the drain: $(tail -n 5 "$KL_OUT/fio-drain.log" | tr '\n' ' ')"
+fi
+multipath -ll 2>&1 | sed 's/^/    (after failback) /'
+dmesg | grep -iE "alua|multipath" | tail -n 6 | sed 's/^/    kernel: /'
+
 fio_verify "/dev/mapper/$map" "${MIB}M" >"$KL_OUT/fio-mpath.log" 2>&1 &
 fio_pid=$!
 wait_written "$opt_dev" 32768 300 ||
@@ -159,7 +210,6 @@ fi
 after=$(multipath -ll 2>&1)
 printf 'multipath -ll (after):\n%s\n' "$after" | sed 's/^/    /'
 printf '%s\n' "$after" >"$KL_OUT/multipath-after.txt"
-other_dev=$(awk '/prio=10/{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
 line_opt=$(grep -E "[0-9]+:[0-9]+:[0-9]+:[0-9]+ $opt_dev " <<<"$after")
 line_other=$(grep -E "[0-9]+:[0-9]+:[0-9]+:[0-9]+ $other_dev " <<<"$after")
 if grep -qE "failed|faulty" <<<"$line_opt" && grep -q "active ready" <<<"$line_other"; then

@@ -1097,6 +1097,86 @@ async fn ctl_dry_run_says_what_a_change_would_do_and_does_nothing() {
     assert!(e.contains("lun.list changes no configuration"), "{e}");
 }
 
+/// A portal group's ALUA state changed by a reload (a path put in standby
+/// for maintenance, then back): a dry run says so and changes nothing; the
+/// reload gives every session ASYMMETRIC ACCESS STATE CHANGED, REPORT
+/// TARGET PORT GROUPS the new state, and media commands through the port
+/// in standby NOT READY; the session stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alua_state_changed_live_is_heard_by_every_session() {
+    let d = Daemon::start().await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.ready().await;
+    let config = d._process.dir().join("two-groups.toml");
+    d.call("config.save", Value::Null).await;
+    let saved = std::fs::read_to_string(&config).unwrap();
+    let set_group_1 = |state: &str| {
+        let mut doc: toml::Table = saved.parse().unwrap();
+        let groups = doc["portal_group"].as_array_mut().unwrap();
+        let g1 = groups
+            .iter_mut()
+            .find(|g| g["tag"].as_integer() == Some(1))
+            .unwrap();
+        g1.as_table_mut()
+            .unwrap()
+            .insert("alua_state".into(), state.into());
+        std::fs::write(&config, toml::to_string(&doc).unwrap()).unwrap();
+    };
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let group_1_state = |data: &[u8]| data[4] & 0x0f;
+    let line = |from: &str, to: &str| {
+        json!([format!(
+            "ALUA state of portal group 1 of {TARGET}: {from} -> {to} (initiators hear \
+             ASYMMETRIC ACCESS STATE CHANGED)"
+        )])
+    };
+
+    set_group_1("standby");
+    let said = d.call("config.reload", json!({"dry_run": true})).await;
+    assert_eq!(
+        said["changes"],
+        line("active_optimized", "standby"),
+        "{said}"
+    );
+    assert_eq!(
+        unit_attentions(&mut c).await,
+        [],
+        "a dry run changes nothing"
+    );
+    assert_eq!(c.run(&rw10(0x28, 0, 1), 512, &[]).await.0, 0);
+
+    let done = d.call("config.reload", Value::Null).await;
+    assert_eq!(done["changes"], said["changes"]);
+    assert_eq!(unit_attentions(&mut c).await, [(0x2a, 0x06)]);
+    let (status, data) = c.run(&rtpg, 256, &[]).await;
+    assert_eq!((status, group_1_state(&data)), (0, 2), "group 1 in standby");
+    assert_eq!(
+        c.run(&rw10(0x28, 0, 1), 512, &[]).await.0,
+        2,
+        "a READ through a port in standby is refused"
+    );
+
+    set_group_1("active_optimized");
+    let done = d.call("config.reload", Value::Null).await;
+    assert_eq!(
+        done["changes"],
+        line("standby", "active_optimized"),
+        "{done}"
+    );
+    assert_eq!(unit_attentions(&mut c).await, [(0x2a, 0x06)]);
+    let (status, data) = c.run(&rtpg, 256, &[]).await;
+    assert_eq!((status, group_1_state(&data)), (0, 0));
+    assert_eq!(c.run(&rw10(0x28, 0, 1), 512, &[]).await.0, 0);
+    assert_eq!(
+        d.call("session.list", Value::Null).await["sessions"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "the session stayed"
+    );
+}
+
 /// A target removed by mistake comes back from the saved file as it was
 /// defined there (`target.restore`), the rest of the running configuration
 /// untouched; a dry run first.

@@ -1244,7 +1244,7 @@ impl TargetConfig {
             }
             // ALUA: one target port group per portal group of the target,
             // its relative port the TPGT (the SCSI target port of an iSCSI
-            // target is its name and TPGT); the first one is preferred.
+            // target is its name and TPGT); the first not in standby is preferred.
             let luns = LunTable::new(luns);
             luns.set_port_groups(
                 groups

@@ -14,7 +14,7 @@ use blockwire_target::backstore::ram_budget::RamBudget;
 use blockwire_target::iscsi::catalog::{Catalog, TargetEntry, TargetsByName};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::session::Session;
-use blockwire_target::scsi::LogicalUnit;
+use blockwire_target::scsi::{state_changes, LogicalUnit};
 use toml::Table;
 use tracing::{debug, info, warn};
 
@@ -348,8 +348,20 @@ impl Live {
                     lu.config().backstore.describe()
                 ));
             }
-            if !dry {
-                table.set_port_groups(nt.luns.target_port_groups());
+            let groups = nt.luns.target_port_groups();
+            let transitions = if dry {
+                state_changes(&table.target_port_groups(), &groups)
+            } else {
+                table.set_port_groups(groups)
+            };
+            for (id, from, to) in transitions {
+                applied.changes.push(format!(
+                    "ALUA state of portal group {id} of {}: {} -> {} (initiators hear ASYMMETRIC \
+                     ACCESS STATE CHANGED)",
+                    nt.name,
+                    from.name(),
+                    to.name()
+                ));
             }
             let entry = Arc::new(TargetEntry {
                 name: nt.name.clone(),

@@ -67,6 +67,21 @@ pub struct TargetPortGroup {
     pub ports: Vec<u16>,
 }
 
+/// A target port group whose access state differs between `old` and
+/// `new` (the same identifier in both): its identifier, the state it had
+/// and the one it takes.
+pub fn state_changes(
+    old: &[TargetPortGroup],
+    new: &[TargetPortGroup],
+) -> Vec<(u16, AluaState, AluaState)> {
+    new.iter()
+        .filter_map(|n| {
+            let o = old.iter().find(|o| o.id == n.id)?;
+            (o.state != n.state).then_some((n.id, o.state, n.state))
+        })
+        .collect()
+}
+
 /// The group every port belongs to when the fabric names none: one group,
 /// active/optimized (all ports equal).
 pub(crate) const DEFAULT_GROUP: u16 = 1;
@@ -75,7 +90,8 @@ pub(crate) const DEFAULT_GROUP: u16 = 1;
 /// active/non-optimized (AN_SUP), standby (S_SUP).
 const SUPPORTED_STATES: u8 = 0x07;
 
-/// A target's port groups, in order (the first is the preferred one).
+/// A target's port groups, in order (the first not in standby is the
+/// preferred one).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct PortGroups(pub Vec<TargetPortGroup>);
 
@@ -105,7 +121,7 @@ impl PortGroups {
     }
 
     /// REPORT TARGET PORT GROUPS parameter data (SPC-4 6.27): one
-    /// descriptor per group (PREF on the first), each listing its ports;
+    /// descriptor per group (PREF on the first not in standby), each listing its ports;
     /// with no group configured, the default group holding the port the
     /// command came through. `parameter_data_format` 0 is the length-only
     /// header, 1 the extended header.
@@ -129,9 +145,15 @@ impl PortGroups {
         } else {
             &self.0[..]
         };
+        // PREF marks the first group not in standby: Linux's ALUA
+        // prioritizer ranks a preferred group above any unpreferred one
+        // whatever its state (80 points), so a preferred group in standby
+        // would draw dm-multipath back to a port that refuses media
+        // commands, again and again (failback immediate).
+        let preferred = groups.iter().position(|g| g.state != AluaState::Standby);
         let mut desc = Vec::new();
         for (i, g) in groups.iter().enumerate() {
-            let pref = if i == 0 { 0x80 } else { 0 };
+            let pref = if Some(i) == preferred { 0x80 } else { 0 };
             desc.push(pref | g.state.code());
             desc.push(SUPPORTED_STATES);
             desc.extend_from_slice(&g.id.to_be_bytes());
@@ -216,6 +238,46 @@ mod tests {
         assert_eq!(&ext[4..8], &[0x10, 0, 0, 0]);
         assert_eq!(&ext[8..], &d[4..]);
         assert!(two().report(1, 2, 4096).is_err(), "format 2 is reserved");
+    }
+
+    #[test]
+    fn a_first_group_in_standby_is_not_preferred() {
+        let groups = |first: AluaState, second: AluaState| {
+            PortGroups(vec![
+                TargetPortGroup {
+                    id: 1,
+                    state: first,
+                    ports: vec![1],
+                },
+                TargetPortGroup {
+                    id: 2,
+                    state: second,
+                    ports: vec![2],
+                },
+            ])
+        };
+        let firsts = |g: PortGroups| {
+            let d = g.report(1, 0, 4096).unwrap().data;
+            (d[4], d[16])
+        };
+        assert_eq!(
+            firsts(groups(AluaState::Standby, AluaState::ActiveNonOptimized)),
+            (0x02, 0x81),
+            "PREF moves to the active group"
+        );
+        assert_eq!(
+            firsts(groups(
+                AluaState::ActiveNonOptimized,
+                AluaState::ActiveOptimized
+            )),
+            (0x81, 0x00),
+            "an active first group keeps it"
+        );
+        assert_eq!(
+            firsts(groups(AluaState::Standby, AluaState::Standby)),
+            (0x02, 0x02),
+            "no group preferred when none is active"
+        );
     }
 
     #[test]

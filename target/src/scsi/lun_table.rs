@@ -13,7 +13,7 @@ use blockwire_pdu::scsi::{
 };
 use tracing::{debug_span, info, warn};
 
-use super::alua::{PortGroups, TargetPortGroup};
+use super::alua::{AluaState, PortGroups, TargetPortGroup};
 use super::logical_unit::{finish, LogicalUnit};
 use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
 use super::stall::StallChange;
@@ -169,6 +169,12 @@ impl LunTable {
 
     /// Queues REPORTED LUNS DATA HAS CHANGED for every nexus any unit knows.
     fn luns_changed(&self) {
+        self.tell_every_nexus(Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+    }
+
+    /// Queues the unit attention `code` on every unit for every nexus any
+    /// unit of the table knows (a change of the target, not of one unit).
+    fn tell_every_nexus(&self, code: Asc) {
         let units = self.snapshot();
         let mut nexuses = std::collections::HashSet::new();
         for lu in units.map.values() {
@@ -177,7 +183,7 @@ impl LunTable {
         for lu in units.map.values() {
             let mut st = lu.lock();
             for n in &nexuses {
-                st.ua.push(n, Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+                st.ua.push(n, code);
             }
         }
     }
@@ -187,8 +193,35 @@ impl LunTable {
     /// ports are relative target port identifiers, the
     /// `ItNexus::relative_target_port` of commands that come through it.
     /// Without any, every port is in one active/optimized group.
-    pub fn set_port_groups(&self, groups: Vec<TargetPortGroup>) {
-        *self.ports.write().unwrap_or_else(|e| e.into_inner()) = PortGroups(groups);
+    ///
+    /// A group that stays with another access state is an implicit ALUA
+    /// transition (SPC-4 5.16.2.4): every nexus any unit knows hears
+    /// ASYMMETRIC ACCESS STATE CHANGED (2Ah/06h), so that a multipath host
+    /// asks REPORT TARGET PORT GROUPS again and moves its I/O before a
+    /// command fails on a port gone to standby. Returns the groups whose
+    /// state changed, with the states before and after.
+    pub fn set_port_groups(
+        &self,
+        groups: Vec<TargetPortGroup>,
+    ) -> Vec<(u16, AluaState, AluaState)> {
+        let changed = {
+            let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+            let changed = super::alua::state_changes(&ports.0, &groups);
+            *ports = PortGroups(groups);
+            changed
+        };
+        if !changed.is_empty() {
+            for (id, from, to) in &changed {
+                info!(
+                    group = id,
+                    from = from.name(),
+                    to = to.name(),
+                    "ALUA state changed"
+                );
+            }
+            self.tell_every_nexus(Asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+        }
+        changed
     }
 
     /// The target port groups (see [`Self::set_port_groups`]).

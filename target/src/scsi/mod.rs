@@ -48,7 +48,7 @@ mod tests_sanitize;
 #[cfg(test)]
 mod tests_token_copy;
 
-pub use alua::{AluaState, TargetPortGroup};
+pub use alua::{state_changes, AluaState, TargetPortGroup};
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};
 pub use logical_unit::{Activity, LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
 pub use lun_table::{AddLunError, LunTable, NoSuchLun, TableAbortHandler};
