@@ -312,7 +312,7 @@ impl Live {
         for nt in &new.targets {
             let Some(ot) = old_by_name.get(&nt.name) else {
                 if !dry {
-                    applied.changes.extend(self.start_paths(nt));
+                    applied.changes.extend(self.start_paths(nt, |_| true));
                 }
                 applied.changes.push(format!(
                     "target {} added ({} LUNs)",
@@ -372,21 +372,10 @@ impl Live {
                 luns: table,
                 data_paths: nt.data_paths.clone(),
             });
-            for &(id, policy) in entry.data_paths.iter().filter(|(id, _)| added.contains(id)) {
-                if dry {
-                    continue;
-                }
-                match self
-                    .fabric
-                    .start_lun_paths(&entry.name, id, &entry.luns, policy)
-                {
-                    Ok(lines) => applied.changes.extend(
-                        lines
-                            .into_iter()
-                            .map(|l| format!("LUN {id} of {}: {l}", entry.name)),
-                    ),
-                    Err(e) => warn!("{e}; the LUN uses the SCSI core's copy path"),
-                }
+            if !dry {
+                applied
+                    .changes
+                    .extend(self.start_paths(&entry, |id| added.contains(&id)));
             }
             if ot.acl != nt.acl {
                 applied
@@ -482,9 +471,11 @@ impl Live {
         }
     }
 
-    fn start_paths(&self, t: &TargetEntry) -> Vec<String> {
+    /// Starts the data paths (sendfile, engine) of `t`'s LUNs that `which`
+    /// picks, as configured; the lines say what each path does.
+    fn start_paths(&self, t: &TargetEntry, which: impl Fn(u16) -> bool) -> Vec<String> {
         let mut lines = Vec::new();
-        for &(id, policy) in &t.data_paths {
+        for &(id, policy) in t.data_paths.iter().filter(|(id, _)| which(*id)) {
             match self.fabric.start_lun_paths(&t.name, id, &t.luns, policy) {
                 Ok(l) => lines.extend(
                     l.into_iter()
