@@ -5,6 +5,7 @@
 # and runs fio crc32c verify on LUN 0 while, through the control socket and SIGHUP,
 #   - a LUN is added (the kernel sees it after `iscsiadm -m session --rescan`),
 #   - the access list gains another initiator (this one stays in it),
+#   - LUN 0 gets a QoS ceiling of 50 IOPS for 3 s (the kernel's commands wait their turn), lifted,
 #   - an unused LUN is removed (after the kernel let go of it), a busy one is refused,
 #   - `ctl config.save` writes the running configuration over the file it came from, which
 #     `--check` accepts and which holds every change,
@@ -96,6 +97,25 @@ fi
 # The access list: another initiator joins; this session keeps running.
 ctl acl.add "{\"target\": \"$T\", \"initiator\": \"iqn.2026-11.lab:another-node\"}" >/dev/null &&
     pass "acl.add: iqn.2026-11.lab:another-node admitted" || fail "acl.add"
+
+# QoS: a ceiling on the LUN fio writes to, set while fio runs and lifted 3 s later; the kernel's
+# commands wait their turn (counted by the target), none fails (fio verifies at the end) and the
+# session stays (checked at the end).
+if out=$(ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"iops\": 50}") && grep -q "no limit -> 50 IOPS" <<<"$out"; then
+    sleep 3
+    q=$(ctl lun.list | python3 -c 'import json,sys; v=json.load(sys.stdin)
+q=[l for t in v["targets"] for l in t["luns"] if l["lun"]==0][0]["qos"]
+print(q["iops_limit"], q["delayed_commands"], q["waiting"])')
+    read -r limit delayed waiting <<<"$q"
+    if ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"iops\": 0}" | grep -q "50 IOPS -> no limit" &&
+        [ "$limit" = 50 ] && [ "${delayed:-0}" -gt 0 ]; then
+        pass "lun.limit: 50 IOPS on LUN 0 under fio for 3 s: $delayed commands delayed, $waiting waiting then; lifted"
+    else
+        fail "lun.limit under fio: limit=$limit delayed=$delayed waiting=$waiting"
+    fi
+else
+    fail "lun.limit: $out"
+fi
 
 # A busy LUN is refused; the unused one goes once the kernel let go of it.
 if out=$(ctl lun.remove "{\"target\": \"$T\", \"lun\": 0}"); then

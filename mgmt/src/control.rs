@@ -49,7 +49,7 @@ pub const METHODS: &[Method] = &[
     Method {
         name: "lun.list",
         params: "",
-        summary: "targets, their LUNs (stalled or not, commands held) and ALUA port groups",
+        summary: "targets, their LUNs (stalled or not, commands held, QoS ceilings and what they delayed) and ALUA port groups",
     },
     Method {
         name: "lun.stall",
@@ -117,6 +117,11 @@ pub const METHODS: &[Method] = &[
         summary: "change a LUN's capacity (files only grow; a block device's LUN follows the grown device up to its size); initiators hear CAPACITY DATA HAS CHANGED",
     },
     Method {
+        name: "lun.limit",
+        params: r#"{"target": "iqn...", "lun": 1, "iops": 500, "bandwidth": "100M"}"#,
+        summary: "set a LUN's QoS ceilings while it serves (either or both; iops 0 or bandwidth \"none\" lifts one); media commands over them wait their turn",
+    },
+    Method {
         name: "acl.add",
         params: r#"{"target": "iqn...", "initiator": "iqn..."}"#,
         summary: "admit an initiator (the first entry restricts the target to its list)",
@@ -171,6 +176,7 @@ pub const CHANGES: &[&str] = &[
     "lun.add",
     "lun.remove",
     "lun.resize",
+    "lun.limit",
     "acl.add",
     "acl.remove",
     "chap.add",
@@ -317,6 +323,15 @@ struct LunRemoveParams {
     lun: u16,
     #[serde(default)]
     force: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunLimitParams {
+    target: String,
+    lun: u16,
+    iops: Option<u64>,
+    bandwidth: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -490,6 +505,13 @@ impl Control {
                 let p: LunResizeParams = parse(method, params)?;
                 self.edit(mode(p.force), |d| {
                     edits::resize_lun(d, &p.target, p.lun, &p.size)
+                })
+                .await
+            }
+            "lun.limit" => {
+                let p: LunLimitParams = parse(method, params)?;
+                self.edit(mode(false), |d| {
+                    edits::limit_lun(d, &p.target, p.lun, p.iops, p.bandwidth.as_deref())
                 })
                 .await
             }
@@ -697,6 +719,8 @@ impl Control {
                     .into_iter()
                     .map(|(id, lu)| {
                         let activity = lu.activity();
+                        let limits = lu.qos().limits();
+                        let throttled = lu.qos().counters();
                         json!({
                             "lun": id,
                             "stalled": lu.is_stalled(),
@@ -709,6 +733,13 @@ impl Control {
                             },
                             "last_io_secs_ago": activity.last_media.map(|d| d.as_secs_f64()),
                             "backstore": lu.config().backstore.describe(),
+                            "qos": {
+                                "iops_limit": limits.iops,
+                                "bandwidth_limit": limits.bytes_per_sec,
+                                "delayed_commands": throttled.delayed,
+                                "delay_secs": throttled.delay_ns as f64 / 1e9,
+                                "waiting": throttled.waiting,
+                            },
                         })
                     })
                     .collect();

@@ -23,6 +23,7 @@ use blockwire_target::copies::{self, CopyPath};
 use blockwire_target::datapath::stats::PHASES;
 use blockwire_target::iscsi::Fabric;
 use blockwire_target::scsi::stats::{Direction, IoStats, LatencyHistogram, LATENCY_BUCKETS};
+use blockwire_target::scsi::LogicalUnit;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -188,6 +189,63 @@ fn luns(fabric: &Fabric) -> Vec<IoRow> {
 
 fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
     io_metrics(e, "blockwire_lun", "the logical unit", "", &luns(fabric));
+    qos_metrics(e, fabric);
+}
+
+/// Each LUN's QoS ceilings (LUNs with any) and what they held back.
+fn qos_metrics(e: &mut Exposition, fabric: &Fabric) {
+    type Pick = fn(&LogicalUnit) -> Option<f64>;
+    let families: [(&str, &str, &str, Pick); 5] = [
+        (
+            "blockwire_lun_qos_iops_limit",
+            "gauge",
+            "The LUN's ceiling on media commands per second (iops_limit); no series: none.",
+            |lu| lu.qos().limits().iops.map(|v| v as f64),
+        ),
+        (
+            "blockwire_lun_qos_bandwidth_limit_bytes",
+            "gauge",
+            "The LUN's ceiling on READ and WRITE bytes per second (bandwidth_limit); no series: none.",
+            |lu| lu.qos().limits().bytes_per_sec.map(|v| v as f64),
+        ),
+        (
+            "blockwire_lun_qos_delayed_commands_total",
+            "counter",
+            "Media commands the LUN's QoS ceilings made wait before they started.",
+            |lu| Some(lu.qos().counters().delayed as f64),
+        ),
+        (
+            "blockwire_lun_qos_delay_seconds_total",
+            "counter",
+            "The waits the LUN's QoS ceilings gave media commands, summed.",
+            |lu| Some(lu.qos().counters().delay_ns as f64 / 1e9),
+        ),
+        (
+            "blockwire_lun_qos_waiting_commands",
+            "gauge",
+            "Media commands waiting for their turn under the LUN's QoS ceilings now.",
+            |lu| Some(lu.qos().counters().waiting as f64),
+        ),
+    ];
+    let catalog = fabric.catalog();
+    let units: Vec<(&str, String, Arc<LogicalUnit>)> = catalog
+        .targets
+        .iter()
+        .flat_map(|t| {
+            t.luns
+                .units()
+                .into_iter()
+                .map(move |(id, lu)| (t.name.as_str(), id.to_string(), lu))
+        })
+        .collect();
+    for (name, kind, help, pick) in families {
+        e.family(name, kind, help);
+        for (target, lun, lu) in &units {
+            if let Some(v) = pick(lu) {
+                e.sample(name, &[("target", target), ("lun", lun)], v);
+            }
+        }
+    }
 }
 
 /// Per host: each initiator's sessions with each target (its paths), and its

@@ -1275,3 +1275,291 @@ async fn only_tsih_of(d: &Daemon, target: &str) -> Option<u64> {
         .find(|s| s["target"] == target)
         .map(|s| s["tsih"].as_u64().unwrap())
 }
+
+/// The QoS fields of LUN `lun` in `lun.list`.
+async fn qos_of(d: &Daemon, lun: u64) -> Value {
+    let v = d.call("lun.list", Value::Null).await;
+    v["targets"][0]["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lun"] == lun)
+        .unwrap_or_else(|| panic!("no LUN {lun}: {v}"))["qos"]
+        .clone()
+}
+
+/// A LUN's IOPS ceiling holds back its commands (not another LUN's, not
+/// INQUIRY), an aborted held command never runs nor delays the rest, and
+/// `lun.limit` changes the ceiling while the session runs, dry run first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_qos_ceiling_paces_its_commands_and_changes_live() {
+    let d = Daemon::start_with(|_| {
+        "[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\niops_limit = 20\n\n\
+         [[target.lun]]\nid = 1\nbackstore = \"ram\"\nsize = \"8M\"\n"
+            .into()
+    })
+    .await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.ready().await;
+    c.lun = 1;
+    c.ready().await;
+    c.lun = 0;
+    let q = qos_of(&d, 0).await;
+    assert_eq!(
+        (q["iops_limit"].clone(), q["bandwidth_limit"].clone()),
+        (json!(20), Value::Null),
+        "{q}"
+    );
+    assert_eq!(qos_of(&d, 1).await["iops_limit"], Value::Null);
+
+    // 16 READs of LUN 0 at once: at 20 IOPS (one every 50 ms, a burst of
+    // one) the last can start no sooner than 14 x 50 ms after the first.
+    let t0 = std::time::Instant::now();
+    let reads: Vec<ScsiCommand> = (0..16)
+        .map(|i| c.command(&rw10(0x28, i * 8, 8), true, false, 4096))
+        .collect();
+    for r in &reads {
+        c.conn.send(Pdu::new(Bhs::ScsiCommand(*r))).await;
+    }
+    // Meanwhile LUN 1 and INQUIRY of LUN 0 are answered at once: before
+    // LUN 0's queue drains.
+    c.lun = 1;
+    let other = c.command(&rw10(0x28, 0, 8), true, false, 4096);
+    c.conn.send(Pdu::new(Bhs::ScsiCommand(other))).await;
+    c.lun = 0;
+    let inquiry = c.command(&[0x12, 0, 0, 0, 96, 0], true, false, 96);
+    c.conn.send(Pdu::new(Bhs::ScsiCommand(inquiry))).await;
+    let waiting = loop {
+        let q = qos_of(&d, 0).await;
+        if q["waiting"].as_u64().unwrap() > 0 {
+            break q["waiting"].as_u64().unwrap();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no command ever waited: {q}"
+        );
+    };
+    // Abort the last READ while it waits its turn.
+    let last = *reads.last().unwrap();
+    assert_eq!(
+        c.tmf(TmfFunction::AbortTask, last.itt, last.cmd_sn).await,
+        TmfResponse::FunctionComplete
+    );
+    // Statuses in the order they came (the TMF's wait saw some of them).
+    let ours: Vec<u32> = reads
+        .iter()
+        .map(|r| r.itt)
+        .chain([other.itt, inquiry.itt])
+        .collect();
+    let statuses = |seen: &[Pdu]| -> Vec<(u32, u8)> {
+        seen.iter()
+            .filter_map(|p| match &p.bhs {
+                Bhs::ScsiResponse(r) => Some((r.itt, r.status)),
+                Bhs::DataIn(di) => di.status.map(|s| (di.itt, s)),
+                _ => None,
+            })
+            .filter(|(itt, _)| ours.contains(itt))
+            .collect()
+    };
+    while statuses(&c.seen).len() < reads.len() + 1 {
+        let got = statuses(&c.seen);
+        c.recv_within(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("answers stopped after {got:x?}"));
+    }
+    let answered = statuses(&c.seen);
+    assert!(answered.iter().all(|&(_, s)| s == 0), "{answered:x?}");
+    let order: Vec<u32> = answered.iter().map(|&(itt, _)| itt).collect();
+    let paced = t0.elapsed();
+    eprintln!("15 READs at 20 IOPS answered in {paced:?} ({waiting} waited at once)");
+    assert!(
+        paced >= Duration::from_millis(600),
+        "{paced:?}: faster than 20 IOPS"
+    );
+    let at = |itt: u32| order.iter().position(|&i| i == itt);
+    let first_held = at(reads[2].itt).expect("answered");
+    assert!(
+        at(other.itt).unwrap() < first_held,
+        "LUN 1 waited for LUN 0: {order:x?}"
+    );
+    assert!(
+        at(inquiry.itt).unwrap() < first_held,
+        "INQUIRY waited: {order:x?}"
+    );
+    while c.recv_within(Duration::from_millis(300)).await.is_some() {}
+    c.assert_never_answered(last.itt, "READ held by the QoS ceiling");
+    let q = qos_of(&d, 0).await;
+    assert_eq!(q["waiting"], 0, "{q}");
+    let delayed = q["delayed_commands"].as_u64().unwrap();
+    assert!(delayed >= 13, "{q}");
+    assert_eq!(qos_of(&d, 1).await["delayed_commands"], 0);
+
+    // Lifted live, a dry run first.
+    let lift = json!({"target": TARGET, "lun": 0, "iops": 0});
+    let line = json!([format!(
+        "QoS of LUN 0 of {TARGET}: 20 IOPS -> no limit (commands from now on)"
+    )]);
+    let mut dry = lift.clone();
+    dry["dry_run"] = json!(true);
+    let said = d.call("lun.limit", dry).await;
+    assert_eq!(said["changes"], line, "{said}");
+    assert_eq!(
+        qos_of(&d, 0).await["iops_limit"],
+        20,
+        "a dry run changed the ceiling"
+    );
+    let done = d.call("lun.limit", lift).await;
+    assert_eq!(done["changes"], line, "{done}");
+    for i in 0..40 {
+        assert_eq!(c.run(&rw10(0x28, i * 8, 8), 4096, &[]).await.0, 0);
+    }
+    let q = qos_of(&d, 0).await;
+    assert_eq!(
+        (q["iops_limit"].clone(), q["delayed_commands"].as_u64()),
+        (Value::Null, Some(delayed)),
+        "{q}"
+    );
+
+    // A bandwidth ceiling through the CLI: 1 MiB/s holds the second and
+    // third 512 KiB READ back.
+    let (code, out, err) = d.ctl_cli(
+        "lun.limit",
+        &json!({"target": TARGET, "lun": 0, "bandwidth": "1M"}).to_string(),
+    );
+    assert_eq!(code, 0, "ctl lun.limit: {out}{err}");
+    assert!(
+        out.contains("QoS of LUN 0 of") && out.contains("no limit -> 1 MiB/s"),
+        "{out}"
+    );
+    let t1 = std::time::Instant::now();
+    for i in 0..3 {
+        assert_eq!(
+            c.run(&rw10(0x28, i * 1024, 1024), 512 << 10, &[]).await.0,
+            0
+        );
+    }
+    assert!(
+        t1.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t1.elapsed()
+    );
+    assert_eq!(qos_of(&d, 0).await["bandwidth_limit"], 1 << 20);
+    // What the operator gets wrong is named.
+    let bad = d
+        .try_call(
+            "lun.limit",
+            json!({"target": TARGET, "lun": 0, "bandwidth": "10K"}),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        bad.contains("below the least") && bad.contains("nothing was changed"),
+        "{bad}"
+    );
+    let bad = d
+        .try_call("lun.limit", json!({"target": TARGET, "lun": 0}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("needs \"iops\""), "{bad}");
+}
+
+/// Every data path is held to its LUN's QoS ceiling: at 1 IOPS, on a file
+/// LUN served by sendfile, the copy path, the I/O engine (serial and
+/// synchronized) and double-buffered WRITEs, the second command waits its
+/// turn and then runs, and a third one, aborted while it waits, never
+/// answers nor lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_data_path_waits_for_its_qos_turn() {
+    let paths: [(&str, &str, bool); 5] = [
+        ("sendfile", "", false),
+        ("copy", "zero_copy = false\n", false),
+        ("engine serial (direct)", "mode = \"direct\"\n", false),
+        ("engine synchronized", "sync_send = true\n", false),
+        ("double-buffered write", "sync_write = true\n", true),
+    ];
+    let d = Daemon::start_with(|dir| {
+        paths
+            .iter()
+            .enumerate()
+            .map(|(i, (_, keys, _))| {
+                format!(
+                    "[[target.lun]]\nid = {i}\nbackstore = \"file\"\npath = {:?}\nsize = \"4M\"\n\
+                     iops_limit = 1\n{keys}\n",
+                    dir.join(format!("lun{i}.img"))
+                )
+            })
+            .collect()
+    })
+    .await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    for (i, (name, _, is_write)) in paths.iter().enumerate() {
+        let lun = i as u16;
+        c.lun = lun;
+        c.ready().await;
+        let data: Vec<u8> = (0..65536u32).map(|b| (b as u8) ^ (i as u8 + 1)).collect();
+        let blocks = (data.len() / 512) as u16;
+        // The first command fits in the burst; the second waits about a
+        // second for its turn, the third about two.
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            c.run(&rw10(0x2a, 0, blocks), 0, &data).await.0,
+            0,
+            "{name}: WRITE"
+        );
+        let second = c.command(&rw10(0x28, 0, blocks), true, false, data.len() as u32);
+        c.conn.send(Pdu::new(Bhs::ScsiCommand(second))).await;
+        let third = if *is_write {
+            let cmd = c.command(&rw10(0x2a, 256, blocks), false, true, data.len() as u32);
+            c.conn
+                .send(Pdu::with_data(Bhs::ScsiCommand(cmd), data.clone()))
+                .await;
+            cmd
+        } else {
+            let cmd = c.command(&rw10(0x28, 0, blocks), true, false, data.len() as u32);
+            c.conn.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+            cmd
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while qos_of(&d, lun.into()).await["waiting"].as_u64() < Some(2) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name}: nothing waited"
+            );
+        }
+        let r = c.tmf(TmfFunction::AbortTask, third.itt, third.cmd_sn).await;
+        assert_eq!(r, TmfResponse::FunctionComplete, "{name}");
+        let (status, back) = c.wait_status(second.itt, data.len()).await;
+        assert_eq!(
+            (status, back == data),
+            (0, true),
+            "{name}: the second command"
+        );
+        assert!(
+            t0.elapsed() >= Duration::from_millis(900),
+            "{name}: {:?}",
+            t0.elapsed()
+        );
+        let q = qos_of(&d, lun.into()).await;
+        assert_eq!(
+            (q["waiting"].as_u64(), q["delayed_commands"].as_u64()),
+            (Some(0), Some(2)),
+            "{name}: {q}"
+        );
+        if *is_write {
+            // Past the aborted WRITE's turn, had it kept its place.
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            let (status, back) = c
+                .run(&rw10(0x28, 256, blocks), data.len() as u32, &[])
+                .await;
+            assert_eq!(status, 0);
+            assert!(
+                back.iter().all(|&b| b == 0),
+                "{name}: the aborted WRITE landed"
+            );
+        }
+        while c.recv_within(Duration::from_millis(200)).await.is_some() {}
+        c.assert_never_answered(third.itt, name);
+    }
+}

@@ -51,7 +51,8 @@ fn start_with(group: &str) -> (Daemon, SocketAddr, SocketAddr) {
              [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n{group}\n\
              [[target]]\nname = \"{IQN}\"\n\n\
              [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n\n\
-             [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = \"{}\"\nsize = \"8M\"\n",
+             [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = \"{}\"\nsize = \"8M\"\n\
+             iops_limit = 1000\n",
             file.display()
         ),
     )
@@ -243,6 +244,15 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
         (series("blockwire_lun_bytes_total", 0, "read"), 5.0 * 65536.0),
         (series("blockwire_lun_bytes_total", 1, "read"), 4.0 * 65536.0),
         (series("blockwire_lun_command_errors_total", 0, "read"), 0.0),
+        // LUN 1's ceiling; its few commands fit in the burst.
+        (
+            format!("blockwire_lun_qos_iops_limit{{target=\"{IQN}\",lun=\"1\"}}"),
+            1000.0,
+        ),
+        (
+            format!("blockwire_lun_qos_delayed_commands_total{{target=\"{IQN}\",lun=\"1\"}}"),
+            0.0,
+        ),
         (
             series("blockwire_lun_command_duration_seconds_count", 1, "read"),
             4.0,
@@ -274,6 +284,9 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
         &series("blockwire_lun_command_duration_seconds_sum", 0, "read"),
     );
     assert!(sum.is_some_and(|s| s > 0.0), "{text}");
+    // LUN 0 has no ceiling: no limit series.
+    let no_limit = format!("blockwire_lun_qos_iops_limit{{target=\"{IQN}\",lun=\"0\"}}");
+    assert_eq!(sample(&text, &no_limit), None, "{text}");
     promtool_check(&text);
     // Anything but /metrics is a clear 404.
     let (status, body) = http_get(metrics, "/nope");

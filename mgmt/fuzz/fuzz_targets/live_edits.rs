@@ -1,6 +1,7 @@
 //! The control API's configuration edits as a state machine. Each input is
 //! a sequence of JSON-RPC calls (targets, LUNs, access lists, CHAP
-//! accounts and portals added and removed, LUNs resized and stalled, the
+//! accounts and portals added and removed, LUNs resized, stalled and
+//! given QoS ceilings, the
 //! configuration saved, targets restored from the saved file, and the file
 //! edited by hand and reloaded) against a running fabric with RAM,
 //! null and file LUNs, drawn from small pools so that names, files and
@@ -15,8 +16,8 @@
 //!   serves is the one a fresh start from that document would build (names,
 //!   access lists, CHAP, portal groups, LUN ids, sizes, identities);
 //! - every portal of the document listens, and no other;
-//! - a LUN whose definition the call left alone (size and the stall switch
-//!   aside) is the same unit with its data, and a new RAM LUN holds none of
+//! - a LUN whose definition the call left alone (size, the stall switch and
+//!   the QoS ceilings aside) is the same unit with its data, and a new RAM LUN holds none of
 //!   another unit's data;
 //! - saving, then reloading, changes nothing.
 #![no_main]
@@ -60,6 +61,8 @@ const UUIDS: &[&str] = &[
 ];
 const SERIALS: &[&str] = &["disk-1", "DISK-1", "disk-2"];
 const LUN_IDS: &[i64] = &[0, 1, 2, 16383, 16384];
+const IOPS: &[i64] = &[0, 1, 500, 1_000_000];
+const BANDWIDTHS: &[&str] = &["1M", "100M", "64K", "none", "0", "fast"];
 const FILES: &[&str] = &["f0.img", "f1.img", "sub/../f0.img", "f1.img.atomic-journal"];
 
 const SCRATCH_PREFIX: &str = "blockwire-fuzz-live-";
@@ -140,7 +143,7 @@ fn lun_json(c: &mut Choices<'_>) -> Value {
 /// One call: its method and parameters.
 fn call(c: &mut Choices<'_>) -> (&'static str, Value) {
     let target = c.pick(TARGETS);
-    match c.byte() % 16 {
+    match c.byte() % 17 {
         0 => {
             let mut t = json!({"name": target, "lun": [lun_json(c)]});
             if c.flag() {
@@ -186,6 +189,17 @@ fn call(c: &mut Choices<'_>) -> (&'static str, Value) {
                 p["tag"] = json!(c.byte() % 3 + 1);
             }
             ("portal.remove", p)
+        }
+        // QoS ceilings: set, lifted, or bad (0 IOPS in a file, 64K, a word).
+        15 => {
+            let mut p = json!({"target": target, "lun": c.pick(LUN_IDS)});
+            if c.flag() {
+                p["iops"] = json!(c.pick(IOPS));
+            }
+            if c.flag() {
+                p["bandwidth"] = json!(c.pick(BANDWIDTHS));
+            }
+            ("lun.limit", p)
         }
         12 => ("lun.stall", json!({"target": target, "lun": c.pick(LUN_IDS), "stalled": c.flag()})),
         13 => ("config.save", json!({})),
@@ -248,7 +262,7 @@ fn edit_file(c: &mut Choices<'_>, doc: &mut toml::Table) {
     let Some(l) = luns[usize::from(c.byte()) % n].as_table_mut() else {
         return;
     };
-    let (key, value) = match c.byte() % 9 {
+    let (key, value) = match c.byte() % 11 {
         0 => ("size", Some(V::String(c.pick(SIZES).into()))),
         1 => ("serial", c.flag().then(|| V::String(c.pick(SERIALS).into()))),
         2 => ("uuid", c.flag().then(|| V::String(c.pick(UUIDS).into()))),
@@ -257,6 +271,8 @@ fn edit_file(c: &mut Choices<'_>, doc: &mut toml::Table) {
         5 => ("stalled", Some(V::Boolean(c.flag()))),
         6 => ("backstore", Some(V::String(c.pick(&["ram", "null", "file"]).into()))),
         7 => ("removable", Some(V::Boolean(c.flag()))),
+        8 => ("iops_limit", c.flag().then(|| V::Integer(c.pick(IOPS)))),
+        9 => ("bandwidth_limit", c.flag().then(|| V::String(c.pick(BANDWIDTHS).into()))),
         _ => ("id", Some(V::Integer(c.pick(LUN_IDS)))),
     };
     match value {
@@ -288,12 +304,13 @@ fn served(c: &Catalog) -> Served {
                     .map(|(id, lu)| {
                         let cfg = lu.config();
                         format!(
-                            "{id}: {} blocks of {}, serial {:?}, naa {:x}, pr {:?}",
+                            "{id}: {} blocks of {}, serial {:?}, naa {:x}, pr {:?}, qos {}",
                             lu.blocks(),
                             lu.block_size(),
                             cfg.serial,
                             cfg.naa_id,
-                            cfg.pr_state_path
+                            cfg.pr_state_path,
+                            lu.qos().limits()
                         )
                     })
                     .collect();
@@ -322,7 +339,8 @@ fn units(c: &Catalog) -> HashMap<(String, u16), Arc<LogicalUnit>> {
     out
 }
 
-/// Each LUN's definition in the document, size and stall switch aside.
+/// Each LUN's definition in the document, size, stall switch and QoS
+/// ceilings aside.
 fn definitions(doc: &toml::Table) -> HashMap<(String, u16), toml::Table> {
     let mut out = HashMap::new();
     for t in tables(doc, "target") {
@@ -332,6 +350,8 @@ fn definitions(doc: &toml::Table) -> HashMap<(String, u16), toml::Table> {
             let mut def = l.clone();
             def.remove("size");
             def.remove("stalled");
+            def.remove("iops_limit");
+            def.remove("bandwidth_limit");
             out.insert((name.trim().to_ascii_lowercase(), id as u16), def);
         }
     }

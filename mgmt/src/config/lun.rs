@@ -10,7 +10,7 @@ use blockwire_target::backstore::{
     RamBackstore, StripedBackstore,
 };
 use blockwire_target::iscsi::catalog::DataPathPolicy;
-use blockwire_target::scsi::{LogicalUnit, LuConfig};
+use blockwire_target::scsi::{LogicalUnit, LuConfig, QosLimits};
 use toml::Spanned;
 
 use super::{
@@ -28,7 +28,8 @@ pub(super) fn build_lun(
     name: &str,
     l: &LunDef,
     lspan: std::ops::Range<usize>,
-) -> Result<(Arc<LogicalUnit>, Option<DataPathPolicy>), ConfigError> {
+) -> Result<(Arc<LogicalUnit>, Option<DataPathPolicy>, QosLimits), ConfigError> {
+    let limits = qos_limits(ctx, l)?;
     let size = match &l.size {
         Some(s) => Some(parse_size(s.get_ref()).filter(|&n| n > 0).ok_or_else(|| {
             ctx.err(
@@ -410,8 +411,10 @@ pub(super) fn build_lun(
     lu.serial = serial;
     lu.naa_id = naa;
     lu.pr_state_path = pr_state_path;
+    lu.qos = limits;
     let unit = match kept {
-        // A kept unit stays as it runs (its stall switch too).
+        // A kept unit stays as it runs (its stall switch too); the change
+        // gives it its new QoS ceilings.
         Some(unit) => unit,
         None => {
             let unit = LogicalUnit::new(lu);
@@ -435,7 +438,53 @@ pub(super) fn build_lun(
         chunk: sync_chunk,
     };
     let asked = policy.engine_reads.is_some() || policy.sendfile || policy.double_buffered_writes;
-    Ok((unit, asked.then_some(policy)))
+    Ok((unit, asked.then_some(policy), limits))
+}
+
+/// The least `bandwidth_limit`: below it a single large command would wait
+/// for seconds (a 1 MiB WRITE takes a second at 1 MiB/s).
+const LEAST_BANDWIDTH: u64 = 1 << 20;
+
+/// The QoS ceilings `iops_limit` and `bandwidth_limit` of LUN `l`.
+fn qos_limits(ctx: &Ctx<'_>, l: &LunDef) -> Result<QosLimits, ConfigError> {
+    let iops = match &l.iops_limit {
+        None => None,
+        Some(i) if *i.get_ref() == 0 => {
+            return Err(ctx.err(
+                i.span(),
+                "target.lun.iops_limit",
+                "0 would stop every command; remove iops_limit for no limit",
+            ))
+        }
+        Some(i) => Some(*i.get_ref()),
+    };
+    let bytes_per_sec = match &l.bandwidth_limit {
+        None => None,
+        Some(b) => match parse_size(b.get_ref()) {
+            Some(n) if n >= LEAST_BANDWIDTH => Some(n),
+            Some(n) => {
+                return Err(ctx.err(
+                    b.span(),
+                    "target.lun.bandwidth_limit",
+                    format!(
+                        "{n} bytes per second is below the least, \"1M\" (a 1 MiB command \
+                         would wait over a second); remove bandwidth_limit for no limit"
+                    ),
+                ))
+            }
+            None => {
+                return Err(ctx.err(
+                    b.span(),
+                    "target.lun.bandwidth_limit",
+                    format!("{:?} is not a size per second (e.g. \"100M\")", b.get_ref()),
+                ))
+            }
+        },
+    };
+    Ok(QosLimits {
+        iops,
+        bytes_per_sec,
+    })
 }
 
 /// The store a check or dry run builds in place of files it does not open:

@@ -395,6 +395,13 @@ pub struct LunDef {
     /// with the backing file: unfinished atomic writes are replayed from it
     /// when the LUN opens.
     pub atomic_journal: Option<Spanned<PathBuf>>,
+    /// Quality of service: at most this many media commands (READ, WRITE,
+    /// UNMAP, ...) per second; a command over it waits its turn before it
+    /// starts. Changed live by a reload or `lun.limit`.
+    pub iops_limit: Option<Spanned<u64>>,
+    /// Quality of service: at most this many bytes of READ and WRITE data
+    /// per second, e.g. "100M".
+    pub bandwidth_limit: Option<Spanned<String>>,
 }
 
 /// Gives a file LUN its atomic-write journal when it should have one (see
@@ -1216,6 +1223,7 @@ impl TargetConfig {
             let mut luns = Vec::new();
             let mut ids = std::collections::HashSet::new();
             let mut data_paths = Vec::new();
+            let mut qos = Vec::new();
             for l in &t.luns {
                 let lspan = l.span();
                 let l = l.get_ref();
@@ -1229,8 +1237,12 @@ impl TargetConfig {
                         format!("LUN {} is defined twice in {name}", l.id),
                     ));
                 }
-                let (unit, policy) = lun::build_lun(ctx, f.state_dir.as_deref(), &name, l, lspan)?;
+                let (unit, policy, limits) =
+                    lun::build_lun(ctx, f.state_dir.as_deref(), &name, l, lspan)?;
                 luns.push((l.id, unit));
+                if limits.is_limited() {
+                    qos.push((l.id, limits));
+                }
                 if let Some(policy) = policy {
                     data_paths.push((l.id, policy));
                 }
@@ -1269,6 +1281,7 @@ impl TargetConfig {
                 auth,
                 luns: Arc::new(luns),
                 data_paths,
+                qos,
             }));
         }
         if targets.is_empty() {

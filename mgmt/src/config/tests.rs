@@ -1290,3 +1290,58 @@ fn a_target_or_lun_defined_twice_is_refused_on_its_second_definition() {
     assert_eq!((e.line, e.field.as_str()), (14, "target.lun.id"), "{e}");
     assert!(e.message.contains("LUN 7 is defined twice"), "{e}");
 }
+
+#[test]
+fn qos_ceilings_are_built_into_the_unit_and_bad_ones_named() {
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(
+            "backstore = \"ram\"\nsize = \"1M\"\niops_limit = 500\nbandwidth_limit = \"100M\"\n",
+        ),
+    )
+    .unwrap();
+    let t = &b.catalog.targets[0];
+    let want = blockwire_target::scsi::QosLimits {
+        iops: Some(500),
+        bytes_per_sec: Some(100 << 20),
+    };
+    assert_eq!(t.qos_of(0), want);
+    assert_eq!(t.luns.get(0).unwrap().qos().limits(), want);
+    let plain =
+        TargetConfig::from_str("t.toml", &one_lun("backstore = \"ram\"\nsize = \"1M\"\n")).unwrap();
+    assert!(plain.catalog.targets[0].qos.is_empty());
+    assert!(!plain.catalog.targets[0]
+        .luns
+        .get(0)
+        .unwrap()
+        .qos()
+        .limits()
+        .is_limited());
+    for (keys, field, says) in [
+        (
+            "iops_limit = 0\n",
+            "target.lun.iops_limit",
+            "remove iops_limit for no limit",
+        ),
+        ("iops_limit = -5\n", "syntax", "expected u64"),
+        (
+            "bandwidth_limit = \"64K\"\n",
+            "target.lun.bandwidth_limit",
+            "65536 bytes per second is below the least, \"1M\"",
+        ),
+        (
+            "bandwidth_limit = \"fast\"\n",
+            "target.lun.bandwidth_limit",
+            "\"fast\" is not a size per second",
+        ),
+    ] {
+        let text = one_lun(&format!("backstore = \"ram\"\nsize = \"1M\"\n{keys}"));
+        let e = TargetConfig::from_str("t.toml", &text).unwrap_err();
+        assert_eq!(e.line, 12, "{keys}: {e}");
+        assert!(
+            e.field.contains(field) || e.message.contains(field),
+            "{keys}: {e}"
+        );
+        assert!(e.message.contains(says), "{keys}: {e}");
+    }
+}

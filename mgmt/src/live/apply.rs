@@ -55,8 +55,8 @@ impl Live {
             ..Applied::default()
         };
 
-        // Units that stay: the same LUN table (size and the stall switch
-        // aside) in a target of the same name.
+        // Units that stay: the same LUN table (size, the stall switch and
+        // the QoS ceilings aside) in a target of the same name.
         let old_luns = lun_defs(&running.doc);
         let old_by_name = old.targets_by_name();
         let mut reuse = Reuse::new();
@@ -363,6 +363,21 @@ impl Live {
                     to.name()
                 ));
             }
+            // Kept units take their new ceilings here; new ones were
+            // built with theirs.
+            for (id, unit) in nt.luns.units() {
+                let want = nt.qos_of(id);
+                let had = unit.qos().limits();
+                if had != want {
+                    if !dry {
+                        unit.set_qos(want);
+                    }
+                    applied.changes.push(format!(
+                        "QoS of LUN {id} of {}: {had} -> {want} (commands from now on)",
+                        nt.name
+                    ));
+                }
+            }
             let entry = Arc::new(TargetEntry {
                 name: nt.name.clone(),
                 alias: nt.alias.clone(),
@@ -371,6 +386,7 @@ impl Live {
                 auth: nt.auth.clone(),
                 luns: table,
                 data_paths: nt.data_paths.clone(),
+                qos: nt.qos.clone(),
             });
             if !dry {
                 applied

@@ -200,6 +200,47 @@ pub fn resize_lun(doc: &mut Table, target: &str, id: u16, size: &str) -> Result<
     Ok(())
 }
 
+/// Sets or lifts the QoS ceilings of LUN `id` of `target`: `iops` 0 and
+/// `bandwidth` "0" or "none" lift that ceiling; `None` leaves it as it is.
+pub fn limit_lun(
+    doc: &mut Table,
+    target: &str,
+    id: u16,
+    iops: Option<u64>,
+    bandwidth: Option<&str>,
+) -> Result<(), LiveError> {
+    if iops.is_none() && bandwidth.is_none() {
+        return Err(LiveError::Invalid(
+            "lun.limit needs \"iops\" (0: no limit) or \"bandwidth\" (e.g. \"100M\"; \"none\": no limit)"
+                .into(),
+        ));
+    }
+    let t = target_mut(doc, target)?;
+    let l = lun_mut(t, target, id)?;
+    match iops {
+        Some(0) => {
+            l.remove("iops_limit");
+        }
+        Some(n) => {
+            let n = i64::try_from(n).map_err(|_| {
+                LiveError::Invalid(format!("{n} IOPS is more than a LUN can be limited to"))
+            })?;
+            l.insert("iops_limit".into(), Value::Integer(n));
+        }
+        None => {}
+    }
+    match bandwidth.map(str::trim) {
+        Some("0" | "none") => {
+            l.remove("bandwidth_limit");
+        }
+        Some(b) => {
+            l.insert("bandwidth_limit".into(), Value::String(b.to_owned()));
+        }
+        None => {}
+    }
+    Ok(())
+}
+
 /// Adds `initiator` to the access list of `target`. A target without one
 /// admits every initiator; the first entry restricts it to the list.
 pub fn acl_add(doc: &mut Table, target: &str, initiator: &str) -> Result<(), LiveError> {

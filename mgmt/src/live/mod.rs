@@ -526,6 +526,9 @@ fn same_unit(a: &Table, b: &Table) -> bool {
         let mut t = t.clone();
         t.remove("size");
         t.remove("stalled");
+        // QoS ceilings change on the running unit.
+        t.remove("iops_limit");
+        t.remove("bandwidth_limit");
         t
     };
     strip(a) == strip(b)

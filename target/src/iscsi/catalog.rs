@@ -109,6 +109,20 @@ pub struct TargetEntry {
     /// How each LUN's data should move, as configured (LUNs not listed
     /// take the SCSI core's copy path).
     pub data_paths: Vec<(u16, DataPathPolicy)>,
+    /// The QoS ceilings of its LUNs that have any, as configured (a LUN
+    /// kept across a live change takes them from here; see
+    /// [`crate::scsi::qos`]).
+    pub qos: Vec<(u16, crate::scsi::QosLimits)>,
+}
+
+impl TargetEntry {
+    /// The ceilings configured for LUN `id` (none if not listed).
+    pub fn qos_of(&self, id: u16) -> crate::scsi::QosLimits {
+        self.qos
+            .iter()
+            .find(|(l, _)| *l == id)
+            .map_or(crate::scsi::QosLimits::NONE, |(_, q)| *q)
+    }
 }
 
 /// How a LUN's data should move, as configured. The fabric maps it onto
@@ -161,6 +175,7 @@ impl Catalog {
                 auth: AuthPolicy::default(),
                 luns: Arc::new(LunTable::new(vec![(0, lun)])),
                 data_paths: Vec::new(),
+                qos: Vec::new(),
             })],
             discovery_auth: AuthPolicy::default(),
         }

@@ -172,6 +172,7 @@ mod tests {
                 auth: AuthPolicy::default(),
                 luns: Arc::new(LunTable::new(luns)),
                 data_paths: stores.iter().map(|(id, _, p)| (*id, *p)).collect(),
+                qos: Vec::new(),
             })],
             ..Catalog::default()
         };

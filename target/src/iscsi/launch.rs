@@ -22,6 +22,7 @@ use super::mover::{self, Road, Wire};
 use super::response::DataInLimits;
 use super::session::Session;
 use super::task::{CommandContext, CommandSlot};
+use super::throttle::{after_wait, Throttle};
 use super::Fabric;
 use crate::copies::{CopyPath, Counts};
 
@@ -113,7 +114,14 @@ impl Launcher {
             .expect("normal session has a target");
         let digest = self.session.params.data_digest == blockwire_pdu::keys::Digest::Crc32c;
         let route = mover::choose(&self.fabric, &target.name, &cmd, &cdb, offload, digest);
+        let throttle = Throttle::book(&target.luns, &cmd, &cdb);
         let ctx = Arc::new(self.context(cmd, cdb, slot));
+        // A command its LUN's QoS ceilings hold back starts on its road
+        // when its place comes (see `super::throttle`).
+        let go = Go {
+            throttle,
+            aborted: ctx.aborted.clone(),
+        };
         match route.road {
             Road::Core
                 if matches!(route.wire, Wire::Tcp)
@@ -121,7 +129,7 @@ impl Launcher {
                     && !ctx.cmd.read
                     && data_out.len() as u64 <= mover::WRITE_ON_TASK_MAX =>
             {
-                start(mover::write_road(ctx, data_out, budget, r2t_count));
+                go.start(mover::write_road(ctx, data_out, budget, r2t_count));
             }
             Road::Core
                 if matches!(route.wire, Wire::Tcp)
@@ -130,11 +138,11 @@ impl Launcher {
                     && u64::from(ctx.cmd.expected_data_transfer_length)
                         <= mover::MEMORY_READ_ON_TASK_MAX =>
             {
-                start(mover::memory_road(ctx, data_out, budget, r2t_count));
+                go.start(mover::memory_road(ctx, data_out, budget, r2t_count));
             }
             Road::Core => {
                 // Copied out of the read buffer it may pin (see on_task_or_core).
-                start(mover::core_road(
+                go.start(mover::core_road(
                     ctx,
                     route.wire,
                     data_out.into(),
@@ -143,7 +151,7 @@ impl Launcher {
                 ));
             }
             Road::File(lun) => {
-                start(super::sendfile::serve(ctx, lun));
+                go.start(super::sendfile::serve(ctx, lun));
             }
             Road::Engine(path) => {
                 let job = super::syncread::ReadJob {
@@ -165,17 +173,17 @@ impl Launcher {
                             !path.direct,
                         );
                         let m = mover::DataIn::engine(path);
-                        start(super::syncread::serve(job, m));
+                        go.start(super::syncread::serve(job, m));
                     }
                     Wire::NoNet => {
                         let m = mover::Discard {
                             buffered: !path.direct,
                         };
-                        start(super::syncread::serve(job, m));
+                        go.start(super::syncread::serve(job, m));
                     }
                     Wire::Rdma(p) => {
                         let m = mover::RdmaWrite::new(p);
-                        start(super::syncread::serve(job, m));
+                        go.start(super::syncread::serve(job, m));
                     }
                 }
             }
@@ -184,13 +192,18 @@ impl Launcher {
 
     /// Starts a double-buffered WRITE's task.
     pub fn start_piped_write(&self, w: PipedWrite) {
+        let throttle = self
+            .session
+            .target
+            .as_ref()
+            .and_then(|t| Throttle::book(&t.luns, &w.cmd, &w.cdb));
         let job = super::syncwrite::WriteJob {
             ctx: Arc::new(self.context(w.cmd, w.cdb, w.slot)),
             path: w.path,
             budget: w.budget,
             fabric: self.fabric.clone(),
         };
-        super::syncwrite::spawn(job, w.lease, w.feed, &self.sync_writes);
+        super::syncwrite::spawn(job, w.lease, w.feed, &self.sync_writes, throttle);
     }
 
     /// Waits, at most 5 s, until the aborted pipelined WRITEs among
@@ -204,6 +217,22 @@ impl Launcher {
             while self.session.tasks.contains(*itt) && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
+        }
+    }
+}
+
+/// How a command goes on its road: at once, or after the wait its LUN's
+/// QoS ceilings booked for it (see [`super::throttle`]).
+struct Go {
+    throttle: Option<Throttle>,
+    aborted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Go {
+    fn start(self, road: impl Future<Output = ()> + Send + 'static) {
+        match self.throttle {
+            None => start(road),
+            Some(t) => start(after_wait(Some(t), self.aborted, road)),
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod session;
 pub mod syncread;
 pub mod syncwrite;
 mod task;
+mod throttle;
 pub mod window;
 pub mod write_chunks;
 pub mod zerocopy;

@@ -329,14 +329,23 @@ pub(super) fn feed() -> (Feed, FeedReceiver) {
 
 /// Starts the task of a pipelined WRITE (see the module docs), fed through
 /// `rx`. The task owns the command's window slot from now on.
-pub(super) fn spawn(job: WriteJob, lease: BufLease, rx: FeedReceiver, running: &Running) {
+pub(super) fn spawn(
+    job: WriteJob,
+    lease: BufLease,
+    rx: FeedReceiver,
+    running: &Running,
+    throttle: Option<super::throttle::Throttle>,
+) {
     let rx = rx.0;
     let drained = Arc::new(AtomicBool::new(false));
     running.lock().insert(job.ctx.itt(), drained.clone());
     let running = running.clone();
     tokio::spawn(async move {
         let itt = job.ctx.itt();
-        run(job, lease, rx).await;
+        // Held by the LUN's QoS ceilings: no chunk is written before the
+        // command's place comes; its data keeps arriving into the lease.
+        let aborted = job.ctx.aborted.clone();
+        super::throttle::after_wait(throttle, aborted, run(job, lease, rx)).await;
         // Only now: every chunk write ended and the hold is released.
         drained.store(true, Ordering::Release);
         let mut map = running.lock();

@@ -86,6 +86,10 @@ pub struct LuConfig {
     /// (`Backstore::atomic_write_max`); false: never (the Block Limits
     /// page reports no atomic support). On by default.
     pub atomic_writes: bool,
+    /// Ceilings on media commands and bytes per second (see
+    /// [`super::qos`]); none by default. Changed while the unit serves
+    /// with [`LogicalUnit::set_qos`].
+    pub qos: super::QosLimits,
 }
 
 impl LuConfig {
@@ -111,6 +115,7 @@ impl LuConfig {
             removable: false,
             sanitize_min_duration: Duration::ZERO,
             atomic_writes: true,
+            qos: super::QosLimits::NONE,
         }
     }
 }
@@ -233,6 +238,8 @@ pub struct LogicalUnit {
     pub(crate) in_flight: InFlight,
     /// The stall switch media commands pass before anything else.
     pub(crate) stall: StallGate,
+    /// The ceilings the fabric books media commands against.
+    qos: super::QosGate,
     /// READ/WRITE counters and latencies (shared with planned commands'
     /// clocks, which count after the plan is dropped).
     pub(crate) stats: Arc<IoStats>,
@@ -362,6 +369,7 @@ impl LogicalUnit {
             abort: AbortSlot::default(),
             in_flight: InFlight::default(),
             stall: StallGate::default(),
+            qos: super::QosGate::new(cfg.qos),
             stats: Arc::default(),
             born: Instant::now(),
             last_media_ms: AtomicU64::new(0),
@@ -437,6 +445,17 @@ impl LogicalUnit {
             in_flight,
             last_media,
         }
+    }
+
+    /// The unit's ceilings (see [`super::qos`]): the fabric books each
+    /// media command with it and waits what it says before starting it.
+    pub fn qos(&self) -> &super::QosGate {
+        &self.qos
+    }
+
+    /// Sets new ceilings while the unit serves; returns the old ones.
+    pub fn set_qos(&self, limits: super::QosLimits) -> super::QosLimits {
+        self.qos.set_limits(limits)
     }
 
     /// Whether the unit is stalled.

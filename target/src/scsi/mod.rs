@@ -20,6 +20,7 @@ mod mode;
 mod opcodes;
 mod outcome;
 mod param_bytes;
+pub mod qos;
 mod range_lock;
 pub mod read_plan;
 mod read_write;
@@ -52,6 +53,7 @@ pub use alua::{state_changes, AluaState, TargetPortGroup};
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};
 pub use logical_unit::{Activity, LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
 pub use lun_table::{AddLunError, LunTable, NoSuchLun, TableAbortHandler};
+pub use qos::{QosCounters, QosGate, QosLimits};
 pub use reservations::AbortHandler;
 pub use stall::{abortable, StallChange};
 

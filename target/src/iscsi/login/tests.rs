@@ -52,6 +52,7 @@ pub(crate) fn target(name: &str, acl: Acl, auth: AuthPolicy, groups: Vec<u16>) -
         auth,
         luns: Arc::new(LunTable::default()),
         data_paths: Vec::new(),
+        qos: Vec::new(),
     })
 }
 

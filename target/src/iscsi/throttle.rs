@@ -1,0 +1,222 @@
+//! Waiting out a LUN's quality-of-service ceilings (see
+//! [`crate::scsi::qos`]) before a command starts.
+//!
+//! The SCSI core books each media command with its unit's gate and says
+//! how long it must wait; the wait happens here, on the runtime's timers,
+//! before the command's road (core, sendfile, I/O engine, pipelined WRITE)
+//! starts, so every road and every wire (TCP, RDMA-assisted, iSER) is held
+//! to the same ceiling, and a throttled command holds no thread. A task
+//! aborted while it waits (ABORT TASK, LUN RESET, PREEMPT AND ABORT, its
+//! connection gone) stops waiting within [`crate::scsi::stall::POLL`],
+//! never starts, and gives its booked place back so it does not hold
+//! later commands back.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use blockwire_pdu::pdu::ScsiCommand;
+
+use crate::scsi::qos::Reservation;
+use crate::scsi::stall::{is_media_command, POLL};
+use crate::scsi::{LogicalUnit, LunTable};
+
+/// A command's booked place at a LUN whose ceilings hold it back.
+#[derive(Debug)]
+pub(super) struct Throttle {
+    unit: Arc<LogicalUnit>,
+    booked: Reservation,
+    /// The command started (or was never going to): nothing to give back.
+    settled: bool,
+}
+
+impl Throttle {
+    /// Books `cmd` (with `cdb`) at its LUN in `luns`: `None` when it may
+    /// start at once (not a media command, a LUN without ceilings or
+    /// unknown, or a place free now).
+    pub fn book(luns: &LunTable, cmd: &ScsiCommand, cdb: &[u8]) -> Option<Throttle> {
+        if !is_media_command(cdb) {
+            return None;
+        }
+        let unit = luns.get(cmd.lun.index()?)?;
+        let bytes = u64::from(cmd.expected_data_transfer_length);
+        let booked = unit.qos().reserve(Instant::now(), bytes)?;
+        if booked.wait.is_zero() {
+            return None;
+        }
+        Some(Throttle {
+            unit,
+            booked,
+            settled: false,
+        })
+    }
+
+    /// How long the command waits from its booking.
+    #[cfg(test)]
+    pub fn wait(&self) -> std::time::Duration {
+        self.booked.wait
+    }
+
+    /// Waits out the booked place; false if the task was aborted meanwhile
+    /// (its place is given back, and the command must not start).
+    pub async fn wait_out(mut self, aborted: &AtomicBool) -> bool {
+        let until = tokio::time::Instant::now() + self.booked.wait;
+        let _counted = self.unit.qos().waiting();
+        loop {
+            if aborted.load(Ordering::SeqCst) {
+                return false;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                break;
+            }
+            tokio::time::sleep_until(until.min(now + POLL)).await;
+        }
+        self.settled = true;
+        true
+    }
+}
+
+impl Drop for Throttle {
+    /// An unsettled booking is given back: the task was aborted, or its
+    /// future dropped with the connection, before the command started.
+    fn drop(&mut self) {
+        if !self.settled {
+            self.unit.qos().cancel(&self.booked);
+        }
+    }
+}
+
+/// `fut` (a command's road), after `throttle`'s wait when there is one;
+/// the command never starts if its task (`aborted`) is aborted first.
+pub(super) async fn after_wait(
+    throttle: Option<Throttle>,
+    aborted: Arc<AtomicBool>,
+    fut: impl std::future::Future<Output = ()>,
+) {
+    if let Some(t) = throttle {
+        if !t.wait_out(&aborted).await {
+            tracing::debug!(
+                "a command held by its LUN's QoS ceiling was aborted before it started"
+            );
+            return;
+        }
+    }
+    fut.await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backstore::RamBackstore;
+    use crate::scsi::{LuConfig, QosLimits};
+    use blockwire_pdu::pdu::Lun;
+    use std::time::Duration;
+
+    fn read_of(lun: u16, bytes: u32) -> (ScsiCommand, Vec<u8>) {
+        let cdb = vec![0x28, 0, 0, 0, 0, 0, 0, 0, (bytes / 512) as u8, 0];
+        let mut cdb16 = [0u8; 16];
+        cdb16[..10].copy_from_slice(&cdb);
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: true,
+            write: false,
+            attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+            lun: Lun::from_index(lun),
+            itt: 1,
+            expected_data_transfer_length: bytes,
+            cmd_sn: 0,
+            exp_stat_sn: 0,
+            cdb: cdb16,
+        };
+        (cmd, cdb)
+    }
+
+    fn table(limits: QosLimits) -> LunTable {
+        let mut cfg = LuConfig::new(Arc::new(RamBackstore::new(1 << 20)));
+        cfg.qos = limits;
+        LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_command_over_the_ceiling_starts_when_its_place_comes() {
+        let t = table(QosLimits {
+            iops: Some(10),
+            bytes_per_sec: None,
+        });
+        let (cmd, cdb) = read_of(0, 4096);
+        // The burst (50 ms at 10 IOPS) lets one through.
+        assert!(Throttle::book(&t, &cmd, &cdb).is_none());
+        let held = Throttle::book(&t, &cmd, &cdb).expect("over the ceiling");
+        // Booked on the real clock: a moment after the first.
+        let wait = held.wait();
+        assert!(
+            wait > Duration::from_millis(40) && wait <= Duration::from_millis(50),
+            "{wait:?}"
+        );
+        let t0 = tokio::time::Instant::now();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        after_wait(Some(held), Arc::new(AtomicBool::new(false)), async move {
+            r.store(true, Ordering::SeqCst)
+        })
+        .await;
+        assert!(ran.load(Ordering::SeqCst));
+        // Tokio's timers tick in whole milliseconds.
+        let waited = t0.elapsed();
+        assert!(
+            waited >= wait && waited <= wait + Duration::from_millis(1),
+            "{waited:?}"
+        );
+        // INQUIRY is not a media command: never held.
+        let inquiry = [0x12u8, 0, 0, 0, 36, 0];
+        assert!(Throttle::book(&t, &cmd, &inquiry).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_aborted_command_never_starts_and_gives_its_place_back() {
+        let t = table(QosLimits {
+            iops: Some(1),
+            bytes_per_sec: None,
+        });
+        let (cmd, cdb) = read_of(0, 512);
+        assert!(Throttle::book(&t, &cmd, &cdb).is_none());
+        let held = Throttle::book(&t, &cmd, &cdb).expect("over the ceiling");
+        assert!(
+            held.wait() > Duration::from_millis(900),
+            "{:?}",
+            held.wait()
+        );
+        let aborted = Arc::new(AtomicBool::new(false));
+        let ran = Arc::new(AtomicBool::new(false));
+        let (a, r) = (aborted.clone(), ran.clone());
+        let task = tokio::spawn(after_wait(Some(held), a, async move {
+            r.store(true, Ordering::SeqCst)
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(t.get(0).unwrap().qos().counters().waiting, 1);
+        aborted.store(true, Ordering::SeqCst);
+        let t0 = tokio::time::Instant::now();
+        task.await.unwrap();
+        assert!(t0.elapsed() <= POLL, "the abort was seen within a poll");
+        assert!(!ran.load(Ordering::SeqCst), "an aborted command started");
+        assert_eq!(t.get(0).unwrap().qos().counters().waiting, 0);
+        // Its place was given back: the next command waits as the second did.
+        let next = Throttle::book(&t, &cmd, &cdb).expect("still over the ceiling");
+        assert!(
+            next.wait() <= Duration::from_millis(950),
+            "{:?}",
+            next.wait()
+        );
+        // A dropped booking (its connection gone) is given back too.
+        let before = next.wait();
+        drop(next);
+        let again = Throttle::book(&t, &cmd, &cdb).unwrap();
+        assert!(
+            again.wait() <= before,
+            "{:?} after {before:?}",
+            again.wait()
+        );
+    }
+}

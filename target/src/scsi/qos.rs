@@ -1,0 +1,436 @@
+//! Quality of service of a logical unit: a ceiling on the media commands per
+//! second and on the bytes per second they move, so that one busy initiator
+//! on a shared target cannot take every other LUN's share of the disks and
+//! the network (a noisy neighbour).
+//!
+//! The gate is a scheduler, not a waiter: [`QosGate::reserve`] says how long
+//! a command must wait before it may start and books its place, and the
+//! fabric does the waiting (on its own timers, not on a blocking thread, so
+//! a throttled LUN with a deep queue holds no threads other LUNs need), and
+//! gives the place back with [`QosGate::cancel`] when the task is aborted
+//! before it started.
+//!
+//! Each ceiling is a generic cell rate algorithm (the virtual-scheduling
+//! form of a token bucket): a command of cost `c` against a rate `r` takes
+//! `c / r` of the unit's time, the theoretical arrival time of the next
+//! command moves on by that much, and a command may start up to [`BURST`]
+//! before its theoretical time, so short bursts of up to `r x BURST` pass
+//! unhindered. Commands are booked in arrival order, so initiators sharing
+//! a LUN are served first come, first served. Over any stretch of time `t`
+//! between two command starts, what started in it costs at most `r x t`
+//! plus the burst plus the last command's cost; a cancelled booking is
+//! given back, which lets at most its cost start early.
+//!
+//! Only media commands count (those that reach the backstore,
+//! [`super::stall::is_media_command`]); their bytes are those of the data
+//! transfer the command carries (READ and WRITE payloads). WRITE SAME,
+//! UNMAP and EXTENDED COPY count as one command each whatever they touch.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How far ahead of its theoretical time a command may start: the size of
+/// a burst that passes unhindered, in time at the configured rate.
+pub const BURST: Duration = Duration::from_millis(50);
+
+/// The ceilings of one logical unit; `None`: no ceiling.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QosLimits {
+    /// Media commands per second.
+    pub iops: Option<u64>,
+    /// Bytes of data transferred per second.
+    pub bytes_per_sec: Option<u64>,
+}
+
+impl QosLimits {
+    /// No ceiling at all.
+    pub const NONE: QosLimits = QosLimits {
+        iops: None,
+        bytes_per_sec: None,
+    };
+
+    /// Whether any ceiling is set.
+    pub fn is_limited(&self) -> bool {
+        self.iops.is_some() || self.bytes_per_sec.is_some()
+    }
+
+    /// The rates of the two ceilings, in the order the gate keeps them.
+    fn rates(&self) -> [Option<u64>; 2] {
+        // A rate of 0 would never let anything through; the configuration
+        // refuses it, and here it means no ceiling rather than a dead LUN.
+        [
+            self.iops.filter(|&r| r > 0),
+            self.bytes_per_sec.filter(|&r| r > 0),
+        ]
+    }
+}
+
+impl fmt::Display for QosLimits {
+    /// "no limit", "500 IOPS", "100 MiB/s", "500 IOPS and 100 MiB/s".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bytes = self.bytes_per_sec.map(|b| {
+            const MIB: u64 = 1 << 20;
+            if b.is_multiple_of(MIB) {
+                format!("{} MiB/s", b / MIB)
+            } else if b.is_multiple_of(1 << 10) {
+                format!("{} KiB/s", b >> 10)
+            } else {
+                format!("{b} bytes/s")
+            }
+        });
+        match (self.iops, bytes) {
+            (None, None) => f.write_str("no limit"),
+            (Some(i), None) => write!(f, "{i} IOPS"),
+            (None, Some(b)) => f.write_str(&b),
+            (Some(i), Some(b)) => write!(f, "{i} IOPS and {b}"),
+        }
+    }
+}
+
+/// A command's booked place: how long it waits before it starts, and what
+/// it took from each ceiling (given back by [`QosGate::cancel`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// How long the command must wait before it starts.
+    pub wait: Duration,
+    /// The limits' generation it was booked under: a change of limits
+    /// starts the schedule afresh, and nothing is given back to it.
+    generation: u64,
+    /// The time it took from the IOPS and the bytes ceiling.
+    taken: [Duration; 2],
+}
+
+/// Commands the ceilings delayed so far, and for how long in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QosCounters {
+    /// Media commands that had to wait.
+    pub delayed: u64,
+    /// The waits they were given, summed (nanoseconds).
+    pub delay_ns: u64,
+    /// Commands waiting now.
+    pub waiting: u64,
+}
+
+#[derive(Debug, Default)]
+struct Schedule {
+    limits: QosLimits,
+    generation: u64,
+    /// Theoretical arrival time of the next command, per ceiling.
+    next: [Option<Instant>; 2],
+}
+
+/// One logical unit's ceilings (see the module docs).
+#[derive(Debug, Default)]
+pub struct QosGate {
+    /// Fast path: a unit without ceilings takes no lock.
+    limited: AtomicBool,
+    schedule: Mutex<Schedule>,
+    delayed: AtomicU64,
+    delay_ns: AtomicU64,
+    waiting: AtomicU64,
+}
+
+/// The time `cost` takes at `rate` per second, rounded up so the schedule
+/// never runs faster than the ceiling.
+fn time_of(cost: u64, rate: u64) -> Duration {
+    let ns = (u128::from(cost) * 1_000_000_000).div_ceil(u128::from(rate));
+    Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+impl QosGate {
+    /// A gate with `limits`.
+    pub fn new(limits: QosLimits) -> QosGate {
+        let gate = QosGate::default();
+        gate.set_limits(limits);
+        gate
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Schedule> {
+        self.schedule.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The ceilings now.
+    pub fn limits(&self) -> QosLimits {
+        self.lock().limits
+    }
+
+    /// Sets new ceilings; returns the old ones. The schedule starts afresh:
+    /// commands booked already keep their waits.
+    pub fn set_limits(&self, limits: QosLimits) -> QosLimits {
+        let mut s = self.lock();
+        let old = std::mem::replace(&mut s.limits, limits);
+        s.generation += 1;
+        s.next = [None; 2];
+        self.limited.store(limits.is_limited(), Ordering::SeqCst);
+        old
+    }
+
+    /// Books a media command moving `bytes` that arrives at `now`: `None`
+    /// when the unit has no ceiling, else its place (with a zero wait when
+    /// it may start at once).
+    pub fn reserve(&self, now: Instant, bytes: u64) -> Option<Reservation> {
+        if !self.limited.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut s = self.lock();
+        let rates = s.limits.rates();
+        let costs = [1, bytes];
+        let mut start = now;
+        for (next, rate) in s.next.iter().zip(rates) {
+            if rate.is_some() {
+                let due = next.map_or(now, |n| n.max(now));
+                start = start.max(due.checked_sub(BURST).unwrap_or(now));
+            }
+        }
+        let mut taken = [Duration::ZERO; 2];
+        for (i, rate) in rates.into_iter().enumerate() {
+            if let Some(rate) = rate {
+                taken[i] = time_of(costs[i], rate);
+                let from = s.next[i].map_or(start, |n| n.max(start));
+                s.next[i] = Some(from + taken[i]);
+            }
+        }
+        if rates.iter().all(Option::is_none) {
+            return None;
+        }
+        let wait = start - now;
+        if !wait.is_zero() {
+            self.delayed.fetch_add(1, Ordering::Relaxed);
+            let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+            self.delay_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        Some(Reservation {
+            wait,
+            generation: s.generation,
+            taken,
+        })
+    }
+
+    /// Gives back the place of a command that will not run (its task was
+    /// aborted while it waited), so aborted commands do not push later
+    /// ones back.
+    pub fn cancel(&self, r: &Reservation) {
+        let mut s = self.lock();
+        if s.generation != r.generation {
+            return;
+        }
+        for (next, taken) in s.next.iter_mut().zip(r.taken) {
+            if let Some(n) = next {
+                *next = Some(n.checked_sub(taken).unwrap_or(*n));
+            }
+        }
+    }
+
+    /// Counts a command waiting until the guard is dropped.
+    pub fn waiting(&self) -> WaitingGuard<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        WaitingGuard(self)
+    }
+
+    /// What the ceilings did so far.
+    pub fn counters(&self) -> QosCounters {
+        QosCounters {
+            delayed: self.delayed.load(Ordering::Relaxed),
+            delay_ns: self.delay_ns.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A command waiting at the gate (see [`QosGate::waiting`]).
+#[derive(Debug)]
+pub struct WaitingGuard<'a>(&'a QosGate);
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn limits(iops: Option<u64>, bytes_per_sec: Option<u64>) -> QosLimits {
+        QosLimits {
+            iops,
+            bytes_per_sec,
+        }
+    }
+
+    #[test]
+    fn a_unit_without_ceilings_books_nothing() {
+        let g = QosGate::default();
+        assert_eq!(g.reserve(Instant::now(), 1 << 20), None);
+        g.set_limits(limits(Some(10), None));
+        g.set_limits(QosLimits::NONE);
+        assert_eq!(g.reserve(Instant::now(), 1 << 20), None);
+        assert_eq!(g.counters(), QosCounters::default());
+    }
+
+    #[test]
+    fn commands_over_the_iops_ceiling_wait_their_turn() {
+        // 100 IOPS: 10 ms a command, bursts of 50 ms (5 commands) pass.
+        let g = QosGate::new(limits(Some(100), None));
+        let t0 = Instant::now();
+        let waits: Vec<Duration> = (0..8)
+            .map(|_| g.reserve(t0, 4096).expect("limited").wait)
+            .collect();
+        assert_eq!(&waits[..6], &[Duration::ZERO; 6]);
+        assert_eq!(waits[6], 10 * MS);
+        assert_eq!(waits[7], 20 * MS);
+        let c = g.counters();
+        assert_eq!((c.delayed, c.delay_ns), (2, 30_000_000));
+        // A command arriving after the schedule emptied goes at once.
+        assert_eq!(
+            g.reserve(t0 + Duration::from_secs(1), 4096).unwrap().wait,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn the_bytes_ceiling_spaces_large_transfers() {
+        // 1 MiB/s: a 1 MiB command takes a second of the unit's time.
+        let g = QosGate::new(limits(None, Some(1 << 20)));
+        let t0 = Instant::now();
+        assert_eq!(g.reserve(t0, 1 << 20).unwrap().wait, Duration::ZERO);
+        assert_eq!(
+            g.reserve(t0, 1 << 20).unwrap().wait,
+            Duration::from_millis(950)
+        );
+        // Small commands count by their size, not per command.
+        let g = QosGate::new(limits(None, Some(1 << 20)));
+        for _ in 0..12 {
+            assert_eq!(g.reserve(t0, 4096).unwrap().wait, Duration::ZERO);
+        }
+    }
+
+    #[test]
+    fn the_tighter_ceiling_decides() {
+        let g = QosGate::new(limits(Some(1000), Some(1 << 20)));
+        let t0 = Instant::now();
+        g.reserve(t0, 1 << 20);
+        // The IOPS ceiling would let it go; the bytes ceiling does not.
+        assert_eq!(g.reserve(t0, 512).unwrap().wait, Duration::from_millis(950));
+    }
+
+    #[test]
+    fn a_cancelled_booking_is_given_back() {
+        let g = QosGate::new(limits(Some(10), None));
+        let t0 = Instant::now();
+        let booked: Vec<Reservation> = (0..5).map(|_| g.reserve(t0, 0).unwrap()).collect();
+        assert_eq!(booked[4].wait, Duration::from_millis(350));
+        for r in booked.iter().rev().take(3) {
+            g.cancel(r);
+        }
+        assert_eq!(g.reserve(t0, 0).unwrap().wait, Duration::from_millis(150));
+    }
+
+    #[test]
+    fn new_limits_start_a_fresh_schedule() {
+        let g = QosGate::new(limits(Some(1), None));
+        let t0 = Instant::now();
+        g.reserve(t0, 0);
+        let late = g.reserve(t0, 0).unwrap();
+        assert_eq!(late.wait, Duration::from_millis(950));
+        assert_eq!(
+            g.set_limits(limits(Some(1000), None)),
+            limits(Some(1), None)
+        );
+        assert_eq!(g.reserve(t0, 0).unwrap().wait, Duration::ZERO);
+        // A booking of the old schedule gives nothing back to the new one.
+        let before = g.reserve(t0, 0).unwrap();
+        g.cancel(&late);
+        assert!(g.reserve(t0, 0).unwrap().wait >= before.wait);
+    }
+
+    #[test]
+    fn limits_read_as_an_operator_writes_them() {
+        assert_eq!(QosLimits::NONE.to_string(), "no limit");
+        assert_eq!(limits(Some(500), None).to_string(), "500 IOPS");
+        assert_eq!(limits(None, Some(100 << 20)).to_string(), "100 MiB/s");
+        assert_eq!(
+            limits(Some(5), Some(3 << 10)).to_string(),
+            "5 IOPS and 3 KiB/s"
+        );
+        assert_eq!(limits(None, Some(1000)).to_string(), "1000 bytes/s");
+    }
+
+    /// One command of a random run: when it arrives after the previous
+    /// one, what it moves, and whether its task is aborted before it
+    /// starts.
+    fn arrivals() -> impl Strategy<Value = Vec<(u64, u64, bool)>> {
+        // Half the commands arrive together with the one before: queues form.
+        let gap = prop_oneof![Just(0u64), 0u64..30_000_000];
+        prop::collection::vec((gap, 0u64..(2 << 20), prop::bool::weighted(0.1)), 1..200)
+    }
+
+    proptest! {
+        /// Over every stretch between two starts, what started costs at
+        /// most the rate times the stretch, plus the burst and the last
+        /// command, plus what cancelled bookings gave back; and a command
+        /// arriving to an idle schedule never waits.
+        #[test]
+        fn no_stretch_runs_faster_than_its_ceilings(
+            iops in prop::option::of(1u64..2000),
+            bytes_per_sec in prop::option::of(1u64 << 16..1 << 28),
+            run in arrivals(),
+        ) {
+            let l = limits(iops, bytes_per_sec);
+            let g = QosGate::new(l);
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut started: Vec<(Instant, u64)> = Vec::new();
+            let mut given_back = [0u128; 2];
+            let mut cancels = 0u64;
+            let mut previous_end: Option<Instant> = None;
+            for (gap, bytes, aborted) in run {
+                now += Duration::from_nanos(gap);
+                let r = g.reserve(now, bytes);
+                prop_assert_eq!(r.is_some(), l.is_limited());
+                let Some(r) = r else { continue };
+                if previous_end.is_none_or(|e| e <= now) {
+                    prop_assert_eq!(r.wait, Duration::ZERO, "an idle unit held a command back");
+                }
+                previous_end = Some(previous_end.map_or(now, |e| e.max(now)) + r.taken[0].max(r.taken[1]));
+                if aborted {
+                    g.cancel(&r);
+                    given_back[0] += 1;
+                    given_back[1] += u128::from(bytes);
+                    cancels += 1;
+                } else {
+                    started.push((now + r.wait, bytes));
+                }
+            }
+            for (d, rate) in l.rates().into_iter().enumerate() {
+                let Some(rate) = rate else { continue };
+                let cost = |b: u64| if d == 0 { 1u128 } else { u128::from(b) };
+                // Each booking's time is rounded up to a nanosecond: giving
+                // one back may return up to rate x 1 ns more than it took.
+                let rounding = u128::from(cancels) * (u128::from(rate) / 1_000_000_000 + 1);
+                for j in 0..started.len() {
+                    let mut sum = 0u128;
+                    for k in j..started.len() {
+                        let stretch = started[k].0.saturating_duration_since(started[j].0);
+                        let allowed = (stretch + BURST).as_nanos() * u128::from(rate) / 1_000_000_000
+                            + cost(started[k].1)
+                            + given_back[d]
+                            + rounding
+                            + 1;
+                        sum += cost(started[k].1);
+                        prop_assert!(
+                            sum <= allowed,
+                            "ceiling {} of {l}: {} started in {:?} (allowed {})",
+                            d, sum, stretch, allowed
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
