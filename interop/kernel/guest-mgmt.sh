@@ -82,6 +82,25 @@ FIO=$!
 # Changes start once fio is writing.
 wait_written "$dev0" 4096 60 || fail "fio never wrote to /dev/$dev0"
 
+# QoS: a ceiling on the LUN fio writes to, set while fio runs and lifted 3 s later; the kernel's
+# commands wait their turn (counted by the target), none fails (fio verifies at the end) and the
+# session stays (checked at the end).
+if out=$(ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"iops\": 50}") && grep -q "no limit -> 50 IOPS" <<<"$out"; then
+    sleep 3
+    q=$(ctl lun.list | python3 -c 'import json,sys; v=json.load(sys.stdin)
+l=[l for t in v["targets"] for l in t["luns"] if l["lun"]==0][0]; q=l["qos"]
+print(q["iops_limit"], q["delayed_commands"], q["waiting"], l["counters"]["writes"]["commands"])')
+    read -r limit delayed waiting writes <<<"$q"
+    if ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"iops\": 0}" | grep -q "50 IOPS -> no limit" &&
+        [ "$limit" = 50 ] && [ "${delayed:-0}" -gt 0 ]; then
+        pass "lun.limit: 50 IOPS on LUN 0 under fio, 3 s: $delayed commands delayed, $waiting waiting then ($writes WRITEs so far); lifted"
+    else
+        fail "lun.limit under fio: limit=$limit delayed=$delayed waiting=$waiting"
+    fi
+else
+    fail "lun.limit: $out"
+fi
+
 # A LUN added live; the kernel finds it on a rescan.
 if ctl lun.add "{\"target\": \"$T\", \"lun\": {\"id\": 2, \"backstore\": \"ram\", \"size\": \"32M\"}}" >/dev/null; then
     iadm -m session -r "$sid" --rescan >/dev/null
@@ -97,25 +116,6 @@ fi
 # The access list: another initiator joins; this session keeps running.
 ctl acl.add "{\"target\": \"$T\", \"initiator\": \"iqn.2026-11.lab:another-node\"}" >/dev/null &&
     pass "acl.add: iqn.2026-11.lab:another-node admitted" || fail "acl.add"
-
-# QoS: a ceiling on the LUN fio writes to, set while fio runs and lifted 3 s later; the kernel's
-# commands wait their turn (counted by the target), none fails (fio verifies at the end) and the
-# session stays (checked at the end).
-if out=$(ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"iops\": 50}") && grep -q "no limit -> 50 IOPS" <<<"$out"; then
-    sleep 3
-    q=$(ctl lun.list | python3 -c 'import json,sys; v=json.load(sys.stdin)
-q=[l for t in v["targets"] for l in t["luns"] if l["lun"]==0][0]["qos"]
-print(q["iops_limit"], q["delayed_commands"], q["waiting"])')
-    read -r limit delayed waiting <<<"$q"
-    if ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"iops\": 0}" | grep -q "50 IOPS -> no limit" &&
-        [ "$limit" = 50 ] && [ "${delayed:-0}" -gt 0 ]; then
-        pass "lun.limit: 50 IOPS on LUN 0 under fio for 3 s: $delayed commands delayed, $waiting waiting then; lifted"
-    else
-        fail "lun.limit under fio: limit=$limit delayed=$delayed waiting=$waiting"
-    fi
-else
-    fail "lun.limit: $out"
-fi
 
 # A busy LUN is refused; the unused one goes once the kernel let go of it.
 if out=$(ctl lun.remove "{\"target\": \"$T\", \"lun\": 0}"); then
