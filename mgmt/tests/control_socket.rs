@@ -98,6 +98,14 @@ impl Daemon {
         ctl(&self.socket, method, params, Duration::from_secs(10)).await
     }
 
+    /// The error a call that must be refused gets, as text.
+    async fn refusal(&self, method: &str, params: Value) -> String {
+        match self.try_call(method, params).await {
+            Ok(v) => panic!("{method} was accepted: {v}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
     async fn call(&self, method: &str, params: Value) -> Value {
         self.try_call(method, params)
             .await
@@ -516,6 +524,31 @@ fn designators(vpd: &[u8]) -> Vec<(u8, Vec<u8>)> {
     out
 }
 
+/// The data paths a file LUN can be served by: (name, its keys, whether the
+/// path is a WRITE's).
+const DATA_PATHS: [(&str, &str, bool); 5] = [
+    ("sendfile", "", false),
+    ("copy", "zero_copy = false\n", false),
+    ("engine serial (direct)", "mode = \"direct\"\n", false),
+    ("engine synchronized", "sync_send = true\n", false),
+    ("double-buffered write", "sync_write = true\n", true),
+];
+
+/// One 4 MiB file LUN in `dir` per entry of [`DATA_PATHS`], LUN i on path i,
+/// each with `keys` more.
+fn data_path_luns(dir: &std::path::Path, keys: &str) -> String {
+    DATA_PATHS
+        .iter()
+        .enumerate()
+        .map(|(i, (_, path_keys, _))| {
+            format!(
+                "[[target.lun]]\nid = {i}\nbackstore = \"file\"\npath = {:?}\nsize = \"4M\"\n{keys}{path_keys}\n",
+                dir.join(format!("lun{i}.img"))
+            )
+        })
+        .collect()
+}
+
 /// Every data path of the fabric reaches the stall gate: on file LUNs
 /// served by sendfile (cached, the default), the copy path (zero_copy =
 /// false), the I/O engine (direct: serial; cached with sync_send:
@@ -525,26 +558,8 @@ fn designators(vpd: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// command runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_data_path_waits_at_the_stall_gate() {
-    let paths: [(&str, &str, bool); 5] = [
-        ("sendfile", "", false),
-        ("copy", "zero_copy = false\n", false),
-        ("engine serial (direct)", "mode = \"direct\"\n", false),
-        ("engine synchronized", "sync_send = true\n", false),
-        ("double-buffered write", "sync_write = true\n", true),
-    ];
-    let d = Daemon::start_with(|dir| {
-        paths
-            .iter()
-            .enumerate()
-            .map(|(i, (_, keys, _))| {
-                format!(
-                    "[[target.lun]]\nid = {i}\nbackstore = \"file\"\npath = {:?}\nsize = \"4M\"\n{keys}\n",
-                    dir.join(format!("lun{i}.img"))
-                )
-            })
-            .collect()
-    })
-    .await;
+    let paths = DATA_PATHS;
+    let d = Daemon::start_with(|dir| data_path_luns(dir, "")).await;
     let mut c = Client::login(d.portal(1).await, 1).await;
     for (i, (name, _, is_write)) in paths.iter().enumerate() {
         let lun = i as u16;
@@ -683,10 +698,8 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
     // Removing the LUN that just served I/O is refused and names why;
     // the unused one goes.
     let e = d
-        .try_call("lun.remove", json!({"target": TARGET, "lun": 0}))
-        .await
-        .unwrap_err()
-        .to_string();
+        .refusal("lun.remove", json!({"target": TARGET, "lun": 0}))
+        .await;
     assert!(
         e.contains("removing LUN 0 of")
             && e.contains("served a READ or WRITE")
@@ -696,13 +709,11 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
     // As a dry run: the same refusal; forced, what it would do, and
     // nothing done (no unit attention, both LUNs still reported).
     let dry = d
-        .try_call(
+        .refusal(
             "lun.remove",
             json!({"target": TARGET, "lun": 0, "dry_run": true}),
         )
-        .await
-        .unwrap_err()
-        .to_string();
+        .await;
     assert!(
         dry.contains("removing LUN 0 of") && dry.contains("served a READ or WRITE"),
         "{dry}"
@@ -838,13 +849,11 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
 
     // Errors name what is missing and what there is.
     let e = d
-        .try_call(
+        .refusal(
             "lun.resize",
             json!({"target": TARGET, "lun": 9, "size": "1G"}),
         )
-        .await
-        .unwrap_err()
-        .to_string();
+        .await;
     assert!(
         e.contains("no LUN 9 in target") && e.contains("LUNs are 0, 2"),
         "{e}"
@@ -853,13 +862,11 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
     // A list of LUNs is one change: all of them, with one unit attention, or none.
     let ram = |id: u16| json!({"id": id, "backstore": "ram", "size": "1M"});
     let e = d
-        .try_call(
+        .refusal(
             "lun.add",
             json!({"target": TARGET, "lun": [ram(3), ram(4), ram(3)]}),
         )
-        .await
-        .unwrap_err()
-        .to_string();
+        .await;
     assert!(
         e.contains("LUN 3 exists in") && e.contains("already"),
         "{e}"
@@ -880,10 +887,8 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
     assert_eq!(unit_attentions(&mut c).await, [(0x3f, 0x0e)]);
     assert_eq!(report_luns(&mut c).await, [0, 2, 3, 4, 5]);
     let e = d
-        .try_call("lun.add", json!({"target": TARGET, "lun": []}))
-        .await
-        .unwrap_err()
-        .to_string();
+        .refusal("lun.add", json!({"target": TARGET, "lun": []}))
+        .await;
     assert!(e.contains("the list of LUNs is empty"), "{e}");
 }
 
@@ -940,11 +945,7 @@ async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
         lun: 0,
     };
     second.ready().await;
-    let e = d
-        .try_call("target.remove", json!({"target": other}))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = d.refusal("target.remove", json!({"target": other})).await;
     assert!(
         e.contains("has 1 session(s)") && e.contains(INITIATOR),
         "{e}"
@@ -964,10 +965,8 @@ async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
         "portal 3 is gone"
     );
     let e = d
-        .try_call("portal.remove", json!({"listen": "127.0.0.1:0"}))
-        .await
-        .unwrap_err()
-        .to_string();
+        .refusal("portal.remove", json!({"listen": "127.0.0.1:0"}))
+        .await;
     assert!(e.contains("portal groups 1, 2") && e.contains("tag"), "{e}");
     // The first session never noticed.
     assert_eq!(tur_sense(&mut c).await, None);
@@ -1089,11 +1088,7 @@ async fn ctl_dry_run_says_what_a_change_would_do_and_does_nothing() {
     assert_eq!(luns(&d.call("lun.list", Value::Null).await), [0, 1, 2]);
 
     // Only changes take a dry run.
-    let e = d
-        .try_call("lun.list", json!({"dry_run": true}))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = d.refusal("lun.list", json!({"dry_run": true})).await;
     assert!(e.contains("lun.list changes no configuration"), "{e}");
 }
 
@@ -1252,17 +1247,11 @@ async fn a_removed_target_is_restored_from_the_saved_file() {
     assert_eq!(first["lun"].as_array().unwrap().len(), 2, "LUN 1 stays");
 
     // Nothing left to restore, and a target that runs is not overwritten.
-    let e = d
-        .try_call("target.restore", json!({"from": from}))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = d.refusal("target.restore", json!({"from": from})).await;
     assert!(e.contains("nothing to restore"), "{e}");
     let e = d
-        .try_call("target.restore", json!({"from": from, "target": TARGET}))
-        .await
-        .unwrap_err()
-        .to_string();
+        .refusal("target.restore", json!({"from": from, "target": TARGET}))
+        .await;
     assert!(e.contains("runs already"), "{e}");
 }
 
@@ -1446,22 +1435,18 @@ async fn a_lun_qos_ceiling_paces_its_commands_and_changes_live() {
     assert_eq!(qos_of(&d, 0).await["bandwidth_limit"], 1 << 20);
     // What the operator gets wrong is named.
     let bad = d
-        .try_call(
+        .refusal(
             "lun.limit",
             json!({"target": TARGET, "lun": 0, "bandwidth": "10K"}),
         )
-        .await
-        .unwrap_err()
-        .to_string();
+        .await;
     assert!(
         bad.contains("below the least") && bad.contains("nothing was changed"),
         "{bad}"
     );
     let bad = d
-        .try_call("lun.limit", json!({"target": TARGET, "lun": 0}))
-        .await
-        .unwrap_err()
-        .to_string();
+        .refusal("lun.limit", json!({"target": TARGET, "lun": 0}))
+        .await;
     assert!(bad.contains("needs \"iops\""), "{bad}");
 }
 
@@ -1472,27 +1457,8 @@ async fn a_lun_qos_ceiling_paces_its_commands_and_changes_live() {
 /// answers nor lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_data_path_waits_for_its_qos_turn() {
-    let paths: [(&str, &str, bool); 5] = [
-        ("sendfile", "", false),
-        ("copy", "zero_copy = false\n", false),
-        ("engine serial (direct)", "mode = \"direct\"\n", false),
-        ("engine synchronized", "sync_send = true\n", false),
-        ("double-buffered write", "sync_write = true\n", true),
-    ];
-    let d = Daemon::start_with(|dir| {
-        paths
-            .iter()
-            .enumerate()
-            .map(|(i, (_, keys, _))| {
-                format!(
-                    "[[target.lun]]\nid = {i}\nbackstore = \"file\"\npath = {:?}\nsize = \"4M\"\n\
-                     iops_limit = 1\n{keys}\n",
-                    dir.join(format!("lun{i}.img"))
-                )
-            })
-            .collect()
-    })
-    .await;
+    let paths = DATA_PATHS;
+    let d = Daemon::start_with(|dir| data_path_luns(dir, "iops_limit = 1\n")).await;
     let mut c = Client::login(d.portal(1).await, 1).await;
     for (i, (name, _, is_write)) in paths.iter().enumerate() {
         let lun = i as u16;
