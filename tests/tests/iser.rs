@@ -180,3 +180,32 @@ async fn a_target_shutting_down_takes_no_new_iser_connection() {
     // connection to the portal is then refused.
     support::wait_until_refused(portal, "the iSER portal").await;
 }
+
+/// A LUN's QoS ceiling holds iSER commands as it holds TCP ones: the fabric books each one
+/// before its road starts, whatever the wire. At 20 IOPS (a burst of one more), 8 READs one
+/// after another take at least 6 x 50 ms, each after the first two counted as delayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qos_ceiling_holds_iser_commands_too() {
+    let (t, portal) = start().await;
+    let s = connect(portal, "qos", RegConfig::PinDownCache { capacity: 8 }).await;
+    let mut r = s.alloc(4096).unwrap();
+    // The power-on unit attention first, before the ceiling.
+    s.read(0, 0, 8, &mut r).await.unwrap();
+    let unit = t.fabric.catalog().targets[0].luns.get(0).unwrap();
+    unit.set_qos(blockwire_target::scsi::QosLimits {
+        iops: Some(20),
+        bytes_per_sec: None,
+    });
+    let t0 = std::time::Instant::now();
+    for i in 0..8u64 {
+        let c = s.read(0, i * 8, 8, &mut r).await.unwrap();
+        assert_eq!(c.transferred, 4096);
+    }
+    let took = t0.elapsed();
+    println!("8 iSER READs at 20 IOPS: {took:?}");
+    assert!(took >= std::time::Duration::from_millis(300), "{took:?}");
+    // 6 when each READ comes within its 50 ms; a slower client is held less.
+    assert!(unit.qos().counters().delayed >= 1);
+    assert!(s.stats().rdma_commands >= 8, "the data moved by RDMA");
+    s.logout().await.unwrap();
+}

@@ -567,3 +567,51 @@ async fn a_target_shutting_down_takes_no_new_rdma_connection() {
     // TCP connection to the endpoint is then refused.
     support::wait_until_refused(endpoint, "the RDMA endpoint").await;
 }
+
+/// A LUN's bandwidth ceiling holds RDMA-assisted commands as it holds TCP ones: at 1 MiB/s
+/// (a burst of 50 ms worth), four 256 KiB WRITEs by RDMA Read, one after another, take at
+/// least 3 x 256 KiB less the burst, about 0.7 s, and the data still lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qos_ceiling_holds_rdma_assisted_commands_too() {
+    let t = start(true).await;
+    let s = assisted(&t, "qos", RdmaConfig::default()).await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let len = 256 << 10;
+    let mut r = s.alloc(len).unwrap();
+    // The power-on unit attention first, before the ceiling.
+    s.read(0, 0, (len / BS) as u32, &mut r).await.unwrap();
+    let unit = t.fabric.catalog().targets[0].luns.get(0).unwrap();
+    unit.set_qos(blockwire_target::scsi::QosLimits {
+        iops: None,
+        bytes_per_sec: Some(1 << 20),
+    });
+    let t0 = std::time::Instant::now();
+    for i in 0..4u64 {
+        let data = random(len, 40 + i);
+        let mut w = s.alloc(len).unwrap();
+        w.write_at(0, &data).unwrap();
+        s.write(0, i * (len / BS) as u64, (len / BS) as u32, &w)
+            .await
+            .unwrap();
+    }
+    let took = t0.elapsed();
+    println!("4 RDMA-assisted 256 KiB WRITEs at 1 MiB/s: {took:?}");
+    assert!(took >= std::time::Duration::from_millis(700), "{took:?}");
+    assert!(unit.qos().counters().delayed >= 1);
+    unit.set_qos(blockwire_target::scsi::QosLimits::NONE);
+    for i in 0..4u64 {
+        s.read(0, i * (len / BS) as u64, (len / BS) as u32, &mut r)
+            .await
+            .unwrap();
+        assert!(
+            r.to_vec() == random(len, 40 + i),
+            "WRITE {i} read back differs"
+        );
+    }
+    let st = s.stats();
+    assert!(
+        st.offloaded_writes >= 4 && st.failed_transfers == 0,
+        "{st:?}"
+    );
+    s.logout().await.unwrap();
+}
