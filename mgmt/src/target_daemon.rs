@@ -177,6 +177,10 @@ pub async fn run(
                 info!(target = %t.name, lun, "READ engine: serial (SCSI core on the blocking pool, read all then send)");
             }
             info!(target = %t.name, lun, "serving");
+            let limits = t.qos_of(lun);
+            if limits.is_limited() {
+                info!(target = %t.name, lun, "QoS ceiling: {limits} (media commands over it wait their turn; ctl lun.limit changes it)");
+            }
             if t.luns.get(lun).is_some_and(|lu| lu.is_stalled()) {
                 warn!(target = %t.name, lun, "LUN stalled from the start (stalled = true): media commands wait before the backstore until lun.stall releases it");
             }
