@@ -59,10 +59,11 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "[fabric]\nnop_interval_secs = 0\n\n\
+                "[fabric]\nnop_interval_secs = 0\nstate_dir = {:?}\n\n\
                  [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
                  [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:0\"]\nalua_state = \"active_non_optimized\"\n\n\
                  [[target]]\nname = \"{TARGET}\"\nportal_groups = [1, 2]\n\n{}",
+                dir.path().join("state"),
                 luns(dir.path())
             ),
         )
@@ -184,10 +185,14 @@ struct Client {
 
 impl Client {
     async fn login(addr: SocketAddr, isid_low: u8) -> Client {
+        Client::login_to(addr, isid_low, TARGET).await
+    }
+
+    async fn login_to(addr: SocketAddr, isid_low: u8, target: &str) -> Client {
         let l = RawConn::login(
             addr,
             INITIATOR,
-            TARGET,
+            target,
             [0x80, 0, 0, 0, 0x2a, isid_low],
             0,
             Digests::NONE,
@@ -1245,6 +1250,34 @@ async fn a_removed_target_is_restored_from_the_saved_file() {
         .find(|t| t["name"].as_str() == Some(TARGET))
         .unwrap();
     assert_eq!(first["lun"].as_array().unwrap().len(), 2, "LUN 1 stays");
+
+    // Its reservations come back with it: a registration made with APTPL
+    // (kept under state_dir) before the target was removed again.
+    let mut c = Client::login_to(d.portal(2).await, 3, other).await;
+    c.lun = 4;
+    c.ready().await;
+    let mut register = [0u8; 24];
+    register[8..16].copy_from_slice(&0xfeed_f00d_u64.to_be_bytes());
+    register[20] = 1; // APTPL
+    let prout = [0x5f, 0x00, 0, 0, 0, 0, 0, 0, 24, 0];
+    assert_eq!(
+        c.run(&prout, 0, &register).await.0,
+        0,
+        "PROUT REGISTER with APTPL"
+    );
+    drop(c);
+    d.call("target.remove", json!({"target": other, "force": true}))
+        .await;
+    d.call("target.restore", json!({"from": from, "target": other}))
+        .await;
+    let mut c = Client::login_to(d.portal(2).await, 4, other).await;
+    c.lun = 4;
+    c.ready().await;
+    let read_keys = [0x5e, 0x00, 0, 0, 0, 0, 0, 0, 64, 0];
+    let (status, keys) = c.run(&read_keys, 64, &[]).await;
+    assert_eq!(status, 0, "PRIN READ KEYS");
+    assert_eq!(&keys[4..8], &8u32.to_be_bytes(), "one key: {keys:02x?}");
+    assert_eq!(&keys[8..16], &0xfeed_f00d_u64.to_be_bytes(), "{keys:02x?}");
 
     // Nothing left to restore, and a target that runs is not overwritten.
     let e = d.refusal("target.restore", json!({"from": from})).await;
