@@ -539,6 +539,16 @@ const DATA_PATHS: [(&str, &str, bool); 5] = [
     ("double-buffered write", "sync_write = true\n", true),
 ];
 
+/// Addresses `lun` of [`data_path_luns`] from `c`, its unit attentions
+/// taken, and gives the 64 KiB pattern of that LUN and its length in blocks.
+async fn on_path_lun(c: &mut Client, lun: u16) -> (Vec<u8>, u16) {
+    c.lun = lun;
+    c.ready().await;
+    let data: Vec<u8> = (0..65536u32).map(|b| (b as u8) ^ (lun as u8 + 1)).collect();
+    let blocks = (data.len() / 512) as u16;
+    (data, blocks)
+}
+
 /// One 4 MiB file LUN in `dir` per entry of [`DATA_PATHS`], LUN i on path i,
 /// each with `keys` more.
 fn data_path_luns(dir: &std::path::Path, keys: &str) -> String {
@@ -568,10 +578,7 @@ async fn every_data_path_waits_at_the_stall_gate() {
     let mut c = Client::login(d.portal(1).await, 1).await;
     for (i, (name, _, is_write)) in paths.iter().enumerate() {
         let lun = i as u16;
-        c.lun = lun;
-        c.ready().await;
-        let data: Vec<u8> = (0..65536u32).map(|b| (b as u8) ^ (i as u8 + 1)).collect();
-        let blocks = (data.len() / 512) as u16;
+        let (data, blocks) = on_path_lun(&mut c, lun).await;
         assert_eq!(
             c.run(&rw10(0x2a, 0, blocks), 0, &data).await.0,
             0,
@@ -1495,10 +1502,7 @@ async fn every_data_path_waits_for_its_qos_turn() {
     let mut c = Client::login(d.portal(1).await, 1).await;
     for (i, (name, _, is_write)) in paths.iter().enumerate() {
         let lun = i as u16;
-        c.lun = lun;
-        c.ready().await;
-        let data: Vec<u8> = (0..65536u32).map(|b| (b as u8) ^ (i as u8 + 1)).collect();
-        let blocks = (data.len() / 512) as u16;
+        let (data, blocks) = on_path_lun(&mut c, lun).await;
         // The first command fits in the burst; the second waits about a
         // second for its turn, the third about two.
         let t0 = std::time::Instant::now();

@@ -53,7 +53,7 @@ impl QosLimits {
 
     /// Whether any ceiling is set.
     pub fn is_limited(&self) -> bool {
-        self.iops.is_some() || self.bytes_per_sec.is_some()
+        self.rates().iter().any(Option::is_some)
     }
 
     /// The rates of the two ceilings, in the order the gate keeps them.
@@ -191,9 +191,6 @@ impl QosGate {
                 let from = s.next[i].map_or(start, |n| n.max(start));
                 s.next[i] = Some(from + taken[i]);
             }
-        }
-        if rates.iter().all(Option::is_none) {
-            return None;
         }
         let wait = start - now;
         if !wait.is_zero() {
