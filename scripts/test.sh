@@ -79,6 +79,13 @@ fuzz_failure() {
   fi
   echo "-- the end of libFuzzer's report (stack frames left out):"
   grep -v -e '^ *at ' -e '^ *[0-9]*: ' -e '^ *#[0-9]* 0x' "$log" | tail -n 12
+  # A crash that is no panic (a signal, a sanitizer's report, a stack overflow, an exit) names
+  # itself in these lines; a 0-byte input means it came between two runs, from a thread the
+  # target left running.
+  echo "-- the reason libFuzzer or the sanitizer gave, and the thread it came from:"
+  grep -E -m 12 -e '==[0-9]+==ERROR' -e 'SUMMARY: ' -e 'deadly signal' -e 'overflowed its stack' \
+    -e 'fatal runtime error' -e 'fuzz target exited' -e 'out-of-memory' -e '^==[0-9]+==.*(thread|T[0-9]+)' \
+    -e 'Thread T[0-9]+' "$log"
   echo "-- the panic:"
   awk '/panicked at/ { on = 1; n = 0 } on && /^(stack backtrace:|note: )/ { exit } on && n++ < 20' "$log"
 }

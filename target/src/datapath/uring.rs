@@ -191,6 +191,7 @@ impl Engine for UringEngine {
 
 fn reap(s: &Shared) {
     let mut counter = [0u8; 8];
+    let mut stop_deadline: Option<Instant> = None;
     loop {
         // Sleep until the kernel posts CQEs (or Drop wakes us).
         // SAFETY: reading 8 bytes from our eventfd.
@@ -255,12 +256,14 @@ fn reap(s: &Shared) {
             let _ = tx.send(Completion { tag, result });
         }
         if s.stop.load(Ordering::Acquire) {
-            let deadline = Instant::now() + Duration::from_secs(10);
+            // Ops still in flight are reaped (the eventfd fires) for at most
+            // 10 s from the first look after the stop.
+            let deadline =
+                *stop_deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(10));
             let live = s.state.lock().unwrap().live;
             if live == 0 || Instant::now() > deadline {
                 return;
             }
-            // Ops still in flight: keep reaping (the eventfd will fire).
         }
     }
 }

@@ -391,15 +391,26 @@ impl LogicalUnit {
                 .name("sanitize".into())
                 .spawn(move || worker(job, store, ranges, bs, op))
         };
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot start the sanitize thread");
-            job.finish(Err(super::outcome::internal_failure()));
-        }
+        let worker_thread = match spawned {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the sanitize thread");
+                job.finish(Err(super::outcome::internal_failure()));
+                None
+            }
+        };
         if c.immed {
+            // The operation runs on, its thread detached.
             return Ok(Done::none());
         }
         loop {
             if let Some(result) = job.wait(WAIT_POLL) {
+                // The worker publishes its result as its last step: it is
+                // joined here, so no thread of a SANITIZE that answered
+                // still holds the medium or is still exiting.
+                if let Some(handle) = worker_thread {
+                    let _ = handle.join();
+                }
                 return result.map(|()| Done::none());
             }
             if super::stall::task_aborted() {
