@@ -19,8 +19,13 @@
 /// Bytes of a WRITE gathered so far, and what still has to be asked for.
 #[derive(Debug)]
 pub struct WriteCollector {
-    /// The gathered bytes; empty when only validating.
+    /// The gathered bytes so far: the buffer grows as data arrives and
+    /// takes its whole length when R2Ts first ask for data, so a WRITE
+    /// whose R2Ts are held back holds only its unsolicited bytes. Empty
+    /// when only validating.
     buf: Vec<u8>,
+    /// Whether the bytes are kept (else only checked).
+    gather: bool,
     /// Expected Data Transfer Length.
     expected: u32,
     limits: WriteLimits,
@@ -164,15 +169,13 @@ impl WriteCollector {
         // The immediate data is copied in, not written over zeroes: with all
         // of a small WRITE's data in its command PDU, nothing is zeroed.
         let buf = if gather {
-            let mut buf = Vec::with_capacity(expected_len as usize);
-            buf.extend_from_slice(immediate);
-            buf.resize(expected_len as usize, 0);
-            buf
+            immediate.to_vec()
         } else {
             Vec::new()
         };
         let mut c = WriteCollector {
             buf,
+            gather,
             expected: expected_len,
             limits,
             covered: Coverage::default(),
@@ -196,6 +199,12 @@ impl WriteCollector {
         Ok(c)
     }
 
+    /// Whether the target must ask for some of the data with R2Ts: it is
+    /// neither all immediate nor all within the unsolicited first burst.
+    pub fn solicits(&self) -> bool {
+        self.next_r2t_offset < self.expected
+    }
+
     /// Bytes expected in all.
     pub fn expected_len(&self) -> u32 {
         self.expected
@@ -206,8 +215,11 @@ impl WriteCollector {
         self.covered.total() == self.expected_len()
     }
 
-    /// The gathered data.
-    pub fn into_data(self) -> Vec<u8> {
+    /// The gathered data (empty when only validating).
+    pub fn into_data(mut self) -> Vec<u8> {
+        if self.gather {
+            self.buf.resize(self.expected as usize, 0);
+        }
         self.buf
     }
 
@@ -215,6 +227,11 @@ impl WriteCollector {
     /// hands out Target Transfer Tags.
     pub fn next_r2ts(&mut self, mut new_ttt: impl FnMut() -> u32) -> Vec<R2tRequest> {
         let mut out = Vec::new();
+        if self.gather && self.solicits() {
+            // The data is asked for now: room for all of it at once.
+            self.buf
+                .reserve_exact(self.expected as usize - self.buf.len());
+        }
         while self.next_r2t_offset < self.expected_len()
             && (self.open.len() as u32) < self.limits.max_outstanding_r2t.max(1)
         {
@@ -289,8 +306,18 @@ impl WriteCollector {
         if !self.covered.insert(offset, len) {
             return Err(bad);
         }
-        if !self.buf.is_empty() {
-            self.buf[offset as usize..end as usize].copy_from_slice(data);
+        if self.gather {
+            let (at, end) = (offset as usize, end as usize);
+            if at == self.buf.len() {
+                self.buf.extend_from_slice(data);
+            } else {
+                // Out of order (DataPDUInOrder=No) or past a gap: the gap
+                // is zeroes until its own Data-Out fills it.
+                if self.buf.len() < end {
+                    self.buf.resize(end, 0);
+                }
+                self.buf[at..end].copy_from_slice(data);
+            }
         }
         seq.next_data_sn += 1;
         seq.next_offset = end;

@@ -105,6 +105,7 @@ impl Launcher {
             data_out,
             offload,
             budget,
+            throttle,
             slot,
         } = ready;
         let target = self
@@ -114,7 +115,6 @@ impl Launcher {
             .expect("normal session has a target");
         let digest = self.session.params.data_digest == blockwire_pdu::keys::Digest::Crc32c;
         let route = mover::choose(&self.fabric, &target.name, &cmd, &cdb, offload, digest);
-        let throttle = Throttle::book(&target.luns, &cmd, &cdb);
         let ctx = Arc::new(self.context(cmd, cdb, slot));
         // A command its LUN's QoS ceilings hold back starts on its road
         // when its place comes (see `super::throttle`).
@@ -192,11 +192,7 @@ impl Launcher {
 
     /// Starts a double-buffered WRITE's task.
     pub fn start_piped_write(&self, w: PipedWrite) {
-        let throttle = self
-            .session
-            .target
-            .as_ref()
-            .and_then(|t| Throttle::book(&t.luns, &w.cmd, &w.cdb));
+        let throttle = w.throttle;
         let job = super::syncwrite::WriteJob {
             ctx: Arc::new(self.context(w.cmd, w.cdb, w.slot)),
             path: w.path,

@@ -1,15 +1,18 @@
 //! Waiting out a LUN's quality-of-service ceilings (see
 //! [`crate::scsi::qos`]) before a command starts.
 //!
-//! The SCSI core books each media command with its unit's gate and says
-//! how long it must wait; the wait happens here, on the runtime's timers,
-//! before the command's road (core, sendfile, I/O engine, pipelined WRITE)
-//! starts, so every road and every wire (TCP, RDMA-assisted, iSER) is held
-//! to the same ceiling, and a throttled command holds no thread. A task
-//! aborted while it waits (ABORT TASK, LUN RESET, PREEMPT AND ABORT, its
-//! connection gone) stops waiting within [`crate::scsi::stall::POLL`],
-//! never starts, and gives its booked place back so it does not hold
-//! later commands back.
+//! The connection's machine books each media command with its unit's gate
+//! as the command arrives, and the core says how long it must wait. A
+//! WRITE whose data the target must still ask for waits in the machine,
+//! its R2Ts held back (so it holds neither write budget nor buffer); any
+//! other command waits here, on the runtime's timers, before its road
+//! (core, sendfile, I/O engine, pipelined WRITE) starts. So every road and
+//! every wire (TCP, RDMA-assisted, iSER) is held to the same ceiling, and a
+//! throttled command holds no thread. A task aborted while it waits (ABORT
+//! TASK, LUN RESET, PREEMPT AND ABORT, its connection gone) stops waiting
+//! within [`crate::scsi::stall::POLL`], never starts, and gives its booked
+//! place back so it does not hold later commands back. A booked command
+//! counts as waiting at its unit until it starts or goes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,29 +29,43 @@ use crate::scsi::{LogicalUnit, LunTable};
 pub(super) struct Throttle {
     unit: Arc<LogicalUnit>,
     booked: Reservation,
+    /// When the command may start.
+    due: Instant,
     /// The command started (or was never going to): nothing to give back.
     settled: bool,
 }
 
 impl Throttle {
-    /// Books `cmd` (with `cdb`) at its LUN in `luns`: `None` when it may
-    /// start at once (not a media command, a LUN without ceilings or
-    /// unknown, or a place free now).
-    pub fn book(luns: &LunTable, cmd: &ScsiCommand, cdb: &[u8]) -> Option<Throttle> {
+    /// Books `cmd` (with `cdb`), arriving at `now`, at its LUN in `luns`:
+    /// `None` when it may start at once (not a media command, a LUN without
+    /// ceilings or unknown, or a place free now).
+    pub fn book(luns: &LunTable, cmd: &ScsiCommand, cdb: &[u8], now: Instant) -> Option<Throttle> {
         if !is_media_command(cdb) {
             return None;
         }
         let unit = luns.get(cmd.lun.index()?)?;
         let bytes = u64::from(cmd.expected_data_transfer_length);
-        let booked = unit.qos().reserve(Instant::now(), bytes)?;
+        let booked = unit.qos().reserve(now, bytes)?;
         if booked.wait.is_zero() {
             return None;
         }
+        unit.qos().begin_wait();
         Some(Throttle {
             unit,
+            due: now + booked.wait,
             booked,
             settled: false,
         })
+    }
+
+    /// When the command may start.
+    pub fn due(&self) -> Instant {
+        self.due
+    }
+
+    /// The wait is over and the command goes on (its place is kept).
+    pub fn settle(mut self) {
+        self.settled = true;
     }
 
     /// How long the command waits from its booking.
@@ -60,8 +77,8 @@ impl Throttle {
     /// Waits out the booked place; false if the task was aborted meanwhile
     /// (its place is given back, and the command must not start).
     pub async fn wait_out(mut self, aborted: &AtomicBool) -> bool {
-        let until = tokio::time::Instant::now() + self.booked.wait;
-        let _counted = self.unit.qos().waiting();
+        let left = self.due.saturating_duration_since(Instant::now());
+        let until = tokio::time::Instant::now() + left;
         loop {
             if aborted.load(Ordering::SeqCst) {
                 return false;
@@ -84,6 +101,7 @@ impl Drop for Throttle {
         if !self.settled {
             self.unit.qos().cancel(&self.booked);
         }
+        self.unit.qos().end_wait();
     }
 }
 
@@ -147,8 +165,8 @@ mod tests {
         });
         let (cmd, cdb) = read_of(0, 4096);
         // The burst (50 ms at 10 IOPS) lets one through.
-        assert!(Throttle::book(&t, &cmd, &cdb).is_none());
-        let held = Throttle::book(&t, &cmd, &cdb).expect("over the ceiling");
+        assert!(Throttle::book(&t, &cmd, &cdb, Instant::now()).is_none());
+        let held = Throttle::book(&t, &cmd, &cdb, Instant::now()).expect("over the ceiling");
         // Booked on the real clock: a moment after the first.
         let wait = held.wait();
         assert!(
@@ -171,7 +189,7 @@ mod tests {
         );
         // INQUIRY is not a media command: never held.
         let inquiry = [0x12u8, 0, 0, 0, 36, 0];
-        assert!(Throttle::book(&t, &cmd, &inquiry).is_none());
+        assert!(Throttle::book(&t, &cmd, &inquiry, Instant::now()).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -181,8 +199,8 @@ mod tests {
             bytes_per_sec: None,
         });
         let (cmd, cdb) = read_of(0, 512);
-        assert!(Throttle::book(&t, &cmd, &cdb).is_none());
-        let held = Throttle::book(&t, &cmd, &cdb).expect("over the ceiling");
+        assert!(Throttle::book(&t, &cmd, &cdb, Instant::now()).is_none());
+        let held = Throttle::book(&t, &cmd, &cdb, Instant::now()).expect("over the ceiling");
         assert!(
             held.wait() > Duration::from_millis(900),
             "{:?}",
@@ -203,7 +221,7 @@ mod tests {
         assert!(!ran.load(Ordering::SeqCst), "an aborted command started");
         assert_eq!(t.get(0).unwrap().qos().counters().waiting, 0);
         // Its place was given back: the next command waits as the second did.
-        let next = Throttle::book(&t, &cmd, &cdb).expect("still over the ceiling");
+        let next = Throttle::book(&t, &cmd, &cdb, Instant::now()).expect("still over the ceiling");
         assert!(
             next.wait() <= Duration::from_millis(950),
             "{:?}",
@@ -212,7 +230,7 @@ mod tests {
         // A dropped booking (its connection gone) is given back too.
         let before = next.wait();
         drop(next);
-        let again = Throttle::book(&t, &cmd, &cdb).unwrap();
+        let again = Throttle::book(&t, &cmd, &cdb, Instant::now()).unwrap();
         assert!(
             again.wait() <= before,
             "{:?} after {before:?}",

@@ -220,10 +220,15 @@ impl QosGate {
         }
     }
 
-    /// Counts a command waiting until the guard is dropped.
-    pub fn waiting(&self) -> WaitingGuard<'_> {
+    /// A command starts waiting at the gate ([`QosCounters::waiting`]);
+    /// each call is paired with one [`Self::end_wait`].
+    pub fn begin_wait(&self) {
         self.waiting.fetch_add(1, Ordering::Relaxed);
-        WaitingGuard(self)
+    }
+
+    /// A command stopped waiting: it started, or it went.
+    pub fn end_wait(&self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// What the ceilings did so far.
@@ -233,16 +238,6 @@ impl QosGate {
             delay_ns: self.delay_ns.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
         }
-    }
-}
-
-/// A command waiting at the gate (see [`QosGate::waiting`]).
-#[derive(Debug)]
-pub struct WaitingGuard<'a>(&'a QosGate);
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

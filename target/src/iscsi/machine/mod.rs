@@ -26,7 +26,7 @@ mod tests;
 mod tmf;
 mod writes;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -48,6 +48,7 @@ use super::rdma::Slot;
 use super::response::DataInLimits;
 use super::session::Session;
 use super::task::CommandSlot;
+use super::throttle::Throttle;
 use super::window::{Admission, CmdWindow};
 use super::Fabric;
 
@@ -168,6 +169,9 @@ pub(super) struct Ready {
     pub offload: Option<(Arc<Slot>, Descriptor)>,
     /// The write budget its data holds, returned when it ends.
     pub budget: Option<Reservation>,
+    /// Its place at its LUN's QoS ceilings, when it must wait for it
+    /// before it starts (see [`super::throttle`]).
+    pub throttle: Option<Throttle>,
     /// Its window slot and task-set entry.
     pub slot: CommandSlot,
 }
@@ -188,6 +192,7 @@ impl Ready {
             data_out: bytes::Bytes::new(),
             offload,
             budget: None,
+            throttle: None,
             slot,
         }
     }
@@ -208,6 +213,9 @@ pub(super) struct PipedWrite {
     pub slot: CommandSlot,
     /// The task's end of the feed the machine passes the data into.
     pub feed: super::syncwrite::FeedReceiver,
+    /// Its place at its LUN's QoS ceilings, when its chunk writes must
+    /// wait for it.
+    pub throttle: Option<Throttle>,
 }
 
 /// Why the machine ends the connection.
@@ -270,6 +278,9 @@ pub(super) struct ConnMachine {
     shared: Arc<Shared>,
     /// WRITEs waiting for data, by ITT.
     collectors: HashMap<u32, Collecting>,
+    /// WRITEs among them that their LUN's QoS ceilings hold back, with no
+    /// R2T sent yet: when each may ask for its data, and its ITT.
+    held: BTreeSet<(Instant, u32)>,
     write_budget: Arc<WriteBudget>,
     text: TextExchange,
     write_limits: WriteLimits,
@@ -321,6 +332,7 @@ impl ConnMachine {
                 settings.read_budget_bytes,
             ),
             collectors: HashMap::new(),
+            held: BTreeSet::new(),
             write_budget: WriteBudget::new(settings.write_budget_bytes),
             text: TextExchange::from_outcome(fabric.catalog(), outcome, local),
             write_limits,
@@ -359,10 +371,11 @@ impl ConnMachine {
 
     /// When [`Self::on_timeout`] must next be called.
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        match (self.next_ping, self.logout_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let held = self.held.first().map(|&(due, _)| due);
+        [self.next_ping, self.logout_deadline, held]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn take(&mut self) -> Vec<Action> {
@@ -392,9 +405,10 @@ impl ConnMachine {
         self.next_ttt
     }
 
-    /// Time passed: a NOP-In ping falls due, or times out, or the logout
-    /// grace ran out.
+    /// Time passed: a NOP-In ping falls due, or times out, the logout
+    /// grace ran out, or held WRITEs may ask for their data.
     pub(super) fn on_timeout(&mut self, now: Instant) -> Vec<Action> {
+        self.release_held_writes(now);
         if self.logout_deadline.is_some_and(|d| now >= d) {
             info!(
                 tsih = self.session.tsih,
@@ -482,7 +496,6 @@ impl ConnMachine {
 
     /// One PDU from the initiator.
     pub(super) fn on_pdu(&mut self, pdu: Pdu, now: Instant) -> Vec<Action> {
-        let _ = now;
         let (cmd_sn, immediate, admitted) = match pdu.bhs {
             Bhs::ScsiCommand(c) => (c.cmd_sn, c.immediate, Admitted::Scsi(pdu)),
             Bhs::NopOut(n) => {
@@ -524,7 +537,7 @@ impl ConnMachine {
             Admission::Queued => {}
             Admission::Deliver(items) => {
                 for (item, slot) in items {
-                    if !self.dispatch(item, slot) {
+                    if !self.dispatch(item, slot, now) {
                         break;
                     }
                 }
@@ -535,9 +548,9 @@ impl ConnMachine {
 
     /// Handles one request the window delivered; false once the connection
     /// ends.
-    fn dispatch(&mut self, item: Admitted, slot: CommandSlot) -> bool {
+    fn dispatch(&mut self, item: Admitted, slot: CommandSlot, now: Instant) -> bool {
         if let Admitted::Scsi(pdu) = item {
-            self.scsi_command(pdu, slot);
+            self.scsi_command(pdu, slot, now);
             return true;
         }
         // The other requests hold no slot past here: MaxCmdSN opens before

@@ -1260,6 +1260,8 @@ async fn decode_errors_reject_and_end_unless_skippable() {
 
 // ---- stateful fuzzing: random initiator behaviour against the machine --------------
 
+mod held_writes;
+
 mod stateful {
     use super::*;
     use proptest::prelude::*;

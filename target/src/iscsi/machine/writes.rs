@@ -1,8 +1,17 @@
-//! SCSI commands as they arrive: refusals, WRITE data collection (immediate
-//! data, unsolicited and solicited Data-Out, R2T with its TTT numbering,
-//! RFC 7143 §11.7-11.8) and RDMA-described commands.
+//! SCSI commands as they arrive: refusals, their place at their LUN's QoS
+//! ceilings, WRITE data collection (immediate data, unsolicited and
+//! solicited Data-Out, R2T with its TTT numbering, RFC 7143 §11.7-11.8)
+//! and RDMA-described commands.
+//!
+//! A WRITE that its LUN's ceilings hold back, and whose data the target
+//! must ask for, is held here: no R2T goes out and no write budget is
+//! taken until its place comes (its unsolicited data, at most
+//! FirstBurstLength, is kept meanwhile). So a deep queue of throttled
+//! WRITEs holds neither memory nor budget that other LUNs' WRITEs on the
+//! connection need, and the initiator keeps their data until it is wanted.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use blockwire_pdu::pdu::codes::RejectReason;
 use blockwire_pdu::pdu::{DataOut, R2t, ScsiCommand};
@@ -16,6 +25,7 @@ use crate::iscsi::dataout::WriteCollector;
 use crate::iscsi::rdma::Slot;
 use crate::iscsi::response::status_only;
 use crate::iscsi::task::{data_phase_error_sense, CommandSlot};
+use crate::iscsi::throttle::Throttle;
 
 /// CHECK CONDITION.
 const CHECK_CONDITION: u8 = 0x02;
@@ -28,6 +38,9 @@ pub(super) struct Collecting {
     cdb: Vec<u8>,
     collector: WriteCollector,
     dest: WriteDest,
+    /// Its place at its LUN's QoS ceilings, when it must still wait for
+    /// it (passed on to the command when it runs).
+    qos: Option<Throttle>,
 }
 
 impl Collecting {
@@ -54,11 +67,15 @@ enum WriteDest {
     /// slot and the budget ([`crate::iscsi::syncwrite`]); the task ends
     /// when its feed drops.
     Pipe(crate::iscsi::syncwrite::Feed),
+    /// Held back by its LUN's QoS ceilings: no R2T and no budget yet; its
+    /// unsolicited bytes are gathered. When its place comes it takes its
+    /// budget and becomes `Gather`.
+    Held(CommandSlot),
 }
 
 impl ConnMachine {
-    /// A SCSI Command the window delivered.
-    pub(super) fn scsi_command(&mut self, pdu: Pdu, mut slot: CommandSlot) {
+    /// A SCSI Command the window delivered at `now`.
+    pub(super) fn scsi_command(&mut self, pdu: Pdu, mut slot: CommandSlot, now: Instant) {
         let Bhs::ScsiCommand(cmd) = pdu.bhs else {
             unreachable!("admitted as a SCSI Command")
         };
@@ -73,7 +90,7 @@ impl ConnMachine {
         if let Some(rdma) = self.rdma.clone() {
             match Descriptor::from_ahs(&pdu.ahs) {
                 Ok(Some(desc)) => {
-                    self.offloaded(cmd, cdb, desc, rdma, pdu.data.len(), slot);
+                    self.offloaded(cmd, cdb, desc, rdma, pdu.data.len(), slot, now);
                     return;
                 }
                 Ok(None) => {}
@@ -87,7 +104,10 @@ impl ConnMachine {
         }
         if !(cmd.write && edtl > 0) {
             self.register_task(&cmd, &mut slot);
-            self.run(Ready::without_data(cmd, cdb, None, slot));
+            let throttle = self.book_qos(&cmd, &cdb, now);
+            let mut ready = Ready::without_data(cmd, cdb, None, slot);
+            ready.throttle = throttle;
+            self.run(ready);
             return;
         }
         if edtl > self.fabric.settings.max_io_bytes {
@@ -101,6 +121,16 @@ impl ConnMachine {
             self.refuse(slot, pdus);
             return;
         }
+        let throttle = self.book_qos(&cmd, &cdb, now);
+        if throttle.is_some() {
+            let Some(collector) = self.collector_for(&pdu, &cmd, WriteCollector::new) else {
+                return;
+            };
+            if collector.solicits() {
+                self.hold(cmd, cdb, collector, slot, throttle);
+                return;
+            }
+        }
         let Some(budget) = self.write_budget_for(&cmd) else {
             self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
             return;
@@ -109,21 +139,16 @@ impl ConnMachine {
         // A small WRITE's data usually all come in its command PDU: then
         // nothing is gathered, and the command runs on the PDU's bytes.
         let whole_immediate = lease.is_none() && pdu.data.len() == edtl as usize;
-        let made = if lease.is_some() || whole_immediate {
+        let make = if lease.is_some() || whole_immediate {
             WriteCollector::validating
         } else {
             WriteCollector::new
-        }(edtl, &pdu.data, cmd.final_bit, self.write_limits);
-        let collector = match made {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad immediate data");
-                drop(slot);
-                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
-                return;
-            }
+        };
+        let Some(collector) = self.collector_for(&pdu, &cmd, make) else {
+            return;
         };
         self.register_task(&cmd, &mut slot);
+        let mut qos = throttle;
         let dest = match lease {
             Some((path, lease)) => {
                 let (feed, rx) = crate::iscsi::syncwrite::feed();
@@ -136,6 +161,7 @@ impl ConnMachine {
                     budget,
                     slot,
                     feed: rx,
+                    throttle: qos.take(),
                 }));
                 WriteDest::Pipe(feed)
             }
@@ -147,7 +173,105 @@ impl ConnMachine {
             cdb,
             collector,
             dest,
+            qos,
         });
+    }
+
+    /// `cmd`'s place at its LUN's QoS ceilings, booked at `now`, when it
+    /// must wait for it.
+    fn book_qos(&self, cmd: &ScsiCommand, cdb: &[u8], now: Instant) -> Option<Throttle> {
+        let target = self.session.target.as_ref()?;
+        Throttle::book(&target.luns, cmd, cdb, now)
+    }
+
+    /// A collector (made by `make`) for the WRITE `cmd` arriving in `pdu`;
+    /// None when its immediate data breaks the negotiated limits: the PDU
+    /// is then rejected, and the command never runs.
+    fn collector_for(
+        &mut self,
+        pdu: &Pdu,
+        cmd: &ScsiCommand,
+        make: MakeCollector,
+    ) -> Option<WriteCollector> {
+        let edtl = cmd.expected_data_transfer_length;
+        match make(edtl, &pdu.data, cmd.final_bit, self.write_limits) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                warn!(tsih = self.session.tsih, itt = cmd.itt, error = %e, "bad immediate data");
+                self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
+                None
+            }
+        }
+    }
+
+    /// Holds a WRITE whose place at its LUN's ceilings (`throttle`) is
+    /// still to come: it gathers its unsolicited data, and asks for the
+    /// rest when [`Self::release_held_writes`] finds its place come.
+    fn hold(
+        &mut self,
+        cmd: ScsiCommand,
+        cdb: Vec<u8>,
+        collector: WriteCollector,
+        mut slot: CommandSlot,
+        throttle: Option<Throttle>,
+    ) {
+        self.register_task(&cmd, &mut slot);
+        if let Some(t) = &throttle {
+            self.held.insert((t.due(), cmd.itt));
+        }
+        debug!(
+            tsih = self.session.tsih,
+            itt = cmd.itt,
+            "WRITE held by its LUN's QoS ceiling: R2Ts wait for its place"
+        );
+        self.collectors.insert(
+            cmd.itt,
+            Collecting {
+                cmd,
+                cdb,
+                collector,
+                dest: WriteDest::Held(slot),
+                qos: throttle,
+            },
+        );
+    }
+
+    /// Held WRITEs whose place came by `now` take their share of the write
+    /// budget and ask for their data; one aborted meanwhile is forgotten
+    /// (its place given back). With the budget full the WRITE ends TASK
+    /// SET FULL, as it would have had it come now.
+    pub(super) fn release_held_writes(&mut self, now: Instant) {
+        while let Some(&(due, itt)) = self.held.first() {
+            if due > now {
+                break;
+            }
+            self.held.pop_first();
+            let Some(mut c) = self.collectors.remove(&itt) else {
+                continue;
+            };
+            let this_one = matches!(c.dest, WriteDest::Held(_))
+                && c.qos.as_ref().is_some_and(|t| t.due() == due);
+            if !this_one {
+                // The ITT now names a later command.
+                self.collectors.insert(itt, c);
+                continue;
+            }
+            let WriteDest::Held(slot) = c.dest else {
+                unreachable!("checked above")
+            };
+            if slot.is_aborted() || !self.session.tasks.contains(itt) {
+                continue;
+            }
+            let Some(budget) = self.write_budget_for(&c.cmd) else {
+                self.refuse(slot, status_only(&c.cmd, TASK_SET_FULL, None));
+                continue;
+            };
+            if let Some(t) = c.qos.take() {
+                t.settle();
+            }
+            c.dest = WriteDest::Gather(budget, slot);
+            self.advance_write(c);
+        }
     }
 
     /// Runs `ready`, unless it was aborted (e.g. by another initiator's
@@ -169,6 +293,7 @@ impl ConnMachine {
         rdma: Arc<Slot>,
         immediate_len: usize,
         mut slot: CommandSlot,
+        now: Instant,
     ) {
         let edtl = cmd.expected_data_transfer_length;
         let dir_ok = match desc.dir {
@@ -204,8 +329,10 @@ impl ConnMachine {
             Direction::Read => None,
         };
         self.register_task(&cmd, &mut slot);
+        let throttle = self.book_qos(&cmd, &cdb, now);
         let mut ready = Ready::without_data(cmd, cdb, Some((rdma, desc)), slot);
         ready.budget = budget;
+        ready.throttle = throttle;
         self.run(ready);
     }
 
@@ -308,7 +435,9 @@ impl ConnMachine {
                 // have reached the disk: see syncwrite).
                 WriteDest::Pipe(feed) => feed.failed(),
                 // Forgotten, its window slot freed, before the status leaves.
-                WriteDest::Gather(_, slot) | WriteDest::Immediate(_, _, slot) => {
+                WriteDest::Gather(_, slot)
+                | WriteDest::Immediate(_, _, slot)
+                | WriteDest::Held(slot) => {
                     let pdus = status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
                     self.refuse(slot, pdus);
                 }
@@ -322,10 +451,13 @@ impl ConnMachine {
     }
 
     /// A WRITE whose data is complete runs; otherwise it asks for more data
-    /// (R2Ts within MaxOutstandingR2T) and waits for it.
+    /// (R2Ts within MaxOutstandingR2T, unless it is held) and waits for it.
     fn advance_write(&mut self, mut c: Collecting) {
-        if !c.collector.is_complete() {
-            self.send_r2ts(&mut c);
+        let held = matches!(c.dest, WriteDest::Held(_));
+        if !c.collector.is_complete() || held {
+            if !held {
+                self.send_r2ts(&mut c);
+            }
             self.collectors.insert(c.cmd.itt, c);
             return;
         }
@@ -338,6 +470,7 @@ impl ConnMachine {
                 data_out: c.collector.into_data().into(),
                 offload: None,
                 budget: Some(budget),
+                throttle: c.qos,
                 slot,
             }),
             WriteDest::Immediate(data, budget, slot) => self.run(Ready {
@@ -347,9 +480,11 @@ impl ConnMachine {
                 data_out: data,
                 offload: None,
                 budget: Some(budget),
+                throttle: c.qos,
                 slot,
             }),
             WriteDest::Pipe(feed) => feed.complete(r2t_count),
+            WriteDest::Held(_) => unreachable!("a held WRITE is kept above"),
         }
     }
 
@@ -368,6 +503,15 @@ impl ConnMachine {
         self.collectors.len()
     }
 }
+
+/// How a WRITE's collector is made: gathering its bytes, or only checking
+/// them ([`WriteCollector::new`], [`WriteCollector::validating`]).
+type MakeCollector = fn(
+    u32,
+    &[u8],
+    bool,
+    crate::iscsi::dataout::WriteLimits,
+) -> Result<WriteCollector, crate::iscsi::dataout::DataOutError>;
 
 /// Sense data for an RDMA descriptor that does not match its command:
 /// ILLEGAL REQUEST, INVALID FIELD IN CDB.

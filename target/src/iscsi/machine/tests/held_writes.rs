@@ -1,0 +1,151 @@
+//! WRITEs that their LUN's QoS ceilings hold back (see the `writes`
+//! module): their R2Ts wait for their place, and meanwhile they hold no
+//! write budget, so other WRITEs on the connection are not refused.
+
+use super::*;
+use crate::scsi::QosLimits;
+
+/// The test fabric with a write budget of one 4-block WRITE.
+fn fabric_with_small_budget() -> Arc<Fabric> {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
+    let settings = FabricSettings {
+        queue_depth: 16,
+        write_budget_bytes: u64::from(4 * BLOCK),
+        ..FabricSettings::default()
+    };
+    let (_, shutdown) = watch::channel(false);
+    Fabric::new(Arc::new(catalog), settings, shutdown)
+}
+
+/// R2Ts for every WRITE; the first block of each comes as immediate data.
+const KEYS: [(&str, &str); 3] = [
+    ("InitialR2T", "Yes"),
+    ("ImmediateData", "Yes"),
+    ("FirstBurstLength", "512"),
+];
+
+async fn open() -> Conn {
+    let mut c = Conn::open_on(fabric_with_small_budget(), Some(TARGET), &KEYS);
+    let (itt, tur) = c.no_data_command(&[0; 6]);
+    assert_eq!(c.feed(tur).await, None);
+    assert_eq!(c.response(itt).await.0, 0x02, "the power-on unit attention");
+    c
+}
+
+/// A 4-block WRITE at `lba` of `data`, its first block immediate.
+fn write4(c: &mut Conn, lba: u32, data: &[u8]) -> (u32, Pdu) {
+    c.rw(true, lba, 4, data[..BLOCK as usize].to_vec())
+}
+
+/// Sends the data the R2T `r` asks for, in one Data-Out.
+async fn answer(c: &mut Conn, itt: u32, r: &blockwire_pdu::pdu::R2t, data: &[u8]) {
+    let at = r.buffer_offset as usize;
+    let len = r.desired_data_transfer_length as usize;
+    let pdu = c.data_out(itt, r.ttt, 0, at as u32, &data[at..at + len], true);
+    assert_eq!(c.feed(pdu).await, None);
+}
+
+fn r2t_of(pdus: &[Pdu], itt: u32) -> Option<blockwire_pdu::pdu::R2t> {
+    r2ts(pdus).into_iter().find(|r| r.itt == itt)
+}
+
+#[tokio::test]
+async fn a_held_write_asks_for_its_data_when_its_place_comes_and_holds_no_budget_meanwhile() {
+    let mut c = open().await;
+    // 10 IOPS: the burst (50 ms) lets the first WRITE through, the second
+    // waits 50 ms.
+    c.lu().set_qos(QosLimits {
+        iops: Some(10),
+        bytes_per_sec: None,
+    });
+    let (a_data, b_data) = (
+        pattern(4 * BLOCK as usize, 3),
+        pattern(4 * BLOCK as usize, 4),
+    );
+    let (a, cmd) = write4(&mut c, 0, &a_data);
+    assert_eq!(c.feed(cmd).await, None);
+    let ra = r2t_of(&c.sent(), a).expect("the first WRITE asks for its data at once");
+    let (b, cmd) = write4(&mut c, 8, &b_data);
+    assert_eq!(c.feed(cmd).await, None);
+    let sent = c.sent();
+    assert!(
+        r2t_of(&sent, b).is_none() && status_of(&sent, b).is_none(),
+        "the held WRITE neither asks for data nor is refused: {sent:?}"
+    );
+    assert_eq!(c.lu().qos().counters().waiting, 1);
+    assert_eq!(
+        c.machine.poll_timeout(),
+        Some(c.now + Duration::from_millis(50))
+    );
+    // The budget holds one WRITE: A has it; B, held, took none (it would
+    // have been refused TASK SET FULL had it taken its share on arrival).
+    answer(&mut c, a, &ra, &a_data).await;
+    assert_eq!(c.response(a).await.0, 0, "A GOOD");
+    assert_eq!(c.advance(Duration::from_millis(49)).await, None);
+    assert!(r2t_of(&c.sent(), b).is_none(), "asked for before its place");
+    assert_eq!(c.advance(Duration::from_millis(1)).await, None);
+    let rb = r2t_of(&c.sent(), b).expect("asked for when its place came");
+    assert_eq!(rb.buffer_offset, BLOCK, "after its immediate block");
+    assert_eq!(c.lu().qos().counters().waiting, 0);
+    answer(&mut c, b, &rb, &b_data).await;
+    assert_eq!(c.response(b).await.0, 0, "B GOOD");
+    c.lu().set_qos(QosLimits::default());
+    assert_eq!(read_back(&mut c, 0, 4).await, a_data);
+    assert_eq!(read_back(&mut c, 8, 4).await, b_data);
+}
+
+#[tokio::test]
+async fn a_held_write_that_finds_the_budget_full_when_its_place_comes_is_told_task_set_full() {
+    let mut c = open().await;
+    c.lu().set_qos(QosLimits {
+        iops: Some(10),
+        bytes_per_sec: None,
+    });
+    let data = pattern(4 * BLOCK as usize, 5);
+    let (a, cmd) = write4(&mut c, 0, &data);
+    c.feed(cmd).await;
+    assert!(r2t_of(&c.sent(), a).is_some());
+    let (b, cmd) = write4(&mut c, 8, &data);
+    c.feed(cmd).await;
+    // A still holds the whole budget when B's place comes.
+    c.advance(Duration::from_millis(50)).await;
+    let sent = c.sent();
+    assert!(r2t_of(&sent, b).is_none(), "{sent:?}");
+    assert_eq!(status_of(&sent, b), Some(0x28), "TASK SET FULL");
+    assert!(!c.session.tasks.contains(b));
+    assert_eq!(c.lu().qos().counters().waiting, 0);
+}
+
+#[tokio::test]
+async fn a_held_write_aborted_before_its_place_never_asks_for_data_and_gives_its_place_back() {
+    let mut c = open().await;
+    c.lu().set_qos(QosLimits {
+        iops: Some(10),
+        bytes_per_sec: None,
+    });
+    let data = pattern(4 * BLOCK as usize, 6);
+    let (a, cmd) = write4(&mut c, 0, &data);
+    c.feed(cmd).await;
+    let ra = r2t_of(&c.sent(), a).unwrap();
+    let (b, cmd) = write4(&mut c, 8, &data);
+    c.feed(cmd).await;
+    let (tmf, req) = c.tmf(TmfFunction::AbortTask, 0, b);
+    c.feed(req).await;
+    assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::FunctionComplete);
+    assert_eq!(c.lu().qos().counters().waiting, 0);
+    c.advance(Duration::from_millis(60)).await;
+    let sent = c.sent();
+    assert!(!mentions(&sent, b), "{sent:?}");
+    // B's place was given back: the next WRITE waits as B would have, 50
+    // ms from when B came, not 150.
+    answer(&mut c, a, &ra, &data).await;
+    assert_eq!(c.response(a).await.0, 0);
+    let (d, cmd) = write4(&mut c, 16, &data);
+    c.feed(cmd).await;
+    assert!(
+        r2t_of(&c.sent(), d).is_some(),
+        "60 ms on, with B's place given back, D's place is free"
+    );
+    assert_eq!(c.machine.shared().in_flight(), 1, "only D is in the window");
+}
