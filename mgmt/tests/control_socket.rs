@@ -54,12 +54,20 @@ impl Daemon {
     /// [`Self::start`] with the target's LUNs from `luns` (given the
     /// test's scratch directory).
     async fn start_with(luns: impl FnOnce(&std::path::Path) -> String) -> Daemon {
+        Self::start_with_fabric("", luns).await
+    }
+
+    /// [`Self::start_with`] with `fabric` added to the `[fabric]` table.
+    async fn start_with_fabric(
+        fabric: &str,
+        luns: impl FnOnce(&std::path::Path) -> String,
+    ) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("two-groups.toml");
         std::fs::write(
             &config,
             format!(
-                "[fabric]\nnop_interval_secs = 0\nstate_dir = {:?}\n\n\
+                "[fabric]\nnop_interval_secs = 0\nstate_dir = {:?}\n{fabric}\n\
                  [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n\n\
                  [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:0\"]\nalua_state = \"active_non_optimized\"\n\n\
                  [[target]]\nname = \"{TARGET}\"\nportal_groups = [1, 2]\n\n{}",
@@ -1564,5 +1572,136 @@ async fn every_data_path_waits_for_its_qos_turn() {
         }
         while c.recv_within(Duration::from_millis(200)).await.is_some() {}
         c.assert_never_answered(third.itt, name);
+    }
+}
+
+/// A WRITE that its LUN's ceiling holds back gets its R2Ts only when its
+/// turn comes, and takes no share of the connection's write budget before:
+/// with a 1 MiB budget, one 512 KiB WRITE of LUN 0 holding its share (its
+/// data not sent yet) and two more held by LUN 0's 1 IOPS ceiling, a 512
+/// KiB WRITE of LUN 1 is asked for its data at once (had the held WRITEs
+/// taken their shares on arrival, it and the third would have been
+/// answered TASK SET FULL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_write_asks_for_its_data_at_its_turn_and_holds_no_budget_before() {
+    let d = Daemon::start_with_fabric("write_budget = \"1M\"\n", |_| {
+        "[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\niops_limit = 1\n\n\
+         [[target.lun]]\nid = 1\nbackstore = \"ram\"\nsize = \"8M\"\n"
+            .into()
+    })
+    .await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.lun = 1;
+    c.ready().await;
+    c.lun = 0;
+    c.ready().await;
+    const LEN: usize = 512 << 10;
+    let blocks = (LEN / 512) as u16;
+    let data = |seed: u8| -> Vec<u8> { (0..LEN).map(|i| (i % 251) as u8 ^ seed).collect() };
+    let mut writes = std::collections::HashMap::new();
+    let mut sent_at = std::collections::HashMap::new();
+    let mut send_write = |c: &mut Client, lba: u32, seed: u8| {
+        let cmd = c.command(&rw10(0x2a, lba, blocks), false, true, LEN as u32);
+        writes.insert(cmd.itt, (c.lun, data(seed)));
+        sent_at.insert(cmd.itt, std::time::Instant::now());
+        cmd
+    };
+    let a = send_write(&mut c, 0, 1);
+    let b = send_write(&mut c, 2048, 2);
+    let third = send_write(&mut c, 4096, 3);
+    c.lun = 1;
+    let other = send_write(&mut c, 0, 4);
+    c.lun = 0;
+    for cmd in [a, b, third, other] {
+        c.conn.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    }
+    // Answer R2Ts as they come, but A's only once LUN 1's WRITE is done, so
+    // A holds its share of the budget all that time.
+    let mut stashed = Vec::new();
+    let mut first_r2t = std::collections::HashMap::new();
+    let mut status = std::collections::HashMap::new();
+    while status.len() < 4 {
+        let pdu = c
+            .recv_within(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("stuck with statuses {status:?}"));
+        let r = match pdu.bhs {
+            Bhs::R2t(r) => r,
+            Bhs::ScsiResponse(r) => {
+                status.insert(r.itt, r.status);
+                if r.itt == other.itt {
+                    for r in std::mem::take(&mut stashed) {
+                        answer_r2t(&mut c, &r, &writes[&r.itt].1).await;
+                    }
+                }
+                continue;
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        first_r2t
+            .entry(r.itt)
+            .or_insert_with(std::time::Instant::now);
+        if r.itt == a.itt && !status.contains_key(&other.itt) {
+            stashed.push(r);
+        } else {
+            answer_r2t(&mut c, &r, &writes[&r.itt].1).await;
+        }
+    }
+    for (itt, s) in &status {
+        assert_eq!(*s, 0, "WRITE {itt:#x}: statuses {status:?}");
+    }
+    let asked_after = |itt: u32| first_r2t[&itt].duration_since(sent_at[&itt]);
+    assert!(
+        asked_after(other.itt) < Duration::from_millis(900),
+        "{:?}",
+        asked_after(other.itt)
+    );
+    assert!(
+        asked_after(b.itt) >= Duration::from_millis(900),
+        "{:?}",
+        asked_after(b.itt)
+    );
+    assert!(
+        asked_after(third.itt) >= Duration::from_millis(1900),
+        "{:?}",
+        asked_after(third.itt)
+    );
+    let q = qos_of(&d, 0).await;
+    assert_eq!(q["waiting"].as_u64(), Some(0), "{q}");
+    d.call("lun.limit", json!({"target": TARGET, "lun": 0, "iops": 0}))
+        .await;
+    for (cmd, lba) in [(a, 0), (b, 2048), (third, 4096), (other, 0)] {
+        let (lun, expected) = &writes[&cmd.itt];
+        c.lun = *lun;
+        let (s, back) = c.run(&rw10(0x28, lba, blocks), LEN as u32, &[]).await;
+        assert_eq!(
+            (s, &back == expected),
+            (0, true),
+            "WRITE {:#x} read back",
+            cmd.itt
+        );
+    }
+}
+
+/// Sends the data R2T `r` asks for, from `data`, in 8 KiB Data-Out PDUs.
+async fn answer_r2t(c: &mut Client, r: &blockwire_pdu::pdu::R2t, data: &[u8]) {
+    let (start, end) = (
+        r.buffer_offset as usize,
+        (r.buffer_offset + r.desired_data_transfer_length) as usize,
+    );
+    for (sn, at) in (start..end).step_by(8192).enumerate() {
+        let to = (at + 8192).min(end);
+        let out = blockwire_pdu::pdu::DataOut {
+            final_bit: to == end,
+            lun: r.lun,
+            itt: r.itt,
+            ttt: r.ttt,
+            exp_stat_sn: 0,
+            data_sn: sn as u32,
+            buffer_offset: at as u32,
+        };
+        c.conn
+            .send(Pdu::with_data(Bhs::DataOut(out), data[at..to].to_vec()))
+            .await;
     }
 }
