@@ -77,8 +77,9 @@ impl Throttle {
     /// Waits out the booked place; false if the task was aborted meanwhile
     /// (its place is given back, and the command must not start).
     pub async fn wait_out(mut self, aborted: &AtomicBool) -> bool {
-        let left = self.due.saturating_duration_since(Instant::now());
-        let until = tokio::time::Instant::now() + left;
+        // Booked as the command arrived, a moment ago: its whole wait from
+        // now (the runtime's clock, not the booking's).
+        let until = tokio::time::Instant::now() + self.booked.wait;
         loop {
             if aborted.load(Ordering::SeqCst) {
                 return false;

@@ -1299,6 +1299,8 @@ mod stateful {
         Shutdown,
         Logout,
         Stall(bool),
+        /// LUN 0's IOPS ceiling: none, 1 or 10.
+        Qos(u8),
         Junk,
     }
 
@@ -1310,10 +1312,11 @@ mod stateful {
                 |(which, honest_ttt, offset, len, data_sn, last)| Ev::DataOut { which, honest_ttt, offset, len, data_sn, last }),
             3 => (0..10u8, any::<u8>(), 0..2u8).prop_map(|(function, which, lun)| Ev::Tmf { function, which, lun }),
             1 => Just(Ev::AnswerPing),
-            1 => (0..40u8).prop_map(|secs| Ev::Tick { secs }),
+            3 => (0..40u8).prop_map(|secs| Ev::Tick { secs }),
             1 => Just(Ev::Shutdown),
             1 => Just(Ev::Logout),
             1 => any::<bool>().prop_map(Ev::Stall),
+            1 => (0..3u8).prop_map(Ev::Qos),
             1 => Just(Ev::Junk),
         ]
     }
@@ -1330,15 +1333,25 @@ mod stateful {
         TmfFunction::AbortTask,
     ];
 
-    /// Plays `evs`, then ends the connection as the driver does, and checks what the
-    /// initiator saw and what the target kept.
-    async fn play(evs: Vec<Ev>) -> Result<(), TestCaseError> {
+    /// LUN 0's IOPS ceiling: none, 1 or 10 (`pick` modulo 3).
+    fn set_iops(c: &Conn, pick: u8) {
+        c.lu().set_qos(crate::scsi::QosLimits {
+            iops: [None, Some(1), Some(10)][usize::from(pick % 3)],
+            bytes_per_sec: None,
+        });
+    }
+
+    /// Plays `evs` with LUN 0's IOPS ceiling `qos` (see [`set_iops`]) at the start,
+    /// then ends the connection as the driver does, and checks what the initiator
+    /// saw and what the target kept.
+    async fn play(evs: Vec<Ev>, qos: u8) -> Result<(), TestCaseError> {
         let mut c = Conn::open(&[
             ("InitialR2T", "Yes"),
             ("MaxBurstLength", "2048"),
             ("FirstBurstLength", "1024"),
         ])
         .await;
+        set_iops(&c, qos);
         let depth = c.machine.fabric.settings.queue_depth;
         let mut wire: Vec<Pdu> = Vec::new();
         let mut cmds: Vec<u32> = Vec::new();
@@ -1458,6 +1471,10 @@ mod stateful {
                     c.lu().set_stalled(on);
                     continue;
                 }
+                Ev::Qos(pick) => {
+                    set_iops(&c, pick);
+                    continue;
+                }
                 Ev::Junk => c.machine.on_decode_error(
                     &DecodeError::UnknownOpcode(0x3e),
                     Some(&[0u8; 48]),
@@ -1488,6 +1505,7 @@ mod stateful {
         c.lu().set_stalled(false);
         c.session.tasks.abort_where(|_, _| true);
         let shared = c.machine.shared().clone();
+        let lu = c.lu();
         let Conn {
             machine,
             wire: mut rx,
@@ -1514,6 +1532,9 @@ mod stateful {
             wire.push(p);
         }
         drop(launcher);
+        // Every command booked at the QoS ceiling started or gave its place up.
+        let waiting = lu.qos().counters().waiting;
+        prop_assert_eq!(waiting, 0, "commands still counted waiting at the ceiling");
         // Every task management request was answered exactly once.
         for t in &tmfs {
             let n = wire
@@ -1549,9 +1570,9 @@ mod stateful {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
         #[test]
-        fn random_initiators_never_leak_or_answer_twice(evs in proptest::collection::vec(ev(), 1..40)) {
+        fn random_initiators_never_leak_or_answer_twice(evs in proptest::collection::vec(ev(), 1..40), qos in 0..3u8) {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-            rt.block_on(play(evs))?;
+            rt.block_on(play(evs, qos))?;
         }
     }
 }
