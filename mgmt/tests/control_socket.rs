@@ -1029,6 +1029,77 @@ async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
     );
 }
 
+/// A dry run tries what only trying tells, and undoes it: it binds a new
+/// portal's address (one another program holds fails it, as it would fail
+/// the change, and once free the address is let go again), and it opens a
+/// new LUN's existing file or device as the change would (the daemon's own
+/// running binary, busy for writing, fails it; a block device shows its
+/// real size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_binds_and_opens_what_the_change_would() {
+    let d = Daemon::start().await;
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let add_portal = json!({"tag": 1, "listen": addr, "dry_run": true});
+    let e = d.refusal("portal.add", add_portal.clone()).await;
+    assert!(
+        e.contains(&format!("cannot listen on {addr}")) && e.contains("in use"),
+        "{e}"
+    );
+    drop(held);
+    let v = d.call("portal.add", add_portal).await;
+    assert!(v["changes"].to_string().contains("listening"), "{v}");
+    // Let go again: the address binds, and the daemon lists no such portal.
+    std::net::TcpListener::bind(&addr).expect("the dry run let the address go");
+    let listed = d.call("portal.list", Value::Null).await.to_string();
+    assert!(!listed.contains(&addr), "{listed}");
+
+    // The daemon's own binary: writable by access(2), busy for an open
+    // for writing while it runs.
+    let bin = std::fs::canonicalize(BIN).unwrap();
+    let e = d
+        .refusal(
+            "lun.add",
+            json!({"target": TARGET, "dry_run": true,
+                   "lun": {"id": 1, "backstore": "file", "path": bin}}),
+        )
+        .await;
+    assert!(
+        e.contains("cannot open backstore") && e.contains("Text file busy"),
+        "{e}"
+    );
+    // A 3 MiB loop device: its size is known without a size key.
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("loop.img");
+    std::fs::write(&backing, vec![0u8; 3 << 20]).unwrap();
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&backing)
+        .output()
+        .expect("losetup runs");
+    assert!(
+        out.status.success(),
+        "losetup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let v = d
+        .try_call(
+            "lun.add",
+            json!({"target": TARGET, "dry_run": true,
+                   "lun": {"id": 1, "backstore": "file", "path": dev}}),
+        )
+        .await;
+    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    let v = v.expect("a dry run over a loop device");
+    assert!(
+        v["changes"]
+            .to_string()
+            .contains(&format!("file {dev} (3 MiB")),
+        "{v}"
+    );
+}
+
 /// `blockwire-target ctl --dry-run`, as an operator checks a change before
 /// making it: a LUN over a file that does not exist yet, and an edited file
 /// before `systemctl reload`. The daemon changes nothing until asked for

@@ -221,9 +221,18 @@ pub(super) fn build_lun(
             })?;
             // --no-disk and --check: the file is neither opened
             // nor created; its length (metadata only) stands in
-            // for a size.
+            // for a size. A dry run opens an existing one as the
+            // change would (and closes it), so it sees what only an
+            // open tells, a block device's size among it.
+            let device = if ctx.dry_run {
+                super::probe::existing_backstore(path, l.read_only)
+                    .map_err(|m| ctx.err(lspan.clone(), "target.lun.path", m))?
+            } else {
+                None
+            };
             let size = match (size, std::fs::metadata(path), ctx.dry_run) {
-                (Some(s), _, _) => s,
+                (Some(s), _, _) => device.map_or(s, |d| d.min(s)),
+                (None, _, true) if device.is_some() => device.unwrap_or_default(),
                 (None, Ok(m), true) if m.is_file() && m.len() > 0 => m.len(),
                 // validate() reports the missing, empty or
                 // special file; a stand-in lets the rest be checked.
@@ -292,12 +301,22 @@ pub(super) fn build_lun(
                 }
             };
             if ctx.no_disk || ctx.dry_run {
+                let mut devices = Vec::new();
+                if ctx.dry_run {
+                    for p in paths.get_ref() {
+                        let device = super::probe::existing_backstore(p, l.read_only)
+                            .map_err(|m| ctx.err(paths.span(), "target.lun.paths", m))?;
+                        devices.push(device);
+                    }
+                }
                 let size = match size {
                     Some(s) => s,
                     None => {
                         let mut least = u64::MAX;
-                        for p in paths.get_ref() {
+                        for (i, p) in paths.get_ref().iter().enumerate() {
+                            let device = devices.get(i).copied().flatten();
                             let len = match (std::fs::metadata(p), ctx.dry_run) {
+                                _ if device.is_some() => device.unwrap_or_default(),
                                 (Ok(m), _) => m.len(),
                                 // validate() reports the missing member.
                                 (Err(_), true) => DRY_RUN_SIZE,

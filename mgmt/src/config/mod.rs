@@ -23,6 +23,7 @@ use toml::Spanned;
 
 mod check;
 mod lun;
+mod probe;
 
 /// A configuration error with its location.
 #[derive(Debug, thiserror::Error)]

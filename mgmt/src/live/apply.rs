@@ -248,7 +248,10 @@ impl Live {
 
     /// Binds the portals that come. Those that leave or change group close
     /// first (their address may be bound again); a bind failure undoes the
-    /// binds and changes nothing else. A dry run binds nothing.
+    /// binds and changes nothing else. A dry run starts no portal: it binds
+    /// each new address (not one that moves between groups, still bound
+    /// here) and lets it go again once all are bound, so an address in use
+    /// or not of this host fails it as it would fail the change.
     async fn open_portals(
         &self,
         running: &mut Running,
@@ -258,8 +261,20 @@ impl Live {
         applied: &mut Applied,
     ) -> Result<(), LiveError> {
         let mut opened = Vec::new();
+        let mut probes = Vec::new();
         for &(addr, tag) in coming {
+            // Same address, other group: it must be free first. (Not
+            // for port 0: each listing of it gets a port of its own.)
+            let moving = leaving.iter().find(|(a, _)| *a == addr && addr.port() != 0);
             if dry {
+                if moving.is_none() {
+                    let probe = std::net::TcpListener::bind(addr).map_err(|e| {
+                        LiveError::Failed(format!(
+                            "cannot listen on {addr} (portal group {tag}): {e}; nothing else was changed"
+                        ))
+                    })?;
+                    probes.push(probe);
+                }
                 opened.push((addr, tag, addr));
                 continue;
             }
@@ -267,9 +282,6 @@ impl Live {
                 let portal = Portal::bind(addr, tag).await?;
                 self.portals.start(portal).await
             };
-            // Same address, other group: it must be free first. (Not
-            // for port 0: each listing of it gets a port of its own.)
-            let moving = leaving.iter().find(|(a, _)| *a == addr && addr.port() != 0);
             if let Some(&(a, old_tag)) = moving {
                 if let Some(b) = running.bound.remove(&(a, old_tag)) {
                     let _ = self.portals.remove(b).await;
