@@ -568,6 +568,58 @@ async fn a_target_shutting_down_takes_no_new_rdma_connection() {
     support::wait_until_refused(endpoint, "the RDMA endpoint").await;
 }
 
+/// An RDMA-assisted WRITE that its LUN's ceiling holds back takes its share of the write
+/// budget, and has its data read, only when its place comes: with a 64 KiB budget, two 48
+/// KiB WRITEs sent together under a 1 IOPS ceiling both land, the later one no sooner than
+/// 0.9 s after (had the held one taken its share on arrival, beside the first's, it would
+/// have been answered TASK SET FULL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_rdma_assisted_write_takes_its_budget_share_at_its_turn() {
+    let settings = FabricSettings {
+        write_budget_bytes: 64 << 10,
+        ..FabricSettings::default()
+    };
+    let t = start_with(settings, true).await;
+    let s = assisted(&t, "held", RdmaConfig::default()).await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let len = 48 << 10;
+    let blocks = (len / BS) as u32;
+    let mut r = s.alloc(len).unwrap();
+    // The power-on unit attention first, before the ceiling.
+    s.read(0, 0, blocks, &mut r).await.unwrap();
+    let unit = t.fabric.catalog().targets[0].luns.get(0).unwrap();
+    unit.set_qos(blockwire_target::scsi::QosLimits {
+        iops: Some(1),
+        bytes_per_sec: None,
+    });
+    let (a, b) = (random(len, 60), random(len, 61));
+    let mut wa = s.alloc(len).unwrap();
+    wa.write_at(0, &a).unwrap();
+    let mut wb = s.alloc(len).unwrap();
+    wb.write_at(0, &b).unwrap();
+    let t0 = std::time::Instant::now();
+    let (ra, rb) = tokio::join!(
+        async { (s.write(0, 0, blocks, &wa).await, t0.elapsed()) },
+        async { (s.write(0, 256, blocks, &wb).await, t0.elapsed()) },
+    );
+    ra.0.expect("the first WRITE");
+    rb.0.expect("the second WRITE");
+    let later = ra.1.max(rb.1);
+    println!("two 48 KiB RDMA-assisted WRITEs at 1 IOPS, 64 KiB budget: {later:?}");
+    assert!(later >= std::time::Duration::from_millis(900), "{later:?}");
+    assert_eq!(unit.qos().counters().delayed, 1);
+    assert_eq!(unit.qos().counters().waiting, 0);
+    unit.set_qos(blockwire_target::scsi::QosLimits::NONE);
+    for (lba, want) in [(0, &a), (256, &b)] {
+        s.read(0, lba, blocks, &mut r).await.unwrap();
+        assert!(
+            &r.to_vec() == want,
+            "the WRITE at LBA {lba} read back differs"
+        );
+    }
+    s.logout().await.unwrap();
+}
+
 /// A LUN's bandwidth ceiling holds RDMA-assisted commands as it holds TCP ones: at 1 MiB/s
 /// (a burst of 50 ms worth), four 256 KiB WRITEs by RDMA Read, one after another, take at
 /// least 3 x 256 KiB less the burst, about 0.7 s, and the data still lands.

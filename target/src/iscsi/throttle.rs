@@ -3,8 +3,9 @@
 //!
 //! The connection's machine books each media command with its unit's gate
 //! as the command arrives, and the core says how long it must wait. A
-//! WRITE whose data the target must still ask for waits in the machine,
-//! its R2Ts held back (so it holds neither write budget nor buffer); any
+//! WRITE whose data the target must still ask for (by R2T, or read by
+//! RDMA) waits in the machine, its data not yet asked for (so it holds
+//! neither write budget nor buffer); any
 //! other command waits here, on the runtime's timers, before its road
 //! (core, sendfile, I/O engine, pipelined WRITE) starts. So every road and
 //! every wire (TCP, RDMA-assisted, iSER) is held to the same ceiling, and a

@@ -278,9 +278,13 @@ pub(super) struct ConnMachine {
     shared: Arc<Shared>,
     /// WRITEs waiting for data, by ITT.
     collectors: HashMap<u32, Collecting>,
-    /// WRITEs among them that their LUN's QoS ceilings hold back, with no
-    /// R2T sent yet: when each may ask for its data, and its ITT.
+    /// WRITEs that their LUN's QoS ceilings hold back (among `collectors`
+    /// with no R2T sent yet, or in `held_offloads`): when each may ask for
+    /// its data, and its ITT.
     held: BTreeSet<(Instant, u32)>,
+    /// RDMA-assisted WRITEs their LUN's QoS ceilings hold back, by ITT: no
+    /// write budget taken and no data read until their place comes.
+    held_offloads: HashMap<u32, (Ready, Throttle)>,
     write_budget: Arc<WriteBudget>,
     text: TextExchange,
     write_limits: WriteLimits,
@@ -333,6 +337,7 @@ impl ConnMachine {
             ),
             collectors: HashMap::new(),
             held: BTreeSet::new(),
+            held_offloads: HashMap::new(),
             write_budget: WriteBudget::new(settings.write_budget_bytes),
             text: TextExchange::from_outcome(fabric.catalog(), outcome, local),
             write_limits,

@@ -6,9 +6,11 @@
 //! A WRITE that its LUN's ceilings hold back, and whose data the target
 //! must ask for, is held here: no R2T goes out and no write budget is
 //! taken until its place comes (its unsolicited data, at most
-//! FirstBurstLength, is kept meanwhile). So a deep queue of throttled
-//! WRITEs holds neither memory nor budget that other LUNs' WRITEs on the
-//! connection need, and the initiator keeps their data until it is wanted.
+//! FirstBurstLength, is kept meanwhile). An RDMA-assisted WRITE held back
+//! takes its budget share, and has its data read, when its place comes.
+//! So a deep queue of throttled WRITEs holds neither memory nor budget
+//! that other LUNs' WRITEs on the connection need, and the initiator keeps
+//! their data until it is wanted.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -246,6 +248,26 @@ impl ConnMachine {
                 break;
             }
             self.held.pop_first();
+            let offload = self.held_offloads.remove(&itt);
+            if let Some((mut ready, t)) = offload {
+                if t.due() != due {
+                    // The ITT now names a later command.
+                    self.held_offloads.insert(itt, (ready, t));
+                    continue;
+                }
+                if ready.slot.is_aborted() || !self.session.tasks.contains(itt) {
+                    continue;
+                }
+                let Some(budget) = self.write_budget_for(&ready.cmd) else {
+                    let pdus = status_only(&ready.cmd, TASK_SET_FULL, None);
+                    self.refuse(ready.slot, pdus);
+                    continue;
+                };
+                t.settle();
+                ready.budget = Some(budget);
+                self.run(ready);
+                continue;
+            }
             let Some(mut c) = self.collectors.remove(&itt) else {
                 continue;
             };
@@ -316,6 +338,19 @@ impl ConnMachine {
             self.refuse(slot, pdus);
             return;
         }
+        let throttle = match (desc.dir, self.book_qos(&cmd, &cdb, now)) {
+            (Direction::Write, Some(t)) => {
+                // Held back by its LUN's ceilings: its data is read, and its
+                // share of the budget taken, when its place comes.
+                self.register_task(&cmd, &mut slot);
+                self.held.insert((t.due(), cmd.itt));
+                let itt = cmd.itt;
+                let ready = Ready::without_data(cmd, cdb, Some((rdma, desc)), slot);
+                self.held_offloads.insert(itt, (ready, t));
+                return;
+            }
+            (_, t) => t,
+        };
         // WRITE data read in by RDMA is held like data gathered from Data-Out
         // until the command ends, so it counts against the same budget.
         let budget = match desc.dir {
@@ -329,7 +364,6 @@ impl ConnMachine {
             Direction::Read => None,
         };
         self.register_task(&cmd, &mut slot);
-        let throttle = self.book_qos(&cmd, &cdb, now);
         let mut ready = Ready::without_data(cmd, cdb, Some((rdma, desc)), slot);
         ready.budget = budget;
         ready.throttle = throttle;
@@ -494,6 +528,7 @@ impl ConnMachine {
     pub(super) fn drop_collectors(&mut self, itts: &[u32]) {
         for itt in itts {
             self.collectors.remove(itt);
+            self.held_offloads.remove(itt);
         }
     }
 
