@@ -224,7 +224,7 @@ pub(super) fn build_lun(
             // for a size. A dry run opens an existing one as the
             // change would (and closes it), so it sees what only an
             // open tells, a block device's size among it.
-            let device = if ctx.dry_run {
+            let device = if ctx.probe_files {
                 super::probe::existing_backstore(path, l.read_only)
                     .map_err(|m| ctx.err(lspan.clone(), "target.lun.path", m))?
             } else {
@@ -302,7 +302,7 @@ pub(super) fn build_lun(
             };
             if ctx.no_disk || ctx.dry_run {
                 let mut devices = Vec::new();
-                if ctx.dry_run {
+                if ctx.probe_files {
                     for p in paths.get_ref() {
                         let device = super::probe::existing_backstore(p, l.read_only)
                             .map_err(|m| ctx.err(paths.span(), "target.lun.paths", m))?;

@@ -738,6 +738,10 @@ struct Ctx<'a> {
     /// `--check`: build nothing that touches the disk (no file created,
     /// grown or opened for writing, no directory created).
     dry_run: bool,
+    /// A live change's dry run: new LUNs' existing files and devices are
+    /// opened and closed again, as the change would open them (`probe`).
+    /// `--check` opens nothing.
+    probe_files: bool,
     /// Units already serving, by lower-case target name and LUN: a live
     /// change keeps them (their data, reservations and sessions) instead of
     /// opening their storage again.
@@ -928,6 +932,7 @@ impl TargetConfig {
             line_starts: line_starts(text),
             no_disk: opts.no_disk,
             dry_run: true,
+            probe_files: false,
             reuse: None,
             rendered: false,
         };
@@ -1006,6 +1011,7 @@ impl TargetConfig {
             line_starts: line_starts(text),
             no_disk: opts.no_disk,
             dry_run: how.dry_run,
+            probe_files: how.dry_run,
             reuse: how.reuse,
             rendered: how.rendered,
         };

@@ -1250,6 +1250,7 @@ fn the_line_index_numbers_lines_as_counting_newlines_does() {
             line_starts: line_starts(text),
             no_disk: true,
             dry_run: true,
+            probe_files: false,
             reuse: None,
             rendered: false,
         };
