@@ -185,7 +185,7 @@ impl WriteCollector {
             open: Vec::new(),
         };
         c.covered.insert(0, imm);
-        if !final_bit && !limits.initial_r2t && imm < unsolicited_limit {
+        if Self::unsolicited_follow(imm, expected_len, final_bit, limits) {
             c.unsolicited = Some(Sequence {
                 ttt: blockwire_pdu::pdu::RESERVED_TAG,
                 start: 0,
@@ -199,9 +199,38 @@ impl WriteCollector {
         Ok(c)
     }
 
-    /// Whether the target must ask for some of the data with R2Ts: it is
-    /// neither all immediate nor all within the unsolicited first burst.
-    pub fn solicits(&self) -> bool {
+    /// Whether unsolicited Data-Out PDUs follow a command that brought
+    /// `immediate` bytes of `expected_len` (RFC 7143 §11.7: InitialR2T=No,
+    /// the F bit clear, the first burst not yet full).
+    fn unsolicited_follow(
+        immediate: u32,
+        expected_len: u32,
+        final_bit: bool,
+        limits: WriteLimits,
+    ) -> bool {
+        !final_bit && !limits.initial_r2t && immediate < limits.first_burst_length.min(expected_len)
+    }
+
+    /// Whether the target must ask with R2Ts for some of the data of a
+    /// WRITE of `expected_len` bytes whose command brought `immediate`: the
+    /// data is neither all immediate nor all within the unsolicited first
+    /// burst. Known before any collector is made.
+    pub fn would_solicit(
+        immediate: u32,
+        expected_len: u32,
+        final_bit: bool,
+        limits: WriteLimits,
+    ) -> bool {
+        let asked_from = if Self::unsolicited_follow(immediate, expected_len, final_bit, limits) {
+            limits.first_burst_length.min(expected_len)
+        } else {
+            immediate
+        };
+        asked_from < expected_len
+    }
+
+    /// Whether the target still has data to ask for with R2Ts.
+    fn solicits(&self) -> bool {
         self.next_r2t_offset < self.expected
     }
 

@@ -69,10 +69,10 @@ enum WriteDest {
     /// slot and the budget ([`crate::iscsi::syncwrite`]); the task ends
     /// when its feed drops.
     Pipe(crate::iscsi::syncwrite::Feed),
-    /// Held back by its LUN's QoS ceilings: no R2T and no budget yet; its
-    /// unsolicited bytes are gathered. When its place comes it takes its
-    /// budget and becomes `Gather`.
-    Held(CommandSlot),
+    /// Held back by its LUN's QoS ceilings until its place (the throttle)
+    /// comes: no R2T and no budget yet; its unsolicited bytes are
+    /// gathered. Then it takes its budget and becomes `Gather`.
+    Held(CommandSlot, Throttle),
 }
 
 impl ConnMachine {
@@ -123,16 +123,22 @@ impl ConnMachine {
             self.refuse(slot, pdus);
             return;
         }
-        let throttle = self.book_qos(&cmd, &cdb, now);
-        if throttle.is_some() {
-            let Some(collector) = self.collector_for(&pdu, &cmd, WriteCollector::new) else {
-                return;
-            };
-            if collector.solicits() {
-                self.hold(cmd, cdb, collector, slot, throttle);
+        let throttle = match self.book_qos(&cmd, &cdb, now) {
+            Some(t)
+                if WriteCollector::would_solicit(
+                    pdu.data.len() as u32,
+                    edtl,
+                    cmd.final_bit,
+                    self.write_limits,
+                ) =>
+            {
+                if let Some(collector) = self.collector_for(&pdu, &cmd, WriteCollector::new) {
+                    self.hold(cmd, cdb, collector, slot, t);
+                }
                 return;
             }
-        }
+            t => t,
+        };
         let Some(budget) = self.write_budget_for(&cmd) else {
             self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
             return;
@@ -215,12 +221,10 @@ impl ConnMachine {
         cdb: Vec<u8>,
         collector: WriteCollector,
         mut slot: CommandSlot,
-        throttle: Option<Throttle>,
+        throttle: Throttle,
     ) {
         self.register_task(&cmd, &mut slot);
-        if let Some(t) = &throttle {
-            self.held.insert((t.due(), cmd.itt));
-        }
+        self.held.insert((throttle.due(), cmd.itt));
         debug!(
             tsih = self.session.tsih,
             itt = cmd.itt,
@@ -232,8 +236,8 @@ impl ConnMachine {
                 cmd,
                 cdb,
                 collector,
-                dest: WriteDest::Held(slot),
-                qos: throttle,
+                dest: WriteDest::Held(slot, throttle),
+                qos: None,
             },
         );
     }
@@ -248,52 +252,52 @@ impl ConnMachine {
                 break;
             }
             self.held.pop_first();
-            let offload = self.held_offloads.remove(&itt);
-            if let Some((mut ready, t)) = offload {
+            // An entry whose ITT now names a later command is stale.
+            if let Some((mut ready, t)) = self.held_offloads.remove(&itt) {
                 if t.due() != due {
-                    // The ITT now names a later command.
                     self.held_offloads.insert(itt, (ready, t));
-                    continue;
+                } else if let Some((budget, slot)) = self.share_at_turn(&ready.cmd, ready.slot, t) {
+                    ready.slot = slot;
+                    ready.budget = Some(budget);
+                    self.run(ready);
                 }
-                if ready.slot.is_aborted() || !self.session.tasks.contains(itt) {
-                    continue;
-                }
-                let Some(budget) = self.write_budget_for(&ready.cmd) else {
-                    let pdus = status_only(&ready.cmd, TASK_SET_FULL, None);
-                    self.refuse(ready.slot, pdus);
-                    continue;
-                };
-                t.settle();
-                ready.budget = Some(budget);
-                self.run(ready);
                 continue;
             }
             let Some(mut c) = self.collectors.remove(&itt) else {
                 continue;
             };
-            let this_one = matches!(c.dest, WriteDest::Held(_))
-                && c.qos.as_ref().is_some_and(|t| t.due() == due);
-            if !this_one {
-                // The ITT now names a later command.
-                self.collectors.insert(itt, c);
-                continue;
+            match c.dest {
+                WriteDest::Held(slot, t) if t.due() == due => {
+                    if let Some((budget, slot)) = self.share_at_turn(&c.cmd, slot, t) {
+                        c.dest = WriteDest::Gather(budget, slot);
+                        self.advance_write(c);
+                    }
+                }
+                _ => {
+                    self.collectors.insert(itt, c);
+                }
             }
-            let WriteDest::Held(slot) = c.dest else {
-                unreachable!("checked above")
-            };
-            if slot.is_aborted() || !self.session.tasks.contains(itt) {
-                continue;
-            }
-            let Some(budget) = self.write_budget_for(&c.cmd) else {
-                self.refuse(slot, status_only(&c.cmd, TASK_SET_FULL, None));
-                continue;
-            };
-            if let Some(t) = c.qos.take() {
-                t.settle();
-            }
-            c.dest = WriteDest::Gather(budget, slot);
-            self.advance_write(c);
         }
+    }
+
+    /// A held WRITE's place (`t`) came: its share of the write budget, its
+    /// wait settled; None when it was aborted meanwhile (forgotten, its
+    /// place given back) or the budget is full (answered TASK SET FULL).
+    fn share_at_turn(
+        &mut self,
+        cmd: &ScsiCommand,
+        slot: CommandSlot,
+        t: Throttle,
+    ) -> Option<(Reservation, CommandSlot)> {
+        if slot.is_aborted() || !self.session.tasks.contains(cmd.itt) {
+            return None;
+        }
+        let Some(budget) = self.write_budget_for(cmd) else {
+            self.refuse(slot, status_only(cmd, TASK_SET_FULL, None));
+            return None;
+        };
+        t.settle();
+        Some((budget, slot))
     }
 
     /// Runs `ready`, unless it was aborted (e.g. by another initiator's
@@ -471,7 +475,7 @@ impl ConnMachine {
                 // Forgotten, its window slot freed, before the status leaves.
                 WriteDest::Gather(_, slot)
                 | WriteDest::Immediate(_, _, slot)
-                | WriteDest::Held(slot) => {
+                | WriteDest::Held(slot, _) => {
                     let pdus = status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
                     self.refuse(slot, pdus);
                 }
@@ -487,7 +491,7 @@ impl ConnMachine {
     /// A WRITE whose data is complete runs; otherwise it asks for more data
     /// (R2Ts within MaxOutstandingR2T, unless it is held) and waits for it.
     fn advance_write(&mut self, mut c: Collecting) {
-        let held = matches!(c.dest, WriteDest::Held(_));
+        let held = matches!(c.dest, WriteDest::Held(..));
         if !c.collector.is_complete() || held {
             if !held {
                 self.send_r2ts(&mut c);
@@ -518,7 +522,7 @@ impl ConnMachine {
                 slot,
             }),
             WriteDest::Pipe(feed) => feed.complete(r2t_count),
-            WriteDest::Held(_) => unreachable!("a held WRITE is kept above"),
+            WriteDest::Held(..) => unreachable!("a held WRITE is kept above"),
         }
     }
 

@@ -25,17 +25,27 @@ const KEYS: [(&str, &str); 3] = [
     ("FirstBurstLength", "512"),
 ];
 
-async fn open() -> Conn {
+/// A connection to the small-budget fabric whose LUN 0 has a ceiling of
+/// 10 IOPS: the burst (50 ms) lets the first WRITE through, the second
+/// waits 50 ms.
+async fn open_at_10_iops() -> Conn {
     let mut c = Conn::open_on(fabric_with_small_budget(), Some(TARGET), &KEYS);
     let (itt, tur) = c.no_data_command(&[0; 6]);
     assert_eq!(c.feed(tur).await, None);
     assert_eq!(c.response(itt).await.0, 0x02, "the power-on unit attention");
+    c.lu().set_qos(QosLimits {
+        iops: Some(10),
+        bytes_per_sec: None,
+    });
     c
 }
 
-/// A 4-block WRITE at `lba` of `data`, its first block immediate.
-fn write4(c: &mut Conn, lba: u32, data: &[u8]) -> (u32, Pdu) {
-    c.rw(true, lba, 4, data[..BLOCK as usize].to_vec())
+/// Sends a 4-block WRITE at `lba` of `data`, its first block immediate;
+/// its ITT.
+async fn send_write(c: &mut Conn, lba: u32, data: &[u8]) -> u32 {
+    let (itt, cmd) = c.rw(true, lba, 4, data[..BLOCK as usize].to_vec());
+    assert_eq!(c.feed(cmd).await, None);
+    itt
 }
 
 /// Sends the data the R2T `r` asks for, in one Data-Out.
@@ -52,22 +62,14 @@ fn r2t_of(pdus: &[Pdu], itt: u32) -> Option<blockwire_pdu::pdu::R2t> {
 
 #[tokio::test]
 async fn a_held_write_asks_for_its_data_when_its_place_comes_and_holds_no_budget_meanwhile() {
-    let mut c = open().await;
-    // 10 IOPS: the burst (50 ms) lets the first WRITE through, the second
-    // waits 50 ms.
-    c.lu().set_qos(QosLimits {
-        iops: Some(10),
-        bytes_per_sec: None,
-    });
+    let mut c = open_at_10_iops().await;
     let (a_data, b_data) = (
         pattern(4 * BLOCK as usize, 3),
         pattern(4 * BLOCK as usize, 4),
     );
-    let (a, cmd) = write4(&mut c, 0, &a_data);
-    assert_eq!(c.feed(cmd).await, None);
+    let a = send_write(&mut c, 0, &a_data).await;
     let ra = r2t_of(&c.sent(), a).expect("the first WRITE asks for its data at once");
-    let (b, cmd) = write4(&mut c, 8, &b_data);
-    assert_eq!(c.feed(cmd).await, None);
+    let b = send_write(&mut c, 8, &b_data).await;
     let sent = c.sent();
     assert!(
         r2t_of(&sent, b).is_none() && status_of(&sent, b).is_none(),
@@ -97,17 +99,11 @@ async fn a_held_write_asks_for_its_data_when_its_place_comes_and_holds_no_budget
 
 #[tokio::test]
 async fn a_held_write_that_finds_the_budget_full_when_its_place_comes_is_told_task_set_full() {
-    let mut c = open().await;
-    c.lu().set_qos(QosLimits {
-        iops: Some(10),
-        bytes_per_sec: None,
-    });
+    let mut c = open_at_10_iops().await;
     let data = pattern(4 * BLOCK as usize, 5);
-    let (a, cmd) = write4(&mut c, 0, &data);
-    c.feed(cmd).await;
+    let a = send_write(&mut c, 0, &data).await;
     assert!(r2t_of(&c.sent(), a).is_some());
-    let (b, cmd) = write4(&mut c, 8, &data);
-    c.feed(cmd).await;
+    let b = send_write(&mut c, 8, &data).await;
     // A still holds the whole budget when B's place comes.
     c.advance(Duration::from_millis(50)).await;
     let sent = c.sent();
@@ -119,17 +115,11 @@ async fn a_held_write_that_finds_the_budget_full_when_its_place_comes_is_told_ta
 
 #[tokio::test]
 async fn a_held_write_aborted_before_its_place_never_asks_for_data_and_gives_its_place_back() {
-    let mut c = open().await;
-    c.lu().set_qos(QosLimits {
-        iops: Some(10),
-        bytes_per_sec: None,
-    });
+    let mut c = open_at_10_iops().await;
     let data = pattern(4 * BLOCK as usize, 6);
-    let (a, cmd) = write4(&mut c, 0, &data);
-    c.feed(cmd).await;
+    let a = send_write(&mut c, 0, &data).await;
     let ra = r2t_of(&c.sent(), a).unwrap();
-    let (b, cmd) = write4(&mut c, 8, &data);
-    c.feed(cmd).await;
+    let b = send_write(&mut c, 8, &data).await;
     let (tmf, req) = c.tmf(TmfFunction::AbortTask, 0, b);
     c.feed(req).await;
     assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::FunctionComplete);
@@ -141,8 +131,7 @@ async fn a_held_write_aborted_before_its_place_never_asks_for_data_and_gives_its
     // ms from when B came, not 150.
     answer(&mut c, a, &ra, &data).await;
     assert_eq!(c.response(a).await.0, 0);
-    let (d, cmd) = write4(&mut c, 16, &data);
-    c.feed(cmd).await;
+    let d = send_write(&mut c, 16, &data).await;
     assert!(
         r2t_of(&c.sent(), d).is_some(),
         "60 ms on, with B's place given back, D's place is free"
