@@ -34,6 +34,9 @@ use support::{rw10, RawConn};
 mod daemon;
 use daemon::{DaemonProcess, BIN};
 
+#[path = "../../target/tests/support/loop_device.rs"]
+mod loop_device;
+
 const TARGET: &str = "iqn.2026-11.io.blockwire:ctl-e2e";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:ctl-e2e-initiator";
 /// The daemon and its control socket.
@@ -1072,17 +1075,9 @@ async fn a_dry_run_binds_and_opens_what_the_change_would() {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("loop.img");
     std::fs::write(&backing, vec![0u8; 3 << 20]).unwrap();
-    let out = Command::new("losetup")
-        .args(["--find", "--show"])
-        .arg(&backing)
-        .output()
-        .expect("losetup runs");
-    assert!(
-        out.status.success(),
-        "losetup: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    // Detached when the test ends, passed or not.
+    let device = loop_device::LoopDevice::over(&backing);
+    let dev = device.0.display().to_string();
     let v = d
         .try_call(
             "lun.add",
@@ -1090,7 +1085,6 @@ async fn a_dry_run_binds_and_opens_what_the_change_would() {
                    "lun": {"id": 1, "backstore": "file", "path": dev}}),
         )
         .await;
-    let _ = Command::new("losetup").args(["-d", &dev]).status();
     let v = v.expect("a dry run over a loop device");
     assert!(
         v["changes"]

@@ -744,46 +744,14 @@ mod tests {
         assert!(s.read_at((1 << 20) - 1, &mut [0u8; 2]).is_err());
     }
 
-    /// A loop device over a scratch file, detached when dropped.
-    struct LoopDevice(PathBuf);
-
-    impl LoopDevice {
-        /// Needs root and util-linux's losetup (as CI runs): without them the
-        /// test fails, saying so.
-        fn over(file: &Path) -> LoopDevice {
-            let out = std::process::Command::new("losetup")
-                .args(["-f", "--show"])
-                .arg(file)
-                .output()
-                .expect("losetup (util-linux) runs");
-            assert!(
-                out.status.success(),
-                "losetup -f --show failed (this test needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            LoopDevice(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-        }
-
-        /// `losetup -c`: the device takes its file's new size.
-        fn refresh(&self) {
-            let ok = std::process::Command::new("losetup")
-                .arg("-c")
-                .arg(&self.0)
-                .status()
-                .expect("losetup runs")
-                .success();
-            assert!(ok, "losetup -c {}", self.0.display());
-        }
+    /// The loop device helper the daemon tests share.
+    mod loop_device {
+        include!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/support/loop_device.rs"
+        ));
     }
-
-    impl Drop for LoopDevice {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("losetup")
-                .arg("-d")
-                .arg(&self.0)
-                .status();
-        }
-    }
+    use loop_device::LoopDevice;
 
     /// A block device LUN takes the device's size, follows the device when
     /// it grows (`lvextend`, `losetup -c`), and never past it.
