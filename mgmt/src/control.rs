@@ -118,8 +118,8 @@ pub const METHODS: &[Method] = &[
     },
     Method {
         name: "lun.limit",
-        params: r#"{"target": "iqn...", "lun": 1, "iops": 500, "bandwidth": "100M"}"#,
-        summary: "set a LUN's QoS ceilings while it serves (either or both; iops 0 or bandwidth \"none\" lifts one); media commands over them wait their turn",
+        params: r#"{"target": "iqn...", "lun": 1, "iops": 500, "bandwidth": "100M", "initiator_iops": 200, "initiator_bandwidth": "50M"}"#,
+        summary: "set a LUN's QoS ceilings while it serves, the LUN's and each initiator's (any of them; 0 or \"none\" lifts one); media commands over them wait their turn",
     },
     Method {
         name: "acl.add",
@@ -332,6 +332,8 @@ struct LunLimitParams {
     lun: u16,
     iops: Option<u64>,
     bandwidth: Option<String>,
+    initiator_iops: Option<u64>,
+    initiator_bandwidth: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -511,7 +513,13 @@ impl Control {
             "lun.limit" => {
                 let p: LunLimitParams = parse(method, params)?;
                 self.edit(mode(false), |d| {
-                    edits::limit_lun(d, &p.target, p.lun, p.iops, p.bandwidth.as_deref())
+                    let edit = edits::LimitEdit {
+                        iops: p.iops,
+                        bandwidth: p.bandwidth.as_deref(),
+                        initiator_iops: p.initiator_iops,
+                        initiator_bandwidth: p.initiator_bandwidth.as_deref(),
+                    };
+                    edits::limit_lun(d, &p.target, p.lun, &edit)
                 })
                 .await
             }
@@ -736,6 +744,8 @@ impl Control {
                             "qos": {
                                 "iops_limit": limits.iops,
                                 "bandwidth_limit": limits.bytes_per_sec,
+                                "initiator_iops_limit": limits.initiator_iops,
+                                "initiator_bandwidth_limit": limits.initiator_bytes_per_sec,
                                 "delayed_commands": throttled.delayed,
                                 "delay_secs": throttled.delay_ns as f64 / 1e9,
                                 "waiting": throttled.waiting,

@@ -195,7 +195,7 @@ fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
 /// Each LUN's QoS ceilings (LUNs with any) and what they held back.
 fn qos_metrics(e: &mut Exposition, fabric: &Fabric) {
     type Pick = fn(&LogicalUnit) -> Option<f64>;
-    let families: [(&str, &str, &str, Pick); 5] = [
+    let families: [(&str, &str, &str, Pick); 7] = [
         (
             "blockwire_lun_qos_iops_limit",
             "gauge",
@@ -207,6 +207,18 @@ fn qos_metrics(e: &mut Exposition, fabric: &Fabric) {
             "gauge",
             "The LUN's ceiling on READ and WRITE bytes per second (bandwidth_limit); no series: none.",
             |lu| lu.qos().limits().bytes_per_sec.map(|v| v as f64),
+        ),
+        (
+            "blockwire_lun_qos_initiator_iops_limit",
+            "gauge",
+            "The LUN's ceiling on each initiator's media commands per second (initiator_iops_limit); no series: none.",
+            |lu| lu.qos().limits().initiator_iops.map(|v| v as f64),
+        ),
+        (
+            "blockwire_lun_qos_initiator_bandwidth_limit_bytes",
+            "gauge",
+            "The LUN's ceiling on each initiator's READ and WRITE bytes per second (initiator_bandwidth_limit); no series: none.",
+            |lu| lu.qos().limits().initiator_bytes_per_sec.map(|v| v as f64),
         ),
         (
             "blockwire_lun_qos_delayed_commands_total",

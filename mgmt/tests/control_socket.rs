@@ -200,9 +200,13 @@ impl Client {
     }
 
     async fn login_to(addr: SocketAddr, isid_low: u8, target: &str) -> Client {
+        Client::login_as(addr, isid_low, INITIATOR, target).await
+    }
+
+    async fn login_as(addr: SocketAddr, isid_low: u8, initiator: &str, target: &str) -> Client {
         let l = RawConn::login(
             addr,
-            INITIATOR,
+            initiator,
             target,
             [0x80, 0, 0, 0, 0x2a, isid_low],
             0,
@@ -1393,6 +1397,96 @@ async fn qos_of(d: &Daemon, lun: u64) -> Value {
 /// A LUN's IOPS ceiling holds back its commands (not another LUN's, not
 /// INQUIRY), an aborted held command never runs nor delays the rest, and
 /// `lun.limit` changes the ceiling while the session runs, dry run first.
+/// Two hosts share LUN 0, each held to 20 IOPS of its own: one host's deep
+/// queue paces that host, and the other's READ goes at once.
+#[tokio::test]
+async fn each_initiator_keeps_to_its_own_ceiling_on_a_shared_lun() {
+    const OTHER_HOST: &str = "iqn.2026-12.io.blockwire:ctl-e2e-other-host";
+    let d = Daemon::start_with(|_| {
+        "[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\ninitiator_iops_limit = 20\n"
+            .into()
+    })
+    .await;
+    let portal = d.portal(1).await;
+    let mut busy = Client::login(portal, 1).await;
+    busy.ready().await;
+    let mut other = Client::login_as(portal, 2, OTHER_HOST, TARGET).await;
+    other.ready().await;
+    let q = qos_of(&d, 0).await;
+    assert_eq!(
+        (q["iops_limit"].clone(), q["initiator_iops_limit"].clone()),
+        (Value::Null, json!(20)),
+        "{q}"
+    );
+
+    // 12 READs at once from the busy host: at 20 IOPS (one every 50 ms, a
+    // burst of two) its last starts no sooner than 10 x 50 ms on.
+    let t0 = std::time::Instant::now();
+    let reads: Vec<ScsiCommand> = (0..12)
+        .map(|i| busy.command(&rw10(0x28, i * 8, 8), true, false, 4096))
+        .collect();
+    for r in &reads {
+        busy.conn.send(Pdu::new(Bhs::ScsiCommand(*r))).await;
+    }
+    // Once the busy host's queue is booked (all but the burst waiting),
+    // the other host's READ.
+    loop {
+        let q = qos_of(&d, 0).await;
+        if q["waiting"] == 10 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "never booked: {q}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let t1 = std::time::Instant::now();
+    let (status, data) = other.run(&rw10(0x28, 0, 8), 4096, &[]).await;
+    let other_took = t1.elapsed();
+    assert_eq!((status, data.len()), (0, 4096));
+    let mut answered = 0;
+    while answered < reads.len() {
+        let pdu = busy
+            .recv_within(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{answered} of the busy host's READs answered"));
+        answered += match &pdu.bhs {
+            Bhs::ScsiResponse(_) => 1,
+            Bhs::DataIn(di) if di.status == Some(0) => 1,
+            _ => 0,
+        };
+    }
+    let busy_took = t0.elapsed();
+    eprintln!("the busy host's 12 READs took {busy_took:?}, the other host's one {other_took:?}");
+    assert!(
+        busy_took >= Duration::from_millis(500),
+        "{busy_took:?}: faster than 20 IOPS"
+    );
+    // Under one ceiling for both, the other host's READ would be booked
+    // behind the busy host's queue, and answered with its last READs.
+    assert!(
+        other_took * 2 < busy_took,
+        "the other host waited for the busy one's queue: {other_took:?} of {busy_took:?}"
+    );
+    let q = qos_of(&d, 0).await;
+    assert!(q["delayed_commands"].as_u64().unwrap() >= 9, "{q}");
+    assert_eq!(q["waiting"], 0, "{q}");
+
+    // Lifted live; the change names it.
+    let done = d
+        .call(
+            "lun.limit",
+            json!({"target": TARGET, "lun": 0, "initiator_iops": 0}),
+        )
+        .await;
+    assert_eq!(
+        done["changes"],
+        json!([format!(
+            "QoS of LUN 0 of {TARGET}: each initiator 20 IOPS -> no limit (commands from now on)"
+        )]),
+        "{done}"
+    );
+    assert_eq!(qos_of(&d, 0).await["initiator_iops_limit"], Value::Null);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lun_qos_ceiling_paces_its_commands_and_changes_live() {
     let d = Daemon::start_with(|_| {

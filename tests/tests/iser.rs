@@ -195,6 +195,7 @@ async fn a_qos_ceiling_holds_iser_commands_too() {
     unit.set_qos(blockwire_target::scsi::QosLimits {
         iops: Some(20),
         bytes_per_sec: None,
+        ..Default::default()
     });
     let t0 = std::time::Instant::now();
     for i in 0..8u64 {

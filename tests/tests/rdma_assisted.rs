@@ -591,6 +591,7 @@ async fn a_held_rdma_assisted_write_takes_its_budget_share_at_its_turn() {
     unit.set_qos(blockwire_target::scsi::QosLimits {
         iops: Some(1),
         bytes_per_sec: None,
+        ..Default::default()
     });
     let (a, b) = (random(len, 60), random(len, 61));
     let mut wa = s.alloc(len).unwrap();
@@ -636,6 +637,7 @@ async fn a_qos_ceiling_holds_rdma_assisted_commands_too() {
     unit.set_qos(blockwire_target::scsi::QosLimits {
         iops: None,
         bytes_per_sec: Some(1 << 20),
+        ..Default::default()
     });
     let t0 = std::time::Instant::now();
     for i in 0..4u64 {

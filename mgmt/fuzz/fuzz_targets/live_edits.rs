@@ -199,6 +199,12 @@ fn call(c: &mut Choices<'_>) -> (&'static str, Value) {
             if c.flag() {
                 p["bandwidth"] = json!(c.pick(BANDWIDTHS));
             }
+            if c.flag() {
+                p["initiator_iops"] = json!(c.pick(IOPS));
+            }
+            if c.flag() {
+                p["initiator_bandwidth"] = json!(c.pick(BANDWIDTHS));
+            }
             ("lun.limit", p)
         }
         12 => ("lun.stall", json!({"target": target, "lun": c.pick(LUN_IDS), "stalled": c.flag()})),
@@ -262,7 +268,7 @@ fn edit_file(c: &mut Choices<'_>, doc: &mut toml::Table) {
     let Some(l) = luns[usize::from(c.byte()) % n].as_table_mut() else {
         return;
     };
-    let (key, value) = match c.byte() % 11 {
+    let (key, value) = match c.byte() % 13 {
         0 => ("size", Some(V::String(c.pick(SIZES).into()))),
         1 => ("serial", c.flag().then(|| V::String(c.pick(SERIALS).into()))),
         2 => ("uuid", c.flag().then(|| V::String(c.pick(UUIDS).into()))),
@@ -273,6 +279,11 @@ fn edit_file(c: &mut Choices<'_>, doc: &mut toml::Table) {
         7 => ("removable", Some(V::Boolean(c.flag()))),
         8 => ("iops_limit", c.flag().then(|| V::Integer(c.pick(IOPS)))),
         9 => ("bandwidth_limit", c.flag().then(|| V::String(c.pick(BANDWIDTHS).into()))),
+        10 => ("initiator_iops_limit", c.flag().then(|| V::Integer(c.pick(IOPS)))),
+        11 => (
+            "initiator_bandwidth_limit",
+            c.flag().then(|| V::String(c.pick(BANDWIDTHS).into())),
+        ),
         _ => ("id", Some(V::Integer(c.pick(LUN_IDS)))),
     };
     match value {
@@ -350,8 +361,14 @@ fn definitions(doc: &toml::Table) -> HashMap<(String, u16), toml::Table> {
             let mut def = l.clone();
             def.remove("size");
             def.remove("stalled");
-            def.remove("iops_limit");
-            def.remove("bandwidth_limit");
+            for key in [
+                "iops_limit",
+                "bandwidth_limit",
+                "initiator_iops_limit",
+                "initiator_bandwidth_limit",
+            ] {
+                def.remove(key);
+            }
             out.insert((name.trim().to_ascii_lowercase(), id as u16), def);
         }
     }

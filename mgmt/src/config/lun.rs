@@ -464,46 +464,62 @@ pub(super) fn build_lun(
 /// for seconds (a 1 MiB WRITE takes a second at 1 MiB/s).
 const LEAST_BANDWIDTH: u64 = 1 << 20;
 
-/// The QoS ceilings `iops_limit` and `bandwidth_limit` of LUN `l`.
+/// The QoS ceilings of LUN `l`: `iops_limit` and `bandwidth_limit` for the
+/// LUN, `initiator_iops_limit` and `initiator_bandwidth_limit` for each
+/// initiator.
 fn qos_limits(ctx: &Ctx<'_>, l: &LunDef) -> Result<QosLimits, ConfigError> {
-    let iops = match &l.iops_limit {
-        None => None,
-        Some(i) if *i.get_ref() == 0 => {
-            return Err(ctx.err(
-                i.span(),
-                "target.lun.iops_limit",
-                "0 would stop every command; remove iops_limit for no limit",
-            ))
-        }
-        Some(i) => Some(*i.get_ref()),
-    };
-    let bytes_per_sec = match &l.bandwidth_limit {
-        None => None,
-        Some(b) => match parse_size(b.get_ref()) {
-            Some(n) if n >= LEAST_BANDWIDTH => Some(n),
-            Some(n) => {
-                return Err(ctx.err(
-                    b.span(),
-                    "target.lun.bandwidth_limit",
-                    format!(
-                        "{n} bytes per second is below the least, \"1M\" (a 1 MiB command \
-                         would wait over a second); remove bandwidth_limit for no limit"
-                    ),
-                ))
-            }
-            None => {
-                return Err(ctx.err(
-                    b.span(),
-                    "target.lun.bandwidth_limit",
-                    format!("{:?} is not a size per second (e.g. \"100M\")", b.get_ref()),
-                ))
-            }
-        },
-    };
     Ok(QosLimits {
-        iops,
-        bytes_per_sec,
+        iops: iops_ceiling(ctx, &l.iops_limit, "iops_limit")?,
+        bytes_per_sec: bandwidth_ceiling(ctx, &l.bandwidth_limit, "bandwidth_limit")?,
+        initiator_iops: iops_ceiling(ctx, &l.initiator_iops_limit, "initiator_iops_limit")?,
+        initiator_bytes_per_sec: bandwidth_ceiling(
+            ctx,
+            &l.initiator_bandwidth_limit,
+            "initiator_bandwidth_limit",
+        )?,
     })
+}
+
+/// A ceiling on commands per second, the LUN's key `key`.
+fn iops_ceiling(
+    ctx: &Ctx<'_>,
+    value: &Option<Spanned<u64>>,
+    key: &str,
+) -> Result<Option<u64>, ConfigError> {
+    match value {
+        None => Ok(None),
+        Some(i) if *i.get_ref() == 0 => Err(ctx.err(
+            i.span(),
+            &format!("target.lun.{key}"),
+            format!("0 would stop every command; remove {key} for no limit"),
+        )),
+        Some(i) => Ok(Some(*i.get_ref())),
+    }
+}
+
+/// A ceiling on bytes per second, the LUN's key `key` ("100M").
+fn bandwidth_ceiling(
+    ctx: &Ctx<'_>,
+    value: &Option<Spanned<String>>,
+    key: &str,
+) -> Result<Option<u64>, ConfigError> {
+    let Some(b) = value else { return Ok(None) };
+    match parse_size(b.get_ref()) {
+        Some(n) if n >= LEAST_BANDWIDTH => Ok(Some(n)),
+        Some(n) => Err(ctx.err(
+            b.span(),
+            &format!("target.lun.{key}"),
+            format!(
+                "{n} bytes per second is below the least, \"1M\" (a 1 MiB command \
+                 would wait over a second); remove {key} for no limit"
+            ),
+        )),
+        None => Err(ctx.err(
+            b.span(),
+            &format!("target.lun.{key}"),
+            format!("{:?} is not a size per second (e.g. \"100M\")", b.get_ref()),
+        )),
+    }
 }
 
 /// The store a check or dry run builds in place of files it does not open:

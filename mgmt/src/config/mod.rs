@@ -403,6 +403,12 @@ pub struct LunDef {
     /// Quality of service: at most this many bytes of READ and WRITE data
     /// per second, e.g. "100M".
     pub bandwidth_limit: Option<Spanned<String>>,
+    /// Quality of service of a shared LUN: at most this many media
+    /// commands per second from each initiator (its sessions together).
+    pub initiator_iops_limit: Option<Spanned<u64>>,
+    /// Quality of service of a shared LUN: at most this many bytes per
+    /// second from each initiator.
+    pub initiator_bandwidth_limit: Option<Spanned<String>>,
 }
 
 /// Gives a file LUN its atomic-write journal when it should have one (see

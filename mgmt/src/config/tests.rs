@@ -1305,9 +1305,25 @@ fn qos_ceilings_are_built_into_the_unit_and_bad_ones_named() {
     let want = blockwire_target::scsi::QosLimits {
         iops: Some(500),
         bytes_per_sec: Some(100 << 20),
+        ..Default::default()
     };
     assert_eq!(t.qos_of(0), want);
     assert_eq!(t.luns.get(0).unwrap().qos().limits(), want);
+    let shared = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(
+            "backstore = \"ram\"\nsize = \"1M\"\ninitiator_iops_limit = 200\n\
+             initiator_bandwidth_limit = \"50M\"\n",
+        ),
+    )
+    .unwrap();
+    let each = blockwire_target::scsi::QosLimits {
+        initiator_iops: Some(200),
+        initiator_bytes_per_sec: Some(50 << 20),
+        ..Default::default()
+    };
+    assert_eq!(shared.catalog.targets[0].qos_of(0), each);
+    assert_eq!(each.to_string(), "each initiator 200 IOPS and 50 MiB/s");
     let plain =
         TargetConfig::from_str("t.toml", &one_lun("backstore = \"ram\"\nsize = \"1M\"\n")).unwrap();
     assert!(plain.catalog.targets[0].qos.is_empty());
@@ -1334,6 +1350,16 @@ fn qos_ceilings_are_built_into_the_unit_and_bad_ones_named() {
             "bandwidth_limit = \"fast\"\n",
             "target.lun.bandwidth_limit",
             "\"fast\" is not a size per second",
+        ),
+        (
+            "initiator_iops_limit = 0\n",
+            "target.lun.initiator_iops_limit",
+            "remove initiator_iops_limit for no limit",
+        ),
+        (
+            "initiator_bandwidth_limit = \"512K\"\n",
+            "target.lun.initiator_bandwidth_limit",
+            "524288 bytes per second is below the least",
         ),
     ] {
         let text = one_lun(&format!("backstore = \"ram\"\nsize = \"1M\"\n{keys}"));

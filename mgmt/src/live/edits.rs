@@ -200,45 +200,77 @@ pub fn resize_lun(doc: &mut Table, target: &str, id: u16, size: &str) -> Result<
     Ok(())
 }
 
-/// Sets or lifts the QoS ceilings of LUN `id` of `target`: `iops` 0 and
-/// `bandwidth` "0" or "none" lift that ceiling; `None` leaves it as it is.
+/// A change of a LUN's QoS ceilings: `None` leaves one as it is, an IOPS
+/// ceiling of 0 and a bandwidth of "0" or "none" lift it.
+#[derive(Debug, Clone, Default)]
+pub struct LimitEdit<'a> {
+    /// The LUN's media commands per second (`iops_limit`).
+    pub iops: Option<u64>,
+    /// The LUN's bytes per second (`bandwidth_limit`).
+    pub bandwidth: Option<&'a str>,
+    /// Each initiator's commands per second (`initiator_iops_limit`).
+    pub initiator_iops: Option<u64>,
+    /// Each initiator's bytes per second (`initiator_bandwidth_limit`).
+    pub initiator_bandwidth: Option<&'a str>,
+}
+
+/// Sets or lifts the QoS ceilings of LUN `id` of `target` (see
+/// [`LimitEdit`]).
 pub fn limit_lun(
     doc: &mut Table,
     target: &str,
     id: u16,
-    iops: Option<u64>,
-    bandwidth: Option<&str>,
+    edit: &LimitEdit<'_>,
 ) -> Result<(), LiveError> {
-    if iops.is_none() && bandwidth.is_none() {
+    if edit.iops.is_none()
+        && edit.bandwidth.is_none()
+        && edit.initiator_iops.is_none()
+        && edit.initiator_bandwidth.is_none()
+    {
         return Err(LiveError::Invalid(
-            "lun.limit needs \"iops\" (0: no limit) or \"bandwidth\" (e.g. \"100M\"; \"none\": no limit)"
+            "lun.limit needs \"iops\" (0: no limit), \"bandwidth\" (e.g. \"100M\"; \"none\": no limit), \
+             \"initiator_iops\" or \"initiator_bandwidth\" (the same, for each initiator)"
                 .into(),
         ));
     }
     let t = target_mut(doc, target)?;
     let l = lun_mut(t, target, id)?;
+    set_iops_ceiling(l, "iops_limit", edit.iops)?;
+    set_bandwidth_ceiling(l, "bandwidth_limit", edit.bandwidth);
+    set_iops_ceiling(l, "initiator_iops_limit", edit.initiator_iops)?;
+    set_bandwidth_ceiling(l, "initiator_bandwidth_limit", edit.initiator_bandwidth);
+    Ok(())
+}
+
+/// Sets (or with 0 lifts) the commands-per-second ceiling `key` of LUN `l`.
+fn set_iops_ceiling(l: &mut Table, key: &str, iops: Option<u64>) -> Result<(), LiveError> {
     match iops {
         Some(0) => {
-            l.remove("iops_limit");
+            l.remove(key);
         }
         Some(n) => {
             let n = i64::try_from(n).map_err(|_| {
                 LiveError::Invalid(format!("{n} IOPS is more than a LUN can be limited to"))
             })?;
-            l.insert("iops_limit".into(), Value::Integer(n));
-        }
-        None => {}
-    }
-    match bandwidth.map(str::trim) {
-        Some("0" | "none") => {
-            l.remove("bandwidth_limit");
-        }
-        Some(b) => {
-            l.insert("bandwidth_limit".into(), Value::String(b.to_owned()));
+            l.insert(key.into(), Value::Integer(n));
         }
         None => {}
     }
     Ok(())
+}
+
+/// Sets (or with "0" or "none" lifts) the bytes-per-second ceiling `key`
+/// of LUN `l`.
+fn set_bandwidth_ceiling(l: &mut Table, key: &str, bandwidth: Option<&str>) {
+    match bandwidth.map(str::trim) {
+        Some("0" | "none") => {
+            l.remove(key);
+        }
+        Some(b) => {
+            l.insert(key.into(), Value::String(b.to_owned()));
+        }
+        None => {}
+    }
 }
 
 /// Adds `initiator` to the access list of `target`. A target without one

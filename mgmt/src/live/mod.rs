@@ -519,6 +519,14 @@ pub fn strings<'a>(t: &'a Table, key: &str) -> impl Iterator<Item = &'a str> + '
         .filter_map(Value::as_str)
 }
 
+/// A LUN's QoS ceilings: changed on the running unit.
+const QOS_KEYS: [&str; 4] = [
+    "iops_limit",
+    "bandwidth_limit",
+    "initiator_iops_limit",
+    "initiator_bandwidth_limit",
+];
+
 /// Whether two LUN definitions describe the same unit: equal but for the
 /// size (a resize) and the stall switch (a start-up option).
 fn same_unit(a: &Table, b: &Table) -> bool {
@@ -527,8 +535,9 @@ fn same_unit(a: &Table, b: &Table) -> bool {
         t.remove("size");
         t.remove("stalled");
         // QoS ceilings change on the running unit.
-        t.remove("iops_limit");
-        t.remove("bandwidth_limit");
+        for key in QOS_KEYS {
+            t.remove(key);
+        }
         t
     };
     strip(a) == strip(b)

@@ -25,43 +25,90 @@ use crate::scsi::qos::Reservation;
 use crate::scsi::stall::{is_media_command, POLL};
 use crate::scsi::{LogicalUnit, LunTable};
 
-/// A command's booked place at a LUN whose ceilings hold it back.
+/// A command's booked place at a LUN whose ceilings hold it back: first
+/// at its initiator's own ceilings when the LUN sets them, then at the
+/// LUN's.
 #[derive(Debug)]
 pub(super) struct Throttle {
     unit: Arc<LogicalUnit>,
-    booked: Reservation,
-    /// When the command may start.
+    /// The bytes it moves (to book at the LUN when its first wait ends).
+    bytes: u64,
+    /// Its place at its initiator's ceilings, while it still has to book
+    /// at the LUN's.
+    at_initiator: Option<Reservation>,
+    /// Its place at the LUN's ceilings, once booked there.
+    at_lun: Option<Reservation>,
+    /// When the current wait ends.
     due: Instant,
     /// The command started (or was never going to): nothing to give back.
     settled: bool,
 }
 
 impl Throttle {
-    /// Books `cmd` (with `cdb`), arriving at `now`, at its LUN in `luns`:
-    /// `None` when it may start at once (not a media command, a LUN without
-    /// ceilings or unknown, or a place free now).
-    pub fn book(luns: &LunTable, cmd: &ScsiCommand, cdb: &[u8], now: Instant) -> Option<Throttle> {
+    /// Books `cmd` (with `cdb`) of `initiator`, arriving at `now`, at its
+    /// LUN in `luns`: `None` when it may start at once (not a media
+    /// command, a LUN without ceilings or unknown, or a place free now).
+    pub fn book(
+        luns: &LunTable,
+        cmd: &ScsiCommand,
+        cdb: &[u8],
+        initiator: &str,
+        now: Instant,
+    ) -> Option<Throttle> {
         if !is_media_command(cdb) {
             return None;
         }
         let unit = luns.get(cmd.lun.index()?)?;
         let bytes = u64::from(cmd.expected_data_transfer_length);
-        let booked = unit.qos().reserve(now, bytes)?;
+        let gate = unit.qos();
+        if let Some(first) = gate.reserve_for(initiator, now, bytes) {
+            if !first.wait.is_zero() {
+                gate.begin_wait();
+                return Some(Throttle {
+                    due: now + first.wait,
+                    unit,
+                    bytes,
+                    at_initiator: Some(first),
+                    at_lun: None,
+                    settled: false,
+                });
+            }
+        }
+        let booked = gate.reserve(now, bytes)?;
         if booked.wait.is_zero() {
             return None;
         }
-        unit.qos().begin_wait();
+        gate.begin_wait();
         Some(Throttle {
             unit,
+            bytes,
             due: now + booked.wait,
-            booked,
+            at_initiator: None,
+            at_lun: Some(booked),
             settled: false,
         })
     }
 
-    /// When the command may start.
+    /// When the current wait ends.
     pub fn due(&self) -> Instant {
         self.due
+    }
+
+    /// The current wait ended at `now`: `None` when the command may start,
+    /// or when its next wait (at the LUN's ceilings, after its initiator's)
+    /// ends.
+    pub fn advance(&mut self, now: Instant) -> Option<Instant> {
+        if self.at_lun.is_some() {
+            return None;
+        }
+        let booked = self.unit.qos().reserve_at_lun(now, self.bytes, true)?;
+        let wait = booked.wait;
+        self.at_lun = Some(booked);
+        if wait.is_zero() {
+            return None;
+        }
+        self.due = now + wait;
+        Some(self.due)
     }
 
     /// The wait is over and the command goes on (its place is kept).
@@ -69,10 +116,13 @@ impl Throttle {
         self.settled = true;
     }
 
-    /// How long the command waits from its booking.
-    #[cfg(test)]
+    /// How long the command waits from its booking at the gate it waits
+    /// at now.
     pub fn wait(&self) -> std::time::Duration {
-        self.booked.wait
+        self.at_lun
+            .as_ref()
+            .or(self.at_initiator.as_ref())
+            .map_or(std::time::Duration::ZERO, |r| r.wait)
     }
 
     /// Waits out the booked place; false if the task was aborted meanwhile
@@ -80,16 +130,24 @@ impl Throttle {
     pub async fn wait_out(mut self, aborted: &AtomicBool) -> bool {
         // Booked as the command arrived, a moment ago: its whole wait from
         // now (the runtime's clock, not the booking's).
-        let until = tokio::time::Instant::now() + self.booked.wait;
+        let mut wait = self.wait();
         loop {
-            if aborted.load(Ordering::SeqCst) {
-                return false;
+            let until = tokio::time::Instant::now() + wait;
+            loop {
+                if aborted.load(Ordering::SeqCst) {
+                    return false;
+                }
+                let now = tokio::time::Instant::now();
+                if now >= until {
+                    break;
+                }
+                tokio::time::sleep_until(until.min(now + POLL)).await;
             }
-            let now = tokio::time::Instant::now();
-            if now >= until {
-                break;
+            let now = Instant::now();
+            match self.advance(now) {
+                None => break,
+                Some(due) => wait = due - now,
             }
-            tokio::time::sleep_until(until.min(now + POLL)).await;
         }
         self.settled = true;
         true
@@ -101,7 +159,9 @@ impl Drop for Throttle {
     /// future dropped with the connection, before the command started.
     fn drop(&mut self) {
         if !self.settled {
-            self.unit.qos().cancel(&self.booked);
+            for booked in [&self.at_initiator, &self.at_lun].into_iter().flatten() {
+                self.unit.qos().cancel(booked);
+            }
         }
         self.unit.qos().end_wait();
     }
@@ -132,6 +192,8 @@ mod tests {
     use crate::scsi::{LuConfig, QosLimits};
     use blockwire_pdu::pdu::Lun;
     use std::time::Duration;
+
+    const HOST: &str = "iqn.2026-11.io.blockwire:host";
 
     fn read_of(lun: u16, bytes: u32) -> (ScsiCommand, Vec<u8>) {
         let cdb = vec![0x28, 0, 0, 0, 0, 0, 0, 0, (bytes / 512) as u8, 0];
@@ -164,11 +226,12 @@ mod tests {
         let t = table(QosLimits {
             iops: Some(10),
             bytes_per_sec: None,
+            ..Default::default()
         });
         let (cmd, cdb) = read_of(0, 4096);
         // The burst (50 ms at 10 IOPS) lets one through.
-        assert!(Throttle::book(&t, &cmd, &cdb, Instant::now()).is_none());
-        let held = Throttle::book(&t, &cmd, &cdb, Instant::now()).expect("over the ceiling");
+        assert!(Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).is_none());
+        let held = Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).expect("over the ceiling");
         // Booked on the real clock: a moment after the first.
         let wait = held.wait();
         assert!(
@@ -191,7 +254,7 @@ mod tests {
         );
         // INQUIRY is not a media command: never held.
         let inquiry = [0x12u8, 0, 0, 0, 36, 0];
-        assert!(Throttle::book(&t, &cmd, &inquiry, Instant::now()).is_none());
+        assert!(Throttle::book(&t, &cmd, &inquiry, HOST, Instant::now()).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -199,10 +262,11 @@ mod tests {
         let t = table(QosLimits {
             iops: Some(1),
             bytes_per_sec: None,
+            ..Default::default()
         });
         let (cmd, cdb) = read_of(0, 512);
-        assert!(Throttle::book(&t, &cmd, &cdb, Instant::now()).is_none());
-        let held = Throttle::book(&t, &cmd, &cdb, Instant::now()).expect("over the ceiling");
+        assert!(Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).is_none());
+        let held = Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).expect("over the ceiling");
         assert!(
             held.wait() > Duration::from_millis(900),
             "{:?}",
@@ -223,7 +287,8 @@ mod tests {
         assert!(!ran.load(Ordering::SeqCst), "an aborted command started");
         assert_eq!(t.get(0).unwrap().qos().counters().waiting, 0);
         // Its place was given back: the next command waits as the second did.
-        let next = Throttle::book(&t, &cmd, &cdb, Instant::now()).expect("still over the ceiling");
+        let next =
+            Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).expect("still over the ceiling");
         assert!(
             next.wait() <= Duration::from_millis(950),
             "{:?}",
@@ -232,11 +297,44 @@ mod tests {
         // A dropped booking (its connection gone) is given back too.
         let before = next.wait();
         drop(next);
-        let again = Throttle::book(&t, &cmd, &cdb, Instant::now()).unwrap();
+        let again = Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).unwrap();
         assert!(
             again.wait() <= before,
             "{:?} after {before:?}",
             again.wait()
         );
+    }
+
+    #[tokio::test]
+    async fn a_command_waits_for_its_initiators_turn_and_then_the_luns() {
+        let t = table(QosLimits {
+            iops: Some(10),
+            initiator_iops: Some(10),
+            ..Default::default()
+        });
+        let gate = t.get(0).unwrap();
+        let t0 = Instant::now();
+        // This host's last command 100 ms ahead, another host's two at the
+        // LUN 200 ms ahead.
+        gate.qos().reserve_for(HOST, t0, 0);
+        gate.qos().reserve(t0, 0);
+        gate.qos().reserve(t0, 0);
+        let (cmd, cdb) = read_of(0, 512);
+        let held = Throttle::book(&t, &cmd, &cdb, HOST, t0).expect("over its host's ceiling");
+        assert_eq!(held.due(), t0 + Duration::from_millis(50));
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        after_wait(Some(held), Arc::new(AtomicBool::new(false)), async move {
+            r.store(true, Ordering::SeqCst)
+        })
+        .await;
+        assert!(ran.load(Ordering::SeqCst));
+        // Booked at the LUN at 50 ms, its turn there came at 150 ms.
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(150) && waited < Duration::from_secs(1),
+            "{waited:?}"
+        );
+        assert_eq!(gate.qos().counters().waiting, 0);
     }
 }

@@ -21,11 +21,24 @@
 //! plus the burst plus the last command's cost; a cancelled booking is
 //! given back, which lets at most its cost start early.
 //!
+//! A LUN shared by several hosts (a cluster's datastore) can also hold each
+//! initiator to its own ceilings ([`QosLimits::initiator_iops`],
+//! [`QosLimits::initiator_bytes_per_sec`]), so that one host's deep queue
+//! cannot take the LUN's whole share from the others. A command then passes
+//! two gates in turn: its initiator's ([`QosGate::reserve_for`]), and, once
+//! that wait is over, the LUN's ([`QosGate::reserve`]). It is booked at the
+//! LUN only as its initiator's pace lets it through, so a host whose queue
+//! runs ahead of its own ceiling books nothing at the LUN ahead of the
+//! others' commands: another host's command waits behind at most what the
+//! busy host's ceiling lets in.
+//!
 //! Only media commands count (those that reach the backstore,
 //! [`super::stall::is_media_command`]); their bytes are those of the data
 //! transfer the command carries (READ and WRITE payloads). WRITE SAME,
 //! UNMAP and EXTENDED COPY count as one command each whatever they touch.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -42,6 +55,11 @@ pub struct QosLimits {
     pub iops: Option<u64>,
     /// Bytes of data transferred per second.
     pub bytes_per_sec: Option<u64>,
+    /// Media commands per second of each initiator (by its name: the
+    /// sessions of one host share it).
+    pub initiator_iops: Option<u64>,
+    /// Bytes of data per second of each initiator.
+    pub initiator_bytes_per_sec: Option<u64>,
 }
 
 impl QosLimits {
@@ -49,14 +67,22 @@ impl QosLimits {
     pub const NONE: QosLimits = QosLimits {
         iops: None,
         bytes_per_sec: None,
+        initiator_iops: None,
+        initiator_bytes_per_sec: None,
     };
 
     /// Whether any ceiling is set.
     pub fn is_limited(&self) -> bool {
-        self.rates().iter().any(Option::is_some)
+        self.rates().iter().any(Option::is_some) || self.limits_initiators()
     }
 
-    /// The rates of the two ceilings, in the order the gate keeps them.
+    /// Whether each initiator has ceilings of its own.
+    pub fn limits_initiators(&self) -> bool {
+        self.initiator_rates().iter().any(Option::is_some)
+    }
+
+    /// The rates of the LUN's two ceilings, in the order the gate keeps
+    /// them.
     fn rates(&self) -> [Option<u64>; 2] {
         // A rate of 0 would never let anything through; the configuration
         // refuses it, and here it means no ceiling rather than a dead LUN.
@@ -65,26 +91,49 @@ impl QosLimits {
             self.bytes_per_sec.filter(|&r| r > 0),
         ]
     }
+
+    /// The rates of each initiator's two ceilings.
+    fn initiator_rates(&self) -> [Option<u64>; 2] {
+        [
+            self.initiator_iops.filter(|&r| r > 0),
+            self.initiator_bytes_per_sec.filter(|&r| r > 0),
+        ]
+    }
+}
+
+/// "100 MiB/s", "3 KiB/s", "1000 bytes/s".
+fn rate_of_bytes(b: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if b.is_multiple_of(MIB) {
+        format!("{} MiB/s", b / MIB)
+    } else if b.is_multiple_of(1 << 10) {
+        format!("{} KiB/s", b >> 10)
+    } else {
+        format!("{b} bytes/s")
+    }
+}
+
+/// "500 IOPS", "100 MiB/s", "500 IOPS and 100 MiB/s"; None: neither.
+fn pair_of(iops: Option<u64>, bytes: Option<u64>) -> Option<String> {
+    match (iops, bytes.map(rate_of_bytes)) {
+        (None, None) => None,
+        (Some(i), None) => Some(format!("{i} IOPS")),
+        (None, Some(b)) => Some(b),
+        (Some(i), Some(b)) => Some(format!("{i} IOPS and {b}")),
+    }
 }
 
 impl fmt::Display for QosLimits {
-    /// "no limit", "500 IOPS", "100 MiB/s", "500 IOPS and 100 MiB/s".
+    /// "no limit", "500 IOPS", "100 MiB/s", "500 IOPS and 100 MiB/s",
+    /// "2000 IOPS, each initiator 500 IOPS".
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let bytes = self.bytes_per_sec.map(|b| {
-            const MIB: u64 = 1 << 20;
-            if b.is_multiple_of(MIB) {
-                format!("{} MiB/s", b / MIB)
-            } else if b.is_multiple_of(1 << 10) {
-                format!("{} KiB/s", b >> 10)
-            } else {
-                format!("{b} bytes/s")
-            }
-        });
-        match (self.iops, bytes) {
+        let lun = pair_of(self.iops, self.bytes_per_sec);
+        let each = pair_of(self.initiator_iops, self.initiator_bytes_per_sec);
+        match (lun, each) {
             (None, None) => f.write_str("no limit"),
-            (Some(i), None) => write!(f, "{i} IOPS"),
-            (None, Some(b)) => f.write_str(&b),
-            (Some(i), Some(b)) => write!(f, "{i} IOPS and {b}"),
+            (Some(l), None) => f.write_str(&l),
+            (None, Some(e)) => write!(f, "each initiator {e}"),
+            (Some(l), Some(e)) => write!(f, "{l}, each initiator {e}"),
         }
     }
 }
@@ -100,6 +149,9 @@ pub struct Reservation {
     generation: u64,
     /// The time it took from the IOPS and the bytes ceiling.
     taken: [Duration; 2],
+    /// The initiator (its name in lower case) whose own ceilings it was
+    /// booked at; None: the LUN's.
+    initiator: Option<String>,
 }
 
 /// Commands the ceilings delayed so far, and for how long in all.
@@ -113,12 +165,58 @@ pub struct QosCounters {
     pub waiting: u64,
 }
 
+/// Theoretical arrival time of the next command, per ceiling (IOPS,
+/// bytes).
+type NextTimes = [Option<Instant>; 2];
+
+/// How many initiators' schedules a gate keeps before it forgets those
+/// with nothing booked ahead (which are as good as new).
+const KEPT_INITIATORS: usize = 64;
+
 #[derive(Debug, Default)]
 struct Schedule {
     limits: QosLimits,
     generation: u64,
-    /// Theoretical arrival time of the next command, per ceiling.
-    next: [Option<Instant>; 2],
+    /// The LUN's schedule.
+    next: NextTimes,
+    /// Each initiator's schedule against its own ceilings, by its name in
+    /// lower case (iSCSI names compare without case, RFC 3722).
+    initiators: HashMap<String, NextTimes>,
+}
+
+/// Books a command of `costs` (commands, bytes) arriving at `now` on the
+/// schedule `next` of ceilings `rates`: its start and what it took.
+fn book(
+    next: &mut NextTimes,
+    rates: [Option<u64>; 2],
+    costs: [u64; 2],
+    now: Instant,
+) -> (Instant, [Duration; 2]) {
+    let mut start = now;
+    for (next, rate) in next.iter().zip(rates) {
+        if rate.is_some() {
+            let due = next.map_or(now, |n| n.max(now));
+            start = start.max(due.checked_sub(BURST).unwrap_or(now));
+        }
+    }
+    let mut taken = [Duration::ZERO; 2];
+    for (i, rate) in rates.into_iter().enumerate() {
+        if let Some(rate) = rate {
+            taken[i] = time_of(costs[i], rate);
+            let from = next[i].map_or(start, |n| n.max(start));
+            next[i] = Some(from + taken[i]);
+        }
+    }
+    (start, taken)
+}
+
+/// Gives back what a cancelled booking took from `next`.
+fn give_back(next: &mut NextTimes, taken: [Duration; 2]) {
+    for (next, taken) in next.iter_mut().zip(taken) {
+        if let Some(n) = next {
+            *next = Some(n.checked_sub(taken).unwrap_or(*n));
+        }
+    }
 }
 
 /// One logical unit's ceilings (see the module docs).
@@ -163,46 +261,91 @@ impl QosGate {
         let old = std::mem::replace(&mut s.limits, limits);
         s.generation += 1;
         s.next = [None; 2];
+        s.initiators.clear();
         self.limited.store(limits.is_limited(), Ordering::SeqCst);
         old
     }
 
-    /// Books a media command moving `bytes` that arrives at `now`: `None`
-    /// when the unit has no ceiling, else its place (with a zero wait when
-    /// it may start at once).
+    /// Books a media command moving `bytes` that arrives at `now` at the
+    /// LUN's ceilings: `None` when the LUN has none, else its place (with a
+    /// zero wait when it may start at once). A command of an initiator with
+    /// ceilings of its own comes here once [`Self::reserve_for`]'s wait is
+    /// over.
     pub fn reserve(&self, now: Instant, bytes: u64) -> Option<Reservation> {
+        self.reserve_at_lun(now, bytes, false)
+    }
+
+    /// As [`Self::reserve`], for a command that waited at its initiator's
+    /// ceilings before (`delayed`): counted as delayed once.
+    pub fn reserve_at_lun(&self, now: Instant, bytes: u64, delayed: bool) -> Option<Reservation> {
         if !self.limited.load(Ordering::Relaxed) {
             return None;
         }
         let mut s = self.lock();
         let rates = s.limits.rates();
-        let costs = [1, bytes];
-        let mut start = now;
-        for (next, rate) in s.next.iter().zip(rates) {
-            if rate.is_some() {
-                let due = next.map_or(now, |n| n.max(now));
-                start = start.max(due.checked_sub(BURST).unwrap_or(now));
-            }
+        if rates.iter().all(Option::is_none) {
+            return None;
         }
-        let mut taken = [Duration::ZERO; 2];
-        for (i, rate) in rates.into_iter().enumerate() {
-            if let Some(rate) = rate {
-                taken[i] = time_of(costs[i], rate);
-                let from = s.next[i].map_or(start, |n| n.max(start));
-                s.next[i] = Some(from + taken[i]);
-            }
-        }
+        let (start, taken) = book(&mut s.next, rates, [1, bytes], now);
         let wait = start - now;
-        if !wait.is_zero() {
-            self.delayed.fetch_add(1, Ordering::Relaxed);
-            let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-            self.delay_ns.fetch_add(ns, Ordering::Relaxed);
-        }
+        self.count_delay(wait, delayed);
         Some(Reservation {
             wait,
             generation: s.generation,
             taken,
+            initiator: None,
         })
+    }
+
+    /// Books a media command of `initiator` moving `bytes` that arrives at
+    /// `now` at that initiator's own ceilings: `None` when the LUN sets
+    /// none, else its place there. When its wait is over the command books
+    /// its place at the LUN ([`Self::reserve_at_lun`]).
+    pub fn reserve_for(&self, initiator: &str, now: Instant, bytes: u64) -> Option<Reservation> {
+        if !self.limited.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut s = self.lock();
+        let rates = s.limits.initiator_rates();
+        if rates.iter().all(Option::is_none) {
+            return None;
+        }
+        let name: Cow<'_, str> = if initiator.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(initiator.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(initiator)
+        };
+        if s.initiators.len() >= KEPT_INITIATORS && !s.initiators.contains_key(name.as_ref()) {
+            // A schedule whose times have all passed books as a new one.
+            s.initiators
+                .retain(|_, next| next.iter().flatten().any(|&n| n > now));
+        }
+        let generation = s.generation;
+        if !s.initiators.contains_key(name.as_ref()) {
+            s.initiators.insert(name.clone().into_owned(), [None; 2]);
+        }
+        let next = s.initiators.get_mut(name.as_ref())?;
+        let (start, taken) = book(next, rates, [1, bytes], now);
+        let wait = start - now;
+        self.count_delay(wait, false);
+        Some(Reservation {
+            wait,
+            generation,
+            taken,
+            initiator: Some(name.into_owned()),
+        })
+    }
+
+    /// Counts a wait of `wait`; a command that `already` waited at another
+    /// gate is counted once.
+    fn count_delay(&self, wait: Duration, already: bool) {
+        if !wait.is_zero() {
+            if !already {
+                self.delayed.fetch_add(1, Ordering::Relaxed);
+            }
+            let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+            self.delay_ns.fetch_add(ns, Ordering::Relaxed);
+        }
     }
 
     /// Gives back the place of a command that will not run (its task was
@@ -213,9 +356,12 @@ impl QosGate {
         if s.generation != r.generation {
             return;
         }
-        for (next, taken) in s.next.iter_mut().zip(r.taken) {
-            if let Some(n) = next {
-                *next = Some(n.checked_sub(taken).unwrap_or(*n));
+        match &r.initiator {
+            None => give_back(&mut s.next, r.taken),
+            Some(name) => {
+                if let Some(next) = s.initiators.get_mut(name) {
+                    give_back(next, r.taken);
+                }
             }
         }
     }
@@ -252,7 +398,98 @@ mod tests {
         QosLimits {
             iops,
             bytes_per_sec,
+            ..QosLimits::NONE
         }
+    }
+
+    fn each_initiator(iops: Option<u64>, bytes_per_sec: Option<u64>) -> QosLimits {
+        QosLimits {
+            initiator_iops: iops,
+            initiator_bytes_per_sec: bytes_per_sec,
+            ..QosLimits::NONE
+        }
+    }
+
+    #[test]
+    fn each_initiator_is_held_to_its_own_ceiling() {
+        // 100 IOPS each: 10 ms a command, bursts of 5 pass.
+        let g = QosGate::new(each_initiator(Some(100), None));
+        let t0 = Instant::now();
+        // No ceiling of the LUN's own: nothing to book there.
+        assert_eq!(g.reserve(t0, 4096), None);
+        let waits: Vec<Duration> = (0..8)
+            .map(|_| g.reserve_for("iqn.2026-11.host:a", t0, 4096).unwrap().wait)
+            .collect();
+        assert_eq!(&waits[..6], &[Duration::ZERO; 6]);
+        assert_eq!(waits[6..], [10 * MS, 20 * MS]);
+        // Another host has its own schedule; the same host under another
+        // spelling (iSCSI names compare without case) has not.
+        assert_eq!(
+            g.reserve_for("iqn.2026-11.host:b", t0, 4096).unwrap().wait,
+            Duration::ZERO
+        );
+        let same = g.reserve_for("IQN.2026-11.HOST:A", t0, 4096).unwrap();
+        assert_eq!(same.wait, 30 * MS);
+        // Giving a place back gives it to that host's schedule.
+        g.cancel(&same);
+        assert_eq!(
+            g.reserve_for("iqn.2026-11.host:a", t0, 4096).unwrap().wait,
+            30 * MS
+        );
+        let c = g.counters();
+        assert_eq!((c.delayed, c.delay_ns), (4, 90_000_000));
+        // A wait at the LUN after one at the initiator's counts once.
+        let g = QosGate::new(QosLimits {
+            iops: Some(1),
+            ..each_initiator(Some(1), None)
+        });
+        g.reserve_at_lun(t0, 0, false);
+        assert!(!g.reserve_at_lun(t0, 0, true).unwrap().wait.is_zero());
+        assert_eq!(g.counters().delayed, 0);
+        assert_eq!(g.limits().to_string(), "1 IOPS, each initiator 1 IOPS");
+    }
+
+    #[test]
+    fn a_busy_initiator_books_nothing_ahead_of_the_others_at_the_lun() {
+        // Host A queues 20 commands at once; host B then sends one. Under
+        // the LUN's ceiling alone, B waits behind all of A's.
+        let t0 = Instant::now();
+        let lun_only = QosGate::new(limits(Some(100), None));
+        for _ in 0..20 {
+            lun_only.reserve(t0, 4096);
+        }
+        assert_eq!(lun_only.reserve(t0, 4096).unwrap().wait, 150 * MS);
+        // With each initiator held to 50 IOPS, A's commands reach the LUN
+        // only at A's pace (three at once, the burst), so B waits for none.
+        let shared = QosGate::new(QosLimits {
+            iops: Some(100),
+            ..each_initiator(Some(50), None)
+        });
+        let mut lun_turns = Vec::new();
+        for _ in 0..20 {
+            let r = shared.reserve_for("iqn.host:a", t0, 4096).unwrap();
+            if r.wait.is_zero() {
+                lun_turns.push(shared.reserve_at_lun(t0, 4096, false).unwrap().wait);
+            }
+        }
+        assert_eq!(lun_turns, [Duration::ZERO; 3]);
+        let b = shared.reserve_for("iqn.host:b", t0, 4096).unwrap();
+        assert_eq!(b.wait, Duration::ZERO);
+        assert_eq!(
+            shared.reserve_at_lun(t0, 4096, false).unwrap().wait,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn a_gate_forgets_initiators_with_nothing_booked_ahead() {
+        let g = QosGate::new(each_initiator(Some(1000), None));
+        let t0 = Instant::now();
+        for i in 0..10 * KEPT_INITIATORS {
+            let now = t0 + Duration::from_secs(i as u64);
+            g.reserve_for(&format!("iqn.host:{i}"), now, 0);
+        }
+        assert!(g.lock().initiators.len() <= KEPT_INITIATORS);
     }
 
     #[test]
@@ -423,6 +660,95 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// What started on one schedule (`started`: start, bytes), checked
+    /// against ceilings `rates`: over every stretch between two starts,
+    /// at most the rate times the stretch plus the burst and the last
+    /// command.
+    fn check_stretches(
+        started: &[(Instant, u64)],
+        rates: [Option<u64>; 2],
+        what: &str,
+    ) -> Result<(), TestCaseError> {
+        let mut started = started.to_vec();
+        started.sort();
+        for (d, rate) in rates.into_iter().enumerate() {
+            let Some(rate) = rate else { continue };
+            let cost = |b: u64| if d == 0 { 1u128 } else { u128::from(b) };
+            for j in 0..started.len() {
+                let mut sum = 0u128;
+                for k in j..started.len() {
+                    let stretch = started[k].0.saturating_duration_since(started[j].0);
+                    let allowed = (stretch + BURST).as_nanos() * u128::from(rate) / 1_000_000_000
+                        + cost(started[k].1)
+                        + 1;
+                    sum += cost(started[k].1);
+                    prop_assert!(
+                        sum <= allowed,
+                        "{}: ceiling {}: {} started in {:?} (allowed {})",
+                        what,
+                        d,
+                        sum,
+                        stretch,
+                        allowed
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// Commands of several initiators pass their own gate and then the
+        /// LUN's, each booked at the LUN when its first wait ends: every
+        /// initiator keeps to its own ceilings and all of them together to
+        /// the LUN's.
+        #[test]
+        fn initiators_keep_to_their_ceilings_and_together_to_the_luns(
+            iops in prop::option::of(1u64..2000),
+            bytes_per_sec in prop::option::of(1u64 << 16..1 << 28),
+            initiator_iops in prop::option::of(1u64..1000),
+            initiator_bytes in prop::option::of(1u64 << 16..1 << 27),
+            run in prop::collection::vec((0u64..20_000_000, 0u64..(1 << 20), 0usize..3), 1..120),
+        ) {
+            let l = QosLimits {
+                iops,
+                bytes_per_sec,
+                initiator_iops,
+                initiator_bytes_per_sec: initiator_bytes,
+            };
+            let g = QosGate::new(l);
+            let t0 = Instant::now();
+            // Every event in time order: an arrival, or the end of a
+            // command's wait at its initiator's gate (then it books at the
+            // LUN's).
+            let mut events = std::collections::BinaryHeap::new();
+            let mut at = t0;
+            for (seq, (gap, bytes, host)) in run.into_iter().enumerate() {
+                at += Duration::from_nanos(gap);
+                events.push(std::cmp::Reverse((at, seq, bytes, host, false)));
+            }
+            let mut per_host: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); 3];
+            let mut at_lun: Vec<(Instant, u64)> = Vec::new();
+            while let Some(std::cmp::Reverse((now, seq, bytes, host, passed))) = events.pop() {
+                if !passed {
+                    let name = format!("iqn.2026-11.host:{host}");
+                    let r = g.reserve_for(&name, now, bytes);
+                    prop_assert_eq!(r.is_some(), l.limits_initiators());
+                    let wait = r.map_or(Duration::ZERO, |r| r.wait);
+                    per_host[host].push((now + wait, bytes));
+                    events.push(std::cmp::Reverse((now + wait, seq, bytes, host, true)));
+                    continue;
+                }
+                let start = g.reserve_at_lun(now, bytes, false).map_or(now, |r| now + r.wait);
+                at_lun.push((start, bytes));
+            }
+            for (host, started) in per_host.iter().enumerate() {
+                check_stretches(started, l.initiator_rates(), &format!("host {host} of {l}"))?;
+            }
+            check_stretches(&at_lun, l.rates(), &format!("the LUN of {l}"))?;
         }
     }
 }

@@ -1338,6 +1338,7 @@ mod stateful {
         c.lu().set_qos(crate::scsi::QosLimits {
             iops: [None, Some(1), Some(10)][usize::from(pick % 3)],
             bytes_per_sec: None,
+            ..Default::default()
         });
     }
 

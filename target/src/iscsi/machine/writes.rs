@@ -185,11 +185,11 @@ impl ConnMachine {
         });
     }
 
-    /// `cmd`'s place at its LUN's QoS ceilings, booked at `now`, when it
-    /// must wait for it.
+    /// `cmd`'s place at its LUN's QoS ceilings (and the session's
+    /// initiator's own there), booked at `now`, when it must wait for it.
     fn book_qos(&self, cmd: &ScsiCommand, cdb: &[u8], now: Instant) -> Option<Throttle> {
         let target = self.session.target.as_ref()?;
-        Throttle::book(&target.luns, cmd, cdb, now)
+        Throttle::book(&target.luns, cmd, cdb, &self.session.initiator_name, now)
     }
 
     /// A collector (made by `make`) for the WRITE `cmd` arriving in `pdu`;
@@ -245,7 +245,9 @@ impl ConnMachine {
     /// Held WRITEs whose place came by `now` take their share of the write
     /// budget and ask for their data; one aborted meanwhile is forgotten
     /// (its place given back). With the budget full the WRITE ends TASK
-    /// SET FULL, as it would have had it come now.
+    /// SET FULL, as it would have had it come now. One whose wait at its
+    /// initiator's ceilings ended books its place at the LUN's, and waits
+    /// on when that is still to come.
     pub(super) fn release_held_writes(&mut self, now: Instant) {
         while let Some(&(due, itt)) = self.held.first() {
             if due > now {
@@ -253,8 +255,11 @@ impl ConnMachine {
             }
             self.held.pop_first();
             // An entry whose ITT now names a later command is stale.
-            if let Some((mut ready, t)) = self.held_offloads.remove(&itt) {
+            if let Some((mut ready, mut t)) = self.held_offloads.remove(&itt) {
                 if t.due() != due {
+                    self.held_offloads.insert(itt, (ready, t));
+                } else if let Some(later) = t.advance(now) {
+                    self.held.insert((later, itt));
                     self.held_offloads.insert(itt, (ready, t));
                 } else if let Some((budget, slot)) = self.share_at_turn(&ready.cmd, ready.slot, t) {
                     ready.slot = slot;
@@ -267,8 +272,12 @@ impl ConnMachine {
                 continue;
             };
             match c.dest {
-                WriteDest::Held(slot, t) if t.due() == due => {
-                    if let Some((budget, slot)) = self.share_at_turn(&c.cmd, slot, t) {
+                WriteDest::Held(slot, mut t) if t.due() == due => {
+                    if let Some(later) = t.advance(now) {
+                        self.held.insert((later, itt));
+                        c.dest = WriteDest::Held(slot, t);
+                        self.collectors.insert(itt, c);
+                    } else if let Some((budget, slot)) = self.share_at_turn(&c.cmd, slot, t) {
                         c.dest = WriteDest::Gather(budget, slot);
                         self.advance_write(c);
                     }

@@ -36,6 +36,7 @@ async fn open_at_10_iops() -> Conn {
     c.lu().set_qos(QosLimits {
         iops: Some(10),
         bytes_per_sec: None,
+        ..Default::default()
     });
     c
 }
@@ -137,4 +138,54 @@ async fn a_held_write_aborted_before_its_place_never_asks_for_data_and_gives_its
         "60 ms on, with B's place given back, D's place is free"
     );
     assert_eq!(c.machine.shared().in_flight(), 1, "only D is in the window");
+}
+
+#[tokio::test]
+async fn a_write_held_by_its_initiators_ceiling_then_waits_its_turn_at_the_luns() {
+    let mut c = Conn::open_on(fabric_with_small_budget(), Some(TARGET), &KEYS);
+    let (itt, tur) = c.no_data_command(&[0; 6]);
+    assert_eq!(c.feed(tur).await, None);
+    assert_eq!(c.response(itt).await.0, 0x02, "the power-on unit attention");
+    // 10 IOPS for the LUN and 10 for each initiator: 100 ms a command.
+    c.lu().set_qos(QosLimits {
+        iops: Some(10),
+        initiator_iops: Some(10),
+        ..Default::default()
+    });
+    // This host's last command took its place 100 ms ahead; another host's
+    // two commands took the LUN's next 200 ms.
+    let lu = c.lu();
+    let gate = lu.qos();
+    gate.reserve_for(INITIATOR, c.now, 0);
+    gate.reserve(c.now, 0);
+    gate.reserve(c.now, 0);
+    assert_eq!(gate.counters().delayed, 1, "the other host's second");
+    let data = pattern(4 * BLOCK as usize, 7);
+    let w = send_write(&mut c, 0, &data).await;
+    assert!(r2t_of(&c.sent(), w).is_none(), "held at its host's ceiling");
+    assert_eq!(
+        c.machine.poll_timeout(),
+        Some(c.now + Duration::from_millis(50))
+    );
+    // Its host's turn comes at 50 ms; the LUN's, booked then, at 150 ms.
+    assert_eq!(c.advance(Duration::from_millis(50)).await, None);
+    assert!(
+        r2t_of(&c.sent(), w).is_none(),
+        "asked for before the LUN's turn"
+    );
+    assert_eq!(
+        c.machine.poll_timeout(),
+        Some(c.now + Duration::from_millis(100))
+    );
+    assert_eq!(c.lu().qos().counters().waiting, 1);
+    assert_eq!(c.advance(Duration::from_millis(99)).await, None);
+    assert!(r2t_of(&c.sent(), w).is_none());
+    assert_eq!(c.advance(Duration::from_millis(1)).await, None);
+    let r = r2t_of(&c.sent(), w).expect("asked for at the LUN's turn");
+    let counters = c.lu().qos().counters();
+    assert_eq!((counters.waiting, counters.delayed), (0, 2), "delayed once");
+    answer(&mut c, w, &r, &data).await;
+    assert_eq!(c.response(w).await.0, 0);
+    c.lu().set_qos(QosLimits::default());
+    assert_eq!(read_back(&mut c, 0, 4).await, data);
 }
