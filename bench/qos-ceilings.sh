@@ -8,7 +8,9 @@
 # 4 KiB random READs and WRITEs at QD16 under 500 IOPS, 1 MiB sequential READs and WRITEs at QD8
 # under 100 MiB/s, two sessions at QD8 each sharing one 1000 IOPS ceiling. Then a neighbour: LUN 1's
 # 4 KiB QD1 READs while LUN 0 takes 1 MiB QD16 READs, unthrottled and under 100 MiB/s (what a
-# ceiling on a busy LUN gives the others on this machine, whatever it is). Results:
+# ceiling on a busy LUN gives the others on this machine, whatever it is). Last, a shared LUN: host
+# B's 4 KiB QD1 READs beside host A's QD32 ones on LUN 0, under a 1000 IOPS ceiling of the LUN's
+# alone and then with each host also held to 500 (initiator_iops_limit). Results:
 # bench/qos-ceilings-results.txt.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,11 +51,16 @@ limit() { # lun iops bandwidth
     ctl lun.limit "{\"target\": \"$IQN\", \"lun\": $1, \"iops\": $2, \"bandwidth\": \"$3\"}"
 }
 
-# bench LUN OP PATTERN BS QD: one run; prints "IOPS MiB/s p99_usec".
+limit_each() { # lun iops: each initiator's ceiling (0: none)
+    ctl lun.limit "{\"target\": \"$IQN\", \"lun\": $1, \"initiator_iops\": $2}"
+}
+
+# bench LUN OP PATTERN BS QD [INITIATOR]: one run; prints "IOPS MiB/s p99_usec".
 bench() {
     local out
     out=$(timeout $((SECS + 60)) "$build/blockwire" bench -p "127.0.0.1:$port" -T "$IQN" -l "$1" \
-        --op "$2" --pattern "$3" --bs "$4" --qd "$5" --time "${SECS}s") ||
+        --op "$2" --pattern "$3" --bs "$4" --qd "$5" --time "${SECS}s" \
+        --initiator-name "${6:-iqn.2026-12.io.blockwire:qos-bench}") ||
         { echo "blockwire bench failed ($*): $out" >&2; exit 1; }
     python3 - "$out" <<'PYEND'
 import re, sys
@@ -129,3 +136,27 @@ ai, ap, fi, fp, fn, hi, hp, hn = map(float, sys.argv[1:9])
 print(f"neighbour: LUN 1 4 KiB random READ QD1 alone {ai:.0f} IOPS (p99 {ap:.0f} us); beside LUN 0 1 MiB READ QD16 unthrottled ({fn:.0f} MiB/s): {fi:.0f} IOPS, p99 {fp:.0f} us; beside LUN 0 under 100 MiB/s ({hn:.0f} MiB/s): {hi:.0f} IOPS, p99 {hp:.0f} us")
 print(f"neighbour ratios: IOPS throttled/unthrottled {hi / fi:.2f}, p99 throttled/unthrottled {hp / fp:.2f}, IOPS unthrottled/alone {fi / ai:.2f}")' \
     "$alone_iops" "$alone_p99" "$free_iops" "$free_p99" "$free_noisy" "$held_iops" "$held_p99" "$held_noisy"
+
+# A shared LUN: host B at QD1 beside host A at QD32, under the LUN's ceiling alone, then with each
+# host held to a share of its own.
+shared() {
+    bench 0 read rand 4k 32 iqn.2026-12.io.blockwire:host-a >"$tmp/busy" &
+    local a=$!
+    sleep 0.5
+    read -r b_iops _ b_p99 <<<"$(bench 0 read rand 4k 1 iqn.2026-12.io.blockwire:host-b)"
+    wait "$a"
+    read -r a_iops _ _ <<<"$(cat "$tmp/busy")"
+    echo "$a_iops $b_iops $b_p99"
+}
+limit 0 1000 none
+read -r lun_a lun_b lun_p99 <<<"$(shared)"
+limit_each 0 500
+read -r each_a each_b each_p99 <<<"$(shared)"
+limit_each 0 0
+limit 0 0 none
+echo
+python3 -c 'import sys
+la, lb, lp, ea, eb, ep = map(float, sys.argv[1:7])
+print(f"shared LUN under 1000 IOPS: host A QD32 {la:.0f} IOPS, host B QD1 {lb:.0f} IOPS (p99 {lp:.0f} us); with each host held to 500 IOPS: A {ea:.0f}, B {eb:.0f} IOPS (p99 {ep:.0f} us)")
+print(f"shared LUN ratios: host B IOPS each-host/LUN-only {eb / lb:.2f}, host B p99 each-host/LUN-only {ep / lp:.3f}, host A+B each-host/ceiling {(ea + eb) / 1000:.2f}")' \
+    "$lun_a" "$lun_b" "$lun_p99" "$each_a" "$each_b" "$each_p99"
