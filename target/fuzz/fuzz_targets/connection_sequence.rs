@@ -4,7 +4,9 @@
 //! task management, text, NOP-Out, SNACK, logout, raw frames, the passing
 //! of time and the daemon's shutdown. Most inputs log in properly first, so
 //! the full feature phase is what gets explored. LUN 0 is RAM, or a file
-//! served by sendfile or engine READs and double-buffered WRITEs.
+//! served by sendfile or engine READs and double-buffered WRITEs; a
+//! quarter of the inputs set QoS ceilings on it, the LUN's and the
+//! initiator's.
 //!
 //! Beyond "no panic, no hang", every exchange is checked as an initiator
 //! would check it (RFC 7143):
@@ -47,6 +49,7 @@ use blockwire_target::datapath::Mode;
 use blockwire_target::iscsi::catalog::DataPathPolicy;
 use blockwire_target::iscsi::connection::fuzzing::{DataPaths, Harness, Phase, Wire, TARGET};
 use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::QosLimits;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 
@@ -56,6 +59,9 @@ const LUN_BYTES: u64 = 1 << 20;
 const GOOD: u8 = 0;
 const SCRATCH_PREFIX: &str = "blockwire-fuzz-connection-";
 const INITIATOR: &str = "iqn.2026-11.io.blockwire:fuzzer";
+/// How far ahead the connection's next timer may be for `Op::NextTimer`
+/// to run time on to it.
+const NEXT_TIMER_WITHIN: Duration = Duration::from_secs(1);
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -74,6 +80,8 @@ struct Settings {
     /// LUN 0: RAM (half the inputs), or a file with the data paths a
     /// daemon starts for one.
     storage: u8,
+    /// LUN 0's QoS ceilings (see [`Settings::qos`]).
+    qos: u8,
 }
 
 impl Settings {
@@ -99,6 +107,24 @@ impl Settings {
             Arc::new(store),
             Some((policy, lun_files::io_engine().clone())),
         )
+    }
+
+    /// LUN 0's QoS ceilings: none for three inputs in four, else the LUN's
+    /// and each initiator's IOPS and bandwidth at rates that hold some of
+    /// an input's commands back (WRITEs asked for their data by R2T wait
+    /// in the machine for `Op::Advance`; other commands wait on real
+    /// timers, so no rate is low enough to make an input slow).
+    fn qos(&self) -> QosLimits {
+        if self.qos < 192 {
+            return QosLimits::NONE;
+        }
+        let pick = |bit: u8, rate: u64| (self.qos & bit != 0).then_some(rate);
+        QosLimits {
+            iops: pick(1, if self.qos & 16 != 0 { 100 } else { 1000 }),
+            bytes_per_sec: pick(2, 64 << 20),
+            initiator_iops: pick(4, if self.qos & 32 != 0 { 100 } else { 400 }),
+            initiator_bytes_per_sec: pick(8, 32 << 20),
+        }
     }
 
     fn fabric(&self) -> FabricSettings {
@@ -369,6 +395,9 @@ enum Op {
         data: Vec<u8>,
     },
     Raw(Vec<u8>),
+    /// Time runs on to the connection's next timer, when that is near:
+    /// a WRITE held by LUN 0's QoS ceilings gets its turn.
+    NextTimer,
     Advance {
         seconds: u8,
     },
@@ -1394,7 +1423,7 @@ fn op_bytes(m: &mut Model, op: &Op) -> Vec<u8> {
             return out;
         }
         Op::Raw(ref b) => return b.clone(),
-        Op::Advance { .. } | Op::Shutdown => Vec::new(),
+        Op::Advance { .. } | Op::NextTimer | Op::Shutdown => Vec::new(),
     };
     m.encode(&pdus)
 }
@@ -1404,6 +1433,8 @@ fuzz_target!(|input: Input| {
     let mut m = Model::new(settings.queue_depth);
     let (store, paths) = input.settings.lun0();
     let mut h = Harness::serving(settings, store, paths);
+    h.set_qos(input.settings.qos());
+    let to_each_turn = input.settings.qos() != QosLimits::NONE && input.settings.qos & 64 != 0;
     if login(&mut h, &mut m, &input.login) {
         for op in input.ops.iter().take(64) {
             if h.phase() != Phase::FullFeature {
@@ -1411,11 +1442,16 @@ fuzz_target!(|input: Input| {
             }
             match op {
                 Op::Advance { seconds } => h.advance(Duration::from_secs(u64::from(*seconds))),
+                Op::NextTimer => h.advance_to_next_timer(NEXT_TIMER_WITHIN),
                 Op::Shutdown => h.shutdown(),
                 op => {
                     let bytes = op_bytes(&mut m, op);
                     h.send(&bytes);
                 }
+            }
+            if to_each_turn {
+                // Time runs on to each held WRITE's turn as it comes.
+                h.advance_to_next_timer(NEXT_TIMER_WITHIN);
             }
             let log = h.take_log();
             m.observe(log, true);
@@ -1424,4 +1460,10 @@ fuzz_target!(|input: Input| {
         let log = h.take_log();
         m.observe(log, true);
     }
+    // Every command booked at the ceilings has started or gone.
+    assert_eq!(
+        h.qos_waiting(),
+        0,
+        "commands still counted as waiting for their turn"
+    );
 });

@@ -57,11 +57,11 @@ use blockwire_pdu::scsi::{
 use blockwire_target::backstore::{Backstore, FileBackstore, RamBackstore, StripedBackstore};
 use blockwire_target::datapath::{Engine, ReadCommand, ReadConfig, SendOrder};
 use blockwire_target::scsi::read_plan::{PlannedRead, ReadPlan};
-use blockwire_target::scsi::write_plan::WritePlan;
 use blockwire_target::scsi::token_copy::{
     block_zero_token, encode_populate_token, encode_write_using_token, BlockRange,
     PopulateTokenParams, WriteUsingTokenParams, TOKEN_LEN,
 };
+use blockwire_target::scsi::write_plan::WritePlan;
 use blockwire_target::scsi::{ItNexus, LogicalUnit, LuConfig, LunTable, ScsiRequest, ScsiResult};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
@@ -1104,7 +1104,10 @@ impl Rig {
 
     /// RECEIVE ROD TOKEN INFORMATION for `list_id`: (COPY OPERATION
     /// STATUS, TRANSFER COUNT, the token if one came back).
-    fn receive_token_information(&mut self, list_id: u32) -> (u8, u64, Option<Box<[u8; TOKEN_LEN]>>) {
+    fn receive_token_information(
+        &mut self,
+        list_id: u32,
+    ) -> (u8, u64, Option<Box<[u8; TOKEN_LEN]>>) {
         let cdb = Cdb::ReceiveCopyResults {
             service_action: 0x07,
             list_identifier: list_id,
@@ -1131,7 +1134,14 @@ impl Rig {
     /// destination asking for more than the token holds past the offset.
     /// Destinations overlapping the sources are not sent: their outcome
     /// depends on the order the copy moves its pieces in.
-    fn token_copy(&mut self, sources: &[Place], offset: u8, dests: &[Place], zero: bool, delete: bool) {
+    fn token_copy(
+        &mut self,
+        sources: &[Place],
+        offset: u8,
+        dests: &[Place],
+        zero: bool,
+        delete: bool,
+    ) {
         let (dst, dst_fit) = self.token_ranges(dests);
         if dst.is_empty() {
             return;
@@ -1189,13 +1199,24 @@ impl Rig {
             None
         } else {
             let src = self.token_ranges(sources).0;
-            Some(Self::flat(&src).into_iter().skip(usize::from(offset % 8)).collect())
+            Some(
+                Self::flat(&src)
+                    .into_iter()
+                    .skip(usize::from(offset % 8))
+                    .collect(),
+            )
         };
-        let too_long = source.as_ref().is_some_and(|s| s.is_empty() || s.len() < d_blocks.len());
+        let too_long = source
+            .as_ref()
+            .is_some_and(|s| s.is_empty() || s.len() < d_blocks.len());
         if !dst_fit || overlapping(&dst) || too_long {
             self.expect_refused_past_end(&r, "WRITE USING TOKEN of bad ranges");
             let (status, _, _) = self.receive_token_information(2);
-            assert_eq!(status, 2, "step {}: a refused WRITE USING TOKEN's status", self.step);
+            assert_eq!(
+                status, 2,
+                "step {}: a refused WRITE USING TOKEN's status",
+                self.step
+            );
             return;
         }
         self.expect_good(&r, "WRITE USING TOKEN");

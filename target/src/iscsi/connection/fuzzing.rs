@@ -35,7 +35,7 @@ use crate::iscsi::launch::Launcher;
 use crate::iscsi::machine::{Action, ConnMachine, LoginAction, LoginPhase};
 use crate::iscsi::session::Session;
 use crate::iscsi::{Fabric, FabricSettings};
-use crate::scsi::{LogicalUnit, LuConfig};
+use crate::scsi::{LogicalUnit, LuConfig, QosLimits};
 
 /// The data paths to start on LUN 0 and the I/O engine they run on (None:
 /// the SCSI core's copy path only).
@@ -245,6 +245,41 @@ impl Harness {
             let actions = self.full_mut().machine.on_timeout(now);
             self.carry(actions).await;
         });
+    }
+
+    /// LUN 0 of [`TARGET`].
+    fn lun0(&self) -> Option<Arc<LogicalUnit>> {
+        self.fabric.catalog().targets.first()?.luns.get(0)
+    }
+
+    /// Sets LUN 0's QoS ceilings, as `lun.limit` does on a running unit.
+    /// The machine books commands on its injected clock: WRITEs it holds
+    /// for their turn wait for [`Harness::advance`]; other commands wait
+    /// out their booked time on the runtime's (real) timers.
+    pub fn set_qos(&self, limits: QosLimits) {
+        if let Some(lu) = self.lun0() {
+            lu.set_qos(limits);
+        }
+    }
+
+    /// Commands waiting at LUN 0's QoS ceilings now.
+    pub fn qos_waiting(&self) -> u64 {
+        self.lun0().map_or(0, |lu| lu.qos().counters().waiting)
+    }
+
+    /// Time passes up to the connection's next timer when that falls
+    /// within `within` (a held WRITE's turn at its LUN's ceilings, say):
+    /// what falls due then happens.
+    pub fn advance_to_next_timer(&mut self, within: Duration) {
+        let Some(full) = self.full.as_ref() else {
+            return;
+        };
+        if let Some(at) = full.machine.poll_timeout() {
+            let by = at.saturating_duration_since(self.now);
+            if by <= within {
+                self.advance(by);
+            }
+        }
     }
 
     /// The daemon shuts down: the initiator is asked to log out.
