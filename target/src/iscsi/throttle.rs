@@ -215,6 +215,17 @@ mod tests {
         (cmd, cdb)
     }
 
+    /// Whether a command held by `held`, never aborted, ran after its wait.
+    async fn runs_after_its_wait(held: Throttle) -> bool {
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        after_wait(Some(held), Arc::new(AtomicBool::new(false)), async move {
+            r.store(true, Ordering::SeqCst)
+        })
+        .await;
+        ran.load(Ordering::SeqCst)
+    }
+
     fn table(limits: QosLimits) -> LunTable {
         let mut cfg = LuConfig::new(Arc::new(RamBackstore::new(1 << 20)));
         cfg.qos = limits;
@@ -239,13 +250,7 @@ mod tests {
             "{wait:?}"
         );
         let t0 = tokio::time::Instant::now();
-        let ran = Arc::new(AtomicBool::new(false));
-        let r = ran.clone();
-        after_wait(Some(held), Arc::new(AtomicBool::new(false)), async move {
-            r.store(true, Ordering::SeqCst)
-        })
-        .await;
-        assert!(ran.load(Ordering::SeqCst));
+        assert!(runs_after_its_wait(held).await);
         // Tokio's timers tick in whole milliseconds.
         let waited = t0.elapsed();
         assert!(
@@ -322,13 +327,7 @@ mod tests {
         let (cmd, cdb) = read_of(0, 512);
         let held = Throttle::book(&t, &cmd, &cdb, HOST, t0).expect("over its host's ceiling");
         assert_eq!(held.due(), t0 + Duration::from_millis(50));
-        let ran = Arc::new(AtomicBool::new(false));
-        let r = ran.clone();
-        after_wait(Some(held), Arc::new(AtomicBool::new(false)), async move {
-            r.store(true, Ordering::SeqCst)
-        })
-        .await;
-        assert!(ran.load(Ordering::SeqCst));
+        assert!(runs_after_its_wait(held).await);
         // Booked at the LUN at 50 ms, its turn there came at 150 ms.
         let waited = t0.elapsed();
         assert!(

@@ -278,14 +278,7 @@ impl QosGate {
     /// As [`Self::reserve`], for a command that waited at its initiator's
     /// ceilings before (`delayed`): counted as delayed once.
     pub fn reserve_at_lun(&self, now: Instant, bytes: u64, delayed: bool) -> Option<Reservation> {
-        if !self.limited.load(Ordering::Relaxed) {
-            return None;
-        }
-        let mut s = self.lock();
-        let rates = s.limits.rates();
-        if rates.iter().all(Option::is_none) {
-            return None;
-        }
+        let (mut s, rates) = self.limited_by(QosLimits::rates)?;
         let (start, taken) = book(&mut s.next, rates, [1, bytes], now);
         let wait = start - now;
         self.count_delay(wait, delayed);
@@ -302,14 +295,7 @@ impl QosGate {
     /// none, else its place there. When its wait is over the command books
     /// its place at the LUN ([`Self::reserve_at_lun`]).
     pub fn reserve_for(&self, initiator: &str, now: Instant, bytes: u64) -> Option<Reservation> {
-        if !self.limited.load(Ordering::Relaxed) {
-            return None;
-        }
-        let mut s = self.lock();
-        let rates = s.limits.initiator_rates();
-        if rates.iter().all(Option::is_none) {
-            return None;
-        }
+        let (mut s, rates) = self.limited_by(QosLimits::initiator_rates)?;
         let name: Cow<'_, str> = if initiator.bytes().any(|b| b.is_ascii_uppercase()) {
             Cow::Owned(initiator.to_ascii_lowercase())
         } else {
@@ -334,6 +320,20 @@ impl QosGate {
             taken,
             initiator: Some(name.into_owned()),
         })
+    }
+
+    /// The schedule, and the ceilings `pick` takes from the limits, when
+    /// any of those is set.
+    fn limited_by(
+        &self,
+        pick: fn(&QosLimits) -> [Option<u64>; 2],
+    ) -> Option<(std::sync::MutexGuard<'_, Schedule>, [Option<u64>; 2])> {
+        if !self.limited.load(Ordering::Relaxed) {
+            return None;
+        }
+        let s = self.lock();
+        let rates = pick(&s.limits);
+        rates.iter().any(Option::is_some).then_some((s, rates))
     }
 
     /// Counts a wait of `wait`; a command that `already` waited at another

@@ -29,15 +29,20 @@ const KEYS: [(&str, &str); 3] = [
 /// 10 IOPS: the burst (50 ms) lets the first WRITE through, the second
 /// waits 50 ms.
 async fn open_at_10_iops() -> Conn {
+    open_with(QosLimits {
+        iops: Some(10),
+        ..Default::default()
+    })
+    .await
+}
+
+/// A connection to the small-budget fabric whose LUN 0 has `limits`.
+async fn open_with(limits: QosLimits) -> Conn {
     let mut c = Conn::open_on(fabric_with_small_budget(), Some(TARGET), &KEYS);
     let (itt, tur) = c.no_data_command(&[0; 6]);
     assert_eq!(c.feed(tur).await, None);
     assert_eq!(c.response(itt).await.0, 0x02, "the power-on unit attention");
-    c.lu().set_qos(QosLimits {
-        iops: Some(10),
-        bytes_per_sec: None,
-        ..Default::default()
-    });
+    c.lu().set_qos(limits);
     c
 }
 
@@ -142,16 +147,13 @@ async fn a_held_write_aborted_before_its_place_never_asks_for_data_and_gives_its
 
 #[tokio::test]
 async fn a_write_held_by_its_initiators_ceiling_then_waits_its_turn_at_the_luns() {
-    let mut c = Conn::open_on(fabric_with_small_budget(), Some(TARGET), &KEYS);
-    let (itt, tur) = c.no_data_command(&[0; 6]);
-    assert_eq!(c.feed(tur).await, None);
-    assert_eq!(c.response(itt).await.0, 0x02, "the power-on unit attention");
     // 10 IOPS for the LUN and 10 for each initiator: 100 ms a command.
-    c.lu().set_qos(QosLimits {
+    let mut c = open_with(QosLimits {
         iops: Some(10),
         initiator_iops: Some(10),
         ..Default::default()
-    });
+    })
+    .await;
     // This host's last command took its place 100 ms ahead; another host's
     // two commands took the LUN's next 200 ms.
     let lu = c.lu();
