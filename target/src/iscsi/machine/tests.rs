@@ -1316,7 +1316,7 @@ mod stateful {
             1 => Just(Ev::Shutdown),
             1 => Just(Ev::Logout),
             1 => any::<bool>().prop_map(Ev::Stall),
-            1 => (0..3u8).prop_map(Ev::Qos),
+            1 => (0..5u8).prop_map(Ev::Qos),
             1 => Just(Ev::Junk),
         ]
     }
@@ -1333,11 +1333,20 @@ mod stateful {
         TmfFunction::AbortTask,
     ];
 
-    /// LUN 0's IOPS ceiling: none, 1 or 10 (`pick` modulo 3).
+    /// LUN 0's IOPS ceilings (`pick` modulo 5): none, the LUN's at 1 or 10,
+    /// each initiator's at 10, or the LUN's at 10 and each initiator's at 1
+    /// (commands wait at the initiator's, then at the LUN's).
     fn set_iops(c: &Conn, pick: u8) {
+        let (iops, initiator_iops) = [
+            (None, None),
+            (Some(1), None),
+            (Some(10), None),
+            (None, Some(10)),
+            (Some(10), Some(1)),
+        ][usize::from(pick % 5)];
         c.lu().set_qos(crate::scsi::QosLimits {
-            iops: [None, Some(1), Some(10)][usize::from(pick % 3)],
-            bytes_per_sec: None,
+            iops,
+            initiator_iops,
             ..Default::default()
         });
     }
@@ -1571,7 +1580,7 @@ mod stateful {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
         #[test]
-        fn random_initiators_never_leak_or_answer_twice(evs in proptest::collection::vec(ev(), 1..40), qos in 0..3u8) {
+        fn random_initiators_never_leak_or_answer_twice(evs in proptest::collection::vec(ev(), 1..40), qos in 0..5u8) {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
             rt.block_on(play(evs, qos))?;
         }
