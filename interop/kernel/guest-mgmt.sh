@@ -6,6 +6,7 @@
 #   - a LUN is added (the kernel sees it after `iscsiadm -m session --rescan`),
 #   - the access list gains another initiator (this one stays in it),
 #   - LUN 0 gets a QoS ceiling of 50 IOPS for 3 s (the kernel's commands wait their turn), lifted,
+#     then each initiator a ceiling of 50 IOPS of its own for 3 s, lifted,
 #   - an unused LUN is removed (after the kernel let go of it), a busy one is refused,
 #   - `ctl config.save` writes the running configuration over the file it came from, which
 #     `--check` accepts and which holds every change,
@@ -99,6 +100,25 @@ print(q["iops_limit"], q["delayed_commands"], q["waiting"], l["counters"]["write
     fi
 else
     fail "lun.limit: $out"
+fi
+
+# Each host's own ceiling on the same LUN (initiator_iops_limit): the kernel's commands wait at
+# its ceiling as at the LUN's, counted once each, and the ceiling lifts the same way.
+if out=$(ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"initiator_iops\": 50}") &&
+    grep -q "no limit -> each initiator 50 IOPS" <<<"$out"; then
+    sleep 3
+    q=$(ctl lun.list | python3 -c 'import json,sys; v=json.load(sys.stdin)
+l=[l for t in v["targets"] for l in t["luns"] if l["lun"]==0][0]; q=l["qos"]
+print(q["initiator_iops_limit"], q["delayed_commands"], q["waiting"])')
+    read -r each delayed_each waiting_each <<<"$q"
+    if ctl lun.limit "{\"target\": \"$T\", \"lun\": 0, \"initiator_iops\": 0}" | grep -q "each initiator 50 IOPS -> no limit" &&
+        [ "$each" = 50 ] && [ "${delayed_each:-0}" -gt "${delayed:-0}" ]; then
+        pass "lun.limit: each initiator 50 IOPS on LUN 0 under fio, 3 s: delayed commands $delayed -> $delayed_each, $waiting_each waiting then; lifted"
+    else
+        fail "initiator_iops under fio: limit=$each delayed=$delayed -> $delayed_each waiting=$waiting_each"
+    fi
+else
+    fail "lun.limit initiator_iops: $out"
 fi
 
 # A LUN added live; the kernel finds it on a rescan.
