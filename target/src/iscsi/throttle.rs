@@ -61,18 +61,17 @@ impl Throttle {
         let unit = luns.get(cmd.lun.index()?)?;
         let bytes = u64::from(cmd.expected_data_transfer_length);
         let gate = unit.qos();
-        if let Some(first) = gate.reserve_for(initiator, now, bytes) {
-            if !first.wait.is_zero() {
-                gate.begin_wait();
-                return Some(Throttle {
-                    due: now + first.wait,
-                    unit,
-                    bytes,
-                    at_initiator: Some(first),
-                    at_lun: None,
-                    settled: false,
-                });
-            }
+        let first = gate.reserve_for(initiator, now, bytes);
+        if let Some(wait) = first.as_ref().map(|r| r.wait).filter(|w| !w.is_zero()) {
+            gate.begin_wait();
+            return Some(Throttle {
+                due: now + wait,
+                unit,
+                bytes,
+                at_initiator: first,
+                at_lun: None,
+                settled: false,
+            });
         }
         let booked = gate.reserve(now, bytes)?;
         if booked.wait.is_zero() {
@@ -83,7 +82,9 @@ impl Throttle {
             unit,
             bytes,
             due: now + booked.wait,
-            at_initiator: None,
+            // Its initiator's place, taken at once, is kept with it too: a
+            // command aborted while it waits at the LUN gives both back.
+            at_initiator: first,
             at_lun: Some(booked),
             settled: false,
         })
@@ -335,5 +336,35 @@ mod tests {
             "{waited:?}"
         );
         assert_eq!(gate.qos().counters().waiting, 0);
+    }
+
+    #[tokio::test]
+    async fn a_command_aborted_at_the_luns_gate_gives_its_initiators_place_back_too() {
+        let t = table(QosLimits {
+            iops: Some(10),
+            initiator_iops: Some(10),
+            ..Default::default()
+        });
+        let gate = t.get(0).unwrap();
+        let t0 = Instant::now();
+        // Another host's two commands at the LUN, 200 ms ahead.
+        gate.qos().reserve(t0, 0);
+        gate.qos().reserve(t0, 0);
+        let (cmd, cdb) = read_of(0, 512);
+        // This host's own schedule is empty: it passes its gate at once and
+        // waits at the LUN's.
+        let held = Throttle::book(&t, &cmd, &cdb, HOST, t0).expect("over the LUN's ceiling");
+        assert_eq!(held.due(), t0 + Duration::from_millis(150));
+        // Aborted before its turn (dropped unsettled, as `wait_out` does).
+        drop(held);
+        assert_eq!(gate.qos().counters().waiting, 0);
+        // Its place at this host's ceiling was given back: the host's next
+        // command passes its own gate at once, as the aborted one did.
+        let next = gate.qos().reserve_for(HOST, t0, 0).expect("ceiling set");
+        assert_eq!(next.wait, Duration::ZERO, "the host's place was kept");
+        // And the LUN's place too: the next command there waits as the
+        // aborted one did.
+        let lun = gate.qos().reserve(t0, 0).expect("ceiling set");
+        assert_eq!(lun.wait, Duration::from_millis(150));
     }
 }
