@@ -290,6 +290,35 @@ fn initiator_metrics(e: &mut Exposition, fabric: &Fabric) {
          count from 0 when it logs in again after all its sessions had gone.",
         &rows,
     );
+    initiator_qos_metrics(e, &rows);
+}
+
+/// Per host: what the QoS ceilings of its target's LUNs held it back,
+/// at the LUNs' ceilings and at each initiator's own (so an admin sees
+/// which host a ceiling slows, and by how much).
+fn initiator_qos_metrics(e: &mut Exposition, rows: &[IoRow]) {
+    type Pick = fn(&IoStats) -> f64;
+    let families: [(&str, &str, Pick); 2] = [
+        (
+            "blockwire_initiator_qos_delayed_commands_total",
+            "Media commands of the initiator that QoS ceilings (a LUN's, or each initiator's \
+             there) made wait before they started, over all its LUNs and sessions on the target.",
+            |io| io.qos.delayed() as f64,
+        ),
+        (
+            "blockwire_initiator_qos_delay_seconds_total",
+            "The waits QoS ceilings gave the initiator's media commands, summed, over all its \
+             LUNs and sessions on the target.",
+            |io| io.qos.delay().as_nanos() as f64 / 1e9,
+        ),
+    ];
+    for (name, help, pick) in families {
+        e.family(name, "counter", help);
+        for (labels, io) in rows {
+            let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            e.sample(name, &labels, pick(io));
+        }
+    }
 }
 
 /// The READ/WRITE families `PREFIX_commands_total`, `PREFIX_command_errors_total`,

@@ -35,11 +35,12 @@ const BLOCKS: u32 = 128;
 /// Starts the daemon with a RAM LUN 0 and a cached file LUN 1 and the
 /// metrics endpoint on a free port; returns it, its portal and endpoint.
 fn start() -> (Daemon, SocketAddr, SocketAddr) {
-    start_with("")
+    start_with("", "")
 }
 
-/// [`start`], with `group` added to the portal group's settings.
-fn start_with(group: &str) -> (Daemon, SocketAddr, SocketAddr) {
+/// [`start`], with `group` added to the portal group's settings and
+/// `lun1` to LUN 1's.
+fn start_with(group: &str, lun1: &str) -> (Daemon, SocketAddr, SocketAddr) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("metrics.toml");
     let file = dir.path().join("lun1.img");
@@ -52,7 +53,7 @@ fn start_with(group: &str) -> (Daemon, SocketAddr, SocketAddr) {
              [[target]]\nname = \"{IQN}\"\n\n\
              [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n\n\
              [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = \"{}\"\nsize = \"8M\"\n\
-             iops_limit = 1000\n",
+             iops_limit = 1000\n{lun1}\n",
             file.display()
         ),
     )
@@ -424,6 +425,91 @@ fn each_initiators_traffic_is_counted_over_its_sessions_while_it_is_logged_in() 
     drop(d);
 }
 
+#[test]
+fn each_initiators_qos_waits_are_counted_on_its_own_series() {
+    tool("promtool");
+    const HOST_A: &str = "iqn.2026-11.io.blockwire.test:busy-host";
+    const HOST_B: &str = "iqn.2026-11.io.blockwire.test:quiet-host";
+    /// READs host A sends at once, held to 10 IOPS: one per 100 ms, less
+    /// a burst of 50 ms (the first starts at once, the second after 50 ms).
+    const BUSY_READS: u64 = 8;
+    let per_host =
+        |name: &str, host: &str| format!("{name}{{target=\"{IQN}\",initiator=\"{host}\"}}");
+    let per_lun = |name: &str| format!("{name}{{target=\"{IQN}\",lun=\"1\"}}");
+    let (d, portal, metrics) = start_with("", "initiator_iops_limit = 10");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let a = Arc::new(logged_in(portal, HOST_A, 1).await);
+        let b = logged_in(portal, HOST_B, 1).await;
+        let reads: Vec<_> = (0..BUSY_READS)
+            .map(|i| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; (BLOCK * BLOCKS) as usize];
+                    a.read(1, i * u64::from(BLOCKS), BLOCKS, &mut buf)
+                        .await
+                        .expect("READ")
+                })
+            })
+            .collect();
+        for r in reads {
+            r.await.unwrap();
+        }
+        // Host B's READ, after A's: A's ceiling is A's alone.
+        io(&b, 1, 0, 1).await;
+        let text = scrape_until(
+            metrics,
+            &[
+                (
+                    per_host("blockwire_initiator_commands_total", HOST_A)
+                        .replace("\"}", "\",op=\"read\"}"),
+                    Some(BUSY_READS as f64),
+                ),
+                (
+                    per_host("blockwire_initiator_qos_delayed_commands_total", HOST_B),
+                    Some(0.0),
+                ),
+                (
+                    per_host("blockwire_initiator_qos_delay_seconds_total", HOST_B),
+                    Some(0.0),
+                ),
+            ],
+        );
+        let value =
+            |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series}:\n{text}"));
+        let delayed = value(&per_host(
+            "blockwire_initiator_qos_delayed_commands_total",
+            HOST_A,
+        ));
+        let delay = value(&per_host(
+            "blockwire_initiator_qos_delay_seconds_total",
+            HOST_A,
+        ));
+        // Sent at once, all but the first wait (fewer only if they
+        // arrived spread over hundreds of milliseconds).
+        assert!(
+            delayed >= 3.0 && delayed <= (BUSY_READS - 1) as f64,
+            "{delayed}\n{text}"
+        );
+        assert!(delay >= 0.3, "{delay} s\n{text}");
+        // Only host A was held back, so its series are the LUN's.
+        assert_eq!(
+            Some(delayed),
+            sample(&text, &per_lun("blockwire_lun_qos_delayed_commands_total")),
+            "{text}"
+        );
+        assert_eq!(
+            Some(delay),
+            sample(&text, &per_lun("blockwire_lun_qos_delay_seconds_total")),
+            "{text}"
+        );
+        promtool_check(&text);
+        Arc::try_unwrap(a).unwrap().logout().await.expect("logout");
+        b.logout().await.expect("logout");
+    });
+    drop(d);
+}
+
 /// A Prometheus server, killed (by its PID) when dropped, even when the
 /// test failed.
 struct Prometheus {
@@ -638,7 +724,7 @@ fn the_exposition_counts_iser_traffic() {
     use blockwire_initiator::rdma::RdmaConfig;
 
     tool("promtool");
-    let (mut d, _, metrics) = start_with("iser_listen = [\"127.0.0.2:0\"]\n");
+    let (mut d, _, metrics) = start_with("iser_listen = [\"127.0.0.2:0\"]\n", "");
     let iser = logged_portal(&mut d, "the iSER portal", |l| l.contains("iSER portal"));
     let (_, before) = http_get(metrics, "/metrics");
     assert_eq!(

@@ -23,6 +23,7 @@ use blockwire_pdu::pdu::ScsiCommand;
 
 use crate::scsi::qos::Reservation;
 use crate::scsi::stall::{is_media_command, POLL};
+use crate::scsi::stats::IoStats;
 use crate::scsi::{LogicalUnit, LunTable};
 
 /// A command's booked place at a LUN whose ceilings hold it back: first
@@ -38,6 +39,9 @@ pub(super) struct Throttle {
     at_initiator: Option<Reservation>,
     /// Its place at the LUN's ceilings, once booked there.
     at_lun: Option<Reservation>,
+    /// Its initiator's counters on the target, where its waits are
+    /// counted too (None: not kept, as for discovery).
+    initiator_io: Option<Arc<IoStats>>,
     /// When the current wait ends.
     due: Instant,
     /// The command started (or was never going to): nothing to give back.
@@ -45,14 +49,16 @@ pub(super) struct Throttle {
 }
 
 impl Throttle {
-    /// Books `cmd` (with `cdb`) of `initiator`, arriving at `now`, at its
-    /// LUN in `luns`: `None` when it may start at once (not a media
-    /// command, a LUN without ceilings or unknown, or a place free now).
+    /// Books `cmd` (with `cdb`) of `initiator` (whose counters are
+    /// `initiator_io`), arriving at `now`, at its LUN in `luns`: `None` when
+    /// it may start at once (not a media command, a LUN without ceilings or
+    /// unknown, or a place free now).
     pub fn book(
         luns: &LunTable,
         cmd: &ScsiCommand,
         cdb: &[u8],
         initiator: &str,
+        initiator_io: Option<&Arc<IoStats>>,
         now: Instant,
     ) -> Option<Throttle> {
         if !is_media_command(cdb) {
@@ -64,12 +70,14 @@ impl Throttle {
         let first = gate.reserve_for(initiator, now, bytes);
         if let Some(wait) = first.as_ref().map(|r| r.wait).filter(|w| !w.is_zero()) {
             gate.begin_wait();
+            count_wait(initiator_io, wait, true);
             return Some(Throttle {
                 due: now + wait,
                 unit,
                 bytes,
                 at_initiator: first,
                 at_lun: None,
+                initiator_io: initiator_io.cloned(),
                 settled: false,
             });
         }
@@ -78,6 +86,7 @@ impl Throttle {
             return None;
         }
         gate.begin_wait();
+        count_wait(initiator_io, booked.wait, true);
         Some(Throttle {
             unit,
             bytes,
@@ -86,6 +95,7 @@ impl Throttle {
             // command aborted while it waits at the LUN gives both back.
             at_initiator: first,
             at_lun: Some(booked),
+            initiator_io: initiator_io.cloned(),
             settled: false,
         })
     }
@@ -105,6 +115,7 @@ impl Throttle {
         let booked = self.unit.qos().reserve_at_lun(now, self.bytes, true)?;
         let wait = booked.wait;
         self.at_lun = Some(booked);
+        count_wait(self.initiator_io.as_ref(), wait, false);
         if wait.is_zero() {
             return None;
         }
@@ -152,6 +163,14 @@ impl Throttle {
         }
         self.settled = true;
         true
+    }
+}
+
+/// Counts a command's wait on its initiator's counters, when there are
+/// any (see [`QosDelays::count`](crate::scsi::stats::QosDelays::count)).
+fn count_wait(initiator_io: Option<&Arc<IoStats>>, wait: std::time::Duration, first: bool) {
+    if let Some(io) = initiator_io {
+        io.qos.count(wait, first);
     }
 }
 
@@ -242,8 +261,9 @@ mod tests {
         });
         let (cmd, cdb) = read_of(0, 4096);
         // The burst (50 ms at 10 IOPS) lets one through.
-        assert!(Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).is_none());
-        let held = Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).expect("over the ceiling");
+        assert!(Throttle::book(&t, &cmd, &cdb, HOST, None, Instant::now()).is_none());
+        let held =
+            Throttle::book(&t, &cmd, &cdb, HOST, None, Instant::now()).expect("over the ceiling");
         // Booked on the real clock: a moment after the first.
         let wait = held.wait();
         assert!(
@@ -260,7 +280,7 @@ mod tests {
         );
         // INQUIRY is not a media command: never held.
         let inquiry = [0x12u8, 0, 0, 0, 36, 0];
-        assert!(Throttle::book(&t, &cmd, &inquiry, HOST, Instant::now()).is_none());
+        assert!(Throttle::book(&t, &cmd, &inquiry, HOST, None, Instant::now()).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -271,8 +291,9 @@ mod tests {
             ..Default::default()
         });
         let (cmd, cdb) = read_of(0, 512);
-        assert!(Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).is_none());
-        let held = Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).expect("over the ceiling");
+        assert!(Throttle::book(&t, &cmd, &cdb, HOST, None, Instant::now()).is_none());
+        let held =
+            Throttle::book(&t, &cmd, &cdb, HOST, None, Instant::now()).expect("over the ceiling");
         assert!(
             held.wait() > Duration::from_millis(900),
             "{:?}",
@@ -293,8 +314,8 @@ mod tests {
         assert!(!ran.load(Ordering::SeqCst), "an aborted command started");
         assert_eq!(t.get(0).unwrap().qos().counters().waiting, 0);
         // Its place was given back: the next command waits as the second did.
-        let next =
-            Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).expect("still over the ceiling");
+        let next = Throttle::book(&t, &cmd, &cdb, HOST, None, Instant::now())
+            .expect("still over the ceiling");
         assert!(
             next.wait() <= Duration::from_millis(950),
             "{:?}",
@@ -303,7 +324,7 @@ mod tests {
         // A dropped booking (its connection gone) is given back too.
         let before = next.wait();
         drop(next);
-        let again = Throttle::book(&t, &cmd, &cdb, HOST, Instant::now()).unwrap();
+        let again = Throttle::book(&t, &cmd, &cdb, HOST, None, Instant::now()).unwrap();
         assert!(
             again.wait() <= before,
             "{:?} after {before:?}",
@@ -325,8 +346,13 @@ mod tests {
         gate.qos().reserve_for(HOST, t0, 0);
         gate.qos().reserve(t0, 0);
         gate.qos().reserve(t0, 0);
+        // The other host's second command waited 50 ms.
+        let others = gate.qos().counters().delay_ns;
+        assert_eq!(others, 50_000_000);
         let (cmd, cdb) = read_of(0, 512);
-        let held = Throttle::book(&t, &cmd, &cdb, HOST, t0).expect("over its host's ceiling");
+        let host_io = Arc::new(IoStats::default());
+        let held = Throttle::book(&t, &cmd, &cdb, HOST, Some(&host_io), t0)
+            .expect("over its host's ceiling");
         assert_eq!(held.due(), t0 + Duration::from_millis(50));
         assert!(runs_after_its_wait(held).await);
         // Booked at the LUN at 50 ms, its turn there came at 150 ms.
@@ -336,6 +362,20 @@ mod tests {
             "{waited:?}"
         );
         assert_eq!(gate.qos().counters().waiting, 0);
+        // On its initiator's counters: one delayed command, both its waits
+        // (as the LUN counted them).
+        let lun = gate.qos().counters();
+        assert_eq!(host_io.qos.delayed(), 1);
+        assert_eq!(lun.delayed, 2);
+        assert_eq!(
+            host_io.qos.delay().as_nanos(),
+            u128::from(lun.delay_ns - others)
+        );
+        assert!(
+            host_io.qos.delay() >= Duration::from_millis(140),
+            "{:?}",
+            host_io.qos.delay()
+        );
     }
 
     #[tokio::test]
@@ -353,7 +393,7 @@ mod tests {
         let (cmd, cdb) = read_of(0, 512);
         // This host's own schedule is empty: it passes its gate at once and
         // waits at the LUN's.
-        let held = Throttle::book(&t, &cmd, &cdb, HOST, t0).expect("over the LUN's ceiling");
+        let held = Throttle::book(&t, &cmd, &cdb, HOST, None, t0).expect("over the LUN's ceiling");
         assert_eq!(held.due(), t0 + Duration::from_millis(150));
         // Aborted before its turn (dropped unsettled, as `wait_out` does).
         drop(held);

@@ -44,6 +44,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::stats::QosDelays;
+
 /// How far ahead of its theoretical time a command may start: the size of
 /// a burst that passes unhindered, in time at the configured rate.
 pub const BURST: Duration = Duration::from_millis(50);
@@ -225,8 +227,7 @@ pub struct QosGate {
     /// Fast path: a unit without ceilings takes no lock.
     limited: AtomicBool,
     schedule: Mutex<Schedule>,
-    delayed: AtomicU64,
-    delay_ns: AtomicU64,
+    delays: QosDelays,
     waiting: AtomicU64,
 }
 
@@ -281,7 +282,7 @@ impl QosGate {
         let (mut s, rates) = self.limited_by(QosLimits::rates)?;
         let (start, taken) = book(&mut s.next, rates, [1, bytes], now);
         let wait = start - now;
-        self.count_delay(wait, delayed);
+        self.delays.count(wait, !delayed);
         Some(Reservation {
             wait,
             generation: s.generation,
@@ -320,7 +321,7 @@ impl QosGate {
         let next = s.initiators.get_mut(&*key)?;
         let (start, taken) = book(next, rates, [1, bytes], now);
         let wait = start - now;
-        self.count_delay(wait, false);
+        self.delays.count(wait, true);
         Some(Reservation {
             wait,
             generation,
@@ -341,18 +342,6 @@ impl QosGate {
         let s = self.lock();
         let rates = pick(&s.limits);
         rates.iter().any(Option::is_some).then_some((s, rates))
-    }
-
-    /// Counts a wait of `wait`; a command that `already` waited at another
-    /// gate is counted once.
-    fn count_delay(&self, wait: Duration, already: bool) {
-        if !wait.is_zero() {
-            if !already {
-                self.delayed.fetch_add(1, Ordering::Relaxed);
-            }
-            let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-            self.delay_ns.fetch_add(ns, Ordering::Relaxed);
-        }
     }
 
     /// Gives back the place of a command that will not run (its task was
@@ -387,8 +376,8 @@ impl QosGate {
     /// What the ceilings did so far.
     pub fn counters(&self) -> QosCounters {
         QosCounters {
-            delayed: self.delayed.load(Ordering::Relaxed),
-            delay_ns: self.delay_ns.load(Ordering::Relaxed),
+            delayed: self.delays.delayed(),
+            delay_ns: u64::try_from(self.delays.delay().as_nanos()).unwrap_or(u64::MAX),
             waiting: self.waiting.load(Ordering::Relaxed),
         }
     }

@@ -114,12 +114,51 @@ pub struct DirectionStats {
     pub latency: LatencyHistogram,
 }
 
+/// Media commands that QoS ceilings made wait before they started, and
+/// their waits summed.
+#[derive(Debug, Default)]
+pub struct QosDelays {
+    delayed: AtomicU64,
+    delay_ns: AtomicU64,
+}
+
+impl QosDelays {
+    /// A wait of `wait` given to a command; `first` when it is the
+    /// command's first (a command waiting at its initiator's ceilings and
+    /// then at the LUN's is one delayed command with two waits).
+    pub fn count(&self, wait: Duration, first: bool) {
+        if wait.is_zero() {
+            return;
+        }
+        if first {
+            self.delayed.fetch_add(1, Ordering::Relaxed);
+        }
+        let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.delay_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Commands delayed so far.
+    pub fn delayed(&self) -> u64 {
+        self.delayed.load(Ordering::Relaxed)
+    }
+
+    /// Their waits, summed.
+    pub fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_ns.load(Ordering::Relaxed))
+    }
+}
+
 /// READ and WRITE counters of one logical unit, or of one initiator on a
 /// target.
 #[derive(Debug, Default)]
 pub struct IoStats {
     read: DirectionStats,
     write: DirectionStats,
+    /// An initiator's commands held back by the QoS ceilings of any LUN of
+    /// its target, at the LUN's ceilings or at its own there. Counted for
+    /// initiators only: a LUN's are in its gate
+    /// ([`QosGate::counters`](super::qos::QosGate::counters)).
+    pub qos: QosDelays,
 }
 
 impl IoStats {

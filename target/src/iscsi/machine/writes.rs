@@ -189,7 +189,14 @@ impl ConnMachine {
     /// initiator's own there), booked at `now`, when it must wait for it.
     fn book_qos(&self, cmd: &ScsiCommand, cdb: &[u8], now: Instant) -> Option<Throttle> {
         let target = self.session.target.as_ref()?;
-        Throttle::book(&target.luns, cmd, cdb, &self.session.initiator_name, now)
+        Throttle::book(
+            &target.luns,
+            cmd,
+            cdb,
+            &self.session.initiator_name,
+            self.session.initiator_io.as_ref(),
+            now,
+        )
     }
 
     /// A collector (made by `make`) for the WRITE `cmd` arriving in `pdu`;
