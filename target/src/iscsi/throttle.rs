@@ -17,23 +17,26 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use blockwire_pdu::pdu::ScsiCommand;
 
-use crate::scsi::qos::Reservation;
+use crate::scsi::qos::{LunTurn, Reservation};
 use crate::scsi::stall::{is_media_command, POLL};
 use crate::scsi::stats::IoStats;
 use crate::scsi::{LogicalUnit, LunTable};
 
 /// A command's booked place at a LUN whose ceilings hold it back: first
 /// at its initiator's own ceilings when the LUN sets them, then at the
-/// LUN's.
+/// LUN's, once its initiator has no more than
+/// [`LOOKAHEAD`](crate::scsi::qos::LOOKAHEAD) booked ahead there.
 #[derive(Debug)]
 pub(super) struct Throttle {
     unit: Arc<LogicalUnit>,
     /// The bytes it moves (to book at the LUN when its first wait ends).
     bytes: u64,
+    /// Its initiator's name, to take its turn at the LUN under.
+    initiator: Arc<str>,
     /// Its place at its initiator's ceilings, while it still has to book
     /// at the LUN's.
     at_initiator: Option<Reservation>,
@@ -42,6 +45,8 @@ pub(super) struct Throttle {
     /// Its initiator's counters on the target, where its waits are
     /// counted too (None: not kept, as for discovery).
     initiator_io: Option<Arc<IoStats>>,
+    /// The wait it was given when booked.
+    wait: Duration,
     /// When the current wait ends.
     due: Instant,
     /// The command started (or was never going to): nothing to give back.
@@ -68,34 +73,32 @@ impl Throttle {
         let bytes = u64::from(cmd.expected_data_transfer_length);
         let gate = unit.qos();
         let first = gate.reserve_for(initiator, now, bytes);
-        if let Some(wait) = first.as_ref().map(|r| r.wait).filter(|w| !w.is_zero()) {
-            gate.begin_wait();
-            count_wait(initiator_io, wait, true);
-            return Some(Throttle {
-                due: now + wait,
-                unit,
-                bytes,
-                at_initiator: first,
-                at_lun: None,
-                initiator_io: initiator_io.cloned(),
-                settled: false,
-            });
-        }
-        let booked = gate.reserve(now, bytes)?;
-        if booked.wait.is_zero() {
-            return None;
-        }
+        let first_wait = first.as_ref().map_or(Duration::ZERO, |r| r.wait);
+        let (at_lun, due) = if first_wait.is_zero() {
+            match gate.turn_at_lun(initiator, now, bytes, false)? {
+                LunTurn::Booked(r) if r.wait.is_zero() => return None,
+                LunTurn::Booked(r) => {
+                    let due = now + r.wait;
+                    (Some(r), due)
+                }
+                LunTurn::NotYet(until) => (None, until),
+            }
+        } else {
+            (None, now + first_wait)
+        };
         gate.begin_wait();
-        count_wait(initiator_io, booked.wait, true);
+        count_wait(initiator_io, due - now, true);
         Some(Throttle {
             unit,
             bytes,
-            due: now + booked.wait,
-            // Its initiator's place, taken at once, is kept with it too: a
+            initiator: Arc::from(initiator),
+            // Its initiator's place, taken at once or not, stays with it: a
             // command aborted while it waits at the LUN gives both back.
             at_initiator: first,
-            at_lun: Some(booked),
+            at_lun,
             initiator_io: initiator_io.cloned(),
+            wait: due - now,
+            due,
             settled: false,
         })
     }
@@ -106,21 +109,30 @@ impl Throttle {
     }
 
     /// The current wait ended at `now`: `None` when the command may start,
-    /// or when its next wait (at the LUN's ceilings, after its initiator's)
-    /// ends.
+    /// or when its next wait (at the LUN's ceilings, after its initiator's
+    /// or while its initiator has enough booked there) ends.
     pub fn advance(&mut self, now: Instant) -> Option<Instant> {
         if self.at_lun.is_some() {
             return None;
         }
-        let booked = self.unit.qos().reserve_at_lun(now, self.bytes, true)?;
-        let wait = booked.wait;
-        self.at_lun = Some(booked);
-        count_wait(self.initiator_io.as_ref(), wait, false);
-        if wait.is_zero() {
+        let due = match self
+            .unit
+            .qos()
+            .turn_at_lun(&self.initiator, now, self.bytes, true)?
+        {
+            LunTurn::Booked(r) => {
+                let due = now + r.wait;
+                self.at_lun = Some(r);
+                due
+            }
+            LunTurn::NotYet(until) => until,
+        };
+        count_wait(self.initiator_io.as_ref(), due - now, false);
+        if due <= now {
             return None;
         }
-        self.due = now + wait;
-        Some(self.due)
+        self.due = due;
+        Some(due)
     }
 
     /// The wait is over and the command goes on (its place is kept).
@@ -128,13 +140,9 @@ impl Throttle {
         self.settled = true;
     }
 
-    /// How long the command waits from its booking at the gate it waits
-    /// at now.
-    pub fn wait(&self) -> std::time::Duration {
-        self.at_lun
-            .as_ref()
-            .or(self.at_initiator.as_ref())
-            .map_or(std::time::Duration::ZERO, |r| r.wait)
+    /// How long the command waits from its booking (its first wait).
+    pub fn wait(&self) -> Duration {
+        self.wait
     }
 
     /// Waits out the booked place; false if the task was aborted meanwhile
@@ -168,7 +176,7 @@ impl Throttle {
 
 /// Counts a command's wait on its initiator's counters, when there are
 /// any (see [`QosDelays::count`](crate::scsi::stats::QosDelays::count)).
-fn count_wait(initiator_io: Option<&Arc<IoStats>>, wait: std::time::Duration, first: bool) {
+fn count_wait(initiator_io: Option<&Arc<IoStats>>, wait: Duration, first: bool) {
     if let Some(io) = initiator_io {
         io.qos.count(wait, first);
     }
@@ -209,6 +217,7 @@ pub(super) async fn after_wait(
 mod tests {
     use super::*;
     use crate::backstore::RamBackstore;
+    use crate::scsi::qos::LOOKAHEAD;
     use crate::scsi::{LuConfig, QosLimits};
     use blockwire_pdu::pdu::Lun;
     use std::time::Duration;
@@ -376,6 +385,42 @@ mod tests {
             "{:?}",
             host_io.qos.delay()
         );
+    }
+
+    #[tokio::test]
+    async fn a_busy_initiators_queue_comes_back_for_its_turns_and_another_waits_for_none_of_it() {
+        let t = table(QosLimits {
+            iops: Some(1000),
+            ..Default::default()
+        });
+        let (cmd, cdb) = read_of(0, 512);
+        let t0 = Instant::now();
+        // 100 at once: the burst (50 ms at 1 ms a command) lets 51 start;
+        // 6 more are booked up to the look-ahead, 43 told to come back.
+        let held: Vec<Throttle> = (0..100)
+            .filter_map(|_| Throttle::book(&t, &cmd, &cdb, HOST, None, t0))
+            .collect();
+        assert_eq!(held.len(), 49);
+        assert_eq!(held.iter().filter(|h| h.at_lun.is_some()).count(), 6);
+        // Another host's command waits behind those six, not the 43.
+        let other = Throttle::book(&t, &cmd, &cdb, "iqn.2026-11.io.blockwire:other", None, t0)
+            .expect("behind the busy host's bookings");
+        assert_eq!(other.wait(), LOOKAHEAD + Duration::from_millis(2));
+        // Every one of them runs, each after its turn at the LUN.
+        let tasks: Vec<_> = held
+            .into_iter()
+            .chain([other])
+            .map(|h| tokio::spawn(runs_after_its_wait(h)))
+            .collect();
+        for task in tasks {
+            assert!(task.await.unwrap());
+        }
+        assert!(
+            t0.elapsed() >= Duration::from_millis(43),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(t.get(0).unwrap().qos().counters().waiting, 0);
     }
 
     #[tokio::test]

@@ -3,8 +3,8 @@
 //! on a shared target cannot take every other LUN's share of the disks and
 //! the network (a noisy neighbour).
 //!
-//! The gate is a scheduler, not a waiter: [`QosGate::reserve`] says how long
-//! a command must wait before it may start and books its place, and the
+//! The gate is a scheduler, not a waiter: [`QosGate::turn_at_lun`] says how
+//! long a command must wait before it may start and books its place, and the
 //! fabric does the waiting (on its own timers, not on a blocking thread, so
 //! a throttled LUN with a deep queue holds no threads other LUNs need), and
 //! gives the place back with [`QosGate::cancel`] when the task is aborted
@@ -15,18 +15,29 @@
 //! `c / r` of the unit's time, the theoretical arrival time of the next
 //! command moves on by that much, and a command may start up to [`BURST`]
 //! before its theoretical time, so short bursts of up to `r x BURST` pass
-//! unhindered. Commands are booked in arrival order, so initiators sharing
-//! a LUN are served first come, first served. Over any stretch of time `t`
-//! between two command starts, what started in it costs at most `r x t`
-//! plus the burst plus the last command's cost; a cancelled booking is
-//! given back, which lets at most its cost start early.
+//! unhindered. Over any stretch of time `t` between two command starts,
+//! what started in it costs at most `r x t` plus the burst plus the last
+//! command's cost; a cancelled booking is given back, which lets at most
+//! its cost start early.
+//!
+//! Commands are booked in arrival order, but no initiator may book far
+//! ahead of the others ([`QosGate::turn_at_lun`]): while its latest
+//! booked command starts more than [`LOOKAHEAD`] from now, its next one
+//! books nothing and comes back when that one is [`LOOKAHEAD`] from its
+//! start. So at any time each initiator has at most one command booked to
+//! start later than [`LOOKAHEAD`] from now, and a command of another
+//! initiator sharing the LUN waits behind at most that: not behind a busy
+//! host's whole queue (at 1000 IOPS, 32 commands queued at once would
+//! otherwise make it wait 32 ms), while the busy host's bookings still run
+//! [`LOOKAHEAD`] ahead of the schedule, so the LUN keeps its full rate.
 //!
 //! A LUN shared by several hosts (a cluster's datastore) can also hold each
 //! initiator to its own ceilings ([`QosLimits::initiator_iops`],
 //! [`QosLimits::initiator_bytes_per_sec`]), so that one host's deep queue
-//! cannot take the LUN's whole share from the others. A command then passes
-//! two gates in turn: its initiator's ([`QosGate::reserve_for`]), and, once
-//! that wait is over, the LUN's ([`QosGate::reserve`]). It is booked at the
+//! cannot take more than its own share from the others. A command then
+//! passes two gates in turn: its initiator's ([`QosGate::reserve_for`]),
+//! and, once that wait is over, the LUN's ([`QosGate::turn_at_lun`]). It is
+//! booked at the
 //! LUN only as its initiator's pace lets it through, so a host whose queue
 //! runs ahead of its own ceiling books nothing at the LUN ahead of the
 //! others' commands: another host's command waits behind at most what the
@@ -175,15 +186,82 @@ type NextTimes = [Option<Instant>; 2];
 /// with nothing booked ahead (which are as good as new).
 const KEPT_INITIATORS: usize = 64;
 
+/// How far ahead of now an initiator may have booked its latest command at
+/// the LUN's ceilings and still book another there (see the module docs):
+/// what another initiator's command waits behind, per busy initiator. It
+/// covers a few late timer ticks (the runtime's timers tick in whole
+/// milliseconds), so a busy initiator's next booking comes before the
+/// schedule runs dry and the LUN keeps its whole rate.
+pub const LOOKAHEAD: Duration = Duration::from_millis(5);
+
+/// One initiator's standing at a LUN's gate.
+#[derive(Debug, Default, Clone, Copy)]
+struct HostSchedule {
+    /// Its schedule against its own ceilings.
+    next: NextTimes,
+    /// When its latest command booked at the LUN's ceilings starts.
+    last_at_lun: Option<Instant>,
+}
+
+impl HostSchedule {
+    /// Whether anything of it lies after `now` (else it books as a new one).
+    fn ahead_of(&self, now: Instant) -> bool {
+        self.next
+            .iter()
+            .chain([&self.last_at_lun])
+            .flatten()
+            .any(|&t| t > now)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Schedule {
     limits: QosLimits,
     generation: u64,
     /// The LUN's schedule.
     next: NextTimes,
-    /// Each initiator's schedule against its own ceilings, by its name in
-    /// lower case (iSCSI names compare without case, RFC 3722).
-    initiators: HashMap<Arc<str>, NextTimes>,
+    /// Each initiator's standing, by its name in lower case (iSCSI names
+    /// compare without case, RFC 3722).
+    initiators: HashMap<Arc<str>, HostSchedule>,
+}
+
+impl Schedule {
+    /// `initiator`'s standing (a new one if it has none) and its key.
+    fn host(&mut self, initiator: &str, now: Instant) -> (Arc<str>, &mut HostSchedule) {
+        let name: Cow<'_, str> = if initiator.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(initiator.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(initiator)
+        };
+        // The map's own key is handed out: no copy of the name per command.
+        let key: Arc<str> = match self.initiators.get_key_value(name.as_ref()) {
+            Some((key, _)) => key.clone(),
+            None => {
+                if self.initiators.len() >= KEPT_INITIATORS {
+                    self.initiators.retain(|_, h| h.ahead_of(now));
+                }
+                let key: Arc<str> = Arc::from(name.as_ref());
+                self.initiators.insert(key.clone(), HostSchedule::default());
+                key
+            }
+        };
+        let host = self
+            .initiators
+            .get_mut(&*key)
+            .expect("inserted above if it was missing");
+        (key, host)
+    }
+}
+
+/// A command's turn at the LUN's ceilings ([`QosGate::turn_at_lun`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LunTurn {
+    /// Booked: its place (a zero wait when it may start at once).
+    Booked(Reservation),
+    /// Its initiator's latest command there starts more than
+    /// [`LOOKAHEAD`] from now: nothing is booked, and the command asks
+    /// again at this time.
+    NotYet(Instant),
 }
 
 /// Books a command of `costs` (commands, bytes) arriving at `now` on the
@@ -272,13 +350,20 @@ impl QosGate {
     /// zero wait when it may start at once). A command of an initiator with
     /// ceilings of its own comes here once [`Self::reserve_for`]'s wait is
     /// over.
-    pub fn reserve(&self, now: Instant, bytes: u64) -> Option<Reservation> {
+    #[cfg(test)]
+    pub(crate) fn reserve(&self, now: Instant, bytes: u64) -> Option<Reservation> {
         self.reserve_at_lun(now, bytes, false)
     }
 
     /// As [`Self::reserve`], for a command that waited at its initiator's
     /// ceilings before (`delayed`): counted as delayed once.
-    pub fn reserve_at_lun(&self, now: Instant, bytes: u64, delayed: bool) -> Option<Reservation> {
+    #[cfg(test)]
+    pub(crate) fn reserve_at_lun(
+        &self,
+        now: Instant,
+        bytes: u64,
+        delayed: bool,
+    ) -> Option<Reservation> {
         let (mut s, rates) = self.limited_by(QosLimits::rates)?;
         let (start, taken) = book(&mut s.next, rates, [1, bytes], now);
         let wait = start - now;
@@ -294,32 +379,12 @@ impl QosGate {
     /// Books a media command of `initiator` moving `bytes` that arrives at
     /// `now` at that initiator's own ceilings: `None` when the LUN sets
     /// none, else its place there. When its wait is over the command books
-    /// its place at the LUN ([`Self::reserve_at_lun`]).
+    /// its place at the LUN ([`Self::turn_at_lun`]).
     pub fn reserve_for(&self, initiator: &str, now: Instant, bytes: u64) -> Option<Reservation> {
         let (mut s, rates) = self.limited_by(QosLimits::initiator_rates)?;
-        let name: Cow<'_, str> = if initiator.bytes().any(|b| b.is_ascii_uppercase()) {
-            Cow::Owned(initiator.to_ascii_lowercase())
-        } else {
-            Cow::Borrowed(initiator)
-        };
-        // The schedule's own key is kept in the booking: no copy of the
-        // name per command.
-        let key: Arc<str> = match s.initiators.get_key_value(name.as_ref()) {
-            Some((key, _)) => key.clone(),
-            None => {
-                if s.initiators.len() >= KEPT_INITIATORS {
-                    // A schedule whose times have all passed books as a new one.
-                    s.initiators
-                        .retain(|_, next| next.iter().flatten().any(|&n| n > now));
-                }
-                let key: Arc<str> = Arc::from(name.as_ref());
-                s.initiators.insert(key.clone(), [None; 2]);
-                key
-            }
-        };
         let generation = s.generation;
-        let next = s.initiators.get_mut(&*key)?;
-        let (start, taken) = book(next, rates, [1, bytes], now);
+        let (key, host) = s.host(initiator, now);
+        let (start, taken) = book(&mut host.next, rates, [1, bytes], now);
         let wait = start - now;
         self.delays.count(wait, true);
         Some(Reservation {
@@ -328,6 +393,42 @@ impl QosGate {
             taken,
             initiator: Some(key),
         })
+    }
+
+    /// `initiator`'s command moving `bytes`, arriving at `now` (after its
+    /// wait at its own ceilings, if any), at the LUN's ceilings: `None` when
+    /// the LUN has none; else its place there, or, when that initiator has
+    /// booked as far ahead as it may ([`LOOKAHEAD`]), when to ask again. A
+    /// command that waited before (`delayed`) is counted as delayed once.
+    pub fn turn_at_lun(
+        &self,
+        initiator: &str,
+        now: Instant,
+        bytes: u64,
+        delayed: bool,
+    ) -> Option<LunTurn> {
+        let (mut s, rates) = self.limited_by(QosLimits::rates)?;
+        let generation = s.generation;
+        let (_, host) = s.host(initiator, now);
+        if let Some(last) = host.last_at_lun.filter(|&l| l > now + LOOKAHEAD) {
+            let until = last - LOOKAHEAD;
+            self.delays.count(until - now, !delayed);
+            return Some(LunTurn::NotYet(until));
+        }
+        let host_last = host.last_at_lun;
+        let (start, taken) = book(&mut s.next, rates, [1, bytes], now);
+        // Bookings at the LUN come in time order, but a booking given back
+        // may let a later one start earlier: keep the latest.
+        let (_, host) = s.host(initiator, now);
+        host.last_at_lun = Some(host_last.map_or(start, |l| l.max(start)));
+        let wait = start - now;
+        self.delays.count(wait, !delayed);
+        Some(LunTurn::Booked(Reservation {
+            wait,
+            generation,
+            taken,
+            initiator: None,
+        }))
     }
 
     /// The schedule, and the ceilings `pick` takes from the limits, when
@@ -355,8 +456,8 @@ impl QosGate {
         match &r.initiator {
             None => give_back(&mut s.next, r.taken),
             Some(name) => {
-                if let Some(next) = s.initiators.get_mut(&**name) {
-                    give_back(next, r.taken);
+                if let Some(host) = s.initiators.get_mut(&**name) {
+                    give_back(&mut host.next, r.taken);
                 }
             }
         }
@@ -445,18 +546,58 @@ mod tests {
         assert_eq!(g.limits().to_string(), "1 IOPS, each initiator 1 IOPS");
     }
 
-    #[test]
-    fn a_busy_initiator_books_nothing_ahead_of_the_others_at_the_lun() {
-        // Host A queues 20 commands at once; host B then sends one. Under
-        // the LUN's ceiling alone, B waits behind all of A's.
-        let t0 = Instant::now();
-        let lun_only = QosGate::new(limits(Some(100), None));
-        for _ in 0..20 {
-            lun_only.reserve(t0, 4096);
+    /// Host A's `n` commands arriving at `now` take their turns at the LUN
+    /// of `g`: the waits of those booked, and how many were told to come
+    /// back (and when).
+    fn turns(g: &QosGate, host: &str, n: usize, now: Instant) -> (Vec<Duration>, Vec<Instant>) {
+        let (mut booked, mut later) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            match g.turn_at_lun(host, now, 4096, false).unwrap() {
+                LunTurn::Booked(r) => booked.push(r.wait),
+                LunTurn::NotYet(until) => later.push(until),
+            }
         }
-        assert_eq!(lun_only.reserve(t0, 4096).unwrap().wait, 150 * MS);
+        (booked, later)
+    }
+
+    #[test]
+    fn a_busy_initiator_books_at_most_the_lookahead_ahead_at_the_lun() {
+        // Host A queues 20 commands at once under the LUN's 100 IOPS; host
+        // B then sends one.
+        let t0 = Instant::now();
+        let g = QosGate::new(limits(Some(100), None));
+        let (booked, later) = turns(&g, "iqn.host:a", 20, t0);
+        // The burst (50 ms at 10 ms a command) lets six start at once, the
+        // seventh is booked 10 ms ahead: past the look-ahead, so the rest
+        // come back when it is LOOKAHEAD from its start.
+        assert_eq!(booked.len(), 7, "{booked:?}");
+        assert_eq!(booked[6], 10 * MS);
+        assert_eq!(later, vec![t0 + 10 * MS - LOOKAHEAD; 13]);
+        // B waits behind A's one booking ahead, not behind its queue.
+        let (b, _) = turns(&g, "iqn.host:b", 1, t0);
+        assert_eq!(b, [20 * MS]);
+        // Booked first come, first served (a command of no initiator's
+        // look-ahead), B would wait behind all 20.
+        let fifo = QosGate::new(limits(Some(100), None));
+        for _ in 0..20 {
+            fifo.reserve(t0, 4096);
+        }
+        assert_eq!(fifo.reserve(t0, 4096).unwrap().wait, 150 * MS);
+        // When A comes back, one more of its commands is booked, after B's.
+        let (again, later) = turns(&g, "iqn.host:a", 13, t0 + 5 * MS);
+        assert_eq!(again, [25 * MS]);
+        assert_eq!(later, vec![t0 + 30 * MS - LOOKAHEAD; 12]);
+        // An initiator's standing is by its name without case: B's one
+        // booking starts 15 ms from then, past the look-ahead.
+        let (b_booked, b_later) = turns(&g, "IQN.HOST:B", 1, t0 + 5 * MS);
+        assert_eq!((b_booked, b_later), (vec![], vec![t0 + 15 * MS]));
+    }
+
+    #[test]
+    fn each_initiators_ceiling_books_its_commands_at_the_lun_at_its_pace() {
         // With each initiator held to 50 IOPS, A's commands reach the LUN
         // only at A's pace (three at once, the burst), so B waits for none.
+        let t0 = Instant::now();
         let shared = QosGate::new(QosLimits {
             iops: Some(100),
             ..each_initiator(Some(50), None)
@@ -465,16 +606,13 @@ mod tests {
         for _ in 0..20 {
             let r = shared.reserve_for("iqn.host:a", t0, 4096).unwrap();
             if r.wait.is_zero() {
-                lun_turns.push(shared.reserve_at_lun(t0, 4096, false).unwrap().wait);
+                lun_turns.extend(turns(&shared, "iqn.host:a", 1, t0).0);
             }
         }
         assert_eq!(lun_turns, [Duration::ZERO; 3]);
         let b = shared.reserve_for("iqn.host:b", t0, 4096).unwrap();
         assert_eq!(b.wait, Duration::ZERO);
-        assert_eq!(
-            shared.reserve_at_lun(t0, 4096, false).unwrap().wait,
-            Duration::ZERO
-        );
+        assert_eq!(turns(&shared, "iqn.host:b", 1, t0).0, [Duration::ZERO]);
     }
 
     #[test]
@@ -682,16 +820,22 @@ mod tests {
 
     proptest! {
         /// Commands of several initiators pass their own gate and then the
-        /// LUN's, each booked at the LUN when its first wait ends: every
-        /// initiator keeps to its own ceilings and all of them together to
-        /// the LUN's.
+        /// LUN's, each taking its turn at the LUN when its first wait ends
+        /// (and again when told to come back): every initiator keeps to its
+        /// own ceilings, all of them together to the LUN's, and no command
+        /// waits at the LUN behind more than [`LOOKAHEAD`] and one command
+        /// of each initiator.
         #[test]
         fn initiators_keep_to_their_ceilings_and_together_to_the_luns(
             iops in prop::option::of(1u64..2000),
             bytes_per_sec in prop::option::of(1u64 << 16..1 << 28),
             initiator_iops in prop::option::of(1u64..1000),
             initiator_bytes in prop::option::of(1u64 << 16..1 << 27),
-            run in prop::collection::vec((0u64..20_000_000, 0u64..(1 << 20), 0usize..3), 1..120),
+            // Half the commands arrive together with the one before.
+            run in prop::collection::vec(
+                (prop_oneof![Just(0u64), 0u64..20_000_000], 0u64..(1 << 20), 0usize..3),
+                1..120,
+            ),
         ) {
             let l = QosLimits {
                 iops,
@@ -712,9 +856,19 @@ mod tests {
             }
             let mut per_host: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); 3];
             let mut at_lun: Vec<(Instant, u64)> = Vec::new();
+            // The longest any one command holds the LUN's schedule.
+            let longest = |bytes: u64| {
+                let rates = l.rates();
+                [rates[0].map(|r| time_of(1, r)), rates[1].map(|r| time_of(bytes, r))]
+                    .into_iter()
+                    .flatten()
+                    .max()
+                    .unwrap_or_default()
+            };
+            let step = events.iter().map(|e| longest(e.0 .2)).max().unwrap_or_default();
             while let Some(std::cmp::Reverse((now, seq, bytes, host, passed))) = events.pop() {
+                let name = format!("iqn.2026-11.host:{host}");
                 if !passed {
-                    let name = format!("iqn.2026-11.host:{host}");
                     let r = g.reserve_for(&name, now, bytes);
                     prop_assert_eq!(r.is_some(), l.limits_initiators());
                     let wait = r.map_or(Duration::ZERO, |r| r.wait);
@@ -722,8 +876,29 @@ mod tests {
                     events.push(std::cmp::Reverse((now + wait, seq, bytes, host, true)));
                     continue;
                 }
-                let start = g.reserve_at_lun(now, bytes, false).map_or(now, |r| now + r.wait);
-                at_lun.push((start, bytes));
+                match g.turn_at_lun(&name, now, bytes, false) {
+                    None => at_lun.push((now, bytes)),
+                    Some(LunTurn::NotYet(until)) => {
+                        prop_assert!(until > now);
+                        events.push(std::cmp::Reverse((until, seq, bytes, host, true)));
+                    }
+                    Some(LunTurn::Booked(r)) => {
+                        // Each initiator has at most one command booked to
+                        // start later than LOOKAHEAD from now, so none waits
+                        // longer than that and one command of each
+                        // initiator (and the one starting just before).
+                        let bound = LOOKAHEAD + step * 4;
+                        prop_assert!(
+                            r.wait <= bound,
+                            "host {} waited {:?} at the LUN of {} (bound {:?})",
+                            host,
+                            r.wait,
+                            l,
+                            bound
+                        );
+                        at_lun.push((now + r.wait, bytes));
+                    }
+                }
             }
             // Commands pass the gates in time order here: checked in the
             // order they start.
