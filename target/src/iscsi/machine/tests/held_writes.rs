@@ -191,3 +191,63 @@ async fn a_write_held_by_its_initiators_ceiling_then_waits_its_turn_at_the_luns(
     c.lu().set_qos(QosLimits::default());
     assert_eq!(read_back(&mut c, 0, 4).await, data);
 }
+
+#[tokio::test]
+async fn a_held_write_past_its_initiators_lookahead_books_its_turn_when_it_comes_back() {
+    use crate::scsi::qos::LOOKAHEAD;
+    let mut c = open_at_10_iops().await;
+    let data = pattern(4 * BLOCK as usize, 8);
+    let t0 = c.now;
+    // A starts at once; B is booked 50 ms ahead; C, with B past the
+    // look-ahead, books nothing and comes back 5 ms before B's start.
+    let a = send_write(&mut c, 0, &data).await;
+    let ra = r2t_of(&c.sent(), a).expect("A asks for its data at once");
+    let b = send_write(&mut c, 8, &data).await;
+    let w = send_write(&mut c, 16, &data).await;
+    assert_eq!(c.lu().qos().counters().waiting, 2);
+    let back = t0 + Duration::from_millis(50) - LOOKAHEAD;
+    assert_eq!(c.machine.poll_timeout(), Some(back));
+    answer(&mut c, a, &ra, &data).await;
+    assert_eq!(c.response(a).await.0, 0, "A GOOD");
+    // C comes back and books after B: at 150 ms.
+    assert_eq!(c.advance(back - t0).await, None);
+    let sent = c.sent();
+    assert!(
+        r2t_of(&sent, b).is_none() && r2t_of(&sent, w).is_none(),
+        "{sent:?}"
+    );
+    assert_eq!(
+        c.machine.poll_timeout(),
+        Some(t0 + Duration::from_millis(50)),
+        "B's turn next"
+    );
+    assert_eq!(
+        c.advance(t0 + Duration::from_millis(50) - c.now).await,
+        None
+    );
+    let rb = r2t_of(&c.sent(), b).expect("B asked for at its turn");
+    answer(&mut c, b, &rb, &data).await;
+    assert_eq!(c.response(b).await.0, 0, "B GOOD");
+    assert_eq!(
+        c.machine.poll_timeout(),
+        Some(t0 + Duration::from_millis(150)),
+        "C's turn, booked when it came back"
+    );
+    assert_eq!(c.advance(Duration::from_millis(99)).await, None);
+    assert!(
+        r2t_of(&c.sent(), w).is_none(),
+        "C asked for before its turn"
+    );
+    assert_eq!(c.advance(Duration::from_millis(1)).await, None);
+    let rw = r2t_of(&c.sent(), w).expect("C asked for at its turn");
+    let counters = c.lu().qos().counters();
+    assert_eq!(
+        (counters.waiting, counters.delayed),
+        (0, 2),
+        "B and C, once each"
+    );
+    answer(&mut c, w, &rw, &data).await;
+    assert_eq!(c.response(w).await.0, 0, "C GOOD");
+    c.lu().set_qos(QosLimits::default());
+    assert_eq!(read_back(&mut c, 16, 4).await, data);
+}
