@@ -42,6 +42,9 @@ pub(super) struct Throttle {
     at_initiator: Option<Reservation>,
     /// Its place at the LUN's ceilings, once booked there.
     at_lun: Option<Reservation>,
+    /// Its place in its initiator's line at the LUN while it is told to
+    /// come back ([`LunTurn::NotYet`]).
+    ticket: Option<u64>,
     /// Its initiator's counters on the target, where its waits are
     /// counted too (None: not kept, as for discovery).
     initiator_io: Option<Arc<IoStats>>,
@@ -74,8 +77,9 @@ impl Throttle {
         let gate = unit.qos();
         let first = gate.reserve_for(initiator, now, bytes);
         let first_wait = first.as_ref().map_or(Duration::ZERO, |r| r.wait);
+        let mut ticket = None;
         let (at_lun, due) = if first_wait.is_zero() {
-            match gate.turn_at_lun(initiator, now, bytes, false)? {
+            match gate.turn_at_lun(initiator, now, bytes, false, &mut ticket)? {
                 LunTurn::Booked(r) if r.wait.is_zero() => return None,
                 LunTurn::Booked(r) => {
                     let due = now + r.wait;
@@ -96,6 +100,7 @@ impl Throttle {
             // command aborted while it waits at the LUN gives both back.
             at_initiator: first,
             at_lun,
+            ticket,
             initiator_io: initiator_io.cloned(),
             wait: due - now,
             due,
@@ -115,11 +120,13 @@ impl Throttle {
         if self.at_lun.is_some() {
             return None;
         }
-        let due = match self
-            .unit
-            .qos()
-            .turn_at_lun(&self.initiator, now, self.bytes, true)?
-        {
+        let due = match self.unit.qos().turn_at_lun(
+            &self.initiator,
+            now,
+            self.bytes,
+            true,
+            &mut self.ticket,
+        )? {
             LunTurn::Booked(r) => {
                 let due = now + r.wait;
                 self.at_lun = Some(r);
@@ -186,6 +193,9 @@ impl Drop for Throttle {
     /// An unsettled booking is given back: the task was aborted, or its
     /// future dropped with the connection, before the command started.
     fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.unit.qos().leave_line(&self.initiator, ticket);
+        }
         if !self.settled {
             for booked in [&self.at_initiator, &self.at_lun].into_iter().flatten() {
                 self.unit.qos().cancel(booked);

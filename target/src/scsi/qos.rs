@@ -49,7 +49,7 @@
 //! UNMAP and EXTENDED COPY count as one command each whatever they touch.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -194,23 +194,34 @@ const KEPT_INITIATORS: usize = 64;
 /// schedule runs dry and the LUN keeps its whole rate.
 pub const LOOKAHEAD: Duration = Duration::from_millis(5);
 
+/// When a command that waits in its initiator's line at the LUN only
+/// because an earlier one of that line has not taken its turn yet asks
+/// again (the earlier one's timer is due at the same time or just before).
+const LINE_RETRY: Duration = Duration::from_millis(1);
+
 /// One initiator's standing at a LUN's gate.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct HostSchedule {
     /// Its schedule against its own ceilings.
     next: NextTimes,
     /// When its latest command booked at the LUN's ceilings starts.
     last_at_lun: Option<Instant>,
+    /// Its commands told to come back ([`LunTurn::NotYet`]), by ticket in
+    /// arrival order: they book at the LUN in that order.
+    line: BTreeSet<u64>,
 }
 
 impl HostSchedule {
-    /// Whether anything of it lies after `now` (else it books as a new one).
+    /// Whether anything of it lies after `now` or waits in its line (else
+    /// it books as a new one).
     fn ahead_of(&self, now: Instant) -> bool {
-        self.next
-            .iter()
-            .chain([&self.last_at_lun])
-            .flatten()
-            .any(|&t| t > now)
+        !self.line.is_empty()
+            || self
+                .next
+                .iter()
+                .chain([&self.last_at_lun])
+                .flatten()
+                .any(|&t| t > now)
     }
 }
 
@@ -223,6 +234,10 @@ struct Schedule {
     /// Each initiator's standing, by its name in lower case (iSCSI names
     /// compare without case, RFC 3722).
     initiators: HashMap<Arc<str>, HostSchedule>,
+    /// The next ticket of a command told to come back: never reused, not
+    /// even under new limits, so a ticket of an earlier schedule holds no
+    /// place in a later one.
+    next_ticket: u64,
 }
 
 impl Schedule {
@@ -259,8 +274,9 @@ pub enum LunTurn {
     /// Booked: its place (a zero wait when it may start at once).
     Booked(Reservation),
     /// Its initiator's latest command there starts more than
-    /// [`LOOKAHEAD`] from now: nothing is booked, and the command asks
-    /// again at this time.
+    /// [`LOOKAHEAD`] from now, or an earlier command of that initiator is
+    /// still to take its turn: nothing is booked, and the command asks
+    /// again at this time (keeping its place in its initiator's line).
     NotYet(Instant),
 }
 
@@ -398,22 +414,43 @@ impl QosGate {
     /// `initiator`'s command moving `bytes`, arriving at `now` (after its
     /// wait at its own ceilings, if any), at the LUN's ceilings: `None` when
     /// the LUN has none; else its place there, or, when that initiator has
-    /// booked as far ahead as it may ([`LOOKAHEAD`]), when to ask again. A
-    /// command that waited before (`delayed`) is counted as delayed once.
+    /// booked as far ahead as it may ([`LOOKAHEAD`]) or has earlier
+    /// commands still to book, when to ask again. A command told to come
+    /// back gets a place in its initiator's line (`ticket`), which it
+    /// passes back when it asks again and gives up with
+    /// [`Self::leave_line`] if it goes before booking. A command that
+    /// waited before (`delayed`) is counted as delayed once.
     pub fn turn_at_lun(
         &self,
         initiator: &str,
         now: Instant,
         bytes: u64,
         delayed: bool,
+        ticket: &mut Option<u64>,
     ) -> Option<LunTurn> {
         let (mut s, rates) = self.limited_by(QosLimits::rates)?;
         let generation = s.generation;
         let (_, host) = s.host(initiator, now);
-        if let Some(last) = host.last_at_lun.filter(|&l| l > now + LOOKAHEAD) {
-            let until = last - LOOKAHEAD;
+        // A ticket of an earlier schedule (new limits) holds no place.
+        if ticket.is_some_and(|t| !host.line.contains(&t)) {
+            *ticket = None;
+        }
+        let first_in_line = host.line.first().copied();
+        let last = host.last_at_lun.filter(|&l| l > now + LOOKAHEAD);
+        if last.is_some() || first_in_line.is_some_and(|t| Some(t) != *ticket) {
+            if ticket.is_none() {
+                let t = s.next_ticket;
+                s.next_ticket += 1;
+                let (_, host) = s.host(initiator, now);
+                host.line.insert(t);
+                *ticket = Some(t);
+            }
+            let until = last.map_or(now + LINE_RETRY, |l| l - LOOKAHEAD);
             self.delays.count(until - now, !delayed);
             return Some(LunTurn::NotYet(until));
+        }
+        if let Some(t) = ticket.take() {
+            host.line.remove(&t);
         }
         let host_last = host.last_at_lun;
         let (start, taken) = book(&mut s.next, rates, [1, bytes], now);
@@ -429,6 +466,17 @@ impl QosGate {
             taken,
             initiator: None,
         }))
+    }
+
+    /// A command told to come back ([`LunTurn::NotYet`]) goes without
+    /// booking (aborted, its connection gone): its place in its
+    /// initiator's line is given up.
+    pub fn leave_line(&self, initiator: &str, ticket: u64) {
+        let mut s = self.lock();
+        let lower = initiator.to_ascii_lowercase();
+        if let Some(host) = s.initiators.get_mut(lower.as_str()) {
+            host.line.remove(&ticket);
+        }
     }
 
     /// The schedule, and the ceilings `pick` takes from the limits, when
@@ -546,17 +594,31 @@ mod tests {
         assert_eq!(g.limits().to_string(), "1 IOPS, each initiator 1 IOPS");
     }
 
-    /// Host A's `n` commands arriving at `now` take their turns at the LUN
-    /// of `g`: the waits of those booked, and how many were told to come
-    /// back (and when).
-    fn turns(g: &QosGate, host: &str, n: usize, now: Instant) -> (Vec<Duration>, Vec<Instant>) {
-        let (mut booked, mut later) = (Vec::new(), Vec::new());
-        for _ in 0..n {
-            match g.turn_at_lun(host, now, 4096, false).unwrap() {
-                LunTurn::Booked(r) => booked.push(r.wait),
-                LunTurn::NotYet(until) => later.push(until),
+    /// The commands of `line` (their tickets: None for a new one) of
+    /// `host` take their turns at the LUN of `g` at `now`, in that order:
+    /// the waits of those booked, and when the others come back (left in
+    /// `line` with their tickets).
+    fn turns(
+        g: &QosGate,
+        host: &str,
+        line: &mut Vec<Option<u64>>,
+        now: Instant,
+    ) -> (Vec<Duration>, Vec<Instant>) {
+        let (mut booked, mut later, mut still) = (Vec::new(), Vec::new(), Vec::new());
+        for mut ticket in line.drain(..) {
+            match g.turn_at_lun(host, now, 4096, false, &mut ticket).unwrap() {
+                LunTurn::Booked(r) => {
+                    assert_eq!(ticket, None, "a booked command leaves the line");
+                    booked.push(r.wait)
+                }
+                LunTurn::NotYet(until) => {
+                    assert!(ticket.is_some(), "told to come back without a place");
+                    later.push(until);
+                    still.push(ticket);
+                }
             }
         }
+        *line = still;
         (booked, later)
     }
 
@@ -566,7 +628,8 @@ mod tests {
         // B then sends one.
         let t0 = Instant::now();
         let g = QosGate::new(limits(Some(100), None));
-        let (booked, later) = turns(&g, "iqn.host:a", 20, t0);
+        let mut a = vec![None; 20];
+        let (booked, later) = turns(&g, "iqn.host:a", &mut a, t0);
         // The burst (50 ms at 10 ms a command) lets six start at once, the
         // seventh is booked 10 ms ahead: past the look-ahead, so the rest
         // come back when it is LOOKAHEAD from its start.
@@ -574,8 +637,7 @@ mod tests {
         assert_eq!(booked[6], 10 * MS);
         assert_eq!(later, vec![t0 + 10 * MS - LOOKAHEAD; 13]);
         // B waits behind A's one booking ahead, not behind its queue.
-        let (b, _) = turns(&g, "iqn.host:b", 1, t0);
-        assert_eq!(b, [20 * MS]);
+        assert_eq!(turns(&g, "iqn.host:b", &mut vec![None], t0).0, [20 * MS]);
         // Booked first come, first served (a command of no initiator's
         // look-ahead), B would wait behind all 20.
         let fifo = QosGate::new(limits(Some(100), None));
@@ -583,14 +645,33 @@ mod tests {
             fifo.reserve(t0, 4096);
         }
         assert_eq!(fifo.reserve(t0, 4096).unwrap().wait, 150 * MS);
-        // When A comes back, one more of its commands is booked, after B's.
-        let (again, later) = turns(&g, "iqn.host:a", 13, t0 + 5 * MS);
+        // When A's come back, the first in its line is booked, after B's.
+        let (again, later) = turns(&g, "iqn.host:a", &mut a, t0 + 5 * MS);
         assert_eq!(again, [25 * MS]);
         assert_eq!(later, vec![t0 + 30 * MS - LOOKAHEAD; 12]);
+        // A new command of A's queues behind its line even with the
+        // look-ahead open, as do those of the line that come back before
+        // the first of it: they book in arrival order.
+        a.reverse();
+        a.insert(0, None);
+        let at = t0 + 25 * MS;
+        let (booked, later) = turns(&g, "iqn.host:a", &mut a, at);
+        assert_eq!(booked, [15 * MS], "the first in line, when it came");
+        assert_eq!(later, vec![at + LINE_RETRY; 12]);
+        assert_eq!(
+            a.iter().flatten().min(),
+            a.last().unwrap().as_ref(),
+            "the first in line came back last"
+        );
         // An initiator's standing is by its name without case: B's one
         // booking starts 15 ms from then, past the look-ahead.
-        let (b_booked, b_later) = turns(&g, "IQN.HOST:B", 1, t0 + 5 * MS);
+        let (b_booked, b_later) = turns(&g, "IQN.HOST:B", &mut vec![None], t0 + 5 * MS);
         assert_eq!((b_booked, b_later), (vec![], vec![t0 + 15 * MS]));
+        // Commands that go give their places up.
+        for t in a.iter().flatten() {
+            g.leave_line("iqn.host:a", *t);
+        }
+        assert!(g.lock().initiators.values().all(|h| h.line.len() <= 1));
     }
 
     #[test]
@@ -606,13 +687,16 @@ mod tests {
         for _ in 0..20 {
             let r = shared.reserve_for("iqn.host:a", t0, 4096).unwrap();
             if r.wait.is_zero() {
-                lun_turns.extend(turns(&shared, "iqn.host:a", 1, t0).0);
+                lun_turns.extend(turns(&shared, "iqn.host:a", &mut vec![None], t0).0);
             }
         }
         assert_eq!(lun_turns, [Duration::ZERO; 3]);
         let b = shared.reserve_for("iqn.host:b", t0, 4096).unwrap();
         assert_eq!(b.wait, Duration::ZERO);
-        assert_eq!(turns(&shared, "iqn.host:b", 1, t0).0, [Duration::ZERO]);
+        assert_eq!(
+            turns(&shared, "iqn.host:b", &mut vec![None], t0).0,
+            [Duration::ZERO]
+        );
     }
 
     #[test]
@@ -852,10 +936,12 @@ mod tests {
             let mut at = t0;
             for (seq, (gap, bytes, host)) in run.into_iter().enumerate() {
                 at += Duration::from_nanos(gap);
-                events.push(std::cmp::Reverse((at, seq, bytes, host, false)));
+                events.push(std::cmp::Reverse((at, seq, bytes, host, false, None)));
             }
             let mut per_host: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); 3];
             let mut at_lun: Vec<(Instant, u64)> = Vec::new();
+            // The arrival of each host's latest command booked at the LUN.
+            let mut booked_seq: [Option<usize>; 3] = [None; 3];
             // The longest any one command holds the LUN's schedule.
             let longest = |bytes: u64| {
                 let rates = l.rates();
@@ -866,21 +952,23 @@ mod tests {
                     .unwrap_or_default()
             };
             let step = events.iter().map(|e| longest(e.0 .2)).max().unwrap_or_default();
-            while let Some(std::cmp::Reverse((now, seq, bytes, host, passed))) = events.pop() {
+            while let Some(std::cmp::Reverse((now, seq, bytes, host, passed, mut ticket))) =
+                events.pop()
+            {
                 let name = format!("iqn.2026-11.host:{host}");
                 if !passed {
                     let r = g.reserve_for(&name, now, bytes);
                     prop_assert_eq!(r.is_some(), l.limits_initiators());
                     let wait = r.map_or(Duration::ZERO, |r| r.wait);
                     per_host[host].push((now + wait, bytes));
-                    events.push(std::cmp::Reverse((now + wait, seq, bytes, host, true)));
+                    events.push(std::cmp::Reverse((now + wait, seq, bytes, host, true, None)));
                     continue;
                 }
-                match g.turn_at_lun(&name, now, bytes, false) {
+                match g.turn_at_lun(&name, now, bytes, false, &mut ticket) {
                     None => at_lun.push((now, bytes)),
                     Some(LunTurn::NotYet(until)) => {
                         prop_assert!(until > now);
-                        events.push(std::cmp::Reverse((until, seq, bytes, host, true)));
+                        events.push(std::cmp::Reverse((until, seq, bytes, host, true, ticket)));
                     }
                     Some(LunTurn::Booked(r)) => {
                         // Each initiator has at most one command booked to
@@ -897,9 +985,24 @@ mod tests {
                             bound
                         );
                         at_lun.push((now + r.wait, bytes));
+                        // A host's commands book at the LUN in the order
+                        // they came.
+                        prop_assert!(
+                            booked_seq[host] < Some(seq),
+                            "host {}: command {} booked after {:?}",
+                            host,
+                            seq,
+                            booked_seq[host]
+                        );
+                        booked_seq[host] = Some(seq);
+                        prop_assert_eq!(ticket, None);
                     }
                 }
             }
+            prop_assert!(
+                g.lock().initiators.values().all(|h| h.line.is_empty()),
+                "every line emptied"
+            );
             // Commands pass the gates in time order here: checked in the
             // order they start.
             let none = |_: usize, _: u64| 0;
