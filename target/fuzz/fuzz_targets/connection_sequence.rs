@@ -1466,4 +1466,9 @@ fuzz_target!(|input: Input| {
         0,
         "commands still counted as waiting for their turn"
     );
+    assert_eq!(
+        h.qos_in_lines(),
+        0,
+        "places still held in an initiator's line at the LUN"
+    );
 });

@@ -468,6 +468,12 @@ impl QosGate {
         }))
     }
 
+    /// Commands told to come back that hold a place in their initiators'
+    /// lines now (each also counts as waiting until it starts or goes).
+    pub fn in_lines(&self) -> usize {
+        self.lock().initiators.values().map(|h| h.line.len()).sum()
+    }
+
     /// A command told to come back ([`LunTurn::NotYet`]) goes without
     /// booking (aborted, its connection gone): its place in its
     /// initiator's line is given up.

@@ -267,6 +267,11 @@ impl Harness {
         self.lun0().map_or(0, |lu| lu.qos().counters().waiting)
     }
 
+    /// Places held in LUN 0's initiators' lines at its ceilings now.
+    pub fn qos_in_lines(&self) -> usize {
+        self.lun0().map_or(0, |lu| lu.qos().in_lines())
+    }
+
     /// Time passes up to the connection's next timer when that falls
     /// within `within` (a held WRITE's turn at its LUN's ceilings, say):
     /// what falls due then happens.
