@@ -10,7 +10,8 @@
 # 4 KiB QD1 READs while LUN 0 takes 1 MiB QD16 READs, unthrottled and under 100 MiB/s (what a
 # ceiling on a busy LUN gives the others on this machine, whatever it is). Last, a shared LUN: host
 # B's 4 KiB QD1 READs beside host A's QD32 ones on LUN 0, under a 1000 IOPS ceiling of the LUN's
-# alone and then with each host also held to 500 (initiator_iops_limit). Results:
+# alone and then with each host also held to 500 (initiator_iops_limit); B starts 0.5 s after A,
+# so the LUN's own rate is both hosts' commands over the SECS + 0.5 s either ran. Results:
 # bench/qos-ceilings-results.txt.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -158,5 +159,9 @@ echo
 python3 -c 'import sys
 la, lb, lp, ea, eb, ep = map(float, sys.argv[1:7])
 print(f"shared LUN under 1000 IOPS: host A QD32 {la:.0f} IOPS, host B QD1 {lb:.0f} IOPS (p99 {lp:.0f} us); with each host held to 500 IOPS: A {ea:.0f}, B {eb:.0f} IOPS (p99 {ep:.0f} us)")
-print(f"shared LUN ratios: host B IOPS each-host/LUN-only {eb / lb:.2f}, host B p99 each-host/LUN-only {ep / lp:.3f}, host A+B each-host/ceiling {(ea + eb) / 1000:.2f}")' \
-    "$lun_a" "$lun_b" "$lun_p99" "$each_a" "$each_b" "$each_p99"
+secs = float(sys.argv[7])
+# A runs SECS seconds from 0, B SECS seconds from 0.5 s: each rate is over its own SECS, but the
+# LUN served both over about SECS + 0.5 s, so the LUN'"'"'s rate is their commands over that span.
+lun = (la + lb) * secs / (secs + 0.5)
+print(f"shared LUN ratios: host B IOPS each-host/LUN-only {eb / lb:.2f}, host B p99 each-host/LUN-only {ep / lp:.3f}, host A+B each-host/ceiling {(ea + eb) / 1000:.2f}; under the LUN'"'"'s ceiling alone, A and B over the {secs + 0.5:.1f} s either ran: {lun:.0f} IOPS, ratio {lun / 1000:.2f}")' \
+    "$lun_a" "$lun_b" "$lun_p99" "$each_a" "$each_b" "$each_p99" "$SECS"
