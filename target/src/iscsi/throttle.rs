@@ -271,6 +271,15 @@ mod tests {
         LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))])
     }
 
+    /// A unit whose initiators are each held to 10 IOPS, and the LUN too.
+    fn each_host_and_the_lun_at_10_iops() -> LunTable {
+        table(QosLimits {
+            iops: Some(10),
+            initiator_iops: Some(10),
+            ..Default::default()
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_command_over_the_ceiling_starts_when_its_place_comes() {
         let t = table(QosLimits {
@@ -353,11 +362,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_command_waits_for_its_initiators_turn_and_then_the_luns() {
-        let t = table(QosLimits {
-            iops: Some(10),
-            initiator_iops: Some(10),
-            ..Default::default()
-        });
+        let t = each_host_and_the_lun_at_10_iops();
         let gate = t.get(0).unwrap();
         let t0 = Instant::now();
         // This host's last command 100 ms ahead, another host's two at the
@@ -435,11 +440,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_command_aborted_at_the_luns_gate_gives_its_initiators_place_back_too() {
-        let t = table(QosLimits {
-            iops: Some(10),
-            initiator_iops: Some(10),
-            ..Default::default()
-        });
+        let t = each_host_and_the_lun_at_10_iops();
         let gate = t.get(0).unwrap();
         let t0 = Instant::now();
         // Another host's two commands at the LUN, 200 ms ahead.
