@@ -139,11 +139,12 @@ print(f"neighbour ratios: IOPS throttled/unthrottled {hi / fi:.2f}, p99 throttle
     "$alone_iops" "$alone_p99" "$free_iops" "$free_p99" "$free_noisy" "$held_iops" "$held_p99" "$held_noisy"
 
 # A shared LUN: host B at QD1 beside host A at QD32, under the LUN's ceiling alone, then with each
-# host held to a share of its own.
+# host held to a share of its own. B starts B_LATE seconds after A.
+B_LATE=0.5
 shared() {
     bench 0 read rand 4k 32 iqn.2026-12.io.blockwire:host-a >"$tmp/busy" &
     local a=$!
-    sleep 0.5
+    sleep "$B_LATE"
     read -r b_iops _ b_p99 <<<"$(bench 0 read rand 4k 1 iqn.2026-12.io.blockwire:host-b)"
     wait "$a"
     read -r a_iops _ _ <<<"$(cat "$tmp/busy")"
@@ -159,9 +160,10 @@ echo
 python3 -c 'import sys
 la, lb, lp, ea, eb, ep = map(float, sys.argv[1:7])
 print(f"shared LUN under 1000 IOPS: host A QD32 {la:.0f} IOPS, host B QD1 {lb:.0f} IOPS (p99 {lp:.0f} us); with each host held to 500 IOPS: A {ea:.0f}, B {eb:.0f} IOPS (p99 {ep:.0f} us)")
-secs = float(sys.argv[7])
-# A runs SECS seconds from 0, B SECS seconds from 0.5 s: each rate is over its own SECS, but the
-# LUN served both over about SECS + 0.5 s, so the LUN'"'"'s rate is their commands over that span.
-lun = (la + lb) * secs / (secs + 0.5)
-print(f"shared LUN ratios: host B IOPS each-host/LUN-only {eb / lb:.2f}, host B p99 each-host/LUN-only {ep / lp:.3f}, host A+B each-host/ceiling {(ea + eb) / 1000:.2f}; under the LUN'"'"'s ceiling alone, A and B over the {secs + 0.5:.1f} s either ran: {lun:.0f} IOPS, ratio {lun / 1000:.2f}")' \
-    "$lun_a" "$lun_b" "$lun_p99" "$each_a" "$each_b" "$each_p99" "$SECS"
+secs, late = float(sys.argv[7]), float(sys.argv[8])
+# A runs SECS seconds from 0, B SECS seconds from B_LATE: each rate is over its own SECS, but the
+# LUN served both over about SECS + B_LATE, so the LUN'"'"'s rate is their commands over that span.
+span = secs + late
+lun = (la + lb) * secs / span
+print(f"shared LUN ratios: host B IOPS each-host/LUN-only {eb / lb:.2f}, host B p99 each-host/LUN-only {ep / lp:.3f}, host A+B each-host/ceiling {(ea + eb) / 1000:.2f}; under the LUN'"'"'s ceiling alone, A and B over the {span:.1f} s either ran: {lun:.0f} IOPS, ratio {lun / 1000:.2f}")' \
+    "$lun_a" "$lun_b" "$lun_p99" "$each_a" "$each_b" "$each_p99" "$SECS" "$B_LATE"
