@@ -1,17 +1,22 @@
-//! Asymmetric logical unit access (SPC-4 5.16), implicit only (TPGS=01b):
-//! the target port groups a target's logical units are reached through,
-//! each with its access state, as plain data the fabric hands to the
-//! [`LunTable`](super::LunTable) (an iSCSI fabric passes one group per
-//! portal group, its relative port being the TPGT). The core reports them
-//! in REPORT TARGET PORT GROUPS and VPD 83h and refuses media commands
-//! through a port in standby; it never learns what a portal is.
+//! Asymmetric logical unit access (SPC-4 5.16): the target port groups a
+//! target's logical units are reached through, each with its access state,
+//! as plain data the fabric hands to the [`LunTable`](super::LunTable) (an
+//! iSCSI fabric passes one group per portal group, its relative port being
+//! the TPGT). The core reports them in REPORT TARGET PORT GROUPS and VPD
+//! 83h and refuses media commands through a port in standby; it never
+//! learns what a portal is.
+//!
+//! States change implicitly, when the management plane sets new groups
+//! (TPGS=01b), and, where the target allows it, explicitly: an initiator's
+//! SET TARGET PORT GROUPS (TPGS=11b, SPC-4 5.16.2.5), which is how a
+//! multipath host fails an active/passive pair over to the passive side.
 
 use blockwire_pdu::scsi::{Asc, Sense, SenseKey};
 
-use super::outcome::{invalid_cdb, CmdResult, Done, Failure};
+use super::outcome::{invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure};
 
 /// The asymmetric access state of a target port group (SPC-4 table 49).
-/// Only the states an implicit-ALUA target without transitions needs.
+/// Only the states a target without transitions needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum AluaState {
     /// Active/optimized (0h): the preferred path.
@@ -41,6 +46,16 @@ impl AluaState {
             AluaState::ActiveOptimized => "active_optimized",
             AluaState::ActiveNonOptimized => "active_non_optimized",
             AluaState::Standby => "standby",
+        }
+    }
+
+    /// The state of an ASYMMETRIC ACCESS STATE code, where supported.
+    pub fn from_code(code: u8) -> Option<AluaState> {
+        match code {
+            0x0 => Some(AluaState::ActiveOptimized),
+            0x1 => Some(AluaState::ActiveNonOptimized),
+            0x2 => Some(AluaState::Standby),
+            _ => None,
         }
     }
 
@@ -90,17 +105,136 @@ pub(crate) const DEFAULT_GROUP: u16 = 1;
 /// active/non-optimized (AN_SUP), standby (S_SUP).
 const SUPPORTED_STATES: u8 = 0x07;
 
+/// One request of a SET TARGET PORT GROUPS parameter list: the group and
+/// the state it is to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StateRequest {
+    /// TARGET PORT GROUP.
+    pub group: u16,
+    /// The ASYMMETRIC ACCESS STATE asked for.
+    pub state: AluaState,
+    /// Where its descriptor starts in the parameter list (for the sense
+    /// data's field pointer).
+    pub offset: u16,
+}
+
+/// Bytes of the SET TARGET PORT GROUPS parameter list header (reserved).
+const STPG_HEADER: usize = 4;
+/// Bytes of one set target port group descriptor.
+const STPG_DESCRIPTOR: usize = 4;
+
+/// Parses a SET TARGET PORT GROUPS parameter list (SPC-4 6.38): the first
+/// `parameter_list_length` bytes of `data_out`, a 4-byte reserved header
+/// and 4-byte descriptors (ASYMMETRIC ACCESS STATE in the low nibble of
+/// byte 0, TARGET PORT GROUP in bytes 2-3). A length of 0 asks for nothing.
+/// A list that arrived shorter than its length, or that cuts a descriptor,
+/// is a PARAMETER LIST LENGTH ERROR; a state this target does not support
+/// (unavailable, LBA dependent, offline, transitioning, reserved codes) and
+/// a group named twice are INVALID FIELD IN PARAMETER LIST. Whether each
+/// group exists is the caller's check.
+pub(crate) fn parse_set_target_port_groups(
+    parameter_list_length: u32,
+    data_out: &[u8],
+) -> Result<Vec<StateRequest>, Failure> {
+    let len = usize::try_from(parameter_list_length).map_err(|_| param_length())?;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let list = data_out.get(..len).ok_or_else(param_length)?;
+    if len < STPG_HEADER || (len - STPG_HEADER) % STPG_DESCRIPTOR != 0 {
+        return Err(param_length());
+    }
+    let mut requests: Vec<StateRequest> = Vec::with_capacity((len - STPG_HEADER) / STPG_DESCRIPTOR);
+    for (i, d) in list[STPG_HEADER..]
+        .chunks_exact(STPG_DESCRIPTOR)
+        .enumerate()
+    {
+        // The list is at most the fabric's largest transfer, far below
+        // 64 KiB descriptors; a longer one points at its last reachable byte.
+        let offset = u16::try_from(STPG_HEADER + i * STPG_DESCRIPTOR).unwrap_or(u16::MAX);
+        let state =
+            AluaState::from_code(d[0] & 0x0f).ok_or_else(|| invalid_param(offset, Some(3)))?;
+        let group = u16::from_be_bytes([d[2], d[3]]);
+        if requests.iter().any(|r| r.group == group) {
+            return Err(invalid_param(offset.saturating_add(2), None));
+        }
+        requests.push(StateRequest {
+            group,
+            state,
+            offset,
+        });
+    }
+    Ok(requests)
+}
+
 /// A target's port groups, in order (the first not in standby is the
-/// preferred one).
+/// preferred one), and whether initiators may change their states.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct PortGroups(pub Vec<TargetPortGroup>);
+pub(crate) struct PortGroups {
+    /// The groups.
+    pub groups: Vec<TargetPortGroup>,
+    /// Explicit ALUA: SET TARGET PORT GROUPS is obeyed (TPGS=11b).
+    pub explicit: bool,
+    /// Groups whose state the last change to them was a SET TARGET PORT
+    /// GROUPS (STATUS CODE 01h in REPORT TARGET PORT GROUPS).
+    pub set_by_command: Vec<u16>,
+}
 
 impl PortGroups {
+    /// The TPGS field of standard INQUIRY data: 01b implicit only, 11b
+    /// implicit and explicit.
+    pub fn tpgs(&self) -> u8 {
+        if self.explicit {
+            3
+        } else {
+            1
+        }
+    }
+
+    /// Replaces the groups (an implicit change): a group whose state
+    /// changes is no longer one a command set.
+    pub fn replace(&mut self, groups: Vec<TargetPortGroup>) -> Vec<(u16, AluaState, AluaState)> {
+        let changed = state_changes(&self.groups, &groups);
+        self.set_by_command
+            .retain(|id| groups.iter().any(|g| g.id == *id) && !changed.iter().any(|c| c.0 == *id));
+        self.groups = groups;
+        changed
+    }
+
+    /// Applies a SET TARGET PORT GROUPS: every group it names must be one
+    /// of the target's, or nothing changes (INVALID FIELD IN PARAMETER
+    /// LIST at that descriptor's TARGET PORT GROUP). Returns the groups whose
+    /// state changed, with the states before and after.
+    pub fn set_by_command(
+        &mut self,
+        requests: &[StateRequest],
+    ) -> Result<Vec<(u16, AluaState, AluaState)>, Failure> {
+        if let Some(r) = requests
+            .iter()
+            .find(|r| !self.groups.iter().any(|g| g.id == r.group))
+        {
+            return Err(invalid_param(r.offset.saturating_add(2), None));
+        }
+        let mut changed = Vec::new();
+        for r in requests {
+            if let Some(g) = self.groups.iter_mut().find(|g| g.id == r.group) {
+                if g.state != r.state {
+                    changed.push((g.id, g.state, r.state));
+                    g.state = r.state;
+                }
+            }
+            if !self.set_by_command.contains(&r.group) {
+                self.set_by_command.push(r.group);
+            }
+        }
+        Ok(changed)
+    }
+
     /// The group holding `relative_port` and its state. A port in no
     /// configured group (or with none configured) is in the default group,
     /// active/optimized.
     pub fn of_port(&self, relative_port: u16) -> (u16, AluaState) {
-        self.0
+        self.groups
             .iter()
             .find(|g| g.ports.contains(&relative_port))
             .map_or((DEFAULT_GROUP, AluaState::ActiveOptimized), |g| {
@@ -135,7 +269,7 @@ impl PortGroups {
             return Err(invalid_cdb(1, Some(7)));
         }
         let fallback;
-        let groups = if self.0.is_empty() {
+        let groups = if self.groups.is_empty() {
             fallback = [TargetPortGroup {
                 id: DEFAULT_GROUP,
                 state: AluaState::ActiveOptimized,
@@ -143,7 +277,7 @@ impl PortGroups {
             }];
             &fallback[..]
         } else {
-            &self.0[..]
+            &self.groups[..]
         };
         // PREF marks the first group not in standby: Linux's ALUA
         // prioritizer ranks a preferred group above any unpreferred one
@@ -157,9 +291,15 @@ impl PortGroups {
             desc.push(pref | g.state.code());
             desc.push(SUPPORTED_STATES);
             desc.extend_from_slice(&g.id.to_be_bytes());
-            // Reserved; STATUS CODE 02h (altered by implicit ALUA
-            // behavior); vendor specific; TARGET PORT COUNT.
-            desc.extend_from_slice(&[0, 0x02, 0, g.ports.len().min(255) as u8]);
+            // Reserved; STATUS CODE (01h: altered by SET TARGET PORT
+            // GROUPS, 02h: altered by implicit ALUA behavior); vendor
+            // specific; TARGET PORT COUNT.
+            let status = if self.set_by_command.contains(&g.id) {
+                0x01
+            } else {
+                0x02
+            };
+            desc.extend_from_slice(&[0, status, 0, g.ports.len().min(255) as u8]);
             for p in g.ports.iter().take(255) {
                 desc.extend_from_slice(&[0, 0]);
                 desc.extend_from_slice(&p.to_be_bytes());
@@ -181,8 +321,15 @@ impl PortGroups {
 mod tests {
     use super::*;
 
+    fn groups_of(groups: Vec<TargetPortGroup>) -> PortGroups {
+        PortGroups {
+            groups,
+            ..PortGroups::default()
+        }
+    }
+
     fn two() -> PortGroups {
-        PortGroups(vec![
+        groups_of(vec![
             TargetPortGroup {
                 id: 1,
                 state: AluaState::ActiveOptimized,
@@ -243,7 +390,7 @@ mod tests {
     #[test]
     fn a_first_group_in_standby_is_not_preferred() {
         let groups = |first: AluaState, second: AluaState| {
-            PortGroups(vec![
+            groups_of(vec![
                 TargetPortGroup {
                     id: 1,
                     state: first,
@@ -287,5 +434,96 @@ mod tests {
             &d[..],
             &[0, 0, 0, 12, 0x80, 0x07, 0, 1, 0, 2, 0, 1, 0, 0, 0, 7]
         );
+    }
+
+    mod set_target_port_groups_list {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn list_of(requests: &[(u16, u8)]) -> Vec<u8> {
+            let mut l = vec![0u8; STPG_HEADER];
+            for (group, code) in requests {
+                l.extend_from_slice(&[*code, 0]);
+                l.extend_from_slice(&group.to_be_bytes());
+            }
+            l
+        }
+
+        proptest! {
+            /// Any bytes and any length: never a panic, never a read past
+            /// the data that came, and a list is accepted exactly when its
+            /// length is whole descriptors within the data, every state is
+            /// one this target supports and no group comes twice.
+            #[test]
+            fn any_list_is_accepted_only_when_whole_supported_and_distinct(
+                data in proptest::collection::vec(any::<u8>(), 0..48),
+                len in prop_oneof![0u32..52, any::<u32>()],
+            ) {
+                let got = parse_set_target_port_groups(len, &data);
+                let l = len as usize;
+                let whole = l == 0
+                    || (l <= data.len() && l >= STPG_HEADER && (l - STPG_HEADER) % STPG_DESCRIPTOR == 0);
+                if !whole {
+                    prop_assert!(got.is_err());
+                    return Ok(());
+                }
+                let descriptors: Vec<&[u8]> = if l == 0 {
+                    Vec::new()
+                } else {
+                    data[STPG_HEADER..l].chunks(STPG_DESCRIPTOR).collect()
+                };
+                let supported = descriptors.iter().all(|d| d[0] & 0x0f <= 2);
+                let groups: Vec<u16> = descriptors.iter().map(|d| u16::from_be_bytes([d[2], d[3]])).collect();
+                let distinct = groups.iter().enumerate().all(|(i, g)| !groups[..i].contains(g));
+                match got {
+                    Ok(requests) => {
+                        prop_assert!(supported && distinct);
+                        prop_assert_eq!(requests.len(), descriptors.len());
+                        for (i, (r, d)) in requests.iter().zip(&descriptors).enumerate() {
+                            prop_assert_eq!(r.group, u16::from_be_bytes([d[2], d[3]]));
+                            prop_assert_eq!(r.state.code(), d[0] & 0x0f);
+                            prop_assert_eq!(usize::from(r.offset), STPG_HEADER + i * STPG_DESCRIPTOR);
+                        }
+                    }
+                    Err(_) => prop_assert!(!(supported && distinct)),
+                }
+            }
+
+            /// A list written from distinct groups and supported states
+            /// reads back as the same requests, in order.
+            #[test]
+            fn a_written_list_reads_back(
+                groups in proptest::collection::btree_set(any::<u16>(), 0..12),
+                codes in proptest::collection::vec(0u8..3, 12),
+            ) {
+                let asked: Vec<(u16, u8)> = groups.iter().copied().zip(codes).collect();
+                let data = list_of(&asked);
+                let got = parse_set_target_port_groups(data.len() as u32, &data).unwrap();
+                let back: Vec<(u16, u8)> = got.iter().map(|r| (r.group, r.state.code())).collect();
+                prop_assert_eq!(back, asked);
+            }
+        }
+
+        #[test]
+        fn applying_names_only_existing_groups_and_all_or_nothing() {
+            let mut g = two();
+            let asked = parse_set_target_port_groups(12, &list_of(&[(2, 0), (3, 0)])).unwrap();
+            assert!(g.set_by_command(&asked).is_err());
+            assert_eq!(g, two(), "group 2 kept its state: group 3 does not exist");
+            let asked = parse_set_target_port_groups(12, &list_of(&[(2, 0), (1, 1)])).unwrap();
+            assert_eq!(
+                g.set_by_command(&asked).unwrap(),
+                vec![
+                    (2, AluaState::Standby, AluaState::ActiveOptimized),
+                    (1, AluaState::ActiveOptimized, AluaState::ActiveNonOptimized)
+                ]
+            );
+            assert_eq!(g.set_by_command, vec![2, 1]);
+            // An implicit change of group 1 only: group 2 stays set by the command.
+            let mut groups = g.groups.clone();
+            groups[0].state = AluaState::ActiveOptimized;
+            g.replace(groups);
+            assert_eq!(g.set_by_command, vec![2]);
+        }
     }
 }

@@ -6,6 +6,7 @@ use blockwire_pdu::scsi::{
     LogicalBlockProvisioning, StandardInquiry, Vpd, VpdPage,
 };
 
+use super::alua::PortGroups;
 use super::identity::naa_parts;
 use super::logical_unit::{LogicalUnit, MAX_TRANSFER_BYTES};
 use super::outcome::{invalid_cdb, CmdResult, Done};
@@ -36,10 +37,12 @@ const PAGES: [u8; 8] = [
 
 impl LogicalUnit {
     /// Standard INQUIRY data as this unit reports it.
-    pub(crate) fn standard_inquiry(&self) -> StandardInquiry {
+    /// `tpgs` is the target's ALUA support (see `PortGroups::tpgs`).
+    pub(crate) fn standard_inquiry(&self, tpgs: u8) -> StandardInquiry {
         let mut inq = StandardInquiry::new(&self.cfg.vendor, &self.cfg.product, &self.cfg.revision);
-        // Implicit ALUA: REPORT TARGET PORT GROUPS is answered, SET is not.
-        inq.tpgs = 1;
+        // ALUA: REPORT TARGET PORT GROUPS is always answered; SET TARGET
+        // PORT GROUPS only where the target allows explicit transitions.
+        inq.tpgs = tpgs;
         // EXTENDED COPY (LID1) and the token-based copies within the
         // target.
         inq.three_pc = true;
@@ -47,20 +50,24 @@ impl LogicalUnit {
         inq
     }
 
-    /// INQUIRY; `port_group` is the target port group of the port the
-    /// command came through (VPD 83h).
+    /// INQUIRY; `ports` are the target's port groups (TPGS; VPD 83h names
+    /// the group of the port the command came through).
     pub(crate) fn inquiry(
         &self,
         nexus: &ItNexus,
-        port_group: u16,
+        ports: &PortGroups,
         evpd: bool,
         page_code: u8,
         allocation_length: u16,
     ) -> CmdResult {
         let alloc = u32::from(allocation_length);
         if !evpd {
-            return Ok(Done::data(self.standard_inquiry().encode(), alloc));
+            return Ok(Done::data(
+                self.standard_inquiry(ports.tpgs()).encode(),
+                alloc,
+            ));
         }
+        let port_group = ports.of_port(nexus.relative_target_port).0;
         let body = match page_code {
             page::SUPPORTED_PAGES => VpdPage::SupportedPages(PAGES.to_vec()),
             page::UNIT_SERIAL_NUMBER => VpdPage::UnitSerialNumber(self.cfg.serial.clone()),

@@ -636,10 +636,7 @@ impl LogicalUnit {
                 allocation_length,
             } => self.inquiry(
                 req.nexus,
-                table
-                    .port_groups()
-                    .of_port(req.nexus.relative_target_port)
-                    .0,
+                &table.port_groups(),
                 *evpd,
                 *page_code,
                 *allocation_length,
@@ -714,7 +711,11 @@ impl LogicalUnit {
                 requested_service_action,
                 allocation_length,
             } => super::opcodes::report_supported_operation_codes(
-                &|opcode, sa| self.offers(opcode, sa),
+                &|opcode, sa| {
+                    self.offers(opcode, sa)
+                        && (opcode != blockwire_pdu::scsi::opcode::MAINTENANCE_OUT
+                            || table.explicit_alua())
+                },
                 *rctd,
                 *reporting_options,
                 *requested_opcode,
@@ -725,7 +726,9 @@ impl LogicalUnit {
                 repd,
                 allocation_length,
             } => super::opcodes::report_supported_tmfs(*repd, *allocation_length),
-            SetTargetPortGroups { .. } => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
+            SetTargetPortGroups {
+                parameter_list_length,
+            } => table.set_target_port_groups(req.nexus, *parameter_list_length, req.data_out),
             StartStopUnit {
                 power_condition,
                 no_flush,

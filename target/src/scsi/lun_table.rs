@@ -175,10 +175,19 @@ impl LunTable {
     /// Queues the unit attention `code` on every unit for every nexus any
     /// unit of the table knows (a change of the target, not of one unit).
     fn tell_every_nexus(&self, code: Asc) {
+        self.tell_every_nexus_but(None, code);
+    }
+
+    /// [`Self::tell_every_nexus`], leaving out `except` (the nexus whose
+    /// own command made the change).
+    fn tell_every_nexus_but(&self, except: Option<&ItNexus>, code: Asc) {
         let units = self.snapshot();
         let mut nexuses = std::collections::HashSet::new();
         for lu in units.map.values() {
             nexuses.extend(lu.lock().ua.known().cloned());
+        }
+        if let Some(e) = except {
+            nexuses.remove(e);
         }
         for lu in units.map.values() {
             let mut st = lu.lock();
@@ -204,12 +213,11 @@ impl LunTable {
         &self,
         groups: Vec<TargetPortGroup>,
     ) -> Vec<(u16, AluaState, AluaState)> {
-        let changed = {
-            let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
-            let changed = super::alua::state_changes(&ports.0, &groups);
-            *ports = PortGroups(groups);
-            changed
-        };
+        let changed = self
+            .ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(groups);
         if !changed.is_empty() {
             for (id, from, to) in &changed {
                 info!(
@@ -224,9 +232,76 @@ impl LunTable {
         changed
     }
 
-    /// The target port groups (see [`Self::set_port_groups`]).
+    /// The target port groups (see [`Self::set_port_groups`]), with the
+    /// states SET TARGET PORT GROUPS may have given them since.
     pub fn target_port_groups(&self) -> Vec<TargetPortGroup> {
-        self.port_groups().0.clone()
+        self.port_groups().groups.clone()
+    }
+
+    /// Allows (`true`) or refuses initiators' SET TARGET PORT GROUPS
+    /// (explicit ALUA, TPGS=11b in standard INQUIRY data). A change is
+    /// heard as INQUIRY DATA HAS CHANGED. Returns whether it changed.
+    pub fn set_explicit_alua(&self, explicit: bool) -> bool {
+        let changed = {
+            let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+            let changed = ports.explicit != explicit;
+            ports.explicit = explicit;
+            changed
+        };
+        if changed {
+            info!(
+                explicit,
+                "explicit ALUA (SET TARGET PORT GROUPS) allowed changed"
+            );
+            self.tell_every_nexus(Asc::INQUIRY_DATA_HAS_CHANGED);
+        }
+        changed
+    }
+
+    /// Whether initiators may set states (see [`Self::set_explicit_alua`]).
+    pub fn explicit_alua(&self) -> bool {
+        self.port_groups().explicit
+    }
+
+    /// The groups whose state a SET TARGET PORT GROUPS set last.
+    pub fn port_groups_set_by_command(&self) -> Vec<u16> {
+        self.port_groups().set_by_command.clone()
+    }
+
+    /// SET TARGET PORT GROUPS from `nexus` (SPC-4 6.38): an explicit ALUA
+    /// transition. Refused as an unsupported command where the target
+    /// does not allow explicit ALUA. The named groups take their states
+    /// at once (this target has no transitioning state); every other
+    /// nexus hears ASYMMETRIC ACCESS STATE CHANGED (SPC-4 5.16.2.5), the
+    /// one that asked does not.
+    pub(crate) fn set_target_port_groups(
+        &self,
+        nexus: &ItNexus,
+        parameter_list_length: u32,
+        data_out: &[u8],
+    ) -> CmdResult {
+        if !self.explicit_alua() {
+            return Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE));
+        }
+        let requests = super::alua::parse_set_target_port_groups(parameter_list_length, data_out)?;
+        let changed = self
+            .ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_by_command(&requests)?;
+        for (id, from, to) in &changed {
+            info!(
+                group = id,
+                from = from.name(),
+                to = to.name(),
+                initiator = %nexus.initiator_port,
+                "ALUA state changed by SET TARGET PORT GROUPS"
+            );
+        }
+        if !changed.is_empty() {
+            self.tell_every_nexus_but(Some(nexus), Asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+        }
+        Ok(Done::none())
     }
 
     pub(crate) fn port_groups(&self) -> RwLockReadGuard<'_, PortGroups> {

@@ -41,6 +41,8 @@ mod tests_alua_stall;
 #[cfg(test)]
 mod tests_atomic;
 #[cfg(test)]
+mod tests_explicit_alua;
+#[cfg(test)]
 mod tests_media;
 #[cfg(test)]
 mod tests_pr;

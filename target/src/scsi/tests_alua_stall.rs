@@ -132,7 +132,11 @@ fn rtpg_with_two_groups_reports_both_from_either_port() {
         allocation_length: 96,
     });
     let r = run(&t, &via("iqn.a", 2), &inq, &[], 96);
-    assert_eq!(r.data_in[5] & 0x30, 0x10, "TPGS 01b: implicit ALUA only");
+    assert_eq!(
+        r.data_in[5] & 0x30,
+        0x10,
+        "TPGS 01b: implicit ALUA unless the target allows explicit"
+    );
 }
 
 #[test]

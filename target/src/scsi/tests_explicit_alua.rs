@@ -1,0 +1,277 @@
+//! Command-level tests of explicit ALUA: SET TARGET PORT GROUPS from an
+//! initiator (SPC-4 5.16.2.5, 6.38), through the LUN table as a fabric
+//! calls it, with one nexus through each of two target port groups.
+
+use blockwire_pdu::scsi::{Asc, Cdb, FieldPointer, SenseKey, SenseKeySpecific};
+
+use super::tests::{c, expect_check, read, ready, run, table, GOOD};
+use super::*;
+
+/// The nexus of `initiator` through the port (TPGT) `port`.
+fn via(initiator: &str, port: u16) -> ItNexus {
+    ItNexus::iscsi(
+        initiator,
+        [0x40, 0, 0, 0, 0, 1],
+        "iqn.2024-01.test:tgt",
+        port,
+    )
+}
+
+/// Group 1 active/optimized on port 1, group 2 in standby on port 2; SET
+/// TARGET PORT GROUPS allowed or not.
+fn active_passive(explicit: bool) -> LunTable {
+    let t = table();
+    t.set_port_groups(vec![
+        TargetPortGroup {
+            id: 1,
+            state: AluaState::ActiveOptimized,
+            ports: vec![1],
+        },
+        TargetPortGroup {
+            id: 2,
+            state: AluaState::Standby,
+            ports: vec![2],
+        },
+    ]);
+    t.set_explicit_alua(explicit);
+    t
+}
+
+/// A SET TARGET PORT GROUPS parameter list asking each (group, state code).
+fn list(requests: &[(u16, u8)]) -> Vec<u8> {
+    let mut l = vec![0u8; 4];
+    for (group, code) in requests {
+        l.extend_from_slice(&[*code, 0]);
+        l.extend_from_slice(&group.to_be_bytes());
+    }
+    l
+}
+
+fn stpg(t: &LunTable, n: &ItNexus, list: &[u8]) -> ScsiResult {
+    stpg_len(t, n, list, list.len() as u32)
+}
+
+fn stpg_len(t: &LunTable, n: &ItNexus, list: &[u8], parameter_list_length: u32) -> ScsiResult {
+    let cdb = c(Cdb::SetTargetPortGroups {
+        parameter_list_length,
+    });
+    run(t, n, &cdb, list, 0)
+}
+
+/// (group, state code, STATUS CODE) of each REPORT TARGET PORT GROUPS
+/// descriptor (one port per group).
+fn states(t: &LunTable, n: &ItNexus) -> Vec<(u16, u8, u8)> {
+    let cdb = c(Cdb::ReportTargetPortGroups {
+        parameter_data_format: 0,
+        allocation_length: 1024,
+    });
+    let r = run(t, n, &cdb, &[], 1024);
+    assert_eq!(r.status, GOOD, "{r:?}");
+    r.data_in[4..]
+        .chunks(12)
+        .map(|d| (u16::from_be_bytes([d[2], d[3]]), d[0] & 0x0f, d[5]))
+        .collect()
+}
+
+fn tpgs(t: &LunTable, n: &ItNexus) -> u8 {
+    let inq = c(Cdb::Inquiry {
+        evpd: false,
+        page_code: 0,
+        allocation_length: 96,
+    });
+    let r = run(t, n, &inq, &[], 96);
+    assert_eq!(r.status, GOOD);
+    (r.data_in[5] >> 4) & 3
+}
+
+/// REPORT SUPPORTED OPERATION CODES' SUPPORT field for SET TARGET PORT
+/// GROUPS (011b supported, 001b not).
+fn stpg_support(t: &LunTable, n: &ItNexus) -> u8 {
+    let cdb = c(Cdb::ReportSupportedOperationCodes {
+        rctd: false,
+        reporting_options: 2,
+        requested_opcode: 0xa4,
+        requested_service_action: 0x0a,
+        allocation_length: 64,
+    });
+    let r = run(t, n, &cdb, &[], 64);
+    assert_eq!(r.status, GOOD, "{r:?}");
+    r.data_in[1] & 7
+}
+
+fn field_pointer(r: &ScsiResult, asc: Asc) -> FieldPointer {
+    let s = expect_check(r, SenseKey::IllegalRequest, asc);
+    match s.sks {
+        Some(SenseKeySpecific::FieldPointer(p)) => p,
+        other => panic!("no field pointer: {other:?}"),
+    }
+}
+
+#[test]
+fn a_target_with_implicit_alua_only_refuses_stpg_and_says_so() {
+    let t = active_passive(false);
+    let n = via("iqn.a", 2);
+    ready(&t, &n);
+    assert_eq!(tpgs(&t, &n), 1, "TPGS 01b: implicit only");
+    assert_eq!(stpg_support(&t, &n), 1, "SET TARGET PORT GROUPS not listed");
+    let r = stpg(&t, &n, &list(&[(2, 0)]));
+    expect_check(
+        &r,
+        SenseKey::IllegalRequest,
+        Asc::INVALID_COMMAND_OPERATION_CODE,
+    );
+    assert_eq!(states(&t, &n), vec![(1, 0, 2), (2, 2, 2)], "nothing moved");
+}
+
+#[test]
+fn stpg_moves_the_standby_group_to_active_and_every_other_nexus_hears_it() {
+    let t = active_passive(true);
+    let (asker, other, bystander) = (via("iqn.a", 2), via("iqn.a", 1), via("iqn.b", 1));
+    for n in [&asker, &other, &bystander] {
+        ready(&t, n);
+    }
+    assert_eq!(tpgs(&t, &asker), 3, "TPGS 11b: implicit and explicit");
+    assert_eq!(stpg_support(&t, &asker), 3, "SET TARGET PORT GROUPS listed");
+    expect_check(
+        &read(&t, &asker, 0, 1),
+        SenseKey::NotReady,
+        Asc::LU_NOT_ACCESSIBLE_TARGET_PORT_IN_STANDBY_STATE,
+    );
+
+    let r = stpg(&t, &asker, &list(&[(2, 0)]));
+    assert_eq!(r.status, GOOD, "{r:?}");
+    assert_eq!(
+        states(&t, &asker),
+        vec![(1, 0, 2), (2, 0, 1)],
+        "group 2 active/optimized, STATUS CODE 01h (altered by SET TARGET PORT GROUPS)"
+    );
+    assert_eq!(t.port_groups_set_by_command(), vec![2]);
+    // The nexus that asked hears nothing; the others (another port of the
+    // same initiator, another initiator) hear the change once.
+    assert_eq!(read(&t, &asker, 0, 1).status, GOOD, "media through group 2");
+    for n in [&other, &bystander] {
+        expect_check(
+            &run(&t, n, &c(Cdb::TestUnitReady), &[], 0),
+            SenseKey::UnitAttention,
+            Asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+        );
+        assert_eq!(run(&t, n, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+    }
+
+    // Asking for the state a group has already changes nothing and tells
+    // no one.
+    assert_eq!(stpg(&t, &asker, &list(&[(2, 0)])).status, GOOD);
+    assert_eq!(run(&t, &other, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+
+    // Both groups in one list: group 1 to standby, group 2 non-optimized.
+    assert_eq!(stpg(&t, &other, &list(&[(1, 2), (2, 1)])).status, GOOD);
+    assert_eq!(states(&t, &other), vec![(1, 2, 1), (2, 1, 1)]);
+    expect_check(
+        &read(&t, &other, 0, 1),
+        SenseKey::NotReady,
+        Asc::LU_NOT_ACCESSIBLE_TARGET_PORT_IN_STANDBY_STATE,
+    );
+}
+
+#[test]
+fn a_refused_stpg_changes_nothing_and_points_at_the_field() {
+    let t = active_passive(true);
+    let (asker, other) = (via("iqn.a", 2), via("iqn.b", 1));
+    ready(&t, &asker);
+    ready(&t, &other);
+    let before = states(&t, &asker);
+
+    // No group 9: the second descriptor's TARGET PORT GROUP (byte 8 + 2),
+    // even though the first descriptor was valid.
+    let p = field_pointer(
+        &stpg(&t, &asker, &list(&[(2, 0), (9, 0)])),
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    assert_eq!((p.in_cdb, p.byte), (false, 10));
+    // Unavailable (3h), offline (Eh), transitioning (Fh): not supported
+    // here; the pointer names the ASYMMETRIC ACCESS STATE's top bit.
+    for code in [0x3, 0x4, 0xe, 0xf] {
+        let p = field_pointer(
+            &stpg(&t, &asker, &list(&[(2, code)])),
+            Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+        );
+        assert_eq!((p.byte, p.bit), (4, Some(3)), "state {code:#x}");
+    }
+    // The same group twice.
+    let p = field_pointer(
+        &stpg(&t, &asker, &list(&[(2, 0), (2, 1)])),
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    assert_eq!(p.byte, 10);
+    // A length that cuts a descriptor, a header alone cut short, and a
+    // length longer than the data that came.
+    let whole = list(&[(2, 0)]);
+    for (data, len) in [(&whole[..6], 6), (&whole[..2], 2), (&whole[..], 12)] {
+        expect_check(
+            &stpg_len(&t, &asker, data, len),
+            SenseKey::IllegalRequest,
+            Asc::PARAMETER_LIST_LENGTH_ERROR,
+        );
+    }
+    // A length of 0 asks for nothing and succeeds; a header alone too.
+    assert_eq!(stpg_len(&t, &asker, &[], 0).status, GOOD);
+    assert_eq!(stpg(&t, &asker, &list(&[])).status, GOOD);
+
+    assert_eq!(states(&t, &asker), before, "nothing moved");
+    assert!(t.port_groups_set_by_command().is_empty());
+    assert_eq!(
+        run(&t, &other, &c(Cdb::TestUnitReady), &[], 0).status,
+        GOOD,
+        "and no one was told of a change"
+    );
+}
+
+#[test]
+fn an_implicit_change_after_stpg_reports_the_implicit_status_again() {
+    let t = active_passive(true);
+    let n = via("iqn.a", 2);
+    ready(&t, &n);
+    assert_eq!(stpg(&t, &n, &list(&[(2, 0)])).status, GOOD);
+    // The management plane puts the configured states back.
+    let changed = t.set_port_groups(vec![
+        TargetPortGroup {
+            id: 1,
+            state: AluaState::ActiveOptimized,
+            ports: vec![1],
+        },
+        TargetPortGroup {
+            id: 2,
+            state: AluaState::Standby,
+            ports: vec![2],
+        },
+    ]);
+    assert_eq!(
+        changed,
+        vec![(2, AluaState::ActiveOptimized, AluaState::Standby)]
+    );
+    // An implicit change is heard by every nexus, the one that sent the
+    // STPG included.
+    expect_check(
+        &run(&t, &n, &c(Cdb::TestUnitReady), &[], 0),
+        SenseKey::UnitAttention,
+        Asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    assert_eq!(states(&t, &n), vec![(1, 0, 2), (2, 2, 2)]);
+    assert!(t.port_groups_set_by_command().is_empty());
+}
+
+#[test]
+fn turning_explicit_alua_on_or_off_is_heard_as_changed_inquiry_data() {
+    let t = active_passive(false);
+    let n = via("iqn.a", 1);
+    ready(&t, &n);
+    assert!(t.set_explicit_alua(true));
+    assert!(!t.set_explicit_alua(true), "no change the second time");
+    expect_check(
+        &run(&t, &n, &c(Cdb::TestUnitReady), &[], 0),
+        SenseKey::UnitAttention,
+        Asc::INQUIRY_DATA_HAS_CHANGED,
+    );
+    assert_eq!(tpgs(&t, &n), 3);
+    assert_eq!(run(&t, &n, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+}
