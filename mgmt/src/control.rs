@@ -753,13 +753,28 @@ impl Control {
                         })
                     })
                     .collect();
+                let by_initiator = t.luns.port_groups_set_by_command();
                 let groups: Vec<Value> = t
                     .luns
                     .target_port_groups()
                     .iter()
-                    .map(|g| json!({"id": g.id, "state": g.state.name(), "ports": g.ports}))
+                    .map(|g| {
+                        json!({
+                            "id": g.id,
+                            "state": g.state.name(),
+                            "ports": g.ports,
+                            // Who set the state last: the configuration, or an
+                            // initiator's SET TARGET PORT GROUPS.
+                            "set_by": if by_initiator.contains(&g.id) { "initiator" } else { "configuration" },
+                        })
+                    })
                     .collect();
-                json!({"name": t.name, "luns": luns, "port_groups": groups})
+                json!({
+                    "name": t.name,
+                    "luns": luns,
+                    "explicit_alua": t.luns.explicit_alua(),
+                    "port_groups": groups,
+                })
             })
             .collect();
         json!({ "targets": targets })
@@ -1212,11 +1227,11 @@ mod tests {
         let groups = &list["targets"][0]["port_groups"];
         assert_eq!(
             groups[0],
-            json!({"id": 1, "state": "active_optimized", "ports": [1]})
+            json!({"id": 1, "state": "active_optimized", "ports": [1], "set_by": "configuration"})
         );
         assert_eq!(
             groups[1],
-            json!({"id": 2, "state": "standby", "ports": [2]})
+            json!({"id": 2, "state": "standby", "ports": [2], "set_by": "configuration"})
         );
         // Target names compare case-insensitively, as iSCSI names do.
         let r = c

@@ -1261,6 +1261,156 @@ async fn an_alua_state_changed_live_is_heard_by_every_session() {
     );
 }
 
+/// Explicit ALUA, turned on by a reload: an initiator's SET TARGET PORT
+/// GROUPS through the non-optimized port fails the target over (group 2
+/// active/optimized, group 1 standby); the other session hears ASYMMETRIC
+/// ACCESS STATE CHANGED, the asking one does not; `lun.list` says an
+/// initiator set it; the running configuration keeps it as
+/// `[target.alua_state]` through a control-socket change and a save; a
+/// reload from a file without it puts the file's states back and says
+/// so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiators_stpg_fails_the_target_over_and_the_running_configuration_keeps_it() {
+    let d = Daemon::start().await;
+    let config = d._process.dir().join("two-groups.toml");
+    d.call("config.save", Value::Null).await;
+    let saved = std::fs::read_to_string(&config).unwrap();
+    let stpg = |requests: &[(u16, u8)]| {
+        let mut list = vec![0u8; 4];
+        for (group, state) in requests {
+            list.extend_from_slice(&[*state, 0]);
+            list.extend_from_slice(&group.to_be_bytes());
+        }
+        let mut cdb = vec![0xa4, 0x0a, 0, 0, 0, 0];
+        cdb.extend_from_slice(&(list.len() as u32).to_be_bytes());
+        cdb.extend_from_slice(&[0, 0]);
+        (cdb, list)
+    };
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    // (state, STATUS CODE) of groups 1 and 2.
+    let rtpg_states = |data: &[u8]| [(data[4] & 0x0f, data[9]), (data[16] & 0x0f, data[21])];
+
+    let mut passive = Client::login(d.portal(2).await, 2).await;
+    let mut active = Client::login(d.portal(1).await, 1).await;
+    passive.ready().await;
+    active.ready().await;
+    let (cdb, list) = stpg(&[(2, 0), (1, 2)]);
+    let (status, _) = passive.run(&cdb, 0, &list).await;
+    assert_eq!(
+        status, 2,
+        "refused while the target allows implicit ALUA only"
+    );
+
+    let mut doc: toml::Table = saved.parse().unwrap();
+    doc["target"].as_array_mut().unwrap()[0]
+        .as_table_mut()
+        .unwrap()
+        .insert("explicit_alua".into(), true.into());
+    std::fs::write(&config, toml::to_string(&doc).unwrap()).unwrap();
+    let done = d.call("config.reload", Value::Null).await;
+    assert_eq!(
+        done["changes"],
+        json!([format!(
+            "explicit ALUA of {TARGET}: on, initiators may set its ALUA states with SET TARGET \
+             PORT GROUPS (initiators hear INQUIRY DATA HAS CHANGED)"
+        )]),
+        "{done}"
+    );
+    assert_eq!(unit_attentions(&mut passive).await, [(0x3f, 0x03)]);
+    assert_eq!(unit_attentions(&mut active).await, [(0x3f, 0x03)]);
+    let (status, inquiry) = passive.run(&[0x12, 0, 0, 0, 96, 0], 96, &[]).await;
+    assert_eq!((status, (inquiry[5] >> 4) & 3), (0, 3), "TPGS 11b");
+
+    let (status, _) = passive.run(&cdb, 0, &list).await;
+    assert_eq!(status, 0, "SET TARGET PORT GROUPS");
+    assert_eq!(
+        unit_attentions(&mut passive).await,
+        [],
+        "the asker is not told"
+    );
+    assert_eq!(unit_attentions(&mut active).await, [(0x2a, 0x06)]);
+    let (status, data) = passive.run(&rtpg, 256, &[]).await;
+    assert_eq!(status, 0);
+    assert_eq!(
+        rtpg_states(&data),
+        [(2, 1), (0, 1)],
+        "both set by the command"
+    );
+    assert_eq!(passive.run(&rw10(0x28, 0, 1), 512, &[]).await.0, 0);
+    assert_eq!(
+        active.run(&rw10(0x28, 0, 1), 512, &[]).await.0,
+        2,
+        "group 1 is in standby now"
+    );
+    let list = d.call("lun.list", Value::Null).await;
+    let t = &list["targets"][0];
+    assert_eq!(t["explicit_alua"], true);
+    assert_eq!(
+        t["port_groups"],
+        json!([
+            {"id": 1, "state": "standby", "ports": [1], "set_by": "initiator"},
+            {"id": 2, "state": "active_optimized", "ports": [2], "set_by": "initiator"},
+        ])
+    );
+
+    // What runs is what the configuration says, and a control-socket
+    // change keeps it.
+    let shown: toml::Table = d.call("config.show", Value::Null).await["toml"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let states = &shown["target"][0]["alua_state"];
+    assert_eq!(
+        (states["1"].as_str(), states["2"].as_str()),
+        (Some("standby"), Some("active_optimized")),
+        "{shown}"
+    );
+    let added = d
+        .call("acl.add", json!({"target": TARGET, "initiator": INITIATOR}))
+        .await;
+    assert!(!added["changes"].to_string().contains("ALUA"), "{added}");
+    assert_eq!(unit_attentions(&mut active).await, []);
+    assert_eq!(active.run(&rw10(0x28, 0, 1), 512, &[]).await.0, 2);
+
+    // Saved, the file keeps it: a reload of it changes nothing.
+    d.call("config.save", Value::Null).await;
+    let done = d.call("config.reload", Value::Null).await;
+    assert_eq!(done["changes"], json!([]), "{done}");
+
+    // A file without it puts its own states back, and says what that undoes.
+    let mut doc: toml::Table = std::fs::read_to_string(&config).unwrap().parse().unwrap();
+    doc["target"].as_array_mut().unwrap()[0]
+        .as_table_mut()
+        .unwrap()
+        .remove("alua_state");
+    std::fs::write(&config, toml::to_string(&doc).unwrap()).unwrap();
+    let done = d.call("config.reload", Value::Null).await;
+    let undo = |id: u16, from: &str, to: &str| {
+        format!(
+            "ALUA state of portal group {id} of {TARGET}: {from} -> {to} (initiators hear \
+             ASYMMETRIC ACCESS STATE CHANGED; this undoes the state an initiator set with SET \
+             TARGET PORT GROUPS (`config.save` before a reload keeps such states))"
+        )
+    };
+    assert_eq!(
+        done["changes"],
+        json!([
+            undo(1, "standby", "active_optimized"),
+            undo(2, "active_optimized", "active_non_optimized")
+        ]),
+        "{done}"
+    );
+    assert_eq!(unit_attentions(&mut passive).await, [(0x2a, 0x06)]);
+    let (status, data) = passive.run(&rtpg, 256, &[]).await;
+    assert_eq!(status, 0);
+    assert_eq!(
+        rtpg_states(&data),
+        [(0, 2), (1, 2)],
+        "the file's states, set implicitly"
+    );
+}
+
 /// A target removed by mistake comes back from the saved file as it was
 /// defined there (`target.restore`), the rest of the running configuration
 /// untouched; a dry run first.

@@ -4,6 +4,7 @@
 //! Every error names the file, the line and the field, and says how to fix
 //! it: a storage daemon that refuses to start must say why in one line.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -292,6 +293,18 @@ pub struct TargetDef {
     pub alias: Option<String>,
     /// Portal group tags; all groups when omitted.
     pub portal_groups: Option<Vec<Spanned<u16>>>,
+    /// Explicit ALUA: initiators may change this target's ALUA states with
+    /// SET TARGET PORT GROUPS (a multipath host failing an active/passive
+    /// pair over asks the passive group to become active). Off by default:
+    /// only the configuration sets states. The states an initiator sets
+    /// show in `config.show` as `[target.alua_state]` and stay until a
+    /// change or reload of the configuration sets others.
+    #[serde(default)]
+    pub explicit_alua: bool,
+    /// This target's ALUA state in some of its portal groups, by tag
+    /// (`[target.alua_state]`, e.g. `2 = "active_optimized"`), in place of
+    /// the portal group's `alua_state`.
+    pub alua_state: Option<BTreeMap<String, Spanned<String>>>,
     /// Initiator names allowed; any initiator when omitted.
     pub allow: Option<Vec<Spanned<String>>>,
     /// One-way CHAP credentials any initiator may use.
@@ -1111,16 +1124,7 @@ impl TargetConfig {
             }
             let state = match &g.alua_state {
                 None => AluaState::ActiveOptimized,
-                Some(s) => AluaState::from_name(s.get_ref()).ok_or_else(|| {
-                    ctx.err(
-                        s.span(),
-                        "portal_group.alua_state",
-                        format!(
-                            "{:?} is not an ALUA state (use \"active_optimized\", \"active_non_optimized\" or \"standby\")",
-                            s.get_ref()
-                        ),
-                    )
-                })?,
+                Some(s) => alua_state_named(&ctx, s, "portal_group.alua_state")?,
             };
             alua_states.push((g.tag, state));
             if g.iser {
@@ -1224,6 +1228,7 @@ impl TargetConfig {
                     v
                 }
             };
+            let own_alua = target_alua_states(&ctx, &t, &name, &groups)?;
             // Spans do not survive #[serde(flatten)], so the target's auth
             // fields are listed in TargetDef and gathered here.
             let auth_config = AuthConfig {
@@ -1269,15 +1274,18 @@ impl TargetConfig {
             }
             // ALUA: one target port group per portal group of the target,
             // its relative port the TPGT (the SCSI target port of an iSCSI
-            // target is its name and TPGT); the first not in standby is preferred.
-            let luns = LunTable::new(luns);
+            // target is its name and TPGT); the first not in standby is
+            // preferred. The target's own state in a group comes before
+            // the group's.
+            let luns = LunTable::new(luns).with_explicit_alua(t.explicit_alua);
             luns.set_port_groups(
                 groups
                     .iter()
                     .map(|&tag| TargetPortGroup {
                         id: tag,
-                        state: alua_states
+                        state: own_alua
                             .iter()
+                            .chain(&alua_states)
                             .find(|(t, _)| *t == tag)
                             .map_or(AluaState::ActiveOptimized, |(_, s)| *s),
                         ports: vec![tag],
@@ -1525,6 +1533,58 @@ fn ram_limit(f: &FabricConfig, ctx: &Ctx<'_>) -> Result<Option<u64>, ConfigError
             ),
         )),
     }
+}
+
+/// The ALUA state `s` names, or an error at it that lists the names.
+fn alua_state_named(
+    ctx: &Ctx<'_>,
+    s: &Spanned<String>,
+    field: &str,
+) -> Result<AluaState, ConfigError> {
+    AluaState::from_name(s.get_ref()).ok_or_else(|| {
+        ctx.err(
+            s.span(),
+            field,
+            format!(
+                "{:?} is not an ALUA state (use \"active_optimized\", \"active_non_optimized\" or \"standby\")",
+                s.get_ref()
+            ),
+        )
+    })
+}
+
+/// A target's `[target.alua_state]`: (tag, state) for each of its portal
+/// groups it names.
+fn target_alua_states(
+    ctx: &Ctx<'_>,
+    t: &TargetDef,
+    name: &str,
+    groups: &[u16],
+) -> Result<Vec<(u16, AluaState)>, ConfigError> {
+    let mut out = Vec::new();
+    for (key, state) in t.alua_state.iter().flatten() {
+        let tag = key
+            .parse::<u16>()
+            .ok()
+            .filter(|tag| groups.contains(tag))
+            .ok_or_else(|| {
+                ctx.err(
+                    state.span(),
+                    "target.alua_state",
+                    format!(
+                        "{key:?} is not a portal group of target {name} (its groups: {}); \
+                     the keys of [target.alua_state] are portal group tags",
+                        groups
+                            .iter()
+                            .map(u16::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?;
+        out.push((tag, alua_state_named(ctx, state, "target.alua_state")?));
+    }
+    Ok(out)
 }
 
 fn secret(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<String, ConfigError> {

@@ -742,6 +742,69 @@ fn alua_and_portal_group_errors() {
 }
 
 #[test]
+fn a_targets_own_alua_state_comes_before_its_portal_groups_and_explicit_is_opt_in() {
+    let table = |b: &Built| b.catalog.targets[0].luns.clone();
+    let b = TargetConfig::from_str("t.toml", &two_groups("alua_state = \"standby\"\n", ""))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!table(&b).explicit_alua(), "implicit only by default");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &two_groups(
+            "alua_state = \"standby\"\n",
+            "explicit_alua = true\n[target.alua_state]\n1 = \"standby\"\n2 = \"active_optimized\"\n",
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let t = table(&b);
+    assert!(t.explicit_alua());
+    assert_eq!(
+        t.target_port_groups()
+            .iter()
+            .map(|g| (g.id, g.state))
+            .collect::<Vec<_>>(),
+        vec![(1, AluaState::Standby), (2, AluaState::ActiveOptimized)]
+    );
+    assert!(
+        t.port_groups_set_by_command().is_empty(),
+        "states from the configuration are implicit"
+    );
+}
+
+#[test]
+fn a_targets_alua_state_names_its_own_portal_groups_and_real_states() {
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &two_groups(
+            "",
+            "portal_groups = [1]\n[target.alua_state]\n2 = \"standby\"\n",
+        ),
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (13, "target.alua_state"), "{e}");
+    assert_eq!(
+        e.message,
+        "\"2\" is not a portal group of target iqn.2026-11.io.blockwire:t (its groups: 1); \
+         the keys of [target.alua_state] are portal group tags"
+    );
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &two_groups("", "[target.alua_state]\nfirst = \"standby\"\n"),
+    )
+    .unwrap_err();
+    assert!(
+        e.message.starts_with("\"first\" is not a portal group"),
+        "{e}"
+    );
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &two_groups("", "[target.alua_state]\n1 = \"passive\"\n"),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "target.alua_state", "{e}");
+    assert!(e.message.contains("\"active_non_optimized\""), "{e}");
+}
+
+#[test]
 fn metrics_listen_address_is_opt_in_and_checked() {
     let lun = || one_lun("backstore = \"ram\"\nsize = \"1M\"\n");
     let b = TargetConfig::from_str(

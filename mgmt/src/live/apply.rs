@@ -361,18 +361,40 @@ impl Live {
                 ));
             }
             let groups = nt.luns.target_port_groups();
+            let by_initiator = table.port_groups_set_by_command();
             let transitions = if dry {
                 state_changes(&table.target_port_groups(), &groups)
             } else {
                 table.set_port_groups(groups)
             };
             for (id, from, to) in transitions {
+                let undone = if by_initiator.contains(&id) {
+                    "; this undoes the state an initiator set with SET TARGET PORT GROUPS \
+                     (`config.save` before a reload keeps such states)"
+                } else {
+                    ""
+                };
                 applied.changes.push(format!(
                     "ALUA state of portal group {id} of {}: {} -> {} (initiators hear ASYMMETRIC \
-                     ACCESS STATE CHANGED)",
+                     ACCESS STATE CHANGED{undone})",
                     nt.name,
                     from.name(),
                     to.name()
+                ));
+            }
+            let explicit = nt.luns.explicit_alua();
+            if table.explicit_alua() != explicit {
+                if !dry {
+                    table.set_explicit_alua(explicit);
+                }
+                applied.changes.push(format!(
+                    "explicit ALUA of {}: {} (initiators hear INQUIRY DATA HAS CHANGED)",
+                    nt.name,
+                    if explicit {
+                        "on, initiators may set its ALUA states with SET TARGET PORT GROUPS"
+                    } else {
+                        "off, only the configuration sets its ALUA states"
+                    }
                 ));
             }
             // Kept units take their new ceilings here; new ones were

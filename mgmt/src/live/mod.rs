@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use blockwire_target::iscsi::catalog::Catalog;
 use blockwire_target::iscsi::portal::PortalSet;
 use blockwire_target::iscsi::Fabric;
-use blockwire_target::scsi::Activity;
+use blockwire_target::scsi::{Activity, AluaState};
 use toml::{Table, Value};
 
 use crate::config::{parse_size, LoadOptions};
@@ -279,7 +279,69 @@ impl Live {
 
     /// The running configuration as TOML.
     pub async fn text(&self) -> String {
-        toml::to_string(&self.running.lock().await.doc).unwrap_or_default()
+        let mut running = self.running.lock().await;
+        self.record_explicit_alua(&mut running.doc);
+        toml::to_string(&running.doc).unwrap_or_default()
+    }
+
+    /// Writes into `doc` the ALUA states initiators have set with SET
+    /// TARGET PORT GROUPS on targets that allow it: a `[target.alua_state]`
+    /// entry for each group whose state differs from what `doc` gives it
+    /// (the target's own entry, else its portal group's `alua_state`), so
+    /// that `config.show` and `save` say what runs and a control-socket
+    /// change does not undo them.
+    fn record_explicit_alua(&self, doc: &mut Table) {
+        let catalog = self.fabric.catalog();
+        let by_name = catalog.targets_by_name();
+        let group_states: HashMap<i64, String> = doc
+            .get("portal_group")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|g| {
+                let tag = g.get("tag")?.as_integer()?;
+                let state = g
+                    .get("alua_state")
+                    .and_then(Value::as_str)
+                    .unwrap_or(AluaState::ActiveOptimized.name());
+                Some((tag, state.to_owned()))
+            })
+            .collect();
+        let Some(targets) = doc.get_mut("target").and_then(Value::as_array_mut) else {
+            return;
+        };
+        for t in targets.iter_mut().filter_map(Value::as_table_mut) {
+            let Some(entry) = t
+                .get("name")
+                .and_then(Value::as_str)
+                .and_then(|n| by_name.get(n))
+            else {
+                continue;
+            };
+            if !entry.luns.explicit_alua() {
+                continue;
+            }
+            for g in entry.luns.target_port_groups() {
+                let key = g.id.to_string();
+                let own = t
+                    .get("alua_state")
+                    .and_then(|s| s.get(&key))
+                    .and_then(Value::as_str);
+                let configured = own
+                    .or_else(|| group_states.get(&i64::from(g.id)).map(String::as_str))
+                    .unwrap_or(AluaState::ActiveOptimized.name());
+                if configured == g.state.name() {
+                    continue;
+                }
+                if let Some(states) = t
+                    .entry("alua_state")
+                    .or_insert_with(|| Value::Table(Table::new()))
+                    .as_table_mut()
+                {
+                    states.insert(key, Value::String(g.state.name().to_owned()));
+                }
+            }
+        }
     }
 
     /// Reads the configuration file again and applies the difference
@@ -316,6 +378,7 @@ impl Live {
         edit: impl FnOnce(&mut Table) -> Result<(), LiveError>,
     ) -> Result<Applied, LiveError> {
         let mut running = self.running.lock().await;
+        self.record_explicit_alua(&mut running.doc);
         let mut doc = running.doc.clone();
         edit(&mut doc)?;
         self.apply(&mut running, doc, None, mode, "<control socket change>")
@@ -339,7 +402,8 @@ impl Live {
         };
         // One save or change at a time: the document is read and written
         // under the same lock.
-        let running = self.running.lock().await;
+        let mut running = self.running.lock().await;
+        self.record_explicit_alua(&mut running.doc);
         let body = toml::to_string(&running.doc)
             .map_err(|e| LiveError::Failed(format!("cannot write the configuration: {e}")))?;
         let text = format!(

@@ -249,13 +249,21 @@ impl LunTable {
             changed
         };
         if changed {
-            info!(
-                explicit,
-                "explicit ALUA (SET TARGET PORT GROUPS) allowed changed"
-            );
             self.tell_every_nexus(Asc::INQUIRY_DATA_HAS_CHANGED);
         }
         changed
+    }
+
+    /// The table as built, allowing SET TARGET PORT GROUPS or not (see
+    /// [`Self::set_explicit_alua`]); no nexus is told, since a table being
+    /// built has served none (its units may have, in the table it will
+    /// replace, which tells them of a change itself).
+    pub fn with_explicit_alua(self, explicit: bool) -> LunTable {
+        self.ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .explicit = explicit;
+        self
     }
 
     /// Whether initiators may set states (see [`Self::set_explicit_alua`]).
