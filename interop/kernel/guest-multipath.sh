@@ -11,6 +11,10 @@
 # then 1. Before that, a planned drain: a reload puts group 1 in ALUA standby (the sessions hear
 # ASYMMETRIC ACCESS STATE CHANGED) and multipath moves I/O to group 2 under fio verify, then
 # back when group 1 is active/optimized again.
+# Then explicit ALUA, an active/passive pair: a target that allows SET TARGET PORT GROUPS, group 1
+# active/optimized, group 2 in standby. When group 1 goes away under fio verify, dm-multipath
+# switches to group 2 and scsi_dh_alua asks the target with SET TARGET PORT GROUPS to make it
+# active; the target does, I/O goes on with no error, and the running configuration says so.
 # Env: KL_OUT (results dir shared with the host), KL_FIO_MIB (fio size, default 256).
 . "$(dirname "$0")/lib.sh"
 
@@ -24,7 +28,8 @@ lab_up || { fail "lab-up"; finish multipath; exit 1; }
 modprobe -a dm_multipath dm_round_robin scsi_dh_alua || { fail "modprobe multipath modules"; finish multipath; exit 1; }
 ip addr add 127.0.0.2/8 dev lo 2>/dev/null || true
 
-# config_with STATE: the daemon's configuration with portal group 1 in ALUA state STATE.
+# config_with STATE [STATE2 [EXPLICIT]]: the daemon's configuration with portal group 1 in ALUA
+# state STATE, group 2 in STATE2 (default active/non-optimized), explicit ALUA true or false.
 config_with() {
     cat <<EOF
 [fabric]
@@ -45,11 +50,12 @@ alua_state = "$1"
 [[portal_group]]
 tag = 2
 listen = ["127.0.0.2:3260"]
-alua_state = "active_non_optimized"
+alua_state = "${2:-active_non_optimized}"
 
 [[target]]
 name = "$IQN"
 portal_groups = [1, 2]
+explicit_alua = ${3:-false}
 [[target.lun]]
 id = 0
 backstore = "ram"
@@ -218,6 +224,79 @@ else
     fail "after: $opt_dev '$line_opt', $other_dev '$line_other'"
 fi
 dmesg | grep -E "device-mapper: multipath|Failing path|detected conn error" | tail -n 6 | sed 's/^/    kernel: /'
+
+iscsiadm -m node --logoutall=all >/dev/null 2>&1
+stop_target "$T_PID"
+
+# Explicit ALUA: an active/passive pair that the host fails over with SET TARGET PORT GROUPS.
+# multipathd starts again once both paths are there: a map built from the standby path alone
+# would activate its group, and scsi_dh_alua would ask the target to make it active right away.
+kill "$MPD" 2>/dev/null
+wait "$MPD" 2>/dev/null
+timeout 30 bash -c 'while multipath -ll 2>/dev/null | grep -q BLOCKWIR; do multipath -F >/dev/null 2>&1; sleep 1; done' ||
+    log "the old map is still there"
+config_with active_optimized standby true >"$KL_WORK/m.toml"
+start_target mpath-explicit "$KL_WORK/m.toml" || { fail "start blockwire-target (explicit ALUA)"; finish multipath; exit 1; }
+T_PID=$KL_TPID
+for p in 127.0.0.1:3260 127.0.0.2:3260; do
+    check "explicit ALUA: login through $p" iscsiadm -m node -T "$IQN" -p "$p" --login
+done
+sids=$(for s in /sys/class/iscsi_session/session*; do echo "${s##*session}"; done)
+devs=()
+for sid in $sids; do
+    d=$(lun_dev "$sid" 0) && devs+=("$d")
+done
+[ ${#devs[@]} = 2 ] && pass "explicit ALUA: two paths: ${devs[*]}" || fail "explicit ALUA paths: ${devs[*]}"
+inq=$(sg_inq "/dev/${devs[0]}" 2>&1)
+grep -q "TPGS=3" <<<"$inq" && pass "standard INQUIRY: TPGS=3 (implicit and explicit ALUA)" ||
+    fail "INQUIRY TPGS: $(grep -o 'TPGS=[0-9]' <<<"$inq")"
+multipathd -s >"$KL_OUT/multipathd-explicit.log" 2>&1 &
+MPD=$!
+timeout 90 bash -c 'until [ "$(multipath -ll 2>/dev/null | grep -c "active ready")" = 2 ]; do sleep 1; done' ||
+    log "the explicit-ALUA map did not get both paths"
+before=$(multipath -ll 2>&1)
+printf 'multipath -ll (explicit ALUA, before):\n%s\n' "$before" | sed 's/^/    /'
+map=$(awk '/BLOCKWIR/{print $1; exit}' <<<"$before")
+# multipath -ll lists the path groups by priority, highest first: group 1 (active/optimized).
+act_dev=$(awk '/prio=[0-9]+ status=/{getline; print; exit}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
+pas_dev=$(awk '/prio=1 /{getline; print}' <<<"$before" | grep -o 'sd[a-z]*' | head -1)
+[ -n "$map" ] && [ -n "$act_dev" ] && [ -n "$pas_dev" ] && [ "$act_dev" != "$pas_dev" ] &&
+    pass "map $map: active path $act_dev (group 1), standby path $pas_dev (group 2, prio=1)" ||
+    fail "explicit-ALUA map: map '$map' active '$act_dev' standby '$pas_dev'"
+timeout 30 bash -c 'until [ -b "$1" ]; do sleep 0.2; done' _ "/dev/mapper/$map" ||
+    fail "/dev/mapper/$map is not a block device after 30 s"
+fio_verify "/dev/mapper/$map" "${MIB}M" >"$KL_OUT/fio-explicit.log" 2>&1 &
+fio_pid=$!
+wait_written "$act_dev" 16384 300 || fail "explicit ALUA: no writes on $act_dev"
+r=$(ctl portal.close '{"listen":"127.0.0.1:3260"}' 2>&1)
+[ $? = 0 ] && pass "portal.close 127.0.0.1:3260 (group 1, the active side)" || fail "portal.close: $r"
+if wait_written "$pas_dev" 8192 180; then
+    pass "writes move to $pas_dev (group 2, which was in standby)"
+else
+    fail "no writes on $pas_dev after group 1 went away"
+fi
+if wait "$fio_pid"; then
+    pass "fio verify through /dev/mapper/$map across the failover: $(fio_result "$KL_OUT/fio-explicit.log")"
+else
+    fail "fio across the explicit failover: $(tail -n 5 "$KL_OUT/fio-explicit.log" | tr '\n' ' ')"
+fi
+grep "SET TARGET PORT GROUPS" "$KL_OUT/mpath-explicit.log" | sed 's/^/    target: /' | tail -n 4
+grep -q 'ALUA state changed by SET TARGET PORT GROUPS group=2 from="standby" to="active_optimized"' \
+    "$KL_OUT/mpath-explicit.log" &&
+    pass "the host's SET TARGET PORT GROUPS moved group 2 from standby to active/optimized" ||
+    fail "no SET TARGET PORT GROUPS for group 2 in the target's log"
+r=$(ctl lun.list 2>&1)
+g2=$(python3 -c 'import json,sys; t=json.load(sys.stdin)["targets"][0]; print(json.dumps([g for g in t["port_groups"] if g["id"]==2][0], sort_keys=True))' <<<"$r")
+printf '    lun.list group 2: %s\n' "$g2"
+grep -q '"set_by": "initiator"' <<<"$g2" && grep -q '"state": "active_optimized"' <<<"$g2" &&
+    pass "lun.list: group 2 active_optimized, set by the initiator" || fail "lun.list group 2: $g2"
+shown=$(ctl config.show 2>&1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["toml"])')
+grep -A3 '^\[target.alua_state\]' <<<"$shown" | sed 's/^/    config.show | /'
+grep -A3 '^\[target.alua_state\]' <<<"$shown" | grep -q '^2 = "active_optimized"' &&
+    pass "config.show keeps the state the initiator set ([target.alua_state] 2 = \"active_optimized\")" ||
+    fail "config.show: no [target.alua_state] 2 = \"active_optimized\""
+dmesg | grep -iE "alua|stpg|multipath" | tail -n 6 | sed 's/^/    kernel: /'
+multipath -ll 2>&1 | sed 's/^/    (explicit, after) /'
 
 iscsiadm -m node --logoutall=all >/dev/null 2>&1
 kill "$MPD" 2>/dev/null

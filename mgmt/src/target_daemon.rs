@@ -188,6 +188,9 @@ pub async fn run(
         for g in t.luns.target_port_groups() {
             info!(target = %t.name, port_group = g.id, state = g.state.name(), "ALUA target port group");
         }
+        if t.luns.explicit_alua() {
+            info!(target = %t.name, "explicit ALUA: initiators may set these states with SET TARGET PORT GROUPS (explicit_alua = true)");
+        }
     }
     if let Some((addr, _)) = portals.first() {
         let host = if addr.ip().is_unspecified() {
