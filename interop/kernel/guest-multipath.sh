@@ -92,17 +92,22 @@ out=$(iadm -m discovery -t sendtargets -p 127.0.0.1:3260)
 printf '%s\n' "$out" | sed 's/^/    | /'
 grep -q "127.0.0.1:3260,1 $IQN" <<<"$out" && grep -q "127.0.0.2:3260,2 $IQN" <<<"$out" &&
     pass "SendTargets lists both portal groups" || fail "SendTargets: $out"
-for p in 127.0.0.1:3260 127.0.0.2:3260; do
-    # Multipath wants a failed path given up quickly so that I/O moves to the other group.
-    iscsiadm -m node -T "$IQN" -p "$p" -o update -n node.session.timeo.replacement_timeout -v 5 >/dev/null
-    check "login through $p" iscsiadm -m node -T "$IQN" -p "$p" --login
-done
-sids=$(for s in /sys/class/iscsi_session/session*; do echo "${s##*session}"; done)
-devs=()
-for sid in $sids; do
-    d=$(lun_dev "$sid" 0) && devs+=("$d")
-done
-[ ${#devs[@]} = 2 ] && pass "two paths: ${devs[*]}" || fail "paths: ${devs[*]}"
+# login_both [LABEL]: logs in through both portals and sets devs to the two paths' disks.
+login_both() {
+    local p sid d sids
+    for p in 127.0.0.1:3260 127.0.0.2:3260; do
+        # Multipath wants a failed path given up quickly so that I/O moves to the other group.
+        iscsiadm -m node -T "$IQN" -p "$p" -o update -n node.session.timeo.replacement_timeout -v 5 >/dev/null
+        check "${1:+$1: }login through $p" iscsiadm -m node -T "$IQN" -p "$p" --login
+    done
+    sids=$(for s in /sys/class/iscsi_session/session*; do echo "${s##*session}"; done)
+    devs=()
+    for sid in $sids; do
+        d=$(lun_dev "$sid" 0) && devs+=("$d")
+    done
+    [ ${#devs[@]} = 2 ] && pass "${1:+$1: }two paths: ${devs[*]}" || fail "${1:+$1: }paths: ${devs[*]}"
+}
+login_both
 # The host's paths in the metrics: its sessions with the target, by InitiatorName.
 host_paths() {
     curl -s "http://$METRICS/metrics" | awk -v t="$IQN" -v me="$KL_INITIATOR" \
@@ -238,15 +243,7 @@ timeout 30 bash -c 'while multipath -ll 2>/dev/null | grep -q BLOCKWIR; do multi
 config_with active_optimized standby true >"$KL_WORK/m.toml"
 start_target mpath-explicit "$KL_WORK/m.toml" || { fail "start blockwire-target (explicit ALUA)"; finish multipath; exit 1; }
 T_PID=$KL_TPID
-for p in 127.0.0.1:3260 127.0.0.2:3260; do
-    check "explicit ALUA: login through $p" iscsiadm -m node -T "$IQN" -p "$p" --login
-done
-sids=$(for s in /sys/class/iscsi_session/session*; do echo "${s##*session}"; done)
-devs=()
-for sid in $sids; do
-    d=$(lun_dev "$sid" 0) && devs+=("$d")
-done
-[ ${#devs[@]} = 2 ] && pass "explicit ALUA: two paths: ${devs[*]}" || fail "explicit ALUA paths: ${devs[*]}"
+login_both "explicit ALUA"
 inq=$(sg_inq "/dev/${devs[0]}" 2>&1)
 grep -q "TPGS=3" <<<"$inq" && pass "standard INQUIRY: TPGS=3 (implicit and explicit ALUA)" ||
     fail "INQUIRY TPGS: $(grep -o 'TPGS=[0-9]' <<<"$inq")"

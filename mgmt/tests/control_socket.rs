@@ -1286,9 +1286,6 @@ async fn an_initiators_stpg_fails_the_target_over_and_the_running_configuration_
         cdb.extend_from_slice(&[0, 0]);
         (cdb, list)
     };
-    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
-    // (state, STATUS CODE) of groups 1 and 2.
-    let rtpg_states = |data: &[u8]| [(data[4] & 0x0f, data[9]), (data[16] & 0x0f, data[21])];
 
     let mut passive = Client::login(d.portal(2).await, 2).await;
     let mut active = Client::login(d.portal(1).await, 1).await;
@@ -1329,10 +1326,8 @@ async fn an_initiators_stpg_fails_the_target_over_and_the_running_configuration_
         "the asker is not told"
     );
     assert_eq!(unit_attentions(&mut active).await, [(0x2a, 0x06)]);
-    let (status, data) = passive.run(&rtpg, 256, &[]).await;
-    assert_eq!(status, 0);
     assert_eq!(
-        rtpg_states(&data),
+        group_states(&mut passive).await,
         [(2, 1), (0, 1)],
         "both set by the command"
     );
@@ -1402,13 +1397,20 @@ async fn an_initiators_stpg_fails_the_target_over_and_the_running_configuration_
         "{done}"
     );
     assert_eq!(unit_attentions(&mut passive).await, [(0x2a, 0x06)]);
-    let (status, data) = passive.run(&rtpg, 256, &[]).await;
-    assert_eq!(status, 0);
     assert_eq!(
-        rtpg_states(&data),
+        group_states(&mut passive).await,
         [(0, 2), (1, 2)],
         "the file's states, set implicitly"
     );
+}
+
+/// REPORT TARGET PORT GROUPS through `c`: (state, STATUS CODE) of groups 1
+/// and 2 (one port each).
+async fn group_states(c: &mut Client) -> [(u8, u8); 2] {
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let (status, data) = c.run(&rtpg, 256, &[]).await;
+    assert_eq!(status, 0, "REPORT TARGET PORT GROUPS");
+    [(data[4] & 0x0f, data[9]), (data[16] & 0x0f, data[21])]
 }
 
 /// A target removed by mistake comes back from the saved file as it was

@@ -12,7 +12,7 @@ use super::*;
 
 /// The nexus of `initiator` through the port with relative identifier
 /// (TPGT) `port`.
-fn via(initiator: &str, port: u16) -> ItNexus {
+pub(super) fn via(initiator: &str, port: u16) -> ItNexus {
     ItNexus::iscsi(
         initiator,
         [0x40, 0, 0, 0, 0, 1],
@@ -21,9 +21,9 @@ fn via(initiator: &str, port: u16) -> ItNexus {
     )
 }
 
-fn two_groups(second: AluaState) -> LunTable {
-    let t = table();
-    t.set_port_groups(vec![
+/// Group 1 active/optimized on port 1, group 2 in `second` on port 2.
+pub(super) fn groups_with_second(second: AluaState) -> Vec<TargetPortGroup> {
+    vec![
         TargetPortGroup {
             id: 1,
             state: AluaState::ActiveOptimized,
@@ -34,7 +34,12 @@ fn two_groups(second: AluaState) -> LunTable {
             state: second,
             ports: vec![2],
         },
-    ]);
+    ]
+}
+
+pub(super) fn two_groups(second: AluaState) -> LunTable {
+    let t = table();
+    t.set_port_groups(groups_with_second(second));
     t
 }
 

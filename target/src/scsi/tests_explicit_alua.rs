@@ -4,35 +4,14 @@
 
 use blockwire_pdu::scsi::{Asc, Cdb, FieldPointer, SenseKey, SenseKeySpecific};
 
-use super::tests::{c, expect_check, read, ready, run, table, GOOD};
+use super::tests::{c, expect_check, read, ready, run, GOOD};
+use super::tests_alua_stall::{groups_with_second, two_groups, via};
 use super::*;
-
-/// The nexus of `initiator` through the port (TPGT) `port`.
-fn via(initiator: &str, port: u16) -> ItNexus {
-    ItNexus::iscsi(
-        initiator,
-        [0x40, 0, 0, 0, 0, 1],
-        "iqn.2024-01.test:tgt",
-        port,
-    )
-}
 
 /// Group 1 active/optimized on port 1, group 2 in standby on port 2; SET
 /// TARGET PORT GROUPS allowed or not.
 fn active_passive(explicit: bool) -> LunTable {
-    let t = table();
-    t.set_port_groups(vec![
-        TargetPortGroup {
-            id: 1,
-            state: AluaState::ActiveOptimized,
-            ports: vec![1],
-        },
-        TargetPortGroup {
-            id: 2,
-            state: AluaState::Standby,
-            ports: vec![2],
-        },
-    ]);
+    let t = two_groups(AluaState::Standby);
     t.set_explicit_alua(explicit);
     t
 }
@@ -233,18 +212,7 @@ fn an_implicit_change_after_stpg_reports_the_implicit_status_again() {
     ready(&t, &n);
     assert_eq!(stpg(&t, &n, &list(&[(2, 0)])).status, GOOD);
     // The management plane puts the configured states back.
-    let changed = t.set_port_groups(vec![
-        TargetPortGroup {
-            id: 1,
-            state: AluaState::ActiveOptimized,
-            ports: vec![1],
-        },
-        TargetPortGroup {
-            id: 2,
-            state: AluaState::Standby,
-            ports: vec![2],
-        },
-    ]);
+    let changed = t.set_port_groups(groups_with_second(AluaState::Standby));
     assert_eq!(
         changed,
         vec![(2, AluaState::ActiveOptimized, AluaState::Standby)]
