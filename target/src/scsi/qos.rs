@@ -165,6 +165,22 @@ pub struct Reservation {
     /// The initiator (its name in lower case) whose own ceilings it was
     /// booked at; None: the LUN's.
     initiator: Option<Arc<str>>,
+    /// A booking at the LUN's ceilings an initiator's look-ahead counts:
+    /// whose, and what that initiator's latest booking was before it.
+    at_lun_for: Option<LunBooking>,
+}
+
+/// An initiator's booking at the LUN's ceilings, as its look-ahead counts
+/// it: given back, the initiator's latest booking is the one before it
+/// again, so its next command does not wait for a start that is not there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LunBooking {
+    /// The initiator (its name in lower case).
+    host: Arc<str>,
+    /// When the booking starts.
+    start: Instant,
+    /// The initiator's latest booking at the LUN before this one.
+    before: Option<Instant>,
 }
 
 /// Commands the ceilings delayed so far, and for how long in all.
@@ -389,6 +405,7 @@ impl QosGate {
             generation: s.generation,
             taken,
             initiator: None,
+            at_lun_for: None,
         })
     }
 
@@ -408,6 +425,7 @@ impl QosGate {
             generation,
             taken,
             initiator: Some(key),
+            at_lun_for: None,
         })
     }
 
@@ -456,7 +474,7 @@ impl QosGate {
         let (start, taken) = book(&mut s.next, rates, [1, bytes], now);
         // Bookings at the LUN come in time order, but a booking given back
         // may let a later one start earlier: keep the latest.
-        let (_, host) = s.host(initiator, now);
+        let (key, host) = s.host(initiator, now);
         host.last_at_lun = Some(host_last.map_or(start, |l| l.max(start)));
         let wait = start - now;
         self.delays.count(wait, !delayed);
@@ -465,6 +483,11 @@ impl QosGate {
             generation,
             taken,
             initiator: None,
+            at_lun_for: Some(LunBooking {
+                host: key,
+                start,
+                before: host_last,
+            }),
         }))
     }
 
@@ -508,7 +531,19 @@ impl QosGate {
             return;
         }
         match &r.initiator {
-            None => give_back(&mut s.next, r.taken),
+            None => {
+                give_back(&mut s.next, r.taken);
+                // The initiator's look-ahead no longer counts this booking,
+                // unless a later one of its own has taken its place as the
+                // latest.
+                if let Some(b) = &r.at_lun_for {
+                    if let Some(host) = s.initiators.get_mut(&*b.host) {
+                        if host.last_at_lun == Some(b.start) {
+                            host.last_at_lun = b.before;
+                        }
+                    }
+                }
+            }
             Some(name) => {
                 if let Some(host) = s.initiators.get_mut(&**name) {
                     give_back(&mut host.next, r.taken);
@@ -678,6 +713,40 @@ mod tests {
             g.leave_line("iqn.host:a", *t);
         }
         assert!(g.lock().initiators.values().all(|h| h.line.len() <= 1));
+    }
+
+    #[test]
+    fn an_aborted_booking_at_the_lun_no_longer_holds_its_initiator_back() {
+        let t0 = Instant::now();
+        let g = QosGate::new(limits(Some(100), None));
+        let turn = |ticket: &mut Option<u64>| g.turn_at_lun("iqn.host:a", t0, 4096, false, ticket);
+        // Host A books until its look-ahead is full: six at once (the
+        // burst), the seventh 10 ms ahead.
+        let mut bookings = Vec::new();
+        for _ in 0..7 {
+            match turn(&mut None) {
+                Some(LunTurn::Booked(r)) => bookings.push(r),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(bookings[6].wait, 10 * MS);
+        let mut ticket = None;
+        assert!(
+            matches!(turn(&mut ticket), Some(LunTurn::NotYet(at)) if at == t0 + 10 * MS - LOOKAHEAD),
+            "the eighth comes back when the seventh is LOOKAHEAD from its start"
+        );
+        g.leave_line("iqn.host:a", ticket.unwrap());
+        // The seventh is aborted: its place at the LUN goes, and so does
+        // its standing as A's latest booking, so A's next command books
+        // that place now rather than coming back for a start that is gone.
+        g.cancel(&bookings[6]);
+        match turn(&mut None) {
+            Some(LunTurn::Booked(r)) => assert_eq!(r.wait, 10 * MS, "the aborted one's place"),
+            other => panic!("{other:?}"),
+        }
+        // An aborted booking that is not A's latest leaves the latest as it is.
+        g.cancel(&bookings[0]);
+        assert!(matches!(turn(&mut None), Some(LunTurn::NotYet(_))));
     }
 
     #[test]
