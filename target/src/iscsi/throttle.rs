@@ -52,6 +52,9 @@ pub(super) struct Throttle {
     wait: Duration,
     /// When the current wait ends.
     due: Instant,
+    /// The latest `now` it was booked or advanced at, on the clock its
+    /// bookings are made with (the connection's).
+    last_now: Instant,
     /// The command started (or was never going to): nothing to give back.
     settled: bool,
 }
@@ -104,6 +107,7 @@ impl Throttle {
             initiator_io: initiator_io.cloned(),
             wait: due - now,
             due,
+            last_now: now,
             settled: false,
         })
     }
@@ -120,6 +124,7 @@ impl Throttle {
         if self.at_lun.is_some() {
             return None;
         }
+        self.last_now = now;
         let due = match self.unit.qos().turn_at_lun(
             &self.initiator,
             now,
@@ -156,8 +161,14 @@ impl Throttle {
     /// (its place is given back, and the command must not start).
     pub async fn wait_out(mut self, aborted: &AtomicBool) -> bool {
         // Booked as the command arrived, a moment ago: its whole wait from
-        // now (the runtime's clock, not the booking's).
-        let mut wait = self.wait();
+        // now, timed by the runtime's clock. Its next turn is asked for on
+        // the clock it was booked with, run on by as much as the runtime's
+        // ran: the two may differ (a connection driven on a clock of its
+        // own), and a turn asked for at another clock's `now` would book a
+        // place on a schedule kept in the first one.
+        let booked_now = self.last_now;
+        let started = tokio::time::Instant::now();
+        let mut wait = self.due.saturating_duration_since(booked_now);
         loop {
             let until = tokio::time::Instant::now() + wait;
             loop {
@@ -170,7 +181,7 @@ impl Throttle {
                 }
                 tokio::time::sleep_until(until.min(now + POLL)).await;
             }
-            let now = Instant::now();
+            let now = booked_now + started.elapsed();
             match self.advance(now) {
                 None => break,
                 Some(due) => wait = due - now,
@@ -278,6 +289,28 @@ mod tests {
             initiator_iops: Some(10),
             ..Default::default()
         })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_on_a_clock_of_its_own_waits_only_for_its_turn() {
+        // The connection books on a clock of its own, 300 s ahead of the
+        // runtime's (as a connection driven on a virtual clock is).
+        let t = each_host_and_the_lun_at_10_iops();
+        let (cmd, cdb) = read_of(0, 4096);
+        let connection_now = Instant::now() + Duration::from_secs(300);
+        assert!(Throttle::book(&t, &cmd, &cdb, HOST, None, connection_now).is_none());
+        let held = Throttle::book(&t, &cmd, &cdb, HOST, None, connection_now)
+            .expect("over the host's ceiling");
+        // After its wait at the host's ceiling it asks for its turn at the
+        // LUN's on the connection's clock, where the LUN's schedule is: a
+        // turn asked for at the runtime's `now` would wait the 300 s.
+        let started = tokio::time::Instant::now();
+        assert!(runs_after_its_wait(held).await);
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(1),
+            "waited {waited:?} of the runtime's (paused) clock"
+        );
     }
 
     #[tokio::test(start_paused = true)]
