@@ -48,8 +48,6 @@ pub(super) struct Throttle {
     /// Its initiator's counters on the target, where its waits are
     /// counted too (None: not kept, as for discovery).
     initiator_io: Option<Arc<IoStats>>,
-    /// The wait it was given when booked.
-    wait: Duration,
     /// When the current wait ends.
     due: Instant,
     /// The latest `now` it was booked or advanced at, on the clock its
@@ -105,7 +103,6 @@ impl Throttle {
             at_lun,
             ticket,
             initiator_io: initiator_io.cloned(),
-            wait: due - now,
             due,
             last_now: now,
             settled: false,
@@ -152,9 +149,11 @@ impl Throttle {
         self.settled = true;
     }
 
-    /// How long the command waits from its booking (its first wait).
+    /// How long the command waits from its latest booking (for a fresh
+    /// one, its first wait).
+    #[cfg(test)]
     pub fn wait(&self) -> Duration {
-        self.wait
+        self.due.saturating_duration_since(self.last_now)
     }
 
     /// Waits out the booked place; false if the task was aborted meanwhile
