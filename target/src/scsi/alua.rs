@@ -30,6 +30,13 @@ pub enum AluaState {
 }
 
 impl AluaState {
+    /// Every state, in code order.
+    const ALL: [AluaState; 3] = [
+        AluaState::ActiveOptimized,
+        AluaState::ActiveNonOptimized,
+        AluaState::Standby,
+    ];
+
     /// The ASYMMETRIC ACCESS STATE code.
     pub fn code(self) -> u8 {
         match self {
@@ -51,23 +58,12 @@ impl AluaState {
 
     /// The state of an ASYMMETRIC ACCESS STATE code, where supported.
     pub fn from_code(code: u8) -> Option<AluaState> {
-        match code {
-            0x0 => Some(AluaState::ActiveOptimized),
-            0x1 => Some(AluaState::ActiveNonOptimized),
-            0x2 => Some(AluaState::Standby),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|s| s.code() == code)
     }
 
     /// Parses [`AluaState::name`]'s spelling.
     pub fn from_name(name: &str) -> Option<AluaState> {
-        [
-            AluaState::ActiveOptimized,
-            AluaState::ActiveNonOptimized,
-            AluaState::Standby,
-        ]
-        .into_iter()
-        .find(|s| s.name() == name)
+        Self::ALL.into_iter().find(|s| s.name() == name)
     }
 }
 
