@@ -162,12 +162,18 @@ pub struct Reservation {
     generation: u64,
     /// The time it took from the IOPS and the bytes ceiling.
     taken: [Duration; 2],
-    /// The initiator (its name in lower case) whose own ceilings it was
-    /// booked at; None: the LUN's.
-    initiator: Option<Arc<str>>,
-    /// A booking at the LUN's ceilings an initiator's look-ahead counts:
-    /// whose, and what that initiator's latest booking was before it.
-    at_lun_for: Option<LunBooking>,
+    /// Whose ceilings it was booked at.
+    at: Booked,
+}
+
+/// The ceilings a [`Reservation`] was booked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Booked {
+    /// The LUN's, for an initiator whose look-ahead counts it, or (None)
+    /// for no initiator's.
+    Lun(Option<LunBooking>),
+    /// The initiator's own (its name in lower case).
+    Initiator(Arc<str>),
 }
 
 /// An initiator's booking at the LUN's ceilings, as its look-ahead counts
@@ -404,8 +410,7 @@ impl QosGate {
             wait,
             generation: s.generation,
             taken,
-            initiator: None,
-            at_lun_for: None,
+            at: Booked::Lun(None),
         })
     }
 
@@ -424,8 +429,7 @@ impl QosGate {
             wait,
             generation,
             taken,
-            initiator: Some(key),
-            at_lun_for: None,
+            at: Booked::Initiator(key),
         })
     }
 
@@ -482,12 +486,11 @@ impl QosGate {
             wait,
             generation,
             taken,
-            initiator: None,
-            at_lun_for: Some(LunBooking {
+            at: Booked::Lun(Some(LunBooking {
                 host: key,
                 start,
                 before: host_last,
-            }),
+            })),
         }))
     }
 
@@ -530,13 +533,13 @@ impl QosGate {
         if s.generation != r.generation {
             return;
         }
-        match &r.initiator {
-            None => {
+        match &r.at {
+            Booked::Lun(by) => {
                 give_back(&mut s.next, r.taken);
                 // The initiator's look-ahead no longer counts this booking,
                 // unless a later one of its own has taken its place as the
                 // latest.
-                if let Some(b) = &r.at_lun_for {
+                if let Some(b) = by {
                     if let Some(host) = s.initiators.get_mut(&*b.host) {
                         if host.last_at_lun == Some(b.start) {
                             host.last_at_lun = b.before;
@@ -544,7 +547,7 @@ impl QosGate {
                     }
                 }
             }
-            Some(name) => {
+            Booked::Initiator(name) => {
                 if let Some(host) = s.initiators.get_mut(&**name) {
                     give_back(&mut host.next, r.taken);
                 }
