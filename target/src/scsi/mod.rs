@@ -56,6 +56,9 @@ pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMP
 pub use logical_unit::{Activity, LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
 pub use lun_table::{AddLunError, LunTable, NoSuchLun, TableAbortHandler};
 pub use qos::{QosCounters, QosGate, QosLimits};
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use reservations::fuzzing as pr_state_fuzzing;
 pub use reservations::AbortHandler;
 pub use stall::{abortable, StallChange};
 

@@ -203,6 +203,23 @@ impl PrState {
         (removed, holder_removed)
     }
 
+    /// Whether this is a state the device server could hold: at most
+    /// [`MAX_REGISTRATIONS`] registrations, no I_T nexus matched by two of
+    /// them, and a reservation's record naming one of them.
+    #[cfg(any(test, feature = "fuzzing"))]
+    fn well_formed(&self) -> bool {
+        self.regs.len() <= MAX_REGISTRATIONS
+            && self
+                .regs
+                .iter()
+                .enumerate()
+                .all(|(i, r)| !self.regs[..i].iter().any(|o| o.overlaps(r)))
+            && self
+                .resv
+                .as_ref()
+                .is_none_or(|r| r.holder < self.regs.len())
+    }
+
     /// Text form for the APTPL file: one record a line, fields separated
     /// by spaces. The names come from the initiators' logins, so each is
     /// written escaped ([`escape_field`]): whatever it holds, it stays one
@@ -226,6 +243,12 @@ impl PrState {
         s
     }
 
+    /// Reads [`Self::to_text`]'s form back. Only a state the device server
+    /// could have saved is accepted: one generation and at most one
+    /// reservation record, at most [`MAX_REGISTRATIONS`] registrations and
+    /// never two that one I_T nexus would match (each nexus has at most one
+    /// registration, SPC-4 5.9.7). Anything else is damage: restored, it
+    /// would give a nexus two keys, or say a unit is reserved twice.
     fn from_text(text: &str) -> Option<PrState> {
         let mut lines = text.lines();
         if lines.next()? != "blockwire-pr 1" {
@@ -235,19 +258,32 @@ impl PrState {
             aptpl: true,
             ..PrState::default()
         };
+        let mut generation_seen = false;
         for line in lines {
             let f: Vec<&str> = line.split(' ').collect();
             match f.as_slice() {
-                ["generation", g] => st.generation = g.parse().ok()?,
-                ["reg", key, atp, no, rtpi, ini, tp] => st.regs.push(Registration {
-                    key: u64::from_str_radix(key, 16).ok()?,
-                    all_tg_pt: *atp == "1",
-                    name_only: *no == "1",
-                    rtpi: rtpi.parse().ok()?,
-                    initiator: Arc::from(unescape_field(ini)?),
-                    target_port: Arc::from(unescape_field(tp)?),
-                }),
-                ["resv", ty, holder] => {
+                ["generation", g] if !generation_seen => {
+                    generation_seen = true;
+                    st.generation = g.parse().ok()?;
+                }
+                ["reg", key, atp, no, rtpi, ini, tp] => {
+                    if st.regs.len() == MAX_REGISTRATIONS {
+                        return None;
+                    }
+                    let r = Registration {
+                        key: u64::from_str_radix(key, 16).ok()?,
+                        all_tg_pt: *atp == "1",
+                        name_only: *no == "1",
+                        rtpi: rtpi.parse().ok()?,
+                        initiator: Arc::from(unescape_field(ini)?),
+                        target_port: Arc::from(unescape_field(tp)?),
+                    };
+                    if st.regs.iter().any(|o| o.overlaps(&r)) {
+                        return None;
+                    }
+                    st.regs.push(r);
+                }
+                ["resv", ty, holder] if st.resv.is_none() => {
                     st.resv = Some(Reservation {
                         ty: PrType::from_code(ty.parse().ok()?)?,
                         holder: holder.parse().ok()?,
@@ -261,6 +297,29 @@ impl PrState {
             return None;
         }
         Some(st)
+    }
+}
+
+/// The APTPL file reader for the `pr_state_file` fuzz target.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::PrState;
+
+    /// Reads `text` as a logical unit reads its APTPL file at start-up.
+    /// Whatever it accepts must be a state the device server could hold,
+    /// and must be written back as it was read; panics otherwise. Returns
+    /// whether the text was accepted.
+    pub fn read_pr_state_file(text: &str) -> bool {
+        let Some(st) = PrState::from_text(text) else {
+            return false;
+        };
+        assert!(
+            st.well_formed(),
+            "accepted a state no device server holds: {st:?}"
+        );
+        assert_eq!(PrState::from_text(&st.to_text()).as_ref(), Some(&st));
+        true
     }
 }
 
@@ -1035,17 +1094,24 @@ mod tests {
             ),
             resv in proptest::option::of((any::<usize>(), 1u8..=8)),
         ) {
-            let regs: Vec<Registration> = regs
-                .into_iter()
-                .map(|(ini, tp, key, name_only, all_tg_pt, rtpi)| Registration {
+            // Only states the device server could hold: a registration one
+            // nexus would share with an earlier one is left out, as REGISTER
+            // would refuse it.
+            let mut kept: Vec<Registration> = Vec::new();
+            for (ini, tp, key, name_only, all_tg_pt, rtpi) in regs {
+                let r = Registration {
                     initiator: Arc::from(ini),
                     name_only,
                     target_port: Arc::from(tp),
                     rtpi,
                     all_tg_pt,
                     key,
-                })
-                .collect();
+                };
+                if !kept.iter().any(|o| o.overlaps(&r)) {
+                    kept.push(r);
+                }
+            }
+            let regs = kept;
             let resv = resv.filter(|_| !regs.is_empty()).and_then(|(h, code)| {
                 Some(Reservation { holder: h % regs.len(), ty: PrType::from_code(code)? })
             });
@@ -1072,6 +1138,7 @@ mod tests {
         ) {
             let text = lines.join("\n");
             if let Some(st) = PrState::from_text(&text) {
+                prop_assert!(st.well_formed(), "{:?}", st);
                 prop_assert_eq!(PrState::from_text(&st.to_text()), Some(st));
             }
         }
@@ -1101,5 +1168,70 @@ mod tests {
         assert_eq!(PrState::from_text(&st.to_text()), Some(st));
         assert_eq!(PrState::from_text("garbage"), None);
         assert_eq!(PrState::from_text("blockwire-pr 1\nresv 1 0\n"), None);
+    }
+
+    /// A file the device server could not have written reads as damaged
+    /// (the unit then stays NOT READY rather than restore it): two
+    /// registrations one nexus would match, a reservation or generation
+    /// given twice, more registrations than a unit keeps.
+    #[test]
+    fn states_no_device_server_holds_read_as_damaged() {
+        let file =
+            |records: &[String]| format!("blockwire-pr 1\ngeneration 3\n{}\n", records.join("\n"));
+        let reg = |key: u64, all: u8, name_only: u8, ini: &str, tp: &str| {
+            format!("reg {key:016x} {all} {name_only} 1 {ini} {tp}")
+        };
+        let a = "iqn.a,i,0x400000000001";
+        let fine = [
+            reg(1, 0, 0, a, "iqn.t,t,0x1"),
+            reg(2, 0, 0, a, "iqn.t,t,0x2"),
+        ];
+        assert!(
+            PrState::from_text(&file(&fine)).is_some(),
+            "one port through two target ports"
+        );
+        for (why, records) in [
+            (
+                "the same nexus twice",
+                vec![
+                    reg(1, 0, 0, a, "iqn.t,t,0x1"),
+                    reg(2, 0, 0, &a.to_uppercase(), "iqn.t,t,0x1"),
+                ],
+            ),
+            (
+                "ALL_TG_PT beside one port",
+                vec![
+                    reg(1, 0, 0, a, "iqn.t,t,0x1"),
+                    reg(2, 1, 0, a, "iqn.t,t,0x2"),
+                ],
+            ),
+            (
+                "a whole name beside one of its ISIDs",
+                vec![
+                    reg(1, 0, 1, "iqn.a", "iqn.t,t,0x1"),
+                    reg(2, 0, 0, a, "iqn.t,t,0x1"),
+                ],
+            ),
+            (
+                "two reservations",
+                vec![
+                    reg(1, 0, 0, a, "iqn.t,t,0x1"),
+                    "resv 1 0".into(),
+                    "resv 3 0".into(),
+                ],
+            ),
+            ("two generations", vec!["generation 4".into()]),
+        ] {
+            assert_eq!(PrState::from_text(&file(&records)), None, "{why}");
+        }
+        let many: Vec<String> = (0..=MAX_REGISTRATIONS)
+            .map(|i| reg(1, 0, 0, &format!("iqn.a,i,0x{i:012x}"), "iqn.t,t,0x1"))
+            .collect();
+        assert!(PrState::from_text(&file(&many[..MAX_REGISTRATIONS])).is_some());
+        assert_eq!(
+            PrState::from_text(&file(&many)),
+            None,
+            "one past MAX_REGISTRATIONS"
+        );
     }
 }
