@@ -77,6 +77,8 @@ pub enum FileUse {
     AtomicJournal,
     /// The saved persistent reservations (APTPL) of a LUN.
     Reservations,
+    /// The ALUA states initiators set on a target (SET TARGET PORT GROUPS).
+    AluaStates,
 }
 
 impl FileUse {
@@ -86,6 +88,7 @@ impl FileUse {
             FileUse::StripeMember => "striped member",
             FileUse::AtomicJournal => "atomic-write journal",
             FileUse::Reservations => "saved reservations",
+            FileUse::AluaStates => "saved ALUA states",
         }
     }
 }
@@ -146,6 +149,13 @@ impl Claims {
                 (
                     "each LUN's reservations would overwrite the other's, and a restart would \
                      restore one LUN's reservations on the other",
+                    "the file is named after the target, and these names differ only in \
+                     characters a file name cannot hold: rename one of the targets",
+                )
+            } else if what == FileUse::AluaStates {
+                (
+                    "each target's ALUA states set by SET TARGET PORT GROUPS would overwrite the \
+                     other's, and a restart would restore one target's states on the other",
                     "the file is named after the target, and these names differ only in \
                      characters a file name cannot hold: rename one of the targets",
                 )

@@ -59,6 +59,12 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     // Before any initiator can write to a RAM LUN.
     ram_budget(built.ram_limit, built.ram_lun_bytes);
+    // Before any initiator logs in: the ALUA states initiators had set with
+    // SET TARGET PORT GROUPS before the daemon stopped (kept under
+    // `[fabric] state_dir`), so that a failed-over target stays so.
+    for t in &built.catalog.targets {
+        t.luns.restore_alua_states();
+    }
     let mut settings = built.settings;
     settings.max_recv_data_segment_length = built.max_recv_data_segment_length;
     let fabric = Fabric::new(built.catalog.clone(), settings, stop_rx);

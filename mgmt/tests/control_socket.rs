@@ -80,26 +80,41 @@ impl Daemon {
         )
         .unwrap();
         let socket = dir.path().join("control.sock");
-        let _process = DaemonProcess::spawn(
-            dir,
-            &config,
-            [
-                OsStr::new("--control"),
-                socket.as_os_str(),
-                OsStr::new("--log"),
-                OsStr::new("info"),
-            ],
-        );
+        let _process = DaemonProcess::spawn(dir, &config, Self::args(&socket));
         let d = Daemon { _process, socket };
+        d.answering().await;
+        d
+    }
+
+    /// The daemon's arguments besides its configuration.
+    fn args(socket: &std::path::Path) -> [&OsStr; 4] {
+        [
+            OsStr::new("--control"),
+            socket.as_os_str(),
+            OsStr::new("--log"),
+            OsStr::new("info"),
+        ]
+    }
+
+    /// Waits (at most 20 s) until the control socket answers.
+    async fn answering(&self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while d.try_call("lun.list", Value::Null).await.is_err() {
+        while self.try_call("lun.list", Value::Null).await.is_err() {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the control socket never answered"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        d
+    }
+
+    /// Stops the daemon with SIGTERM and starts it again from its
+    /// configuration file as it is now; returns once the socket answers.
+    async fn restart(&mut self) {
+        let config = self._process.dir().join("two-groups.toml");
+        let socket = self.socket.clone();
+        self._process.restart(&config, Self::args(&socket));
+        self.answering().await;
     }
 
     async fn try_call(
@@ -1275,23 +1290,12 @@ async fn an_initiators_stpg_fails_the_target_over_and_the_running_configuration_
     let config = d._process.dir().join("two-groups.toml");
     d.call("config.save", Value::Null).await;
     let saved = std::fs::read_to_string(&config).unwrap();
-    let stpg = |requests: &[(u16, u8)]| {
-        let mut list = vec![0u8; 4];
-        for (group, state) in requests {
-            list.extend_from_slice(&[*state, 0]);
-            list.extend_from_slice(&group.to_be_bytes());
-        }
-        let mut cdb = vec![0xa4, 0x0a, 0, 0, 0, 0];
-        cdb.extend_from_slice(&(list.len() as u32).to_be_bytes());
-        cdb.extend_from_slice(&[0, 0]);
-        (cdb, list)
-    };
 
     let mut passive = Client::login(d.portal(2).await, 2).await;
     let mut active = Client::login(d.portal(1).await, 1).await;
     passive.ready().await;
     active.ready().await;
-    let (cdb, list) = stpg(&[(2, 0), (1, 2)]);
+    let (cdb, list) = stpg_command(&[(2, 0), (1, 2)]);
     let (status, _) = passive.run(&cdb, 0, &list).await;
     assert_eq!(
         status, 2,
@@ -1401,6 +1405,107 @@ async fn an_initiators_stpg_fails_the_target_over_and_the_running_configuration_
         group_states(&mut passive).await,
         [(0, 2), (1, 2)],
         "the file's states, set implicitly"
+    );
+}
+
+/// A SET TARGET PORT GROUPS asking each (group, state code): its CDB and
+/// parameter list.
+fn stpg_command(requests: &[(u16, u8)]) -> (Vec<u8>, Vec<u8>) {
+    let mut list = vec![0u8; 4];
+    for (group, state) in requests {
+        list.extend_from_slice(&[*state, 0]);
+        list.extend_from_slice(&group.to_be_bytes());
+    }
+    let mut cdb = vec![0xa4, 0x0a, 0, 0, 0, 0];
+    cdb.extend_from_slice(&(list.len() as u32).to_be_bytes());
+    cdb.extend_from_slice(&[0, 0]);
+    (cdb, list)
+}
+
+/// With `[fabric] state_dir`, the states an initiator set with SET TARGET
+/// PORT GROUPS outlive a restart of the daemon from a configuration file
+/// that was never saved: the target comes back failed over, its groups
+/// reported as set by the command, and `config.show` says so. A reload of
+/// that file undoes them (and says so), and a restart after that comes
+/// back with the file's own states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_an_initiator_set_outlive_a_restart_of_the_daemon() {
+    let mut d = Daemon::start_with(|_| {
+        "explicit_alua = true\n\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n"
+            .into()
+    })
+    .await;
+    let mut passive = Client::login(d.portal(2).await, 2).await;
+    passive.ready().await;
+    let (cdb, list) = stpg_command(&[(2, 0), (1, 2)]);
+    assert_eq!(
+        passive.run(&cdb, 0, &list).await.0,
+        0,
+        "SET TARGET PORT GROUPS"
+    );
+    assert_eq!(group_states(&mut passive).await, [(2, 1), (0, 1)]);
+    drop(passive);
+
+    d.restart().await;
+    let log = d._process.log_text();
+    assert!(
+        log.contains("ALUA state set by SET TARGET PORT GROUPS before the restart restored"),
+        "{log}"
+    );
+    let mut passive = Client::login(d.portal(2).await, 2).await;
+    let mut active = Client::login(d.portal(1).await, 1).await;
+    passive.ready().await;
+    active.ready().await;
+    assert_eq!(
+        group_states(&mut passive).await,
+        [(2, 1), (0, 1)],
+        "failed over still, set by the command"
+    );
+    assert_eq!(passive.run(&rw10(0x28, 0, 1), 512, &[]).await.0, 0);
+    assert_eq!(
+        active.run(&rw10(0x28, 0, 1), 512, &[]).await.0,
+        2,
+        "group 1 is in standby still"
+    );
+    let list = d.call("lun.list", Value::Null).await;
+    assert_eq!(
+        list["targets"][0]["port_groups"],
+        json!([
+            {"id": 1, "state": "standby", "ports": [1], "set_by": "initiator"},
+            {"id": 2, "state": "active_optimized", "ports": [2], "set_by": "initiator"},
+        ])
+    );
+    let shown: toml::Table = d.call("config.show", Value::Null).await["toml"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let states = &shown["target"][0]["alua_state"];
+    assert_eq!(
+        (states["1"].as_str(), states["2"].as_str()),
+        (Some("standby"), Some("active_optimized")),
+        "{shown}"
+    );
+
+    // A reload of the file (which never had them) puts its states back and
+    // says what that undoes; a restart after it keeps the file's states.
+    let done = d.call("config.reload", Value::Null).await;
+    assert_eq!(done["changes"].as_array().unwrap().len(), 2, "{done}");
+    assert!(
+        done["changes"][0]
+            .as_str()
+            .unwrap()
+            .contains("this undoes the state an initiator set"),
+        "{done}"
+    );
+    drop((passive, active));
+    d.restart().await;
+    let mut passive = Client::login(d.portal(2).await, 2).await;
+    passive.ready().await;
+    assert_eq!(
+        group_states(&mut passive).await,
+        [(0, 2), (1, 2)],
+        "the file's states"
     );
 }
 

@@ -137,7 +137,9 @@ pub struct FabricConfig {
     /// DataDigest policy: "allow" or "require".
     pub data_digest: String,
     /// Directory for state that must survive restarts (persistent
-    /// reservations with APTPL). Without it APTPL=1 is refused.
+    /// reservations with APTPL, ALUA states initiators set with SET TARGET
+    /// PORT GROUPS). Without it APTPL=1 is refused and such states last
+    /// until the daemon stops.
     pub state_dir: Option<PathBuf>,
     /// RDMA-assisted iSCSI: where the soft RDMA provider listens (e.g.
     /// "127.0.0.1:0"; port 0 picks one). Unset: no offload is offered.
@@ -424,17 +426,24 @@ pub struct LunDef {
     pub initiator_bandwidth_limit: Option<Spanned<String>>,
 }
 
-/// Gives a file LUN its atomic-write journal when it should have one (see
-/// `LunDef::atomic_writes`), replaying the atomic writes a crash left
-/// unfinished. A read-only LUN cannot replay them, so it refuses to open
-/// while its journal holds any.
 /// The file under `[fabric] state_dir` that keeps the saved persistent
 /// reservations of LUN `id` of target `name`: the name with every
 /// character a file name might not hold as '_'. (Two targets whose names
 /// differ only there would share it: [`Claims`] refuses that.)
 fn pr_state_file_name(name: &str, id: u16) -> String {
-    let safe: String = name
-        .chars()
+    format!("{}.lun{id}.pr", file_safe(name))
+}
+
+/// The file under `[fabric] state_dir` that keeps the ALUA states
+/// initiators set on target `name` with SET TARGET PORT GROUPS (named as
+/// [`pr_state_file_name`] names its files).
+fn alua_state_file_name(name: &str) -> String {
+    format!("{}.alua", file_safe(name))
+}
+
+/// `name` with every character a file name might not hold as '_'.
+fn file_safe(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
                 c
@@ -442,8 +451,7 @@ fn pr_state_file_name(name: &str, id: u16) -> String {
                 '_'
             }
         })
-        .collect();
-    format!("{safe}.lun{id}.pr")
+        .collect()
 }
 
 /// The unit serial number (VPD 80h) and NAA identifier (VPD 83h) of LUN
@@ -469,6 +477,14 @@ fn claim_units(
     t: &TargetDef,
 ) {
     let name = t.name.get_ref().trim();
+    if let Some(dir) = state_dir {
+        let unit = format!("target {name}");
+        let line = (!ctx.rendered).then(|| ctx.line(t.name.span().start));
+        let path = dir.join(alua_state_file_name(name));
+        if let Err(m) = claims.file(&unit, line, &path, FileUse::AluaStates) {
+            report.errors.push(ctx.err(t.name.span(), "target.name", m));
+        }
+    }
     let mut ids = std::collections::HashSet::new();
     for l in &t.luns {
         let lspan = l.span();
@@ -1277,7 +1293,10 @@ impl TargetConfig {
             // target is its name and TPGT); the first not in standby is
             // preferred. The target's own state in a group comes before
             // the group's.
-            let luns = LunTable::new(luns).with_explicit_alua(t.explicit_alua);
+            let mut luns = LunTable::new(luns).with_explicit_alua(t.explicit_alua);
+            if let Some(dir) = f.state_dir.as_ref() {
+                luns = luns.with_alua_state_file(dir.join(alua_state_file_name(&name)));
+            }
             luns.set_port_groups(
                 groups
                     .iter()

@@ -612,9 +612,9 @@ fn each_unit_holds_its_files_and_identity_alone() {
     );
     TargetConfig::from_str("t.toml", &journal_off).unwrap_or_else(|e| panic!("{e}"));
 
-    // Saved reservations are named after the target: two names that
-    // differ only in characters a file name holds as '_' (here 'é' and
-    // 'ü') would share them.
+    // Saved reservations and ALUA states are named after the target: two
+    // names that differ only in characters a file name holds as '_' (here
+    // 'é' and 'ü') would share them.
     let state = dir.path().join("state");
     let two_targets = format!(
         "[fabric]\nstate_dir = {state:?}\n\n[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
@@ -625,10 +625,21 @@ fn each_unit_holds_its_files_and_identity_alone() {
     assert_eq!((e.line, e.field.as_str()), (16, "target.name"), "{e}");
     assert!(
         e.message
-            .contains("saved reservations of LUN 0 of iqn.2026-11.io.blockwire:ü"),
+            .contains("saved ALUA states of target iqn.2026-11.io.blockwire:ü"),
         "{e}"
     );
     assert!(e.message.contains("rename one of the targets"), "{e}");
+    // --check says the LUNs' reservations would be shared too.
+    let said = |r: &CheckReport, what: &str| r.errors.iter().any(|e| e.message.contains(what));
+    let lun0 = "saved reservations of LUN 0 of iqn.2026-11.io.blockwire:ü";
+    let r = check(&two_targets);
+    assert!(said(&r, lun0), "{:?}", r.errors);
+    // LUNs of other numbers share no reservations, but the targets would
+    // still share their ALUA states.
+    let other_luns = two_targets.replacen("id = 0", "id = 1", 1);
+    let r = check(&other_luns);
+    assert!(!said(&r, "saved reservations"), "{:?}", r.errors);
+    assert!(said(&r, "saved ALUA states of target"), "{:?}", r.errors);
     let apart = two_targets.replace("blockwire:ü", "blockwire:u");
     TargetConfig::from_str("t.toml", &apart).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -198,6 +198,7 @@ impl Live {
                 for id in t.luns.lun_ids() {
                     self.fabric.lun_paths.remove(&t.name, id);
                 }
+                t.luns.forget_alua_states();
             }
             applied.changes.push(format!("target {} removed", t.name));
         }

@@ -39,16 +39,8 @@ impl DaemonProcess {
         env: impl IntoIterator<Item = (impl AsRef<OsStr>, impl AsRef<OsStr>)>,
     ) -> DaemonProcess {
         let log = dir.path().join("daemon.log");
-        let child = Command::new(BIN)
-            .arg("--config")
-            .arg(config)
-            .args(args)
-            .env_remove("BLOCKWIRE_LOG")
-            .env_remove("BLOCKWIRE_LOG_FORMAT")
-            .env_remove("NOTIFY_SOCKET")
+        let child = command(config, args)
             .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start blockwire-target");
@@ -57,6 +49,26 @@ impl DaemonProcess {
             log,
             _dir: dir,
         }
+    }
+
+    /// Stops the daemon (SIGTERM; it must exit cleanly) and starts it
+    /// again as `blockwire-target --config CONFIG ARGS...`, in the same
+    /// scratch directory, its log going on in the same file.
+    pub fn restart(&mut self, config: &Path, args: impl IntoIterator<Item = impl AsRef<OsStr>>) {
+        self.signal("TERM");
+        let status = self.wait_exit();
+        assert!(
+            status.success(),
+            "the daemon exited with {status} at SIGTERM"
+        );
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = command(config, args)
+            .stderr(log)
+            .spawn()
+            .expect("start blockwire-target again");
     }
 
     /// The daemon's scratch directory.
@@ -103,6 +115,21 @@ impl DaemonProcess {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// `blockwire-target --config CONFIG ARGS...` with the log environment
+/// variables cleared (only ARGS choose logging) and no stdin or stdout.
+fn command(config: &Path, args: impl IntoIterator<Item = impl AsRef<OsStr>>) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("BLOCKWIRE_LOG")
+        .env_remove("BLOCKWIRE_LOG_FORMAT")
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    c
 }
 
 impl Drop for DaemonProcess {

@@ -226,6 +226,43 @@ impl PortGroups {
         Ok(changed)
     }
 
+    /// The groups whose state a SET TARGET PORT GROUPS set and still
+    /// holds, with that state: what the target keeps across a restart.
+    pub fn set_states(&self) -> Vec<(u16, AluaState)> {
+        self.set_by_command
+            .iter()
+            .filter_map(|id| self.groups.iter().find(|g| g.id == *id))
+            .map(|g| (g.id, g.state))
+            .collect()
+    }
+
+    /// Puts back states SET TARGET PORT GROUPS set before a restart
+    /// ([`Self::set_states`]): each group that still exists takes its
+    /// state and counts as set by the command again. Returns the groups
+    /// whose state changed (before and after) and the ones the target no
+    /// longer has.
+    pub fn restore(
+        &mut self,
+        saved: &[(u16, AluaState)],
+    ) -> (Vec<(u16, AluaState, AluaState)>, Vec<u16>) {
+        let mut changed = Vec::new();
+        let mut gone = Vec::new();
+        for &(id, state) in saved {
+            let Some(g) = self.groups.iter_mut().find(|g| g.id == id) else {
+                gone.push(id);
+                continue;
+            };
+            if g.state != state {
+                changed.push((id, g.state, state));
+                g.state = state;
+            }
+            if !self.set_by_command.contains(&id) {
+                self.set_by_command.push(id);
+            }
+        }
+        (changed, gone)
+    }
+
     /// The group holding `relative_port` and its state. A port in no
     /// configured group (or with none configured) is in the default group,
     /// active/optimized.

@@ -5,17 +5,18 @@
 //! LUNS DATA HAS CHANGED for the initiators the remaining units know.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use blockwire_pdu::scsi::opcode as op;
 use blockwire_pdu::scsi::{
     Asc, Cdb, Lun, Peripheral, ReportLuns, Sense, SenseFormat, SenseKey, StandardInquiry,
 };
-use tracing::{debug_span, info, warn};
+use tracing::{debug_span, error, info, warn};
 
 use super::alua::{AluaState, PortGroups, TargetPortGroup};
 use super::logical_unit::{finish, LogicalUnit};
-use super::outcome::{illegal, invalid_cdb, CmdResult, Done};
+use super::outcome::{illegal, internal_failure, invalid_cdb, CmdResult, Done};
 use super::stall::StallChange;
 use super::token_copy::RodTokens;
 use super::{ItNexus, ScsiRequest, ScsiResult};
@@ -28,6 +29,10 @@ pub struct LunTable {
     units: RwLock<Arc<Units>>,
     /// The target port groups the units are reached through (ALUA).
     ports: RwLock<PortGroups>,
+    /// The file that keeps the states SET TARGET PORT GROUPS set across
+    /// restarts, if any. Every change of `ports` holds this lock, so that
+    /// the file and the states agree.
+    alua_saved: Mutex<Option<PathBuf>>,
     /// What PREEMPT AND ABORT calls, kept for units added later.
     abort: Mutex<Option<TableAbortHandler>>,
     /// The ROD tokens of the target's copy manager (POPULATE TOKEN, WRITE
@@ -109,6 +114,7 @@ impl LunTable {
         LunTable {
             units: RwLock::new(Arc::new(Units::of(map))),
             ports: RwLock::default(),
+            alua_saved: Mutex::default(),
             abort: Mutex::default(),
             tokens: RodTokens::default(),
         }
@@ -213,11 +219,28 @@ impl LunTable {
         &self,
         groups: Vec<TargetPortGroup>,
     ) -> Vec<(u16, AluaState, AluaState)> {
-        let changed = self
-            .ports
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(groups);
+        let saving = self.alua_saving();
+        let (changed, kept) = {
+            let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+            let before = ports.set_states();
+            let changed = ports.replace(groups);
+            let kept = ports.set_states();
+            (changed, (kept != before).then_some(kept))
+        };
+        // A state the configuration changed is no longer one an initiator
+        // set: the saved file forgets it. The change itself stands whether
+        // or not the file could be written (it came from the configuration,
+        // which a restart reads again).
+        if let (Some(path), Some(kept)) = (saving.as_ref(), kept) {
+            if let Err(e) = super::alua_saved::save(path, &kept) {
+                warn!(
+                    path = %path.display(),
+                    "the ALUA states set by SET TARGET PORT GROUPS could not be saved: {e}; after \
+                     a restart the target would put back ones this change undid"
+                );
+            }
+        }
+        drop(saving);
         if !changed.is_empty() {
             for (id, from, to) in &changed {
                 info!(
@@ -243,6 +266,7 @@ impl LunTable {
     /// heard as INQUIRY DATA HAS CHANGED. Returns whether it changed.
     pub fn set_explicit_alua(&self, explicit: bool) -> bool {
         let changed = {
+            let _saving = self.alua_saving();
             let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
             let changed = ports.explicit != explicit;
             ports.explicit = explicit;
@@ -266,6 +290,89 @@ impl LunTable {
         self
     }
 
+    /// The table as built, keeping the states SET TARGET PORT GROUPS sets
+    /// in `path` (rewritten whenever they change), so that
+    /// [`Self::restore_alua_states`] puts them back after a restart.
+    pub fn with_alua_state_file(self, path: PathBuf) -> LunTable {
+        *self.alua_saving() = Some(path);
+        self
+    }
+
+    /// At start-up: puts back the states SET TARGET PORT GROUPS had set
+    /// before the target stopped, from the file given by
+    /// [`Self::with_alua_state_file`], where the target allows explicit
+    /// ALUA (without it only the configuration sets states, and the file
+    /// is left as it is). Groups the target no longer has are left out.
+    /// No nexus is told: none has logged in yet. A file that cannot be
+    /// read leaves the configured states, said at error level. Returns the
+    /// groups whose state changed, with the states before and after.
+    pub fn restore_alua_states(&self) -> Vec<(u16, AluaState, AluaState)> {
+        let saving = self.alua_saving();
+        let Some(path) = saving.as_ref() else {
+            return Vec::new();
+        };
+        let saved = match super::alua_saved::load(path) {
+            Ok(Some(saved)) => saved,
+            Ok(None) => return Vec::new(),
+            Err(why) => {
+                error!(
+                    path = %path.display(),
+                    "ALUA states set by SET TARGET PORT GROUPS not restored, {why}: the target \
+                     serves with its configured states; an initiator's next SET TARGET PORT \
+                     GROUPS writes the file again"
+                );
+                return Vec::new();
+            }
+        };
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        if !ports.explicit {
+            if !saved.is_empty() {
+                warn!(
+                    path = %path.display(),
+                    "ALUA states set by SET TARGET PORT GROUPS not restored: explicit_alua is off \
+                     for this target, so only the configuration sets its states"
+                );
+            }
+            return Vec::new();
+        }
+        let (changed, gone) = ports.restore(&saved);
+        for id in gone {
+            warn!(
+                group = id,
+                path = %path.display(),
+                "a saved ALUA state names a portal group the target no longer has; left out"
+            );
+        }
+        for (id, from, to) in &changed {
+            info!(
+                group = id,
+                from = from.name(),
+                to = to.name(),
+                "ALUA state set by SET TARGET PORT GROUPS before the restart restored"
+            );
+        }
+        changed
+    }
+
+    /// The target leaves the running configuration: the states initiators
+    /// set no longer hold anywhere, so their file goes (a target added
+    /// again under the name starts from its configured states, now and
+    /// after a restart).
+    pub fn forget_alua_states(&self) {
+        let mut saving = self.alua_saving();
+        if let Some(path) = saving.take() {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(path = %path.display(), "cannot remove the saved ALUA states: {e}"),
+            }
+        }
+    }
+
+    fn alua_saving(&self) -> MutexGuard<'_, Option<PathBuf>> {
+        self.alua_saved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Whether initiators may set states (see [`Self::set_explicit_alua`]).
     pub fn explicit_alua(&self) -> bool {
         self.port_groups().explicit
@@ -279,7 +386,10 @@ impl LunTable {
     /// SET TARGET PORT GROUPS from `nexus` (SPC-4 6.38): an explicit ALUA
     /// transition. Refused as an unsupported command where the target
     /// does not allow explicit ALUA. The named groups take their states
-    /// at once (this target has no transitioning state); every other
+    /// at once (this target has no transitioning state) and, where the
+    /// table keeps a file of them, are saved before the command succeeds
+    /// (HARDWARE ERROR, INTERNAL TARGET FAILURE and nothing changed when
+    /// they cannot be); every other
     /// nexus hears ASYMMETRIC ACCESS STATE CHANGED (SPC-4 5.16.2.5), the
     /// one that asked does not.
     pub(crate) fn set_target_port_groups(
@@ -292,11 +402,23 @@ impl LunTable {
             return Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE));
         }
         let requests = super::alua::parse_set_target_port_groups(parameter_list_length, data_out)?;
-        let changed = self
-            .ports
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_by_command(&requests)?;
+        // Changed on a copy, saved, then committed: a state that would not
+        // outlive a restart is refused, and nothing changes.
+        let saving = self.alua_saving();
+        let mut next = self.port_groups().clone();
+        let changed = next.set_by_command(&requests)?;
+        if let Some(path) = saving.as_ref() {
+            if let Err(e) = super::alua_saved::save(path, &next.set_states()) {
+                error!(
+                    path = %path.display(),
+                    initiator = %nexus.initiator_port,
+                    "SET TARGET PORT GROUPS refused: its states could not be saved: {e}"
+                );
+                return Err(internal_failure());
+            }
+        }
+        *self.ports.write().unwrap_or_else(|e| e.into_inner()) = next;
+        drop(saving);
         for (id, from, to) in &changed {
             info!(
                 group = id,

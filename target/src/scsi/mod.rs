@@ -10,6 +10,7 @@ use std::sync::Arc;
 use blockwire_pdu::pdu::codes::TaskAttr;
 
 mod alua;
+mod alua_saved;
 mod atomic;
 mod control;
 mod identity;
@@ -26,6 +27,7 @@ pub mod read_plan;
 mod read_write;
 mod reservations;
 mod sanitize;
+mod saved_file;
 pub mod stall;
 pub mod stats;
 pub mod token_copy;
@@ -52,6 +54,9 @@ mod tests_sanitize;
 mod tests_token_copy;
 
 pub use alua::{state_changes, AluaState, TargetPortGroup};
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use alua_saved::fuzzing as alua_state_fuzzing;
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};
 pub use logical_unit::{Activity, LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
 pub use lun_table::{AddLunError, LunTable, NoSuchLun, TableAbortHandler};

@@ -10,8 +10,7 @@
 //! every target port; one made through SPEC_I_PT with a name-only
 //! TransportID covers every ISID of that initiator name.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use blockwire_pdu::scsi::{
@@ -24,6 +23,7 @@ use super::logical_unit::LogicalUnit;
 use super::outcome::{
     illegal, internal_failure, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure,
 };
+use super::saved_file::save_atomically;
 use super::ItNexus;
 
 /// Most registrations one logical unit keeps (INSUFFICIENT REGISTRATION
@@ -417,26 +417,6 @@ impl Reservations {
             self.spc2 = None;
         }
     }
-}
-
-/// Writes `text` to `path` atomically: a temporary file beside it, fsync,
-/// rename over, fsync of the directory. A crash leaves the old or the new
-/// state, never a torn file.
-fn save_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// How a command is treated under reservations.

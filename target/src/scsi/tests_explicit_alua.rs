@@ -243,3 +243,123 @@ fn turning_explicit_alua_on_or_off_is_heard_as_changed_inquiry_data() {
     assert_eq!(tpgs(&t, &n), 3);
     assert_eq!(run(&t, &n, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
 }
+
+/// The table of a target as the daemon builds it from its configuration
+/// (group 1 active/optimized, group 2 in standby), keeping the states its
+/// initiators set in `file`.
+fn kept_in(file: &std::path::Path, explicit: bool) -> LunTable {
+    let t = super::tests::table()
+        .with_explicit_alua(explicit)
+        .with_alua_state_file(file.to_owned());
+    t.set_port_groups(groups_with_second(AluaState::Standby));
+    t
+}
+
+#[test]
+fn states_an_initiator_set_outlive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tgt.alua");
+    let t = kept_in(&file, true);
+    let n = via("iqn.a", 2);
+    ready(&t, &n);
+    assert!(!file.exists(), "nothing set by a command yet");
+    assert_eq!(stpg(&t, &n, &list(&[(2, 0), (1, 2)])).status, GOOD);
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "blockwire-alua 1\ngroup 2 active_optimized\ngroup 1 standby\n"
+    );
+    drop(t);
+
+    // The daemon restarts on the same configuration: the states come back,
+    // still reported as set by SET TARGET PORT GROUPS.
+    let t = kept_in(&file, true);
+    assert_eq!(
+        t.restore_alua_states(),
+        vec![
+            (2, AluaState::Standby, AluaState::ActiveOptimized),
+            (1, AluaState::ActiveOptimized, AluaState::Standby)
+        ]
+    );
+    ready(&t, &n);
+    assert_eq!(states(&t, &n), vec![(1, 2, 1), (2, 0, 1)]);
+    assert_eq!(read(&t, &n, 0, 1).status, GOOD, "group 2 serves");
+    let other = via("iqn.b", 1);
+    ready(&t, &other);
+    expect_check(
+        &read(&t, &other, 0, 1),
+        SenseKey::NotReady,
+        Asc::LU_NOT_ACCESSIBLE_TARGET_PORT_IN_STANDBY_STATE,
+    );
+
+    // Without explicit ALUA only the configuration sets states: the file
+    // is not applied, and stays.
+    let off = kept_in(&file, false);
+    assert_eq!(off.restore_alua_states(), vec![]);
+    ready(&off, &n);
+    assert_eq!(states(&off, &n), vec![(1, 0, 2), (2, 2, 2)]);
+    assert!(file.exists());
+    drop(off);
+
+    // The configuration puts its own states back (a reload): nothing an
+    // initiator set holds any more, and the next restart keeps that.
+    t.set_port_groups(groups_with_second(AluaState::Standby));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "blockwire-alua 1\n"
+    );
+    let again = kept_in(&file, true);
+    assert_eq!(again.restore_alua_states(), vec![]);
+    ready(&again, &n);
+    assert_eq!(states(&again, &n), vec![(1, 0, 2), (2, 2, 2)]);
+
+    // The target removed: its file goes.
+    t.forget_alua_states();
+    assert!(!file.exists());
+}
+
+#[test]
+fn a_state_that_cannot_be_saved_is_refused_and_nothing_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = kept_in(&dir.path().join("gone").join("tgt.alua"), true);
+    let (asker, other) = (via("iqn.a", 2), via("iqn.b", 1));
+    ready(&t, &asker);
+    ready(&t, &other);
+    expect_check(
+        &stpg(&t, &asker, &list(&[(2, 0)])),
+        SenseKey::HardwareError,
+        Asc::INTERNAL_TARGET_FAILURE,
+    );
+    assert_eq!(states(&t, &asker), vec![(1, 0, 2), (2, 2, 2)]);
+    assert!(t.port_groups_set_by_command().is_empty());
+    assert_eq!(
+        run(&t, &other, &c(Cdb::TestUnitReady), &[], 0).status,
+        GOOD,
+        "no one told of a change that did not happen"
+    );
+}
+
+#[test]
+fn a_damaged_or_outdated_file_leaves_the_configured_states() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tgt.alua");
+    let n = via("iqn.a", 1);
+    std::fs::write(&file, "group 2 active_optimized\n").unwrap();
+    let t = kept_in(&file, true);
+    assert_eq!(t.restore_alua_states(), vec![], "no header: damaged");
+    ready(&t, &n);
+    assert_eq!(states(&t, &n), vec![(1, 0, 2), (2, 2, 2)]);
+
+    // A group the configuration no longer has is left out; the rest holds.
+    std::fs::write(
+        &file,
+        "blockwire-alua 1\ngroup 9 standby\ngroup 2 active_non_optimized\n",
+    )
+    .unwrap();
+    let t = kept_in(&file, true);
+    assert_eq!(
+        t.restore_alua_states(),
+        vec![(2, AluaState::Standby, AluaState::ActiveNonOptimized)]
+    );
+    ready(&t, &n);
+    assert_eq!(states(&t, &n), vec![(1, 0, 2), (2, 1, 1)]);
+}
