@@ -15,6 +15,9 @@
 # active/optimized, group 2 in standby. When group 1 goes away under fio verify, dm-multipath
 # switches to group 2 and scsi_dh_alua asks the target with SET TARGET PORT GROUPS to make it
 # active; the target does, I/O goes on with no error, and the running configuration says so.
+# Then the daemon restarts: the state the host set comes back from [fabric] state_dir (group 2
+# active/optimized, its REPORT TARGET PORT GROUPS status "set by SET TARGET PORT GROUPS"), and
+# the map reads through it.
 # Env: KL_OUT (results dir shared with the host), KL_FIO_MIB (fio size, default 256).
 . "$(dirname "$0")/lib.sh"
 
@@ -35,6 +38,7 @@ config_with() {
 [fabric]
 nop_interval_secs = 5
 nop_timeout_secs = 20
+state_dir = "$KL_WORK/state"
 
 [control]
 socket = "$CTL"
@@ -294,6 +298,43 @@ grep -A3 '^\[target.alua_state\]' <<<"$shown" | grep -q '^2 = "active_optimized"
     fail "config.show: no [target.alua_state] 2 = \"active_optimized\""
 dmesg | grep -iE "alua|stpg|multipath" | tail -n 6 | sed 's/^/    kernel: /'
 multipath -ll 2>&1 | sed 's/^/    (explicit, after) /'
+
+# rtpg_group DEV ID: the asymmetric access state and STATUS CODE of target port group ID in
+# REPORT TARGET PORT GROUPS through DEV, as sg_rtpg prints them ("0x00 0x01").
+rtpg_group() {
+    sg_rtpg -d "/dev/$1" 2>/dev/null | awk -v id="$(printf '0x%x' "$2")" '
+        /target port group id :/ { cur = ($6 == id) }
+        cur && /asymmetric access state :/ { state = $8 }
+        cur && /status code :/ { status = $4 }
+        END { print state, status }'
+}
+# The daemon restarts from the same file, never saved: the state the host set is back from
+# [fabric] state_dir before any session logs in again.
+stop_target "$T_PID"
+start_target mpath-explicit-restarted "$KL_WORK/m.toml" ||
+    { fail "start blockwire-target again (explicit ALUA)"; finish multipath; exit 1; }
+T_PID=$KL_TPID
+grep "before the restart restored" "$KL_OUT/mpath-explicit-restarted.log" | sed 's/^/    target: /'
+grep -q 'before the restart restored group=2 from="standby" to="active_optimized"' \
+    "$KL_OUT/mpath-explicit-restarted.log" &&
+    pass "after a restart the target puts back group 2 active/optimized, as the host set it" ||
+    fail "no restored ALUA state for group 2 in the restarted target's log"
+# open-iscsi logs in again on its own; until it has, REPORT TARGET PORT GROUPS fails.
+got=""
+for _ in $(seq 1 60); do
+    got=$(rtpg_group "$pas_dev" 2)
+    [ "$got" = "0x00 0x01" ] && break
+    sleep 1
+done
+printf '    sg_rtpg through %s after the restart, group 2: %s\n' "$pas_dev" "$got"
+[ "$got" = "0x00 0x01" ] &&
+    pass "REPORT TARGET PORT GROUPS after the restart: group 2 active/optimized (0x00), set by SET TARGET PORT GROUPS (status 0x01)" ||
+    fail "REPORT TARGET PORT GROUPS after the restart, group 2: '$got' (want '0x00 0x01')"
+if timeout 120 dd if="/dev/mapper/$map" of=/dev/null bs=1M count=16 iflag=direct status=none; then
+    pass "the map reads after the restart"
+else
+    fail "reading /dev/mapper/$map after the restart"
+fi
 
 iscsiadm -m node --logoutall=all >/dev/null 2>&1
 kill "$MPD" 2>/dev/null

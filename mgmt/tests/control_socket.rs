@@ -1342,29 +1342,10 @@ async fn an_initiators_stpg_fails_the_target_over_and_the_running_configuration_
         "group 1 is in standby now"
     );
     let list = d.call("lun.list", Value::Null).await;
-    let t = &list["targets"][0];
-    assert_eq!(t["explicit_alua"], true);
-    assert_eq!(
-        t["port_groups"],
-        json!([
-            {"id": 1, "state": "standby", "ports": [1], "set_by": "initiator"},
-            {"id": 2, "state": "active_optimized", "ports": [2], "set_by": "initiator"},
-        ])
-    );
-
+    assert_eq!(list["targets"][0]["explicit_alua"], true);
     // What runs is what the configuration says, and a control-socket
     // change keeps it.
-    let shown: toml::Table = d.call("config.show", Value::Null).await["toml"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let states = &shown["target"][0]["alua_state"];
-    assert_eq!(
-        (states["1"].as_str(), states["2"].as_str()),
-        (Some("standby"), Some("active_optimized")),
-        "{shown}"
-    );
+    failed_over_by_an_initiator(&d).await;
     let added = d
         .call("acl.add", json!({"target": TARGET, "initiator": INITIATOR}))
         .await;
@@ -1467,25 +1448,7 @@ async fn states_an_initiator_set_outlive_a_restart_of_the_daemon() {
         2,
         "group 1 is in standby still"
     );
-    let list = d.call("lun.list", Value::Null).await;
-    assert_eq!(
-        list["targets"][0]["port_groups"],
-        json!([
-            {"id": 1, "state": "standby", "ports": [1], "set_by": "initiator"},
-            {"id": 2, "state": "active_optimized", "ports": [2], "set_by": "initiator"},
-        ])
-    );
-    let shown: toml::Table = d.call("config.show", Value::Null).await["toml"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let states = &shown["target"][0]["alua_state"];
-    assert_eq!(
-        (states["1"].as_str(), states["2"].as_str()),
-        (Some("standby"), Some("active_optimized")),
-        "{shown}"
-    );
+    failed_over_by_an_initiator(&d).await;
 
     // A reload of the file (which never had them) puts its states back and
     // says what that undoes; a restart after it keeps the file's states.
@@ -1506,6 +1469,30 @@ async fn states_an_initiator_set_outlive_a_restart_of_the_daemon() {
         group_states(&mut passive).await,
         [(0, 2), (1, 2)],
         "the file's states"
+    );
+}
+
+/// `lun.list` and `config.show` agree that an initiator failed the target
+/// over: group 1 in standby, group 2 active/optimized, both set by it.
+async fn failed_over_by_an_initiator(d: &Daemon) {
+    let list = d.call("lun.list", Value::Null).await;
+    assert_eq!(
+        list["targets"][0]["port_groups"],
+        json!([
+            {"id": 1, "state": "standby", "ports": [1], "set_by": "initiator"},
+            {"id": 2, "state": "active_optimized", "ports": [2], "set_by": "initiator"},
+        ])
+    );
+    let shown: toml::Table = d.call("config.show", Value::Null).await["toml"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let states = &shown["target"][0]["alua_state"];
+    assert_eq!(
+        (states["1"].as_str(), states["2"].as_str()),
+        (Some("standby"), Some("active_optimized")),
+        "{shown}"
     );
 }
 
