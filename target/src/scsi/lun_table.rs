@@ -302,7 +302,7 @@ impl LunTable {
     /// before the target stopped, from the file given by
     /// [`Self::with_alua_state_file`], where the target allows explicit
     /// ALUA (without it only the configuration sets states, and the file
-    /// is left as it is). Groups the target no longer has are left out.
+    /// goes). Groups the target no longer has are left out.
     /// No nexus is told: none has logged in yet. A file that cannot be
     /// read leaves the configured states, said at error level. Returns the
     /// groups whose state changed, with the states before and after.
@@ -326,11 +326,17 @@ impl LunTable {
         };
         let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
         if !ports.explicit {
+            // They hold no longer, and must not come back if explicit ALUA
+            // is turned on again later.
+            if let Err(e) = std::fs::remove_file(path) {
+                warn!(path = %path.display(), "cannot remove the saved ALUA states: {e}");
+            }
             if !saved.is_empty() {
                 warn!(
                     path = %path.display(),
-                    "ALUA states set by SET TARGET PORT GROUPS not restored: explicit_alua is off \
-                     for this target, so only the configuration sets its states"
+                    "ALUA states set by SET TARGET PORT GROUPS not restored, and their file \
+                     removed: explicit_alua is off for this target, so only the configuration \
+                     sets its states"
                 );
             }
             return Vec::new();

@@ -291,15 +291,6 @@ fn states_an_initiator_set_outlive_a_restart() {
         Asc::LU_NOT_ACCESSIBLE_TARGET_PORT_IN_STANDBY_STATE,
     );
 
-    // Without explicit ALUA only the configuration sets states: the file
-    // is not applied, and stays.
-    let off = kept_in(&file, false);
-    assert_eq!(off.restore_alua_states(), vec![]);
-    ready(&off, &n);
-    assert_eq!(states(&off, &n), vec![(1, 0, 2), (2, 2, 2)]);
-    assert!(file.exists());
-    drop(off);
-
     // The configuration puts its own states back (a reload): nothing an
     // initiator set holds any more, and the next restart keeps that.
     t.set_port_groups(groups_with_second(AluaState::Standby));
@@ -315,6 +306,27 @@ fn states_an_initiator_set_outlive_a_restart() {
     // The target removed: its file goes.
     t.forget_alua_states();
     assert!(!file.exists());
+}
+
+#[test]
+fn without_explicit_alua_saved_states_are_not_restored_and_their_file_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tgt.alua");
+    let n = via("iqn.a", 2);
+    let t = kept_in(&file, true);
+    ready(&t, &n);
+    assert_eq!(stpg(&t, &n, &list(&[(2, 0)])).status, GOOD);
+    drop(t);
+    // Only the configuration sets states: the file is not applied, and
+    // goes, so that turning explicit ALUA on again later does not bring
+    // back a state set before.
+    let off = kept_in(&file, false);
+    assert_eq!(off.restore_alua_states(), vec![]);
+    ready(&off, &n);
+    assert_eq!(states(&off, &n), vec![(1, 0, 2), (2, 2, 2)]);
+    assert!(!file.exists());
+    let on = kept_in(&file, true);
+    assert_eq!(on.restore_alua_states(), vec![]);
 }
 
 #[test]
