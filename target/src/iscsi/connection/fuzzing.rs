@@ -51,6 +51,10 @@ const PIPE: usize = 4 << 20;
 /// How long one PDU's commands may take before the harness calls it a hang.
 const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 
+/// How long commands may run with nothing sent before the harness runs its
+/// clock on to a held WRITE's turn (see [`Harness::settle`]).
+const STILL_BEFORE_TURN: Duration = Duration::from_millis(100);
+
 fn runtime() -> &'static Runtime {
     static RT: OnceLock<Runtime> = OnceLock::new();
     RT.get_or_init(|| {
@@ -452,11 +456,45 @@ impl Harness {
             let idle = tx.strong_count() <= 1 + waiting && tx.capacity() == tx.max_capacity();
             let got = self.read_output().await;
             quiet = if idle && !got { quiet + 1 } else { 0 };
+            // A command in its initiator's line at the LUN's ceilings behind
+            // a WRITE held for its turn starts when that turn comes, and the
+            // turn is on this harness's clock: on a connection time passes
+            // meanwhile, so here the clock runs on to it.
+            if !idle
+                && !got
+                && started.elapsed() > STILL_BEFORE_TURN
+                && self.run_on_to_held_turn().await
+            {
+                return;
+            }
             assert!(
                 started.elapsed() < SETTLE_LIMIT,
                 "commands still running after {SETTLE_LIMIT:?}: a task never answered"
             );
             tokio::task::yield_now().await;
+        }
+    }
+
+    /// Runs the clock on to the first held WRITE's turn, if one is to
+    /// come, and carries out what falls due then, as the driver does (a
+    /// timer that falls due with it, a NOP-In's say, does too). Returns
+    /// whether that ended the connection.
+    async fn run_on_to_held_turn(&mut self) -> bool {
+        let Some(at) = self.full.as_ref().and_then(|f| f.machine.next_held_turn()) else {
+            return false;
+        };
+        if at <= self.now {
+            return false;
+        }
+        self.now = at;
+        let actions = self.full_mut().machine.on_timeout(at);
+        let full = self.full.as_ref().expect("full feature phase");
+        match carry_out(&full.launcher, actions).await {
+            Some(Stop::Close | Stop::Cut) => {
+                self.end().await;
+                true
+            }
+            None => false,
         }
     }
 

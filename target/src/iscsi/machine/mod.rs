@@ -309,6 +309,14 @@ impl ConnMachine {
         self.collectors.values().filter(|c| c.is_piped()).count()
     }
 
+    /// When the first WRITE held back by its LUN's QoS ceilings gets its
+    /// turn (the in-memory harness runs its clock on to it when commands
+    /// wait behind it).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn next_held_turn(&self) -> Option<Instant> {
+        self.held.first().map(|(at, _)| *at)
+    }
+
     /// The full feature phase after `outcome`'s login, on the connection
     /// whose local address is `local`, starting at `now`.
     pub(super) fn new(
