@@ -211,19 +211,30 @@ impl PortGroups {
         {
             return Err(invalid_param(r.offset.saturating_add(2), None));
         }
+        Ok(self.take_states_set_by_command(requests.iter().map(|r| (r.group, r.state))))
+    }
+
+    /// Gives each named group its state, as set by SET TARGET PORT GROUPS;
+    /// groups the target does not have are passed over. Returns the
+    /// groups whose state changed, with the states before and after.
+    fn take_states_set_by_command(
+        &mut self,
+        states: impl IntoIterator<Item = (u16, AluaState)>,
+    ) -> Vec<(u16, AluaState, AluaState)> {
         let mut changed = Vec::new();
-        for r in requests {
-            if let Some(g) = self.groups.iter_mut().find(|g| g.id == r.group) {
-                if g.state != r.state {
-                    changed.push((g.id, g.state, r.state));
-                    g.state = r.state;
-                }
+        for (id, state) in states {
+            let Some(g) = self.groups.iter_mut().find(|g| g.id == id) else {
+                continue;
+            };
+            if g.state != state {
+                changed.push((id, g.state, state));
+                g.state = state;
             }
-            if !self.set_by_command.contains(&r.group) {
-                self.set_by_command.push(r.group);
+            if !self.set_by_command.contains(&id) {
+                self.set_by_command.push(id);
             }
         }
-        Ok(changed)
+        changed
     }
 
     /// The groups whose state a SET TARGET PORT GROUPS set and still
@@ -245,22 +256,12 @@ impl PortGroups {
         &mut self,
         saved: &[(u16, AluaState)],
     ) -> (Vec<(u16, AluaState, AluaState)>, Vec<u16>) {
-        let mut changed = Vec::new();
-        let mut gone = Vec::new();
-        for &(id, state) in saved {
-            let Some(g) = self.groups.iter_mut().find(|g| g.id == id) else {
-                gone.push(id);
-                continue;
-            };
-            if g.state != state {
-                changed.push((id, g.state, state));
-                g.state = state;
-            }
-            if !self.set_by_command.contains(&id) {
-                self.set_by_command.push(id);
-            }
-        }
-        (changed, gone)
+        let gone = saved
+            .iter()
+            .map(|s| s.0)
+            .filter(|id| !self.groups.iter().any(|g| g.id == *id))
+            .collect();
+        (self.take_states_set_by_command(saved.iter().copied()), gone)
     }
 
     /// The group holding `relative_port` and its state. A port in no

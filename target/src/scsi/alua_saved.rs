@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use super::alua::AluaState;
-use super::saved_file::save_atomically;
+use super::saved_file::{read_saved, save_atomically};
 
 /// The first line of the file.
 const HEADER: &str = "blockwire-alua 1";
@@ -62,13 +62,12 @@ pub(crate) fn save(path: &Path, states: &[(u16, AluaState)]) -> std::io::Result<
 /// set by a command there), Err with the reason when it cannot be read or
 /// is not [`to_text`]'s form.
 pub(crate) fn load(path: &Path) -> Result<Option<Vec<(u16, AluaState)>>, String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => from_text(&text)
-            .map(Some)
-            .ok_or_else(|| "it is damaged (not the format blockwire writes)".to_owned()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("it cannot be read: {e}")),
-    }
+    let Some(text) = read_saved(path)? else {
+        return Ok(None);
+    };
+    from_text(&text)
+        .map(Some)
+        .ok_or_else(|| "it is damaged (not the format blockwire writes)".to_owned())
 }
 
 /// The reader for the `alua_state_file` fuzz target.

@@ -328,9 +328,7 @@ impl LunTable {
         if !ports.explicit {
             // They hold no longer, and must not come back if explicit ALUA
             // is turned on again later.
-            if let Err(e) = std::fs::remove_file(path) {
-                warn!(path = %path.display(), "cannot remove the saved ALUA states: {e}");
-            }
+            super::saved_file::remove_saved(path);
             if !saved.is_empty() {
                 warn!(
                     path = %path.display(),
@@ -367,11 +365,7 @@ impl LunTable {
     pub fn forget_alua_states(&self) {
         let mut saving = self.alua_saving();
         if let Some(path) = saving.take() {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => warn!(path = %path.display(), "cannot remove the saved ALUA states: {e}"),
-            }
+            super::saved_file::remove_saved(&path);
         }
     }
 

@@ -23,7 +23,7 @@ use super::logical_unit::LogicalUnit;
 use super::outcome::{
     illegal, internal_failure, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure,
 };
-use super::saved_file::save_atomically;
+use super::saved_file::{read_saved, save_atomically};
 use super::ItNexus;
 
 /// Most registrations one logical unit keeps (INSUFFICIENT REGISTRATION
@@ -377,8 +377,8 @@ impl Reservations {
     pub fn load(path: Option<&Path>) -> Reservations {
         let mut r = Reservations::default();
         let Some(p) = path else { return r };
-        let why = match std::fs::read_to_string(p) {
-            Ok(text) => match PrState::from_text(&text) {
+        let why = match read_saved(p) {
+            Ok(Some(text)) => match PrState::from_text(&text) {
                 Some(st) => {
                     info!(path = %p.display(), registrations = st.regs.len(), "persistent reservations restored");
                     r.pr = st;
@@ -386,8 +386,8 @@ impl Reservations {
                 }
                 None => "it is damaged (not the format blockwire writes)".to_owned(),
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return r,
-            Err(e) => format!("it cannot be read: {e}"),
+            Ok(None) => return r,
+            Err(why) => why,
         };
         error!(
             path = %p.display(),
