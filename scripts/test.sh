@@ -106,9 +106,17 @@ if [ "$runs" != 0 ]; then
         # The target's own libFuzzer flags (scripts/lib/fuzz-flags.sh says which and why).
         fuzz_target_flags . "$target"
         extra=("${fuzz_flags[@]}")
-        echo "-- [+${SECONDS}s] $fuzzdir $target ${extra[*]}"
+        # Inputs that once failed the target, kept under regressions/ after the fix, run first
+        # each time (libFuzzer executes every input of every corpus directory before it
+        # mutates; new inputs go to the first, the untracked corpus/).
+        corpora=()
+        if [ -d "regressions/$target" ]; then
+          mkdir -p "corpus/$target"
+          corpora=("corpus/$target" "regressions/$target")
+        fi
+        echo "-- [+${SECONDS}s] $fuzzdir $target ${extra[*]}${corpora:+ (with $(find "regressions/$target" -type f | wc -l) kept inputs)}"
         log=$(mktemp)
-        if RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 "${extra[@]}" >"$log" 2>&1; then
+        if RUSTC_BOOTSTRAP=1 timeout 900 cargo fuzz run "$target" "${corpora[@]}" -- -runs="$runs" -max_total_time="$secs" -max_len=4096 "${extra[@]}" >"$log" 2>&1; then
           tail -n 2 "$log"
           rm -f "$log"
         else
