@@ -264,12 +264,26 @@ impl LunTable {
     /// Allows (`true`) or refuses initiators' SET TARGET PORT GROUPS
     /// (explicit ALUA, TPGS=11b in standard INQUIRY data). A change is
     /// heard as INQUIRY DATA HAS CHANGED. Returns whether it changed.
+    ///
+    /// Turned off, the states initiators set stay as they are, but as the
+    /// configuration's own from then on (the management plane writes them
+    /// into the running configuration first): they are no longer reported
+    /// as set by SET TARGET PORT GROUPS, and their saved file goes at once,
+    /// as at a start with explicit ALUA off, so that turning it on again
+    /// before a restart does not bring back at the next start a state set
+    /// before.
     pub fn set_explicit_alua(&self, explicit: bool) -> bool {
         let changed = {
-            let _saving = self.alua_saving();
+            let saving = self.alua_saving();
             let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
             let changed = ports.explicit != explicit;
             ports.explicit = explicit;
+            if changed && !explicit {
+                ports.set_by_command.clear();
+                if let Some(path) = saving.as_ref() {
+                    super::saved_file::remove_saved(path);
+                }
+            }
             changed
         };
         if changed {

@@ -330,6 +330,33 @@ fn without_explicit_alua_saved_states_are_not_restored_and_their_file_goes() {
 }
 
 #[test]
+fn turning_explicit_alua_off_keeps_the_states_as_configured_and_drops_their_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tgt.alua");
+    let n = via("iqn.a", 2);
+    let t = kept_in(&file, true);
+    ready(&t, &n);
+    assert_eq!(stpg(&t, &n, &list(&[(2, 0)])).status, GOOD);
+    assert!(file.exists());
+    assert!(t.set_explicit_alua(false));
+    // Group 2 stays active, now as the configuration's state (status code
+    // 02h, changed by implicit transition, no longer 01h, by STPG).
+    expect_check(
+        &run(&t, &n, &c(Cdb::TestUnitReady), &[], 0),
+        SenseKey::UnitAttention,
+        Asc::INQUIRY_DATA_HAS_CHANGED,
+    );
+    assert_eq!(states(&t, &n), vec![(1, 0, 2), (2, 0, 2)]);
+    assert!(t.port_groups_set_by_command().is_empty());
+    assert!(!file.exists(), "the saved states went with explicit ALUA");
+    // On again before a restart: nothing set before comes back at the next.
+    assert!(t.set_explicit_alua(true));
+    drop(t);
+    let restarted = kept_in(&file, true);
+    assert_eq!(restarted.restore_alua_states(), vec![]);
+}
+
+#[test]
 fn a_state_that_cannot_be_saved_is_refused_and_nothing_changes() {
     let dir = tempfile::tempdir().unwrap();
     let t = kept_in(&dir.path().join("gone").join("tgt.alua"), true);
