@@ -385,6 +385,10 @@ fuzz_target!(|input: Input| {
                 if changed {
                     model.tell_known(None, INQUIRY_CHANGED);
                 }
+                if changed && !on {
+                    // What initiators set is the configuration's from now on.
+                    model.set_by_command.clear();
+                }
             }
         }
         assert_eq!(
