@@ -22,17 +22,23 @@ use std::path::{Component, Path, PathBuf};
 /// per file would dominate). A file a start will create is its absolute path with `.`, `..`
 /// and the links of its directory resolved; it cannot be one of the files that exist.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum FileKey {
+pub struct FileKey(Key);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
     Inode { dev: u64, ino: u64 },
     Path(PathBuf),
 }
 
 impl FileKey {
-    fn of(path: &Path) -> FileKey {
+    /// Where `path` is now.
+    pub fn of(path: &Path) -> FileKey {
         let inode = |p: &Path| {
-            std::fs::metadata(p).ok().map(|m| FileKey::Inode {
-                dev: m.dev(),
-                ino: m.ino(),
+            std::fs::metadata(p).ok().map(|m| {
+                FileKey(Key::Inode {
+                    dev: m.dev(),
+                    ino: m.ino(),
+                })
             })
         };
         if let Some(key) = inode(path) {
@@ -47,7 +53,34 @@ impl FileKey {
             _ => lexical,
         };
         // `dir/missing/../disk.img` does not resolve, but names `dir/disk.img` as written.
-        inode(&resolved).unwrap_or(FileKey::Path(resolved))
+        inode(&resolved).unwrap_or(FileKey(Key::Path(resolved)))
+    }
+}
+
+/// The keys of the files each unit held open when a check last took them
+/// (its data or striped members and its atomic-write journal), by
+/// lower-case target name and LUN.
+///
+/// A live change checks the whole configuration, and with thousands of
+/// file LUNs a look at each of their files would be most of its cost. A
+/// unit the change keeps serving holds the same files open as when it was
+/// checked, so what its paths name now is not what it holds: its keys are
+/// taken from here (a file replaced under its path since is another file,
+/// met by its own key if another unit names it). Saved reservations are
+/// not held open and are replaced at each save: their key is taken afresh.
+#[derive(Debug, Default)]
+pub struct KnownFiles(HashMap<(String, u16), Vec<FileKey>>);
+
+impl KnownFiles {
+    /// The keys of the files of LUN `id` of `target` (lower case), if a
+    /// check took them.
+    pub fn of(&self, target: &str, id: u16) -> Option<&[FileKey]> {
+        self.0.get(&(target.to_owned(), id)).map(Vec::as_slice)
+    }
+
+    /// Records `keys` for LUN `id` of `target` (lower case).
+    pub fn insert(&mut self, target: String, id: u16, keys: Vec<FileKey>) {
+        self.0.insert((target, id), keys);
     }
 }
 
@@ -134,7 +167,19 @@ impl Claims {
         path: &Path,
         what: FileUse,
     ) -> Result<(), String> {
-        let key = FileKey::of(path);
+        self.file_at(unit, line, path, what, FileKey::of(path))
+    }
+
+    /// [`Self::file`] for a file whose key was taken already (see
+    /// [`KnownFiles`]).
+    pub fn file_at(
+        &mut self,
+        unit: &str,
+        line: Option<usize>,
+        path: &Path,
+        what: FileUse,
+        key: FileKey,
+    ) -> Result<(), String> {
         if let Some((theirs, holder)) = self.files.get(&key) {
             if holder.unit == unit {
                 return Err(format!(

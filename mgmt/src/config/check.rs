@@ -290,8 +290,16 @@ impl TargetConfig {
             if ctx.no_disk {
                 continue; // no backing file is touched at all
             }
+            let lower = t.name.get_ref().trim().to_ascii_lowercase();
             for l in &t.luns {
                 let l = l.get_ref();
+                if ctx.keeps_unit(&lower, l.id) {
+                    // A unit that keeps serving has its files open: the
+                    // change neither opens, creates nor grows them (a
+                    // resize goes through the unit), so what their paths
+                    // hold now is not this change's to judge.
+                    continue;
+                }
                 let size = l.size.as_ref().and_then(|s| parse_size(s.get_ref()));
                 match l.backstore.get_ref().as_str() {
                     "file" => {

@@ -5,13 +5,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::located::Located;
 use blockwire_target::backstore::{
     ram_size_refusal, striped::check_stripe, Backstore, FileBackstore, FileMode, NullBackstore,
     RamBackstore, StripedBackstore,
 };
 use blockwire_target::iscsi::catalog::DataPathPolicy;
 use blockwire_target::scsi::{LogicalUnit, LuConfig, QosLimits};
-use toml::Spanned;
 
 use super::{
     file_atomic_journal, parse_size, pr_state_file_name, unit_identity, ConfigError, Ctx, LunDef,
@@ -181,7 +181,7 @@ pub(super) fn build_lun(
     // Checked here and not only by the store, so that --check and
     // --no-disk (which build no RAM store) refuse it too.
     if let Some(why) = size.filter(|_| kind == "ram").and_then(ram_size_refusal) {
-        let span = l.size.as_ref().map_or(lspan.clone(), Spanned::span);
+        let span = l.size.as_ref().map_or(lspan.clone(), Located::span);
         return Err(ctx.err(
             span,
             "target.lun.size",
@@ -216,7 +216,7 @@ pub(super) fn build_lun(
             Arc::new(RamBackstore::new(size))
         }
         "file" if ctx.no_disk || ctx.dry_run => {
-            let path = l.path.as_ref().map(Spanned::get_ref).ok_or_else(|| {
+            let path = l.path.as_ref().map(Located::get_ref).ok_or_else(|| {
                 ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
             })?;
             // --no-disk and --check: the file is neither opened
@@ -363,7 +363,7 @@ pub(super) fn build_lun(
             }
         }
         "file" => {
-            let path = l.path.as_ref().map(Spanned::get_ref).ok_or_else(|| {
+            let path = l.path.as_ref().map(Located::get_ref).ok_or_else(|| {
                 ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path")
             })?;
             let fb = FileBackstore::open_with(path, size, l.read_only, mode)
@@ -483,7 +483,7 @@ fn qos_limits(ctx: &Ctx<'_>, l: &LunDef) -> Result<QosLimits, ConfigError> {
 /// A ceiling on commands per second, the LUN's key `key`.
 fn iops_ceiling(
     ctx: &Ctx<'_>,
-    value: &Option<Spanned<u64>>,
+    value: &Option<Located<u64>>,
     key: &str,
 ) -> Result<Option<u64>, ConfigError> {
     match value {
@@ -500,7 +500,7 @@ fn iops_ceiling(
 /// A ceiling on bytes per second, the LUN's key `key` ("100M").
 fn bandwidth_ceiling(
     ctx: &Ctx<'_>,
-    value: &Option<Spanned<String>>,
+    value: &Option<Located<String>>,
     key: &str,
 ) -> Result<Option<u64>, ConfigError> {
     let Some(b) = value else { return Ok(None) };

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::claims::{Claims, FileUse};
+use crate::claims::{Claims, FileKey, FileUse, KnownFiles};
 pub use blockwire_pdu::keys::check_iscsi_name;
 use blockwire_target::backstore::{Backstore, FileBackstore};
 use blockwire_target::iscsi::catalog::{
@@ -19,10 +19,11 @@ use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{
     identity_from_uuid, stable_identity, AluaState, LogicalUnit, LunTable, TargetPortGroup,
 };
+use located::Located;
 use serde::Deserialize;
-use toml::Spanned;
 
 mod check;
+mod located;
 mod lun;
 mod probe;
 
@@ -49,13 +50,13 @@ pub struct TargetConfig {
     pub fabric: FabricConfig,
     /// Portal groups.
     #[serde(default, rename = "portal_group")]
-    pub portal_groups: Vec<Spanned<PortalGroupConfig>>,
+    pub portal_groups: Vec<Located<PortalGroupConfig>>,
     /// Discovery session authentication.
     #[serde(default)]
     pub discovery: AuthConfig,
     /// Targets.
     #[serde(default, rename = "target")]
-    pub targets: Vec<Spanned<TargetDef>>,
+    pub targets: Vec<Located<TargetDef>>,
     /// The runtime control socket.
     #[serde(default)]
     pub control: ControlConfig,
@@ -74,16 +75,16 @@ pub struct TargetConfig {
 #[serde(deny_unknown_fields)]
 pub struct IsnsConfig {
     /// HOST[:PORT] of the server; the port defaults to 3205.
-    pub server: Option<Spanned<String>>,
+    pub server: Option<Located<String>>,
     /// The Entity Identifier the targets are registered under (default:
     /// this machine's host name). Two daemons registering with one server
     /// need two names: each registration replaces its entity's.
-    pub entity: Option<Spanned<String>>,
+    pub entity: Option<Located<String>>,
     /// The registration period asked for, in seconds (default 900): the
     /// server forgets the targets this long after the daemon's last
     /// message if it dies without deregistering. The daemon refreshes at
     /// half the period the server grants.
-    pub registration_period_secs: Option<Spanned<u32>>,
+    pub registration_period_secs: Option<Located<u32>>,
 }
 
 /// `[isns]` checked.
@@ -105,7 +106,7 @@ pub struct IsnsSettings {
 pub struct MetricsConfig {
     /// ADDR:PORT, e.g. "127.0.0.1:9450". The endpoint has no
     /// authentication: bind it where only the scraper can reach it.
-    pub listen: Option<Spanned<String>>,
+    pub listen: Option<Located<String>>,
 }
 
 /// `[control]`: the daemon's runtime control socket (JSON-RPC 2.0, one
@@ -230,12 +231,12 @@ pub struct PortalGroupConfig {
     /// Target portal group tag (1..65535).
     pub tag: u16,
     /// Listen addresses, e.g. "0.0.0.0:3260" or "[::]:3260".
-    pub listen: Vec<Spanned<String>>,
+    pub listen: Vec<Located<String>>,
     /// ALUA state of the group's port for every target in it:
     /// "active_optimized" (default), "active_non_optimized" (serves I/O,
     /// not preferred) or "standby" (media commands get NOT READY, LOGICAL
     /// UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE).
-    pub alua_state: Option<Spanned<String>>,
+    pub alua_state: Option<Located<String>>,
     /// Also accept standard iSER (RFC 7145) on every listen address: an RDMA
     /// CM listener on the same address and port, with `[fabric] rdma_backend`
     /// and `rdma_device` as the RDMA provider (Linux initiators need "verbs").
@@ -244,7 +245,7 @@ pub struct PortalGroupConfig {
     /// iSER listeners at other addresses than `listen` (required with the
     /// soft provider, which runs over TCP and cannot share the iSCSI port).
     #[serde(default)]
-    pub iser_listen: Vec<Spanned<String>>,
+    pub iser_listen: Vec<Located<String>>,
 }
 
 /// A CHAP credential.
@@ -254,7 +255,7 @@ pub struct ChapConfig {
     /// CHAP_N.
     pub user: String,
     /// Secret (12 to 255 characters; RFC 7143 asks for at least 96 bits).
-    pub secret: Spanned<String>,
+    pub secret: Located<String>,
 }
 
 /// A per-initiator CHAP credential.
@@ -262,11 +263,11 @@ pub struct ChapConfig {
 #[serde(deny_unknown_fields)]
 pub struct InitiatorChapConfig {
     /// The initiator's iSCSI name.
-    pub initiator: Spanned<String>,
+    pub initiator: Located<String>,
     /// CHAP_N it uses.
     pub user: String,
     /// Its secret.
-    pub secret: Spanned<String>,
+    pub secret: Located<String>,
 }
 
 /// Authentication settings shared by `[discovery]` and targets.
@@ -282,7 +283,7 @@ pub struct AuthConfig {
     /// The target's own credential for mutual CHAP.
     pub mutual_chap: Option<ChapConfig>,
     /// CHAP algorithms in order of preference: "SHA3-256", "SHA-256", "SHA1", "MD5".
-    pub chap_algorithms: Option<Spanned<Vec<String>>>,
+    pub chap_algorithms: Option<Located<Vec<String>>>,
 }
 
 /// `[[target]]`.
@@ -290,11 +291,11 @@ pub struct AuthConfig {
 #[serde(deny_unknown_fields)]
 pub struct TargetDef {
     /// iSCSI name.
-    pub name: Spanned<String>,
+    pub name: Located<String>,
     /// TargetAlias.
     pub alias: Option<String>,
     /// Portal group tags; all groups when omitted.
-    pub portal_groups: Option<Vec<Spanned<u16>>>,
+    pub portal_groups: Option<Vec<Located<u16>>>,
     /// Explicit ALUA: initiators may change this target's ALUA states with
     /// SET TARGET PORT GROUPS (a multipath host failing an active/passive
     /// pair over asks the passive group to become active). Off by default:
@@ -306,9 +307,9 @@ pub struct TargetDef {
     /// This target's ALUA state in some of its portal groups, by tag
     /// (`[target.alua_state]`, e.g. `2 = "active_optimized"`), in place of
     /// the portal group's `alua_state`.
-    pub alua_state: Option<BTreeMap<String, Spanned<String>>>,
+    pub alua_state: Option<BTreeMap<String, Located<String>>>,
     /// Initiator names allowed; any initiator when omitted.
-    pub allow: Option<Vec<Spanned<String>>>,
+    pub allow: Option<Vec<Located<String>>>,
     /// One-way CHAP credentials any initiator may use.
     #[serde(default)]
     pub chap: Vec<ChapConfig>,
@@ -318,10 +319,10 @@ pub struct TargetDef {
     /// The target's own credential for mutual CHAP.
     pub mutual_chap: Option<ChapConfig>,
     /// CHAP algorithms in order of preference.
-    pub chap_algorithms: Option<Spanned<Vec<String>>>,
+    pub chap_algorithms: Option<Located<Vec<String>>>,
     /// Logical units.
     #[serde(default, rename = "lun")]
-    pub luns: Vec<Spanned<LunDef>>,
+    pub luns: Vec<Located<LunDef>>,
 }
 
 /// `[[target.lun]]`.
@@ -332,20 +333,20 @@ pub struct LunDef {
     pub id: u16,
     /// "ram", "file", "striped" (RAID0 over `paths`) or "null" (reads
     /// zeros, discards writes: benchmarks).
-    pub backstore: Spanned<String>,
+    pub backstore: Located<String>,
     /// File and striped LUNs: "cached" (page cache, the default) or
     /// "direct" (O_DIRECT).
-    pub mode: Option<Spanned<String>>,
+    pub mode: Option<Located<String>>,
     /// File or block device path (file backstore).
-    pub path: Option<Spanned<PathBuf>>,
+    pub path: Option<Located<PathBuf>>,
     /// Striped LUNs: the member files (at least 2), in layout order: stripe
     /// chunk k lives on member k mod N, so the order must never change.
-    pub paths: Option<Spanned<Vec<PathBuf>>>,
+    pub paths: Option<Located<Vec<PathBuf>>>,
     /// Striped LUNs: the stripe chunk, a power of two from the logical
     /// block size to "16M" ("64K" by default; at least "4K" in direct mode).
-    pub stripe_chunk: Option<Spanned<String>>,
+    pub stripe_chunk: Option<Located<String>>,
     /// Size, e.g. "1G", "512M", "1048576" (required for ram; creates or grows files).
-    pub size: Option<Spanned<String>>,
+    pub size: Option<Located<String>>,
     /// Refuse writes.
     #[serde(default)]
     pub read_only: bool,
@@ -358,14 +359,14 @@ pub struct LunDef {
     /// The least time, in seconds, a SANITIZE operation takes (default 0:
     /// as fast as the backstore goes); the LUN answers NOT READY,
     /// SANITIZE IN PROGRESS meanwhile. Emulates a slow medium.
-    pub sanitize_min_seconds: Option<Spanned<u64>>,
+    pub sanitize_min_seconds: Option<Located<u64>>,
     /// Fault injection: start with the LUN stalled (media commands wait
     /// before the backstore until released with the control socket's
     /// `lun.stall`).
     #[serde(default)]
     pub stalled: bool,
     /// Logical block size: 512 (default) or 4096.
-    pub block_size: Option<Spanned<u32>>,
+    pub block_size: Option<Located<u32>>,
     /// Unit serial number; derived from `uuid` or, without one, from the
     /// target name and LUN when omitted.
     pub serial: Option<String>,
@@ -375,29 +376,29 @@ pub struct LunDef {
     /// target name and the LUN number (deterministic, stable across
     /// restarts and portals, but changed by a rename). Generate one with
     /// `uuidgen` and keep it with the data.
-    pub uuid: Option<Spanned<String>>,
+    pub uuid: Option<Located<String>>,
     /// Physical block size reported in READ CAPACITY (16): equal to
     /// `block_size` (default) or a power-of-two multiple of it, e.g. 4096.
-    pub physical_block_size: Option<Spanned<u32>>,
+    pub physical_block_size: Option<Located<u32>>,
     /// File LUNs: READs use synchronized sends: read by the I/O
     /// engine in `sync_chunk` chunks submitted together, each Data-In PDU
     /// sent as soon as its bytes are read. Off by default (serial: read
     /// all, then send). A `mode = "direct"` LUN always reads through the
     /// engine into registered buffers; there `false` means the serial
     /// baseline on that path, `true` the synchronized sends.
-    pub sync_send: Option<Spanned<bool>>,
+    pub sync_send: Option<Located<bool>>,
     /// Chunk size for `sync_send`, e.g. "64K" (default), 4K to 1M.
-    pub sync_chunk: Option<Spanned<String>>,
+    pub sync_chunk: Option<Located<String>>,
     /// File LUNs: double-buffered WRITEs: each `sync_chunk` chunk
     /// of a WRITE goes to disk (I/O engine, registered buffer) while the
     /// next one arrives. Off by default (gather the whole WRITE, then
     /// write it).
-    pub sync_write: Option<Spanned<bool>>,
+    pub sync_write: Option<Located<bool>>,
     /// File LUNs in cached mode without `sync_send`: READ payloads go from
     /// the page cache to the socket by sendfile (default true; the copy
     /// path is used anyway on connections with DataDigest). false: the
     /// copy path (read into a buffer, then send), the baseline.
-    pub zero_copy: Option<Spanned<bool>>,
+    pub zero_copy: Option<Located<bool>>,
     /// WRITE ATOMIC(16) (SBC-4 atomic writes: every block or none, also
     /// across a crash). Default: on where the backstore can keep that
     /// promise: RAM and null LUNs (in process) and writable file LUNs on a
@@ -405,25 +406,25 @@ pub struct LunDef {
     /// false: never offered. true: refused where it cannot be kept
     /// (striped and read-only LUNs, a block device without
     /// `atomic_journal`).
-    pub atomic_writes: Option<Spanned<bool>>,
+    pub atomic_writes: Option<Located<bool>>,
     /// File LUNs: where the atomic-write journal lives (default: the
     /// backing file's path with `.atomic-journal` appended). It must stay
     /// with the backing file: unfinished atomic writes are replayed from it
     /// when the LUN opens.
-    pub atomic_journal: Option<Spanned<PathBuf>>,
+    pub atomic_journal: Option<Located<PathBuf>>,
     /// Quality of service: at most this many media commands (READ, WRITE,
     /// UNMAP, ...) per second; a command over it waits its turn before it
     /// starts. Changed live by a reload or `lun.limit`.
-    pub iops_limit: Option<Spanned<u64>>,
+    pub iops_limit: Option<Located<u64>>,
     /// Quality of service: at most this many bytes of READ and WRITE data
     /// per second, e.g. "100M".
-    pub bandwidth_limit: Option<Spanned<String>>,
+    pub bandwidth_limit: Option<Located<String>>,
     /// Quality of service of a shared LUN: at most this many media
     /// commands per second from each initiator (its sessions together).
-    pub initiator_iops_limit: Option<Spanned<u64>>,
+    pub initiator_iops_limit: Option<Located<u64>>,
     /// Quality of service of a shared LUN: at most this many bytes per
     /// second from each initiator.
-    pub initiator_bandwidth_limit: Option<Spanned<String>>,
+    pub initiator_bandwidth_limit: Option<Located<String>>,
 }
 
 /// The file under `[fabric] state_dir` that keeps the saved persistent
@@ -477,6 +478,7 @@ fn claim_units(
     t: &TargetDef,
 ) {
     let name = t.name.get_ref().trim();
+    let lower = name.to_ascii_lowercase();
     if let Some(dir) = state_dir {
         let unit = format!("target {name}");
         let line = (!ctx.rendered).then(|| ctx.line(t.name.span().start));
@@ -513,12 +515,32 @@ fn claim_units(
         let files = held_files(l, pr_state.as_deref());
         // --no-disk opens no backing file, but still keeps reservations.
         let used = |h: &HeldFile<'_>| !ctx.no_disk || h.what == FileUse::Reservations;
-        for held in files.into_iter().filter(used) {
-            if let Err(m) = claims.file(&unit, line, &held.path, held.what) {
-                let span = held.span.unwrap_or_else(|| t.name.span());
+        let files: Vec<_> = files.into_iter().filter(used).collect();
+        let held_open = |h: &&HeldFile<'_>| h.what != FileUse::Reservations;
+        // A unit that keeps serving holds the files it held when last checked.
+        let kept = ctx
+            .known_files
+            .filter(|_| ctx.keeps_unit(&lower, l.id))
+            .and_then(|k| k.of(&lower, l.id))
+            .filter(|keys| keys.len() == files.iter().filter(held_open).count());
+        let mut kept = kept.into_iter().flatten();
+        let mut open_keys = Vec::new();
+        let mut claimed = true;
+        for held in &files {
+            let known = if held_open(&held) { kept.next() } else { None };
+            let key = known.cloned().unwrap_or_else(|| FileKey::of(&held.path));
+            if held_open(&held) {
+                open_keys.push(key.clone());
+            }
+            if let Err(m) = claims.file_at(&unit, line, &held.path, held.what, key) {
+                let span = held.span.clone().unwrap_or_else(|| t.name.span());
                 report.errors.push(ctx.err(span, held.field, m));
+                claimed = false;
                 break; // its other files (a journal named after it) say no more
             }
+        }
+        if claimed {
+            report.known_files.insert(lower.clone(), l.id, open_keys);
         }
     }
 }
@@ -699,6 +721,9 @@ pub struct Built {
     pub ram_limit: Option<u64>,
     /// The sizes of the RAM LUNs, added up (0 with `--no-disk`).
     pub ram_lun_bytes: u64,
+    /// The keys of the files each unit holds open, as the check took them
+    /// (for the next live change: see [`KnownFiles`]).
+    pub known_files: KnownFiles,
 }
 
 /// The RDMA provider asked for in the configuration.
@@ -781,6 +806,9 @@ struct Ctx<'a> {
     /// change keeps them (their data, reservations and sessions) instead of
     /// opening their storage again.
     reuse: Option<&'a Reuse>,
+    /// The keys of the files of the units that keep serving, as the check
+    /// of the running configuration took them.
+    known_files: Option<&'a KnownFiles>,
     /// The text is a rendering of the running document (a control-socket
     /// change), not a file: its line numbers are nobody's to look up.
     rendered: bool,
@@ -796,6 +824,9 @@ pub struct Rebuild<'a> {
     /// The LUNs that keep their running units (nothing of theirs is
     /// opened, created or grown); every other LUN is built.
     pub reuse: Option<&'a Reuse>,
+    /// The keys of the files of the running units, as the check of the
+    /// running configuration took them (see [`KnownFiles`]).
+    pub known_files: Option<&'a KnownFiles>,
     /// The text is a rendering of the running document, not a file: its
     /// lines go unnamed in messages.
     pub rendered: bool,
@@ -843,6 +874,13 @@ fn line_starts(text: &str) -> Vec<usize> {
 }
 
 impl Ctx<'_> {
+    /// Whether LUN `id` of the target named `lower` (in lower case) keeps
+    /// its running unit in this live change.
+    fn keeps_unit(&self, lower: &str, id: u16) -> bool {
+        self.reuse
+            .is_some_and(|r| r.contains_key(&(lower.to_owned(), id)))
+    }
+
     /// 1-based line of a byte offset, as [`line_of`] counts it.
     fn line(&self, offset: usize) -> usize {
         let offset = offset.min(self.text.len());
@@ -907,6 +945,8 @@ pub struct CheckReport {
     pub notices: Vec<ConfigError>,
     /// Targets defined.
     pub targets: usize,
+    /// The keys of the files each unit holds open, as this check took them.
+    pub known_files: KnownFiles,
 }
 
 impl CheckReport {
@@ -969,6 +1009,7 @@ impl TargetConfig {
             dry_run: true,
             probe_files: false,
             reuse: None,
+            known_files: None,
             rendered: false,
         };
         let mut report = config.validate(&ctx);
@@ -1048,6 +1089,7 @@ impl TargetConfig {
             dry_run: how.dry_run,
             probe_files: how.dry_run,
             reuse: how.reuse,
+            known_files: how.known_files,
             rendered: how.rendered,
         };
         // Validate without side effects first, so a start that would fail
@@ -1058,7 +1100,46 @@ impl TargetConfig {
             return Err(report.errors.swap_remove(0));
         }
         report.notices.sort_by_key(|e| e.line);
-        Ok((config.build(&ctx, None)?, report.notices))
+        let mut built = config.build(&ctx, None)?;
+        built.known_files = std::mem::take(&mut report.known_files);
+        Ok((built, report.notices))
+    }
+
+    /// [`TargetConfig::from_str_reusing`] for a live change that is a
+    /// document and was never text (a control-socket change), read from
+    /// the document itself: rendering it only to read it back would cost
+    /// more than the rest of the change, and grow with the configuration.
+    /// It is checked and built as a rendering of it would be, with no line
+    /// to name; `None` where anything is at fault (nothing built is kept),
+    /// so that the caller reads a rendering for a message that names the
+    /// place (the check touches nothing, and a build that failed leaves
+    /// only what building the rendering does again: files created or
+    /// grown, opened and closed).
+    pub fn from_doc_reusing(
+        file: &str,
+        doc: &toml::Table,
+        opts: LoadOptions,
+        how: Rebuild<'_>,
+    ) -> Option<(Built, Vec<ConfigError>)> {
+        let config: TargetConfig = toml::Value::Table(doc.clone()).try_into().ok()?;
+        let ctx = Ctx {
+            file,
+            text: "",
+            line_starts: Vec::new(),
+            no_disk: opts.no_disk,
+            dry_run: how.dry_run,
+            probe_files: how.dry_run,
+            reuse: how.reuse,
+            known_files: how.known_files,
+            rendered: true,
+        };
+        let mut report = config.validate(&ctx);
+        if !report.errors.is_empty() {
+            return None;
+        }
+        let mut built = config.build(&ctx, None).ok()?;
+        built.known_files = std::mem::take(&mut report.known_files);
+        Some((built, report.notices))
     }
 
     /// The embedded default: one target with one 1 GiB RAM LUN, open to any
@@ -1099,7 +1180,7 @@ impl TargetConfig {
             self.targets
                 .iter()
                 .flat_map(|t| &t.get_ref().luns)
-                .map(Spanned::get_ref)
+                .map(Located::get_ref)
                 .filter(|l| l.backstore.get_ref() == "ram")
                 .filter_map(|l| l.size.as_ref().and_then(|s| parse_size(s.get_ref())))
                 .sum()
@@ -1316,7 +1397,7 @@ impl TargetConfig {
                 alias: t.alias,
                 portal_groups: groups,
                 acl: t.allow.map_or(Acl::Any, |names| {
-                    Acl::Only(names.into_iter().map(Spanned::into_inner).collect())
+                    Acl::Only(names.into_iter().map(Located::into_inner).collect())
                 }),
                 auth,
                 luns: Arc::new(luns),
@@ -1361,6 +1442,7 @@ impl TargetConfig {
             isns,
             ram_limit,
             ram_lun_bytes,
+            known_files: KnownFiles::default(),
         })
     }
 }
@@ -1557,7 +1639,7 @@ fn ram_limit(f: &FabricConfig, ctx: &Ctx<'_>) -> Result<Option<u64>, ConfigError
 /// The ALUA state `s` names, or an error at it that lists the names.
 fn alua_state_named(
     ctx: &Ctx<'_>,
-    s: &Spanned<String>,
+    s: &Located<String>,
     field: &str,
 ) -> Result<AluaState, ConfigError> {
     AluaState::from_name(s.get_ref()).ok_or_else(|| {
@@ -1606,7 +1688,7 @@ fn target_alua_states(
     Ok(out)
 }
 
-fn secret(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<String, ConfigError> {
+fn secret(ctx: &Ctx<'_>, s: &Located<String>, field: &str) -> Result<String, ConfigError> {
     let len = s.get_ref().len();
     if !(12..=255).contains(&len) {
         // RFC 7143 §12.1.3: at least 96 bits of secret; tgt and open-iscsi

@@ -1326,6 +1326,7 @@ fn the_line_index_numbers_lines_as_counting_newlines_does() {
             dry_run: true,
             probe_files: false,
             reuse: None,
+            known_files: None,
             rendered: false,
         };
         for offset in 0..=text.len() + 2 {
@@ -1445,4 +1446,119 @@ fn qos_ceilings_are_built_into_the_unit_and_bad_ones_named() {
         );
         assert!(e.message.contains(says), "{keys}: {e}");
     }
+}
+
+/// What a built configuration serves, in words that compare.
+fn served(b: &Built) -> Vec<String> {
+    let mut out = vec![
+        format!("{:?}", b.settings),
+        format!("mrdsl {}", b.max_recv_data_segment_length),
+        format!(
+            "rdma {:?} {:?} {:?}",
+            b.rdma_listen, b.rdma_backend, b.rdma_device
+        ),
+        format!("iser {:?}, ram {}", b.iser_portals, b.ram_lun_bytes),
+        format!(
+            "control {:?}, metrics {:?}",
+            b.control_socket, b.metrics_listen
+        ),
+    ];
+    for g in &b.catalog.portal_groups {
+        out.push(format!("group {} {:?}", g.tag, g.addresses));
+    }
+    for t in &b.catalog.targets {
+        out.push(format!(
+            "target {} {:?} {:?} {:?}",
+            t.name, t.portal_groups, t.alias, t.data_paths
+        ));
+        for (id, unit) in t.luns.units() {
+            out.push(format!(
+                "lun {id} {} bytes, qos {}",
+                unit.config().backstore.size(),
+                t.qos_of(id),
+            ));
+        }
+        for g in t.luns.target_port_groups() {
+            out.push(format!("alua {} {:?}", g.id, g.state));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_control_change_read_from_its_document_is_read_as_its_rendering_would_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.img");
+    std::fs::write(&file, vec![0u8; 1 << 20]).unwrap();
+    let path = file.display();
+    let head = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n";
+    let mut texts: Vec<String> = [
+        "target.toml",
+        "chap.toml",
+        "file-luns.toml",
+        "two-portal-groups.toml",
+    ]
+    .iter()
+    .map(|f| {
+        std::fs::read_to_string(format!("{}/../examples/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    })
+    .collect();
+    for lun in [
+        "backstore = \"ram\"\nsize = \"1M\"\n".to_owned(),
+        format!("backstore = \"file\"\npath = \"{path}\"\n"),
+        format!("backstore = \"file\"\npath = \"{path}\"\nsize = \"2M\"\nread_only = true\n"),
+        "backstore = \"ram\"\nsize = \"ten\"\n".to_owned(),
+        "backstore = \"ram\"\n".to_owned(),
+        "backstore = \"ram\"\nsize = \"1M\"\nblock_size = 1000\n".to_owned(),
+        "backstore = \"ram\"\nsize = \"1M\"\nshade = 1\n".to_owned(),
+        "backstore = 7\nsize = \"1M\"\n".to_owned(),
+        "backstore = \"ram\"\nsize = \"1M\"\niops_limit = 500\nuuid = \"not-a-uuid\"\n".to_owned(),
+        "backstore = \"ram\"\nsize = \"1M\"\niops_limit = 500\ninitiator_bandwidth_limit = \"1M\"\n".to_owned(),
+        format!("backstore = \"file\"\npath = \"{}/missing/d.img\"\nsize = \"1M\"\n", dir.path().display()),
+    ] {
+        texts.push(one_lun(&lun));
+    }
+    texts.push(format!(
+        "{head}[[target]]\nname = \"iqn.2026-11.io.blockwire:a\"\n\
+         [[target.lun]]\nid = 0\nbackstore = \"file\"\npath = \"{path}\"\n\
+         [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = \"{path}\"\n"
+    ));
+    texts.push(format!("{head}[[target]]\nname = \"disk\"\n[[target.lun]]\nid = 0\nbackstore = \"null\"\nsize = \"1M\"\n"));
+    texts.push(format!("{head}[fabric]\nbusy_poll_us = 5000000\n"));
+    texts.push("[fabric]\nfirst_burst_length = 1\n".into());
+    let (mut built, mut refused) = (0, 0);
+    for text in &texts {
+        let doc: toml::Table = text.parse().unwrap();
+        let rendering = toml::to_string(&doc).unwrap();
+        for no_disk in [false, true] {
+            let opts = LoadOptions { no_disk };
+            let how = Rebuild {
+                rendered: true,
+                dry_run: true,
+                ..Rebuild::default()
+            };
+            let from_doc = TargetConfig::from_doc_reusing("t", &doc, opts, how);
+            let from_text = TargetConfig::from_str_reusing("t", &rendering, opts, how);
+            match (&from_doc, &from_text) {
+                (Some((a, _)), Ok((b, _))) => {
+                    assert_eq!(served(a), served(b), "{text}");
+                    built += 1;
+                }
+                (None, Err(_)) => refused += 1,
+                _ => panic!(
+                    "read from the document: {}, from its rendering: {:?}\n{text}",
+                    if from_doc.is_some() {
+                        "built"
+                    } else {
+                        "refused"
+                    },
+                    from_text.as_ref().err()
+                ),
+            }
+        }
+    }
+    assert!(
+        built >= 10 && refused >= 10,
+        "{built} built, {refused} refused"
+    );
 }

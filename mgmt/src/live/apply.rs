@@ -22,7 +22,7 @@ use super::{
     in_use, iser_keys, lun_defs, place_in_rendering, portal_pairs, same_unit, size_of, Applied,
     ChangeMode, Live, LiveError, Running,
 };
-use crate::config::{IsnsSettings, Rebuild, Reuse, TargetConfig};
+use crate::config::{Built, ConfigError, IsnsSettings, Rebuild, Reuse, TargetConfig};
 use crate::isns::{Client, Registration};
 
 /// A unit a change resizes: its target (lower case) and LUN, the unit, the
@@ -43,11 +43,6 @@ impl Live {
         origin: &str,
     ) -> Result<Applied, LiveError> {
         let rendered = text.is_none();
-        let text = match text {
-            Some(t) => t,
-            None => toml::to_string(&doc)
-                .map_err(|e| LiveError::Invalid(format!("cannot write the configuration: {e}")))?,
-        };
         let dry = mode.dry_run;
         let old = self.fabric.catalog();
         let mut applied = Applied {
@@ -83,22 +78,23 @@ impl Live {
         }
         let how = Rebuild {
             reuse: Some(&reuse),
+            known_files: Some(&running.known_files),
             rendered,
             dry_run: dry,
         };
-        let (built, notices) = TargetConfig::from_str_reusing(origin, &text, self.opts, how)
-            .map_err(|e| {
-                let located = match rendered
-                    .then(|| place_in_rendering(&text, e.line))
-                    .flatten()
-                {
-                    Some(place) => format!("{origin}: {place}: {}: {}", e.field, e.message),
-                    None => e.to_string(),
-                };
-                LiveError::Invalid(format!("{located}; nothing was changed"))
-            })?;
+        // A control-socket change is read from its document; only one
+        // the check finds fault with, and a dry run (whose notices name
+        // places), is read from a rendering of it (see `from_doc_reusing`).
+        let from_doc = (rendered && !dry)
+            .then(|| TargetConfig::from_doc_reusing(origin, &doc, self.opts, how))
+            .flatten();
+        let (mut built, notices) = match from_doc {
+            Some(built) => built,
+            None => self.from_text(origin, &doc, text, how)?,
+        };
         let new = built.catalog.clone();
         let ram_lun_bytes = built.ram_lun_bytes;
+        let known_files = std::mem::take(&mut built.known_files);
         let new_by_name = new.targets_by_name();
         // A target renamed in case only is the same target to initiators
         // (iSCSI names compare case-insensitively), but its LUNs' derived
@@ -235,6 +231,7 @@ impl Live {
             .await;
         running.doc = doc;
         running.ram_lun_bytes = ram_lun_bytes;
+        running.known_files = known_files;
         for c in &applied.changes {
             info!(origin, "{c}");
         }
@@ -245,6 +242,35 @@ impl Live {
             info!(origin, "configuration applied: nothing to change");
         }
         Ok(applied)
+    }
+
+    /// Checks and builds `doc` from `text`, or from a rendering of it where
+    /// there is none (a control-socket change): an error then names its
+    /// place in the configuration's words ("LUN 3 of iqn..."), as the
+    /// rendering's lines are nobody's to look up.
+    fn from_text(
+        &self,
+        origin: &str,
+        doc: &Table,
+        text: Option<String>,
+        how: Rebuild<'_>,
+    ) -> Result<(Built, Vec<ConfigError>), LiveError> {
+        let rendered = text.is_none();
+        let text = match text {
+            Some(t) => t,
+            None => toml::to_string(doc)
+                .map_err(|e| LiveError::Invalid(format!("cannot write the configuration: {e}")))?,
+        };
+        TargetConfig::from_str_reusing(origin, &text, self.opts, how).map_err(|e| {
+            let located = match rendered
+                .then(|| place_in_rendering(&text, e.line))
+                .flatten()
+            {
+                Some(place) => format!("{origin}: {place}: {}: {}", e.field, e.message),
+                None => e.to_string(),
+            };
+            LiveError::Invalid(format!("{located}; nothing was changed"))
+        })
     }
 
     /// Binds the portals that come. Those that leave or change group close

@@ -21,6 +21,7 @@ use blockwire_target::iscsi::Fabric;
 use blockwire_target::scsi::{Activity, AluaState};
 use toml::{Table, Value};
 
+use crate::claims::KnownFiles;
 use crate::config::{parse_size, LoadOptions};
 
 mod apply;
@@ -122,6 +123,9 @@ struct Running {
     /// The RAM LUNs' sizes added up, as the configuration's build counted
     /// them (against `[fabric] ram_limit`).
     ram_lun_bytes: u64,
+    /// The keys of the files the running units hold open, as the last
+    /// change's check took them (none before the first).
+    known_files: KnownFiles,
 }
 
 /// Parses configuration text into a document; a syntax error names its line.
@@ -255,6 +259,7 @@ impl Live {
                 doc,
                 bound,
                 ram_lun_bytes,
+                known_files: KnownFiles::default(),
             }),
             isns: None,
         }
@@ -546,7 +551,7 @@ fn in_use(a: &Activity) -> Option<String> {
 }
 
 /// Every LUN definition of `doc`, by lower-case target name and LUN.
-fn lun_defs(doc: &Table) -> HashMap<(String, u16), Table> {
+fn lun_defs(doc: &Table) -> HashMap<(String, u16), &Table> {
     let mut out = HashMap::new();
     for t in tables(doc, "target") {
         let Some(name) = t.get("name").and_then(Value::as_str) else {
@@ -558,7 +563,7 @@ fn lun_defs(doc: &Table) -> HashMap<(String, u16), Table> {
                 .and_then(Value::as_integer)
                 .and_then(|i| u16::try_from(i).ok())
             {
-                out.insert((name.trim().to_ascii_lowercase(), id), l.clone());
+                out.insert((name.trim().to_ascii_lowercase(), id), l);
             }
         }
     }
@@ -594,17 +599,13 @@ const QOS_KEYS: [&str; 4] = [
 /// Whether two LUN definitions describe the same unit: equal but for the
 /// size (a resize) and the stall switch (a start-up option).
 fn same_unit(a: &Table, b: &Table) -> bool {
-    let strip = |t: &Table| {
-        let mut t = t.clone();
-        t.remove("size");
-        t.remove("stalled");
-        // QoS ceilings change on the running unit.
-        for key in QOS_KEYS {
-            t.remove(key);
-        }
-        t
-    };
-    strip(a) == strip(b)
+    // QoS ceilings change on the running unit.
+    let of_the_unit = |k: &str| !matches!(k, "size" | "stalled") && !QOS_KEYS.contains(&k);
+    let count = |t: &Table| t.keys().filter(|k| of_the_unit(k)).count();
+    count(a) == count(b)
+        && a.iter()
+            .filter(|(k, _)| of_the_unit(k))
+            .all(|(k, v)| b.get(k) == Some(v))
 }
 
 fn size_of(v: &Value) -> Option<u64> {
