@@ -31,6 +31,13 @@ enum Key {
 }
 
 impl FileKey {
+    /// Whether the file existed when its key was taken: a key of a file
+    /// yet to be created names a path, which the file, once there, no
+    /// longer meets (it is an inode then).
+    fn existed(&self) -> bool {
+        matches!(self.0, Key::Inode { .. })
+    }
+
     /// Where `path` is now.
     pub fn of(path: &Path) -> FileKey {
         let inode = |p: &Path| {
@@ -78,9 +85,13 @@ impl KnownFiles {
         self.0.get(&(target.to_owned(), id)).map(Vec::as_slice)
     }
 
-    /// Records `keys` for LUN `id` of `target` (lower case).
-    pub fn insert(&mut self, target: String, id: u16, keys: Vec<FileKey>) {
-        self.0.insert((target, id), keys);
+    /// Records `keys` for LUN `id` of `target` (lower case), unless one of
+    /// them names a file that did not exist yet: the unit's build created
+    /// it, and only a look at it now says where it is.
+    pub fn insert_existing(&mut self, target: String, id: u16, keys: Vec<FileKey>) {
+        if keys.iter().all(FileKey::existed) {
+            self.0.insert((target, id), keys);
+        }
     }
 }
 

@@ -540,7 +540,9 @@ fn claim_units(
             }
         }
         if claimed {
-            report.known_files.insert(lower.clone(), l.id, open_keys);
+            report
+                .known_files
+                .insert_existing(lower.clone(), l.id, open_keys);
         }
     }
 }

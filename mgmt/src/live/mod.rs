@@ -737,6 +737,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_file_one_change_created_is_held_against_the_next_that_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = live_of(ONE_RAM_LUN, &dir.path().join("t.toml"));
+        let add = |id: u16, path: &Path| {
+            let lun: Table = format!(
+                "id = {id}\nbackstore = \"file\"\npath = \"{}\"\nsize = \"1M\"\n",
+                path.display()
+            )
+            .parse()
+            .unwrap();
+            move |d: &mut Table| edits::add_lun(d, "iqn.2026-11.io.blockwire:disk", lun)
+        };
+        let img = dir.path().join("new.img");
+        let other = dir.path().join("other.img");
+        live.edit(ChangeMode::default(), add(1, &img))
+            .await
+            .unwrap();
+        assert!(img.exists(), "the change created it");
+        // LUN 1 keeps serving through every change that follows: the file
+        // it holds is known by what the file is now, not by the path it
+        // had before it was created.
+        let refused = |e: LiveError| {
+            let e = e.to_string();
+            assert!(e.contains("and also the data file of LUN 1 of"), "{e}");
+        };
+        refused(
+            live.edit(ChangeMode::default(), add(2, &img))
+                .await
+                .unwrap_err(),
+        );
+        live.edit(ChangeMode::default(), add(3, &other))
+            .await
+            .unwrap();
+        refused(
+            live.edit(ChangeMode::default(), add(4, &img))
+                .await
+                .unwrap_err(),
+        );
+        let dotted = dir.path().join("sub/../new.img");
+        refused(
+            live.edit(ChangeMode::default(), add(4, &dotted))
+                .await
+                .unwrap_err(),
+        );
+    }
+
+    #[tokio::test]
     async fn a_control_change_names_the_unit_at_fault_not_a_line() {
         let dir = tempfile::tempdir().unwrap();
         let text = ONE_RAM_LUN;
