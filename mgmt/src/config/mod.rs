@@ -751,9 +751,9 @@ pub fn parse_size(s: &str) -> Option<u64> {
 }
 
 /// What a TOML syntax error says, on one line. The parser's own words when
-/// it has any (several joined by "; "); for the errors it leaves without
-/// words, such as a control character in a comment, what stands at the
-/// error's column.
+/// it has any (several joined by "; "); for an error it leaves without
+/// words (as toml 0.8 left a control character in a comment), what stands
+/// at the error's column.
 fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     let said: Vec<&str> = e
         .message()

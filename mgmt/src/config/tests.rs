@@ -38,13 +38,12 @@ fn a_ram_lun_past_a_pebibyte_is_refused_by_name_before_anything_is_built() {
 
 #[test]
 fn every_syntax_error_says_what_is_wrong_on_one_line() {
-    // The TOML parser gives no words for a control character in a
-    // comment; the error names it and where it is.
+    // A control character in a comment: the parser's words (toml 1; toml
+    // 0.8 had none, and the error then named what stands at its column).
     let e = TargetConfig::from_str("t.toml", "[fabric]\n# a note\u{e}\n").unwrap_err();
     assert_eq!((e.line, e.field.as_str()), (2, "syntax"));
     assert!(
-        e.message
-            .starts_with("control character U+000E at column 9:"),
+        e.message.contains("comment character") && !e.message.contains('\n'),
         "{e}"
     );
     // Where the parser has several lines of words, one line joins them.

@@ -737,6 +737,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_value_with_hundreds_of_quotes_in_a_row_is_written_and_read_back() {
+        // TOML's writer counts quotes in a row to choose a string's form;
+        // toml 0.8's count overflowed at 256 (a panic where overflow
+        // checks are on: tests, fuzzing), toml 1's saturates.
+        let dir = tempfile::tempdir().unwrap();
+        let alias = format!("a{}b{}c", "\"".repeat(300), "'".repeat(300));
+        let text = ONE_RAM_LUN.replace(
+            "name = \"iqn.2026-11.io.blockwire:disk\"\n",
+            &format!(
+                "name = \"iqn.2026-11.io.blockwire:disk\"\nalias = {}\n",
+                toml::Value::String(alias.clone())
+            ),
+        );
+        let live = live_of(&text, &dir.path().join("t.toml"));
+        let shown: Table = live.text().await.parse().unwrap();
+        let t = tables(&shown, "target").next().unwrap();
+        assert_eq!(t.get("alias").and_then(Value::as_str), Some(alias.as_str()));
+    }
+
+    #[tokio::test]
     async fn a_file_one_change_created_is_held_against_the_next_that_names_it() {
         let dir = tempfile::tempdir().unwrap();
         let live = live_of(ONE_RAM_LUN, &dir.path().join("t.toml"));
