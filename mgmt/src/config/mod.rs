@@ -875,7 +875,23 @@ fn line_starts(text: &str) -> Vec<usize> {
         .collect()
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    /// The context of a live change's check and build of `text` (empty: a
+    /// document read as such, see [`TargetConfig::from_doc_reusing`]).
+    fn for_rebuild(file: &'a str, text: &'a str, opts: LoadOptions, how: Rebuild<'a>) -> Ctx<'a> {
+        Ctx {
+            file,
+            text,
+            line_starts: line_starts(text),
+            no_disk: opts.no_disk,
+            dry_run: how.dry_run,
+            probe_files: how.dry_run,
+            reuse: how.reuse,
+            known_files: how.known_files,
+            rendered: how.rendered,
+        }
+    }
+
     /// Whether LUN `id` of the target named `lower` (in lower case) keeps
     /// its running unit in this live change.
     fn keeps_unit(&self, lower: &str, id: u16) -> bool {
@@ -1083,28 +1099,7 @@ impl TargetConfig {
         how: Rebuild<'_>,
     ) -> Result<(Built, Vec<ConfigError>), ConfigError> {
         let config = Self::parse(file, text)?;
-        let ctx = Ctx {
-            file,
-            text,
-            line_starts: line_starts(text),
-            no_disk: opts.no_disk,
-            dry_run: how.dry_run,
-            probe_files: how.dry_run,
-            reuse: how.reuse,
-            known_files: how.known_files,
-            rendered: how.rendered,
-        };
-        // Validate without side effects first, so a start that would fail
-        // on a later field has not created or grown any file yet.
-        let mut report = config.validate(&ctx);
-        if !report.errors.is_empty() {
-            report.errors.sort_by_key(|e| e.line);
-            return Err(report.errors.swap_remove(0));
-        }
-        report.notices.sort_by_key(|e| e.line);
-        let mut built = config.build(&ctx, None)?;
-        built.known_files = std::mem::take(&mut report.known_files);
-        Ok((built, report.notices))
+        config.check_then_build(&Ctx::for_rebuild(file, text, opts, how))
     }
 
     /// [`TargetConfig::from_str_reusing`] for a live change that is a
@@ -1124,24 +1119,29 @@ impl TargetConfig {
         how: Rebuild<'_>,
     ) -> Option<(Built, Vec<ConfigError>)> {
         let config: TargetConfig = toml::Value::Table(doc.clone()).try_into().ok()?;
-        let ctx = Ctx {
-            file,
-            text: "",
-            line_starts: Vec::new(),
-            no_disk: opts.no_disk,
-            dry_run: how.dry_run,
-            probe_files: how.dry_run,
-            reuse: how.reuse,
-            known_files: how.known_files,
+        let how = Rebuild {
             rendered: true,
+            ..how
         };
-        let mut report = config.validate(&ctx);
+        config
+            .check_then_build(&Ctx::for_rebuild(file, "", opts, how))
+            .ok()
+    }
+
+    /// Checks the configuration without side effects first, so that one
+    /// that would fail on a later field has not created or grown any file
+    /// yet, then builds it; the first error in line order, or what was built
+    /// with the notices of what building did on disk, in line order.
+    fn check_then_build(self, ctx: &Ctx<'_>) -> Result<(Built, Vec<ConfigError>), ConfigError> {
+        let mut report = self.validate(ctx);
         if !report.errors.is_empty() {
-            return None;
+            report.errors.sort_by_key(|e| e.line);
+            return Err(report.errors.swap_remove(0));
         }
-        let mut built = config.build(&ctx, None).ok()?;
+        report.notices.sort_by_key(|e| e.line);
+        let mut built = self.build(ctx, None)?;
         built.known_files = std::mem::take(&mut report.known_files);
-        Some((built, report.notices))
+        Ok((built, report.notices))
     }
 
     /// The embedded default: one target with one 1 GiB RAM LUN, open to any

@@ -308,14 +308,21 @@ fn states_an_initiator_set_outlive_a_restart() {
     assert!(!file.exists());
 }
 
+/// A table keeping its states in `file`, whose standby group 2 a nexus
+/// through it has made active/optimized with SET TARGET PORT GROUPS.
+fn standby_group_made_active(file: &std::path::Path) -> (LunTable, ItNexus) {
+    let n = via("iqn.a", 2);
+    let t = kept_in(file, true);
+    ready(&t, &n);
+    assert_eq!(stpg(&t, &n, &list(&[(2, 0)])).status, GOOD);
+    (t, n)
+}
+
 #[test]
 fn without_explicit_alua_saved_states_are_not_restored_and_their_file_goes() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tgt.alua");
-    let n = via("iqn.a", 2);
-    let t = kept_in(&file, true);
-    ready(&t, &n);
-    assert_eq!(stpg(&t, &n, &list(&[(2, 0)])).status, GOOD);
+    let (t, n) = standby_group_made_active(&file);
     drop(t);
     // Only the configuration sets states: the file is not applied, and
     // goes, so that turning explicit ALUA on again later does not bring
@@ -333,10 +340,7 @@ fn without_explicit_alua_saved_states_are_not_restored_and_their_file_goes() {
 fn turning_explicit_alua_off_keeps_the_states_as_configured_and_drops_their_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tgt.alua");
-    let n = via("iqn.a", 2);
-    let t = kept_in(&file, true);
-    ready(&t, &n);
-    assert_eq!(stpg(&t, &n, &list(&[(2, 0)])).status, GOOD);
+    let (t, n) = standby_group_made_active(&file);
     assert!(file.exists());
     assert!(t.set_explicit_alua(false));
     // Group 2 stays active, now as the configuration's state (status code
