@@ -128,6 +128,19 @@ mod scsi {
                     }
                 }
             ),
+            (any::<[bool; 2]>(), 0u8..4, 0u8..0x40, any::<u8>(), any::<[u16; 2]>()).prop_map(
+                |([sp, ppc], page_control, page_code, subpage_code, [pointer, alloc])| {
+                    Cdb::LogSense {
+                        sp,
+                        ppc,
+                        page_control,
+                        page_code,
+                        subpage_code,
+                        parameter_pointer: pointer,
+                        allocation_length: alloc,
+                    }
+                }
+            ),
             (any::<bool>(), any::<bool>(), any::<u16>()).prop_map(
                 |(pf, sp, parameter_list_length)| {
                     Cdb::ModeSelect10 {
@@ -420,11 +433,11 @@ mod scsi {
                     parameter_list_length: len,
                 }
             }),
-            // Unknown opcodes: LOG SENSE (10 bytes) and a vendor-specific one.
+            // Unknown opcodes: LOG SELECT (10 bytes) and a vendor-specific one.
             vec(any::<u8>(), 9).prop_map(|mut rest| {
-                rest.insert(0, opcode::LOG_SENSE);
+                rest.insert(0, opcode::LOG_SELECT);
                 Cdb::Unknown {
-                    opcode: opcode::LOG_SENSE,
+                    opcode: opcode::LOG_SELECT,
                     bytes: rest,
                 }
             }),
@@ -807,6 +820,48 @@ mod scsi {
                         extended_self_test_completion_time: st,
                     })
                 }),
+            (any::<[bool; 10]>(), any::<[u8; 2]>(), 0u8..0x80, any::<u16>()).prop_map(
+                |(f, [rr, wr], mwr, limit)| {
+                    ModePage::ReadWriteErrorRecovery(ReadWriteErrorRecoveryPage {
+                        ps: f[0],
+                        awre: f[1],
+                        arre: f[2],
+                        tb: f[3],
+                        rc: f[4],
+                        eer: f[5],
+                        per: f[6],
+                        dte: f[7],
+                        dcr: f[8],
+                        read_retry_count: rr,
+                        lbpere: f[9],
+                        mwr,
+                        write_retry_count: wr,
+                        recovery_time_limit: limit,
+                    })
+                }
+            ),
+            (
+                any::<[bool; 2]>(),
+                vec((any::<bool>(), 0u8..8, 0u8..8, any::<u8>(), any::<u32>()), 0..6)
+            )
+                .prop_map(|([ps, situa], ts)| {
+                    ModePage::LogicalBlockProvisioning(LogicalBlockProvisioningPage {
+                        ps,
+                        situa,
+                        thresholds: ts
+                            .into_iter()
+                            .map(|(enabled, threshold_type, arming, resource, count)| {
+                                ThresholdDescriptor {
+                                    enabled,
+                                    threshold_type,
+                                    arming,
+                                    resource,
+                                    count,
+                                }
+                            })
+                            .collect(),
+                    })
+                }),
             (any::<[bool; 8]>(), 0u8..16, any::<(u32, u32)>()).prop_map(|(f, mrie, (it, rc))| {
                 ModePage::InformationalExceptions(InformationalExceptionsPage {
                     ps: f[0],
@@ -824,7 +879,7 @@ mod scsi {
             }),
             (
                 any::<bool>(),
-                prop_oneof![1u8..8, 0x09u8..0x0a, 0x0bu8..0x1c, 0x1du8..0x3f],
+                prop_oneof![2u8..8, 0x09u8..0x0a, 0x0bu8..0x1c, 0x1du8..0x3f],
                 option::of(any::<u8>()),
                 vec(any::<u8>(), 0..30)
             )
@@ -961,6 +1016,30 @@ mod scsi {
             if b6.len() <= 256 {
                 prop_assert_eq!(ModeParameters::decode6(&b6), Ok(m6));
             }
+        }
+
+        #[test]
+        fn log_page_round_trip(
+            ds in any::<bool>(), spf in any::<bool>(), code in 0u8..0x40, sub in any::<u8>(),
+            params in vec((any::<u16>(), any::<u8>(), vec(any::<u8>(), 0..40)), 0..8),
+            codes in vec(any::<u8>(), 0..40),
+        ) {
+            let body = if code == 0 && sub == 0 {
+                LogBody::SupportedPages(codes)
+            } else {
+                LogBody::Parameters(params.into_iter().map(|(code, control, value)| {
+                    LogParameter { code, control, value }
+                }).collect())
+            };
+            let page = LogPage { ds, spf, page_code: code, subpage_code: sub, body };
+            prop_assert_eq!(LogPage::decode(&page.encode()), Ok(page));
+        }
+
+        #[test]
+        fn resource_count_round_trip(count in any::<u32>(), scope in 0usize..4, code in any::<u16>()) {
+            let scope = [ResourceScope::NotReported, ResourceScope::Dedicated, ResourceScope::Shared, ResourceScope::Reserved][scope];
+            let r = ResourceCount { count, scope };
+            prop_assert_eq!(ResourceCount::from_parameter(&r.to_parameter(code)), Ok(r));
         }
 
         #[test]

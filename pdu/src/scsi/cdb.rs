@@ -319,6 +319,24 @@ pub enum Cdb {
         /// ALLOCATION LENGTH.
         allocation_length: u16,
     },
+    /// LOG SENSE (SPC-4 6.6).
+    LogSense {
+        /// SP: save parameters (obsolete in SPC-5).
+        sp: bool,
+        /// PPC: parameter pointer control.
+        ppc: bool,
+        /// PC (2 bits): 00b threshold, 01b cumulative, 10b default
+        /// threshold, 11b default cumulative values.
+        page_control: u8,
+        /// PAGE CODE (6 bits).
+        page_code: u8,
+        /// SUBPAGE CODE.
+        subpage_code: u8,
+        /// PARAMETER POINTER: the first parameter code returned.
+        parameter_pointer: u16,
+        /// ALLOCATION LENGTH.
+        allocation_length: u16,
+    },
     /// MODE SELECT(6).
     ModeSelect6 {
         /// PF: page format.
@@ -854,6 +872,15 @@ impl Cdb {
                 subpage_code: c[3],
                 allocation_length: b16(7),
             },
+            op::LOG_SENSE => Cdb::LogSense {
+                sp: bit(c[1], 0),
+                ppc: bit(c[1], 1),
+                page_control: c[2] >> 6,
+                page_code: c[2] & 0x3f,
+                subpage_code: c[3],
+                parameter_pointer: b16(5),
+                allocation_length: b16(7),
+            },
             op::MODE_SELECT_6 => Cdb::ModeSelect6 {
                 pf: bit(c[1], 4),
                 sp: bit(c[1], 0),
@@ -1128,6 +1155,21 @@ impl Cdb {
                 c[3] = *subpage_code;
                 put(&mut c, 7, &allocation_length.to_be_bytes());
             }
+            Cdb::LogSense {
+                sp,
+                ppc,
+                page_control,
+                page_code,
+                subpage_code,
+                parameter_pointer,
+                allocation_length,
+            } => {
+                c[1] = flag(*ppc, 1) | flag(*sp, 0);
+                c[2] = (page_control & 3) << 6 | (page_code & 0x3f);
+                c[3] = *subpage_code;
+                put(&mut c, 5, &parameter_pointer.to_be_bytes());
+                put(&mut c, 7, &allocation_length.to_be_bytes());
+            }
             Cdb::ModeSelect6 {
                 pf,
                 sp,
@@ -1383,6 +1425,7 @@ impl Cdb {
             Cdb::Inquiry { .. } => op::INQUIRY,
             Cdb::ModeSense6 { .. } => op::MODE_SENSE_6,
             Cdb::ModeSense10 { .. } => op::MODE_SENSE_10,
+            Cdb::LogSense { .. } => op::LOG_SENSE,
             Cdb::ModeSelect6 { .. } => op::MODE_SELECT_6,
             Cdb::ModeSelect10 { .. } => op::MODE_SELECT_10,
             Cdb::Read { rw, .. } => {
@@ -1495,6 +1538,9 @@ impl Cdb {
                 allocation_length, ..
             }
             | Cdb::ModeSense10 {
+                allocation_length, ..
+            }
+            | Cdb::LogSense {
                 allocation_length, ..
             }
             | Cdb::PersistentReserveIn {
@@ -1654,6 +1700,7 @@ fn is_known(opcode: u8) -> bool {
             | op::MODE_SENSE_10
             | op::MODE_SELECT_6
             | op::MODE_SELECT_10
+            | op::LOG_SENSE
             | op::READ_6
             | op::READ_10
             | op::READ_12
@@ -1790,12 +1837,13 @@ mod tests {
 
     #[test]
     fn unknown_opcodes_are_kept() {
-        let c = Cdb::decode(&[0x4d, 0, 0x40, 0, 0, 0, 0, 0, 0xfc, 0, 9, 9]).unwrap();
+        // LOG SELECT.
+        let c = Cdb::decode(&[0x4c, 0, 0x40, 0, 0, 0, 0, 0, 0xfc, 0, 9, 9]).unwrap();
         assert_eq!(
             c,
             Cdb::Unknown {
-                opcode: 0x4d,
-                bytes: vec![0x4d, 0, 0x40, 0, 0, 0, 0, 0, 0xfc, 0]
+                opcode: 0x4c,
+                bytes: vec![0x4c, 0, 0x40, 0, 0, 0, 0, 0, 0xfc, 0]
             }
         );
         assert_eq!(c.data_direction(), DataDirection::None);

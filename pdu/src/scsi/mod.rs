@@ -6,13 +6,14 @@
 //! `StandardInquiry::decode`, `VpdPage::decode`, `ReadCapacity10::decode`,
 //! `ReadCapacity16::decode`, `Lun::decode`, `ReportLuns::decode`,
 //! `ModeParameters::decode6/decode10`, `UnmapList::decode`,
-//! `PrOutData::decode`) are the fuzz entry points.
+//! `PrOutData::decode`, `LogPage::decode`) are the fuzz entry points.
 
 pub(crate) mod asc;
 pub(crate) mod capacity;
 pub mod cdb;
 pub(crate) mod error;
 pub(crate) mod inquiry;
+pub mod log;
 pub(crate) mod lun;
 pub mod mode;
 pub mod opcode;
@@ -31,9 +32,11 @@ pub use cdb::{
 pub use error::DataError;
 pub use inquiry::{Peripheral, StandardInquiry};
 pub use lun::{Lun, ReportLuns};
+pub use log::{LogBody, LogPage, LogParameter, ResourceCount, ResourceScope};
 pub use mode::{
-    BlockDescriptor, CachingPage, ControlPage, InformationalExceptionsPage, ModeHeader, ModePage,
-    ModeParameters,
+    BlockDescriptor, CachingPage, ControlPage, InformationalExceptionsPage,
+    LogicalBlockProvisioningPage, ModeHeader, ModePage, ModeParameters, ReadWriteErrorRecoveryPage,
+    ThresholdDescriptor,
 };
 pub use param::{
     PrOutData, PrOutParameters, RegisterAndMoveParameters, TransportId, UnmapDescriptor, UnmapList,

@@ -1,18 +1,24 @@
 //! Mode parameters (SPC-4 7.5): the MODE SENSE/SELECT(6/10) header, block
-//! descriptors, and the caching (08h), control (0Ah) and informational
-//! exceptions control (1Ch) pages.
+//! descriptors, and the read-write error recovery (01h), caching (08h),
+//! control (0Ah), informational exceptions control (1Ch) and logical block
+//! provisioning (1Ch/02h) pages.
 
 use super::error::{need, DataError};
 use super::wire::{be16, be32, be64, bit, flag, u8_at};
 
 /// Mode page codes modelled here.
 pub mod page {
+    /// Read-write error recovery mode page (SBC-4 6.5.10).
+    pub const READ_WRITE_ERROR_RECOVERY: u8 = 0x01;
     /// Caching mode page (SBC-3 6.4.5).
     pub const CACHING: u8 = 0x08;
     /// Control mode page (SPC-4 7.5.7).
     pub const CONTROL: u8 = 0x0a;
     /// Informational exceptions control mode page (SPC-4 7.5.10).
     pub const INFORMATIONAL_EXCEPTIONS: u8 = 0x1c;
+    /// Logical block provisioning mode page (SBC-4 6.5.9): page 1Ch,
+    /// this subpage.
+    pub const LOGICAL_BLOCK_PROVISIONING_SUBPAGE: u8 = 0x02;
     /// "Return all pages" in MODE SENSE.
     pub const ALL: u8 = 0x3f;
 }
@@ -157,15 +163,96 @@ pub struct InformationalExceptionsPage {
     pub report_count: u32,
 }
 
+/// Read-write error recovery mode page (01h, SBC-4 6.5.10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReadWriteErrorRecoveryPage {
+    /// PS: parameters savable.
+    pub ps: bool,
+    /// AWRE: automatic write reallocation enabled.
+    pub awre: bool,
+    /// ARRE: automatic read reallocation enabled.
+    pub arre: bool,
+    /// TB: transfer block.
+    pub tb: bool,
+    /// RC: read continuous.
+    pub rc: bool,
+    /// EER: enable early recovery.
+    pub eer: bool,
+    /// PER: post error.
+    pub per: bool,
+    /// DTE: data terminate on error.
+    pub dte: bool,
+    /// DCR: disable correction.
+    pub dcr: bool,
+    /// READ RETRY COUNT.
+    pub read_retry_count: u8,
+    /// LBPERE: logical block provisioning error reporting enabled; while
+    /// it is zero the device server establishes no THIN PROVISIONING SOFT
+    /// THRESHOLD REACHED unit attention (SBC-4 4.7.3.7.6).
+    pub lbpere: bool,
+    /// The other bits of byte 7 (MWR, misaligned write reporting, and
+    /// reserved bits), kept as sent (7 bits).
+    pub mwr: u8,
+    /// WRITE RETRY COUNT.
+    pub write_retry_count: u8,
+    /// RECOVERY TIME LIMIT (milliseconds).
+    pub recovery_time_limit: u16,
+}
+
+/// One threshold descriptor of the logical block provisioning mode page
+/// (SBC-4 6.5.9.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ThresholdDescriptor {
+    /// ENABLED.
+    pub enabled: bool,
+    /// THRESHOLD TYPE (3 bits): 000b soft threshold in threshold sets.
+    pub threshold_type: u8,
+    /// THRESHOLD ARMING (3 bits): 000b armed decreasing, 001b armed
+    /// increasing.
+    pub arming: u8,
+    /// THRESHOLD RESOURCE: 01h available LBA mapping resources, 02h used
+    /// ones (the parameter codes of the logical block provisioning log page).
+    pub resource: u8,
+    /// THRESHOLD COUNT: the centre of the threshold range, in threshold sets
+    /// (2^THRESHOLD EXPONENT logical blocks, VPD B2h).
+    pub count: u32,
+}
+
+/// Logical block provisioning mode page (1Ch/02h, SBC-4 6.5.9.1).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct LogicalBlockProvisioningPage {
+    /// PS: parameters savable.
+    pub ps: bool,
+    /// SITUA: a crossed threshold's unit attention goes to one I_T nexus
+    /// (the one of the next command) instead of every one.
+    pub situa: bool,
+    /// Threshold descriptors, 8 bytes each after 12 bytes of page fields.
+    pub thresholds: Vec<ThresholdDescriptor>,
+}
+
+/// Bytes between the logical block provisioning page's header and its
+/// first threshold descriptor (SITUA and reserved bytes 4-15).
+const LBP_FIELDS_LEN: usize = 12;
+/// One threshold descriptor.
+const THRESHOLD_DESCRIPTOR_LEN: usize = 8;
+/// The byte offset of the first threshold descriptor in the logical block
+/// provisioning page: the INFORMATION of a THIN PROVISIONING SOFT THRESHOLD
+/// REACHED unit attention about it (SBC-4 4.7.3.7.6).
+pub const FIRST_THRESHOLD_DESCRIPTOR_OFFSET: u64 = 4 + LBP_FIELDS_LEN as u64;
+
 /// A mode page.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ModePage {
+    /// 01h.
+    ReadWriteErrorRecovery(ReadWriteErrorRecoveryPage),
     /// 08h.
     Caching(CachingPage),
     /// 0Ah.
     Control(ControlPage),
     /// 1Ch.
     InformationalExceptions(InformationalExceptionsPage),
+    /// 1Ch/02h.
+    LogicalBlockProvisioning(LogicalBlockProvisioningPage),
     /// Any other page or subpage, raw.
     Other {
         /// PS.
@@ -194,9 +281,14 @@ impl ModePage {
     /// (PAGE CODE, SUBPAGE CODE).
     pub fn code(&self) -> (u8, Option<u8>) {
         match self {
+            Self::ReadWriteErrorRecovery(_) => (page::READ_WRITE_ERROR_RECOVERY, None),
             Self::Caching(_) => (page::CACHING, None),
             Self::Control(_) => (page::CONTROL, None),
             Self::InformationalExceptions(_) => (page::INFORMATIONAL_EXCEPTIONS, None),
+            Self::LogicalBlockProvisioning(_) => (
+                page::INFORMATIONAL_EXCEPTIONS,
+                Some(page::LOGICAL_BLOCK_PROVISIONING_SUBPAGE),
+            ),
             Self::Other {
                 page_code,
                 subpage_code,
@@ -209,6 +301,54 @@ impl ModePage {
     /// is truncated to what its length field can express.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let (code, ps, body) = match self {
+            Self::ReadWriteErrorRecovery(p) => {
+                let mut v = vec![0u8; CONTROL_LEN];
+                put(
+                    &mut v,
+                    0,
+                    &[
+                        flag(p.awre, 7)
+                            | flag(p.arre, 6)
+                            | flag(p.tb, 5)
+                            | flag(p.rc, 4)
+                            | flag(p.eer, 3)
+                            | flag(p.per, 2)
+                            | flag(p.dte, 1)
+                            | flag(p.dcr, 0),
+                        p.read_retry_count,
+                    ],
+                );
+                put(
+                    &mut v,
+                    5,
+                    &[flag(p.lbpere, 7) | (p.mwr & 0x7f), p.write_retry_count],
+                );
+                put(&mut v, 8, &p.recovery_time_limit.to_be_bytes());
+                (page::READ_WRITE_ERROR_RECOVERY, p.ps, v)
+            }
+            Self::LogicalBlockProvisioning(p) => {
+                // A page length is 16 bits: at most this many descriptors.
+                let most = (usize::from(u16::MAX) - LBP_FIELDS_LEN) / THRESHOLD_DESCRIPTOR_LEN;
+                let n = p.thresholds.len().min(most);
+                let len = LBP_FIELDS_LEN + n * THRESHOLD_DESCRIPTOR_LEN;
+                out.push(
+                    flag(p.ps, 7)
+                        | 0x40
+                        | page::INFORMATIONAL_EXCEPTIONS,
+                );
+                out.push(page::LOGICAL_BLOCK_PROVISIONING_SUBPAGE);
+                out.extend_from_slice(&(len as u16).to_be_bytes());
+                let mut fields = [0u8; LBP_FIELDS_LEN];
+                fields[0] = flag(p.situa, 0);
+                out.extend_from_slice(&fields);
+                for t in p.thresholds.iter().take(n) {
+                    out.push(flag(t.enabled, 7) | (t.threshold_type & 7) << 3 | (t.arming & 7));
+                    out.push(t.resource);
+                    out.extend_from_slice(&[0, 0]);
+                    out.extend_from_slice(&t.count.to_be_bytes());
+                }
+                return;
+            }
             Self::Caching(c) => {
                 let mut v = vec![0u8; CACHING_LEN];
                 put(
@@ -326,6 +466,12 @@ impl ModePage {
             let h = need(b, 4)?;
             let len = usize::from(be16(h, 2).unwrap_or(0));
             let data = need(b, 4 + len)?.get(4..).unwrap_or_default().to_vec();
+            let sub = u8_at(h, 1).unwrap_or(0);
+            if code == page::INFORMATIONAL_EXCEPTIONS
+                && sub == page::LOGICAL_BLOCK_PROVISIONING_SUBPAGE
+            {
+                return Ok((decode_lbp(ps, &data)?, 4 + len));
+            }
             let page = ModePage::Other {
                 ps,
                 page_code: code,
@@ -347,6 +493,25 @@ impl ModePage {
             }
         };
         let page = match code {
+            page::READ_WRITE_ERROR_RECOVERY => {
+                expect(CONTROL_LEN)?;
+                ModePage::ReadWriteErrorRecovery(ReadWriteErrorRecoveryPage {
+                    ps,
+                    awre: bit(at(0), 7),
+                    arre: bit(at(0), 6),
+                    tb: bit(at(0), 5),
+                    rc: bit(at(0), 4),
+                    eer: bit(at(0), 3),
+                    per: bit(at(0), 2),
+                    dte: bit(at(0), 1),
+                    dcr: bit(at(0), 0),
+                    read_retry_count: at(1),
+                    lbpere: bit(at(5), 7),
+                    mwr: at(5) & 0x7f,
+                    write_retry_count: at(6),
+                    recovery_time_limit: b16(8),
+                })
+            }
             page::CACHING => {
                 expect(CACHING_LEN)?;
                 ModePage::Caching(CachingPage {
@@ -423,6 +588,38 @@ impl ModePage {
         };
         Ok((page, 2 + len))
     }
+}
+
+/// The logical block provisioning page's fields after its 4-byte header:
+/// 12 bytes of page fields, then whole 8-byte threshold descriptors (a
+/// length that leaves part of one is refused, pointing at PAGE LENGTH).
+fn decode_lbp(ps: bool, d: &[u8]) -> Result<ModePage, DataError> {
+    let Some(descriptors) = d.get(LBP_FIELDS_LEN..) else {
+        return Err(DataError::InvalidField { byte: 2, bit: None });
+    };
+    if descriptors.len() % THRESHOLD_DESCRIPTOR_LEN != 0 {
+        return Err(DataError::InvalidField { byte: 2, bit: None });
+    }
+    let thresholds = descriptors
+        .chunks_exact(THRESHOLD_DESCRIPTOR_LEN)
+        .map(|t| {
+            let b0 = u8_at(t, 0).unwrap_or(0);
+            ThresholdDescriptor {
+                enabled: bit(b0, 7),
+                threshold_type: (b0 >> 3) & 7,
+                arming: b0 & 7,
+                resource: u8_at(t, 1).unwrap_or(0),
+                count: be32(t, 4).unwrap_or(0),
+            }
+        })
+        .collect();
+    Ok(ModePage::LogicalBlockProvisioning(
+        LogicalBlockProvisioningPage {
+            ps,
+            situa: bit(u8_at(d, 0).unwrap_or(0), 0),
+            thresholds,
+        },
+    ))
 }
 
 /// MODE SENSE data or a MODE SELECT parameter list.
