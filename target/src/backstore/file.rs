@@ -434,6 +434,19 @@ impl FileBackstore {
     }
 }
 
+/// A regular file's allocated bytes and the free space an unprivileged
+/// writer still has on its file system (`f_bavail`: the blocks reserved for
+/// root are not the daemon's to count on).
+pub(super) fn file_space(file: &File) -> io::Result<super::Space> {
+    use std::os::unix::fs::MetadataExt;
+    let used = file.metadata()?.blocks().saturating_mul(512);
+    let fs = rustix::fs::fstatvfs(file)?;
+    Ok(super::Space {
+        used,
+        available: fs.f_bavail.saturating_mul(fs.f_frsize),
+    })
+}
+
 impl Backstore for FileBackstore {
     fn capabilities(&self) -> super::Capabilities {
         super::Capabilities {
@@ -632,6 +645,13 @@ impl Backstore for FileBackstore {
             done += n as u64;
         }
         Ok(())
+    }
+
+    fn space(&self) -> io::Result<Option<super::Space>> {
+        if !self.regular {
+            return Ok(None);
+        }
+        Ok(Some(file_space(&self.file)?))
     }
 
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {

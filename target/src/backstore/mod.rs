@@ -89,6 +89,20 @@ pub struct Extent {
     pub mapped: bool,
 }
 
+/// The space a thin store takes and the space its writes may still take
+/// (SBC-4 4.7.3.7: used and available LBA mapping resources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    /// Bytes the store holds now (a sparse file's allocated blocks, a RAM
+    /// store's chunks).
+    pub used: u64,
+    /// Bytes new allocations may still take before a write fails for want
+    /// of space: the free space of the file system under a file (for an
+    /// unprivileged writer), or what the RAM LUNs' common limit still
+    /// allows. Other files and LUNs draw on it too.
+    pub available: u64,
+}
+
 /// Storage behind one logical unit, addressed in bytes.
 pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// Capacity in bytes (a multiple of the block size).
@@ -181,6 +195,14 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
         let _ = (offset, len);
         Ok(None)
     }
+    /// The space the store takes and may still take, for stores that
+    /// allocate as they are written (a sparse file, RAM); `None` for
+    /// stores whose space is all theirs from the start (a block device,
+    /// the null store), which then have no provisioning thresholds.
+    fn space(&self) -> io::Result<Option<Space>> {
+        Ok(None)
+    }
+
     /// What the store can do besides reading and writing blocks.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()

@@ -396,6 +396,28 @@ impl Backstore for RamBackstore {
         self.discard(offset, len)
     }
 
+    fn space(&self) -> io::Result<Option<super::Space>> {
+        // Leaves no write reached hold no chunk: only the others are looked at.
+        let used = {
+            let slots = self.slots();
+            let chunks: usize = slots
+                .leaves
+                .iter()
+                .filter_map(OnceLock::get)
+                .map(|leaf| {
+                    leaf.iter()
+                        .filter(|s| s.read().unwrap_or_else(|e| e.into_inner()).is_some())
+                        .count()
+                })
+                .sum();
+            chunks as u64 * CHUNK
+        };
+        Ok(Some(super::Space {
+            used,
+            available: self.budget.limit().saturating_sub(self.budget.held()),
+        }))
+    }
+
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {
         let slots = self.slots();
         slots.check(offset, len as usize)?;

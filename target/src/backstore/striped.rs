@@ -533,6 +533,24 @@ impl Backstore for StripedBackstore {
 
     /// Each member's map of its share, laid back onto the device stripe by
     /// stripe (a device range is mapped where its member's bytes are).
+    /// Used: every member's blocks. Available: the least any member's file
+    /// system has, since stripes fill the members evenly and the first
+    /// member out of space fails the writes that reach it.
+    fn space(&self) -> io::Result<Option<super::Space>> {
+        let mut total = super::Space {
+            used: 0,
+            available: u64::MAX,
+        };
+        for m in &self.members {
+            let Some(s) = m.space()? else {
+                return Ok(None);
+            };
+            total.used = total.used.saturating_add(s.used);
+            total.available = total.available.min(s.available);
+        }
+        Ok(Some(total))
+    }
+
     fn allocation(&self, offset: u64, len: u64) -> io::Result<Option<Vec<Extent>>> {
         self.check(offset, len)?;
         let end = offset + len;

@@ -165,6 +165,13 @@ impl LogicalUnit {
             // Backstore::discard guarantees deallocated blocks read as zero.
             lbprz: u8::from(thin),
             provisioning_type: if thin { 2 } else { 0 },
+            // Threshold sets of 1 MiB where the unit reports its space
+            // (the Logical Block Provisioning log and mode pages).
+            threshold_exponent: if self.reports_space() {
+                super::provisioning::threshold_exponent(self.cfg.block_size)
+            } else {
+                0
+            },
             ..LogicalBlockProvisioning::default()
         }
     }

@@ -145,6 +145,8 @@ pub(crate) struct LuState {
     /// Sanitize failure mode (SBC-4 4.11): `Some(ause)` of the failed
     /// operation.
     pub sanitize_failed: Option<bool>,
+    /// The soft threshold on the space left (SBC-4 4.7.3.7).
+    pub low_space: super::provisioning::LowSpace,
 }
 
 impl LuState {
@@ -248,6 +250,9 @@ pub struct LogicalUnit {
     /// Milliseconds after `born` of the last media command (0: none yet),
     /// for telling an operator whether a LUN is in use before removing it.
     last_media_ms: AtomicU64,
+    /// The store allocates as it is written and says how much space it
+    /// has (see [`super::provisioning`]).
+    pub(crate) store_reports_space: bool,
 }
 
 /// How busy a unit is, for the management plane's "in use" checks.
@@ -364,6 +369,7 @@ impl LogicalUnit {
                 medium_present: true,
                 sanitize: None,
                 sanitize_failed: None,
+                low_space: Default::default(),
             }),
             ranges: Arc::default(),
             abort: AbortSlot::default(),
@@ -373,6 +379,7 @@ impl LogicalUnit {
             stats: Arc::default(),
             born: Instant::now(),
             last_media_ms: AtomicU64::new(0),
+            store_reports_space: matches!(cfg.backstore.space(), Ok(Some(_))),
             cfg,
         }
     }
@@ -573,7 +580,7 @@ impl LogicalUnit {
             None
         };
         let outcome: CmdResult = if let Some(code) = ua {
-            Err(Failure::Check(Sense::unit_attention(code)))
+            Err(Failure::Check(super::provisioning::unit_attention(code)))
         } else if let Some(standby) = standby {
             Err(standby)
         } else if let Some(not_ready) = not_ready {
@@ -649,6 +656,7 @@ impl LogicalUnit {
             }
             ModeSense6 { .. } | ModeSense10 { .. } => self.mode_sense(cdb),
             ModeSelect6 { .. } | ModeSelect10 { .. } => self.mode_select(req, cdb),
+            LogSense { .. } => self.log_sense(cdb),
             Read { rw, .. } => self.read(rw),
             Write(rw) => self.write(rw, req.data_out),
             WriteAndVerify { rw, bytchk } => self.write_and_verify(rw, *bytchk, req.data_out),
@@ -855,7 +863,7 @@ impl LogicalUnit {
         let sense = {
             let mut st = self.lock();
             match st.ua.take(nexus) {
-                Some(code) => Sense::unit_attention(code),
+                Some(code) => super::provisioning::unit_attention(code),
                 None if st.res.unreadable() => reservations_unreadable(),
                 None => match st.sanitizing() {
                     Some(progress) => super::sanitize::in_progress_sense(progress),

@@ -21,6 +21,7 @@ mod mode;
 mod opcodes;
 mod outcome;
 mod param_bytes;
+mod provisioning;
 pub mod qos;
 mod range_lock;
 pub mod read_plan;
@@ -48,6 +49,8 @@ mod tests_explicit_alua;
 mod tests_media;
 #[cfg(test)]
 mod tests_pr;
+#[cfg(test)]
+mod tests_provisioning;
 #[cfg(test)]
 mod tests_sanitize;
 #[cfg(test)]

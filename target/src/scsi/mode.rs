@@ -1,5 +1,7 @@
-//! MODE SENSE and MODE SELECT (SPC-4 6.11-6.14): the caching, control and
-//! informational exceptions pages.
+//! MODE SENSE and MODE SELECT (SPC-4 6.11-6.14): the read-write error
+//! recovery, caching, control and informational exceptions pages, and the
+//! logical block provisioning subpage of units that report their space (see
+//! [`super::provisioning`]).
 //!
 //! Changeable: WCE (caching), D_SENSE and SWP (control). Nothing is saved
 //! across restarts, so PS is 0, SP=1 and PC=saved are refused with SAVING
@@ -120,22 +122,35 @@ impl LogicalUnit {
                 Some(FieldPointer::cdb(2, Some(7))),
             )));
         }
-        // Subpage FFh asks for all subpages too; there are none here.
-        if sub != 0 && sub != 0xff {
-            return Err(invalid_cdb(3, None));
-        }
         let (cur, wp) = {
             let st = self.lock();
             (st.mode, self.cfg.read_only || st.mode.swp)
         };
-        let all = pages(pc, cur, ModeState::defaults(&self.cfg));
-        let chosen: Vec<ModePage> = match code {
-            page::ALL => all.to_vec(),
-            page::CACHING | page::CONTROL | page::INFORMATIONAL_EXCEPTIONS => {
-                all.into_iter().filter(|p| p.code().0 == code).collect()
-            }
-            _ => return Err(invalid_cdb(2, Some(5))),
-        };
+        // In page code order, each page before its subpages.
+        let mut all = vec![self.error_recovery_mode_page(pc)];
+        all.extend(pages(pc, cur, ModeState::defaults(&self.cfg)));
+        all.extend(self.provisioning_mode_page(pc));
+        let known_page = code == page::ALL || all.iter().any(|p| p.code().0 == code);
+        if !known_page {
+            return Err(invalid_cdb(2, Some(5)));
+        }
+        // Subpage 00h: the page itself; FFh: the page and its subpages; any
+        // other: that subpage, which must exist.
+        let chosen: Vec<ModePage> = all
+            .into_iter()
+            .filter(|p| {
+                let (c, s) = p.code();
+                (code == page::ALL || c == code)
+                    && match sub {
+                        0 => s.is_none(),
+                        0xff => true,
+                        _ => s == Some(sub),
+                    }
+            })
+            .collect();
+        if chosen.is_empty() {
+            return Err(invalid_cdb(3, None));
+        }
         let blocks = self.blocks();
         let params = ModeParameters {
             header: ModeHeader {
@@ -224,6 +239,22 @@ impl LogicalUnit {
                 return Err(invalid_param(off as u16, Some(7)));
             }
             match p {
+                // Nothing of these is changeable: they may only restate
+                // the current values.
+                ModePage::ReadWriteErrorRecovery(_) | ModePage::LogicalBlockProvisioning(_) => {
+                    let current = match p {
+                        ModePage::ReadWriteErrorRecovery(_) => {
+                            Some(self.error_recovery_mode_page(PageControl::Current))
+                        }
+                        _ => self.provisioning_mode_page(PageControl::Current),
+                    };
+                    let Some(current) = current else {
+                        return Err(invalid_param(off as u16, Some(5)));
+                    };
+                    if *p != current {
+                        return Err(first_diff(&enc, &page_bytes(&current), off));
+                    }
+                }
                 ModePage::Caching(c) => {
                     let want = CachingPage {
                         wce: c.wce,

@@ -487,7 +487,9 @@ fn mode_sense_pages_and_select() {
     let r = run(&t, &a, &sense10(PageControl::Current, 0x3f), &[], 1024);
     assert_eq!(r.status, GOOD);
     let m = ModeParameters::decode10(&r.data_in).unwrap();
-    assert_eq!(m.pages.len(), 3);
+    // Read-write error recovery, caching, control, informational exceptions
+    // (subpages only with subpage FFh).
+    assert_eq!(m.pages.len(), 4);
     assert_eq!(m.block_descriptors[0].number_of_blocks, 2048);
     assert!(m.header.dpofua);
     let r = run(&t, &a, &sense10(PageControl::Changeable, 0x0a), &[], 1024);
