@@ -2108,3 +2108,107 @@ async fn answer_r2t(c: &mut Client, r: &blockwire_pdu::pdu::R2t, data: &[u8]) {
             .await;
     }
 }
+
+/// Soft-threshold unit attentions (THIN PROVISIONING SOFT THRESHOLD REACHED)
+/// `c` has pending: TEST UNIT READY until GOOD; any other unit attention
+/// fails the test.
+async fn soft_threshold_warnings(c: &mut Client) -> usize {
+    let seen = unit_attentions(c).await;
+    assert!(seen.iter().all(|&s| s == (0x38, 0x07)), "{seen:?}");
+    seen.len()
+}
+
+/// Polls `c` (every 100 ms, at most 5 s) for one soft-threshold warning.
+async fn wait_for_soft_threshold(c: &mut Client, what: &str) {
+    for _ in 0..50 {
+        match soft_threshold_warnings(c).await {
+            0 => tokio::time::sleep(Duration::from_millis(100)).await,
+            1 => return,
+            n => panic!("{n} warnings for one crossing {what}"),
+        }
+    }
+    panic!("no THIN PROVISIONING SOFT THRESHOLD REACHED within 5 s {what}");
+}
+
+/// A RAM LUN with `low_space_threshold` against a small `ram_limit`: once the
+/// RAM left falls below the threshold, an initiator hears THIN PROVISIONING
+/// SOFT THRESHOLD REACHED (the daemon's watcher looks once a second), once;
+/// a reload that raises the threshold sets it on the running unit (no LUN
+/// changes, sessions go on) and warns again; the log page tells the space.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_low_on_space_warns_its_initiators_and_a_reload_moves_the_threshold() {
+    use blockwire_initiator::{InitiatorConfig, Session};
+    let lun = |threshold: &str| {
+        format!(
+            "[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"64M\"\n\
+             low_space_threshold = \"{threshold}\"\n"
+        )
+    };
+    let mut d = Daemon::start_with_fabric("ram_limit = \"16M\"", |_| lun("8M")).await;
+    let portal = d.portal(1).await;
+    // The writer (blockwire's initiator, which sends a command that meets a
+    // unit attention again, as the SCSI mid-layer does) and a watcher on a
+    // nexus of its own.
+    let writer = Session::connect(
+        InitiatorConfig::new("iqn.2026-12.io.blockwire.test:thin-writer"),
+        &portal.to_string(),
+        TARGET,
+    )
+    .await
+    .expect("login");
+    let mut c = Client::login(portal, 1).await;
+    assert_eq!(unit_attentions(&mut c).await, [(0x29, 0x00)]);
+    let mib = vec![0x5au8; 1 << 20];
+    for m in 0..7 {
+        writer.write(0, m * 2048, 2048, &mib).await.expect("WRITE");
+    }
+    // 7 MiB held, 9 left of 16: above the threshold's range.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(soft_threshold_warnings(&mut c).await, 0);
+    for m in 7..9 {
+        writer.write(0, m * 2048, 2048, &mib).await.expect("WRITE");
+    }
+    // 7 left: below the range (7.5 to 8.5 MiB).
+    wait_for_soft_threshold(&mut c, "after the RAM left fell below the threshold").await;
+    // Lower still is no news: no second warning.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(soft_threshold_warnings(&mut c).await, 0, "warned twice");
+    let log = d._process.log_text();
+    assert_eq!(log.matches("low on space").count(), 1, "{log}");
+    assert!(log.contains("available=7340032 threshold=8388608"), "{log}");
+
+    // LOG SENSE, Logical Block Provisioning page: 7 MiB available (shared
+    // with the other RAM LUNs), 9 used, in 1 MiB threshold sets.
+    let (status, page) = c.run(&[0x4d, 0, 0x4c, 0, 0, 0, 0, 0, 64, 0], 64, &[]).await;
+    assert_eq!(status, 0);
+    let page = blockwire_pdu::scsi::LogPage::decode(&page[..28]).unwrap();
+    let count = |code| {
+        blockwire_pdu::scsi::ResourceCount::from_parameter(page.parameter(code).unwrap())
+            .unwrap()
+            .count
+    };
+    assert_eq!((count(1), count(2)), (7, 9));
+
+    // A reload raising the threshold to 12 MiB: the running unit takes it
+    // and, 7 MiB left, warns again.
+    let config = d._process.dir().join("two-groups.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("\"8M\"", "\"12M\"")).unwrap();
+    let v = d.call("config.reload", Value::Null).await;
+    let changes = v.to_string();
+    assert!(
+        changes.contains(&format!(
+            "low-space threshold of LUN 0 of {TARGET}: 12582912 bytes"
+        )),
+        "{changes}"
+    );
+    wait_for_soft_threshold(&mut c, "after the threshold rose above the RAM left").await;
+    let mut back = vec![0u8; 1 << 20];
+    writer
+        .read(0, 0, 2048, &mut back)
+        .await
+        .expect("READ on the same session");
+    assert!(back.iter().all(|&b| b == 0x5a));
+    // The file with the threshold starts again as it was changed.
+    d.restart().await;
+}

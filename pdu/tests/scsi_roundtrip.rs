@@ -128,19 +128,26 @@ mod scsi {
                     }
                 }
             ),
-            (any::<[bool; 2]>(), 0u8..4, 0u8..0x40, any::<u8>(), any::<[u16; 2]>()).prop_map(
-                |([sp, ppc], page_control, page_code, subpage_code, [pointer, alloc])| {
-                    Cdb::LogSense {
-                        sp,
-                        ppc,
-                        page_control,
-                        page_code,
-                        subpage_code,
-                        parameter_pointer: pointer,
-                        allocation_length: alloc,
+            (
+                any::<[bool; 2]>(),
+                0u8..4,
+                0u8..0x40,
+                any::<u8>(),
+                any::<[u16; 2]>()
+            )
+                .prop_map(
+                    |([sp, ppc], page_control, page_code, subpage_code, [pointer, alloc])| {
+                        Cdb::LogSense {
+                            sp,
+                            ppc,
+                            page_control,
+                            page_code,
+                            subpage_code,
+                            parameter_pointer: pointer,
+                            allocation_length: alloc,
+                        }
                     }
-                }
-            ),
+                ),
             (any::<bool>(), any::<bool>(), any::<u16>()).prop_map(
                 |(pf, sp, parameter_list_length)| {
                     Cdb::ModeSelect10 {
@@ -820,8 +827,13 @@ mod scsi {
                         extended_self_test_completion_time: st,
                     })
                 }),
-            (any::<[bool; 10]>(), any::<[u8; 2]>(), 0u8..0x80, any::<u16>()).prop_map(
-                |(f, [rr, wr], mwr, limit)| {
+            (
+                any::<[bool; 10]>(),
+                any::<[u8; 2]>(),
+                0u8..0x80,
+                any::<u16>()
+            )
+                .prop_map(|(f, [rr, wr], mwr, limit)| {
                     ModePage::ReadWriteErrorRecovery(ReadWriteErrorRecoveryPage {
                         ps: f[0],
                         awre: f[1],
@@ -838,11 +850,13 @@ mod scsi {
                         write_retry_count: wr,
                         recovery_time_limit: limit,
                     })
-                }
-            ),
+                }),
             (
                 any::<[bool; 2]>(),
-                vec((any::<bool>(), 0u8..8, 0u8..8, any::<u8>(), any::<u32>()), 0..6)
+                vec(
+                    (any::<bool>(), 0u8..8, 0u8..8, any::<u8>(), any::<u32>()),
+                    0..6
+                )
             )
                 .prop_map(|([ps, situa], ts)| {
                     ModePage::LogicalBlockProvisioning(LogicalBlockProvisioningPage {

@@ -426,21 +426,36 @@ pub(super) fn build_lun(
         }
         lu.sanitize_min_duration = std::time::Duration::from_secs(*secs.get_ref());
     }
+    let low_space = low_space_threshold(ctx, l, kind)?;
     let stalled = l.stalled;
     lu.serial = serial;
     lu.naa_id = naa;
     lu.pr_state_path = pr_state_path;
     lu.qos = limits;
+    let stood_in = ctx.no_disk || ctx.dry_run;
     let unit = match kept {
         // A kept unit stays as it runs (its stall switch too); the change
-        // gives it its new QoS ceilings.
-        Some(unit) => unit,
+        // gives it its new QoS ceilings and low-space threshold.
+        Some(unit) => {
+            if let Some((span, _)) = low_space.as_ref().filter(|_| !unit.reports_space()) {
+                return Err(no_threshold_here(ctx, span.clone(), &unit));
+            }
+            unit
+        }
         None => {
-            let unit = LogicalUnit::new(lu);
+            let unit = Arc::new(LogicalUnit::new(lu));
             if stalled {
                 unit.set_stalled(true);
             }
-            Arc::new(unit)
+            // A stand-in (--check, --no-disk) has no space to watch.
+            if let Some((span, bytes)) = low_space.filter(|_| !stood_in) {
+                if !unit.reports_space() {
+                    return Err(no_threshold_here(ctx, span, &unit));
+                }
+                unit.set_low_space_threshold(Some(bytes))
+                    .map_err(|e| ctx.err(span, "target.lun.low_space_threshold", e.to_string()))?;
+            }
+            unit
         }
     };
     // What the operator asked of the LUN's data; the fabric
@@ -458,6 +473,54 @@ pub(super) fn build_lun(
     };
     let asked = policy.engine_reads.is_some() || policy.sendfile || policy.double_buffered_writes;
     Ok((unit, asked.then_some(policy), limits))
+}
+
+/// `low_space_threshold` of LUN `l` (a `kind` LUN) with its place: a size
+/// of at least one byte; refused for the null store outright (other stores
+/// are asked when they open).
+fn low_space_threshold(
+    ctx: &Ctx<'_>,
+    l: &LunDef,
+    kind: &str,
+) -> Result<Option<(std::ops::Range<usize>, u64)>, ConfigError> {
+    let Some(t) = &l.low_space_threshold else {
+        return Ok(None);
+    };
+    let key = "target.lun.low_space_threshold";
+    let Some(bytes) = parse_size(t.get_ref()).filter(|&n| n > 0) else {
+        return Err(ctx.err(
+            t.span(),
+            key,
+            format!(
+                "{:?} is not a size (write e.g. \"2G\" or \"500M\": the free space below which initiators are warned)",
+                t.get_ref()
+            ),
+        ));
+    };
+    if kind == "null" {
+        return Err(ctx.err(
+            t.span(),
+            key,
+            "a null LUN takes no space; remove low_space_threshold",
+        ));
+    }
+    Ok(Some((t.span(), bytes)))
+}
+
+fn no_threshold_here(
+    ctx: &Ctx<'_>,
+    span: std::ops::Range<usize>,
+    unit: &LogicalUnit,
+) -> ConfigError {
+    ctx.err(
+        span,
+        "target.lun.low_space_threshold",
+        format!(
+            "{} does not take space as it is written (a block device, or a LUN without thin \
+             provisioning), so it cannot run low; remove low_space_threshold",
+            unit.config().backstore.describe()
+        ),
+    )
 }
 
 /// The least `bandwidth_limit`: below it a single large command would wait

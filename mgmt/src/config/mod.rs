@@ -412,6 +412,16 @@ pub struct LunDef {
     /// with the backing file: unfinished atomic writes are replayed from it
     /// when the LUN opens.
     pub atomic_journal: Option<Located<PathBuf>>,
+    /// Thin provisioning soft threshold (SBC-4 4.7.3.7), a size such as
+    /// "2G": when the space this LUN's writes allocate from falls below it
+    /// (the free space of the file system under a file or striped LUN, what
+    /// `[fabric] ram_limit` still allows the RAM LUNs), every initiator
+    /// hears THIN PROVISIONING SOFT THRESHOLD REACHED once, while writes
+    /// still succeed; it warns again only after the space rose above it.
+    /// Looked at once a second. Off by default; not for the null store or a
+    /// block device, whose space does not run out under them. Changed live
+    /// by a reload (SIGHUP, `config.reload`), on the running unit.
+    pub low_space_threshold: Option<Located<String>>,
     /// Quality of service: at most this many media commands (READ, WRITE,
     /// UNMAP, ...) per second; a command over it waits its turn before it
     /// starts. Changed live by a reload or `lun.limit`.

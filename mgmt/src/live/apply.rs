@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     in_use, iser_keys, lun_defs, place_in_rendering, portal_pairs, same_unit, size_of, Applied,
-    ChangeMode, Live, LiveError, Running,
+    ChangeMode, Live, LiveError, Running, LOW_SPACE_KEY,
 };
 use crate::config::{Built, ConfigError, IsnsSettings, Rebuild, Reuse, TargetConfig};
 use crate::isns::{Client, Registration};
@@ -56,6 +56,7 @@ impl Live {
         let old_by_name = old.targets_by_name();
         let mut reuse = Reuse::new();
         let mut resizes: Vec<Resize> = Vec::new();
+        let mut thresholds: Vec<Threshold> = Vec::new();
         for (key, def) in lun_defs(&doc) {
             let Some(before) = old_luns.get(&key) else {
                 continue;
@@ -72,6 +73,11 @@ impl Live {
                         ))
                     })?;
                     resizes.push((key.clone(), unit.clone(), size));
+                }
+                if before.get(LOW_SPACE_KEY) != def.get(LOW_SPACE_KEY) {
+                    // The check below refuses a value that is not a size.
+                    let bytes = def.get(LOW_SPACE_KEY).and_then(size_of);
+                    thresholds.push((key.clone(), unit.clone(), bytes));
                 }
                 reuse.insert(key, unit);
             }
@@ -146,6 +152,7 @@ impl Live {
         self.open_portals(running, &coming, &leaving, dry, &mut applied)
             .await?;
         resize_units(resizes, dry, &mut applied)?;
+        set_thresholds(thresholds, dry, &mut applied)?;
 
         let targets = self.merge_targets(&new, &old_by_name, dry, &mut applied);
         if old.discovery_auth != new.discovery_auth {
@@ -622,6 +629,36 @@ fn busy_units(
         }
     }
     busy
+}
+
+/// A kept unit whose low-space threshold a change sets (or removes).
+type Threshold = ((String, u16), Arc<LogicalUnit>, Option<u64>);
+
+/// Gives kept units their new low-space thresholds (a dry run only says so).
+fn set_thresholds(
+    thresholds: Vec<Threshold>,
+    dry: bool,
+    applied: &mut Applied,
+) -> Result<(), LiveError> {
+    for (key, unit, bytes) in thresholds {
+        if !dry {
+            unit.set_low_space_threshold(bytes).map_err(|e| {
+                LiveError::Failed(format!(
+                    "low-space threshold of LUN {} of {}: {e}",
+                    key.1, key.0
+                ))
+            })?;
+        }
+        applied.changes.push(match bytes {
+            Some(b) => format!(
+                "low-space threshold of LUN {} of {}: {b} bytes (initiators hear THIN \
+                 PROVISIONING SOFT THRESHOLD REACHED when less is left)",
+                key.1, key.0
+            ),
+            None => format!("low-space threshold of LUN {} of {}: none", key.1, key.0),
+        });
+    }
+    Ok(())
 }
 
 /// Resizes the units whose size changed (a dry run only says so).

@@ -588,6 +588,9 @@ pub fn strings<'a>(t: &'a Table, key: &str) -> impl Iterator<Item = &'a str> + '
         .filter_map(Value::as_str)
 }
 
+/// A LUN's low-space threshold: changed on the running unit.
+pub(super) const LOW_SPACE_KEY: &str = "low_space_threshold";
+
 /// A LUN's QoS ceilings: changed on the running unit.
 const QOS_KEYS: [&str; 4] = [
     "iops_limit",
@@ -600,7 +603,8 @@ const QOS_KEYS: [&str; 4] = [
 /// size (a resize) and the stall switch (a start-up option).
 fn same_unit(a: &Table, b: &Table) -> bool {
     // QoS ceilings change on the running unit.
-    let of_the_unit = |k: &str| !matches!(k, "size" | "stalled") && !QOS_KEYS.contains(&k);
+    let of_the_unit =
+        |k: &str| !matches!(k, "size" | "stalled" | LOW_SPACE_KEY) && !QOS_KEYS.contains(&k);
     let count = |t: &Table| t.keys().filter(|k| of_the_unit(k)).count();
     count(a) == count(b)
         && a.iter()

@@ -31,8 +31,8 @@ pub use cdb::{
 };
 pub use error::DataError;
 pub use inquiry::{Peripheral, StandardInquiry};
-pub use lun::{Lun, ReportLuns};
 pub use log::{LogBody, LogPage, LogParameter, ResourceCount, ResourceScope};
+pub use lun::{Lun, ReportLuns};
 pub use mode::{
     BlockDescriptor, CachingPage, ControlPage, InformationalExceptionsPage,
     LogicalBlockProvisioningPage, ModeHeader, ModePage, ModeParameters, ReadWriteErrorRecoveryPage,

@@ -331,11 +331,7 @@ impl ModePage {
                 let most = (usize::from(u16::MAX) - LBP_FIELDS_LEN) / THRESHOLD_DESCRIPTOR_LEN;
                 let n = p.thresholds.len().min(most);
                 let len = LBP_FIELDS_LEN + n * THRESHOLD_DESCRIPTOR_LEN;
-                out.push(
-                    flag(p.ps, 7)
-                        | 0x40
-                        | page::INFORMATIONAL_EXCEPTIONS,
-                );
+                out.push(flag(p.ps, 7) | 0x40 | page::INFORMATIONAL_EXCEPTIONS);
                 out.push(page::LOGICAL_BLOCK_PROVISIONING_SUBPAGE);
                 out.extend_from_slice(&(len as u16).to_be_bytes());
                 let mut fields = [0u8; LBP_FIELDS_LEN];

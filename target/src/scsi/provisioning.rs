@@ -162,7 +162,7 @@ pub(crate) fn unit_attention(code: Asc) -> Sense {
 impl LogicalUnit {
     /// Whether the unit reports provisioning resources and thresholds: a
     /// thin unit whose store allocates as it is written.
-    pub(crate) fn reports_space(&self) -> bool {
+    pub fn reports_space(&self) -> bool {
         self.cfg.thin_provisioning && self.store_reports_space
     }
 
@@ -306,7 +306,11 @@ impl LogicalUnit {
                         available: 0,
                     });
                 let params = [
-                    (lbp_parameter::AVAILABLE, space.available, ResourceScope::Shared),
+                    (
+                        lbp_parameter::AVAILABLE,
+                        space.available,
+                        ResourceScope::Shared,
+                    ),
                     (
                         lbp_parameter::USED,
                         space.used.div_ceil(THRESHOLD_SET_BYTES) * THRESHOLD_SET_BYTES,

@@ -33,7 +33,11 @@ fn write_mib(t: &LunTable, n: &ItNexus, from: u64, to: u64) -> usize {
     let data = vec![0x5au8; MIB as usize];
     let mut warned = 0;
     for m in from..to {
-        let cdb = c(Cdb::Write(rw(CdbSize::Ten, m * MIB / 512, (MIB / 512) as u32)));
+        let cdb = c(Cdb::Write(rw(
+            CdbSize::Ten,
+            m * MIB / 512,
+            (MIB / 512) as u32,
+        )));
         loop {
             let r = run(t, n, &cdb, &data, 0);
             if r.status == GOOD {
@@ -150,7 +154,10 @@ fn a_ram_lun_warns_every_initiator_once_as_the_ram_limit_nears() {
     };
     let d = page.thresholds[0];
     assert!(d.enabled && !page.situa);
-    assert_eq!((d.threshold_type, d.arming, d.resource, d.count), (0, 0, 1, 8));
+    assert_eq!(
+        (d.threshold_type, d.arming, d.resource, d.count),
+        (0, 0, 1, 8)
+    );
     let [ModePage::ReadWriteErrorRecovery(er)] = &mode_pages(&t, &a, 0x01, 0)[..] else {
         panic!("no read-write error recovery page");
     };
@@ -269,7 +276,13 @@ fn log_sense_refuses_what_it_does_not_keep() {
         .collect();
     assert_eq!(
         codes,
-        [(0x01, None), (0x08, None), (0x0a, None), (0x1c, None), (0x1c, Some(0x02))]
+        [
+            (0x01, None),
+            (0x08, None),
+            (0x0a, None),
+            (0x1c, None),
+            (0x1c, Some(0x02))
+        ]
     );
 }
 
@@ -369,7 +382,11 @@ fn a_sparse_file_lun_warns_before_its_file_system_fills_and_then_fails_writes_cl
     let data = vec![0x5au8; MIB as usize];
     let mut refused = None;
     for m in 24..64 {
-        let cdb = c(Cdb::Write(rw(CdbSize::Ten, m * MIB / 512, (MIB / 512) as u32)));
+        let cdb = c(Cdb::Write(rw(
+            CdbSize::Ten,
+            m * MIB / 512,
+            (MIB / 512) as u32,
+        )));
         let r = run(&t, &a, &cdb, &data, 0);
         if r.status != GOOD {
             refused = Some((m, r));
