@@ -32,6 +32,11 @@
 #                                       WRITE USING TOKEN (ODX) sent exactly by sg_raw and by
 #                                       sg3_utils' ddpt --odx and ddptctl, the block device zero
 #                                       token, forged and deleted tokens refused, EXTENDED COPY
+#   interop/kernel/guest-thin.sh        thin provisioning with a soft threshold: a sparse file LUN
+#                                       on a small tmpfs; sg_vpd, sg_logs and sg_modes read the
+#                                       provisioning pages; sd logs the soft threshold once and
+#                                       sends its uevent; a full file system fails the write that
+#                                       finds no space (DATA PROTECT) and nothing written before
 #   interop/kernel/guest-ocfs2.sh       two guests on one private link: an OCFS2 cluster (o2cb,
 #                                       disk heartbeat) of two kernel nodes on one blockwire LUN
 #                                       served by node1; shared writes, a target restart under
@@ -165,7 +170,7 @@ run_ocfs2() {
     [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
 }
 
-suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic offload}
+suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic offload thin}
 failed=() died=()
 for s in $suites; do
     out=$build/kernel-lab/$s
