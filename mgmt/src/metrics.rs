@@ -190,6 +190,62 @@ fn luns(fabric: &Fabric) -> Vec<IoRow> {
 fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
     io_metrics(e, "blockwire_lun", "the logical unit", "", &luns(fabric));
     qos_metrics(e, fabric);
+    space_metrics(e, fabric);
+}
+
+/// Each thin LUN's space (stores that allocate as they are written: sparse
+/// files, RAM) and its low-space threshold, if it has one.
+fn space_metrics(e: &mut Exposition, fabric: &Fabric) {
+    let catalog = fabric.catalog();
+    let mut rows = Vec::new();
+    for t in &catalog.targets {
+        for (id, lu) in t.luns.units() {
+            if !lu.reports_space() {
+                continue;
+            }
+            // A store that cannot say now (an I/O error) has no sample.
+            let Ok(Some(space)) = lu.config().backstore.space() else {
+                continue;
+            };
+            rows.push((
+                t.name.as_str(),
+                id.to_string(),
+                space,
+                lu.low_space_threshold(),
+            ));
+        }
+    }
+    let name = "blockwire_lun_space_used_bytes";
+    e.family(
+        name,
+        "gauge",
+        "Bytes the thin LUN's store holds (a sparse file's allocated blocks, a RAM LUN's chunks).",
+    );
+    for (target, lun, space, _) in &rows {
+        e.sample(name, &[("target", target), ("lun", lun)], space.used);
+    }
+    let name = "blockwire_lun_space_available_bytes";
+    e.family(
+        name,
+        "gauge",
+        "Bytes the thin LUN's writes may still allocate: the free space of its file system, or \
+         what ram_limit still allows the RAM LUNs (other files and LUNs draw on it too).",
+    );
+    for (target, lun, space, _) in &rows {
+        e.sample(name, &[("target", target), ("lun", lun)], space.available);
+    }
+    let name = "blockwire_lun_low_space_threshold_bytes";
+    e.family(
+        name,
+        "gauge",
+        "The LUN's low_space_threshold: below it initiators hear THIN PROVISIONING SOFT \
+         THRESHOLD REACHED; no series: none.",
+    );
+    for (target, lun, _, threshold) in &rows {
+        if let Some(t) = threshold {
+            e.sample(name, &[("target", target), ("lun", lun)], *t);
+        }
+    }
 }
 
 /// Each LUN's QoS ceilings (LUNs with any) and what they held back.

@@ -51,7 +51,7 @@ fn start_with(group: &str, lun1: &str) -> (Daemon, SocketAddr, SocketAddr) {
              [fabric]\nnop_interval_secs = 0\n\n\
              [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:0\"]\n{group}\n\
              [[target]]\nname = \"{IQN}\"\n\n\
-             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\nlow_space_threshold = \"1M\"\n\n\
              [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = \"{}\"\nsize = \"8M\"\n\
              iops_limit = 1000\n{lun1}\n",
             file.display()
@@ -267,6 +267,14 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
         // LUN 0's three 64 KiB WRITEs fell in its first 1 MiB chunk.
         ("blockwire_ram_bytes".to_owned(), 1048576.0),
         (
+            format!("blockwire_lun_space_used_bytes{{target=\"{IQN}\",lun=\"0\"}}"),
+            1048576.0,
+        ),
+        (
+            format!("blockwire_lun_low_space_threshold_bytes{{target=\"{IQN}\",lun=\"0\"}}"),
+            1048576.0,
+        ),
+        (
             "blockwire_task_management_total{function=\"logical_unit_reset\",response=\"function_complete\"}"
                 .to_owned(),
             1.0,
@@ -285,6 +293,22 @@ fn the_exposition_counts_the_traffic_and_passes_promtool() {
         &series("blockwire_lun_command_duration_seconds_sum", 0, "read"),
     );
     assert!(sum.is_some_and(|s| s > 0.0), "{text}");
+    // The file LUN's space: its blocks of the two WRITEs, and what its file
+    // system has left; no threshold, no threshold series.
+    let on_lun1 = |name: &str| sample(&text, &format!("{name}{{target=\"{IQN}\",lun=\"1\"}}"));
+    assert!(
+        on_lun1("blockwire_lun_space_used_bytes").is_some_and(|b| b >= 131072.0),
+        "{text}"
+    );
+    assert!(
+        on_lun1("blockwire_lun_space_available_bytes").is_some_and(|b| b > 0.0),
+        "{text}"
+    );
+    assert_eq!(
+        on_lun1("blockwire_lun_low_space_threshold_bytes"),
+        None,
+        "{text}"
+    );
     // LUN 0 has no ceiling: no limit series.
     let no_limit = format!("blockwire_lun_qos_iops_limit{{target=\"{IQN}\",lun=\"0\"}}");
     assert_eq!(sample(&text, &no_limit), None, "{text}");
