@@ -2209,6 +2209,24 @@ async fn a_lun_low_on_space_warns_its_initiators_and_a_reload_moves_the_threshol
         .await
         .expect("READ on the same session");
     assert!(back.iter().all(|&b| b == 0x5a));
+    // A block device takes no space as it is written: a threshold on it is
+    // refused, by name, and nothing changes.
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("loop.img");
+    std::fs::write(&backing, vec![0u8; 3 << 20]).unwrap();
+    let device = loop_device::LoopDevice::over(&backing);
+    let e = d
+        .refusal(
+            "lun.add",
+            json!({"target": TARGET, "lun": {"id": 1, "backstore": "file",
+                   "path": device.0.display().to_string(), "low_space_threshold": "1M"}}),
+        )
+        .await;
+    assert!(
+        e.contains("target.lun.low_space_threshold")
+            && e.contains("does not take space as it is written"),
+        "{e}"
+    );
     // The file with the threshold starts again as it was changed.
     d.restart().await;
 }

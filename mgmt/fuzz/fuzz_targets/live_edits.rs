@@ -63,6 +63,7 @@ const SERIALS: &[&str] = &["disk-1", "DISK-1", "disk-2"];
 const LUN_IDS: &[i64] = &[0, 1, 2, 16383, 16384];
 const IOPS: &[i64] = &[0, 1, 500, 1_000_000];
 const BANDWIDTHS: &[&str] = &["1M", "100M", "64K", "none", "0", "fast"];
+const THRESHOLDS: &[&str] = &["1M", "100M", "1T", "0", "low"];
 const FILES: &[&str] = &["f0.img", "f1.img", "sub/../f0.img", "f1.img.atomic-journal"];
 
 const SCRATCH_PREFIX: &str = "blockwire-fuzz-live-";
@@ -268,7 +269,7 @@ fn edit_file(c: &mut Choices<'_>, doc: &mut toml::Table) {
     let Some(l) = luns[usize::from(c.byte()) % n].as_table_mut() else {
         return;
     };
-    let (key, value) = match c.byte() % 13 {
+    let (key, value) = match c.byte() % 14 {
         0 => ("size", Some(V::String(c.pick(SIZES).into()))),
         1 => ("serial", c.flag().then(|| V::String(c.pick(SERIALS).into()))),
         2 => ("uuid", c.flag().then(|| V::String(c.pick(UUIDS).into()))),
@@ -283,6 +284,10 @@ fn edit_file(c: &mut Choices<'_>, doc: &mut toml::Table) {
         11 => (
             "initiator_bandwidth_limit",
             c.flag().then(|| V::String(c.pick(BANDWIDTHS).into())),
+        ),
+        12 => (
+            "low_space_threshold",
+            c.flag().then(|| V::String(c.pick(THRESHOLDS).into())),
         ),
         _ => ("id", Some(V::Integer(c.pick(LUN_IDS)))),
     };
@@ -314,8 +319,14 @@ fn served(c: &Catalog) -> Served {
                     .iter()
                     .map(|(id, lu)| {
                         let cfg = lu.config();
+                        // The start this is compared with stands in for
+                        // files (--no-disk), which then have no space and
+                        // no threshold: RAM LUNs' thresholds are compared.
+                        let threshold = lu
+                            .low_space_threshold()
+                            .filter(|_| cfg.backstore.describe().starts_with("ram"));
                         format!(
-                            "{id}: {} blocks of {}, serial {:?}, naa {:x}, pr {:?}, qos {}",
+                            "{id}: {} blocks of {}, serial {:?}, naa {:x}, pr {:?}, qos {}, low space {threshold:?}",
                             lu.blocks(),
                             lu.block_size(),
                             cfg.serial,
@@ -350,8 +361,8 @@ fn units(c: &Catalog) -> HashMap<(String, u16), Arc<LogicalUnit>> {
     out
 }
 
-/// Each LUN's definition in the document, size, stall switch and QoS
-/// ceilings aside.
+/// Each LUN's definition in the document, size, stall switch, QoS ceilings
+/// and low-space threshold aside.
 fn definitions(doc: &toml::Table) -> HashMap<(String, u16), toml::Table> {
     let mut out = HashMap::new();
     for t in tables(doc, "target") {
@@ -366,6 +377,7 @@ fn definitions(doc: &toml::Table) -> HashMap<(String, u16), toml::Table> {
                 "bandwidth_limit",
                 "initiator_iops_limit",
                 "initiator_bandwidth_limit",
+                "low_space_threshold",
             ] {
                 def.remove(key);
             }

@@ -432,28 +432,36 @@ pub(super) fn build_lun(
     lu.naa_id = naa;
     lu.pr_state_path = pr_state_path;
     lu.qos = limits;
-    let stood_in = ctx.no_disk || ctx.dry_run;
+    // Files and striped members are stood in for (--check, --no-disk, a dry
+    // run's new units): a stand-in has no space to watch, and says nothing
+    // about whether the file it stands for has.
+    let on_files = kind == "file" || kind == "striped";
     let unit = match kept {
         // A kept unit stays as it runs (its stall switch too); the change
         // gives it its new QoS ceilings and low-space threshold.
         Some(unit) => {
-            if let Some((span, _)) = low_space.as_ref().filter(|_| !unit.reports_space()) {
-                return Err(no_threshold_here(ctx, span.clone(), &unit));
+            let stand_in = ctx.no_disk && on_files;
+            if let Some((span, _)) = low_space.as_ref() {
+                if !unit.reports_space() && !stand_in {
+                    return Err(no_threshold_here(ctx, span.clone(), &unit));
+                }
             }
             unit
         }
         None => {
+            let stand_in = (ctx.no_disk || ctx.dry_run) && on_files;
             let unit = Arc::new(LogicalUnit::new(lu));
             if stalled {
                 unit.set_stalled(true);
             }
-            // A stand-in (--check, --no-disk) has no space to watch.
-            if let Some((span, bytes)) = low_space.filter(|_| !stood_in) {
-                if !unit.reports_space() {
+            if let Some((span, bytes)) = low_space {
+                if unit.reports_space() {
+                    unit.set_low_space_threshold(Some(bytes)).map_err(|e| {
+                        ctx.err(span, "target.lun.low_space_threshold", e.to_string())
+                    })?;
+                } else if !stand_in {
                     return Err(no_threshold_here(ctx, span, &unit));
                 }
-                unit.set_low_space_threshold(Some(bytes))
-                    .map_err(|e| ctx.err(span, "target.lun.low_space_threshold", e.to_string()))?;
             }
             unit
         }

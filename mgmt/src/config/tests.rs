@@ -1561,3 +1561,54 @@ fn a_control_change_read_from_its_document_is_read_as_its_rendering_would_be() {
         "{built} built, {refused} refused"
     );
 }
+
+#[test]
+fn a_low_space_threshold_is_a_size_on_a_store_that_takes_space_as_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("thin.img");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {file:?}\nsize = \"8M\"\nlow_space_threshold = \"3M\"\n"
+        )),
+    )
+    .unwrap();
+    let unit = b.catalog.targets[0].luns.get(0).unwrap();
+    assert_eq!(unit.low_space_threshold(), Some(3 << 20));
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"8M\"\nlow_space_threshold = \"1536K\"\n"),
+    )
+    .unwrap();
+    // Rounded to whole 1 MiB threshold sets.
+    assert_eq!(
+        b.catalog.targets[0].luns.get(0).unwrap().low_space_threshold(),
+        Some(2 << 20)
+    );
+
+    let bad = |lun: &str| TargetConfig::from_str("t.toml", &one_lun(lun)).expect_err(lun);
+    for (value, why) in [("0", "not a size"), ("plenty", "not a size")] {
+        let e = bad(&format!(
+            "backstore = \"ram\"\nsize = \"8M\"\nlow_space_threshold = \"{value}\"\n"
+        ));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (12, "target.lun.low_space_threshold"),
+            "{e}"
+        );
+        assert!(e.message.contains(why), "{value}: {e}");
+    }
+    let e = bad("backstore = \"null\"\nsize = \"8M\"\nlow_space_threshold = \"1M\"\n");
+    assert_eq!(e.field, "target.lun.low_space_threshold", "{e}");
+    assert!(e.message.contains("a null LUN takes no space"), "{e}");
+    // --check stands in for the file and accepts the threshold.
+    let missing = dir.path().join("later.img");
+    let report = TargetConfig::check_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {missing:?}\nsize = \"8M\"\nlow_space_threshold = \"1M\"\n"
+        )),
+        LoadOptions::default(),
+    );
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+}

@@ -641,6 +641,11 @@ fn set_thresholds(
     applied: &mut Applied,
 ) -> Result<(), LiveError> {
     for (key, unit, bytes) in thresholds {
+        // The check refused a threshold for a unit without space; what is
+        // left of those are --no-disk stand-ins for files.
+        if bytes.is_some() && !unit.reports_space() {
+            continue;
+        }
         if !dry {
             unit.set_low_space_threshold(bytes).map_err(|e| {
                 LiveError::Failed(format!(
