@@ -1582,7 +1582,11 @@ fn a_low_space_threshold_is_a_size_on_a_store_that_takes_space_as_it_is_written(
     .unwrap();
     // Rounded to whole 1 MiB threshold sets.
     assert_eq!(
-        b.catalog.targets[0].luns.get(0).unwrap().low_space_threshold(),
+        b.catalog.targets[0]
+            .luns
+            .get(0)
+            .unwrap()
+            .low_space_threshold(),
         Some(2 << 20)
     );
 
