@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use blockwire_mgmt::config::{LoadOptions, TargetConfig};
+use blockwire_mgmt::config::{parse_size, LoadOptions, TargetConfig};
 use blockwire_mgmt::control::Control;
 use blockwire_mgmt::live::{parse_doc, tables, Live, Source};
 use blockwire_target::iscsi::catalog::Catalog;
@@ -319,14 +319,8 @@ fn served(c: &Catalog) -> Served {
                     .iter()
                     .map(|(id, lu)| {
                         let cfg = lu.config();
-                        // The start this is compared with stands in for
-                        // files (--no-disk), which then have no space and
-                        // no threshold: RAM LUNs' thresholds are compared.
-                        let threshold = lu
-                            .low_space_threshold()
-                            .filter(|_| cfg.backstore.describe().starts_with("ram"));
                         format!(
-                            "{id}: {} blocks of {}, serial {:?}, naa {:x}, pr {:?}, qos {}, low space {threshold:?}",
+                            "{id}: {} blocks of {}, serial {:?}, naa {:x}, pr {:?}, qos {}",
                             lu.blocks(),
                             lu.block_size(),
                             cfg.serial,
@@ -580,6 +574,31 @@ async fn run(input: &[u8]) {
             }
         }
         restamp(round, &after, &mut stamps);
+
+        // Low-space thresholds: the fresh start above stands in for every
+        // store (--no-disk), so each serving unit is held to its document
+        // instead: the threshold written there, in whole 1 MiB sets.
+        for (key, lu) in &after_units {
+            let written = tables(&after_doc, "target")
+                .filter(|t| {
+                    t.get("name")
+                        .and_then(toml::Value::as_str)
+                        .is_some_and(|n| n.trim().eq_ignore_ascii_case(&key.0))
+                })
+                .flat_map(|t| tables(t, "lun"))
+                .find(|l| l.get("id").and_then(toml::Value::as_integer) == Some(i64::from(key.1)))
+                .and_then(|l| l.get("low_space_threshold"))
+                .and_then(toml::Value::as_str)
+                .and_then(parse_size);
+            let want = written
+                .filter(|_| lu.reports_space())
+                .map(|b| ((b + (1 << 19)) >> 20).max(1) << 20);
+            assert_eq!(
+                lu.low_space_threshold(),
+                want,
+                "after {method} {params} ({reply}): LUN {key:?}'s low-space threshold is not its document's\n{after_text}"
+            );
+        }
 
         if method == "config.save" && ok {
             let again = json!({"jsonrpc": "2.0", "id": 0, "method": "config.reload", "params": {}});

@@ -432,15 +432,15 @@ pub(super) fn build_lun(
     lu.naa_id = naa;
     lu.pr_state_path = pr_state_path;
     lu.qos = limits;
-    // Files and striped members are stood in for (--check, --no-disk, a dry
-    // run's new units): a stand-in has no space to watch, and says nothing
-    // about whether the file it stands for has.
+    // Stand-ins (every store under --no-disk; files and striped members
+    // under --check and for a dry run's new units) have no space to watch,
+    // and say nothing about whether what they stand for has.
     let on_files = kind == "file" || kind == "striped";
     let unit = match kept {
         // A kept unit stays as it runs (its stall switch too); the change
         // gives it its new QoS ceilings and low-space threshold.
         Some(unit) => {
-            let stand_in = ctx.no_disk && on_files;
+            let stand_in = ctx.no_disk;
             if let Some((span, _)) = low_space.as_ref() {
                 if !unit.reports_space() && !stand_in {
                     return Err(no_threshold_here(ctx, span.clone(), &unit));
@@ -449,7 +449,7 @@ pub(super) fn build_lun(
             unit
         }
         None => {
-            let stand_in = (ctx.no_disk || ctx.dry_run) && on_files;
+            let stand_in = ctx.no_disk || (ctx.dry_run && on_files);
             let unit = Arc::new(LogicalUnit::new(lu));
             if stalled {
                 unit.set_stalled(true);

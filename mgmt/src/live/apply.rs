@@ -642,7 +642,7 @@ fn set_thresholds(
 ) -> Result<(), LiveError> {
     for (key, unit, bytes) in thresholds {
         // The check refused a threshold for a unit without space; what is
-        // left of those are --no-disk stand-ins for files.
+        // left of those are --no-disk stand-ins.
         if bytes.is_some() && !unit.reports_space() {
             continue;
         }
