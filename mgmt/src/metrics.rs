@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use blockwire_target::backstore::Space;
 use blockwire_target::copies::{self, CopyPath};
 use blockwire_target::datapath::stats::PHASES;
 use blockwire_target::iscsi::Fabric;
@@ -215,35 +216,32 @@ fn space_metrics(e: &mut Exposition, fabric: &Fabric) {
             ));
         }
     }
-    let name = "blockwire_lun_space_used_bytes";
-    e.family(
-        name,
-        "gauge",
-        "Bytes the thin LUN's store holds (a sparse file's allocated blocks, a RAM LUN's chunks).",
-    );
-    for (target, lun, space, _) in &rows {
-        e.sample(name, &[("target", target), ("lun", lun)], space.used);
-    }
-    let name = "blockwire_lun_space_available_bytes";
-    e.family(
-        name,
-        "gauge",
-        "Bytes the thin LUN's writes may still allocate: the free space of its file system, or \
-         what ram_limit still allows the RAM LUNs (other files and LUNs draw on it too).",
-    );
-    for (target, lun, space, _) in &rows {
-        e.sample(name, &[("target", target), ("lun", lun)], space.available);
-    }
-    let name = "blockwire_lun_low_space_threshold_bytes";
-    e.family(
-        name,
-        "gauge",
-        "The LUN's low_space_threshold: below it initiators hear THIN PROVISIONING SOFT \
-         THRESHOLD REACHED; no series: none.",
-    );
-    for (target, lun, _, threshold) in &rows {
-        if let Some(t) = threshold {
-            e.sample(name, &[("target", target), ("lun", lun)], *t);
+    type Pick = fn(&Space, Option<u64>) -> Option<u64>;
+    let families: [(&str, &str, Pick); 3] = [
+        (
+            "blockwire_lun_space_used_bytes",
+            "Bytes the thin LUN's store holds (a sparse file's allocated blocks, a RAM LUN's chunks).",
+            |space, _| Some(space.used),
+        ),
+        (
+            "blockwire_lun_space_available_bytes",
+            "Bytes the thin LUN's writes may still allocate: the free space of its file system, or \
+             what ram_limit still allows the RAM LUNs (other files and LUNs draw on it too).",
+            |space, _| Some(space.available),
+        ),
+        (
+            "blockwire_lun_low_space_threshold_bytes",
+            "The LUN's low_space_threshold: below it initiators hear THIN PROVISIONING SOFT \
+             THRESHOLD REACHED; no series: none.",
+            |_, threshold| threshold,
+        ),
+    ];
+    for (name, help, pick) in families {
+        e.family(name, "gauge", help);
+        for (target, lun, space, threshold) in &rows {
+            if let Some(v) = pick(space, *threshold) {
+                e.sample(name, &[("target", target), ("lun", lun)], v);
+            }
         }
     }
 }

@@ -271,6 +271,11 @@ const CACHING_LEN: usize = 0x12;
 /// PAGE LENGTH of the control and informational exceptions pages.
 const CONTROL_LEN: usize = 0x0a;
 
+/// A byte of eight one-bit fields, bit 7 first (as SPC draws them).
+fn pack(bits: [bool; 8]) -> u8 {
+    bits.iter().fold(0, |b, &set| b << 1 | u8::from(set))
+}
+
 fn put(dst: &mut [u8], off: usize, src: &[u8]) {
     if let Some(d) = dst.get_mut(off..off + src.len()) {
         d.copy_from_slice(src);
@@ -307,14 +312,7 @@ impl ModePage {
                     &mut v,
                     0,
                     &[
-                        flag(p.awre, 7)
-                            | flag(p.arre, 6)
-                            | flag(p.tb, 5)
-                            | flag(p.rc, 4)
-                            | flag(p.eer, 3)
-                            | flag(p.per, 2)
-                            | flag(p.dte, 1)
-                            | flag(p.dcr, 0),
+                        pack([p.awre, p.arre, p.tb, p.rc, p.eer, p.per, p.dte, p.dcr]),
                         p.read_retry_count,
                     ],
                 );
@@ -351,14 +349,7 @@ impl ModePage {
                     &mut v,
                     0,
                     &[
-                        flag(c.ic, 7)
-                            | flag(c.abpf, 6)
-                            | flag(c.cap, 5)
-                            | flag(c.disc, 4)
-                            | flag(c.size, 3)
-                            | flag(c.wce, 2)
-                            | flag(c.mf, 1)
-                            | flag(c.rcd, 0),
+                        pack([c.ic, c.abpf, c.cap, c.disc, c.size, c.wce, c.mf, c.rcd]),
                         (c.demand_read_retention_priority & 0x0f) << 4
                             | (c.write_retention_priority & 0x0f),
                     ],
