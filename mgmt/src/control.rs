@@ -729,6 +729,19 @@ impl Control {
                         let activity = lu.activity();
                         let limits = lu.qos().limits();
                         let throttled = lu.qos().counters();
+                        // Thin units only (sparse files, RAM); an error
+                        // looking now leaves it out too.
+                        let space = lu
+                            .reports_space()
+                            .then(|| lu.config().backstore.space().ok().flatten())
+                            .flatten()
+                            .map(|s| {
+                                json!({
+                                    "used": s.used,
+                                    "available": s.available,
+                                    "low_space_threshold": lu.low_space_threshold(),
+                                })
+                            });
                         json!({
                             "lun": id,
                             "stalled": lu.is_stalled(),
@@ -741,6 +754,7 @@ impl Control {
                             },
                             "last_io_secs_ago": activity.last_media.map(|d| d.as_secs_f64()),
                             "backstore": lu.config().backstore.describe(),
+                            "space": space,
                             "qos": {
                                 "iops_limit": limits.iops,
                                 "bandwidth_limit": limits.bytes_per_sec,
@@ -1220,6 +1234,19 @@ mod tests {
         let list = c.call("lun.list", Value::Null).await.unwrap();
         let luns = &list["targets"][0]["luns"];
         assert_eq!(luns[0]["stalled"], true);
+        // A RAM LUN is thin: nothing written yet, no threshold.
+        assert_eq!(luns[0]["space"]["used"], 0, "{list}");
+        assert!(
+            luns[0]["space"]["available"]
+                .as_u64()
+                .is_some_and(|a| a > 0),
+            "{list}"
+        );
+        assert_eq!(
+            luns[0]["space"]["low_space_threshold"],
+            Value::Null,
+            "{list}"
+        );
         assert_eq!(
             luns[1]["stalled"], true,
             "stalled = true in the configuration"

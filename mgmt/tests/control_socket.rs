@@ -2188,6 +2188,13 @@ async fn a_lun_low_on_space_warns_its_initiators_and_a_reload_moves_the_threshol
             .count
     };
     assert_eq!((count(1), count(2)), (7, 9));
+    // lun.list says the same in bytes.
+    let v = d.call("lun.list", Value::Null).await;
+    assert_eq!(
+        v["targets"][0]["luns"][0]["space"],
+        json!({"used": 9 << 20, "available": 7 << 20, "low_space_threshold": 8 << 20}),
+        "{v}"
+    );
 
     // A reload raising the threshold to 12 MiB: the running unit takes it
     // and, 7 MiB left, warns again.
