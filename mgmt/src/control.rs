@@ -731,11 +731,7 @@ impl Control {
                         let throttled = lu.qos().counters();
                         // Thin units only (sparse files, RAM); an error
                         // looking now leaves it out too.
-                        let space = lu
-                            .reports_space()
-                            .then(|| lu.config().backstore.space().ok().flatten())
-                            .flatten()
-                            .map(|s| {
+                        let space = lu.space().ok().flatten().map(|s| {
                                 json!({
                                     "used": s.used,
                                     "available": s.available,

@@ -201,11 +201,8 @@ fn space_metrics(e: &mut Exposition, fabric: &Fabric) {
     let mut rows = Vec::new();
     for t in &catalog.targets {
         for (id, lu) in t.luns.units() {
-            if !lu.reports_space() {
-                continue;
-            }
             // A store that cannot say now (an I/O error) has no sample.
-            let Ok(Some(space)) = lu.config().backstore.space() else {
+            let Ok(Some(space)) = lu.space() else {
                 continue;
             };
             rows.push((

@@ -276,6 +276,11 @@ fn pack(bits: [bool; 8]) -> u8 {
     bits.iter().fold(0, |b, &set| b << 1 | u8::from(set))
 }
 
+/// The eight one-bit fields of a byte, bit 7 first ([`pack`] undone).
+fn unpack(byte: u8) -> [bool; 8] {
+    std::array::from_fn(|i| bit(byte, 7 - i as u8))
+}
+
 fn put(dst: &mut [u8], off: usize, src: &[u8]) {
     if let Some(d) = dst.get_mut(off..off + src.len()) {
         d.copy_from_slice(src);
@@ -482,16 +487,17 @@ impl ModePage {
         let page = match code {
             page::READ_WRITE_ERROR_RECOVERY => {
                 expect(CONTROL_LEN)?;
+                let [awre, arre, tb, rc, eer, per, dte, dcr] = unpack(at(0));
                 ModePage::ReadWriteErrorRecovery(ReadWriteErrorRecoveryPage {
                     ps,
-                    awre: bit(at(0), 7),
-                    arre: bit(at(0), 6),
-                    tb: bit(at(0), 5),
-                    rc: bit(at(0), 4),
-                    eer: bit(at(0), 3),
-                    per: bit(at(0), 2),
-                    dte: bit(at(0), 1),
-                    dcr: bit(at(0), 0),
+                    awre,
+                    arre,
+                    tb,
+                    rc,
+                    eer,
+                    per,
+                    dte,
+                    dcr,
                     read_retry_count: at(1),
                     lbpere: bit(at(5), 7),
                     mwr: at(5) & 0x7f,
@@ -501,16 +507,17 @@ impl ModePage {
             }
             page::CACHING => {
                 expect(CACHING_LEN)?;
+                let [ic, abpf, cap, disc, size, wce, mf, rcd] = unpack(at(0));
                 ModePage::Caching(CachingPage {
                     ps,
-                    ic: bit(at(0), 7),
-                    abpf: bit(at(0), 6),
-                    cap: bit(at(0), 5),
-                    disc: bit(at(0), 4),
-                    size: bit(at(0), 3),
-                    wce: bit(at(0), 2),
-                    mf: bit(at(0), 1),
-                    rcd: bit(at(0), 0),
+                    ic,
+                    abpf,
+                    cap,
+                    disc,
+                    size,
+                    wce,
+                    mf,
+                    rcd,
                     demand_read_retention_priority: at(1) >> 4,
                     write_retention_priority: at(1) & 0x0f,
                     disable_prefetch_transfer_length: b16(2),

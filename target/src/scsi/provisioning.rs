@@ -197,10 +197,20 @@ impl LogicalUnit {
             .map(|c| u64::from(c) * THRESHOLD_SET_BYTES)
     }
 
+    /// The space a thin unit's store takes and may still take now; `None`
+    /// for a unit that does not report space (see [`Self::reports_space`]).
+    pub fn space(&self) -> io::Result<Option<Space>> {
+        if !self.reports_space() {
+            return Ok(None);
+        }
+        self.cfg.backstore.space()
+    }
+
     /// Looks at the store's space now, and tells every initiator if that
-    /// crossed the threshold. Returns the space (`None`: the store has none).
+    /// crossed the threshold. Returns the space (`None`: the unit reports
+    /// none).
     pub fn check_space(&self) -> io::Result<Option<Space>> {
-        let Some(space) = self.cfg.backstore.space()? else {
+        let Some(space) = self.space()? else {
             return Ok(None);
         };
         let mut st = self.lock();
