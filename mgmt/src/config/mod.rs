@@ -412,6 +412,21 @@ pub struct LunDef {
     /// with the backing file: unfinished atomic writes are replayed from it
     /// when the LUN opens.
     pub atomic_journal: Option<Located<PathBuf>>,
+    /// T10 protection information (SBC-3 4.18): "type1" formats the LUN
+    /// with Type 1 protection: an 8-byte tuple (CRC guard, application tag,
+    /// reference tag) kept beside every block, generated for each write,
+    /// checked on each read, so a block changed behind the target's back
+    /// is reported (ABORTED COMMAND, LOGICAL BLOCK GUARD CHECK FAILED)
+    /// instead of returned; initiators that speak protection information
+    /// send and receive the tuples (RDPROTECT, WRPROTECT, VRPROTECT).
+    /// "none" (default). RAM and file LUNs; not with sync_send, sync_write
+    /// or atomic writes.
+    pub protection: Option<Located<String>>,
+    /// File LUNs with `protection`: the file that keeps the tuples, 8
+    /// bytes per block, created sparse (default: the backing file's path
+    /// with `.protection` appended). It belongs with the backing file:
+    /// without it every block reads unchecked.
+    pub protection_file: Option<Located<PathBuf>>,
     /// Thin provisioning soft threshold (SBC-4 4.7.3.7), a size such as
     /// "2G": when the space this LUN's writes allocate from falls below it
     /// (the free space of the file system under a file or striped LUN, what

@@ -1616,3 +1616,74 @@ fn a_low_space_threshold_is_a_size_on_a_store_that_takes_space_as_it_is_written(
     );
     assert!(report.errors.is_empty(), "{:?}", report.errors);
 }
+
+#[test]
+fn protection_keeps_a_tuple_per_block_in_memory_or_beside_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pi.img");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {file:?}\nsize = \"8M\"\nprotection = \"type1\"\n"
+        )),
+    )
+    .unwrap();
+    let unit = b.catalog.targets[0].luns.get(0).unwrap();
+    assert!(unit.protected());
+    // 16 384 blocks, 8 bytes each, in a sparse file beside the data; no
+    // sendfile READs (the core checks every block), no atomic writes.
+    let tuples = dir.path().join("pi.img.protection");
+    assert_eq!(std::fs::metadata(&tuples).unwrap().len(), 16_384 * 8);
+    assert_eq!(policy(&b, 0), None);
+    assert!(!unit.config().atomic_writes);
+    let named = dir.path().join("elsewhere.pi");
+    let b = TargetConfig::from_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {file:?}\nsize = \"8M\"\nprotection = \"type1\"\nprotection_file = {named:?}\n"
+        )),
+    )
+    .unwrap();
+    assert!(b.catalog.targets[0].luns.get(0).unwrap().protected());
+    assert_eq!(std::fs::metadata(&named).unwrap().len(), 16_384 * 8);
+    let ram = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"8M\"\nprotection = \"type1\"\n"),
+    )
+    .unwrap();
+    assert!(ram.catalog.targets[0].luns.get(0).unwrap().protected());
+    let none = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"8M\"\nprotection = \"none\"\n"),
+    )
+    .unwrap();
+    assert!(!none.catalog.targets[0].luns.get(0).unwrap().protected());
+
+    let bad = |lun: &str| TargetConfig::from_str("t.toml", &one_lun(lun)).expect_err(lun);
+    let f = format!("backstore = \"file\"\npath = {file:?}\nsize = \"8M\"\n");
+    for (lun, field, why) in [
+        ("backstore = \"ram\"\nsize = \"8M\"\nprotection = \"type2\"\n".to_owned(), "target.lun.protection", "not a protection type"),
+        ("backstore = \"null\"\nsize = \"8M\"\nprotection = \"type1\"\n".to_owned(), "target.lun.protection", "keeps no data"),
+        (format!("{f}protection = \"type1\"\nsync_send = true\n"), "target.lun.protection", "remove sync_send"),
+        (format!("{f}protection = \"type1\"\nsync_write = true\n"), "target.lun.protection", "remove sync_write"),
+        (format!("{f}protection = \"type1\"\natomic_writes = true\n"), "target.lun.protection", "remove atomic_writes"),
+        (format!("{f}protection_file = \"x.pi\"\n"), "target.lun.protection_file", "without protection"),
+        ("backstore = \"ram\"\nsize = \"8M\"\nprotection = \"type1\"\nprotection_file = \"x.pi\"\n".to_owned(), "target.lun.protection_file", "only file LUNs"),
+        (format!("{f}protection = \"type1\"\nprotection_file = {file:?}\n"), "target.lun.protection_file", "not be the backing file"),
+    ] {
+        let e = bad(&lun);
+        assert_eq!(e.field, field, "{lun}: {e}");
+        assert!(e.message.contains(why), "{lun}: {e}");
+    }
+    // --check neither opens nor creates the tuples' file.
+    let later = dir.path().join("later.img");
+    let report = TargetConfig::check_str(
+        "t.toml",
+        &one_lun(&format!(
+            "backstore = \"file\"\npath = {later:?}\nsize = \"8M\"\nprotection = \"type1\"\n"
+        )),
+        LoadOptions::default(),
+    );
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(!dir.path().join("later.img.protection").exists());
+}

@@ -18,6 +18,7 @@ pub(crate) mod lun;
 pub mod mode;
 pub mod opcode;
 pub(crate) mod param;
+pub mod protection;
 pub(crate) mod sense;
 pub(crate) mod status;
 pub mod vpd;
@@ -41,6 +42,7 @@ pub use mode::{
 pub use param::{
     PrOutData, PrOutParameters, RegisterAndMoveParameters, TransportId, UnmapDescriptor, UnmapList,
 };
+pub use protection::{crc16_t10dif, PiCheckFailure, PiChecks, PiTuple};
 pub use sense::{
     parse_sense_segment, sense_segment, split_sense_segment, FieldPointer, Sense, SenseError,
     SenseFormat, SenseKey, SenseKeySpecific,

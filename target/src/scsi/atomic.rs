@@ -45,7 +45,9 @@ pub(crate) struct AtomicWrite {
 impl LogicalUnit {
     /// Largest atomic write in blocks; 0 when the unit offers none.
     pub(crate) fn atomic_max_blocks(&self) -> u32 {
-        if !self.cfg.atomic_writes {
+        // The tuples of a protected unit are written beside the data, not
+        // in the same atomic write, so the pair could tear: no atomics.
+        if !self.cfg.atomic_writes || self.protected() {
             return 0;
         }
         let bs = u64::from(self.cfg.block_size);

@@ -61,7 +61,7 @@ impl LogicalUnit {
             return Err(illegal(Asc::MEDIUM_REMOVAL_PREVENTED));
         }
         if !start && !no_flush {
-            self.cfg.backstore.flush().map_err(|e| {
+            self.flush().map_err(|e| {
                 tracing::warn!(error = %e, "flush before eject failed");
                 internal_failure()
             })?;

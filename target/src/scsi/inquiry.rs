@@ -47,6 +47,7 @@ impl LogicalUnit {
         // target.
         inq.three_pc = true;
         inq.rmb = self.cfg.removable;
+        inq.protect = self.protected();
         inq
     }
 
@@ -80,6 +81,11 @@ impl LogicalUnit {
                 // The backstore has a volatile cache (WCE) that SYNCHRONIZE
                 // CACHE flushes.
                 v_sup: self.cfg.backstore.volatile_cache(),
+                // SPT 000b: Type 1 protection; the guard and the reference
+                // tag are checked, the application tag never (ATO=0: it
+                // belongs to the application client).
+                grd_chk: self.protected(),
+                ref_chk: self.protected(),
                 ..ExtendedInquiry::default()
             }),
             page::THIRD_PARTY_COPY => VpdPage::Other {

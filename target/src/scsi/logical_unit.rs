@@ -40,6 +40,10 @@ pub const MAX_TRANSFER_BYTES: u32 = 32 << 20;
 pub struct LuConfig {
     /// Where the blocks live.
     pub backstore: Arc<dyn Backstore>,
+    /// T10 protection information, Type 1: where each block's 8-byte tuple
+    /// lives (8 bytes per block, see [`super::protection`]). `None`: the
+    /// unit is not formatted with protection information.
+    pub pi_store: Option<Arc<dyn Backstore>>,
     /// Logical block size: 512 (default) or 4096.
     pub block_size: u32,
     /// Reject every write with DATA PROTECT, WRITE PROTECTED.
@@ -101,6 +105,7 @@ impl LuConfig {
         LuConfig {
             write_cache: backstore.volatile_cache(),
             backstore,
+            pi_store: None,
             block_size: 512,
             read_only: false,
             vendor: "BLOCKWIR".into(),
@@ -422,6 +427,9 @@ impl LogicalUnit {
                 std::io::ErrorKind::InvalidInput,
                 format!("{new_size} bytes is not a whole number of {bs}-byte blocks"),
             ));
+        }
+        if let Some(pi) = &self.cfg.pi_store {
+            pi.resize(new_size / bs * blockwire_pdu::scsi::protection::TUPLE_BYTES as u64)?;
         }
         self.cfg.backstore.resize(new_size)?;
         let mut st = self.lock();
@@ -910,9 +918,14 @@ impl LogicalUnit {
         st.ua.forget(nexus);
     }
 
-    /// Makes every acknowledged write durable.
+    /// Makes every acknowledged write durable: the blocks, and the
+    /// tuples of a unit formatted with protection information.
     pub fn flush(&self) -> std::io::Result<()> {
-        self.cfg.backstore.flush()
+        self.cfg.backstore.flush()?;
+        match &self.cfg.pi_store {
+            Some(pi) => pi.flush(),
+            None => Ok(()),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod mode;
 mod opcodes;
 mod outcome;
 mod param_bytes;
+mod protection;
 mod provisioning;
 pub mod qos;
 mod range_lock;
@@ -49,6 +50,8 @@ mod tests_explicit_alua;
 mod tests_media;
 #[cfg(test)]
 mod tests_pr;
+#[cfg(test)]
+mod tests_protection;
 #[cfg(test)]
 mod tests_provisioning;
 #[cfg(test)]

@@ -72,6 +72,11 @@ impl LunTable {
         let Some(lu) = self.get(req.lun) else {
             return ReadPlan::NotPlanned;
         };
+        // Blocks of a protected unit are checked against their tuples by
+        // the core, so the fabric never reads them itself.
+        if lu.protected() {
+            return ReadPlan::NotPlanned;
+        }
         let Ok(Cdb::Read { rw, rarc }) = Cdb::decode(req.cdb) else {
             return ReadPlan::NotPlanned;
         };
@@ -155,7 +160,7 @@ impl LunTable {
     /// run it where waiting is allowed.
     pub fn execute_from_memory(&self, req: &ScsiRequest<'_>, max_bytes: u64) -> Option<ScsiResult> {
         let lu = self.get(req.lun)?;
-        if !lu.cfg.backstore.in_memory() || lu.is_stalled() {
+        if !lu.cfg.backstore.in_memory() || lu.is_stalled() || lu.protected() {
             return None;
         }
         match Cdb::decode(req.cdb) {

@@ -9,11 +9,15 @@ use blockwire_pdu::scsi::{Asc, CdbSize, ReadCapacity10, ReadCapacity16, Rw, Sens
 use tracing::warn;
 
 use super::inquiry::MAX_UNMAP_DESCRIPTORS;
+use blockwire_pdu::scsi::protection::TUPLE_BYTES;
+use blockwire_pdu::scsi::PiChecks;
+
 use super::logical_unit::{LogicalUnit, MAX_TRANSFER_BYTES};
 use super::outcome::{
     backstore_failure, data_protect, illegal, invalid_cdb, invalid_param, lba_out_of_range,
     param_length, CmdResult, Done, Failure,
 };
+use super::protection::{check_blocks, split_protected};
 
 /// Byte offset of the TRANSFER LENGTH field for each CDB size (for the
 /// INVALID FIELD IN CDB field pointer).
@@ -71,7 +75,15 @@ impl LogicalUnit {
         lba * u64::from(self.cfg.block_size)
     }
 
+    /// Reads blocks and, on a unit formatted with protection information,
+    /// checks them against their stored tuples.
     pub(crate) fn read_blocks(&self, lba: u64, buf: &mut [u8]) -> Result<(), Failure> {
+        self.read_unchecked(lba, buf)?;
+        self.check_stored_pi(lba, buf)
+    }
+
+    /// Reads blocks without looking at their protection information.
+    pub(crate) fn read_unchecked(&self, lba: u64, buf: &mut [u8]) -> Result<(), Failure> {
         self.cfg
             .backstore
             .read_at(self.offset(lba), buf)
@@ -81,26 +93,31 @@ impl LogicalUnit {
             })
     }
 
+    /// Writes blocks and, on a unit formatted with protection information,
+    /// the tuples it generates for them.
     pub(crate) fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), Failure> {
-        self.cfg
-            .backstore
-            .write_at(self.offset(lba), data)
-            .map_err(|e| {
-                warn!(lba, len = data.len(), error = %e, "backstore write failed");
-                backstore_failure(&e, true, lba)
-            })
+        self.write_unprotected(lba, data, false)?;
+        self.generate_pi(lba, data, false)
+    }
+
+    /// Writes blocks only (their tuples are the caller's business).
+    fn write_unprotected(&self, lba: u64, data: &[u8], durable: bool) -> Result<(), Failure> {
+        let r = if durable {
+            self.cfg.backstore.write_at_durable(self.offset(lba), data)
+        } else {
+            self.cfg.backstore.write_at(self.offset(lba), data)
+        };
+        r.map_err(|e| {
+            warn!(lba, len = data.len(), durable, error = %e, "backstore write failed");
+            backstore_failure(&e, true, lba)
+        })
     }
 
     /// A write that is on stable storage before it returns (FUA, or WCE
     /// off): the backstore's `write_at_durable` (RWF_DSYNC on files).
     fn write_blocks_durable(&self, lba: u64, data: &[u8]) -> Result<(), Failure> {
-        self.cfg
-            .backstore
-            .write_at_durable(self.offset(lba), data)
-            .map_err(|e| {
-                warn!(lba, len = data.len(), error = %e, "backstore durable write failed");
-                backstore_failure(&e, true, lba)
-            })
+        self.write_unprotected(lba, data, true)?;
+        self.generate_pi(lba, data, true)
     }
 
     /// Zeros over `len` bytes at `lba` (the backstore may do it without
@@ -112,7 +129,22 @@ impl LogicalUnit {
             .map_err(|e| {
                 warn!(lba, len, error = %e, "backstore write zeroes failed");
                 backstore_failure(&e, true, lba)
-            })
+            })?;
+        self.generate_zero_pi(lba, len / u64::from(self.cfg.block_size))
+    }
+
+    /// Deallocates `blocks` blocks from `lba` (UNMAP, WRITE SAME with
+    /// UNMAP) and their tuples with them.
+    fn discard_blocks(&self, lba: u64, blocks: u64) -> Result<(), Failure> {
+        let bs = u64::from(self.cfg.block_size);
+        self.cfg
+            .backstore
+            .discard(lba * bs, blocks * bs)
+            .map_err(|e| {
+                warn!(lba, blocks, error = %e, "backstore discard failed");
+                backstore_failure(&e, true, lba)
+            })?;
+        self.discard_pi(lba, blocks)
     }
 
     /// Whether writes must be durable before status: FUA, or WCE off
@@ -125,7 +157,7 @@ impl LogicalUnit {
     /// when the write cache is off.
     pub(crate) fn persist(&self, lba: u64, fua: bool) -> Result<(), Failure> {
         if self.write_through(fua) {
-            self.cfg.backstore.flush().map_err(|e| {
+            self.flush().map_err(|e| {
                 warn!(lba, error = %e, "backstore flush failed");
                 backstore_failure(&e, true, lba)
             })?;
@@ -134,20 +166,31 @@ impl LogicalUnit {
     }
 
     /// Common READ/WRITE/VERIFY checks: protection field, readiness,
-    /// transfer size, range. Returns the byte length.
-    fn media_checks(&self, rw: &Rw) -> Result<usize, Failure> {
-        // No protection information: any RDPROTECT/WRPROTECT/VRPROTECT is
-        // an invalid field (SBC-3 5.16 table 82).
+    /// transfer size, range. Returns the byte length of the user data and
+    /// the checks of the tuples the command moves (None: it moves none).
+    fn media_checks(&self, rw: &Rw) -> Result<(usize, Option<PiChecks>), Failure> {
+        let checks = self.protect_field(rw.protect)?;
+        let bytes = self.transfer_bytes(rw.length, rw.size)?;
+        self.check_range(rw.lba, u64::from(rw.length))?;
+        Ok((bytes, checks))
+    }
+
+    /// [`Self::media_checks`] for a command whose protection field this
+    /// device server does not take even on a protected unit (ORPROTECT):
+    /// any non-zero value is INVALID FIELD IN CDB.
+    fn media_checks_without_pi(&self, rw: &Rw) -> Result<usize, Failure> {
         if rw.protect != 0 {
             return Err(invalid_cdb(1, Some(7)));
         }
-        let bytes = self.transfer_bytes(rw.length, rw.size)?;
-        self.check_range(rw.lba, u64::from(rw.length))?;
-        Ok(bytes)
+        Ok(self.media_checks(rw)?.0)
     }
 
     pub(crate) fn read(&self, rw: &Rw) -> CmdResult {
-        let bytes = self.media_checks(rw)?;
+        let (bytes, checks) = self.media_checks(rw)?;
+        if let Some(checks) = checks {
+            let data = self.read_with_pi(rw.lba, rw.length as usize, checks)?;
+            return Ok(Done::media(data));
+        }
         let mut buf = vec![0u8; bytes];
         if bytes > 0 {
             self.read_blocks(rw.lba, &mut buf)?;
@@ -160,20 +203,31 @@ impl LogicalUnit {
     /// CDB asks: the blocks that did arrive are written and the status is
     /// GOOD (the fabric reports the shortfall as residual overflow); a
     /// trailing partial block is INVALID FIELD IN COMMAND INFORMATION UNIT.
-    fn write_payload<'d>(&self, data_out: &'d [u8], bytes: usize) -> Result<&'d [u8], Failure> {
+    /// With protection information the blocks are `block_size` + 8 bytes.
+    fn write_payload<'d>(
+        &self,
+        data_out: &'d [u8],
+        bytes: usize,
+        unit: usize,
+    ) -> Result<&'d [u8], Failure> {
         if data_out.len() >= bytes {
             return Ok(data_out.get(..bytes).unwrap_or_default());
         }
-        if !data_out.len().is_multiple_of(self.cfg.block_size as usize) {
+        if !data_out.len().is_multiple_of(unit) {
             return Err(partial_block());
         }
         Ok(data_out)
     }
 
     pub(crate) fn write(&self, rw: &Rw, data_out: &[u8]) -> CmdResult {
-        let bytes = self.media_checks(rw)?;
+        let (bytes, checks) = self.media_checks(rw)?;
         self.check_writable()?;
-        let data = self.write_payload(data_out, bytes)?;
+        if let Some(checks) = checks {
+            let durable = self.write_through(rw.fua);
+            return self.write_with_pi(rw, checks, data_out, durable);
+        }
+        let bs = self.cfg.block_size as usize;
+        let data = self.write_payload(data_out, bytes, bs)?;
         if !data.is_empty() {
             let blocks = (data.len() / self.cfg.block_size as usize) as u64;
             let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
@@ -187,9 +241,12 @@ impl LogicalUnit {
     }
 
     pub(crate) fn write_and_verify(&self, rw: &Rw, _bytchk: u8, data_out: &[u8]) -> CmdResult {
-        let bytes = self.media_checks(rw)?;
+        let (bytes, checks) = self.media_checks(rw)?;
         self.check_writable()?;
-        let data = self.write_payload(data_out, bytes)?;
+        if let Some(checks) = checks {
+            return self.write_with_pi(rw, checks, data_out, true);
+        }
+        let data = self.write_payload(data_out, bytes, self.cfg.block_size as usize)?;
         if !data.is_empty() {
             let blocks = (data.len() / self.cfg.block_size as usize) as u64;
             let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
@@ -203,22 +260,52 @@ impl LogicalUnit {
     /// VERIFY: BYTCHK 0 checks the medium can be read, 1 compares the
     /// Data-Out with the medium, 3 compares one block against every block
     /// of the range. A difference is MISCOMPARE with the byte offset.
+    ///
+    /// With VRPROTECT on a protected unit, BYTCHK 0 checks the stored
+    /// tuples as the field says; BYTCHK 1 and 3 take each block of the
+    /// Data-Out with its tuple, check those tuples as the field says and
+    /// compare the user data with the medium (whose own tuples are then
+    /// checked in full).
     pub(crate) fn verify(&self, rw: &Rw, bytchk: u8, data_out: &[u8]) -> CmdResult {
-        let bytes = self.media_checks(rw)?;
+        let (bytes, checks) = self.media_checks(rw)?;
         let bs = self.cfg.block_size as usize;
-        let sent = match bytchk {
-            0 => 0,
-            1 => bytes,
-            _ => bs.min(bytes),
+        let unit = if checks.is_some() {
+            bs + TUPLE_BYTES
+        } else {
+            bs
         };
+        let sent_blocks = match bytchk {
+            0 => 0,
+            1 => bytes / bs,
+            _ => usize::from(bytes > 0),
+        };
+        let sent = sent_blocks * unit;
         let mut medium = vec![0u8; bytes];
         if bytes > 0 {
-            self.read_blocks(rw.lba, &mut medium)?;
+            match (checks, bytchk) {
+                (Some(checks), 0) => {
+                    self.read_unchecked(rw.lba, &mut medium)?;
+                    let tuples = self.load_pi(rw.lba, bytes / bs)?;
+                    check_blocks(medium.chunks(bs), &tuples, rw.lba, checks)?;
+                }
+                _ => self.read_blocks(rw.lba, &mut medium)?,
+            }
         }
         if bytchk == 0 {
             return Ok(Done::none());
         }
-        let expect = data_out.get(..sent).ok_or_else(partial_block)?;
+        let wire = data_out.get(..sent).ok_or_else(partial_block)?;
+        let split;
+        let expect = match checks {
+            Some(checks) => {
+                split = split_protected(wire, bs);
+                // A single block (BYTCHK 3) stands for every LBA of the
+                // range; its reference tag is that of the first.
+                check_blocks(split.0.chunks(bs), &split.1, rw.lba, checks)?;
+                &split.0[..]
+            }
+            None => wire,
+        };
         let diff = if bytchk == 1 {
             first_difference(expect, &medium)
         } else {
@@ -236,9 +323,9 @@ impl LogicalUnit {
     /// ORWRITE(16): reads, ORs in the Data-Out and writes back, with the
     /// range held exclusively so no other write lands in between.
     pub(crate) fn orwrite(&self, rw: &Rw, data_out: &[u8]) -> CmdResult {
-        let bytes = self.media_checks(rw)?;
+        let bytes = self.media_checks_without_pi(rw)?;
         self.check_writable()?;
-        let data = self.write_payload(data_out, bytes)?;
+        let data = self.write_payload(data_out, bytes, self.cfg.block_size as usize)?;
         if !data.is_empty() {
             let blocks = (data.len() / self.cfg.block_size as usize) as u64;
             let _g = self.ranges.exclusive(rw.lba, rw.lba + blocks);
@@ -357,13 +444,7 @@ impl LogicalUnit {
         let end = lba + blocks;
         let _g = self.ranges.shared(lba, end);
         if unmap {
-            self.cfg
-                .backstore
-                .discard(self.offset(lba), blocks * bs as u64)
-                .map_err(|e| {
-                    warn!(lba, blocks, error = %e, "backstore discard failed");
-                    backstore_failure(&e, true, lba)
-                })?;
+            self.discard_blocks(lba, blocks)?;
         } else {
             // Write in runs of up to 1 MiB of repeated blocks.
             let per_run = ((1usize << 20) / bs).max(1);
@@ -412,7 +493,6 @@ impl LogicalUnit {
         if list.descriptors.len() > MAX_UNMAP_DESCRIPTORS as usize {
             return Err(invalid_param(2, None));
         }
-        let bs = u64::from(self.cfg.block_size);
         let max_blocks = u64::from(self.block_limits().max_unmap_lba_count);
         let mut total = 0u64;
         for (i, d) in list.descriptors.iter().enumerate() {
@@ -424,13 +504,7 @@ impl LogicalUnit {
         }
         for d in list.descriptors.iter().filter(|d| d.blocks > 0) {
             let _g = self.ranges.shared(d.lba, d.lba + u64::from(d.blocks));
-            self.cfg
-                .backstore
-                .discard(d.lba * bs, u64::from(d.blocks) * bs)
-                .map_err(|e| {
-                    warn!(lba = d.lba, blocks = d.blocks, error = %e, "backstore discard failed");
-                    backstore_failure(&e, true, d.lba)
-                })?;
+            self.discard_blocks(d.lba, u64::from(d.blocks))?;
         }
         Ok(Done::out(len as u64))
     }
@@ -562,7 +636,7 @@ impl LogicalUnit {
     /// not available from the backstore, and flushing more is allowed).
     pub(crate) fn synchronize_cache(&self, lba: u64, blocks: u32) -> CmdResult {
         self.check_range(lba, u64::from(blocks))?;
-        self.cfg.backstore.flush().map_err(|e| {
+        self.flush().map_err(|e| {
             warn!(lba, error = %e, "backstore flush failed");
             backstore_failure(&e, true, lba)
         })?;
@@ -595,7 +669,36 @@ impl LogicalUnit {
         d.lbprz = self.cfg.thin_provisioning;
         // Configurable (LuConfig::physical_block_exponent); 0 by default.
         d.lbppbe = self.cfg.physical_block_exponent;
+        // Type 1 protection (P_TYPE 000b), one tuple per logical block.
+        d.prot_en = self.protected();
         d
+    }
+
+    /// WRITE and WRITE AND VERIFY with WRPROTECT 001b-101b: each block of
+    /// the Data-Out is followed by its tuple; every tuple is checked as
+    /// `checks` says before a byte is written, then blocks and tuples are
+    /// stored as sent. Fewer whole blocks than the CDB asks for are written
+    /// as with a plain WRITE.
+    fn write_with_pi(
+        &self,
+        rw: &Rw,
+        checks: PiChecks,
+        data_out: &[u8],
+        durable: bool,
+    ) -> CmdResult {
+        let unit = self.protected_block_bytes();
+        let bytes = rw.length as usize * unit;
+        let wire = self.write_payload(data_out, bytes, unit)?;
+        if !wire.is_empty() {
+            let bs = self.cfg.block_size as usize;
+            let (data, tuples) = split_protected(wire, bs);
+            check_blocks(data.chunks(bs), &tuples, rw.lba, checks)?;
+            let blocks = tuples.len() as u64;
+            let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
+            self.write_unprotected(rw.lba, &data, durable)?;
+            self.store_pi(rw.lba, &tuples, durable)?;
+        }
+        Ok(Done::out(bytes as u64))
     }
 }
 

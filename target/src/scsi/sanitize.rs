@@ -302,6 +302,7 @@ fn run(
 fn worker(
     job: Arc<SanitizeJob>,
     store: Arc<dyn Backstore>,
+    pi_store: Option<Arc<dyn Backstore>>,
     ranges: Arc<RangeLock>,
     block_size: u32,
     op: Operation,
@@ -310,7 +311,16 @@ fn worker(
     let size = store.size() / u64::from(block_size) * u64::from(block_size);
     // A panic in the backstore must not leave the unit NOT READY forever.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run(&job, &*store, size, block_size, &op)
+        run(&job, &*store, size, block_size, &op)?;
+        // Protection information of a sanitized medium: every tuple
+        // deallocated, FFh, so the new contents are never checked against
+        // tuples of the old.
+        if let Some(pi) = &pi_store {
+            pi.discard(0, pi.size())
+                .and_then(|()| pi.flush())
+                .map_err(|e| backstore_failure(&e, true, 0))?;
+        }
+        Ok(())
     }))
     .unwrap_or_else(|_| Err(super::outcome::internal_failure()));
     ranges.unlock_id(hold);
@@ -380,8 +390,9 @@ impl LogicalUnit {
             immed = c.immed,
             "sanitize operation started"
         );
-        let (store, ranges, bs) = (
+        let (store, pi_store, ranges, bs) = (
             self.cfg.backstore.clone(),
+            self.cfg.pi_store.clone(),
             self.ranges.clone(),
             self.cfg.block_size,
         );
@@ -389,7 +400,7 @@ impl LogicalUnit {
             let job = job.clone();
             std::thread::Builder::new()
                 .name("sanitize".into())
-                .spawn(move || worker(job, store, ranges, bs, op))
+                .spawn(move || worker(job, store, pi_store, ranges, bs, op))
         };
         let worker_thread = match spawned {
             Ok(handle) => Some(handle),

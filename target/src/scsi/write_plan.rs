@@ -138,6 +138,10 @@ impl LunTable {
         let Some(lu) = self.get(req.lun) else {
             return Some(WritePlan::NotPlanned);
         };
+        // A protected unit's core writes the tuples beside the blocks.
+        if lu.protected() {
+            return Some(WritePlan::NotPlanned);
+        }
         let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {
             return Some(WritePlan::NotPlanned);
         };
@@ -246,7 +250,7 @@ impl LunTable {
         max_bytes: u64,
     ) -> Option<ScsiResult> {
         let lu = self.get(req.lun)?;
-        if !lu.cfg.backstore.writes_to_memory() || lu.is_stalled() {
+        if !lu.cfg.backstore.writes_to_memory() || lu.is_stalled() || lu.protected() {
             return None;
         }
         let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {

@@ -327,6 +327,9 @@ pub(crate) fn copy_segment(
                 warn!(lba = slba + done, error = %e, "extended copy read failed");
                 copy_aborted(Asc::UNRECOVERED_READ_ERROR)
             })?;
+        // A protected source's blocks are checked before they are copied;
+        // a protected destination gets tuples generated for them.
+        src.check_stored_pi(slba + done, part)?;
         let _g = dst.ranges.shared(dlba + done, dlba + done + n);
         dst.cfg
             .backstore
@@ -335,6 +338,7 @@ pub(crate) fn copy_segment(
                 warn!(lba = dlba + done, error = %e, "extended copy write failed");
                 copy_aborted(Asc::WRITE_ERROR)
             })?;
+        dst.generate_pi(dlba + done, part, false)?;
         done += n;
     }
     dst.persist(dlba, false)?;

@@ -1,0 +1,248 @@
+//! T10 protection information, Type 1 (SBC-3 4.18): a logical unit
+//! formatted with protection keeps an 8-byte tuple (guard CRC, application
+//! tag, reference tag) beside every logical block, generates it for every
+//! write that brings none, checks it on every read, and moves it with the
+//! data when RDPROTECT, WRPROTECT or VRPROTECT ask for it.
+//!
+//! The tuples live in their own store (`LuConfig::pi_store`, 8 bytes per
+//! block), every byte inverted: a store nobody wrote, or a range of it that
+//! was deallocated, reads back as tuples of FFh, whose application tag is
+//! the escape that turns every check off (SBC-4 4.7.4.5: an unmapped block
+//! of a unit with LBPRZ=1 reads with protection information of FFh). So a
+//! new sparse file or a RAM store needs no formatting pass, and UNMAP of
+//! the data deallocates the tuples alongside.
+//!
+//! What a failed check answers: ABORTED COMMAND with LOGICAL BLOCK GUARD
+//! CHECK FAILED or LOGICAL BLOCK REFERENCE TAG CHECK FAILED, INFORMATION
+//! the first failing LBA; on a write nothing of the command is written.
+
+use blockwire_pdu::scsi::protection::TUPLE_BYTES;
+use blockwire_pdu::scsi::{Asc, PiCheckFailure, PiChecks, PiTuple, Sense, SenseKey};
+use tracing::warn;
+
+use super::logical_unit::LogicalUnit;
+use super::outcome::{backstore_failure, invalid_cdb, Failure};
+
+/// Bytes of tuples per run the tuple store is read or written in.
+const TUPLE_RUN_BYTES: usize = 64 << 10;
+
+/// The ABORTED COMMAND that reports `failure` at `lba`.
+fn check_failed(failure: PiCheckFailure, lba: u64) -> Failure {
+    let asc = match failure {
+        PiCheckFailure::Guard => Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+        PiCheckFailure::ReferenceTag => Asc::LOGICAL_BLOCK_REFERENCE_TAG_CHECK_FAILED,
+    };
+    let mut s = Sense::new(SenseKey::AbortedCommand, asc);
+    s.information = Some(lba);
+    Failure::Check(s)
+}
+
+/// Stored form of a tuple: its wire bytes inverted (see the module docs).
+fn stored(t: &PiTuple) -> [u8; TUPLE_BYTES] {
+    t.encode().map(|b| !b)
+}
+
+fn from_stored(b: &[u8]) -> PiTuple {
+    let mut w = [0u8; TUPLE_BYTES];
+    for (d, s) in w.iter_mut().zip(b) {
+        *d = !s;
+    }
+    PiTuple::decode(&w)
+}
+
+impl LogicalUnit {
+    /// Whether the unit is formatted with protection information.
+    pub fn protected(&self) -> bool {
+        self.cfg.pi_store.is_some()
+    }
+
+    /// The checks a RDPROTECT, WRPROTECT or VRPROTECT value (at byte 1,
+    /// bits 7-5 of the CDB) asks for. Without protection every non-zero
+    /// value is INVALID FIELD IN CDB (SBC-3 5.16 table 82); with it only
+    /// the reserved ones (110b, 111b) are. `None`: 000b, no tuples move.
+    pub(crate) fn protect_field(&self, protect: u8) -> Result<Option<PiChecks>, Failure> {
+        if protect == 0 {
+            return Ok(None);
+        }
+        if !self.protected() {
+            return Err(invalid_cdb(1, Some(7)));
+        }
+        PiChecks::for_field(protect)
+            .map(Some)
+            .ok_or_else(|| invalid_cdb(1, Some(7)))
+    }
+
+    /// Bytes one block takes in a transfer that carries its tuple.
+    pub(crate) fn protected_block_bytes(&self) -> usize {
+        self.cfg.block_size as usize + TUPLE_BYTES
+    }
+
+    /// The stored tuples of `n` blocks from `lba`.
+    pub(crate) fn load_pi(&self, lba: u64, n: usize) -> Result<Vec<PiTuple>, Failure> {
+        let Some(store) = &self.cfg.pi_store else {
+            return Ok(vec![PiTuple::UNWRITTEN; n]);
+        };
+        let mut out = Vec::with_capacity(n);
+        let mut buf = vec![0u8; TUPLE_RUN_BYTES.min(n * TUPLE_BYTES)];
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(TUPLE_RUN_BYTES / TUPLE_BYTES);
+            let part = buf.get_mut(..k * TUPLE_BYTES).unwrap_or_default();
+            let at = lba + done as u64;
+            store.read_at(at * TUPLE_BYTES as u64, part).map_err(|e| {
+                warn!(lba = at, error = %e, "protection information read failed");
+                backstore_failure(&e, false, at)
+            })?;
+            out.extend(part.chunks_exact(TUPLE_BYTES).map(from_stored));
+            done += k;
+        }
+        Ok(out)
+    }
+
+    /// Stores `tuples` for the blocks from `lba`; durable before it
+    /// returns when `durable` (FUA, WCE off), as the data are.
+    pub(crate) fn store_pi(
+        &self,
+        lba: u64,
+        tuples: &[PiTuple],
+        durable: bool,
+    ) -> Result<(), Failure> {
+        let Some(store) = &self.cfg.pi_store else {
+            return Ok(());
+        };
+        for (i, run) in tuples.chunks(TUPLE_RUN_BYTES / TUPLE_BYTES).enumerate() {
+            let at = lba + (i * (TUPLE_RUN_BYTES / TUPLE_BYTES)) as u64;
+            let bytes: Vec<u8> = run.iter().flat_map(stored).collect();
+            let offset = at * TUPLE_BYTES as u64;
+            let r = if durable {
+                store.write_at_durable(offset, &bytes)
+            } else {
+                store.write_at(offset, &bytes)
+            };
+            r.map_err(|e| {
+                warn!(lba = at, error = %e, "protection information write failed");
+                backstore_failure(&e, true, at)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Generates and stores the tuples of `data` written at `lba` (a write
+    /// that brought none: WRPROTECT 000b, WRITE SAME, COMPARE AND WRITE,
+    /// ORWRITE, copies). Nothing when the unit is not protected.
+    pub(crate) fn generate_pi(&self, lba: u64, data: &[u8], durable: bool) -> Result<(), Failure> {
+        if !self.protected() {
+            return Ok(());
+        }
+        let bs = self.cfg.block_size as usize;
+        let tuples: Vec<PiTuple> = data
+            .chunks(bs)
+            .enumerate()
+            .map(|(i, b)| PiTuple::generate(b, lba + i as u64))
+            .collect();
+        self.store_pi(lba, &tuples, durable)
+    }
+
+    /// Tuples for `blocks` zero-filled blocks from `lba`: the guard of a
+    /// block of zeros is 0, so no block needs to be looked at.
+    pub(crate) fn generate_zero_pi(&self, lba: u64, blocks: u64) -> Result<(), Failure> {
+        if !self.protected() {
+            return Ok(());
+        }
+        let per = (TUPLE_RUN_BYTES / TUPLE_BYTES) as u64;
+        let mut at = lba;
+        while at < lba + blocks {
+            let n = (lba + blocks - at).min(per);
+            let tuples: Vec<PiTuple> = (at..at + n)
+                .map(|l| PiTuple {
+                    guard: 0,
+                    app_tag: 0,
+                    ref_tag: l as u32,
+                })
+                .collect();
+            self.store_pi(at, &tuples, false)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Deallocates the tuples of `blocks` blocks from `lba` along with
+    /// their data: they read back as FFh, never checked.
+    pub(crate) fn discard_pi(&self, lba: u64, blocks: u64) -> Result<(), Failure> {
+        let Some(store) = &self.cfg.pi_store else {
+            return Ok(());
+        };
+        store
+            .discard(lba * TUPLE_BYTES as u64, blocks * TUPLE_BYTES as u64)
+            .map_err(|e| {
+                warn!(lba, blocks, error = %e, "protection information discard failed");
+                backstore_failure(&e, true, lba)
+            })
+    }
+
+    /// Checks `data` read from `lba` against the stored tuples (a read
+    /// that moves none: RDPROTECT 000b, and every internal read).
+    pub(crate) fn check_stored_pi(&self, lba: u64, data: &[u8]) -> Result<(), Failure> {
+        if !self.protected() {
+            return Ok(());
+        }
+        let bs = self.cfg.block_size as usize;
+        let tuples = self.load_pi(lba, data.len() / bs)?;
+        check_blocks(data.chunks(bs), &tuples, lba, PiChecks::ALL)
+    }
+
+    /// READ with RDPROTECT 001b-101b: the blocks from `lba`, each followed
+    /// by its stored tuple, checked as `checks` says.
+    pub(crate) fn read_with_pi(
+        &self,
+        lba: u64,
+        blocks: usize,
+        checks: PiChecks,
+    ) -> Result<Vec<u8>, Failure> {
+        let bs = self.cfg.block_size as usize;
+        let mut data = vec![0u8; blocks * bs];
+        self.read_unchecked(lba, &mut data)?;
+        let tuples = self.load_pi(lba, blocks)?;
+        check_blocks(data.chunks(bs), &tuples, lba, checks)?;
+        let mut out = Vec::with_capacity(blocks * (bs + TUPLE_BYTES));
+        for (block, t) in data.chunks(bs).zip(&tuples) {
+            out.extend_from_slice(block);
+            out.extend_from_slice(&t.encode());
+        }
+        Ok(out)
+    }
+}
+
+/// The user data and tuples of a transfer that carries protection
+/// information (each block followed by its tuple); `wire` must be whole
+/// blocks with their tuples.
+pub(crate) fn split_protected(wire: &[u8], block_size: usize) -> (Vec<u8>, Vec<PiTuple>) {
+    let per = block_size + TUPLE_BYTES;
+    let mut data = Vec::with_capacity(wire.len() / per * block_size);
+    let mut tuples = Vec::with_capacity(wire.len() / per);
+    for unit in wire.chunks_exact(per) {
+        let (block, tuple) = unit.split_at(block_size);
+        data.extend_from_slice(block);
+        let mut t = [0u8; TUPLE_BYTES];
+        t.copy_from_slice(tuple);
+        tuples.push(PiTuple::decode(&t));
+    }
+    (data, tuples)
+}
+
+/// Every block against its tuple; the first failure, at its LBA.
+pub(crate) fn check_blocks<'a>(
+    blocks: impl Iterator<Item = &'a [u8]>,
+    tuples: &[PiTuple],
+    lba: u64,
+    checks: PiChecks,
+) -> Result<(), Failure> {
+    for (i, (block, t)) in blocks.zip(tuples).enumerate() {
+        let at = lba + i as u64;
+        if let Some(f) = t.check(block, at, checks) {
+            warn!(lba = at, failure = ?f, "protection information check failed");
+            return Err(check_failed(f, at));
+        }
+    }
+    Ok(())
+}

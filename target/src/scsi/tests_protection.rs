@@ -1,0 +1,469 @@
+//! T10 protection information (Type 1) through the SCSI core: what a
+//! protected unit reports, the tuples it generates, keeps and moves, the
+//! checks RDPROTECT, WRPROTECT and VRPROTECT ask for, and corruption behind
+//! the unit's back found on the next read.
+
+use std::sync::Arc;
+
+use blockwire_pdu::scsi::{
+    crc16_t10dif, Asc, Cdb, CdbSize, PiTuple, ReadCapacity16, Rw, SenseKey, StandardInquiry,
+    UnmapDescriptor, UnmapList, Vpd, VpdPage,
+};
+
+use super::read_plan::ReadPlan;
+use super::tests::{c, expect_check, nexus, ready, run, rw, write, CHECK, GOOD};
+use super::*;
+use crate::backstore::{Backstore, RamBackstore};
+
+const BLOCKS: u64 = 2048;
+
+/// A 1 MiB RAM unit formatted with Type 1 protection, and its data store.
+fn protected() -> (LunTable, Arc<dyn Backstore>) {
+    let store: Arc<dyn Backstore> = Arc::new(RamBackstore::new(BLOCKS * 512));
+    let mut cfg = LuConfig::new(store.clone());
+    cfg.pi_store = Some(Arc::new(RamBackstore::new(BLOCKS * 8)));
+    let t = LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))]);
+    (t, store)
+}
+
+fn block(fill: u8) -> Vec<u8> {
+    (0..512).map(|i| fill ^ (i as u8)).collect()
+}
+
+/// Blocks each followed by its tuple.
+fn with_tuples(blocks: &[(Vec<u8>, PiTuple)]) -> Vec<u8> {
+    blocks
+        .iter()
+        .flat_map(|(b, t)| b.iter().copied().chain(t.encode()))
+        .collect()
+}
+
+fn read_p(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32, protect: u8) -> ScsiResult {
+    let cdb = c(Cdb::Read {
+        rw: Rw {
+            protect,
+            ..rw(CdbSize::Sixteen, lba, blocks)
+        },
+        rarc: false,
+    });
+    run(t, n, &cdb, &[], blocks * 520)
+}
+
+fn write_p(t: &LunTable, n: &ItNexus, lba: u64, protect: u8, wire: &[u8]) -> ScsiResult {
+    let cdb = c(Cdb::Write(Rw {
+        protect,
+        ..rw(CdbSize::Ten, lba, (wire.len() / 520) as u32)
+    }));
+    run(t, n, &cdb, wire, 0)
+}
+
+fn verify_p(
+    t: &LunTable,
+    n: &ItNexus,
+    lba: u64,
+    blocks: u32,
+    protect: u8,
+    bytchk: u8,
+    out: &[u8],
+) -> ScsiResult {
+    let cdb = c(Cdb::Verify {
+        rw: Rw {
+            protect,
+            ..rw(CdbSize::Sixteen, lba, blocks)
+        },
+        bytchk,
+    });
+    run(t, n, &cdb, out, 0)
+}
+
+/// The tuples of `blocks` blocks from `lba`, as RDPROTECT 011b (no
+/// checks) returns them.
+fn tuples(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32) -> Vec<PiTuple> {
+    let r = read_p(t, n, lba, blocks, 3);
+    assert_eq!(r.status, GOOD, "{r:?}");
+    r.data_in
+        .chunks(520)
+        .map(|u| PiTuple::decode(u[512..].try_into().unwrap()))
+        .collect()
+}
+
+fn aborted_at(r: &ScsiResult, asc: Asc, lba: u64) {
+    let s = expect_check(r, SenseKey::AbortedCommand, asc);
+    assert_eq!(s.information, Some(lba), "{s:?}");
+}
+
+#[test]
+fn a_protected_unit_says_so_where_initiators_look() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let inq = c(Cdb::Inquiry {
+        evpd: false,
+        page_code: 0,
+        allocation_length: 96,
+    });
+    assert!(
+        StandardInquiry::decode(&run(&t, &a, &inq, &[], 96).data_in)
+            .unwrap()
+            .protect
+    );
+    let rc = c(Cdb::ReadCapacity16 {
+        lba: 0,
+        allocation_length: 32,
+        pmi: false,
+    });
+    let d = ReadCapacity16::decode(&run(&t, &a, &rc, &[], 32).data_in).unwrap();
+    assert!(d.prot_en);
+    assert_eq!((d.p_type, d.p_i_exponent, d.block_length), (0, 0, 512));
+    let vpd = c(Cdb::Inquiry {
+        evpd: true,
+        page_code: 0x86,
+        allocation_length: 64,
+    });
+    let VpdPage::ExtendedInquiry(x) = Vpd::decode(&run(&t, &a, &vpd, &[], 64).data_in)
+        .unwrap()
+        .page
+    else {
+        panic!("not the extended INQUIRY page");
+    };
+    assert_eq!(
+        (x.spt, x.grd_chk, x.app_chk, x.ref_chk),
+        (0, true, false, true)
+    );
+    // No atomic writes: data and tuples are two writes.
+    let unit = t.get(0).unwrap();
+    assert_eq!(unit.block_limits().max_atomic_transfer_length, 0);
+
+    // An unprotected unit refuses every protection field and says none.
+    let plain = super::tests::table();
+    ready(&plain, &a);
+    assert!(
+        !StandardInquiry::decode(&run(&plain, &a, &inq, &[], 96).data_in)
+            .unwrap()
+            .protect
+    );
+    let r = read_p(&plain, &a, 0, 1, 1);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+}
+
+#[test]
+fn writes_without_tuples_get_generated_ones_and_unwritten_blocks_read_ff() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = [block(1), block(2)].concat();
+    assert_eq!(write(&t, &a, 40, &data).status, GOOD);
+    let r = read_p(&t, &a, 39, 4, 1);
+    assert_eq!(r.status, GOOD, "{r:?}");
+    assert_eq!(r.data_in.len(), 4 * 520);
+    let got: Vec<PiTuple> = r
+        .data_in
+        .chunks(520)
+        .map(|u| PiTuple::decode(u[512..].try_into().unwrap()))
+        .collect();
+    assert_eq!(got[0], PiTuple::UNWRITTEN);
+    assert_eq!(
+        got[1],
+        PiTuple {
+            guard: crc16_t10dif(&block(1)),
+            app_tag: 0,
+            ref_tag: 40
+        }
+    );
+    assert_eq!(
+        got[2],
+        PiTuple {
+            guard: crc16_t10dif(&block(2)),
+            app_tag: 0,
+            ref_tag: 41
+        }
+    );
+    assert_eq!(got[3], PiTuple::UNWRITTEN);
+    assert_eq!(&r.data_in[520..1032], &block(1)[..]);
+    // RDPROTECT 000b: the user data alone, checked.
+    let plain = super::tests::read(&t, &a, 40, 2);
+    assert_eq!((plain.status, &plain.data_in[..]), (GOOD, &data[..]));
+    // Every reserved RDPROTECT value is refused.
+    for p in [6, 7] {
+        expect_check(
+            &read_p(&t, &a, 40, 1, p),
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_CDB,
+        );
+    }
+}
+
+#[test]
+fn written_tuples_are_checked_first_then_kept_as_sent() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let good = |fill: u8, lba: u64| {
+        let b = block(fill);
+        let tuple = PiTuple {
+            guard: crc16_t10dif(&b),
+            app_tag: 0x1234,
+            ref_tag: lba as u32,
+        };
+        (b, tuple)
+    };
+    // Application tags are the initiator's and come back unchanged.
+    let wire = with_tuples(&[good(7, 100), good(8, 101)]);
+    assert_eq!(write_p(&t, &a, 100, 1, &wire).status, GOOD);
+    assert_eq!(tuples(&t, &a, 100, 2), vec![good(7, 100).1, good(8, 101).1]);
+
+    // A bad guard in the second block: nothing of the command is written.
+    let mut bad = good(9, 201);
+    bad.1.guard ^= 1;
+    let r = write_p(&t, &a, 200, 1, &with_tuples(&[good(9, 200), bad.clone()]));
+    aborted_at(&r, Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED, 201);
+    assert_eq!(tuples(&t, &a, 200, 2), vec![PiTuple::UNWRITTEN; 2]);
+    assert!(super::tests::read(&t, &a, 200, 2)
+        .data_in
+        .iter()
+        .all(|&b| b == 0));
+    // A reference tag that is not the LBA.
+    let r = write_p(&t, &a, 300, 1, &with_tuples(&[good(9, 301)]));
+    aborted_at(&r, Asc::LOGICAL_BLOCK_REFERENCE_TAG_CHECK_FAILED, 300);
+    // WRPROTECT 010b leaves the guard alone, 100b the reference tag.
+    assert_eq!(
+        write_p(&t, &a, 200, 2, &with_tuples(&[good(9, 200), bad.clone()])).status,
+        GOOD
+    );
+    assert_eq!(
+        write_p(&t, &a, 300, 4, &with_tuples(&[good(9, 301)])).status,
+        GOOD
+    );
+    // What was kept unchecked is checked by the next plain READ.
+    aborted_at(
+        &super::tests::read(&t, &a, 200, 2),
+        Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+        201,
+    );
+    aborted_at(
+        &super::tests::read(&t, &a, 300, 1),
+        Asc::LOGICAL_BLOCK_REFERENCE_TAG_CHECK_FAILED,
+        300,
+    );
+    // The application tag escape turns the checks off.
+    let escaped = (
+        block(3),
+        PiTuple {
+            guard: 0,
+            app_tag: 0xFFFF,
+            ref_tag: 0,
+        },
+    );
+    assert_eq!(
+        write_p(&t, &a, 400, 1, &with_tuples(&[escaped])).status,
+        GOOD
+    );
+    assert_eq!(super::tests::read(&t, &a, 400, 1).status, GOOD);
+    // A Data-Out cut inside a block and its tuple.
+    let r = write_p(&t, &a, 100, 1, &wire[..600]);
+    let cdb = c(Cdb::Write(Rw {
+        protect: 1,
+        ..rw(CdbSize::Ten, 100, 2)
+    }));
+    let cut = run(&t, &a, &cdb, &wire[..600], 0);
+    assert_eq!(r.status, GOOD, "one whole block and tuple arrived: {r:?}");
+    expect_check(
+        &cut,
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT,
+    );
+}
+
+#[test]
+fn a_block_changed_behind_the_unit_fails_its_guard_check_on_read() {
+    let (t, store) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = [block(4), block(5), block(6)].concat();
+    assert_eq!(write(&t, &a, 10, &data).status, GOOD);
+    // One bit flipped on the medium, not through the unit.
+    let mut b = [0u8; 1];
+    store.read_at(11 * 512 + 100, &mut b).unwrap();
+    store.write_at(11 * 512 + 100, &[b[0] ^ 0x10]).unwrap();
+    aborted_at(
+        &super::tests::read(&t, &a, 10, 3),
+        Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+        11,
+    );
+    aborted_at(
+        &read_p(&t, &a, 10, 3, 1),
+        Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+        11,
+    );
+    // VERIFY finds it too, with and without a compare.
+    aborted_at(
+        &verify_p(&t, &a, 10, 3, 0, 0, &[]),
+        Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+        11,
+    );
+    aborted_at(
+        &verify_p(&t, &a, 10, 3, 0, 1, &data),
+        Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+        11,
+    );
+    // RDPROTECT 010b and 011b do not check the guard: the data as it is.
+    for p in [2, 3] {
+        let r = read_p(&t, &a, 10, 3, p);
+        assert_eq!(r.status, GOOD, "RDPROTECT {p}: {r:?}");
+        assert_ne!(&r.data_in[520..1032], &block(5)[..]);
+    }
+    assert_eq!(verify_p(&t, &a, 10, 3, 3, 0, &[]).status, GOOD);
+    // Blocks around it still read.
+    assert_eq!(super::tests::read(&t, &a, 10, 1).status, GOOD);
+    assert_eq!(super::tests::read(&t, &a, 12, 1).status, GOOD);
+    // COMPARE AND WRITE reads through the same checks.
+    let caw = c(Cdb::CompareAndWrite {
+        lba: 11,
+        blocks: 1,
+        wrprotect: 0,
+        dpo: false,
+        fua: false,
+        group: 0,
+    });
+    let r = run(
+        &t,
+        &a,
+        &caw,
+        &[data[512..1024].to_vec(), block(9)].concat(),
+        0,
+    );
+    aborted_at(&r, Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED, 11);
+    // Rewriting the block heals it.
+    assert_eq!(write(&t, &a, 11, &block(5)).status, GOOD);
+    assert_eq!(super::tests::read(&t, &a, 10, 3).status, GOOD);
+}
+
+#[test]
+fn verify_with_tuples_checks_the_sent_ones_and_compares_the_data() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(
+        write(&t, &a, 60, &[block(1), block(2)].concat()).status,
+        GOOD
+    );
+    let sent = |g: u16| {
+        with_tuples(&[
+            (block(1), PiTuple::generate(&block(1), 60)),
+            (
+                block(2),
+                PiTuple {
+                    guard: g,
+                    app_tag: 0,
+                    ref_tag: 61,
+                },
+            ),
+        ])
+    };
+    let right = crc16_t10dif(&block(2));
+    assert_eq!(verify_p(&t, &a, 60, 2, 1, 1, &sent(right)).status, GOOD);
+    aborted_at(
+        &verify_p(&t, &a, 60, 2, 1, 1, &sent(right ^ 4)),
+        Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+        61,
+    );
+    // VRPROTECT 011b checks nothing sent; the data still compare.
+    assert_eq!(verify_p(&t, &a, 60, 2, 3, 1, &sent(right ^ 4)).status, GOOD);
+    let mut other = sent(right);
+    other[520 + 7] ^= 1;
+    let r = verify_p(&t, &a, 60, 2, 3, 1, &other);
+    assert_eq!(r.status, CHECK);
+    assert_eq!(super::tests::sense(&r).key, SenseKey::Miscompare);
+}
+
+#[test]
+fn unmap_and_write_same_keep_tuples_with_their_blocks() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 0, &vec![0x33; 8 * 512]).status, GOOD);
+    let list = UnmapList {
+        descriptors: vec![UnmapDescriptor { lba: 2, blocks: 2 }],
+    }
+    .encode();
+    let unmap = c(Cdb::Unmap {
+        anchor: false,
+        group: 0,
+        parameter_list_length: list.len() as u16,
+    });
+    assert_eq!(run(&t, &a, &unmap, &list, 0).status, GOOD);
+    let got = tuples(&t, &a, 1, 4);
+    assert_eq!(got[0].ref_tag, 1);
+    assert_eq!(&got[1..3], &[PiTuple::UNWRITTEN; 2]);
+    assert_eq!(got[3].ref_tag, 4);
+    let same = |lba: u64, blocks: u32, data: &[u8], wrprotect: u8| {
+        let cdb = c(Cdb::WriteSame {
+            size: CdbSize::Sixteen,
+            lba,
+            blocks,
+            wrprotect,
+            anchor: false,
+            unmap: false,
+            ndob: false,
+            group: 0,
+        });
+        run(&t, &a, &cdb, data, 0)
+    };
+    // Zeros (written without moving bytes) and a pattern: tuples for each.
+    assert_eq!(same(100, 3, &[0; 512], 0).status, GOOD);
+    assert_eq!(same(200, 3, &block(7), 0).status, GOOD);
+    for (lba, b) in [(100, [0u8; 512].to_vec()), (200, block(7))] {
+        let got = tuples(&t, &a, lba, 3);
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(*g, PiTuple::generate(&b, lba + i as u64));
+        }
+    }
+    assert_eq!(super::tests::read(&t, &a, 100, 3).status, GOOD);
+    // WRITE SAME's WRPROTECT is not taken (documented): refused, not ignored.
+    expect_check(
+        &same(300, 1, &block(7), 1),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+}
+
+#[test]
+fn the_fabric_never_plans_a_protected_units_reads() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let cdb = c(Cdb::Read {
+        rw: rw(CdbSize::Ten, 0, 8),
+        rarc: false,
+    });
+    let req = ScsiRequest {
+        lun: 0,
+        cdb: &cdb,
+        nexus: &a,
+        task_tag: 1,
+        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+        data_out: &[],
+        data_in_capacity: 4096,
+        initiator_stats: None,
+    };
+    assert!(matches!(t.plan_read(&req), ReadPlan::NotPlanned));
+    assert!(t.execute_from_memory(&req, 1 << 20).is_none());
+}
+
+#[test]
+fn resizing_grows_the_tuples_with_the_blocks() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let unit = t.get(0).unwrap();
+    unit.resize(2 * BLOCKS * 512).unwrap();
+    let pi = unit.config().pi_store.clone().unwrap();
+    assert_eq!(pi.size(), 2 * BLOCKS * 8);
+    let last = 2 * BLOCKS - 1;
+    super::tests::run(&t, &a, &c(Cdb::TestUnitReady), &[], 0);
+    assert_eq!(write(&t, &a, last, &block(1)).status, GOOD);
+    assert_eq!(
+        tuples(&t, &a, last, 1)[0],
+        PiTuple::generate(&block(1), last)
+    );
+}
