@@ -37,6 +37,11 @@
 #                                       provisioning pages; sd logs the soft threshold once and
 #                                       sends its uevent; a full file system fails the write that
 #                                       finds no space (DATA PROTECT) and nothing written before
+#   interop/kernel/guest-pi.sh          T10 protection information (Type 1) on a file LUN: sd and
+#                                       sg3_utils see it; fio verify through the target's checks;
+#                                       READ/WRITE with RDPROTECT/WRPROTECT by sg_raw, guards
+#                                       checked against python3's CRC; a byte changed in the
+#                                       backing file fails its READ (guard check) across a restart
 #   interop/kernel/guest-ocfs2.sh       two guests on one private link: an OCFS2 cluster (o2cb,
 #                                       disk heartbeat) of two kernel nodes on one blockwire LUN
 #                                       served by node1; shared writes, a target restart under
@@ -170,7 +175,7 @@ run_ocfs2() {
     [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
 }
 
-suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic offload thin}
+suites=${KL_SUITES:-initiator eh multipath ublk kscsi mgmt rdma ocfs2 atomic offload thin pi}
 failed=() died=()
 for s in $suites; do
     out=$build/kernel-lab/$s
