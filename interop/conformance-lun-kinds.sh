@@ -1,17 +1,17 @@
 #!/bin/bash
 # interop/conformance-lun-kinds.sh — libiscsi's whole ALL family (CI's run:
 # interop/test-conformance-all.sh, iscsi-test-cu -d -S, MultipathIO with a second URL) once for
-# each kind of LUN 0: RAM, a page-cache file, an O_DIRECT file, a RAM LUN with 4 KiB blocks and a
-# loop device (a block device LUN).
+# each kind of LUN 0: RAM, a page-cache file, an O_DIRECT file, a RAM LUN with 4 KiB blocks, a
+# loop device (a block device LUN) and a file LUN with T10 protection information (Type 1).
 # Each run must end with 0 tests not passed; the summary lines and skip lists go to stdout and to
 # interop/results/conformance-lun-kinds.txt.
 #
-# Not run by CI (five whole runs take about 30 minutes; CI runs the RAM kind). Uses the release
+# Not run by CI (six whole runs take about 36 minutes; CI runs the RAM kind). Uses the release
 # build of blockwire-target.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=$here/results/conformance-lun-kinds.txt
-kinds=${KINDS:-ram file direct 4k blockdev}
+kinds=${KINDS:-ram file direct 4k blockdev pi}
 {
     echo "# libiscsi ALL family per kind of LUN 0 (interop/conformance-lun-kinds.sh)"
     echo

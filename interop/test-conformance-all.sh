@@ -14,6 +14,8 @@
 #   4k      1 GiB RAM with 4096-byte logical blocks
 #   blockdev  a 1 GiB loop device (over a sparse file in /var/tmp), O_DIRECT: a block device
 #           LUN, as an LVM volume or a disk partition is served (needs root)
+#   pi      1 GiB file in /dev/shm formatted with T10 protection information, Type 1
+#           (protection = "type1": every block's tuple generated on write, checked on read)
 # MultipathIO gets LUN 0's URL twice (two I_T nexuses to one LUN).
 # Skips are counted and listed (interop/results/conformance.md explains each). The
 # comparison with tgtd and the reruns on specially configured LUNs live in conformance.sh /
@@ -55,8 +57,9 @@ blockdev)
     loopdev=$(losetup -f --show "$disk/device.img")
     sed -i "s|^backstore = \"ram\"\$|backstore = \"file\"\npath = \"$loopdev\"\nmode = \"direct\"|" "$tmp/target.toml"
     ;;
+pi) sed -i "s|^backstore = \"ram\"\$|backstore = \"file\"\npath = \"$tmp/lun0.img\"\nprotection = \"type1\"|" "$tmp/target.toml" ;;
 *)
-    echo "LUN0_KIND=$LUN0_KIND: ram, file, direct, 4k or blockdev" >&2
+    echo "LUN0_KIND=$LUN0_KIND: ram, file, direct, 4k, blockdev or pi" >&2
     exit 2
     ;;
 esac

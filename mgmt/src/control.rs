@@ -738,9 +738,19 @@ impl Control {
                                     "low_space_threshold": lu.low_space_threshold(),
                                 })
                             });
+                        // Units formatted with T10 protection information.
+                        let protection = lu.protected().then(|| {
+                            let f = lu.pi_check_failures();
+                            json!({
+                                "type": "type1",
+                                "guard_check_failures": f.guard,
+                                "reference_tag_check_failures": f.reference,
+                            })
+                        });
                         json!({
                             "lun": id,
                             "stalled": lu.is_stalled(),
+                            "protection": protection,
                             "held": lu.held_commands(),
                             "size": lu.config().backstore.size(),
                             "commands_running": activity.in_flight,

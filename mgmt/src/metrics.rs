@@ -192,6 +192,34 @@ fn lun_metrics(e: &mut Exposition, fabric: &Fabric) {
     io_metrics(e, "blockwire_lun", "the logical unit", "", &luns(fabric));
     qos_metrics(e, fabric);
     space_metrics(e, fabric);
+    protection_metrics(e, fabric);
+}
+
+/// Each protected LUN's failed protection information checks: blocks that
+/// did not match their tuples when read or were sent with tuples that did
+/// not match them.
+fn protection_metrics(e: &mut Exposition, fabric: &Fabric) {
+    let name = "blockwire_lun_protection_check_failures_total";
+    e.family(
+        name,
+        "counter",
+        "Protection information checks that failed on the LUN (protection = \"type1\"): guard \
+         (the block does not match its CRC: changed or damaged where it is kept, or sent so), \
+         reference_tag (a block that belongs at another LBA). No series: no protection.",
+    );
+    let catalog = fabric.catalog();
+    for t in &catalog.targets {
+        for (id, lu) in t.luns.units() {
+            if !lu.protected() {
+                continue;
+            }
+            let f = lu.pi_check_failures();
+            let lun = id.to_string();
+            for (check, v) in [("guard", f.guard), ("reference_tag", f.reference)] {
+                e.sample(name, &[("target", &t.name), ("lun", &lun), ("check", check)], v);
+            }
+        }
+    }
 }
 
 /// Each thin LUN's space (stores that allocate as they are written: sparse

@@ -2237,3 +2237,70 @@ async fn a_lun_low_on_space_warns_its_initiators_and_a_reload_moves_the_threshol
     // The file with the threshold starts again as it was changed.
     d.restart().await;
 }
+
+/// The sense key, ASC, ASCQ and INFORMATION of the answer to a READ(10)
+/// of one block at `lba`; None: GOOD.
+async fn read_sense(c: &mut Client, lba: u32) -> Option<(u8, u8, u8, u32)> {
+    let cmd = c.command(&rw10(0x28, lba, 1), true, false, 512);
+    c.conn.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    loop {
+        let pdu = c
+            .recv_within(Duration::from_secs(5))
+            .await
+            .expect("no answer to READ(10)");
+        match &pdu.bhs {
+            Bhs::DataIn(d) if d.itt == cmd.itt && d.status == Some(0) => return None,
+            Bhs::ScsiResponse(r) if r.itt == cmd.itt => {
+                if r.status == 0 {
+                    return None;
+                }
+                let s = &pdu.data[2..];
+                let info = u32::from_be_bytes([s[3], s[4], s[5], s[6]]);
+                return Some((s[2] & 0x0f, s[12], s[13], info));
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_changed_behind_a_protected_lun_is_reported_not_returned() {
+    let mut image = PathBuf::new();
+    let d = Daemon::start_with(|dir| {
+        image = dir.join("pi.img");
+        format!(
+            "[[target.lun]]\nid = 0\nbackstore = \"file\"\npath = {image:?}\nsize = \"8M\"\n\
+             protection = \"type1\"\n"
+        )
+    })
+    .await;
+    let portal = d.portal(1).await;
+    let mut c = Client::login(portal, 1).await;
+    c.ready().await;
+    let data: Vec<u8> = (0..4 * 512).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(c.run(&rw10(0x2a, 100, 4), 0, &data).await.0, 0);
+    assert_eq!(read_sense(&mut c, 102).await, None);
+    // One byte of LBA 102 changed in the backing file, not through the target.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&image).unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, 102 * 512 + 9).unwrap();
+        f.write_all_at(&[b[0] ^ 0x80], 102 * 512 + 9).unwrap();
+    }
+    // ABORTED COMMAND, LOGICAL BLOCK GUARD CHECK FAILED at LBA 102.
+    assert_eq!(read_sense(&mut c, 102).await, Some((0x0b, 0x10, 0x01, 102)));
+    assert_eq!(read_sense(&mut c, 101).await, None);
+    let v = d.call("lun.list", Value::Null).await;
+    assert_eq!(
+        v["targets"][0]["luns"][0]["protection"],
+        json!({"type": "type1", "guard_check_failures": 1, "reference_tag_check_failures": 0}),
+        "{v}"
+    );
+    let log = d._process.log_text();
+    assert!(log.contains("protection information check failed"), "{log}");
+    assert!(log.contains("lba=102"), "{log}");
+    // The tuples' file sits beside the image: 16 384 blocks, 8 bytes each.
+    let tuples = image.with_file_name("pi.img.protection");
+    assert_eq!(std::fs::metadata(tuples).unwrap().len(), 16_384 * 8);
+}

@@ -258,6 +258,8 @@ pub struct LogicalUnit {
     /// The store allocates as it is written and says how much space it
     /// has (see [`super::provisioning`]).
     pub(crate) store_reports_space: bool,
+    /// Protection information checks that failed, for the operator.
+    pub(crate) pi_failures: super::protection::PiFailures,
 }
 
 /// How busy a unit is, for the management plane's "in use" checks.
@@ -385,6 +387,7 @@ impl LogicalUnit {
             born: Instant::now(),
             last_media_ms: AtomicU64::new(0),
             store_reports_space: matches!(cfg.backstore.space(), Ok(Some(_))),
+            pi_failures: Default::default(),
             cfg,
         }
     }

@@ -16,6 +16,8 @@
 //! CHECK FAILED or LOGICAL BLOCK REFERENCE TAG CHECK FAILED, INFORMATION
 //! the first failing LBA; on a write nothing of the command is written.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use blockwire_pdu::scsi::protection::TUPLE_BYTES;
 use blockwire_pdu::scsi::{Asc, PiCheckFailure, PiChecks, PiTuple, Sense, SenseKey};
 use tracing::warn;
@@ -35,6 +37,23 @@ fn check_failed(failure: PiCheckFailure, lba: u64) -> Failure {
     let mut s = Sense::new(SenseKey::AbortedCommand, asc);
     s.information = Some(lba);
     Failure::Check(s)
+}
+
+/// How many protection information checks failed on a unit, by check.
+#[derive(Debug, Default)]
+pub(crate) struct PiFailures {
+    guard: AtomicU64,
+    reference: AtomicU64,
+}
+
+/// Failed protection information checks of one unit so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PiFailureCounts {
+    /// LOGICAL BLOCK GUARD CHECK FAILED: the data do not match their CRC.
+    pub guard: u64,
+    /// LOGICAL BLOCK REFERENCE TAG CHECK FAILED: a block where another
+    /// LBA's belongs (a misplaced write).
+    pub reference: u64,
 }
 
 /// Stored form of a tuple: its wire bytes inverted (see the module docs).
@@ -188,7 +207,44 @@ impl LogicalUnit {
         }
         let bs = self.cfg.block_size as usize;
         let tuples = self.load_pi(lba, data.len() / bs)?;
-        check_blocks(data.chunks(bs), &tuples, lba, PiChecks::ALL)
+        self.check_tuples(data.chunks(bs), &tuples, lba, PiChecks::ALL)
+    }
+
+    /// Every block against its tuple as `checks` says; the first failure,
+    /// at its LBA, counted and logged with the store it was found on.
+    pub(crate) fn check_tuples<'a>(
+        &self,
+        blocks: impl Iterator<Item = &'a [u8]>,
+        tuples: &[PiTuple],
+        lba: u64,
+        checks: PiChecks,
+    ) -> Result<(), Failure> {
+        for (i, (block, t)) in blocks.zip(tuples).enumerate() {
+            let at = lba + i as u64;
+            if let Some(f) = t.check(block, at, checks) {
+                let counter = match f {
+                    PiCheckFailure::Guard => &self.pi_failures.guard,
+                    PiCheckFailure::ReferenceTag => &self.pi_failures.reference,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    lba = at,
+                    failure = ?f,
+                    store = %self.cfg.backstore.describe(),
+                    "protection information check failed"
+                );
+                return Err(check_failed(f, at));
+            }
+        }
+        Ok(())
+    }
+
+    /// Failed protection information checks so far.
+    pub fn pi_check_failures(&self) -> PiFailureCounts {
+        PiFailureCounts {
+            guard: self.pi_failures.guard.load(Ordering::Relaxed),
+            reference: self.pi_failures.reference.load(Ordering::Relaxed),
+        }
     }
 
     /// READ with RDPROTECT 001b-101b: the blocks from `lba`, each followed
@@ -203,7 +259,7 @@ impl LogicalUnit {
         let mut data = vec![0u8; blocks * bs];
         self.read_unchecked(lba, &mut data)?;
         let tuples = self.load_pi(lba, blocks)?;
-        check_blocks(data.chunks(bs), &tuples, lba, checks)?;
+        self.check_tuples(data.chunks(bs), &tuples, lba, checks)?;
         let mut out = Vec::with_capacity(blocks * (bs + TUPLE_BYTES));
         for (block, t) in data.chunks(bs).zip(&tuples) {
             out.extend_from_slice(block);
@@ -228,21 +284,4 @@ pub(crate) fn split_protected(wire: &[u8], block_size: usize) -> (Vec<u8>, Vec<P
         tuples.push(PiTuple::decode(&t));
     }
     (data, tuples)
-}
-
-/// Every block against its tuple; the first failure, at its LBA.
-pub(crate) fn check_blocks<'a>(
-    blocks: impl Iterator<Item = &'a [u8]>,
-    tuples: &[PiTuple],
-    lba: u64,
-    checks: PiChecks,
-) -> Result<(), Failure> {
-    for (i, (block, t)) in blocks.zip(tuples).enumerate() {
-        let at = lba + i as u64;
-        if let Some(f) = t.check(block, at, checks) {
-            warn!(lba = at, failure = ?f, "protection information check failed");
-            return Err(check_failed(f, at));
-        }
-    }
-    Ok(())
 }

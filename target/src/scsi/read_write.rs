@@ -17,7 +17,7 @@ use super::outcome::{
     backstore_failure, data_protect, illegal, invalid_cdb, invalid_param, lba_out_of_range,
     param_length, CmdResult, Done, Failure,
 };
-use super::protection::{check_blocks, split_protected};
+use super::protection::split_protected;
 
 /// Byte offset of the TRANSFER LENGTH field for each CDB size (for the
 /// INVALID FIELD IN CDB field pointer).
@@ -286,7 +286,7 @@ impl LogicalUnit {
                 (Some(checks), 0) => {
                     self.read_unchecked(rw.lba, &mut medium)?;
                     let tuples = self.load_pi(rw.lba, bytes / bs)?;
-                    check_blocks(medium.chunks(bs), &tuples, rw.lba, checks)?;
+                    self.check_tuples(medium.chunks(bs), &tuples, rw.lba, checks)?;
                 }
                 _ => self.read_blocks(rw.lba, &mut medium)?,
             }
@@ -301,7 +301,7 @@ impl LogicalUnit {
                 split = split_protected(wire, bs);
                 // A single block (BYTCHK 3) stands for every LBA of the
                 // range; its reference tag is that of the first.
-                check_blocks(split.0.chunks(bs), &split.1, rw.lba, checks)?;
+                self.check_tuples(split.0.chunks(bs), &split.1, rw.lba, checks)?;
                 &split.0[..]
             }
             None => wire,
@@ -692,7 +692,7 @@ impl LogicalUnit {
         if !wire.is_empty() {
             let bs = self.cfg.block_size as usize;
             let (data, tuples) = split_protected(wire, bs);
-            check_blocks(data.chunks(bs), &tuples, rw.lba, checks)?;
+            self.check_tuples(data.chunks(bs), &tuples, rw.lba, checks)?;
             let blocks = tuples.len() as u64;
             let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
             self.write_unprotected(rw.lba, &data, durable)?;
