@@ -216,7 +216,11 @@ fn protection_metrics(e: &mut Exposition, fabric: &Fabric) {
             let f = lu.pi_check_failures();
             let lun = id.to_string();
             for (check, v) in [("guard", f.guard), ("reference_tag", f.reference)] {
-                e.sample(name, &[("target", &t.name), ("lun", &lun), ("check", check)], v);
+                e.sample(
+                    name,
+                    &[("target", &t.name), ("lun", &lun), ("check", check)],
+                    v,
+                );
             }
         }
     }

@@ -2283,7 +2283,11 @@ async fn a_block_changed_behind_a_protected_lun_is_reported_not_returned() {
     // One byte of LBA 102 changed in the backing file, not through the target.
     {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&image).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&image)
+            .unwrap();
         let mut b = [0u8; 1];
         f.read_exact_at(&mut b, 102 * 512 + 9).unwrap();
         f.write_all_at(&[b[0] ^ 0x80], 102 * 512 + 9).unwrap();

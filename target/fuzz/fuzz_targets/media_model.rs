@@ -13,7 +13,9 @@
 //! the unit, and the block device zero token; SANITIZE (OVERWRITE and BLOCK ERASE); the
 //! write cache turned on and off by MODE SELECT; and,
 //! beside the commands, a resize of the unit and, for files, closing the
-//! store and opening it again. READs and WRITEs go through each road the
+//! store and opening it again. Half the units are formatted with T10
+//! protection information (Type 1, tuples in memory, kept across a
+//! reopen as a tuples file would be). READs and WRITEs go through each road the
 //! fabric takes: the core's own command path, the planned READ the fabric
 //! reads itself (also through the I/O engine, chunk by chunk, as
 //! synchronized sends do), the planned WRITE it writes itself, and the
@@ -34,7 +36,11 @@
 //!   and every block it calls deallocated or anchored reads as zeros;
 //! - the whole medium, read from the backstore directly, equals the model:
 //!   a refused command changed nothing, a command changed no block outside
-//!   its range, and (after a reopen) what a file holds is what was written.
+//!   its range, and (after a reopen) what a file holds is what was written;
+//! - on a protected unit, every block's stored tuple is the one generated
+//!   for the model's block at its LBA, or FFh throughout (unwritten,
+//!   unmapped, sanitized): no command leaves a tuple that would fail a
+//!   later READ, and none fails a READ (the READ checks above see GOOD).
 //!
 //! Run with the flags in `media_model.flags`: `-len_control=0` (whole
 //! sequences from the first input) and `-detect_leaks=0`, because a
@@ -51,7 +57,8 @@ mod lun_files;
 
 use blockwire_pdu::pdu::codes::TaskAttr;
 use blockwire_pdu::scsi::{
-    Asc, Cdb, CdbSize, ModePage, ModeParameters, PageControl, Rw, Sense, SenseKey, UnmapDescriptor,
+    Asc, Cdb, CdbSize, ModePage, ModeParameters, PageControl, PiTuple, Rw, Sense, SenseKey,
+    UnmapDescriptor,
     UnmapList, Vpd, VpdPage,
 };
 use blockwire_target::backstore::{Backstore, FileBackstore, RamBackstore, StripedBackstore};
@@ -78,6 +85,7 @@ struct Input {
     four_k_blocks: bool,
     size: u8,
     thin: bool,
+    protected: bool,
     ops: Vec<Op>,
 }
 
@@ -237,6 +245,8 @@ struct Rig {
     journal: Option<PathBuf>,
     bs: u64,
     thin: bool,
+    /// The tuples of a protected unit (8 bytes per block, inverted).
+    pi: Option<Arc<dyn Backstore>>,
     table: LunTable,
     lu: Arc<LogicalUnit>,
     model: Vec<u8>,
@@ -289,6 +299,9 @@ impl Rig {
             journal,
             bs,
             thin: input.thin,
+            pi: input
+                .protected
+                .then(|| Arc::new(RamBackstore::new(size / bs * 8)) as Arc<dyn Backstore>),
             table: LunTable::new(vec![]),
             lu: Arc::new(LogicalUnit::new(LuConfig::new(Arc::new(
                 RamBackstore::new(bs),
@@ -343,6 +356,7 @@ impl Rig {
         let mut cfg = LuConfig::new(store);
         cfg.block_size = self.bs as u32;
         cfg.thin_provisioning = self.thin;
+        cfg.pi_store = self.pi.clone();
         self.lu = Arc::new(LogicalUnit::new(cfg));
         self.table = LunTable::new(vec![(0, self.lu.clone())]);
     }
@@ -443,6 +457,7 @@ impl Rig {
         let mut buf = self.readback.borrow_mut();
         buf.resize(self.model.len(), 0);
         store.read_at(0, &mut buf).expect("backstore read");
+        self.check_tuples(after);
         // Slice equality is one memcmp, outside the coverage instrumentation
         // a byte loop would pay for on every byte.
         if *buf == self.model {
@@ -455,6 +470,31 @@ impl Rig {
                 i as u64 / self.bs,
                 buf[i],
                 self.model[i]
+            );
+        }
+    }
+
+    /// Every stored tuple of a protected unit: the model's block's, or
+    /// FFh throughout.
+    fn check_tuples(&self, after: &str) {
+        let Some(pi) = &self.pi else {
+            return;
+        };
+        assert_eq!(pi.size(), self.blocks() * 8, "step {}: tuples' size after {after}", self.step);
+        let mut stored = vec![0u8; pi.size() as usize];
+        pi.read_at(0, &mut stored).expect("tuples read");
+        for (lba, (t, block)) in stored
+            .chunks(8)
+            .zip(self.model.chunks(self.bs as usize))
+            .enumerate()
+        {
+            let wire: [u8; 8] = std::array::from_fn(|i| !t[i]);
+            let tuple = PiTuple::decode(&wire);
+            let generated = PiTuple::generate(block, lba as u64);
+            assert!(
+                tuple == generated || tuple == PiTuple::UNWRITTEN,
+                "step {}: after {after}, block {lba}'s tuple is {tuple:?}, generated from the model {generated:?}",
+                self.step
             );
         }
     }

@@ -431,10 +431,20 @@ impl LogicalUnit {
                 format!("{new_size} bytes is not a whole number of {bs}-byte blocks"),
             ));
         }
+        // The tuples first, so no block is ever without room for its tuple;
+        // put back as they were when the blocks cannot follow.
         if let Some(pi) = &self.cfg.pi_store {
+            let before = pi.size();
             pi.resize(new_size / bs * blockwire_pdu::scsi::protection::TUPLE_BYTES as u64)?;
+            if let Err(e) = self.cfg.backstore.resize(new_size) {
+                if let Err(undo) = pi.resize(before) {
+                    warn!(error = %undo, "cannot put the protection information back to its size");
+                }
+                return Err(e);
+            }
+        } else {
+            self.cfg.backstore.resize(new_size)?;
         }
-        self.cfg.backstore.resize(new_size)?;
         let mut st = self.lock();
         let now = self.blocks();
         if now != st.blocks {
