@@ -2307,4 +2307,38 @@ async fn a_block_changed_behind_a_protected_lun_is_reported_not_returned() {
     // The tuples' file sits beside the image: 16 384 blocks, 8 bytes each.
     let tuples = image.with_file_name("pi.img.protection");
     assert_eq!(std::fs::metadata(tuples).unwrap().len(), 16_384 * 8);
+
+    // A block device names the file its tuples go to (beside the device
+    // node they would be in /dev); without one it is refused, by name.
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("loop.img");
+    std::fs::write(&backing, vec![0u8; 4 << 20]).unwrap();
+    let device = loop_device::LoopDevice::over(&backing);
+    let lun = |extra: Value| {
+        let mut l = json!({"id": 1, "backstore": "file",
+                           "path": device.0.display().to_string(), "protection": "type1"});
+        if let (Some(l), Some(extra)) = (l.as_object_mut(), extra.as_object()) {
+            l.extend(extra.clone());
+        }
+        json!({"target": TARGET, "lun": l})
+    };
+    let e = d.refusal("lun.add", lun(json!({}))).await;
+    assert!(
+        e.contains("target.lun.protection")
+            && e.contains("is a block device")
+            && e.contains("protection_file"),
+        "{e}"
+    );
+    let named = dir.path().join("loop.protection");
+    d.call(
+        "lun.add",
+        lun(json!({"protection_file": named.display().to_string()})),
+    )
+    .await;
+    assert_eq!(std::fs::metadata(&named).unwrap().len(), 8192 * 8);
+    let v = d.call("lun.list", Value::Null).await;
+    assert_eq!(
+        v["targets"][0]["luns"][1]["protection"]["type"], "type1",
+        "{v}"
+    );
 }

@@ -692,6 +692,24 @@ fn protection_store(
         .ok_or_else(|| ctx.err(lspan.clone(), "target.lun.path", "a file LUN needs a path"))?;
     let (file, field, span) = match &l.protection_file {
         Some(f) => (f.get_ref().clone(), "target.lun.protection_file", f.span()),
+        // Beside a device node would be in /dev, gone at the next boot.
+        None if std::fs::metadata(path).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_block_device()
+        }) =>
+        {
+            return Err(ctx.err(
+                l.protection.as_ref().map_or(lspan, Located::span),
+                "target.lun.protection",
+                format!(
+                    "{} is a block device: name the file that keeps its protection information, \
+                     e.g. protection_file = \"/var/lib/blockwire/{}.protection\"",
+                    path.display(),
+                    path.file_name()
+                        .map_or("lun".into(), |n| n.to_string_lossy())
+                ),
+            ));
+        }
         None => {
             let mut p = path.as_os_str().to_owned();
             p.push(".protection");
