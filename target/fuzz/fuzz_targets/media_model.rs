@@ -220,6 +220,22 @@ enum Op {
         blocks: u16,
     },
     Reopen,
+    /// READ(16) with RDPROTECT `protect` (1-7): on a protected unit each
+    /// block comes followed by its tuple (6 and 7 are reserved); elsewhere
+    /// it is refused.
+    ReadWithTuples {
+        at: Place,
+        protect: u8,
+    },
+    /// WRITE(10) with WRPROTECT `protect` (1-5), each block followed by
+    /// its generated tuple; `spoil` damages the guard or reference tag of
+    /// one block in a way the field checks, so nothing may be written.
+    WriteWithTuples {
+        at: Place,
+        protect: u8,
+        seed: u8,
+        spoil: Option<(u8, bool)>,
+    },
 }
 
 /// The scratch directory for this process's LUN files.
@@ -668,6 +684,13 @@ impl Rig {
                 ref pattern,
             } => self.sanitize(erase, invert, count, pattern),
             Op::WriteCache(on) => self.write_cache(on),
+            Op::ReadWithTuples { at, protect } => self.read_with_tuples(at, protect),
+            Op::WriteWithTuples {
+                at,
+                protect,
+                seed,
+                spoil,
+            } => self.write_with_tuples(at, protect, seed, spoil),
             Op::Resize { blocks } => {
                 // Up to 5 MiB, whole 4 KiB units for O_DIRECT.
                 let unit = if matches!(self.kind, StoreKind::File { direct: true, .. }) {
@@ -696,6 +719,124 @@ impl Rig {
             }
         }
         self.check_medium(&format!("{op:?}"));
+    }
+
+    /// The tuple generated from the model's block `lba` (a block may
+    /// instead hold FFh: never written, unmapped, sanitized).
+    fn model_tuple(&self, lba: u64) -> PiTuple {
+        PiTuple::generate(&self.model[self.bytes(lba, 1)], lba)
+    }
+
+    fn read_with_tuples(&mut self, at: Place, protect: u8) {
+        let protect = 1 + protect % 7;
+        let (lba, blocks, fits) = self.place(at, MAX_STEP_BLOCKS);
+        let cdb = Cdb::Read {
+            rw: Rw {
+                protect,
+                ..rw(CdbSize::Sixteen, lba, blocks as u32, false)
+            },
+            rarc: false,
+        }
+        .encode();
+        let unit = self.bs as usize + 8;
+        let r = self.run(&cdb, &[], (blocks as usize * unit) as u32);
+        if self.pi.is_none() || protect >= 6 {
+            let s = sense(&r);
+            assert_eq!(
+                (r.status, s.key, s.code()),
+                (CHECK_CONDITION, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB),
+                "step {}: RDPROTECT {protect} (protected: {})",
+                self.step,
+                self.pi.is_some()
+            );
+            return;
+        }
+        if !fits {
+            self.expect_refused_past_end(&r, "READ with RDPROTECT");
+            return;
+        }
+        self.expect_good(&r, "READ with RDPROTECT");
+        assert_eq!(r.data_in.len(), blocks as usize * unit, "step {}", self.step);
+        for (i, u) in r.data_in.chunks(unit).enumerate() {
+            let at = lba + i as u64;
+            let (data, tuple) = u.split_at(self.bs as usize);
+            assert!(
+                data == &self.model[self.bytes(at, 1)],
+                "step {}: READ with RDPROTECT {protect}: block {at} differs from the model",
+                self.step
+            );
+            let tuple = PiTuple::decode(tuple.try_into().expect("8 bytes"));
+            assert!(
+                tuple == self.model_tuple(at) || tuple == PiTuple::UNWRITTEN,
+                "step {}: READ with RDPROTECT {protect}: block {at}'s tuple {tuple:?}",
+                self.step
+            );
+        }
+    }
+
+    fn write_with_tuples(&mut self, at: Place, protect: u8, seed: u8, spoil: Option<(u8, bool)>) {
+        let protect = 1 + protect % 5;
+        let (lba, blocks, fits) = self.place(at, MAX_STEP_BLOCKS);
+        let data = pattern(seed, (blocks * self.bs) as usize);
+        let mut tuples: Vec<PiTuple> = data
+            .chunks(self.bs as usize)
+            .enumerate()
+            .map(|(i, b)| PiTuple::generate(b, lba + i as u64))
+            .collect();
+        // Damage only what this WRPROTECT checks: 010b skips the guard,
+        // 011b everything, 100b the reference tag.
+        let checks_guard = matches!(protect, 1 | 4 | 5);
+        let checks_ref = matches!(protect, 1 | 2 | 5);
+        let spoilt = spoil.and_then(|(which, guard)| {
+            let i = usize::from(which) % tuples.len();
+            if guard && checks_guard {
+                tuples[i].guard ^= 0x0101;
+                Some((i, Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED))
+            } else if !guard && checks_ref {
+                tuples[i].ref_tag ^= 0x40;
+                Some((i, Asc::LOGICAL_BLOCK_REFERENCE_TAG_CHECK_FAILED))
+            } else {
+                None
+            }
+        });
+        let wire: Vec<u8> = data
+            .chunks(self.bs as usize)
+            .zip(&tuples)
+            .flat_map(|(b, t)| b.iter().copied().chain(t.encode()))
+            .collect();
+        let cdb = Cdb::Write(Rw {
+            protect,
+            ..rw(CdbSize::Ten, lba, blocks as u32, false)
+        })
+        .encode();
+        let r = self.run(&cdb, &wire, 0);
+        if self.pi.is_none() {
+            let s = sense(&r);
+            assert_eq!(
+                (s.key, s.code()),
+                (SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB),
+                "step {}: WRPROTECT on an unprotected unit",
+                self.step
+            );
+            return;
+        }
+        if !fits {
+            self.expect_refused_past_end(&r, "WRITE with WRPROTECT");
+            return;
+        }
+        if let Some((i, asc)) = spoilt {
+            let s = sense(&r);
+            assert_eq!(
+                (r.status, s.key, s.code(), s.information),
+                (CHECK_CONDITION, SenseKey::AbortedCommand, asc, Some(lba + i as u64)),
+                "step {}: WRPROTECT {protect} with block {i}'s tuple damaged",
+                self.step
+            );
+            return;
+        }
+        self.expect_good(&r, "WRITE with WRPROTECT");
+        let range = self.bytes(lba, blocks);
+        self.model[range].copy_from_slice(&data);
     }
 
     fn write(&mut self, size: Size, at: Place, fua: bool, seed: u8, road: WriteRoad) {
