@@ -2322,6 +2322,7 @@ async fn a_block_changed_behind_a_protected_lun_is_reported_not_returned() {
         }
         json!({"target": TARGET, "lun": l})
     };
+    // Found by the dry run every change makes first, as by a start.
     let e = d.refusal("lun.add", lun(json!({}))).await;
     assert!(
         e.contains("target.lun.protection")

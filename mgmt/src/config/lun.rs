@@ -679,7 +679,7 @@ fn protection_store(
 ) -> Result<Arc<dyn Backstore>, ConfigError> {
     let size = backstore.size() / u64::from(block_size) * 8;
     let kind = l.backstore.get_ref().as_str();
-    if ctx.no_disk || (ctx.dry_run && kind == "file") {
+    if ctx.no_disk {
         return Ok(Arc::new(NullBackstore::new(size)));
     }
     if kind == "ram" {
@@ -726,6 +726,11 @@ fn protection_store(
             field,
             "the protection file must not be the backing file itself",
         ));
+    }
+    // A check or dry run has found what a start would refuse; it opens
+    // and creates nothing.
+    if ctx.dry_run {
+        return Ok(Arc::new(NullBackstore::new(size)));
     }
     // Cached whatever the data's mode: tuples are 8-byte writes, and
     // FUA and SYNCHRONIZE CACHE make them durable with the data.

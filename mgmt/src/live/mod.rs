@@ -171,8 +171,11 @@ pub fn apply_listen_override(
 /// The configuration text with every portal group's listen addresses replaced by `listen`
 /// (`--listen`) where they are written, each array keeping its lines, so that a check of
 /// the text names the file's own lines. None when a portal group has no `listen` to
-/// replace (then only a rendering of the document carries the override).
+/// replace (then only a rendering of the document carries the override), and when the text is
+/// not a TOML document (the portal groups alone may read where the rest does not: an integer
+/// beyond 64 bits elsewhere in it).
 pub fn override_listen_text(text: &str, listen: SocketAddr) -> Option<String> {
+    text.parse::<Table>().ok()?;
     #[derive(serde::Deserialize)]
     struct Groups {
         #[serde(default)]
