@@ -467,3 +467,86 @@ fn resizing_grows_the_tuples_with_the_blocks() {
         PiTuple::generate(&block(1), last)
     );
 }
+
+/// An EXTENDED COPY (LID1) parameter list copying `blocks` blocks from
+/// `slba` to `dlba` within the unit whose VPD 83h NAA designator is `naa`.
+fn copy_within(naa: &[u8], slba: u64, dlba: u64, blocks: u16) -> Vec<u8> {
+    let mut list = vec![0u8; 16];
+    list[0] = 9; // list identifier
+    list[2..4].copy_from_slice(&64u16.to_be_bytes()); // two CSCDs
+    list[8..12].copy_from_slice(&28u32.to_be_bytes()); // one segment
+    for _ in 0..2 {
+        let mut cscd = vec![0xe4, 0, 0, 0];
+        let mut d = naa.to_vec();
+        d.resize(20, 0);
+        cscd.extend_from_slice(&d);
+        cscd.extend_from_slice(&[0, 0, 0, 0, 0, 0, 2, 0]); // 512-byte blocks
+        list.extend_from_slice(&cscd);
+    }
+    // Block to block (02h), source CSCD 0, destination CSCD 1.
+    let mut seg = vec![0x02, 0, 0, 0x18, 0, 0, 0, 1, 0, 0];
+    seg.extend_from_slice(&blocks.to_be_bytes());
+    seg.extend_from_slice(&slba.to_be_bytes());
+    seg.extend_from_slice(&dlba.to_be_bytes());
+    list.extend_from_slice(&seg);
+    list
+}
+
+#[test]
+fn extended_copy_checks_the_source_and_generates_the_destinations_tuples() {
+    let (t, store) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let naa = {
+        let r = run(
+            &t,
+            &a,
+            &c(Cdb::Inquiry {
+                evpd: true,
+                page_code: 0x83,
+                allocation_length: 512,
+            }),
+            &[],
+            512,
+        );
+        let VpdPage::DeviceIdentification(ds) = Vpd::decode(&r.data_in).unwrap().page else {
+            panic!("no VPD 83h")
+        };
+        ds[0].encode()
+    };
+    let data: Vec<u8> = (0..4).flat_map(|i| block(0x40 + i)).collect();
+    assert_eq!(write(&t, &a, 20, &data).status, GOOD);
+    let xcopy = |list: &[u8]| {
+        let cdb = c(Cdb::ExtendedCopy {
+            service_action: 0,
+            parameter_list_length: list.len() as u32,
+        });
+        run(&t, &a, &cdb, list, 0)
+    };
+    // A clean copy: the destination's tuples name the destination's LBAs.
+    let r = xcopy(&copy_within(&naa, 20, 300, 4));
+    assert_eq!(r.status, GOOD, "{r:?}");
+    let copied = tuples(&t, &a, 300, 4);
+    for (i, tuple) in copied.iter().enumerate() {
+        let b = &data[i * 512..(i + 1) * 512];
+        assert_eq!(
+            (tuple.guard, tuple.ref_tag),
+            (crc16_t10dif(b), 300 + i as u32)
+        );
+    }
+    // One bit flipped behind the unit in the source's third block: the copy
+    // stops as COPY ABORTED with the guard check's code and that LBA, and
+    // nothing of it reaches the destination.
+    let mut b = [0u8; 1];
+    store.read_at(22 * 512 + 7, &mut b).unwrap();
+    store.write_at(22 * 512 + 7, &[b[0] ^ 0x01]).unwrap();
+    let r = xcopy(&copy_within(&naa, 20, 600, 4));
+    let s = expect_check(
+        &r,
+        SenseKey::CopyAborted,
+        Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED,
+    );
+    assert_eq!(s.information, Some(22), "{s:?}");
+    assert_eq!(super::tests::read(&t, &a, 600, 4).data_in, vec![0u8; 2048]);
+    assert!(tuples(&t, &a, 600, 4).iter().all(|t| t.app_tag == 0xFFFF));
+}

@@ -85,6 +85,18 @@ fn copy_aborted(code: Asc) -> Failure {
     Failure::Check(Sense::new(SenseKey::CopyAborted, code))
 }
 
+/// `f` as COPY ABORTED: its additional sense code and INFORMATION kept,
+/// so the initiator learns which check failed at which LBA.
+fn copy_aborted_keeping_code(f: Failure) -> Failure {
+    match f {
+        Failure::Check(mut s) => {
+            s.key = SenseKey::CopyAborted;
+            Failure::Check(s)
+        }
+        other => other,
+    }
+}
+
 impl LogicalUnit {
     /// The NAA designator this unit reports in VPD 83h.
     pub(crate) fn naa_designator(&self) -> DesignatorId {
@@ -328,8 +340,12 @@ pub(crate) fn copy_segment(
                 copy_aborted(Asc::UNRECOVERED_READ_ERROR)
             })?;
         // A protected source's blocks are checked before they are copied;
-        // a protected destination gets tuples generated for them.
-        src.check_stored_pi(slba + done, part)?;
+        // a protected destination gets tuples generated for them. A block
+        // that fails its check aborts the copy with the check's own code
+        // and LBA (SPC-4 6.4.5: errors while processing a segment end the
+        // command as COPY ABORTED).
+        src.check_stored_pi(slba + done, part)
+            .map_err(copy_aborted_keeping_code)?;
         let _g = dst.ranges.shared(dlba + done, dlba + done + n);
         dst.cfg
             .backstore
@@ -338,7 +354,8 @@ pub(crate) fn copy_segment(
                 warn!(lba = dlba + done, error = %e, "extended copy write failed");
                 copy_aborted(Asc::WRITE_ERROR)
             })?;
-        dst.generate_pi(dlba + done, part, false)?;
+        dst.generate_pi(dlba + done, part, false)
+            .map_err(copy_aborted_keeping_code)?;
         done += n;
     }
     dst.persist(dlba, false)?;
