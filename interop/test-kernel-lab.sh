@@ -238,6 +238,27 @@ if [ ${#died[@]} -gt 0 ]; then
     echo "NOTE: kernel-lab guests that died mid-suite and were booted once more: ${died[*]} (first run's logs in $build/kernel-lab/SUITE.died)"
 fi
 if [ ${#failed[@]} -gt 0 ]; then
+    # A CI log is often read from its end: each failed suite once more, in a few lines (its
+    # FAIL lines, and for a guest that vanished the first lines of its kernel's last words),
+    # with what the guests ran on.
+    echo "==== summary of the failed kernel-lab suites (full logs above and in $build/kernel-lab/)"
+    echo "    lab kernel $(readlink /opt/kernel-lab/current); $(qemu-system-x86_64 --version | head -n 1);" \
+        "host $(uname -r), $(grep -m 1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs"
+    # A guest that vanished may have been QEMU killed on the host (its memory is the largest).
+    echo "    host memory now: $(free -m | awk '/^Mem:/ {print $3 " MiB used, " $7 " MiB available of " $2}')"
+    dmesg 2>/dev/null | grep -iE 'out of memory|oom-kill|killed process' | tail -n 3 | sed 's/^/    host kernel: /' || true
+    for s in "${failed[@]}"; do
+        echo "  $s:"
+        grep -E '^(node[12]\| )?FAIL' "$build/kernel-lab/$s/guest.log" 2>/dev/null | head -n 8 | sed 's/^/    /' || true
+        for d in "$build/kernel-lab/$s" "$build/kernel-lab/$s.died"; do
+            [ -s "$d/console.log" ] || continue
+            echo "    kernel console of $d (from the first oops or panic, else its end):"
+            first=$(grep -n -m 1 -E 'Kernel panic|BUG:|Oops|general protection|watchdog: BUG|INFO: task|WARNING:' \
+                "$d/console.log" | cut -d: -f1) || true
+            if [ -n "$first" ]; then tail -n "+$first" "$d/console.log" | head -n 12; else tail -n 6 "$d/console.log"; fi |
+                sed 's/^/      /'
+        done
+    done
     echo "FAIL: kernel-lab suites: ${failed[*]}"
     exit 1
 fi

@@ -84,8 +84,9 @@ sleep 1
 # --- 12 more: about 12 MiB left, below the threshold -----------------------------------------
 check "12 MiB more" dd if=/dev/urandom of="$KL_WORK/second.bin" bs=1M count=12 status=none
 check "12 MiB more to /dev/$dev" dd if="$KL_WORK/second.bin" of="/dev/$dev" bs=1M seek=24 oflag=direct status=none
-# The target looks once a second; the kernel hears it with its next command.
-for i in $(seq 1 20); do
+# The target looks once a second; the kernel hears it with its next command. A slow guest
+# (software-emulated CPU on a busy host) gets up to a minute.
+for i in $(seq 1 120); do
     sleep 0.5
     sg_turs "/dev/$dev" >/dev/null 2>&1
     [ "$(warnings)" -ge 1 ] && break
@@ -93,7 +94,11 @@ done
 dmesg | grep -i "thin provisioning" | sed 's/^/    kernel: /'
 [ "$(warnings)" = 1 ] && pass "the kernel logged the soft threshold once" ||
     fail "kernel soft-threshold messages: $(warnings)"
-sleep 1
+# udev's monitor writes the event some time after the kernel logged it.
+for i in $(seq 1 60); do
+    grep -q "SDEV_UA=THIN_PROVISIONING_SOFT_THRESHOLD_REACHED" "$KL_OUT/uevents.log" && break
+    sleep 0.5
+done
 grep -q "SDEV_UA=THIN_PROVISIONING_SOFT_THRESHOLD_REACHED" "$KL_OUT/uevents.log" &&
     pass "uevent SDEV_UA=THIN_PROVISIONING_SOFT_THRESHOLD_REACHED" ||
     fail "no soft-threshold uevent: $(grep -c SDEV_UA "$KL_OUT/uevents.log") SDEV_UA lines"
