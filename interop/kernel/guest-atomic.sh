@@ -112,7 +112,9 @@ n9c=$(grep -c "WRITE_ATOMIC_16\|opcode=0x9c" $tr/trace || true)
 grep -m 2 "WRITE_ATOMIC_16\|opcode=0x9c" $tr/trace | sed 's/^ */    trace: /'
 [ "$n9c" -ge 2 ] && pass "the kernel sent WRITE ATOMIC(16) for them ($n9c in the SCSI trace)" ||
     fail "no WRITE ATOMIC(16) in the SCSI trace ($(grep -c scsi_dispatch_cmd_start $tr/trace) commands traced)"
-echo 0 >$tr/events/scsi/scsi_dispatch_cmd_start/enable
+# The event stays enabled (tracing_on 0 already stops the recording): turning a tracepoint off
+# patches kernel text while I/O may be in flight, and twice in one CI run a guest on a software-
+# emulated CPU vanished (QEMU gone, exit 255) between the PASS above and the next line.
 out=$($IO once "/dev/$plain" 65536 16384)
 [ $? = 2 ] && pass "/dev/$plain (no atomic writes): the kernel refuses: $out" || fail "/dev/$plain: $out"
 
