@@ -18,17 +18,42 @@ pub const ESCAPE_APP_TAG: u16 = 0xFFFF;
 
 /// CRC-16 T10-DIF (polynomial 8BB7h, initial value 0, no reflection, no
 /// final XOR) over one block: the LOGICAL BLOCK GUARD.
+///
+/// Sixteen bytes per step ("slicing by 16"): every block a protected unit
+/// reads or writes goes through here, and one table lookup per byte held
+/// a 1 MiB READ to a fraction of the rate of an unprotected one.
 pub fn crc16_t10dif(data: &[u8]) -> u16 {
-    data.iter().fold(0u16, |crc, &b| {
-        let i = usize::from((crc >> 8) as u8 ^ b);
-        (crc << 8) ^ CRC_TABLE.get(i).copied().unwrap_or(0)
-    })
+    let mut crc = 0u16;
+    let mut chunks = data.chunks_exact(SLICES);
+    for chunk in &mut chunks {
+        let Ok(c) = <&[u8; SLICES]>::try_from(chunk) else {
+            continue;
+        };
+        // The register's two bytes meet the first two data bytes; each
+        // byte's contribution is its CRC followed by as many zero bytes as
+        // come after it in the chunk (table SLICES - 1 - its position).
+        let mut next = CRC_TABLES[SLICES - 1][usize::from((crc >> 8) as u8 ^ c[0])]
+            ^ CRC_TABLES[SLICES - 2][usize::from(crc as u8 ^ c[1])];
+        for (k, &b) in c.iter().enumerate().skip(2) {
+            next ^= CRC_TABLES[SLICES - 1 - k][usize::from(b)];
+        }
+        crc = next;
+    }
+    for &b in chunks.remainder() {
+        crc = (crc << 8) ^ CRC_TABLES[0][usize::from((crc >> 8) as u8 ^ b)];
+    }
+    crc
 }
 
 const POLY: u16 = 0x8BB7;
 
-const CRC_TABLE: [u16; 256] = {
-    let mut table = [0u16; 256];
+/// Bytes [`crc16_t10dif`] takes per step.
+const SLICES: usize = 16;
+
+/// `CRC_TABLES[0][b]`: the CRC of the byte `b`; `CRC_TABLES[k][b]`: the CRC
+/// of `b` followed by `k` zero bytes.
+const CRC_TABLES: [[u16; 256]; SLICES] = {
+    let mut tables = [[0u16; 256]; SLICES];
     let mut i = 0;
     while i < 256 {
         let mut crc = (i as u16) << 8;
@@ -41,10 +66,20 @@ const CRC_TABLE: [u16; 256] = {
             };
             bit += 1;
         }
-        table[i] = crc;
+        tables[0][i] = crc;
         i += 1;
     }
-    table
+    let mut k = 1;
+    while k < SLICES {
+        let mut i = 0;
+        while i < 256 {
+            let prev = tables[k - 1][i];
+            tables[k][i] = (prev << 8) ^ tables[0][(prev >> 8) as usize];
+            i += 1;
+        }
+        k += 1;
+    }
+    tables
 };
 
 /// One block's protection information.
@@ -183,6 +218,18 @@ mod tests {
         // CRC-16/T10-DIF's check value in the CRC catalogue.
         assert_eq!(crc16_t10dif(b"123456789"), 0xD0DB);
         assert_eq!(crc16_t10dif(&[0u8; 512]), 0);
+    }
+
+    #[test]
+    fn sixteen_bytes_a_step_agree_with_one_at_a_time_at_every_length() {
+        let data: Vec<u8> = (0..4200u32).map(|i| (i * 131 + i / 7) as u8).collect();
+        for len in (0..64).chain([511, 512, 513, 4095, 4096, 4200]) {
+            assert_eq!(
+                crc16_t10dif(&data[..len]),
+                crc_bitwise(&data[..len]),
+                "{len} bytes"
+            );
+        }
     }
 
     #[test]
