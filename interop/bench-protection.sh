@@ -1,0 +1,124 @@
+#!/bin/bash
+# interop/bench-protection.sh — what T10 protection information (Type 1) costs: one
+# blockwire-target serving two 1 GiB file LUNs in /dev/shm, LUN 0 plain and LUN 1 with
+# `protection = "type1"` (its tuples in a second /dev/shm file), the same workloads on both in
+# one run, alternating LUN by LUN in each round; prints each LUN's MB/s, the ratio protected /
+# plain, and the target's CPU time per I/O on each.
+#
+# Not run by CI (a benchmark: about 6 minutes with the defaults). Release builds of
+# blockwire-target and the `blockwire` CLI (interop/lib/blockwire.sh builds them if missing).
+# Client: `blockwire bench`, blockwire's own initiator (one session, one thread), the cheapest
+# client here, so the difference between the LUNs is the target's. Do not run it beside a
+# build or another benchmark.
+#
+# Why a protected LUN costs more: every READ checks a CRC-16 T10-DIF guard per 512-byte block
+# and reads the tuples from their own file; every WRITE computes the guards and writes the
+# tuples beside the blocks; and a protected LUN's READs go through the SCSI core's buffer, not
+# the fabric's sendfile/engine roads (the core must see the bytes to check them).
+#
+#   SECS=N     seconds per measurement (default 5)
+#   ROUNDS=N   rounds per workload, the LUNs alternating in each (default 3)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib/blockwire.sh"
+SECS=${SECS:-5}
+ROUNDS=${ROUNDS:-3}
+IQN=iqn.2026-12.io.blockwire:bench-protection
+
+cli=$(blockwire_cli)
+blockwire_bin >/dev/null
+tmp=$(mktemp -d)
+shm=$(mktemp -d /dev/shm/blockwire-bench-pi.XXXXXX)
+pid=""
+cleanup() {
+    [ -n "$pid" ] && { stop_blockwire "$pid" 2>/dev/null || true; }
+    rm -rf "$tmp" "$shm"
+}
+trap cleanup EXIT
+
+cat >"$tmp/target.toml" <<EOF
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+[[target]]
+name = "$IQN"
+
+[[target.lun]]
+id = 0
+backstore = "file"
+path = "$shm/plain.img"
+size = "1G"
+
+[[target.lun]]
+id = 1
+backstore = "file"
+path = "$shm/protected.img"
+size = "1G"
+protection = "type1"
+EOF
+port=$(free_port)
+pid=$(start_blockwire "$port" "$tmp" "$tmp/target.toml")
+
+# cpu_ticks PID: user + system clock ticks the process has used.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+# bench LUN PATTERN OP BS QD SECS: prints "MB/s IOPS".
+bench() {
+    local out
+    out=$(timeout $(($6 + 60)) "$cli" bench -p "127.0.0.1:$port" -T "$IQN" --lun "$1" \
+        --pattern "$2" --op "$3" --bs "$4" --qd "$5" --time "$6s" 2>&1) || {
+        echo "FAIL: blockwire bench on LUN $1 ($2 $3 $4 qd $5): $out" >&2
+        return 1
+    }
+    python3 - "$out" <<'PY'
+import re, sys
+t = sys.argv[1]
+mb = re.search(r"\bMB/s=([0-9.]+)", t)
+io = re.search(r"\bIOPS=([0-9.]+)", t)
+if not (mb and io):
+    sys.exit(f"cannot read MB/s and IOPS from: {t!r}")
+print(mb.group(1), io.group(1))
+PY
+}
+
+echo "==== bench-protection: blockwire-target $(git -C "$here/.." rev-parse --short HEAD), $(nproc) CPUs ($(grep -m 1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), SECS=$SECS ROUNDS=$ROUNDS"
+echo "---- both LUNs written once, whole, with the same random bytes, so every READ finds data and tuples"
+head -c 1G /dev/urandom >"$tmp/fill.bin"
+for lun in 0 1; do
+    timeout 300 "$cli" dd if="$tmp/fill.bin" of="iscsi://127.0.0.1:$port/$IQN/$lun" bs=1M status=none
+done
+rm -f "$tmp/fill.bin"
+
+printf '%-26s %14s %14s %9s %15s %15s\n' workload "plain MB/s" "type1 MB/s" "ratio" "plain CPU us/IO" "type1 CPU us/IO"
+for w in "rand read 4k 32" "rand write 4k 32" "seq read 1M 8" "seq write 1M 8"; do
+    read -r pattern op bs qd <<<"$w"
+    declare -A mb=() ios=() ticks=()
+    for lun in 0 1; do mb[$lun]=0 ios[$lun]=0 ticks[$lun]=0; done
+    for round in $(seq 1 "$ROUNDS"); do
+        for lun in 0 1; do
+            t0=$(cpu_ticks "$pid")
+            read -r m i < <(bench "$lun" "$pattern" "$op" "$bs" "$qd" "$SECS")
+            t1=$(cpu_ticks "$pid")
+            mb[$lun]=$(python3 -c "print(${mb[$lun]} + $m)")
+            ios[$lun]=$(python3 -c "print(${ios[$lun]} + $i * $SECS)")
+            ticks[$lun]=$((ticks[$lun] + t1 - t0))
+        done
+    done
+    python3 - "$w" "$ROUNDS" "$hz" "${mb[0]}" "${mb[1]}" "${ios[0]}" "${ios[1]}" "${ticks[0]}" "${ticks[1]}" <<'PY'
+import sys
+w, rounds, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+mb0, mb1, io0, io1 = (float(x) for x in sys.argv[4:8])
+t0, t1 = (int(x) for x in sys.argv[8:10])
+p, q = mb0 / rounds, mb1 / rounds
+us = lambda t, n: t / hz * 1e6 / n if n else float("nan")
+print(f"{'bs ' + w.split()[2] + ' ' + w.split()[0] + ' ' + w.split()[1] + ' qd ' + w.split()[3]:<26} "
+      f"{p:14.1f} {q:14.1f} {q / p:8.2f}x {us(t0, io0):15.1f} {us(t1, io1):15.1f}")
+PY
+done
+echo "(ratio: protected / plain, mean of $ROUNDS rounds of ${SECS} s each; CPU: blockwire-target's user + system time per I/O)"
+grep -c "protection information check failed" "$tmp/blockwire-$port.log" | {
+    read -r n
+    [ "$n" = 0 ] && echo "no protection information check failed" || { echo "FAIL: $n protection information check failures logged"; exit 1; }
+}
