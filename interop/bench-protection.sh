@@ -36,19 +36,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat >"$tmp/target.toml" <<EOF
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:3260"]
-
-[[target]]
-name = "$IQN"
-
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "$shm/plain.img"
-size = "1G"
+blockwire_file_config "$tmp/target.toml" "$IQN" "$shm/plain.img" 1G
+cat >>"$tmp/target.toml" <<EOF
 
 [[target.lun]]
 id = 1

@@ -497,23 +497,8 @@ fn extended_copy_checks_the_source_and_generates_the_destinations_tuples() {
     let (t, store) = protected();
     let a = nexus("iqn.a");
     ready(&t, &a);
-    let naa = {
-        let r = run(
-            &t,
-            &a,
-            &c(Cdb::Inquiry {
-                evpd: true,
-                page_code: 0x83,
-                allocation_length: 512,
-            }),
-            &[],
-            512,
-        );
-        let VpdPage::DeviceIdentification(ds) = Vpd::decode(&r.data_in).unwrap().page else {
-            panic!("no VPD 83h")
-        };
-        ds[0].encode()
-    };
+    // The designator VPD 83h reports, which the copy's CSCDs name.
+    let naa = t.get(0).expect("LUN 0").naa_designator_full().encode();
     let data: Vec<u8> = (0..4).flat_map(|i| block(0x40 + i)).collect();
     assert_eq!(write(&t, &a, 20, &data).status, GOOD);
     let xcopy = |list: &[u8]| {
