@@ -49,8 +49,6 @@ EOF
 port=$(free_port)
 pid=$(start_blockwire "$port" "$tmp" "$tmp/target.toml")
 
-# cpu_ticks PID: user + system clock ticks the process has used.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 # bench LUN PATTERN OP BS QD SECS: prints "MB/s IOPS".

@@ -207,7 +207,6 @@ declare -A T=(
 # name -> LUN of the QEMU read-back
 declare -A RB_LUN=([blockwire]=1 [tgtd]=2)
 
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 # busy_ticks: the whole machine's non-idle CPU time so far (all CPUs), in ticks.
 busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
 NCPU=$(nproc)

@@ -107,19 +107,20 @@ console_stop() {
     kill "$1" 2>/dev/null || true
     wait "$1" 2>/dev/null || true
 }
-# console_tail DIR: what the guest's kernel said on its console (warnings and worse): from the
-# first oops, BUG, lockup, hung task or panic on (70 lines), else its last 40 lines.
+# console_tail DIR [FROM] [LAST]: what the guest's kernel said on its console (warnings and
+# worse): from the first oops, BUG, lockup, hung task or panic on (FROM lines, 70), else its
+# last LAST lines (40).
 console_tail() {
-    local log=$1/console.log first
+    local log=$1/console.log from=${2:-70} last=${3:-40} first
     [ -s "$log" ] || { echo "    the guest's kernel console ($log) is empty"; return 0; }
     first=$(grep -n -m 1 -E 'Kernel panic|BUG:|Oops|general protection|watchdog: BUG|INFO: task|WARNING:' \
         "$log" | cut -d: -f1) || true
     if [ -n "$first" ]; then
         echo "    the guest's kernel console ($log) from line $first:"
-        tail -n "+$first" "$log" | head -n 70 | sed 's/^/      /'
+        tail -n "+$first" "$log" | head -n "$from" | sed 's/^/      /'
     else
         echo "    last kernel console lines of the guest ($log):"
-        tail -n 40 "$log" | sed 's/^/      /'
+        tail -n "$last" "$log" | sed 's/^/      /'
     fi
 }
 
@@ -251,12 +252,7 @@ if [ ${#failed[@]} -gt 0 ]; then
         echo "  $s:"
         grep -E '^(node[12]\| )?FAIL' "$build/kernel-lab/$s/guest.log" 2>/dev/null | head -n 8 | sed 's/^/    /' || true
         for d in "$build/kernel-lab/$s" "$build/kernel-lab/$s.died"; do
-            [ -s "$d/console.log" ] || continue
-            echo "    kernel console of $d (from the first oops or panic, else its end):"
-            first=$(grep -n -m 1 -E 'Kernel panic|BUG:|Oops|general protection|watchdog: BUG|INFO: task|WARNING:' \
-                "$d/console.log" | cut -d: -f1) || true
-            if [ -n "$first" ]; then tail -n "+$first" "$d/console.log" | head -n 12; else tail -n 6 "$d/console.log"; fi |
-                sed 's/^/      /'
+            if [ -s "$d/console.log" ]; then console_tail "$d" 12 6; fi
         done
     done
     echo "FAIL: kernel-lab suites: ${failed[*]}"

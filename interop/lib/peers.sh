@@ -30,6 +30,9 @@
 #                                      ignores SIGTERM/SIGINT, and `tgtadm --op delete --mode
 #                                      system` refuses while targets exist), then remove its
 #                                      control socket /var/run/tgtd/socket.PORT{,.lock}
+#   cpu_ticks PID                      user + system clock ticks the process (all its
+#                                      threads) has used so far (/proc/PID/stat; getconf
+#                                      CLK_TCK per second), for a benchmark's CPU per I/O
 #   iscsiadm_discover HOST:PORT [--chap USER PASS] [--mutual USER_IN PASS_IN] [--isns]
 #                                      open-iscsi SendTargets discovery without the kernel
 #                                      (see /work/shared/INTEROP.md); prints iscsiadm's
@@ -40,6 +43,8 @@
 #
 # Everything a caller starts it must stop by PID, e.g.
 #   pid=$(start_tgtd "$port" "$tmp"); trap 'stop_tgtd "$port" "$pid"' EXIT
+
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 # Print a free loopback TCP port. Not port 0 / the kernel's choice: those come from the
 # ephemeral range (>= 32768 here) and tgtd rejects a control port above 32767. A port whose
