@@ -14,11 +14,10 @@ use std::time::Duration;
 use blockwire_pdu::pdu::codes::{TaskAttr, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{ScsiCommand, TaskMgmtRequest};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
-use blockwire_target::backstore::{FileBackstore, FileMode};
+use blockwire_target::backstore::{lives_in_memory, FileBackstore, FileMode};
 use blockwire_target::copies::{totals, CopyPath, Counts};
 use blockwire_target::datapath::{Mode, Phase};
 use blockwire_target::iscsi::catalog::Acl;
-use blockwire_target::iscsi::sendfile;
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
 
@@ -71,7 +70,7 @@ async fn start(
         Lun0::MappedOnDisk => {
             let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
             assert!(
-                !sendfile::in_memory(std::fs::File::open(dir.path()).unwrap()),
+                !lives_in_memory(std::fs::File::open(dir.path()).unwrap()),
                 "{:?} is in tmpfs: the on-disk mapped send path needs a device's file system there",
                 dir.path()
             );

@@ -901,6 +901,12 @@ impl Rig {
                             Err(e) => p.lu.read_failure(p.lba, p.len, &e),
                         }
                     }
+                    // A protected unit's blocks are read and checked by the
+                    // core: on the connection's task when in memory.
+                    ReadPlan::Checked(p) => p
+                        .lu
+                        .read_checked_without_waiting(&p, cap)
+                        .unwrap_or_else(|| p.lu.read_checked(&p, cap)),
                     ReadPlan::Answer(r) => r,
                     ReadPlan::NotPlanned | ReadPlan::WouldWait => rig.table.execute(req),
                 })
@@ -913,6 +919,7 @@ impl Rig {
                         drop(p);
                         rig.table.execute(req)
                     }),
+                    ReadPlan::Checked(p) => p.lu.read_checked(&p, cap),
                     ReadPlan::Answer(r) => r,
                     ReadPlan::NotPlanned | ReadPlan::WouldWait => rig.table.execute(req),
                 })

@@ -69,6 +69,12 @@ pub struct FileBackstore {
     can_zero_range: AtomicBool,
     /// `pwritev2(RWF_DSYNC)` still believed to work.
     can_dsync: AtomicBool,
+    /// The file lives in tmpfs, which is memory: a cached read of it never
+    /// waits for a device.
+    tmpfs: bool,
+    /// `preadv2(RWF_NOWAIT)` still believed to work (see
+    /// [`Backstore::read_at_without_waiting`]).
+    can_nowait: AtomicBool,
     /// The write-ahead journal that makes WRITE ATOMIC whole-or-nothing
     /// (see [`super::journal`]); none: no atomic writes.
     journal: Option<Journal>,
@@ -119,6 +125,18 @@ fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let start = v.as_ptr().align_offset(DIRECT_ALIGN as usize);
         f(&mut v[start..start + len])
     })
+}
+
+/// statfs(2)'s f_type of tmpfs (linux/magic.h).
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+
+/// Whether `fd` (a file or a directory) lives in tmpfs, which is memory: a
+/// read of it never waits for a device. False when the file system cannot
+/// be asked.
+pub fn lives_in_memory(fd: impl std::os::fd::AsFd) -> bool {
+    rustix::fs::fstatfs(fd)
+        .map(|s| s.f_type as u64 == TMPFS_MAGIC)
+        .unwrap_or(false)
 }
 
 fn is_unsupported(e: &Errno) -> bool {
@@ -226,6 +244,7 @@ impl FileBackstore {
         if let Some(why) = &fallback {
             warn!(path = %path.display(), reason = %why, "direct mode unavailable: running this LUN in cached mode (page cache); put the file on a filesystem that supports O_DIRECT (ext4, xfs, a block device) for direct I/O");
         }
+        let tmpfs = lives_in_memory(&file);
         Ok(FileBackstore {
             file,
             path: path.to_owned(),
@@ -237,6 +256,8 @@ impl FileBackstore {
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
             can_dsync: AtomicBool::new(true),
+            tmpfs,
+            can_nowait: AtomicBool::new(true),
             journal: None,
             known_data: Mutex::new(KnownData::default()),
             walking: Mutex::new(()),
@@ -534,6 +555,44 @@ impl Backstore for FileBackstore {
         }
     }
 
+    fn read_at_without_waiting(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        self.check(offset, buf.len() as u64)?;
+        if self.mode == FileMode::Direct {
+            return Ok(false);
+        }
+        if self.tmpfs {
+            crate::copies::note_read_to_user(buf.len());
+            return self.file.read_exact_at(buf, offset).map(|()| true);
+        }
+        if !self.can_nowait.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        // RWF_NOWAIT: only what the page cache holds; a page that is not
+        // there ends the read short (or EAGAIN) instead of waiting for it.
+        let mut done = 0usize;
+        while done < buf.len() {
+            let dst = buf.get_mut(done..).unwrap_or_default();
+            match rustix::io::preadv2(
+                &self.file,
+                &mut [io::IoSliceMut::new(dst)],
+                offset + done as u64,
+                rustix::io::ReadWriteFlags::NOWAIT,
+            ) {
+                Ok(0) => return Ok(false),
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => return Ok(false),
+                Err(e) if is_unsupported(&e) => {
+                    self.can_nowait.store(false, Ordering::Relaxed);
+                    return Ok(false);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        crate::copies::note_read_to_user(buf.len());
+        Ok(true)
+    }
+
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.write(offset, data, false)
     }
@@ -762,6 +821,54 @@ mod tests {
         assert_eq!(ro.size(), 1 << 20);
         assert!(ro.write_at(0, b"x").is_err());
         assert!(s.read_at((1 << 20) - 1, &mut [0u8; 2]).is_err());
+    }
+
+    #[test]
+    fn reads_without_waiting_take_only_what_memory_holds() {
+        let pattern: Vec<u8> = (0..64 << 10).map(|i: u32| (i * 7 + i / 4096) as u8).collect();
+        // A device's file system (Debian never mounts /var/tmp in memory):
+        // pages dropped from the page cache are not read without waiting.
+        let disk = tempfile::tempdir_in("/var/tmp").unwrap();
+        assert!(
+            !lives_in_memory(File::open(disk.path()).unwrap()),
+            "/var/tmp is in tmpfs here: this test needs a device's file system there"
+        );
+        let path = disk.path().join("lun.img");
+        let s = FileBackstore::open(&path, Some(1 << 20), false).unwrap();
+        s.write_at(0, &pattern).unwrap();
+        s.flush().unwrap();
+        let drop_cache = || {
+            rustix::fs::fadvise(
+                File::open(&path).unwrap(),
+                0,
+                None,
+                rustix::fs::Advice::DontNeed,
+            )
+            .unwrap()
+        };
+        drop_cache();
+        let mut buf = vec![0u8; 8192];
+        assert!(!s.read_at_without_waiting(4096, &mut buf).unwrap(), "not cached");
+        s.read_at(4096, &mut buf).unwrap();
+        buf.fill(0);
+        assert!(s.read_at_without_waiting(4096, &mut buf).unwrap(), "cached now");
+        assert_eq!(buf, pattern[4096..12288]);
+        assert!(s.read_at_without_waiting((1 << 20) - 1, &mut [0u8; 2]).is_err());
+        // O_DIRECT reads always wait for the device.
+        let direct = FileBackstore::open_with(&path, None, false, FileMode::Direct).unwrap();
+        if direct.mode() == FileMode::Direct {
+            assert!(!direct.read_at_without_waiting(4096, &mut buf).unwrap());
+        }
+
+        // tmpfs is memory: read whatever the page cache was told.
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = shm.path().join("lun.img");
+        let s = FileBackstore::open(&path, Some(1 << 20), false).unwrap();
+        s.write_at(0, &pattern).unwrap();
+        drop_cache();
+        buf.fill(0);
+        assert!(s.read_at_without_waiting(4096, &mut buf).unwrap());
+        assert_eq!(buf, pattern[4096..12288]);
     }
 
     /// The loop device helper the daemon tests share.

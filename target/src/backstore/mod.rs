@@ -34,7 +34,7 @@ mod ram;
 pub mod ram_budget;
 pub mod striped;
 
-pub use file::{FileBackstore, FileMode};
+pub use file::{lives_in_memory, FileBackstore, FileMode};
 pub use null::NullBackstore;
 pub use ram::{ram_size_refusal, RamBackstore, RAM_MAX_BYTES};
 pub use striped::StripedBackstore;
@@ -167,6 +167,20 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// STATUS on the connection's task. False unless a store says so.
     fn in_memory(&self) -> bool {
         false
+    }
+    /// Reads like [`Backstore::read_at`] if it can without waiting for a
+    /// device: `Ok(true)` with `buf` filled, `Ok(false)` when part of the
+    /// range is not in memory (`buf` then holds nothing usable) and the
+    /// caller reads it where waiting is allowed. The fabric reads a
+    /// protected unit's small READs this way on the connection's task. The
+    /// default reads stores [`Backstore::in_memory`] and declines for the
+    /// rest.
+    fn read_at_without_waiting(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        if self.in_memory() {
+            self.read_at(offset, buf).map(|()| true)
+        } else {
+            Ok(false)
+        }
     }
     /// Whether completed writes may still sit in a volatile cache until
     /// [`Backstore::flush`] (the caching mode page reports WCE from this).

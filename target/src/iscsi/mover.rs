@@ -217,10 +217,22 @@ pub(super) enum Planned<T> {
 /// without its data ([`crate::scsi::LunTable::plan_read`]); `take` turns
 /// the plan into the road's work, or None to have the core answer the
 /// READ whole (the serial path), as for anything the core does not plan.
+/// A protected unit's READ is never the road's: the core reads and checks
+/// its blocks ([`crate::scsi::LogicalUnit::read_checked`]), here when they
+/// are small and in memory, else on the blocking pool.
 pub(super) async fn plan_or_core<T: Send + 'static>(
     ctx: &Arc<CommandContext>,
     take: impl FnOnce(&CommandContext, PlannedRead) -> Option<T> + Send + 'static,
 ) -> Planned<T> {
+    /// What planning on the connection's task came to.
+    enum Inline {
+        Aborted,
+        Answer(ScsiResult),
+        Plan(PlannedRead),
+        /// A protected unit's READ to be read where waiting is allowed.
+        Checked(PlannedRead),
+    }
+    let capacity = ctx.cmd.expected_data_transfer_length;
     // Planning is CPU work (the CDB, reservations, unit attentions, the range): done
     // here, on the connection's task, it saves the hand-off to a blocking thread and
     // back that a small READ would otherwise pay. Only a stalled unit waits, and only
@@ -228,19 +240,26 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
     let (inline, core) = ctx.in_core(|| {
         copies::counted(|| {
             if ctx.is_aborted() {
-                return Some(None);
+                return Some(Inline::Aborted);
             }
             match crate::scsi::stall::without_waiting(|| ctx.luns.plan_read(&ctx.read_request())) {
-                ReadPlan::Read(p) => Some(Some(Ok(p))),
-                ReadPlan::Answer(r) => Some(Some(Err(r))),
+                ReadPlan::Read(p) => Some(Inline::Plan(p)),
+                ReadPlan::Checked(p) if p.len <= MEMORY_READ_ON_TASK_MAX => {
+                    Some(match p.lu.read_checked_without_waiting(&p, capacity) {
+                        Some(r) => Inline::Answer(r),
+                        None => Inline::Checked(p),
+                    })
+                }
+                ReadPlan::Checked(p) => Some(Inline::Checked(p)),
+                ReadPlan::Answer(r) => Some(Inline::Answer(r)),
                 ReadPlan::NotPlanned | ReadPlan::WouldWait => None,
             }
         })
     });
     match inline {
-        Some(None) => return Planned::Aborted,
-        Some(Some(Err(r))) => return Planned::Answer(r, core),
-        Some(Some(Ok(plan))) => {
+        Some(Inline::Aborted) => return Planned::Aborted,
+        Some(Inline::Answer(r)) => return Planned::Answer(r, core),
+        Some(Inline::Plan(plan)) => {
             if let Some(t) = take(ctx, plan) {
                 return Planned::Go(t);
             }
@@ -248,6 +267,17 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
             return match run_core(ctx, Vec::new(), ()).await {
                 None => Planned::Aborted,
                 Some((r, c)) => Planned::Answer(r, c),
+            };
+        }
+        Some(Inline::Checked(plan)) => {
+            let r = in_core(ctx, move |c| {
+                (!c.is_aborted()).then(|| plan.lu.read_checked(&plan, capacity))
+            })
+            .await;
+            return match r {
+                Ok((Some(r), c)) => Planned::Answer(r, c),
+                Ok((None, _)) => Planned::Aborted,
+                Err(failure) => Planned::Answer(failure, Counts::default()),
             };
         }
         None => {}
@@ -260,6 +290,7 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
         Some(match c.luns.plan_read(&req) {
             ReadPlan::NotPlanned | ReadPlan::WouldWait => Err(c.luns.execute(&req)),
             ReadPlan::Answer(r) => Err(r),
+            ReadPlan::Checked(p) => Err(p.lu.read_checked(&p, capacity)),
             ReadPlan::Read(p) => match take(c, p) {
                 Some(t) => Ok(t),
                 None => Err(c.luns.execute(&req)),

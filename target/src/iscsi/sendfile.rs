@@ -68,22 +68,11 @@ pub struct SendfileLun {
     nowait_reads: AtomicBool,
 }
 
-/// statfs(2)'s f_type of tmpfs (linux/magic.h).
-const TMPFS_MAGIC: u64 = 0x0102_1994;
-
-/// Whether `fd` (a file or a directory) lives in tmpfs, which is memory: a
-/// read of it never waits for a device. False when the file system cannot
-/// be asked.
-pub fn in_memory(fd: impl std::os::fd::AsFd) -> bool {
-    rustix::fs::fstatfs(fd)
-        .map(|s| s.f_type as u64 == TMPFS_MAGIC)
-        .unwrap_or(false)
-}
 
 impl SendfileLun {
     /// `file` of the LUN `label` names.
     pub fn new(file: File, label: String) -> SendfileLun {
-        let in_memory = in_memory(&file);
+        let in_memory = crate::backstore::lives_in_memory(&file);
         let map = FileMap::new(&file)
             .inspect_err(|e| {
                 tracing::warn!(lun = %label, error = %e, "mapping the LUN's file failed: its large READ payloads go by sendfile")

@@ -22,8 +22,11 @@ use blockwire_pdu::scsi::protection::TUPLE_BYTES;
 use blockwire_pdu::scsi::{Asc, PiCheckFailure, PiChecks, PiTuple, Sense, SenseKey};
 use tracing::warn;
 
-use super::logical_unit::LogicalUnit;
-use super::outcome::{backstore_failure, invalid_cdb, Failure};
+use super::logical_unit::{finish, LogicalUnit};
+use super::outcome::{backstore_failure, invalid_cdb, Done, Failure};
+use super::read_plan::PlannedRead;
+use super::ScsiResult;
+use crate::backstore::Backstore;
 
 /// Bytes of tuples per run the tuple store is read or written in.
 const TUPLE_RUN_BYTES: usize = 64 << 10;
@@ -245,6 +248,83 @@ impl LogicalUnit {
             guard: self.pi_failures.guard.load(Ordering::Relaxed),
             reference: self.pi_failures.reference.load(Ordering::Relaxed),
         }
+    }
+
+    /// The answer to a planned READ of this protected unit
+    /// ([`ReadPlan::Checked`](super::read_plan::ReadPlan::Checked)): its
+    /// blocks, each checked against its stored tuple, as the normal path
+    /// answers a READ with RDPROTECT 000b, at most `capacity` bytes of
+    /// them. Waits for the stores; see also
+    /// [`LogicalUnit::read_checked_without_waiting`].
+    pub fn read_checked(&self, plan: &PlannedRead, capacity: u32) -> ScsiResult {
+        match self.read_checked_from_stores(plan, capacity, true) {
+            Some(r) => r,
+            // Stores that may wait never decline.
+            None => unreachable!("a read that may wait declined"),
+        }
+    }
+
+    /// [`LogicalUnit::read_checked`] for a caller that must not block (an
+    /// async worker thread): it reads only what the stores hold in memory
+    /// ([`Backstore::read_at_without_waiting`]) and returns None, with
+    /// nothing counted and the plan still to be answered, when either would
+    /// have to wait for a device.
+    ///
+    /// [`Backstore::read_at_without_waiting`]: crate::backstore::Backstore::read_at_without_waiting
+    pub fn read_checked_without_waiting(
+        &self,
+        plan: &PlannedRead,
+        capacity: u32,
+    ) -> Option<ScsiResult> {
+        self.read_checked_from_stores(plan, capacity, false)
+    }
+
+    fn read_checked_from_stores(
+        &self,
+        plan: &PlannedRead,
+        capacity: u32,
+        wait: bool,
+    ) -> Option<ScsiResult> {
+        let read = |store: &dyn Backstore, offset: u64, buf: &mut [u8]| {
+            if wait {
+                store.read_at(offset, buf).map(|()| true)
+            } else {
+                store.read_at_without_waiting(offset, buf)
+            }
+        };
+        let bs = plan.block_size as usize;
+        let blocks = plan.len as usize / bs;
+        let mut data = vec![0u8; blocks * bs];
+        match read(self.cfg.backstore.as_ref(), plan.offset, &mut data) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => return Some(self.read_failure(plan.lba, plan.len, &e)),
+        }
+        let tuples = match &self.cfg.pi_store {
+            Some(store) => {
+                let mut stored_tuples = vec![0u8; blocks * TUPLE_BYTES];
+                let at = plan.lba * TUPLE_BYTES as u64;
+                match read(store.as_ref(), at, &mut stored_tuples) {
+                    Ok(true) => {}
+                    Ok(false) => return None,
+                    Err(e) => {
+                        warn!(lba = plan.lba, error = %e, "protection information read failed");
+                        return Some(self.read_failure(plan.lba, plan.len, &e));
+                    }
+                }
+                stored_tuples
+                    .chunks_exact(TUPLE_BYTES)
+                    .map(from_stored)
+                    .collect()
+            }
+            None => vec![PiTuple::UNWRITTEN; blocks],
+        };
+        let format = self.sense_format();
+        if let Err(f) = self.check_tuples(data.chunks(bs), &tuples, plan.lba, PiChecks::ALL) {
+            plan.clock.fail();
+            return Some(finish(Err(f), plan.len, format, capacity));
+        }
+        Some(finish(Ok(Done::media(data)), plan.len, format, capacity))
     }
 
     /// READ with RDPROTECT 001b-101b: the blocks from `lba`, each followed

@@ -17,10 +17,17 @@
 //!
 //! Only READ(10), READ(12) and READ(16) with a non-zero length are planned;
 //! everything else is [`ReadPlan::NotPlanned`] (run it the normal way).
+//!
+//! A unit formatted with protection information checks every block it
+//! reads against the block's stored tuple, so the fabric must not send its
+//! blocks from wherever they lie: its READs (RDPROTECT 000b) are planned as
+//! [`ReadPlan::Checked`], whose data only
+//! [`LogicalUnit::read_checked`] reads. A READ that moves tuples
+//! (RDPROTECT 001b-101b) is not planned.
 
 use std::sync::Arc;
 
-use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
+use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus};
 
 use super::logical_unit::finish;
 use super::outcome::{backstore_failure, clamp32};
@@ -54,6 +61,9 @@ pub struct PlannedRead {
 pub enum ReadPlan {
     /// Valid: read `len` bytes at `offset` and answer GOOD.
     Read(PlannedRead),
+    /// Valid, on a unit formatted with protection information: have
+    /// [`LogicalUnit::read_checked`] read and check the blocks and answer.
+    Checked(PlannedRead),
     /// Answered by the normal path (an error, or a command it had to run).
     Answer(ScsiResult),
     /// Not a plannable READ: nothing was done, run it with
@@ -72,15 +82,17 @@ impl LunTable {
         let Some(lu) = self.get(req.lun) else {
             return ReadPlan::NotPlanned;
         };
-        // Blocks of a protected unit are checked against their tuples by
-        // the core, so the fabric never reads them itself.
-        if lu.protected() {
-            return ReadPlan::NotPlanned;
-        }
         let Ok(Cdb::Read { rw, rarc }) = Cdb::decode(req.cdb) else {
             return ReadPlan::NotPlanned;
         };
         if rw.size == CdbSize::Six || rw.length == 0 {
+            return ReadPlan::NotPlanned;
+        }
+        // Blocks of a protected unit are checked against their tuples as
+        // they are read (see the module docs); one that moves its tuples
+        // to the initiator is the core's whole.
+        let checked = lu.protected();
+        if checked && rw.protect != 0 {
             return ReadPlan::NotPlanned;
         }
         let started = std::time::Instant::now();
@@ -130,7 +142,7 @@ impl LunTable {
         {
             return ReadPlan::Answer(self.execute(req));
         }
-        ReadPlan::Read(PlannedRead {
+        let plan = PlannedRead {
             lu: lu.clone(),
             lba: rw.lba,
             offset: rw.lba * u64::from(bs),
@@ -143,7 +155,12 @@ impl LunTable {
                 bytes,
                 started,
             ),
-        })
+        };
+        if checked {
+            ReadPlan::Checked(plan)
+        } else {
+            ReadPlan::Read(plan)
+        }
     }
 }
 
@@ -151,8 +168,9 @@ impl LunTable {
     /// Runs, here and now, a command the unit answers from memory: a READ
     /// of at most `max_bytes`, or GET LBA STATUS, on a unit whose store keeps
     /// its blocks and its allocation map in memory
-    /// ([`Backstore::in_memory`](crate::backstore::Backstore::in_memory))
-    /// and that is not stalled; for a caller that must not block (an async
+    /// ([`Backstore::in_memory`](crate::backstore::Backstore::in_memory)),
+    /// as its store of protection information does if it has one, and
+    /// that is not stalled; for a caller that must not block (an async
     /// worker thread). The answer is [`LunTable::execute`]'s own: it is
     /// that call, under [`stall::without_waiting`](super::stall::without_waiting)
     /// (a stall set after the check finds the command already past the
@@ -160,7 +178,10 @@ impl LunTable {
     /// run it where waiting is allowed.
     pub fn execute_from_memory(&self, req: &ScsiRequest<'_>, max_bytes: u64) -> Option<ScsiResult> {
         let lu = self.get(req.lun)?;
-        if !lu.cfg.backstore.in_memory() || lu.is_stalled() || lu.protected() {
+        // A protected unit's READ checks its blocks against tuples that
+        // must be in memory too.
+        let tuples_in_memory = lu.cfg.pi_store.as_ref().is_none_or(|t| t.in_memory());
+        if !lu.cfg.backstore.in_memory() || !tuples_in_memory || lu.is_stalled() {
             return None;
         }
         match Cdb::decode(req.cdb) {
@@ -177,11 +198,7 @@ impl LogicalUnit {
     /// The answer to a planned READ whose backstore read failed with `e`
     /// at `lba`: the same status and sense the normal path gives.
     pub fn read_failure(&self, lba: u64, len: u64, e: &std::io::Error) -> ScsiResult {
-        let format = if self.lock().mode.d_sense {
-            SenseFormat::Descriptor
-        } else {
-            SenseFormat::Fixed
-        };
+        let format = self.sense_format();
         tracing::warn!(lba, len, error = %e, "backstore read failed");
         // The plan's clock still counts the command when it is dropped.
         self.stats

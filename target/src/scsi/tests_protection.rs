@@ -427,13 +427,78 @@ fn unmap_and_write_same_keep_tuples_with_their_blocks() {
     );
 }
 
+/// The planned READ of blocks `lba..lba + blocks` with RDPROTECT
+/// `protect`, as the fabric asks for it.
+fn plan(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32, protect: u8) -> ReadPlan {
+    let cdb = c(Cdb::Read {
+        rw: Rw {
+            protect,
+            ..rw(CdbSize::Ten, lba, blocks)
+        },
+        rarc: false,
+    });
+    let req = ScsiRequest {
+        lun: 0,
+        cdb: &cdb,
+        nexus: n,
+        task_tag: 1,
+        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+        data_out: &[],
+        data_in_capacity: blocks * 520,
+        initiator_stats: None,
+    };
+    t.plan_read(&req)
+}
+
 #[test]
-fn the_fabric_never_plans_a_protected_units_reads() {
-    let (t, _) = protected();
+fn the_fabric_gets_a_protected_units_reads_only_to_have_the_core_check_them() {
+    let (t, store) = protected();
     let a = nexus("iqn.a");
     ready(&t, &a);
+    let data: Vec<u8> = (0..8u8).flat_map(block).collect();
+    assert_eq!(write(&t, &a, 16, &data).status, GOOD);
+    let ReadPlan::Checked(p) = plan(&t, &a, 16, 8, 0) else {
+        panic!("a protected unit's READ is planned as checked, never as a plain read");
+    };
+    let here = p.lu.read_checked_without_waiting(&p, 4096).expect("RAM never waits");
+    let normal = super::tests::read(&t, &a, 16, 8);
+    assert_eq!((here.status, &here.data_in), (GOOD, &data));
+    assert_eq!(
+        (here.status, &here.sense, &here.data_in, here.transfer_length),
+        (normal.status, &normal.sense, &normal.data_in, normal.transfer_length)
+    );
+    // At most the initiator's buffer, the length the CDB asked for.
+    let short = p.lu.read_checked(&p, 1000);
+    assert_eq!((short.data_in.len(), short.transfer_length), (1000, 4096));
+    drop(p);
+    // A READ that moves tuples is the core's whole.
+    assert!(matches!(plan(&t, &a, 16, 8, 3), ReadPlan::NotPlanned));
+
+    // A block changed behind the unit: the check the normal path makes.
+    let mut b = [0u8; 1];
+    store.read_at(19 * 512 + 7, &mut b).unwrap();
+    store.write_at(19 * 512 + 7, &[b[0] ^ 1]).unwrap();
+    let before = t.get(0).unwrap().pi_check_failures().guard;
+    let ReadPlan::Checked(p) = plan(&t, &a, 16, 8, 0) else {
+        panic!("planned as checked");
+    };
+    let here = p.lu.read_checked_without_waiting(&p, 4096).unwrap();
+    aborted_at(&here, Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED, 19);
+    assert!(here.data_in.is_empty());
+    assert_eq!(here.sense, super::tests::read(&t, &a, 16, 8).sense);
+    assert_eq!(t.get(0).unwrap().pi_check_failures().guard, before + 2);
+}
+
+#[test]
+fn a_ram_units_reads_are_answered_from_memory_with_their_checks() {
+    let (t, store) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = (0..4u8).flat_map(block).collect();
+    assert_eq!(write(&t, &a, 0, &data).status, GOOD);
+    store.write_at(2 * 512, &[0xa5]).unwrap();
     let cdb = c(Cdb::Read {
-        rw: rw(CdbSize::Ten, 0, 8),
+        rw: rw(CdbSize::Ten, 0, 4),
         rarc: false,
     });
     let req = ScsiRequest {
@@ -443,11 +508,53 @@ fn the_fabric_never_plans_a_protected_units_reads() {
         task_tag: 1,
         attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
         data_out: &[],
-        data_in_capacity: 4096,
+        data_in_capacity: 2048,
         initiator_stats: None,
     };
-    assert!(matches!(t.plan_read(&req), ReadPlan::NotPlanned));
-    assert!(t.execute_from_memory(&req, 1 << 20).is_none());
+    let here = t.execute_from_memory(&req, 1 << 20).expect("tuples in memory too");
+    aborted_at(&here, Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED, 2);
+}
+
+#[test]
+fn small_writes_done_without_waiting_generate_their_tuples() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = (0..4u8).flat_map(|i| block(i + 40)).collect();
+    let attempt = |protect: u8, data: &[u8]| {
+        let cdb = c(Cdb::Write(Rw {
+            protect,
+            ..rw(CdbSize::Ten, 100, 4)
+        }));
+        let req = ScsiRequest {
+            lun: 0,
+            cdb: &cdb,
+            nexus: &a,
+            task_tag: 1,
+            attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+            data_out: data,
+            data_in_capacity: 0,
+            initiator_stats: None,
+        };
+        t.write_without_waiting(&req, 64 << 10)
+    };
+    assert_eq!(attempt(0, &data).expect("RAM takes it at once").status, GOOD);
+    let generated: Vec<PiTuple> = data
+        .chunks(512)
+        .enumerate()
+        .map(|(i, b)| PiTuple::generate(b, 100 + i as u64))
+        .collect();
+    assert_eq!(tuples(&t, &a, 100, 4), generated);
+    assert_eq!(super::tests::read(&t, &a, 100, 4).data_in, data);
+    // Tuples sent with the blocks are checked by the core.
+    let sent = with_tuples(
+        &data
+            .chunks(512)
+            .zip(&generated)
+            .map(|(b, t)| (b.to_vec(), *t))
+            .collect::<Vec<_>>(),
+    );
+    assert!(attempt(1, &sent).is_none());
 }
 
 #[test]

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
 
 use super::logical_unit::finish;
-use super::outcome::{backstore_failure, clamp32, Done};
+use super::outcome::{backstore_failure, clamp32, Done, Failure};
 use super::stats::{record_command, CommandClock, Direction};
 use super::{ItNexus, LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
 
@@ -118,7 +118,7 @@ impl LunTable {
     /// no backstore I/O. `exclusive` holds the range exclusively (O_DIRECT
     /// LUNs, see the module docs).
     pub fn plan_write(&self, req: &ScsiRequest<'_>, data_len: u64, exclusive: bool) -> WritePlan {
-        match self.plan_write_with(req, data_len, exclusive, true) {
+        match self.plan_write_with(req, data_len, exclusive, true, false) {
             Some(plan) => plan,
             // Waiting was allowed, so it never gave up.
             None => WritePlan::NotPlanned,
@@ -128,23 +128,26 @@ impl LunTable {
     /// [`LunTable::plan_write`]; with `wait` false it returns None instead of
     /// blocking on an overlapping range holder, having done nothing that
     /// counts (the probe's validation is repeated by whoever runs it next).
+    /// A protected unit's WRITE is planned only for a caller that writes
+    /// the tuples it generates with the blocks (`generates_tuples`), and
+    /// only when it brings none (WRPROTECT 000b).
     fn plan_write_with(
         &self,
         req: &ScsiRequest<'_>,
         data_len: u64,
         exclusive: bool,
         wait: bool,
+        generates_tuples: bool,
     ) -> Option<WritePlan> {
         let Some(lu) = self.get(req.lun) else {
             return Some(WritePlan::NotPlanned);
         };
-        // A protected unit's core writes the tuples beside the blocks.
-        if lu.protected() {
-            return Some(WritePlan::NotPlanned);
-        }
         let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {
             return Some(WritePlan::NotPlanned);
         };
+        if lu.protected() && (!generates_tuples || rw.protect != 0) {
+            return Some(WritePlan::NotPlanned);
+        }
         let started = std::time::Instant::now();
         let bs = lu.block_size();
         let bytes = u64::from(rw.length) * u64::from(bs);
@@ -238,7 +241,9 @@ impl LunTable {
     /// `max_bytes` whose Data-Out is exactly the CDB's bytes, not durable
     /// (no FUA, write cache on), to a unit whose store writes to memory
     /// ([`Backstore::writes_to_memory`](crate::backstore::Backstore::writes_to_memory)),
-    /// not stalled, whose range no COMPARE AND WRITE or ORWRITE holds or
+    /// as its store of protection information does if it has one (the
+    /// tuples generated for the blocks are written with them: a WRITE that
+    /// brings tuples is the core's), not stalled, whose range no COMPARE AND WRITE or ORWRITE holds or
     /// waits for. Returns its answer, the same as [`LunTable::execute`]
     /// gives (it is validated by the same probe as a planned WRITE, holds
     /// its range shared and counts in flight on its nexus while the data
@@ -250,7 +255,13 @@ impl LunTable {
         max_bytes: u64,
     ) -> Option<ScsiResult> {
         let lu = self.get(req.lun)?;
-        if !lu.cfg.backstore.writes_to_memory() || lu.is_stalled() || lu.protected() {
+        // A protected unit's tuples are written here too.
+        let tuples_to_memory = lu
+            .cfg
+            .pi_store
+            .as_ref()
+            .is_none_or(|t| t.writes_to_memory());
+        if !lu.cfg.backstore.writes_to_memory() || !tuples_to_memory || lu.is_stalled() {
             return None;
         }
         let Ok(Cdb::Write(rw)) = Cdb::decode(req.cdb) else {
@@ -262,7 +273,7 @@ impl LunTable {
         if bytes > max_bytes || bytes != req.data_out.len() as u64 || lu.write_through(rw.fua) {
             return None;
         }
-        let plan = match self.plan_write_with(req, bytes, false, false)? {
+        let plan = match self.plan_write_with(req, bytes, false, false, true)? {
             WritePlan::Write(p) => p,
             WritePlan::Answer(r) => return Some(r),
             WritePlan::NotPlanned => return None,
@@ -275,7 +286,10 @@ impl LunTable {
             lu.cfg.backstore.write_at(plan.offset, req.data_out)
         };
         let answer = match written {
-            Ok(()) => lu.write_done(plan.len),
+            Ok(()) => match lu.generate_pi(plan.lba, req.data_out, plan.write_through) {
+                Ok(()) => lu.write_done(plan.len),
+                Err(f) => lu.write_failed(plan.len, f),
+            },
             Err(e) => lu.write_failure(plan.lba, plan.len, &e),
         };
         // Ends the command for the unit: range, in-flight count, statistics.
@@ -285,7 +299,9 @@ impl LunTable {
 }
 
 impl LogicalUnit {
-    fn sense_format(&self) -> SenseFormat {
+    /// How the unit's sense data are encoded (D_SENSE of the control mode
+    /// page).
+    pub(super) fn sense_format(&self) -> SenseFormat {
         if self.lock().mode.d_sense {
             SenseFormat::Descriptor
         } else {
@@ -300,17 +316,18 @@ impl LogicalUnit {
     /// with `lba` in INFORMATION.
     pub fn write_failure(&self, lba: u64, len: u64, e: &std::io::Error) -> ScsiResult {
         tracing::warn!(lba, len, error = %e, "backstore write failed");
+        self.write_failed(len, backstore_failure(e, true, lba))
+    }
+
+    /// The answer to a planned WRITE of `len` bytes that failed with
+    /// `failure`, counted as an error.
+    fn write_failed(&self, len: u64, failure: Failure) -> ScsiResult {
         // The hold's clock still counts the command when it is dropped.
         self.stats
             .direction(Direction::Write)
             .errors
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        finish(
-            Err(backstore_failure(e, true, lba)),
-            len,
-            self.sense_format(),
-            0,
-        )
+        finish(Err(failure), len, self.sense_format(), 0)
     }
 
     /// The answer to a planned WRITE of `len` bytes that reached the
