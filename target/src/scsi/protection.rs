@@ -266,9 +266,10 @@ impl LogicalUnit {
 
     /// [`LogicalUnit::read_checked`] for a caller that must not block (an
     /// async worker thread): it reads only what the stores hold in memory
-    /// ([`Backstore::read_at_without_waiting`]) and returns None, with
-    /// nothing counted and the plan still to be answered, when either would
-    /// have to wait for a device.
+    /// ([`Backstore::read_at_without_waiting`]) and returns None when either
+    /// would have to wait for a device: the plan is then still to be
+    /// answered (by [`LogicalUnit::read_checked`] where waiting is allowed)
+    /// or given up (its clock forgotten, the command run whole elsewhere).
     ///
     /// [`Backstore::read_at_without_waiting`]: crate::backstore::Backstore::read_at_without_waiting
     pub fn read_checked_without_waiting(

@@ -174,15 +174,22 @@ impl LunTable {
     /// worker thread). The answer is [`LunTable::execute`]'s own: it is
     /// that call, under [`stall::without_waiting`](super::stall::without_waiting)
     /// (a stall set after the check finds the command already past the
-    /// gate). Neither command takes a range lock. None: nothing was done;
-    /// run it where waiting is allowed.
+    /// gate). Neither command takes a range lock. A protected unit's READ
+    /// whose blocks and tuples a file's page cache holds is answered here
+    /// too ([`LogicalUnit::read_checked_without_waiting`]). None: nothing
+    /// was done; run it where waiting is allowed.
     pub fn execute_from_memory(&self, req: &ScsiRequest<'_>, max_bytes: u64) -> Option<ScsiResult> {
         let lu = self.get(req.lun)?;
-        // A protected unit's READ checks its blocks against tuples that
-        // must be in memory too.
         let tuples_in_memory = lu.cfg.pi_store.as_ref().is_none_or(|t| t.in_memory());
-        if !lu.cfg.backstore.in_memory() || !tuples_in_memory || lu.is_stalled() {
+        if lu.is_stalled() {
             return None;
+        }
+        if !lu.cfg.backstore.in_memory() || !tuples_in_memory {
+            return if lu.protected() {
+                self.read_checked_from_cache(req, &lu, max_bytes)
+            } else {
+                None
+            };
         }
         match Cdb::decode(req.cdb) {
             Ok(Cdb::Read { rw, .. })
@@ -191,6 +198,39 @@ impl LunTable {
             _ => return None,
         }
         Some(super::stall::without_waiting(|| self.execute(req)))
+    }
+
+    /// [`LunTable::execute_from_memory`] for a READ of at most `max_bytes`
+    /// of protected unit `lu` whose stores are files: planned, then read
+    /// and checked if the page cache holds every block and tuple; None,
+    /// with nothing counted, if not.
+    fn read_checked_from_cache(
+        &self,
+        req: &ScsiRequest<'_>,
+        lu: &LogicalUnit,
+        max_bytes: u64,
+    ) -> Option<ScsiResult> {
+        match Cdb::decode(req.cdb) {
+            Ok(Cdb::Read { rw, .. })
+                if u64::from(rw.length) * u64::from(lu.block_size()) <= max_bytes => {}
+            _ => return None,
+        }
+        match super::stall::without_waiting(|| self.plan_read(req)) {
+            ReadPlan::Checked(p) => {
+                let answer = p.lu.read_checked_without_waiting(&p, req.data_in_capacity);
+                if answer.is_none() {
+                    p.clock.forget();
+                }
+                answer
+            }
+            ReadPlan::Answer(r) => Some(r),
+            ReadPlan::Read(p) => {
+                // Not a protected unit after all (replaced meanwhile).
+                p.clock.forget();
+                None
+            }
+            ReadPlan::NotPlanned | ReadPlan::WouldWait => None,
+        }
     }
 }
 

@@ -212,6 +212,7 @@ pub struct CommandClock {
     bytes: u64,
     started: Instant,
     failed: std::sync::atomic::AtomicBool,
+    forgotten: std::sync::atomic::AtomicBool,
 }
 
 impl CommandClock {
@@ -229,6 +230,7 @@ impl CommandClock {
             bytes,
             started,
             failed: std::sync::atomic::AtomicBool::new(false),
+            forgotten: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -236,10 +238,19 @@ impl CommandClock {
     pub fn fail(&self) {
         self.failed.store(true, Ordering::Relaxed);
     }
+
+    /// The plan was given up before any of its I/O (the command runs
+    /// whole elsewhere, which counts it): nothing is counted.
+    pub(crate) fn forget(&self) {
+        self.forgotten.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Drop for CommandClock {
     fn drop(&mut self) {
+        if self.forgotten.load(Ordering::Relaxed) {
+            return;
+        }
         let good = !self.failed.load(Ordering::Relaxed);
         record_command(
             &self.stats,

@@ -11,6 +11,7 @@ use blockwire_pdu::scsi::{
 };
 
 use super::read_plan::ReadPlan;
+use super::stats::Direction;
 use super::tests::{c, expect_check, nexus, ready, run, rw, write, CHECK, GOOD};
 use super::*;
 use crate::backstore::{Backstore, RamBackstore};
@@ -513,6 +514,63 @@ fn a_ram_units_reads_are_answered_from_memory_with_their_checks() {
     };
     let here = t.execute_from_memory(&req, 1 << 20).expect("tuples in memory too");
     aborted_at(&here, Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED, 2);
+}
+
+#[test]
+fn a_file_units_reads_are_answered_at_once_only_from_the_page_cache() {
+    use crate::backstore::FileBackstore;
+    use std::sync::atomic::Ordering::Relaxed;
+    // A device's file system (Debian never mounts /var/tmp in memory).
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (data_path, tuples_path) = (dir.path().join("lun"), dir.path().join("lun.protection"));
+    let store: Arc<dyn Backstore> =
+        Arc::new(FileBackstore::open(&data_path, Some(BLOCKS * 512), false).unwrap());
+    let mut cfg = LuConfig::new(store.clone());
+    cfg.pi_store = Some(Arc::new(
+        FileBackstore::open(&tuples_path, Some(BLOCKS * 8), false).unwrap(),
+    ));
+    let t = LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))]);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = (0..8u8).flat_map(block).collect();
+    assert_eq!(write(&t, &a, 64, &data).status, GOOD);
+    let cdb = c(Cdb::Read {
+        rw: rw(CdbSize::Ten, 64, 8),
+        rarc: false,
+    });
+    let req = ScsiRequest {
+        lun: 0,
+        cdb: &cdb,
+        nexus: &a,
+        task_tag: 1,
+        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+        data_out: &[],
+        data_in_capacity: 4096,
+        initiator_stats: None,
+    };
+    let reads = || t.get(0).unwrap().stats.direction(Direction::Read).commands.load(Relaxed);
+    let here = t.execute_from_memory(&req, 64 << 10).expect("just written: cached");
+    assert_eq!((here.status, &here.data_in), (GOOD, &data));
+    assert_eq!(reads(), 1);
+    // Larger than the caller takes at once.
+    assert!(t.execute_from_memory(&req, 2048).is_none());
+    // Out of the page cache: left to a thread that may wait, counted by it.
+    store.flush().unwrap();
+    let unit = t.get(0).unwrap();
+    unit.config().pi_store.as_ref().unwrap().flush().unwrap();
+    for path in [&data_path, &tuples_path] {
+        rustix::fs::fadvise(
+            std::fs::File::open(path).unwrap(),
+            0,
+            None,
+            rustix::fs::Advice::DontNeed,
+        )
+        .unwrap();
+    }
+    assert!(t.execute_from_memory(&req, 64 << 10).is_none());
+    assert_eq!(reads(), 1, "a READ given up is not counted");
+    assert_eq!(t.execute(&req).data_in, data);
+    assert_eq!(reads(), 2);
 }
 
 #[test]
