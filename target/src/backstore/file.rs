@@ -825,7 +825,9 @@ mod tests {
 
     #[test]
     fn reads_without_waiting_take_only_what_memory_holds() {
-        let pattern: Vec<u8> = (0..64 << 10).map(|i: u32| (i * 7 + i / 4096) as u8).collect();
+        let pattern: Vec<u8> = (0..64 << 10)
+            .map(|i: u32| (i * 7 + i / 4096) as u8)
+            .collect();
         // A device's file system (Debian never mounts /var/tmp in memory):
         // pages dropped from the page cache are not read without waiting.
         let disk = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -848,12 +850,20 @@ mod tests {
         };
         drop_cache();
         let mut buf = vec![0u8; 8192];
-        assert!(!s.read_at_without_waiting(4096, &mut buf).unwrap(), "not cached");
+        assert!(
+            !s.read_at_without_waiting(4096, &mut buf).unwrap(),
+            "not cached"
+        );
         s.read_at(4096, &mut buf).unwrap();
         buf.fill(0);
-        assert!(s.read_at_without_waiting(4096, &mut buf).unwrap(), "cached now");
+        assert!(
+            s.read_at_without_waiting(4096, &mut buf).unwrap(),
+            "cached now"
+        );
         assert_eq!(buf, pattern[4096..12288]);
-        assert!(s.read_at_without_waiting((1 << 20) - 1, &mut [0u8; 2]).is_err());
+        assert!(s
+            .read_at_without_waiting((1 << 20) - 1, &mut [0u8; 2])
+            .is_err());
         // O_DIRECT reads always wait for the device.
         let direct = FileBackstore::open_with(&path, None, false, FileMode::Direct).unwrap();
         if direct.mode() == FileMode::Direct {

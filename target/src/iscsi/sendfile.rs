@@ -68,7 +68,6 @@ pub struct SendfileLun {
     nowait_reads: AtomicBool,
 }
 
-
 impl SendfileLun {
     /// `file` of the LUN `label` names.
     pub fn new(file: File, label: String) -> SendfileLun {

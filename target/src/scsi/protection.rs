@@ -24,6 +24,7 @@ use tracing::warn;
 
 use super::logical_unit::{finish, LogicalUnit};
 use super::outcome::{backstore_failure, invalid_cdb, Done, Failure};
+use super::range_lock::RangeGuard;
 use super::read_plan::PlannedRead;
 use super::ScsiResult;
 use crate::backstore::Backstore;
@@ -92,6 +93,27 @@ impl LogicalUnit {
         PiChecks::for_field(protect)
             .map(Some)
             .ok_or_else(|| invalid_cdb(1, Some(7)))
+    }
+
+    /// Holds blocks `[start, end)` while a command writes them: shared with
+    /// other writes on a plain unit. On a protected unit a block and its
+    /// tuple are written one after the other, so the hold is exclusive: a
+    /// READ between the two would fail its check on data no medium holds,
+    /// and two WRITEs could leave one's block with the other's tuple.
+    pub(crate) fn hold_for_write(&self, start: u64, end: u64) -> RangeGuard<'_> {
+        if self.protected() {
+            self.ranges.exclusive(start, end)
+        } else {
+            self.ranges.shared(start, end)
+        }
+    }
+
+    /// Holds blocks `[start, end)` while a command reads them with their
+    /// tuples, against the writes of a protected unit (see
+    /// [`LogicalUnit::hold_for_write`]); nothing on a plain unit, whose
+    /// READs need no hold.
+    pub(crate) fn hold_for_read(&self, start: u64, end: u64) -> Option<RangeGuard<'_>> {
+        self.protected().then(|| self.ranges.shared(start, end))
     }
 
     /// Bytes one block takes in a transfer that carries its tuple.
@@ -295,6 +317,14 @@ impl LogicalUnit {
         };
         let bs = plan.block_size as usize;
         let blocks = plan.len as usize / bs;
+        let end = plan.lba + blocks as u64;
+        let _hold = if wait {
+            self.hold_for_read(plan.lba, end)
+        } else {
+            // A WRITE of these blocks is under way: read them where
+            // waiting for it is allowed.
+            Some(self.ranges.try_shared(plan.lba, end)?)
+        };
         let mut data = vec![0u8; blocks * bs];
         match read(self.cfg.backstore.as_ref(), plan.offset, &mut data) {
             Ok(true) => {}

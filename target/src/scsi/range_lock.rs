@@ -105,6 +105,13 @@ impl RangeLock {
         id
     }
 
+    /// [`RangeLock::shared`] when that needs no waiting; None (nothing held
+    /// or queued) otherwise. For callers that may not block.
+    pub fn try_shared(&self, start: u64, end: u64) -> Option<RangeGuard<'_>> {
+        let id = self.try_lock_id(start, end, false)?;
+        Some(RangeGuard { lock: self, id })
+    }
+
     /// Holds `[start, end)` as [`RangeLock::lock_id`] would when that needs
     /// no waiting, and returns the hold's id; None (nothing held or
     /// queued) when an overlapping holder or an earlier waiter it must

@@ -187,6 +187,7 @@ impl LogicalUnit {
 
     pub(crate) fn read(&self, rw: &Rw) -> CmdResult {
         let (bytes, checks) = self.media_checks(rw)?;
+        let _hold = self.hold_for_read(rw.lba, rw.lba + u64::from(rw.length));
         if let Some(checks) = checks {
             let data = self.read_with_pi(rw.lba, rw.length as usize, checks)?;
             return Ok(Done::media(data));
@@ -230,7 +231,7 @@ impl LogicalUnit {
         let data = self.write_payload(data_out, bytes, bs)?;
         if !data.is_empty() {
             let blocks = (data.len() / self.cfg.block_size as usize) as u64;
-            let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
+            let _g = self.hold_for_write(rw.lba, rw.lba + blocks);
             if self.write_through(rw.fua) {
                 self.write_blocks_durable(rw.lba, data)?;
             } else {
@@ -249,7 +250,7 @@ impl LogicalUnit {
         let data = self.write_payload(data_out, bytes, self.cfg.block_size as usize)?;
         if !data.is_empty() {
             let blocks = (data.len() / self.cfg.block_size as usize) as u64;
-            let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
+            let _g = self.hold_for_write(rw.lba, rw.lba + blocks);
             self.write_blocks(rw.lba, data)?;
         }
         // Verification means the data is on the medium, not in a cache.
@@ -282,6 +283,7 @@ impl LogicalUnit {
         let sent = sent_blocks * unit;
         let mut medium = vec![0u8; bytes];
         if bytes > 0 {
+            let _hold = self.hold_for_read(rw.lba, rw.lba + u64::from(rw.length));
             match (checks, bytchk) {
                 (Some(checks), 0) => {
                     self.read_unchecked(rw.lba, &mut medium)?;
@@ -442,7 +444,7 @@ impl LogicalUnit {
         let zero_block = vec![0u8; bs];
         let block: &[u8] = if ndob { &zero_block } else { data_out };
         let end = lba + blocks;
-        let _g = self.ranges.shared(lba, end);
+        let _g = self.hold_for_write(lba, end);
         if unmap {
             self.discard_blocks(lba, blocks)?;
         } else {
@@ -503,7 +505,7 @@ impl LogicalUnit {
             }
         }
         for d in list.descriptors.iter().filter(|d| d.blocks > 0) {
-            let _g = self.ranges.shared(d.lba, d.lba + u64::from(d.blocks));
+            let _g = self.hold_for_write(d.lba, d.lba + u64::from(d.blocks));
             self.discard_blocks(d.lba, u64::from(d.blocks))?;
         }
         Ok(Done::out(len as u64))
@@ -593,7 +595,10 @@ impl LogicalUnit {
             'scan: while at < lba + scan_blocks {
                 let n = (lba + scan_blocks - at).min(chunk_blocks) as usize;
                 let part = buf.get_mut(..n * bs).unwrap_or_default();
-                self.read_blocks(at, part)?;
+                {
+                    let _hold = self.hold_for_read(at, at + n as u64);
+                    self.read_blocks(at, part)?;
+                }
                 for (i, blk) in part.chunks(bs).enumerate() {
                     let dealloc = blk.iter().all(|&b| b == 0);
                     let this = at + i as u64;
@@ -694,7 +699,7 @@ impl LogicalUnit {
             let (data, tuples) = split_protected(wire, bs);
             self.check_tuples(data.chunks(bs), &tuples, rw.lba, checks)?;
             let blocks = tuples.len() as u64;
-            let _g = self.ranges.shared(rw.lba, rw.lba + blocks);
+            let _g = self.hold_for_write(rw.lba, rw.lba + blocks);
             self.write_unprotected(rw.lba, &data, durable)?;
             self.store_pi(rw.lba, &tuples, durable)?;
         }

@@ -461,12 +461,24 @@ fn the_fabric_gets_a_protected_units_reads_only_to_have_the_core_check_them() {
     let ReadPlan::Checked(p) = plan(&t, &a, 16, 8, 0) else {
         panic!("a protected unit's READ is planned as checked, never as a plain read");
     };
-    let here = p.lu.read_checked_without_waiting(&p, 4096).expect("RAM never waits");
+    let here =
+        p.lu.read_checked_without_waiting(&p, 4096)
+            .expect("RAM never waits");
     let normal = super::tests::read(&t, &a, 16, 8);
     assert_eq!((here.status, &here.data_in), (GOOD, &data));
     assert_eq!(
-        (here.status, &here.sense, &here.data_in, here.transfer_length),
-        (normal.status, &normal.sense, &normal.data_in, normal.transfer_length)
+        (
+            here.status,
+            &here.sense,
+            &here.data_in,
+            here.transfer_length
+        ),
+        (
+            normal.status,
+            &normal.sense,
+            &normal.data_in,
+            normal.transfer_length
+        )
     );
     // At most the initiator's buffer, the length the CDB asked for.
     let short = p.lu.read_checked(&p, 1000);
@@ -512,7 +524,9 @@ fn a_ram_units_reads_are_answered_from_memory_with_their_checks() {
         data_in_capacity: 2048,
         initiator_stats: None,
     };
-    let here = t.execute_from_memory(&req, 1 << 20).expect("tuples in memory too");
+    let here = t
+        .execute_from_memory(&req, 1 << 20)
+        .expect("tuples in memory too");
     aborted_at(&here, Asc::LOGICAL_BLOCK_GUARD_CHECK_FAILED, 2);
 }
 
@@ -548,8 +562,17 @@ fn a_file_units_reads_are_answered_at_once_only_from_the_page_cache() {
         data_in_capacity: 4096,
         initiator_stats: None,
     };
-    let reads = || t.get(0).unwrap().stats.direction(Direction::Read).commands.load(Relaxed);
-    let here = t.execute_from_memory(&req, 64 << 10).expect("just written: cached");
+    let reads = || {
+        t.get(0)
+            .unwrap()
+            .stats
+            .direction(Direction::Read)
+            .commands
+            .load(Relaxed)
+    };
+    let here = t
+        .execute_from_memory(&req, 64 << 10)
+        .expect("just written: cached");
     assert_eq!((here.status, &here.data_in), (GOOD, &data));
     assert_eq!(reads(), 1);
     // Larger than the caller takes at once.
@@ -596,7 +619,10 @@ fn small_writes_done_without_waiting_generate_their_tuples() {
         };
         t.write_without_waiting(&req, 64 << 10)
     };
-    assert_eq!(attempt(0, &data).expect("RAM takes it at once").status, GOOD);
+    assert_eq!(
+        attempt(0, &data).expect("RAM takes it at once").status,
+        GOOD
+    );
     let generated: Vec<PiTuple> = data
         .chunks(512)
         .enumerate()
@@ -613,6 +639,58 @@ fn small_writes_done_without_waiting_generate_their_tuples() {
             .collect::<Vec<_>>(),
     );
     assert!(attempt(1, &sent).is_none());
+}
+
+#[test]
+fn a_read_beside_a_write_of_the_same_blocks_never_fails_its_checks() {
+    // SBC-4 leaves the data of overlapping commands to their order, but
+    // each block with its tuple is one unit: a READ that ran between a
+    // WRITE's blocks and its tuples would report a guard check failure
+    // that no medium holds.
+    let (t, _) = protected();
+    let t = Arc::new(t);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let (one, two): (Vec<u8>, Vec<u8>) = (
+        (0..8u8).flat_map(block).collect(),
+        (0..8u8).flat_map(|i| block(i + 100)).collect(),
+    );
+    assert_eq!(write(&t, &a, 0, &one).status, GOOD);
+    let three: Vec<u8> = (0..8u8).flat_map(|i| block(i + 200)).collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two writers of the same blocks: neither may leave its blocks with
+    // the other's tuples.
+    let writers: Vec<_> = [vec![two.clone(), one.clone()], vec![three.clone()]]
+        .into_iter()
+        .map(|datas| {
+            let (t, a, stop) = (t.clone(), a.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for d in &datas {
+                        assert_eq!(write(&t, &a, 0, d).status, GOOD);
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut reads = 0u32;
+    while std::time::Instant::now() < deadline {
+        let r = super::tests::read(&t, &a, 0, 8);
+        assert_eq!(
+            r.status, GOOD,
+            "READ {reads} beside the WRITEs: {:?}",
+            r.sense
+        );
+        assert!([&one, &two, &three].contains(&&r.data_in));
+        reads += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let last = super::tests::read(&t, &a, 0, 8);
+    assert_eq!(last.status, GOOD, "after the WRITEs: {:?}", last.sense);
 }
 
 #[test]

@@ -304,7 +304,7 @@ impl LogicalUnit {
         let mut done = 0;
         while done < blocks {
             let n = (blocks - done).min(per);
-            let _g = self.ranges.shared(lba + done, lba + done + n);
+            let _g = self.hold_for_write(lba + done, lba + done + n);
             self.zero_blocks(lba + done, n * bs)?;
             done += n;
         }

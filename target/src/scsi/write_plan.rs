@@ -273,7 +273,8 @@ impl LunTable {
         if bytes > max_bytes || bytes != req.data_out.len() as u64 || lu.write_through(rw.fua) {
             return None;
         }
-        let plan = match self.plan_write_with(req, bytes, false, false, true)? {
+        // Exclusive on a protected unit: see LogicalUnit::hold_for_write.
+        let plan = match self.plan_write_with(req, bytes, lu.protected(), false, true)? {
             WritePlan::Write(p) => p,
             WritePlan::Answer(r) => return Some(r),
             WritePlan::NotPlanned => return None,

@@ -332,6 +332,7 @@ pub(crate) fn copy_segment(
     while done < blocks {
         let n = (blocks - done).min(per);
         let part = buf.get_mut(..(n * bs) as usize).unwrap_or_default();
+        let read_hold = src.hold_for_read(slba + done, slba + done + n);
         src.cfg
             .backstore
             .read_at((slba + done) * bs, part)
@@ -346,7 +347,10 @@ pub(crate) fn copy_segment(
         // command as COPY ABORTED).
         src.check_stored_pi(slba + done, part)
             .map_err(copy_aborted_keeping_code)?;
-        let _g = dst.ranges.shared(dlba + done, dlba + done + n);
+        // Released before the destination is held: the two ranges may
+        // overlap on one unit.
+        drop(read_hold);
+        let _g = dst.hold_for_write(dlba + done, dlba + done + n);
         dst.cfg
             .backstore
             .write_at((dlba + done) * bs, part)
