@@ -555,6 +555,34 @@ impl Backstore for FileBackstore {
         }
     }
 
+    fn read_to_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        self.check(offset, len as u64)?;
+        if self.mode == FileMode::Direct || len == 0 {
+            let mut v = vec![0u8; len];
+            self.read_at(offset, &mut v)?;
+            return Ok(v);
+        }
+        // Page cache -> the buffer's unwritten capacity, which pread fills
+        // and counts into its length.
+        let mut v = Vec::with_capacity(len);
+        while v.len() < len {
+            let at = offset + v.len() as u64;
+            match rustix::io::pread(&self.file, rustix::buffer::spare_capacity(&mut v), at) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("{} ends before byte {at}", self.path.display()),
+                    ))
+                }
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        v.truncate(len);
+        crate::copies::note_read_to_user(len);
+        Ok(v)
+    }
+
     fn read_at_without_waiting(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
         self.check(offset, buf.len() as u64)?;
         if self.mode == FileMode::Direct {
@@ -821,6 +849,18 @@ mod tests {
         assert_eq!(ro.size(), 1 << 20);
         assert!(ro.write_at(0, b"x").is_err());
         assert!(s.read_at((1 << 20) - 1, &mut [0u8; 2]).is_err());
+        assert_eq!(s.read_to_vec(4096, 9).unwrap(), b"blockwire");
+        assert_eq!(s.read_to_vec(8190, 11).unwrap(), b"\0\0durable\0\0");
+        assert!(s.read_to_vec((1 << 20) - 1, 2).is_err());
+        // Cut short behind the store's back: an error, not a short buffer.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(8192)
+            .unwrap();
+        let e = s.read_to_vec(4096, 8192).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
     }
 
     #[test]

@@ -168,6 +168,15 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn in_memory(&self) -> bool {
         false
     }
+    /// Reads `len` bytes at `offset` into a new buffer. The default reads
+    /// with [`Backstore::read_at`] into zeros; a store that can read into
+    /// memory not yet written skips zeroing it first (a protected unit's
+    /// 1 MiB READ spent a tenth of its time in that memset).
+    fn read_to_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
     /// Reads like [`Backstore::read_at`] if it can without waiting for a
     /// device: `Ok(true)` with `buf` filled, `Ok(false)` when part of the
     /// range is not in memory (`buf` then holds nothing usable) and the

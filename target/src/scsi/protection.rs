@@ -325,12 +325,20 @@ impl LogicalUnit {
             // waiting for it is allowed.
             Some(self.ranges.try_shared(plan.lba, end)?)
         };
-        let mut data = vec![0u8; blocks * bs];
-        match read(self.cfg.backstore.as_ref(), plan.offset, &mut data) {
-            Ok(true) => {}
-            Ok(false) => return None,
+        let data = if wait {
+            self.cfg.backstore.read_to_vec(plan.offset, blocks * bs)
+        } else {
+            let mut data = vec![0u8; blocks * bs];
+            match read(self.cfg.backstore.as_ref(), plan.offset, &mut data) {
+                Ok(true) => Ok(data),
+                Ok(false) => return None,
+                Err(e) => Err(e),
+            }
+        };
+        let data = match data {
+            Ok(d) => d,
             Err(e) => return Some(self.read_failure(plan.lba, plan.len, &e)),
-        }
+        };
         let tuples = match &self.cfg.pi_store {
             Some(store) => {
                 let mut stored_tuples = vec![0u8; blocks * TUPLE_BYTES];
@@ -367,8 +375,7 @@ impl LogicalUnit {
         checks: PiChecks,
     ) -> Result<Vec<u8>, Failure> {
         let bs = self.cfg.block_size as usize;
-        let mut data = vec![0u8; blocks * bs];
-        self.read_unchecked(lba, &mut data)?;
+        let data = self.read_unchecked_to_vec(lba, blocks * bs)?;
         let tuples = self.load_pi(lba, blocks)?;
         self.check_tuples(data.chunks(bs), &tuples, lba, checks)?;
         let mut out = Vec::with_capacity(blocks * (bs + TUPLE_BYTES));

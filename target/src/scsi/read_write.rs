@@ -82,6 +82,18 @@ impl LogicalUnit {
         self.check_stored_pi(lba, buf)
     }
 
+    /// `len` bytes of blocks from `lba` in a new buffer, without looking at
+    /// their protection information.
+    pub(crate) fn read_unchecked_to_vec(&self, lba: u64, len: usize) -> Result<Vec<u8>, Failure> {
+        self.cfg
+            .backstore
+            .read_to_vec(self.offset(lba), len)
+            .map_err(|e| {
+                warn!(lba, len, error = %e, "backstore read failed");
+                backstore_failure(&e, false, lba)
+            })
+    }
+
     /// Reads blocks without looking at their protection information.
     pub(crate) fn read_unchecked(&self, lba: u64, buf: &mut [u8]) -> Result<(), Failure> {
         self.cfg
@@ -192,10 +204,11 @@ impl LogicalUnit {
             let data = self.read_with_pi(rw.lba, rw.length as usize, checks)?;
             return Ok(Done::media(data));
         }
-        let mut buf = vec![0u8; bytes];
-        if bytes > 0 {
-            self.read_blocks(rw.lba, &mut buf)?;
+        if bytes == 0 {
+            return Ok(Done::media(Vec::new()));
         }
+        let buf = self.read_unchecked_to_vec(rw.lba, bytes)?;
+        self.check_stored_pi(rw.lba, &buf)?;
         Ok(Done::media(buf))
     }
 
