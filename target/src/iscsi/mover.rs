@@ -260,10 +260,13 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
         Some(Inline::Aborted) => return Planned::Aborted,
         Some(Inline::Answer(r)) => return Planned::Answer(r, core),
         Some(Inline::Plan(plan)) => {
+            let clock = plan.clock.clone();
             if let Some(t) = take(ctx, plan) {
                 return Planned::Go(t);
             }
-            // Valid but not for this path: the core runs it.
+            // Valid but not for this path: the core runs it, and counts it.
+            clock.forget();
+            drop(clock);
             return match run_core(ctx, Vec::new(), ()).await {
                 None => Planned::Aborted,
                 Some((r, c)) => Planned::Answer(r, c),
@@ -291,10 +294,17 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
             ReadPlan::NotPlanned | ReadPlan::WouldWait => Err(c.luns.execute(&req)),
             ReadPlan::Answer(r) => Err(r),
             ReadPlan::Checked(p) => Err(p.lu.read_checked(&p, capacity)),
-            ReadPlan::Read(p) => match take(c, p) {
-                Some(t) => Ok(t),
-                None => Err(c.luns.execute(&req)),
-            },
+            ReadPlan::Read(p) => {
+                let clock = p.clock.clone();
+                match take(c, p) {
+                    Some(t) => Ok(t),
+                    None => {
+                        clock.forget();
+                        drop(clock);
+                        Err(c.luns.execute(&req))
+                    }
+                }
+            }
         })
     })
     .await;
