@@ -428,6 +428,25 @@ fn unmap_and_write_same_keep_tuples_with_their_blocks() {
     );
 }
 
+/// A command of `n` to LUN 0.
+fn request<'a>(
+    n: &'a ItNexus,
+    cdb: &'a [u8],
+    data_out: &'a [u8],
+    capacity: u32,
+) -> ScsiRequest<'a> {
+    ScsiRequest {
+        lun: 0,
+        cdb,
+        nexus: n,
+        task_tag: 1,
+        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+        data_out,
+        data_in_capacity: capacity,
+        initiator_stats: None,
+    }
+}
+
 /// The planned READ of blocks `lba..lba + blocks` with RDPROTECT
 /// `protect`, as the fabric asks for it.
 fn plan(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32, protect: u8) -> ReadPlan {
@@ -438,16 +457,7 @@ fn plan(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32, protect: u8) -> ReadPl
         },
         rarc: false,
     });
-    let req = ScsiRequest {
-        lun: 0,
-        cdb: &cdb,
-        nexus: n,
-        task_tag: 1,
-        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
-        data_out: &[],
-        data_in_capacity: blocks * 520,
-        initiator_stats: None,
-    };
+    let req = request(n, &cdb, &[], blocks * 520);
     t.plan_read(&req)
 }
 
@@ -514,16 +524,7 @@ fn a_ram_units_reads_are_answered_from_memory_with_their_checks() {
         rw: rw(CdbSize::Ten, 0, 4),
         rarc: false,
     });
-    let req = ScsiRequest {
-        lun: 0,
-        cdb: &cdb,
-        nexus: &a,
-        task_tag: 1,
-        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
-        data_out: &[],
-        data_in_capacity: 2048,
-        initiator_stats: None,
-    };
+    let req = request(&a, &cdb, &[], 2048);
     let here = t
         .execute_from_memory(&req, 1 << 20)
         .expect("tuples in memory too");
@@ -552,16 +553,7 @@ fn a_file_units_reads_are_answered_at_once_only_from_the_page_cache() {
         rw: rw(CdbSize::Ten, 64, 8),
         rarc: false,
     });
-    let req = ScsiRequest {
-        lun: 0,
-        cdb: &cdb,
-        nexus: &a,
-        task_tag: 1,
-        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
-        data_out: &[],
-        data_in_capacity: 4096,
-        initiator_stats: None,
-    };
+    let req = request(&a, &cdb, &[], 4096);
     let reads = || {
         t.get(0)
             .unwrap()
@@ -607,16 +599,7 @@ fn small_writes_done_without_waiting_generate_their_tuples() {
             protect,
             ..rw(CdbSize::Ten, 100, 4)
         }));
-        let req = ScsiRequest {
-            lun: 0,
-            cdb: &cdb,
-            nexus: &a,
-            task_tag: 1,
-            attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
-            data_out: data,
-            data_in_capacity: 0,
-            initiator_stats: None,
-        };
+        let req = request(&a, &cdb, data, 0);
         t.write_without_waiting(&req, 64 << 10)
     };
     assert_eq!(
