@@ -168,28 +168,26 @@ impl LunTable {
     /// Runs, here and now, a command the unit answers from memory: a READ
     /// of at most `max_bytes`, or GET LBA STATUS, on a unit whose store keeps
     /// its blocks and its allocation map in memory
-    /// ([`Backstore::in_memory`](crate::backstore::Backstore::in_memory)),
-    /// as its store of protection information does if it has one, and
-    /// that is not stalled; for a caller that must not block (an async
+    /// ([`Backstore::in_memory`](crate::backstore::Backstore::in_memory))
+    /// and that is not stalled; for a caller that must not block (an async
     /// worker thread). The answer is [`LunTable::execute`]'s own: it is
     /// that call, under [`stall::without_waiting`](super::stall::without_waiting)
     /// (a stall set after the check finds the command already past the
-    /// gate). Neither command takes a range lock. A protected unit's READ
-    /// whose blocks and tuples a file's page cache holds is answered here
-    /// too ([`LogicalUnit::read_checked_without_waiting`]). None: nothing
-    /// was done; run it where waiting is allowed.
+    /// gate). Neither command takes a range lock. On a unit formatted with
+    /// protection information only a READ is answered here, when its
+    /// blocks and tuples are in memory (RAM, or a file's page cache) and
+    /// no WRITE holds them ([`LogicalUnit::read_checked_without_waiting`]).
+    /// None: nothing was done; run it where waiting is allowed.
     pub fn execute_from_memory(&self, req: &ScsiRequest<'_>, max_bytes: u64) -> Option<ScsiResult> {
         let lu = self.get(req.lun)?;
-        let tuples_in_memory = lu.cfg.pi_store.as_ref().is_none_or(|t| t.in_memory());
         if lu.is_stalled() {
             return None;
         }
-        if !lu.cfg.backstore.in_memory() || !tuples_in_memory {
-            return if lu.protected() {
-                self.read_checked_from_cache(req, &lu, max_bytes)
-            } else {
-                None
-            };
+        if lu.protected() {
+            return self.read_checked_at_once(req, &lu, max_bytes);
+        }
+        if !lu.cfg.backstore.in_memory() {
+            return None;
         }
         match Cdb::decode(req.cdb) {
             Ok(Cdb::Read { rw, .. })
@@ -201,10 +199,10 @@ impl LunTable {
     }
 
     /// [`LunTable::execute_from_memory`] for a READ of at most `max_bytes`
-    /// of protected unit `lu` whose stores are files: planned, then read
-    /// and checked if the page cache holds every block and tuple; None,
+    /// of protected unit `lu`: planned, then read and checked if its stores
+    /// hold every block and tuple in memory and no WRITE holds them; None,
     /// with nothing counted, if not.
-    fn read_checked_from_cache(
+    fn read_checked_at_once(
         &self,
         req: &ScsiRequest<'_>,
         lu: &LogicalUnit,

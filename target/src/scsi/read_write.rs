@@ -199,13 +199,15 @@ impl LogicalUnit {
 
     pub(crate) fn read(&self, rw: &Rw) -> CmdResult {
         let (bytes, checks) = self.media_checks(rw)?;
+        if rw.length == 0 {
+            // Nothing to read, nothing to hold: the fabric's planning probe
+            // (see read_plan) runs here on a thread that must not wait.
+            return Ok(Done::media(Vec::new()));
+        }
         let _hold = self.hold_for_read(rw.lba, rw.lba + u64::from(rw.length));
         if let Some(checks) = checks {
             let data = self.read_with_pi(rw.lba, rw.length as usize, checks)?;
             return Ok(Done::media(data));
-        }
-        if bytes == 0 {
-            return Ok(Done::media(Vec::new()));
         }
         let buf = self.read_unchecked_to_vec(rw.lba, bytes)?;
         self.check_stored_pi(rw.lba, &buf)?;
