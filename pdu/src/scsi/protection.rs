@@ -131,10 +131,22 @@ impl PiTuple {
     /// The first check of `checks` this tuple fails for `block` at `lba`,
     /// if any. A tuple with the escape application tag passes every check.
     pub fn check(&self, block: &[u8], lba: u64, checks: PiChecks) -> Option<PiCheckFailure> {
+        self.check_with(|| crc16_t10dif(block), lba, checks)
+    }
+
+    /// [`PiTuple::check`] with the block's guard from `guard`, called only
+    /// when the guard is checked: for a caller with a CRC of its own (the
+    /// target's folds on CPUs that multiply without carries).
+    pub fn check_with(
+        &self,
+        guard: impl FnOnce() -> u16,
+        lba: u64,
+        checks: PiChecks,
+    ) -> Option<PiCheckFailure> {
         if self.app_tag == ESCAPE_APP_TAG {
             return None;
         }
-        if checks.guard && self.guard != crc16_t10dif(block) {
+        if checks.guard && self.guard != guard() {
             return Some(PiCheckFailure::Guard);
         }
         if checks.reference && self.ref_tag != lba as u32 {

@@ -13,6 +13,7 @@ mod alua;
 mod alua_saved;
 mod atomic;
 mod control;
+mod guard_crc;
 mod identity;
 mod inquiry;
 mod logical_unit;

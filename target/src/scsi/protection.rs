@@ -22,6 +22,7 @@ use blockwire_pdu::scsi::protection::TUPLE_BYTES;
 use blockwire_pdu::scsi::{Asc, PiCheckFailure, PiChecks, PiTuple, Sense, SenseKey};
 use tracing::warn;
 
+use super::guard_crc::block_guard;
 use super::logical_unit::{finish, LogicalUnit};
 use super::outcome::{backstore_failure, invalid_cdb, Done, Failure};
 use super::range_lock::RangeGuard;
@@ -182,7 +183,11 @@ impl LogicalUnit {
         let tuples: Vec<PiTuple> = data
             .chunks(bs)
             .enumerate()
-            .map(|(i, b)| PiTuple::generate(b, lba + i as u64))
+            .map(|(i, b)| PiTuple {
+                guard: block_guard(b),
+                app_tag: 0,
+                ref_tag: (lba + i as u64) as u32,
+            })
             .collect();
         self.store_pi(lba, &tuples, durable)
     }
@@ -246,7 +251,7 @@ impl LogicalUnit {
     ) -> Result<(), Failure> {
         for (i, (block, t)) in blocks.zip(tuples).enumerate() {
             let at = lba + i as u64;
-            if let Some(f) = t.check(block, at, checks) {
+            if let Some(f) = t.check_with(|| block_guard(block), at, checks) {
                 let counter = match f {
                     PiCheckFailure::Guard => &self.pi_failures.guard,
                     PiCheckFailure::ReferenceTag => &self.pi_failures.reference,
