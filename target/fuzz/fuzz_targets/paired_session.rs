@@ -16,7 +16,8 @@
 //! KiB) and double-buffered WRITEs, where each payload is copied into a
 //! chunk at its BufferOffset and full chunks go to disk while the next
 //! arrive; or files striped RAID0, read by the engine one stream per
-//! member.
+//! member; or RAM or a file formatted with protection information, whose
+//! READs check every block against the tuple its WRITEs generated.
 //!
 //! Checked: each side accepts everything the other sends (the engine
 //! reports no protocol failure and the target does not end the
@@ -458,8 +459,8 @@ fuzz_target!(|input: Input| {
         zero_copy_send: false,
         ..FabricSettings::default()
     };
-    let (store, paths) = storage::lun0(&input.storage, SCRATCH_PREFIX, LUN_BYTES as u64);
-    let mut h = Harness::serving(settings, store, paths);
+    let (unit, paths) = storage::lun0(&input.storage, SCRATCH_PREFIX, LUN_BYTES as u64);
+    let mut h = Harness::serving_unit(settings, unit, paths);
     let (engine, digests) = login(&mut h, &input.keys);
     let data_out_order = if h.params().expect("negotiated").data_pdu_in_order {
         0

@@ -50,7 +50,7 @@ use blockwire_initiator::rdma::{
 };
 use blockwire_initiator::{rw16, Completion, InitiatorConfig, Residual};
 use blockwire_pdu::scsi::ScsiStatus;
-use blockwire_target::iscsi::connection::fuzzing::{fabric_serving, TARGET};
+use blockwire_target::iscsi::connection::fuzzing::{fabric_serving_unit, TARGET};
 use blockwire_target::iscsi::portal::Portal;
 use blockwire_target::iscsi::{iser, Fabric, FabricSettings};
 use blockwire_transport::rdma::any::Backend;
@@ -307,9 +307,9 @@ async fn session(input: &Input) {
         data_pdu_in_order: input.data_pdu_in_order,
         ..FabricSettings::default()
     };
-    let (store, paths) = storage::lun0(&input.storage, SCRATCH_PREFIX, LUN_BYTES as u64);
+    let (unit, paths) = storage::lun0(&input.storage, SCRATCH_PREFIX, LUN_BYTES as u64);
     let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let fabric = fabric_serving(settings, store, paths, shutdown);
+    let fabric = fabric_serving_unit(settings, unit, paths, shutdown);
     let (client, listeners, serving) = tokio::time::timeout(LIMIT, connect(input, &fabric))
         .await
         .expect("login in time");

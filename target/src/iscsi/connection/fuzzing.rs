@@ -145,7 +145,22 @@ pub fn fabric_serving(
     paths: DataPaths,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Arc<Fabric> {
-    let lu = Arc::new(LogicalUnit::new(LuConfig::new(store)));
+    fabric_serving_unit(settings, LuConfig::new(store), paths, shutdown)
+}
+
+/// [`fabric_serving`] with LUN 0 built from `unit` (e.g. formatted with
+/// protection information).
+///
+/// # Panics
+/// When a data path does not start: the fuzz target asked for one the
+/// store cannot carry.
+pub fn fabric_serving_unit(
+    settings: FabricSettings,
+    unit: LuConfig,
+    paths: DataPaths,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Arc<Fabric> {
+    let lu = Arc::new(LogicalUnit::new(unit));
     let mut catalog = Catalog::one_target(TARGET, local(), Acl::Any, lu);
     if let (Some((policy, _)), Some(t)) = (&paths, catalog.targets.first_mut()) {
         Arc::get_mut(t).expect("a target of our own").data_paths = vec![(0, *policy)];
@@ -180,9 +195,18 @@ impl Harness {
         store: Arc<dyn Backstore>,
         paths: DataPaths,
     ) -> Harness {
+        Harness::serving_unit(settings, LuConfig::new(store), paths)
+    }
+
+    /// [`Harness::serving`] with LUN 0 built from `unit` (e.g. formatted
+    /// with protection information).
+    ///
+    /// # Panics
+    /// When a data path does not start.
+    pub fn serving_unit(settings: FabricSettings, unit: LuConfig, paths: DataPaths) -> Harness {
         // Shutdown comes through `Harness::shutdown`, never the watch.
         let (_, shutdown) = tokio::sync::watch::channel(false);
-        let fabric = fabric_serving(settings, store, paths, shutdown);
+        let fabric = fabric_serving_unit(settings, unit, paths, shutdown);
         let (client, server) = tokio::io::duplex(PIPE);
         let (rd, wr) = tokio::io::split(server);
         let login = LoginPhase::new(
