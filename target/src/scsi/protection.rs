@@ -313,62 +313,62 @@ impl LogicalUnit {
         capacity: u32,
         wait: bool,
     ) -> Option<ScsiResult> {
-        let read = |store: &dyn Backstore, offset: u64, buf: &mut [u8]| {
-            if wait {
-                store.read_at(offset, buf).map(|()| true)
-            } else {
-                store.read_at_without_waiting(offset, buf)
-            }
-        };
-        let bs = plan.block_size as usize;
-        let blocks = plan.len as usize / bs;
-        let end = plan.lba + blocks as u64;
-        let _hold = if wait {
-            self.hold_for_read(plan.lba, end)
+        let blocks = plan.len / u64::from(plan.block_size);
+        let end = plan.lba + blocks;
+        let checked = if wait {
+            // The core's own READ: blocks, then their stored tuples.
+            let _hold = self.hold_for_read(plan.lba, end);
+            self.read_unchecked_to_vec(plan.lba, plan.len as usize)
+                .and_then(|data| self.check_stored_pi(plan.lba, &data).map(|()| data))
         } else {
             // A WRITE of these blocks is under way: read them where
             // waiting for it is allowed.
-            Some(self.ranges.try_shared(plan.lba, end)?)
-        };
-        let data = if wait {
-            self.cfg.backstore.read_to_vec(plan.offset, blocks * bs)
-        } else {
-            let mut data = vec![0u8; blocks * bs];
-            match read(self.cfg.backstore.as_ref(), plan.offset, &mut data) {
-                Ok(true) => Ok(data),
-                Ok(false) => return None,
-                Err(e) => Err(e),
-            }
-        };
-        let data = match data {
-            Ok(d) => d,
-            Err(e) => return Some(self.read_failure(plan.lba, plan.len, &e)),
-        };
-        let tuples = match &self.cfg.pi_store {
-            Some(store) => {
-                let mut stored_tuples = vec![0u8; blocks * TUPLE_BYTES];
-                let at = plan.lba * TUPLE_BYTES as u64;
-                match read(store.as_ref(), at, &mut stored_tuples) {
-                    Ok(true) => {}
-                    Ok(false) => return None,
-                    Err(e) => {
-                        warn!(lba = plan.lba, error = %e, "protection information read failed");
-                        return Some(self.read_failure(plan.lba, plan.len, &e));
-                    }
-                }
-                stored_tuples
-                    .chunks_exact(TUPLE_BYTES)
-                    .map(from_stored)
-                    .collect()
-            }
-            None => vec![PiTuple::UNWRITTEN; blocks],
+            let _hold = self.ranges.try_shared(plan.lba, end)?;
+            self.read_checked_in_memory(plan.lba, plan.len as usize)?
         };
         let format = self.sense_format();
-        if let Err(f) = self.check_tuples(data.chunks(bs), &tuples, plan.lba, PiChecks::ALL) {
-            plan.clock.fail();
-            return Some(finish(Err(f), plan.len, format, capacity));
+        Some(match checked {
+            Ok(data) => finish(Ok(Done::media(data)), plan.len, format, capacity),
+            Err(f) => {
+                plan.clock.fail();
+                finish(Err(f), plan.len, format, capacity)
+            }
+        })
+    }
+
+    /// `len` bytes of blocks from `lba` checked against their stored
+    /// tuples, read only from what the stores hold in memory; None when
+    /// either would have to wait for a device.
+    fn read_checked_in_memory(&self, lba: u64, len: usize) -> Option<Result<Vec<u8>, Failure>> {
+        let bs = self.cfg.block_size as usize;
+        let read = |store: &dyn Backstore, offset: u64, buf: &mut [u8]| {
+            store.read_at_without_waiting(offset, buf).map_err(|e| {
+                warn!(lba, len, error = %e, "backstore read failed");
+                backstore_failure(&e, false, lba)
+            })
+        };
+        let mut data = vec![0u8; len];
+        match read(self.cfg.backstore.as_ref(), lba * bs as u64, &mut data) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(f) => return Some(Err(f)),
         }
-        Some(finish(Ok(Done::media(data)), plan.len, format, capacity))
+        let tuples = match &self.cfg.pi_store {
+            Some(store) => {
+                let mut stored = vec![0u8; len / bs * TUPLE_BYTES];
+                match read(store.as_ref(), lba * TUPLE_BYTES as u64, &mut stored) {
+                    Ok(true) => {}
+                    Ok(false) => return None,
+                    Err(f) => return Some(Err(f)),
+                }
+                stored.chunks_exact(TUPLE_BYTES).map(from_stored).collect()
+            }
+            None => vec![PiTuple::UNWRITTEN; len / bs],
+        };
+        Some(
+            self.check_tuples(data.chunks(bs), &tuples, lba, PiChecks::ALL)
+                .map(|()| data),
+        )
     }
 
     /// READ with RDPROTECT 001b-101b: the blocks from `lba`, each followed
