@@ -12,4 +12,5 @@ pub mod copies;
 pub mod datapath;
 pub mod events;
 pub mod iscsi;
+pub mod payload_buffers;
 pub mod scsi;

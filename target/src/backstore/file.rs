@@ -558,13 +558,14 @@ impl Backstore for FileBackstore {
     fn read_to_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         self.check(offset, len as u64)?;
         if self.mode == FileMode::Direct || len == 0 {
-            let mut v = vec![0u8; len];
+            let mut v = crate::payload_buffers::take(len);
+            v.resize(len, 0);
             self.read_at(offset, &mut v)?;
             return Ok(v);
         }
         // Page cache -> the buffer's unwritten capacity, which pread fills
         // and counts into its length.
-        let mut v = Vec::with_capacity(len);
+        let mut v = crate::payload_buffers::take(len);
         while v.len() < len {
             let at = offset + v.len() as u64;
             match rustix::io::pread(&self.file, rustix::buffer::spare_capacity(&mut v), at) {

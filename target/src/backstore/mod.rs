@@ -173,7 +173,8 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// memory not yet written skips zeroing it first (a protected unit's
     /// 1 MiB READ spent a tenth of its time in that memset).
     fn read_to_vec(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        let mut v = vec![0u8; len];
+        let mut v = crate::payload_buffers::take(len);
+        v.resize(len, 0);
         self.read_at(offset, &mut v)?;
         Ok(v)
     }

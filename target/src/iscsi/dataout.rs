@@ -167,9 +167,14 @@ impl WriteCollector {
             });
         }
         // The immediate data is copied in, not written over zeroes: with all
-        // of a small WRITE's data in its command PDU, nothing is zeroed.
+        // of a small WRITE's data in its command PDU, nothing is zeroed. A
+        // large WRITE's buffer is one kept from an earlier command, its pages
+        // already faulted in (crate::payload_buffers); the caller has refused
+        // an Expected Data Transfer Length beyond the target's buffers.
         let buf = if gather {
-            immediate.to_vec()
+            let mut buf = crate::payload_buffers::take(expected_len as usize);
+            buf.extend_from_slice(immediate);
+            buf
         } else {
             Vec::new()
         };

@@ -184,6 +184,9 @@ pub(super) async fn run_core(
 ) -> Option<(ScsiResult, Counts)> {
     let r = in_core(ctx, move |c| {
         let _hold = hold;
+        // The WRITE data's buffer is kept for a later command's data once
+        // the core has written it (crate::payload_buffers).
+        let data_out = crate::payload_buffers::Returning(data_out);
         if c.is_aborted() {
             return None;
         }
@@ -192,7 +195,7 @@ pub(super) async fn run_core(
         } else {
             0
         };
-        Some(c.luns.execute(&c.request(&data_out, capacity)))
+        Some(c.luns.execute(&c.request(&data_out.0, capacity)))
     })
     .await;
     match r {

@@ -70,13 +70,13 @@ pub fn response_pdus(
 /// share returns when the last Data-In PDU carrying a piece of the data has
 /// been written (or dropped with the connection).
 struct HeldData {
-    data: Vec<u8>,
+    data: crate::payload_buffers::Returning,
     _share: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl AsRef<[u8]> for HeldData {
     fn as_ref(&self) -> &[u8] {
-        &self.data
+        self.data.as_ref()
     }
 }
 
@@ -93,11 +93,16 @@ pub(super) fn response_pdus_holding(
     let residual = Residual::of(expected, result.transfer_length);
     let capacity = if cmd.read { expected as usize } else { 0 };
     let mut data = match share {
+        // The buffer goes back to be read into again once its last Data-In is
+        // written (crate::payload_buffers).
         Some(share) if !result.data_in.is_empty() => Bytes::from_owner(HeldData {
-            data: result.data_in,
+            data: crate::payload_buffers::Returning(result.data_in),
             _share: share,
         }),
-        _ => Bytes::from(result.data_in),
+        _ if !result.data_in.is_empty() => {
+            Bytes::from_owner(crate::payload_buffers::Returning(result.data_in))
+        }
+        _ => Bytes::new(),
     };
     data.truncate(capacity);
     let collapse = result.status == GOOD && result.sense.is_none() && !data.is_empty();
