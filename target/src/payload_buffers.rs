@@ -162,6 +162,7 @@ mod tests {
         drop(whole);
         assert_eq!(piece[0], 1);
         drop(piece);
-        assert_eq!(take(5 << 20).as_ptr(), at);
+        let again = take(5 << 20);
+        assert_eq!(again.as_ptr(), at);
     }
 }
