@@ -23,6 +23,10 @@
 //! handed out empty (length 0): what an earlier command left in it is never
 //! readable through it, only overwritten by the next read into its spare
 //! capacity or the next payload copied in.
+//!
+//! Not the RDMA paths' `blockwire_transport::reg::BufferPool`: its buffers
+//! are registered with a protection domain and handed out as its own type,
+//! where the SCSI core's answers and the WRITE collector hold plain `Vec`s.
 
 use std::sync::Mutex;
 
@@ -56,10 +60,11 @@ fn size_index(capacity: usize) -> Option<usize> {
 /// An empty buffer with room for at least `len` bytes: one kept, if a
 /// command gave one of the right size back, else a new one.
 pub fn take(len: usize) -> Vec<u8> {
-    let size = len.max(SMALLEST).next_power_of_two();
-    let Some(index) = size_index(size).filter(|_| len >= SMALLEST / 2) else {
+    if !(SMALLEST / 2..=LARGEST).contains(&len) {
         return Vec::with_capacity(len);
-    };
+    }
+    let size = len.next_power_of_two().max(SMALLEST);
+    let index = size_index(size).expect("a power of two from SMALLEST to LARGEST");
     let kept = {
         let mut k = KEPT.lock().unwrap_or_else(|p| p.into_inner());
         let v = k.by_size[index].pop();
@@ -86,14 +91,14 @@ pub fn give_back(mut buf: Vec<u8>) {
     }
 }
 
-/// Bytes kept now (for tests and metrics).
+/// Bytes kept now.
 pub fn kept_bytes() -> usize {
     KEPT.lock().unwrap_or_else(|p| p.into_inner()).bytes
 }
 
 /// A payload that goes back to the kept buffers when dropped (READ data:
 /// the owner of a `bytes::Bytes` whose slices are the Data-In payloads).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Returning(pub Vec<u8>);
 
 impl AsRef<[u8]> for Returning {

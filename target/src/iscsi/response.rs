@@ -66,12 +66,13 @@ pub fn response_pdus(
     response_pdus_holding(cmd, result, limits, r2t_count, None)
 }
 
-/// READ data and the share of the connection's READ budget it holds: the
-/// share returns when the last Data-In PDU carrying a piece of the data has
-/// been written (or dropped with the connection).
+/// READ data and the share of the connection's READ budget it holds, if
+/// any: when the last Data-In PDU carrying a piece of the data has been
+/// written (or dropped with the connection), the share returns and the
+/// buffer goes back to be read into again (crate::payload_buffers).
 struct HeldData {
     data: crate::payload_buffers::Returning,
-    _share: tokio::sync::OwnedSemaphorePermit,
+    _share: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl AsRef<[u8]> for HeldData {
@@ -92,17 +93,13 @@ pub(super) fn response_pdus_holding(
     let expected = cmd.expected_data_transfer_length;
     let residual = Residual::of(expected, result.transfer_length);
     let capacity = if cmd.read { expected as usize } else { 0 };
-    let mut data = match share {
-        // The buffer goes back to be read into again once its last Data-In is
-        // written (crate::payload_buffers).
-        Some(share) if !result.data_in.is_empty() => Bytes::from_owner(HeldData {
+    let mut data = if result.data_in.is_empty() {
+        Bytes::new()
+    } else {
+        Bytes::from_owner(HeldData {
             data: crate::payload_buffers::Returning(result.data_in),
             _share: share,
-        }),
-        _ if !result.data_in.is_empty() => {
-            Bytes::from_owner(crate::payload_buffers::Returning(result.data_in))
-        }
-        _ => Bytes::new(),
+        })
     };
     data.truncate(capacity);
     let collapse = result.status == GOOD && result.sense.is_none() && !data.is_empty();
