@@ -33,6 +33,9 @@
 #   cpu_ticks PID                      user + system clock ticks the process (all its
 #                                      threads) has used so far (/proc/PID/stat; getconf
 #                                      CLK_TCK per second), for a benchmark's CPU per I/O
+#   minor_faults PID                   minor page faults the process (all its threads) has
+#                                      taken so far (/proc/PID/stat field 10): first touches
+#                                      of new anonymous pages, for a benchmark's faults per I/O
 #   iscsiadm_discover HOST:PORT [--chap USER PASS] [--mutual USER_IN PASS_IN] [--isns]
 #                                      open-iscsi SendTargets discovery without the kernel
 #                                      (see /work/shared/INTEROP.md); prints iscsiadm's
@@ -45,6 +48,7 @@
 #   pid=$(start_tgtd "$port" "$tmp"); trap 'stop_tgtd "$port" "$pid"' EXIT
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+minor_faults() { awk '{ print $10 }' "/proc/$1/stat"; }
 
 # Print a free loopback TCP port. Not port 0 / the kernel's choice: those come from the
 # ephemeral range (>= 32768 here) and tgtd rejects a control port above 32767. A port whose
