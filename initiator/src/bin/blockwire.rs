@@ -280,7 +280,7 @@ enum Command {
         /// Run time (10s, 500ms, 1m).
         #[arg(long, default_value = "10s")]
         time: String,
-        /// Limit the I/O to the first SIZE bytes of the LUN (default: all).
+        /// Limit the I/O to the first SPAN bytes of the LUN (512, 64M, 1G, ...; default: all).
         #[arg(long)]
         span: Option<String>,
     },
