@@ -46,16 +46,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-blockwire_file_config "$tmp/target.toml" "$IQN" "$shm/plain.img" 1G
-cat >>"$tmp/target.toml" <<EOF
-
-[[target.lun]]
-id = 1
-backstore = "file"
-path = "$shm/protected.img"
-size = "1G"
-protection = "type1"
-EOF
+blockwire_plain_and_protected_config "$tmp/target.toml" "$IQN" "$shm" 1G
 port=$(free_port)
 pid=$(start_blockwire "$port" "$tmp" "$tmp/target.toml")
 url="iscsi://127.0.0.1:$port/$IQN/$LUN"

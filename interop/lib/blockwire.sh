@@ -151,6 +151,24 @@ blockwire_file_config() {
 path = \"$3\"" "$4"
 }
 
+# blockwire_plain_and_protected_config FILE IQN DIR SIZE — two file LUNs of SIZE in DIR, the
+# same but for T10 protection information: LUN 0 plain (DIR/plain.img), LUN 1
+# `protection = "type1"` (DIR/protected.img, its tuples in a file beside it), any initiator;
+# what interop/bench-protection.sh and bench/profile-protection.sh compare.
+blockwire_plain_and_protected_config() {
+    local file=$1 iqn=$2 dir=$3 size=$4
+    blockwire_file_config "$file" "$iqn" "$dir/plain.img" "$size"
+    cat >>"$file" <<EOF
+
+[[target.lun]]
+id = 1
+backstore = "file"
+path = "$dir/protected.img"
+size = "$size"
+protection = "type1"
+EOF
+}
+
 # _bw_one_lun_config FILE IQN BACKSTORE_LINES SIZE [ALLOW...] — the body of the two above.
 _bw_one_lun_config() {
     local file=$1 iqn=$2 backstore=$3 size=$4
