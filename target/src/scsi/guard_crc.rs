@@ -19,8 +19,8 @@
 //! reduced by carry-less products too (every 512-byte block ends with one;
 //! a table CRC of its 16 bytes took a fifth of the CRC's samples in a
 //! profile of 1 MiB protected READs): folded to 64 bits V ≡ A, then
-//! Barrett reduction, exact for polynomials: with
-//! μ = x^80 div P, the quotient of V·x^16 by P is Q = (V·μ) div x^64, and
+//! Barrett reduction, exact for polynomials: with μ = x^80 div P, the
+//! quotient of V·x^16 by P is Q = (V·μ) div x^64, and
 //! the CRC is V·x^16 − Q·P, whose low 16 bits are those of Q·P (V·x^16 has
 //! none) and whose higher bits are zero (the remainder has degree < 16).
 //! Leading zero bytes do not change a CRC with initial value 0, so data
@@ -48,6 +48,9 @@ pub(crate) fn block_guard(data: &[u8]) -> u16 {
     crc16_t10dif(data)
 }
 
+/// The guard's generator polynomial P, x^16 included.
+const P: u128 = 0x1_8BB7;
+
 /// x^80 div P without its leading term x^64: the Barrett constant μ
 /// (degree 64) less x^64, which the reduction adds back as `V xor`.
 const fn barrett_mu_low() -> u64 {
@@ -57,7 +60,7 @@ const fn barrett_mu_low() -> u64 {
     while bit >= 16 {
         if rem & (1 << bit) != 0 {
             quotient |= 1 << (bit - 16);
-            rem ^= 0x1_8BB7 << (bit - 16);
+            rem ^= P << (bit - 16);
         }
         bit -= 1;
     }
@@ -71,7 +74,7 @@ const fn x_pow_mod(n: u32) -> u64 {
     while i < n {
         r <<= 1;
         if r & 0x1_0000 != 0 {
-            r ^= 0x1_8BB7;
+            r ^= P as u32;
         }
         i += 1;
     }
@@ -85,7 +88,7 @@ mod folded {
         _mm_set_epi8, _mm_shuffle_epi8, _mm_unpackhi_epi64, _mm_xor_si128,
     };
 
-    use super::{barrett_mu_low, x_pow_mod};
+    use super::{barrett_mu_low, x_pow_mod, P};
 
     /// The multipliers that move a 128-bit register `by` bits up, reduced
     /// mod P: x^(by+64) for its high half (upper lane), x^by for its low.
@@ -101,7 +104,7 @@ mod folded {
     const X64: u64 = x_pow_mod(64);
     const MU_LOW: u64 = barrett_mu_low();
     /// P without its x^16 term: Q·x^16 has no bits in the low 16.
-    const P_LOW: u64 = 0x8BB7;
+    const P_LOW: u64 = (P & 0xFFFF) as u64;
 
     /// The CRC-16 T10-DIF of `data` (see the module docs).
     #[target_feature(enable = "pclmulqdq,sse2,ssse3")]
