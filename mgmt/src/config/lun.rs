@@ -163,6 +163,20 @@ pub(super) fn build_lun(
             format!("only file LUNs keep an atomic-write journal; remove it from this {kind} LUN"),
         ));
     }
+    if let Some(u) = l.atomic_unit.as_ref() {
+        let why = if kind != "file" {
+            Some(format!("only file LUNs on a block device have an atomic_unit; remove it from this {kind} LUN"))
+        } else if l.read_only {
+            Some("a read-only LUN takes no writes; remove atomic_unit".to_owned())
+        } else if l.atomic_journal.is_some() {
+            Some("atomic_unit is the size of the kernel's untorn writes, which a LUN with atomic_journal does not use (its journal takes any whole blocks): remove one of them".to_owned())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(ctx.err(u.span(), "target.lun.atomic_unit", why));
+        }
+    }
     let protected = protection_asked(ctx, l, kind)?;
     // A protected LUN's tuples are written beside its blocks, not in the
     // same atomic write: WRITE ATOMIC is not offered there.
@@ -256,6 +270,17 @@ pub(super) fn build_lun(
                     ))
                 }
             };
+            if ctx.dry_run {
+                super::dry_run_atomic_writes(
+                    ctx,
+                    l,
+                    lspan.clone(),
+                    path,
+                    size,
+                    mode == FileMode::Direct,
+                    atomic_writes,
+                )?;
+            }
             Arc::new(stand_in(
                 ctx,
                 size,

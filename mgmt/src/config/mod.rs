@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::claims::{Claims, FileKey, FileUse, KnownFiles};
 pub use blockwire_pdu::keys::check_iscsi_name;
+use blockwire_target::backstore::device_atomic::DeviceAtomicUnits;
 use blockwire_target::backstore::{Backstore, FileBackstore};
 use blockwire_target::iscsi::catalog::{
     Acl, AuthPolicy, Catalog, ChapSecret, PortalGroup, TargetEntry,
@@ -21,6 +22,7 @@ use blockwire_target::scsi::{
 };
 use located::Located;
 use serde::Deserialize;
+use std::os::unix::fs::OpenOptionsExt;
 
 mod check;
 mod located;
@@ -405,13 +407,22 @@ pub struct LunDef {
     /// regular file (through a write-ahead journal, `atomic_journal`).
     /// false: never offered. true: refused where it cannot be kept
     /// (striped and read-only LUNs, a block device without
-    /// `atomic_journal`).
+    /// `atomic_journal` whose kernel offers no untorn writes). A block
+    /// device whose kernel offers them (`mode = "direct"`, statx
+    /// STATX_WRITE_ATOMIC) has them by default, by `RWF_ATOMIC`, of
+    /// `atomic_unit` bytes.
     pub atomic_writes: Option<Located<bool>>,
     /// File LUNs: where the atomic-write journal lives (default: the
     /// backing file's path with `.atomic-journal` appended). It must stay
     /// with the backing file: unfinished atomic writes are replayed from it
     /// when the LUN opens.
     pub atomic_journal: Option<Located<PathBuf>>,
+    /// File LUNs on a block device whose kernel offers untorn writes (no
+    /// `atomic_journal`): the one size every WRITE ATOMIC(16) has, at LBAs
+    /// aligned to it, a power of two within the device's atomic write
+    /// units such as "8K" (default "16K", within the device's range). The
+    /// kernel takes only such writes, so the LUN offers only that one.
+    pub atomic_unit: Option<Located<String>>,
     /// T10 protection information (SBC-3 4.18): "type1" formats the LUN
     /// with Type 1 protection: an 8-byte tuple (CRC guard, application tag,
     /// reference tag) kept beside every block, generated for each write,
@@ -643,14 +654,28 @@ fn held_files<'a>(l: &'a LunDef, pr_state_path: Option<&'a Path>) -> Vec<HeldFil
     held
 }
 
-fn file_atomic_journal(
+/// How a file LUN's WRITE ATOMIC(16) is kept: not at all, by the kernel's
+/// untorn writes of one size, or through a journal (at that path, named by
+/// that field).
+enum AtomicPlan {
+    None,
+    Device(u32),
+    Journal(PathBuf, &'static str),
+}
+
+/// Decides how file LUN `l` (of `capacity` bytes, whose kernel offers
+/// `units` of untorn writes) keeps its atomic writes, refusing what cannot
+/// be kept, without changing anything: the build and a dry run decide
+/// alike.
+fn atomic_plan(
     ctx: &Ctx<'_>,
     l: &LunDef,
     lspan: std::ops::Range<usize>,
     path: &std::path::Path,
-    fb: FileBackstore,
+    capacity: u64,
+    units: Option<DeviceAtomicUnits>,
     atomic_writes: Option<bool>,
-) -> Result<FileBackstore, ConfigError> {
+) -> Result<AtomicPlan, ConfigError> {
     let journal = l
         .atomic_journal
         .as_ref()
@@ -662,7 +687,7 @@ fn file_atomic_journal(
         "target.lun.path"
     };
     if l.read_only {
-        let n = blockwire_target::backstore::journal::unfinished(&journal, fb.size())
+        let n = blockwire_target::backstore::journal::unfinished(&journal, capacity)
             .map_err(|e| ctx.err(lspan.clone(), field, e.to_string()))?;
         if n > 0 {
             return Err(ctx.err(
@@ -675,27 +700,60 @@ fn file_atomic_journal(
                 ),
             ));
         }
-        return Ok(fb);
+        return Ok(AtomicPlan::None);
     }
-    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    // A file the change would create is a regular file (a dry run decides
+    // before it exists).
+    let regular = std::fs::metadata(path).map_or(true, |m| m.is_file());
+    if !regular && l.atomic_journal.is_none() {
+        return device_atomic_plan(ctx, l, lspan, path, units, atomic_writes);
+    }
+    if let Some(u) = &l.atomic_unit {
+        return Err(ctx.err(
+            u.span(),
+            "target.lun.atomic_unit",
+            "atomic_unit is for a block device whose kernel makes the atomic writes; this LUN's go through its journal, which takes any whole blocks: remove atomic_unit",
+        ));
+    }
     let wanted = match atomic_writes {
         Some(false) => false,
         Some(true) => true,
         None => regular || l.atomic_journal.is_some(),
     };
-    if !wanted {
-        return Ok(fb);
-    }
-    if !regular && l.atomic_journal.is_none() {
-        return Err(ctx.err(
-            lspan,
-            "target.lun.atomic_writes",
-            format!(
-                "{} is a block device: give its atomic-write journal a place with atomic_journal = \"...\" (on another device), or remove atomic_writes",
-                path.display()
-            ),
-        ));
-    }
+    Ok(if wanted {
+        AtomicPlan::Journal(journal, field)
+    } else {
+        AtomicPlan::None
+    })
+}
+
+/// Turns on the atomic writes [`atomic_plan`] chose for the opened `fb`.
+fn file_atomic_journal(
+    ctx: &Ctx<'_>,
+    l: &LunDef,
+    lspan: std::ops::Range<usize>,
+    path: &std::path::Path,
+    fb: FileBackstore,
+    atomic_writes: Option<bool>,
+) -> Result<FileBackstore, ConfigError> {
+    let plan = atomic_plan(
+        ctx,
+        l,
+        lspan.clone(),
+        path,
+        fb.size(),
+        fb.device_atomic_units(),
+        atomic_writes,
+    )?;
+    let (journal, field) = match plan {
+        AtomicPlan::None => return Ok(fb),
+        AtomicPlan::Device(unit) => {
+            return fb
+                .with_device_atomic_writes(unit)
+                .map_err(|e| ctx.err(lspan, "target.lun.atomic_writes", e.to_string()))
+        }
+        AtomicPlan::Journal(j, field) => (j, field),
+    };
     let (fb, replayed) = fb
         .with_atomic_journal(&journal)
         .map_err(|e| ctx.err(lspan, field, e.to_string()))?;
@@ -708,6 +766,127 @@ fn file_atomic_journal(
         );
     }
     Ok(fb)
+}
+
+/// A dry run of file LUN `l`: what [`file_atomic_journal`] would refuse,
+/// found without opening anything for writing (a journal that exists is
+/// read; a block device's untorn writes are asked of a read-only open).
+fn dry_run_atomic_writes(
+    ctx: &Ctx<'_>,
+    l: &LunDef,
+    lspan: std::ops::Range<usize>,
+    path: &std::path::Path,
+    capacity: u64,
+    direct: bool,
+    atomic_writes: Option<bool>,
+) -> Result<(), ConfigError> {
+    let units = (direct && !l.read_only)
+        .then(|| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+                .open(path)
+                .ok()
+        })
+        .flatten()
+        .and_then(|f| DeviceAtomicUnits::probe(&f));
+    if let AtomicPlan::Journal(journal, field) =
+        atomic_plan(ctx, l, lspan.clone(), path, capacity, units, atomic_writes)?
+    {
+        blockwire_target::backstore::journal::check_openable(&journal, capacity)
+            .map_err(|e| ctx.err(lspan, field, e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// A file LUN on a block device without a journal: WRITE ATOMIC(16) by the
+/// kernel's untorn writes where it offers them (by default), of one size
+/// (`atomic_unit`; see `blockwire_target::backstore::device_atomic`).
+fn device_atomic_plan(
+    ctx: &Ctx<'_>,
+    l: &LunDef,
+    lspan: std::ops::Range<usize>,
+    path: &std::path::Path,
+    units: Option<DeviceAtomicUnits>,
+    atomic_writes: Option<bool>,
+) -> Result<AtomicPlan, ConfigError> {
+    if atomic_writes == Some(false) {
+        return match &l.atomic_unit {
+            Some(u) => Err(ctx.err(
+                u.span(),
+                "target.lun.atomic_unit",
+                "this LUN offers no atomic writes (atomic_writes = false, or protection): remove atomic_unit",
+            )),
+            None => Ok(AtomicPlan::None),
+        };
+    }
+    let Some(units) = units else {
+        let field = match (&l.atomic_unit, atomic_writes) {
+            (Some(u), _) => Some((u.span(), "target.lun.atomic_unit")),
+            (None, Some(true)) => Some((lspan, "target.lun.atomic_writes")),
+            (None, _) => None,
+        };
+        return match field {
+            // Nothing asked for: no atomic writes, as before the kernel had them.
+            None => Ok(AtomicPlan::None),
+            Some((span, field)) => Err(ctx.err(
+                span,
+                field,
+                format!(
+                    "{} is a block device the kernel offers no untorn writes for (statx STATX_WRITE_ATOMIC; they need mode = \"direct\" and a device with atomic write units): give its atomic-write journal a place with atomic_journal = \"...\" (on another device), or remove {}",
+                    path.display(),
+                    field.trim_start_matches("target.lun.")
+                ),
+            )),
+        };
+    };
+    let unit = match &l.atomic_unit {
+        None => u64::from(units.default_unit()),
+        Some(u) => parse_size(u.get_ref()).ok_or_else(|| {
+            ctx.err(
+                u.span(),
+                "target.lun.atomic_unit",
+                format!("{:?} is not a size (e.g. \"16K\")", u.get_ref()),
+            )
+        })?,
+    };
+    let block = u64::from(l.block_size.as_ref().map_or(512, |b| *b.get_ref()));
+    let max = u64::from(blockwire_target::scsi::MAX_TRANSFER_BYTES);
+    let why = if !units.takes(u32::try_from(unit).unwrap_or(0)) {
+        Some(format!(
+            "the kernel takes untorn writes of {} of a power of two from {} to {} bytes, not {unit}",
+            path.display(),
+            units.min,
+            units.max
+        ))
+    } else if !unit.is_multiple_of(block) {
+        Some(format!(
+            "an atomic write of {unit} bytes is not whole blocks of {block} bytes"
+        ))
+    } else if unit > max {
+        Some(format!(
+            "an atomic write of {unit} bytes is longer than one command's data ({max} bytes)"
+        ))
+    } else {
+        None
+    };
+    let Some(why) = why else {
+        return Ok(AtomicPlan::Device(unit as u32));
+    };
+    let (span, field) = match (&l.atomic_unit, atomic_writes) {
+        (Some(u), _) => (u.span(), "target.lun.atomic_unit"),
+        (None, Some(true)) => (lspan, "target.lun.atomic_writes"),
+        (None, _) => {
+            // Nothing asked for: no atomic writes rather than no LUN.
+            tracing::warn!(path = %path.display(), reason = %why, "no atomic writes for this LUN (set atomic_unit to a size the device and the block size allow)");
+            return Ok(AtomicPlan::None);
+        }
+    };
+    Err(ctx.err(
+        span,
+        field,
+        format!("{why}; set atomic_unit to a power of two the device takes"),
+    ))
 }
 
 /// How a configuration is turned into backstores.

@@ -1687,3 +1687,67 @@ fn protection_keeps_a_tuple_per_block_in_memory_or_beside_the_file() {
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(!dir.path().join("later.img.protection").exists());
 }
+
+/// The loop device helper the target crate's tests share.
+mod loop_device {
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/tests/support/loop_device.rs"
+    ));
+}
+
+/// A block device without a journal: atomic writes by the kernel where it
+/// offers untorn writes; a loop device offers none, so nothing is offered
+/// unless asked for, and asking is an error that names the way out.
+#[test]
+fn a_block_device_without_untorn_writes_offers_no_atomic_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("device.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let dev = loop_device::LoopDevice::over(&backing);
+    let build = |extra: &str| {
+        TargetConfig::from_str(
+            "t.toml",
+            &one_lun(&format!(
+                "backstore = \"file\"\npath = {:?}\nmode = \"direct\"\n{extra}",
+                dev.0
+            )),
+        )
+    };
+    let b = build("").unwrap();
+    let store = b.catalog.targets[0]
+        .luns
+        .get(0)
+        .unwrap()
+        .config()
+        .backstore
+        .clone();
+    assert_eq!(store.atomic_write_max(), 0, "{}", store.describe());
+    drop(b);
+    let e = build("atomic_writes = true\n").unwrap_err();
+    assert_eq!(e.field, "target.lun.atomic_writes", "{e}");
+    assert!(e.message.contains("STATX_WRITE_ATOMIC"), "{e}");
+    assert!(e.message.contains("atomic_journal"), "{e}");
+    let e = build("atomic_unit = \"16K\"\n").unwrap_err();
+    assert_eq!(e.field, "target.lun.atomic_unit", "{e}");
+    // atomic_unit goes with neither a journal, nor atomic_writes = false,
+    // nor another kind of LUN.
+    let j = dir.path().join("j");
+    let e = build(&format!("atomic_unit = \"16K\"\natomic_journal = {j:?}\n")).unwrap_err();
+    assert_eq!(e.field, "target.lun.atomic_unit", "{e}");
+    let e = build("atomic_unit = \"16K\"\natomic_writes = false\n").unwrap_err();
+    assert_eq!(e.field, "target.lun.atomic_unit", "{e}");
+    let e = TargetConfig::from_str(
+        "t.toml",
+        &one_lun("backstore = \"ram\"\nsize = \"1M\"\natomic_unit = \"16K\"\n"),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "target.lun.atomic_unit", "{e}");
+    // With the journal placed elsewhere, as before.
+    let b = build(&format!("atomic_journal = {j:?}\n")).unwrap();
+    let lu = b.catalog.targets[0].luns.get(0).unwrap();
+    assert_eq!(lu.config().backstore.atomic_write_max(), 128 << 10);
+}

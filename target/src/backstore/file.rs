@@ -21,6 +21,7 @@
 //! `SEEK_DATA`/`SEEK_HOLE`. Where the filesystem cannot punch holes, zeros
 //! are written instead (still LBPRZ-truthful).
 
+use super::device_atomic::{self, DeviceAtomicUnits};
 use super::journal::Journal;
 use super::{Backstore, Extent};
 use rustix::fs::{FallocateFlags, SeekFrom};
@@ -78,6 +79,12 @@ pub struct FileBackstore {
     /// The write-ahead journal that makes WRITE ATOMIC whole-or-nothing
     /// (see [`super::journal`]); none: no atomic writes.
     journal: Option<Journal>,
+    /// The untorn writes the kernel offers for the file (direct mode
+    /// only: `RWF_ATOMIC` needs `O_DIRECT`; see [`super::device_atomic`]).
+    device_atomic: Option<DeviceAtomicUnits>,
+    /// The one atomic write size offered by the kernel's untorn writes,
+    /// when WRITE ATOMIC goes that way instead of through a journal.
+    device_atomic_unit: Option<u32>,
     /// The run of data [`Backstore::allocation`] last found (see
     /// [`KnownData`]).
     known_data: Mutex<KnownData>,
@@ -245,6 +252,9 @@ impl FileBackstore {
             warn!(path = %path.display(), reason = %why, "direct mode unavailable: running this LUN in cached mode (page cache); put the file on a filesystem that supports O_DIRECT (ext4, xfs, a block device) for direct I/O");
         }
         let tmpfs = lives_in_memory(&file);
+        let device_atomic = (effective == FileMode::Direct && !read_only)
+            .then(|| DeviceAtomicUnits::probe(&file))
+            .flatten();
         Ok(FileBackstore {
             file,
             path: path.to_owned(),
@@ -259,6 +269,8 @@ impl FileBackstore {
             tmpfs,
             can_nowait: AtomicBool::new(true),
             journal: None,
+            device_atomic,
+            device_atomic_unit: None,
             known_data: Mutex::new(KnownData::default()),
             walking: Mutex::new(()),
             #[cfg(test)]
@@ -316,6 +328,40 @@ impl FileBackstore {
         )?;
         self.journal = Some(j);
         Ok((self, replayed))
+    }
+
+    /// The untorn writes the kernel offers for this store's file, if any
+    /// (direct mode, writable; see [`super::device_atomic`]).
+    pub fn device_atomic_units(&self) -> Option<DeviceAtomicUnits> {
+        self.device_atomic
+    }
+
+    /// Turns WRITE ATOMIC on through the kernel's untorn writes, of exactly
+    /// `unit` bytes at offsets aligned to it (see [`super::device_atomic`]).
+    /// Refused where the kernel offers none, or not that size.
+    pub fn with_device_atomic_writes(mut self, unit: u32) -> io::Result<FileBackstore> {
+        let refuse = |why: String| {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{}: {why}", self.path.display()),
+            ))
+        };
+        match self.device_atomic {
+            None => {
+                return refuse(
+                    "the kernel offers no untorn writes for it (statx STATX_WRITE_ATOMIC; they need mode = \"direct\" and a device with atomic write units)".into(),
+                )
+            }
+            Some(d) if !d.takes(unit) => {
+                return refuse(format!(
+                    "the kernel takes untorn writes of a power of two from {} to {} bytes, not {unit}",
+                    d.min, d.max
+                ))
+            }
+            Some(_) => {}
+        }
+        self.device_atomic_unit = Some(unit);
+        Ok(self)
     }
 
     /// The atomic-write journal, if WRITE ATOMIC is on.
@@ -435,6 +481,30 @@ impl FileBackstore {
             done += want;
         }
         Ok(())
+    }
+
+    /// One atomic write by the kernel (see [`super::device_atomic`]): one
+    /// `unit` at an offset aligned to it, from an aligned buffer.
+    fn write_untorn(&self, unit: u32, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
+        self.check(offset, data.len() as u64)?;
+        if data.len() != unit as usize || !offset.is_multiple_of(u64::from(unit)) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: an atomic write is {unit} bytes at a multiple of {unit}, not {} bytes at {offset}",
+                    self.path.display(),
+                    data.len()
+                ),
+            ));
+        }
+        // A partial 4 KiB unit of a plain write next to this one is
+        // rewritten whole under the lock held exclusively (see the module
+        // docs): shared here, as for an aligned write.
+        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        with_bounce(data.len(), |b| {
+            b.copy_from_slice(data);
+            device_atomic::write_untorn(&self.file, offset, b, durable)
+        })
     }
 
     fn write(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
@@ -635,9 +705,18 @@ impl Backstore for FileBackstore {
     }
 
     fn atomic_write_max(&self) -> u64 {
-        self.journal
-            .as_ref()
-            .map_or(0, |j| u64::from(j.max_bytes()))
+        match (&self.journal, self.device_atomic_unit) {
+            (Some(j), _) => u64::from(j.max_bytes()),
+            (None, Some(unit)) => u64::from(unit),
+            (None, None) => 0,
+        }
+    }
+
+    fn atomic_write_unit(&self) -> u64 {
+        match (&self.journal, self.device_atomic_unit) {
+            (None, Some(unit)) => u64::from(unit),
+            _ => 0,
+        }
     }
 
     /// Journal, write in place, mark done: each step durable before the
@@ -645,7 +724,10 @@ impl Backstore for FileBackstore {
     /// returns whatever `durable` says. A failure after the record is in
     /// the journal leaves it there, unfinished: the next open writes it in
     /// place, so the blocks still end up wholly old or wholly new.
-    fn write_atomic(&self, offset: u64, data: &[u8], _durable: bool) -> io::Result<()> {
+    fn write_atomic(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
+        if let (None, Some(unit)) = (&self.journal, self.device_atomic_unit) {
+            return self.write_untorn(unit, offset, data, durable);
+        }
         let Some(j) = &self.journal else {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -815,9 +897,13 @@ impl Backstore for FileBackstore {
             (FileMode::Cached, None) => "cached".to_string(),
             (FileMode::Cached, Some(why)) => format!("cached: direct refused, {why}"),
         };
-        let atomic = match &self.journal {
-            Some(j) => format!(", atomic writes up to {} KiB", j.max_bytes() >> 10),
-            None => String::new(),
+        let atomic = match (&self.journal, self.device_atomic_unit) {
+            (Some(j), _) => format!(", atomic writes up to {} KiB", j.max_bytes() >> 10),
+            (None, Some(unit)) => format!(
+                ", atomic writes of {} KiB by the device (RWF_ATOMIC)",
+                unit >> 10
+            ),
+            (None, None) => String::new(),
         };
         format!(
             "file {} ({} MiB, {mode}{atomic})",

@@ -351,6 +351,75 @@ pub fn unfinished(path: &Path, capacity: u64) -> io::Result<usize> {
     Ok(pending.len())
 }
 
+/// What [`Journal::open`] would find wrong with the journal at `path`,
+/// without creating, replaying or writing anything (a dry run of a
+/// change): the same errors, word for word, for a header or record that
+/// cannot be read and for an unfinished write beyond `capacity`. A
+/// missing or empty file is fine (opening creates it).
+pub fn check_openable(path: &Path, capacity: u64) -> io::Result<()> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if file.metadata()?.len() == 0 {
+        return Ok(());
+    }
+    let (_, image) = read_image(&file, path)?;
+    readable_records(&image, path, capacity).map(drop)
+}
+
+/// "atomic-write journal PATH: WHAT: E", the words of every journal error.
+fn annotate(path: &Path, what: &str, e: &dyn std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("atomic-write journal {}: {what}: {e}", path.display()),
+    )
+}
+
+/// The journal's geometry and the image its header says it has (less
+/// where the file is shorter): no more is read than the header claims, so
+/// a large file named as a journal by mistake is not read whole.
+fn read_image(file: &File, path: &Path) -> io::Result<(Geometry, Vec<u8>)> {
+    let mut head = vec![0u8; FILE_HEADER_LEN as usize];
+    let got = read_upto(file, &mut head, 0)?;
+    let g = parse_file_header(&head[..got]).map_err(|e| {
+        annotate(
+            path,
+            "cannot be read (move it away only if the LUN holds no atomic write in progress)",
+            &e,
+        )
+    })?;
+    let mut image = vec![0u8; usize::try_from(g.file_len()).unwrap_or(usize::MAX)];
+    let got = read_upto(file, &mut image, 0)?;
+    image.truncate(got);
+    Ok((g, image))
+}
+
+/// The journal's records and the last sequence number, refused where a
+/// record cannot be read or an unfinished one lies beyond `capacity`.
+fn readable_records<'a>(
+    image: &'a [u8],
+    path: &Path,
+    capacity: u64,
+) -> io::Result<(Vec<(u32, Slot<'a>)>, u64)> {
+    let (pending, last) =
+        pending_records(image, capacity).map_err(|e| annotate(path, "cannot be read", &e))?;
+    for (_, s) in &pending {
+        if let Slot::OutOfRange(h) = s {
+            return Err(annotate(
+                path,
+                "holds an unfinished atomic write beyond the end of the backing file",
+                &format!(
+                    "{} bytes at {} (restore the file's size, then open it again)",
+                    h.len, h.offset
+                ),
+            ));
+        }
+    }
+    Ok((pending, last))
+}
+
 /// An open journal.
 #[derive(Debug)]
 pub struct Journal {
@@ -409,12 +478,6 @@ impl Journal {
         mut apply: impl FnMut(u64, &[u8]) -> io::Result<()>,
         sync_backing: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<(Journal, usize)> {
-        let annotate = |what: &str, e: &dyn std::fmt::Display| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("atomic-write journal {}: {what}: {e}", path.display()),
-            )
-        };
         let existing = match std::fs::metadata(path) {
             Ok(m) if m.len() > 0 => true,
             Ok(_) => false,
@@ -425,36 +488,13 @@ impl Journal {
             create(path, Geometry::DEFAULT)?;
         }
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let mut head = vec![0u8; FILE_HEADER_LEN as usize];
-        let got = read_upto(&file, &mut head, 0)?;
-        let g = parse_file_header(&head[..got]).map_err(|e| {
-            annotate(
-                "cannot be read (move it away only if the LUN holds no atomic write in progress)",
-                &e,
-            )
-        })?;
-        let mut image = vec![0u8; usize::try_from(g.file_len()).unwrap_or(usize::MAX)];
-        let got = read_upto(&file, &mut image, 0)?;
-        image.truncate(got);
-        let (pending, last) =
-            pending_records(&image, capacity).map_err(|e| annotate("cannot be read", &e))?;
+        let (g, image) = read_image(&file, path)?;
+        let (pending, last) = readable_records(&image, path, capacity)?;
         let mut replayed = Vec::new();
         for (slot, s) in &pending {
-            match s {
-                Slot::Pending { header, data } => {
-                    apply(header.offset, data)?;
-                    replayed.push((*slot, *header));
-                }
-                Slot::OutOfRange(h) => {
-                    return Err(annotate(
-                        "holds an unfinished atomic write beyond the end of the backing file",
-                        &format!(
-                            "{} bytes at {} (restore the file's size, then open it again)",
-                            h.len, h.offset
-                        ),
-                    ));
-                }
-                _ => {}
+            if let Slot::Pending { header, data } = s {
+                apply(header.offset, data)?;
+                replayed.push((*slot, *header));
             }
         }
         if !replayed.is_empty() {

@@ -27,6 +27,7 @@
 //! ERROR (EIO, with the LBA), DATA PROTECT (ENOSPC on a thin LUN: SPACE
 //! ALLOCATION FAILED WRITE PROTECT) or HARDWARE ERROR (anything else).
 
+pub mod device_atomic;
 mod file;
 pub mod journal;
 mod null;
@@ -134,6 +135,17 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// whole-or-nothing; 0 (the default) when the store cannot, and then
     /// the unit advertises no atomic writes and refuses WRITE ATOMIC(16).
     fn atomic_write_max(&self) -> u64 {
+        0
+    }
+    /// The one size, in bytes, every atomic write of this store must have,
+    /// at an offset that is a multiple of it; 0 (the default): any whole
+    /// blocks at any offset, up to [`Backstore::atomic_write_max`]. A store
+    /// whose atomic writes are the kernel's (`RWF_ATOMIC`, one power of two
+    /// at an offset aligned to it) says which size it takes, and the unit
+    /// advertises it as ATOMIC ALIGNMENT and ATOMIC TRANSFER LENGTH
+    /// GRANULARITY (SBC-4 6.6.4), so that no valid WRITE ATOMIC(16) needs a
+    /// shape the kernel refuses.
+    fn atomic_write_unit(&self) -> u64 {
         0
     }
     /// Writes all of `data` at `offset` or none of it: after an error, a

@@ -51,6 +51,14 @@ impl LogicalUnit {
             return 0;
         }
         let bs = u64::from(self.cfg.block_size);
+        let unit = self.cfg.backstore.atomic_write_unit();
+        if unit != 0 {
+            // One size only: whole blocks, within one transfer.
+            let fits = unit.is_multiple_of(bs)
+                && unit <= u64::from(MAX_TRANSFER_BYTES)
+                && unit / bs <= u64::from(u16::MAX);
+            return if fits { (unit / bs) as u32 } else { 0 };
+        }
         let bytes = self
             .cfg
             .backstore
@@ -60,11 +68,25 @@ impl LogicalUnit {
         (bytes / bs).min(u64::from(u16::MAX)) as u32
     }
 
+    /// The blocks every atomic write must be a multiple of, at an LBA that
+    /// is a multiple of them; 0: no such requirement. A store whose atomic
+    /// writes are one size (the kernel's untorn writes) has them all of
+    /// that size: ATOMIC ALIGNMENT = ATOMIC TRANSFER LENGTH GRANULARITY =
+    /// MAXIMUM ATOMIC TRANSFER LENGTH.
+    fn atomic_unit_blocks(&self) -> u32 {
+        if self.cfg.backstore.atomic_write_unit() == 0 {
+            0
+        } else {
+            self.atomic_max_blocks()
+        }
+    }
+
     /// The atomic fields of VPD B0h onto `l`.
     pub(crate) fn atomic_limits(&self, l: &mut BlockLimits) {
         l.max_atomic_transfer_length = self.atomic_max_blocks();
-        l.atomic_alignment = 0;
-        l.atomic_transfer_length_granularity = 0;
+        let unit = self.atomic_unit_blocks();
+        l.atomic_alignment = unit;
+        l.atomic_transfer_length_granularity = unit;
         l.max_atomic_transfer_length_with_boundary = 0;
         l.max_atomic_boundary_size = 0;
     }
@@ -87,6 +109,17 @@ impl LogicalUnit {
         self.check_range(c.lba, u64::from(c.blocks))?;
         if u32::from(c.blocks) > max {
             return Err(invalid_cdb(12, None));
+        }
+        // SBC-4 5.48.2: an LBA off the ATOMIC ALIGNMENT, or a TRANSFER
+        // LENGTH off the ATOMIC TRANSFER LENGTH GRANULARITY, is invalid.
+        let unit = self.atomic_unit_blocks();
+        if unit != 0 {
+            if !c.lba.is_multiple_of(u64::from(unit)) {
+                return Err(invalid_cdb(2, None));
+            }
+            if !u32::from(c.blocks).is_multiple_of(unit) {
+                return Err(invalid_cdb(12, None));
+            }
         }
         self.check_writable()?;
         let bytes = usize::from(c.blocks) * self.cfg.block_size as usize;

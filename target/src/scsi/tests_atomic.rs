@@ -234,6 +234,106 @@ fn longer_than_the_maximum_is_an_invalid_field() {
     assert_eq!(block_limits(&t4, &a).1.max_atomic_transfer_length, 32);
 }
 
+/// A store whose atomic writes are one size at offsets aligned to it, as
+/// the kernel's untorn writes are (RAM underneath); it records each atomic
+/// write it is asked for.
+#[derive(Debug)]
+struct OneSize {
+    ram: RamBackstore,
+    unit: u64,
+    asked: std::sync::Mutex<Vec<(u64, usize)>>,
+}
+
+impl Backstore for OneSize {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.ram.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.ram.write_at(offset, data)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn atomic_write_max(&self) -> u64 {
+        self.unit
+    }
+    fn atomic_write_unit(&self) -> u64 {
+        self.unit
+    }
+    fn write_atomic(&self, offset: u64, data: &[u8], _durable: bool) -> io::Result<()> {
+        self.asked.lock().unwrap().push((offset, data.len()));
+        self.ram.write_at(offset, data)
+    }
+    fn describe(&self) -> String {
+        "one-size atomic ram".into()
+    }
+}
+
+#[test]
+fn a_store_of_one_atomic_size_has_the_unit_take_only_that_size_aligned() {
+    let store = Arc::new(OneSize {
+        ram: RamBackstore::new(1 << 20),
+        unit: 8 << 10,
+        asked: Default::default(),
+    });
+    let t = table_on(store.clone(), |_| {});
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    // 8 KiB = 16 blocks: alignment, granularity and maximum alike, so the
+    // only valid atomic write is 16 blocks at a multiple of 16.
+    let (raw, bl) = block_limits(&t, &a);
+    assert_eq!(bl.max_atomic_transfer_length, 16);
+    assert_eq!(bl.atomic_alignment, 16);
+    assert_eq!(bl.atomic_transfer_length_granularity, 16);
+    assert_eq!(&raw[48..52], &16u32.to_be_bytes());
+    assert_eq!(bl.max_atomic_transfer_length_with_boundary, 0);
+    let data: Vec<u8> = (0..16 * 512).map(|i| (i / 512) as u8 ^ 0xa5).collect();
+    assert_eq!(atomic(&t, &a, 32, &data).status, GOOD);
+    assert_eq!(read(&t, &a, 32, 16).data_in, data);
+    // An LBA off the alignment: INVALID FIELD IN CDB at the LBA (byte 2).
+    let s = expect_check(
+        &atomic(&t, &a, 8, &data),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(s.field_pointer().unwrap().byte, 2);
+    // Off the granularity (8 blocks) or past the maximum (32): at the
+    // TRANSFER LENGTH (byte 12).
+    for blocks in [8usize, 32] {
+        let s = expect_check(
+            &atomic(&t, &a, 64, &vec![1; blocks * 512]),
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_CDB,
+        );
+        assert_eq!(s.field_pointer().unwrap().byte, 12, "{blocks} blocks");
+    }
+    assert_eq!(read(&t, &a, 64, 32).data_in, vec![0; 32 * 512]);
+    // Only the valid one reached the store.
+    assert_eq!(*store.asked.lock().unwrap(), vec![(32 * 512, 8 << 10)]);
+    // With 4 KiB blocks the same size is 2 blocks; a size that is not whole
+    // blocks offers nothing.
+    let t4 = table_on(store.clone(), |c| c.block_size = 4096);
+    ready(&t4, &a);
+    let bl = block_limits(&t4, &a).1;
+    assert_eq!(
+        (
+            bl.max_atomic_transfer_length,
+            bl.atomic_alignment,
+            bl.atomic_transfer_length_granularity
+        ),
+        (2, 2, 2)
+    );
+    let odd = Arc::new(OneSize {
+        ram: RamBackstore::new(1 << 20),
+        unit: 2048,
+        asked: Default::default(),
+    });
+    assert_not_offered(&table_on(odd, |c| c.block_size = 4096));
+}
+
 /// A unit that cannot (or may not) write atomically says so everywhere:
 /// zeros in the Block Limits atomic fields, 9Ch absent from REPORT
 /// SUPPORTED OPERATION CODES, INVALID COMMAND OPERATION CODE.
