@@ -182,6 +182,13 @@ pub async fn run(
             {
                 info!(target = %t.name, lun, "READ engine: serial (SCSI core on the blocking pool, read all then send)");
             }
+            let unit = t
+                .luns
+                .get(lun)
+                .map_or(0, |u| u.config().backstore.atomic_write_unit());
+            if unit > 0 {
+                info!(target = %t.name, lun, "WRITE ATOMIC(16): atomic writes of {} KiB by the device (RWF_ATOMIC), at LBAs aligned to them (atomic_unit)", unit >> 10);
+            }
             info!(target = %t.name, lun, "serving");
             let limits = t.qos_of(lun);
             if limits.is_limited() {

@@ -979,6 +979,43 @@ mod tests {
         assert_eq!(live.fabric.catalog().targets[0].luns.lun_ids(), [0]);
     }
 
+    /// A dry run reads an existing file named as a LUN's atomic-write
+    /// journal, as the change would: one that is not a journal is refused
+    /// by both, in the same words, and nothing is created.
+    #[tokio::test]
+    async fn a_dry_run_refuses_a_journal_that_the_change_would_refuse() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = live_of(ONE_RAM_LUN, &dir.path().join("t.toml"));
+        let not_a_journal = dir.path().join("data.img");
+        std::fs::write(&not_a_journal, vec![7u8; 8192]).unwrap();
+        let disk = dir.path().join("d1.img");
+        let lun: Table = format!(
+            "id = 1\nbackstore = \"file\"\npath = {disk:?}\nsize = \"1M\"\natomic_journal = {not_a_journal:?}\n"
+        )
+        .parse()
+        .unwrap();
+        let add = |lun: Table| {
+            move |d: &mut Table| edits::add_lun(d, "iqn.2026-11.io.blockwire:disk", lun)
+        };
+        let dry = ChangeMode {
+            force: false,
+            dry_run: true,
+        };
+        let said = live.edit(dry, add(lun.clone())).await.unwrap_err();
+        let done = live
+            .edit(ChangeMode::default(), add(lun))
+            .await
+            .unwrap_err();
+        assert!(matches!(said, LiveError::Invalid(_)), "{said:?}");
+        assert_eq!(said.to_string(), done.to_string());
+        assert!(
+            said.to_string().contains("not an atomic-write journal"),
+            "{said}"
+        );
+        assert_eq!(std::fs::read(&not_a_journal).unwrap(), vec![7u8; 8192]);
+        assert_eq!(live.fabric.catalog().targets[0].luns.lun_ids(), [0]);
+    }
+
     #[tokio::test]
     async fn a_change_that_adds_ram_luns_past_the_ram_limit_says_so() {
         let dir = tempfile::tempdir().unwrap();
