@@ -270,7 +270,9 @@ pub(super) fn build_lun(
                     ))
                 }
             };
-            if ctx.dry_run {
+            // A live change's dry run opens what the change would (--check
+            // opens nothing: it may run where the devices are not).
+            if ctx.dry_run && ctx.probe_files {
                 super::dry_run_atomic_writes(
                     ctx,
                     l,
