@@ -10,7 +10,8 @@
 //! and striped LUNs (SCSI core path, multi-stream synchronized sends).
 //! The same daemon is then read by sessions that change how the data
 //! travel: DataPDUInOrder=No (Data-In in completion order), header and
-//! data digests (the sendfile LUN falls back to the copy path), and an
+//! data digests (the sendfile LUN's writer reads each payload into memory
+//! to digest it), and an
 //! RDMA-assisted session (READ data placed by one RDMA Write per chunk).
 //! A second daemon runs with zero-copy socket sends off. Before any I/O,
 //! each daemon is checked to really run its direct LUNs with O_DIRECT
@@ -398,7 +399,8 @@ async fn every_mode_random_write_read_back() {
         }
         logout(s).await;
 
-        // Header and data digests: the sendfile LUN takes the copy path.
+        // Header and data digests: the sendfile LUN's writer reads each
+        // payload into memory and digests it.
         let c = InitiatorConfig::new("iqn.2026-11.io.blockwire.test:digests")
             .with_queue_depth(32)
             .with_digests(true, true);

@@ -113,8 +113,7 @@ impl Launcher {
             .target
             .clone()
             .expect("normal session has a target");
-        let digest = self.session.params.data_digest == blockwire_pdu::keys::Digest::Crc32c;
-        let route = mover::choose(&self.fabric, &target.name, &cmd, &cdb, offload, digest);
+        let route = mover::choose(&self.fabric, &target.name, &cmd, &cdb, offload);
         let ctx = Arc::new(self.context(cmd, cdb, slot));
         // A command its LUN's QoS ceilings hold back starts on its road
         // when its place comes (see `super::throttle`).

@@ -3,15 +3,17 @@
 //! user-space buffer or copy.
 //!
 //! For a LUN with `mode = "cached"` and `zero_copy = true` (the default)
-//! and without `sync_send`, on a connection whose DataDigest is off (a
-//! digest needs the bytes in memory) and for a command that is not
-//! RDMA-offloaded, a READ(10/12/16) is validated by the SCSI core
+//! and without `sync_send`, for a command that is not RDMA-offloaded, a
+//! READ(10/12/16) is validated by the SCSI core
 //! ([`LunTable::plan_read`], the normal path without the data, as in
 //! [`super::syncread`]), and each Data-In PDU is then queued as
 //! [`Outgoing::FileData`]: the connection's writer sends its header, then
 //! its payload by `sendfile` from the LUN's file at the right offset, then
 //! the padding. The GOOD status rides on the last Data-In, as in the serial
-//! path. Anything the core does not plan (other commands, errors, READ(6))
+//! path. On a connection with DataDigest the writer reads the payload from
+//! the page cache into memory instead (a digest needs the bytes) and sends
+//! it with its digest: the same road, without the SCSI core's hop to the
+//! blocking pool and back. Anything the core does not plan (other commands, errors, READ(6))
 //! is answered by the normal path.
 //!
 //! Aborts: each PDU is queued under the task set's lock
@@ -128,7 +130,7 @@ impl SendfileReads {
         self.luns.update(target, lun, |p| p.sendfile = Some(path));
         Ok(
             "sendfile: Data-In payloads from the page cache to the socket, no user-space copy \
-            (copy path on connections with DataDigest)"
+            (read into memory by the connection's writer on connections with DataDigest)"
                 .to_owned(),
         )
     }
