@@ -322,18 +322,21 @@ async fn copy_counts_per_path() {
     let d = read_one_mib(Lun0::Sendfile, false, hd, CopyPath::Sendfile).await;
     assert_eq!((d.sendfile, d.copies()), (m, 0), "{d:?}");
 
-    // DataDigest on: the same LUN takes the copy path.
+    // DataDigest on: the same road, the connection's writer reading each
+    // payload into memory to digest it: no sendfile, one read into memory
+    // and one send from it, and nothing through the SCSI core's copy path.
     let dd = Digests {
         header: false,
         data: true,
     };
-    let sendfile_before = totals(CopyPath::Sendfile);
-    let d = read_one_mib(Lun0::Sendfile, false, dd, CopyPath::Copy).await;
+    let copy_before = totals(CopyPath::Copy);
+    let d = read_one_mib(Lun0::Sendfile, false, dd, CopyPath::Sendfile).await;
+    assert_eq!(totals(CopyPath::Copy).since(&copy_before).commands, 0);
     assert_eq!(
-        totals(CopyPath::Sendfile).since(&sendfile_before).sendfile,
-        0
+        (d.sendfile, d.read_to_user, d.sent_from_user),
+        (0, m, m),
+        "{d:?}"
     );
-    assert_eq!((d.read_to_user, d.sent_from_user), (m, m), "{d:?}");
 
     // Copy path, plain sends: pread into a buffer (1 kernel copy), writev
     // of 64 KiB payloads from it (1 kernel copy), no memcpy of ours.
