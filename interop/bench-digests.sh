@@ -37,22 +37,10 @@ hz=$(getconf CLK_TCK)
 
 # bench DIGESTS PATTERN OP BS QD SECS: "MB/s IOPS" of one run (DIGESTS: on or off).
 bench() {
-    local out flags=()
+    local flags=()
     [ "$1" = on ] && flags=(--header-digest --data-digest)
-    out=$(timeout $(($6 + 60)) "$cli" bench -p "127.0.0.1:$port" -T "$IQN" "${flags[@]}" \
-        --pattern "$2" --op "$3" --bs "$4" --qd "$5" --time "$6s" 2>&1) || {
-        echo "FAIL: blockwire bench (digests $1, $2 $3 $4 qd $5): $out" >&2
-        return 1
-    }
-    python3 - "$out" <<'PY'
-import re, sys
-t = sys.argv[1]
-mb = re.search(r"\bMB/s=([0-9.]+)", t)
-io = re.search(r"\bIOPS=([0-9.]+)", t)
-if not (mb and io):
-    sys.exit(f"cannot read MB/s and IOPS from: {t!r}")
-print(mb.group(1), io.group(1))
-PY
+    blockwire_bench_rates "digests $1, $2 $3 $4 qd $5" "$6" -p "127.0.0.1:$port" -T "$IQN" \
+        "${flags[@]}" --pattern "$2" --op "$3" --bs "$4" --qd "$5"
 }
 
 measured="blockwire-target $(git -C "$here/.." rev-parse --short HEAD)"

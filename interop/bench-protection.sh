@@ -46,21 +46,8 @@ hz=$(getconf CLK_TCK)
 
 # bench LUN PATTERN OP BS QD SECS: prints "MB/s IOPS".
 bench() {
-    local out
-    out=$(timeout $(($6 + 60)) "$cli" bench -p "127.0.0.1:$port" -T "$IQN" --lun "$1" \
-        --pattern "$2" --op "$3" --bs "$4" --qd "$5" --time "$6s" 2>&1) || {
-        echo "FAIL: blockwire bench on LUN $1 ($2 $3 $4 qd $5): $out" >&2
-        return 1
-    }
-    python3 - "$out" <<'PY'
-import re, sys
-t = sys.argv[1]
-mb = re.search(r"\bMB/s=([0-9.]+)", t)
-io = re.search(r"\bIOPS=([0-9.]+)", t)
-if not (mb and io):
-    sys.exit(f"cannot read MB/s and IOPS from: {t!r}")
-print(mb.group(1), io.group(1))
-PY
+    blockwire_bench_rates "LUN $1 ($2 $3 $4 qd $5)" "$6" -p "127.0.0.1:$port" -T "$IQN" \
+        --lun "$1" --pattern "$2" --op "$3" --bs "$4" --qd "$5"
 }
 
 # The binary measured: the checkout's own release build, or the one BLOCKWIRE_BIN names (an

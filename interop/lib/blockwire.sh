@@ -194,6 +194,26 @@ _bw_one_lun_config() {
     } >"$file"
 }
 
+# blockwire_bench_rates WHAT SECS ARGS... — runs `blockwire bench ARGS... --time SECSs` (bounded
+# at SECS + 60 s) and prints "MB/s IOPS" of the run; on failure says WHAT failed and returns 1.
+blockwire_bench_rates() {
+    local what=$1 secs=$2 out
+    shift 2
+    out=$(timeout $((secs + 60)) "$(blockwire_cli)" bench "$@" --time "${secs}s" 2>&1) || {
+        echo "FAIL: blockwire bench ($what): $out" >&2
+        return 1
+    }
+    python3 - "$out" <<'PY'
+import re, sys
+t = sys.argv[1]
+mb = re.search(r"\bMB/s=([0-9.]+)", t)
+io = re.search(r"\bIOPS=([0-9.]+)", t)
+if not (mb and io):
+    sys.exit(f"cannot read MB/s and IOPS from: {t!r}")
+print(mb.group(1), io.group(1))
+PY
+}
+
 # The two initiator names iscsi-test-cu logs in with (the reservation tests use both).
 LIBISCSI_TEST_INITIATOR=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test
 LIBISCSI_TEST_INITIATOR2=iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2
