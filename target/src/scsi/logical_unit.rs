@@ -20,7 +20,7 @@ use super::identity::DEFAULT_COMPANY_ID;
 use super::mode::ModeState;
 use super::outcome::{illegal, CmdResult, Done, Failure};
 use super::range_lock::RangeLock;
-use super::reservations::{AbortHandler, Reservations};
+use super::reservations::{target_ports, AbortHandler, Reservations};
 use super::sanitize::{SanitizeJob, SANITIZE};
 use super::stall::{is_media_command, StallChange, StallGate};
 use super::stats::{record_command, Direction, IoStats};
@@ -857,6 +857,7 @@ impl LogicalUnit {
                 parameter_list_length,
             } => self.pr_out(
                 req.nexus,
+                &target_ports(table),
                 *service_action,
                 *scope,
                 *pr_type,

@@ -20,6 +20,7 @@ use blockwire_pdu::scsi::{
 use tracing::{error, info, warn};
 
 use super::logical_unit::LogicalUnit;
+use super::lun_table::LunTable;
 use super::outcome::{
     illegal, internal_failure, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure,
 };
@@ -445,7 +446,12 @@ fn access(cdb: &Cdb) -> Access {
         | ReportSupportedTmfs { .. }
         | TestUnitReady
         | ReadCapacity10 { .. }
-        | ReadCapacity16 { .. } => Access::Always,
+        | ReadCapacity16 { .. }
+        // Allowed under every persistent reservation type (SPC-4 table
+        // "SPC commands that are allowed in the presence of various
+        // reservations"): they neither read nor change the medium.
+        | LogSense { .. }
+        | PreventAllowMediumRemoval { prevent: 0 } => Access::Always,
         PersistentReserveIn { .. } | PersistentReserveOut { .. } => Access::Pr,
         Reserve6 | Release6 | Reserve10 { .. } | Release10 { .. } => Access::Spc2,
         Read { .. }
@@ -458,8 +464,7 @@ fn access(cdb: &Cdb) -> Access {
         | TokenCopy {
             service_action: blockwire_pdu::scsi::opcode::copy_out::POPULATE_TOKEN,
             ..
-        }
-        | PreventAllowMediumRemoval { prevent: 0 } => Access::Read,
+        } => Access::Read,
         Unknown {
             opcode: super::control::READ_DEFECT_DATA_10 | super::control::READ_DEFECT_DATA_12,
             ..
@@ -483,6 +488,8 @@ impl LogicalUnit {
                         Cdb::TestUnitReady
                             | Cdb::ReadCapacity10 { .. }
                             | Cdb::ReadCapacity16 { .. }
+                            | Cdb::LogSense { .. }
+                            | Cdb::PreventAllowMediumRemoval { .. }
                     ));
             if holder != nexus && !allowed {
                 return Err(Failure::Conflict);
@@ -615,6 +622,7 @@ impl LogicalUnit {
     pub(crate) fn pr_out(
         &self,
         nexus: &ItNexus,
+        ports: &[u16],
         sa: PrOutAction,
         scope: u8,
         ty: u8,
@@ -643,18 +651,34 @@ impl LogicalUnit {
         } else {
             None
         };
-        let aptpl_req = match &params {
-            PrOutData::Basic(p) => p.aptpl,
-            PrOutData::RegisterAndMove(p) => p.aptpl,
-        };
+        // APTPL is for the actions that register (SPC-4 6.16.3: ignored by
+        // the others), SPEC_I_PT for REGISTER alone (any other action with
+        // it is an invalid parameter list).
+        let registers = matches!(
+            sa,
+            PrOutAction::Register
+                | PrOutAction::RegisterAndIgnoreExistingKey
+                | PrOutAction::RegisterAndMove
+        );
+        let aptpl_req = registers
+            && match &params {
+                PrOutData::Basic(p) => p.aptpl,
+                PrOutData::RegisterAndMove(p) => p.aptpl,
+            };
         if aptpl_req && self.cfg.pr_state_path.is_none() {
             return Err(invalid_param(20, Some(0)));
+        }
+        if matches!(&params, PrOutData::Basic(p) if p.spec_i_pt) && sa != PrOutAction::Register {
+            return Err(invalid_param(20, Some(3)));
         }
 
         let mut st = self.lock();
         let mut next = st.res.pr.clone();
         let mut uas: Vec<(ItNexus, Asc)> = Vec::new();
         let mut aborted: Vec<Registration> = Vec::new();
+        // Whether a registering action registered, unregistered or moved
+        // anything: only then does its APTPL bit count.
+        let mut registered = false;
         {
             let known: Vec<ItNexus> = st.ua.known().cloned().collect();
             let mut ctx = PrCtx {
@@ -664,9 +688,11 @@ impl LogicalUnit {
                 uas: &mut uas,
             };
             match (&params, sa) {
-                (PrOutData::Basic(p), PrOutAction::Register) => ctx.register(p, false)?,
+                (PrOutData::Basic(p), PrOutAction::Register) => {
+                    registered = ctx.register(p, false)?
+                }
                 (PrOutData::Basic(p), PrOutAction::RegisterAndIgnoreExistingKey) => {
-                    ctx.register(p, true)?
+                    registered = ctx.register(p, true)?
                 }
                 (PrOutData::Basic(p), PrOutAction::Reserve) => {
                     ctx.reserve(p, pr_type.unwrap_or(PrType::WriteExclusive))?
@@ -682,18 +708,17 @@ impl LogicalUnit {
                     }
                 }
                 (PrOutData::RegisterAndMove(p), PrOutAction::RegisterAndMove) => {
-                    ctx.register_and_move(p)?
+                    ctx.register_and_move(p, ports)?;
+                    registered = true;
                 }
                 _ => return Err(invalid_cdb(1, Some(4))),
             }
         }
-        // APTPL: set by REGISTER-type actions, kept by the others.
-        if matches!(
-            sa,
-            PrOutAction::Register
-                | PrOutAction::RegisterAndIgnoreExistingKey
-                | PrOutAction::RegisterAndMove
-        ) {
+        // APTPL: set by the actions that register, kept by the others. An
+        // unregistered nexus's REGISTER of key zero does nothing at all
+        // (SPC-4 table "Register behaviors"): it leaves APTPL, and with it
+        // the saved reservations a fenced node might otherwise remove.
+        if registered {
             next.aptpl = aptpl_req;
         }
         if next.regs.is_empty() {
@@ -788,7 +813,9 @@ impl PrCtx<'_> {
         }
     }
 
-    fn register(&mut self, p: &PrOutParameters, ignore: bool) -> Result<(), Failure> {
+    /// REGISTER and REGISTER AND IGNORE EXISTING KEY; false when the
+    /// command does nothing (an unregistered nexus registering key zero).
+    fn register(&mut self, p: &PrOutParameters, ignore: bool) -> Result<bool, Failure> {
         match self.st.find(self.nexus) {
             None => {
                 if !ignore && p.reservation_key != 0 {
@@ -798,7 +825,7 @@ impl PrCtx<'_> {
                     if p.spec_i_pt {
                         return Err(invalid_param(20, Some(3)));
                     }
-                    return Ok(());
+                    return Ok(false);
                 }
                 if ignore && p.spec_i_pt {
                     return Err(invalid_param(20, Some(3)));
@@ -870,7 +897,7 @@ impl PrCtx<'_> {
             }
         }
         self.st.generation = self.st.generation.wrapping_add(1);
-        Ok(())
+        Ok(true)
     }
 
     /// Removes registration `i`, releasing the reservation when it held it
@@ -989,8 +1016,14 @@ impl PrCtx<'_> {
         Ok(removed)
     }
 
-    /// REGISTER AND MOVE (SPC-4 5.9.8).
-    fn register_and_move(&mut self, p: &RegisterAndMoveParameters) -> Result<(), Failure> {
+    /// REGISTER AND MOVE (SPC-4 5.9.8). `ports`: the relative target port
+    /// identifiers the unit is reached through (none: not known, any but
+    /// zero is taken).
+    fn register_and_move(
+        &mut self,
+        p: &RegisterAndMoveParameters,
+        ports: &[u16],
+    ) -> Result<(), Failure> {
         let me = self.own(p.reservation_key)?;
         let Some(resv) = self.st.resv.clone() else {
             return Err(Failure::Conflict);
@@ -998,8 +1031,16 @@ impl PrCtx<'_> {
         if !self.st.is_holder(self.nexus) {
             return Err(Failure::Conflict);
         }
+        // Every registrant holds an all-registrants reservation: there is no
+        // one holder to move it from.
         if all_registrants(resv.ty) {
-            return Err(invalid_cdb(2, Some(3)));
+            return Err(Failure::Conflict);
+        }
+        // The destination's target port must be one of the unit's (port 0
+        // is reserved).
+        let rtpi = p.relative_target_port;
+        if rtpi == 0 || !(ports.is_empty() || ports.contains(&rtpi)) {
+            return Err(invalid_param(18, None));
         }
         if p.service_action_key == 0 {
             return Err(invalid_param(8, None));
@@ -1029,6 +1070,11 @@ impl PrCtx<'_> {
             return Err(invalid_param(24, None));
         }
         let di = match self.st.find(&dest) {
+            // The sender's own registration covers the destination (made
+            // with ALL_TG_PT, or for the whole initiator name by SPEC_I_PT):
+            // it holds the reservation there already, and one registration
+            // cannot be split into two nexuses with two keys.
+            Some(i) if i == me => return Err(invalid_param(24, None)),
             Some(i) => {
                 if let Some(r) = self.st.regs.get_mut(i) {
                     r.key = p.service_action_key;
@@ -1036,6 +1082,9 @@ impl PrCtx<'_> {
                 i
             }
             None => {
+                if self.st.regs.len() + 1 - usize::from(p.unreg) > MAX_REGISTRATIONS {
+                    return Err(illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
+                }
                 self.st
                     .regs
                     .push(Registration::for_nexus(&dest, p.service_action_key, false));
@@ -1052,6 +1101,17 @@ impl PrCtx<'_> {
         self.st.generation = self.st.generation.wrapping_add(1);
         Ok(())
     }
+}
+
+/// The relative target port identifiers `table`'s units are reached
+/// through: the ports of its target port groups (none configured: not
+/// known).
+pub(crate) fn target_ports(table: &LunTable) -> Vec<u16> {
+    table
+        .target_port_groups()
+        .iter()
+        .flat_map(|g| g.ports.iter().copied())
+        .collect()
 }
 
 /// Called for each I_T nexus whose tasks a PREEMPT AND ABORT aborts.

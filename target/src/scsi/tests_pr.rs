@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 
 use blockwire_pdu::scsi::{
-    Asc, Cdb, CdbSize, PrInAction, PrOutAction, PrOutData, PrOutParameters, PrType, SenseKey,
-    TransportId,
+    Asc, Cdb, CdbSize, PrInAction, PrOutAction, PrOutData, PrOutParameters, PrType,
+    RegisterAndMoveParameters, SenseKey, TransportId,
 };
 use proptest::prelude::*;
 
@@ -434,6 +434,265 @@ fn spec_i_pt_all_tg_pt_and_full_status() {
     assert_eq!(d[second + 12], 0x03);
 }
 
+/// REGISTER AND MOVE from `n` (RESERVATION KEY `rk`) to the initiator
+/// port of `dest` on `rtpi`, registered there with `sak`.
+fn register_and_move(
+    t: &LunTable,
+    n: &ItNexus,
+    rk: u64,
+    sak: u64,
+    dest: &ItNexus,
+    rtpi: u16,
+    unreg: bool,
+) -> ScsiResult {
+    let (name, isid) = dest.initiator_port.split_once(",i,0x").unwrap();
+    let data = PrOutData::RegisterAndMove(RegisterAndMoveParameters {
+        reservation_key: rk,
+        service_action_key: sak,
+        unreg,
+        aptpl: false,
+        relative_target_port: rtpi,
+        transport_id: TransportId::Iscsi {
+            name: name.into(),
+            isid: Some(isid.into()),
+        },
+    })
+    .encode();
+    let cdb = c(Cdb::PersistentReserveOut {
+        service_action: PrOutAction::RegisterAndMove,
+        scope: 0,
+        pr_type: PrType::WriteExclusive.code(),
+        parameter_list_length: data.len() as u32,
+    });
+    run(t, n, &cdb, &data, 0)
+}
+
+#[test]
+fn register_and_move_hands_the_reservation_to_another_port() {
+    let (t, a, b, x) = three();
+    register(&t, &a, 0xa);
+    assert_eq!(reserve(&t, &a, 0xa, PrType::WriteExclusive).status, GOOD);
+    // With UNREG the sender's registration goes; b is registered with the
+    // new key and holds the reservation.
+    let r = register_and_move(&t, &a, 0xa, 0xb2, &b, 1, true);
+    assert_eq!(r.status, GOOD, "{:?}", r.sense.as_ref().map(|_| sense(&r)));
+    let after = full_status(&t, &x);
+    assert_eq!(after.registrations.len(), 1, "{after:?}");
+    let (key, port, _, _, holder, ty) = &after.registrations[0];
+    assert_eq!(
+        (*key, port.as_str(), *holder, *ty),
+        (0xb2, &*b.initiator_port, true, 1)
+    );
+    assert_eq!(can_write(&t, &b), GOOD);
+    assert_eq!(can_write(&t, &a), CONFLICT);
+    // Only the holder moves it, and only with its key.
+    assert_eq!(
+        register_and_move(&t, &a, 0xa, 0xa2, &a, 1, false).status,
+        CONFLICT
+    );
+    assert_eq!(
+        register_and_move(&t, &b, 0xb, 0xa2, &a, 1, false).status,
+        CONFLICT
+    );
+}
+
+/// An initiator port registered with ALL_TG_PT (or by a SPEC_I_PT list
+/// naming it without an ISID) holds the reservation through every target
+/// port. Moving the reservation to its own nexus on another port would need
+/// that one registration split into two with two keys; with UNREG it used to
+/// remove the registration it had just made the holder, leaving a
+/// reservation whose holder was no registration (a holder-less reservation
+/// fences every initiator, and with APTPL it was saved so).
+#[test]
+fn register_and_move_to_a_port_the_senders_registration_covers_is_refused() {
+    let t = table();
+    let a = nexus("iqn.a");
+    let a2 = ItNexus::iscsi("iqn.a", [0x40, 0, 0, 0, 0, 1], "iqn.2024-01.test:tgt", 2);
+    let b = nexus("iqn.b");
+    for n in [&a, &a2, &b] {
+        ready(&t, n);
+    }
+    let all = PrOutParameters {
+        all_tg_pt: true,
+        ..keys(0, 0xa)
+    };
+    let r = prout(&t, &a, PrOutAction::Register, PrType::WriteExclusive, all);
+    assert_eq!(r.status, GOOD);
+    register(&t, &b, 0xb);
+    assert_eq!(reserve(&t, &a, 0xa, PrType::WriteExclusive).status, GOOD);
+    let before = full_status(&t, &b);
+    for unreg in [true, false] {
+        let r = register_and_move(&t, &a, 0xa, 0xa2, &a2, 2, unreg);
+        expect_check(
+            &r,
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+        );
+        assert_eq!(full_status(&t, &b), before);
+    }
+    assert_eq!(can_write(&t, &a2), GOOD);
+    assert_eq!(can_write(&t, &b), CONFLICT);
+}
+
+#[test]
+fn register_and_move_checks_the_port_and_the_type() {
+    let (t, a, b, _) = three();
+    t.set_port_groups(super::tests_alua_stall::groups_with_second(
+        AluaState::ActiveOptimized,
+    ));
+    for n in [&a, &b] {
+        // The port groups' change is a unit attention.
+        run(&t, n, &c(Cdb::TestUnitReady), &[], 0);
+    }
+    register(&t, &a, 0xa);
+    assert_eq!(reserve(&t, &a, 0xa, PrType::WriteExclusive).status, GOOD);
+    let before = full_status(&t, &a);
+    // Port 0 is reserved, and the unit is reached through ports 1 and 2.
+    for rtpi in [0, 3] {
+        let r = register_and_move(&t, &a, 0xa, 0xb, &b, rtpi, false);
+        expect_check(
+            &r,
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+        );
+        assert_eq!(full_status(&t, &a), before, "port {rtpi}");
+    }
+    assert_eq!(
+        register_and_move(&t, &a, 0xa, 0xb, &b, 2, false).status,
+        GOOD
+    );
+    // Every registrant holds an all-registrants reservation: none can move
+    // it (SPC-4 5.9.8: RESERVATION CONFLICT).
+    let (t, a, b, _) = three();
+    register(&t, &a, 0xa);
+    let all = PrType::WriteExclusiveAllRegistrants;
+    assert_eq!(reserve(&t, &a, 0xa, all).status, GOOD);
+    let before = full_status(&t, &a);
+    assert_eq!(
+        register_and_move(&t, &a, 0xa, 0xb, &b, 1, false).status,
+        CONFLICT
+    );
+    assert_eq!(full_status(&t, &a), before);
+}
+
+#[test]
+fn aptpl_and_spec_i_pt_belong_to_the_registering_actions() {
+    // APTPL on a unit that cannot persist: refused for REGISTER, ignored by
+    // the others (SPC-4 6.16.3).
+    let (t, a, _, _) = three();
+    let mut p = keys(0, 0xa);
+    p.aptpl = true;
+    let r = prout(&t, &a, PrOutAction::Register, PrType::WriteExclusive, p);
+    expect_check(
+        &r,
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    register(&t, &a, 0xa);
+    let mut p = keys(0xa, 0);
+    p.aptpl = true;
+    let r = prout(
+        &t,
+        &a,
+        PrOutAction::Reserve,
+        PrType::WriteExclusive,
+        p.clone(),
+    );
+    assert_eq!(r.status, GOOD);
+    let r = prout(&t, &a, PrOutAction::Release, PrType::WriteExclusive, p);
+    assert_eq!(r.status, GOOD);
+    // SPEC_I_PT is for REGISTER alone.
+    let p = PrOutParameters {
+        spec_i_pt: true,
+        transport_ids: vec![TransportId::Iscsi {
+            name: "iqn.b".into(),
+            isid: None,
+        }],
+        ..keys(0xa, 0)
+    };
+    let before = full_status(&t, &a);
+    for sa in [
+        PrOutAction::Reserve,
+        PrOutAction::Clear,
+        PrOutAction::Preempt,
+    ] {
+        let r = prout(&t, &a, sa, PrType::WriteExclusive, p.clone());
+        expect_check(
+            &r,
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+        );
+        assert_eq!(full_status(&t, &a), before, "{sa:?}");
+    }
+}
+
+/// An unregistered I_T nexus's REGISTER with SERVICE ACTION RESERVATION KEY
+/// zero does nothing (SPC-4 table "Register behaviors"). Its APTPL bit of
+/// zero used to turn APTPL off and remove the saved reservations, so that a
+/// fenced node could lift its own fence at the next restart of the target.
+#[test]
+fn a_register_that_does_nothing_keeps_the_saved_reservations() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun0.pr");
+    let mk = aptpl_unit(&path);
+    let (fencer, fenced) = (nexus("iqn.fencer"), nexus("iqn.fenced"));
+    let t = mk();
+    ready(&t, &fencer);
+    ready(&t, &fenced);
+    let mut p = keys(0, 0xf);
+    p.aptpl = true;
+    let r = prout(
+        &t,
+        &fencer,
+        PrOutAction::Register,
+        PrType::WriteExclusive,
+        p,
+    );
+    assert_eq!(r.status, GOOD);
+    let ty = PrType::WriteExclusiveRegistrantsOnly;
+    assert_eq!(reserve(&t, &fencer, 0xf, ty).status, GOOD);
+    let saved = std::fs::read(&path).unwrap();
+    let before = full_status(&t, &fencer);
+    for sa in [
+        PrOutAction::Register,
+        PrOutAction::RegisterAndIgnoreExistingKey,
+    ] {
+        let r = prout(&t, &fenced, sa, PrType::WriteExclusive, keys(0, 0));
+        assert_eq!(r.status, GOOD, "{sa:?}");
+        assert_eq!(full_status(&t, &fencer), before, "{sa:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), saved, "{sa:?}");
+        let caps = prin(&t, &fencer, PrInAction::ReportCapabilities);
+        assert_eq!(caps[3] & 1, 1, "PTPL_A after {sa:?}");
+    }
+    drop(t);
+    let t = mk();
+    ready(&t, &fenced);
+    assert_eq!(can_write(&t, &fenced), CONFLICT);
+}
+
+#[test]
+fn log_sense_and_allowing_medium_removal_never_conflict() {
+    for ty in [PrType::WriteExclusive, PrType::ExclusiveAccess] {
+        let (t, a, _, x) = three();
+        register(&t, &a, 0xa);
+        assert_eq!(reserve(&t, &a, 0xa, ty).status, GOOD);
+        let log = c(Cdb::LogSense {
+            sp: false,
+            ppc: false,
+            page_control: 1,
+            page_code: 0,
+            subpage_code: 0,
+            parameter_pointer: 0,
+            allocation_length: 64,
+        });
+        assert_eq!(run(&t, &x, &log, &[], 64).status, GOOD, "{ty:?}");
+        let allow = c(Cdb::PreventAllowMediumRemoval { prevent: 0 });
+        assert_eq!(run(&t, &x, &allow, &[], 0).status, GOOD, "{ty:?}");
+        let prevent = c(Cdb::PreventAllowMediumRemoval { prevent: 1 });
+        assert_eq!(run(&t, &x, &prevent, &[], 0).status, CONFLICT, "{ty:?}");
+    }
+}
+
 /// A maker of a unit whose saved reservations live at `path`, over one RAM
 /// store: each unit it makes is the same LUN after a restart.
 fn aptpl_unit(path: &std::path::Path) -> impl Fn() -> LunTable {
@@ -799,7 +1058,7 @@ proptest! {
     /// APTPL none do.
     #[test]
     fn every_nexus_is_fenced_as_the_reported_state_says(
-        ops in proptest::collection::vec((0usize..4, 0u8..8, 0u64..3, 0u64..3, 0usize..6, any::<bool>(), any::<bool>()), 1..32)
+        ops in proptest::collection::vec((0usize..4, 0u8..9, 0u64..3, 0u64..3, 0usize..6, any::<bool>(), any::<bool>()), 1..32)
     ) {
         let dir = tempfile::tempdir().unwrap();
         let mk = aptpl_unit(&dir.path().join("lun0.pr"));
@@ -838,10 +1097,17 @@ proptest! {
                 continue;
             }
             let sa = [PrOutAction::Register, PrOutAction::RegisterAndIgnoreExistingKey, PrOutAction::Reserve,
-                PrOutAction::Release, PrOutAction::Clear, PrOutAction::Preempt, PrOutAction::PreemptAndAbort][action as usize];
+                PrOutAction::Release, PrOutAction::Clear, PrOutAction::Preempt, PrOutAction::PreemptAndAbort]
+                .get(action as usize).copied().unwrap_or(PrOutAction::RegisterAndMove);
             let before = full_status(&t, &ns[0]);
-            let params = PrOutParameters { all_tg_pt, aptpl, ..keys(rk, sak) };
-            let r = prout(&t, &ns[who], sa, types[ty], params);
+            let r = if sa == PrOutAction::RegisterAndMove {
+                // To the nexus `ty` picks, on its port; UNREG as ALL_TG_PT says.
+                let dest = &ns[ty % ns.len()];
+                register_and_move(&t, &ns[who], rk, sak, dest, dest.relative_target_port, all_tg_pt)
+            } else {
+                let params = PrOutParameters { all_tg_pt, aptpl, ..keys(rk, sak) };
+                prout(&t, &ns[who], sa, types[ty], params)
+            };
             prop_assert!(matches!(r.status, GOOD | CHECK | CONFLICT), "{r:?}");
             for n in &ns {
                 settle(&t, n);
