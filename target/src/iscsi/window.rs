@@ -62,8 +62,17 @@ impl<T> CmdWindow<T> {
         self.in_flight
     }
 
+    /// Whether more commands are delivered than the depth admits. Only
+    /// immediate ones take it there: they bypass the window (RFC 7143
+    /// §3.2.2.1), so the caller bounds them itself (SCSI commands past the
+    /// depth are answered TASK SET FULL).
+    pub fn over_depth(&self) -> bool {
+        self.in_flight > self.depth
+    }
+
     /// A command arrived. Immediate commands bypass ordering (but still count
-    /// against the depth so they cannot exhaust the target).
+    /// against the depth, closing the window to the others; see
+    /// [`Self::over_depth`]).
     pub fn admit(&mut self, cmd_sn: u32, immediate: bool, item: T) -> Admission<T> {
         if immediate {
             self.in_flight += 1;

@@ -125,6 +125,12 @@ impl Shared {
         }
     }
 
+    /// Whether immediate commands took the session past its depth (see
+    /// [`CmdWindow::over_depth`]).
+    pub(super) fn over_depth(&self) -> bool {
+        self.window().over_depth()
+    }
+
     /// ExpCmdSN and MaxCmdSN as they stand now.
     pub(super) fn numbers(&self) -> (u32, u32) {
         let w = self.window();

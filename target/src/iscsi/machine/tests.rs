@@ -771,6 +771,49 @@ async fn held_read(c: &mut Conn) -> u32 {
     itt
 }
 
+/// Immediate commands bypass the CmdSN window, so nothing else bounds how
+/// many an initiator has the target hold: past the session's depth each is
+/// answered TASK SET FULL, and those within it run as usual.
+#[tokio::test]
+async fn immediate_commands_past_the_depth_are_told_task_set_full() {
+    let mut c = Conn::open(&[]).await;
+    c.lu().set_stalled(true);
+    let depth = c.machine.fabric.settings.queue_depth as usize;
+    let mut itts = Vec::new();
+    for _ in 0..depth + 3 {
+        let (itt, mut pdu) = c.rw(false, 0, 1, Vec::new());
+        // An immediate command does not advance CmdSN (RFC 7143 §3.2.2.1).
+        c.cmd_sn = c.cmd_sn.wrapping_sub(1);
+        let Bhs::ScsiCommand(cmd) = &mut pdu.bhs else {
+            unreachable!("rw makes a SCSI Command")
+        };
+        cmd.immediate = true;
+        assert_eq!(c.feed(pdu).await, None);
+        itts.push(itt);
+    }
+    let sent = c.sent_until_quiet(Duration::from_millis(300)).await;
+    for &itt in &itts[..depth] {
+        assert_eq!(
+            status_of(&sent, itt),
+            None,
+            "ITT {itt} is held, not refused"
+        );
+    }
+    for &itt in &itts[depth..] {
+        assert_eq!(
+            status_of(&sent, itt),
+            Some(0x28),
+            "ITT {itt}: TASK SET FULL"
+        );
+    }
+    c.lu().set_stalled(false);
+    let sent = c.sent_until_quiet(Duration::from_millis(300)).await;
+    for &itt in &itts[..depth] {
+        assert_eq!(status_of(&sent, itt), Some(0), "ITT {itt} ran");
+    }
+    assert_eq!(c.machine.shared().in_flight(), 0);
+}
+
 #[tokio::test]
 async fn abort_task_of_a_running_command_then_nothing_of_it_ever_leaves() {
     let mut c = Conn::open(&[]).await;

@@ -89,6 +89,14 @@ impl ConnMachine {
             self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
             return;
         }
+        if cmd.immediate && self.shared.over_depth() {
+            // An immediate command bypasses the CmdSN window, so only this
+            // keeps a stream of them (each a task, a WRITE with its data)
+            // from growing without bound: past the session's depth the task
+            // set is full (SAM-5 5.3.3), and the initiator retries later.
+            self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
+            return;
+        }
         if let Some(rdma) = self.rdma.clone() {
             match Descriptor::from_ahs(&pdu.ahs) {
                 Ok(Some(desc)) => {
