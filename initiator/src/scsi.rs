@@ -37,10 +37,43 @@ pub struct Capacity {
     pub block_size: u32,
 }
 
+/// The largest logical block length taken from a target: readers allocate
+/// a block at a time, and no disk has blocks near this.
+pub const MAX_BLOCK_LENGTH: u32 = 1 << 20;
+
 impl Capacity {
     /// Size in bytes.
     pub fn bytes(&self) -> u64 {
-        self.blocks * u64::from(self.block_size)
+        self.blocks.saturating_mul(u64::from(self.block_size))
+    }
+
+    /// The capacity a READ CAPACITY answer gives: RETURNED LOGICAL BLOCK
+    /// ADDRESS is the last block's, so there is one block more. A block
+    /// length of zero or above [`MAX_BLOCK_LENGTH`], or a size that does not
+    /// fit in 64 bits, is malformed (every reader divides by the block
+    /// length and allocates blocks).
+    pub fn from_answer(what: &str, returned_lba: u64, block_length: u32) -> Result<Capacity> {
+        if block_length == 0 || block_length > MAX_BLOCK_LENGTH {
+            return Err(bad_data(
+                what,
+                format!("a logical block length of {block_length} bytes (1 to {MAX_BLOCK_LENGTH} taken)"),
+            ));
+        }
+        let blocks = returned_lba
+            .checked_add(1)
+            .filter(|b| b.checked_mul(u64::from(block_length)).is_some())
+            .ok_or_else(|| {
+                bad_data(
+                    what,
+                    format!(
+                        "a last LBA of {returned_lba} with {block_length}-byte blocks is more bytes than 64 bits count"
+                    ),
+                )
+            })?;
+        Ok(Capacity {
+            blocks,
+            block_size: block_length,
+        })
     }
 }
 
@@ -97,10 +130,7 @@ impl Session {
             Ok(_) => {
                 let rc =
                     ReadCapacity16::decode(&buf).map_err(|e| bad_data("READ CAPACITY(16)", e))?;
-                Ok(Capacity {
-                    blocks: rc.returned_lba + 1,
-                    block_size: rc.block_length,
-                })
+                Capacity::from_answer("READ CAPACITY(16)", rc.returned_lba, rc.block_length)
             }
             Err(Error::Scsi(_)) => {
                 let mut buf = vec![0u8; 8];
@@ -109,10 +139,11 @@ impl Session {
                     .await?;
                 let rc =
                     ReadCapacity10::decode(&buf).map_err(|e| bad_data("READ CAPACITY(10)", e))?;
-                Ok(Capacity {
-                    blocks: u64::from(rc.returned_lba) + 1,
-                    block_size: rc.block_length,
-                })
+                Capacity::from_answer(
+                    "READ CAPACITY(10)",
+                    u64::from(rc.returned_lba),
+                    rc.block_length,
+                )
             }
             Err(e) => Err(e),
         }
@@ -154,5 +185,33 @@ pub fn serial_of(vpd: &Vpd) -> Option<String> {
     match &vpd.page {
         VpdPage::UnitSerialNumber(s) => Some(s.trim().to_owned()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::*;
+
+    /// Every reader divides by the block length and allocates a block at a
+    /// time: a zero, a huge length or a size past 64 bits from a target is
+    /// an error naming the answer, never a division by zero or an overflow.
+    #[test]
+    fn a_capacity_answer_is_checked_before_it_is_used() {
+        let ok = Capacity::from_answer("READ CAPACITY(16)", 2047, 512).unwrap();
+        assert_eq!((ok.blocks, ok.bytes()), (2048, 1 << 20));
+        for (lba, len) in [
+            (2047, 0),
+            (2047, MAX_BLOCK_LENGTH + 1),
+            (u64::MAX, 512),
+            (u64::MAX / 512, 512),
+        ] {
+            let e = Capacity::from_answer("READ CAPACITY(16)", lba, len).unwrap_err();
+            assert!(
+                e.to_string().contains("READ CAPACITY(16)"),
+                "{lba} {len}: {e}"
+            );
+        }
+        let last = Capacity::from_answer("READ CAPACITY(16)", u64::MAX / 512 - 1, 512).unwrap();
+        assert_eq!(last.bytes(), (u64::MAX / 512) * 512);
     }
 }

@@ -11,7 +11,7 @@
 //! The RDMA paths copy between the caller's bytes and a registered buffer; the library
 //! ([`AssistedSession`], [`IserSession`]) reads and writes registered buffers directly.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use blockwire_initiator::iser::IserSession;
 use blockwire_initiator::rdma::{AssistedSession, Mode, RdmaConfig};
 use blockwire_initiator::{Capacity, InitiatorConfig, Session};
@@ -159,13 +159,7 @@ impl LunSession {
                 let v = buf.to_vec();
                 let last = u64::from_be_bytes(v[0..8].try_into().expect("8 bytes"));
                 let block_size = u32::from_be_bytes(v[8..12].try_into().expect("4 bytes"));
-                if block_size == 0 {
-                    bail!("READ CAPACITY(16) over iSER: a block length of 0");
-                }
-                Capacity {
-                    blocks: last + 1,
-                    block_size,
-                }
+                Capacity::from_answer("READ CAPACITY(16) over iSER", last, block_size)?
             }
         })
     }
