@@ -362,3 +362,55 @@ async fn coalesced_plan_over_the_wire() {
     let want: Vec<u8> = (0..total as usize).map(|x| (x % 251) as u8).collect();
     assert_eq!(got, want);
 }
+
+/// A pool made with the default configuration (as the target's RDMA-assisted
+/// and iSER listeners make theirs) is the local end of operations its owner
+/// starts: a peer on the same protection domain's connections, holding a
+/// buffer's address and key (soft keys are a slot and a generation, easy to
+/// guess), can neither write nor read it. Before, the pool was registered
+/// with remote read and write, and both succeeded.
+#[tokio::test]
+async fn a_default_pool_is_closed_to_peers() {
+    let p = SoftProvider::default();
+    for read in [false, true] {
+        // A queue pair fails at a remote access error: a link for each try.
+        let l = link(&p).await;
+        let pool = BufferPool::new(&l.b_pd, &PoolConfig::default()).unwrap();
+        let bufs = pool.try_alloc(4096).unwrap();
+        bufs[0].write_at(0, &[0x5a; 4096]).unwrap();
+        let target = bufs[0].remote();
+        let mine = l
+            .a_pd
+            .register(AlignedBuf::new(4096), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        mine.write_at(0, &[0xa5; 4096]).unwrap();
+        let op = if read {
+            SendOp::RdmaRead {
+                remote_addr: target.addr,
+                rkey: target.rkey,
+            }
+        } else {
+            SendOp::RdmaWrite {
+                remote_addr: target.addr,
+                rkey: target.rkey,
+            }
+        };
+        let what = format!("{op:?}");
+        l.a_qp
+            .post_send(SendWr {
+                wr_id: 1,
+                op,
+                sgl: vec![mine.sge(0, 4096).unwrap()],
+                signaled: true,
+            })
+            .unwrap();
+        let c = wait(&l.a_cq).await;
+        assert!(!c.status.is_ok(), "{what} on the pool completed: {c:?}");
+        let mut got = vec![0u8; 4096];
+        bufs[0].read_at(0, &mut got).unwrap();
+        assert_eq!(got, vec![0x5a; 4096], "the pool's buffer is untouched");
+        let mut got = vec![0u8; 4096];
+        mine.read_at(0, &mut got).unwrap();
+        assert_eq!(got, vec![0xa5; 4096], "nothing of the pool's was read");
+    }
+}

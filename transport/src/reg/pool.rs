@@ -16,6 +16,11 @@ use crate::rdma::{
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
     pub classes: Vec<(usize, usize)>,
+    /// What the pool's registrations allow. By default `LOCAL_WRITE`
+    /// alone: a target's staging buffers are the local ends of the RDMA
+    /// Writes and Reads it starts itself, and their keys, which a peer can
+    /// guess, must open them to no peer (the pool is shared by every
+    /// connection on the protection domain).
     pub access: AccessFlags,
 }
 
@@ -23,7 +28,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             classes: vec![(4 << 10, 128), (64 << 10, 32), (256 << 10, 8), (1 << 20, 4)],
-            access: AccessFlags::ALL,
+            access: AccessFlags::LOCAL_WRITE,
         }
     }
 }
