@@ -686,20 +686,57 @@ fn atomic_plan(
     } else {
         "target.lun.path"
     };
+    let plan = chosen_atomic_plan(
+        ctx,
+        l,
+        lspan.clone(),
+        path,
+        units,
+        atomic_writes,
+        &journal,
+        field,
+    )?;
+    if matches!(plan, AtomicPlan::Journal(..)) {
+        return Ok(plan);
+    }
+    // Served without the journal, the blocks of an atomic write a crash left
+    // unfinished stay torn, and a later start with it would replay them over
+    // everything written since: such a file is not served until replayed.
+    let n = blockwire_target::backstore::journal::unfinished(&journal, capacity)
+        .map_err(|e| ctx.err(lspan.clone(), field, e.to_string()))?;
+    if n > 0 {
+        let how = if l.read_only {
+            "open the LUN writable once to replay them"
+        } else {
+            "start it once with its atomic writes on and this journal to replay them"
+        };
+        return Err(ctx.err(
+            lspan,
+            field,
+            format!(
+                "{} holds {n} unfinished atomic write(s) for {}: {how}",
+                journal.display(),
+                path.display()
+            ),
+        ));
+    }
+    Ok(plan)
+}
+
+/// How a file LUN makes its atomic writes, as its definition asks (see
+/// [`atomic_plan`]).
+#[allow(clippy::too_many_arguments)]
+fn chosen_atomic_plan(
+    ctx: &Ctx<'_>,
+    l: &LunDef,
+    lspan: std::ops::Range<usize>,
+    path: &std::path::Path,
+    units: Option<DeviceAtomicUnits>,
+    atomic_writes: Option<bool>,
+    journal: &std::path::Path,
+    field: &'static str,
+) -> Result<AtomicPlan, ConfigError> {
     if l.read_only {
-        let n = blockwire_target::backstore::journal::unfinished(&journal, capacity)
-            .map_err(|e| ctx.err(lspan.clone(), field, e.to_string()))?;
-        if n > 0 {
-            return Err(ctx.err(
-                lspan,
-                field,
-                format!(
-                    "{} holds {n} unfinished atomic write(s) for {}: open the LUN writable once to replay them",
-                    journal.display(),
-                    path.display()
-                ),
-            ));
-        }
         return Ok(AtomicPlan::None);
     }
     // A file the change would create is a regular file (a dry run decides
@@ -721,7 +758,7 @@ fn atomic_plan(
         None => regular || l.atomic_journal.is_some(),
     };
     Ok(if wanted {
-        AtomicPlan::Journal(journal, field)
+        AtomicPlan::Journal(journal.to_owned(), field)
     } else {
         AtomicPlan::None
     })

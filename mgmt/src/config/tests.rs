@@ -994,12 +994,33 @@ fn atomic_writes_where_honest() {
     std::fs::write(&jpath, &image).unwrap();
     let e = build(&format!("{file}read_only = true\n")).unwrap_err();
     assert!(e.message.contains("unfinished atomic write"), "{e}");
+    // Nor does one with its atomic writes off, or formatted with protection
+    // information (which has none): the torn blocks would be served, and a
+    // later start with the journal would replay them over newer data.
+    for off in ["atomic_writes = false\n", "protection = \"type1\"\n"] {
+        let e = build(&format!("{file}{off}")).unwrap_err();
+        assert!(
+            e.message.contains("unfinished atomic write") && e.message.contains("atomic writes on"),
+            "{off}: {e}"
+        );
+    }
     // Opened writable, it replays it.
     let b = build(&file).unwrap();
     let lu = b.catalog.targets[0].luns.get(0).unwrap();
     let mut got = [0u8; 512];
     lu.config().backstore.read_at(0, &mut got).unwrap();
     assert_eq!(got, [1; 512]);
+    drop(b);
+    // A journal must be a regular file: a device node read as an empty
+    // journal would be replaced by a file on /dev's tmpfs.
+    let e = build(&format!("{file}atomic_journal = \"/dev/null\"\n")).unwrap_err();
+    assert!(e.message.contains("not a regular file"), "{e}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::path::Path::new("/dev/null")
+        .metadata()
+        .unwrap()
+        .file_type()
+        .is_char_device());
 }
 
 #[test]

@@ -509,10 +509,19 @@ impl FileBackstore {
 
     fn write(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
         self.check(offset, data.len() as u64)?;
+        self.check_unreplayed(offset, data.len() as u64)?;
         match self.mode {
             FileMode::Cached => self.pwrite_all(offset, data, durable),
             FileMode::Direct => self.direct_write(offset, data, durable),
         }
+    }
+
+    /// Refuses a change of bytes an unfinished atomic write will be
+    /// replayed over (see [`Journal::check_unreplayed`]).
+    fn check_unreplayed(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.journal
+            .as_ref()
+            .map_or(Ok(()), |j| j.check_unreplayed(offset, len))
     }
 
     fn fallocate(&self, flags: FallocateFlags, offset: u64, len: u64) -> Result<(), Errno> {
@@ -723,7 +732,8 @@ impl Backstore for FileBackstore {
     /// next (see [`super::journal`]), so the data is durable when this
     /// returns whatever `durable` says. A failure after the record is in
     /// the journal leaves it there, unfinished: the next open writes it in
-    /// place, so the blocks still end up wholly old or wholly new.
+    /// place, so the blocks still end up wholly old or wholly new, and until
+    /// then they take no other write (see [`Journal::check_unreplayed`]).
     fn write_atomic(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
         if let (None, Some(unit)) = (&self.journal, self.device_atomic_unit) {
             return self.write_untorn(unit, offset, data, durable);
@@ -738,6 +748,7 @@ impl Backstore for FileBackstore {
             ));
         };
         self.check(offset, data.len() as u64)?;
+        j.check_unreplayed(offset, data.len() as u64)?;
         let ticket = j.begin(offset, data)?;
         if let Err(e) = self
             .write(offset, data, false)
@@ -760,6 +771,7 @@ impl Backstore for FileBackstore {
         if len == 0 {
             return Ok(());
         }
+        self.check_unreplayed(offset, len)?;
         if self.can_punch.load(Ordering::Relaxed) {
             // Punching invalidates the page cache of the range; in direct
             // mode a concurrent read-modify-write must not resurrect data.
@@ -916,6 +928,65 @@ impl Backstore for FileBackstore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An atomic write whose record is durable but whose in-place write
+    /// then failed (ENOSPC, EIO) stays in the journal, and the next open
+    /// replays it. A later write of the same bytes acknowledged before then
+    /// would be overwritten by that replay: silently older data. So until
+    /// the store is opened again those bytes take no write, UNMAP or atomic
+    /// write, while the rest of the LUN serves as before; after the reopen
+    /// the record is whole in place and the bytes are writable again.
+    #[test]
+    fn bytes_of_an_unfinished_atomic_write_take_no_write_until_it_is_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lun.img");
+        let journal = FileBackstore::default_journal_path(&path);
+        let open = || {
+            FileBackstore::open(&path, Some(1 << 20), false)
+                .unwrap()
+                .with_atomic_journal(&journal)
+                .unwrap()
+        };
+        let (s, _) = open();
+        // Step 1 of an atomic write of 8 KiB at 64 KiB, then an I/O error
+        // in place: the store abandons the ticket (as `write_atomic` does).
+        let j = s.journal.as_ref().unwrap();
+        let ticket = j.begin(64 << 10, &[0x11; 8192]).unwrap();
+        j.abandon(ticket);
+        for (what, r) in [
+            ("WRITE", s.write_at(68 << 10, &[0x22; 512])),
+            ("durable WRITE", s.write_at_durable(60 << 10, &[0x22; 8192])),
+            (
+                "atomic WRITE",
+                s.write_atomic(64 << 10, &[0x22; 4096], true),
+            ),
+            ("UNMAP", s.discard((72 << 10) - 512, 1024)),
+        ] {
+            let e = r.expect_err(what).to_string();
+            assert!(
+                e.contains("unfinished") && e.contains("65536"),
+                "{what}: {e}"
+            );
+        }
+        // Bytes the record does not cover are served as before.
+        s.write_at(72 << 10, &[0x33; 512]).unwrap();
+        s.write_at((60 << 10) - 512, &[0x33; 512]).unwrap();
+        drop(s);
+        let (s, replayed) = open();
+        assert_eq!(replayed, 1);
+        let mut back = vec![0u8; 8192];
+        s.read_at(64 << 10, &mut back).unwrap();
+        assert_eq!(back, vec![0x11; 8192], "the record is whole in place");
+        s.write_at(68 << 10, &[0x22; 512]).unwrap();
+        let (s, replayed) = {
+            drop(s);
+            open()
+        };
+        assert_eq!(replayed, 0);
+        let mut back = vec![0u8; 512];
+        s.read_at(68 << 10, &mut back).unwrap();
+        assert_eq!(back, vec![0x22; 512], "the later write stands");
+    }
 
     #[test]
     fn creates_grows_and_round_trips() {

@@ -331,14 +331,10 @@ pub fn pending_records(
 /// read-only LUN cannot replay them, so it must not serve the file while
 /// there are any). No journal: 0.
 pub fn unfinished(path: &Path, capacity: u64) -> io::Result<usize> {
-    let image = match std::fs::read(path) {
-        Ok(i) => i,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    if image.is_empty() {
+    if regular_len(path)?.unwrap_or(0) == 0 {
         return Ok(0);
     }
+    let (_, image) = read_image(&File::open(path)?, path)?;
     let (pending, _) = pending_records(&image, capacity).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -357,16 +353,32 @@ pub fn unfinished(path: &Path, capacity: u64) -> io::Result<usize> {
 /// cannot be read and for an unfinished write beyond `capacity`. A
 /// missing or empty file is fine (opening creates it).
 pub fn check_openable(path: &Path, capacity: u64) -> io::Result<()> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if file.metadata()?.len() == 0 {
+    if regular_len(path)?.unwrap_or(0) == 0 {
         return Ok(());
     }
-    let (_, image) = read_image(&file, path)?;
+    let (_, image) = read_image(&File::open(path)?, path)?;
     readable_records(&image, path, capacity).map(drop)
+}
+
+/// The length of the journal file at `path` (none: there is none),
+/// refused unless it is a regular file: a device node has no length to
+/// read records from (it would be taken for an empty journal and replaced
+/// by a file on /dev's tmpfs, where nothing survives a power loss), and a
+/// FIFO would block its reader.
+fn regular_len(path: &Path) -> io::Result<Option<u64>> {
+    let m = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !m.is_file() {
+        return Err(annotate(
+            path,
+            "is not a regular file",
+            &"name a file on a file system that keeps its data across a power loss",
+        ));
+    }
+    Ok(Some(m.len()))
 }
 
 /// "atomic-write journal PATH: WHAT: E", the words of every journal error.
@@ -390,7 +402,9 @@ fn read_image(file: &File, path: &Path) -> io::Result<(Geometry, Vec<u8>)> {
             &e,
         )
     })?;
-    let mut image = vec![0u8; usize::try_from(g.file_len()).unwrap_or(usize::MAX)];
+    // No more than the file holds: a header may claim any geometry.
+    let len = g.file_len().min(file.metadata()?.len());
+    let mut image = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
     let got = read_upto(file, &mut image, 0)?;
     image.truncate(got);
     Ok((g, image))
@@ -431,6 +445,10 @@ pub struct Journal {
     freed: Condvar,
     /// Slots kept by abandoned tickets (an I/O error after their record).
     abandoned: AtomicU64,
+    /// The byte ranges (offset, length) of those tickets' records: the next
+    /// open replays each one whole, so no later write of those bytes may be
+    /// acknowledged before then (see [`Journal::check_unreplayed`]).
+    stuck: Mutex<Vec<(u64, u32)>>,
 }
 
 /// A record written and durable (step 1 done): the caller writes in place,
@@ -478,12 +496,7 @@ impl Journal {
         mut apply: impl FnMut(u64, &[u8]) -> io::Result<()>,
         sync_backing: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<(Journal, usize)> {
-        let existing = match std::fs::metadata(path) {
-            Ok(m) if m.len() > 0 => true,
-            Ok(_) => false,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-            Err(e) => return Err(e),
-        };
+        let existing = regular_len(path)?.unwrap_or(0) > 0;
         if !existing {
             create(path, Geometry::DEFAULT)?;
         }
@@ -538,6 +551,7 @@ impl Journal {
             free: Mutex::new((0..geometry.slots).rev().collect()),
             freed: Condvar::new(),
             abandoned: AtomicU64::new(0),
+            stuck: Mutex::new(Vec::new()),
         }
     }
 
@@ -606,18 +620,47 @@ impl Journal {
     /// (replayed at the next open if it is whole) and its slot stays taken,
     /// so that nothing overwrites a record that may still be needed.
     pub fn abandon(&self, t: Ticket) {
-        let _ = t;
+        self.stuck
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((t.header.offset, t.header.len));
         self.abandoned.fetch_add(1, Ordering::Relaxed);
         // Waiters re-check whether any slot can still come free.
         self.freed.notify_all();
     }
 
+    /// Refuses a write of `len` bytes at `offset` over a record an I/O
+    /// error left unfinished ([`Journal::abandon`]): the next open replays
+    /// that record whole, which would put its data back over this write's
+    /// after the write was acknowledged. Until the store is opened again
+    /// those bytes take no write.
+    pub fn check_unreplayed(&self, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 || self.abandoned.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let stuck = self.stuck.lock().unwrap_or_else(|e| e.into_inner());
+        let end = offset.saturating_add(len);
+        match stuck
+            .iter()
+            .find(|&&(o, l)| offset < o.saturating_add(u64::from(l)) && o < end)
+        {
+            None => Ok(()),
+            Some(&(o, l)) => Err(io::Error::other(format!(
+                "atomic-write journal {}: bytes {o} to {} hold an atomic write an I/O error left \
+                 unfinished, which the next open of the LUN writes in place; no write to them is \
+                 taken until then (fix the error, then restart blockwire-target or reopen the LUN \
+                 by a live change of it)",
+                self.path.display(),
+                o + u64::from(l)
+            ))),
+        }
+    }
+
     /// Step 3: the data is durable in place; marks the record done, makes
     /// that durable and frees the slot. If that fails the slot stays taken
     /// and the record pending: the data is whole in place, so replaying it
-    /// at the next open is harmless unless a later write of the same blocks
-    /// came first — the one case an I/O error on the journal itself can
-    /// leave older data behind (the command reports the error).
+    /// at the next open is harmless, since those blocks take no later write
+    /// before it ([`Journal::check_unreplayed`]).
     pub fn finish(&self, t: Ticket) -> io::Result<()> {
         let done = RecordHeader {
             done: true,
