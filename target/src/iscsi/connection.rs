@@ -459,10 +459,21 @@ async fn full_feature<R: AsyncRead + Unpin>(
         let _ = writer_task.await;
         return;
     }
-    let _ = tx.send(Outgoing::Close).await;
+    // Closing the queue closes the socket after what is queued, as Close
+    // does; a full queue (a writer that cannot send) does not hold this up.
+    let _ = tx.try_send(Outgoing::Close);
     drop(launcher);
     drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+    let mut writer_task = writer_task;
+    if tokio::time::timeout(Duration::from_secs(5), &mut writer_task)
+        .await
+        .is_err()
+    {
+        // A writer stuck on a socket the initiator does not read: dropping
+        // it closes the socket.
+        writer_task.abort();
+        let _ = writer_task.await;
+    }
 }
 
 /// Whether the initiator runs on this host: its address is a loopback one,
@@ -515,7 +526,23 @@ pub(super) async fn carry_out(launcher: &Launcher, actions: Vec<Action>) -> Opti
     for action in actions {
         match action {
             Action::Send(pdu) => {
-                let _ = launcher.tx.send(Outgoing::Pdu(pdu)).await;
+                // The queue stays full only while the writer cannot hand
+                // PDUs to the socket: the initiator takes no data (its
+                // receive window is shut). One that takes none for as long
+                // as it may leave a NOP-In unanswered is as gone as one that
+                // does not answer; waiting on, this reader would hear
+                // neither its timers nor a shutdown, and the connection and
+                // all it holds would stay for good.
+                let limit = launcher.fabric.settings.nop_timeout;
+                let sent = launcher.tx.send_timeout(Outgoing::Pdu(pdu), limit).await;
+                if let Err(mpsc::error::SendTimeoutError::Timeout(_)) = sent {
+                    warn!(
+                        tsih = launcher.session.tsih,
+                        initiator = %launcher.session.initiator_name,
+                        "the initiator took no data for {limit:?}: cutting the connection"
+                    );
+                    return Some(Stop::Cut);
+                }
             }
             Action::Run(ready) => launcher.run(ready),
             Action::StartPipedWrite(w) => launcher.start_piped_write(w),

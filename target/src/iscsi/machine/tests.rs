@@ -1138,12 +1138,40 @@ async fn logout_loses_the_i_t_nexus_before_its_response_leaves() {
 
 // ---- the driver over an in-memory byte stream -----------------------------------
 
-#[tokio::test]
-async fn the_driver_serves_an_in_memory_byte_pipe() {
+/// The initiator's end of a pipe.
+type PipeReader = crate::iscsi::io::PduReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>;
+
+/// Sends `pdu` and reads the next PDU (in 10 s at most).
+async fn exchange<R: tokio::io::AsyncRead + Unpin>(
+    writer: &mut crate::iscsi::io::PduWriter,
+    reader: &mut crate::iscsi::io::PduReader<R>,
+    pdu: Pdu,
+) -> Pdu {
+    writer.push(&pdu).await.unwrap();
+    writer.flush().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), reader.next())
+        .await
+        .expect("an answer in time")
+        .expect("a PDU")
+        .expect("the stream is open")
+}
+
+/// A normal session of `fabric`'s target logged in over an in-memory pipe
+/// (1 MiB each way): the driver serving it, the initiator's reader and
+/// writer, the final Login Response, and the portal's cut switch (which
+/// cuts the connection when dropped).
+async fn log_in_over_a_pipe(
+    fabric: &Arc<Fabric>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    PipeReader,
+    crate::iscsi::io::PduWriter,
+    blockwire_pdu::pdu::LoginResponse,
+    watch::Sender<bool>,
+) {
     use crate::iscsi::io::{PduReader, PduWriter};
-    let fabric = fabric();
     let (client, server) = tokio::io::duplex(1 << 20);
-    let (_keep, cut) = watch::channel(false);
+    let (keep, cut) = watch::channel(false);
     let served = tokio::spawn(crate::iscsi::connection::serve_stream(
         fabric.clone(),
         server,
@@ -1156,19 +1184,6 @@ async fn the_driver_serves_an_in_memory_byte_pipe() {
     let mut reader = PduReader::new(rd);
     reader.framer = blockwire_pdu::FrameDecoder::new(1 << 20, Digests::NONE);
     let mut writer = PduWriter::over_stream(wr);
-    async fn exchange<R: tokio::io::AsyncRead + Unpin>(
-        writer: &mut PduWriter,
-        reader: &mut PduReader<R>,
-        pdu: Pdu,
-    ) -> Pdu {
-        writer.push(&pdu).await.unwrap();
-        writer.flush().await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), reader.next())
-            .await
-            .expect("an answer in time")
-            .expect("a PDU")
-            .expect("the stream is open")
-    }
     let security = [
         ("InitiatorName", INITIATOR),
         ("AuthMethod", "None"),
@@ -1206,6 +1221,13 @@ async fn the_driver_serves_an_in_memory_byte_pipe() {
         panic!("{r:?}")
     };
     assert!(fin.transit && fin.nsg == Stage::FullFeature && fin.tsih != 0);
+    (served, reader, writer, fin, keep)
+}
+
+#[tokio::test]
+async fn the_driver_serves_an_in_memory_byte_pipe() {
+    let fabric = fabric();
+    let (served, mut reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
     // TEST UNIT READY takes the power-on unit attention; then a WRITE with
     // immediate data, then a READ of it.
     let tur = no_data_command(9, fin.exp_cmd_sn, fin.stat_sn + 1, &[0; 6]);
@@ -1274,6 +1296,57 @@ async fn the_driver_serves_an_in_memory_byte_pipe() {
         fabric.sessions.all().is_empty(),
         "the session ended with its connection"
     );
+}
+
+/// An initiator that sends and never reads fills the socket, then the
+/// writer's queue; the connection's reader then waited on that queue for
+/// good, hearing neither its NOP-In timer nor a shutdown, and the session
+/// and all it held stayed. Now one that takes no data for the NOP-In
+/// timeout is cut.
+#[tokio::test]
+async fn an_initiator_that_never_reads_is_cut_after_the_nop_timeout() {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
+    let settings = FabricSettings {
+        queue_depth: 16,
+        nop_interval: None,
+        nop_timeout: Duration::from_millis(500),
+        logout_grace: LOGOUT_GRACE,
+        ..FabricSettings::default()
+    };
+    let (_, shutdown) = watch::channel(false);
+    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+    let (served, reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
+    // Pings with 8 KiB of data, each echoed: 3000 of them are 24 MiB back,
+    // far more than the pipe and the writer's queue hold.
+    let sender = tokio::spawn(async move {
+        for itt in 100..3100u32 {
+            let ping = Pdu::with_data(
+                Bhs::NopOut(NopOut {
+                    immediate: true,
+                    lun: Lun::from_index(0),
+                    itt,
+                    ttt: RESERVED_TAG,
+                    cmd_sn: fin.exp_cmd_sn,
+                    exp_stat_sn: fin.stat_sn + 1,
+                }),
+                vec![0x5a; 8192],
+            );
+            if writer.push(&ping).await.is_err() || writer.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), served)
+        .await
+        .expect("the driver returns once the initiator took nothing for the NOP-In timeout")
+        .unwrap();
+    assert!(
+        fabric.sessions.all().is_empty(),
+        "the session ended with its connection"
+    );
+    drop(reader);
+    sender.abort();
 }
 
 #[tokio::test]
