@@ -192,6 +192,12 @@ impl Wire {
         len: usize,
     ) -> Result<Vec<u8>, String> {
         let end = offset.checked_add(len as u64).ok_or("offset overflows")?;
+        if remote.buf.base_offset.checked_add(end).is_none() {
+            return Err(format!(
+                "the initiator's buffer at {:#x} runs past the end of the address space",
+                remote.buf.base_offset
+            ));
+        }
         let reach = remote.len - remote.solicited_from.unwrap_or(0).min(remote.len);
         if end > reach {
             return Err(format!(
