@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -98,6 +98,9 @@ struct Inner {
     tsih: u16,
     lost: AtomicBool,
     counters: Counters,
+    /// Answers to the target's NOP-In pings on their way out (bounded as
+    /// on TCP: [`crate::session::MAX_PING_ANSWERS`]).
+    ping_answers: AtomicUsize,
     _provider: AnyProvider,
 }
 
@@ -236,6 +239,7 @@ impl IserSession {
             tsih: outcome.tsih,
             lost: AtomicBool::new(false),
             counters: Counters::default(),
+            ping_answers: AtomicUsize::new(0),
             _provider: provider,
         });
         // Login's messages count too.
@@ -813,6 +817,13 @@ async fn receive_loop(inner: Arc<Inner>, cq: AnyCq) {
                     }
                 }
                 Event::Send(pdu) => {
+                    let max = crate::session::MAX_PING_ANSWERS;
+                    if inner.ping_answers.fetch_add(1, Ordering::Relaxed) >= max {
+                        return inner.connection_lost(&format!(
+                            "the target's NOP-In pings came faster than the connection took \
+                             our answers ({max} waiting)"
+                        ));
+                    }
                     let inner = inner.clone();
                     tokio::spawn(async move {
                         let none = IserHeader::Control {
@@ -820,6 +831,7 @@ async fn receive_loop(inner: Arc<Inner>, cq: AnyCq) {
                             read: None,
                         };
                         let _ = inner.send(none, &pdu).await;
+                        inner.ping_answers.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
                 // RFC 7145 §7.3.4: the target turns R2Ts into RDMA Reads; one on the wire

@@ -13,7 +13,7 @@
 //!   at ErrorRecoveryLevel 0) with bounded, backed-off retries, and the
 //!   commands re-issue themselves on the new connection.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -129,7 +129,18 @@ struct Inner {
     last_rx_ms: AtomicU64,
     /// The login generation and the target's answers to our vendor keys.
     vendor: Mutex<(u64, Vec<(String, String)>)>,
+    /// Answers to the target's NOP-In pings on their way out (see
+    /// [`MAX_PING_ANSWERS`]).
+    ping_answers: AtomicUsize,
 }
+
+/// How many answers to the target's NOP-In pings may wait to be sent at
+/// once. Each waits in a task of its own (the reader never waits for the
+/// writer); a target that sends pings faster than its connection takes the
+/// answers (one that does not read) would have them pile up without end,
+/// so past this the connection is dropped and recovered. A target that
+/// waits for each answer (RFC 7143 §11.19) has one or two out.
+pub(crate) const MAX_PING_ANSWERS: usize = 64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -181,6 +192,7 @@ impl Session {
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
             vendor: Mutex::new((0, Vec::new())),
+            ping_answers: AtomicUsize::new(0),
         });
         inner.install(conn, 1).await;
         Ok(Session { inner })
@@ -539,11 +551,20 @@ impl Inner {
                     let _ = owner.send(Msg::Done(result));
                 }
                 Event::Send(pdu) => {
+                    if self.ping_answers.fetch_add(1, Ordering::Relaxed) >= MAX_PING_ANSWERS {
+                        self.ping_answers.fetch_sub(1, Ordering::Relaxed);
+                        drop_reason = Some(format!(
+                            "the target's NOP-In pings came faster than the connection took \
+                             our answers ({MAX_PING_ANSWERS} waiting)"
+                        ));
+                        continue;
+                    }
                     // Never wait for the writer here: the reader must keep
                     // draining the socket while commands are sending.
                     let me = self.clone();
                     tokio::spawn(async move {
                         let _ = me.send_pdu(generation, pdu).await;
+                        me.ping_answers.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
                 Event::Drop(reason) => drop_reason = Some(reason),
