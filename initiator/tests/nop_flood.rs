@@ -14,6 +14,8 @@ use blockwire_initiator::{InitiatorConfig, Session};
 use blockwire_pdu::pdu::{NopIn, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 
+// The logout answer is for other tests.
+#[allow(dead_code)]
 mod scripted;
 
 fn read_pdu(s: &mut TcpStream) -> Option<Pdu> {
@@ -38,7 +40,7 @@ fn flooding_target(listener: TcpListener, done: mpsc::Sender<u32>) {
     let (mut s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut stat_sn = 0u32;
-    let mut cmd_sn = 0u32;
+    let mut cmd_sn;
     loop {
         let pdu = read_pdu(&mut s).expect("a login request");
         let Bhs::LoginRequest(r) = pdu.bhs else {
