@@ -4,8 +4,8 @@
 //! so taken as they came these would write files outside it and other keys into a
 //! record. The CLI must record only the real target and say what it left out.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,21 +14,7 @@ use blockwire_pdu::pdu::{TextResponse, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 
 mod scripted;
-
-fn read_pdu(s: &mut TcpStream) -> Option<Pdu> {
-    let mut head = [0u8; 48];
-    s.read_exact(&mut head).ok()?;
-    let ahs = usize::from(head[4]) * 4;
-    let data = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
-    let mut rest = vec![0u8; ahs + data.next_multiple_of(4)];
-    s.read_exact(&mut rest).ok()?;
-    let whole = [&head[..], &rest[..]].concat();
-    Some(
-        Pdu::decode(&whole, Digests::NONE)
-            .expect("the initiator sends PDUs")
-            .0,
-    )
-}
+use scripted::read_pdu;
 
 /// Serves one discovery session: agrees to every login step (answering the digests
 /// it is asked for with None), answers SendTargets with `answer`, and logs out.

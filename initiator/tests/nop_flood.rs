@@ -5,8 +5,8 @@
 //! for as long as the target kept sending. The session must drop such a
 //! connection instead.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpListener;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -14,20 +14,8 @@ use blockwire_initiator::{InitiatorConfig, Session};
 use blockwire_pdu::pdu::{NopIn, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 
-// The logout answer is for other tests.
-#[allow(dead_code)]
 mod scripted;
-
-fn read_pdu(s: &mut TcpStream) -> Option<Pdu> {
-    let mut head = [0u8; 48];
-    s.read_exact(&mut head).ok()?;
-    let ahs = usize::from(head[4]) * 4;
-    let data = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
-    let mut rest = vec![0u8; ahs + data.next_multiple_of(4)];
-    s.read_exact(&mut rest).ok()?;
-    let whole = [&head[..], &rest[..]].concat();
-    Some(Pdu::decode(&whole, Digests::NONE).ok()?.0)
-}
+use scripted::read_pdu;
 
 /// Pings the target sends at most: far more answers than the loopback
 /// socket buffers of the initiator hold (48 bytes each).

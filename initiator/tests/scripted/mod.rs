@@ -1,10 +1,15 @@
 //! A scripted target's answers, shared by the tests that play one: a login step agreed
-//! to, and a logout.
+//! to, and a logout; and its reading of the initiator's PDUs.
+// Each test binary uses what its script needs.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::TcpStream;
 
 use blockwire_pdu::keys::{encode_text, parse_text};
 use blockwire_pdu::pdu::codes::LogoutResponseCode;
 use blockwire_pdu::pdu::{LoginRequest, LoginResponse, LogoutRequest, LogoutResponse};
-use blockwire_pdu::{Bhs, LoginStatus, Pdu, Stage};
+use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu, Stage};
 
 /// Agrees to the login step `r` (with its text `data`): every negotiated key gets an
 /// answer the initiator offered, its value or the last of a list (AuthMethod=CHAP,None:
@@ -61,4 +66,17 @@ pub fn agree_to_logout(r: &LogoutRequest, stat_sn: u32) -> Pdu {
         time2wait: 0,
         time2retain: 0,
     }))
+}
+
+/// The next PDU the initiator sent on `s` (none: the stream ended or held no
+/// PDU).
+pub fn read_pdu(s: &mut TcpStream) -> Option<Pdu> {
+    let mut head = [0u8; 48];
+    s.read_exact(&mut head).ok()?;
+    let ahs = usize::from(head[4]) * 4;
+    let data = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
+    let mut rest = vec![0u8; ahs + data.next_multiple_of(4)];
+    s.read_exact(&mut rest).ok()?;
+    let whole = [&head[..], &rest[..]].concat();
+    Some(Pdu::decode(&whole, Digests::NONE).ok()?.0)
 }
