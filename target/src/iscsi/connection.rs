@@ -533,8 +533,13 @@ pub(super) async fn carry_out(launcher: &Launcher, actions: Vec<Action>) -> Opti
                 // does not answer; waiting on, this reader would hear
                 // neither its timers nor a shutdown, and the connection and
                 // all it holds would stay for good.
+                // (A queue with room takes it at once, without a timer.)
+                let item = match launcher.tx.try_send(Outgoing::Pdu(pdu)) {
+                    Err(mpsc::error::TrySendError::Full(item)) => item,
+                    _ => continue,
+                };
                 let limit = launcher.fabric.settings.nop_timeout;
-                let sent = launcher.tx.send_timeout(Outgoing::Pdu(pdu), limit).await;
+                let sent = launcher.tx.send_timeout(item, limit).await;
                 if let Err(mpsc::error::SendTimeoutError::Timeout(_)) = sent {
                     warn!(
                         tsih = launcher.session.tsih,
