@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,8 +99,8 @@ struct Inner {
     lost: AtomicBool,
     counters: Counters,
     /// Answers to the target's NOP-In pings on their way out (bounded as
-    /// on TCP: [`crate::session::MAX_PING_ANSWERS`]).
-    ping_answers: AtomicUsize,
+    /// on TCP).
+    ping_answers: crate::session::PingAnswers,
     _provider: AnyProvider,
 }
 
@@ -239,7 +239,7 @@ impl IserSession {
             tsih: outcome.tsih,
             lost: AtomicBool::new(false),
             counters: Counters::default(),
-            ping_answers: AtomicUsize::new(0),
+            ping_answers: Default::default(),
             _provider: provider,
         });
         // Login's messages count too.
@@ -817,13 +817,10 @@ async fn receive_loop(inner: Arc<Inner>, cq: AnyCq) {
                     }
                 }
                 Event::Send(pdu) => {
-                    let max = crate::session::MAX_PING_ANSWERS;
-                    if inner.ping_answers.fetch_add(1, Ordering::Relaxed) >= max {
-                        return inner.connection_lost(&format!(
-                            "the target's NOP-In pings came faster than the connection took \
-                             our answers ({max} waiting)"
-                        ));
-                    }
+                    let answer = match inner.ping_answers.take() {
+                        Ok(answer) => answer,
+                        Err(why) => return inner.connection_lost(&why),
+                    };
                     let inner = inner.clone();
                     tokio::spawn(async move {
                         let none = IserHeader::Control {
@@ -831,7 +828,7 @@ async fn receive_loop(inner: Arc<Inner>, cq: AnyCq) {
                             read: None,
                         };
                         let _ = inner.send(none, &pdu).await;
-                        inner.ping_answers.fetch_sub(1, Ordering::Relaxed);
+                        drop(answer);
                     });
                 }
                 // RFC 7145 §7.3.4: the target turns R2Ts into RDMA Reads; one on the wire

@@ -129,9 +129,8 @@ struct Inner {
     last_rx_ms: AtomicU64,
     /// The login generation and the target's answers to our vendor keys.
     vendor: Mutex<(u64, Vec<(String, String)>)>,
-    /// Answers to the target's NOP-In pings on their way out (see
-    /// [`MAX_PING_ANSWERS`]).
-    ping_answers: AtomicUsize,
+    /// Answers to the target's NOP-In pings on their way out.
+    ping_answers: PingAnswers,
 }
 
 /// How many answers to the target's NOP-In pings may wait to be sent at
@@ -140,7 +139,36 @@ struct Inner {
 /// answers (one that does not read) would have them pile up without end,
 /// so past this the connection is dropped and recovered. A target that
 /// waits for each answer (RFC 7143 §11.19) has one or two out.
-pub(crate) const MAX_PING_ANSWERS: usize = 64;
+const MAX_PING_ANSWERS: usize = 64;
+
+/// The answers to the target's NOP-In pings a connection has on their way
+/// out, at most [`MAX_PING_ANSWERS`] (TCP and iSER sessions alike).
+#[derive(Default)]
+pub(crate) struct PingAnswers(Arc<AtomicUsize>);
+
+/// One answer on its way out; its place is given back when it is dropped.
+pub(crate) struct PingAnswer(Arc<AtomicUsize>);
+
+impl PingAnswers {
+    /// A place for one more answer; the reason to drop the connection
+    /// when all are taken.
+    pub(crate) fn take(&self) -> std::result::Result<PingAnswer, String> {
+        if self.0.fetch_add(1, Ordering::Relaxed) >= MAX_PING_ANSWERS {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+            return Err(format!(
+                "the target's NOP-In pings came faster than the connection took our answers \
+                 ({MAX_PING_ANSWERS} waiting)"
+            ));
+        }
+        Ok(PingAnswer(self.0.clone()))
+    }
+}
+
+impl Drop for PingAnswer {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -192,7 +220,7 @@ impl Session {
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
             vendor: Mutex::new((0, Vec::new())),
-            ping_answers: AtomicUsize::new(0),
+            ping_answers: PingAnswers::default(),
         });
         inner.install(conn, 1).await;
         Ok(Session { inner })
@@ -551,20 +579,19 @@ impl Inner {
                     let _ = owner.send(Msg::Done(result));
                 }
                 Event::Send(pdu) => {
-                    if self.ping_answers.fetch_add(1, Ordering::Relaxed) >= MAX_PING_ANSWERS {
-                        self.ping_answers.fetch_sub(1, Ordering::Relaxed);
-                        drop_reason = Some(format!(
-                            "the target's NOP-In pings came faster than the connection took \
-                             our answers ({MAX_PING_ANSWERS} waiting)"
-                        ));
-                        continue;
-                    }
+                    let answer = match self.ping_answers.take() {
+                        Ok(answer) => answer,
+                        Err(why) => {
+                            drop_reason = Some(why);
+                            continue;
+                        }
+                    };
                     // Never wait for the writer here: the reader must keep
                     // draining the socket while commands are sending.
                     let me = self.clone();
                     tokio::spawn(async move {
                         let _ = me.send_pdu(generation, pdu).await;
-                        me.ping_answers.fetch_sub(1, Ordering::Relaxed);
+                        drop(answer);
                     });
                 }
                 Event::Drop(reason) => drop_reason = Some(reason),

@@ -317,7 +317,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
     });
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
-    let writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
+    let mut writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
     let launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
     let mut stop = session.stop_signal();
@@ -464,7 +464,6 @@ async fn full_feature<R: AsyncRead + Unpin>(
     let _ = tx.try_send(Outgoing::Close);
     drop(launcher);
     drop(tx);
-    let mut writer_task = writer_task;
     if tokio::time::timeout(Duration::from_secs(5), &mut writer_task)
         .await
         .is_err()

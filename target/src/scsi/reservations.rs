@@ -827,9 +827,6 @@ impl PrCtx<'_> {
                     }
                     return Ok(false);
                 }
-                if ignore && p.spec_i_pt {
-                    return Err(invalid_param(20, Some(3)));
-                }
                 let mine = Registration::for_nexus(self.nexus, p.service_action_key, p.all_tg_pt);
                 // With ALL_TG_PT the initiator port is registered through
                 // every target port, as if the command ran on each of those
