@@ -318,7 +318,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let mut writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
-    let launcher = Launcher::new(fabric, session, &machine, tx.clone());
+    let mut launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
     let mut stop = session.stop_signal();
     let my_generation = session.generation();
@@ -346,7 +346,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
     let timer = tokio::time::sleep_until(no_deadline);
     tokio::pin!(timer);
     let why = loop {
-        if let Some(stop) = carry_out(&launcher, std::mem::take(&mut actions)).await {
+        if let Some(stop) = carry_out(&mut launcher, std::mem::take(&mut actions)).await {
             break stop;
         }
         if std::mem::take(&mut pause_after_actions) {
@@ -521,7 +521,7 @@ fn on_read(
 
 /// Carries out the machine's actions in order; Some once the connection
 /// must end.
-pub(super) async fn carry_out(launcher: &Launcher, actions: Vec<Action>) -> Option<Stop> {
+pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> Option<Stop> {
     for action in actions {
         match action {
             Action::Send(pdu) => {
@@ -549,6 +549,7 @@ pub(super) async fn carry_out(launcher: &Launcher, actions: Vec<Action>) -> Opti
                 }
             }
             Action::Run(ready) => launcher.run(ready),
+            Action::DataInLimits(limits) => launcher.renegotiated(limits),
             Action::StartPipedWrite(w) => launcher.start_piped_write(w),
             Action::AwaitAborted {
                 aborted,

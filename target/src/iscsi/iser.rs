@@ -427,9 +427,7 @@ async fn run(
         data_tx,
     ));
     let mut launcher = Launcher::new(fabric, &session, &machine, tx.clone());
-    // Data-In becomes RDMA Writes: MaxRecvDataSegmentLength does not apply under iSER
-    // (RFC 7145 §6.3), so each burst is one write.
-    launcher.limits.max_recv_data_segment_length = launcher.limits.max_burst_length;
+    launcher.send_data_in_by_rdma();
     let mut stop = session.stop_signal();
     let mut shutdown = fabric.shutdown.clone();
     let mut shutting_down = *shutdown.borrow();
@@ -439,7 +437,7 @@ async fn run(
         Vec::new()
     };
     let why: Result<(), String> = loop {
-        if carry_out(&launcher, std::mem::take(&mut actions))
+        if carry_out(&mut launcher, std::mem::take(&mut actions))
             .await
             .is_some()
         {

@@ -34,6 +34,9 @@ pub(super) struct Launcher {
     /// The connection's writer queue.
     pub tx: mpsc::Sender<Outgoing>,
     pub limits: DataInLimits,
+    /// Data-In goes by RDMA Write (iSER): the initiator's
+    /// MaxRecvDataSegmentLength does not size it (RFC 7145 §6.3).
+    data_in_by_rdma: bool,
     /// DataPDUInOrder as negotiated (No lets Data-In leave in completion
     /// order).
     pub data_pdu_in_order: bool,
@@ -55,8 +58,26 @@ impl Launcher {
             shared: machine.shared().clone(),
             tx,
             limits: machine.data_in_limits(),
+            data_in_by_rdma: false,
             data_pdu_in_order: machine.data_pdu_in_order(),
             sync_writes: Default::default(),
+        }
+    }
+
+    /// Data-In becomes RDMA Writes (iSER): MaxRecvDataSegmentLength does
+    /// not apply (RFC 7145 §6.3), so each burst is one write, whatever a
+    /// Text exchange declares later.
+    pub fn send_data_in_by_rdma(&mut self) {
+        self.data_in_by_rdma = true;
+        self.limits.max_recv_data_segment_length = self.limits.max_burst_length;
+    }
+
+    /// The initiator declared a new MaxRecvDataSegmentLength in a Text
+    /// exchange (RFC 7143 §13.12 allows it in full feature phase): the
+    /// commands started from now on cut their Data-In to it.
+    pub fn renegotiated(&mut self, limits: DataInLimits) {
+        if !self.data_in_by_rdma {
+            self.limits = limits;
         }
     }
 

@@ -16,7 +16,7 @@ use crate::scsi::ScsiResult;
 const GOOD: u8 = 0x00;
 
 /// Limits that shape the Data-In PDUs of one connection.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataInLimits {
     /// The initiator's MaxRecvDataSegmentLength.
     pub max_recv_data_segment_length: u32,

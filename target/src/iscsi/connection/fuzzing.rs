@@ -459,7 +459,7 @@ impl Harness {
     /// aborted, not waited for).
     async fn carry(&mut self, actions: Vec<Action>) {
         let full = self.full.as_ref().expect("full feature phase");
-        match carry_out(&full.launcher, actions).await {
+        match carry_out(&mut full.launcher, actions).await {
             Some(Stop::Close | Stop::Cut) => self.end().await,
             None => self.settle().await,
         }
@@ -513,7 +513,7 @@ impl Harness {
         self.now = at;
         let actions = self.full_mut().machine.on_timeout(at);
         let full = self.full.as_ref().expect("full feature phase");
-        match carry_out(&full.launcher, actions).await {
+        match carry_out(&mut full.launcher, actions).await {
             Some(Stop::Close | Stop::Cut) => {
                 self.end().await;
                 true

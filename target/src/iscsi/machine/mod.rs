@@ -245,6 +245,10 @@ pub(super) enum Action {
     Send(Pdu),
     /// Run this command.
     Run(Ready),
+    /// Cut the Data-In of commands started from now on to these limits
+    /// (the initiator declared a new MaxRecvDataSegmentLength in a Text
+    /// exchange).
+    DataInLimits(DataInLimits),
     /// Start this double-buffered WRITE's task.
     StartPipedWrite(PipedWrite),
     /// Task management aborted `aborted` (not started, or pipelined WRITEs
@@ -265,6 +269,7 @@ impl std::fmt::Debug for Action {
         match self {
             Action::Send(p) => write!(f, "Send({:?})", p.bhs.opcode()),
             Action::Run(r) => write!(f, "Run(itt {:#x})", r.cmd.itt),
+            Action::DataInLimits(l) => write!(f, "DataInLimits({l:?})"),
             Action::StartPipedWrite(_) => write!(f, "StartPipedWrite"),
             Action::AwaitAborted {
                 aborted,
@@ -372,12 +377,14 @@ impl ConnMachine {
         &self.shared
     }
 
-    /// The negotiated Data-In limits of this connection.
+    /// The negotiated Data-In limits of this connection: the initiator's
+    /// MaxRecvDataSegmentLength as last declared, at login or in a Text
+    /// exchange since (a connection key, RFC 7143 §13.12).
     pub(super) fn data_in_limits(&self) -> DataInLimits {
         DataInLimits {
             max_recv_data_segment_length: self
-                .session
-                .params
+                .text
+                .params()
                 .initiator_max_recv_data_segment_length,
             max_burst_length: self.session.params.max_burst_length,
         }
@@ -597,7 +604,13 @@ impl ConnMachine {
                 let Bhs::TextRequest(req) = pdu.bhs else {
                     unreachable!("admitted as a Text Request")
                 };
-                match self.text.on_request(&req, &pdu.data) {
+                let before = self.data_in_limits();
+                let step = self.text.on_request(&req, &pdu.data);
+                let after = self.data_in_limits();
+                if after != before {
+                    self.out.push(Action::DataInLimits(after));
+                }
+                match step {
                     TextStep::Respond(p) => self.send(p),
                     TextStep::Reject(p) => {
                         warn!(tsih = self.session.tsih, "text request rejected");

@@ -17,7 +17,8 @@ use blockwire_pdu::pdu::codes::{
     AsyncEvent, LogoutReason, LogoutResponseCode, RejectReason, TaskAttr, TmfFunction, TmfResponse,
 };
 use blockwire_pdu::pdu::{
-    DataOut, LoginRequest, LogoutRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
+    DataOut, LoginRequest, LogoutRequest, NopOut, ScsiCommand, TaskMgmtRequest, TextRequest,
+    RESERVED_TAG,
 };
 use blockwire_pdu::{Bhs, DecodeError, Digests, LoginStatus, Lun, Pdu, Stage};
 use rand::SeedableRng;
@@ -217,7 +218,7 @@ impl Conn {
     /// driver does; Some once the connection ends.
     async fn feed(&mut self, pdu: Pdu) -> Option<Stop> {
         let actions = self.machine.on_pdu(pdu, self.now);
-        carry_out(&self.launcher, actions).await
+        carry_out(&mut self.launcher, actions).await
     }
 
     /// Actions for one PDU, not carried out.
@@ -228,7 +229,7 @@ impl Conn {
     async fn advance(&mut self, by: Duration) -> Option<Stop> {
         self.now += by;
         let actions = self.machine.on_timeout(self.now);
-        carry_out(&self.launcher, actions).await
+        carry_out(&mut self.launcher, actions).await
     }
 
     /// A TEST UNIT READY, RESERVE(6) or other command without data on LUN 0.
@@ -426,6 +427,66 @@ async fn read_back(c: &mut Conn, lba: u32, blocks: u16) -> Vec<u8> {
     data
 }
 
+/// The data segment lengths of the Data-In PDUs a READ of `blocks` at
+/// LBA 0 brings, checking the data against `want`.
+async fn data_in_segments(c: &mut Conn, blocks: u16, want: &[u8]) -> Vec<usize> {
+    let (itt, pdu) = c.rw(false, 0, blocks, Vec::new());
+    assert_eq!(c.feed(pdu).await, None);
+    let (status, pdus) = c.response(itt).await;
+    assert_eq!(status, 0, "READ GOOD");
+    let mut data = vec![0u8; want.len()];
+    let mut segments = Vec::new();
+    for p in pdus {
+        if let Bhs::DataIn(d) = p.bhs {
+            let at = d.buffer_offset as usize;
+            data[at..at + p.data.len()].copy_from_slice(&p.data);
+            segments.push(p.data.len());
+        }
+    }
+    assert_eq!(data, want, "the READ brought the data written");
+    segments
+}
+
+#[tokio::test]
+async fn a_max_recv_data_segment_length_declared_in_a_text_exchange_cuts_the_data_in() {
+    let mut c = Conn::open(&[("MaxRecvDataSegmentLength", "65536")]).await;
+    let data = pattern(128 * BLOCK as usize, 9);
+    // 64 KiB: all of it fits the first burst, as immediate data.
+    let (itt, pdu) = c.rw(true, 0, 128, data.clone());
+    assert_eq!(c.feed(pdu).await, None);
+    assert_eq!(c.response(itt).await.0, 0, "WRITE GOOD");
+    let at_login = data_in_segments(&mut c, 128, &data).await;
+    assert!(at_login.iter().all(|&n| n <= 65536), "{at_login:?}");
+    assert!(at_login.iter().any(|&n| n > 4096), "{at_login:?}");
+
+    // RFC 7143 §13.12: the initiator may declare a new
+    // MaxRecvDataSegmentLength in full feature phase, by a Text Request.
+    let itt = c.itt();
+    let text = Pdu::with_data(
+        Bhs::TextRequest(TextRequest {
+            immediate: false,
+            final_bit: true,
+            continue_bit: false,
+            lun: Lun::from_index(0),
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: c.take_cmd_sn(),
+            exp_stat_sn: 0,
+        }),
+        encode_text(&[("MaxRecvDataSegmentLength", "4096")]).unwrap(),
+    );
+    assert_eq!(c.feed(text).await, None);
+    let answered = c.sent();
+    assert!(
+        answered
+            .iter()
+            .any(|p| matches!(p.bhs, Bhs::TextResponse(r) if r.itt == itt && r.final_bit)),
+        "{answered:?}"
+    );
+    let after = data_in_segments(&mut c, 128, &data).await;
+    assert!(after.iter().all(|&n| n <= 4096), "Data-In past the new limit: {after:?}");
+}
+
 // ---- login and the hand-off ------------------------------------------------
 
 #[tokio::test]
@@ -598,7 +659,7 @@ async fn write_with_immediate_data_then_read_back() {
         })
         .expect("the WRITE runs at once");
     assert_eq!(run.data_out.as_ptr(), data_at, "immediate data copied");
-    carry_out(&c.launcher, actions).await;
+    carry_out(&mut c.launcher, actions).await;
     let (status, pdus) = c.response(itt).await;
     assert_eq!(status, 0);
     assert!(r2ts(&pdus).is_empty(), "all the data came immediate");
@@ -622,7 +683,7 @@ async fn out_of_order_cmd_sn_waits_and_outside_the_window_is_dropped() {
         })
         .collect();
     assert_eq!(ran, vec![first, second], "delivered in CmdSN order");
-    carry_out(&c.launcher, actions).await;
+    carry_out(&mut c.launcher, actions).await;
     c.response(first).await;
     // Far outside the window: dropped without an answer.
     let (_, mut stray) = c.rw(false, 0, 1, Vec::new());
@@ -935,7 +996,7 @@ async fn target_cold_reset_answers_then_ends_the_connection() {
         matches!(actions.last(), Some(Action::End(EndReason::ColdReset))),
         "{actions:?}"
     );
-    assert_eq!(carry_out(&c.launcher, actions).await, Some(Stop::Close));
+    assert_eq!(carry_out(&mut c.launcher, actions).await, Some(Stop::Close));
     assert_eq!(tmf_response(&c.sent(), tmf), TmfResponse::FunctionComplete);
     c.lu().set_stalled(false);
     assert!(!mentions(
@@ -1014,7 +1075,7 @@ async fn unanswered_nop_in_times_out_and_an_answered_one_does_not() {
 async fn shutdown_asks_for_logout_and_closes_after_the_grace() {
     let mut c = Conn::open(&[]).await;
     let actions = c.machine.on_shutdown(c.now);
-    carry_out(&c.launcher, actions).await;
+    carry_out(&mut c.launcher, actions).await;
     let msg = match c.sent()[..] {
         [Pdu {
             bhs: Bhs::AsyncMessage(m),
@@ -1560,7 +1621,7 @@ mod stateful {
                     let (itt, pdu) = c.tmf(f, u16::from(lun), referenced);
                     tmfs.push(itt);
                     let actions = c.actions(pdu);
-                    let ended = carry_out(&c.launcher, actions).await;
+                    let ended = carry_out(&mut c.launcher, actions).await;
                     let sent = c.sent();
                     if f == TmfFunction::AbortTask
                         && sent.iter().any(|p| matches!(p.bhs, Bhs::TaskMgmtResponse(r) if r.itt == itt && r.response == TmfResponse::FunctionComplete))
@@ -1607,7 +1668,7 @@ mod stateful {
                     true,
                 ),
             };
-            let ended = carry_out(&c.launcher, actions).await;
+            let ended = carry_out(&mut c.launcher, actions).await;
             let sent = c.sent();
             for p in &sent {
                 if let Bhs::NopIn(n) = p.bhs {
