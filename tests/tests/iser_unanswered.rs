@@ -44,6 +44,8 @@ struct RawIser {
     recv_cq: SoftCq,
     send_mr: SoftMr,
     recv_mr: SoftMr,
+    /// Where the target RDMA-Writes READ data (one block).
+    read_mr: SoftMr,
 }
 
 impl RawIser {
@@ -64,6 +66,9 @@ impl RawIser {
         let local = AccessFlags::LOCAL_WRITE;
         let send_mr = pd.register(AlignedBuf::new(MSG), local).unwrap();
         let recv_mr = pd.register(AlignedBuf::new(RECVS * MSG), local).unwrap();
+        let read_mr = pd
+            .register(AlignedBuf::new(512), local | AccessFlags::REMOTE_WRITE)
+            .unwrap();
         // RFC 7145 §9.2: no zero-based virtual addresses, no Send with Invalidate.
         let qp = p.connect(portal, init, &[0xc0, 0, 0, 0]).await.unwrap();
         let raw = RawIser {
@@ -72,6 +77,7 @@ impl RawIser {
             recv_cq,
             send_mr,
             recv_mr,
+            read_mr,
         };
         for i in 0..RECVS {
             raw.post_recv(i);
@@ -107,6 +113,67 @@ impl RawIser {
         assert_eq!(c.status, WcStatus::Success, "a Send to the target");
     }
 
+    /// Logs in straight to full feature phase as initiator `iqn...:{name}`: the
+    /// CmdSN and ExpStatSN to go on with.
+    async fn log_in(&self, name: &str) -> (u32, u32) {
+        let name = format!("iqn.2026-11.io.blockwire:{name}");
+        // Straight to the operational stage (no security negotiation is required); the
+        // target's own offers are accepted as it makes them.
+        let mut keys: Vec<(String, String)> = [
+            ("InitiatorName", name.as_str()),
+            ("TargetName", TARGET),
+            ("SessionType", "Normal"),
+            ("RDMAExtensions", "Yes"),
+            ("HeaderDigest", "None"),
+            ("DataDigest", "None"),
+            ("InitiatorRecvDataSegmentLength", "8192"),
+            ("ImmediateData", "No"),
+            ("InitialR2T", "Yes"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec();
+        let mut sent: Vec<String> = Vec::new();
+        let response = loop {
+            assert!(sent.len() < 64, "the login does not end");
+            sent.extend(keys.iter().map(|(k, _)| k.clone()));
+            let login = Pdu::with_data(
+                Bhs::LoginRequest(LoginRequest {
+                    transit: true,
+                    continue_bit: false,
+                    csg: Stage::Operational,
+                    nsg: Stage::FullFeature,
+                    version_max: 0,
+                    version_min: 0,
+                    isid: [0x80, 0, 0x2a, 0, 0, 1],
+                    tsih: 0,
+                    itt: 1,
+                    cid: 0,
+                    cmd_sn: 1,
+                    exp_stat_sn: 0,
+                }),
+                encode_text(&keys).unwrap(),
+            );
+            self.send(None, &login).await;
+            let answer = self.receive().await;
+            let Bhs::LoginResponse(r) = answer.bhs else {
+                panic!("login answered {:?}", answer.bhs)
+            };
+            let text = String::from_utf8_lossy(&answer.data).replace('\0', " ");
+            assert_eq!(r.status, LoginStatus::SUCCESS, "login: {text}");
+            if r.transit {
+                assert_eq!(r.nsg, Stage::FullFeature, "login: {text}");
+                break r;
+            }
+            let declared = ["TargetPortalGroupTag", "MaxRecvDataSegmentLength"];
+            keys = parse_text(&answer.data)
+                .expect("the target's login keys")
+                .into_iter()
+                .filter(|(k, _)| !sent.contains(k) && !declared.contains(&k.as_str()))
+                .collect();
+        };
+        (response.exp_cmd_sn, response.stat_sn.wrapping_add(1))
+    }
+
     /// The target's next message, as a PDU.
     async fn receive(&self) -> Pdu {
         let c = tokio::time::timeout(Duration::from_secs(10), self.recv_cq.next())
@@ -135,61 +202,7 @@ async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
     let portal = t.start_iser().await;
     let raw = RawIser::connect(portal).await;
 
-    // Straight to the operational stage (no security negotiation is required); the
-    // target's own offers are accepted as it makes them.
-    let mut keys: Vec<(String, String)> = [
-        ("InitiatorName", "iqn.2026-11.io.blockwire:unanswered"),
-        ("TargetName", TARGET),
-        ("SessionType", "Normal"),
-        ("RDMAExtensions", "Yes"),
-        ("HeaderDigest", "None"),
-        ("DataDigest", "None"),
-        ("InitiatorRecvDataSegmentLength", "8192"),
-        ("ImmediateData", "No"),
-        ("InitialR2T", "Yes"),
-    ]
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .to_vec();
-    let mut sent: Vec<String> = Vec::new();
-    let response = loop {
-        assert!(sent.len() < 64, "the login does not end");
-        sent.extend(keys.iter().map(|(k, _)| k.clone()));
-        let login = Pdu::with_data(
-            Bhs::LoginRequest(LoginRequest {
-                transit: true,
-                continue_bit: false,
-                csg: Stage::Operational,
-                nsg: Stage::FullFeature,
-                version_max: 0,
-                version_min: 0,
-                isid: [0x80, 0, 0x2a, 0, 0, 1],
-                tsih: 0,
-                itt: 1,
-                cid: 0,
-                cmd_sn: 1,
-                exp_stat_sn: 0,
-            }),
-            encode_text(&keys).unwrap(),
-        );
-        raw.send(None, &login).await;
-        let answer = raw.receive().await;
-        let Bhs::LoginResponse(r) = answer.bhs else {
-            panic!("login answered {:?}", answer.bhs)
-        };
-        let text = String::from_utf8_lossy(&answer.data).replace('\0', " ");
-        assert_eq!(r.status, LoginStatus::SUCCESS, "login: {text}");
-        if r.transit {
-            assert_eq!(r.nsg, Stage::FullFeature, "login: {text}");
-            break r;
-        }
-        let declared = ["TargetPortalGroupTag", "MaxRecvDataSegmentLength"];
-        keys = parse_text(&answer.data)
-            .expect("the target's login keys")
-            .into_iter()
-            .filter(|(k, _)| !sent.contains(k) && !declared.contains(&k.as_str()))
-            .collect();
-    };
-    let (cmd_sn, stat_sn) = (response.exp_cmd_sn, response.stat_sn.wrapping_add(1));
+    let (cmd_sn, stat_sn) = raw.log_in("unanswered").await;
 
     // READ(10) of one block, each with its own ITT and read buffer, each far outside
     // the window [ExpCmdSN, MaxCmdSN].
@@ -249,4 +262,140 @@ async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
         high > u64::from(QUEUE_DEPTH),
         "the table held commands: {high}"
     );
+}
+
+/// An initiator whose host stalls with the connection still up: its queue pair's
+/// work (here the soft provider's tasks, on a runtime of their own) stops, so the
+/// RDMA Write of a READ's data is never acknowledged. The target gives the work
+/// request up after the NOP timeout and tears the connection down (flushing it before
+/// its staging buffer is reused); once the host wakes, it finds the connection gone
+/// and no status for the READ. Without that bound the target waited 30 s, and a
+/// host that woke before then got the READ answered as if nothing had happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection() {
+    use std::sync::atomic::AtomicBool;
+    let nop_timeout = Duration::from_secs(2);
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let settings = FabricSettings {
+        nop_timeout,
+        ..FabricSettings::default()
+    };
+    let t = bind_target(TARGET, lu, settings).await.serve(false).await;
+    let portal = t.start_iser().await;
+
+    // The initiator's queue pair runs on a current-thread runtime driven by a
+    // thread of its own: a task of that runtime that blocks stalls all of it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let driver = std::thread::spawn({
+        let done = done.clone();
+        move || {
+            runtime.block_on(async {
+                while !done.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        }
+    });
+    let raw = Arc::new(
+        handle
+            .spawn(RawIser::connect(portal))
+            .await
+            .expect("the initiator's queue pair connects"),
+    );
+    let (cmd_sn, stat_sn) = raw.log_in("stalls").await;
+    // A TEST UNIT READY takes the unit's power-on attention.
+    let tur = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::default(),
+        itt: 0x76,
+        expected_data_transfer_length: 0,
+        cmd_sn,
+        exp_stat_sn: stat_sn,
+        cdb: [0; 16],
+    }));
+    raw.send(None, &tur).await;
+    match raw.receive().await.bhs {
+        Bhs::ScsiResponse(r) => assert_eq!(r.itt, 0x76),
+        other => panic!("TEST UNIT READY answered by {other:?}"),
+    }
+    let (cmd_sn, stat_sn) = (cmd_sn.wrapping_add(1), stat_sn.wrapping_add(1));
+
+    let read = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: true,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::default(),
+        itt: 0x77,
+        expected_data_transfer_length: 512,
+        cmd_sn,
+        exp_stat_sn: stat_sn,
+        cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+    }));
+    let buffer = RemoteBuffer {
+        stag: raw.read_mr.rkey(),
+        base_offset: raw.read_mr.addr(),
+    };
+    // The host stalls as the command leaves, for twice the NOP timeout and a
+    // second more: on its runtime, the Send is posted, the queue pair's writer
+    // task runs once (the command goes out), and then nothing runs.
+    let stall = 2 * nop_timeout + Duration::from_secs(1);
+    let post = SendWr {
+        wr_id: 0,
+        op: SendOp::Send,
+        sgl: {
+            let mut msg = IserHeader::Control {
+                write: None,
+                read: Some(buffer),
+            }
+            .encode()
+            .to_vec();
+            read.encode_into(&mut msg, Digests::NONE);
+            raw.send_mr.write_at(0, &msg).unwrap();
+            vec![raw.send_mr.sge(0, msg.len()).unwrap()]
+        },
+        signaled: false,
+    };
+    handle.spawn({
+        let raw = raw.clone();
+        async move {
+            raw.qp.post_send(post).unwrap();
+            tokio::task::yield_now().await;
+            std::thread::sleep(stall);
+        }
+    });
+    tokio::time::sleep(stall + Duration::from_millis(100)).await;
+
+    // Awake: the target has closed the connection, and the READ got no status.
+    let mut answers = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !raw.qp.is_error() && tokio::time::Instant::now() < deadline {
+        if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(50), raw.recv_cq.next()).await
+        {
+            if c.status == WcStatus::Success {
+                let mut msg = vec![0u8; c.byte_len as usize];
+                raw.recv_mr
+                    .read_at(c.wr_id as usize * MSG, &mut msg)
+                    .unwrap();
+                answers.push(Pdu::decode(&msg[ISER_HEADER_LEN..], Digests::NONE).map(|p| p.0.bhs));
+            }
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    assert!(
+        raw.qp.is_error(),
+        "the connection still stands {stall:?} into the stall; the target sent {answers:?}"
+    );
+    drop(raw);
+    driver.join().unwrap();
 }

@@ -430,29 +430,16 @@ async fn offloaded_writes_count_against_the_write_budget() {
     assert!(got == small);
 }
 
-/// READ data on the core road wait, whole in memory, until their RDMA Writes complete,
-/// and so count against the connection's READ budget just as Data-In waiting for the
-/// socket does. The initiator here binds its RDMA connection by hand and then never
-/// reads it (a stalled or hostile peer): its RDMA Writes never complete. Without the
-/// budget, 120 READs of 4 MiB held their data (and the soft provider's frames of it)
-/// at once; with a 16 MiB budget the READs beyond it wait before the core reads. Once
-/// the peer is gone, the READs still queued fail after one wait for a new bind.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn offloaded_reads_a_peer_does_not_take_stay_within_the_read_budget() {
+/// A session granted RDMA offload whose RDMA connection is bound by hand on the soft
+/// provider's wire and then never read (a stalled or hostile peer): the session, the
+/// vendor-key generation its offloaded commands name, and the connection's socket.
+async fn stalled_rdma_peer(
+    t: &TestTarget,
+    name: &str,
+) -> (Arc<Session>, u64, tokio::net::TcpStream) {
     use blockwire_transport::assist::{Grant, OFFLOAD_KEY};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    fn resident() -> usize {
-        let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
-        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-        pages * 4096
-    }
-    const MIB: usize = 1 << 20;
-    let settings = FabricSettings {
-        read_budget_bytes: 16 << 20,
-        ..FabricSettings::default()
-    };
-    let t = start_with(settings, true).await;
-    let mut config = cfg("stalled-rdma-peer").with_queue_depth(128);
+    let mut config = cfg(name).with_queue_depth(128);
     config
         .vendor_offers
         .push((OFFLOAD_KEY.to_owned(), "soft".to_owned()));
@@ -488,6 +475,85 @@ async fn offloaded_reads_a_peer_does_not_take_stay_within_the_read_budget() {
     assert_eq!(header[0], 2, "the target accepts the bind: {header:?}");
     let private = u32::from_be_bytes(header[4..8].try_into().unwrap()) as usize;
     rdma.read_exact(&mut vec![0; private]).await.unwrap();
+    (s, generation, rdma)
+}
+
+/// A peer that stalls without breaking its RDMA connection: the target gives up on an
+/// RDMA Read that never completes after the NOP timeout. It tears the RDMA connection
+/// down (the peer sees it close), the WRITE fails, and the session serves on.
+/// Without that bound the WRITE waited for good, holding its window slot and staging
+/// buffers, and every later offloaded command of the session queued behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rdma_operation_a_stalled_peer_never_completes_ends_after_the_nop_timeout() {
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncReadExt;
+    let settings = FabricSettings {
+        nop_timeout: Duration::from_secs(2),
+        ..FabricSettings::default()
+    };
+    let t = start_with(settings, true).await;
+    let (s, generation, mut rdma) = stalled_rdma_peer(&t, "stalled-rdma-read").await;
+    let _ = s
+        .execute(0, &[0; 6], blockwire_initiator::DataDir::None)
+        .await;
+    let desc = Descriptor {
+        dir: Direction::Write,
+        chunks: vec![RemoteBuf {
+            addr: 0x1000_0000,
+            len: 64 << 10,
+            rkey: 0x77,
+        }],
+    };
+    let blocks = ((64 << 10) / BS) as u16;
+    let cdb = [0x2a, 0, 0, 0, 0, 0, 0, (blocks >> 8) as u8, blocks as u8, 0];
+    let started = Instant::now();
+    let write = tokio::time::timeout(
+        Duration::from_secs(30),
+        s.execute_offloaded(generation, 0, &cdb, 0, 64 << 10, vec![desc.to_ahs()]),
+    )
+    .await
+    .expect("the WRITE still waits 30 s after its RDMA Read went unanswered");
+    assert!(
+        write.is_err(),
+        "a WRITE whose data never came succeeded: {write:?}"
+    );
+    eprintln!("the WRITE failed after {:?}", started.elapsed());
+    // The target closed the RDMA connection: the socket reads to its end (the
+    // RDMA Read request it sent first, then EOF).
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), rdma.read_to_end(&mut rest))
+        .await
+        .expect("the target keeps the stalled RDMA connection open")
+        .expect("the RDMA connection ends cleanly");
+    // The session itself serves on.
+    let tur = s
+        .execute(0, &[0; 6], blockwire_initiator::DataDir::None)
+        .await
+        .expect("TEST UNIT READY after the failed transfer");
+    assert_eq!(tur.status, ScsiStatus::GOOD);
+}
+
+/// READ data on the core road wait, whole in memory, until their RDMA Writes complete,
+/// and so count against the connection's READ budget just as Data-In waiting for the
+/// socket does. The initiator here binds its RDMA connection by hand and then never
+/// reads it (a stalled or hostile peer): its RDMA Writes never complete. Without the
+/// budget, 120 READs of 4 MiB held their data (and the soft provider's frames of it)
+/// at once; with a 16 MiB budget the READs beyond it wait before the core reads. Once
+/// the peer is gone, the READs still queued fail after one wait for a new bind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offloaded_reads_a_peer_does_not_take_stay_within_the_read_budget() {
+    fn resident() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+    const MIB: usize = 1 << 20;
+    let settings = FabricSettings {
+        read_budget_bytes: 16 << 20,
+        ..FabricSettings::default()
+    };
+    let t = start_with(settings, true).await;
+    let (s, generation, rdma) = stalled_rdma_peer(&t, "stalled-rdma-peer").await;
 
     // The unit's power-on attention out of the way, and data to read (a
     // RAM LUN's unwritten blocks read as zeros, which cost no memory).

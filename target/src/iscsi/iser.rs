@@ -123,7 +123,21 @@ struct Wire {
 }
 
 impl Wire {
-    async fn post(&self, op: SendOp, sgl: Vec<Sge>) -> Result<(), String> {
+    /// Posts one work request on `bufs` (its `sgl` lies in them) and waits
+    /// for its completion.
+    ///
+    /// A request uncompleted after the NOP timeout (a peer that stalls
+    /// without breaking the connection) ends the connection: tearing the
+    /// queue pair down flushes it. Only once it is flushed may `bufs` go
+    /// back to the pool, since until then an RDMA Read may still land in
+    /// them, in whatever they would hold next; if the flush does not come
+    /// either, `bufs` are given up (left out of the pool) rather than reused.
+    async fn post(
+        &self,
+        op: SendOp,
+        sgl: Vec<Sge>,
+        bufs: &mut Vec<PoolBuf<AnyPd>>,
+    ) -> Result<(), String> {
         let c = &self.fabric.iser_counters;
         let bytes: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
         match op {
@@ -149,10 +163,31 @@ impl Wire {
             self.waiters.lock().unwrap().remove(&wr_id);
             return Err(format!("post: {e}"));
         }
-        match tokio::time::timeout(Duration::from_secs(30), rx).await {
+        let mut rx = rx;
+        let limit = self.fabric.settings.nop_timeout;
+        match tokio::time::timeout(limit, &mut rx).await {
             Ok(Ok(WcStatus::Success)) => Ok(()),
             Ok(Ok(s)) => Err(format!("work request completed with {s:?}")),
-            Ok(Err(_)) | Err(_) => Err("no completion".into()),
+            Ok(Err(_)) => Err("the connection closed".into()),
+            Err(_) => {
+                warn!(
+                    peer = %self.qp.peer_addr(),
+                    "an iSER work request uncompleted for {limit:?}: closing the connection"
+                );
+                self.qp.disconnect();
+                if tokio::time::timeout(super::rdma::FLUSH_WAIT, rx)
+                    .await
+                    .is_err()
+                {
+                    warn!(
+                        peer = %self.qp.peer_addr(),
+                        bytes = bufs.iter().map(PoolBuf::len).sum::<usize>(),
+                        "an iSER work request not flushed: its staging buffers leave the pool"
+                    );
+                    std::mem::forget(std::mem::take(bufs));
+                }
+                Err(format!("no completion in {limit:?}"))
+            }
         }
     }
 
@@ -172,15 +207,15 @@ impl Wire {
         .encode()
         .to_vec();
         pdu.encode_into(&mut msg, Digests::NONE);
-        let bufs = self.staging(msg.len()).await?;
+        let mut bufs = self.staging(msg.len()).await?;
         let mut at = 0;
         for b in &bufs {
             b.write_at(0, &msg[at..at + b.len()])
                 .map_err(|e| e.to_string())?;
             at += b.len();
         }
-        self.post(SendOp::Send, bufs.iter().map(PoolBuf::sge).collect())
-            .await
+        let sgl = bufs.iter().map(PoolBuf::sge).collect();
+        self.post(SendOp::Send, sgl, &mut bufs).await
     }
 
     /// RDMA-Writes `data` to `remote` at `offset`, or RDMA-Reads `len` bytes from there.
@@ -204,7 +239,7 @@ impl Wire {
                 "{len} bytes at {offset} fall outside the initiator's {reach}-byte buffer"
             ));
         }
-        let bufs = self.staging(len).await?;
+        let mut bufs = self.staging(len).await?;
         if let Some(data) = write {
             let mut at = 0;
             for b in &bufs {
@@ -214,6 +249,7 @@ impl Wire {
             }
         }
         // One operation per staging buffer (each at most MAX_OP... the pool's largest class).
+        let mut ops = Vec::new();
         let mut at = 0u64;
         for b in &bufs {
             let mut done = 0u64;
@@ -236,10 +272,13 @@ impl Wire {
                         rkey: remote.buf.stag,
                     }
                 };
-                self.post(op, vec![sge]).await?;
+                ops.push((op, sge));
                 done += n;
             }
             at += b.len() as u64;
+        }
+        for (op, sge) in ops {
+            self.post(op, vec![sge], &mut bufs).await?;
         }
         let mut out = Vec::new();
         if write.is_none() {

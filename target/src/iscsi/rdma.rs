@@ -37,6 +37,10 @@ const BIND_WAIT: Duration = Duration::from_secs(10);
 /// connection's failure, and for a bind being accepted, to show on this side
 /// before it is refused.
 const REPLACEMENT_WAIT: Duration = Duration::from_millis(500);
+/// How long, once a connection is torn down for operations that never
+/// completed, its flush completions may take before the staging buffers of
+/// those operations are given up for good (see [`RdmaService::transfer`]).
+pub(super) const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 /// Counters of the RDMA data path.
 #[derive(Debug, Default)]
@@ -60,6 +64,9 @@ pub struct RdmaService {
     endpoint: SocketAddr,
     slots: Mutex<HashMap<[u8; TOKEN_LEN], Arc<Slot>>>,
     counters: RdmaCounters,
+    /// How long a transfer waits for its operations' completions before
+    /// it gives the connection up (milliseconds; the fabric's NOP timeout).
+    completion_timeout_ms: AtomicU64,
 }
 
 impl std::fmt::Debug for RdmaService {
@@ -128,6 +135,7 @@ impl RdmaService {
             endpoint,
             slots: Mutex::new(HashMap::new()),
             counters: RdmaCounters::default(),
+            completion_timeout_ms: AtomicU64::new(30_000),
         });
         let weak = Arc::downgrade(&svc);
         tokio::spawn(async move {
@@ -261,6 +269,13 @@ impl RdmaService {
         slot.binding.send_replace(Some(b));
     }
 
+    /// How long a transfer waits for its RDMA operations to complete before
+    /// it tears the session's RDMA connection down (default 30 s).
+    pub fn set_completion_timeout(&self, limit: Duration) {
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.completion_timeout_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// READ: RDMA-Write `data` into the initiator's chunks (the data may be shorter than
     /// the descriptor: underflow).
     pub async fn write_to(
@@ -298,14 +313,14 @@ impl RdmaService {
             )));
         };
         let b = self.wait(slot).await?;
-        let bufs = self.alloc(data.len()).await?;
+        let mut bufs = self.alloc(data.len()).await?;
         let mut off = 0;
         for pb in &bufs {
             pb.write_at(0, &data[off..off + pb.len()])
                 .map_err(|e| TransferError(e.to_string()))?;
             off += pb.len();
         }
-        let n = self.transfer(&b, &bufs, &chunks, true).await;
+        let n = self.transfer(&b, &mut bufs, &chunks, true).await;
         self.counters.rdma_writes.fetch_add(n.0, Ordering::Relaxed);
         n.1?;
         self.counters
@@ -325,8 +340,8 @@ impl RdmaService {
             return Ok(Vec::new());
         }
         let b = self.wait(slot).await?;
-        let bufs = self.alloc(len).await?;
-        let n = self.transfer(&b, &bufs, &desc.chunks, false).await;
+        let mut bufs = self.alloc(len).await?;
+        let n = self.transfer(&b, &mut bufs, &desc.chunks, false).await;
         self.counters.rdma_reads.fetch_add(n.0, Ordering::Relaxed);
         n.1?;
         let mut out = vec![0u8; len];
@@ -367,10 +382,18 @@ impl RdmaService {
 
     /// Posts one operation per (split) chunk and waits for all. Returns the number of
     /// operations posted and the outcome.
+    ///
+    /// Operations still uncompleted after the completion timeout (a peer
+    /// that stalls without breaking the connection) end the connection:
+    /// tearing it down flushes them. Only once they are flushed may `bufs`
+    /// go back to the pool, since until then an RDMA Read may still land
+    /// in them, in whatever command's data they would hold next; if the
+    /// flushes do not come either, `bufs` are given up (left out of the
+    /// pool) rather than reused.
     async fn transfer(
         &self,
         b: &Binding,
-        bufs: &[PoolBuf<AnyPd>],
+        bufs: &mut Vec<PoolBuf<AnyPd>>,
         remote: &[RemoteBuf],
         write: bool,
     ) -> (u64, Result<(), TransferError>) {
@@ -438,12 +461,25 @@ impl RdmaService {
         }
         let n = pending.len() as u64;
         let mut failure = None;
-        for rx in pending {
-            match rx.await {
-                Ok(WcStatus::Success) => {}
-                Ok(s) => failure = failure.or(Some(format!("{s:?}"))),
-                Err(_) => failure = failure.or(Some("RDMA connection closed".into())),
+        let mut completed = 0;
+        let limit = Duration::from_millis(self.completion_timeout_ms.load(Ordering::Relaxed));
+        let all = await_completions(&mut pending, &mut completed, &mut failure);
+        if tokio::time::timeout(limit, all).await.is_err() {
+            warn!(
+                peer = %b.qp.peer_addr(),
+                "RDMA operations uncompleted for {limit:?}: closing the session's RDMA connection"
+            );
+            b.qp.disconnect();
+            let flushed = await_completions(&mut pending, &mut completed, &mut failure);
+            if tokio::time::timeout(FLUSH_WAIT, flushed).await.is_err() {
+                warn!(
+                    peer = %b.qp.peer_addr(),
+                    bytes = bufs.iter().map(PoolBuf::len).sum::<usize>(),
+                    "RDMA operations not flushed: their staging buffers leave the pool"
+                );
+                std::mem::forget(std::mem::take(bufs));
             }
+            failure = Some(format!("no completion in {limit:?}"));
         }
         match failure {
             None => (n, Ok(())),
@@ -454,6 +490,25 @@ impl RdmaService {
                 debug!(why, "offloaded transfer failed");
                 (n, Err(TransferError(why)))
             }
+        }
+    }
+}
+
+/// Waits for the completions `pending[*completed..]` in order, counting
+/// them in `completed` (so a wait cut short can be taken up again) and
+/// noting the first failure.
+async fn await_completions(
+    pending: &mut [oneshot::Receiver<WcStatus>],
+    completed: &mut usize,
+    failure: &mut Option<String>,
+) {
+    while let Some(rx) = pending.get_mut(*completed) {
+        let status = rx.await;
+        *completed += 1;
+        match status {
+            Ok(WcStatus::Success) => {}
+            Ok(s) => *failure = failure.take().or(Some(format!("{s:?}"))),
+            Err(_) => *failure = failure.take().or(Some("RDMA connection closed".into())),
         }
     }
 }

@@ -458,8 +458,8 @@ impl Harness {
     /// with the ending, say before a Logout delivered with them, are
     /// aborted, not waited for).
     async fn carry(&mut self, actions: Vec<Action>) {
-        let full = self.full.as_ref().expect("full feature phase");
-        match carry_out(&mut full.launcher, actions).await {
+        let launcher = &mut self.full_mut().launcher;
+        match carry_out(launcher, actions).await {
             Some(Stop::Close | Stop::Cut) => self.end().await,
             None => self.settle().await,
         }
@@ -512,8 +512,8 @@ impl Harness {
         }
         self.now = at;
         let actions = self.full_mut().machine.on_timeout(at);
-        let full = self.full.as_ref().expect("full feature phase");
-        match carry_out(&mut full.launcher, actions).await {
+        let launcher = &mut self.full_mut().launcher;
+        match carry_out(launcher, actions).await {
             Some(Stop::Close | Stop::Cut) => {
                 self.end().await;
                 true

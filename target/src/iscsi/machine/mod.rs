@@ -382,10 +382,7 @@ impl ConnMachine {
     /// exchange since (a connection key, RFC 7143 §13.12).
     pub(super) fn data_in_limits(&self) -> DataInLimits {
         DataInLimits {
-            max_recv_data_segment_length: self
-                .text
-                .params()
-                .initiator_max_recv_data_segment_length,
+            max_recv_data_segment_length: self.text.params().initiator_max_recv_data_segment_length,
             max_burst_length: self.session.params.max_burst_length,
         }
     }

@@ -484,7 +484,10 @@ async fn a_max_recv_data_segment_length_declared_in_a_text_exchange_cuts_the_dat
         "{answered:?}"
     );
     let after = data_in_segments(&mut c, 128, &data).await;
-    assert!(after.iter().all(|&n| n <= 4096), "Data-In past the new limit: {after:?}");
+    assert!(
+        after.iter().all(|&n| n <= 4096),
+        "Data-In past the new limit: {after:?}"
+    );
 }
 
 // ---- login and the hand-off ------------------------------------------------
