@@ -359,6 +359,49 @@ async fn known_tsih_and_cid_reinstate_the_connection() {
     assert_eq!(new.test_unit_ready().await, Some(0));
 }
 
+/// A discovery login needs no CHAP and no access list: one that carries the TSIH,
+/// ISID and CID of another initiator's normal session (all guessable) must not join
+/// it, which would end that initiator's connection and give the discovery login its
+/// SCSI access.
+#[tokio::test]
+async fn a_discovery_login_naming_a_normal_sessions_tsih_joins_nothing() {
+    let t = start(FabricSettings::default()).await;
+    let isid = [0x80, 6, 6, 6, 6, 6];
+    let (mut victim, tsih) = Client::login_tsih(t.addr, isid, 0, Digests::NONE).await;
+    let _ = victim.test_unit_ready().await;
+    let mut intruder = RawConn::connect(t.addr).await;
+    let keys = encode_text(&[("InitiatorName", INITIATOR), ("SessionType", "Discovery")]).unwrap();
+    let req = Bhs::LoginRequest(LoginRequest {
+        transit: true,
+        continue_bit: false,
+        csg: Stage::Operational,
+        nsg: Stage::FullFeature,
+        version_max: 0,
+        version_min: 0,
+        isid,
+        tsih,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    });
+    intruder.send(Pdu::with_data(req, keys)).await;
+    let pdu = intruder
+        .recv_within(Duration::from_secs(2))
+        .await
+        .expect("a login response");
+    let Bhs::LoginResponse(r) = pdu.bhs else {
+        panic!("expected a login response, got {:?}", pdu.bhs)
+    };
+    assert_eq!(
+        r.status,
+        blockwire_pdu::LoginStatus::SESSION_DOES_NOT_EXIST,
+        "the discovery login joined the normal session"
+    );
+    // The session's own connection serves on.
+    assert_eq!(victim.test_unit_ready().await, Some(0));
+}
+
 #[tokio::test]
 async fn unknown_tsih_is_refused_with_session_does_not_exist() {
     let t = start(FabricSettings::default()).await;

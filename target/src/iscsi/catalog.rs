@@ -54,7 +54,9 @@ impl AuthPolicy {
         let own: Vec<&ChapSecret> = self
             .per_initiator
             .iter()
-            .filter(|(name, _)| name == initiator_name)
+            // iSCSI names compare without case (RFC 7143 §4.2.7.1), as
+            // the access list and reinstatement compare them.
+            .filter(|(name, _)| name.eq_ignore_ascii_case(initiator_name))
             .map(|(_, c)| c)
             .collect();
         let fallback = own.is_empty();

@@ -240,7 +240,7 @@ fn grant_rdma_offload(
     outcome: &LoginOutcome,
 ) -> Option<RdmaGrant> {
     match (outcome.rdma_token, fabric.rdma.get()) {
-        (Some(token), Some(svc)) if session.params.data_digest != Digest::Crc32c => {
+        (Some(token), Some(svc)) if outcome.params.data_digest != Digest::Crc32c => {
             info!(tsih = session.tsih, "RDMA offload granted");
             Some((token, svc.register(token, session.tsih)))
         }
@@ -276,7 +276,10 @@ async fn full_feature<R: AsyncRead + Unpin>(
     mut cut: tokio::sync::watch::Receiver<bool>,
 ) {
     let first_stat_sn = outcome.stat_sn.wrapping_add(1);
-    let params = &session.params;
+    // Digests and the target's MaxRecvDataSegmentLength are this
+    // connection's own (RFC 7143 §13.1, §13.12): a connection that joins a
+    // session (TSIH given) negotiated them afresh.
+    let params = &outcome.params;
     let digests = digests_of(params);
     reader.framer = FrameDecoder::new(params.target_max_recv_data_segment_length, digests);
     writer.digests = digests;

@@ -292,6 +292,23 @@ pub struct SessionRequest {
     pub params: SessionParams,
 }
 
+impl SessionRequest {
+    /// Whether this login names the I_T nexus of `s`: the same initiator
+    /// (iSCSI names compare without case), ISID, target (or both
+    /// discovery) and portal group.
+    fn names_the_nexus_of(&self, s: &Session) -> bool {
+        let same_target = match (&s.target, &self.target) {
+            (Some(a), Some(b)) => a.name.eq_ignore_ascii_case(&b.name),
+            (None, None) => true,
+            _ => false,
+        };
+        s.isid == self.isid
+            && s.initiator_name.eq_ignore_ascii_case(&self.initiator_name)
+            && same_target
+            && s.tpgt == self.tpgt
+    }
+}
+
 impl SessionTable {
     /// Creates a session, reinstating any with the same initiator, ISID and
     /// target, or joins an existing one (connection reinstatement).
@@ -303,7 +320,13 @@ impl SessionTable {
                 .get(&req.tsih)
                 .cloned()
                 .ok_or(SessionError::DoesNotExist(req.tsih))?;
-            if s.isid != req.isid || !s.initiator_name.eq_ignore_ascii_case(&req.initiator_name) {
+            // A session is its I_T nexus: InitiatorName, ISID, TargetName and
+            // portal group (RFC 7143 §4.4.1). The login that joins it was
+            // authorized (ACL, CHAP) for the target and session type it
+            // named, so it joins only a session of that very nexus: one
+            // naming a discovery session, another target or another portal
+            // group must not take over this one.
+            if !req.names_the_nexus_of(&s) {
                 return Err(SessionError::DoesNotExist(req.tsih));
             }
             let mut cid = s.cid.lock().unwrap_or_else(|e| e.into_inner());
@@ -319,20 +342,13 @@ impl SessionTable {
             s.stop_connection();
             return Ok(s);
         }
-        // Session reinstatement: the same I_T nexus logs in afresh.
-        let same_target = |s: &Session| match (&s.target, &req.target) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        };
+        // Session reinstatement: the same I_T nexus logs in afresh (RFC 7143
+        // §6.3.5). Targets compare by name (a live configuration change
+        // builds new entries for the targets it keeps).
         let old: Vec<u16> = inner
             .by_tsih
             .values()
-            .filter(|s| {
-                s.isid == req.isid
-                    && s.initiator_name.eq_ignore_ascii_case(&req.initiator_name)
-                    && same_target(s)
-            })
+            .filter(|s| req.names_the_nexus_of(s))
             .map(|s| s.tsih)
             .collect();
         for tsih in old {
@@ -638,6 +654,110 @@ mod tests {
             0
         );
         assert_eq!(names(&table).len(), 3);
+    }
+
+    /// A login naming TSIH `tsih` (0: a new session) of `initiator` with ISID
+    /// qualifier 1 and CID 0, to `target` through portal group `tpgt`.
+    fn join(
+        table: &SessionTable,
+        initiator: &str,
+        tsih: u16,
+        target: Option<&Arc<TargetEntry>>,
+        tpgt: u16,
+    ) -> Result<Arc<Session>, SessionError> {
+        table.attach(SessionRequest {
+            initiator_name: initiator.into(),
+            isid: [0x80, 0, 0, 0, 0, 1],
+            tsih,
+            cid: 0,
+            target: target.cloned(),
+            tpgt,
+            portal: "127.0.0.1:3260".parse().unwrap(),
+            params: Default::default(),
+        })
+    }
+
+    #[test]
+    fn a_connection_joins_only_a_session_of_the_nexus_its_login_names() {
+        let table = SessionTable::default();
+        let guarded = target(
+            "iqn.2026-11.test:guarded",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        let open = target(
+            "iqn.2026-11.test:open",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        let host = "iqn.2026-11.test:host-a";
+        let victim = join(&table, host, 0, Some(&guarded), 1).unwrap();
+        let stops = victim.stop_signal();
+        // The login was authorized for what it named, not for the session
+        // whose TSIH it carries: a discovery login, one to another target and
+        // one through another portal group join nothing.
+        for (what, target, tpgt) in [
+            ("a discovery login", None, 1),
+            ("a login to another target", Some(&open), 1),
+            ("a login through another portal group", Some(&guarded), 2),
+        ] {
+            assert!(
+                matches!(
+                    join(&table, host, victim.tsih, target, tpgt),
+                    Err(SessionError::DoesNotExist(_))
+                ),
+                "{what} joined the session"
+            );
+        }
+        assert!(
+            !stops.has_changed().unwrap(),
+            "the victim's connection was stopped"
+        );
+        // Its own nexus, however the names are written, rejoins.
+        let shouted = target(
+            "IQN.2026-11.TEST:GUARDED",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        let again = join(
+            &table,
+            &host.to_ascii_uppercase(),
+            victim.tsih,
+            Some(&shouted),
+            1,
+        );
+        assert!(Arc::ptr_eq(&again.unwrap(), &victim));
+    }
+
+    #[test]
+    fn reinstatement_follows_the_nexus_not_the_catalog_entry() {
+        let table = SessionTable::default();
+        let before = target(
+            "iqn.2026-11.test:one",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        let host = "iqn.2026-11.test:host-a";
+        let first = join(&table, host, 0, Some(&before), 1).unwrap();
+        // Through another portal group the same ISID is another I_T nexus.
+        let other_group = join(&table, host, 0, Some(&before), 2).unwrap();
+        let open = |tsih: u16| table.all().iter().any(|s| s.tsih == tsih);
+        assert!(open(first.tsih), "another portal group's login reinstated");
+        // A live change builds a new entry for the target it keeps: a new
+        // login of the same nexus still reinstates (ends) the old session.
+        let after = target(
+            "iqn.2026-11.test:one",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        let second = join(&table, host, 0, Some(&after), 1).unwrap();
+        assert!(!open(first.tsih), "the old session stays");
+        assert!(open(second.tsih) && open(other_group.tsih));
     }
 
     #[derive(Debug, Clone)]

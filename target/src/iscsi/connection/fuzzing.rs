@@ -421,7 +421,7 @@ impl Harness {
             None,
             self.now,
         );
-        let params = session.params.clone();
+        let params = outcome.params.clone();
         let digests = digests_of(&params);
         self.reader.framer = FrameDecoder::new(params.target_max_recv_data_segment_length, digests);
         self.out_digests = digests;

@@ -1019,6 +1019,25 @@ fn chap_per_initiator_credentials() {
         None,
     );
     assert_eq!(status(login(&o)), LoginStatus::AUTHENTICATION_FAILURE);
+    // The same host however it writes its name (iSCSI names compare
+    // without case): still only bob's credential, never the shared one.
+    let shouted = HOST2.to_ascii_uppercase();
+    let o = with_chap(
+        opts(&shouted, Some(PERINIT)),
+        "alice",
+        "alice-secret-123",
+        vec![],
+        None,
+    );
+    assert_eq!(status(login(&o)), LoginStatus::AUTHENTICATION_FAILURE);
+    let o = with_chap(
+        opts(&shouted, Some(PERINIT)),
+        "bob",
+        "bob-secret-4567",
+        vec![],
+        None,
+    );
+    assert!(login(&o).is_ok());
     // Others use the target-wide credential, not bob's.
     let o = with_chap(
         opts(HOST1, Some(PERINIT)),
