@@ -12,10 +12,12 @@ use blockwire_pdu::scsi::{
     Asc, BlockDescriptor, CachingPage, Cdb, ControlPage, FieldPointer, InformationalExceptionsPage,
     ModeHeader, ModePage, ModeParameters, PageControl, Sense,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use super::logical_unit::{LogicalUnit, LuConfig};
-use super::outcome::{invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure};
+use super::outcome::{
+    backstore_failure, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure,
+};
 use super::ScsiRequest;
 
 /// The mode parameters that can change at run time.
@@ -216,14 +218,13 @@ impl LogicalUnit {
         let hlen: usize = if ten { 8 } else { 4 };
         let bd_unit: usize = if params.long_lba { 16 } else { 8 };
         for d in &params.block_descriptors {
-            // The block length cannot change; the count may only restate
-            // the capacity (or be 0, meaning "unchanged").
+            // The block length cannot change. The count is ignored: SBC-4
+            // §6.5.2 has a unit whose capacity MODE SELECT cannot change
+            // ignore it, and a descriptor sent back as MODE SENSE gave it
+            // holds FFFFFFFFh for a capacity past 2^32 blocks.
             if d.block_length != self.cfg.block_size {
                 let at = if params.long_lba { hlen + 12 } else { hlen + 5 };
                 return Err(invalid_param(at as u16, None));
-            }
-            if d.number_of_blocks != 0 && d.number_of_blocks != self.blocks() {
-                return Err(invalid_param(hlen as u16, None));
             }
         }
         let mut next = self.lock().mode;
@@ -292,18 +293,33 @@ impl LogicalUnit {
             }
             off += enc.len();
         }
-        let mut st = self.lock();
-        if st.mode != next {
-            info!(
-                initiator = %req.nexus.initiator_port,
-                wce = next.wce,
-                d_sense = next.d_sense,
-                swp = next.swp,
-                "mode parameters changed"
-            );
-            st.mode = next;
-            st.ua
-                .push_others(Some(req.nexus), Asc::MODE_PARAMETERS_CHANGED);
+        let cache_turned_off = {
+            let mut st = self.lock();
+            let was_on = st.mode.wce;
+            if st.mode != next {
+                info!(
+                    initiator = %req.nexus.initiator_port,
+                    wce = next.wce,
+                    d_sense = next.d_sense,
+                    swp = next.swp,
+                    "mode parameters changed"
+                );
+                st.mode = next;
+                st.ua
+                    .push_others(Some(req.nexus), Asc::MODE_PARAMETERS_CHANGED);
+            }
+            was_on && !next.wce
+        };
+        if cache_turned_off {
+            // With WCE=0 every write acknowledged is on the medium, and an
+            // initiator that sees write-through sends no SYNCHRONIZE CACHE
+            // for what it wrote while the cache was on: that goes to the
+            // medium before the change is acknowledged, as a disk empties
+            // its cache when it is turned off.
+            self.flush().map_err(|e| {
+                warn!(error = %e, "flush on turning the write cache off failed");
+                backstore_failure(&e, true, 0)
+            })?;
         }
         Ok(Done::out(len as u64))
     }

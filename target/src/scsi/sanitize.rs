@@ -350,6 +350,10 @@ impl LogicalUnit {
         match (opcode, service_action) {
             (SANITIZE, Some(sa)) if sa == u16::from(SA_BLOCK_ERASE) => self.offers_block_erase(),
             (blockwire_pdu::scsi::opcode::WRITE_ATOMIC_16, None) => self.atomic_max_blocks() > 0,
+            // A unit without thin provisioning answers UNMAP INVALID
+            // COMMAND OPERATION CODE: it does not list it either (SPC-4
+            // REPORT SUPPORTED OPERATION CODES).
+            (blockwire_pdu::scsi::opcode::UNMAP, None) => self.cfg.thin_provisioning,
             _ => true,
         }
     }

@@ -561,6 +561,145 @@ fn mode_sense_pages_and_select() {
     assert_eq!(s.field_pointer().unwrap().byte, 6);
 }
 
+/// A RAM store that counts its flushes.
+#[derive(Debug)]
+struct CountsFlushes {
+    ram: RamBackstore,
+    flushes: std::sync::atomic::AtomicUsize,
+}
+
+impl crate::backstore::Backstore for CountsFlushes {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.ram.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.ram.write_at(offset, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.flushes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "counts flushes".into()
+    }
+}
+
+#[test]
+fn turning_the_write_cache_off_flushes_what_it_held() {
+    let store = Arc::new(CountsFlushes {
+        ram: RamBackstore::new(1 << 20),
+        flushes: Default::default(),
+    });
+    let flushes = || store.flushes.load(std::sync::atomic::Ordering::SeqCst);
+    let t = table_with(|cfg| {
+        cfg.backstore = store.clone();
+        cfg.write_cache = true;
+    });
+    let a = nexus("iqn.2024-01.test:a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 8, &[0x5a; 512]).status, GOOD);
+    // The caching page with its block descriptor, as read: WCE set.
+    let sensed = run(
+        &t,
+        &a,
+        &c(Cdb::ModeSense6 {
+            dbd: false,
+            page_control: PageControl::Current,
+            page_code: 0x08,
+            subpage_code: 0,
+            allocation_length: 255,
+        }),
+        &[],
+        255,
+    );
+    let mut m = ModeParameters::decode6(&sensed.data_in).unwrap();
+    let select = |m: &mut ModeParameters, wce: bool| {
+        let ModePage::Caching(cp) = &mut m.pages[0] else {
+            panic!("not the caching page: {:?}", m.pages)
+        };
+        cp.wce = wce;
+        m.header = Default::default();
+        let list = m.encode6();
+        let cdb = c(Cdb::ModeSelect6 {
+            pf: true,
+            sp: false,
+            parameter_list_length: list.len() as u8,
+        });
+        let r = run(&t, &a, &cdb, &list, 0);
+        assert_eq!(
+            r.status,
+            GOOD,
+            "{:?}",
+            r.sense.as_ref().map(|s| Sense::decode(s))
+        );
+    };
+    let before = flushes();
+    select(&mut m, false);
+    assert_eq!(flushes(), before + 1, "WCE 1 -> 0 left the cache unflushed");
+    // Restating write-through, or turning the cache on, flushes nothing.
+    select(&mut m, false);
+    select(&mut m, true);
+    assert_eq!(flushes(), before + 1);
+    // The descriptor's block count is ignored (SBC-4 §6.5.2): one that is not
+    // the capacity, as a short descriptor of a unit past 2^32 blocks says
+    // FFFFFFFFh, changes nothing and fails nothing.
+    m.block_descriptors[0].number_of_blocks = 0xffff_ffff;
+    select(&mut m, true);
+    let r = run(
+        &t,
+        &a,
+        &c(Cdb::ReadCapacity10 { lba: 0, pmi: false }),
+        &[],
+        8,
+    );
+    assert_eq!(
+        ReadCapacity10::decode(&r.data_in).unwrap().returned_lba,
+        2047
+    );
+}
+
+#[test]
+fn unmap_is_listed_only_where_it_is_served() {
+    for thin in [false, true] {
+        let t = table_with(|cfg| cfg.thin_provisioning = thin);
+        let a = nexus("iqn.2024-01.test:a");
+        ready(&t, &a);
+        let rsoc = |options: u8| {
+            let cdb = c(Cdb::ReportSupportedOperationCodes {
+                rctd: false,
+                reporting_options: options,
+                requested_opcode: 0x42,
+                requested_service_action: 0,
+                allocation_length: 65536,
+            });
+            let r = run(&t, &a, &cdb, &[], 65536);
+            assert_eq!(r.status, GOOD);
+            r.data_in
+        };
+        let all = rsoc(0);
+        let listed = all[4..].chunks(8).any(|d| d[0] == 0x42);
+        let support = rsoc(1)[1] & 0x07;
+        let unmap = run(
+            &t,
+            &a,
+            &c(Cdb::Unmap {
+                anchor: false,
+                group: 0,
+                parameter_list_length: 0,
+            }),
+            &[],
+            0,
+        );
+        assert_eq!(unmap.status == GOOD, thin, "UNMAP served (thin {thin})");
+        assert_eq!(listed, thin, "UNMAP listed (thin {thin})");
+        assert_eq!(support, if thin { 3 } else { 1 }, "SUPPORT (thin {thin})");
+    }
+}
+
 #[test]
 fn report_luns_and_sync_cache() {
     let mk = || {
