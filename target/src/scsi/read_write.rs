@@ -135,14 +135,27 @@ impl LogicalUnit {
     /// Zeros over `len` bytes at `lba` (the backstore may do it without
     /// moving the bytes).
     pub(crate) fn zero_blocks(&self, lba: u64, len: u64) -> Result<(), Failure> {
+        self.write_zeroes(lba, len)?;
+        self.generate_zero_pi(lba, len / u64::from(self.cfg.block_size))
+    }
+
+    /// Zeros `len` bytes of blocks from `lba` as WRITE SAME with NDOB does:
+    /// SBC-4 has the protection information of each, if any, all FFh (guard
+    /// FFFFh, application tag FFFFh, reference tag FFFF_FFFFh), which no
+    /// read checks.
+    fn zero_blocks_without_data_out(&self, lba: u64, len: u64) -> Result<(), Failure> {
+        self.write_zeroes(lba, len)?;
+        self.discard_pi(lba, len / u64::from(self.cfg.block_size))
+    }
+
+    fn write_zeroes(&self, lba: u64, len: u64) -> Result<(), Failure> {
         self.cfg
             .backstore
             .write_zeroes(self.offset(lba), len)
             .map_err(|e| {
                 warn!(lba, len, error = %e, "backstore write zeroes failed");
                 backstore_failure(&e, true, lba)
-            })?;
-        self.generate_zero_pi(lba, len / u64::from(self.cfg.block_size))
+            })
     }
 
     /// Deallocates `blocks` blocks from `lba` (UNMAP, WRITE SAME with
@@ -471,7 +484,9 @@ impl LogicalUnit {
             while at < end {
                 let n = (end - at).min((run.len() / bs) as u64) as usize;
                 let piece = run.get(..n * bs).unwrap_or_default();
-                if all_zero {
+                if ndob {
+                    self.zero_blocks_without_data_out(at, piece.len() as u64)?;
+                } else if all_zero {
                     self.zero_blocks(at, piece.len() as u64)?;
                 } else {
                     self.write_blocks(at, piece)?;

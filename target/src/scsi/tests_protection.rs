@@ -420,6 +420,22 @@ fn unmap_and_write_same_keep_tuples_with_their_blocks() {
         }
     }
     assert_eq!(super::tests::read(&t, &a, 100, 3).status, GOOD);
+    // Without a Data-Out (NDOB) the blocks are zeros whose protection
+    // information is all FFh (SBC-4 WRITE SAME(16)), over what was there.
+    assert_eq!(write(&t, &a, 300, &vec![0x44; 4 * 512]).status, GOOD);
+    let cdb = c(Cdb::WriteSame {
+        size: CdbSize::Sixteen,
+        lba: 300,
+        blocks: 4,
+        wrprotect: 0,
+        anchor: false,
+        unmap: false,
+        ndob: true,
+        group: 0,
+    });
+    assert_eq!(run(&t, &a, &cdb, &[], 0).status, GOOD);
+    assert_eq!(tuples(&t, &a, 300, 4), [PiTuple::UNWRITTEN; 4]);
+    assert_eq!(super::tests::read(&t, &a, 300, 4).data_in, vec![0; 4 * 512]);
     // WRITE SAME's WRPROTECT is not taken (documented): refused, not ignored.
     expect_check(
         &same(300, 1, &block(7), 1),
