@@ -132,6 +132,16 @@ impl LogicalUnit {
         v
     }
 
+    /// The bytes a block takes on the wire at most: with its tuple on a
+    /// protected unit.
+    fn wire_block_bytes(&self) -> u32 {
+        if self.protected() {
+            self.protected_block_bytes() as u32
+        } else {
+            self.cfg.block_size
+        }
+    }
+
     /// VPD B0h.
     pub(crate) fn block_limits(&self) -> BlockLimits {
         let bs = self.cfg.block_size;
@@ -143,7 +153,10 @@ impl LogicalUnit {
             wsnz: false,
             max_compare_and_write_length: 255,
             optimal_transfer_length_granularity: per_4k as u16,
-            max_transfer_length: MAX_TRANSFER_BYTES / bs,
+            // A protected unit's Data-In and Data-Out carry each block's
+            // tuple too: a command of this many blocks must fit the
+            // target's buffers with them.
+            max_transfer_length: MAX_TRANSFER_BYTES / self.wire_block_bytes(),
             optimal_transfer_length: (1 << 20) / bs,
             max_prefetch_length: MAX_TRANSFER_BYTES / bs,
             max_unmap_lba_count: if thin {

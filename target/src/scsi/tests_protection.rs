@@ -134,6 +134,14 @@ fn a_protected_unit_says_so_where_initiators_look() {
     // No atomic writes: data and tuples are two writes.
     let unit = t.get(0).unwrap();
     assert_eq!(unit.block_limits().max_atomic_transfer_length, 0);
+    // The longest transfer it advertises fits the target's buffers (and the
+    // fabric's largest command, of as many bytes) with the tuples.
+    let most = u64::from(unit.block_limits().max_transfer_length);
+    assert!(most * 520 <= u64::from(crate::scsi::logical_unit::MAX_TRANSFER_BYTES));
+    assert_eq!(
+        crate::iscsi::FabricSettings::default().max_io_bytes,
+        crate::scsi::logical_unit::MAX_TRANSFER_BYTES
+    );
 
     // An unprotected unit refuses every protection field and says none.
     let plain = super::tests::table();
