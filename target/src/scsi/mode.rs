@@ -228,6 +228,7 @@ impl LogicalUnit {
             }
         }
         let mut next = self.lock().mode;
+        let mut sent = SentPages::default();
         let def = ModeState::defaults(&self.cfg);
         let mut off = hlen + params.block_descriptors.len() * bd_unit;
         for p in &params.pages {
@@ -265,6 +266,7 @@ impl LogicalUnit {
                         return Err(first_diff(&enc, &page_bytes(&ModePage::Caching(want)), off));
                     }
                     next.wce = c.wce;
+                    sent.caching = true;
                 }
                 ModePage::Control(c) => {
                     let fixed = match pages(PageControl::Current, next, def) {
@@ -281,6 +283,7 @@ impl LogicalUnit {
                     }
                     next.d_sense = c.d_sense;
                     next.swp = c.swp;
+                    sent.control = true;
                 }
                 ModePage::InformationalExceptions(ie) => {
                     if *ie != InformationalExceptionsPage::default() {
@@ -296,6 +299,17 @@ impl LogicalUnit {
         let cache_turned_off = {
             let mut st = self.lock();
             let was_on = st.mode.wce;
+            // Only the fields of the pages sent change: a MODE SELECT of
+            // another page that ran since the snapshot keeps its change.
+            let next = ModeState {
+                wce: if sent.caching { next.wce } else { st.mode.wce },
+                d_sense: if sent.control {
+                    next.d_sense
+                } else {
+                    st.mode.d_sense
+                },
+                swp: if sent.control { next.swp } else { st.mode.swp },
+            };
             if st.mode != next {
                 info!(
                     initiator = %req.nexus.initiator_port,
@@ -323,6 +337,13 @@ impl LogicalUnit {
         }
         Ok(Done::out(len as u64))
     }
+}
+
+/// The changeable pages a MODE SELECT parameter list holds.
+#[derive(Default)]
+struct SentPages {
+    caching: bool,
+    control: bool,
 }
 
 fn page_bytes(p: &ModePage) -> Vec<u8> {

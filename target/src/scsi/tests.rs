@@ -662,6 +662,87 @@ fn turning_the_write_cache_off_flushes_what_it_held() {
     );
 }
 
+/// Two initiators change different mode pages at once, round after round:
+/// each change holds, whatever the other did between its snapshot and its
+/// write.
+#[test]
+fn mode_selects_of_different_pages_at_once_both_hold() {
+    let t = Arc::new(table_with(|cfg| cfg.write_cache = true));
+    let sensed = |n: &ItNexus, page: u8| {
+        let cdb = c(Cdb::ModeSense6 {
+            dbd: true,
+            page_control: PageControl::Current,
+            page_code: page,
+            subpage_code: 0,
+            allocation_length: 255,
+        });
+        // A unit attention of the other's change comes first.
+        let r = (0..3)
+            .map(|_| run(&t, n, &cdb, &[], 255))
+            .find(|r| r.status == GOOD)
+            .expect("MODE SENSE answered");
+        let mut m = ModeParameters::decode6(&r.data_in).unwrap();
+        m.header = Default::default();
+        m
+    };
+    let (a, b) = (nexus("iqn.2024-01.test:a"), nexus("iqn.2024-01.test:b"));
+    ready(&t, &a);
+    ready(&t, &b);
+    let (caching, control) = (sensed(&a, 0x08), sensed(&b, 0x0a));
+    let select = |n: &ItNexus, mut m: ModeParameters, on: bool| {
+        match &mut m.pages[0] {
+            ModePage::Caching(p) => p.wce = on,
+            ModePage::Control(p) => p.d_sense = on,
+            other => panic!("{other:?}"),
+        }
+        let list = m.encode6();
+        let cdb = c(Cdb::ModeSelect6 {
+            pf: true,
+            sp: false,
+            parameter_list_length: list.len() as u8,
+        });
+        // The other's change is a unit attention to this one: taken, then done.
+        for _ in 0..3 {
+            if run(&t, n, &cdb, &list, 0).status == GOOD {
+                return;
+            }
+        }
+        panic!("MODE SELECT refused");
+    };
+    let rounds = 10_000;
+    let barrier = std::sync::Barrier::new(2);
+    let lost = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for r in 0..rounds {
+                barrier.wait();
+                select(&b, control.clone(), r % 2 == 1);
+                barrier.wait();
+            }
+        });
+        for r in 0..rounds {
+            barrier.wait();
+            select(&a, caching.clone(), r % 2 == 1);
+            barrier.wait();
+            let on = r % 2 == 1;
+            let (caching_now, control_now) = (sensed(&a, 0x08), sensed(&a, 0x0a));
+            let (ModePage::Caching(cp), ModePage::Control(ct)) =
+                (&caching_now.pages[0], &control_now.pages[0])
+            else {
+                panic!("pages")
+            };
+            if cp.wce != on || ct.d_sense != on {
+                lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    assert_eq!(
+        lost.into_inner(),
+        0,
+        "rounds whose change of one page undid the other's"
+    );
+}
+
 #[test]
 fn unmap_is_listed_only_where_it_is_served() {
     for thin in [false, true] {
