@@ -223,6 +223,41 @@ fn is_scsi(kind: &Kind) -> bool {
     matches!(kind, Kind::Scsi { .. })
 }
 
+/// Why a command the target ends with `status` has not had the read data it
+/// owes, if it has not. A good status with the U bit clear says that all of
+/// the Expected Data Transfer Length was sent, and with it set that all but
+/// the residual was (RFC 7143 §11.4.5.2): those bytes must have come, as one
+/// run from offset 0, or the buffer handed back would carry bytes the
+/// target never sent (zeros, or an earlier attempt's) as data. (A failed
+/// command's data counts for nothing anyway.)
+fn read_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) -> Option<String> {
+    const GOOD: u8 = 0x00;
+    const CONDITION_MET: u8 = 0x04;
+    let Kind::Scsi {
+        expected_in,
+        received,
+        placed,
+        ..
+    } = kind
+    else {
+        return None;
+    };
+    if *expected_in == 0 || !matches!(status, GOOD | CONDITION_MET) {
+        return None;
+    }
+    let owed = expected_in.saturating_sub(underflow.map_or(0, |n| n as usize));
+    let filled = placed.contiguous_end();
+    if filled == owed && *received == owed as u64 {
+        return None;
+    }
+    Some(format!(
+        "the target ended READ ITT {itt:#x} with status {status:#04x} after {received} bytes of \
+         Data-In ({filled} of them in one run from offset 0) where {owed} were owed ({expected_in} \
+         expected, residual underflow {})",
+        underflow.unwrap_or(0)
+    ))
+}
+
 #[derive(Debug)]
 struct Task<T> {
     owner: T,
@@ -682,6 +717,11 @@ impl<T: Clone> Engine<T> {
             else {
                 return events;
             };
+            let underflow = d.underflow.then_some(d.residual_count);
+            if let Some(gap) = read_data_missing(d.itt, &task.kind, status, underflow) {
+                events.push(task.failed(gap));
+                return events;
+            }
             let (buf, received) = match task.kind {
                 Kind::Scsi { buf, received, .. } => (buf, received),
                 _ => (None, 0),
@@ -769,7 +809,7 @@ impl<T: Clone> Engine<T> {
                     } = task.kind
                     {
                         if t.response == TmfResponse::FunctionComplete {
-                            self.aborted_by(function, referenced, lun, &mut events);
+                            self.aborted_by(function, referenced, lun, task.cmd_sn, &mut events);
                         }
                     }
                     events.push(Event::Complete {
@@ -851,6 +891,11 @@ impl<T: Clone> Engine<T> {
         let Some(task) = self.answered(r.itt, "SCSI Response", is_scsi, events) else {
             return;
         };
+        let underflow = r.underflow.then_some(r.residual_count);
+        if let Some(gap) = read_data_missing(r.itt, &task.kind, r.status, underflow) {
+            events.push(task.failed(gap));
+            return;
+        }
         let (buf, received) = match task.kind {
             Kind::Scsi { buf, received, .. } => (buf, received),
             _ => (None, 0),
@@ -891,11 +936,16 @@ impl<T: Clone> Engine<T> {
         }
     }
 
+    /// Ends the commands a task management function sent with `tmf_cmd_sn`
+    /// aborted. ABORT TASK SET and CLEAR TASK SET cover only the commands
+    /// sent before them, with a lower CmdSN (RFC 7143 §11.5.1): one sent
+    /// after is still the target's to run and answer.
     fn aborted_by(
         &mut self,
         function: TmfFunction,
         referenced: u32,
         lun: u16,
+        tmf_cmd_sn: u32,
         events: &mut Vec<Event<T>>,
     ) {
         let victims: Vec<u32> = self
@@ -905,9 +955,10 @@ impl<T: Clone> Engine<T> {
                 matches!(t.kind, Kind::Scsi { .. })
                     && match function {
                         TmfFunction::AbortTask => **itt == referenced,
-                        TmfFunction::AbortTaskSet
-                        | TmfFunction::ClearTaskSet
-                        | TmfFunction::LogicalUnitReset => t.lun == lun,
+                        TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet => {
+                            t.lun == lun && sn_lt(t.cmd_sn, tmf_cmd_sn)
+                        }
+                        TmfFunction::LogicalUnitReset => t.lun == lun,
                         TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => true,
                         _ => false,
                     }
@@ -1276,6 +1327,109 @@ mod tests {
         assert!(c.insert(0, 10));
         assert_eq!(c.contiguous_end(), 40);
         assert!(c.insert(0, 0), "empty PDUs fill nothing");
+    }
+
+    /// The outcome a completion event carries: the bytes of Data-In for a
+    /// good one, the reason for a failed one.
+    fn outcome(ev: &[Event<u32>]) -> Result<u64, String> {
+        match ev {
+            [Event::Complete {
+                result: TaskResult::Scsi(o),
+                ..
+            }] => Ok(o.data_in),
+            [Event::Complete {
+                result: TaskResult::Failed { reason, .. },
+                ..
+            }] => Err(reason.clone()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A good status owes the whole expected length, less an underflow, as
+    /// one run from offset 0 (RFC 7143 §11.4.5.2): a READ that got less, or
+    /// got it with a hole, fails instead of handing back bytes the target
+    /// never sent as data.
+    #[test]
+    fn a_good_read_owes_all_its_data_from_offset_zero() {
+        let mut e = Engine::new(
+            1,
+            Limits {
+                data_pdu_in_order: false,
+                ..limits()
+            },
+            10,
+            10,
+            12,
+            99,
+        );
+        // Half the data with the status in the last Data-In, no residual.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 1);
+        let why = outcome(&feed(&mut e, itt, 0, 0, 2048, Some(0), 7).unwrap()).unwrap_err();
+        assert!(why.contains("where 4096 were owed"), "{why}");
+        // The second half only (DataPDUInOrder=No): the first is a hole.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 2);
+        let why = outcome(&feed(&mut e, itt, 0, 2048, 2048, Some(0), 7).unwrap()).unwrap_err();
+        assert!(why.contains("0 of them in one run from offset 0"), "{why}");
+        // Half the data, then a SCSI Response with GOOD and no residual.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 3);
+        assert!(feed(&mut e, itt, 0, 0, 2048, None, 7).unwrap().is_empty());
+        let resp = |itt: u32, underflow: Option<u32>| ScsiResponse {
+            bidi_read_overflow: false,
+            bidi_read_underflow: false,
+            overflow: false,
+            underflow: underflow.is_some(),
+            response: ServiceResponse::CommandCompleted,
+            status: 0,
+            itt,
+            snack_tag: 0,
+            stat_sn: 100,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+            exp_data_sn: 1,
+            bidi_read_residual_count: 0,
+            residual_count: underflow.unwrap_or(0),
+        };
+        let ev = e.receive(Pdu::new(Bhs::ScsiResponse(resp(itt, None))));
+        assert!(outcome(&ev).unwrap_err().contains("where 4096 were owed"));
+        // The same with the residual said: a good, shorter READ.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 4);
+        assert!(feed(&mut e, itt, 0, 0, 2048, None, 7).unwrap().is_empty());
+        let ev = e.receive(Pdu::new(Bhs::ScsiResponse(resp(itt, Some(2048)))));
+        assert_eq!(outcome(&ev), Ok(2048));
+        // A failed command's partial data is no one's business.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 5);
+        let ev = feed(&mut e, itt, 0, 0, 2048, Some(2), 7).unwrap();
+        assert_eq!(outcome(&ev), Ok(2048));
+    }
+
+    /// ABORT TASK SET covers only the commands sent before it (RFC 7143
+    /// §11.5.1): one sent after it, with its CmdSN, is still running.
+    #[test]
+    fn abort_task_set_spares_the_commands_sent_after_it() {
+        let mut e = engine();
+        let (before, ..) = e.start_scsi(3, &[0; 16], None, 0, 1);
+        let req = e.start_tmf(TmfFunction::AbortTaskSet, 3, None, 2);
+        let (after, ..) = e.start_scsi(3, &[0; 16], None, 0, 3);
+        let resp = blockwire_pdu::pdu::TaskMgmtResponse {
+            response: TmfResponse::FunctionComplete,
+            itt: req.itt,
+            stat_sn: 100,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+        };
+        let ev = e.receive(Pdu::new(Bhs::TaskMgmtResponse(resp)));
+        let aborted: Vec<u32> = ev
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Complete {
+                    owner,
+                    result: TaskResult::Aborted { .. },
+                } => Some(*owner),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(aborted, [1], "only the command sent before");
+        assert!(e.tasks.contains_key(&after) && !e.tasks.contains_key(&before));
     }
 
     #[test]

@@ -310,7 +310,8 @@ impl Session {
     }
 
     /// READ(16) of `blocks` blocks at `lba` into `buf`, whose length is the
-    /// transfer length (blocks × block size).
+    /// transfer length (blocks × block size). A good answer with fewer
+    /// bytes (a residual) is an error: the buffer always holds every block.
     pub async fn read(
         &self,
         lun: u16,
@@ -319,7 +320,18 @@ impl Session {
         buf: &mut Vec<u8>,
     ) -> Result<Completion> {
         let cdb = crate::scsi::rw16(false, lba, blocks, false);
-        self.execute(lun, &cdb, DataDir::Read(buf)).await
+        let asked = buf.len();
+        let done = self.execute(lun, &cdb, DataDir::Read(buf)).await?;
+        // A good READ of blocks with a residual brought fewer bytes than
+        // its blocks: callers (dd, mount, ublk) take the buffer as all of
+        // them, so that is an error here, not a short buffer.
+        if buf.len() < asked {
+            return Err(Error::Protocol(format!(
+                "READ(16) of {blocks} blocks at LBA {lba} of LUN {lun} ended GOOD with {} of its {asked} bytes",
+                buf.len()
+            )));
+        }
+        Ok(done)
     }
 
     /// WRITE(16) of `data` (blocks × block size bytes) at `lba`.

@@ -1,0 +1,127 @@
+//! A scripted target that answers READ(16)s with only part of their data.
+//! The initiator must not hand the caller a buffer whose missing bytes it
+//! takes for data: with a good status and no residual (the target claims it
+//! sent everything, RFC 7143 §11.4.5.2), and with the residual said (a
+//! block READ that brought fewer bytes than its blocks), `Session::read`
+//! fails. Before, both came back `Ok`, the first with the buffer's unsent
+//! half passed off as data and the second with a buffer shorter than its
+//! blocks.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use blockwire_initiator::{InitiatorConfig, Session};
+use blockwire_pdu::pdu::codes::ServiceResponse;
+use blockwire_pdu::pdu::{DataIn, ScsiResponse};
+use blockwire_pdu::{Bhs, Digests, Pdu};
+
+mod scripted;
+use scripted::read_pdu;
+
+/// Logs the initiator in, then answers each READ with the first half of
+/// its data: with the status in the Data-In and no residual for the first,
+/// with a SCSI Response saying the residual for the second; then answers
+/// the logout.
+fn half_answering_target(listener: TcpListener) {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut stat_sn = 0u32;
+    let mut cmd_sn;
+    loop {
+        let pdu = read_pdu(&mut s).expect("a login request");
+        let Bhs::LoginRequest(r) = pdu.bhs else {
+            panic!("expected a login request, got {:?}", pdu.bhs)
+        };
+        let reply = scripted::agree_to_login(&r, &pdu.data, stat_sn);
+        stat_sn += 1;
+        cmd_sn = r.cmd_sn;
+        s.write_all(&reply.encode(Digests::NONE)).unwrap();
+        if r.transit && r.nsg == blockwire_pdu::Stage::FullFeature {
+            break;
+        }
+    }
+    let mut reads = 0;
+    while let Some(pdu) = read_pdu(&mut s) {
+        match pdu.bhs {
+            Bhs::ScsiCommand(c) => {
+                cmd_sn = cmd_sn.wrapping_add(1);
+                let half = c.expected_data_transfer_length / 2;
+                let say_residual = reads == 1;
+                reads += 1;
+                let data_in = Pdu::with_data(
+                    Bhs::DataIn(DataIn {
+                        final_bit: true,
+                        acknowledge: false,
+                        overflow: false,
+                        underflow: false,
+                        status: (!say_residual).then_some(0),
+                        lun: c.lun,
+                        itt: c.itt,
+                        ttt: blockwire_pdu::pdu::RESERVED_TAG,
+                        stat_sn,
+                        exp_cmd_sn: cmd_sn,
+                        max_cmd_sn: cmd_sn.wrapping_add(8),
+                        data_sn: 0,
+                        buffer_offset: 0,
+                        residual_count: 0,
+                    }),
+                    vec![0xa5; half as usize],
+                );
+                s.write_all(&data_in.encode(Digests::NONE)).unwrap();
+                if say_residual {
+                    let response = Pdu::new(Bhs::ScsiResponse(ScsiResponse {
+                        bidi_read_overflow: false,
+                        bidi_read_underflow: false,
+                        overflow: false,
+                        underflow: true,
+                        response: ServiceResponse::CommandCompleted,
+                        status: 0,
+                        itt: c.itt,
+                        snack_tag: 0,
+                        stat_sn,
+                        exp_cmd_sn: cmd_sn,
+                        max_cmd_sn: cmd_sn.wrapping_add(8),
+                        exp_data_sn: 1,
+                        bidi_read_residual_count: 0,
+                        residual_count: c.expected_data_transfer_length - half,
+                    }));
+                    s.write_all(&response.encode(Digests::NONE)).unwrap();
+                }
+                stat_sn += 1;
+            }
+            Bhs::LogoutRequest(r) => {
+                let reply = scripted::agree_to_logout(&r, stat_sn);
+                s.write_all(&reply.encode(Digests::NONE)).unwrap();
+                return;
+            }
+            Bhs::NopOut(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_the_target_answers_in_part_fails() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = listener.local_addr().unwrap().to_string();
+    let target = std::thread::spawn(move || half_answering_target(listener));
+    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:short-read");
+    let session = Session::connect(config, &portal, "iqn.2026-12.io.blockwire:half")
+        .await
+        .expect("the scripted target logs the initiator in");
+    for what in ["no residual", "a residual"] {
+        let mut buf = vec![0u8; 8 * 512];
+        let read = tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+            .await
+            .expect("the READ ends");
+        assert!(
+            read.is_err(),
+            "a READ answered with half its data and {what} succeeded with {} bytes",
+            buf.len()
+        );
+        eprintln!("with {what}: {}", read.unwrap_err());
+    }
+    session.logout().await.expect("logout");
+    target.join().unwrap();
+}
