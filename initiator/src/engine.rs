@@ -637,7 +637,20 @@ impl<T: Clone> Engine<T> {
         };
         let start = d.buffer_offset as usize;
         let in_order = self.limits.data_pdu_in_order;
-        let fail = if d.data_sn != *next_data_sn {
+        let fail = if *expected_in == 0 {
+            // Data-In carries read data only: a status in one for a WRITE
+            // (or a command without data) would end it GOOD with its R2Ts
+            // still owed, its data never sent (RFC 7143 §11.7).
+            Some(format!(
+                "Data-In for ITT {:#x}, a command that reads nothing",
+                d.itt
+            ))
+        } else if d.status.is_some() && !d.final_bit {
+            Some(format!(
+                "Data-In with the S bit and not the F bit (ITT {:#x}; RFC 7143 §11.7.1)",
+                d.itt
+            ))
+        } else if d.data_sn != *next_data_sn {
             Some(format!(
                 "Data-In DataSN {} where {} was expected (ITT {:#x})",
                 d.data_sn, next_data_sn, d.itt
@@ -1400,6 +1413,25 @@ mod tests {
         let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 5);
         let ev = feed(&mut e, itt, 0, 0, 2048, Some(2), 7).unwrap();
         assert_eq!(outcome(&ev), Ok(2048));
+    }
+
+    /// A status in a Data-In for a command that reads nothing (a WRITE) does
+    /// not end it GOOD with its data never sent, and the S bit needs the F
+    /// bit (RFC 7143 §11.7.1).
+    #[test]
+    fn a_data_in_with_status_ends_only_a_read() {
+        let mut e = engine();
+        let (write, ..) = e.start_scsi(0, &[0; 16], None, 4096, 1);
+        let why = feed(&mut e, write, 0, 0, 0, Some(0), 0).unwrap_err();
+        assert!(why.contains("reads nothing"), "{why}");
+        let (read, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 512]), 0, 2);
+        let mut d = data_in(read, 0, 0, Some(0));
+        d.final_bit = false;
+        let (p, ev) = e.data_in_begin(&d, 512);
+        assert!(matches!(p, Placement::Discard));
+        assert!(outcome(&ev)
+            .unwrap_err()
+            .contains("S bit and not the F bit"));
     }
 
     /// ABORT TASK SET covers only the commands sent before it (RFC 7143
