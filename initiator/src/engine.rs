@@ -1272,9 +1272,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn data_pdu_in_order_no_places_by_offset_and_refuses_overlaps() {
-        let mut e = Engine::new(
+    /// An engine of a session that negotiated DataPDUInOrder=No.
+    fn unordered_engine() -> Engine<u32> {
+        Engine::new(
             1,
             Limits {
                 data_pdu_in_order: false,
@@ -1284,7 +1284,12 @@ mod tests {
             10,
             12,
             99,
-        );
+        )
+    }
+
+    #[test]
+    fn data_pdu_in_order_no_places_by_offset_and_refuses_overlaps() {
+        let mut e = unordered_engine();
         let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 3000]), 0, 1);
         // Completion order 2, 0, 1; DataSN counts sends.
         assert!(feed(&mut e, itt, 0, 2000, 1000, None, 3)
@@ -1364,17 +1369,7 @@ mod tests {
     /// never sent as data.
     #[test]
     fn a_good_read_owes_all_its_data_from_offset_zero() {
-        let mut e = Engine::new(
-            1,
-            Limits {
-                data_pdu_in_order: false,
-                ..limits()
-            },
-            10,
-            10,
-            12,
-            99,
-        );
+        let mut e = unordered_engine();
         // Half the data with the status in the last Data-In, no residual.
         let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 1);
         let why = outcome(&feed(&mut e, itt, 0, 0, 2048, Some(0), 7).unwrap()).unwrap_err();

@@ -15,7 +15,6 @@ use blockwire_pdu::pdu::{NopIn, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 
 mod scripted;
-use scripted::read_pdu;
 
 /// Pings the target sends at most: far more answers than the loopback
 /// socket buffers of the initiator hold (48 bytes each).
@@ -27,21 +26,7 @@ const PINGS: u32 = 400_000;
 fn flooding_target(listener: TcpListener, done: mpsc::Sender<u32>) {
     let (mut s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut stat_sn = 0u32;
-    let mut cmd_sn;
-    loop {
-        let pdu = read_pdu(&mut s).expect("a login request");
-        let Bhs::LoginRequest(r) = pdu.bhs else {
-            panic!("expected a login request, got {:?}", pdu.bhs)
-        };
-        let reply = scripted::agree_to_login(&r, &pdu.data, stat_sn);
-        stat_sn += 1;
-        cmd_sn = r.cmd_sn;
-        s.write_all(&reply.encode(Digests::NONE)).unwrap();
-        if r.transit && r.nsg == blockwire_pdu::Stage::FullFeature {
-            break;
-        }
-    }
+    let (stat_sn, cmd_sn) = scripted::log_in(&mut s);
     s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut sent = 0;
     while sent < PINGS {

@@ -26,21 +26,7 @@ use scripted::read_pdu;
 fn half_answering_target(listener: TcpListener) {
     let (mut s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut stat_sn = 0u32;
-    let mut cmd_sn;
-    loop {
-        let pdu = read_pdu(&mut s).expect("a login request");
-        let Bhs::LoginRequest(r) = pdu.bhs else {
-            panic!("expected a login request, got {:?}", pdu.bhs)
-        };
-        let reply = scripted::agree_to_login(&r, &pdu.data, stat_sn);
-        stat_sn += 1;
-        cmd_sn = r.cmd_sn;
-        s.write_all(&reply.encode(Digests::NONE)).unwrap();
-        if r.transit && r.nsg == blockwire_pdu::Stage::FullFeature {
-            break;
-        }
-    }
+    let (mut stat_sn, mut cmd_sn) = scripted::log_in(&mut s);
     let mut reads = 0;
     while let Some(pdu) = read_pdu(&mut s) {
         match pdu.bhs {

@@ -3,7 +3,7 @@
 // Each test binary uses what its script needs.
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use blockwire_pdu::keys::{encode_text, parse_text};
@@ -79,4 +79,22 @@ pub fn read_pdu(s: &mut TcpStream) -> Option<Pdu> {
     s.read_exact(&mut rest).ok()?;
     let whole = [&head[..], &rest[..]].concat();
     Some(Pdu::decode(&whole, Digests::NONE).ok()?.0)
+}
+
+/// Plays the target's side of a login on `s` to full feature phase, agreeing
+/// to every step (see [`agree_to_login`]): the StatSN and CmdSN to go on with.
+pub fn log_in(s: &mut TcpStream) -> (u32, u32) {
+    let mut stat_sn = 0u32;
+    loop {
+        let pdu = read_pdu(s).expect("a login request");
+        let Bhs::LoginRequest(r) = pdu.bhs else {
+            panic!("expected a login request, got {:?}", pdu.bhs)
+        };
+        let reply = agree_to_login(&r, &pdu.data, stat_sn);
+        stat_sn += 1;
+        s.write_all(&reply.encode(Digests::NONE)).unwrap();
+        if r.transit && r.nsg == Stage::FullFeature {
+            return (stat_sn, r.cmd_sn);
+        }
+    }
 }
