@@ -1437,14 +1437,7 @@ mod tests {
         let (before, ..) = e.start_scsi(3, &[0; 16], None, 0, 1);
         let req = e.start_tmf(TmfFunction::AbortTaskSet, 3, None, 2);
         let (after, ..) = e.start_scsi(3, &[0; 16], None, 0, 3);
-        let resp = blockwire_pdu::pdu::TaskMgmtResponse {
-            response: TmfResponse::FunctionComplete,
-            itt: req.itt,
-            stat_sn: 100,
-            exp_cmd_sn: 11,
-            max_cmd_sn: 20,
-        };
-        let ev = e.receive(Pdu::new(Bhs::TaskMgmtResponse(resp)));
+        let ev = e.receive(function_complete(req.itt));
         let aborted: Vec<u32> = ev
             .iter()
             .filter_map(|ev| match ev {
@@ -1459,20 +1452,26 @@ mod tests {
         assert!(e.tasks.contains_key(&after) && !e.tasks.contains_key(&before));
     }
 
+    /// The target's Function Complete for the task management request `itt`.
+    fn function_complete(itt: u32) -> Pdu {
+        Pdu::new(Bhs::TaskMgmtResponse(
+            blockwire_pdu::pdu::TaskMgmtResponse {
+                response: TmfResponse::FunctionComplete,
+                itt,
+                stat_sn: 100,
+                exp_cmd_sn: 11,
+                max_cmd_sn: 20,
+            },
+        ))
+    }
+
     #[test]
     fn abort_completes_the_victim() {
         let mut e = engine();
         let (victim, ..) = e.start_scsi(3, &[0; 16], None, 0, 1);
         let req = e.start_tmf(TmfFunction::AbortTask, 3, Some(victim), 2);
         assert_eq!(req.ref_cmd_sn, 10);
-        let resp = blockwire_pdu::pdu::TaskMgmtResponse {
-            response: TmfResponse::FunctionComplete,
-            itt: req.itt,
-            stat_sn: 100,
-            exp_cmd_sn: 11,
-            max_cmd_sn: 20,
-        };
-        let ev = e.receive(Pdu::new(Bhs::TaskMgmtResponse(resp)));
+        let ev = e.receive(function_complete(req.itt));
         assert_eq!(ev.len(), 2);
         assert!(matches!(
             ev[0],

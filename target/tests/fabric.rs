@@ -359,18 +359,9 @@ async fn known_tsih_and_cid_reinstate_the_connection() {
     assert_eq!(new.test_unit_ready().await, Some(0));
 }
 
-/// A discovery login needs no CHAP and no access list: one that carries the TSIH,
-/// ISID and CID of another initiator's normal session (all guessable) must not join
-/// it, which would end that initiator's connection and give the discovery login its
-/// SCSI access.
-#[tokio::test]
-async fn a_discovery_login_naming_a_normal_sessions_tsih_joins_nothing() {
-    let t = start(FabricSettings::default()).await;
-    let isid = [0x80, 6, 6, 6, 6, 6];
-    let (mut victim, tsih) = Client::login_tsih(t.addr, isid, 0, Digests::NONE).await;
-    let _ = victim.test_unit_ready().await;
-    let mut intruder = RawConn::connect(t.addr).await;
-    let keys = encode_text(&[("InitiatorName", INITIATOR), ("SessionType", "Discovery")]).unwrap();
+/// A first Login Request (ITT 1, CID 0, CmdSN 1) from the operational stage
+/// straight to full feature phase, with `keys`.
+fn straight_to_full_feature(isid: [u8; 6], tsih: u16, keys: Vec<u8>) -> Pdu {
     let req = Bhs::LoginRequest(LoginRequest {
         transit: true,
         continue_bit: false,
@@ -385,7 +376,24 @@ async fn a_discovery_login_naming_a_normal_sessions_tsih_joins_nothing() {
         cmd_sn: 1,
         exp_stat_sn: 0,
     });
-    intruder.send(Pdu::with_data(req, keys)).await;
+    Pdu::with_data(req, keys)
+}
+
+/// A discovery login needs no CHAP and no access list: one that carries the TSIH,
+/// ISID and CID of another initiator's normal session (all guessable) must not join
+/// it, which would end that initiator's connection and give the discovery login its
+/// SCSI access.
+#[tokio::test]
+async fn a_discovery_login_naming_a_normal_sessions_tsih_joins_nothing() {
+    let t = start(FabricSettings::default()).await;
+    let isid = [0x80, 6, 6, 6, 6, 6];
+    let (mut victim, tsih) = Client::login_tsih(t.addr, isid, 0, Digests::NONE).await;
+    let _ = victim.test_unit_ready().await;
+    let mut intruder = RawConn::connect(t.addr).await;
+    let keys = encode_text(&[("InitiatorName", INITIATOR), ("SessionType", "Discovery")]).unwrap();
+    intruder
+        .send(straight_to_full_feature(isid, tsih, keys))
+        .await;
     let pdu = intruder
         .recv_within(Duration::from_secs(2))
         .await
@@ -417,21 +425,12 @@ async fn unknown_tsih_is_refused_with_session_does_not_exist() {
         ("SessionType", "Normal"),
     ])
     .unwrap();
-    let req = Bhs::LoginRequest(LoginRequest {
-        transit: true,
-        continue_bit: false,
-        csg: Stage::Operational,
-        nsg: Stage::FullFeature,
-        version_max: 0,
-        version_min: 0,
-        isid: [0x80, 1, 1, 1, 1, 1],
-        tsih: 0x4242,
-        itt: 1,
-        cid: 0,
-        cmd_sn: 1,
-        exp_stat_sn: 0,
-    });
-    c.send(Pdu::with_data(req, keys)).await;
+    c.send(straight_to_full_feature(
+        [0x80, 1, 1, 1, 1, 1],
+        0x4242,
+        keys,
+    ))
+    .await;
     let pdu = c.recv().await.expect("a login response");
     let Bhs::LoginResponse(r) = pdu.bhs else {
         panic!("expected a login response")

@@ -91,21 +91,24 @@ impl RawIser {
         self.qp.post_recv(RecvWr { wr_id, sgl }).unwrap();
     }
 
-    /// Sends `pdu` behind an iSER header advertising `read`, and waits for the Send.
-    async fn send(&self, read: Option<RemoteBuffer>, pdu: &Pdu) {
+    /// The Send of `pdu` behind an iSER header advertising `read`, its message
+    /// written into the send buffer.
+    fn message(&self, read: Option<RemoteBuffer>, pdu: &Pdu, signaled: bool) -> SendWr {
         let mut msg = IserHeader::Control { write: None, read }.encode().to_vec();
         pdu.encode_into(&mut msg, Digests::NONE);
         self.send_mr.write_at(0, &msg).unwrap();
         let sgl = vec![self.send_mr.sge(0, msg.len()).unwrap()];
-        let (wr_id, op, signaled) = (0, SendOp::Send, true);
-        self.qp
-            .post_send(SendWr {
-                wr_id,
-                op,
-                sgl,
-                signaled,
-            })
-            .unwrap();
+        SendWr {
+            wr_id: 0,
+            op: SendOp::Send,
+            sgl,
+            signaled,
+        }
+    }
+
+    /// Sends `pdu` behind an iSER header advertising `read`, and waits for the Send.
+    async fn send(&self, read: Option<RemoteBuffer>, pdu: &Pdu) {
+        self.qp.post_send(self.message(read, pdu, true)).unwrap();
         let c = tokio::time::timeout(Duration::from_secs(10), self.send_cq.next())
             .await
             .expect("the Send completes")
@@ -191,6 +194,28 @@ impl RawIser {
     }
 }
 
+/// A SCSI command on LUN 0: READ(10) of block 0 when `read`, else TEST UNIT
+/// READY.
+fn command(itt: u32, cmd_sn: u32, exp_stat_sn: u32, read: bool) -> Pdu {
+    let mut cdb = [0u8; 16];
+    if read {
+        cdb[..10].copy_from_slice(&[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    }
+    Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::default(),
+        itt,
+        expected_data_transfer_length: if read { 512 } else { 0 },
+        cmd_sn,
+        exp_stat_sn,
+        cdb,
+    }))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
@@ -207,19 +232,8 @@ async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
     // READ(10) of one block, each with its own ITT and read buffer, each far outside
     // the window [ExpCmdSN, MaxCmdSN].
     for n in 0..DROPPED {
-        let command = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: true,
-            write: false,
-            attr: TaskAttr::Simple,
-            lun: Lun::default(),
-            itt: 0x1000 + n,
-            expected_data_transfer_length: 512,
-            cmd_sn: cmd_sn.wrapping_add(1 << 20).wrapping_add(n),
-            exp_stat_sn: stat_sn,
-            cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
-        }));
+        let cmd_sn = cmd_sn.wrapping_add(1 << 20).wrapping_add(n);
+        let command = command(0x1000 + n, cmd_sn, stat_sn, true);
         let buffer = RemoteBuffer {
             stag: 0x5000 + n,
             base_offset: 0x10_0000,
@@ -309,19 +323,7 @@ async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection(
     );
     let (cmd_sn, stat_sn) = raw.log_in("stalls").await;
     // A TEST UNIT READY takes the unit's power-on attention.
-    let tur = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
-        immediate: false,
-        final_bit: true,
-        read: false,
-        write: false,
-        attr: TaskAttr::Simple,
-        lun: Lun::default(),
-        itt: 0x76,
-        expected_data_transfer_length: 0,
-        cmd_sn,
-        exp_stat_sn: stat_sn,
-        cdb: [0; 16],
-    }));
+    let tur = command(0x76, cmd_sn, stat_sn, false);
     raw.send(None, &tur).await;
     match raw.receive().await.bhs {
         Bhs::ScsiResponse(r) => assert_eq!(r.itt, 0x76),
@@ -329,19 +331,7 @@ async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection(
     }
     let (cmd_sn, stat_sn) = (cmd_sn.wrapping_add(1), stat_sn.wrapping_add(1));
 
-    let read = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
-        immediate: false,
-        final_bit: true,
-        read: true,
-        write: false,
-        attr: TaskAttr::Simple,
-        lun: Lun::default(),
-        itt: 0x77,
-        expected_data_transfer_length: 512,
-        cmd_sn,
-        exp_stat_sn: stat_sn,
-        cdb: [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
-    }));
+    let read = command(0x77, cmd_sn, stat_sn, true);
     let buffer = RemoteBuffer {
         stag: raw.read_mr.rkey(),
         base_offset: raw.read_mr.addr(),
@@ -350,22 +340,7 @@ async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection(
     // second more: on its runtime, the Send is posted, the queue pair's writer
     // task runs once (the command goes out), and then nothing runs.
     let stall = 2 * nop_timeout + Duration::from_secs(1);
-    let post = SendWr {
-        wr_id: 0,
-        op: SendOp::Send,
-        sgl: {
-            let mut msg = IserHeader::Control {
-                write: None,
-                read: Some(buffer),
-            }
-            .encode()
-            .to_vec();
-            read.encode_into(&mut msg, Digests::NONE);
-            raw.send_mr.write_at(0, &msg).unwrap();
-            vec![raw.send_mr.sge(0, msg.len()).unwrap()]
-        },
-        signaled: false,
-    };
+    let post = raw.message(Some(buffer), &read, false);
     handle.spawn({
         let raw = raw.clone();
         async move {

@@ -152,7 +152,7 @@ impl Wire {
             }
         };
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         self.waiters.lock().unwrap().insert(wr_id, tx);
         if let Err(e) = self.qp.post_send(SendWr {
             wr_id,
@@ -163,29 +163,13 @@ impl Wire {
             self.waiters.lock().unwrap().remove(&wr_id);
             return Err(format!("post: {e}"));
         }
-        let mut rx = rx;
         let limit = self.fabric.settings.nop_timeout;
         match tokio::time::timeout(limit, &mut rx).await {
             Ok(Ok(WcStatus::Success)) => Ok(()),
             Ok(Ok(s)) => Err(format!("work request completed with {s:?}")),
             Ok(Err(_)) => Err("the connection closed".into()),
             Err(_) => {
-                warn!(
-                    peer = %self.qp.peer_addr(),
-                    "an iSER work request uncompleted for {limit:?}: closing the connection"
-                );
-                self.qp.disconnect();
-                if tokio::time::timeout(super::rdma::FLUSH_WAIT, rx)
-                    .await
-                    .is_err()
-                {
-                    warn!(
-                        peer = %self.qp.peer_addr(),
-                        bytes = bufs.iter().map(PoolBuf::len).sum::<usize>(),
-                        "an iSER work request not flushed: its staging buffers leave the pool"
-                    );
-                    std::mem::forget(std::mem::take(bufs));
-                }
+                super::rdma::tear_down_for_good(&self.qp, limit, rx, bufs).await;
                 Err(format!("no completion in {limit:?}"))
             }
         }

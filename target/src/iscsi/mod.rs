@@ -242,11 +242,17 @@ impl Fabric {
         if let Some(s) = self.rdma.get() {
             return Ok(s.endpoint());
         }
-        let svc =
-            rdma::RdmaService::start_on(listen, backend, device, self.shutdown.clone()).await?;
         // A peer that completes no RDMA operation for as long as it may
         // leave a NOP-In unanswered is as gone as one that does not answer.
-        svc.set_completion_timeout(self.settings.nop_timeout);
+        let completion_timeout = self.settings.nop_timeout;
+        let svc = rdma::RdmaService::start_on(
+            listen,
+            backend,
+            device,
+            completion_timeout,
+            self.shutdown.clone(),
+        )
+        .await?;
         let addr = svc.endpoint();
         let _ = self.rdma.set(svc);
         Ok(addr)

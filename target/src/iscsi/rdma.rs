@@ -39,8 +39,8 @@ const BIND_WAIT: Duration = Duration::from_secs(10);
 const REPLACEMENT_WAIT: Duration = Duration::from_millis(500);
 /// How long, once a connection is torn down for operations that never
 /// completed, its flush completions may take before the staging buffers of
-/// those operations are given up for good (see [`RdmaService::transfer`]).
-pub(super) const FLUSH_WAIT: Duration = Duration::from_secs(5);
+/// those operations are given up for good (see [`tear_down_for_good`]).
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 /// Counters of the RDMA data path.
 #[derive(Debug, Default)]
@@ -65,8 +65,8 @@ pub struct RdmaService {
     slots: Mutex<HashMap<[u8; TOKEN_LEN], Arc<Slot>>>,
     counters: RdmaCounters,
     /// How long a transfer waits for its operations' completions before
-    /// it gives the connection up (milliseconds; the fabric's NOP timeout).
-    completion_timeout_ms: AtomicU64,
+    /// it gives the connection up (the fabric's NOP timeout).
+    completion_timeout: Duration,
 }
 
 impl std::fmt::Debug for RdmaService {
@@ -120,6 +120,7 @@ impl RdmaService {
         listen: SocketAddr,
         backend: Backend,
         device: Option<&str>,
+        completion_timeout: Duration,
         mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<Arc<RdmaService>> {
         let io = |e: blockwire_transport::rdma::RdmaError| std::io::Error::other(e.to_string());
@@ -135,7 +136,7 @@ impl RdmaService {
             endpoint,
             slots: Mutex::new(HashMap::new()),
             counters: RdmaCounters::default(),
-            completion_timeout_ms: AtomicU64::new(30_000),
+            completion_timeout,
         });
         let weak = Arc::downgrade(&svc);
         tokio::spawn(async move {
@@ -267,13 +268,6 @@ impl RdmaService {
         info!(%peer, tsih = slot.tsih, "RDMA connection bound to session");
         *slot.unbound_since.lock().unwrap() = None;
         slot.binding.send_replace(Some(b));
-    }
-
-    /// How long a transfer waits for its RDMA operations to complete before
-    /// it tears the session's RDMA connection down (default 30 s).
-    pub fn set_completion_timeout(&self, limit: Duration) {
-        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
-        self.completion_timeout_ms.store(ms, Ordering::Relaxed);
     }
 
     /// READ: RDMA-Write `data` into the initiator's chunks (the data may be shorter than
@@ -462,23 +456,11 @@ impl RdmaService {
         let n = pending.len() as u64;
         let mut failure = None;
         let mut completed = 0;
-        let limit = Duration::from_millis(self.completion_timeout_ms.load(Ordering::Relaxed));
+        let limit = self.completion_timeout;
         let all = await_completions(&mut pending, &mut completed, &mut failure);
         if tokio::time::timeout(limit, all).await.is_err() {
-            warn!(
-                peer = %b.qp.peer_addr(),
-                "RDMA operations uncompleted for {limit:?}: closing the session's RDMA connection"
-            );
-            b.qp.disconnect();
             let flushed = await_completions(&mut pending, &mut completed, &mut failure);
-            if tokio::time::timeout(FLUSH_WAIT, flushed).await.is_err() {
-                warn!(
-                    peer = %b.qp.peer_addr(),
-                    bytes = bufs.iter().map(PoolBuf::len).sum::<usize>(),
-                    "RDMA operations not flushed: their staging buffers leave the pool"
-                );
-                std::mem::forget(std::mem::take(bufs));
-            }
+            tear_down_for_good(&b.qp, limit, flushed, bufs).await;
             failure = Some(format!("no completion in {limit:?}"));
         }
         match failure {
@@ -491,6 +473,34 @@ impl RdmaService {
                 (n, Err(TransferError(why)))
             }
         }
+    }
+}
+
+/// A connection whose operations on `bufs` went uncompleted for `limit` (a
+/// peer that stalls without breaking it) is torn down, which flushes them.
+/// Only once `flushed` (the wait for those flushes) is done may `bufs` go
+/// back to the pool: until then an RDMA Read may still land in them, in
+/// whatever they would hold next. If the flushes do not come either, `bufs`
+/// are given up (left out of the pool) rather than reused. Shared by the
+/// RDMA-assisted transfers and iSER.
+pub(super) async fn tear_down_for_good(
+    qp: &AnyQp,
+    limit: Duration,
+    flushed: impl std::future::Future,
+    bufs: &mut Vec<PoolBuf<AnyPd>>,
+) {
+    warn!(
+        peer = %qp.peer_addr(),
+        "RDMA operations uncompleted for {limit:?}: closing the RDMA connection"
+    );
+    qp.disconnect();
+    if tokio::time::timeout(FLUSH_WAIT, flushed).await.is_err() {
+        warn!(
+            peer = %qp.peer_addr(),
+            bytes = bufs.iter().map(PoolBuf::len).sum::<usize>(),
+            "RDMA operations not flushed: their staging buffers leave the pool"
+        );
+        std::mem::forget(std::mem::take(bufs));
     }
 }
 

@@ -551,6 +551,28 @@ mod tests {
     use crate::iscsi::login::tests::target;
     use crate::scsi::stats::Direction;
 
+    /// A login of `initiator` with ISID qualifier `qualifier` and CID 0,
+    /// naming TSIH `tsih` (0: a new session), to `target` through portal
+    /// group `tpgt`.
+    fn request(
+        initiator: &str,
+        qualifier: u8,
+        tsih: u16,
+        target: Option<&Arc<TargetEntry>>,
+        tpgt: u16,
+    ) -> SessionRequest {
+        SessionRequest {
+            initiator_name: initiator.into(),
+            isid: [0x80, 0, 0, 0, 0, qualifier],
+            tsih,
+            cid: 0,
+            target: target.cloned(),
+            tpgt,
+            portal: "127.0.0.1:3260".parse().unwrap(),
+            params: Default::default(),
+        }
+    }
+
     fn login(
         table: &SessionTable,
         initiator: &str,
@@ -558,16 +580,7 @@ mod tests {
         target: Option<&Arc<TargetEntry>>,
     ) -> Arc<Session> {
         table
-            .attach(SessionRequest {
-                initiator_name: initiator.into(),
-                isid: [0x80, 0, 0, 0, 0, qualifier],
-                tsih: 0,
-                cid: 0,
-                target: target.cloned(),
-                tpgt: 1,
-                portal: "127.0.0.1:3260".parse().unwrap(),
-                params: Default::default(),
-            })
+            .attach(request(initiator, qualifier, 0, target, 1))
             .unwrap()
     }
 
@@ -656,8 +669,7 @@ mod tests {
         assert_eq!(names(&table).len(), 3);
     }
 
-    /// A login naming TSIH `tsih` (0: a new session) of `initiator` with ISID
-    /// qualifier 1 and CID 0, to `target` through portal group `tpgt`.
+    /// A login of `initiator` with ISID qualifier 1 naming TSIH `tsih`.
     fn join(
         table: &SessionTable,
         initiator: &str,
@@ -665,16 +677,7 @@ mod tests {
         target: Option<&Arc<TargetEntry>>,
         tpgt: u16,
     ) -> Result<Arc<Session>, SessionError> {
-        table.attach(SessionRequest {
-            initiator_name: initiator.into(),
-            isid: [0x80, 0, 0, 0, 0, 1],
-            tsih,
-            cid: 0,
-            target: target.cloned(),
-            tpgt,
-            portal: "127.0.0.1:3260".parse().unwrap(),
-            params: Default::default(),
-        })
+        table.attach(request(initiator, 1, tsih, target, tpgt))
     }
 
     #[test]
