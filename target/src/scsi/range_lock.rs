@@ -135,6 +135,13 @@ impl RangeLock {
         Some(id)
     }
 
+    /// How many requests wait for their range (queued, not yet held).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn queued(&self) -> usize {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.entries.iter().filter(|e| !e.held).count()
+    }
+
     /// Releases a hold taken with [`RangeLock::lock_id`].
     pub(crate) fn unlock_id(&self, id: u64) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());

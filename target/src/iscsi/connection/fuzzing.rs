@@ -466,7 +466,8 @@ impl Harness {
     }
 
     /// Waits until no command task holds the writer queue (except those of
-    /// double-buffered WRITEs waiting for their data), the writer has sent
+    /// double-buffered WRITEs waiting for their data, and of commands
+    /// queued for a block range behind them), the writer has sent
     /// everything queued, and reads what it sent.
     async fn settle(&mut self) {
         let started = Instant::now();
@@ -476,7 +477,18 @@ impl Harness {
             let tx = &full.launcher.tx;
             // A double-buffered WRITE's task holds the queue while its
             // Data-Out is still to come from the initiator.
-            let waiting = full.machine.piped_writes_waiting_for_data();
+            let piped = full.machine.piped_writes_waiting_for_data();
+            // A command overlapping such a WRITE's blocks waits for its
+            // range until the WRITE's data came and landed: the unit keeps
+            // the nexus's overlapping commands in order (SPC-4 Control mode
+            // page, QUEUE ALGORITHM MODIFIER 0h: restricted reordering), so
+            // it too waits on the initiator, not on the target.
+            let behind = if piped > 0 {
+                self.lun0().map_or(0, |lu| lu.ranges.queued())
+            } else {
+                0
+            };
+            let waiting = piped + behind;
             let idle = tx.strong_count() <= 1 + waiting && tx.capacity() == tx.max_capacity();
             let got = self.read_output().await;
             quiet = if idle && !got { quiet + 1 } else { 0 };
