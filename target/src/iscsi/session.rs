@@ -134,6 +134,14 @@ impl TaskSet {
         self.lock().remove(&itt);
     }
 
+    /// Whether a task is registered and not yet completing: a new command
+    /// under its tag would be a second task of the same name. (A completing
+    /// task's tag may come back at once: the initiator may have its
+    /// response before the task forgets it.)
+    pub fn is_running(&self, itt: u32) -> bool {
+        self.lock().get(&itt).is_some_and(|t| !t.completing)
+    }
+
     /// Whether a task is still registered (running or completing).
     pub fn contains(&self, itt: u32) -> bool {
         self.lock().contains_key(&itt)

@@ -878,6 +878,54 @@ async fn immediate_commands_past_the_depth_are_told_task_set_full() {
     assert_eq!(c.machine.shared().in_flight(), 0);
 }
 
+/// A task is known by its Initiator Task Tag session-wide (RFC 7143
+/// §11.2.1.8): a command naming the reserved tag, or the tag of a task
+/// still running, is rejected, and the running task still answers.
+#[tokio::test]
+async fn a_command_under_the_reserved_tag_or_a_running_tasks_tag_is_rejected() {
+    fn retagged(mut pdu: Pdu, itt: u32) -> Pdu {
+        let Bhs::ScsiCommand(cmd) = &mut pdu.bhs else {
+            unreachable!("rw makes a SCSI Command")
+        };
+        cmd.itt = itt;
+        pdu
+    }
+    let rejected = |sent: &[Pdu]| match sent {
+        [Pdu {
+            bhs: Bhs::Reject(r),
+            ..
+        }] => Some(r.reason),
+        _ => None,
+    };
+    let mut c = Conn::open(&[]).await;
+    let (_, pdu) = c.rw(false, 0, 1, Vec::new());
+    c.feed(retagged(pdu, RESERVED_TAG)).await;
+    assert_eq!(
+        rejected(&c.sent()),
+        Some(RejectReason::InvalidPduField),
+        "a command under ITT 0xffffffff"
+    );
+    let running = held_read(&mut c).await;
+    let (_, pdu) = c.rw(false, 8, 1, Vec::new());
+    c.feed(retagged(pdu, running)).await;
+    let second = rejected(&c.sent());
+    // Unstalled before the assertion: a failing one must not leave the held
+    // READ's thread blocking the runtime's shutdown.
+    c.lu().set_stalled(false);
+    assert_eq!(
+        second,
+        Some(RejectReason::TaskInProgress),
+        "a second command under a running task's ITT"
+    );
+    let sent = c.sent_until_quiet(Duration::from_millis(300)).await;
+    assert_eq!(
+        status_of(&sent, running),
+        Some(0),
+        "the running READ answers"
+    );
+    assert_eq!(c.machine.shared().in_flight(), 0, "the window is whole");
+}
+
 #[tokio::test]
 async fn abort_task_of_a_running_command_then_nothing_of_it_ever_leaves() {
     let mut c = Conn::open(&[]).await;

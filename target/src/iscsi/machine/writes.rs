@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use blockwire_pdu::pdu::codes::RejectReason;
-use blockwire_pdu::pdu::{DataOut, R2t, ScsiCommand};
+use blockwire_pdu::pdu::{DataOut, R2t, ScsiCommand, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Pdu};
 use blockwire_transport::assist::{Descriptor, Direction};
 use tracing::{debug, warn};
@@ -87,6 +87,28 @@ impl ConnMachine {
             // Discovery sessions carry no SCSI commands (RFC 7143 §4.3.1).
             drop(slot);
             self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
+            return;
+        }
+        // The Initiator Task Tag names the task session-wide while it lives,
+        // and 0xffffffff is never a task's (RFC 7143 §11.2.1.8): such a
+        // command would take over the running task's place in the task set
+        // (its answer lost, task management aimed at the wrong command).
+        let clash = if cmd.itt == RESERVED_TAG {
+            Some(RejectReason::InvalidPduField)
+        } else if self.session.tasks.is_running(cmd.itt) {
+            Some(RejectReason::TaskInProgress)
+        } else {
+            None
+        };
+        if let Some(reason) = clash {
+            warn!(
+                tsih = self.session.tsih,
+                itt = cmd.itt,
+                reason = reason.name(),
+                "SCSI command refused for its task tag"
+            );
+            drop(slot);
+            self.reject(reason, pdu.bhs.encode(0, 0).to_vec());
             return;
         }
         if cmd.immediate && self.shared.over_depth() {
