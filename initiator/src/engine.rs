@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Duration;
 
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutReason, LogoutResponseCode};
@@ -182,6 +183,14 @@ pub enum Event<T> {
     /// The target asked for the connection or session to end (Async
     /// Message): the shell should recover or log out.
     Drop(String),
+    /// The target asks the initiator to log out within `within` (Async
+    /// Message, AsyncEvent 1, RFC 7143 §11.9.1; Parameter3): the shell lets
+    /// the commands in flight finish, sends no new ones, logs out, and
+    /// logs in again.
+    LogoutRequested {
+        /// How long the target waits for the Logout Request.
+        within: Duration,
+    },
 }
 
 /// Where the data of a Data-In PDU goes.
@@ -845,9 +854,10 @@ impl<T: Clone> Engine<T> {
                 self.update_sn(Some(a.stat_sn), a.exp_cmd_sn, a.max_cmd_sn);
                 use blockwire_pdu::pdu::codes::AsyncEvent;
                 match a.event {
-                    AsyncEvent::LogoutRequest
-                    | AsyncEvent::ConnectionDrop
-                    | AsyncEvent::SessionDrop => {
+                    AsyncEvent::LogoutRequest => events.push(Event::LogoutRequested {
+                        within: Duration::from_secs(u64::from(a.parameter3)),
+                    }),
+                    AsyncEvent::ConnectionDrop | AsyncEvent::SessionDrop => {
                         events.push(Event::Drop(format!(
                             "target sent async event: {}",
                             a.event.name()

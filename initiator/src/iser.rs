@@ -835,6 +835,12 @@ async fn receive_loop(inner: Arc<Inner>, cq: AnyCq) {
                 // is a protocol error for this command, which the engine already refused.
                 Event::R2t { .. } => {}
                 Event::Drop(why) => return inner.connection_lost(&why),
+                // Over iSER the connection is recovered at once, as on a
+                // loss (no drain and Logout exchange there): commands in
+                // flight are issued again on the new connection.
+                Event::LogoutRequested { .. } => {
+                    return inner.connection_lost("the target asked for a logout")
+                }
             }
         }
     }

@@ -92,6 +92,9 @@ pub struct RawCompletion {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum ConnState {
     Up(u64),
+    /// The target asked for a logout: the commands in flight on this
+    /// connection finish, new ones wait for the next connection.
+    Draining(u64),
     Recovering,
     Failed(String),
     Closed,
@@ -140,6 +143,13 @@ struct Inner {
 /// so past this the connection is dropped and recovered. A target that
 /// waits for each answer (RFC 7143 §11.19) has one or two out.
 const MAX_PING_ANSWERS: usize = 64;
+
+/// How often a session draining for a logout the target asked for checks
+/// whether its commands in flight finished.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// How long a logout the target asked for waits for its Logout Response.
+const LOGOUT_ANSWER: Duration = Duration::from_secs(10);
 
 /// The answers to the target's NOP-In pings a connection has on their way
 /// out, at most [`MAX_PING_ANSWERS`] (TCP and iSER sessions alike).
@@ -493,7 +503,7 @@ impl Inner {
                     })
                 }
                 ConnState::Closed => return Err(Error::Closed),
-                ConnState::Recovering => {}
+                ConnState::Recovering | ConnState::Draining(_) => {}
             }
             rx.changed().await.map_err(|_| Error::Closed)?;
         }
@@ -504,7 +514,7 @@ impl Inner {
     fn connection_lost(self: &Arc<Self>, generation: u64, reason: String) {
         let mut mine = false;
         self.state.send_if_modified(|s| {
-            if *s == ConnState::Up(generation) {
+            if *s == ConnState::Up(generation) || *s == ConnState::Draining(generation) {
                 *s = ConnState::Recovering;
                 mine = true;
                 true
@@ -523,6 +533,49 @@ impl Inner {
         self.stop_background();
         let handle = tokio::spawn(self.clone().recover(generation, reason)).abort_handle();
         lock(&self.background).push(handle);
+    }
+
+    /// The target asked for a logout within `within` (RFC 7143 §11.9.1,
+    /// e.g. it is shutting down or moving the session): new commands wait
+    /// for the next connection while those in flight finish, at most
+    /// `within`; then the session logs out, so the target ends it cleanly
+    /// rather than seeing the connection drop, and logs in again as after a
+    /// loss. Commands still in flight then are issued again there.
+    async fn log_out_on_request(self: Arc<Self>, generation: u64, within: Duration) {
+        let claimed = self.state.send_if_modified(|s| {
+            let up = *s == ConnState::Up(generation);
+            if up {
+                *s = ConnState::Draining(generation);
+            }
+            up
+        });
+        if !claimed {
+            return;
+        }
+        tracing::info!(target = %self.target, portal = %self.portal, ?within, "the target asked for a logout; letting commands in flight finish");
+        let deadline = tokio::time::Instant::now() + within;
+        while !lock(&self.engine).in_flight().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let req = lock(&self.engine).start_logout(tx);
+        let answer = match self
+            .send_pdu(generation, Pdu::new(Bhs::LogoutRequest(req)))
+            .await
+        {
+            Ok(()) => tokio::time::timeout(LOGOUT_ANSWER, rx.recv())
+                .await
+                .ok()
+                .flatten(),
+            Err(_) => None,
+        };
+        let reason = match answer {
+            Some(Msg::Done(TaskResult::Logout(code))) => {
+                format!("logged out at the target's request ({})", code.name())
+            }
+            _ => "the target asked for a logout, which went unanswered".to_string(),
+        };
+        self.connection_lost(generation, reason);
     }
 
     async fn recover(self: Arc<Self>, generation: u64, reason: String) {
@@ -607,6 +660,11 @@ impl Inner {
                     });
                 }
                 Event::Drop(reason) => drop_reason = Some(reason),
+                Event::LogoutRequested { within } => {
+                    let handle = tokio::spawn(self.clone().log_out_on_request(generation, within))
+                        .abort_handle();
+                    lock(&self.background).push(handle);
+                }
             }
         }
         drop_reason

@@ -293,7 +293,7 @@ impl Model {
                     }
                     other => panic!("the engine sends {:?} by itself", other.opcode()),
                 },
-                Event::Drop(_) => {}
+                Event::Drop(_) | Event::LogoutRequested { .. } => {}
             }
         }
     }
