@@ -516,6 +516,15 @@ impl FileBackstore {
         }
     }
 
+    /// Leaves an atomic write of `data` at `offset` unfinished, as an I/O
+    /// error in place does (its record durable, the write abandoned).
+    #[cfg(test)]
+    pub(crate) fn leave_atomic_write_unfinished(&self, offset: u64, data: &[u8]) {
+        let j = self.journal.as_ref().expect("a store with a journal");
+        let ticket = j.begin(offset, data).expect("the record");
+        j.abandon(ticket);
+    }
+
     /// Refuses a change of bytes an unfinished atomic write will be
     /// replayed over (see [`Journal::check_unreplayed`]).
     fn check_unreplayed(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -766,6 +775,13 @@ impl Backstore for FileBackstore {
         self.mode == FileMode::Cached
     }
 
+    /// The bytes an unfinished atomic write will be replayed over take no
+    /// write from the engine either (see [`Journal::check_unreplayed`]).
+    fn check_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        self.check_unreplayed(offset, len)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len)?;
         if len == 0 {
@@ -800,6 +816,8 @@ impl Backstore for FileBackstore {
         if len == 0 {
             return Ok(());
         }
+        // Zeroing by fallocate never passes through `write`.
+        self.check_unreplayed(offset, len)?;
         if self.regular && self.can_zero_range.load(Ordering::Relaxed) {
             let _exclusive = self.rmw.write().unwrap_or_else(|e| e.into_inner());
             match self.fallocate(
@@ -961,6 +979,11 @@ mod tests {
                 s.write_atomic(64 << 10, &[0x22; 4096], true),
             ),
             ("UNMAP", s.discard((72 << 10) - 512, 1024)),
+            ("WRITE SAME of zeros", s.write_zeroes(66 << 10, 512)),
+            (
+                "a pipelined WRITE's plan",
+                s.check_write(56 << 10, 16 << 10),
+            ),
         ] {
             let e = r.expect_err(what).to_string();
             assert!(

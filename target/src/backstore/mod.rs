@@ -209,6 +209,13 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn volatile_cache(&self) -> bool {
         true
     }
+    /// Refuses a write of `[offset, offset+len)` the store's own rules
+    /// forbid before any byte moves, for a writer that puts the bytes on
+    /// the medium without this store (the fabric's pipelined WRITEs, which
+    /// the I/O engine writes to the file itself). Default: none.
+    fn check_write(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// Deallocates a range (UNMAP); the range must then read as zeros.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.write_zeroes(offset, len)

@@ -213,10 +213,19 @@ impl LunTable {
                 }
             }
         };
+        // The caller writes the bytes itself, past the store's own checks
+        // (an unfinished atomic write's bytes, say): those run here, once
+        // the range is held, so a write that ended before is seen.
+        let offset = rw.lba * u64::from(bs);
+        if let Err(e) = lu.cfg.backstore.check_write(offset, bytes) {
+            lu.ranges.unlock_id(range);
+            release();
+            return Some(WritePlan::Answer(lu.write_failure(rw.lba, bytes, &e)));
+        }
         Some(WritePlan::Write(Box::new(PlannedWrite {
             lu: lu.clone(),
             lba: rw.lba,
-            offset: rw.lba * u64::from(bs),
+            offset,
             len: bytes,
             block_size: bs,
             fua: rw.fua,
@@ -407,6 +416,48 @@ mod tests {
         assert!(done.load(Ordering::SeqCst));
         assert!(lu.in_flight.wait_idle(&n, Duration::from_millis(10)));
         assert_eq!(lu.write_done(8192).transfer_length, 8192);
+    }
+
+    /// A pipelined WRITE's bytes reach the file through the I/O engine,
+    /// not the store: its plan refuses the bytes of an atomic write an I/O
+    /// error left unfinished, which the next open writes in place (a WRITE
+    /// acknowledged over them would silently be undone), as the store's
+    /// own writes do; the rest of the unit plans as before.
+    #[test]
+    fn a_plan_refuses_the_bytes_of_an_unfinished_atomic_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lun.img");
+        let journal = crate::backstore::FileBackstore::default_journal_path(&path);
+        let (store, _) = crate::backstore::FileBackstore::open(&path, Some(1 << 20), false)
+            .unwrap()
+            .with_atomic_journal(&journal)
+            .unwrap();
+        store.leave_atomic_write_unfinished(64 << 10, &[0x11; 8192]);
+        let lu = LogicalUnit::new(super::super::LuConfig::new(Arc::new(store)));
+        let t = LunTable::new(vec![(0, Arc::new(lu))]);
+        let n = nexus("iqn.2024-01.test:a");
+        ready(&t, &n);
+        // LBA 120, 16 blocks: bytes 60 KiB to 68 KiB, half of them held.
+        let WritePlan::Answer(r) = plan(&t, &n, &rw(CdbSize::Ten, 120, 16, false), 8192) else {
+            panic!("planned a write over an unfinished atomic write")
+        };
+        assert_eq!(r.status, CHECK);
+        assert!(
+            matches!(
+                plan(&t, &n, &rw(CdbSize::Ten, 0, 16, false), 8192),
+                WritePlan::Write(_)
+            ),
+            "the rest of the unit takes writes"
+        );
+        let lu = t.get(0).unwrap();
+        assert!(
+            lu.in_flight.wait_idle(&n, Duration::from_millis(10)),
+            "the refused plan holds nothing"
+        );
+        assert!(
+            lu.ranges.try_lock_id(120, 136, true).is_some(),
+            "nor its range"
+        );
     }
 
     #[test]
