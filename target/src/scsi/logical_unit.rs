@@ -271,68 +271,7 @@ pub struct Activity {
     pub last_media: Option<Duration>,
 }
 
-/// Commands executing on this unit, per nexus. PREEMPT AND ABORT waits
-/// for the preempted nexuses' commands to leave the unit, so that no write
-/// of a fenced initiator reaches the medium after the fencing initiator got
-/// GOOD (a command counts from before its reservation check, so one that
-/// passed the check before the preemption is waited for, and one that
-/// checks after it conflicts).
-#[derive(Debug, Default)]
-pub(crate) struct InFlight {
-    // foldhash, not SipHash: every command holds and releases its nexus
-    // here, and SipHash of the two port names cost about 2 % of a 4 KiB WRITE.
-    counts: Mutex<foldhash::HashMap<ItNexus, usize>>,
-    idle: super::wake::QuietCondvar,
-}
-
-/// Removes its command from [`InFlight`] when dropped.
-pub(crate) struct InFlightGuard<'a> {
-    owner: &'a InFlight,
-    nexus: &'a ItNexus,
-}
-
-impl InFlight {
-    fn enter<'a>(&'a self, nexus: &'a ItNexus) -> InFlightGuard<'a> {
-        self.hold(nexus);
-        InFlightGuard { owner: self, nexus }
-    }
-
-    /// Counts one command of `nexus` in until [`InFlight::release`]: for a
-    /// pipelined WRITE, whose chunk writes outlive any borrowed guard.
-    pub(crate) fn hold(&self, nexus: &ItNexus) {
-        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        *c.entry(nexus.clone()).or_insert(0) += 1;
-    }
-
-    /// Ends one [`InFlight::hold`] of `nexus`.
-    pub(crate) fn release(&self, nexus: &ItNexus) {
-        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = c.get_mut(nexus) {
-            *n -= 1;
-            if *n == 0 {
-                c.remove(nexus);
-            }
-        }
-        drop(c);
-        self.idle.notify_all();
-    }
-
-    /// Waits until `nexus` has no command on the unit, at most `limit`;
-    /// false if some were still running then.
-    pub(crate) fn wait_idle(&self, nexus: &ItNexus, limit: Duration) -> bool {
-        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let c = self
-            .idle
-            .wait_timeout_while(c, limit, |c| c.get(nexus).is_some_and(|&n| n > 0));
-        c.get(nexus).is_none_or(|&n| n == 0)
-    }
-}
-
-impl Drop for InFlightGuard<'_> {
-    fn drop(&mut self) {
-        self.owner.release(self.nexus);
-    }
-}
+use super::in_flight::InFlight;
 
 /// Holder of the abort handler (closures have no `Debug`).
 #[derive(Default)]
@@ -456,13 +395,7 @@ impl LogicalUnit {
 
     /// Commands running now and how long since the last media command.
     pub fn activity(&self) -> Activity {
-        let in_flight = self
-            .in_flight
-            .counts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .sum();
+        let in_flight = self.in_flight.total();
         let ms = self.last_media_ms.load(Ordering::Relaxed);
         let last_media = (ms != 0).then(|| {
             self.born

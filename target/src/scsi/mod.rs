@@ -15,6 +15,7 @@ mod atomic;
 mod control;
 mod guard_crc;
 mod identity;
+mod in_flight;
 mod inquiry;
 mod logical_unit;
 mod lun_table;

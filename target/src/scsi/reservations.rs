@@ -754,28 +754,30 @@ impl LogicalUnit {
             "persistent reservation changed"
         );
         if !aborted.is_empty() {
+            // Committed: commands counted in from here check the new state.
+            let epoch = self.in_flight.new_epoch();
+            let preempted = |n: &ItNexus| n != nexus && aborted.iter().any(|r| r.matches(n));
             let handler = self.abort_handler();
-            for n in known
-                .iter()
-                .filter(|n| aborted.iter().any(|r| r.matches(n)))
-            {
-                if n != nexus {
-                    if let Some(h) = &handler {
-                        h(n);
-                    }
-                    self.lock()
-                        .ua
-                        .push(n, Asc::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR);
-                    // Commands of the preempted nexus already past their
-                    // reservation check (e.g. a write inside the backstore)
-                    // finish before this PREEMPT AND ABORT reports GOOD.
-                    if !self.in_flight.wait_idle(n, PREEMPT_DRAIN_LIMIT) {
-                        tracing::warn!(
-                            preempted = %n.initiator_port,
-                            "commands of the preempted nexus still running after {PREEMPT_DRAIN_LIMIT:?}"
-                        );
-                    }
+            for n in known.iter().filter(|n| preempted(n)) {
+                if let Some(h) = &handler {
+                    h(n);
                 }
+                self.lock()
+                    .ua
+                    .push(n, Asc::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR);
+            }
+            // Commands of the preempted nexuses already past their
+            // reservation check (a write inside the backstore, say) finish
+            // before this PREEMPT AND ABORT reports GOOD, whether or not
+            // their connection still stands (see `in_flight`).
+            for n in self
+                .in_flight
+                .wait_before(epoch, preempted, PREEMPT_DRAIN_LIMIT)
+            {
+                tracing::warn!(
+                    preempted = %n.initiator_port,
+                    "commands of the preempted nexus still running after {PREEMPT_DRAIN_LIMIT:?}"
+                );
             }
         }
         Ok(Done::out(len as u64))

@@ -275,6 +275,63 @@ fn fencing_preempt_and_abort() {
     assert_eq!(d[21], PrType::WriteExclusiveRegistrantsOnly.code());
 }
 
+/// PREEMPT AND ABORT answers only once the preempted node's commands that
+/// passed their reservation check before it have left the unit, even when
+/// that node's connection ended already (the usual reason to fence it,
+/// which forgets its nexus for unit attentions); and it does not wait for
+/// the commands the node sends after it, which check the new state (a
+/// fenced node may still READ under the Write Exclusive types).
+#[test]
+fn preempt_and_abort_waits_for_a_gone_nodes_write_and_not_for_later_commands() {
+    use std::time::{Duration, Instant};
+    let (t, a, b, _) = three();
+    register(&t, &a, 0xa);
+    register(&t, &b, 0xb);
+    let ty = PrType::WriteExclusiveRegistrantsOnly;
+    assert_eq!(reserve(&t, &a, 0xa, ty).status, GOOD);
+    // B's pipelined WRITE passed its checks; its bytes are still to land.
+    let cdb = c(Cdb::Write(rw(CdbSize::Ten, 8, 8)));
+    let req = ScsiRequest {
+        lun: 0,
+        cdb: &cdb,
+        nexus: &b,
+        task_tag: 7,
+        attr: blockwire_pdu::pdu::codes::TaskAttr::Simple,
+        data_out: &[],
+        data_in_capacity: 0,
+        initiator_stats: None,
+    };
+    let write_plan::WritePlan::Write(write) = t.plan_write(&req, 4096, false) else {
+        panic!("B's WRITE is planned")
+    };
+    t.nexus_lost(&b);
+    let lu = t.get(0).unwrap();
+    std::thread::scope(|s| {
+        let preempt =
+            s.spawn(|| prout(&t, &a, PrOutAction::PreemptAndAbort, ty, keys(0xa, 0xb)).status);
+        std::thread::sleep(Duration::from_millis(300));
+        let answered_early = preempt.is_finished();
+        // Sent after the preemption, still running.
+        let later = lu.in_flight.hold(&b);
+        drop(write);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !preempt.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let answered = preempt.is_finished();
+        lu.in_flight.release(&b, later);
+        assert!(
+            !answered_early,
+            "PREEMPT AND ABORT answered while the fenced node's WRITE was still to land"
+        );
+        assert!(
+            answered,
+            "PREEMPT AND ABORT waited for a command sent after it"
+        );
+        assert_eq!(preempt.join().unwrap(), GOOD);
+    });
+}
+
 #[test]
 fn release_and_clear_unit_attentions() {
     let (t, a, b, _) = three();

@@ -53,6 +53,8 @@ use super::{ItNexus, LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFE
 pub struct WriteHold {
     lu: Arc<LogicalUnit>,
     nexus: ItNexus,
+    /// Its count in the unit's commands in flight.
+    entry: super::in_flight::Entry,
     range: u64,
     /// Held for its drop: counts the WRITE when the hold ends, the
     /// command's end for the unit.
@@ -70,7 +72,7 @@ impl std::fmt::Debug for WriteHold {
 impl Drop for WriteHold {
     fn drop(&mut self) {
         self.lu.ranges.unlock_id(self.range);
-        self.lu.in_flight.release(&self.nexus);
+        self.lu.in_flight.release(&self.nexus, self.entry);
     }
 }
 
@@ -179,8 +181,8 @@ impl LunTable {
             return Some(WritePlan::Answer(self.execute(&no_data)));
         }
         // In flight from before the reservation check (PREEMPT AND ABORT).
-        lu.in_flight.hold(req.nexus);
-        let release = || lu.in_flight.release(req.nexus);
+        let entry = lu.in_flight.hold(req.nexus);
+        let release = || lu.in_flight.release(req.nexus, entry);
         // 2. The normal path on the same command with no data.
         let probe_cdb = Cdb::Write(blockwire_pdu::scsi::Rw { length: 0, ..rw }).encode();
         let probe = ScsiRequest {
@@ -233,6 +235,7 @@ impl LunTable {
             hold: WriteHold {
                 lu: lu.clone(),
                 nexus: req.nexus.clone(),
+                entry,
                 range,
                 _clock: CommandClock::start(
                     lu.stats.clone(),
