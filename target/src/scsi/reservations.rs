@@ -496,18 +496,30 @@ impl LogicalUnit {
             }
         }
         let pr = &st.res.pr;
+        if acc == Access::Spc2 && !pr.regs.is_empty() {
+            // CRH=1 (SPC-4 5.9.3): RESERVE and RELEASE from the holder, or
+            // from a registered nexus under a registrants-only or
+            // all-registrants reservation, are successful no-ops; every
+            // other one conflicts with the registrations, as SPC-2 5.5.1
+            // has it. (A RESERVE granted here would shut the registrants'
+            // PREEMPT out: fencing would stop working.)
+            let exempt = pr.is_holder(nexus)
+                || (pr.find(nexus).is_some()
+                    && pr
+                        .resv
+                        .as_ref()
+                        .is_some_and(|r| registrants_only(r.ty) || all_registrants(r.ty)));
+            return if exempt {
+                Ok(())
+            } else {
+                Err(Failure::Conflict)
+            };
+        }
         let Some(resv) = &pr.resv else {
             return Ok(());
         };
         if acc == Access::Always || acc == Access::Pr || pr.is_holder(nexus) {
             return Ok(());
-        }
-        if acc == Access::Spc2 {
-            // CRH=1 (SPC-4 5.9.3): RELEASE is a no-op, RESERVE conflicts.
-            return match cdb {
-                Cdb::Release6 | Cdb::Release10 { .. } => Ok(()),
-                _ => Err(Failure::Conflict),
-            };
         }
         let registered = pr.find(nexus).is_some();
         let exclusive_access = matches!(

@@ -938,6 +938,48 @@ fn spc2_reserve_release_and_nexus_loss() {
     assert_eq!(can_read(&t, &a), GOOD);
 }
 
+/// RESERVE and RELEASE (SPC-2) beside persistent registrations, with
+/// CRH=1 (SPC-4 5.9.3): a successful no-op from the holder and, under a
+/// registrants-only or all-registrants reservation, from a registered
+/// nexus; a RESERVATION CONFLICT from anyone else while any registration
+/// stands (SPC-2 5.5.1), reservation or not. A RESERVE granted to an
+/// outsider would refuse the registrants' PREEMPT: fencing lost.
+#[test]
+fn reserve_and_release_beside_registrations_follow_crh() {
+    let (t, a, b, x) = three();
+    let reserve6 = |n: &ItNexus| run(&t, n, &c(Cdb::Reserve6), &[], 0).status;
+    let release6 = |n: &ItNexus| run(&t, n, &c(Cdb::Release6), &[], 0).status;
+    register(&t, &a, 0xa);
+    register(&t, &b, 0xb);
+    assert_eq!(reserve6(&x), CONFLICT, "RESERVE beside registrations");
+    assert_eq!(release6(&x), CONFLICT, "RELEASE beside registrations");
+    assert_eq!(
+        reserve6(&a),
+        CONFLICT,
+        "RESERVE of a registrant, no reservation"
+    );
+    assert_eq!(
+        reserve(&t, &a, 0xa, PrType::WriteExclusiveRegistrantsOnly).status,
+        GOOD
+    );
+    for (who, n) in [("the holder", &a), ("a registrant", &b)] {
+        assert_eq!(reserve6(n), GOOD, "RESERVE of {who}");
+        assert_eq!(release6(n), GOOD, "RELEASE of {who}");
+    }
+    assert_eq!(reserve6(&x), CONFLICT);
+    assert_eq!(release6(&x), CONFLICT);
+    // Nothing changed: B still writes as a registrant, and preempts.
+    assert_eq!(can_write(&t, &b), GOOD);
+    let r = prout(
+        &t,
+        &b,
+        PrOutAction::Preempt,
+        PrType::WriteExclusiveRegistrantsOnly,
+        keys(0xb, 0xa),
+    );
+    assert_eq!(r.status, GOOD);
+}
+
 #[test]
 fn preempt_holder_changes_type_and_tells_others() {
     let (t, a, b, x) = three();
