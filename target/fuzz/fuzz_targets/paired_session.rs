@@ -356,6 +356,9 @@ impl Pair {
             Event::Complete { owner, result } => self.complete(owner, result),
             Event::Send(pdu) => self.send(pdu),
             Event::Drop(why) => panic!("the target asked to drop the session: {why}"),
+            Event::LogoutRequested { within } => {
+                panic!("the target asked for a logout within {within:?}")
+            }
         }
     }
 
