@@ -934,6 +934,46 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
     assert!(e.contains("the list of LUNs is empty"), "{e}");
 }
 
+/// A cluster fences with persistent reservations; kept in memory only
+/// (APTPL off), they live in the unit, and a unit built in its place starts
+/// without them: the fenced node would write again. So a change that
+/// removes or replaces a LUN holding registrations is refused, as for a
+/// LUN in use, unless forced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_holding_unsaved_reservation_registrations_is_not_removed_unforced() {
+    let mut d = Daemon::start().await;
+    let mut c = Client::login(d.portal(1).await, 1).await;
+    c.ready().await;
+    d.call(
+        "lun.add",
+        json!({"target": TARGET, "lun": {"id": 1, "backstore": "ram", "size": "4M"}}),
+    )
+    .await;
+    c.lun = 1;
+    unit_attentions(&mut c).await;
+    // PERSISTENT RESERVE OUT, REGISTER, service action key 0x1234.
+    let mut params = vec![0u8; 24];
+    params[8..16].copy_from_slice(&0x1234u64.to_be_bytes());
+    let (status, _) = c
+        .run(&[0x5f, 0x00, 0, 0, 0, 0, 0, 0, 24, 0], 0, &params)
+        .await;
+    assert_eq!(status, 0, "REGISTER");
+    let e = d
+        .refusal("lun.remove", json!({"target": TARGET, "lun": 1}))
+        .await;
+    assert!(
+        e.contains("removing LUN 1 of")
+            && e.contains("persistent reservation registration")
+            && e.contains("force"),
+        "{e}"
+    );
+    d.call(
+        "lun.remove",
+        json!({"target": TARGET, "lun": 1, "force": true}),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
     let d = Daemon::start().await;

@@ -544,6 +544,15 @@ fn in_use(a: &Activity) -> Option<String> {
     if a.in_flight > 0 {
         return Some(format!("{} command(s) are running on it", a.in_flight));
     }
+    if a.unsaved_registrations > 0 {
+        // A cluster's fencing lives there: replaced, a fenced node's
+        // writes would be taken again.
+        return Some(format!(
+            "it holds {} persistent reservation registration(s) kept in memory only (APTPL \
+             off), which a new unit would start without (a fenced node could write again)",
+            a.unsaved_registrations
+        ));
+    }
     match a.last_media {
         Some(ago) if ago < IN_USE_WINDOW => Some(format!(
             "it served a READ or WRITE {:.1} s ago",

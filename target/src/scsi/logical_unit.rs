@@ -269,6 +269,10 @@ pub struct Activity {
     pub in_flight: usize,
     /// Time since the last media command (READ, WRITE, ...), if any came.
     pub last_media: Option<Duration>,
+    /// Persistent reservation registrations the unit keeps in memory only
+    /// (APTPL off): a unit built in its place starts without them, so a
+    /// node they fence out would write again.
+    pub unsaved_registrations: usize,
 }
 
 use super::in_flight::InFlight;
@@ -402,9 +406,11 @@ impl LogicalUnit {
                 .elapsed()
                 .saturating_sub(Duration::from_millis(ms))
         });
+        let unsaved_registrations = self.lock().res.unsaved_registrations();
         Activity {
             in_flight,
             last_media,
+            unsaved_registrations,
         }
     }
 

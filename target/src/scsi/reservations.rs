@@ -370,6 +370,17 @@ pub(crate) struct Reservations {
 }
 
 impl Reservations {
+    /// Registrations kept in memory only (APTPL off): a unit built anew
+    /// over the same store starts without them, and without the
+    /// reservation they carry.
+    pub(crate) fn unsaved_registrations(&self) -> usize {
+        if self.pr.aptpl {
+            0
+        } else {
+            self.pr.regs.len()
+        }
+    }
+
     /// State at start-up: persistent reservations saved with APTPL are
     /// read back from `path`; a missing file is a clean start. A file that
     /// is there but cannot be read or parsed leaves the unit not ready
