@@ -32,7 +32,7 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use tracing::warn;
 
 /// Alignment of `O_DIRECT` transfers: offsets, lengths and memory. 4 KiB
@@ -78,7 +78,7 @@ pub struct FileBackstore {
     can_nowait: AtomicBool,
     /// The write-ahead journal that makes WRITE ATOMIC whole-or-nothing
     /// (see [`super::journal`]); none: no atomic writes.
-    journal: Option<Journal>,
+    journal: Option<Arc<Journal>>,
     /// The untorn writes the kernel offers for the file (direct mode
     /// only: `RWF_ATOMIC` needs `O_DIRECT`; see [`super::device_atomic`]).
     device_atomic: Option<DeviceAtomicUnits>,
@@ -320,7 +320,7 @@ impl FileBackstore {
     /// place first, so the store opens with each one wholly old or wholly
     /// new. Returns the store and how many writes were replayed.
     pub fn with_atomic_journal(mut self, journal: &Path) -> io::Result<(FileBackstore, usize)> {
-        let (j, replayed) = Journal::open(
+        let (j, replayed) = Journal::open_shared(
             journal,
             self.size(),
             |offset, data| self.write(offset, data, false),
@@ -366,7 +366,7 @@ impl FileBackstore {
 
     /// The atomic-write journal, if WRITE ATOMIC is on.
     pub fn atomic_journal(&self) -> Option<&Path> {
-        self.journal.as_ref().map(Journal::path)
+        self.journal.as_deref().map(Journal::path)
     }
 
     /// The mode the store really runs in.
@@ -1009,6 +1009,52 @@ mod tests {
         let mut back = vec![0u8; 512];
         s.read_at(68 << 10, &mut back).unwrap();
         assert_eq!(back, vec![0x22; 512], "the later write stands");
+    }
+
+    /// A live change of a file LUN's definition builds a new store over
+    /// the same files while the running one still serves. The new store
+    /// shares the running one's journal: its open replays nothing of the
+    /// atomic writes still in flight (a replay would write one over what
+    /// lands on its blocks after it), and both hand out slots from one
+    /// free list. Once every store of it is gone, the next open is a fresh
+    /// one, which replays what a crash left.
+    #[test]
+    fn a_store_opened_beside_a_running_one_shares_its_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lun.img");
+        let journal = FileBackstore::default_journal_path(&path);
+        let open = || {
+            FileBackstore::open(&path, Some(1 << 20), false)
+                .unwrap()
+                .with_atomic_journal(&journal)
+                .unwrap()
+        };
+        let (running, _) = open();
+        // An atomic write in flight: its record durable, the blocks not
+        // yet written in place.
+        let j = running.journal.as_ref().unwrap();
+        let in_flight = j.begin(64 << 10, &[0x11; 4096]).unwrap();
+        let (rebuilt, replayed) = open();
+        assert_eq!(
+            replayed, 0,
+            "the running store's write in flight was replayed"
+        );
+        let mut back = vec![0u8; 4096];
+        rebuilt.read_at(64 << 10, &mut back).unwrap();
+        assert_eq!(
+            back,
+            vec![0; 4096],
+            "the blocks are the running store's to write"
+        );
+        assert!(
+            Arc::ptr_eq(j, rebuilt.journal.as_ref().unwrap()),
+            "one journal for both stores"
+        );
+        drop((running, rebuilt));
+        // Gone unfinished, as in a crash: the next open replays it.
+        drop(in_flight);
+        let (_, replayed) = open();
+        assert_eq!(replayed, 1);
     }
 
     #[test]

@@ -41,7 +41,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 use blockwire_pdu::digest::crc32c_digest;
 use tracing::info;
@@ -484,7 +484,56 @@ fn create(path: &Path, g: Geometry) -> io::Result<()> {
     sync_dir(path)
 }
 
+/// The journals open in this process, by path. A unit built anew over the
+/// same files (a live change of its definition) shares the running unit's
+/// journal rather than opening a second one: two would each hand out slots
+/// from a free list of their own (one's record overwriting the other's in
+/// flight, whose "done" mark then spoils it), and the second's open would
+/// replay the first's records of writes still in flight, over whatever
+/// lands on those blocks after them.
+fn open_journals() -> &'static Mutex<Vec<(PathBuf, Weak<Journal>)>> {
+    static OPEN: OnceLock<Mutex<Vec<(PathBuf, Weak<Journal>)>>> = OnceLock::new();
+    OPEN.get_or_init(Mutex::default)
+}
+
+/// `path` with its directory resolved, so two spellings of one journal
+/// meet (the file itself may not exist yet).
+fn journal_key(path: &Path) -> PathBuf {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = std::fs::canonicalize(dir.unwrap_or(Path::new("."))).ok();
+    match (dir, path.file_name()) {
+        (Some(dir), Some(name)) => dir.join(name),
+        _ => path.to_owned(),
+    }
+}
+
 impl Journal {
+    /// [`Journal::open`], unless this process has the journal at `path`
+    /// open already: then that one, shared, and nothing is replayed (its
+    /// records are writes in flight or left by an I/O error, which it
+    /// keeps guarded; see [`open_journals`]).
+    pub fn open_shared(
+        path: &Path,
+        capacity: u64,
+        apply: impl FnMut(u64, &[u8]) -> io::Result<()>,
+        sync_backing: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<(Arc<Journal>, usize)> {
+        let key = journal_key(path);
+        let mut open = open_journals().lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|(_, j)| j.strong_count() > 0);
+        if let Some(j) = open
+            .iter()
+            .find(|(p, _)| *p == key)
+            .and_then(|(_, j)| j.upgrade())
+        {
+            return Ok((j, 0));
+        }
+        let (j, replayed) = Journal::open(path, capacity, apply, sync_backing)?;
+        let j = Arc::new(j);
+        open.push((key, Arc::downgrade(&j)));
+        Ok((j, replayed))
+    }
+
     /// Opens (or creates) the journal at `path` for a backing file of
     /// `capacity` bytes, replays every pending record through `apply`
     /// (offset, data), calls `sync_backing` once if anything was replayed,
@@ -648,8 +697,8 @@ impl Journal {
             Some(&(o, l)) => Err(io::Error::other(format!(
                 "atomic-write journal {}: bytes {o} to {} hold an atomic write an I/O error left \
                  unfinished, which the next open of the LUN writes in place; no write to them is \
-                 taken until then (fix the error, then restart blockwire-target or reopen the LUN \
-                 by a live change of it)",
+                 taken until then (fix the error, then restart blockwire-target, or remove the \
+                 LUN and add it back once its commands ended)",
                 self.path.display(),
                 o + u64::from(l)
             ))),
