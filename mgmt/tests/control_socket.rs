@@ -941,7 +941,7 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
 /// LUN in use, unless forced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lun_holding_unsaved_reservation_registrations_is_not_removed_unforced() {
-    let mut d = Daemon::start().await;
+    let d = Daemon::start().await;
     let mut c = Client::login(d.portal(1).await, 1).await;
     c.ready().await;
     d.call(
