@@ -10,7 +10,6 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use blockwire_initiator::{InitiatorConfig, Session};
 use blockwire_pdu::pdu::codes::AsyncEvent;
 use blockwire_pdu::pdu::{AsyncMessage, DataIn, ScsiCommand, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
@@ -129,13 +128,8 @@ fn asking_target(listener: TcpListener) -> (FirstConnection, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_logout_the_target_asks_for_lets_the_read_in_flight_finish_then_logs_out() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let portal = listener.local_addr().unwrap().to_string();
-    let target = std::thread::spawn(move || asking_target(listener));
-    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:async-logout");
-    let session = Session::connect(config, &portal, "iqn.2026-12.io.blockwire:asking")
-        .await
-        .expect("the scripted target logs the initiator in");
+    let (session, target) =
+        scripted::session_with("iqn.2026-12.io.blockwire:async-logout", asking_target).await;
     for which in ["in flight as the target asks", "after the new login"] {
         let mut buf = vec![0u8; 8 * 512];
         tokio::time::timeout(Duration::from_secs(30), session.read(0, 0, 8, &mut buf))

@@ -11,7 +11,6 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use blockwire_initiator::{InitiatorConfig, Session};
 use blockwire_pdu::pdu::codes::ServiceResponse;
 use blockwire_pdu::pdu::{DataIn, ScsiResponse};
 use blockwire_pdu::{Bhs, Digests, Pdu};
@@ -89,13 +88,8 @@ fn half_answering_target(listener: TcpListener) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_the_target_answers_in_part_fails() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let portal = listener.local_addr().unwrap().to_string();
-    let target = std::thread::spawn(move || half_answering_target(listener));
-    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:short-read");
-    let session = Session::connect(config, &portal, "iqn.2026-12.io.blockwire:half")
-        .await
-        .expect("the scripted target logs the initiator in");
+    let (session, target) =
+        scripted::session_with("iqn.2026-12.io.blockwire:short-read", half_answering_target).await;
     for what in ["no residual", "a residual"] {
         let mut buf = vec![0u8; 8 * 512];
         let read = tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))

@@ -4,7 +4,10 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
+use std::thread::JoinHandle;
+
+use blockwire_initiator::{InitiatorConfig, Session};
 
 use blockwire_pdu::keys::{encode_text, parse_text};
 use blockwire_pdu::pdu::codes::LogoutResponseCode;
@@ -97,4 +100,23 @@ pub fn log_in(s: &mut TcpStream) -> (u32, u32) {
             return (stat_sn, r.cmd_sn);
         }
     }
+}
+
+/// Plays `script` on a thread as the target of a loopback portal and logs
+/// a session of `initiator` in to it: the session, and the script's thread.
+pub async fn session_with<T: Send + 'static>(
+    initiator: &str,
+    script: impl FnOnce(TcpListener) -> T + Send + 'static,
+) -> (Session, JoinHandle<T>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = listener.local_addr().unwrap().to_string();
+    let target = std::thread::spawn(move || script(listener));
+    let session = Session::connect(
+        InitiatorConfig::new(initiator),
+        &portal,
+        "iqn.2026-12.io.blockwire:scripted",
+    )
+    .await
+    .expect("the scripted target logs the initiator in");
+    (session, target)
 }

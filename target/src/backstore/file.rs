@@ -947,6 +947,15 @@ impl Backstore for FileBackstore {
 mod tests {
     use super::*;
 
+    /// A 1 MiB store at `path` with its atomic-write journal at `journal`,
+    /// and how many writes its open replayed.
+    fn journalled_store(path: &Path, journal: &Path) -> (FileBackstore, usize) {
+        FileBackstore::open(path, Some(1 << 20), false)
+            .unwrap()
+            .with_atomic_journal(journal)
+            .unwrap()
+    }
+
     /// An atomic write whose record is durable but whose in-place write
     /// then failed (ENOSPC, EIO) stays in the journal, and the next open
     /// replays it. A later write of the same bytes acknowledged before then
@@ -959,12 +968,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lun.img");
         let journal = FileBackstore::default_journal_path(&path);
-        let open = || {
-            FileBackstore::open(&path, Some(1 << 20), false)
-                .unwrap()
-                .with_atomic_journal(&journal)
-                .unwrap()
-        };
+        let open = || journalled_store(&path, &journal);
         let (s, _) = open();
         // Step 1 of an atomic write of 8 KiB at 64 KiB, then an I/O error
         // in place: the store abandons the ticket (as `write_atomic` does).
@@ -1023,12 +1027,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lun.img");
         let journal = FileBackstore::default_journal_path(&path);
-        let open = || {
-            FileBackstore::open(&path, Some(1 << 20), false)
-                .unwrap()
-                .with_atomic_journal(&journal)
-                .unwrap()
-        };
+        let open = || journalled_store(&path, &journal);
         let (running, _) = open();
         // An atomic write in flight: its record durable, the blocks not
         // yet written in place.
