@@ -11,7 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use blockwire_pdu::pdu::codes::AsyncEvent;
-use blockwire_pdu::pdu::{AsyncMessage, DataIn, ScsiCommand, RESERVED_TAG};
+use blockwire_pdu::pdu::{AsyncMessage, ScsiCommand};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 
 mod scripted;
@@ -31,25 +31,8 @@ struct FirstConnection {
 /// The READ's data and status in one Data-In; writes to a connection the
 /// initiator may have dropped are let fail.
 fn answer_read(s: &mut TcpStream, c: &ScsiCommand, stat_sn: u32, cmd_sn: u32) {
-    let data_in = Pdu::with_data(
-        Bhs::DataIn(DataIn {
-            final_bit: true,
-            acknowledge: false,
-            overflow: false,
-            underflow: false,
-            status: Some(0),
-            lun: c.lun,
-            itt: c.itt,
-            ttt: RESERVED_TAG,
-            stat_sn,
-            exp_cmd_sn: cmd_sn,
-            max_cmd_sn: cmd_sn.wrapping_add(8),
-            data_sn: 0,
-            buffer_offset: 0,
-            residual_count: 0,
-        }),
-        vec![0xa5; c.expected_data_transfer_length as usize],
-    );
+    let data = vec![0xa5; c.expected_data_transfer_length as usize];
+    let data_in = scripted::single_data_in(c, Some(0), stat_sn, cmd_sn, data);
     let _ = s.write_all(&data_in.encode(Digests::NONE));
 }
 

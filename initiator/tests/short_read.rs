@@ -12,7 +12,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use blockwire_pdu::pdu::codes::ServiceResponse;
-use blockwire_pdu::pdu::{DataIn, ScsiResponse};
+use blockwire_pdu::pdu::ScsiResponse;
 use blockwire_pdu::{Bhs, Digests, Pdu};
 
 mod scripted;
@@ -34,25 +34,9 @@ fn half_answering_target(listener: TcpListener) {
                 let half = c.expected_data_transfer_length / 2;
                 let say_residual = reads == 1;
                 reads += 1;
-                let data_in = Pdu::with_data(
-                    Bhs::DataIn(DataIn {
-                        final_bit: true,
-                        acknowledge: false,
-                        overflow: false,
-                        underflow: false,
-                        status: (!say_residual).then_some(0),
-                        lun: c.lun,
-                        itt: c.itt,
-                        ttt: blockwire_pdu::pdu::RESERVED_TAG,
-                        stat_sn,
-                        exp_cmd_sn: cmd_sn,
-                        max_cmd_sn: cmd_sn.wrapping_add(8),
-                        data_sn: 0,
-                        buffer_offset: 0,
-                        residual_count: 0,
-                    }),
-                    vec![0xa5; half as usize],
-                );
+                let status = (!say_residual).then_some(0);
+                let data = vec![0xa5; half as usize];
+                let data_in = scripted::single_data_in(&c, status, stat_sn, cmd_sn, data);
                 s.write_all(&data_in.encode(Digests::NONE)).unwrap();
                 if say_residual {
                     let response = Pdu::new(Bhs::ScsiResponse(ScsiResponse {

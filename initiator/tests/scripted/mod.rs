@@ -11,7 +11,9 @@ use blockwire_initiator::{InitiatorConfig, Session};
 
 use blockwire_pdu::keys::{encode_text, parse_text};
 use blockwire_pdu::pdu::codes::LogoutResponseCode;
-use blockwire_pdu::pdu::{LoginRequest, LoginResponse, LogoutRequest, LogoutResponse};
+use blockwire_pdu::pdu::{
+    DataIn, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse, ScsiCommand, RESERVED_TAG,
+};
 use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu, Stage};
 
 /// Agrees to the login step `r` (with its text `data`): every negotiated key gets an
@@ -119,4 +121,34 @@ pub async fn session_with<T: Send + 'static>(
     .await
     .expect("the scripted target logs the initiator in");
     (session, target)
+}
+
+/// One Data-In answering `c` with `data` from offset 0, the last of the
+/// command (F set), carrying `status` when given; no residual.
+pub fn single_data_in(
+    c: &ScsiCommand,
+    status: Option<u8>,
+    stat_sn: u32,
+    cmd_sn: u32,
+    data: Vec<u8>,
+) -> Pdu {
+    Pdu::with_data(
+        Bhs::DataIn(DataIn {
+            final_bit: true,
+            acknowledge: false,
+            overflow: false,
+            underflow: false,
+            status,
+            lun: c.lun,
+            itt: c.itt,
+            ttt: RESERVED_TAG,
+            stat_sn,
+            exp_cmd_sn: cmd_sn,
+            max_cmd_sn: cmd_sn.wrapping_add(8),
+            data_sn: 0,
+            buffer_offset: 0,
+            residual_count: 0,
+        }),
+        data,
+    )
 }
