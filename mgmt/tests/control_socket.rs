@@ -934,6 +934,44 @@ async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
     assert!(e.contains("the list of LUNs is empty"), "{e}");
 }
 
+/// A change that resizes several LUNs is checked whole before any resize
+/// is made: one that its unit refuses (a file LUN only grows) leaves every
+/// LUN as it was and says nothing was changed. Before, the LUNs resized
+/// ahead of the refused one stayed resized (their initiators told so) while
+/// the running configuration kept their old sizes, which the next save and
+/// start would serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_with_one_refused_resize_resizes_nothing() {
+    let d = Daemon::start_with(|dir| {
+        format!(
+            "[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"8M\"\n\n\
+             [[target.lun]]\nid = 1\nbackstore = \"file\"\npath = {:?}\nsize = \"4M\"\n",
+            dir.join("d1.img")
+        )
+    })
+    .await;
+    let config = d._process.dir().join("two-groups.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let edited = text
+        .replacen("size = \"8M\"", "size = \"16M\"", 1)
+        .replacen("size = \"4M\"", "size = \"2M\"", 1);
+    assert_ne!(edited, text);
+    std::fs::write(&config, edited).unwrap();
+    let e = d.refusal("config.reload", Value::Null).await;
+    assert!(
+        e.contains("only grows") && e.contains("nothing was changed"),
+        "{e}"
+    );
+    let v = d.call("lun.list", Value::Null).await;
+    let sizes: Vec<u64> = v["targets"][0]["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [8 << 20, 4 << 20], "{v}");
+}
+
 /// A cluster fences with persistent reservations; kept in memory only
 /// (APTPL off), they live in the unit, and a unit built in its place starts
 /// without them: the fenced node would write again. So a change that

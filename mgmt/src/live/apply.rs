@@ -128,6 +128,7 @@ impl Live {
                 busy.join("; ")
             )));
         }
+        check_resizes(&resizes)?;
         if dry {
             // What building the real units would do on disk.
             applied.changes.extend(
@@ -667,6 +668,23 @@ fn set_thresholds(
 }
 
 /// Resizes the units whose size changed (a dry run only says so).
+/// Refuses a change one of whose resizes its unit would refuse, before
+/// anything of the change is made: refused after others were made, those
+/// LUNs would stay resized (their initiators told so) while the running
+/// configuration kept the old sizes, which the next save and start would
+/// then serve.
+fn check_resizes(resizes: &[Resize]) -> Result<(), LiveError> {
+    for (key, unit, size) in resizes {
+        unit.check_resize(*size).map_err(|e| {
+            LiveError::Invalid(format!(
+                "resizing LUN {} of {} to {size} bytes: {e}; nothing was changed",
+                key.1, key.0
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 fn resize_units(resizes: Vec<Resize>, dry: bool, applied: &mut Applied) -> Result<(), LiveError> {
     for (key, unit, size) in resizes {
         let before = unit.config().backstore.size();

@@ -586,10 +586,10 @@ impl Backstore for FileBackstore {
         self.size.load(Ordering::Acquire)
     }
 
-    /// Grows a regular file, or follows a block device grown underneath
-    /// (`lvextend`, `losetup -c`) up to its new size (shrinking would cut
-    /// data that commands in flight may still address, so it is refused).
-    fn resize(&self, new_size: u64) -> io::Result<()> {
+    /// A file LUN only grows (shrinking would cut data that commands in
+    /// flight may still address); in direct mode by whole O_DIRECT units;
+    /// a block device only up to the size it has now.
+    fn check_resize(&self, new_size: u64) -> io::Result<()> {
         let now = self.size();
         if new_size < now {
             return Err(io::Error::new(
@@ -621,10 +621,16 @@ impl Backstore for FileBackstore {
                     ),
                 ));
             }
-            self.size.store(new_size, Ordering::Release);
-            return Ok(());
         }
-        if self.file.metadata()?.len() < new_size {
+        Ok(())
+    }
+
+    /// Grows a regular file, or follows a block device grown underneath
+    /// (`lvextend`, `losetup -c`) up to its new size (see
+    /// [`Backstore::check_resize`]).
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        self.check_resize(new_size)?;
+        if self.regular && self.file.metadata()?.len() < new_size {
             self.file.set_len(new_size)?;
         }
         self.size.store(new_size, Ordering::Release);

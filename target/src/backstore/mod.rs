@@ -112,6 +112,14 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// size) while the store serves; the logical unit reports CAPACITY DATA
     /// HAS CHANGED on its next command. Stores that cannot, say why.
     fn resize(&self, new_size: u64) -> io::Result<()> {
+        self.check_resize(new_size)
+    }
+    /// Why [`Backstore::resize`] to `new_size` would be refused for what it
+    /// asks (a shrink the store cannot make, a size it cannot take),
+    /// changing nothing: a live change checks each resize it makes before
+    /// it makes the first, so a refused one leaves none made. (An I/O
+    /// error may still fail the resize itself.)
+    fn check_resize(&self, new_size: u64) -> io::Result<()> {
         let _ = new_size;
         Err(io::Error::new(
             io::ErrorKind::Unsupported,

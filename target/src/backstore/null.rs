@@ -98,6 +98,10 @@ impl Backstore for NullBackstore {
         self.size.load(Ordering::Acquire)
     }
 
+    fn check_resize(&self, _new_size: u64) -> io::Result<()> {
+        Ok(())
+    }
+
     fn resize(&self, new_size: u64) -> io::Result<()> {
         self.size.store(new_size, Ordering::Release);
         Ok(())

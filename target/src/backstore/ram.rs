@@ -270,10 +270,15 @@ impl Backstore for RamBackstore {
         self.size.load(Ordering::Acquire)
     }
 
-    fn resize(&self, new_size: u64) -> io::Result<()> {
-        if ram_size_refusal(new_size).is_some() {
-            return Err(too_large(new_size));
+    fn check_resize(&self, new_size: u64) -> io::Result<()> {
+        match ram_size_refusal(new_size) {
+            Some(_) => Err(too_large(new_size)),
+            None => Ok(()),
         }
+    }
+
+    fn resize(&self, new_size: u64) -> io::Result<()> {
+        self.check_resize(new_size)?;
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
         let n = chunks_of(new_size);
         if new_size < slots.size {

@@ -367,13 +367,8 @@ impl LogicalUnit {
     /// initiator hears CAPACITY DATA HAS CHANGED (SBC-4 4.6) with its next
     /// command and may READ CAPACITY again.
     pub fn resize(&self, new_size: u64) -> std::io::Result<()> {
+        self.check_resize(new_size)?;
         let bs = u64::from(self.cfg.block_size);
-        if new_size < bs || new_size % bs != 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{new_size} bytes is not a whole number of {bs}-byte blocks"),
-            ));
-        }
         // The tuples first, so no block is ever without room for its tuple;
         // put back as they were when the blocks cannot follow.
         if let Some(pi) = &self.cfg.pi_store {
@@ -395,6 +390,22 @@ impl LogicalUnit {
             st.ua.push_others(None, Asc::CAPACITY_DATA_HAS_CHANGED);
         }
         Ok(())
+    }
+
+    /// Why [`Self::resize`] to `new_size` bytes would be refused for what
+    /// it asks, changing nothing (see [`Backstore::check_resize`]).
+    pub fn check_resize(&self, new_size: u64) -> std::io::Result<()> {
+        let bs = u64::from(self.cfg.block_size);
+        if new_size < bs || new_size % bs != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{new_size} bytes is not a whole number of {bs}-byte blocks"),
+            ));
+        }
+        if let Some(pi) = &self.cfg.pi_store {
+            pi.check_resize(new_size / bs * blockwire_pdu::scsi::protection::TUPLE_BYTES as u64)?;
+        }
+        self.cfg.backstore.check_resize(new_size)
     }
 
     /// Commands running now and how long since the last media command.
