@@ -823,6 +823,16 @@ impl PduWriter {
     }
 }
 
+/// A writer going away with zero-copy sends the kernel has not let go of
+/// leaves their buffers held until it does (see [`ZeroCopy::retire`]).
+impl Drop for PduWriter {
+    fn drop(&mut self) {
+        if let (Some(zc), Some(stream)) = (self.zc.take(), self.inner.tcp()) {
+            let _ = zc.retire(stream);
+        }
+    }
+}
+
 /// Writes `parts` in one `sendmsg` when the socket takes it all, resuming
 /// after partial writes; returns the number of calls that wrote. `flags`
 /// are sendmsg's (MSG_MORE: more of the same PDU follows at once, so TCP

@@ -20,9 +20,10 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::io::IoSlice;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -46,6 +47,14 @@ pub const MAX_INFLIGHT: usize = 128;
 /// How long the writer waits for a completion before it gives up on the
 /// connection (the peer stopped acknowledging).
 const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// When a writer goes away with zero-copy calls in flight, how long the
+/// initiator is given to take their data before the connection is reset.
+const RETIRE_GRACE: Duration = Duration::from_secs(30);
+
+/// After that reset, how long the kernel is given to let the pages go
+/// (skbs already handed to the device) before the buffers are leaked.
+const AFTER_RESET: Duration = Duration::from_secs(10);
 
 /// The memory one zero-copy call references.
 #[derive(Debug)]
@@ -108,6 +117,103 @@ impl ZeroCopy {
     /// Zero-copy calls whose buffers are still held.
     pub fn inflight(&self) -> usize {
         self.inflight.len()
+    }
+
+    /// For a writer going away while the kernel may still send from the
+    /// buffers of its zero-copy calls (the initiator has not acknowledged
+    /// their data): freed now, those buffers would go back to their pool
+    /// (see [`crate::payload_buffers`]) or to malloc, the next READ would
+    /// fill them, and the socket would send that READ's data in place of
+    /// this one's, under the GOOD status queued behind it. So a thread
+    /// keeps them, and a duplicate of `socket`'s descriptor so the socket
+    /// and its notifications live on, until the kernel has let every call
+    /// go: first while the initiator takes the data (up to
+    /// [`RETIRE_GRACE`]), then after resetting the connection
+    /// (`connect(AF_UNSPEC)` discards the unsent data; the initiator
+    /// recovers those commands as after any lost connection). Buffers the
+    /// kernel still holds after [`AFTER_RESET`] more are leaked, never
+    /// reused. None when nothing was in flight.
+    pub fn retire(self, socket: impl AsFd) -> Option<std::thread::JoinHandle<()>> {
+        self.retire_within(socket, RETIRE_GRACE, AFTER_RESET)
+    }
+
+    pub(in crate::iscsi) fn retire_within(
+        mut self,
+        socket: impl AsFd,
+        grace: Duration,
+        after_reset: Duration,
+    ) -> Option<std::thread::JoinHandle<()>> {
+        if self.inflight.is_empty() {
+            return None;
+        }
+        let calls = self.inflight.len();
+        let fd = match rustix::io::fcntl_dupfd_cloexec(socket, 0) {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!(error = %e, calls, "cannot keep the socket of zero-copy sends in flight: their buffers are leaked, not reused");
+                self.leak();
+                return None;
+            }
+        };
+        let spawned = std::thread::Builder::new()
+            .name("zero-copy-retire".into())
+            .spawn(move || {
+                let raw = fd.as_raw_fd();
+                if !self.settle(raw, grace) {
+                    tracing::warn!(
+                        calls = self.inflight.len(),
+                        "zero-copy sends still unacknowledged {}s after the connection ended: resetting it",
+                        grace.as_secs()
+                    );
+                    if let Err(e) = rustix::net::connect_unspec(&fd) {
+                        tracing::warn!(error = %e, "resetting the connection");
+                    }
+                    if !self.settle(raw, after_reset) {
+                        tracing::error!(
+                            calls = self.inflight.len(),
+                            "the kernel still holds zero-copy buffers after the connection's reset: leaked, not reused"
+                        );
+                        self.leak();
+                    }
+                }
+                drop(fd);
+            });
+        match spawned {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                // The closure (and with it the buffers) is dropped by a
+                // failed spawn, so this cannot leak them; say so at least.
+                tracing::error!(error = %e, calls, "no thread to keep zero-copy buffers in flight");
+                None
+            }
+        }
+    }
+
+    /// Reads notifications until nothing is in flight (true) or `within`
+    /// has passed (false).
+    fn settle(&mut self, fd: RawFd, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while !self.inflight.is_empty() {
+            match self.drain(fd) {
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading zero-copy notifications");
+                }
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Gives up the buffers still in flight without freeing them.
+    fn leak(&mut self) {
+        for (_, f) in std::mem::take(&mut self.inflight) {
+            std::mem::forget(f);
+        }
     }
 
     /// Records a successful zero-copy call that sent `payload` payload

@@ -179,6 +179,130 @@ async fn zero_copy_sends_keep_data_intact_and_get_notified() {
     buf.truncate(0);
 }
 
+/// A payload's memory that says when it is freed (back to its pool, for
+/// a READ's buffer).
+struct Watched(Vec<u8>, Arc<std::sync::atomic::AtomicBool>);
+
+impl AsRef<[u8]> for Watched {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A zero-copy writer whose one Data-In of `len` bytes the peer, reading
+/// nothing, has left half sent: (the writer, the peer, the payload's bytes,
+/// whether its memory was freed). The writer holds the only reference.
+async fn writer_stalled_in_a_zero_copy_send(
+    len: usize,
+) -> (
+    PduWriter,
+    TcpStream,
+    Vec<u8>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    let (mut w, peer) = pair().await;
+    assert!(w.enable_zero_copy(), "SO_ZEROCOPY works on this kernel");
+    let bytes = payload(len, 9).to_vec();
+    let freed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pdu = data_in(
+        0,
+        0,
+        Bytes::from_owner(Watched(bytes.clone(), freed.clone())),
+        true,
+    );
+    let stalled = tokio::time::timeout(Duration::from_secs(2), w.push(&pdu)).await;
+    assert!(
+        stalled.is_err(),
+        "the peer's window and our socket buffer took it all"
+    );
+    drop(pdu);
+    assert!(w.zero_copy().unwrap().inflight() > 0);
+    (w, peer, bytes, freed)
+}
+
+/// Waits up to `within` for `flag`.
+async fn set_within(flag: &std::sync::atomic::AtomicBool, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// A writer that goes away (its connection ended, or its send was given
+/// up) while the kernel still holds pages of a zero-copy send must not
+/// free that payload's buffer: back in its pool, the next READ would fill
+/// it, and the socket would send that READ's data in this one's place.
+/// The buffer is kept until the initiator has taken the data.
+#[tokio::test]
+async fn zero_copy_buffers_outlive_their_writer_until_the_initiator_takes_the_data() {
+    let (w, mut peer, bytes, freed) = writer_stalled_in_a_zero_copy_send(64 << 20).await;
+    drop(w);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !freed.load(std::sync::atomic::Ordering::SeqCst),
+        "the payload's buffer was freed while the kernel still held its pages"
+    );
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), peer.read_to_end(&mut got))
+        .await
+        .expect("the stream ends within 30 s")
+        .unwrap();
+    assert!(
+        got.len() > blockwire_pdu::pdu::BHS_LEN,
+        "{} bytes",
+        got.len()
+    );
+    let data = &got[blockwire_pdu::pdu::BHS_LEN..];
+    assert!(
+        data == &bytes[..data.len()],
+        "the data sent is the payload's"
+    );
+    assert!(
+        set_within(&freed, Duration::from_secs(10)).await,
+        "the buffer is freed once the kernel lets it go"
+    );
+}
+
+/// An initiator that never takes the data gets its connection reset; the
+/// buffer is freed once the reset made the kernel let it go (not leaked).
+#[tokio::test]
+async fn zero_copy_buffers_of_an_initiator_that_takes_nothing_are_freed_after_a_reset() {
+    let (mut w, mut peer, _bytes, freed) = writer_stalled_in_a_zero_copy_send(64 << 20).await;
+    let zc = w.zc.take().unwrap();
+    let retiring = zc
+        .retire_within(
+            w.tcp_stream().unwrap(),
+            Duration::from_millis(500),
+            Duration::from_secs(10),
+        )
+        .expect("calls in flight");
+    drop(w);
+    assert!(!freed.load(std::sync::atomic::Ordering::SeqCst));
+    tokio::task::spawn_blocking(move || retiring.join().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        freed.load(std::sync::atomic::Ordering::SeqCst),
+        "freed after the reset, not leaked"
+    );
+    let mut got = Vec::new();
+    let e = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut got))
+        .await
+        .expect("the stream ends within 10 s")
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+}
+
 #[tokio::test]
 async fn file_payloads_go_by_sendfile_unless_data_digests_need_the_bytes() {
     use std::io::Write;
