@@ -86,9 +86,12 @@ pub trait Engine: Send + Sync {
     /// io_uring). Every op's buffer must come from it.
     fn pool(&self) -> &BufferPool;
     /// Starts every op of the batch (one submission for io_uring); each op's
-    /// completion goes to `done` as soon as it finishes, in any order.
-    /// An error means none of the remaining ops were started; ops already
-    /// started still complete.
+    /// completion goes to `done` as soon as it finishes, in any order, and
+    /// exactly once: an op the engine could not start completes at once
+    /// with the error. A caller may therefore take every op as ended only
+    /// when it heard of it: a WRITE that lets its block range go earlier
+    /// could see its data land over a later command's. An error returned
+    /// means the engine has stopped and no op of the batch is in flight.
     fn submit(&self, ops: Vec<IoOp>, done: &CompletionTx) -> io::Result<()>;
 }
 

@@ -124,6 +124,68 @@ fn io_uring_reads_back_what_it_wrote_through_o_direct() {
     }
 }
 
+/// A batch whose submission fails partway (the SQ full, the kernel
+/// refusing entries): the ops already queued still land and say so, the
+/// rest complete with the error, and `submit` does not report the batch as
+/// failed (its caller would answer and let the block range go while the
+/// queued writes were still to land).
+#[test]
+fn io_uring_ops_queued_before_a_failed_submission_still_land_and_complete() {
+    let Some(e) = uring_engine(2) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_file(dir.path(), "d", &[0u8; 5 * 4096]);
+    let mut buf = e.pool().acquire(5 * 4096).unwrap();
+    buf.as_mut_slice()
+        .copy_from_slice(&random_bytes(5 * 4096, 7));
+    let buf = Arc::new(buf);
+    let ops = (0..5u64)
+        .map(|i| IoOp {
+            kind: OpKind::Write,
+            file: file.clone(),
+            file_offset: i * 4096,
+            buf: buf.clone(),
+            buf_offset: i as usize * 4096,
+            len: 4096,
+            stream: 0,
+            tag: i,
+        })
+        .collect();
+    let (tx, mut rx) = completion_channel();
+    // Two SQEs fill the ring; making room for the third needs an
+    // io_uring_enter, and every one this thread makes fails.
+    super::uring::FAILING_ENTERS.with(|n| n.set(100));
+    e.submit(ops, &tx)
+        .expect("a partly failed batch is not an error");
+    super::uring::FAILING_ENTERS.with(|n| n.set(0));
+    let mut results: Vec<(u64, Result<usize, String>)> = (0..5)
+        .map(|_| {
+            let c = rx.blocking_recv().expect("every op completes");
+            (c.tag, c.result.map_err(|e| e.to_string()))
+        })
+        .collect();
+    results.sort_by_key(|r| r.0);
+    assert_eq!(results[0], (0, Ok(4096)), "{results:?}");
+    assert_eq!(results[1], (1, Ok(4096)), "{results:?}");
+    for r in &results[2..] {
+        assert!(
+            r.1.as_ref().is_err_and(|e| e.contains("not submitted")),
+            "{results:?}"
+        );
+    }
+    drop(buf);
+    let on_disk = std::fs::read(dir.path().join("d")).unwrap();
+    let sent = random_bytes(5 * 4096, 7);
+    assert!(
+        on_disk[..2 * 4096] == sent[..2 * 4096],
+        "the queued writes landed"
+    );
+    assert!(
+        on_disk[2 * 4096..].iter().all(|&b| b == 0),
+        "the refused ones did not"
+    );
+    assert!(rx.try_recv().is_err(), "one completion per op");
+}
+
 #[test]
 fn thread_pool_reads_back_what_it_wrote_through_o_direct() {
     let dir = tempfile::tempdir().unwrap();

@@ -93,8 +93,15 @@ impl Engine for ThreadPoolEngine {
     fn submit(&self, ops: Vec<IoOp>, done: &CompletionTx) -> io::Result<()> {
         let tx = self.tx.as_ref().expect("engine running");
         for op in ops {
-            tx.send((op, done.clone()))
-                .map_err(|_| io::Error::other("I/O workers stopped"))?;
+            if let Err(refused) = tx.send((op, done.clone())) {
+                let (op, done) = refused.0;
+                let tag = op.tag;
+                drop(op); // the buffer goes back before its owner hears
+                let _ = done.send(Completion {
+                    tag,
+                    result: Err(io::Error::other("I/O workers stopped")),
+                });
+            }
         }
         Ok(())
     }

@@ -127,9 +127,53 @@ fn sqe_for(op: &IoOp, done: usize, user_data: u64) -> io_uring::squeue::Entry {
     .user_data(user_data)
 }
 
+/// How many times a submitter calls `io_uring_enter` again when it fails
+/// for want of a resource (EAGAIN, EBUSY: CQEs waiting to be reaped;
+/// EINTR) before leaving the entries to the reaper's next tick.
+const ENTER_TRIES: usize = 3;
+
+/// How often the reaper looks for entries left in the SQ by a failed
+/// submission, when no completion wakes it first.
+const REAPER_TICK_MS: libc::c_int = 50;
+
+#[cfg(test)]
+thread_local! {
+    /// Calls of `io_uring_enter` by this thread that fail (EAGAIN) before
+    /// reaching the kernel: to test what a failed submission leaves.
+    pub(super) static FAILING_ENTERS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 impl Shared {
+    /// One `io_uring_enter` submitting what the SQ holds.
+    fn enter(&self) -> io::Result<usize> {
+        #[cfg(test)]
+        if FAILING_ENTERS.with(|n| n.replace(n.get().saturating_sub(1))) > 0 {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        self.ring.submit()
+    }
+
+    /// [`Shared::enter`], called again on the errors that say "later".
+    fn enter_retrying(&self) -> io::Result<usize> {
+        let mut tries = 0;
+        loop {
+            match self.enter() {
+                Err(e)
+                    if tries + 1 < ENTER_TRIES
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::EAGAIN | libc::EBUSY | libc::EINTR)
+                        ) =>
+                {
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Pushes one SQE, submitting to make room when the SQ is full. Called
-    /// with the state lock held.
+    /// with the state lock held. An error leaves the SQE out of the SQ.
     fn push(&self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: the state lock serializes every SQ access.
@@ -140,8 +184,14 @@ impl Shared {
                 return Ok(());
             }
             drop(sq);
-            self.ring.submit()?;
+            self.enter_retrying()?;
         }
+    }
+
+    /// Whether the SQ holds entries not yet submitted. State lock held.
+    fn unsubmitted(&self) -> bool {
+        // SAFETY: the state lock serializes every SQ access.
+        !unsafe { self.ring.submission_shared() }.is_empty()
     }
 }
 
@@ -159,13 +209,28 @@ impl Engine for UringEngine {
     fn pool(&self) -> &BufferPool {
         &self.shared.pool
     }
+    /// Never fails: an op whose SQE cannot be queued (the SQ full and the
+    /// kernel refusing entries) completes at once with that error, and
+    /// so does every op after it; SQEs queued before stay in the pending
+    /// table and complete as usual, whether this call's `io_uring_enter`
+    /// takes them or (after it failed) the reaper's next tick. An error
+    /// here must not tell the caller that queued writes ended: they may
+    /// still land, after it answered and let its block range go.
     fn submit(&self, ops: Vec<IoOp>, done: &CompletionTx) -> io::Result<()> {
         let mut st = self.shared.state.lock().unwrap();
+        let mut refused: Option<io::Error> = None;
         for op in ops {
             assert!(
                 op.buf_offset + op.len <= op.buf.capacity(),
                 "I/O op beyond its buffer"
             );
+            if let Some(e) = &refused {
+                let _ = done.send(Completion {
+                    tag: op.tag,
+                    result: Err(io::Error::new(e.kind(), format!("not submitted: {e}"))),
+                });
+                continue;
+            }
             if op.len == 0 {
                 let _ = done.send(Completion {
                     tag: op.tag,
@@ -180,11 +245,21 @@ impl Engine for UringEngine {
                 tx: done.clone(),
             });
             if let Err(e) = self.shared.push(&sqe.user_data(id as u64)) {
-                st.remove(id);
-                return Err(e);
+                let p = st.remove(id).expect("just inserted");
+                let tag = p.op.tag;
+                drop(p.op); // the buffer goes back before its owner hears
+                let _ = done.send(Completion {
+                    tag,
+                    result: Err(io::Error::new(e.kind(), format!("not submitted: {e}"))),
+                });
+                refused = Some(e);
             }
         }
-        self.shared.ring.submit()?;
+        if self.shared.unsubmitted() {
+            if let Err(e) = self.shared.enter_retrying() {
+                tracing::warn!(error = %e, "io_uring submission failed: the reaper submits the queued entries on its next tick");
+            }
+        }
         Ok(())
     }
 }
@@ -193,10 +268,23 @@ fn reap(s: &Shared) {
     let mut counter = [0u8; 8];
     let mut stop_deadline: Option<Instant> = None;
     loop {
-        // Sleep until the kernel posts CQEs (or Drop wakes us).
-        // SAFETY: reading 8 bytes from our eventfd.
-        let n = unsafe { libc::read(s.efd.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
-        if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+        // Sleep until the kernel posts CQEs (or Drop wakes us), or a tick
+        // passes (entries a failed submission left in the SQ go then).
+        let mut pfd = libc::pollfd {
+            fd: s.efd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd that outlives the call.
+        let ready = unsafe { libc::poll(&mut pfd, 1, REAPER_TICK_MS) };
+        if ready > 0 {
+            // SAFETY: reading 8 bytes from our eventfd, which poll found
+            // readable (so the read does not block).
+            let n = unsafe { libc::read(s.efd.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+            if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else if ready < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             std::thread::sleep(Duration::from_millis(1));
         }
         let mut finished = Vec::new();
@@ -215,7 +303,7 @@ fn reap(s: &Shared) {
                 if !overflow {
                     break;
                 }
-                let _ = s.ring.submit();
+                let _ = s.enter();
             }
             let mut resubmit = false;
             for (ud, res) in cqes {
@@ -245,8 +333,8 @@ fn reap(s: &Shared) {
                 };
                 finished.push((p, result));
             }
-            if resubmit {
-                let _ = s.ring.submit();
+            if resubmit || s.unsubmitted() {
+                let _ = s.enter();
             }
         }
         for (p, result) in finished {

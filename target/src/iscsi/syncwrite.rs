@@ -454,9 +454,8 @@ impl Pipe {
             stats.overlapped.fetch_add(n, Ordering::Relaxed);
         }
         if let Err(e) = self.job.path.engine.submit(ops, &self.done_tx) {
-            // Ops of a failed batch may or may not have started; those that
-            // did still complete (and hold the buffer until then). Count
-            // the batch as ended so the command can answer.
+            // Only a stopped engine fails a batch, with none of its ops in
+            // flight (see `Engine::submit`): the batch has ended.
             let lba = plan.lba + self.fill.range(ks[0]).start / u64::from(plan.block_size);
             self.error.get_or_insert((lba, e));
             for k in ks {
