@@ -347,7 +347,27 @@ impl Session {
     /// WRITE(16) of `data` (blocks × block size bytes) at `lba`.
     pub async fn write(&self, lun: u16, lba: u64, blocks: u32, data: &[u8]) -> Result<Completion> {
         let cdb = crate::scsi::rw16(true, lba, blocks, false);
-        self.execute(lun, &cdb, DataDir::Write(data)).await
+        self.write_blocks(lun, &cdb, data).await
+    }
+
+    /// Runs a WRITE-type `cdb` (WRITE(16) with FUA, ...) whose blocks are
+    /// `data`, all of it. A good status with a residual underflow took
+    /// fewer bytes than the blocks (RFC 7143 §11.4.5), so the rest were not
+    /// written: an error here, where callers (dd, a file system over ublk
+    /// or FUSE) would take them as written.
+    pub async fn write_blocks(&self, lun: u16, cdb: &[u8], data: &[u8]) -> Result<Completion> {
+        let done = self.execute(lun, cdb, DataDir::Write(data)).await?;
+        if done.transferred < data.len() {
+            return Err(Error::Protocol(format!(
+                "{} to LUN {lun} ended GOOD with {} of its {} bytes taken",
+                cdb.first()
+                    .and_then(|&op| blockwire_pdu::scsi::opcode::opcode_name(op, None))
+                    .unwrap_or("a WRITE"),
+                done.transferred,
+                data.len()
+            )));
+        }
+        Ok(done)
     }
 
     /// ABORT TASK for the command with tag `itt` (see [`Session::in_flight`]).

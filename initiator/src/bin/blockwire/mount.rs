@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use blockwire_initiator::{rw16, Capacity, DataDir, Error as IscsiError, Session};
+use blockwire_initiator::{rw16, Capacity, Error as IscsiError, Session};
 use blockwire_pdu::scsi::SenseKey;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -243,7 +243,7 @@ async fn write_at(
     if sp.aligned(data.len(), bsz) {
         let _shared = f.rmw.read().await;
         let cdb = rw16(true, sp.lba, sp.blocks, fua);
-        s.execute(f.lun, &cdb, DataDir::Write(data)).await?;
+        s.write_blocks(f.lun, &cdb, data).await?;
         return Ok(());
     }
     stats.rmw_writes.fetch_add(1, Ordering::Relaxed);
@@ -252,7 +252,7 @@ async fn write_at(
     s.read(f.lun, sp.lba, sp.blocks, &mut buf).await?;
     buf[sp.skip..sp.skip + data.len()].copy_from_slice(data);
     let cdb = rw16(true, sp.lba, sp.blocks, fua);
-    s.execute(f.lun, &cdb, DataDir::Write(&buf)).await?;
+    s.write_blocks(f.lun, &cdb, &buf).await?;
     Ok(())
 }
 

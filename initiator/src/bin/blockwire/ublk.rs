@@ -154,7 +154,7 @@ async fn run_op(
                 fua,
             } => {
                 let cdb = rw16(true, lba, blocks, fua);
-                match s.execute(lun, &cdb, DataDir::Write(&data)).await {
+                match s.write_blocks(lun, &cdb, &data).await {
                     Ok(_) => (None, data.len() as i32),
                     Err(e) => {
                         eprintln!("blockwire ublk: WRITE lba {lba} x{blocks}: {e}");
