@@ -76,6 +76,42 @@ impl Drop for WriteHold {
     }
 }
 
+/// A WRITE being planned: its count in flight and, once taken, its range,
+/// given back when dropped before they become its [`WriteHold`]. So a plan
+/// that answers early, gives up, or panics (the probe runs the SCSI core)
+/// leaves neither behind: a count left would hold every PREEMPT AND ABORT
+/// for its full wait and keep the LUN in use; a range left would hold
+/// every later command to those blocks.
+struct Planning<'a> {
+    lu: &'a Arc<LogicalUnit>,
+    nexus: &'a ItNexus,
+    entry: super::in_flight::Entry,
+    range: Option<u64>,
+}
+
+impl Planning<'_> {
+    /// The planned WRITE's hold, from here on released when it is dropped.
+    fn into_hold(self, clock: Arc<CommandClock>) -> WriteHold {
+        let planning = std::mem::ManuallyDrop::new(self);
+        WriteHold {
+            lu: planning.lu.clone(),
+            nexus: planning.nexus.clone(),
+            entry: planning.entry,
+            range: planning.range.expect("a planned WRITE holds its range"),
+            _clock: clock,
+        }
+    }
+}
+
+impl Drop for Planning<'_> {
+    fn drop(&mut self) {
+        if let Some(range) = self.range {
+            self.lu.ranges.unlock_id(range);
+        }
+        self.lu.in_flight.release(self.nexus, self.entry);
+    }
+}
+
 /// A validated WRITE: where its data go and how to finish it.
 #[derive(Debug)]
 pub struct PlannedWrite {
@@ -181,8 +217,12 @@ impl LunTable {
             return Some(WritePlan::Answer(self.execute(&no_data)));
         }
         // In flight from before the reservation check (PREEMPT AND ABORT).
-        let entry = lu.in_flight.hold(req.nexus);
-        let release = || lu.in_flight.release(req.nexus, entry);
+        let mut planning = Planning {
+            lu: &lu,
+            nexus: req.nexus,
+            entry: lu.in_flight.hold(req.nexus),
+            range: None,
+        };
         // 2. The normal path on the same command with no data.
         let probe_cdb = Cdb::Write(blockwire_pdu::scsi::Rw { length: 0, ..rw }).encode();
         let probe = ScsiRequest {
@@ -191,7 +231,7 @@ impl LunTable {
         };
         let mut first = self.execute_probe(&probe);
         if first.status != ScsiStatus::GOOD.0 || first.sense.is_some() {
-            release();
+            drop(planning);
             record_command(
                 &lu.stats,
                 req.initiator_stats,
@@ -204,26 +244,26 @@ impl LunTable {
             return Some(WritePlan::Answer(first));
         }
         let (start, end) = (rw.lba, rw.lba + u64::from(rw.length));
-        let range = if wait {
+        planning.range = Some(if wait {
             lu.ranges.lock_id(start, end, exclusive)
         } else {
-            match lu.ranges.try_lock_id(start, end, exclusive) {
-                Some(id) => id,
-                None => {
-                    release();
-                    return None;
-                }
-            }
-        };
+            lu.ranges.try_lock_id(start, end, exclusive)?
+        });
         // The caller writes the bytes itself, past the store's own checks
         // (an unfinished atomic write's bytes, say): those run here, once
         // the range is held, so a write that ended before is seen.
         let offset = rw.lba * u64::from(bs);
         if let Err(e) = lu.cfg.backstore.check_write(offset, bytes) {
-            lu.ranges.unlock_id(range);
-            release();
+            drop(planning);
             return Some(WritePlan::Answer(lu.write_failure(rw.lba, bytes, &e)));
         }
+        let clock = CommandClock::start(
+            lu.stats.clone(),
+            req.initiator_stats,
+            Direction::Write,
+            bytes,
+            started,
+        );
         Some(WritePlan::Write(Box::new(PlannedWrite {
             lu: lu.clone(),
             lba: rw.lba,
@@ -232,19 +272,7 @@ impl LunTable {
             block_size: bs,
             fua: rw.fua,
             write_through: lu.write_through(rw.fua),
-            hold: WriteHold {
-                lu: lu.clone(),
-                nexus: req.nexus.clone(),
-                entry,
-                range,
-                _clock: CommandClock::start(
-                    lu.stats.clone(),
-                    req.initiator_stats,
-                    Direction::Write,
-                    bytes,
-                    started,
-                ),
-            },
+            hold: planning.into_hold(clock),
         })))
     }
 
@@ -460,6 +488,59 @@ mod tests {
         assert!(
             lu.ranges.try_lock_id(120, 136, true).is_some(),
             "nor its range"
+        );
+    }
+
+    /// A RAM store whose pre-write check panics (a bug in a store).
+    #[derive(Debug)]
+    struct PanicsInCheck(crate::backstore::RamBackstore);
+
+    impl crate::backstore::Backstore for PanicsInCheck {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.0.write_at(offset, data)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn check_write(&self, _offset: u64, _len: u64) -> std::io::Result<()> {
+            panic!("a store's bug")
+        }
+        fn describe(&self) -> String {
+            "ram whose write check panics".into()
+        }
+    }
+
+    /// A plan that panics partway (the fabric runs it on a thread whose
+    /// panic ends only that command) gives back its count in flight and its
+    /// range: left behind, the count would hold every PREEMPT AND ABORT
+    /// for its full wait and keep the LUN in use, the range every later
+    /// command to those blocks.
+    #[test]
+    fn a_plan_that_panics_leaves_nothing_held() {
+        let store = PanicsInCheck(crate::backstore::RamBackstore::new(1 << 20));
+        let lu = LogicalUnit::new(super::super::LuConfig::new(Arc::new(store)));
+        let t = LunTable::new(vec![(0, Arc::new(lu))]);
+        let n = nexus("iqn.2024-01.test:a");
+        ready(&t, &n);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            plan(&t, &n, &rw(CdbSize::Ten, 120, 16, false), 8192)
+        }));
+        assert!(panicked.is_err(), "the store's check ran");
+        let lu = t.get(0).unwrap();
+        assert!(
+            lu.in_flight.wait_idle(&n, Duration::from_millis(10)),
+            "the panicked plan is not counted in flight"
+        );
+        assert_eq!(lu.activity().in_flight, 0);
+        assert!(
+            lu.ranges.try_lock_id(120, 136, true).is_some(),
+            "nor holds its range"
         );
     }
 
