@@ -558,6 +558,7 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
                 aborted,
                 completing,
             } => launcher.await_aborted(&aborted, &completing).await,
+            Action::AwaitSettled(settling) => launcher.await_settled(settling).await,
             Action::End(reason) => {
                 debug!(tsih = launcher.session.tsih, ?reason, "connection ends");
                 return Some(Stop::Close);

@@ -222,6 +222,21 @@ impl Launcher {
         super::syncwrite::spawn(job, w.lease, w.feed, &self.sync_writes, throttle);
     }
 
+    /// Waits (on the blocking pool, at most [`SETTLE_LIMIT`]) for the
+    /// commands running on reset units at the reset to end.
+    pub async fn await_settled(&self, settling: crate::scsi::Settling) {
+        let waited = tokio::task::spawn_blocking(move || settling.wait(SETTLE_LIMIT)).await;
+        match waited {
+            Ok(busy) if busy.is_empty() => {}
+            Ok(busy) => tracing::warn!(
+                luns = ?busy,
+                "reset answered with commands still running on these LUNs after {}s",
+                SETTLE_LIMIT.as_secs()
+            ),
+            Err(e) => tracing::error!(error = %e, "waiting for the reset's commands"),
+        }
+    }
+
     /// Waits, at most 5 s, until the aborted pipelined WRITEs among
     /// `aborted` ended their chunk writes (so none lands after the
     /// initiator hears of the abort) and the `completing` tasks queued
@@ -236,6 +251,10 @@ impl Launcher {
         }
     }
 }
+
+/// How long a reset's response waits for the commands of other sessions
+/// still running on the reset units (PREEMPT AND ABORT waits as long).
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// How a command goes on its road: at once, or after the wait its LUN's
 /// QoS ceilings booked for it (see [`super::throttle`]).

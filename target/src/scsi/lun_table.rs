@@ -98,6 +98,46 @@ fn list_ids(ids: &[u16]) -> String {
         .join(", ")
 }
 
+/// The commands of every I_T nexus running on units when they were reset.
+/// A reset ends when every task it aborted has ended (SAM-5 6.3, 7.11):
+/// the fabric aborts the tasks, but a command already in the backstore or
+/// a pipelined WRITE's chunk writes already submitted run on, and their
+/// data could reach the medium after the initiator that reset heard
+/// FUNCTION COMPLETE (and, say, rewrote those blocks). Its response
+/// waits for them with [`Settling::wait`].
+#[derive(Debug, Default)]
+#[must_use = "a reset's response waits for the commands running when it was made"]
+pub struct Settling {
+    units: Vec<(u16, Arc<LogicalUnit>, u64)>,
+}
+
+impl Settling {
+    fn add(&mut self, lun: u16, lu: Arc<LogicalUnit>) {
+        let epoch = lu.in_flight.new_epoch();
+        self.units.push((lun, lu, epoch));
+    }
+
+    /// Whether no unit was reset.
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    /// Blocks, at most `limit` in all, until no command that was running
+    /// on the reset units at the reset still runs; the LUNs where some
+    /// still did then.
+    pub fn wait(&self, limit: std::time::Duration) -> Vec<u16> {
+        let deadline = std::time::Instant::now() + limit;
+        self.units
+            .iter()
+            .filter(|(_, lu, epoch)| {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                !lu.in_flight.wait_before(*epoch, |_| true, left).is_empty()
+            })
+            .map(|(lun, _, _)| *lun)
+            .collect()
+    }
+}
+
 impl LunTable {
     /// A table of `luns`. LUNs above 16383 cannot be addressed by the
     /// single-level LUN format and are dropped with a warning; a repeated
@@ -537,20 +577,28 @@ impl LunTable {
         }
     }
 
-    /// LOGICAL UNIT RESET of `lun`, requested through `by`.
-    pub fn reset_lun(&self, lun: u16, by: &ItNexus) {
+    /// LOGICAL UNIT RESET of `lun`, requested through `by`; the commands
+    /// then running on it, which the reset's response waits for.
+    pub fn reset_lun(&self, lun: u16, by: &ItNexus) -> Settling {
+        let mut settling = Settling::default();
         if let Some(lu) = self.get(lun) {
             info!(lun, initiator = %by.initiator_port, "logical unit reset");
             lu.reset(Asc::BUS_DEVICE_RESET_FUNCTION_OCCURRED);
+            settling.add(lun, lu);
         }
+        settling
     }
 
     /// TARGET WARM/COLD RESET requested through `by`: every unit is reset.
-    pub fn reset_target(&self, by: &ItNexus) {
+    /// The commands then running, which the reset's response waits for.
+    pub fn reset_target(&self, by: &ItNexus) -> Settling {
         info!(initiator = %by.initiator_port, "target reset");
-        for (_, lu) in self.units() {
+        let mut settling = Settling::default();
+        for (lun, lu) in self.units() {
             lu.reset(Asc::POWER_ON_RESET_OR_BUS_DEVICE_RESET);
+            settling.add(lun, lu);
         }
+        settling
     }
 
     /// I_T nexus loss (session closed or reinstated): releases the

@@ -67,7 +67,7 @@ pub use alua::{state_changes, AluaState, TargetPortGroup};
 pub use alua_saved::fuzzing as alua_state_fuzzing;
 pub use identity::{identity_from_uuid, parse_uuid, stable_identity, DEFAULT_COMPANY_ID};
 pub use logical_unit::{Activity, LogicalUnit, LuConfig, MAX_TRANSFER_BYTES};
-pub use lun_table::{AddLunError, LunTable, NoSuchLun, TableAbortHandler};
+pub use lun_table::{AddLunError, LunTable, NoSuchLun, Settling, TableAbortHandler};
 pub use protection::PiFailureCounts;
 pub use qos::{QosCounters, QosGate, QosLimits};
 #[cfg(feature = "fuzzing")]

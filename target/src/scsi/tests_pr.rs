@@ -933,7 +933,7 @@ fn spc2_reserve_release_and_nexus_loss() {
     t.nexus_lost(&a);
     assert_eq!(can_read(&t, &b), GOOD);
     assert_eq!(run(&t, &b, &c(Cdb::Reserve6), &[], 0).status, GOOD);
-    t.reset_lun(0, &a);
+    let _ = t.reset_lun(0, &a);
     ready(&t, &a);
     assert_eq!(can_read(&t, &a), GOOD);
 }

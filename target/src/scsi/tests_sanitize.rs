@@ -387,8 +387,8 @@ fn sanitize_survives_resets_nexus_loss_and_task_abort() {
     aborted.store(true, Ordering::SeqCst);
     let r = h.join().unwrap();
     assert_eq!(r.status, blockwire_pdu::scsi::ScsiStatus::TASK_ABORTED.0);
-    t.reset_lun(0, &a);
-    t.reset_target(&a);
+    let _ = t.reset_lun(0, &a);
+    let _ = t.reset_target(&a);
     t.nexus_lost(&a);
     // The unit attentions of the resets come first, then NOT READY.
     let until = Instant::now() + Duration::from_secs(5);
@@ -635,7 +635,7 @@ fn prevent_blocks_eject_and_load_per_nexus() {
         |t: &LunTable, n: &ItNexus| t.reset_target(n),
     ] {
         assert_eq!(run(&t, &a, &pa(1), &[], 0).status, GOOD);
-        reset(&t, &a);
+        let _ = reset(&t, &a);
         ready(&t, &a);
         assert_eq!(run(&t, &a, &ssu(true, false), &[], 0).status, GOOD);
         expect_no_medium(&tur(&t, &a));

@@ -260,6 +260,11 @@ pub(super) enum Action {
         aborted: Vec<u32>,
         completing: Vec<u32>,
     },
+    /// A reset: wait (bounded) until the commands of every session that
+    /// were running on the reset units have ended, so the task management
+    /// response queued next follows the last of their writes to the
+    /// medium.
+    AwaitSettled(crate::scsi::Settling),
     /// End the connection: flush what is queued, then close.
     End(EndReason),
 }
@@ -275,6 +280,7 @@ impl std::fmt::Debug for Action {
                 aborted,
                 completing,
             } => write!(f, "AwaitAborted({aborted:?}, {completing:?})"),
+            Action::AwaitSettled(_) => write!(f, "AwaitSettled"),
             Action::End(r) => write!(f, "End({r:?})"),
         }
     }

@@ -1013,6 +1013,48 @@ async fn task_set_functions_and_resets_against_running_tasks() {
     }
 }
 
+/// A reset ends when every task it aborted has ended (SAM-5 6.3), other
+/// sessions' included: a command of another session already in the
+/// backstore when the reset came (or a pipelined WRITE's chunk writes)
+/// must not reach the medium after the reset's FUNCTION COMPLETE, so the
+/// response waits for it.
+#[tokio::test]
+async fn a_reset_answers_after_the_commands_of_other_sessions_running_at_it() {
+    for function in [TmfFunction::LogicalUnitReset, TmfFunction::TargetWarmReset] {
+        let mut c = Conn::open(&[]).await;
+        let lu = c.lu();
+        let other = crate::scsi::ItNexus::iscsi(
+            "iqn.2024-01.test:other",
+            [0x40, 0, 0, 0, 0, 9],
+            "iqn.2024-01.test:t",
+            1,
+        );
+        // Another session's WRITE, counted in flight on the unit.
+        let entry = lu.in_flight.hold(&other);
+        let (tmf, req) = c.tmf(function, 0, 0);
+        let actions = c.actions(req);
+        let ends = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let ended = Instant::now();
+            lu.in_flight.release(&other, entry);
+            ended
+        });
+        assert_eq!(carry_out(&mut c.launcher, actions).await, None);
+        let answered = Instant::now();
+        let ended = ends.join().unwrap();
+        assert_eq!(
+            tmf_response(&c.sent(), tmf),
+            TmfResponse::FunctionComplete,
+            "{function:?}"
+        );
+        assert!(
+            answered >= ended,
+            "{function:?} answered {:?} before the other session's command ended",
+            ended - answered
+        );
+    }
+}
+
 #[tokio::test]
 async fn task_management_of_a_missing_lun_and_unsupported_functions() {
     let mut c = Conn::open(&[]).await;

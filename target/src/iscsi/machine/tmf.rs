@@ -46,7 +46,8 @@ impl ConnMachine {
                     self.abort_where(|_, task_lun| task_lun == lun);
                     self.fabric.sessions.abort_target_tasks(t, Some(lun));
                     if let Some(nexus) = &self.session.nexus {
-                        t.luns.reset_lun(lun, nexus);
+                        let settling = t.luns.reset_lun(lun, nexus);
+                        self.await_settled(settling);
                     }
                     TmfResponse::FunctionComplete
                 }
@@ -55,7 +56,8 @@ impl ConnMachine {
                 self.abort_where(|_, _| true);
                 self.fabric.sessions.abort_target_tasks(t, None);
                 if let Some(nexus) = &self.session.nexus {
-                    t.luns.reset_target(nexus);
+                    let settling = t.luns.reset_target(nexus);
+                    self.await_settled(settling);
                 }
                 // A cold reset also drops the connections (RFC 7143 §11.5.1).
                 close_after = req.function == TmfFunction::TargetColdReset;
@@ -84,6 +86,14 @@ impl ConnMachine {
             self.out.push(Action::End(EndReason::ColdReset));
         }
         !close_after
+    }
+
+    /// Has the reset's response wait for the commands of every session
+    /// still running on the reset units (see [`crate::scsi::Settling`]).
+    fn await_settled(&mut self, settling: crate::scsi::Settling) {
+        if !settling.is_empty() {
+            self.out.push(Action::AwaitSettled(settling));
+        }
     }
 
     /// Aborts this session's tasks `pick` selects (by ITT and LUN); returns
