@@ -733,3 +733,73 @@ async fn a_read_a_road_hands_back_to_the_core_is_counted_once() {
     assert_eq!(reads_counted(&t), 2, "the engine's READ, counted once too");
     let _ = t.stop.send(true);
 }
+
+/// READs a road gives back to the core are read whole into memory, as on
+/// the core's own road, so they take their share of the connection's READ
+/// budget as those do: an initiator that does not take its data holds back
+/// its own later READs instead of filling the target's memory. Here an
+/// O_DIRECT engine path gives back 4 MiB READs at an odd block; without
+/// the budget 60 of them would hold 240 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_a_road_hands_to_the_core_stay_within_the_read_budget() {
+    fn resident() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+    let budget = FabricSettings {
+        read_budget_bytes: 16 << 20,
+        ..settings(false, false)
+    };
+    let (t, _dir) = start(8 * MIB, Lun0::Engine { direct: true }, budget).await;
+    let mut c = Client::login(t.addr, Digests::default()).await;
+    let base = resident();
+    let mut itts = Vec::new();
+    for _ in 0..60 {
+        itts.push(c.send_read(512, 4 * MIB).await);
+    }
+    // At least two seconds, then until resident memory stops growing.
+    let (mut high, mut since) = (resident(), std::time::Instant::now());
+    let begun = std::time::Instant::now();
+    while begun.elapsed() < Duration::from_secs(2) || since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if resident() > high + MIB {
+            (high, since) = (resident(), std::time::Instant::now());
+        }
+    }
+    let growth = high.saturating_sub(base);
+    assert!(
+        growth < 128 * MIB,
+        "resident memory grew by {} MiB while the initiator left READ data unread",
+        growth / MIB
+    );
+    let want = &pattern(512 + 4 * MIB)[512..];
+    let mut back: std::collections::HashMap<u32, Vec<u8>> =
+        itts.iter().map(|&i| (i, vec![0u8; 4 * MIB])).collect();
+    let mut ended = 0;
+    while ended < itts.len() {
+        let pdu = c
+            .conn
+            .recv_within(Duration::from_secs(20))
+            .await
+            .expect("the READs' data and status");
+        match pdu.bhs {
+            Bhs::DataIn(d) => {
+                let buf = back.get_mut(&d.itt).expect("a READ's task tag");
+                let at = d.buffer_offset as usize;
+                buf[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
+                if let Some(status) = d.status {
+                    assert_eq!(status, 0, "READ {:#x}", d.itt);
+                    ended += 1;
+                }
+            }
+            Bhs::ScsiResponse(r) => panic!("READ {:#x} ended {:#x} without data", r.itt, r.status),
+            Bhs::NopIn(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    for (itt, got) in back {
+        assert!(got == want, "READ {itt:#x} returned other data");
+    }
+    let _ = t.stop.send(true);
+}

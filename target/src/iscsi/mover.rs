@@ -203,8 +203,10 @@ pub(super) enum Planned<T> {
     /// Aborted before it ran.
     Aborted,
     /// The core answered (not plannable, an error, or the road could not
-    /// take the plan), with its copies.
-    Answer(ScsiResult, Counts),
+    /// take the plan), with its copies and, when it read the data whole
+    /// into memory, their share of the connection's READ budget (for
+    /// [`ReadMover::keep_share`]).
+    Answer(ScsiResult, Counts, ReadShare),
     /// The road takes it.
     Go(T),
 }
@@ -254,7 +256,7 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
     });
     match inline {
         Some(Inline::Aborted) => return Planned::Aborted,
-        Some(Inline::Answer(r)) => return Planned::Answer(r, core),
+        Some(Inline::Answer(r)) => return Planned::Answer(r, core, None),
         Some(Inline::Plan(plan)) => {
             let clock = plan.clock.clone();
             if let Some(t) = take(ctx, plan) {
@@ -263,24 +265,29 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
             // Valid but not for this path: the core runs it, and counts it.
             clock.forget();
             drop(clock);
+            let share = read_share(ctx).await;
             return match run_core(ctx, Vec::new(), ()).await {
                 None => Planned::Aborted,
-                Some((r, c)) => Planned::Answer(r, c),
+                Some((r, c)) => Planned::Answer(r, c, share),
             };
         }
         Some(Inline::Checked(plan)) => {
+            let share = read_share(ctx).await;
             let r = in_core(ctx, move |c| {
                 (!c.is_aborted()).then(|| plan.lu.read_checked(&plan, capacity))
             })
             .await;
             return match r {
-                Ok((Some(r), c)) => Planned::Answer(r, c),
+                Ok((Some(r), c)) => Planned::Answer(r, c, share),
                 Ok((None, _)) => Planned::Aborted,
-                Err(failure) => Planned::Answer(failure, Counts::default()),
+                Err(failure) => Planned::Answer(failure, Counts::default(), None),
             };
         }
         None => {}
     }
+    // The core may read the data whole here; a plan the road takes gives
+    // the share back.
+    let share = read_share(ctx).await;
     let r = in_core(ctx, move |c| {
         if c.is_aborted() {
             return None;
@@ -307,8 +314,8 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
     match r {
         Ok((None, _)) => Planned::Aborted,
         Ok((Some(Ok(t)), _)) => Planned::Go(t),
-        Ok((Some(Err(r)), core)) => Planned::Answer(r, core),
-        Err(failure) => Planned::Answer(failure, Counts::default()),
+        Ok((Some(Err(r)), core)) => Planned::Answer(r, core, share),
+        Err(failure) => Planned::Answer(failure, Counts::default(), None),
     }
 }
 
@@ -376,6 +383,10 @@ pub(super) trait ReadMover: Send {
     /// read failed (nothing left yet).
     fn may_fall_back(&self) -> bool;
 
+    /// The data of the core answer to come, read whole into memory, hold
+    /// `share` of the connection's READ budget: kept until they have left.
+    fn keep_share(&mut self, share: ReadShare);
+
     /// Every unit was handed over, or the read failed with `failure` (then
     /// the command ends with it): ends the command. Returns whether it
     /// ended GOOD (its timers are worth recording).
@@ -442,11 +453,14 @@ pub(super) async fn core_road(
     }
 }
 
+/// A READ's share of the connection's READ budget (see [`read_share`]).
+pub(super) type ReadShare = Option<tokio::sync::OwnedSemaphorePermit>;
+
 /// A READ's share of the connection's READ budget, taken before the core
 /// reads its data whole into memory, where they wait for the writer (TCP)
 /// or for the RDMA Writes' completion: an initiator that does not take its
 /// data holds back its own later READs rather than filling memory.
-async fn read_share(ctx: &CommandContext) -> Option<tokio::sync::OwnedSemaphorePermit> {
+pub(super) async fn read_share(ctx: &CommandContext) -> ReadShare {
     let edtl = ctx.cmd.expected_data_transfer_length;
     if ctx.cmd.read && edtl > 0 {
         ctx.shared.hold_read_data(edtl).await

@@ -160,7 +160,8 @@ pub(super) async fn serve(ctx: Arc<CommandContext>, lun: Arc<SendfileLun>) {
             mover.answer(&ctx, None, 0).await;
             return;
         }
-        Planned::Answer(r, c) => {
+        Planned::Answer(r, c, share) => {
+            mover.keep_share(share);
             mover.answer(&ctx, Some((r, c)), 0).await;
             return;
         }

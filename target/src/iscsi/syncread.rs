@@ -65,7 +65,7 @@ use tracing::{debug, warn, Instrument};
 
 use super::datain::DataInSegment;
 use super::lun_paths::LunPaths;
-use super::mover::{plan_or_core, run_core, Flow, Layout, Planned, ReadMover};
+use super::mover::{plan_or_core, read_share, run_core, Flow, Layout, Planned, ReadMover};
 use super::task::CommandContext;
 use crate::datapath::stats::PHASES;
 use crate::datapath::{
@@ -475,7 +475,8 @@ async fn serve_inner<M: ReadMover>(job: ReadJob, mut m: M) {
                 m.answer(&ctx, None, 0).await;
                 return;
             }
-            Planned::Answer(r, core) => {
+            Planned::Answer(r, core, share) => {
+                m.keep_share(share);
                 m.answer(&ctx, Some((r, core)), 0).await;
                 return;
             }
@@ -523,6 +524,8 @@ async fn serve_inner<M: ReadMover>(job: ReadJob, mut m: M) {
                 // Nothing left yet: the core reads it whole.
                 drop(p);
                 warn!(itt, wire = m.wire(), error = %e, "pipelined read failed: serial read");
+                let share = read_share(&ctx).await;
+                m.keep_share(share);
                 let r = run_core(&ctx, Vec::new(), ()).await;
                 m.answer(&ctx, r, 0).await;
                 return;

@@ -216,6 +216,10 @@ impl ReadMover for DataIn {
         Flow::More
     }
 
+    fn keep_share(&mut self, share: super::ReadShare) {
+        self.share = share;
+    }
+
     fn may_fall_back(&self) -> bool {
         self.queued == 0
     }
@@ -234,6 +238,9 @@ pub(in crate::iscsi) struct RdmaWrite {
     placement: RdmaPlacement,
     writes: tokio::task::JoinSet<Result<(), crate::iscsi::rdma::TransferError>>,
     aborted: bool,
+    /// A core answer's share of the READ budget, kept until its data are
+    /// written into the initiator's buffer.
+    share: super::ReadShare,
 }
 
 impl RdmaWrite {
@@ -248,6 +255,7 @@ impl RdmaWrite {
             placement,
             writes: tokio::task::JoinSet::new(),
             aborted: false,
+            share: None,
         }
     }
 
@@ -264,6 +272,7 @@ impl ReadMover for RdmaWrite {
         result: Option<(ScsiResult, Counts)>,
         r2t_count: u32,
     ) -> bool {
+        let _share = self.share.take();
         // READ data go into the initiator's buffer before the status.
         let result = match result {
             Some((mut r, _)) if !r.data_in.is_empty() => {
@@ -318,6 +327,10 @@ impl ReadMover for RdmaWrite {
                 .spawn(async move { svc.write_at(&slot, &desc, r.start, &data).await });
         }
         Flow::More
+    }
+
+    fn keep_share(&mut self, share: super::ReadShare) {
+        self.share = share;
     }
 
     fn may_fall_back(&self) -> bool {
@@ -426,6 +439,11 @@ impl ReadMover for Discard {
         _: u64,
     ) -> Flow {
         Flow::More
+    }
+
+    fn keep_share(&mut self, share: super::ReadShare) {
+        // Read, never sent: the data are dropped with the answer.
+        drop(share);
     }
 
     fn may_fall_back(&self) -> bool {
