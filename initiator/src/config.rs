@@ -100,6 +100,13 @@ pub struct InitiatorConfig {
     /// How long a keepalive NOP-Out may wait for its NOP-In before the
     /// connection is declared dead.
     pub nop_timeout: Duration,
+    /// How long a READ or WRITE may wait for its answer before it is
+    /// aborted (ABORT TASK) and sent again, at most twice (None: no limit).
+    /// A target may end a command without a word: a LOGICAL UNIT RESET
+    /// from another initiator aborts it silently (SAM-5 5.6, TAS=0).
+    /// Other commands (FORMAT UNIT, SANITIZE, WRITE SAME, EXTENDED COPY,
+    /// SYNCHRONIZE CACHE, ...) may rightly run long and are never aborted.
+    pub command_timeout: Option<Duration>,
     /// Reconnection after a lost connection.
     pub recovery: RecoveryPolicy,
     /// Vendor keys (`X-...`) offered in the operational stage of normal
@@ -128,6 +135,7 @@ impl InitiatorConfig {
             login_timeout: Duration::from_secs(15),
             nop_interval: Some(Duration::from_secs(5)),
             nop_timeout: Duration::from_secs(10),
+            command_timeout: Some(Duration::from_secs(60)),
             recovery: RecoveryPolicy::default(),
             vendor_offers: Vec::new(),
         }
@@ -149,6 +157,12 @@ impl InitiatorConfig {
     /// Offers DataPDUInOrder=Yes (`true`, the default) or No.
     pub fn with_data_pdu_in_order(mut self, in_order: bool) -> InitiatorConfig {
         self.data_pdu_in_order = in_order;
+        self
+    }
+
+    /// Sets the command timeout (see [`InitiatorConfig::command_timeout`]).
+    pub fn with_command_timeout(mut self, timeout: Option<Duration>) -> InitiatorConfig {
+        self.command_timeout = timeout;
         self
     }
 

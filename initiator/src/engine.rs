@@ -598,6 +598,18 @@ impl<T: Clone> Engine<T> {
         }
     }
 
+    /// Removes the SCSI command `itt` the target no longer has (an ABORT
+    /// TASK for it was answered TASK DOES NOT EXIST: the target ended it
+    /// without a word, as another initiator's LOGICAL UNIT RESET does with
+    /// TAS=0). Returns its owner and read buffer, if it was still here;
+    /// PDUs still to come for it are dropped as for any unknown task.
+    pub fn forget(&mut self, itt: u32) -> Option<(T, Option<Vec<u8>>)> {
+        if !self.tasks.get(&itt).is_some_and(|t| is_scsi(&t.kind)) {
+            return None;
+        }
+        self.tasks.remove(&itt).map(|t| t.into_parts())
+    }
+
     /// Removes every task (the connection is gone) and returns their owners
     /// with the read buffers they lent.
     pub fn drain(&mut self) -> Vec<(T, Option<Vec<u8>>)> {

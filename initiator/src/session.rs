@@ -923,6 +923,7 @@ impl Inner {
         mut buf: Option<Vec<u8>>,
         itt_sink: Option<&AtomicU32>,
     ) -> Result<TaskResult> {
+        let mut timeouts = 0;
         loop {
             let gen = self.wait_up().await?;
             let (tx, mut rx) = mpsc::unbounded_channel();
@@ -937,18 +938,92 @@ impl Inner {
             if let Some(sink) = itt_sink {
                 sink.store(itt, Ordering::Release);
             }
-            while let Some(msg) = rx.recv().await {
+            let deadline = self
+                .config
+                .command_timeout
+                .filter(|_| timed(cdb[0]))
+                .map(|t| tokio::time::Instant::now() + t);
+            loop {
+                let msg = match deadline {
+                    None => rx.recv().await,
+                    Some(at) => match tokio::time::timeout_at(at, rx.recv()).await {
+                        Ok(msg) => msg,
+                        Err(_) => {
+                            timeouts += 1;
+                            match self
+                                .abort_unanswered(lun, cdb, itt, &mut rx, timeouts)
+                                .await?
+                            {
+                                Unanswered::Answered(result) => return Ok(result),
+                                Unanswered::Gone(back) => {
+                                    buf = back;
+                                    break;
+                                }
+                            }
+                        }
+                    },
+                };
                 match msg {
-                    Msg::R2t(r2t) => self.send_solicited(gen, itt, lun, &r2t, write).await,
-                    Msg::Done(result) => return Ok(result),
-                    Msg::Lost(back) => {
+                    Some(Msg::R2t(r2t)) => self.send_solicited(gen, itt, lun, &r2t, write).await,
+                    Some(Msg::Done(result)) => return Ok(result),
+                    Some(Msg::Lost(back)) => {
                         buf = back;
+                        tracing::debug!(target = %self.target, lun, itt, "re-issuing a command after the connection was lost");
                         break;
                     }
+                    None => break,
                 }
             }
-            tracing::debug!(target = %self.target, lun, itt, "re-issuing a command after the connection was lost");
         }
+    }
+
+    /// A command `itt` its deadline passed without an answer: ABORT TASK
+    /// ends it at the target (or finds the target has no such task), so a
+    /// late answer cannot land in a buffer that went on. Returns its answer
+    /// if it came meanwhile; else the command is gone and may be sent
+    /// again, up to [`COMMAND_TRIES`] times in all.
+    async fn abort_unanswered(
+        self: &Arc<Self>,
+        lun: u16,
+        cdb: &[u8; 16],
+        itt: u32,
+        rx: &mut mpsc::UnboundedReceiver<Msg>,
+        timeouts: u32,
+    ) -> Result<Unanswered> {
+        let waited = self.config.command_timeout.unwrap_or_default();
+        let name = blockwire_pdu::scsi::opcode::opcode_name(cdb[0], None).unwrap_or("a command");
+        tracing::warn!(target = %self.target, lun, itt, command = name, "no answer within {waited:?}: ABORT TASK");
+        let answer = self.tmf(TmfFunction::AbortTask, lun, Some(itt)).await;
+        // The engine ends an aborted task before it ends the ABORT TASK, so
+        // its end (or a late answer, or a lost connection) is queued by now.
+        let queued = loop {
+            match rx.try_recv() {
+                // The target's wish for data of a command now ended.
+                Ok(Msg::R2t(_)) => continue,
+                other => break other,
+            }
+        };
+        let back = match queued {
+            Ok(Msg::Done(TaskResult::Aborted { buf })) => buf,
+            Ok(Msg::Done(result)) => return Ok(Unanswered::Answered(result)),
+            Ok(Msg::Lost(back)) => back,
+            Ok(Msg::R2t(_)) | Err(_) => match answer {
+                Ok(TmfResponse::TaskDoesNotExist) => {
+                    lock(&self.engine).forget(itt).and_then(|(_, buf)| buf)
+                }
+                other => {
+                    return Err(Error::Timeout(format!(
+                        "{name} to LUN {lun} had no answer within {waited:?}, and ABORT TASK did not end it: {other:?}"
+                    )))
+                }
+            },
+        };
+        if timeouts >= COMMAND_TRIES {
+            return Err(Error::Timeout(format!(
+                "{name} to LUN {lun} had no answer within {waited:?}, {timeouts} times; aborted"
+            )));
+        }
+        Ok(Unanswered::Gone(back))
     }
 
     /// Sends the command (with immediate and unsolicited data). Err hands
@@ -1148,6 +1223,36 @@ impl Inner {
     ) -> Result<Completion> {
         scsi_completion(lun, opcode, read_len, write_len, result, buf)
     }
+}
+
+/// How many times a READ or WRITE is sent when its answer does not come
+/// within [`InitiatorConfig::command_timeout`].
+pub const COMMAND_TRIES: u32 = 3;
+
+/// Whether a command has a deadline: the reads and writes of blocks, which
+/// a target answers within seconds, not the commands that may rightly run
+/// for minutes (see [`InitiatorConfig::command_timeout`]).
+fn timed(opcode: u8) -> bool {
+    use blockwire_pdu::scsi::opcode as op;
+    matches!(
+        opcode,
+        op::READ_6
+            | op::READ_10
+            | op::READ_12
+            | op::READ_16
+            | op::WRITE_6
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+    )
+}
+
+/// What became of a command whose deadline passed.
+enum Unanswered {
+    /// Its answer came after all.
+    Answered(TaskResult),
+    /// The target no longer has it: send it again (with this read buffer).
+    Gone(Option<Vec<u8>>),
 }
 
 /// How long a command the target answers BUSY or TASK SET FULL is retried:

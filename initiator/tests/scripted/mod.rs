@@ -110,16 +110,20 @@ pub async fn session_with<T: Send + 'static>(
     initiator: &str,
     script: impl FnOnce(TcpListener) -> T + Send + 'static,
 ) -> (Session, JoinHandle<T>) {
+    session_configured(InitiatorConfig::new(initiator), script).await
+}
+
+/// [`session_with`] for an initiator configured as `config` says.
+pub async fn session_configured<T: Send + 'static>(
+    config: InitiatorConfig,
+    script: impl FnOnce(TcpListener) -> T + Send + 'static,
+) -> (Session, JoinHandle<T>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let portal = listener.local_addr().unwrap().to_string();
     let target = std::thread::spawn(move || script(listener));
-    let session = Session::connect(
-        InitiatorConfig::new(initiator),
-        &portal,
-        "iqn.2026-12.io.blockwire:scripted",
-    )
-    .await
-    .expect("the scripted target logs the initiator in");
+    let session = Session::connect(config, &portal, "iqn.2026-12.io.blockwire:scripted")
+        .await
+        .expect("the scripted target logs the initiator in");
     (session, target)
 }
 
