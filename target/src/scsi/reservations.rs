@@ -658,19 +658,17 @@ impl LogicalUnit {
         let len = parameter_list_length as usize;
         let buf = data_out.get(..len).ok_or_else(param_length)?;
         let params = PrOutData::decode(sa, buf).map_err(|e| Failure::Check(e.to_sense()))?;
-        // Only actions that use the type check it (and LU_SCOPE).
-        let uses_type = matches!(
-            sa,
-            PrOutAction::Reserve
-                | PrOutAction::Release
-                | PrOutAction::Preempt
-                | PrOutAction::PreemptAndAbort
-        );
-        let pr_type = if uses_type {
+        // Only actions that use the type check it (and LU_SCOPE). A PREEMPT
+        // uses them only when it makes a reservation: one that only removes
+        // registrations ignores both (SPC-4 5.12.11.2.2, 5.12.11.2.3).
+        let type_and_scope = || {
             if scope != 0 {
                 return Err(invalid_cdb(2, Some(7)));
             }
-            Some(PrType::from_code(ty).ok_or_else(|| invalid_cdb(2, Some(3)))?)
+            PrType::from_code(ty).ok_or_else(|| invalid_cdb(2, Some(3)))
+        };
+        let pr_type = if matches!(sa, PrOutAction::Reserve | PrOutAction::Release) {
+            Some(type_and_scope()?)
         } else {
             None
         };
@@ -725,7 +723,7 @@ impl LogicalUnit {
                 }
                 (PrOutData::Basic(p), PrOutAction::Clear) => ctx.clear(p)?,
                 (PrOutData::Basic(p), PrOutAction::Preempt | PrOutAction::PreemptAndAbort) => {
-                    aborted = ctx.preempt(p, pr_type.unwrap_or(PrType::WriteExclusive))?;
+                    aborted = ctx.preempt(p, type_and_scope)?;
                     if sa != PrOutAction::PreemptAndAbort {
                         aborted.clear();
                     }
@@ -983,7 +981,13 @@ impl PrCtx<'_> {
     }
 
     /// PREEMPT (SPC-4 5.9.11.4); returns the registrations removed.
-    fn preempt(&mut self, p: &PrOutParameters, ty: PrType) -> Result<Vec<Registration>, Failure> {
+    /// `ty`: the TYPE (and SCOPE) of the CDB, checked only when the
+    /// PREEMPT makes a reservation of that type.
+    fn preempt(
+        &mut self,
+        p: &PrOutParameters,
+        ty: impl Fn() -> Result<PrType, Failure>,
+    ) -> Result<Vec<Registration>, Failure> {
         let me = self.own(p.reservation_key)?;
         let sak = p.service_action_key;
         let removed = match self.st.resv.clone() {
@@ -999,6 +1003,7 @@ impl PrCtx<'_> {
             }
             Some(resv) if all_registrants(resv.ty) => {
                 if sak == 0 {
+                    let ty = ty()?;
                     let (removed, _) = self.st.remove_where(|j, _| j != me);
                     self.st.resv = Some(Reservation { holder: 0, ty });
                     removed
@@ -1013,6 +1018,7 @@ impl PrCtx<'_> {
             Some(resv) => {
                 let holder_key = self.st.regs.get(resv.holder).map_or(0, |h| h.key);
                 if sak == holder_key {
+                    let ty = ty()?;
                     let (removed, _) = self.st.remove_where(|j, r| r.key == sak && j != me);
                     let me_now = self.st.find(self.nexus).unwrap_or(0);
                     self.st.resv = Some(Reservation { holder: me_now, ty });

@@ -632,6 +632,54 @@ fn register_and_move_checks_the_port_and_the_type() {
     assert_eq!(full_status(&t, &a), before);
 }
 
+/// A PREEMPT that only removes registrations ignores the CDB's TYPE and
+/// SCOPE (SPC-4 5.12.11.2.2, 5.12.11.2.3): cluster managers send it with
+/// whatever those fields hold. One that makes a reservation (preempting the
+/// holder) checks them.
+#[test]
+fn a_preempt_that_only_removes_registrations_ignores_type_and_scope() {
+    let preempt = |t: &LunTable, n: &ItNexus, rk: u64, sak: u64, scope: u8, ty: u8| {
+        let data = PrOutData::Basic(keys(rk, sak)).encode();
+        let cdb = c(Cdb::PersistentReserveOut {
+            service_action: PrOutAction::Preempt,
+            scope,
+            pr_type: ty,
+            parameter_list_length: data.len() as u32,
+        });
+        run(t, n, &cdb, &data, 0)
+    };
+    let registered = |t: &LunTable, n: &ItNexus| {
+        let keys = prin(t, n, PrInAction::ReadKeys);
+        u32::from_be_bytes(keys[4..8].try_into().unwrap()) / 8
+    };
+    let (t, a, b, x) = three();
+    for (n, key) in [(&a, 0xa), (&b, 0xb), (&x, 0xc)] {
+        register(&t, n, key);
+    }
+    // No reservation: B's registration goes; type 0 (none) is ignored.
+    assert_eq!(preempt(&t, &a, 0xa, 0xb, 0, 0).status, GOOD);
+    assert_eq!(registered(&t, &a), 2);
+    // A holds the reservation: preempting X, not the holder, ignores an
+    // element scope and type 0 as well.
+    assert_eq!(reserve(&t, &a, 0xa, PrType::WriteExclusive).status, GOOD);
+    assert_eq!(preempt(&t, &a, 0xa, 0xc, 2, 0).status, GOOD);
+    assert_eq!(registered(&t, &a), 1);
+    // Preempting the holder makes a reservation of that type: checked.
+    ready(&t, &b);
+    register(&t, &b, 0xb);
+    expect_check(
+        &preempt(&t, &b, 0xb, 0xa, 0, 0),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(registered(&t, &a), 2, "nothing removed");
+    assert_eq!(
+        preempt(&t, &b, 0xb, 0xa, 0, PrType::ExclusiveAccess.code()).status,
+        GOOD
+    );
+    assert_eq!(registered(&t, &b), 1);
+}
+
 #[test]
 fn aptpl_and_spec_i_pt_belong_to_the_registering_actions() {
     // APTPL on a unit that cannot persist: refused for REGISTER, ignored by
