@@ -320,6 +320,7 @@ async fn full_feature<R: AsyncRead + Unpin>(
     });
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
+    let writer_cut = writer.cut_flag();
     let mut writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
     let mut launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
@@ -457,7 +458,9 @@ async fn full_feature<R: AsyncRead + Unpin>(
     drop(machine);
     if let Stop::Cut = why {
         // As if the network went away: nothing more leaves, queued PDUs
-        // included; dropping the writer closes the socket.
+        // included; dropping the writer closes the socket (resetting it
+        // when the kernel still holds zero-copy sends).
+        writer_cut.store(true, std::sync::atomic::Ordering::Release);
         writer_task.abort();
         let _ = writer_task.await;
         return;
@@ -472,7 +475,8 @@ async fn full_feature<R: AsyncRead + Unpin>(
         .is_err()
     {
         // A writer stuck on a socket the initiator does not read: dropping
-        // it closes the socket.
+        // it closes the socket (resetting it, as for a cut).
+        writer_cut.store(true, std::sync::atomic::Ordering::Release);
         writer_task.abort();
         let _ = writer_task.await;
     }

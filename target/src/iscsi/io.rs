@@ -185,6 +185,10 @@ pub struct PduWriter {
     mapped_sends: bool,
     /// What the writer did, for tests and debugging.
     pub stats: WriterStats,
+    /// Set when the connection is cut: the writer, dropped, resets the
+    /// connection at once rather than let the initiator take what the
+    /// kernel still holds of its zero-copy sends.
+    cut: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Counts of a writer's system calls.
@@ -320,7 +324,15 @@ impl PduWriter {
             tracker: None,
             mapped_sends: false,
             stats: WriterStats::default(),
+            cut: Arc::default(),
         }
+    }
+
+    /// A flag that, once set, has this writer reset the connection at once
+    /// when dropped (see [`ZeroCopy::retire_cut`]): for a connection cut
+    /// while the writer runs in a task of its own.
+    pub fn cut_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.cut.clone()
     }
 
     fn fd(&self) -> Option<RawFd> {
@@ -828,7 +840,11 @@ impl PduWriter {
 impl Drop for PduWriter {
     fn drop(&mut self) {
         if let (Some(zc), Some(stream)) = (self.zc.take(), self.inner.tcp()) {
-            let _ = zc.retire(stream);
+            if self.cut.load(std::sync::atomic::Ordering::Acquire) {
+                let _ = zc.retire_cut(stream);
+            } else {
+                let _ = zc.retire(stream);
+            }
         }
     }
 }

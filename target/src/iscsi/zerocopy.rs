@@ -137,6 +137,12 @@ impl ZeroCopy {
         self.retire_within(socket, RETIRE_GRACE, AFTER_RESET)
     }
 
+    /// [`ZeroCopy::retire`] for a connection cut on purpose (as if the
+    /// network went away): reset at once, no grace for the initiator.
+    pub fn retire_cut(self, socket: impl AsFd) -> Option<std::thread::JoinHandle<()>> {
+        self.retire_within(socket, Duration::ZERO, AFTER_RESET)
+    }
+
     pub(in crate::iscsi) fn retire_within(
         mut self,
         socket: impl AsFd,
@@ -155,25 +161,33 @@ impl ZeroCopy {
                 return None;
             }
         };
+        // Shared with the thread so a failed spawn can still leak them.
+        let kept = Arc::new(std::sync::Mutex::new(Some(self)));
+        let theirs = kept.clone();
         let spawned = std::thread::Builder::new()
             .name("zero-copy-retire".into())
             .spawn(move || {
+                let mut guard = theirs.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(mut zc) = guard.take() else { return };
+                drop(guard);
                 let raw = fd.as_raw_fd();
-                if !self.settle(raw, grace) {
-                    tracing::warn!(
-                        calls = self.inflight.len(),
-                        "zero-copy sends still unacknowledged {}s after the connection ended: resetting it",
-                        grace.as_secs()
-                    );
+                if !zc.settle(raw, grace) {
+                    if !grace.is_zero() {
+                        tracing::warn!(
+                            calls = zc.inflight.len(),
+                            "zero-copy sends still unacknowledged {}s after the connection ended: resetting it",
+                            grace.as_secs()
+                        );
+                    }
                     if let Err(e) = rustix::net::connect_unspec(&fd) {
                         tracing::warn!(error = %e, "resetting the connection");
                     }
-                    if !self.settle(raw, after_reset) {
+                    if !zc.settle(raw, after_reset) {
                         tracing::error!(
-                            calls = self.inflight.len(),
+                            calls = zc.inflight.len(),
                             "the kernel still holds zero-copy buffers after the connection's reset: leaked, not reused"
                         );
-                        self.leak();
+                        zc.leak();
                     }
                 }
                 drop(fd);
@@ -181,9 +195,10 @@ impl ZeroCopy {
         match spawned {
             Ok(handle) => Some(handle),
             Err(e) => {
-                // The closure (and with it the buffers) is dropped by a
-                // failed spawn, so this cannot leak them; say so at least.
-                tracing::error!(error = %e, calls, "no thread to keep zero-copy buffers in flight");
+                tracing::error!(error = %e, calls, "no thread to keep zero-copy buffers in flight: leaked, not reused");
+                if let Some(mut zc) = kept.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    zc.leak();
+                }
                 None
             }
         }

@@ -303,6 +303,27 @@ async fn zero_copy_buffers_of_an_initiator_that_takes_nothing_are_freed_after_a_
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
 }
 
+/// A connection cut on purpose (an initiator that takes no data) is reset
+/// at once, not after the grace an ending connection's initiator has to
+/// take its data, and the buffers are freed then.
+#[tokio::test]
+async fn a_cut_writer_resets_the_connection_at_once_and_frees_its_zero_copy_buffers() {
+    let (w, mut peer, _bytes, freed) = writer_stalled_in_a_zero_copy_send(64 << 20).await;
+    w.cut_flag()
+        .store(true, std::sync::atomic::Ordering::Release);
+    drop(w);
+    assert!(
+        set_within(&freed, Duration::from_secs(10)).await,
+        "freed well before the 30 s grace of an ending connection"
+    );
+    let mut got = Vec::new();
+    let e = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut got))
+        .await
+        .expect("the stream ends within 10 s")
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+}
+
 #[tokio::test]
 async fn file_payloads_go_by_sendfile_unless_data_digests_need_the_bytes() {
     use std::io::Write;
