@@ -285,18 +285,27 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
         }
         None => {}
     }
-    // The core may read the data whole here; a plan the road takes gives
-    // the share back.
-    let share = read_share(ctx).await;
     let r = in_core(ctx, move |c| {
         if c.is_aborted() {
             return None;
         }
         let req = c.read_request();
+        // Where the core reads the data whole, they take their share of
+        // the READ budget first: once planning has waited out a stalled
+        // unit, so a stalled LUN's READs hold no budget the connection's
+        // other READs need. (A blocking-pool thread may wait on the
+        // runtime's semaphore.)
+        let share = || tokio::runtime::Handle::current().block_on(read_share(c));
         Some(match c.luns.plan_read(&req) {
-            ReadPlan::NotPlanned | ReadPlan::WouldWait => Err(c.luns.execute(&req)),
-            ReadPlan::Answer(r) => Err(r),
-            ReadPlan::Checked(p) => Err(p.lu.read_checked(&p, capacity)),
+            ReadPlan::NotPlanned | ReadPlan::WouldWait => {
+                let share = share();
+                Err((c.luns.execute(&req), share))
+            }
+            ReadPlan::Answer(r) => Err((r, None)),
+            ReadPlan::Checked(p) => {
+                let share = share();
+                Err((p.lu.read_checked(&p, capacity), share))
+            }
             ReadPlan::Read(p) => {
                 let clock = p.clock.clone();
                 match take(c, p) {
@@ -304,7 +313,8 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
                     None => {
                         clock.forget();
                         drop(clock);
-                        Err(c.luns.execute(&req))
+                        let share = share();
+                        Err((c.luns.execute(&req), share))
                     }
                 }
             }
@@ -314,7 +324,7 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
     match r {
         Ok((None, _)) => Planned::Aborted,
         Ok((Some(Ok(t)), _)) => Planned::Go(t),
-        Ok((Some(Err(r)), core)) => Planned::Answer(r, core, share),
+        Ok((Some(Err((r, share))), core)) => Planned::Answer(r, core, share),
         Err(failure) => Planned::Answer(failure, Counts::default(), None),
     }
 }
