@@ -563,6 +563,14 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
                 completing,
             } => launcher.await_aborted(&aborted, &completing).await,
             Action::AwaitSettled(settling) => launcher.await_settled(settling).await,
+            Action::SendWhenSettled(settling, pdu) => {
+                let (launcher_tx, settle) = (launcher.tx.clone(), launcher.settle(settling));
+                tokio::spawn(async move {
+                    settle.await;
+                    // A connection gone meanwhile takes no answer.
+                    let _ = launcher_tx.send(Outgoing::Pdu(pdu)).await;
+                });
+            }
             Action::End(reason) => {
                 debug!(tsih = launcher.session.tsih, ?reason, "connection ends");
                 return Some(Stop::Close);

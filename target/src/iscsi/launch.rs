@@ -225,15 +225,28 @@ impl Launcher {
     /// Waits (on the blocking pool, at most [`SETTLE_LIMIT`]) for the
     /// commands running on reset units at the reset to end.
     pub async fn await_settled(&self, settling: crate::scsi::Settling) {
-        let waited = tokio::task::spawn_blocking(move || settling.wait(SETTLE_LIMIT)).await;
-        match waited {
-            Ok(busy) if busy.is_empty() => {}
-            Ok(busy) => tracing::warn!(
-                luns = ?busy,
-                "reset answered with commands still running on these LUNs after {}s",
-                SETTLE_LIMIT.as_secs()
-            ),
-            Err(e) => tracing::error!(error = %e, "waiting for the reset's commands"),
+        self.settle(settling).await
+    }
+
+    /// [`Launcher::await_settled`] as a future of its own, for a task
+    /// beside the connection.
+    pub fn settle(
+        &self,
+        settling: crate::scsi::Settling,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let tsih = self.session.tsih;
+        async move {
+            let waited = tokio::task::spawn_blocking(move || settling.wait(SETTLE_LIMIT)).await;
+            match waited {
+                Ok(busy) if busy.is_empty() => {}
+                Ok(busy) => tracing::warn!(
+                    tsih,
+                    luns = ?busy,
+                    "reset answered with commands still running on these LUNs after {}s",
+                    SETTLE_LIMIT.as_secs()
+                ),
+                Err(e) => tracing::error!(error = %e, "waiting for the reset's commands"),
+            }
         }
     }
 
@@ -253,8 +266,10 @@ impl Launcher {
 }
 
 /// How long a reset's response waits for the commands of other sessions
-/// still running on the reset units (PREEMPT AND ABORT waits as long).
-const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+/// still running on the reset units: past it (a backstore that stopped
+/// answering) the reset is answered anyway, and logged, before open-iscsi
+/// gives the reset up (`lu_reset_timeout`, 30 s) and escalates.
+const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 
 /// How a command goes on its road: at once, or after the wait its LUN's
 /// QoS ceilings booked for it (see [`super::throttle`]).

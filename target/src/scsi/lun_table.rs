@@ -114,10 +114,12 @@ pub struct Settling {
 impl Settling {
     fn add(&mut self, lun: u16, lu: Arc<LogicalUnit>) {
         let epoch = lu.in_flight.new_epoch();
-        self.units.push((lun, lu, epoch));
+        if lu.in_flight.total() > 0 {
+            self.units.push((lun, lu, epoch));
+        }
     }
 
-    /// Whether no unit was reset.
+    /// Whether no reset unit had a command running (nothing to wait for).
     pub fn is_empty(&self) -> bool {
         self.units.is_empty()
     }

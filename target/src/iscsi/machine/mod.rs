@@ -260,11 +260,15 @@ pub(super) enum Action {
         aborted: Vec<u32>,
         completing: Vec<u32>,
     },
-    /// A reset: wait (bounded) until the commands of every session that
-    /// were running on the reset units have ended, so the task management
-    /// response queued next follows the last of their writes to the
-    /// medium.
+    /// A cold reset: wait (bounded) until the commands of every session
+    /// that were running on the reset units have ended, so the task
+    /// management response queued next follows the last of their writes
+    /// to the medium.
     AwaitSettled(crate::scsi::Settling),
+    /// A reset: send this task management response once the commands of
+    /// every session that were running on the reset units have ended
+    /// (bounded), while the connection goes on.
+    SendWhenSettled(crate::scsi::Settling, Pdu),
     /// End the connection: flush what is queued, then close.
     End(EndReason),
 }
@@ -281,6 +285,7 @@ impl std::fmt::Debug for Action {
                 completing,
             } => write!(f, "AwaitAborted({aborted:?}, {completing:?})"),
             Action::AwaitSettled(_) => write!(f, "AwaitSettled"),
+            Action::SendWhenSettled(_, p) => write!(f, "SendWhenSettled({:?})", p.bhs.opcode()),
             Action::End(r) => write!(f, "End({r:?})"),
         }
     }

@@ -1017,7 +1017,8 @@ async fn task_set_functions_and_resets_against_running_tasks() {
 /// sessions' included: a command of another session already in the
 /// backstore when the reset came (or a pipelined WRITE's chunk writes)
 /// must not reach the medium after the reset's FUNCTION COMPLETE, so the
-/// response waits for it.
+/// response waits for it. The connection goes on meanwhile: a NOP-Out is
+/// answered (an initiator would otherwise take it for dead).
 #[tokio::test]
 async fn a_reset_answers_after_the_commands_of_other_sessions_running_at_it() {
     for function in [TmfFunction::LogicalUnitReset, TmfFunction::TargetWarmReset] {
@@ -1032,18 +1033,45 @@ async fn a_reset_answers_after_the_commands_of_other_sessions_running_at_it() {
         // Another session's WRITE, counted in flight on the unit.
         let entry = lu.in_flight.hold(&other);
         let (tmf, req) = c.tmf(function, 0, 0);
-        let actions = c.actions(req);
         let ends = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
             let ended = Instant::now();
             lu.in_flight.release(&other, entry);
             ended
         });
-        assert_eq!(carry_out(&mut c.launcher, actions).await, None);
-        let answered = Instant::now();
+        assert_eq!(c.feed(req).await, None);
+        let ping = Pdu::new(Bhs::NopOut(NopOut {
+            immediate: true,
+            lun: Lun::default(),
+            itt: 0x7e57,
+            ttt: RESERVED_TAG,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: 0,
+        }));
+        assert_eq!(c.feed(ping).await, None);
+        let mut sent = c.sent();
+        let pinged = sent
+            .iter()
+            .any(|p| matches!(p.bhs, Bhs::NopIn(n) if n.itt == 0x7e57));
+        assert!(
+            pinged,
+            "{function:?}: the NOP-Out answered while the reset waits"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let answered = loop {
+            if sent
+                .iter()
+                .any(|p| matches!(p.bhs, Bhs::TaskMgmtResponse(r) if r.itt == tmf))
+            {
+                break Instant::now();
+            }
+            assert!(Instant::now() < deadline, "{function:?} never answered");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            sent.extend(c.sent());
+        };
         let ended = ends.join().unwrap();
         assert_eq!(
-            tmf_response(&c.sent(), tmf),
+            tmf_response(&sent, tmf),
             TmfResponse::FunctionComplete,
             "{function:?}"
         );

@@ -19,6 +19,7 @@ impl ConnMachine {
         let lun = req.lun.index().unwrap_or(u16::MAX);
         let target = self.session.target.clone();
         let mut close_after = false;
+        let mut settling = None;
         let response = match (&target, req.function) {
             (None, _) => TmfResponse::NotSupported,
             (Some(_), TmfFunction::AbortTask) => {
@@ -46,8 +47,7 @@ impl ConnMachine {
                     self.abort_where(|_, task_lun| task_lun == lun);
                     self.fabric.sessions.abort_target_tasks(t, Some(lun));
                     if let Some(nexus) = &self.session.nexus {
-                        let settling = t.luns.reset_lun(lun, nexus);
-                        self.await_settled(settling);
+                        settling = Some(t.luns.reset_lun(lun, nexus));
                     }
                     TmfResponse::FunctionComplete
                 }
@@ -56,8 +56,7 @@ impl ConnMachine {
                 self.abort_where(|_, _| true);
                 self.fabric.sessions.abort_target_tasks(t, None);
                 if let Some(nexus) = &self.session.nexus {
-                    let settling = t.luns.reset_target(nexus);
-                    self.await_settled(settling);
+                    settling = Some(t.luns.reset_target(nexus));
                 }
                 // A cold reset also drops the connections (RFC 7143 §11.5.1).
                 close_after = req.function == TmfFunction::TargetColdReset;
@@ -75,25 +74,29 @@ impl ConnMachine {
             "task management"
         );
         crate::events::task_management(req.function, response);
-        self.send(Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
+        let answer = Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
             response,
             itt: req.itt,
             stat_sn: 0,
             exp_cmd_sn: 0,
             max_cmd_sn: 0,
-        })));
+        }));
+        // A reset's answer waits for the commands of every session still
+        // running on the reset units (see `crate::scsi::Settling`): beside
+        // this connection, which goes on reading (NOP-Outs, other LUNs'
+        // commands), except for a cold reset, whose connection ends next.
+        match settling.filter(|s| !s.is_empty()) {
+            Some(s) if close_after => {
+                self.out.push(Action::AwaitSettled(s));
+                self.send(answer);
+            }
+            Some(s) => self.out.push(Action::SendWhenSettled(s, answer)),
+            None => self.send(answer),
+        }
         if close_after {
             self.out.push(Action::End(EndReason::ColdReset));
         }
         !close_after
-    }
-
-    /// Has the reset's response wait for the commands of every session
-    /// still running on the reset units (see [`crate::scsi::Settling`]).
-    fn await_settled(&mut self, settling: crate::scsi::Settling) {
-        if !settling.is_empty() {
-            self.out.push(Action::AwaitSettled(settling));
-        }
     }
 
     /// Aborts this session's tasks `pick` selects (by ITT and LUN); returns
