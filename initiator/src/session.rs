@@ -309,7 +309,9 @@ impl Session {
     /// [`BUSY_RETRY_FOR`] in all.
     pub async fn execute(&self, lun: u16, cdb: &[u8], mut dir: DataDir<'_>) -> Result<Completion> {
         let mut attention = 0;
-        let mut busy = Backoff::new(BUSY_RETRY_FOR);
+        // From the first BUSY: time spent before on other answers is not
+        // the target's being busy.
+        let mut busy: Option<Backoff> = None;
         loop {
             match self.inner.execute_once(lun, cdb, &mut dir).await {
                 Err(Error::Scsi(e))
@@ -321,7 +323,8 @@ impl Session {
                 Err(Error::Scsi(e))
                     if matches!(e.status, ScsiStatus::BUSY | ScsiStatus::TASK_SET_FULL) =>
                 {
-                    match busy.next_pause() {
+                    let backoff = busy.get_or_insert_with(|| Backoff::new(BUSY_RETRY_FOR));
+                    match backoff.next_pause() {
                         Some(pause) => tokio::time::sleep(pause).await,
                         None => return Err(Error::Scsi(e)),
                     }
@@ -802,6 +805,19 @@ impl Inner {
         referenced: Option<u32>,
     ) -> Result<TmfResponse> {
         let gen = self.wait_up().await?;
+        self.tmf_on(gen, function, lun, referenced).await
+    }
+
+    /// [`Inner::tmf`] on the connection of generation `gen` only: an ABORT
+    /// TASK names a tag of that connection, which a later one hands out
+    /// afresh to other commands.
+    async fn tmf_on(
+        self: &Arc<Self>,
+        gen: u64,
+        function: TmfFunction,
+        lun: u16,
+        referenced: Option<u32>,
+    ) -> Result<TmfResponse> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let req = {
             let mut eng = lock(&self.engine);
@@ -938,10 +954,12 @@ impl Inner {
             if let Some(sink) = itt_sink {
                 sink.store(itt, Ordering::Release);
             }
+            // A command run for another SCSI stack (`itt_sink`) is that
+            // stack's to time out and abort.
             let deadline = self
                 .config
                 .command_timeout
-                .filter(|_| timed(cdb[0]))
+                .filter(|_| timed(cdb[0]) && itt_sink.is_none())
                 .map(|t| tokio::time::Instant::now() + t);
             loop {
                 let msg = match deadline {
@@ -951,11 +969,11 @@ impl Inner {
                         Err(_) => {
                             timeouts += 1;
                             match self
-                                .abort_unanswered(lun, cdb, itt, &mut rx, timeouts)
+                                .abort_unanswered(gen, lun, cdb, itt, &mut rx, timeouts)
                                 .await?
                             {
                                 Unanswered::Answered(result) => return Ok(result),
-                                Unanswered::Gone(back) => {
+                                Unanswered::Gone(back) | Unanswered::Lost(back) => {
                                     buf = back;
                                     break;
                                 }
@@ -977,13 +995,18 @@ impl Inner {
         }
     }
 
-    /// A command `itt` its deadline passed without an answer: ABORT TASK
-    /// ends it at the target (or finds the target has no such task), so a
-    /// late answer cannot land in a buffer that went on. Returns its answer
-    /// if it came meanwhile; else the command is gone and may be sent
-    /// again, up to [`COMMAND_TRIES`] times in all.
+    /// A command `itt`, sent on the connection of generation `gen`, whose
+    /// deadline passed without an answer: ABORT TASK ends it at the target
+    /// (or finds the target has no such task), so a late answer cannot
+    /// land in a buffer that went on. Returns its answer if it came
+    /// meanwhile; else the command is gone and may be sent again, up to
+    /// [`COMMAND_TRIES`] times in all. An ABORT TASK that cannot be made on
+    /// that connection (lost, or the target does not answer it) drops the
+    /// connection: recovery sends the command again, as after any lost
+    /// connection.
     async fn abort_unanswered(
         self: &Arc<Self>,
+        gen: u64,
         lun: u16,
         cdb: &[u8; 16],
         itt: u32,
@@ -992,38 +1015,45 @@ impl Inner {
     ) -> Result<Unanswered> {
         let waited = self.config.command_timeout.unwrap_or_default();
         let name = blockwire_pdu::scsi::opcode::opcode_name(cdb[0], None).unwrap_or("a command");
+        if let Some(done) = settled(rx) {
+            return Ok(done);
+        }
         tracing::warn!(target = %self.target, lun, itt, command = name, "no answer within {waited:?}: ABORT TASK");
-        let answer = self.tmf(TmfFunction::AbortTask, lun, Some(itt)).await;
+        let answer = self
+            .tmf_on(gen, TmfFunction::AbortTask, lun, Some(itt))
+            .await;
         // The engine ends an aborted task before it ends the ABORT TASK, so
-        // its end (or a late answer, or a lost connection) is queued by now.
-        let queued = loop {
-            match rx.try_recv() {
-                // The target's wish for data of a command now ended.
-                Ok(Msg::R2t(_)) => continue,
-                other => break other,
+        // its end (or a late answer) is queued by now.
+        let done = match (settled(rx), answer) {
+            (Some(done), _) => done,
+            (None, Ok(TmfResponse::TaskDoesNotExist)) => {
+                let forgotten = {
+                    let mut eng = lock(&self.engine);
+                    (eng.generation() == gen).then(|| eng.forget(itt).and_then(|(_, buf)| buf))
+                };
+                match forgotten {
+                    Some(buf) => Unanswered::Gone(buf),
+                    // Lost meanwhile: its Lost is on the way.
+                    None => lost_after_all(rx).await?,
+                }
+            }
+            (None, other) => {
+                tracing::warn!(target = %self.target, lun, itt, answer = ?other, "ABORT TASK did not end an unanswered command: dropping the connection");
+                self.connection_lost(
+                    gen,
+                    format!(
+                        "{name} to LUN {lun} unanswered for {waited:?}, and ABORT TASK did not end it"
+                    ),
+                );
+                lost_after_all(rx).await?
             }
         };
-        let back = match queued {
-            Ok(Msg::Done(TaskResult::Aborted { buf })) => buf,
-            Ok(Msg::Done(result)) => return Ok(Unanswered::Answered(result)),
-            Ok(Msg::Lost(back)) => back,
-            Ok(Msg::R2t(_)) | Err(_) => match answer {
-                Ok(TmfResponse::TaskDoesNotExist) => {
-                    lock(&self.engine).forget(itt).and_then(|(_, buf)| buf)
-                }
-                other => {
-                    return Err(Error::Timeout(format!(
-                        "{name} to LUN {lun} had no answer within {waited:?}, and ABORT TASK did not end it: {other:?}"
-                    )))
-                }
-            },
-        };
-        if timeouts >= COMMAND_TRIES {
+        if matches!(done, Unanswered::Gone(_)) && timeouts >= COMMAND_TRIES {
             return Err(Error::Timeout(format!(
                 "{name} to LUN {lun} had no answer within {waited:?}, {timeouts} times; aborted"
             )));
         }
-        Ok(Unanswered::Gone(back))
+        Ok(done)
     }
 
     /// Sends the command (with immediate and unsolicited data). Err hands
@@ -1247,12 +1277,63 @@ fn timed(opcode: u8) -> bool {
     )
 }
 
+/// What is queued for a command whose deadline passed: its end (an answer,
+/// or aborted) or its connection's loss; None if nothing.
+fn settled(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Option<Unanswered> {
+    loop {
+        return match rx.try_recv() {
+            // The target's wish for data of a command now ending.
+            Ok(Msg::R2t(_)) => continue,
+            Ok(msg) => Some(Unanswered::of(msg)),
+            Err(mpsc::error::TryRecvError::Empty) => None,
+            Err(mpsc::error::TryRecvError::Disconnected) => Some(Unanswered::Lost(None)),
+        };
+    }
+}
+
+/// Waits (bounded) for the end of a command whose connection was dropped:
+/// its Lost, or an end that came first.
+async fn lost_after_all(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Unanswered> {
+    let limit = Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| {
+                Error::Timeout(format!(
+                    "the commands of a dropped connection not ended within {limit:?}"
+                ))
+            })?;
+        return Ok(match msg {
+            Some(Msg::R2t(_)) => continue,
+            Some(msg) => Unanswered::of(msg),
+            None => Unanswered::Lost(None),
+        });
+    }
+}
+
 /// What became of a command whose deadline passed.
 enum Unanswered {
     /// Its answer came after all.
     Answered(TaskResult),
-    /// The target no longer has it: send it again (with this read buffer).
+    /// The target no longer has it: send it again (with this read buffer),
+    /// counted as a timeout.
     Gone(Option<Vec<u8>>),
+    /// Its connection was lost: send it again once recovered, as any
+    /// command of a lost connection.
+    Lost(Option<Vec<u8>>),
+}
+
+impl Unanswered {
+    /// What a message to the command's owner (not an R2T) says of it.
+    fn of(msg: Msg) -> Unanswered {
+        match msg {
+            Msg::Done(TaskResult::Aborted { buf }) => Unanswered::Gone(buf),
+            Msg::Done(result) => Unanswered::Answered(result),
+            Msg::Lost(back) => Unanswered::Lost(back),
+            Msg::R2t(_) => Unanswered::Lost(None),
+        }
+    }
 }
 
 /// How long a command the target answers BUSY or TASK SET FULL is retried:

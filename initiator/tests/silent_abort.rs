@@ -25,8 +25,13 @@ enum Seen {
 
 /// Logs the initiator in, drops the first `drops` READs, answers the first
 /// ABORT TASK "task does not exist" and the others "function complete",
-/// the READs after with their data; then answers the logout.
+/// the READs after with their data (after `late`); then answers the
+/// logout.
 fn silent_target(listener: TcpListener, drops: usize) -> Vec<Seen> {
+    late_target(listener, drops, Duration::ZERO)
+}
+
+fn late_target(listener: TcpListener, drops: usize, late: Duration) -> Vec<Seen> {
     let (mut s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let (mut stat_sn, mut cmd_sn) = scripted::log_in(&mut s);
@@ -37,6 +42,7 @@ fn silent_target(listener: TcpListener, drops: usize) -> Vec<Seen> {
                 cmd_sn = cmd_sn.wrapping_add(1);
                 seen.push(Seen::Read(c.itt));
                 if seen.iter().filter(|s| matches!(s, Seen::Read(_))).count() > drops {
+                    std::thread::sleep(late);
                     let data = vec![0x6b; c.expected_data_transfer_length as usize];
                     let answer = scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data);
                     s.write_all(&answer.encode(Digests::NONE)).unwrap();
@@ -114,4 +120,33 @@ async fn a_read_the_target_always_drops_fails_after_three_tries() {
     session.logout().await.expect("logout");
     let seen = target.join().unwrap();
     assert_eq!(seen.len(), 6, "three READs, three ABORT TASKs: {seen:?}");
+}
+
+/// A command run for another SCSI stack (the kernel host driver) is that
+/// stack's to time out and abort: the session neither aborts nor re-sends
+/// it, however late its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_through_command_has_no_deadline_of_the_sessions() {
+    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:silent-pass-through")
+        .with_command_timeout(Some(Duration::from_millis(100)));
+    let (session, target) =
+        scripted::session_configured(config, |l| late_target(l, 0, Duration::from_millis(800)))
+            .await;
+    let mut buf = vec![0u8; 8 * 512];
+    let cdb = blockwire_initiator::rw16(false, 0, 8, false);
+    let itt = std::sync::atomic::AtomicU32::new(0);
+    let done = tokio::time::timeout(
+        Duration::from_secs(20),
+        session.pass_through(0, &cdb, blockwire_initiator::DataDir::Read(&mut buf), &itt),
+    )
+    .await
+    .expect("the READ ends")
+    .expect("answered, late");
+    assert_eq!(done.status.0, 0);
+    session.logout().await.expect("logout");
+    let seen = target.join().unwrap();
+    assert!(
+        matches!(seen[..], [Seen::Read(_)]),
+        "one READ, no ABORT TASK: {seen:?}"
+    );
 }
