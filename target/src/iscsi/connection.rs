@@ -532,6 +532,9 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
     for action in actions {
         match action {
             Action::Send(pdu) => {
+                if matches!(pdu.bhs, Bhs::LogoutResponse(_)) {
+                    launcher.answers_queued().await;
+                }
                 // The queue stays full only while the writer cannot hand
                 // PDUs to the socket: the initiator takes no data (its
                 // receive window is shut). One that takes none for as long
@@ -563,14 +566,7 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
                 completing,
             } => launcher.await_aborted(&aborted, &completing).await,
             Action::AwaitSettled(settling) => launcher.await_settled(settling).await,
-            Action::SendWhenSettled(settling, pdu) => {
-                let (launcher_tx, settle) = (launcher.tx.clone(), launcher.settle(settling));
-                tokio::spawn(async move {
-                    settle.await;
-                    // A connection gone meanwhile takes no answer.
-                    let _ = launcher_tx.send(Outgoing::Pdu(pdu)).await;
-                });
-            }
+            Action::SendWhenSettled(settling, pdu) => launcher.answer_when_settled(settling, pdu),
             Action::End(reason) => {
                 debug!(tsih = launcher.session.tsih, ?reason, "connection ends");
                 return Some(Stop::Close);

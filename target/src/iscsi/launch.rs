@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use blockwire_pdu::Pdu;
 use tokio::sync::mpsc;
 
 use super::connection::Outgoing;
@@ -42,6 +43,9 @@ pub(super) struct Launcher {
     pub data_pdu_in_order: bool,
     /// Double-buffered WRITEs running (see [`super::syncwrite`]).
     pub sync_writes: super::syncwrite::Running,
+    /// Reset answers waiting for other sessions' commands, to be queued
+    /// beside the connection (see [`Launcher::answer_when_settled`]).
+    answers_pending: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl Launcher {
@@ -61,7 +65,32 @@ impl Launcher {
             data_in_by_rdma: false,
             data_pdu_in_order: machine.data_pdu_in_order(),
             sync_writes: Default::default(),
+            answers_pending: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
+    }
+
+    /// Queues `answer` (a reset's) once the commands running on the reset
+    /// units have ended, from a task of its own: the connection goes on
+    /// reading meanwhile.
+    pub fn answer_when_settled(&self, settling: crate::scsi::Settling, answer: Pdu) {
+        let (tx, settle) = (self.tx.clone(), self.settle(settling));
+        let pending = self.answers_pending.clone();
+        pending.send_modify(|n| *n += 1);
+        tokio::spawn(async move {
+            settle.await;
+            // A connection gone meanwhile takes no answer.
+            let _ = tx.send(Outgoing::Pdu(answer)).await;
+            pending.send_modify(|n| *n -= 1);
+        });
+    }
+
+    /// Waits (bounded) until every answer of [`Launcher::answer_when_settled`]
+    /// is queued: a Logout Response must follow them (RFC 7143 §11.14:
+    /// nothing of the connection's tasks after it).
+    pub async fn answers_queued(&self) {
+        let mut rx = self.answers_pending.subscribe();
+        let limit = SETTLE_LIMIT + Duration::from_secs(2);
+        let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await;
     }
 
     /// Data-In becomes RDMA Writes (iSER): MaxRecvDataSegmentLength does

@@ -285,36 +285,49 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
         }
         None => {}
     }
+    /// What the core did with a READ planning had to wait for.
+    enum Waited<T> {
+        Go(T),
+        Answer(ScsiResult, ReadShare),
+        /// The core would read the data whole, and the connection's READ
+        /// budget had no room for them: nothing was read.
+        NeedsShare,
+    }
     let r = in_core(ctx, move |c| {
         if c.is_aborted() {
             return None;
         }
         let req = c.read_request();
         // Where the core reads the data whole, they take their share of
-        // the READ budget first: once planning has waited out a stalled
-        // unit, so a stalled LUN's READs hold no budget the connection's
-        // other READs need. (A blocking-pool thread may wait on the
-        // runtime's semaphore.)
-        let share = || tokio::runtime::Handle::current().block_on(read_share(c));
+        // the READ budget first, once planning has waited out a stalled
+        // unit (so a stalled LUN's READs hold no budget the connection's
+        // other READs need), and only if it has room now: a blocking-pool
+        // thread waiting for it could hold up the READs whose data would
+        // give it back.
+        let whole = |c: &CommandContext, run: &dyn Fn() -> ScsiResult| match try_read_share(c) {
+            Ok(share) => Waited::Answer(run(), share),
+            Err(()) => Waited::NeedsShare,
+        };
         Some(match c.luns.plan_read(&req) {
-            ReadPlan::NotPlanned | ReadPlan::WouldWait => {
-                let share = share();
-                Err((c.luns.execute(&req), share))
-            }
-            ReadPlan::Answer(r) => Err((r, None)),
+            ReadPlan::NotPlanned | ReadPlan::WouldWait => whole(c, &|| c.luns.execute(&req)),
+            ReadPlan::Answer(r) => Waited::Answer(r, None),
             ReadPlan::Checked(p) => {
-                let share = share();
-                Err((p.lu.read_checked(&p, capacity), share))
+                let clock = p.clock.clone();
+                let w = whole(c, &|| p.lu.read_checked(&p, capacity));
+                if let Waited::NeedsShare = w {
+                    // Counted when the core runs it after all.
+                    clock.forget();
+                }
+                w
             }
             ReadPlan::Read(p) => {
                 let clock = p.clock.clone();
                 match take(c, p) {
-                    Some(t) => Ok(t),
+                    Some(t) => Waited::Go(t),
                     None => {
                         clock.forget();
                         drop(clock);
-                        let share = share();
-                        Err((c.luns.execute(&req), share))
+                        whole(c, &|| c.luns.execute(&req))
                     }
                 }
             }
@@ -323,8 +336,15 @@ pub(super) async fn plan_or_core<T: Send + 'static>(
     .await;
     match r {
         Ok((None, _)) => Planned::Aborted,
-        Ok((Some(Ok(t)), _)) => Planned::Go(t),
-        Ok((Some(Err((r, share))), core)) => Planned::Answer(r, core, share),
+        Ok((Some(Waited::Go(t)), _)) => Planned::Go(t),
+        Ok((Some(Waited::Answer(r, share)), core)) => Planned::Answer(r, core, share),
+        Ok((Some(Waited::NeedsShare), _)) => {
+            let share = read_share(ctx).await;
+            match run_core(ctx, Vec::new(), ()).await {
+                None => Planned::Aborted,
+                Some((r, c)) => Planned::Answer(r, c, share),
+            }
+        }
         Err(failure) => Planned::Answer(failure, Counts::default(), None),
     }
 }
@@ -460,6 +480,16 @@ pub(super) async fn core_road(
             // The data left: the initiator's RDMA Writes completed (or failed).
             drop(share);
         }
+    }
+}
+
+/// [`read_share`] if the budget has room now; Err if not.
+fn try_read_share(ctx: &CommandContext) -> Result<ReadShare, ()> {
+    let edtl = ctx.cmd.expected_data_transfer_length;
+    if ctx.cmd.read && edtl > 0 {
+        ctx.shared.try_hold_read_data(edtl)
+    } else {
+        Ok(None)
     }
 }
 

@@ -85,6 +85,24 @@ impl Shared {
         })
     }
 
+    /// [`Shared::hold_read_data`] if the budget has room now; Err if not
+    /// (Ok(None) only if the budget were closed, which it never is).
+    pub(super) fn try_hold_read_data(
+        &self,
+        len: u32,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ()> {
+        let whole = u32::try_from(self.read_budget_size).unwrap_or(u32::MAX);
+        match self
+            .read_budget
+            .clone()
+            .try_acquire_many_owned(len.min(whole))
+        {
+            Ok(permit) => Ok(Some(permit)),
+            Err(tokio::sync::TryAcquireError::NoPermits) => Err(()),
+            Err(tokio::sync::TryAcquireError::Closed) => Ok(None),
+        }
+    }
+
     /// Takes `len` bytes (at most the whole budget) of the READ budget,
     /// waiting until earlier READ data has been sent (None only if the
     /// budget were closed, which it never is).

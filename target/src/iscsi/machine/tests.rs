@@ -1083,6 +1083,40 @@ async fn a_reset_answers_after_the_commands_of_other_sessions_running_at_it() {
     }
 }
 
+/// A logout that comes while a reset's answer waits for other sessions'
+/// commands is answered after it: nothing of the connection's tasks may
+/// follow the Logout Response (RFC 7143 §11.14).
+#[tokio::test]
+async fn a_logout_is_answered_after_a_waiting_resets_answer() {
+    let mut c = Conn::open(&[]).await;
+    let lu = c.lu();
+    let other = crate::scsi::ItNexus::iscsi(
+        "iqn.2024-01.test:other",
+        [0x40, 0, 0, 0, 0, 9],
+        "iqn.2024-01.test:t",
+        1,
+    );
+    let entry = lu.in_flight.hold(&other);
+    let (tmf, req) = c.tmf(TmfFunction::LogicalUnitReset, 0, 0);
+    assert_eq!(c.feed(req).await, None);
+    let ends = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        lu.in_flight.release(&other, entry);
+    });
+    let logout = c.logout();
+    let actions = c.actions(logout);
+    carry_out(&mut c.launcher, actions).await;
+    ends.join().unwrap();
+    let sent = c.sent_until_quiet(Duration::from_millis(200)).await;
+    let at = |want: &dyn Fn(&Bhs) -> bool| sent.iter().position(|p| want(&p.bhs));
+    let reset = at(&|b| matches!(b, Bhs::TaskMgmtResponse(r) if r.itt == tmf));
+    let logout = at(&|b| matches!(b, Bhs::LogoutResponse(_)));
+    assert!(
+        matches!((reset, logout), (Some(r), Some(l)) if r < l),
+        "the reset's answer, then the logout's: {sent:?}"
+    );
+}
+
 #[tokio::test]
 async fn task_management_of_a_missing_lun_and_unsupported_functions() {
     let mut c = Conn::open(&[]).await;
