@@ -8,9 +8,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use blockwire_pdu::pdu::codes::ServiceResponse;
-use blockwire_pdu::pdu::ScsiResponse;
-use blockwire_pdu::{Bhs, Digests, Pdu};
+use blockwire_pdu::{Bhs, Digests};
 
 mod scripted;
 use scripted::read_pdu;
@@ -31,22 +29,7 @@ fn refusing_target(listener: TcpListener) -> usize {
             Bhs::ScsiCommand(c) => {
                 cmd_sn = cmd_sn.wrapping_add(1);
                 let answer = match REFUSALS.get(reads) {
-                    Some(&status) => Pdu::new(Bhs::ScsiResponse(ScsiResponse {
-                        bidi_read_overflow: false,
-                        bidi_read_underflow: false,
-                        overflow: false,
-                        underflow: false,
-                        response: ServiceResponse::CommandCompleted,
-                        status,
-                        itt: c.itt,
-                        snack_tag: 0,
-                        stat_sn,
-                        exp_cmd_sn: cmd_sn,
-                        max_cmd_sn: cmd_sn.wrapping_add(8),
-                        exp_data_sn: 0,
-                        bidi_read_residual_count: 0,
-                        residual_count: 0,
-                    })),
+                    Some(&status) => scripted::response(&c, status, None, 0, stat_sn, cmd_sn),
                     None => {
                         let data = vec![0x3c; c.expected_data_transfer_length as usize];
                         scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data)

@@ -11,9 +11,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use blockwire_pdu::pdu::codes::ServiceResponse;
-use blockwire_pdu::pdu::ScsiResponse;
-use blockwire_pdu::{Bhs, Digests, Pdu};
+use blockwire_pdu::{Bhs, Digests};
 
 mod scripted;
 use scripted::read_pdu;
@@ -39,22 +37,8 @@ fn half_answering_target(listener: TcpListener) {
                 let data_in = scripted::single_data_in(&c, status, stat_sn, cmd_sn, data);
                 s.write_all(&data_in.encode(Digests::NONE)).unwrap();
                 if say_residual {
-                    let response = Pdu::new(Bhs::ScsiResponse(ScsiResponse {
-                        bidi_read_overflow: false,
-                        bidi_read_underflow: false,
-                        overflow: false,
-                        underflow: true,
-                        response: ServiceResponse::CommandCompleted,
-                        status: 0,
-                        itt: c.itt,
-                        snack_tag: 0,
-                        stat_sn,
-                        exp_cmd_sn: cmd_sn,
-                        max_cmd_sn: cmd_sn.wrapping_add(8),
-                        exp_data_sn: 1,
-                        bidi_read_residual_count: 0,
-                        residual_count: c.expected_data_transfer_length - half,
-                    }));
+                    let left = c.expected_data_transfer_length - half;
+                    let response = scripted::response(&c, 0, Some(left), 1, stat_sn, cmd_sn);
                     s.write_all(&response.encode(Digests::NONE)).unwrap();
                 }
                 stat_sn += 1;

@@ -8,9 +8,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use blockwire_pdu::pdu::codes::ServiceResponse;
-use blockwire_pdu::pdu::ScsiResponse;
-use blockwire_pdu::{Bhs, Digests, Pdu};
+use blockwire_pdu::{Bhs, Digests};
 
 mod scripted;
 use scripted::read_pdu;
@@ -28,22 +26,7 @@ fn half_taking_target(listener: TcpListener) {
                 assert!(c.write, "a WRITE");
                 cmd_sn = cmd_sn.wrapping_add(1);
                 let left = c.expected_data_transfer_length / 2;
-                let response = Pdu::new(Bhs::ScsiResponse(ScsiResponse {
-                    bidi_read_overflow: false,
-                    bidi_read_underflow: false,
-                    overflow: false,
-                    underflow: true,
-                    response: ServiceResponse::CommandCompleted,
-                    status: 0,
-                    itt: c.itt,
-                    snack_tag: 0,
-                    stat_sn,
-                    exp_cmd_sn: cmd_sn,
-                    max_cmd_sn: cmd_sn.wrapping_add(8),
-                    exp_data_sn: 0,
-                    bidi_read_residual_count: 0,
-                    residual_count: left,
-                }));
+                let response = scripted::response(&c, 0, Some(left), 0, stat_sn, cmd_sn);
                 s.write_all(&response.encode(Digests::NONE)).unwrap();
                 stat_sn += 1;
             }

@@ -10,9 +10,10 @@ use std::thread::JoinHandle;
 use blockwire_initiator::{InitiatorConfig, Session};
 
 use blockwire_pdu::keys::{encode_text, parse_text};
-use blockwire_pdu::pdu::codes::LogoutResponseCode;
+use blockwire_pdu::pdu::codes::{LogoutResponseCode, ServiceResponse};
 use blockwire_pdu::pdu::{
-    DataIn, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse, ScsiCommand, RESERVED_TAG,
+    DataIn, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse, ScsiCommand, ScsiResponse,
+    RESERVED_TAG,
 };
 use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu, Stage};
 
@@ -155,4 +156,32 @@ pub fn single_data_in(
         }),
         data,
     )
+}
+
+/// A SCSI Response ending `c` with `status`, saying `underflow` bytes were
+/// not transferred (none: no residual), after `data_sns` Data-In PDUs.
+pub fn response(
+    c: &ScsiCommand,
+    status: u8,
+    underflow: Option<u32>,
+    data_sns: u32,
+    stat_sn: u32,
+    cmd_sn: u32,
+) -> Pdu {
+    Pdu::new(Bhs::ScsiResponse(ScsiResponse {
+        bidi_read_overflow: false,
+        bidi_read_underflow: false,
+        overflow: false,
+        underflow: underflow.is_some(),
+        response: ServiceResponse::CommandCompleted,
+        status,
+        itt: c.itt,
+        snack_tag: 0,
+        stat_sn,
+        exp_cmd_sn: cmd_sn,
+        max_cmd_sn: cmd_sn.wrapping_add(8),
+        exp_data_sn: data_sns,
+        bidi_read_residual_count: 0,
+        residual_count: underflow.unwrap_or(0),
+    }))
 }

@@ -1013,6 +1013,17 @@ async fn task_set_functions_and_resets_against_running_tasks() {
     }
 }
 
+/// The I_T nexus of another session to the unit, whose commands a test
+/// counts in flight by hand.
+fn another_sessions_nexus() -> crate::scsi::ItNexus {
+    crate::scsi::ItNexus::iscsi(
+        "iqn.2024-01.test:other",
+        [0x40, 0, 0, 0, 0, 9],
+        "iqn.2024-01.test:t",
+        1,
+    )
+}
+
 /// A reset ends when every task it aborted has ended (SAM-5 6.3), other
 /// sessions' included: a command of another session already in the
 /// backstore when the reset came (or a pipelined WRITE's chunk writes)
@@ -1024,12 +1035,7 @@ async fn a_reset_answers_after_the_commands_of_other_sessions_running_at_it() {
     for function in [TmfFunction::LogicalUnitReset, TmfFunction::TargetWarmReset] {
         let mut c = Conn::open(&[]).await;
         let lu = c.lu();
-        let other = crate::scsi::ItNexus::iscsi(
-            "iqn.2024-01.test:other",
-            [0x40, 0, 0, 0, 0, 9],
-            "iqn.2024-01.test:t",
-            1,
-        );
+        let other = another_sessions_nexus();
         // Another session's WRITE, counted in flight on the unit.
         let entry = lu.in_flight.hold(&other);
         let (tmf, req) = c.tmf(function, 0, 0);
@@ -1090,12 +1096,7 @@ async fn a_reset_answers_after_the_commands_of_other_sessions_running_at_it() {
 async fn a_logout_is_answered_after_a_waiting_resets_answer() {
     let mut c = Conn::open(&[]).await;
     let lu = c.lu();
-    let other = crate::scsi::ItNexus::iscsi(
-        "iqn.2024-01.test:other",
-        [0x40, 0, 0, 0, 0, 9],
-        "iqn.2024-01.test:t",
-        1,
-    );
+    let other = another_sessions_nexus();
     let entry = lu.in_flight.hold(&other);
     let (tmf, req) = c.tmf(TmfFunction::LogicalUnitReset, 0, 0);
     assert_eq!(c.feed(req).await, None);
