@@ -1015,8 +1015,14 @@ impl Inner {
     ) -> Result<Unanswered> {
         let waited = self.config.command_timeout.unwrap_or_default();
         let name = blockwire_pdu::scsi::opcode::opcode_name(cdb[0], None).unwrap_or("a command");
-        if let Some(done) = settled(rx) {
-            return Ok(done);
+        // Ended just now (aborted by the caller's own task management, say):
+        // that end is the command's answer.
+        match settled(rx) {
+            Some(Unanswered::Gone(buf)) => {
+                return Ok(Unanswered::Answered(TaskResult::Aborted { buf }))
+            }
+            Some(done) => return Ok(done),
+            None => {}
         }
         tracing::warn!(target = %self.target, lun, itt, command = name, "no answer within {waited:?}: ABORT TASK");
         let answer = self
@@ -1029,12 +1035,16 @@ impl Inner {
             (None, Ok(TmfResponse::TaskDoesNotExist)) => {
                 let forgotten = {
                     let mut eng = lock(&self.engine);
-                    (eng.generation() == gen).then(|| eng.forget(itt).and_then(|(_, buf)| buf))
+                    (eng.generation() == gen).then(|| eng.forget(itt)).flatten()
                 };
                 match forgotten {
-                    Some(buf) => Unanswered::Gone(buf),
-                    // Lost meanwhile: its Lost is on the way.
-                    None => lost_after_all(rx).await?,
+                    Some((_, buf)) => Unanswered::Gone(buf),
+                    // Lost meanwhile (the engine emptied): its Lost is
+                    // queued or on the way.
+                    None => match settled(rx) {
+                        Some(done) => done,
+                        None => self.lost_after_all(rx).await?,
+                    },
                 }
             }
             (None, other) => {
@@ -1045,15 +1055,44 @@ impl Inner {
                         "{name} to LUN {lun} unanswered for {waited:?}, and ABORT TASK did not end it"
                     ),
                 );
-                lost_after_all(rx).await?
+                self.lost_after_all(rx).await?
             }
         };
-        if matches!(done, Unanswered::Gone(_)) && timeouts >= COMMAND_TRIES {
+        // A target that never answers it would otherwise have the session
+        // drop and re-send it for good.
+        if !matches!(done, Unanswered::Answered(_)) && timeouts >= COMMAND_TRIES {
             return Err(Error::Timeout(format!(
                 "{name} to LUN {lun} had no answer within {waited:?}, {timeouts} times; aborted"
             )));
         }
         Ok(done)
+    }
+
+    /// Waits (bounded) for the end of a command whose connection was
+    /// dropped: its Lost, or an end that came first. A session closing
+    /// meanwhile ends it as closed.
+    async fn lost_after_all(&self, rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Unanswered> {
+        let limit = Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut state = self.state.subscribe();
+        loop {
+            let msg = tokio::select! {
+                msg = rx.recv() => msg,
+                _ = state.wait_for(|s| *s == ConnState::Closed) => return Err(Error::Closed),
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Error::Timeout(format!(
+                        "the commands of a dropped connection not ended within {limit:?}"
+                    )))
+                }
+            };
+            match msg {
+                Some(msg) => match Unanswered::of(msg) {
+                    Some(done) => return Ok(done),
+                    None => continue,
+                },
+                None => return Ok(Unanswered::Lost(None)),
+            }
+        }
     }
 
     /// Sends the command (with immediate and unsolicited data). Err hands
@@ -1281,34 +1320,14 @@ fn timed(opcode: u8) -> bool {
 /// or aborted) or its connection's loss; None if nothing.
 fn settled(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Option<Unanswered> {
     loop {
-        return match rx.try_recv() {
-            // The target's wish for data of a command now ending.
-            Ok(Msg::R2t(_)) => continue,
-            Ok(msg) => Some(Unanswered::of(msg)),
-            Err(mpsc::error::TryRecvError::Empty) => None,
-            Err(mpsc::error::TryRecvError::Disconnected) => Some(Unanswered::Lost(None)),
-        };
-    }
-}
-
-/// Waits (bounded) for the end of a command whose connection was dropped:
-/// its Lost, or an end that came first.
-async fn lost_after_all(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Result<Unanswered> {
-    let limit = Duration::from_secs(10);
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let msg = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .map_err(|_| {
-                Error::Timeout(format!(
-                    "the commands of a dropped connection not ended within {limit:?}"
-                ))
-            })?;
-        return Ok(match msg {
-            Some(Msg::R2t(_)) => continue,
-            Some(msg) => Unanswered::of(msg),
-            None => Unanswered::Lost(None),
-        });
+        match rx.try_recv() {
+            Ok(msg) => match Unanswered::of(msg) {
+                Some(done) => return Some(done),
+                None => continue,
+            },
+            Err(mpsc::error::TryRecvError::Empty) => return None,
+            Err(mpsc::error::TryRecvError::Disconnected) => return Some(Unanswered::Lost(None)),
+        }
     }
 }
 
@@ -1325,13 +1344,14 @@ enum Unanswered {
 }
 
 impl Unanswered {
-    /// What a message to the command's owner (not an R2T) says of it.
-    fn of(msg: Msg) -> Unanswered {
+    /// What a message to the command's owner says of it: None for an R2T
+    /// (the target's wish for data of a command now ending).
+    fn of(msg: Msg) -> Option<Unanswered> {
         match msg {
-            Msg::Done(TaskResult::Aborted { buf }) => Unanswered::Gone(buf),
-            Msg::Done(result) => Unanswered::Answered(result),
-            Msg::Lost(back) => Unanswered::Lost(back),
-            Msg::R2t(_) => Unanswered::Lost(None),
+            Msg::Done(TaskResult::Aborted { buf }) => Some(Unanswered::Gone(buf)),
+            Msg::Done(result) => Some(Unanswered::Answered(result)),
+            Msg::Lost(back) => Some(Unanswered::Lost(back)),
+            Msg::R2t(_) => None,
         }
     }
 }
