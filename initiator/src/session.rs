@@ -1016,21 +1016,46 @@ impl Inner {
         let waited = self.config.command_timeout.unwrap_or_default();
         let name = blockwire_pdu::scsi::opcode::opcode_name(cdb[0], None).unwrap_or("a command");
         // Ended just now (aborted by the caller's own task management, say):
-        // that end is the command's answer.
-        match settled(rx) {
+        // that end is the command's answer. Lost just now: sent again, as
+        // far as the bound below allows.
+        let early = match settled(rx) {
             Some(Unanswered::Gone(buf)) => {
                 return Ok(Unanswered::Answered(TaskResult::Aborted { buf }))
             }
-            Some(done) => return Ok(done),
-            None => {}
+            Some(Unanswered::Answered(result)) => return Ok(Unanswered::Answered(result)),
+            lost => lost,
+        };
+        let done = match early {
+            Some(lost) => lost,
+            None => self.abort_on(gen, lun, name, itt, waited, rx).await?,
+        };
+        // A target that never answers it would otherwise have the session
+        // drop and re-send it for good.
+        if !matches!(done, Unanswered::Answered(_)) && timeouts >= COMMAND_TRIES {
+            return Err(Error::Timeout(format!(
+                "{name} to LUN {lun} had no answer within {waited:?}, {timeouts} times; aborted"
+            )));
         }
+        Ok(done)
+    }
+
+    /// The ABORT TASK of [`Inner::abort_unanswered`] and what it came to.
+    async fn abort_on(
+        self: &Arc<Self>,
+        gen: u64,
+        lun: u16,
+        name: &str,
+        itt: u32,
+        waited: Duration,
+        rx: &mut mpsc::UnboundedReceiver<Msg>,
+    ) -> Result<Unanswered> {
         tracing::warn!(target = %self.target, lun, itt, command = name, "no answer within {waited:?}: ABORT TASK");
         let answer = self
             .tmf_on(gen, TmfFunction::AbortTask, lun, Some(itt))
             .await;
         // The engine ends an aborted task before it ends the ABORT TASK, so
         // its end (or a late answer) is queued by now.
-        let done = match (settled(rx), answer) {
+        Ok(match (settled(rx), answer) {
             (Some(done), _) => done,
             (None, Ok(TmfResponse::TaskDoesNotExist)) => {
                 let forgotten = {
@@ -1057,15 +1082,7 @@ impl Inner {
                 );
                 self.lost_after_all(rx).await?
             }
-        };
-        // A target that never answers it would otherwise have the session
-        // drop and re-send it for good.
-        if !matches!(done, Unanswered::Answered(_)) && timeouts >= COMMAND_TRIES {
-            return Err(Error::Timeout(format!(
-                "{name} to LUN {lun} had no answer within {waited:?}, {timeouts} times; aborted"
-            )));
-        }
-        Ok(done)
+        })
     }
 
     /// Waits (bounded) for the end of a command whose connection was
@@ -1077,6 +1094,8 @@ impl Inner {
         let mut state = self.state.subscribe();
         loop {
             let msg = tokio::select! {
+                // An answer that came with the close is the answer.
+                biased;
                 msg = rx.recv() => msg,
                 _ = state.wait_for(|s| *s == ConnState::Closed) => return Err(Error::Closed),
                 _ = tokio::time::sleep_until(deadline) => {
