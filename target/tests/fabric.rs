@@ -746,11 +746,6 @@ async fn write_data_beyond_the_connection_budget_gets_task_set_full() {
 /// every READ arrives whole and GOOD.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_read_data_stays_within_the_read_budget() {
-    fn resident() -> usize {
-        let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
-        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-        pages * 4096
-    }
     const MIB: usize = 1 << 20;
     let settings = FabricSettings {
         read_budget_bytes: 16 << 20,
@@ -762,7 +757,7 @@ async fn unread_read_data_stays_within_the_read_budget() {
     let data: Vec<u8> = (0..4 * MIB).map(|i| (i % 253) as u8).collect();
     assert_eq!(write(&mut c, 0, &data).await, 0);
 
-    let base = resident();
+    let base = support::resident_bytes();
     let blocks = (4 * MIB / 512) as u16;
     let mut itts = Vec::new();
     for _ in 0..120 {
@@ -770,16 +765,7 @@ async fn unread_read_data_stays_within_the_read_budget() {
         itts.push(cmd.itt);
         c.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
     }
-    // At least two seconds, then until resident memory stops growing.
-    let (mut high, mut since) = (resident(), std::time::Instant::now());
-    let start = std::time::Instant::now();
-    while start.elapsed() < Duration::from_secs(2) || since.elapsed() < Duration::from_secs(1) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if resident() > high + MIB {
-            (high, since) = (resident(), std::time::Instant::now());
-        }
-    }
-    let growth = high.saturating_sub(base);
+    let growth = support::resident_growth_since(base).await;
     assert!(
         growth < 128 * MIB,
         "resident memory grew by {} MiB while the initiator left READ data unread",

@@ -742,32 +742,18 @@ async fn a_read_a_road_hands_back_to_the_core_is_counted_once() {
 /// the budget 60 of them would hold 240 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_a_road_hands_to_the_core_stay_within_the_read_budget() {
-    fn resident() -> usize {
-        let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
-        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-        pages * 4096
-    }
     let budget = FabricSettings {
         read_budget_bytes: 16 << 20,
         ..settings(false, false)
     };
     let (t, _dir) = start(8 * MIB, Lun0::Engine { direct: true }, budget).await;
     let mut c = Client::login(t.addr, Digests::default()).await;
-    let base = resident();
+    let base = support::resident_bytes();
     let mut itts = Vec::new();
     for _ in 0..60 {
         itts.push(c.send_read(512, 4 * MIB).await);
     }
-    // At least two seconds, then until resident memory stops growing.
-    let (mut high, mut since) = (resident(), std::time::Instant::now());
-    let begun = std::time::Instant::now();
-    while begun.elapsed() < Duration::from_secs(2) || since.elapsed() < Duration::from_secs(1) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if resident() > high + MIB {
-            (high, since) = (resident(), std::time::Instant::now());
-        }
-    }
-    let growth = high.saturating_sub(base);
+    let growth = support::resident_growth_since(base).await;
     assert!(
         growth < 128 * MIB,
         "resident memory grew by {} MiB while the initiator left READ data unread",

@@ -256,3 +256,25 @@ pub fn lun0_command(
         cdb: c,
     }
 }
+
+/// This process's resident memory, in bytes (`/proc/self/statm`).
+pub fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// How far resident memory rose above `base`: watched for at least two
+/// seconds, then until it grew by less than a MiB for one second.
+pub async fn resident_growth_since(base: usize) -> usize {
+    const MIB: usize = 1 << 20;
+    let (mut high, mut since) = (resident_bytes(), std::time::Instant::now());
+    let begun = std::time::Instant::now();
+    while begun.elapsed() < Duration::from_secs(2) || since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if resident_bytes() > high + MIB {
+            (high, since) = (resident_bytes(), std::time::Instant::now());
+        }
+    }
+    high.saturating_sub(base)
+}

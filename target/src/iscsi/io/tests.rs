@@ -226,6 +226,17 @@ async fn writer_stalled_in_a_zero_copy_send(
     (w, peer, bytes, freed)
 }
 
+/// Reads `peer` to its end, which must be a reset (the unsent data were
+/// discarded), within 10 s.
+async fn expect_reset(peer: &mut TcpStream) {
+    let mut got = Vec::new();
+    let e = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut got))
+        .await
+        .expect("the stream ends within 10 s")
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+}
+
 /// Waits up to `within` for `flag`.
 async fn set_within(flag: &std::sync::atomic::AtomicBool, within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;
@@ -295,12 +306,7 @@ async fn zero_copy_buffers_of_an_initiator_that_takes_nothing_are_freed_after_a_
         freed.load(std::sync::atomic::Ordering::SeqCst),
         "freed after the reset, not leaked"
     );
-    let mut got = Vec::new();
-    let e = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut got))
-        .await
-        .expect("the stream ends within 10 s")
-        .unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    expect_reset(&mut peer).await;
 }
 
 /// A connection cut on purpose (an initiator that takes no data) is reset
@@ -316,12 +322,7 @@ async fn a_cut_writer_resets_the_connection_at_once_and_frees_its_zero_copy_buff
         set_within(&freed, Duration::from_secs(10)).await,
         "freed well before the 30 s grace of an ending connection"
     );
-    let mut got = Vec::new();
-    let e = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut got))
-        .await
-        .expect("the stream ends within 10 s")
-        .unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    expect_reset(&mut peer).await;
 }
 
 #[tokio::test]
