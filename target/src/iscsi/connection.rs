@@ -565,7 +565,7 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
                 aborted,
                 completing,
             } => launcher.await_aborted(&aborted, &completing).await,
-            Action::AwaitSettled(settling) => launcher.await_settled(settling).await,
+            Action::AwaitSettled(settling) => launcher.settle(settling).await,
             Action::SendWhenSettled(settling, pdu) => launcher.answer_when_settled(settling, pdu),
             Action::End(reason) => {
                 debug!(tsih = launcher.session.tsih, ?reason, "connection ends");

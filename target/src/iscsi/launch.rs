@@ -252,13 +252,8 @@ impl Launcher {
     }
 
     /// Waits (on the blocking pool, at most [`SETTLE_LIMIT`]) for the
-    /// commands running on reset units at the reset to end.
-    pub async fn await_settled(&self, settling: crate::scsi::Settling) {
-        self.settle(settling).await
-    }
-
-    /// [`Launcher::await_settled`] as a future of its own, for a task
-    /// beside the connection.
+    /// commands running on reset units at the reset to end: a future of
+    /// its own, so a task beside the connection can wait too.
     pub fn settle(
         &self,
         settling: crate::scsi::Settling,

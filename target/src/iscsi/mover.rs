@@ -485,11 +485,9 @@ pub(super) async fn core_road(
 
 /// [`read_share`] if the budget has room now; Err if not.
 fn try_read_share(ctx: &CommandContext) -> Result<ReadShare, ()> {
-    let edtl = ctx.cmd.expected_data_transfer_length;
-    if ctx.cmd.read && edtl > 0 {
-        ctx.shared.try_hold_read_data(edtl)
-    } else {
-        Ok(None)
+    match read_data_len(ctx) {
+        Some(len) => ctx.shared.try_hold_read_data(len),
+        None => Ok(None),
     }
 }
 
@@ -501,12 +499,17 @@ pub(super) type ReadShare = Option<tokio::sync::OwnedSemaphorePermit>;
 /// or for the RDMA Writes' completion: an initiator that does not take its
 /// data holds back its own later READs rather than filling memory.
 pub(super) async fn read_share(ctx: &CommandContext) -> ReadShare {
-    let edtl = ctx.cmd.expected_data_transfer_length;
-    if ctx.cmd.read && edtl > 0 {
-        ctx.shared.hold_read_data(edtl).await
-    } else {
-        None
+    match read_data_len(ctx) {
+        Some(len) => ctx.shared.hold_read_data(len).await,
+        None => None,
     }
+}
+
+/// The READ data a command may bring, which its share covers; None for a
+/// command that reads nothing.
+fn read_data_len(ctx: &CommandContext) -> Option<u32> {
+    let edtl = ctx.cmd.expected_data_transfer_length;
+    (ctx.cmd.read && edtl > 0).then_some(edtl)
 }
 
 /// Largest WRITE a connection's task writes itself (see [`write_road`]).
