@@ -118,8 +118,9 @@ echo "capture: $frames frames"
 artifact=0 real=0
 while IFS=$'\t' read -r num info; do
     [ -n "$num" ] || continue
+    # grep reads all of tshark's output: with pipefail, `grep -q` stopping early would fail it.
     if "${TS[@]}" -Y "frame.number == $num && scsi.inquiry.evpd.pagecode == 0x83" \
-            -T fields -e frame.number 2>/dev/null | grep -q .; then
+            -T fields -e frame.number 2>/dev/null | grep . >/dev/null; then
         artifact=$((artifact + 1))
         echo "  ignored: frame $num is the known INQUIRY VPD 0x83 truncation artifact ($info)"
     else

@@ -56,7 +56,7 @@ log "LUN 0 is /dev/$dev ($(blockdev --getsize64 "/dev/$dev") bytes)"
 
 # --- what the kernel and sg3_utils read ------------------------------------------------------
 dmesg | grep -i "DIF Type" | sed 's/^/    kernel: /'
-dmesg | grep -q "DIF Type 1 protection" &&
+kernel_log_has "DIF Type 1 protection" &&
     pass "sd saw Type 1 protection (PROTECT in INQUIRY, PROT_EN in READ CAPACITY (16))" ||
     fail "no 'DIF Type 1 protection' line from sd"
 rc=$(sg_readcap -l "/dev/$dev" 2>&1)
@@ -130,7 +130,7 @@ else
     pass "reading the changed block failed: $(head -n 1 "$KL_WORK/dd7.err")"
 fi
 dmesg | grep -Ei "guard check|protection error" | tail -n 3 | sed 's/^/    kernel: /'
-dmesg | grep -qi "Logical block guard check failed" &&
+kernel_log_has -i "Logical block guard check failed" &&
     pass "the kernel saw ABORTED COMMAND, LOGICAL BLOCK GUARD CHECK FAILED" ||
     fail "no guard-check sense in the kernel log"
 sg_raw -r 512 "/dev/$dev" 28 00 00 00 00 07 00 00 01 00 >/dev/null 2>"$KL_WORK/sg7.err"

@@ -121,7 +121,7 @@ else
     pass "the write past the tmpfs's end failed: $(head -n 1 "$KL_WORK/full.err")"
 fi
 dmesg | grep -i "space allocation failed" | head -n 2 | sed 's/^/    kernel: /'
-dmesg | grep -qi "space allocation failed write protect" &&
+kernel_log_has -i "space allocation failed write protect" &&
     pass "the kernel saw DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT" ||
     fail "no space-allocation sense in the kernel log"
 cat "$KL_WORK/first.bin" "$KL_WORK/second.bin" >"$KL_WORK/both.bin"

@@ -176,6 +176,9 @@ stop_target() {
 
 # iscsiadm wrapper whose exit code is kept (iscsiadm's own failure codes are checked).
 iadm() { iscsiadm "$@" 2>&1; }
+# Whether the kernel log has a line matching grep's arguments. grep reads all of dmesg's output:
+# with pipefail, `dmesg | grep -q` fails whenever grep stops reading before dmesg has written.
+kernel_log_has() { dmesg | grep "$@" >/dev/null; }
 
 # session_id IQN [IFACE]: the kernel's session number for IQN (through IFACE), or nothing.
 session_id() {
