@@ -40,6 +40,7 @@ use crate::error::{Error, Result};
 use crate::isid::isid_for;
 use crate::login::{LoginMachine, LoginStep};
 use crate::rdma::{RdmaBuf, RdmaConfig};
+use crate::retry::Retries;
 use crate::session::{scsi_completion, Completion};
 
 /// What one of our posted receives holds in a data segment (InitiatorRecvDataSegmentLength).
@@ -323,7 +324,8 @@ impl IserSession {
     }
 
     /// Any command; `read` receives Data-In by RDMA Write, `write` is RDMA-Read by the
-    /// target. UNIT ATTENTION is retried (up to 4 times), as the SCSI midlayer does.
+    /// target. UNIT ATTENTION, BUSY and TASK SET FULL are retried as
+    /// [`crate::Session::execute`] retries them ([`crate::retry`]).
     pub async fn execute(
         &self,
         lun: u16,
@@ -336,16 +338,10 @@ impl IserSession {
         }
         let mut cdb16 = [0u8; 16];
         cdb16[..cdb.len()].copy_from_slice(cdb);
-        let mut attempts = 0;
+        let mut retries = Retries::default();
         loop {
             match self.execute_once(lun, &cdb16, read.as_deref(), write).await {
-                Err(Error::Scsi(e))
-                    if attempts < 4
-                        && e.sense.as_ref().map(|s| s.key)
-                            == Some(blockwire_pdu::scsi::SenseKey::UnitAttention) =>
-                {
-                    attempts += 1;
-                }
+                Err(e) if retries.again_after(&e).await => {}
                 r => return r,
             }
         }

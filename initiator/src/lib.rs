@@ -48,6 +48,7 @@ pub mod isns;
 pub mod kernel_host;
 pub(crate) mod login;
 pub mod rdma;
+mod retry;
 mod scsi;
 mod session;
 mod wire;

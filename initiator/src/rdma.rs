@@ -31,6 +31,7 @@ use blockwire_transport::reg::{IoBuf, IoSpace};
 
 use crate::config::InitiatorConfig;
 use crate::error::{Error, Result};
+use crate::retry::Retries;
 use crate::session::{Completion, DataDir, Session};
 
 /// A buffer the target can reach by RDMA (allocate with [`AssistedSession::alloc`]).
@@ -402,8 +403,9 @@ impl AssistedSession {
         self.session.execute(lun, cdb, DataDir::Write(&v)).await
     }
 
-    /// One offloaded command; `None`: not possible now (use TCP). UNIT ATTENTION is
-    /// retried, as [`Session::execute`] does.
+    /// One offloaded command; `None`: not possible now (use TCP). UNIT ATTENTION,
+    /// BUSY and TASK SET FULL are retried as [`Session::execute`] retries them
+    /// ([`crate::retry`]).
     async fn offload(
         &self,
         lun: u16,
@@ -411,7 +413,7 @@ impl AssistedSession {
         dir: Direction,
         bufs: &[RdmaBuf],
     ) -> Option<Result<Completion>> {
-        let mut attempts = 0;
+        let mut retries = Retries::default();
         loop {
             let generation = self.ensure_link().await?;
             let reg = match self.space.register_sg(bufs.iter(), u64::from(u32::MAX)) {
@@ -442,12 +444,6 @@ impl AssistedSession {
                     counter.fetch_add(1, Ordering::Relaxed);
                     return Some(Ok(c));
                 }
-                Err(Error::Scsi(e))
-                    if attempts < 4
-                        && e.sense.as_ref().map(|s| s.key) == Some(SenseKey::UnitAttention) =>
-                {
-                    attempts += 1;
-                }
                 Err(e) if is_transfer_failure(&e) => {
                     self.counters
                         .failed_transfers
@@ -455,6 +451,7 @@ impl AssistedSession {
                     tracing::warn!(error = %e, "offloaded transfer failed: retrying over TCP");
                     return None;
                 }
+                Err(e) if retries.again_after(&e).await => {}
                 Err(e) => return Some(Err(e)),
             }
         }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutResponseCode, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{R2t, RESERVED_TAG};
-use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense, SenseKey};
+use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -34,6 +34,7 @@ use crate::engine::{
 };
 use crate::error::{Error, Result, ScsiError};
 use crate::isid::isid_for;
+use crate::retry::Retries;
 use crate::wire::{is_data_in, write_pdu, write_whole, PduReader};
 
 /// The data phase of a command.
@@ -306,29 +307,12 @@ impl Session {
     /// midlayer does, UNIT ATTENTION is retried (up to 4 times), and BUSY
     /// and TASK SET FULL (SAM-5 5.3: the target could not take the command
     /// now, and did nothing of it) after a growing pause, for up to
-    /// [`BUSY_RETRY_FOR`] in all.
+    /// [`crate::retry::BUSY_RETRY_FOR`] in all (see [`crate::retry`]).
     pub async fn execute(&self, lun: u16, cdb: &[u8], mut dir: DataDir<'_>) -> Result<Completion> {
-        let mut attention = 0;
-        // From the first BUSY: time spent before on other answers is not
-        // the target's being busy.
-        let mut busy: Option<Backoff> = None;
+        let mut retries = Retries::default();
         loop {
             match self.inner.execute_once(lun, cdb, &mut dir).await {
-                Err(Error::Scsi(e))
-                    if attention < 4
-                        && e.sense.as_ref().map(|s| s.key) == Some(SenseKey::UnitAttention) =>
-                {
-                    attention += 1;
-                }
-                Err(Error::Scsi(e))
-                    if matches!(e.status, ScsiStatus::BUSY | ScsiStatus::TASK_SET_FULL) =>
-                {
-                    let backoff = busy.get_or_insert_with(|| Backoff::new(BUSY_RETRY_FOR));
-                    match backoff.next_pause() {
-                        Some(pause) => tokio::time::sleep(pause).await,
-                        None => return Err(Error::Scsi(e)),
-                    }
-                }
+                Err(e) if retries.again_after(&e).await => {}
                 r => return r,
             }
         }
@@ -1375,41 +1359,6 @@ impl Unanswered {
     }
 }
 
-/// How long a command the target answers BUSY or TASK SET FULL is retried:
-/// the Linux SCSI disk's default command timeout.
-pub const BUSY_RETRY_FOR: Duration = Duration::from_secs(30);
-
-/// Pauses between retries of a command the target could not take: 10 ms,
-/// doubling to 500 ms, until `limit` has passed since the first.
-struct Backoff {
-    next: Duration,
-    until: tokio::time::Instant,
-}
-
-impl Backoff {
-    fn new(limit: Duration) -> Backoff {
-        Backoff {
-            next: Duration::from_millis(10),
-            until: tokio::time::Instant::now() + limit,
-        }
-    }
-
-    /// The pause before the next attempt; None once the limit is reached.
-    fn next_pause(&mut self) -> Option<Duration> {
-        self.pause_at(tokio::time::Instant::now())
-    }
-
-    /// [`Backoff::next_pause`] at `now`.
-    fn pause_at(&mut self, now: tokio::time::Instant) -> Option<Duration> {
-        if now >= self.until {
-            return None;
-        }
-        let pause = self.next.min(self.until - now);
-        self.next = (self.next * 2).min(Duration::from_millis(500));
-        Some(pause)
-    }
-}
-
 /// The residual the target reported (RFC 7143 §11.4.5) and the bytes the
 /// command moved: Data-In received for a read, Data-Out accepted (the
 /// length less an underflow) for a write.
@@ -1496,25 +1445,5 @@ pub(crate) fn scsi_completion(
                 "unexpected completion {other:?} for a SCSI command"
             ))),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Retries of a busy target pause 10 ms, doubling to 500 ms, and stop
-    /// at the limit (the last pause cut to what is left of it).
-    #[test]
-    fn busy_retries_back_off_and_stop_at_their_limit() {
-        let mut b = Backoff::new(Duration::from_secs(2));
-        let mut now = b.until - Duration::from_secs(2);
-        let mut pauses = Vec::new();
-        while let Some(p) = b.pause_at(now) {
-            pauses.push(p.as_millis());
-            now += p;
-        }
-        assert_eq!(pauses, [10, 20, 40, 80, 160, 320, 500, 500, 370]);
-        assert!(Backoff::new(Duration::ZERO).next_pause().is_none());
     }
 }

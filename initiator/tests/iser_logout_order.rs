@@ -9,8 +9,8 @@
 //! flushes it. The response says the target received the request, so the logout
 //! succeeded whatever the Send's completion says.
 //!
-//! The target here is scripted on the soft RDMA provider's frame format (a 24-byte
-//! header, see `blockwire_transport::rdma::soft`), so that it can withhold that one
+//! The target here is scripted on the soft RDMA provider's frame format
+//! (`scripted::soft_rdma`), so that it can withhold that one
 //! acknowledgement, which no real adapter lets software do on purpose.
 
 use std::net::SocketAddr;
@@ -19,65 +19,21 @@ use std::time::Duration;
 use blockwire_initiator::iser::IserSession;
 use blockwire_initiator::rdma::RdmaConfig;
 use blockwire_initiator::InitiatorConfig;
-use blockwire_pdu::iser::{IserHeader, ISER_HEADER_LEN};
+use blockwire_pdu::iser::ISER_HEADER_LEN;
 use blockwire_pdu::{Bhs, Digests, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 mod scripted;
+use scripted::soft_rdma::{accept, frame, message, read_frame, ACK, SEND};
 
-/// Frame kinds of the soft provider's wire format.
-const CONNECT: u8 = 1;
-const ACCEPT: u8 = 2;
-const SEND: u8 = 6;
-const ACK: u8 = 7;
-const FRAME_HEADER_LEN: usize = 24;
-/// The soft provider's CONNECT magic ("SFRD").
-const MAGIC: u32 = 0x5346_5244;
 const TARGET: &str = "iqn.2026-11.io.blockwire:scripted-iser";
-
-/// A frame this target sends (addr, rkey and aux zero).
-fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = vec![kind, 0, 0, 0];
-    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    f.extend_from_slice(&[0; 16]);
-    f.extend_from_slice(payload);
-    f
-}
-
-/// One frame: its kind, its status byte, its aux field and its payload.
-async fn read_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
-    let mut h = [0u8; FRAME_HEADER_LEN];
-    s.read_exact(&mut h).await.ok()?;
-    let len = u32::from_be_bytes(h[4..8].try_into().unwrap()) as usize;
-    assert!(len <= 1 << 20, "a {len}-byte frame from the initiator");
-    let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload).await.ok()?;
-    let aux = u32::from_be_bytes(h[20..24].try_into().unwrap());
-    Some((h[0], h[1], aux, payload))
-}
-
-/// An iSER message: the iSER control header, then the PDU without digests.
-fn message(pdu: &Pdu) -> Vec<u8> {
-    let mut m = IserHeader::Control {
-        write: None,
-        read: None,
-    }
-    .encode()
-    .to_vec();
-    pdu.encode_into(&mut m, Digests::NONE);
-    m
-}
 
 /// Serves one iSER session: acknowledges each Send the initiator makes and answers it;
 /// for the Logout Request, unless `ack_logout`, sends the response without the
 /// acknowledgement and closes the connection at once.
 async fn scripted_target(listener: TcpListener, ack_logout: bool) {
-    let (mut s, _) = listener.accept().await.unwrap();
-    s.set_nodelay(true).unwrap();
-    let (kind, _, aux, _) = read_frame(&mut s).await.expect("CONNECT");
-    assert_eq!((kind, aux), (CONNECT, MAGIC), "a soft RDMA CONNECT");
-    s.write_all(&frame(ACCEPT, &[])).await.unwrap();
+    let mut s = accept(&listener).await;
     let mut stat_sn = 0u32;
     while let Some((kind, status, _, payload)) = read_frame(&mut s).await {
         match kind {

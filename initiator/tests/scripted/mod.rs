@@ -3,6 +3,8 @@
 // Each test binary uses what its script needs.
 #![allow(dead_code)]
 
+pub mod soft_rdma;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread::JoinHandle;
