@@ -121,6 +121,8 @@ pub enum FileUse {
     AtomicJournal,
     /// The saved persistent reservations (APTPL) of a LUN.
     Reservations,
+    /// The protection information (8-byte tuples per block) of a file LUN.
+    ProtectionInformation,
     /// The ALUA states initiators set on a target (SET TARGET PORT GROUPS).
     AluaStates,
 }
@@ -132,6 +134,7 @@ impl FileUse {
             FileUse::StripeMember => "striped member",
             FileUse::AtomicJournal => "atomic-write journal",
             FileUse::Reservations => "saved reservations",
+            FileUse::ProtectionInformation => "protection information file",
             FileUse::AluaStates => "saved ALUA states",
         }
     }
@@ -214,6 +217,14 @@ impl Claims {
                      other's, and a restart would restore one target's states on the other",
                     "the file is named after the target, and these names differ only in \
                      characters a file name cannot hold: rename one of the targets",
+                )
+            } else if FileUse::ProtectionInformation == what
+                || FileUse::ProtectionInformation == *theirs
+            {
+                (
+                    "one LUN's protection information tuples would overwrite the other's blocks \
+                     or tuples",
+                    "give each protected LUN its own protection_file",
                 )
             } else {
                 (

@@ -133,13 +133,13 @@ pub const METHODS: &[Method] = &[
     },
     Method {
         name: "chap.add",
-        params: r#"{"target": "iqn...", "user": "name", "secret": "12 to 255 chars", "initiator": "iqn... (optional)"}"#,
-        summary: "add a CHAP account for logins from now on (no target: discovery)",
+        params: r#"{"target": "iqn...", "user": "name", "secret": "12 to 255 chars", "initiator": "iqn... (optional)", "replace": false}"#,
+        summary: "add a CHAP account for logins from now on (no target: discovery); \"replace\": true gives an existing account the new secret",
     },
     Method {
         name: "chap.remove",
-        params: r#"{"target": "iqn...", "user": "name", "initiator": "iqn... (optional)"}"#,
-        summary: "remove a CHAP account (sessions already logged in keep running)",
+        params: r#"{"target": "iqn...", "user": "name", "initiator": "iqn... (optional)", "force": false}"#,
+        summary: "remove a CHAP account (sessions already logged in keep running); the last one of a target or of discovery only when forced: CHAP is then off there",
     },
     Method {
         name: "portal.add",
@@ -360,6 +360,12 @@ struct ChapParams {
     user: String,
     secret: Option<String>,
     initiator: Option<String>,
+    /// chap.add: give an existing account the new secret.
+    #[serde(default)]
+    replace: bool,
+    /// chap.remove: remove the last account, which turns CHAP off.
+    #[serde(default)]
+    force: bool,
 }
 
 #[derive(Deserialize)]
@@ -550,6 +556,7 @@ impl Control {
                         &p.user,
                         &secret,
                         p.initiator.as_deref(),
+                        p.replace,
                     )
                 })
                 .await
@@ -557,7 +564,13 @@ impl Control {
             "chap.remove" => {
                 let p: ChapParams = parse(method, params)?;
                 self.edit(mode(false), |d| {
-                    edits::chap_remove(d, p.target.as_deref(), &p.user, p.initiator.as_deref())
+                    edits::chap_remove(
+                        d,
+                        p.target.as_deref(),
+                        &p.user,
+                        p.initiator.as_deref(),
+                        p.force,
+                    )
                 })
                 .await
             }

@@ -2,7 +2,7 @@
 //! storage opened (or, for `--check` and `--no-disk`, stood in for), and the data path
 //! the operator asked of it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::located::Located;
@@ -737,15 +737,11 @@ fn protection_store(
                 ),
             ));
         }
-        None => {
-            let mut p = path.as_os_str().to_owned();
-            p.push(".protection");
-            (
-                p.into(),
-                "target.lun.protection",
-                l.protection.as_ref().map_or(lspan, Located::span),
-            )
-        }
+        None => (
+            default_protection_file(path),
+            "target.lun.protection",
+            l.protection.as_ref().map_or(lspan, Located::span),
+        ),
     };
     if file == *path {
         return Err(ctx.err(
@@ -770,6 +766,14 @@ fn protection_store(
             )
         })?;
     Ok(Arc::new(store))
+}
+
+/// Where a file LUN's protection information is kept when `protection_file`
+/// names no other file: beside its data.
+pub(super) fn default_protection_file(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".protection");
+    p.into()
 }
 
 /// The store a check or dry run builds in place of files it does not open:

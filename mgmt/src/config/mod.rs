@@ -594,8 +594,9 @@ struct HeldFile<'a> {
 }
 
 /// The files LUN `l` holds for itself alone: its data or striped members,
-/// its atomic-write journal unless atomic writes are off, and its saved
-/// reservations (at `pr_state_path`).
+/// its atomic-write journal unless atomic writes are off, its protection
+/// information file when it is protected, and its saved reservations (at
+/// `pr_state_path`).
 fn held_files<'a>(l: &'a LunDef, pr_state_path: Option<&'a Path>) -> Vec<HeldFile<'a>> {
     let kind = l.backstore.get_ref().as_str();
     let atomic_writes = l.atomic_writes.as_ref().map(|a| *a.get_ref());
@@ -629,6 +630,29 @@ fn held_files<'a>(l: &'a LunDef, pr_state_path: Option<&'a Path>) -> Vec<HeldFil
                     field: "target.lun.path",
                     span: Some(path.span()),
                 }),
+            }
+            // The tuples are written into this file as the blocks are: a
+            // file another LUN holds would have its data overwritten.
+            let protected = l
+                .protection
+                .as_ref()
+                .is_some_and(|p| p.get_ref() == "type1");
+            match (&l.protection_file, protected) {
+                (_, false) => {}
+                (Some(f), true) => held.push(named(
+                    f.get_ref(),
+                    FileUse::ProtectionInformation,
+                    "target.lun.protection_file",
+                    f.span(),
+                )),
+                (None, true) => {
+                    held.push(HeldFile {
+                        path: Cow::Owned(lun::default_protection_file(path.get_ref())),
+                        what: FileUse::ProtectionInformation,
+                        field: "target.lun.protection",
+                        span: l.protection.as_ref().map(Located::span),
+                    });
+                }
             }
         }
         ("striped", _, Some(paths)) => {

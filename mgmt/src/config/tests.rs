@@ -568,6 +568,27 @@ fn each_unit_holds_its_files_and_identity_alone() {
             "target.lun.paths",
             "data file of LUN 0",
         ),
+        // A protected LUN writes its tuples into its protection file: another
+        // LUN's data file there would be overwritten, and two LUNs' tuples
+        // in one file would fail each other's guard checks.
+        (
+            two(
+                &file(&img, ""),
+                &file(&other, &format!("protection = \"type1\"\nprotection_file = {img:?}\n")),
+            ),
+            20,
+            "target.lun.protection_file",
+            "protection information file of LUN 1 of iqn.2026-11.io.blockwire:t and also the data file of LUN 0",
+        ),
+        (
+            two(
+                &file(&img, &format!("protection = \"type1\"\nprotection_file = {:?}\n", dir.path().join("pi"))),
+                &file(&other, &format!("protection = \"type1\"\nprotection_file = {:?}\n", dir.path().join("sub/../pi"))),
+            ),
+            22,
+            "target.lun.protection_file",
+            "tuples would overwrite",
+        ),
         (
             two(
                 "backstore = \"ram\"\nsize = \"1M\"\nuuid = \"3f2504e0-4f89-11d3-9a0c-0305e82c3301\"\n",
@@ -1690,7 +1711,7 @@ fn protection_keeps_a_tuple_per_block_in_memory_or_beside_the_file() {
         (format!("{f}protection = \"type1\"\natomic_writes = true\n"), "target.lun.protection", "remove atomic_writes"),
         (format!("{f}protection_file = \"x.pi\"\n"), "target.lun.protection_file", "without protection"),
         ("backstore = \"ram\"\nsize = \"8M\"\nprotection = \"type1\"\nprotection_file = \"x.pi\"\n".to_owned(), "target.lun.protection_file", "only file LUNs"),
-        (format!("{f}protection = \"type1\"\nprotection_file = {file:?}\n"), "target.lun.protection_file", "not be the backing file"),
+        (format!("{f}protection = \"type1\"\nprotection_file = {file:?}\n"), "target.lun.protection_file", "as its data file and as its protection information file"),
     ] {
         let e = bad(&lun);
         assert_eq!(e.field, field, "{lun}: {e}");

@@ -356,19 +356,28 @@ fn is_account(c: &Value, user: &str, initiator: Option<&str>) -> bool {
 }
 
 /// Adds a CHAP account: one any initiator may use, or, with `initiator`,
-/// one for that initiator only.
+/// one for that initiator only. With `replace`, an account of that user
+/// there already gets the new secret in place: a secret is rotated in one
+/// change, never by a removal that would leave the target without CHAP.
 pub fn chap_add(
     doc: &mut Table,
     target: Option<&str>,
     user: &str,
     secret: &str,
     initiator: Option<&str>,
+    replace: bool,
 ) -> Result<(), LiveError> {
     let list = chap_list(doc, target, initiator)?;
-    if list.iter().any(|c| is_account(c, user, initiator)) {
-        return Err(LiveError::Invalid(format!(
-            "CHAP user {user} exists already there; remove it first to change its secret"
-        )));
+    if let Some(c) = list.iter_mut().find(|c| is_account(c, user, initiator)) {
+        if !replace {
+            return Err(LiveError::Invalid(format!(
+                "CHAP user {user} exists already there; to change its secret, pass \"replace\": true"
+            )));
+        }
+        if let Some(c) = c.as_table_mut() {
+            c.insert("secret".into(), Value::String(secret.to_owned()));
+        }
+        return Ok(());
     }
     let mut c = Table::new();
     if let Some(i) = initiator {
@@ -381,21 +390,45 @@ pub fn chap_add(
 }
 
 /// Removes a CHAP account (sessions that logged in with it keep running).
+/// CHAP is required while a target (or discovery) has any account, so the
+/// last one goes only with `force`: without it, initiators would log in
+/// with AuthMethod=None, admitted by the access list alone.
 pub fn chap_remove(
     doc: &mut Table,
     target: Option<&str>,
     user: &str,
     initiator: Option<&str>,
+    force: bool,
 ) -> Result<(), LiveError> {
+    let accounts = |doc: &mut Table| -> usize {
+        ["chap", "initiator_chap"]
+            .iter()
+            .map(|key| {
+                auth_table(doc, target)
+                    .ok()
+                    .and_then(|t| t.get(*key))
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len)
+            })
+            .sum()
+    };
+    let all = accounts(doc);
     let list = chap_list(doc, target, initiator)?;
-    let before = list.len();
-    list.retain(|c| !is_account(c, user, initiator));
-    if list.len() == before {
+    let Some(at) = list.iter().position(|c| is_account(c, user, initiator)) else {
         return Err(LiveError::NotFound(format!(
             "no CHAP user {user}{} there",
             initiator.map_or(String::new(), |i| format!(" for {i}"))
         )));
+    };
+    if all == 1 && !force {
+        let scope = target.map_or_else(|| "discovery".to_owned(), str::to_owned);
+        return Err(LiveError::Invalid(format!(
+            "CHAP user {user} is the last CHAP account of {scope}: without it, initiators log in \
+             to {scope} without authentication (AuthMethod=None). To change its secret, use \
+             chap.add with \"replace\": true; to turn CHAP off for {scope}, pass \"force\": true"
+        )));
     }
+    list.remove(at);
     Ok(())
 }
 
@@ -585,14 +618,65 @@ size = "64M"
         acl_remove(&mut d, t, "iqn.i:1").unwrap();
         let e = acl_remove(&mut d, t, "iqn.i:1").unwrap_err().to_string();
         assert!(e.ends_with("it lists iqn.i:2"), "{e}");
-        chap_add(&mut d, Some(t), "u", "secret-of-16-chars", None).unwrap();
-        chap_add(&mut d, None, "disc", "secret-of-16-chars", None).unwrap();
-        chap_add(&mut d, Some(t), "u", "secret-of-16-chars", Some("iqn.i:2")).unwrap();
-        assert!(chap_add(&mut d, Some(t), "u", "x", None).is_err());
-        chap_remove(&mut d, Some(t), "u", None).unwrap();
-        assert!(chap_remove(&mut d, Some(t), "u", None).is_err());
-        chap_remove(&mut d, Some(t), "u", Some("iqn.i:2")).unwrap();
-        chap_remove(&mut d, None, "disc", None).unwrap();
+        chap_add(&mut d, Some(t), "u", "secret-of-16-chars", None, false).unwrap();
+        chap_add(&mut d, None, "disc", "secret-of-16-chars", None, false).unwrap();
+        chap_add(
+            &mut d,
+            Some(t),
+            "u",
+            "secret-of-16-chars",
+            Some("iqn.i:2"),
+            false,
+        )
+        .unwrap();
+        assert!(chap_add(&mut d, Some(t), "u", "x", None, false).is_err());
+        chap_remove(&mut d, Some(t), "u", None, false).unwrap();
+        assert!(chap_remove(&mut d, Some(t), "u", None, false).is_err());
+        chap_remove(&mut d, Some(t), "u", Some("iqn.i:2"), true).unwrap();
+        chap_remove(&mut d, None, "disc", None, true).unwrap();
+    }
+
+    /// CHAP is required while a target has any account: removing its last
+    /// one would let every initiator the access list admits in with
+    /// AuthMethod=None, so it takes `force`; a secret is rotated in place.
+    #[test]
+    fn the_last_chap_account_goes_only_when_forced() {
+        let mut d = doc();
+        let t = "iqn.2026-11.io.blockwire:a";
+        chap_add(&mut d, Some(t), "u", "secret-of-16-chars", None, false).unwrap();
+        let e = chap_remove(&mut d, Some(t), "u", None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("last CHAP account of iqn.2026-11.io.blockwire:a"),
+            "{e}"
+        );
+        assert!(e.contains("\"force\": true"), "{e}");
+        chap_add(&mut d, Some(t), "u", "another-secret-16", None, true).unwrap();
+        let accounts = target_mut(&mut d, t).unwrap()["chap"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(accounts.len(), 1, "replaced in place: {accounts:?}");
+        assert_eq!(accounts[0]["secret"].as_str(), Some("another-secret-16"));
+        // A per-initiator account keeps CHAP required: the shared one may go.
+        chap_add(
+            &mut d,
+            Some(t),
+            "v",
+            "secret-of-16-chars",
+            Some("iqn.i:2"),
+            false,
+        )
+        .unwrap();
+        chap_remove(&mut d, Some(t), "u", None, false).unwrap();
+        assert!(chap_remove(&mut d, Some(t), "v", Some("iqn.i:2"), false).is_err());
+        chap_remove(&mut d, Some(t), "v", Some("iqn.i:2"), true).unwrap();
+        chap_add(&mut d, None, "disc", "secret-of-16-chars", None, false).unwrap();
+        assert!(
+            chap_remove(&mut d, None, "disc", None, false).is_err(),
+            "discovery too"
+        );
     }
 
     #[test]
