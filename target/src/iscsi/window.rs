@@ -3,12 +3,15 @@
 //! Non-immediate commands must be delivered to the SCSI layer in CmdSN
 //! order. A command below ExpCmdSN or above MaxCmdSN is silently dropped;
 //! one inside the window but ahead of ExpCmdSN waits until the gap closes.
-//! MaxCmdSN shrinks as commands are in flight, so the number of commands
-//! the target holds (and the memory they pin) is bounded by `depth`.
+//! MaxCmdSN stops advancing while commands are in flight, so the number of
+//! commands the target holds (and the memory they pin) is bounded by
+//! `depth`. It never moves back: an initiator takes MaxCmdSN only when it
+//! is greater than the one it has (§4.2.2.1), so the window advertised once
+//! is the window it may fill, and a command inside it must be taken.
 
 use std::collections::BTreeMap;
 
-use blockwire_pdu::serial::cmd_sn_in_window;
+use blockwire_pdu::serial::{cmd_sn_in_window, sn_gt};
 
 /// What to do with an arriving command.
 #[derive(Debug, PartialEq, Eq)]
@@ -31,16 +34,22 @@ pub struct CmdWindow<T> {
     in_flight: u32,
     /// Commands that arrived ahead of a gap, by CmdSN.
     waiting: BTreeMap<u32, T>,
+    /// The highest MaxCmdSN the window has stood at: what the initiator
+    /// may have been told, which an immediate command (counted in flight,
+    /// outside the window) must not take back.
+    max_cmd_sn: u32,
 }
 
 impl<T> CmdWindow<T> {
     /// A window starting at `exp_cmd_sn` admitting up to `depth` commands.
     pub fn new(exp_cmd_sn: u32, depth: u32) -> Self {
+        let depth = depth.max(1);
         CmdWindow {
             exp_cmd_sn,
-            depth: depth.max(1),
+            depth,
             in_flight: 0,
             waiting: BTreeMap::new(),
+            max_cmd_sn: exp_cmd_sn.wrapping_add(depth).wrapping_sub(1),
         }
     }
 
@@ -51,10 +60,18 @@ impl<T> CmdWindow<T> {
 
     /// MaxCmdSN to advertise: ExpCmdSN - 1 (closed) when full.
     pub fn max_cmd_sn(&self) -> u32 {
+        self.max_cmd_sn
+    }
+
+    /// Moves MaxCmdSN up to what the free slots allow, never down.
+    fn widen(&mut self) {
         // Commands waiting for a gap already lie inside the advertised
-        // window, so only delivered ones shrink it.
+        // window, so only delivered ones hold it back.
         let free = self.depth.saturating_sub(self.in_flight);
-        self.exp_cmd_sn.wrapping_add(free).wrapping_sub(1)
+        let max = self.exp_cmd_sn.wrapping_add(free).wrapping_sub(1);
+        if sn_gt(max, self.max_cmd_sn) {
+            self.max_cmd_sn = max;
+        }
     }
 
     /// Commands delivered and not completed.
@@ -71,9 +88,15 @@ impl<T> CmdWindow<T> {
     }
 
     /// A command arrived. Immediate commands bypass ordering (but still count
-    /// against the depth, closing the window to the others; see
-    /// [`Self::over_depth`]).
+    /// against the depth, holding MaxCmdSN back from the others until they
+    /// end; see [`Self::over_depth`]).
     pub fn admit(&mut self, cmd_sn: u32, immediate: bool, item: T) -> Admission<T> {
+        let admission = self.admit_one(cmd_sn, immediate, item);
+        self.widen();
+        admission
+    }
+
+    fn admit_one(&mut self, cmd_sn: u32, immediate: bool, item: T) -> Admission<T> {
         if immediate {
             self.in_flight += 1;
             return Admission::Deliver(vec![item]);
@@ -107,6 +130,7 @@ impl<T> CmdWindow<T> {
     /// Text, Logout, TMF, non-immediate) advanced the window and finished.
     pub fn complete(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        self.widen();
     }
 }
 
@@ -140,6 +164,83 @@ mod tests {
         w.admit(1, false, ());
         assert_eq!(w.max_cmd_sn(), w.exp_cmd_sn().wrapping_sub(1));
         assert_eq!(w.admit(2, false, ()), Admission::Dropped);
+    }
+
+    /// An immediate command runs while the initiator fills the window it
+    /// was given: the last command of that window is taken, not dropped
+    /// (which left a CmdSN gap no later command could close, so every
+    /// command after it waited for good).
+    #[test]
+    fn an_immediate_command_does_not_take_back_the_window() {
+        let mut w = CmdWindow::new(10, 4);
+        assert_eq!(w.max_cmd_sn(), 13);
+        assert_eq!(w.admit(10, true, 'i'), Admission::Deliver(vec!['i']));
+        assert_eq!(w.max_cmd_sn(), 13, "MaxCmdSN taken back");
+        for (sn, c) in [(10, 'a'), (11, 'b'), (12, 'c'), (13, 'd')] {
+            assert_eq!(
+                w.admit(sn, false, c),
+                Admission::Deliver(vec![c]),
+                "CmdSN {sn}"
+            );
+        }
+        // Full (five in flight for a depth of four): closed until two end.
+        assert_eq!(w.max_cmd_sn(), w.exp_cmd_sn().wrapping_sub(1));
+        assert_eq!(w.admit(14, false, 'x'), Admission::Dropped);
+        w.complete();
+        assert_eq!(w.max_cmd_sn(), 13);
+        w.complete();
+        assert_eq!(w.max_cmd_sn(), 14);
+        assert_eq!(w.admit(14, false, 'e'), Admission::Deliver(vec!['e']));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// The next non-immediate command, in order.
+        Next,
+        /// An immediate command.
+        Immediate,
+        /// The oldest command in flight ends.
+        Complete,
+    }
+
+    proptest! {
+        // Whatever mix of immediate and ordered commands and completions
+        // comes, MaxCmdSN never moves back, every ordered command inside
+        // the window advertised is taken, and what the window holds stays
+        // within the depth plus the immediate commands beyond it.
+        #[test]
+        fn max_cmd_sn_never_moves_back(
+            start: u32,
+            depth in 1u32..8,
+            steps in proptest::collection::vec(
+                prop_oneof![Just(Step::Next), Just(Step::Immediate), Just(Step::Complete)],
+                0..64,
+            ),
+        ) {
+            let mut w = CmdWindow::new(start, depth);
+            let mut next = start;
+            let mut immediate = 0u32;
+            for step in steps {
+                let before = w.max_cmd_sn();
+                match step {
+                    Step::Next => {
+                        let inside = cmd_sn_in_window(next, w.exp_cmd_sn(), before);
+                        let a = w.admit(next, false, ());
+                        prop_assert_eq!(inside, a == Admission::Deliver(vec![()]), "CmdSN {}", next);
+                        if inside {
+                            next = next.wrapping_add(1);
+                        }
+                    }
+                    Step::Immediate => {
+                        w.admit(0, true, ());
+                        immediate += 1;
+                    }
+                    Step::Complete => w.complete(),
+                }
+                prop_assert!(!sn_gt(before, w.max_cmd_sn()), "MaxCmdSN {} -> {}", before, w.max_cmd_sn());
+                prop_assert!(w.in_flight() <= depth + immediate);
+            }
+        }
     }
 
     proptest! {
