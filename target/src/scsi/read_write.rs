@@ -534,9 +534,16 @@ impl LogicalUnit {
                 return Err(invalid_param((8 + i * 16 + 8) as u16, None));
             }
         }
+        let mut first = None;
         for d in list.descriptors.iter().filter(|d| d.blocks > 0) {
             let _g = self.hold_for_write(d.lba, d.lba + u64::from(d.blocks));
             self.discard_blocks(d.lba, u64::from(d.blocks))?;
+            first.get_or_insert(d.lba);
+        }
+        // Write-through (WCE=0): the deallocation is durable when GOOD is
+        // sent, as a WRITE's data is; the initiator sends no flush.
+        if let Some(lba) = first {
+            self.persist(lba, false)?;
         }
         Ok(Done::out(len as u64))
     }

@@ -662,6 +662,41 @@ fn turning_the_write_cache_off_flushes_what_it_held() {
     );
 }
 
+/// With the write cache off (WCE=0) a command's effect is durable when it
+/// ends GOOD, and an initiator sends no SYNCHRONIZE CACHE: an UNMAP's
+/// deallocation is flushed as WRITE SAME's is, or a power loss could bring
+/// the unmapped data back on a unit that reports LBPRZ=1.
+#[test]
+fn an_unmap_with_the_write_cache_off_is_flushed() {
+    use blockwire_pdu::scsi::{UnmapDescriptor, UnmapList};
+    let store = Arc::new(CountsFlushes {
+        ram: RamBackstore::new(1 << 20),
+        flushes: Default::default(),
+    });
+    let flushes = || store.flushes.load(std::sync::atomic::Ordering::SeqCst);
+    let t = table_with(|cfg| {
+        cfg.backstore = store.clone();
+        cfg.write_cache = false;
+        cfg.thin_provisioning = true;
+    });
+    let a = nexus("iqn.2024-01.test:a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 8, &[0x5a; 512]).status, GOOD);
+    let list = UnmapList {
+        descriptors: vec![UnmapDescriptor { lba: 8, blocks: 1 }],
+    }
+    .encode();
+    let cdb = c(Cdb::Unmap {
+        anchor: false,
+        group: 0,
+        parameter_list_length: list.len() as u16,
+    });
+    let before = flushes();
+    assert_eq!(run(&t, &a, &cdb, &list, 0).status, GOOD);
+    assert_eq!(flushes(), before + 1, "the UNMAP ended GOOD unflushed");
+    assert_eq!(read(&t, &a, 8, 1).data_in, vec![0; 512]);
+}
+
 /// Two initiators change different mode pages at once, round after round:
 /// each change holds, whatever the other did between its snapshot and its
 /// write.
