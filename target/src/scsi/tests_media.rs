@@ -462,6 +462,36 @@ proptest! {
     }
 }
 
+/// A copy within one unit onto an overlapping range, later or earlier than
+/// its source, leaves the destination holding the source's blocks as they
+/// were before the copy, across the 1 MiB pieces it moves them in. Before,
+/// a copy onto a later range overwrote source pieces before reading them.
+#[test]
+fn a_copy_onto_an_overlapping_range_of_its_own_unit_copies_the_blocks_as_they_were() {
+    let blocks = 4096u64;
+    let stamp = |lba: u64| (lba as u32).to_be_bytes().repeat(128);
+    for (slba, dlba) in [(0u64, 1000u64), (1000, 0), (0, 2047), (10, 11)] {
+        let t =
+            table_with(|c| c.backstore = Arc::new(crate::backstore::RamBackstore::new(8 << 20)));
+        let a = nexus("iqn.a");
+        ready(&t, &a);
+        let before: Vec<u8> = (0..6000).flat_map(stamp).collect();
+        assert_eq!(write(&t, &a, 0, &before).status, GOOD);
+        let unit = t.get(0).unwrap();
+        super::xcopy::copy_segment(&a, &unit, &unit, slba, dlba, blocks).unwrap();
+        let got = read(&t, &a, dlba, blocks as u32).data_in;
+        for i in 0..blocks {
+            let at = (i * 512) as usize;
+            assert!(
+                got[at..at + 512] == stamp(slba + i)[..],
+                "{slba} -> {dlba}: destination block {} holds source block {}",
+                dlba + i,
+                u32::from_be_bytes(got[at..at + 4].try_into().unwrap())
+            );
+        }
+    }
+}
+
 #[test]
 fn extended_copy_between_units() {
     use blockwire_pdu::scsi::{Vpd, VpdPage};

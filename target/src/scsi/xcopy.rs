@@ -328,8 +328,16 @@ pub(crate) fn copy_segment(
     let bs = u64::from(src.cfg.block_size);
     let per = (CHUNK as u64 / bs).max(1);
     let mut buf = vec![0u8; (per.min(blocks.max(1)) * bs) as usize];
-    let mut done = 0;
-    while done < blocks {
+    // The destination reads as a copy of the source as it was (SPC-4
+    // 6.4.6.3). Onto a later, overlapping range of the same unit, pieces
+    // copied first to last would overwrite source blocks not yet read:
+    // there they go last to first.
+    let onto_its_own_tail =
+        std::ptr::eq(src, dst) && slba < dlba && dlba < slba.saturating_add(blocks);
+    let pieces = blocks.div_ceil(per);
+    for i in 0..pieces {
+        let piece = if onto_its_own_tail { pieces - 1 - i } else { i };
+        let done = piece * per;
         let n = (blocks - done).min(per);
         let part = buf.get_mut(..(n * bs) as usize).unwrap_or_default();
         let read_hold = src.hold_for_read(slba + done, slba + done + n);
@@ -360,7 +368,6 @@ pub(crate) fn copy_segment(
             })?;
         dst.generate_pi(dlba + done, part, false)
             .map_err(copy_aborted_keeping_code)?;
-        done += n;
     }
     dst.persist(dlba, false)?;
     Ok(())
