@@ -450,11 +450,7 @@ impl ConnMachine {
     }
 
     fn new_ttt(&mut self) -> u32 {
-        self.next_ttt = self.next_ttt.wrapping_add(1);
-        if self.next_ttt == RESERVED_TAG {
-            self.next_ttt = 1;
-        }
-        self.next_ttt
+        next_ttt_after(&mut self.next_ttt)
     }
 
     /// Time passed: a NOP-In ping falls due, or times out, the logout
@@ -701,4 +697,14 @@ impl ConnMachine {
             self.send(p);
         }
     }
+}
+
+/// Moves `last` to the next Target Transfer Tag and returns it: never
+/// FFFFFFFFh, which says "no tag" (RFC 7143 §11.7.4, §11.8), nor 0.
+pub(super) fn next_ttt_after(last: &mut u32) -> u32 {
+    *last = last.wrapping_add(1);
+    if *last == RESERVED_TAG || *last == 0 {
+        *last = 1;
+    }
+    *last
 }

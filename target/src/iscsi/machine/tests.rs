@@ -698,6 +698,20 @@ async fn out_of_order_cmd_sn_waits_and_outside_the_window_is_dropped() {
 
 #[tokio::test]
 async fn r2t_sequence_within_max_burst_and_outstanding_r2t() {
+    r2t_sequence_from_tag(1).await;
+}
+
+/// The Target Transfer Tags of a connection's R2Ts wrap past FFFFFFFFh,
+/// which says "no tag" (RFC 7143 §11.8): a Data-Out that echoed it would
+/// be taken as unsolicited data, and the WRITE would fail.
+#[tokio::test]
+async fn r2t_tags_wrap_around_the_reserved_tag() {
+    r2t_sequence_from_tag(0xffff_fffc).await;
+}
+
+/// A 4 KiB WRITE in bursts of 1 KiB, two R2Ts outstanding; the
+/// connection's last Target Transfer Tag given is `last_ttt`.
+async fn r2t_sequence_from_tag(last_ttt: u32) {
     let keys = [
         ("InitialR2T", "Yes"),
         ("ImmediateData", "No"),
@@ -706,6 +720,7 @@ async fn r2t_sequence_within_max_burst_and_outstanding_r2t() {
         ("MaxOutstandingR2T", "2"),
     ];
     let mut c = Conn::open(&keys).await;
+    c.machine.next_ttt = last_ttt;
     let data = pattern(8 * BLOCK as usize, 9);
     let (itt, cmd) = c.rw(true, 100, 8, Vec::new());
     assert_eq!(c.feed(cmd).await, None);

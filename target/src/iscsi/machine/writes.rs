@@ -464,14 +464,8 @@ impl ConnMachine {
 
     /// Asks for the next bursts of `c`'s data, within MaxOutstandingR2T.
     fn send_r2ts(&mut self, c: &mut Collecting) {
-        let mut ttts = Vec::new();
-        let first = self.next_ttt;
-        let reqs = c.collector.next_r2ts(|| {
-            let t = first.wrapping_add(1 + ttts.len() as u32);
-            ttts.push(t);
-            t
-        });
-        self.next_ttt = self.next_ttt.wrapping_add(ttts.len() as u32);
+        let last = &mut self.next_ttt;
+        let reqs = c.collector.next_r2ts(|| super::next_ttt_after(last));
         for r in reqs {
             self.send(Pdu::new(Bhs::R2t(R2t {
                 lun: c.cmd.lun,
