@@ -610,6 +610,22 @@ impl ConnMachine {
                 let Bhs::NopOut(NopOut { lun, itt, .. }) = pdu.bhs else {
                     unreachable!("admitted as a NOP-Out")
                 };
+                // The echo is a NOP-In data segment, which the initiator's
+                // MaxRecvDataSegmentLength bounds (RFC 7143 §13.12): ping
+                // data past it cannot come back, so the ping is refused, as
+                // LIO refuses it, in its CmdSN turn.
+                let limit = self.data_in_limits().max_recv_data_segment_length;
+                if pdu.data.len() > limit as usize {
+                    warn!(
+                        tsih = self.session.tsih,
+                        bytes = pdu.data.len(),
+                        limit,
+                        "NOP-Out ping data longer than the initiator's MaxRecvDataSegmentLength: rejected"
+                    );
+                    let header = pdu.bhs.encode(0, pdu.data.len() as u32).to_vec();
+                    self.reject(RejectReason::ProtocolError, header);
+                    return true;
+                }
                 let reply = Bhs::NopIn(NopIn {
                     lun,
                     itt,

@@ -643,6 +643,51 @@ async fn login_refusals_name_their_status() {
     assert!(matches!(phase.on_pdu(&nop), LoginAction::Refuse(_)));
 }
 
+/// Ping data comes back in a NOP-In, whose data segment the initiator's
+/// MaxRecvDataSegmentLength bounds: within it the data is echoed; past it
+/// the NOP-Out is rejected (as LIO does), never answered with a PDU the
+/// initiator must take as a protocol error. Its CmdSN is taken either way.
+#[tokio::test]
+async fn ping_data_past_the_initiators_segment_length_is_rejected() {
+    let mut c = Conn::open(&[("MaxRecvDataSegmentLength", "8192")]).await;
+    for (itt, len, echoed) in [(0x70, 8192, true), (0x71, 8193, false), (0x72, 16, true)] {
+        let cmd_sn = c.take_cmd_sn();
+        let ping = Pdu::with_data(
+            Bhs::NopOut(NopOut {
+                immediate: false,
+                lun: Lun::default(),
+                itt,
+                ttt: RESERVED_TAG,
+                cmd_sn,
+                exp_stat_sn: 0,
+            }),
+            vec![0x5a; len],
+        );
+        assert_eq!(c.feed(ping).await, None);
+        let sent = c.sent();
+        match &sent[..] {
+            [Pdu {
+                bhs: Bhs::NopIn(n),
+                data,
+                ..
+            }] if echoed => {
+                assert_eq!((n.itt, data.len()), (itt, len));
+            }
+            [Pdu {
+                bhs: Bhs::Reject(r),
+                ..
+            }] if !echoed => {
+                assert_eq!(r.reason, RejectReason::ProtocolError);
+            }
+            other => panic!("{len} bytes of ping data answered {other:?}"),
+        }
+    }
+    // No CmdSN gap: the next command runs.
+    let (itt, tur) = c.no_data_command(&[0; 6]);
+    assert_eq!(c.feed(tur).await, None);
+    assert_eq!(c.response(itt).await.0, 0);
+}
+
 // ---- full feature phase: commands and the CmdSN window ----------------------
 
 #[tokio::test]
