@@ -209,6 +209,11 @@ impl Session {
         self.stop.subscribe()
     }
 
+    /// CID of the session's connection.
+    pub fn cid(&self) -> u16 {
+        *self.cid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The generation a newly attached connection owns.
     pub fn generation(&self) -> u64 {
         *self.generation.lock().unwrap_or_else(|e| e.into_inner())

@@ -664,9 +664,14 @@ impl ConnMachine {
 
     /// A Logout Request. With one connection per session and no
     /// ErrorRecoveryLevel 2, closing the session or the connection both
-    /// end it; removing a connection for recovery is not supported.
+    /// end it; removing a connection for recovery is not supported. A
+    /// connection the session does not have is not found (RFC 7143
+    /// §11.15.1), and this one goes on.
     fn logout(&mut self, req: LogoutRequest) -> bool {
         let response = match req.reason {
+            LogoutReason::CloseConnection if req.cid != self.session.cid() => {
+                LogoutResponseCode::CidNotFound
+            }
             LogoutReason::CloseSession | LogoutReason::CloseConnection => {
                 LogoutResponseCode::Closed
             }

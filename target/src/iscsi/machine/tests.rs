@@ -688,6 +688,42 @@ async fn ping_data_past_the_initiators_segment_length_is_rejected() {
     assert_eq!(c.response(itt).await.0, 0);
 }
 
+/// Closing a connection the session does not have is answered "CID not
+/// found" (RFC 7143 §11.15.1); the session and this connection go on.
+/// Closing this one, by its CID, ends it.
+#[tokio::test]
+async fn a_logout_of_another_connection_is_cid_not_found() {
+    let mut c = Conn::open(&[]).await;
+    for (cid, code) in [
+        (7, LogoutResponseCode::CidNotFound),
+        (1, LogoutResponseCode::Closed),
+    ] {
+        let itt = c.itt();
+        let logout = Pdu::new(Bhs::LogoutRequest(LogoutRequest {
+            immediate: false,
+            reason: LogoutReason::CloseConnection,
+            itt,
+            cid,
+            cmd_sn: c.take_cmd_sn(),
+            exp_stat_sn: 0,
+        }));
+        let end = c.feed(logout).await;
+        let answered = c.sent().iter().find_map(|p| match p.bhs {
+            Bhs::LogoutResponse(r) if r.itt == itt => Some(r.response),
+            _ => None,
+        });
+        assert_eq!(answered, Some(code), "CID {cid}");
+        if code == LogoutResponseCode::CidNotFound {
+            assert_eq!(end, None, "the connection goes on");
+            let (itt, tur) = c.no_data_command(&[0; 6]);
+            assert_eq!(c.feed(tur).await, None);
+            assert_eq!(c.response(itt).await.0, 0);
+        } else {
+            assert!(end.is_some(), "closed");
+        }
+    }
+}
+
 // ---- full feature phase: commands and the CmdSN window ----------------------
 
 #[tokio::test]
