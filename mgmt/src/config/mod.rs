@@ -1663,8 +1663,14 @@ impl TargetConfig {
                 name,
                 alias: t.alias,
                 portal_groups: groups,
+                // Checked trimmed (an iSCSI name has no spaces): kept so.
                 acl: t.allow.map_or(Acl::Any, |names| {
-                    Acl::Only(names.into_iter().map(Located::into_inner).collect())
+                    Acl::Only(
+                        names
+                            .into_iter()
+                            .map(|n| n.get_ref().trim().to_owned())
+                            .collect(),
+                    )
                 }),
                 auth,
                 luns: Arc::new(luns),
@@ -1981,7 +1987,7 @@ fn auth_policy(ctx: &Ctx<'_>, a: &AuthConfig, section: &str) -> Result<AuthPolic
     }
     for c in &a.initiator_chap {
         p.per_initiator.push((
-            c.initiator.get_ref().clone(),
+            c.initiator.get_ref().trim().to_owned(),
             ChapSecret {
                 user: c.user.clone(),
                 secret: secret(ctx, &c.secret, &format!("{section}.initiator_chap.secret"))?,

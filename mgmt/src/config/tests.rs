@@ -1793,3 +1793,19 @@ fn a_block_device_without_untorn_writes_offers_no_atomic_writes() {
     let lu = b.catalog.targets[0].luns.get(0).unwrap();
     assert_eq!(lu.config().backstore.atomic_write_max(), 128 << 10);
 }
+
+/// Names are checked trimmed, so they are kept trimmed: an access list or
+/// per-initiator CHAP entry with spaces around a name (pasted in) admits
+/// that initiator, where kept as written it matched no login.
+#[test]
+fn names_with_spaces_around_them_match_the_initiator() {
+    let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[target]]\n\
+        name = \"iqn.2026-11.io.blockwire:t\"\nallow = [\"iqn.2024-01.test:h1 \"]\n\
+        initiator_chap = [{ initiator = \" iqn.2024-01.test:h1\", user = \"u\", secret = \"secret-of-16-chars\" }]\n\n\
+        [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+    let b = TargetConfig::from_str("t.toml", text).unwrap();
+    let t = &b.catalog.targets[0];
+    assert!(t.acl.allows("iqn.2024-01.test:h1"), "{:?}", t.acl);
+    let own: Vec<_> = t.auth.credentials_for("iqn.2024-01.test:h1").collect();
+    assert_eq!(own.len(), 1, "the initiator's own account: {:?}", t.auth);
+}

@@ -276,11 +276,14 @@ fn set_bandwidth_ceiling(l: &mut Table, key: &str, bandwidth: Option<&str>) {
 /// Adds `initiator` to the access list of `target`. A target without one
 /// admits every initiator; the first entry restricts it to the list.
 pub fn acl_add(doc: &mut Table, target: &str, initiator: &str) -> Result<(), LiveError> {
+    // An iSCSI name has no spaces (RFC 3722): spaces around one pasted in
+    // are not part of it, and kept they would match no login.
+    let initiator = initiator.trim();
     let t = target_mut(doc, target)?;
     let allow = array(t, "allow");
     if allow.iter().any(|a| {
         a.as_str()
-            .is_some_and(|a| a.eq_ignore_ascii_case(initiator))
+            .is_some_and(|a| a.trim().eq_ignore_ascii_case(initiator))
     }) {
         return Err(LiveError::Invalid(format!(
             "{initiator} is in the access list of {target} already"
@@ -292,6 +295,7 @@ pub fn acl_add(doc: &mut Table, target: &str, initiator: &str) -> Result<(), Liv
 
 /// Removes `initiator` from the access list of `target` (its sessions end).
 pub fn acl_remove(doc: &mut Table, target: &str, initiator: &str) -> Result<(), LiveError> {
+    let initiator = initiator.trim();
     let t = target_mut(doc, target)?;
     let Some(allow) = t.get_mut("allow").and_then(Value::as_array_mut) else {
         return Err(LiveError::NotFound(format!(
@@ -301,7 +305,7 @@ pub fn acl_remove(doc: &mut Table, target: &str, initiator: &str) -> Result<(), 
     let before = allow.len();
     allow.retain(|a| {
         !a.as_str()
-            .is_some_and(|a| a.eq_ignore_ascii_case(initiator))
+            .is_some_and(|a| a.trim().eq_ignore_ascii_case(initiator))
     });
     if allow.len() == before {
         let list: Vec<&str> = allow.iter().filter_map(Value::as_str).collect();
@@ -351,7 +355,7 @@ fn chap_list<'a>(
 fn is_account(c: &Value, user: &str, initiator: Option<&str>) -> bool {
     c.as_table().is_some_and(|c| {
         c.get("user").and_then(Value::as_str) == Some(user)
-            && c.get("initiator").and_then(Value::as_str) == initiator
+            && c.get("initiator").and_then(Value::as_str).map(str::trim) == initiator
     })
 }
 
@@ -367,6 +371,7 @@ pub fn chap_add(
     initiator: Option<&str>,
     replace: bool,
 ) -> Result<(), LiveError> {
+    let initiator = initiator.map(str::trim);
     let list = chap_list(doc, target, initiator)?;
     if let Some(c) = list.iter_mut().find(|c| is_account(c, user, initiator)) {
         if !replace {
@@ -400,6 +405,7 @@ pub fn chap_remove(
     initiator: Option<&str>,
     force: bool,
 ) -> Result<(), LiveError> {
+    let initiator = initiator.map(str::trim);
     let accounts = |doc: &mut Table| -> usize {
         ["chap", "initiator_chap"]
             .iter()
@@ -618,6 +624,11 @@ size = "64M"
         acl_remove(&mut d, t, "iqn.i:1").unwrap();
         let e = acl_remove(&mut d, t, "iqn.i:1").unwrap_err().to_string();
         assert!(e.ends_with("it lists iqn.i:2"), "{e}");
+        // Spaces pasted around a name are not kept: the entry matches the
+        // name, and the name removes it.
+        acl_add(&mut d, t, " iqn.i:3 \n").unwrap();
+        assert!(acl_add(&mut d, t, "iqn.i:3").is_err(), "listed once");
+        acl_remove(&mut d, t, "iqn.i:3").unwrap();
         chap_add(&mut d, Some(t), "u", "secret-of-16-chars", None, false).unwrap();
         chap_add(&mut d, None, "disc", "secret-of-16-chars", None, false).unwrap();
         chap_add(
