@@ -300,11 +300,17 @@ pub async fn run(
     for line in fabric.sync_reads.summary() {
         info!("READ state timers: {line}");
     }
+    // Every target's backstores are flushed, whichever fail: one target's
+    // failing disk is no reason to leave another's cache unwritten.
+    let mut failed = Vec::new();
     for t in &fabric.catalog().targets {
         if let Err(e) = t.luns.flush_all() {
             error!(target = %t.name, error = %e, "flushing backstores failed");
-            return Err(e).context(format!("flushing the backstores of {}", t.name));
+            failed.push(format!("{}: {e}", t.name));
         }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("flushing the backstores failed for {}", failed.join("; "));
     }
     info!("backstores flushed; exiting");
     Ok(())
