@@ -408,6 +408,20 @@ impl Live {
                 ))
             }
         };
+        // `--listen` replaced the file's listen addresses in the running
+        // document: written over the file, the override would become its
+        // configuration (and two portal groups would list one address,
+        // which the next start refuses).
+        if let (Some(listen), Some(file)) = (self.source.listen_override, &self.source.file) {
+            if same_file(&path, file) {
+                return Err(LiveError::Invalid(format!(
+                    "the daemon runs with --listen {listen}, which replaces the listen addresses \
+                     of {}: saving over it would write {listen} there. Save to another file \
+                     (\"path\"), or restart without --listen",
+                    file.display()
+                )));
+            }
+        }
         // One save or change at a time: the document is read and written
         // under the same lock.
         let mut running = self.running.lock().await;
@@ -422,6 +436,19 @@ impl Live {
         );
         write_atomically(&path, text.as_bytes())
             .map_err(|e| LiveError::Failed(format!("saving to {}: {e}", path.display())))
+    }
+}
+
+/// Whether `a` and `b` name one file: the same path as written, or the
+/// same file on disk.
+fn same_file(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
     }
 }
 
@@ -734,6 +761,44 @@ mod tests {
             let at = format!("{}:{line}: target.lun.path: ", file.display());
             assert!(e.starts_with(&at), "--listen {listen:?}: {e}");
         }
+    }
+
+    /// A daemon started with `--listen` does not save its override over
+    /// the file it was started from (the file keeps its own addresses); it
+    /// saves to another file, and without `--listen` to its own.
+    #[tokio::test]
+    async fn a_listen_override_is_not_saved_over_the_configuration_file() {
+        let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.9:3260\"]\n\n\
+            [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.10:3260\"]\n\n\
+            [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\n\n\
+            [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, text).unwrap();
+        let live = live_listening(text, &file, Some("127.0.0.1:0".parse().unwrap()));
+        for path in [
+            None,
+            Some(file.clone()),
+            Some(dir.path().join(".").join("t.toml")),
+        ] {
+            let e = live.save(path.as_deref()).await.unwrap_err().to_string();
+            assert!(
+                e.contains("runs with --listen 127.0.0.1:0"),
+                "{path:?}: {e}"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            text,
+            "the file untouched"
+        );
+        let elsewhere = dir.path().join("running.toml");
+        live.save(Some(&elsewhere)).await.unwrap();
+        assert!(std::fs::read_to_string(&elsewhere)
+            .unwrap()
+            .contains("127.0.0.1:0"));
+        let plain = live_listening(text, &file, None);
+        plain.save(None).await.unwrap();
     }
 
     #[test]
