@@ -32,8 +32,13 @@ impl WriteBudget {
         })
     }
 
-    /// Reserves `bytes`, or None when that would exceed the limit.
+    /// Reserves `bytes`, or None when that would exceed the limit. A
+    /// command larger than the whole budget (a `write_budget` below the
+    /// 32 MiB MAXIMUM TRANSFER LENGTH) takes the whole budget, when nothing
+    /// else holds any: refused each time, it would be answered TASK SET
+    /// FULL for good, as the READ budget's largest share is the whole of it.
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
+        let bytes = bytes.min(self.limit);
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let next = used.checked_add(bytes)?;
@@ -82,6 +87,21 @@ mod tests {
         assert_eq!(b.used(), 40);
         drop(r2);
         assert_eq!(b.used(), 0);
-        assert!(b.try_reserve(u64::MAX).is_none());
+    }
+
+    /// A command larger than the budget runs alone, holding all of it:
+    /// refused whenever anything else holds a share, taken once none does.
+    #[test]
+    fn a_command_larger_than_the_budget_takes_all_of_it_when_it_is_free() {
+        let b = WriteBudget::new(100);
+        let small = b.try_reserve(10).unwrap();
+        assert!(b.try_reserve(150).is_none(), "not beside another share");
+        drop(small);
+        let big = b.try_reserve(150).expect("taken once the budget is free");
+        assert_eq!(b.used(), 100);
+        assert!(b.try_reserve(1).is_none(), "it holds the whole budget");
+        drop(big);
+        assert_eq!(b.used(), 0);
+        assert!(b.try_reserve(u64::MAX).is_some());
     }
 }
