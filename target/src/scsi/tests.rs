@@ -662,6 +662,74 @@ fn turning_the_write_cache_off_flushes_what_it_held() {
     );
 }
 
+/// A RAM store whose flushes fail.
+#[derive(Debug)]
+struct FailsFlushes(RamBackstore);
+
+impl crate::backstore::Backstore for FailsFlushes {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write_at(offset, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EIO))
+    }
+    fn describe(&self) -> String {
+        "fails flushes".into()
+    }
+}
+
+/// A MODE SELECT that turns the write cache off fails when the cache
+/// cannot be flushed, and then leaves it on: the initiator, told the
+/// command failed, goes on sending SYNCHRONIZE CACHE, as WCE=1 asks.
+#[test]
+fn a_write_cache_that_cannot_be_flushed_stays_on() {
+    let t = table_with(|cfg| {
+        cfg.backstore = Arc::new(FailsFlushes(RamBackstore::new(1 << 20)));
+        cfg.write_cache = true;
+    });
+    let a = nexus("iqn.2024-01.test:a");
+    ready(&t, &a);
+    let sense = c(Cdb::ModeSense6 {
+        dbd: true,
+        page_control: PageControl::Current,
+        page_code: 0x08,
+        subpage_code: 0,
+        allocation_length: 255,
+    });
+    let wce = |t: &LunTable| {
+        let m = ModeParameters::decode6(&run(t, &a, &sense, &[], 255).data_in).unwrap();
+        let ModePage::Caching(cp) = &m.pages[0] else {
+            panic!("not the caching page: {:?}", m.pages)
+        };
+        cp.wce
+    };
+    assert!(wce(&t));
+    let mut m = ModeParameters::decode6(&run(&t, &a, &sense, &[], 255).data_in).unwrap();
+    let ModePage::Caching(cp) = &mut m.pages[0] else {
+        panic!()
+    };
+    cp.wce = false;
+    m.header = Default::default();
+    let list = m.encode6();
+    let select = c(Cdb::ModeSelect6 {
+        pf: true,
+        sp: false,
+        parameter_list_length: list.len() as u8,
+    });
+    let r = run(&t, &a, &select, &list, 0);
+    assert_eq!(r.status, 0x02, "the flush failed");
+    assert!(
+        wce(&t),
+        "the write cache was left off by a MODE SELECT that failed"
+    );
+}
+
 /// With the write cache off (WCE=0) a command's effect is durable when it
 /// ends GOOD, and an initiator sends no SYNCHRONIZE CACHE: an UNMAP's
 /// deallocation is flushed as WRITE SAME's is, or a power loss could bring
