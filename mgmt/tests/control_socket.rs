@@ -715,6 +715,41 @@ async fn only_tsih(d: &Daemon) -> Option<u64> {
     s.first().map(|s| s["tsih"].as_u64().unwrap())
 }
 
+/// A target taken out of a portal group by a reload loses that group's
+/// sessions, as a login there is refused from then on; its sessions
+/// through the groups it keeps go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_leaving_a_portal_group_ends_its_sessions_there() {
+    let d = Daemon::start().await;
+    let mut kept = Client::login(d.portal(1).await, 1).await;
+    kept.ready().await;
+    let mut cut = Client::login(d.portal(2).await, 2).await;
+    cut.ready().await;
+    let config = d._process.dir().join("two-groups.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("portal_groups = [1, 2]"), "{text}");
+    std::fs::write(
+        &config,
+        text.replace("portal_groups = [1, 2]", "portal_groups = [1]"),
+    )
+    .unwrap();
+    let v = d.call("config.reload", Value::Null).await;
+    assert!(
+        v["changes"]
+            .to_string()
+            .contains("is no longer served through portal group 2"),
+        "{v}"
+    );
+    assert!(
+        cut.recv_within(Duration::from_secs(3)).await.is_none(),
+        "the session through group 2 was closed"
+    );
+    let block = kept.run(&rw10(0x28, 0, 1), 512, &[]).await;
+    assert_eq!(block.0, 0, "the session through group 1 goes on");
+    let v = d.call("session.list", Value::Null).await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 1, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn luns_acls_and_reloads_change_live_while_the_session_runs() {
     let mut d = Daemon::start().await;

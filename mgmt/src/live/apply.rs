@@ -171,8 +171,10 @@ impl Live {
         }
         let catalog_by_name = catalog.targets_by_name();
 
-        // Sessions the change concerns: of removed targets, and of
-        // initiators the access list no longer admits.
+        // Sessions the change concerns: of removed targets, of initiators
+        // the access list no longer admits, and through portal groups the
+        // target no longer serves (a login there is refused now, so a
+        // session there must not go on either).
         for s in &sessions {
             let Some(st) = &s.target else { continue };
             let why = match catalog_by_name.get(&st.name) {
@@ -181,6 +183,12 @@ impl Live {
                     format!(
                         "{} is no longer in the access list of {}",
                         s.initiator_name, t.name
+                    )
+                }
+                Some(t) if !t.portal_groups.is_empty() && !t.portal_groups.contains(&s.tpgt) => {
+                    format!(
+                        "{} is no longer served through portal group {}",
+                        t.name, s.tpgt
                     )
                 }
                 Some(_) => continue,
