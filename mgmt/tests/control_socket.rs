@@ -1164,6 +1164,49 @@ async fn targets_and_portals_come_and_go_without_touching_other_sessions() {
     );
 }
 
+/// A change that moves a portal to another group and then fails to bind a
+/// new address leaves the moved portal listening in its old group, as the
+/// error says nothing else changed (it used to listen nowhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_change_leaves_a_moving_portal_where_it_was() {
+    let d = Daemon::start().await;
+    let moving = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().to_string()
+    };
+    d.call("portal.add", json!({"tag": 1, "listen": moving}))
+        .await;
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap().to_string();
+    d.call("config.save", Value::Null).await;
+    let config = d._process.dir().join("two-groups.toml");
+    let mut doc: toml::Table = std::fs::read_to_string(&config).unwrap().parse().unwrap();
+    for g in doc["portal_group"].as_array_mut().unwrap() {
+        let g = g.as_table_mut().unwrap();
+        let tag = g["tag"].as_integer().unwrap();
+        let listen = g.get_mut("listen").unwrap().as_array_mut().unwrap();
+        if tag == 1 {
+            listen.retain(|a| a.as_str() != Some(moving.as_str()));
+        } else {
+            listen.push(moving.clone().into());
+            listen.push(taken.clone().into());
+        }
+    }
+    std::fs::write(&config, toml::to_string(&doc).unwrap()).unwrap();
+    let e = d.refusal("config.reload", Value::Null).await;
+    assert!(e.contains(&format!("cannot listen on {taken}")), "{e}");
+    std::net::TcpStream::connect(&moving).expect("the moving portal listens again");
+    let listed = d.call("portal.list", Value::Null).await;
+    let group = listed["portals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["listen"] == moving.as_str())
+        .map(|p| p["tpgt"].clone());
+    assert_eq!(group, Some(json!(1)), "{listed}");
+    drop(held);
+}
+
 /// A dry run tries what only trying tells, and undoes it: it binds a new
 /// portal's address (one another program holds fails it, as it would fail
 /// the change, and once free the address is let go again), and it opens a

@@ -150,10 +150,19 @@ impl Live {
             .filter(|p| !old_portals.contains(p))
             .copied()
             .collect();
-        self.open_portals(running, &coming, &leaving, dry, &mut applied)
+        let portals = self
+            .open_portals(running, &coming, &leaving, dry, &mut applied)
             .await?;
-        resize_units(resizes, dry, &mut applied)?;
-        set_thresholds(thresholds, dry, &mut applied)?;
+        // A unit that cannot take its size or threshold fails the change
+        // after the portals opened: they are closed again (and those that
+        // moved group listen in their old one), so the portals that run
+        // are those of the configuration that still does.
+        let units = resize_units(resizes, dry, &mut applied)
+            .and_then(|()| set_thresholds(thresholds, dry, &mut applied));
+        if let Err(e) = units {
+            self.undo_portals(running, portals).await;
+            return Err(e);
+        }
 
         let targets = self.merge_targets(&new, &old_by_name, dry, &mut applied);
         if old.discovery_auth != new.discovery_auth {
@@ -291,10 +300,12 @@ impl Live {
 
     /// Binds the portals that come. Those that leave or change group close
     /// first (their address may be bound again); a bind failure undoes the
-    /// binds and changes nothing else. A dry run starts no portal: it binds
-    /// each new address (not one that moves between groups, still bound
-    /// here) and lets it go again once all are bound, so an address in use
-    /// or not of this host fails it as it would fail the change.
+    /// binds, listens again where a portal moving group listened, and
+    /// changes nothing else. A dry run starts no portal: it binds each new
+    /// address (not one that moves between groups, still bound here) and
+    /// lets it go again once all are bound, so an address in use or not of
+    /// this host fails it as it would fail the change. Returns what
+    /// [`Self::undo_portals`] takes back.
     async fn open_portals(
         &self,
         running: &mut Running,
@@ -302,7 +313,8 @@ impl Live {
         leaving: &[(SocketAddr, u16)],
         dry: bool,
         applied: &mut Applied,
-    ) -> Result<(), LiveError> {
+    ) -> Result<OpenedPortals, LiveError> {
+        let mut undo = OpenedPortals::default();
         let mut opened = Vec::new();
         let mut probes = Vec::new();
         for &(addr, tag) in coming {
@@ -328,6 +340,7 @@ impl Live {
             if let Some(&(a, old_tag)) = moving {
                 if let Some(b) = running.bound.remove(&(a, old_tag)) {
                     let _ = self.portals.remove(b).await;
+                    undo.moved.push((a, old_tag));
                 }
             }
             match start.await {
@@ -336,8 +349,9 @@ impl Live {
                     for (_, _, b) in &opened {
                         let _ = self.portals.remove(*b).await;
                     }
+                    let back = self.listen_again(running, &undo.moved).await;
                     return Err(LiveError::Failed(format!(
-                        "cannot listen on {addr} (portal group {tag}): {e}; nothing else was changed"
+                        "cannot listen on {addr} (portal group {tag}): {e}; nothing else was changed{back}"
                     )));
                 }
             }
@@ -345,12 +359,52 @@ impl Live {
         for (addr, tag, bound) in opened {
             if !dry {
                 running.bound.insert((addr, tag), bound);
+                undo.opened.push((addr, tag));
             }
             applied
                 .changes
                 .push(format!("portal {bound} (portal group {tag}) listening"));
         }
-        Ok(())
+        Ok(undo)
+    }
+
+    /// Closes the portals a change opened and listens again where those it
+    /// moved between groups listened: the change failed after them.
+    async fn undo_portals(&self, running: &mut Running, undo: OpenedPortals) {
+        for key in &undo.opened {
+            if let Some(b) = running.bound.remove(key) {
+                let _ = self.portals.remove(b).await;
+            }
+        }
+        let back = self.listen_again(running, &undo.moved).await;
+        if !back.is_empty() {
+            warn!("undoing a failed change{back}");
+        }
+    }
+
+    /// Binds `moved` (address, portal group) again, as they were before a
+    /// change that failed; says which could not be, for the error.
+    async fn listen_again(&self, running: &mut Running, moved: &[(SocketAddr, u16)]) -> String {
+        let mut lost = Vec::new();
+        for &(addr, tag) in moved {
+            let start = async {
+                let portal = Portal::bind(addr, tag).await?;
+                self.portals.start(portal).await
+            };
+            match start.await {
+                Ok(bound) => {
+                    running.bound.insert((addr, tag), bound);
+                }
+                Err(e) => lost.push(format!(
+                    "{addr} (portal group {tag}) could not listen again: {e}; restart the target to listen there"
+                )),
+            }
+        }
+        if lost.is_empty() {
+            String::new()
+        } else {
+            format!("; but {}", lost.join("; "))
+        }
     }
 
     /// The new catalog's targets: those that stay keep their LUN table,
@@ -642,6 +696,14 @@ fn busy_units(
 
 /// A kept unit whose low-space threshold a change sets (or removes).
 type Threshold = ((String, u16), Arc<LogicalUnit>, Option<u64>);
+
+/// The portals a change opened, and those it moved between portal groups
+/// (address, old group): what undoing the change takes back.
+#[derive(Default)]
+struct OpenedPortals {
+    opened: Vec<(SocketAddr, u16)>,
+    moved: Vec<(SocketAddr, u16)>,
+}
 
 /// Gives kept units their new low-space thresholds (a dry run only says so).
 fn set_thresholds(
