@@ -10,13 +10,12 @@ use std::time::Duration;
 use blockwire_initiator::iser::IserSession;
 use blockwire_initiator::rdma::RdmaConfig;
 use blockwire_initiator::InitiatorConfig;
-use blockwire_pdu::iser::ISER_HEADER_LEN;
-use blockwire_pdu::{Bhs, Digests, Pdu};
+use blockwire_pdu::Bhs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 mod scripted;
-use scripted::soft_rdma::{accept, frame, message, read_frame, ACK, SEND};
+use scripted::soft_rdma::{accept, frame, message, next_pdu, ACK, SEND};
 
 const TARGET: &str = "iqn.2026-12.io.blockwire:scripted-iser-busy";
 
@@ -31,18 +30,7 @@ async fn refusing_target(listener: TcpListener) -> usize {
     let mut s = accept(&listener).await;
     let mut stat_sn = 0u32;
     let mut commands = 0;
-    while let Some((kind, status, _, payload)) = read_frame(&mut s).await {
-        match kind {
-            ACK => {
-                assert_eq!(status, 0, "the initiator refused a Send");
-                continue;
-            }
-            SEND => {}
-            other => panic!("frame kind {other} from the initiator"),
-        }
-        assert!(payload.len() >= ISER_HEADER_LEN, "a short iSER message");
-        let (pdu, _) = Pdu::decode(&payload[ISER_HEADER_LEN..], Digests::NONE)
-            .expect("the initiator sends PDUs");
+    while let Some(pdu) = next_pdu(&mut s).await {
         let reply = match &pdu.bhs {
             Bhs::LoginRequest(r) => scripted::agree_to_login(r, &pdu.data, stat_sn),
             Bhs::ScsiCommand(c) => {

@@ -3,7 +3,7 @@
 //! handshake, and iSER messages. A script speaks it to control what no real adapter
 //! lets software control, such as which Sends it acknowledges.
 
-use blockwire_pdu::iser::IserHeader;
+use blockwire_pdu::iser::{IserHeader, ISER_HEADER_LEN};
 use blockwire_pdu::{Digests, Pdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -58,4 +58,25 @@ pub async fn accept(listener: &TcpListener) -> TcpStream {
     assert_eq!((kind, aux), (CONNECT, MAGIC), "a soft RDMA CONNECT");
     s.write_all(&frame(ACCEPT, &[])).await.unwrap();
     s
+}
+
+/// The next PDU the initiator Sends, past the acknowledgements of this
+/// target's own Sends (each must be a success); None once it closes.
+pub async fn next_pdu(s: &mut TcpStream) -> Option<Pdu> {
+    loop {
+        let (kind, status, _, payload) = read_frame(s).await?;
+        match kind {
+            // The initiator's adapter acknowledging our Sends.
+            ACK => {
+                assert_eq!(status, 0, "the initiator refused a Send");
+                continue;
+            }
+            SEND => {}
+            other => panic!("frame kind {other} from the initiator"),
+        }
+        assert!(payload.len() >= ISER_HEADER_LEN, "a short iSER message");
+        let (pdu, _) = Pdu::decode(&payload[ISER_HEADER_LEN..], Digests::NONE)
+            .expect("the initiator sends PDUs");
+        return Some(pdu);
+    }
 }

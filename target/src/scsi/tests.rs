@@ -526,14 +526,7 @@ fn mode_sense_pages_and_select() {
         panic!()
     };
     cp.d_sense = true;
-    m.header = Default::default();
-    let list = m.encode6();
-    let sel = c(Cdb::ModeSelect6 {
-        pf: true,
-        sp: false,
-        parameter_list_length: list.len() as u8,
-    });
-    let r = run(&t, &a, &sel, &list, 0);
+    let r = mode_select6(&t, &a, &m);
     assert_eq!(
         r.status,
         GOOD,
@@ -551,8 +544,7 @@ fn mode_sense_pages_and_select() {
         panic!()
     };
     cp.tst = 1;
-    let list = m.encode6();
-    let r = run(&t, &a, &sel, &list, 0);
+    let r = mode_select6(&t, &a, &m);
     let s = expect_check(
         &r,
         SenseKey::IllegalRequest,
@@ -561,11 +553,52 @@ fn mode_sense_pages_and_select() {
     assert_eq!(s.field_pointer().unwrap().byte, 6);
 }
 
-/// A RAM store that counts its flushes.
+/// UNMAP of `blocks` blocks at `lba` from nexus `n`.
+pub(crate) fn unmap(t: &LunTable, n: &ItNexus, lba: u64, blocks: u32) -> ScsiResult {
+    use blockwire_pdu::scsi::{UnmapDescriptor, UnmapList};
+    let list = UnmapList {
+        descriptors: vec![UnmapDescriptor { lba, blocks }],
+    }
+    .encode();
+    let cdb = c(Cdb::Unmap {
+        anchor: false,
+        group: 0,
+        parameter_list_length: list.len() as u16,
+    });
+    run(t, n, &cdb, &list, 0)
+}
+
+/// MODE SELECT(6) of `m`'s pages (its header cleared, as a MODE SELECT
+/// sends it) from nexus `n`.
+pub(crate) fn mode_select6(t: &LunTable, n: &ItNexus, m: &ModeParameters) -> ScsiResult {
+    let mut m = m.clone();
+    m.header = Default::default();
+    let list = m.encode6();
+    let cdb = c(Cdb::ModeSelect6 {
+        pf: true,
+        sp: false,
+        parameter_list_length: list.len() as u8,
+    });
+    run(t, n, &cdb, &list, 0)
+}
+
+/// A RAM store that counts its flushes, and fails them with EIO when
+/// `fails`.
 #[derive(Debug)]
 struct CountsFlushes {
     ram: RamBackstore,
     flushes: std::sync::atomic::AtomicUsize,
+    fails: bool,
+}
+
+impl CountsFlushes {
+    fn new(fails: bool) -> Arc<CountsFlushes> {
+        Arc::new(CountsFlushes {
+            ram: RamBackstore::new(1 << 20),
+            flushes: Default::default(),
+            fails,
+        })
+    }
 }
 
 impl crate::backstore::Backstore for CountsFlushes {
@@ -581,6 +614,9 @@ impl crate::backstore::Backstore for CountsFlushes {
     fn flush(&self) -> std::io::Result<()> {
         self.flushes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.fails {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
         Ok(())
     }
     fn describe(&self) -> String {
@@ -590,10 +626,7 @@ impl crate::backstore::Backstore for CountsFlushes {
 
 #[test]
 fn turning_the_write_cache_off_flushes_what_it_held() {
-    let store = Arc::new(CountsFlushes {
-        ram: RamBackstore::new(1 << 20),
-        flushes: Default::default(),
-    });
+    let store = CountsFlushes::new(false);
     let flushes = || store.flushes.load(std::sync::atomic::Ordering::SeqCst);
     let t = table_with(|cfg| {
         cfg.backstore = store.clone();
@@ -622,14 +655,7 @@ fn turning_the_write_cache_off_flushes_what_it_held() {
             panic!("not the caching page: {:?}", m.pages)
         };
         cp.wce = wce;
-        m.header = Default::default();
-        let list = m.encode6();
-        let cdb = c(Cdb::ModeSelect6 {
-            pf: true,
-            sp: false,
-            parameter_list_length: list.len() as u8,
-        });
-        let r = run(&t, &a, &cdb, &list, 0);
+        let r = mode_select6(&t, &a, m);
         assert_eq!(
             r.status,
             GOOD,
@@ -662,35 +688,13 @@ fn turning_the_write_cache_off_flushes_what_it_held() {
     );
 }
 
-/// A RAM store whose flushes fail.
-#[derive(Debug)]
-struct FailsFlushes(RamBackstore);
-
-impl crate::backstore::Backstore for FailsFlushes {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.0.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.0.write_at(offset, data)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        Err(std::io::Error::from_raw_os_error(libc::EIO))
-    }
-    fn describe(&self) -> String {
-        "fails flushes".into()
-    }
-}
-
 /// A MODE SELECT that turns the write cache off fails when the cache
 /// cannot be flushed, and then leaves it on: the initiator, told the
 /// command failed, goes on sending SYNCHRONIZE CACHE, as WCE=1 asks.
 #[test]
 fn a_write_cache_that_cannot_be_flushed_stays_on() {
     let t = table_with(|cfg| {
-        cfg.backstore = Arc::new(FailsFlushes(RamBackstore::new(1 << 20)));
+        cfg.backstore = CountsFlushes::new(true);
         cfg.write_cache = true;
     });
     let a = nexus("iqn.2024-01.test:a");
@@ -715,14 +719,7 @@ fn a_write_cache_that_cannot_be_flushed_stays_on() {
         panic!()
     };
     cp.wce = false;
-    m.header = Default::default();
-    let list = m.encode6();
-    let select = c(Cdb::ModeSelect6 {
-        pf: true,
-        sp: false,
-        parameter_list_length: list.len() as u8,
-    });
-    let r = run(&t, &a, &select, &list, 0);
+    let r = mode_select6(&t, &a, &m);
     assert_eq!(r.status, 0x02, "the flush failed");
     assert!(
         wce(&t),
@@ -736,11 +733,7 @@ fn a_write_cache_that_cannot_be_flushed_stays_on() {
 /// the unmapped data back on a unit that reports LBPRZ=1.
 #[test]
 fn an_unmap_with_the_write_cache_off_is_flushed() {
-    use blockwire_pdu::scsi::{UnmapDescriptor, UnmapList};
-    let store = Arc::new(CountsFlushes {
-        ram: RamBackstore::new(1 << 20),
-        flushes: Default::default(),
-    });
+    let store = CountsFlushes::new(false);
     let flushes = || store.flushes.load(std::sync::atomic::Ordering::SeqCst);
     let t = table_with(|cfg| {
         cfg.backstore = store.clone();
@@ -750,17 +743,8 @@ fn an_unmap_with_the_write_cache_off_is_flushed() {
     let a = nexus("iqn.2024-01.test:a");
     ready(&t, &a);
     assert_eq!(write(&t, &a, 8, &[0x5a; 512]).status, GOOD);
-    let list = UnmapList {
-        descriptors: vec![UnmapDescriptor { lba: 8, blocks: 1 }],
-    }
-    .encode();
-    let cdb = c(Cdb::Unmap {
-        anchor: false,
-        group: 0,
-        parameter_list_length: list.len() as u16,
-    });
     let before = flushes();
-    assert_eq!(run(&t, &a, &cdb, &list, 0).status, GOOD);
+    assert_eq!(unmap(&t, &a, 8, 1).status, GOOD);
     assert_eq!(flushes(), before + 1, "the UNMAP ended GOOD unflushed");
     assert_eq!(read(&t, &a, 8, 1).data_in, vec![0; 512]);
 }
@@ -798,15 +782,9 @@ fn mode_selects_of_different_pages_at_once_both_hold() {
             ModePage::Control(p) => p.d_sense = on,
             other => panic!("{other:?}"),
         }
-        let list = m.encode6();
-        let cdb = c(Cdb::ModeSelect6 {
-            pf: true,
-            sp: false,
-            parameter_list_length: list.len() as u8,
-        });
         // The other's change is a unit attention to this one: taken, then done.
         for _ in 0..3 {
-            if run(&t, n, &cdb, &list, 0).status == GOOD {
+            if mode_select6(&t, n, &m).status == GOOD {
                 return;
             }
         }

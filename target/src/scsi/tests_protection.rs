@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use blockwire_pdu::scsi::{
-    crc16_t10dif, Asc, Cdb, CdbSize, PiTuple, ReadCapacity16, Rw, SenseKey, StandardInquiry,
-    UnmapDescriptor, UnmapList, Vpd, VpdPage,
+    crc16_t10dif, Asc, Cdb, CdbSize, PiTuple, ReadCapacity16, Rw, SenseKey, StandardInquiry, Vpd,
+    VpdPage,
 };
 
 use super::read_plan::ReadPlan;
 use super::stats::Direction;
-use super::tests::{c, expect_check, nexus, ready, run, rw, write, CHECK, GOOD};
+use super::tests::{c, expect_check, nexus, ready, run, rw, unmap, write, CHECK, GOOD};
 use super::*;
 use crate::backstore::{Backstore, RamBackstore};
 
@@ -391,16 +391,7 @@ fn unmap_and_write_same_keep_tuples_with_their_blocks() {
     let a = nexus("iqn.a");
     ready(&t, &a);
     assert_eq!(write(&t, &a, 0, &vec![0x33; 8 * 512]).status, GOOD);
-    let list = UnmapList {
-        descriptors: vec![UnmapDescriptor { lba: 2, blocks: 2 }],
-    }
-    .encode();
-    let unmap = c(Cdb::Unmap {
-        anchor: false,
-        group: 0,
-        parameter_list_length: list.len() as u16,
-    });
-    assert_eq!(run(&t, &a, &unmap, &list, 0).status, GOOD);
+    assert_eq!(unmap(&t, &a, 2, 2).status, GOOD);
     let got = tuples(&t, &a, 1, 4);
     assert_eq!(got[0].ref_tag, 1);
     assert_eq!(&got[1..3], &[PiTuple::UNWRITTEN; 2]);
