@@ -330,20 +330,14 @@ impl LogicalUnit {
             // for what it wrote while the cache was on: that goes to the
             // medium before the change is acknowledged, as a disk empties
             // its cache when it is turned off.
-            if let Err(e) = self.flush() {
-                warn!(error = %e, "flush on turning the write cache off failed: the cache stays on");
-                // The command fails, so its change does not stand: with the
-                // cache back on, the initiator's view (WCE=1, under which it
-                // sends SYNCHRONIZE CACHE) stays true, and the others hear
-                // the parameters changed back.
-                let mut st = self.lock();
-                if !st.mode.wce {
-                    st.mode.wce = true;
-                    st.ua
-                        .push_others(Some(req.nexus), Asc::MODE_PARAMETERS_CHANGED);
-                }
-                return Err(backstore_failure(&e, true, 0));
-            }
+            // A failed flush fails the command, and the cache stays off:
+            // write-through is the safe side of the disagreement (turned
+            // back on, it could hold writes another initiator has made
+            // since, believing them on the medium).
+            self.flush().map_err(|e| {
+                warn!(error = %e, "flush on turning the write cache off failed");
+                backstore_failure(&e, true, 0)
+            })?;
         }
         Ok(Done::out(len as u64))
     }
