@@ -611,10 +611,17 @@ impl ConnMachine {
                     unreachable!("admitted as a NOP-Out")
                 };
                 // The echo is a NOP-In data segment, which the initiator's
-                // MaxRecvDataSegmentLength bounds (RFC 7143 §13.12): ping
-                // data past it cannot come back, so the ping is refused, as
-                // LIO refuses it, in its CmdSN turn.
-                let limit = self.data_in_limits().max_recv_data_segment_length;
+                // MaxRecvDataSegmentLength bounds (RFC 7143 §13.12), or on
+                // iSER its InitiatorRecvDataSegmentLength, the size of the
+                // buffers its Sends land in (RFC 7145 §6.3): ping data past
+                // it cannot come back, so the ping is refused, as LIO
+                // refuses it, in its CmdSN turn.
+                let params = &self.session.params;
+                let limit = if params.rdma_extensions {
+                    params.initiator_recv_data_segment_length
+                } else {
+                    self.data_in_limits().max_recv_data_segment_length
+                };
                 if pdu.data.len() > limit as usize {
                     warn!(
                         tsih = self.session.tsih,

@@ -181,6 +181,34 @@ impl Conn {
 
     fn open_on(fabric: Arc<Fabric>, target: Option<&str>, keys: &[(&str, &str)]) -> Conn {
         let (_, session, outcome) = login(&fabric, target, keys).expect("login accepted");
+        Self::attach(fabric, session, outcome)
+    }
+
+    /// [`Self::open`] through an iSER login (RDMAExtensions=Yes and `keys`).
+    async fn open_iser(keys: &[(&str, &str)]) -> Conn {
+        let fabric = fabric();
+        let phase = LoginPhase::new_iser(
+            fabric.clone(),
+            1,
+            local(),
+            rand::rngs::StdRng::seed_from_u64(2),
+        );
+        let mut offers = vec![("RDMAExtensions", "Yes")];
+        offers.extend_from_slice(keys);
+        let (_, session, outcome) =
+            login_through(phase, Some(TARGET), &offers).expect("iSER login accepted");
+        let mut c = Self::attach(fabric, session, outcome);
+        let (itt, tur) = c.no_data_command(&[0; 6]);
+        assert_eq!(c.feed(tur).await, None);
+        assert_eq!(c.response(itt).await.0, 0x02, "the power-on");
+        c
+    }
+
+    fn attach(
+        fabric: Arc<Fabric>,
+        session: Arc<Session>,
+        outcome: Box<crate::iscsi::login::LoginOutcome>,
+    ) -> Conn {
         let now = Instant::now();
         let machine = ConnMachine::new(
             fabric.clone(),
@@ -686,6 +714,42 @@ async fn ping_data_past_the_initiators_segment_length_is_rejected() {
     let (itt, tur) = c.no_data_command(&[0; 6]);
     assert_eq!(c.feed(tur).await, None);
     assert_eq!(c.response(itt).await.0, 0);
+}
+
+/// On iSER the echo lands in a buffer of the initiator's
+/// InitiatorRecvDataSegmentLength (RFC 7145 §6.3), which MaxRecvDataSegmentLength
+/// does not bound: ping data past it is rejected there.
+#[tokio::test]
+async fn iser_ping_data_past_the_initiators_receive_buffers_is_rejected() {
+    let mut c = Conn::open_iser(&[("InitiatorRecvDataSegmentLength", "4096")]).await;
+    for (itt, len, echoed) in [(0x80, 4096, true), (0x81, 4097, false)] {
+        let cmd_sn = c.take_cmd_sn();
+        let ping = Pdu::with_data(
+            Bhs::NopOut(NopOut {
+                immediate: false,
+                lun: Lun::default(),
+                itt,
+                ttt: RESERVED_TAG,
+                cmd_sn,
+                exp_stat_sn: 0,
+            }),
+            vec![0x5a; len],
+        );
+        assert_eq!(c.feed(ping).await, None);
+        let answered = c.sent();
+        match &answered[..] {
+            [Pdu {
+                bhs: Bhs::NopIn(n), ..
+            }] if echoed => assert_eq!(n.itt, itt),
+            [Pdu {
+                bhs: Bhs::Reject(r),
+                ..
+            }] if !echoed => {
+                assert_eq!(r.reason, RejectReason::ProtocolError)
+            }
+            other => panic!("{len} bytes of ping data on iSER answered {other:?}"),
+        }
+    }
 }
 
 /// Closing a connection the session does not have is answered "CID not
