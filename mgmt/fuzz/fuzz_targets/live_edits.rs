@@ -174,12 +174,18 @@ fn call(c: &mut Choices<'_>) -> (&'static str, Value) {
             if c.flag() {
                 p["initiator"] = json!(c.pick(INITIATORS));
             }
+            if c.flag() {
+                p["replace"] = json!(true);
+            }
             ("chap.add", p)
         }
         9 => {
-            let mut p = json!({"user": c.pick(USERS)});
+            let mut p = json!({"user": c.pick(USERS), "force": c.flag()});
             if c.flag() {
                 p["target"] = json!(target);
+            }
+            if c.flag() {
+                p["initiator"] = json!(c.pick(INITIATORS));
             }
             ("chap.remove", p)
         }

@@ -160,8 +160,12 @@ impl Live {
         let units = resize_units(resizes, dry, &mut applied)
             .and_then(|()| set_thresholds(thresholds, dry, &mut applied));
         if let Err(e) = units {
-            self.undo_portals(running, portals).await;
-            return Err(e);
+            let lost = self.undo_portals(running, portals).await;
+            return Err(match e {
+                LiveError::Failed(m) if !lost.is_empty() => LiveError::Failed(format!("{m}{lost}")),
+                other if !lost.is_empty() => LiveError::Failed(format!("{other}{lost}")),
+                other => other,
+            });
         }
 
         let targets = self.merge_targets(&new, &old_by_name, dry, &mut applied);
@@ -369,8 +373,9 @@ impl Live {
     }
 
     /// Closes the portals a change opened and listens again where those it
-    /// moved between groups listened: the change failed after them.
-    async fn undo_portals(&self, running: &mut Running, undo: OpenedPortals) {
+    /// moved between groups listened: the change failed after them. Says
+    /// which could not listen again, for the change's error.
+    async fn undo_portals(&self, running: &mut Running, undo: OpenedPortals) -> String {
         for key in &undo.opened {
             if let Some(b) = running.bound.remove(key) {
                 let _ = self.portals.remove(b).await;
@@ -380,6 +385,7 @@ impl Live {
         if !back.is_empty() {
             warn!("undoing a failed change{back}");
         }
+        back
     }
 
     /// Binds `moved` (address, portal group) again, as they were before a

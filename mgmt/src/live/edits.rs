@@ -353,9 +353,14 @@ fn chap_list<'a>(
 
 /// Whether `c` is the account of `user` (for `initiator`).
 fn is_account(c: &Value, user: &str, initiator: Option<&str>) -> bool {
+    // iSCSI names compare case-insensitively, as logins match them.
     c.as_table().is_some_and(|c| {
+        let theirs = c.get("initiator").and_then(Value::as_str).map(str::trim);
         c.get("user").and_then(Value::as_str) == Some(user)
-            && c.get("initiator").and_then(Value::as_str).map(str::trim) == initiator
+            && match (theirs, initiator) {
+                (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+                (a, b) => a == b,
+            }
     })
 }
 
@@ -680,6 +685,21 @@ size = "64M"
             false,
         )
         .unwrap();
+        // The initiator's name in another case is that initiator's account.
+        chap_add(
+            &mut d,
+            Some(t),
+            "v",
+            "another-secret-16",
+            Some("IQN.i:2"),
+            true,
+        )
+        .unwrap();
+        let own = target_mut(&mut d, t).unwrap()["initiator_chap"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(own.len(), 1, "replaced, not added: {own:?}");
         chap_remove(&mut d, Some(t), "u", None, false).unwrap();
         assert!(chap_remove(&mut d, Some(t), "v", Some("iqn.i:2"), false).is_err());
         chap_remove(&mut d, Some(t), "v", Some("iqn.i:2"), true).unwrap();
