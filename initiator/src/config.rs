@@ -107,6 +107,13 @@ pub struct InitiatorConfig {
     /// Other commands (FORMAT UNIT, SANITIZE, WRITE SAME, EXTENDED COPY,
     /// SYNCHRONIZE CACHE, ...) may rightly run long and are never aborted.
     pub command_timeout: Option<Duration>,
+    /// How long the connection may take to accept one PDU sequence (a
+    /// command with its immediate and unsolicited data, a burst of
+    /// Data-Out, a NOP-Out) before it is declared dead and recovered. A
+    /// target that stops reading (its process hung, its host gone with the
+    /// TCP window shut) would otherwise hold the connection's writer, and
+    /// every command and keepalive behind it, for good.
+    pub send_timeout: Duration,
     /// Reconnection after a lost connection.
     pub recovery: RecoveryPolicy,
     /// Vendor keys (`X-...`) offered in the operational stage of normal
@@ -136,6 +143,7 @@ impl InitiatorConfig {
             nop_interval: Some(Duration::from_secs(5)),
             nop_timeout: Duration::from_secs(10),
             command_timeout: Some(Duration::from_secs(60)),
+            send_timeout: Duration::from_secs(60),
             recovery: RecoveryPolicy::default(),
             vendor_offers: Vec::new(),
         }

@@ -116,6 +116,33 @@ struct WriterSlot {
     digests: Digests,
 }
 
+/// Why a connection whose write half is gone while it is up is recovered:
+/// a PDU sequence on it was cut short (see [`send_whole`]).
+const CUT_SHORT: &str = "a PDU sequence was cut short: the connection ended";
+
+/// Runs `send`, one PDU sequence written to the connection's write half,
+/// which the caller took out of its [`WriterSlot`] and puts back only when
+/// this succeeds. A sequence cut short leaves part of a PDU on the stream,
+/// which the next PDU's bytes would complete (a command's data made of
+/// another's header and data, written GOOD): so the half is never put back
+/// then, and dropped, tokio shuts the socket's write side down and the
+/// target sees the connection end instead. That holds for a sequence the
+/// caller gave up on (its future dropped: the half goes with it), one that
+/// failed, and one the target took none of within `limit` (it stopped
+/// reading; the writer, and every command behind it, would wait for good).
+async fn send_whole<F>(limit: Duration, send: F) -> std::io::Result<()>
+where
+    F: std::future::Future<Output = std::io::Result<()>>,
+{
+    match tokio::time::timeout(limit, send).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the target took no PDU in {limit:?}"),
+        )),
+    }
+}
+
 struct Inner {
     config: InitiatorConfig,
     portal: String,
@@ -485,14 +512,19 @@ impl Inner {
             w.half = Some(writer);
             w.digests = digests;
         }
-        *lock(&self.engine) = Engine::new(
-            generation,
-            Limits::from_params(&outcome.params),
-            outcome.exp_cmd_sn,
-            outcome.exp_cmd_sn,
-            outcome.max_cmd_sn,
-            outcome.stat_sn,
-        );
+        {
+            let mut engine = lock(&self.engine);
+            let next_itt = engine.next_itt();
+            *engine = Engine::new(
+                generation,
+                Limits::from_params(&outcome.params),
+                outcome.exp_cmd_sn,
+                outcome.exp_cmd_sn,
+                outcome.max_cmd_sn,
+                outcome.stat_sn,
+            )
+            .going_on_from(next_itt);
+        }
         *lock(&self.params) = outcome.params.clone();
         *lock(&self.tsih) = outcome.tsih;
         *lock(&self.vendor) = (generation, outcome.vendor.clone());
@@ -636,19 +668,33 @@ impl Inner {
     async fn send_pdu(self: &Arc<Self>, generation: u64, pdu: Pdu) -> Result<()> {
         let mut w = self.writer.lock().await;
         let digests = w.digests;
-        match (w.generation == generation, w.half.as_mut()) {
-            (true, Some(half)) => {
-                if let Err(e) = write_whole(half, &pdu, digests).await {
+        let current = w.generation == generation;
+        match w.half.take_if(|_| current) {
+            Some(mut half) => {
+                let sent = send_whole(
+                    self.config.send_timeout,
+                    write_whole(&mut half, &pdu, digests),
+                )
+                .await;
+                if let Err(e) = sent {
+                    drop(half);
                     drop(w);
                     self.connection_lost(generation, format!("sending a PDU: {e}"));
                     return Err(Error::io(format!("sending to {}", self.portal), e));
                 }
+                w.half = Some(half);
                 Ok(())
             }
-            _ => Err(Error::io(
-                format!("sending to {}", self.portal),
-                std::io::Error::new(std::io::ErrorKind::NotConnected, "connection lost"),
-            )),
+            None => {
+                if current {
+                    drop(w);
+                    self.connection_lost(generation, CUT_SHORT.into());
+                }
+                Err(Error::io(
+                    format!("sending to {}", self.portal),
+                    std::io::Error::new(std::io::ErrorKind::NotConnected, "connection lost"),
+                ))
+            }
         }
     }
 
@@ -1116,7 +1162,11 @@ impl Inner {
             notified.as_mut().enable();
             let mut w = self.writer.lock().await;
             if w.generation != gen || w.half.is_none() {
+                let cut = w.generation == gen;
                 drop(w);
+                if cut {
+                    self.connection_lost(gen, CUT_SHORT.into());
+                }
                 // Wait for the next connection before trying again.
                 let _ = self.wait_up().await;
                 return Err(read_buf);
@@ -1144,8 +1194,10 @@ impl Inner {
                 continue;
             };
             let digests = w.digests;
-            let half = w.half.as_mut().expect("checked");
-            let r = async {
+            let mut half = w.half.take().expect("checked");
+            let limit = self.config.send_timeout;
+            let r = send_whole(limit, async {
+                let half = &mut half;
                 write_pdu(half, &Bhs::ScsiCommand(header), &write[..imm], digests).await?;
                 if unsol_end > imm {
                     let lun = Lun::from_index(lun);
@@ -1161,8 +1213,13 @@ impl Inner {
                     }
                 }
                 Ok::<_, std::io::Error>(())
-            }
+            })
             .await;
+            if r.is_ok() {
+                w.half = Some(half);
+            } else {
+                drop(half);
+            }
             drop(w);
             if let Err(e) = r {
                 self.connection_lost(gen, format!("sending a command: {e}"));
@@ -1219,8 +1276,17 @@ impl Inner {
                 data: Default::default(),
             };
             let digests = w.digests;
-            let half = w.half.as_mut().expect("checked");
-            let r = write_whole(half, &pdu, digests).await;
+            let mut half = w.half.take().expect("checked");
+            let r = send_whole(
+                self.config.send_timeout,
+                write_whole(&mut half, &pdu, digests),
+            )
+            .await;
+            if r.is_ok() {
+                w.half = Some(half);
+            } else {
+                drop(half);
+            }
             drop(w);
             if let Err(e) = r {
                 self.connection_lost(gen, format!("sending a command: {e}"));
@@ -1262,7 +1328,9 @@ impl Inner {
             return;
         }
         let digests = w.digests;
-        let Some(half) = w.half.as_mut() else {
+        let Some(mut half) = w.half.take() else {
+            drop(w);
+            self.connection_lost(gen, CUT_SHORT.into());
             return;
         };
         let (exp, mrdsl) = {
@@ -1271,12 +1339,17 @@ impl Inner {
         };
         let start = r2t.buffer_offset as usize;
         let end = start + r2t.desired_data_transfer_length as usize;
-        let mut res = Ok(());
-        for p in data_out_sequence(itt, Lun::from_index(lun), r2t.ttt, start..end, mrdsl, exp) {
-            res = write_pdu(half, &Bhs::DataOut(p.header), &write[p.range], digests).await;
-            if res.is_err() {
-                break;
+        let res = send_whole(self.config.send_timeout, async {
+            for p in data_out_sequence(itt, Lun::from_index(lun), r2t.ttt, start..end, mrdsl, exp) {
+                write_pdu(&mut half, &Bhs::DataOut(p.header), &write[p.range], digests).await?;
             }
+            Ok(())
+        })
+        .await;
+        if res.is_ok() {
+            w.half = Some(half);
+        } else {
+            drop(half);
         }
         drop(w);
         if let Err(e) = res {
