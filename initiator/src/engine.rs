@@ -342,6 +342,21 @@ impl<T: Clone> Engine<T> {
         }
     }
 
+    /// This engine for a connection that replaces one whose engine would
+    /// have handed out `next_itt` next: tags go on from there rather than
+    /// start again, so a tag another stack took from a command on the old
+    /// connection (the kernel host driver's ABORT TASK) names no command
+    /// of the new one.
+    pub fn going_on_from(mut self, next_itt: u32) -> Self {
+        self.next_itt = next_itt;
+        self
+    }
+
+    /// The Initiator Task Tag this engine hands out next (unless in use).
+    pub fn next_itt(&self) -> u32 {
+        self.next_itt
+    }
+
     /// Which connection this engine belongs to.
     pub fn generation(&self) -> u64 {
         self.generation
