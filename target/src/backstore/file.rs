@@ -51,6 +51,14 @@ pub enum FileMode {
     Direct,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Syncs of the backing file by this thread that fail (EIO), as the
+    /// kernel fails one after a lost write-back: to test what the store
+    /// says after.
+    static FAILING_SYNCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// A regular file or block device.
 #[derive(Debug)]
 pub struct FileBackstore {
@@ -70,6 +78,11 @@ pub struct FileBackstore {
     can_zero_range: AtomicBool,
     /// `pwritev2(RWF_DSYNC)` still believed to work.
     can_dsync: AtomicBool,
+    /// A sync of the file failed: cached writes acknowledged before it may
+    /// be lost, and Linux reports a write-back error to one sync only (a
+    /// later `fdatasync` succeeds without them), so every flush fails from
+    /// then on rather than tell an initiator its data is safe.
+    writeback_lost: AtomicBool,
     /// The file lives in tmpfs, which is memory: a cached read of it never
     /// waits for a device.
     tmpfs: bool,
@@ -266,6 +279,7 @@ impl FileBackstore {
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
             can_dsync: AtomicBool::new(true),
+            writeback_lost: AtomicBool::new(false),
             tmpfs,
             can_nowait: AtomicBool::new(true),
             journal: None,
@@ -324,7 +338,7 @@ impl FileBackstore {
             journal,
             self.size(),
             |offset, data| self.write(offset, data, false),
-            || self.file.sync_data(),
+            || self.sync_data(),
         )?;
         self.journal = Some(j);
         Ok((self, replayed))
@@ -417,7 +431,9 @@ impl FileBackstore {
                         self.can_dsync.store(false, Ordering::Relaxed);
                         break;
                     }
-                    Err(e) => return Err(e.into()),
+                    // A DSYNC write reports write-back errors of the whole
+                    // file, not only of its own range.
+                    Err(e) => return Err(self.sync_failed(e.into())),
                 }
             }
             if data.is_empty() {
@@ -425,7 +441,30 @@ impl FileBackstore {
             }
         }
         self.file.write_all_at(data, offset)?;
-        self.file.sync_data()
+        self.sync_data()
+    }
+
+    /// `fdatasync`, remembering a failure (see `writeback_lost`).
+    fn sync_data(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if FAILING_SYNCS.with(|n| n.replace(n.get().saturating_sub(1))) > 0 {
+            return Err(self.sync_failed(io::Error::from_raw_os_error(libc::EIO)));
+        }
+        self.file.sync_data().map_err(|e| self.sync_failed(e))
+    }
+
+    /// Records that a sync of the file failed, and gives its error back.
+    fn sync_failed(&self, e: io::Error) -> io::Error {
+        if !self.writeback_lost.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                path = %self.path.display(),
+                error = %e,
+                "syncing the backing file failed: writes acknowledged before may be lost, so every \
+                 SYNCHRONIZE CACHE of this LUN fails from now on; check the device, then restart \
+                 the target"
+            );
+        }
+        e
     }
 
     fn direct_read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -725,7 +764,16 @@ impl Backstore for FileBackstore {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
+        if self.writeback_lost.load(Ordering::Acquire) {
+            return Err(io::Error::new(
+                io::ErrorKind::Other,
+                format!(
+                    "an earlier sync of {} failed: writes acknowledged before it may be lost",
+                    self.path.display()
+                ),
+            ));
+        }
+        self.sync_data()
     }
 
     fn atomic_write_max(&self) -> u64 {
@@ -767,7 +815,7 @@ impl Backstore for FileBackstore {
         let ticket = j.begin(offset, data)?;
         if let Err(e) = self
             .write(offset, data, false)
-            .and_then(|()| self.file.sync_data())
+            .and_then(|()| self.sync_data())
         {
             j.abandon(ticket);
             return Err(e);
@@ -952,6 +1000,30 @@ impl Backstore for FileBackstore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Linux reports a lost write-back to one sync only: the next
+    /// `fdatasync` succeeds without the lost pages. So once a sync failed,
+    /// every flush fails, where a SYNCHRONIZE CACHE after the failed one
+    /// used to end GOOD with the data gone.
+    #[test]
+    fn a_failed_sync_fails_every_flush_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileBackstore::open(&dir.path().join("lun.img"), Some(1 << 20), false).unwrap();
+        s.write_at(0, &[0x5a; 4096]).unwrap();
+        s.flush().expect("a sync that works");
+        FAILING_SYNCS.with(|n| n.set(1));
+        s.write_at(4096, &[0x5a; 4096]).unwrap();
+        assert!(s.flush().is_err(), "the failed sync");
+        let again = s.flush();
+        assert!(
+            again.is_err(),
+            "the flush after a failed sync ended {again:?}"
+        );
+        assert!(
+            s.write_at_durable(8192, &[0x5a; 512]).is_ok(),
+            "durable writes still go"
+        );
+    }
 
     /// A 1 MiB store at `path` with its atomic-write journal at `journal`,
     /// and how many writes its open replayed.
