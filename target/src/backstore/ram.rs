@@ -396,11 +396,6 @@ impl Backstore for RamBackstore {
         Ok(())
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        // Freed chunks and zero-filled ones read the same.
-        self.discard(offset, len)
-    }
-
     fn space(&self) -> io::Result<Option<super::Space>> {
         // Leaves no write reached hold no chunk: only the others are looked at.
         let used = {

@@ -256,6 +256,16 @@ fn write_same_unmap_and_lba_status() {
         GOOD
     );
     assert_eq!(read(&t, &a, 12, 2).data_in, vec![0; 1024]);
+    // Without UNMAP the zeros are written: the blocks stay mapped, their
+    // memory held (SBC-4: UNMAP=0 unmaps nothing), where the RAM store used
+    // to free it, and GET LBA STATUS said deallocated. Initiators zero this
+    // way when the space must stay theirs (`fallocate -z`).
+    assert_eq!(
+        write_same(&t, &a, 100, 8, false, false, false, &[0; 512]).status,
+        GOOD
+    );
+    assert_eq!(lba_status(&t, &a, 100)[0], (100, 8, 0));
+    assert_eq!(read(&t, &a, 100, 8).data_in, vec![0; 8 * 512]);
     // ANCHOR is refused; past the end too.
     let s = expect_check(
         &write_same(&t, &a, 0, 1, true, false, true, &[0; 512]),
