@@ -671,6 +671,37 @@ async fn login_refusals_name_their_status() {
     assert!(matches!(phase.on_pdu(&nop), LoginAction::Refuse(_)));
 }
 
+/// Sends a NOP-Out ping of `len` bytes under `itt` in its CmdSN turn and
+/// checks the answer: the data echoed in a NOP-In when `echoed`, else a
+/// Reject (protocol error).
+async fn ping_answered(c: &mut Conn, itt: u32, len: usize, echoed: bool) {
+    let cmd_sn = c.take_cmd_sn();
+    let ping = Pdu::with_data(
+        Bhs::NopOut(NopOut {
+            immediate: false,
+            lun: Lun::default(),
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn,
+            exp_stat_sn: 0,
+        }),
+        vec![0x5a; len],
+    );
+    assert_eq!(c.feed(ping).await, None);
+    match &c.sent()[..] {
+        [Pdu {
+            bhs: Bhs::NopIn(n),
+            data,
+            ..
+        }] if echoed => assert_eq!((n.itt, data.len()), (itt, len)),
+        [Pdu {
+            bhs: Bhs::Reject(r),
+            ..
+        }] if !echoed => assert_eq!(r.reason, RejectReason::ProtocolError),
+        other => panic!("{len} bytes of ping data answered {other:?}"),
+    }
+}
+
 /// Ping data comes back in a NOP-In, whose data segment the initiator's
 /// MaxRecvDataSegmentLength bounds: within it the data is echoed; past it
 /// the NOP-Out is rejected (as LIO does), never answered with a PDU the
@@ -679,36 +710,7 @@ async fn login_refusals_name_their_status() {
 async fn ping_data_past_the_initiators_segment_length_is_rejected() {
     let mut c = Conn::open(&[("MaxRecvDataSegmentLength", "8192")]).await;
     for (itt, len, echoed) in [(0x70, 8192, true), (0x71, 8193, false), (0x72, 16, true)] {
-        let cmd_sn = c.take_cmd_sn();
-        let ping = Pdu::with_data(
-            Bhs::NopOut(NopOut {
-                immediate: false,
-                lun: Lun::default(),
-                itt,
-                ttt: RESERVED_TAG,
-                cmd_sn,
-                exp_stat_sn: 0,
-            }),
-            vec![0x5a; len],
-        );
-        assert_eq!(c.feed(ping).await, None);
-        let sent = c.sent();
-        match &sent[..] {
-            [Pdu {
-                bhs: Bhs::NopIn(n),
-                data,
-                ..
-            }] if echoed => {
-                assert_eq!((n.itt, data.len()), (itt, len));
-            }
-            [Pdu {
-                bhs: Bhs::Reject(r),
-                ..
-            }] if !echoed => {
-                assert_eq!(r.reason, RejectReason::ProtocolError);
-            }
-            other => panic!("{len} bytes of ping data answered {other:?}"),
-        }
+        ping_answered(&mut c, itt, len, echoed).await;
     }
     // No CmdSN gap: the next command runs.
     let (itt, tur) = c.no_data_command(&[0; 6]);
@@ -723,32 +725,7 @@ async fn ping_data_past_the_initiators_segment_length_is_rejected() {
 async fn iser_ping_data_past_the_initiators_receive_buffers_is_rejected() {
     let mut c = Conn::open_iser(&[("InitiatorRecvDataSegmentLength", "4096")]).await;
     for (itt, len, echoed) in [(0x80, 4096, true), (0x81, 4097, false)] {
-        let cmd_sn = c.take_cmd_sn();
-        let ping = Pdu::with_data(
-            Bhs::NopOut(NopOut {
-                immediate: false,
-                lun: Lun::default(),
-                itt,
-                ttt: RESERVED_TAG,
-                cmd_sn,
-                exp_stat_sn: 0,
-            }),
-            vec![0x5a; len],
-        );
-        assert_eq!(c.feed(ping).await, None);
-        let answered = c.sent();
-        match &answered[..] {
-            [Pdu {
-                bhs: Bhs::NopIn(n), ..
-            }] if echoed => assert_eq!(n.itt, itt),
-            [Pdu {
-                bhs: Bhs::Reject(r),
-                ..
-            }] if !echoed => {
-                assert_eq!(r.reason, RejectReason::ProtocolError)
-            }
-            other => panic!("{len} bytes of ping data on iSER answered {other:?}"),
-        }
+        ping_answered(&mut c, itt, len, echoed).await;
     }
 }
 
