@@ -128,7 +128,7 @@ const CUT_SHORT: &str = "a PDU sequence was cut short: the connection ended";
 /// then, and dropped, tokio shuts the socket's write side down and the
 /// target sees the connection end instead. That holds for a sequence the
 /// caller gave up on (its future dropped: the half goes with it), one that
-/// failed, and one the target took none of within `limit` (it stopped
+/// failed, and one the target did not take whole within `limit` (it stopped
 /// reading; the writer, and every command behind it, would wait for good).
 async fn send_whole<F>(limit: Duration, send: F) -> std::io::Result<()>
 where
@@ -138,7 +138,7 @@ where
         Ok(r) => r,
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("the target took no PDU in {limit:?}"),
+            format!("the target did not take the PDUs within {limit:?}"),
         )),
     }
 }

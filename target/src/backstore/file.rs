@@ -431,9 +431,11 @@ impl FileBackstore {
                         self.can_dsync.store(false, Ordering::Relaxed);
                         break;
                     }
-                    // A DSYNC write reports write-back errors of the whole
-                    // file, not only of its own range.
-                    Err(e) => return Err(self.sync_failed(e.into())),
+                    // A DSYNC write reports write-back errors (EIO) of the
+                    // whole file, not only of its own range; its own want
+                    // of space (ENOSPC, EDQUOT) loses nothing written before.
+                    Err(Errno::IO) => return Err(self.sync_failed(Errno::IO.into())),
+                    Err(e) => return Err(e.into()),
                 }
             }
             if data.is_empty() {

@@ -353,6 +353,26 @@ impl Drop for SmallFs {
     }
 }
 
+/// A durable write that finds no space fails on its own: nothing written
+/// before was lost, so the flushes after it still work (where any error of
+/// a write-through write used to fail every later SYNCHRONIZE CACHE, as a
+/// lost write-back does).
+#[test]
+fn a_durable_write_without_space_leaves_flushes_working() {
+    let fs = SmallFs::mount(1);
+    let store =
+        crate::backstore::FileBackstore::open(&fs.path().join("lun.img"), Some(8 << 20), false)
+            .unwrap();
+    let full = (0..8u64)
+        .map(|i| store.write_at_durable(i << 20, &vec![0x5a; 1 << 20]))
+        .find_map(Result::err)
+        .expect("8 MiB do not fit a 1 MiB file system");
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC), "{full}");
+    store
+        .flush()
+        .expect("a flush after a write that found no space");
+}
+
 #[test]
 fn a_sparse_file_lun_warns_before_its_file_system_fills_and_then_fails_writes_cleanly() {
     let fs = SmallFs::mount(32);
