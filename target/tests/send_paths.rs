@@ -734,6 +734,26 @@ async fn a_read_a_road_hands_back_to_the_core_is_counted_once() {
     let _ = t.stop.send(true);
 }
 
+/// An engine READ that fails before any of its data went out falls back to
+/// the core, which answers it and counts it: the plan gives up its own
+/// count. Before, the READ was counted twice, once GOOD with all its bytes
+/// by the plan. (The engine reads a directory here: every read fails with
+/// EISDIR, while the core reads the LUN's file.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_engine_read_the_core_answers_is_counted_once() {
+    let (t, dir) = start(4 * MIB, Lun0::Serial, settings(false, false)).await;
+    t.fabric
+        .sync_reads
+        .enable(TARGET, 0, dir.path(), false, 64 << 10, Mode::Serial)
+        .unwrap();
+    let mut c = Client::login(t.addr, Digests::default()).await;
+    let (status, data, _, _) = c.read(MIB, 64 << 10).await;
+    assert_eq!(status, 0);
+    assert_eq!(data, pattern(MIB + (64 << 10))[MIB..]);
+    assert_eq!(reads_counted(&t), 1, "one READ, counted once");
+    let _ = t.stop.send(true);
+}
+
 /// READs a road gives back to the core are read whole into memory, as on
 /// the core's own road, so they take their share of the connection's READ
 /// budget as those do: an initiator that does not take its data holds back

@@ -17,6 +17,7 @@ use blockwire_target::backstore::{FileBackstore, FileMode};
 use blockwire_target::datapath::{open_engine, BufferPool, Engine, EnginePref};
 use blockwire_target::iscsi::catalog::Acl;
 use blockwire_target::iscsi::FabricSettings;
+use blockwire_target::scsi::stats::Direction;
 use blockwire_target::scsi::{LogicalUnit, LuConfig};
 
 mod support;
@@ -357,6 +358,14 @@ async fn half_sent_write(c: &mut Client, data: &[u8], first: usize) -> (ScsiComm
     (cmd, r, sn)
 }
 
+/// LUN 0's WRITE statistics: commands, errors, bytes.
+fn write_counts(t: &TestTarget) -> (u64, u64, u64) {
+    let lu = t.fabric.catalog().targets[0].luns.get(0).unwrap();
+    let w = lu.stats().direction(Direction::Write);
+    let counted = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+    (counted(&w.commands), counted(&w.errors), counted(&w.bytes))
+}
+
 /// Waits until `f` holds, at most 10 s.
 async fn until(what: &str, f: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -448,8 +457,67 @@ async fn a_failing_chunk_write_answers_the_cores_sense() {
         t.fabric.sync_writes.stats.pipelined.load(Ordering::Relaxed),
         1
     );
+    // Counted once, as an error, with no byte written.
+    assert_eq!(write_counts(&t), (1, 1, 0), "commands, errors, bytes");
     // The connection and the window go on.
     assert_eq!(c.read(0, 4096).await, vec![0u8; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_write_its_data_out_breaks_counts_its_r2ts_in_exp_data_sn() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("lun.img");
+    let t = start(
+        &img,
+        8 << 20,
+        FileMode::Cached,
+        &img,
+        engine(BufferPool::with_defaults()),
+    )
+    .await;
+    let mut c = Client::login(t.addr, 3).await;
+    let data = pattern(256 << 10, 4);
+    let cmd = c.command(
+        &rw10(0x2a, 0, (data.len() / 512) as u16),
+        false,
+        true,
+        data.len() as u32,
+        true,
+    );
+    c.conn.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    let mut r2ts = Vec::new();
+    let first = loop {
+        match c.recv().await.bhs {
+            Bhs::R2t(r) => {
+                r2ts.push(r);
+                break r;
+            }
+            Bhs::NopIn(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    // DataSN 1 where 0 is due: the sequence is broken and the command fails.
+    c.data_out(&cmd, first.ttt, &data, (0, 8192), 1, false)
+        .await;
+    let resp = loop {
+        match c.recv().await.bhs {
+            Bhs::R2t(r) => r2ts.push(r),
+            Bhs::ScsiResponse(s) if s.itt == cmd.itt => break s,
+            Bhs::NopIn(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(resp.status, 2, "CHECK CONDITION");
+    assert_eq!(
+        t.fabric.sync_writes.stats.pipelined.load(Ordering::Relaxed),
+        1,
+        "the pipelined path ran it"
+    );
+    // Counted once, as an error, with no byte written.
+    until("the WRITE counted", || write_counts(&t).0 == 1).await;
+    assert_eq!(write_counts(&t), (1, 1, 0), "commands, errors, bytes");
+    // ExpDataSN counts the R2Ts sent for the command (RFC 7143 §11.4.8).
+    assert_eq!(resp.exp_data_sn, r2ts.len() as u32, "{} R2Ts", r2ts.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,5 +13,10 @@ use libfuzzer_sys::fuzz_target;
 mod saved_text;
 
 fuzz_target!(|input: &[u8]| {
-    saved_text::as_saved_text(input, "blockwire-pr 1", read_pr_state_file);
+    // Both versions of the file: the first (no end line) is still read.
+    let header = match input.first() {
+        Some(mode) if mode & 2 == 2 => "blockwire-pr 2",
+        _ => "blockwire-pr 1",
+    };
+    saved_text::as_saved_text(input, header, read_pr_state_file);
 });

@@ -98,14 +98,12 @@ pub fn write_untorn(file: &File, offset: u64, data: &[u8], durable: bool) -> io:
                 )))
             }
             Err(Errno::INTR) => {}
+            // The errno itself, which says what the initiator is told: EIO
+            // is a MEDIUM ERROR at the write's LBA, ENOSPC a thin unit out
+            // of space (DATA PROTECT); a wrapped message would hide it.
             Err(e) => {
-                return Err(io::Error::new(
-                    io::Error::from(e).kind(),
-                    format!(
-                        "pwritev2(RWF_ATOMIC) of {} bytes at {offset}: {e}",
-                        data.len()
-                    ),
-                ))
+                tracing::warn!(bytes = data.len(), offset, error = %e, "pwritev2(RWF_ATOMIC) failed");
+                return Err(e.into());
             }
         }
     }
@@ -114,6 +112,18 @@ pub fn write_untorn(file: &File, offset: u64, data: &[u8], durable: bool) -> io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused atomic write keeps the kernel's errno, which the SCSI core
+    /// maps to the sense the initiator gets (EIO: MEDIUM ERROR). A file on
+    /// a file system without untorn writes, opened without `O_DIRECT`,
+    /// refuses every one.
+    #[test]
+    fn a_refused_atomic_write_keeps_its_errno() {
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(1 << 20).unwrap();
+        let e = write_untorn(&f, 0, &[1; 4096], true).unwrap_err();
+        assert!(e.raw_os_error().is_some(), "no errno in {e:?}");
+    }
 
     #[test]
     fn the_default_unit_lies_in_the_devices_range() {

@@ -546,6 +546,12 @@ impl FileBackstore {
             b.copy_from_slice(data);
             device_atomic::write_untorn(&self.file, offset, b, durable)
         })
+        .map_err(|e| match e.raw_os_error() {
+            // As for any write-through write: an EIO reports the file's
+            // write-back errors, not only this write's.
+            Some(libc::EIO) if durable => self.sync_failed(e),
+            _ => e,
+        })
     }
 
     fn write(&self, offset: u64, data: &[u8], durable: bool) -> io::Result<()> {
@@ -776,6 +782,13 @@ impl Backstore for FileBackstore {
             ));
         }
         self.sync_data()
+    }
+
+    fn erase_copies(&self) -> io::Result<()> {
+        match &self.journal {
+            Some(j) => j.erase_finished(),
+            None => Ok(()),
+        }
     }
 
     fn atomic_write_max(&self) -> u64 {

@@ -705,6 +705,22 @@ impl Journal {
         }
     }
 
+    /// Zeros every free slot and makes that durable: a finished record
+    /// keeps its data in its slot until the slot is reused, a copy of user
+    /// data apart from the medium that SANITIZE must not leave behind
+    /// (SBC-4 4.11.1). A zeroed slot holds no record. Slots of atomic
+    /// writes in flight, or left unfinished by an I/O error, are not free
+    /// and are kept: the next open may still need them.
+    pub fn erase_finished(&self) -> io::Result<()> {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let zeros = vec![0u8; self.geometry.stride() as usize];
+        for &slot in free.iter() {
+            self.file
+                .write_all_at(&zeros, self.geometry.slot_offset(slot))?;
+        }
+        self.file.sync_data()
+    }
+
     /// Step 3: the data is durable in place; marks the record done, makes
     /// that durable and frees the slot. If that fails the slot stays taken
     /// and the record pending: the data is whole in place, so replaying it

@@ -224,6 +224,12 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn check_write(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Erases every copy of written data the store keeps apart from its
+    /// blocks (a file LUN's atomic-write journal), so that SANITIZE leaves
+    /// none behind (SBC-4 4.11.1). Default: the store keeps none.
+    fn erase_copies(&self) -> io::Result<()> {
+        Ok(())
+    }
     /// Deallocates a range (UNMAP); the range must then read as zeros.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.write_zeroes(offset, len)

@@ -489,6 +489,12 @@ impl Backstore for StripedBackstore {
         self.write(offset, data, true)
     }
 
+    fn erase_copies(&self) -> io::Result<()> {
+        self.members
+            .iter()
+            .try_for_each(FileBackstore::erase_copies)
+    }
+
     /// Every member is synced (in parallel: each `fdatasync` waits for its
     /// own device); the first failure is returned after all have run, so
     /// one bad member does not leave the others unsynced.

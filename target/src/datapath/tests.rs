@@ -423,3 +423,44 @@ fn read_command_can_be_driven_by_hand() {
     }
     assert!(got == dev);
 }
+
+/// An op that names bytes beyond its buffer (a caller's bug) completes
+/// with an error on either engine, and the engine goes on serving: a panic
+/// there took a thread-pool worker away for good, or, on io_uring, left
+/// the engine's state locked and poisoned with every op in flight on every
+/// LUN unanswered.
+#[test]
+fn an_op_beyond_its_buffer_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_file(dir.path(), "d", &random_bytes(8192, 3));
+    for e in engines() {
+        let buf = Arc::new(e.pool().acquire(4096).unwrap());
+        let op = |tag: u64, buf_offset: usize, len: usize| IoOp {
+            kind: OpKind::Read,
+            file: file.clone(),
+            file_offset: 0,
+            buf: buf.clone(),
+            buf_offset,
+            len,
+            stream: 0,
+            tag,
+        };
+        let (tx, mut rx) = completion_channel();
+        let past = buf.capacity() - 512;
+        e.submit(vec![op(1, past, 4096), op(2, usize::MAX, 2)], &tx)
+            .unwrap();
+        for _ in 0..2 {
+            let c = rx.blocking_recv().expect("every op completes");
+            let err = c.result.expect_err("beyond the buffer");
+            assert_eq!(
+                err.kind(),
+                std::io::ErrorKind::InvalidInput,
+                "{}",
+                e.describe()
+            );
+        }
+        e.submit(vec![op(3, 0, 4096)], &tx).unwrap();
+        let c = rx.blocking_recv().expect("the engine still serves");
+        assert_eq!((c.tag, c.result.unwrap()), (3, 4096), "{}", e.describe());
+    }
+}

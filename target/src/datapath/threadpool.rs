@@ -43,10 +43,18 @@ impl ThreadPoolEngine {
 
 /// Runs one op to completion with pread/pwrite, retrying short transfers.
 pub(crate) fn run_op(op: &IoOp) -> io::Result<usize> {
-    assert!(
-        op.buf_offset + op.len <= op.buf.capacity(),
-        "I/O op beyond its buffer"
-    );
+    // The caller's bug, answered as an error: a panic here would take a
+    // worker away from every LUN for good.
+    if op
+        .buf_offset
+        .checked_add(op.len)
+        .is_none_or(|end| end > op.buf.capacity())
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "I/O op beyond its buffer",
+        ));
+    }
     let mut done = 0;
     while done < op.len {
         // SAFETY: in bounds; the op owns this range of the buffer until it

@@ -220,22 +220,31 @@ impl Engine for UringEngine {
         let mut st = self.shared.state.lock().unwrap();
         let mut refused: Option<io::Error> = None;
         for op in ops {
-            assert!(
-                op.buf_offset + op.len <= op.buf.capacity(),
-                "I/O op beyond its buffer"
-            );
-            if let Some(e) = &refused {
-                let _ = done.send(Completion {
-                    tag: op.tag,
-                    result: Err(io::Error::new(e.kind(), format!("not submitted: {e}"))),
-                });
-                continue;
-            }
-            if op.len == 0 {
-                let _ = done.send(Completion {
-                    tag: op.tag,
-                    result: Ok(0),
-                });
+            // Each op that completes here drops its clone of the buffer
+            // before its owner hears (the engine contract); an op beyond
+            // its buffer is the caller's bug, answered as an error rather
+            // than a panic with the state locked, which would leave every
+            // op in flight on every LUN unanswered.
+            let early = if op
+                .buf_offset
+                .checked_add(op.len)
+                .is_none_or(|end| end > op.buf.capacity())
+            {
+                Some(Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "I/O op beyond its buffer",
+                )))
+            } else if let Some(e) = &refused {
+                Some(Err(io::Error::new(e.kind(), format!("not submitted: {e}"))))
+            } else if op.len == 0 {
+                Some(Ok(0))
+            } else {
+                None
+            };
+            if let Some(result) = early {
+                let tag = op.tag;
+                drop(op);
+                let _ = done.send(Completion { tag, result });
                 continue;
             }
             let sqe = sqe_for(&op, 0, 0);

@@ -190,13 +190,18 @@ impl TextExchange {
         self.negotiator.params()
     }
 
-    /// Longest data segment the initiator accepts.
+    /// Longest data segment the initiator accepts: its
+    /// MaxRecvDataSegmentLength, or on iSER its
+    /// InitiatorRecvDataSegmentLength, the size of the buffers its Sends
+    /// land in (RFC 7145 §6.3).
     fn max_send(&self) -> usize {
-        (self
-            .negotiator
-            .params()
-            .initiator_max_recv_data_segment_length as usize)
-            .max(512)
+        let params = self.negotiator.params();
+        let limit = if params.rdma_extensions {
+            params.initiator_recv_data_segment_length
+        } else {
+            params.initiator_max_recv_data_segment_length
+        };
+        (limit as usize).max(512)
     }
 
     fn alloc_ttt(&mut self) -> u32 {
@@ -323,6 +328,16 @@ impl TextExchange {
             return Self::response(req, true, false, RESERVED_TAG, Vec::new());
         };
         if c.remaining.len() <= max {
+            if !req.final_bit {
+                // A request with F=0 says the initiator has more to send under this ITT
+                // (RFC 7143 §11.10.1), and a response with F=1 to it is a protocol error
+                // (§11.11.1): the answer ends F=0 with a tag the next request echoes, and
+                // the exchange goes on until a request comes with F=1.
+                let (ttt, answer) = (c.ttt, std::mem::take(&mut c.remaining));
+                c.receiving = true;
+                self.current = Some(c);
+                return Self::response(req, false, false, ttt, answer);
+            }
             return Self::response(req, true, false, RESERVED_TAG, c.remaining);
         }
         let rest = c.remaining.split_off(max);

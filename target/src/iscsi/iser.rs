@@ -112,6 +112,10 @@ pub struct IserCounters {
     /// The most commands whose advertised buffers one connection held on record at once
     /// (bounded, however many commands go unanswered: see `buffers`).
     pub advertised_high: AtomicU64,
+    /// Bytes of the staging pool given up for good: buffers of work
+    /// requests whose flush never came, which an RDMA Read might still land
+    /// in, so never reused (see `Wire::post`).
+    pub staging_bytes_given_up: AtomicU64,
 }
 
 struct Wire {
@@ -169,7 +173,9 @@ impl Wire {
             Ok(Ok(s)) => Err(format!("work request completed with {s:?}")),
             Ok(Err(_)) => Err("the connection closed".into()),
             Err(_) => {
-                super::rdma::tear_down_for_good(&self.qp, limit, rx, bufs).await;
+                let lost = super::rdma::tear_down_for_good(&self.qp, limit, rx, bufs).await;
+                c.staging_bytes_given_up
+                    .fetch_add(lost as u64, Ordering::Relaxed);
                 Err(format!("no completion in {limit:?}"))
             }
         }
@@ -374,6 +380,14 @@ async fn serve(
     });
     let result = run(&fabric, &wire, &recvs, &recv_cq, local, tpgt).await;
     qp.disconnect();
+    // What is still posted (a detached RDMA Read, the writer's last Sends)
+    // completes now, flushed: the pump must hand those completions over,
+    // or each waits out the NOP timeout and its staging buffers are given
+    // up for good. It stops once nothing uses the wire any more, bounded.
+    let until = tokio::time::Instant::now() + fabric.settings.nop_timeout;
+    while Arc::strong_count(&wire) > 1 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     pump_task.abort();
     result
 }
@@ -481,7 +495,8 @@ async fn run(
                             let len = u64::from(c.expected_data_transfer_length);
                             let held = {
                                 let mut b = buffers.lock().unwrap();
-                                b.advertise(c.itt, len, write, read, |itt| session.tasks.contains(itt));
+                                let running = session.tasks.is_running(c.itt);
+                                b.advertise(c.itt, len, write, read, running, |itt| session.tasks.contains(itt));
                                 b.len() as u64
                             };
                             fabric.iser_counters.advertised_high.fetch_max(held, Ordering::Relaxed);

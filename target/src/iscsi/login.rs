@@ -544,8 +544,26 @@ impl LoginMachine {
             Ok(None) => return Ok(self.respond(req, false, false, req.nsg, Vec::new())),
             Ok(Some(pairs)) => pairs,
         };
-        if self.ctx.is_none() {
-            self.establish(req, &pairs)?;
+        match &self.ctx {
+            None => self.establish(req, &pairs)?,
+            // The first request's SessionType (Normal when it has none)
+            // decided the target, the authentication and which keys count
+            // (RFC 7143 §6.3, §13.21); a later one naming another type would
+            // have the rest negotiated as for that type, under this one.
+            Some(c) => {
+                if let Some(v) = value(&pairs, "SessionType") {
+                    if SessionType::from_name(v) != Some(c.session_type) {
+                        return Err(refuse(
+                            LoginStatus::INITIATOR_ERROR,
+                            format!(
+                                "SessionType={v} after the first login request, which began a \
+                                 {} session",
+                                c.session_type.as_str()
+                            ),
+                        ));
+                    }
+                }
+            }
         }
         let phase = match req.csg {
             Stage::Security => Phase::Security,
@@ -653,7 +671,15 @@ impl LoginMachine {
                 nsg,
             },
             None => match self.outgoing.take() {
-                Some(o) => o,
+                // The target moves on only in a response to a request that
+                // asks to, to no later stage than it asks for (RFC 7143
+                // §6.3): each request pulling a long response asks afresh,
+                // and one that does not (T=0, or another NSG) holds the
+                // stage; the initiator asks again when it wants to move.
+                Some(mut o) => {
+                    o.transit &= req.transit && req.nsg == o.nsg;
+                    o
+                }
                 None => Outgoing {
                     remaining: Vec::new(),
                     transit: false,

@@ -306,21 +306,36 @@ impl RdmaService {
                 desc.len()
             )));
         };
+        drop(chunks);
         let b = self.wait(slot).await?;
-        let mut bufs = self.alloc(data.len()).await?;
-        let mut off = 0;
-        for pb in &bufs {
-            pb.write_at(0, &data[off..off + pb.len()])
-                .map_err(|e| TransferError(e.to_string()))?;
-            off += pb.len();
+        let piece = self.piece_len();
+        for (i, part) in data.chunks(piece).enumerate() {
+            let at = offset + (i * piece) as u64;
+            let chunks =
+                sub_range(&desc.chunks, at, part.len() as u64).expect("within the checked range");
+            let mut bufs = self.alloc(part.len()).await?;
+            let mut off = 0;
+            for pb in &bufs {
+                pb.write_at(0, &part[off..off + pb.len()])
+                    .map_err(|e| TransferError(e.to_string()))?;
+                off += pb.len();
+            }
+            let n = self.transfer(&b, &mut bufs, &chunks, true).await;
+            self.counters.rdma_writes.fetch_add(n.0, Ordering::Relaxed);
+            n.1?;
         }
-        let n = self.transfer(&b, &mut bufs, &chunks, true).await;
-        self.counters.rdma_writes.fetch_add(n.0, Ordering::Relaxed);
-        n.1?;
         self.counters
             .bytes_written
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Most bytes one transfer moves through the pool at once: a command's
+    /// data beyond it goes in pieces, one after another, so that a command
+    /// larger than the pool still moves, and none needs all of the pool at
+    /// once (which it would wait for while smaller ones come and go).
+    fn piece_len(&self) -> usize {
+        (MAX_PIECE.min(self.pool.total_bytes() / 2)).max(4096)
     }
 
     /// WRITE: RDMA-Read the initiator's chunks into pool buffers and gather them.
@@ -334,16 +349,21 @@ impl RdmaService {
             return Ok(Vec::new());
         }
         let b = self.wait(slot).await?;
-        let mut bufs = self.alloc(len).await?;
-        let n = self.transfer(&b, &mut bufs, &desc.chunks, false).await;
-        self.counters.rdma_reads.fetch_add(n.0, Ordering::Relaxed);
-        n.1?;
         let mut out = vec![0u8; len];
-        let mut off = 0;
-        for pb in &bufs {
-            pb.read_at(0, &mut out[off..off + pb.len()])
-                .map_err(|e| TransferError(e.to_string()))?;
-            off += pb.len();
+        for (i, part) in out.chunks_mut(self.piece_len()).enumerate() {
+            let at = (i * self.piece_len()) as u64;
+            let chunks =
+                sub_range(&desc.chunks, at, part.len() as u64).expect("within the descriptor");
+            let mut bufs = self.alloc(part.len()).await?;
+            let n = self.transfer(&b, &mut bufs, &chunks, false).await;
+            self.counters.rdma_reads.fetch_add(n.0, Ordering::Relaxed);
+            n.1?;
+            let mut off = 0;
+            for pb in &bufs {
+                pb.read_at(0, &mut part[off..off + pb.len()])
+                    .map_err(|e| TransferError(e.to_string()))?;
+                off += pb.len();
+            }
         }
         self.counters
             .bytes_read
@@ -460,7 +480,7 @@ impl RdmaService {
         let all = await_completions(&mut pending, &mut completed, &mut failure);
         if tokio::time::timeout(limit, all).await.is_err() {
             let flushed = await_completions(&mut pending, &mut completed, &mut failure);
-            tear_down_for_good(&b.qp, limit, flushed, bufs).await;
+            let _ = tear_down_for_good(&b.qp, limit, flushed, bufs).await;
             failure = Some(format!("no completion in {limit:?}"));
         }
         match failure {
@@ -481,27 +501,30 @@ impl RdmaService {
 /// Only once `flushed` (the wait for those flushes) is done may `bufs` go
 /// back to the pool: until then an RDMA Read may still land in them, in
 /// whatever they would hold next. If the flushes do not come either, `bufs`
-/// are given up (left out of the pool) rather than reused. Shared by the
-/// RDMA-assisted transfers and iSER.
+/// are given up (left out of the pool) rather than reused; returns their
+/// bytes. Shared by the RDMA-assisted transfers and iSER.
 pub(super) async fn tear_down_for_good(
     qp: &AnyQp,
     limit: Duration,
     flushed: impl std::future::Future,
     bufs: &mut Vec<PoolBuf<AnyPd>>,
-) {
+) -> usize {
     warn!(
         peer = %qp.peer_addr(),
         "RDMA operations uncompleted for {limit:?}: closing the RDMA connection"
     );
     qp.disconnect();
-    if tokio::time::timeout(FLUSH_WAIT, flushed).await.is_err() {
-        warn!(
-            peer = %qp.peer_addr(),
-            bytes = bufs.iter().map(PoolBuf::len).sum::<usize>(),
-            "RDMA operations not flushed: their staging buffers leave the pool"
-        );
-        std::mem::forget(std::mem::take(bufs));
+    if tokio::time::timeout(FLUSH_WAIT, flushed).await.is_ok() {
+        return 0;
     }
+    let bytes = bufs.iter().map(PoolBuf::capacity).sum::<usize>();
+    warn!(
+        peer = %qp.peer_addr(),
+        bytes,
+        "RDMA operations not flushed: their staging buffers leave the pool"
+    );
+    std::mem::forget(std::mem::take(bufs));
+    bytes
 }
 
 /// Waits for the completions `pending[*completed..]` in order, counting
@@ -605,6 +628,10 @@ impl Slot {
 /// Bytes `offset..offset + len` of the space `chunks` describe (in order, as
 /// one contiguous buffer), as remote pieces; None when the range does not
 /// fit inside it.
+/// Most bytes one RDMA transfer moves through the pool at once (see
+/// `RdmaService::piece_len`).
+const MAX_PIECE: usize = 4 << 20;
+
 fn sub_range(chunks: &[RemoteBuf], mut offset: u64, mut len: u64) -> Option<Vec<RemoteBuf>> {
     let total: u64 = chunks.iter().map(|c| c.len).sum();
     if offset.checked_add(len)? > total {

@@ -177,6 +177,17 @@ pub fn data_in_header(
 /// A SCSI Response with only a status and optional sense, for commands the
 /// fabric answers itself (e.g. a transfer too large to buffer).
 pub fn status_only(cmd: &ScsiCommand, status: u8, sense: Option<Vec<u8>>) -> Vec<Pdu> {
+    status_after_r2ts(cmd, status, sense, 0)
+}
+
+/// [`status_only`] for a WRITE the target sent `r2t_count` R2Ts for: the
+/// response's ExpDataSN counts them (RFC 7143 §11.4.8), whatever its status.
+pub fn status_after_r2ts(
+    cmd: &ScsiCommand,
+    status: u8,
+    sense: Option<Vec<u8>>,
+    r2t_count: u32,
+) -> Vec<Pdu> {
     response_pdus(
         cmd,
         ScsiResult {
@@ -189,7 +200,7 @@ pub fn status_only(cmd: &ScsiCommand, status: u8, sense: Option<Vec<u8>>) -> Vec
             max_recv_data_segment_length: 8192,
             max_burst_length: 262_144,
         },
-        0,
+        r2t_count,
     )
 }
 

@@ -55,6 +55,7 @@
 //!
 //! [`LunTable::plan_read`]: crate::scsi::LunTable::plan_read
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -319,7 +320,7 @@ fn start(
             lba: plan.lba,
             lu: plan.lu,
             sent_len: send as u32,
-            _clock: plan.clock,
+            clock: plan.clock,
         }),
         Ok(None) => {
             debug!(itt = ctx.cmd.itt, "no free I/O buffer: serial read");
@@ -348,7 +349,9 @@ pub struct DataInStamper<T> {
     /// Units of each sequence not yet sent.
     seq_left: Vec<u32>,
     current: u32,
-    held: Vec<(usize, T)>,
+    /// Units released before their sequence's turn, by sequence, in the
+    /// order they were released.
+    held: BTreeMap<u32, Vec<(usize, T)>>,
     sent: u32,
 }
 
@@ -374,7 +377,7 @@ impl<T> DataInStamper<T> {
             seq_of,
             seq_left,
             current: 0,
-            held: Vec::new(),
+            held: BTreeMap::new(),
             sent: 0,
         }
     }
@@ -392,16 +395,28 @@ impl<T> DataInStamper<T> {
     ) -> Vec<(usize, DataInSegment, T)> {
         let mut out = Vec::new();
         for (u, payload) in units {
-            if self.seq_of[u] == self.current {
-                self.emit(u, payload, &mut out);
-            } else {
-                self.held.push((u, payload));
+            let seq = self.seq_of[u];
+            if seq != self.current {
+                self.held.entry(seq).or_default().push((u, payload));
+                continue;
+            }
+            self.stamp(u, payload, &mut out);
+            // A finished sequence lets the next one go, with what of it
+            // already waits, and so on: a loop, since the run of waiting
+            // sequences may be as long as the command has PDUs.
+            while self.seq_left.get(self.current as usize) == Some(&0) {
+                self.current += 1;
+                for (h, payload) in self.held.remove(&self.current).unwrap_or_default() {
+                    self.stamp(h, payload, &mut out);
+                }
             }
         }
         out
     }
 
-    fn emit(&mut self, u: usize, payload: T, out: &mut Vec<(usize, DataInSegment, T)>) {
+    /// Sends unit `u` of the current sequence: its DataSN, F bit and the
+    /// command's last-PDU mark.
+    fn stamp(&mut self, u: usize, payload: T, out: &mut Vec<(usize, DataInSegment, T)>) {
         let s = self.seq_of[u] as usize;
         self.seq_left[s] -= 1;
         let total = self.segs.len() as u32;
@@ -413,19 +428,6 @@ impl<T> DataInStamper<T> {
         };
         self.sent += 1;
         out.push((u, seg, payload));
-        if self.seq_left[s] == 0 {
-            // The next sequence may start: send what of it already waits.
-            self.current += 1;
-            let cur = self.current;
-            let (now, later): (Vec<(usize, T)>, Vec<(usize, T)>) = self
-                .held
-                .drain(..)
-                .partition(|(h, _)| self.seq_of[*h] == cur);
-            self.held = later;
-            for (h, payload) in now {
-                self.emit(h, payload, out);
-            }
-        }
     }
 }
 
@@ -521,16 +523,26 @@ async fn serve_inner<M: ReadMover>(job: ReadJob, mut m: M) {
         }
         if let Err(e) = p.next_completions().await {
             if m.may_fall_back() {
-                // Nothing left yet: the core reads it whole.
+                // Nothing left yet: the core reads it whole, and counts it;
+                // the plan counts it only if the core does not run it (an
+                // abort first), as an error.
+                let clock = p.clock.clone();
                 drop(p);
                 warn!(itt, wire = m.wire(), error = %e, "pipelined read failed: serial read");
                 let share = read_share(&ctx).await;
                 m.keep_share(share);
                 let r = run_core(&ctx, Vec::new(), ()).await;
+                if r.is_some() {
+                    clock.forget();
+                } else {
+                    clock.fail();
+                }
+                drop(clock);
                 m.answer(&ctx, r, 0).await;
                 return;
             }
             warn!(itt, error = %e, "pipelined read failed");
+            p.clock.fail();
             failure = Some(p.lu.read_failure(p.lba, p.len, &e));
             break;
         }
@@ -555,7 +567,7 @@ struct Pipelined {
     sent_len: u32,
     /// Times the READ in the LUN's statistics until the task ends (its
     /// status queued or it was aborted).
-    _clock: Arc<crate::scsi::stats::CommandClock>,
+    clock: Arc<crate::scsi::stats::CommandClock>,
 }
 
 impl Pipelined {

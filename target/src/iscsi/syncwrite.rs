@@ -80,7 +80,7 @@ use tracing::{debug, warn};
 use super::budget::Reservation;
 use super::connection::Outgoing;
 use super::lun_paths::LunPaths;
-use super::response::{response_pdus, status_only};
+use super::response::{response_pdus, status_after_r2ts};
 use super::task::{data_phase_error_sense, internal_failure, CommandContext};
 use super::write_chunks::ChunkFill;
 use crate::datapath::{completion_channel, BufLease, Completion, Engine, IoOp, OpKind};
@@ -247,8 +247,9 @@ enum Msg {
     Data(u32, bytes::Bytes),
     /// Every byte arrived; this many R2Ts were sent (for ExpDataSN).
     Complete(u32),
-    /// A Data-Out broke the sequence rules: the command fails.
-    Failed,
+    /// A Data-Out broke the sequence rules: the command fails; this many
+    /// R2Ts had been sent.
+    Failed(u32),
 }
 
 /// The reader's end of a pipelined WRITE. Dropping it without
@@ -274,9 +275,9 @@ impl Feed {
         let _ = self.tx.send(Msg::Complete(r2ts));
     }
 
-    /// The data phase failed (a sequence error).
-    pub(super) fn failed(self) {
-        let _ = self.tx.send(Msg::Failed);
+    /// The data phase failed (a sequence error) after `r2ts` R2Ts.
+    pub(super) fn failed(self, r2ts: u32) {
+        let _ = self.tx.send(Msg::Failed(r2ts));
     }
 }
 
@@ -369,7 +370,7 @@ enum PlanState {
 enum Input {
     Open,
     Complete(u32),
-    Failed,
+    Failed(u32),
     /// The reader dropped the feed: aborted, or the connection is gone.
     Dropped,
 }
@@ -519,7 +520,7 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
     loop {
         let aborted = p.job.ctx.is_aborted() || input == Input::Dropped;
         let plan_known = !matches!(plan, PlanState::Pending(_));
-        if p.fill.writing() == 0 && (aborted || input == Input::Failed) {
+        if p.fill.writing() == 0 && (aborted || matches!(input, Input::Failed(_))) {
             break;
         }
         if p.fill.writing() == 0 && plan_known && matches!(input, Input::Complete(_)) {
@@ -536,7 +537,7 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
                     }
                 }
                 Some(Msg::Complete(r2ts)) => input = Input::Complete(r2ts),
-                Some(Msg::Failed) => input = Input::Failed,
+                Some(Msg::Failed(r2ts)) => input = Input::Failed(r2ts),
                 None => input = Input::Dropped,
             },
             r = async {
@@ -576,22 +577,43 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
     finish(p, plan, input).await;
 }
 
+/// A WRITE whose data phase failed: its plan, once there, counts it as an
+/// error with no bytes, and is let go.
+fn fail_plan(plan: PlanState) {
+    match plan {
+        PlanState::Write(w) => w.hold.fail(),
+        // Still waiting for its range: failed when it comes.
+        PlanState::Pending(h) => {
+            tokio::spawn(async move {
+                if let Ok(WritePlan::Write(w)) = h.await {
+                    w.hold.fail();
+                }
+            });
+        }
+        PlanState::Answer(_) | PlanState::Gather => {}
+    }
+}
+
 /// Ends the command: answers (unless aborted), then releases everything.
 async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
     let aborted = p.job.ctx.is_aborted() || input == Input::Dropped;
     let itt = p.job.ctx.itt();
     let r2ts = match input {
-        Input::Complete(n) => n,
+        Input::Complete(n) | Input::Failed(n) => n,
         _ => 0,
     };
     let pdus = if aborted {
         debug!(itt, written = p.fill.written(), "pipelined write aborted");
         None
-    } else if input == Input::Failed {
-        Some(status_only(
+    } else if matches!(input, Input::Failed(_)) {
+        // Its plan counts it once, as an error, and lets its range and
+        // in-flight count go before the status.
+        fail_plan(plan);
+        Some(status_after_r2ts(
             &p.job.ctx.cmd,
             0x02,
             Some(data_phase_error_sense()),
+            r2ts,
         ))
     } else {
         let result = match plan {
@@ -612,13 +634,22 @@ async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
             PlanState::Write(w) => {
                 let w = *w;
                 let r = match p.error.take() {
-                    Some((lba, e)) => w.lu.write_failure(lba, w.len, &e),
+                    Some((lba, e)) => {
+                        w.hold.fail();
+                        w.lu.write_failure(lba, w.len, &e)
+                    }
                     None if w.write_through => {
                         let file = p.job.path.file.clone();
                         match tokio::task::spawn_blocking(move || file.sync_data()).await {
                             Ok(Ok(())) => w.lu.write_done(w.len),
-                            Ok(Err(e)) => w.lu.write_failure(w.lba, w.len, &e),
-                            Err(_) => internal_failure(),
+                            Ok(Err(e)) => {
+                                w.hold.fail();
+                                w.lu.write_failure(w.lba, w.len, &e)
+                            }
+                            Err(_) => {
+                                w.hold.fail();
+                                internal_failure()
+                            }
                         }
                     }
                     None => w.lu.write_done(w.len),

@@ -16,7 +16,7 @@ use tracing::{debug_span, error, info, warn};
 
 use super::alua::{AluaState, PortGroups, TargetPortGroup};
 use super::logical_unit::{finish, LogicalUnit};
-use super::outcome::{illegal, internal_failure, invalid_cdb, CmdResult, Done};
+use super::outcome::{illegal, invalid_cdb, CmdResult, Done, Failure};
 use super::stall::StallChange;
 use super::token_copy::RodTokens;
 use super::{ItNexus, ScsiRequest, ScsiResult};
@@ -444,8 +444,8 @@ impl LunTable {
     /// does not allow explicit ALUA. The named groups take their states
     /// at once (this target has no transitioning state) and, where the
     /// table keeps a file of them, are saved before the command succeeds
-    /// (HARDWARE ERROR, INTERNAL TARGET FAILURE and nothing changed when
-    /// they cannot be); every other
+    /// (HARDWARE ERROR, SET TARGET PORT GROUPS COMMAND FAILED, SPC-4 6.45,
+    /// and nothing changed when they cannot be); every other
     /// nexus hears ASYMMETRIC ACCESS STATE CHANGED (SPC-4 5.16.2.5), the
     /// one that asked does not.
     pub(crate) fn set_target_port_groups(
@@ -462,6 +462,12 @@ impl LunTable {
         // outlive a restart is refused, and nothing changes.
         let saving = self.alua_saving();
         let mut next = self.port_groups().clone();
+        // Explicit ALUA may have been turned off while this command waited
+        // for the saved file: it then changes nothing (INQUIRY no longer
+        // offers the command, and the file is gone for good).
+        if !next.explicit {
+            return Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE));
+        }
         let changed = next.set_by_command(&requests)?;
         if let Some(path) = saving.as_ref() {
             if let Err(e) = super::alua_saved::save(path, &next.set_states()) {
@@ -470,7 +476,10 @@ impl LunTable {
                     initiator = %nexus.initiator_port,
                     "SET TARGET PORT GROUPS refused: its states could not be saved: {e}"
                 );
-                return Err(internal_failure());
+                return Err(Failure::Check(Sense::new(
+                    SenseKey::HardwareError,
+                    Asc::SET_TARGET_PORT_GROUPS_COMMAND_FAILED,
+                )));
             }
         }
         *self.ports.write().unwrap_or_else(|e| e.into_inner()) = next;

@@ -29,9 +29,12 @@ impl State {
             e.id != id
                 && e.overlaps(start, end)
                 && if exclusive {
-                    // Exclusive waits for every holder, and for exclusive
-                    // requests queued before it (FIFO among them).
-                    e.held || (e.exclusive && e.id < id)
+                    // Exclusive waits for every holder and every request
+                    // queued before it, shared ones too: one it overtook
+                    // could be overtaken again by each later exclusive
+                    // request, for good. No cycle: a request only waits
+                    // for holders and for earlier requests.
+                    e.held || e.id < id
                 } else {
                     // Shared waits for any exclusive holder or earlier
                     // exclusive waiter.
@@ -50,7 +53,9 @@ struct State {
 /// Shared/exclusive locks over block ranges `[start, end)`.
 ///
 /// Waiting exclusive requests block new overlapping shared ones, so a
-/// steady stream of writes cannot starve a COMPARE AND WRITE.
+/// steady stream of writes cannot starve a COMPARE AND WRITE; a waiting
+/// shared request blocks new overlapping exclusive ones, so a stream of
+/// exclusive holds cannot starve a write either.
 #[derive(Debug, Default)]
 pub(crate) struct RangeLock {
     state: Mutex<State>,
@@ -162,6 +167,35 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
+
+    /// A shared request waiting for an exclusive holder is not overtaken
+    /// by a later exclusive request over its range: otherwise a stream of
+    /// exclusive holds that never overlap each other (an O_DIRECT unit's
+    /// pipelined WRITEs, COMPARE AND WRITEs of neighbouring blocks) keeps
+    /// one always held over the shared request, which waits for good.
+    #[test]
+    fn a_waiting_shared_request_is_not_overtaken_by_a_later_exclusive_one() {
+        let l = Arc::new(RangeLock::default());
+        let first = l.lock_id(0, 5, true);
+        let waiter = std::thread::spawn({
+            let l = l.clone();
+            move || {
+                let id = l.lock_id(0, 10, false);
+                l.unlock_id(id);
+            }
+        });
+        while l.state.lock().unwrap().entries.len() < 2 {
+            std::thread::yield_now();
+        }
+        assert!(
+            l.try_lock_id(5, 10, true).is_none(),
+            "a later exclusive request went ahead of the waiting shared one"
+        );
+        l.unlock_id(first);
+        waiter.join().unwrap();
+        let later = l.try_lock_id(5, 10, true).expect("free again");
+        l.unlock_id(later);
+    }
 
     #[test]
     fn shared_overlap_exclusive_serialises() {

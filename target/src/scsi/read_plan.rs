@@ -234,15 +234,12 @@ impl LunTable {
 
 impl LogicalUnit {
     /// The answer to a planned READ whose backstore read failed with `e`
-    /// at `lba`: the same status and sense the normal path gives.
+    /// at `lba`: the same status and sense the normal path gives. The plan's
+    /// clock counts the command, once: fail it
+    /// ([`CommandClock::fail`](super::stats::CommandClock::fail)).
     pub fn read_failure(&self, lba: u64, len: u64, e: &std::io::Error) -> ScsiResult {
         let format = self.sense_format();
         tracing::warn!(lba, len, error = %e, "backstore read failed");
-        // The plan's clock still counts the command when it is dropped.
-        self.stats
-            .direction(Direction::Read)
-            .errors
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         finish(Err(backstore_failure(e, false, lba)), len, format, 0)
     }
 }

@@ -24,7 +24,7 @@ use super::lun_table::LunTable;
 use super::outcome::{
     illegal, internal_failure, invalid_cdb, invalid_param, param_length, CmdResult, Done, Failure,
 };
-use super::saved_file::{read_saved, save_atomically};
+use super::saved_file::{read_saved, remove_durably, save_atomically};
 use super::ItNexus;
 
 /// Most registrations one logical unit keeps (INSUFFICIENT REGISTRATION
@@ -225,8 +225,14 @@ impl PrState {
     /// by spaces. The names come from the initiators' logins, so each is
     /// written escaped ([`escape_field`]): whatever it holds, it stays one
     /// field of its own record.
+    ///
+    /// The last line, `end <registrations> <0|1: a reservation>`, says the
+    /// file is whole: one cut short (damaged after it was written, since
+    /// it is written beside and renamed into place) lacks it or
+    /// disagrees with it, and does not silently lose the reservation or
+    /// the registrations after the cut.
     fn to_text(&self) -> String {
-        let mut s = format!("blockwire-pr 1\ngeneration {}\n", self.generation);
+        let mut s = format!("blockwire-pr 2\ngeneration {}\n", self.generation);
         for r in &self.regs {
             s.push_str(&format!(
                 "reg {:016x} {} {} {} {} {}\n",
@@ -241,6 +247,11 @@ impl PrState {
         if let Some(r) = &self.resv {
             s.push_str(&format!("resv {} {}\n", r.ty.code(), r.holder));
         }
+        s.push_str(&format!(
+            "end {} {}\n",
+            self.regs.len(),
+            u8::from(self.resv.is_some())
+        ));
         s
     }
 
@@ -250,9 +261,17 @@ impl PrState {
     /// never two that one I_T nexus would match (each nexus has at most one
     /// registration, SPC-4 5.9.7). Anything else is damage: restored, it
     /// would give a nexus two keys, or say a unit is reserved twice.
+    ///
+    /// Version 1 files, written before the `end` line, are read as they
+    /// were; a version 2 file must end with its `end` line and a newline.
     fn from_text(text: &str) -> Option<PrState> {
         let mut lines = text.lines();
-        if lines.next()? != "blockwire-pr 1" {
+        let ends_checked = match lines.next()? {
+            "blockwire-pr 1" => false,
+            "blockwire-pr 2" => true,
+            _ => return None,
+        };
+        if ends_checked && !text.ends_with('\n') {
             return None;
         }
         let mut st = PrState {
@@ -260,7 +279,11 @@ impl PrState {
             ..PrState::default()
         };
         let mut generation_seen = false;
+        let mut ended = false;
         for line in lines {
+            if ended {
+                return None;
+            }
             let f: Vec<&str> = line.split(' ').collect();
             match f.as_slice() {
                 ["generation", g] if !generation_seen => {
@@ -273,8 +296,8 @@ impl PrState {
                     }
                     let r = Registration {
                         key: u64::from_str_radix(key, 16).ok()?,
-                        all_tg_pt: *atp == "1",
-                        name_only: *no == "1",
+                        all_tg_pt: flag(atp)?,
+                        name_only: flag(no)?,
                         rtpi: rtpi.parse().ok()?,
                         initiator: Arc::from(unescape_field(ini)?),
                         target_port: Arc::from(unescape_field(tp)?),
@@ -290,14 +313,32 @@ impl PrState {
                         holder: holder.parse().ok()?,
                     })
                 }
-                [""] => {}
+                ["end", regs, resv] if ends_checked => {
+                    if *regs != st.regs.len().to_string() || flag(resv)? != st.resv.is_some() {
+                        return None;
+                    }
+                    ended = true;
+                }
+                [""] if !ends_checked => {}
                 _ => return None,
             }
+        }
+        if ends_checked != ended {
+            return None;
         }
         if st.resv.as_ref().is_some_and(|r| r.holder >= st.regs.len()) {
             return None;
         }
         Some(st)
+    }
+}
+
+/// A flag field of the APTPL file: `0` or `1`, nothing else.
+fn flag(field: &str) -> Option<bool> {
+    match field {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
     }
 }
 
@@ -750,10 +791,7 @@ impl LogicalUnit {
                 let res = if next.aptpl {
                     save_atomically(path, &next.to_text())
                 } else if st.res.pr.aptpl {
-                    match std::fs::remove_file(path) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                        _ => Ok(()),
-                    }
+                    remove_durably(path)
                 } else {
                     Ok(())
                 };
@@ -867,6 +905,14 @@ impl PrCtx<'_> {
                 }) {
                     return Err(Failure::Conflict);
                 }
+                // Counted before any listed port is matched against the
+                // others, which takes time that grows with the square of
+                // the list, with the state locked for every command.
+                if self.st.regs.len() - covered.len() + 1 + p.transport_ids.len()
+                    > MAX_REGISTRATIONS
+                {
+                    return Err(illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
+                }
                 let mut new = vec![mine];
                 for (i, t) in p.transport_ids.iter().enumerate() {
                     let TransportId::Iscsi { name, isid } = t else {
@@ -889,9 +935,6 @@ impl PrCtx<'_> {
                         return Err(invalid_param((28 + i) as u16, None));
                     }
                     new.push(r);
-                }
-                if self.st.regs.len() - covered.len() + new.len() > MAX_REGISTRATIONS {
-                    return Err(illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
                 }
                 let (_, held) = self.st.remove_where(|i, _| covered.contains(&i));
                 let at = self.st.regs.len();
@@ -1185,7 +1228,8 @@ mod tests {
             });
             let st = PrState { generation, regs, resv, aptpl: true };
             let text = st.to_text();
-            prop_assert_eq!(text.lines().count(), 2 + st.regs.len() + usize::from(st.resv.is_some()));
+            // Header, generation, the records, the end line.
+            prop_assert_eq!(text.lines().count(), 3 + st.regs.len() + usize::from(st.resv.is_some()));
             prop_assert_eq!(PrState::from_text(&text), Some(st));
         }
 
@@ -1196,6 +1240,8 @@ mod tests {
             lines in proptest::collection::vec(
                 prop_oneof![
                     Just("blockwire-pr 1".to_owned()),
+                    Just("blockwire-pr 2".to_owned()),
+                    "end [0-9]{1,2} [01]",
                     "generation [0-9]{1,11}",
                     "reg [0-9a-f]{1,17} [01] [01] [0-9]{1,6} [!-~]{0,12} [!-~]{0,12}",
                     "resv [0-9]{1,3} [0-9]{1,3}",

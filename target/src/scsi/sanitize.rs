@@ -13,6 +13,10 @@
 //! media commands end MEDIUM ERROR, SANITIZE COMMAND FAILED until a
 //! sanitize succeeds or, if the failed one had AUSE=1, EXIT FAILURE MODE.
 //!
+//! An operation also erases what the store keeps of written data apart
+//! from the medium: a file LUN's atomic-write journal keeps each finished
+//! atomic write in its slot until the slot is reused.
+//!
 //! The operation holds the whole medium exclusively in the range lock, so
 //! writes that were already running when it was accepted finish first.
 //! `LuConfig::sanitize_min_duration` stretches it to a minimum time (a
@@ -292,7 +296,12 @@ fn run(
             }
         }
     }
-    store.flush().map_err(|e| backstore_failure(&e, true, 0))?;
+    // Copies of written data kept apart from the medium (an atomic-write
+    // journal's finished records) go too (SBC-4 4.11.1).
+    store
+        .erase_copies()
+        .and_then(|()| store.flush())
+        .map_err(|e| backstore_failure(&e, true, 0))?;
     job.set_work(1, 1);
     Ok(())
 }

@@ -2,37 +2,65 @@
 //! reservations with APTPL, ALUA states set by SET TARGET PORT GROUPS),
 //! written so that a crash never leaves half of it.
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 /// What a saved-state file holds: Ok(None) when there is none (nothing was
 /// saved), Err with the reason, for the log, when it cannot be read.
 pub(crate) fn read_saved(path: &Path) -> Result<Option<String>, String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("it cannot be read: {e}")),
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("it cannot be read: {e}")),
+    };
+    let mut text = String::new();
+    file.take(MAX_SAVED_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("it cannot be read: {e}"))?;
+    if text.len() as u64 > MAX_SAVED_BYTES {
+        return Err(format!(
+            "it is larger than the {MAX_SAVED_BYTES} bytes any saved state takes"
+        ));
     }
+    Ok(Some(text))
 }
+
+/// Most bytes a saved-state file is read for: far more than 1024
+/// registrations with the longest names take, so a larger file is damage,
+/// not something to read into memory whole.
+const MAX_SAVED_BYTES: u64 = 16 << 20;
 
 /// Removes a saved-state file that no longer holds: one already gone is
 /// fine, one that cannot be removed is said at warn level.
 pub(crate) fn remove_saved(path: &Path) {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(path = %path.display(), "cannot remove the saved state: {e}"),
+    if let Err(e) = remove_durably(path) {
+        tracing::warn!(path = %path.display(), "cannot remove the saved state: {e}");
     }
+}
+
+/// Removes `path` (one already gone is fine) and syncs its directory, so
+/// that after a power loss the file stays gone: a state that no longer
+/// holds must not come back at the next start.
+pub(crate) fn remove_durably(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => std::fs::File::open(parent_dir(path))?.sync_all(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The directory a saved-state file lives in.
+fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 /// Writes `text` to `path` atomically: a temporary file beside it, fsync,
 /// rename over, fsync of the directory. A crash leaves the old or the new
 /// state, never a torn file.
 pub(crate) fn save_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = parent_dir(path);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

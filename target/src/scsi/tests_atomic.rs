@@ -512,3 +512,54 @@ fn overlapping_plain_writes_wait_for_an_atomic_write() {
 fn atomic_writes_exclude_each_other() {
     overlapping(3, 0);
 }
+
+/// SANITIZE leaves no written data anywhere the unit keeps it (SBC-4
+/// 4.11.1), and the atomic-write journal keeps a copy of every atomic
+/// write in its slot after the write is done: an OVERWRITE and a BLOCK
+/// ERASE both leave the journal with no byte of it, and atomic writes go
+/// on working afterwards, also after the store is opened again.
+#[test]
+fn sanitize_leaves_no_copy_of_an_atomic_write_in_the_journal() {
+    for service_action in [1u8, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lun.img");
+        let journal = FileBackstore::default_journal_path(&path);
+        let open = || {
+            FileBackstore::open(&path, Some(4 << 20), false)
+                .unwrap()
+                .with_atomic_journal(&journal)
+                .unwrap()
+        };
+        let t = table_on(Arc::new(open().0), |c| c.thin_provisioning = true);
+        let a = nexus("iqn.a");
+        ready(&t, &a);
+        let secret = b"blockwire secret".repeat(4 * 512 / 16);
+        assert_eq!(atomic(&t, &a, 8, &secret).status, GOOD);
+        let holds_secret = || {
+            let bytes = std::fs::read(&journal).unwrap();
+            bytes.windows(16).any(|w| w == b"blockwire secret")
+        };
+        assert!(holds_secret(), "a done record keeps its data");
+        let params = [1u8, 0, 0, 4, 0xde, 0xad, 0xbe, 0xef];
+        let (cdb, data): (Vec<u8>, &[u8]) = match service_action {
+            1 => (vec![0x48, 1, 0, 0, 0, 0, 0, 0, 8, 0], &params),
+            _ => (vec![0x48, 2, 0, 0, 0, 0, 0, 0, 0, 0], &[]),
+        };
+        let done = run(&t, &a, &cdb, data, 0);
+        assert_eq!(done.status, GOOD, "{:?}", done.sense);
+        assert!(
+            !holds_secret(),
+            "service action {service_action:#x}: the journal still holds the atomic write after SANITIZE"
+        );
+        // The journal still journals.
+        let again = vec![7u8; 2 * 512];
+        assert_eq!(atomic(&t, &a, 100, &again).status, GOOD);
+        assert_eq!(read(&t, &a, 100, 2).data_in, again);
+        drop(t);
+        let (reopened, replayed) = open();
+        assert_eq!(replayed, 0);
+        let mut got = vec![0u8; 2 * 512];
+        reopened.read_at(100 * 512, &mut got).unwrap();
+        assert_eq!(got, again);
+    }
+}

@@ -370,7 +370,7 @@ fn a_state_that_cannot_be_saved_is_refused_and_nothing_changes() {
     expect_check(
         &stpg(&t, &asker, &list(&[(2, 0)])),
         SenseKey::HardwareError,
-        Asc::INTERNAL_TARGET_FAILURE,
+        Asc::SET_TARGET_PORT_GROUPS_COMMAND_FAILED,
     );
     assert_eq!(states(&t, &asker), vec![(1, 0, 2), (2, 2, 2)]);
     assert!(t.port_groups_set_by_command().is_empty());

@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
-use blockwire_pdu::scsi::{Asc, Cdb, CdbSize, Rw, SenseKey, UnmapDescriptor, UnmapList};
+use blockwire_pdu::scsi::{
+    Asc, Cdb, CdbSize, PrOutAction, PrOutData, PrOutParameters, Rw, SenseKey, UnmapDescriptor,
+    UnmapList,
+};
 use proptest::prelude::*;
 
 use super::tests::*;
@@ -753,4 +756,115 @@ fn reads_and_lba_status_from_memory_are_the_normal_answers() {
     let fresh = req("iqn.b", read.1.clone(), 1024);
     let r = here(&fresh, 64 << 10).expect("answered at once");
     assert_eq!(sense(&r).key, SenseKey::UnitAttention);
+}
+
+/// RAM whose writes wait at a gate: each tells `entered`, then waits for
+/// `go`.
+#[derive(Debug)]
+struct GatedWrites {
+    ram: crate::backstore::RamBackstore,
+    entered: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl crate::backstore::Backstore for GatedWrites {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.ram.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        let _ = self.entered.lock().unwrap().send(());
+        let _ = self.go.lock().unwrap().recv();
+        self.ram.write_at(offset, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "gated RAM".into()
+    }
+}
+
+/// An EXTENDED COPY or WRITE USING TOKEN writing another unit counts there
+/// as a command of its nexus in flight, as a WRITE it sent there would, so
+/// a PREEMPT AND ABORT or LOGICAL UNIT RESET of that unit waits for the
+/// piece being written; and once the nexus's registration is preempted the
+/// copy writes no further piece there. Before, the copy was counted only on
+/// the unit it was sent to, and a preemption of the destination answered
+/// GOOD while the copy went on writing it.
+#[test]
+fn a_copy_into_another_unit_counts_there_and_stops_once_preempted() {
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let src = Arc::new(LogicalUnit::new(LuConfig::new(Arc::new(
+        crate::backstore::RamBackstore::new(4 << 20),
+    ))));
+    let dst = Arc::new(LogicalUnit::new(LuConfig::new(Arc::new(GatedWrites {
+        ram: crate::backstore::RamBackstore::new(4 << 20),
+        entered: std::sync::Mutex::new(entered_tx),
+        go: std::sync::Mutex::new(go_rx),
+    }))));
+    let a = nexus("iqn.copier");
+    let copy = std::thread::spawn({
+        let (src, dst, a) = (src.clone(), dst.clone(), a.clone());
+        // Two 1 MiB pieces.
+        move || super::xcopy::copy_segment(&a, &src, &dst, 0, 0, 4096)
+    });
+    entered.recv().unwrap();
+    assert!(
+        !dst.in_flight
+            .wait_idle(&a, std::time::Duration::from_millis(20)),
+        "the copy writing the destination is not counted there"
+    );
+    // The copier's nexus loses its access to the destination: a WRITE
+    // EXCLUSIVE reservation of another nexus it is not registered for.
+    let holder = nexus("iqn.holder");
+    {
+        let t = LunTable::new(vec![(0, dst.clone())]);
+        ready(&t, &holder);
+        let reg = PrOutData::Basic(PrOutParameters {
+            service_action_key: 7,
+            ..PrOutParameters::default()
+        })
+        .encode();
+        let prout = |sa, ty: u8, data: &[u8]| {
+            c(Cdb::PersistentReserveOut {
+                service_action: sa,
+                scope: 0,
+                pr_type: ty,
+                parameter_list_length: data.len() as u32,
+            })
+        };
+        let r = run(&t, &holder, &prout(PrOutAction::Register, 0, &reg), &reg, 0);
+        assert_eq!(r.status, GOOD);
+        let resv = PrOutData::Basic(PrOutParameters {
+            reservation_key: 7,
+            ..PrOutParameters::default()
+        })
+        .encode();
+        let r = run(
+            &t,
+            &holder,
+            &prout(PrOutAction::Reserve, 1, &resv),
+            &resv,
+            0,
+        );
+        assert_eq!(r.status, GOOD);
+    }
+    go.send(()).unwrap();
+    let done = copy.join().unwrap();
+    assert_eq!(
+        done,
+        Err(super::outcome::Failure::Conflict),
+        "the copy went on writing a unit it had lost"
+    );
+    assert!(
+        entered.try_recv().is_err(),
+        "a second piece was written after the reservation"
+    );
+    assert!(dst
+        .in_flight
+        .wait_idle(&a, std::time::Duration::from_secs(1)));
 }

@@ -810,24 +810,26 @@ fn aptpl_unit(path: &std::path::Path) -> impl Fn() -> LunTable {
     }
 }
 
+/// `n` registers key 77h with APTPL and reserves Exclusive Access.
+fn reserve_persistently(t: &LunTable, n: &ItNexus) {
+    ready(t, n);
+    let mut p = keys(0, 0x77);
+    p.aptpl = true;
+    assert_eq!(
+        prout(t, n, PrOutAction::Register, PrType::WriteExclusive, p).status,
+        GOOD
+    );
+    assert_eq!(reserve(t, n, 0x77, PrType::ExclusiveAccess).status, GOOD);
+}
+
 #[test]
 fn aptpl_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lun0.pr");
     let mk = aptpl_unit(&path);
     let (a, b) = (nexus("iqn.a"), nexus("iqn.b"));
-    {
-        let t = mk();
-        ready(&t, &a);
-        let mut p = keys(0, 0x77);
-        p.aptpl = true;
-        assert_eq!(
-            prout(&t, &a, PrOutAction::Register, PrType::WriteExclusive, p).status,
-            GOOD
-        );
-        assert_eq!(reserve(&t, &a, 0x77, PrType::ExclusiveAccess).status, GOOD);
-        assert!(path.exists());
-    }
+    reserve_persistently(&mk(), &a);
+    assert!(path.exists());
     let t = mk();
     ready(&t, &a);
     ready(&t, &b);
@@ -1288,4 +1290,84 @@ proptest! {
             }
         }
     }
+}
+
+/// A SPEC_I_PT REGISTER listing more initiator ports than the unit can
+/// register is refused for want of resources (SPC-4 5.14.7, INSUFFICIENT
+/// REGISTRATION RESOURCES) before any of its list is matched against the
+/// rest: matching every listed port against all others, with the unit's
+/// reservation state locked, took minutes for a list of tens of thousands,
+/// and every command of every initiator waited on that lock.
+#[test]
+fn a_spec_i_pt_list_beyond_the_registration_limit_is_refused_at_once() {
+    let (t, a, b, _) = three();
+    let ids: Vec<TransportId> = (0..40_000)
+        .map(|i| TransportId::Iscsi {
+            name: format!("iqn.2024-01.listed:{i}"),
+            isid: None,
+        })
+        .collect();
+    let p = PrOutParameters {
+        spec_i_pt: true,
+        transport_ids: ids,
+        ..keys(0, 5)
+    };
+    let t = std::sync::Arc::new(t);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (t2, a2) = (t.clone(), a.clone());
+    std::thread::spawn(move || {
+        let r = prout(&t2, &a2, PrOutAction::Register, PrType::WriteExclusive, p);
+        let _ = done_tx.send(r);
+    });
+    let r = done_rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the REGISTER still runs after 20 s, holding the reservation state");
+    expect_check(
+        &r,
+        SenseKey::IllegalRequest,
+        Asc::INSUFFICIENT_REGISTRATION_RESOURCES,
+    );
+    assert_eq!(can_write(&t, &b), GOOD, "nothing was registered");
+    assert_eq!(full_status(&t, &a).registrations.len(), 0);
+}
+
+/// An APTPL file cut short (a damaged disk, a copy that stopped) is damage,
+/// not a smaller state: without its last lines it would bring the unit up
+/// with no reservation, or with the registrations after the cut gone, and
+/// a fenced node could write. The unit stays NOT READY, as for any other
+/// unreadable file.
+#[test]
+fn a_reservation_file_cut_short_keeps_the_unit_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun0.pr");
+    let mk = aptpl_unit(&path);
+    let (a, b) = (nexus("iqn.a"), nexus("iqn.b"));
+    reserve_persistently(&mk(), &a);
+    let whole = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = whole.lines().collect();
+    for keep in 1..lines.len() {
+        let cut = format!("{}\n", lines[..keep].join("\n"));
+        let mut cuts = vec![cut.clone()];
+        // Cut inside a line too: every byte of the last line but one.
+        cuts.extend((1..lines[keep].len()).map(|n| format!("{cut}{}", &lines[keep][..n])));
+        for cut in cuts {
+            std::fs::write(&path, &cut).unwrap();
+            let t = mk();
+            for _ in 0..4 {
+                let _ = run(&t, &b, &c(Cdb::TestUnitReady), &[], 0);
+            }
+            let r = run(&t, &b, &c(Cdb::TestUnitReady), &[], 0);
+            assert_eq!(r.status, CHECK, "restored from {cut:?}");
+            expect_check(
+                &r,
+                SenseKey::NotReady,
+                Asc::LU_NOT_READY_MANUAL_INTERVENTION_REQUIRED,
+            );
+        }
+    }
+    // The whole file still restores the reservation.
+    std::fs::write(&path, &whole).unwrap();
+    let t = mk();
+    ready(&t, &b);
+    assert_eq!(can_read(&t, &b), CONFLICT);
 }

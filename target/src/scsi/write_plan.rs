@@ -58,7 +58,15 @@ pub struct WriteHold {
     range: u64,
     /// Held for its drop: counts the WRITE when the hold ends, the
     /// command's end for the unit.
-    _clock: Arc<CommandClock>,
+    clock: Arc<CommandClock>,
+}
+
+impl WriteHold {
+    /// The WRITE failed: when the hold ends it counts as an error, its
+    /// bytes not written.
+    pub(crate) fn fail(&self) {
+        self.clock.fail();
+    }
 }
 
 impl std::fmt::Debug for WriteHold {
@@ -98,7 +106,7 @@ impl Planning<'_> {
             nexus: planning.nexus.clone(),
             entry: planning.entry,
             range: planning.range.expect("a planned WRITE holds its range"),
-            _clock: clock,
+            clock,
         }
     }
 }
@@ -255,6 +263,14 @@ impl LunTable {
         let offset = rw.lba * u64::from(bs);
         if let Err(e) = lu.cfg.backstore.check_write(offset, bytes) {
             drop(planning);
+            record_command(
+                &lu.stats,
+                req.initiator_stats,
+                Direction::Write,
+                false,
+                0,
+                started,
+            );
             return Some(WritePlan::Answer(lu.write_failure(rw.lba, bytes, &e)));
         }
         let clock = CommandClock::start(
@@ -329,9 +345,15 @@ impl LunTable {
         let answer = match written {
             Ok(()) => match lu.generate_pi(plan.lba, req.data_out, plan.write_through) {
                 Ok(()) => lu.write_done(plan.len),
-                Err(f) => lu.write_failed(plan.len, f),
+                Err(f) => {
+                    plan.hold.fail();
+                    lu.write_failed(plan.len, f)
+                }
             },
-            Err(e) => lu.write_failure(plan.lba, plan.len, &e),
+            Err(e) => {
+                plan.hold.fail();
+                lu.write_failure(plan.lba, plan.len, &e)
+            }
         };
         // Ends the command for the unit: range, in-flight count, statistics.
         drop(plan);
@@ -361,13 +383,9 @@ impl LogicalUnit {
     }
 
     /// The answer to a planned WRITE of `len` bytes that failed with
-    /// `failure`, counted as an error.
+    /// `failure`. It is counted where it is known: the plan's hold, failed
+    /// ([`WriteHold::fail`]), counts it as an error when it ends, once.
     fn write_failed(&self, len: u64, failure: Failure) -> ScsiResult {
-        // The hold's clock still counts the command when it is dropped.
-        self.stats
-            .direction(Direction::Write)
-            .errors
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         finish(Err(failure), len, self.sense_format(), 0)
     }
 

@@ -325,6 +325,12 @@ pub(crate) fn copy_segment(
     src.check_range(slba, blocks).map_err(abort_with)?;
     dst.check_range(dlba, blocks).map_err(abort_with)?;
     dst.check_writable().map_err(abort_with)?;
+    // While the copy writes the destination it is one of the nexus's
+    // commands there, as a WRITE it sent there would be: a PREEMPT AND
+    // ABORT or LOGICAL UNIT RESET of that unit waits for the piece being
+    // written (the copy may have been sent to another unit, where alone it
+    // was counted).
+    let _writing = dst.in_flight.enter(nexus);
     let bs = u64::from(src.cfg.block_size);
     let per = (CHUNK as u64 / bs).max(1);
     let mut buf = vec![0u8; (per.min(blocks.max(1)) * bs) as usize];
@@ -358,6 +364,10 @@ pub(crate) fn copy_segment(
         // Released before the destination is held: the two ranges may
         // overlap on one unit.
         drop(read_hold);
+        // A nexus preempted meanwhile writes no further piece: after a
+        // PREEMPT AND ABORT ends, nothing of the preempted nexus may change
+        // the medium (SPC-4, preempting).
+        dst.reservation_check(nexus, &write_cdb(dlba + done))?;
         let _g = dst.hold_for_write(dlba + done, dlba + done + n);
         dst.cfg
             .backstore

@@ -330,6 +330,39 @@ fn normal_session_send_targets_and_other_keys() {
 }
 
 #[test]
+fn a_request_saying_more_follows_is_not_answered_final() {
+    let (c, d) = discovery_session(catalog(), HOST2, 8192);
+    let mut x = TextExchange::from_outcome(c, &d.outcome, local_addr());
+    // F=0 and C=0: this request is whole, but the initiator has more to send under
+    // its ITT (RFC 7143 §11.10.1).
+    let text = encode_text(&[("SendTargets", "All")]).unwrap();
+    let s = x.on_request(&text_req(7, RESERVED_TAG, false, false), &text);
+    let (r, pdu) = text_resp(&s);
+    assert!(
+        !r.final_bit && !r.continue_bit,
+        "F=1 answering a request with F=0: {r:?}"
+    );
+    assert_ne!(
+        r.ttt, RESERVED_TAG,
+        "a response with F=0 carries a tag to echo"
+    );
+    let mut asm = TextAssembler::new(1 << 22);
+    assert_eq!(
+        asm.push(&pdu.data, false).unwrap().unwrap(),
+        send_targets(&catalog(), HOST2, "All", None, local_addr())
+    );
+    // The next request, with F=1, ends the exchange.
+    let s = x.on_request(&text_req(7, r.ttt, true, false), &[]);
+    let (end, pdu) = text_resp(&s);
+    assert!(end.final_bit && !end.continue_bit);
+    assert_eq!(end.ttt, RESERVED_TAG);
+    assert!(pdu.data.is_empty());
+    // A new exchange after it starts afresh.
+    let (answer, n) = exchange(&mut x, 8, &[("SendTargets", OPEN)], 8192, 8192);
+    assert_eq!((n, &answer[0]), (1, &("TargetName".into(), OPEN.into())));
+}
+
+#[test]
 fn text_exchange_without_login_outcome() {
     let neg = Negotiator::new(
         blockwire_pdu::keys::Role::Target,

@@ -58,16 +58,24 @@ impl CommandBuffers {
     }
 
     /// A SCSI Command arrived advertising `write` and `read` for `len` bytes (its EDTL).
-    /// `is_task` says whether an ITT is still a task of the session; it is asked only when
-    /// the table has grown past twice what it keeps.
+    /// `tag_running` says whether its ITT already names a running task of the session: the
+    /// session refuses such a command (a tag names one task while it lives, RFC 7143
+    /// §11.2.1.8), and the running task keeps the buffers it advertised, so its Data-In and
+    /// RDMA Reads do not go to the buffers of a command that never runs. `is_task` says
+    /// whether an ITT is still a task of the session; it is asked only when the table has
+    /// grown past twice what it keeps.
     pub fn advertise(
         &mut self,
         itt: u32,
         len: u64,
         write: Option<RemoteBuffer>,
         read: Option<RemoteBuffer>,
+        tag_running: bool,
         is_task: impl Fn(u32) -> bool,
     ) {
+        if tag_running && self.by_itt.contains_key(&itt) {
+            return;
+        }
         let adv = |b: Option<RemoteBuffer>| {
             b.map(|buf| Advertised {
                 buf,
@@ -131,7 +139,7 @@ mod tests {
         let mut t = CommandBuffers::new(32);
         // A peer whose commands are all dropped or aborted: none is a task.
         for itt in 0..100_000u32 {
-            t.advertise(itt, 4096, None, buf(itt), |_| false);
+            t.advertise(itt, 4096, None, buf(itt), false, |_| false);
             assert!(t.len() <= 2 * (32 + 64), "{} entries after {itt}", t.len());
         }
         // The newest are still there, for a command held in the window.
@@ -142,10 +150,10 @@ mod tests {
     #[test]
     fn live_tasks_keep_their_buffers_however_old() {
         let mut t = CommandBuffers::new(1);
-        t.advertise(7, 8192, buf(70), None, |_| false);
+        t.advertise(7, 8192, buf(70), None, false, |_| false);
         assert_eq!(t.solicit(7, 0).map(|a| a.solicited_from), Some(Some(0)));
         for itt in 100..10_000u32 {
-            t.advertise(itt, 512, None, buf(itt), |i| i == 7);
+            t.advertise(itt, 512, None, buf(itt), false, |i| i == 7);
         }
         let w = t
             .solicit(7, 4096)
@@ -157,9 +165,23 @@ mod tests {
     #[test]
     fn an_answer_frees_the_entry() {
         let mut t = CommandBuffers::new(4);
-        t.advertise(1, 512, buf(1), buf(2), |_| true);
+        t.advertise(1, 512, buf(1), buf(2), false, |_| true);
         assert_eq!(t.read(1).map(|a| a.buf.stag), Some(2));
         t.answered(1);
         assert_eq!((t.read(1), t.solicit(1, 0), t.len()), (None, None, 0));
+    }
+
+    #[test]
+    fn a_command_under_a_running_tasks_tag_leaves_that_tasks_buffers() {
+        let mut t = CommandBuffers::new(4);
+        t.advertise(5, 8192, buf(50), buf(51), false, |_| true);
+        // A second command under the tag while the first runs: refused by the session.
+        t.advertise(5, 512, buf(60), buf(61), true, |_| true);
+        assert_eq!(t.read(5).map(|a| (a.buf.stag, a.len)), Some((51, 8192)));
+        assert_eq!(t.solicit(5, 0).map(|a| a.buf.stag), Some(50));
+        // Once the first is answered the tag is free, and a new command's buffers count.
+        t.answered(5);
+        t.advertise(5, 512, buf(60), buf(61), false, |_| true);
+        assert_eq!(t.read(5).map(|a| (a.buf.stag, a.len)), Some((61, 512)));
     }
 }

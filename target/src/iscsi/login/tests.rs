@@ -583,6 +583,34 @@ fn status_missing_initiator_name_and_target_name() {
     assert_eq!(fail_status(s), LoginStatus::SESSION_TYPE_NOT_SUPPORTED);
 }
 
+/// The first request decides the session's type; a later SessionType naming
+/// another is an initiator error, not a session negotiated as one type and
+/// run as the other.
+#[test]
+fn a_session_type_declared_after_the_first_request_must_agree() {
+    let mut m = machine(catalog(), 1);
+    let first = one(
+        &mut m,
+        &login_request(false, false, Stage::Security, Stage::Operational, 0, 0),
+        &[("InitiatorName", HOST1), ("TargetName", OPEN)],
+    );
+    assert!(matches!(first, LoginStep::Respond(_)), "{first:?}");
+    assert_eq!(
+        fail_status(one(&mut m, &sec_req(), &[("SessionType", "Discovery")])),
+        LoginStatus::INITIATOR_ERROR
+    );
+    // The type it has, said again, is no change.
+    let mut m = machine(catalog(), 1);
+    let first = one(
+        &mut m,
+        &login_request(false, false, Stage::Security, Stage::Operational, 0, 0),
+        &[("InitiatorName", HOST1), ("TargetName", OPEN)],
+    );
+    assert!(matches!(first, LoginStep::Respond(_)), "{first:?}");
+    let again = one(&mut m, &sec_req(), &[("SessionType", "Normal")]);
+    assert!(matches!(again, LoginStep::Respond(_)), "{again:?}");
+}
+
 /// An InitiatorName names the initiator in ACLs, logs, reservation records
 /// and the saved reservation file: one with a space, a line break or a '/'
 /// (no iSCSI name has them, RFC 7143 §4.2.7) is refused with an initiator
@@ -847,6 +875,38 @@ fn long_login_response_is_split_at_8192_bytes() {
         all.iter().filter(|(_, v)| v == "NotUnderstood").count(),
         500
     );
+}
+
+/// The last piece of a long response moves to full feature phase only when
+/// the request that pulls it asks to (T=1): a pull with T=0 gets the rest of
+/// the text and the stage held, and the login completes when the initiator
+/// asks again.
+#[test]
+fn a_long_response_moves_on_only_when_its_last_pull_asks_to() {
+    let mut m = machine(catalog(), 1);
+    let mut pairs = vec![
+        ("InitiatorName".to_owned(), HOST1.to_owned()),
+        ("TargetName".to_owned(), OPEN.to_owned()),
+    ];
+    pairs.extend((0..200).map(|i| (format!("X-com.example.key-number-{i:04}"), "value".into())));
+    let text = encode_text(&pairs).unwrap();
+    let asks = |t| login_request(t, false, Stage::Operational, Stage::FullFeature, 0, 0);
+    let mut step = m.on_request(&asks(true), &text);
+    let mut pieces = 0;
+    loop {
+        let LoginStep::Respond(p) = &step else {
+            panic!("piece {pieces}: {step:?}")
+        };
+        pieces += 1;
+        if !resp(p).continue_bit {
+            assert!(!resp(p).transit, "moved on answering a pull with T=0");
+            break;
+        }
+        step = m.on_request(&asks(false), &[]);
+    }
+    assert!(pieces > 1, "the response came in pieces");
+    let done = m.on_request(&asks(true), &[]);
+    assert!(matches!(done, LoginStep::Complete(_)), "{done:?}");
 }
 
 #[test]

@@ -490,19 +490,7 @@ async fn a_max_recv_data_segment_length_declared_in_a_text_exchange_cuts_the_dat
     // RFC 7143 §13.12: the initiator may declare a new
     // MaxRecvDataSegmentLength in full feature phase, by a Text Request.
     let itt = c.itt();
-    let text = Pdu::with_data(
-        Bhs::TextRequest(TextRequest {
-            immediate: false,
-            final_bit: true,
-            continue_bit: false,
-            lun: Lun::from_index(0),
-            itt,
-            ttt: RESERVED_TAG,
-            cmd_sn: c.take_cmd_sn(),
-            exp_stat_sn: 0,
-        }),
-        encode_text(&[("MaxRecvDataSegmentLength", "4096")]).unwrap(),
-    );
+    let text = text_request(&mut c, itt, &[("MaxRecvDataSegmentLength", "4096")]);
     assert_eq!(c.feed(text).await, None);
     let answered = c.sent();
     assert!(
@@ -953,6 +941,11 @@ async fn data_pdu_in_order_yes_fails_a_command_whose_data_jumps() {
         (0x0b, 0x4b),
         "ABORTED COMMAND, DATA PHASE ERROR"
     );
+    // ExpDataSN counts the R2T sent for it (RFC 7143 §11.4.8).
+    let Bhs::ScsiResponse(resp) = pdus.last().unwrap().bhs else {
+        panic!("a SCSI Response ends the command: {pdus:?}")
+    };
+    assert_eq!(resp.exp_data_sn, 1, "ExpDataSN after one R2T");
     assert_eq!(c.machine.collecting(), 0);
     assert_eq!(c.machine.shared().in_flight(), 0);
 }
@@ -2055,4 +2048,55 @@ mod stateful {
             rt.block_on(play(evs, qos))?;
         }
     }
+}
+
+/// A final Text Request `itt` with `pairs`, in the CmdSN order.
+fn text_request(c: &mut Conn, itt: u32, pairs: &[(&str, &str)]) -> Pdu {
+    Pdu::with_data(
+        Bhs::TextRequest(TextRequest {
+            immediate: false,
+            final_bit: true,
+            continue_bit: false,
+            lun: Lun::from_index(0),
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: c.take_cmd_sn(),
+            exp_stat_sn: 0,
+        }),
+        encode_text(pairs).unwrap(),
+    )
+}
+
+/// On iSER a Text Response lands in one of the initiator's receive buffers,
+/// InitiatorRecvDataSegmentLength bytes (RFC 7145 §6.3), which
+/// MaxRecvDataSegmentLength does not bound: a longer answer goes in pieces
+/// of at most that, each with C=1, as on TCP.
+#[tokio::test]
+async fn iser_text_answers_fit_the_initiators_receive_buffers() {
+    let mut c = Conn::open_iser(&[
+        ("InitiatorRecvDataSegmentLength", "512"),
+        ("MaxRecvDataSegmentLength", "262144"),
+    ])
+    .await;
+    let keys: Vec<(String, String)> = (0..40)
+        .map(|i| (format!("X-com.example.key{i}"), "value".to_owned()))
+        .collect();
+    let pairs: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let itt = c.itt();
+    let text = text_request(&mut c, itt, &pairs);
+    assert_eq!(c.feed(text).await, None);
+    let answer = c
+        .sent()
+        .into_iter()
+        .find_map(|p| match p.bhs {
+            Bhs::TextResponse(r) if r.itt == itt => Some((r, p.data.len())),
+            _ => None,
+        })
+        .expect("a Text Response");
+    assert!(answer.1 <= 512, "{} bytes in one Text Response", answer.1);
+    assert!(
+        answer.0.continue_bit && !answer.0.final_bit,
+        "{:?}",
+        answer.0
+    );
 }

@@ -25,7 +25,7 @@ use super::{Action, ConnMachine, PipedWrite, Ready};
 use crate::iscsi::budget::Reservation;
 use crate::iscsi::dataout::WriteCollector;
 use crate::iscsi::rdma::Slot;
-use crate::iscsi::response::status_only;
+use crate::iscsi::response::{status_after_r2ts, status_only};
 use crate::iscsi::task::{data_phase_error_sense, CommandSlot};
 use crate::iscsi::throttle::Throttle;
 
@@ -508,15 +508,21 @@ impl ConnMachine {
             // iSCSIDataSnInvalid expects exactly this). Later Data-Out PDUs
             // of the same task find no collector and are dropped.
             warn!(tsih = self.session.tsih, itt = d.itt, error = %e, "Data-Out sequence error: command failed");
+            let r2ts = c.collector.r2t_count();
             match c.dest {
                 // Its task answers once its chunk writes ended (some may
                 // have reached the disk: see syncwrite).
-                WriteDest::Pipe(feed) => feed.failed(),
+                WriteDest::Pipe(feed) => feed.failed(r2ts),
                 // Forgotten, its window slot freed, before the status leaves.
                 WriteDest::Gather(_, slot)
                 | WriteDest::Immediate(_, _, slot)
                 | WriteDest::Held(slot, _) => {
-                    let pdus = status_only(&c.cmd, CHECK_CONDITION, Some(data_phase_error_sense()));
+                    let pdus = status_after_r2ts(
+                        &c.cmd,
+                        CHECK_CONDITION,
+                        Some(data_phase_error_sense()),
+                        r2ts,
+                    );
                     self.refuse(slot, pdus);
                 }
             }

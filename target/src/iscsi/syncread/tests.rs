@@ -252,3 +252,32 @@ proptest! {
         }
     }
 }
+
+/// An initiator may negotiate DataPDUInOrder=No with the smallest
+/// MaxBurstLength (512 bytes, RFC 7143 §13.14): each Data-In PDU of a large
+/// READ is then a sequence of its own. When the first chunk completes
+/// last, every later PDU waits behind it, and its release lets all of them
+/// go at once, in order, on a small stack (a nested call per waiting
+/// sequence overflowed the tokio worker's).
+#[test]
+fn a_long_run_of_waiting_sequences_is_released_in_order_on_a_small_stack() {
+    const UNITS: u32 = 16 << 10;
+    let released = std::thread::Builder::new()
+        .stack_size(128 << 10)
+        .spawn(|| {
+            let segs: Vec<DataInSegment> = datain::segments(UNITS * 512, 512, 512).collect();
+            assert_eq!(segs.len(), UNITS as usize);
+            let mut st = DataInStamper::new(segs);
+            assert!(st.release((1..UNITS as usize).map(|u| (u, ()))).is_empty());
+            st.release([(0, ())])
+        })
+        .unwrap()
+        .join()
+        .expect("releasing the first PDU");
+    assert_eq!(released.len(), UNITS as usize);
+    for (i, (u, seg, ())) in released.iter().enumerate() {
+        assert_eq!((*u, seg.data_sn, seg.offset), (i, i as u32, i as u32 * 512));
+        assert!(seg.final_in_sequence);
+        assert_eq!(seg.last, i + 1 == UNITS as usize);
+    }
+}
