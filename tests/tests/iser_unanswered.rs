@@ -46,6 +46,8 @@ struct RawIser {
     recv_mr: SoftMr,
     /// Where the target RDMA-Writes READ data (one block).
     read_mr: SoftMr,
+    /// Where the target RDMA-Reads WRITE data from (one block).
+    write_mr: SoftMr,
 }
 
 impl RawIser {
@@ -69,6 +71,9 @@ impl RawIser {
         let read_mr = pd
             .register(AlignedBuf::new(512), local | AccessFlags::REMOTE_WRITE)
             .unwrap();
+        let write_mr = pd
+            .register(AlignedBuf::new(512), local | AccessFlags::REMOTE_READ)
+            .unwrap();
         // RFC 7145 §9.2: no zero-based virtual addresses, no Send with Invalidate.
         let qp = p.connect(portal, init, &[0xc0, 0, 0, 0]).await.unwrap();
         let raw = RawIser {
@@ -78,6 +83,7 @@ impl RawIser {
             send_mr,
             recv_mr,
             read_mr,
+            write_mr,
         };
         for i in 0..RECVS {
             raw.post_recv(i);
@@ -94,7 +100,13 @@ impl RawIser {
     /// The Send of `pdu` behind an iSER header advertising `read`, its message
     /// written into the send buffer.
     fn message(&self, read: Option<RemoteBuffer>, pdu: &Pdu, signaled: bool) -> SendWr {
-        let mut msg = IserHeader::Control { write: None, read }.encode().to_vec();
+        self.message_with(IserHeader::Control { write: None, read }, pdu, signaled)
+    }
+
+    /// The Send of `pdu` behind `header`, its message written into the send
+    /// buffer.
+    fn message_with(&self, header: IserHeader, pdu: &Pdu, signaled: bool) -> SendWr {
+        let mut msg = header.encode().to_vec();
         pdu.encode_into(&mut msg, Digests::NONE);
         self.send_mr.write_at(0, &msg).unwrap();
         let sgl = vec![self.send_mr.sge(0, msg.len()).unwrap()];
@@ -194,6 +206,51 @@ impl RawIser {
     }
 }
 
+/// The initiator's host: a current-thread runtime driven by a thread of its
+/// own, until `done`. A task of it that blocks stalls all of it, as a host
+/// that stops scheduling the initiator would.
+struct StallableHost {
+    handle: tokio::runtime::Handle,
+    done: Arc<std::sync::atomic::AtomicBool>,
+    driver: std::thread::JoinHandle<()>,
+}
+
+impl StallableHost {
+    fn start() -> StallableHost {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let handle = runtime.handle().clone();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let driver = std::thread::spawn({
+            let done = done.clone();
+            move || {
+                runtime.block_on(async {
+                    while !done.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+            }
+        });
+        StallableHost {
+            handle,
+            done,
+            driver,
+        }
+    }
+
+    /// A hand-made initiator whose queue pair runs on this host.
+    async fn connect(&self, portal: std::net::SocketAddr) -> Arc<RawIser> {
+        Arc::new(
+            self.handle
+                .spawn(RawIser::connect(portal))
+                .await
+                .expect("the initiator's queue pair connects"),
+        )
+    }
+}
+
 /// A SCSI command on LUN 0: READ(10) of block 0 when `read`, else TEST UNIT
 /// READY.
 fn command(itt: u32, cmd_sn: u32, exp_stat_sn: u32, read: bool) -> Pdu {
@@ -287,7 +344,6 @@ async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
 /// host that woke before then got the READ answered as if nothing had happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection() {
-    use std::sync::atomic::AtomicBool;
     let nop_timeout = Duration::from_secs(2);
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
     let settings = FabricSettings {
@@ -297,30 +353,11 @@ async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection(
     let t = bind_target(TARGET, lu, settings).await.serve(false).await;
     let portal = t.start_iser().await;
 
-    // The initiator's queue pair runs on a current-thread runtime driven by a
-    // thread of its own: a task of that runtime that blocks stalls all of it.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime.handle().clone();
-    let done = Arc::new(AtomicBool::new(false));
-    let driver = std::thread::spawn({
-        let done = done.clone();
-        move || {
-            runtime.block_on(async {
-                while !done.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-        }
-    });
-    let raw = Arc::new(
-        handle
-            .spawn(RawIser::connect(portal))
-            .await
-            .expect("the initiator's queue pair connects"),
-    );
+    // The initiator's queue pair runs on a host runtime of its own: a task of
+    // it that blocks stalls all of it.
+    let host = StallableHost::start();
+    let (handle, done) = (host.handle.clone(), host.done.clone());
+    let raw = host.connect(portal).await;
     let (cmd_sn, stat_sn) = raw.log_in("stalls").await;
     // A TEST UNIT READY takes the unit's power-on attention.
     let tur = command(0x76, cmd_sn, stat_sn, false);
@@ -372,5 +409,89 @@ async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection(
         "the connection still stands {stall:?} into the stall; the target sent {answers:?}"
     );
     drop(raw);
-    driver.join().unwrap();
+    host.driver.join().unwrap();
+}
+
+/// A connection that ends (here, the target shutting down) while the RDMA Read
+/// of a WRITE's solicited data is still posted gives the Read's staging buffer
+/// back to the pool: the queue pair's teardown flushes the Read, and that
+/// completion is still handed over. Before, the completion pump stopped with
+/// the connection, so the Read waited out the NOP timeout and its buffer was
+/// given up for good: every such teardown shrank the portal's pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_ends_during_an_rdma_read_keeps_its_staging_buffer() {
+    // Longer than the connection's end takes (the writer's last sends are
+    // waited for 5 s): the Read's own timeout does not end it first.
+    let nop_timeout = Duration::from_secs(6);
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let settings = FabricSettings {
+        nop_timeout,
+        logout_grace: Duration::from_millis(200),
+        ..FabricSettings::default()
+    };
+    let t = bind_target(TARGET, lu, settings).await.serve(false).await;
+    let portal = t.start_iser().await;
+    // The initiator's queue pair runs on a host runtime of its own, which
+    // stalls below: the target's RDMA Read then gets no answer.
+    let host = StallableHost::start();
+    let (handle, done) = (host.handle.clone(), host.done.clone());
+    let raw = host.connect(portal).await;
+    let (cmd_sn, stat_sn) = raw.log_in("ends-mid-read").await;
+    let tur = command(0x76, cmd_sn, stat_sn, false);
+    raw.send(None, &tur).await;
+    let _ = raw.receive().await;
+    let (cmd_sn, stat_sn) = (cmd_sn.wrapping_add(1), stat_sn.wrapping_add(1));
+
+    // WRITE(10) of one block, its data solicited (InitialR2T=Yes, no immediate
+    // data): the target RDMA-Reads it from the advertised write buffer.
+    let mut cdb = [0u8; 16];
+    cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    let write = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: true,
+        attr: TaskAttr::Simple,
+        lun: Lun::default(),
+        itt: 0x77,
+        expected_data_transfer_length: 512,
+        cmd_sn,
+        exp_stat_sn: stat_sn,
+        cdb,
+    }));
+    let header = IserHeader::Control {
+        write: Some(RemoteBuffer {
+            stag: raw.write_mr.rkey(),
+            base_offset: raw.write_mr.addr(),
+        }),
+        read: None,
+    };
+    let post = raw.message_with(header, &write, false);
+    let stall = Duration::from_secs(15);
+    handle.spawn({
+        let raw = raw.clone();
+        async move {
+            raw.qp.post_send(post).unwrap();
+            tokio::task::yield_now().await;
+            std::thread::sleep(stall);
+        }
+    });
+    let counters = &t.fabric.iser_counters;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while counters.rdma_reads.load(Ordering::Relaxed) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the target never posted the RDMA Read"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The connection ends with the Read posted and unanswered.
+    t.stop.send(true).unwrap();
+    // Past the NOP timeout and the wait for a flush after it, with the
+    // initiator still stalled.
+    tokio::time::sleep(nop_timeout + Duration::from_secs(7)).await;
+    let given_up = counters.staging_bytes_given_up.load(Ordering::Relaxed);
+    done.store(true, Ordering::Relaxed);
+    assert_eq!(given_up, 0, "staging bytes given up for good");
+    host.driver.join().unwrap();
 }

@@ -729,3 +729,45 @@ async fn a_qos_ceiling_holds_rdma_assisted_commands_too() {
     );
     s.logout().await.unwrap();
 }
+
+/// Offloaded commands larger than the target's whole buffer pool (8.5 MiB by
+/// default) move through it in pieces: a 16 MiB WRITE and READ of an
+/// initiator that offloads that much move by RDMA, whole. Before, each was
+/// refused (DATA PHASE ERROR) and the initiator fell back to TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offloaded_command_larger_than_the_target_pool_moves_in_pieces() {
+    let t = start(true).await;
+    let s = assisted(
+        &t,
+        "big",
+        RdmaConfig {
+            max_offload: 16 << 20,
+            registration: RegConfig::Dynamic,
+            ..RdmaConfig::default()
+        },
+    )
+    .await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let len = 16 << 20;
+    let data = random(len, 16);
+    let mut w = s.alloc(len).unwrap();
+    w.write_at(0, &data).unwrap();
+    s.write(0, 8, (len / BS) as u32, &w)
+        .await
+        .expect("a 16 MiB offloaded WRITE");
+    let mut r = s.alloc(len).unwrap();
+    let c = s
+        .read(0, 8, (len / BS) as u32, &mut r)
+        .await
+        .expect("a 16 MiB offloaded READ");
+    assert_eq!(c.transferred, len);
+    assert!(r.to_vec() == data, "the 16 MiB read back differs");
+    let st = s.stats();
+    assert_eq!(
+        (st.offloaded_writes, st.offloaded_reads, st.failed_transfers),
+        (1, 1, 0),
+        "{st:?}"
+    );
+    assert_eq!(s.mode().await, Mode::Offloaded, "still offloading");
+    s.logout().await.unwrap();
+}

@@ -121,6 +121,11 @@ impl<P: ProtectionDomain> BufferPool<P> {
         })
     }
 
+    /// Bytes of all the buffers together.
+    pub fn total_bytes(&self) -> usize {
+        self.inner.classes.iter().map(|c| c.size * c.count).sum()
+    }
+
     /// Sizes of the classes, ascending.
     pub fn class_sizes(&self) -> Vec<usize> {
         self.inner.classes.iter().map(|c| c.size).collect()
@@ -216,7 +221,7 @@ impl<P: ProtectionDomain> BufferPool<P> {
     /// Like [`try_alloc`](Self::try_alloc) but waits for buffers to come back. Fails if
     /// the pool is too small for `len` even when completely free.
     pub async fn alloc(&self, len: usize) -> Result<Vec<PoolBuf<P>>> {
-        let total: usize = self.inner.classes.iter().map(|c| c.size * c.count).sum();
+        let total = self.total_bytes();
         if len > total {
             return Err(RdmaError::InvalidArgument(format!(
                 "{len} bytes exceed the whole pool ({total})"
