@@ -477,7 +477,7 @@ impl Control {
             "target.restore" => {
                 let p: TargetRestoreParams = parse(method, params)?;
                 let shown = p.from.display().to_string();
-                let text = std::fs::read_to_string(&p.from).map_err(|e| {
+                let text = read_configuration(&p.from).map_err(|e| {
                     RpcError::new(code::NOT_FOUND, format!("cannot read {shown}: {e}"))
                 })?;
                 let from = parse_doc(&shown, &text).map_err(live_error)?;
@@ -1006,6 +1006,38 @@ fn parse<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RpcError
 /// Longest request line accepted (a request is a few hundred bytes).
 const MAX_LINE: u64 = 1 << 20;
 
+/// The largest configuration file `target.restore` reads: a path naming a
+/// device, /dev/zero or a huge file would otherwise fill the daemon's memory.
+const MAX_CONFIGURATION_BYTES: u64 = 16 << 20;
+
+/// Reads a configuration file to restore from: a regular file of at most
+/// [`MAX_CONFIGURATION_BYTES`].
+fn read_configuration(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    // Looked at before opening it: opening a FIFO would wait for a writer.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (name the saved configuration file)",
+        ));
+    }
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (name the saved configuration file)",
+        ));
+    }
+    let mut text = String::new();
+    f.take(MAX_CONFIGURATION_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIGURATION_BYTES {
+        return Err(std::io::Error::other(format!(
+            "longer than {MAX_CONFIGURATION_BYTES} bytes, more than any configuration \
+             (name the saved configuration file)"
+        )));
+    }
+    Ok(text)
+}
+
 /// Creates the control socket at `path`, owner-only (0600): bound under a
 /// temporary name, restricted, then renamed into place, so it is never
 /// reachable with wider permissions. A stale socket (nobody listening) is
@@ -1222,6 +1254,29 @@ mod tests {
         let fabric = Fabric::new(built.catalog, built.settings, rx);
         let portals = Arc::new(PortalSet::new(fabric.clone()));
         (Control::new(fabric, portals, None), stop)
+    }
+
+    /// target.restore reads a regular file of at most 16 MiB: a device or a
+    /// huge file named by mistake is refused, not read into memory.
+    #[tokio::test]
+    async fn restoring_from_what_is_no_configuration_file_reads_no_more_than_a_file() {
+        let (c, _stop) = control();
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.toml");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        for (from, said) in [
+            (big.as_path(), "longer than 16777216 bytes"),
+            (Path::new("/dev/zero"), "not a regular file"),
+        ] {
+            let e = c
+                .call("target.restore", json!({ "from": from }))
+                .await
+                .unwrap_err();
+            assert!(e.message.contains(said), "{from:?}: {}", e.message);
+        }
     }
 
     async fn rpc(c: &Control, line: &str) -> Value {

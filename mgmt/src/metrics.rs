@@ -757,6 +757,12 @@ fn iser_metrics(e: &mut Exposition, fabric: &Fabric) {
             "Bytes moved by the RDMA Writes and Reads of iSER connections.",
             &c.rdma_bytes,
         ),
+        (
+            "blockwire_iser_staging_bytes_given_up_total",
+            "Bytes of the iSER staging pool given up for good: work requests whose flush \
+             never came, whose buffers an RDMA Read might still land in.",
+            &c.staging_bytes_given_up,
+        ),
     ]);
     let name = "blockwire_iser_advertised_commands_high";
     e.family(

@@ -807,6 +807,7 @@ fn the_exposition_counts_iser_traffic() {
         ("blockwire_iser_rdma_writes_total", f64::from(reads)),
         ("blockwire_iser_rdma_bytes_total", bytes),
         ("blockwire_iser_advertised_commands_high", 1.0),
+        ("blockwire_iser_staging_bytes_given_up_total", 0.0),
     ];
     let (_, text) = http_get(metrics, "/metrics");
     let wrong: Vec<_> = want

@@ -124,6 +124,22 @@ pub(super) fn build_lun(
     // Striped LUNs, like file LUNs, read through the engine when
     // direct (serial unless sync_send) or with sync_send.
     let engine_path = sync_send || mode == FileMode::Direct;
+    if let Some(p) = l.path.as_ref().filter(|_| matches!(kind, "ram" | "null")) {
+        let keeps = if kind == "ram" {
+            "keeps its blocks in memory, lost at a restart"
+        } else {
+            "keeps no data"
+        };
+        return Err(ctx.err(
+            p.span(),
+            "target.lun.path",
+            format!(
+                "a {kind} LUN {keeps}: remove path, or use backstore = \"file\" to keep the \
+                 blocks in {}",
+                p.get_ref().display()
+            ),
+        ));
+    }
     if let Some(p) = l.paths.as_ref().filter(|_| kind != "striped") {
         return Err(ctx.err(
             p.span(),

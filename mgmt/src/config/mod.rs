@@ -1019,7 +1019,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// it has any (several joined by "; "); for an error it leaves without
 /// words (as toml 0.8 left a control character in a comment), what stands
 /// at the error's column.
-fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+pub(crate) fn syntax_message(text: &str, e: &toml::de::Error) -> String {
     let said: Vec<&str> = e
         .message()
         .lines()
@@ -1047,7 +1047,7 @@ fn syntax_message(text: &str, e: &toml::de::Error) -> String {
 }
 
 /// 1-based line of a byte offset.
-fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()[..offset.min(text.len())]
         .iter()
         .filter(|&&b| b == b'\n')
@@ -1782,6 +1782,29 @@ fn fabric_settings(
     if !(1..=65536).contains(&f.queue_depth) {
         errors.push(ctx.fabric_err("queue_depth", "must be between 1 and 65536"));
     }
+    // Timers of a day and more are no keepalive, and seconds near the
+    // integer limit would overflow the clock they are added to.
+    const TIMER_MAX_SECS: u64 = 86_400;
+    if !(1..=TIMER_MAX_SECS).contains(&f.nop_timeout_secs) {
+        errors.push(ctx.fabric_err(
+            "nop_timeout_secs",
+            format!(
+                "{} is not between 1 and {TIMER_MAX_SECS}: it is how long an initiator may take \
+                 no data, or answer no NOP-In, before its connection is cut (it cannot be off; \
+                 nop_interval_secs = 0 turns the pings off)",
+                f.nop_timeout_secs
+            ),
+        ));
+    }
+    for (key, secs) in [
+        ("nop_interval_secs", f.nop_interval_secs),
+        ("logout_grace_secs", f.logout_grace_secs),
+    ] {
+        if secs > TIMER_MAX_SECS {
+            errors
+                .push(ctx.fabric_err(key, format!("{secs} is more than {TIMER_MAX_SECS} (a day)")));
+        }
+    }
     if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
         errors.push(ctx.fabric_err(
             "max_recv_data_segment_length",
@@ -1825,7 +1848,7 @@ fn fabric_settings(
         queue_depth: f.queue_depth,
         nop_interval: (f.nop_interval_secs > 0)
             .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
-        nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs.max(1)),
+        nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs),
         logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
         zero_copy_send: f.zero_copy_send,
         local_copy_sends: f.local_copy_sends,

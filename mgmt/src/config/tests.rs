@@ -1809,3 +1809,45 @@ fn names_with_spaces_around_them_match_the_initiator() {
     let own: Vec<_> = t.auth.credentials_for("iqn.2024-01.test:h1").collect();
     assert_eq!(own.len(), 1, "the initiator's own account: {:?}", t.auth);
 }
+
+/// A path on a LUN that keeps its blocks in memory, or none, would have the
+/// user believe the data live in that file.
+#[test]
+fn a_path_on_a_ram_or_null_lun_is_refused() {
+    for kind in ["ram", "null"] {
+        let text = one_lun(&format!(
+            "backstore = \"{kind}\"\nsize = \"1M\"\npath = \"/tmp/x.img\"\n"
+        ));
+        let r = check(&text);
+        assert_eq!(fields(&r), [(12, "target.lun.path")], "{kind}: {r:?}");
+        assert!(
+            r.errors[0].message.contains("backstore = \"file\""),
+            "{}",
+            r.errors[0].message
+        );
+    }
+}
+
+/// nop_timeout_secs = 0 is not "never" (it was made 1 s without a word), and
+/// timers past a day are refused before they can overflow the clock.
+#[test]
+fn fabric_timers_out_of_range_are_refused() {
+    let lun = one_lun("backstore = \"ram\"\nsize = \"1M\"\n");
+    for (key, value) in [
+        ("nop_timeout_secs", "0"),
+        ("nop_timeout_secs", "86401"),
+        ("nop_interval_secs", "9223372036854775807"),
+        ("logout_grace_secs", "9223372036854775807"),
+    ] {
+        let r = check(&format!("[fabric]\n{key} = {value}\n\n{lun}"));
+        assert_eq!(
+            fields(&r),
+            [(2, format!("fabric.{key}").as_str())],
+            "{key} = {value}: {r:?}"
+        );
+    }
+    let r = check(&format!(
+        "[fabric]\nnop_timeout_secs = 1\nnop_interval_secs = 0\n\n{lun}"
+    ));
+    assert!(r.errors.is_empty(), "{r:?}");
+}

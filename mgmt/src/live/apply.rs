@@ -676,12 +676,16 @@ fn busy_units(
             if reuse.contains_key(&(t.name.to_ascii_lowercase(), id)) {
                 continue;
             }
-            if let Some(why) = in_use(&lu.activity()) {
-                let what = if gone
-                    || new_by_name
-                        .get(&t.name)
-                        .is_some_and(|n| !n.luns.has_lun(id))
-                {
+            let removing = gone
+                || new_by_name
+                    .get(&t.name)
+                    .is_some_and(|n| !n.luns.has_lun(id));
+            // A unit rebuilt from a changed definition starts empty when its
+            // data live in memory only: a quiet RAM LUN is no less in use.
+            let why = in_use(&lu.activity())
+                .or_else(|| (!removing).then(|| held_in_memory_only(&lu)).flatten());
+            if let Some(why) = why {
+                let what = if removing {
                     "removing"
                 } else {
                     "replacing (its definition changed)"
@@ -698,6 +702,23 @@ fn busy_units(
         }
     }
     busy
+}
+
+/// Why replacing `lu` would lose data, if it would: a store whose blocks
+/// live in this process's memory only (a RAM LUN) and hold some.
+fn held_in_memory_only(lu: &LogicalUnit) -> Option<String> {
+    let store = &lu.config().backstore;
+    if !store.in_memory() {
+        return None;
+    }
+    let used = store.space().ok().flatten().map_or(0, |s| s.used);
+    (used > 0).then(|| {
+        format!(
+            "it holds {used} bytes of data in memory only, which the unit built from the \
+             changed definition would start without (a change of size, stalled, \
+             low_space_threshold or the QoS limits alone keeps them)"
+        )
+    })
 }
 
 /// A kept unit whose low-space threshold a change sets (or removes).

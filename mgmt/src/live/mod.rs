@@ -128,13 +128,17 @@ struct Running {
     known_files: KnownFiles,
 }
 
-/// Parses configuration text into a document; a syntax error names its line.
+/// Parses configuration text into a document; a syntax error names its
+/// line and says what is wrong as `--check` does.
 pub fn parse_doc(file: &str, text: &str) -> Result<Table, LiveError> {
     text.parse::<Table>().map_err(|e| {
-        let line = e.span().map_or(0, |s| {
-            text[..s.start.min(text.len())].lines().count().max(1)
-        });
-        LiveError::Invalid(format!("{file}:{line}: syntax: {}", e.message()))
+        let line = e
+            .span()
+            .map_or(1, |s| crate::config::line_of(text, s.start));
+        LiveError::Invalid(format!(
+            "{file}:{line}: syntax: {}",
+            crate::config::syntax_message(text, &e)
+        ))
     })
 }
 
@@ -524,12 +528,26 @@ impl OwnerOnly for std::fs::OpenOptions {
 /// Keeps the newest [`BACKUPS_KEPT`] backups of `name` (their names sort by time).
 fn prune_backups(bdir: &Path, name: &str) -> std::io::Result<()> {
     let prefix = format!("{name}.");
+    // Only `name` and a time stamp: another file's backups ("t.toml.new"'s
+    // beside "t.toml"'s) share the prefix but are not these.
+    let is_stamp = |s: &str| {
+        s.len() == 27
+            && s.ends_with('Z')
+            && s.as_bytes().get(10) == Some(&b'T')
+            && s[..26]
+                .bytes()
+                .enumerate()
+                .all(|(i, b)| i == 10 || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
     let mut backups: Vec<PathBuf> = std::fs::read_dir(bdir)?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+            p.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .strip_prefix(&prefix)
+                    .is_some_and(is_stamp)
+            })
         })
         .collect();
     backups.sort();
@@ -707,6 +725,40 @@ mod tests {
             HashMap::new(),
             built.ram_lun_bytes,
         )
+    }
+
+    /// A syntax error at the start of a line (here a key given twice) is
+    /// named at that line, as `--check` names it, with what is wrong; the
+    /// start-up and a reload read the file this way.
+    #[test]
+    fn a_syntax_error_names_its_own_line() {
+        let text = "[fabric]\nqueue_depth = 1\nqueue_depth = 2\n";
+        let LiveError::Invalid(said) = parse_doc("t.toml", text).unwrap_err() else {
+            panic!("not a syntax error")
+        };
+        assert!(said.starts_with("t.toml:3: syntax: "), "{said}");
+        let checked = TargetConfig::check_str("t.toml", text, LoadOptions::default());
+        assert_eq!(checked.errors[0].line, 3, "{checked:?}");
+        // A span inside a character of more than one byte does not panic.
+        let text = "[fabric]\nqueue_depth = \"é\u{e9}\"\u{e9} = 1\n";
+        assert!(parse_doc("t.toml", text).is_err());
+    }
+
+    /// Backups are pruned per file: saving "t.toml" does not count, or
+    /// prune, the backups of "t.toml.new" beside it, nor they its own.
+    #[test]
+    fn saving_one_file_keeps_its_backup_beside_another_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("t.toml.new");
+        for _ in 0..=BACKUPS_KEPT {
+            write_atomically(&other, b"x").unwrap();
+        }
+        let t = dir.path().join("t.toml");
+        write_atomically(&t, b"old").unwrap();
+        let saved = write_atomically(&t, b"new").unwrap();
+        let backup = saved.backup.expect("a backup of the old file");
+        assert!(backup.exists(), "{} was pruned", backup.display());
+        assert_eq!(std::fs::read(&backup).unwrap(), b"old");
     }
 
     /// A portal group and a target of one RAM LUN.
@@ -959,6 +1011,63 @@ mod tests {
                 .blocks(),
             4096
         );
+    }
+
+    /// A RAM LUN's blocks live in memory only: a reload that rebuilds it
+    /// from a changed definition (here a default written out) would serve
+    /// an empty unit in its place, so it is refused, even when the LUN has
+    /// been quiet, unless forced.
+    #[tokio::test]
+    async fn a_changed_definition_keeps_a_ram_luns_data_unless_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        let live = live_of(ONE_RAM_LUN, &file);
+        let first_block = |live: &Live| {
+            let lu = live.fabric.catalog().targets[0].luns.get(0).unwrap();
+            let mut b = [0u8; 512];
+            lu.config().backstore.read_at(0, &mut b).unwrap();
+            b
+        };
+        let lu = live.fabric.catalog().targets[0].luns.get(0).unwrap();
+        lu.config().backstore.write_at(0, &[7; 512]).unwrap();
+        std::fs::write(&file, format!("{ONE_RAM_LUN}read_only = false\n")).unwrap();
+        let e = live.reload(ChangeMode::default()).await.unwrap_err();
+        assert!(
+            matches!(&e, LiveError::InUse(m) if m.contains("in memory only")),
+            "{e:?}"
+        );
+        assert_eq!(first_block(&live), [7; 512], "the data are still served");
+        // A resize alone keeps the unit and its data.
+        std::fs::write(&file, ONE_RAM_LUN.replace("\"1M\"", "\"2M\"")).unwrap();
+        live.reload(ChangeMode::default()).await.unwrap();
+        assert_eq!(first_block(&live), [7; 512]);
+        // The control socket's change is refused the same way, and made
+        // when forced (a reload is never forced).
+        let write_out_default = |d: &mut Table| {
+            let lun = d
+                .get_mut("target")
+                .and_then(Value::as_array_mut)
+                .and_then(|a| a.first_mut())
+                .and_then(|t| t.get_mut("lun"))
+                .and_then(Value::as_array_mut)
+                .and_then(|a| a.first_mut())
+                .and_then(Value::as_table_mut)
+                .expect("the LUN's table");
+            lun.insert("read_only".into(), Value::Boolean(false));
+            Ok(())
+        };
+        let e = live
+            .edit(ChangeMode::default(), write_out_default)
+            .await
+            .unwrap_err();
+        assert!(matches!(&e, LiveError::InUse(_)), "{e:?}");
+        assert_eq!(first_block(&live), [7; 512]);
+        let forced = ChangeMode {
+            force: true,
+            dry_run: false,
+        };
+        live.edit(forced, write_out_default).await.unwrap();
+        assert_eq!(first_block(&live), [0; 512]);
     }
 
     #[tokio::test]
