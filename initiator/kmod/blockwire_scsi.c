@@ -51,7 +51,7 @@ MODULE_PARM_DESC(tmf_timeout_secs,
 
 struct bw_host {
 	struct Scsi_Host *shost;
-	spinlock_t lock;		/* inflight, seqs, events, dead, tmf_* */
+	spinlock_t lock;		/* inflight, held, seqs, events, dead, tmf_* */
 	wait_queue_head_t readq;
 	DECLARE_KFIFO_PTR(events, struct bw_scsi_event);
 	void *area;
@@ -60,6 +60,13 @@ struct bw_host {
 	u32 max_io;
 	u32 data_offset;
 	struct scsi_cmnd **inflight;	/* per slot: the command the daemon holds */
+	/*
+	 * Per slot: the daemon has it, from the command's event to its answer
+	 * (or a task management answer that covered it). Apart from inflight:
+	 * when error handling fails the mid-layer ends the command itself,
+	 * but the daemon may still write its answer into the slot.
+	 */
+	bool *held;
 	u32 *seqs;			/* per slot: the last command number */
 	bool dead;			/* the daemon is gone or detached */
 	bool removed;			/* scsi_remove_host done */
@@ -143,10 +150,17 @@ static int bw_queuecommand(struct Scsi_Host *shost, struct scsi_cmnd *cmd)
 	}
 
 	/*
-	 * The slot is ours: its tag is not in use by any other command, and
-	 * the daemon let go of it when the previous command with this tag
-	 * ended.
+	 * The slot is ours once the daemon has let go of it: the block layer
+	 * gives no other command this tag, but the mid-layer may have given
+	 * up on the previous one (its error handling failed) while the daemon
+	 * still runs it and will write its answer, and read its data, here.
 	 */
+	spin_lock_irqsave(&h->lock, flags);
+	if (h->held[tag]) {
+		spin_unlock_irqrestore(&h->lock, flags);
+		return SCSI_MLQUEUE_HOST_BUSY;
+	}
+	spin_unlock_irqrestore(&h->lock, flags);
 	slot = bw_slot(h, tag);
 	slot->lun = cmd->device->lun;
 	slot->data_len = len;
@@ -177,6 +191,7 @@ static int bw_queuecommand(struct Scsi_Host *shost, struct scsi_cmnd *cmd)
 		return 0;
 	}
 	h->inflight[tag] = cmd;
+	h->held[tag] = true;
 	spin_unlock_irqrestore(&h->lock, flags);
 	wake_up_interruptible(&h->readq);
 	return 0;
@@ -194,9 +209,18 @@ static void bw_complete(struct bw_host *h, const struct bw_scsi_reply *r)
 	if (r->tag >= h->depth)
 		return;
 	spin_lock_irqsave(&h->lock, flags);
+	if (h->seqs[r->tag] != r->seq) {
+		spin_unlock_irqrestore(&h->lock, flags);
+		return;
+	}
+	/* With its answer the daemon lets go of the slot. */
+	h->held[r->tag] = false;
 	cmd = h->inflight[r->tag];
-	if (!cmd || h->seqs[r->tag] != r->seq) {
-		/* Already ended by task management or by the daemon's going. */
+	if (!cmd) {
+		/*
+		 * Already ended by task management, by the daemon's going, or
+		 * by the mid-layer after its error handling failed.
+		 */
 		spin_unlock_irqrestore(&h->lock, flags);
 		return;
 	}
@@ -289,16 +313,40 @@ static int bw_tmf(struct bw_host *h, u32 kind, u32 tag, u32 seq, u64 lun)
 	return ok ? SUCCESS : FAILED;
 }
 
-/* Forgets the commands a successful task management function ended. */
+/*
+ * Forgets the commands a successful task management function ended (of
+ * `sdev`, or all when NULL); the daemon has let go of their slots.
+ */
 static void bw_forget(struct bw_host *h, struct scsi_device *sdev)
 {
 	unsigned long flags;
 	u32 i;
 
 	spin_lock_irqsave(&h->lock, flags);
-	for (i = 0; i < h->depth; i++)
-		if (h->inflight[i] && (!sdev || h->inflight[i]->device == sdev))
+	for (i = 0; i < h->depth; i++) {
+		if (!sdev)
+			h->held[i] = false;
+		if (h->inflight[i] && (!sdev || h->inflight[i]->device == sdev)) {
 			h->inflight[i] = NULL;
+			h->held[i] = false;
+		}
+	}
+	spin_unlock_irqrestore(&h->lock, flags);
+}
+
+/*
+ * Error handling failed: the mid-layer ends every command itself, so none
+ * may be completed here any more; their slots stay held until the daemon
+ * answers them.
+ */
+static void bw_give_up(struct bw_host *h)
+{
+	unsigned long flags;
+	u32 i;
+
+	spin_lock_irqsave(&h->lock, flags);
+	for (i = 0; i < h->depth; i++)
+		h->inflight[i] = NULL;
 	spin_unlock_irqrestore(&h->lock, flags);
 }
 
@@ -325,6 +373,8 @@ static int bw_eh_abort(struct scsi_cmnd *cmd)
 		spin_lock_irq(&h->lock);
 		if (h->inflight[tag] == cmd)
 			h->inflight[tag] = NULL;
+		if (h->seqs[tag] == seq)
+			h->held[tag] = false;
 		spin_unlock_irq(&h->lock);
 	}
 	return ret;
@@ -356,7 +406,13 @@ static int bw_eh_target_reset(struct scsi_cmnd *cmd)
 
 static int bw_eh_host_reset(struct scsi_cmnd *cmd)
 {
-	return bw_reset(cmd, BW_SCSI_EV_HOST_RESET, 0, NULL);
+	int ret = bw_reset(cmd, BW_SCSI_EV_HOST_RESET, 0, NULL);
+
+	/* The last step of error handling: after it fails, the mid-layer
+	 * takes the devices offline and ends their commands itself. */
+	if (ret != SUCCESS)
+		bw_give_up(bw_of(cmd->device->host));
+	return ret;
 }
 
 static ssize_t blockwire_target_show(struct device *dev, struct device_attribute *attr,
@@ -401,6 +457,7 @@ static void bw_free(struct bw_host *h)
 {
 	kfifo_free(&h->events);
 	kvfree(h->inflight);
+	kvfree(h->held);
 	kvfree(h->seqs);
 	vfree(h->area);
 	kfree(h);
@@ -449,9 +506,10 @@ static long bw_attach(struct bw_file *f, struct bw_scsi_attach __user *uarg)
 	if (kfifo_alloc(&h->events, roundup_pow_of_two(h->depth + 2), GFP_KERNEL))
 		goto free_host;
 	h->inflight = kvcalloc(h->depth, sizeof(*h->inflight), GFP_KERNEL);
+	h->held = kvcalloc(h->depth, sizeof(*h->held), GFP_KERNEL);
 	h->seqs = kvcalloc(h->depth, sizeof(*h->seqs), GFP_KERNEL);
 	h->area = vmalloc_user(area);
-	if (!h->inflight || !h->seqs || !h->area)
+	if (!h->inflight || !h->held || !h->seqs || !h->area)
 		goto free_host;
 
 	shost = scsi_host_alloc(&bw_template, sizeof(struct bw_host *));
@@ -464,7 +522,11 @@ static long bw_attach(struct bw_file *f, struct bw_scsi_attach __user *uarg)
 	shost->max_sectors = h->max_io >> SECTOR_SHIFT;
 	shost->max_id = 1;
 	shost->max_channel = 0;
-	shost->max_lun = 16384;		/* the daemon speaks flat LUNs below 16384 */
+	/*
+	 * The daemon speaks LUNs below 16384; the mid-layer numbers those
+	 * from 256 up in flat addressing, 0x4000 + LUN (scsilun_to_int).
+	 */
+	shost->max_lun = 0x8000;
 	shost->max_cmd_len = BW_SCSI_MAX_CDB;
 	ret = scsi_add_host(shost, NULL);
 	if (ret) {

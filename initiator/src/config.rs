@@ -101,11 +101,12 @@ pub struct InitiatorConfig {
     /// connection is declared dead.
     pub nop_timeout: Duration,
     /// How long a READ or WRITE may wait for its answer before it is
-    /// aborted (ABORT TASK) and sent again, at most twice (None: no limit).
-    /// A target may end a command without a word: a LOGICAL UNIT RESET
-    /// from another initiator aborts it silently (SAM-5 5.6, TAS=0).
-    /// Other commands (FORMAT UNIT, SANITIZE, WRITE SAME, EXTENDED COPY,
-    /// SYNCHRONIZE CACHE, ...) may rightly run long and are never aborted.
+    /// aborted (ABORT TASK) and sent again, at most twice (None: no limit);
+    /// a SYNCHRONIZE CACHE may wait twice as long. A target may end a
+    /// command without a word: a LOGICAL UNIT RESET from another initiator
+    /// aborts it silently (SAM-5 5.6, TAS=0). Other commands (FORMAT UNIT,
+    /// SANITIZE, WRITE SAME, EXTENDED COPY, ...) may rightly run long and
+    /// are never aborted.
     pub command_timeout: Option<Duration>,
     /// How long the connection may take to accept one PDU sequence (a
     /// command with its immediate and unsolicited data, a burst of

@@ -212,6 +212,9 @@ enum Kind {
     Scsi {
         expected_in: usize,
         expected_out: usize,
+        /// Write data the target has had or asked for: the unsolicited part
+        /// and each R2T's Desired Data Transfer Length.
+        asked_out: u64,
         received: u64,
         next_data_sn: u32,
         buf: Option<Vec<u8>>,
@@ -232,6 +235,17 @@ fn is_scsi(kind: &Kind) -> bool {
     matches!(kind, Kind::Scsi { .. })
 }
 
+/// The bytes a command that moves `expected` bytes one way owes that way
+/// when the target ends it with `status`: none to check (None) unless the
+/// status is good, otherwise all of them less an underflow
+/// (RFC 7143 §11.4.5.2).
+fn owed_by_good_status(expected: usize, status: u8, underflow: Option<u32>) -> Option<usize> {
+    const GOOD: u8 = 0x00;
+    const CONDITION_MET: u8 = 0x04;
+    (expected > 0 && matches!(status, GOOD | CONDITION_MET))
+        .then(|| expected.saturating_sub(underflow.map_or(0, |n| n as usize)))
+}
+
 /// Why a command the target ends with `status` has not had the read data it
 /// owes, if it has not. A good status with the U bit clear says that all of
 /// the Expected Data Transfer Length was sent, and with it set that all but
@@ -240,8 +254,6 @@ fn is_scsi(kind: &Kind) -> bool {
 /// target never sent (zeros, or an earlier attempt's) as data. (A failed
 /// command's data counts for nothing anyway.)
 fn read_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) -> Option<String> {
-    const GOOD: u8 = 0x00;
-    const CONDITION_MET: u8 = 0x04;
     let Kind::Scsi {
         expected_in,
         received,
@@ -251,10 +263,7 @@ fn read_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) 
     else {
         return None;
     };
-    if *expected_in == 0 || !matches!(status, GOOD | CONDITION_MET) {
-        return None;
-    }
-    let owed = expected_in.saturating_sub(underflow.map_or(0, |n| n as usize));
+    let owed = owed_by_good_status(*expected_in, status, underflow)?;
     let filled = placed.contiguous_end();
     if filled == owed && *received == owed as u64 {
         return None;
@@ -263,6 +272,33 @@ fn read_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) 
         "the target ended READ ITT {itt:#x} with status {status:#04x} after {received} bytes of \
          Data-In ({filled} of them in one run from offset 0) where {owed} were owed ({expected_in} \
          expected, residual underflow {})",
+        underflow.unwrap_or(0)
+    ))
+}
+
+/// Why a WRITE the target ends with a good `status` cannot have taken the
+/// data it claims, if it cannot. With the U bit clear the status says that
+/// all of the Expected Data Transfer Length was taken, with it set all but
+/// the residual (RFC 7143 §11.4.5.2); the target can only have what went as
+/// immediate or unsolicited data or what its R2Ts asked for, and a good
+/// status claiming more would have blocks never sent taken as written.
+fn write_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) -> Option<String> {
+    let Kind::Scsi {
+        expected_out,
+        asked_out,
+        ..
+    } = kind
+    else {
+        return None;
+    };
+    let owed = owed_by_good_status(*expected_out, status, underflow)? as u64;
+    if *asked_out >= owed {
+        return None;
+    }
+    Some(format!(
+        "the target ended WRITE ITT {itt:#x} with status {status:#04x} claiming {owed} bytes taken \
+         ({expected_out} expected, residual underflow {}) where only {asked_out} were sent \
+         unsolicited or asked for by R2T",
         underflow.unwrap_or(0)
     ))
 }
@@ -465,6 +501,7 @@ impl<T: Clone> Engine<T> {
                 kind: Kind::Scsi {
                     expected_in,
                     expected_out: write_len,
+                    asked_out: unsolicited_end as u64,
                     received: 0,
                     next_data_sn: 0,
                     buf: read_buf,
@@ -514,6 +551,7 @@ impl<T: Clone> Engine<T> {
                     expected_in: 0,
                     // R2Ts for an offloaded write are refused as out of range.
                     expected_out: 0,
+                    asked_out: 0,
                     received: 0,
                     next_data_sn: 0,
                     buf: None,
@@ -805,10 +843,15 @@ impl<T: Clone> Engine<T> {
             Bhs::R2t(r) => {
                 self.update_sn(None, r.exp_cmd_sn, r.max_cmd_sn);
                 if let Some(Task {
-                    kind: Kind::Scsi { expected_out, .. },
+                    kind:
+                        Kind::Scsi {
+                            expected_out,
+                            asked_out,
+                            ..
+                        },
                     owner,
                     ..
-                }) = self.tasks.get(&r.itt)
+                }) = self.tasks.get_mut(&r.itt)
                 {
                     let end = r.buffer_offset as u64 + u64::from(r.desired_data_transfer_length);
                     // RFC 7143 §11.8.4: the Desired Data Transfer Length is
@@ -830,6 +873,7 @@ impl<T: Clone> Engine<T> {
                         // A read's buffer goes back to its owner with the failure.
                         events.push(task.failed(reason));
                     } else {
+                        *asked_out += u64::from(r.desired_data_transfer_length);
                         events.push(Event::R2t {
                             owner: owner.clone(),
                             r2t: r,
@@ -942,7 +986,9 @@ impl<T: Clone> Engine<T> {
             return;
         };
         let underflow = r.underflow.then_some(r.residual_count);
-        if let Some(gap) = read_data_missing(r.itt, &task.kind, r.status, underflow) {
+        if let Some(gap) = read_data_missing(r.itt, &task.kind, r.status, underflow)
+            .or_else(|| write_data_missing(r.itt, &task.kind, r.status, underflow))
+        {
             events.push(task.failed(gap));
             return;
         }
@@ -987,9 +1033,12 @@ impl<T: Clone> Engine<T> {
     }
 
     /// Ends the commands a task management function sent with `tmf_cmd_sn`
-    /// aborted. ABORT TASK SET and CLEAR TASK SET cover only the commands
-    /// sent before them, with a lower CmdSN (RFC 7143 §11.5.1): one sent
-    /// after is still the target's to run and answer.
+    /// aborted. The functions over a task set, a logical unit or the whole
+    /// target cover only the commands sent before them, with a lower CmdSN
+    /// (RFC 7143 §11.5.1): the request is immediate, so the target acted on
+    /// it before any command sent after it on this connection, and that one
+    /// is still the target's to run and answer, even when the Function
+    /// Complete comes after the initiator stopped waiting for it.
     fn aborted_by(
         &mut self,
         function: TmfFunction,
@@ -1005,11 +1054,14 @@ impl<T: Clone> Engine<T> {
                 matches!(t.kind, Kind::Scsi { .. })
                     && match function {
                         TmfFunction::AbortTask => **itt == referenced,
-                        TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet => {
+                        TmfFunction::AbortTaskSet
+                        | TmfFunction::ClearTaskSet
+                        | TmfFunction::LogicalUnitReset => {
                             t.lun == lun && sn_lt(t.cmd_sn, tmf_cmd_sn)
                         }
-                        TmfFunction::LogicalUnitReset => t.lun == lun,
-                        TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => true,
+                        TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
+                            sn_lt(t.cmd_sn, tmf_cmd_sn)
+                        }
                         _ => false,
                     }
             })
@@ -1447,6 +1499,58 @@ mod tests {
         assert_eq!(outcome(&ev), Ok(2048));
     }
 
+    /// A good status for a WRITE claims all of its data taken, less an
+    /// underflow (RFC 7143 §11.4.5.2): the target can only have had the
+    /// unsolicited data and what its R2Ts asked for.
+    #[test]
+    fn a_good_write_claims_no_more_than_it_was_sent_or_asked_for() {
+        let mut e = engine();
+        let resp = |itt: u32, underflow: Option<u32>| {
+            Pdu::new(Bhs::ScsiResponse(ScsiResponse {
+                bidi_read_overflow: false,
+                bidi_read_underflow: false,
+                overflow: false,
+                underflow: underflow.is_some(),
+                response: ServiceResponse::CommandCompleted,
+                status: 0,
+                itt,
+                snack_tag: 0,
+                stat_sn: 100,
+                exp_cmd_sn: 11,
+                max_cmd_sn: 20,
+                exp_data_sn: 0,
+                bidi_read_residual_count: 0,
+                residual_count: underflow.unwrap_or(0),
+            }))
+        };
+        let len = 300_000usize;
+        // GOOD with only the 65536 unsolicited bytes sent and no R2T.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 1);
+        let why = outcome(&e.receive(resp(itt, None))).unwrap_err();
+        assert!(why.contains("where only 65536 were sent"), "{why}");
+        // GOOD after an R2T for part of the rest only.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 2);
+        assert_eq!(e.receive(r2t(itt, 65536, 100_000)).len(), 1);
+        let why = outcome(&e.receive(resp(itt, None))).unwrap_err();
+        assert!(why.contains("where only 165536 were sent"), "{why}");
+        // The residual said: a good, shorter WRITE.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 3);
+        assert_eq!(e.receive(r2t(itt, 65536, 100_000)).len(), 1);
+        let short = (len - 165_536) as u32;
+        assert!(outcome(&e.receive(resp(itt, Some(short)))).is_ok());
+        // Every byte asked for.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 4);
+        assert_eq!(e.receive(r2t(itt, 65536, 234_464)).len(), 1);
+        assert!(outcome(&e.receive(resp(itt, None))).is_ok());
+        // A failed WRITE claims nothing.
+        let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 5);
+        let mut failed = resp(itt, None);
+        if let Bhs::ScsiResponse(r) = &mut failed.bhs {
+            r.status = 2;
+        }
+        assert!(outcome(&e.receive(failed)).is_ok());
+    }
+
     /// A status in a Data-In for a command that reads nothing (a WRITE) does
     /// not end it GOOD with its data never sent, and the S bit needs the F
     /// bit (RFC 7143 §11.7.1).
@@ -1466,27 +1570,73 @@ mod tests {
             .contains("S bit and not the F bit"));
     }
 
-    /// ABORT TASK SET covers only the commands sent before it (RFC 7143
-    /// §11.5.1): one sent after it, with its CmdSN, is still running.
+    /// A task management function over a task set, a logical unit or the
+    /// target covers only the commands sent before it (RFC 7143 §11.5.1):
+    /// the target took the immediate request before any command sent after
+    /// it on the connection, so that one is still the target's to run and
+    /// answer, even when the Function Complete comes late.
     #[test]
-    fn abort_task_set_spares_the_commands_sent_after_it() {
-        let mut e = engine();
-        let (before, ..) = e.start_scsi(3, &[0; 16], None, 0, 1);
-        let req = e.start_tmf(TmfFunction::AbortTaskSet, 3, None, 2);
-        let (after, ..) = e.start_scsi(3, &[0; 16], None, 0, 3);
-        let ev = e.receive(function_complete(req.itt));
-        let aborted: Vec<u32> = ev
-            .iter()
-            .filter_map(|ev| match ev {
-                Event::Complete {
-                    owner,
-                    result: TaskResult::Aborted { .. },
-                } => Some(*owner),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(aborted, [1], "only the command sent before");
-        assert!(e.tasks.contains_key(&after) && !e.tasks.contains_key(&before));
+    fn a_task_set_function_spares_the_commands_sent_after_it() {
+        for function in [
+            TmfFunction::AbortTaskSet,
+            TmfFunction::ClearTaskSet,
+            TmfFunction::LogicalUnitReset,
+            TmfFunction::TargetWarmReset,
+            TmfFunction::TargetColdReset,
+        ] {
+            let mut e = engine();
+            let (before, ..) = e.start_scsi(3, &[0; 16], None, 0, 1);
+            let req = e.start_tmf(function, 3, None, 2);
+            let (after, ..) = e.start_scsi(3, &[0; 16], None, 0, 3);
+            let ev = e.receive(function_complete(req.itt));
+            let aborted: Vec<u32> = ev
+                .iter()
+                .filter_map(|ev| match ev {
+                    Event::Complete {
+                        owner,
+                        result: TaskResult::Aborted { .. },
+                    } => Some(*owner),
+                    _ => None,
+                })
+                .collect();
+            let name = function.name();
+            assert_eq!(aborted, [1], "{name}: only the command sent before");
+            assert!(
+                e.tasks.contains_key(&after) && !e.tasks.contains_key(&before),
+                "{name}"
+            );
+            let ev = e.receive(good_response(after));
+            assert!(
+                matches!(
+                    ev[..],
+                    [Event::Complete {
+                        owner: 3,
+                        result: TaskResult::Scsi(_)
+                    }]
+                ),
+                "{name}: the later command's own answer ends it"
+            );
+        }
+    }
+
+    /// A SCSI Response of GOOD, no data, for the command `itt`.
+    fn good_response(itt: u32) -> Pdu {
+        Pdu::new(Bhs::ScsiResponse(ScsiResponse {
+            bidi_read_overflow: false,
+            bidi_read_underflow: false,
+            overflow: false,
+            underflow: false,
+            response: ServiceResponse::CommandCompleted,
+            status: 0,
+            itt,
+            snack_tag: 0,
+            stat_sn: 101,
+            exp_cmd_sn: 12,
+            max_cmd_sn: 20,
+            exp_data_sn: 0,
+            bidi_read_residual_count: 0,
+            residual_count: 0,
+        }))
     }
 
     /// The target's Function Complete for the task management request `itt`.

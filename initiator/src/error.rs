@@ -166,6 +166,24 @@ impl Error {
         }
     }
 
+    /// The errno a block device reports for this failure, as Linux's
+    /// block layer maps a SCSI disk's (`blk_status_to_errno`): a thin LUN
+    /// out of space (DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT)
+    /// is ENOSPC, another DATA PROTECT EROFS (write protected), ILLEGAL
+    /// REQUEST EINVAL, anything else EIO.
+    pub fn errno(&self) -> i32 {
+        use blockwire_pdu::scsi::SenseKey;
+        let Error::Scsi(e) = self else {
+            return libc::EIO;
+        };
+        match e.sense_code() {
+            Some((SenseKey::DataProtect, 0x27, 0x07)) => libc::ENOSPC,
+            Some((SenseKey::DataProtect, ..)) => libc::EROFS,
+            Some((SenseKey::IllegalRequest, ..)) => libc::EINVAL,
+            _ => libc::EIO,
+        }
+    }
+
     /// True for errors after which a new login may succeed (lost connection,
     /// timeouts, target temporarily unavailable).
     pub fn is_transient(&self) -> bool {
@@ -179,3 +197,49 @@ impl Error {
 
 /// Result with the initiator's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockwire_pdu::scsi::{Asc, SenseKey};
+
+    fn failed(key: SenseKey, asc: Asc) -> Error {
+        Error::Scsi(ScsiError {
+            lun: 0,
+            opcode: 0x8a,
+            status: ScsiStatus::CHECK_CONDITION,
+            sense: Some(Sense::new(key, asc)),
+        })
+    }
+
+    /// A thin LUN out of space is ENOSPC to the file system above, as on a
+    /// Linux SCSI disk, not a read-only device or an I/O error.
+    #[test]
+    fn errnos_follow_the_block_layer() {
+        let cases = [
+            (
+                failed(
+                    SenseKey::DataProtect,
+                    Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
+                ),
+                libc::ENOSPC,
+            ),
+            (
+                failed(SenseKey::DataProtect, Asc::WRITE_PROTECTED),
+                libc::EROFS,
+            ),
+            (
+                failed(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB),
+                libc::EINVAL,
+            ),
+            (
+                failed(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR),
+                libc::EIO,
+            ),
+            (Error::Closed, libc::EIO),
+        ];
+        for (e, errno) in cases {
+            assert_eq!(e.errno(), errno, "{e}");
+        }
+    }
+}

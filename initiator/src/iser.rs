@@ -41,7 +41,7 @@ use crate::isid::isid_for;
 use crate::login::{LoginMachine, LoginStep};
 use crate::rdma::{RdmaBuf, RdmaConfig};
 use crate::retry::Retries;
-use crate::session::{scsi_completion, Completion};
+use crate::session::{all_blocks_moved, scsi_completion, Completion};
 
 /// What one of our posted receives holds in a data segment (InitiatorRecvDataSegmentLength).
 pub const INITIATOR_RECV_DATA_SEGMENT_LENGTH: u32 = 8192;
@@ -303,7 +303,9 @@ impl IserSession {
         buf: &mut RdmaBuf,
     ) -> Result<Completion> {
         let cdb = crate::scsi::rw16(false, lba, blocks, false);
-        self.execute(lun, &cdb, Some(buf), None).await
+        let asked = buf.len();
+        let done = self.execute(lun, &cdb, Some(buf), None).await?;
+        all_blocks_moved(done, "READ(16)", lun, lba, blocks, asked)
     }
 
     /// WRITE(16) of `buf` at `lba`.
@@ -315,7 +317,8 @@ impl IserSession {
         buf: &RdmaBuf,
     ) -> Result<Completion> {
         let cdb = crate::scsi::rw16(true, lba, blocks, false);
-        self.execute(lun, &cdb, None, Some(buf)).await
+        let done = self.execute(lun, &cdb, None, Some(buf)).await?;
+        all_blocks_moved(done, "WRITE(16)", lun, lba, blocks, buf.len())
     }
 
     /// A command without data (TEST UNIT READY, SYNCHRONIZE CACHE, ...).
@@ -754,6 +757,10 @@ impl Inner {
         if !self.lost.swap(true, Ordering::AcqRel) {
             tracing::warn!(target = %self.target, why, "iSER connection lost");
         }
+        // Down before the commands fail: their buffers go back to their
+        // callers, and a target still running a READ must not RDMA Write
+        // into one afterwards (an arena's STag stays valid).
+        self.qp.disconnect();
         for (owner, _) in lock(&self.engine).drain() {
             if let Some(tx) = lock(&owner).take() {
                 let _ = tx.send(TaskResult::Failed {

@@ -32,7 +32,7 @@ use blockwire_transport::reg::{IoBuf, IoSpace};
 use crate::config::InitiatorConfig;
 use crate::error::{Error, Result};
 use crate::retry::Retries;
-use crate::session::{Completion, DataDir, Session};
+use crate::session::{all_blocks_moved, Completion, DataDir, Session};
 
 /// A buffer the target can reach by RDMA (allocate with [`AssistedSession::alloc`]).
 pub type RdmaBuf = IoBuf<AnyPd>;
@@ -46,7 +46,8 @@ pub struct RdmaConfig {
     pub registration: RegConfig,
     /// Writes of at most this many bytes go as immediate data on TCP.
     pub inline_threshold: usize,
-    /// Commands moving more than this go over TCP (the target's pool bounds it).
+    /// Commands moving more than this go over TCP (the target moves larger ones
+    /// through its buffer pool in pieces of at most 4 MiB).
     pub max_offload: usize,
     /// How long the RDMA connection to the target's offload endpoint may take
     /// before the session gives up on offload and stays plain iSCSI. Generous:
@@ -321,7 +322,9 @@ impl AssistedSession {
         bufs: &mut [RdmaBuf],
     ) -> Result<Completion> {
         let cdb = crate::scsi::rw16(false, lba, blocks, false);
-        self.read_cdb(lun, &cdb, bufs).await
+        let asked = bufs.iter().map(|b| b.len()).sum();
+        let done = self.read_cdb(lun, &cdb, bufs).await?;
+        all_blocks_moved(done, "READ(16)", lun, lba, blocks, asked)
     }
 
     /// WRITE(16) of `bufs` (gather list) at `lba`.
@@ -333,7 +336,9 @@ impl AssistedSession {
         bufs: &[RdmaBuf],
     ) -> Result<Completion> {
         let cdb = crate::scsi::rw16(true, lba, blocks, false);
-        self.write_cdb(lun, &cdb, bufs).await
+        let asked = bufs.iter().map(|b| b.len()).sum();
+        let done = self.write_cdb(lun, &cdb, bufs).await?;
+        all_blocks_moved(done, "WRITE(16)", lun, lba, blocks, asked)
     }
 
     /// READ into one buffer.

@@ -666,11 +666,30 @@ impl Inner {
     }
 
     async fn send_pdu(self: &Arc<Self>, generation: u64, pdu: Pdu) -> Result<()> {
+        self.send_built(generation, || Ok(pdu)).await
+    }
+
+    /// [`Inner::send_pdu`] of the PDU `build` makes once the writer is held,
+    /// for a PDU that must take its place in the stream as it is built (a
+    /// CmdSN taken from the engine). `build` runs only on the connection of
+    /// `generation`; its error is returned with nothing sent.
+    async fn send_built(
+        self: &Arc<Self>,
+        generation: u64,
+        build: impl FnOnce() -> Result<Pdu>,
+    ) -> Result<()> {
         let mut w = self.writer.lock().await;
         let digests = w.digests;
         let current = w.generation == generation;
         match w.half.take_if(|_| current) {
             Some(mut half) => {
+                let pdu = match build() {
+                    Ok(pdu) => pdu,
+                    Err(e) => {
+                        w.half = Some(half);
+                        return Err(e);
+                    }
+                };
                 let sent = send_whole(
                     self.config.send_timeout,
                     write_whole(&mut half, &pdu, digests),
@@ -849,16 +868,23 @@ impl Inner {
         referenced: Option<u32>,
     ) -> Result<TmfResponse> {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let req = {
+        // The request takes its CmdSN with the writer held, as a command
+        // does. An immediate request carries the CmdSN of the next command
+        // (RFC 7143 §4.2.2.1) and covers the commands numbered below it; one
+        // numbered before a command still waiting for the writer would share
+        // that command's CmdSN and follow it on the wire, so the target would
+        // end that command with the task set while this side spared it, and
+        // it would wait for an answer that never comes.
+        self.send_built(gen, || {
             let mut eng = lock(&self.engine);
             if eng.generation() != gen {
                 return Err(Error::Protocol("connection changed; retry".into()));
             }
-            eng.start_tmf(function, lun, referenced, tx)
-        };
-        tracing::debug!(target = %self.target, lun, itt = req.itt, function = function.name(), "task management");
-        self.send_pdu(gen, Pdu::new(Bhs::TaskMgmtRequest(req)))
-            .await?;
+            let req = eng.start_tmf(function, lun, referenced, tx);
+            tracing::debug!(target = %self.target, lun, itt = req.itt, cmd_sn = req.cmd_sn, function = function.name(), "task management");
+            Ok(Pdu::new(Bhs::TaskMgmtRequest(req)))
+        })
+        .await?;
         match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
             Ok(Some(Msg::Done(TaskResult::Tmf(r)))) => Ok(r),
             Ok(Some(Msg::Done(TaskResult::Failed { reason, .. }))) => Err(Error::Protocol(reason)),
@@ -989,7 +1015,8 @@ impl Inner {
             let deadline = self
                 .config
                 .command_timeout
-                .filter(|_| timed(cdb[0]) && itt_sink.is_none())
+                .filter(|_| itt_sink.is_none())
+                .and_then(|t| deadline_of(cdb[0], t))
                 .map(|t| tokio::time::Instant::now() + t);
             loop {
                 let msg = match deadline {
@@ -1043,7 +1070,11 @@ impl Inner {
         rx: &mut mpsc::UnboundedReceiver<Msg>,
         timeouts: u32,
     ) -> Result<Unanswered> {
-        let waited = self.config.command_timeout.unwrap_or_default();
+        let waited = self
+            .config
+            .command_timeout
+            .and_then(|t| deadline_of(cdb[0], t))
+            .unwrap_or_default();
         let name = blockwire_pdu::scsi::opcode::opcode_name(cdb[0], None).unwrap_or("a command");
         // Ended just now (aborted by the caller's own task management, say):
         // that end is the command's answer. Lost just now: sent again, as
@@ -1370,26 +1401,30 @@ impl Inner {
     }
 }
 
-/// How many times a READ or WRITE is sent when its answer does not come
-/// within [`InitiatorConfig::command_timeout`].
+/// How many times a READ, WRITE or SYNCHRONIZE CACHE is sent when its
+/// answer does not come in time ([`InitiatorConfig::command_timeout`]).
 pub const COMMAND_TRIES: u32 = 3;
 
-/// Whether a command has a deadline: the reads and writes of blocks, which
-/// a target answers within seconds, not the commands that may rightly run
-/// for minutes (see [`InitiatorConfig::command_timeout`]).
-fn timed(opcode: u8) -> bool {
+/// How long a command may wait for its answer, given the command timeout:
+/// the reads and writes of blocks, which a target answers within seconds,
+/// that long; SYNCHRONIZE CACHE, which writes a whole cache back, twice
+/// that (as the Linux disk driver allows a flush); none for the commands
+/// that may rightly run for minutes (see
+/// [`InitiatorConfig::command_timeout`]).
+fn deadline_of(opcode: u8, command_timeout: Duration) -> Option<Duration> {
     use blockwire_pdu::scsi::opcode as op;
-    matches!(
-        opcode,
+    match opcode {
         op::READ_6
-            | op::READ_10
-            | op::READ_12
-            | op::READ_16
-            | op::WRITE_6
-            | op::WRITE_10
-            | op::WRITE_12
-            | op::WRITE_16
-    )
+        | op::READ_10
+        | op::READ_12
+        | op::READ_16
+        | op::WRITE_6
+        | op::WRITE_10
+        | op::WRITE_12
+        | op::WRITE_16 => Some(command_timeout),
+        op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => Some(command_timeout * 2),
+        _ => None,
+    }
 }
 
 /// What is queued for a command whose deadline passed: its end (an answer,
@@ -1452,6 +1487,30 @@ fn transfer_of(o: &ScsiOutcome, read_len: usize, write_len: usize) -> (Residual,
         }
     };
     (residual, transferred)
+}
+
+/// A READ or WRITE of `blocks` blocks at `lba` whose buffer is `asked` bytes,
+/// every one of them: a good answer with an underflow residual (RFC 7143
+/// §11.4.5) moved fewer, and callers that take the buffer as all its blocks
+/// (dd, mount, ublk) must see an error, not zeros read or blocks unwritten.
+/// For the data paths whose data move by RDMA, where the residual is all the
+/// initiator learns of what moved.
+pub(crate) fn all_blocks_moved(
+    done: Completion,
+    what: &str,
+    lun: u16,
+    lba: u64,
+    blocks: u32,
+    asked: usize,
+) -> Result<Completion> {
+    match done.residual {
+        Residual::Underflow(n) if n > 0 => Err(Error::Protocol(format!(
+            "{what} of {blocks} blocks at LBA {lba} of LUN {lun} ended GOOD with {} of its \
+             {asked} bytes moved",
+            asked.saturating_sub(n as usize)
+        ))),
+        _ => Ok(done),
+    }
 }
 
 /// The CDB padded to the 16 bytes of the SCSI Command PDU (RFC 7143 §11.3.5).

@@ -5,7 +5,9 @@
 //! block READ that brought fewer bytes than its blocks), `Session::read`
 //! fails. Before, both came back `Ok`, the first with the buffer's unsent
 //! half passed off as data and the second with a buffer shorter than its
-//! blocks.
+//! blocks. The same holds for the RDMA-assisted session's block READ, whose
+//! plain-TCP path (taken whenever the target grants no offload) used to copy
+//! the whole buffer, its unsent tail included, and end `Ok`.
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -69,6 +71,36 @@ async fn a_read_the_target_answers_in_part_fails() {
             buf.len()
         );
         eprintln!("with {what}: {}", read.unwrap_err());
+    }
+    session.logout().await.expect("logout");
+    target.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assisted_read_the_target_answers_in_part_fails() {
+    use blockwire_initiator::rdma::{AssistedSession, RdmaConfig};
+    use blockwire_initiator::InitiatorConfig;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = listener.local_addr().unwrap().to_string();
+    let target = std::thread::spawn(move || half_answering_target(listener));
+    let plain = RdmaConfig {
+        offer: false,
+        ..RdmaConfig::default()
+    };
+    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:short-read-assisted");
+    let session =
+        AssistedSession::connect(config, plain, &portal, "iqn.2026-12.io.blockwire:scripted")
+            .await
+            .expect("the scripted target logs the initiator in");
+    for what in ["no residual", "a residual"] {
+        let mut buf = session.alloc(8 * 512).unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+            .await
+            .expect("the READ ends");
+        let e = read.expect_err(&format!(
+            "an assisted READ answered with half its data and {what} succeeded"
+        ));
+        eprintln!("with {what}: {e}");
     }
     session.logout().await.expect("logout");
     target.join().unwrap();

@@ -2,7 +2,8 @@
 //! it says it took fewer bytes than the command's blocks (RFC 7143
 //! §11.4.5). Those blocks were not all written; a caller that took the
 //! WRITE as done (dd, a file system over ublk) would lose data silently, so
-//! `Session::write` fails. Before, it came back `Ok`.
+//! `Session::write` fails. Before, it came back `Ok`, and the RDMA-assisted
+//! session's block WRITE still did on its plain-TCP path.
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -50,6 +51,34 @@ async fn a_write_the_target_takes_in_part_fails() {
         .await
         .expect("the WRITE ends");
     let e = write.expect_err("a WRITE whose target took half its bytes succeeded");
+    eprintln!("{e}");
+    assert!(e.to_string().contains("2048 of its 4096 bytes"), "{e}");
+    session.logout().await.expect("logout");
+    target.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assisted_write_the_target_takes_in_part_fails() {
+    use blockwire_initiator::rdma::{AssistedSession, RdmaConfig};
+    use blockwire_initiator::InitiatorConfig;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = listener.local_addr().unwrap().to_string();
+    let target = std::thread::spawn(move || half_taking_target(listener));
+    let plain = RdmaConfig {
+        offer: false,
+        ..RdmaConfig::default()
+    };
+    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:short-write-assisted");
+    let session =
+        AssistedSession::connect(config, plain, &portal, "iqn.2026-12.io.blockwire:scripted")
+            .await
+            .expect("the scripted target logs the initiator in");
+    let mut buf = session.alloc(8 * 512).unwrap();
+    buf.write_at(0, &[0x5a; 8 * 512]).unwrap();
+    let write = tokio::time::timeout(Duration::from_secs(20), session.write(0, 0, 8, &buf))
+        .await
+        .expect("the WRITE ends");
+    let e = write.expect_err("an assisted WRITE whose target took half its bytes succeeded");
     eprintln!("{e}");
     assert!(e.to_string().contains("2048 of its 4096 bytes"), "{e}");
     session.logout().await.expect("logout");

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use blockwire_initiator::InitiatorConfig;
 use blockwire_pdu::pdu::codes::TmfResponse;
-use blockwire_pdu::pdu::TaskMgmtResponse;
-use blockwire_pdu::{Bhs, Digests, Pdu};
+use blockwire_pdu::{Bhs, Digests};
 
 mod scripted;
 use scripted::read_pdu;
@@ -43,8 +42,12 @@ fn late_target(listener: TcpListener, drops: usize, late: Duration) -> Vec<Seen>
                 seen.push(Seen::Read(c.itt));
                 if seen.iter().filter(|s| matches!(s, Seen::Read(_))).count() > drops {
                     std::thread::sleep(late);
-                    let data = vec![0x6b; c.expected_data_transfer_length as usize];
-                    let answer = scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data);
+                    let answer = if c.read {
+                        let data = vec![0x6b; c.expected_data_transfer_length as usize];
+                        scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data)
+                    } else {
+                        scripted::response(&c, 0, None, 0, stat_sn, cmd_sn)
+                    };
                     s.write_all(&answer.encode(Digests::NONE)).unwrap();
                     stat_sn += 1;
                 }
@@ -56,17 +59,12 @@ fn late_target(listener: TcpListener, drops: usize, late: Duration) -> Vec<Seen>
                     .filter(|s| matches!(s, Seen::AbortTask(_)))
                     .count()
                     == 1;
-                let answer = Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
-                    response: if first {
-                        TmfResponse::TaskDoesNotExist
-                    } else {
-                        TmfResponse::FunctionComplete
-                    },
-                    itt: r.itt,
-                    stat_sn,
-                    exp_cmd_sn: cmd_sn,
-                    max_cmd_sn: cmd_sn.wrapping_add(8),
-                }));
+                let response = if first {
+                    TmfResponse::TaskDoesNotExist
+                } else {
+                    TmfResponse::FunctionComplete
+                };
+                let answer = scripted::tmf_answer(&r, response, stat_sn, cmd_sn);
                 s.write_all(&answer.encode(Digests::NONE)).unwrap();
                 stat_sn += 1;
             }
@@ -101,6 +99,32 @@ async fn a_read_the_target_drops_is_aborted_and_sent_again() {
         panic!("the target saw {seen:?}")
     };
     assert_eq!((x, y), (a, b), "each ABORT TASK names the READ it ends");
+}
+
+/// A SYNCHRONIZE CACHE the target drops is aborted and sent again too,
+/// after twice the command timeout (the Linux disk's flush timeout is twice
+/// its command timeout): before, an fsync through `blockwire mount` or a
+/// ublk flush waited for it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_the_target_drops_is_aborted_and_sent_again() {
+    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:silent-flush")
+        .with_command_timeout(Some(Duration::from_millis(300)));
+    let (session, target) = scripted::session_configured(config, |l| silent_target(l, 1)).await;
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), session.synchronize_cache(0))
+        .await
+        .expect("the SYNCHRONIZE CACHE ends")
+        .expect("the second one is answered");
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "aborted before twice the command timeout"
+    );
+    session.logout().await.expect("logout");
+    let seen = target.join().unwrap();
+    let [Seen::Read(a), Seen::AbortTask(x), Seen::Read(_)] = seen[..] else {
+        panic!("the target saw {seen:?}")
+    };
+    assert_eq!(x, a, "the ABORT TASK names the flush");
 }
 
 /// A READ the target drops every time fails after its third try, naming

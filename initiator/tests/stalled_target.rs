@@ -11,6 +11,12 @@
 //!   waited for good, holding the connection's writer (keepalives and every
 //!   command waited behind it); now it is cut after the send timeout and the
 //!   connection ends, for recovery to take over.
+//! - A READ waits for the writer behind the stalled WRITE, and a LOGICAL UNIT
+//!   RESET is asked for after it. The reset covers the commands numbered
+//!   below its CmdSN (RFC 7143 §4.2.2.1, §11.5.1), so it must take its CmdSN
+//!   once it has the writer, after the READ's. Before, it took it at once:
+//!   the READ went out first under the same CmdSN, the target ended it with
+//!   the reset, and the initiator, sparing it, waited for its answer.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,6 +24,7 @@ use std::time::Duration;
 
 use blockwire_initiator::InitiatorConfig;
 use blockwire_pdu::keys::{encode_text, parse_text};
+use blockwire_pdu::pdu::codes::TmfResponse;
 use blockwire_pdu::pdu::R2t;
 use blockwire_pdu::{Bhs, Digests, Pdu, Stage};
 
@@ -157,4 +164,122 @@ async fn a_target_that_stops_reading_has_its_connection_ended_after_the_send_tim
         .expect("the WRITE ends once its connection is gone")
         .unwrap();
     assert!(done.is_err(), "no connection left to answer it: {done:?}");
+}
+
+/// Logs the initiator in, asks for its WRITE's data by one R2T (saying so on
+/// `r2t_sent`) and reads nothing for [`DEAF_FOR`], then takes the data and
+/// answers the WRITE. The first READ it meets it leaves unanswered, as the
+/// LOGICAL UNIT RESET that follows it ends it; READs after the reset are
+/// answered. Returns the CmdSNs of that first READ and of the reset.
+fn resetting_target(listener: TcpListener, r2t_sent: std::sync::mpsc::Sender<()>) -> (u32, u32) {
+    let (mut s, _) = listener.accept().unwrap();
+    let mut stat_sn = log_in(&mut s);
+    let pdu = read_pdu(&mut s).expect("the WRITE");
+    let Bhs::ScsiCommand(write) = pdu.bhs else {
+        panic!("expected the WRITE, got {:?}", pdu.bhs)
+    };
+    let mut cmd_sn = write.cmd_sn.wrapping_add(1);
+    let r2t = Pdu::new(Bhs::R2t(R2t {
+        lun: write.lun,
+        itt: write.itt,
+        ttt: 0x10,
+        stat_sn,
+        exp_cmd_sn: cmd_sn,
+        max_cmd_sn: cmd_sn.wrapping_add(8),
+        r2t_sn: 0,
+        buffer_offset: IMMEDIATE as u32,
+        desired_data_transfer_length: ASKED as u32,
+    }));
+    s.write_all(&r2t.encode(Digests::NONE)).unwrap();
+    let _ = r2t_sent.send(());
+    std::thread::sleep(DEAF_FOR);
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let (mut read_sn, mut reset_sn) = (None, None);
+    while let Some(pdu) = read_pdu(&mut s) {
+        match pdu.bhs {
+            Bhs::DataOut(d) if d.itt == write.itt => {
+                assert_eq!(pdu.data.len(), ASKED, "the R2T's data in one PDU");
+                let done = scripted::response(&write, 0, None, 1, stat_sn, cmd_sn);
+                s.write_all(&done.encode(Digests::NONE)).unwrap();
+                stat_sn += 1;
+            }
+            Bhs::ScsiCommand(c) => {
+                cmd_sn = c.cmd_sn.wrapping_add(1);
+                if read_sn.is_none() {
+                    read_sn = Some(c.cmd_sn);
+                } else {
+                    let data = vec![0x6b; c.expected_data_transfer_length as usize];
+                    let answer = scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data);
+                    s.write_all(&answer.encode(Digests::NONE)).unwrap();
+                    stat_sn += 1;
+                }
+            }
+            Bhs::TaskMgmtRequest(r) => {
+                reset_sn = Some(r.cmd_sn);
+                let answer =
+                    scripted::tmf_answer(&r, TmfResponse::FunctionComplete, stat_sn, cmd_sn);
+                s.write_all(&answer.encode(Digests::NONE)).unwrap();
+                stat_sn += 1;
+            }
+            Bhs::LogoutRequest(r) => {
+                let reply = scripted::agree_to_logout(&r, stat_sn);
+                s.write_all(&reply.encode(Digests::NONE)).unwrap();
+                return (
+                    read_sn.expect("a READ came"),
+                    reset_sn.expect("the reset came"),
+                );
+            }
+            Bhs::NopOut(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    panic!("the stream ended before the logout")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_asked_for_after_a_waiting_read_is_numbered_after_it() {
+    let mut config = config("iqn.2026-12.io.blockwire:reset-order");
+    config.send_timeout = Duration::from_secs(60);
+    let (r2t_sent, r2t_seen) = std::sync::mpsc::channel();
+    let (session, target) =
+        scripted::session_configured(config, move |l| resetting_target(l, r2t_sent)).await;
+    let session = std::sync::Arc::new(session);
+    let (data, blocks) = data();
+    let writer = session.clone();
+    let write = tokio::spawn(async move { writer.write(0, 0, blocks, &data).await.map(|_| ()) });
+    tokio::task::spawn_blocking(move || r2t_seen.recv())
+        .await
+        .unwrap()
+        .expect("the target sent its R2T");
+    // The WRITE's R2T data soon hold the writer; the READ waits behind them,
+    // and the reset behind the READ (the target reads nothing for DEAF_FOR).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let reader = session.clone();
+    let read = tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        reader.read(0, 0, 8, &mut buf).await.map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::timeout(Duration::from_secs(30), session.lun_reset(0))
+        .await
+        .expect("the reset is answered")
+        .expect("the reset is done");
+    let read = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("the READ the reset ended does not wait for an answer that never comes")
+        .unwrap();
+    eprintln!("the READ: {read:?}");
+    write.await.unwrap().expect("the WRITE");
+    std::sync::Arc::into_inner(session)
+        .expect("the only handle left")
+        .logout()
+        .await
+        .expect("logout");
+    let (read_sn, reset_sn) = tokio::task::spawn_blocking(move || target.join().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        reset_sn > read_sn,
+        "the reset went out with CmdSN {reset_sn}, the READ before it with {read_sn}"
+    );
 }

@@ -12,10 +12,10 @@ use std::thread::JoinHandle;
 use blockwire_initiator::{InitiatorConfig, Session};
 
 use blockwire_pdu::keys::{encode_text, parse_text};
-use blockwire_pdu::pdu::codes::{LogoutResponseCode, ServiceResponse};
+use blockwire_pdu::pdu::codes::{LogoutResponseCode, ServiceResponse, TmfResponse};
 use blockwire_pdu::pdu::{
     DataIn, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse, ScsiCommand, ScsiResponse,
-    RESERVED_TAG,
+    TaskMgmtRequest, TaskMgmtResponse, RESERVED_TAG,
 };
 use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu, Stage};
 
@@ -185,5 +185,16 @@ pub fn response(
         exp_data_sn: data_sns,
         bidi_read_residual_count: 0,
         residual_count: underflow.unwrap_or(0),
+    }))
+}
+
+/// The answer `response` to the task management request `r`.
+pub fn tmf_answer(r: &TaskMgmtRequest, response: TmfResponse, stat_sn: u32, cmd_sn: u32) -> Pdu {
+    Pdu::new(Bhs::TaskMgmtResponse(TaskMgmtResponse {
+        response,
+        itt: r.itt,
+        stat_sn,
+        exp_cmd_sn: cmd_sn,
+        max_cmd_sn: cmd_sn.wrapping_add(8),
     }))
 }

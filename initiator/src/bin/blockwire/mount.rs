@@ -34,7 +34,6 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use blockwire_initiator::{rw16, Capacity, Error as IscsiError, Session};
-use blockwire_pdu::scsi::SenseKey;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
@@ -123,15 +122,7 @@ struct LunFs {
 }
 
 fn errno_of(e: &IscsiError) -> Errno {
-    if let IscsiError::Scsi(s) = e {
-        match s.sense.as_ref().map(|s| s.key) {
-            Some(SenseKey::DataProtect) => return Errno::EROFS,
-            Some(SenseKey::MediumError) | Some(SenseKey::HardwareError) => return Errno::EIO,
-            Some(SenseKey::IllegalRequest) => return Errno::EINVAL,
-            _ => {}
-        }
-    }
-    Errno::EIO
+    Errno::from_i32(e.errno())
 }
 
 impl LunFs {
@@ -634,6 +625,17 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
             f.cap.block_size,
             f.size()
         );
+        // A loop device takes 512-byte sectors unless told: every write
+        // smaller than the LUN's block would be read, changed and written
+        // back whole, racing another initiator writing the rest of it.
+        if f.cap.block_size != 512 {
+            println!(
+                "  for a block device of the LUN's {}-byte blocks: losetup --sector-size {} -f --show {}",
+                f.cap.block_size,
+                f.cap.block_size,
+                opts.mountpoint.join(&f.name).display()
+            );
+        }
     }
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
@@ -708,25 +710,53 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
         }
     };
     eprintln!("blockwire mount: unmounted; {}", stats.summary());
-    if let Some(s) = session {
-        // Bounded: with the target gone, recovery would retry for a while.
-        let finish = async {
-            for f in &files {
-                if !opts.read_only {
-                    if let Err(e) = s.synchronize_cache(f.lun).await {
-                        eprintln!("blockwire mount: final SYNCHRONIZE CACHE {}: {e}", f.name);
+    // What the files acknowledged is on the target's medium only after the
+    // final flush: one that fails, or never runs, fails the command.
+    let finished = match session {
+        None => Err(anyhow::anyhow!(
+            "requests still held the session 30 s after the unmount: no final SYNCHRONIZE              CACHE, no logout"
+        )),
+        Some(s) => {
+            // Bounded: with the target gone, recovery would retry for a while.
+            let finish = async {
+                let mut unflushed = Vec::new();
+                for f in &files {
+                    if !opts.read_only {
+                        if let Err(e) = s.synchronize_cache(f.lun).await {
+                            eprintln!("blockwire mount: final SYNCHRONIZE CACHE {}: {e}", f.name);
+                            unflushed.push(f.name.clone());
+                        }
                     }
                 }
+                (unflushed, s.logout().await)
+            };
+            match tokio::time::timeout(Duration::from_secs(15), finish).await {
+                Ok((unflushed, logout)) => {
+                    // With every write flushed the data are safe: a logout
+                    // the target leaves unanswered (istgt now and then) is
+                    // said, and the target ends the session on its own.
+                    match &logout {
+                        Ok(()) => eprintln!("blockwire mount: logged out"),
+                        Err(e) => eprintln!(
+                            "blockwire mount: logout: {e} (the target ends the session itself)"
+                        ),
+                    }
+                    if unflushed.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(anyhow::anyhow!(
+                            "the final SYNCHRONIZE CACHE of {} failed",
+                            unflushed.join(", ")
+                        ))
+                    }
+                }
+                Err(_) => Err(anyhow::anyhow!(
+                    "no final SYNCHRONIZE CACHE and logout within 15 s; giving up"
+                )),
             }
-            s.logout().await
-        };
-        match tokio::time::timeout(Duration::from_secs(15), finish).await {
-            Ok(Ok(())) => eprintln!("blockwire mount: logged out"),
-            Ok(Err(e)) => eprintln!("blockwire mount: logout: {e}"),
-            Err(_) => eprintln!("blockwire mount: no final flush/logout within 15 s; giving up"),
         }
-    }
-    served
+    };
+    served.and(finished)
 }
 
 #[cfg(test)]

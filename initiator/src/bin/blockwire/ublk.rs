@@ -143,7 +143,7 @@ async fn run_op(
                     Ok(_) => (Some(buf), bytes as i32),
                     Err(e) => {
                         eprintln!("blockwire ublk: READ lba {lba} x{blocks}: {e}");
-                        (None, -libc::EIO)
+                        (None, -e.errno())
                     }
                 }
             }
@@ -158,7 +158,7 @@ async fn run_op(
                     Ok(_) => (None, data.len() as i32),
                     Err(e) => {
                         eprintln!("blockwire ublk: WRITE lba {lba} x{blocks}: {e}");
-                        (None, -libc::EIO)
+                        (None, -e.errno())
                     }
                 }
             }
@@ -166,7 +166,7 @@ async fn run_op(
                 Ok(()) => (None, 0),
                 Err(e) => {
                     eprintln!("blockwire ublk: SYNCHRONIZE CACHE: {e}");
-                    (None, -libc::EIO)
+                    (None, -e.errno())
                 }
             },
         };
@@ -269,13 +269,21 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
-        // The control ring is per thread; nothing awaits between setting it
-        // up and using it, so this task stays on one thread for both.
-        if let Err(e) = ensure_ctrl_ring() {
-            eprintln!("blockwire ublk: cannot stop the device: {e}");
-            return;
+        // Stopping the device waits for the requests in flight (and writes
+        // the page cache back), whose commands need this runtime's workers:
+        // so on a blocking thread, never on a worker, which with one worker
+        // would wait for itself. The control ring is per thread: set up
+        // there too.
+        let stopped = tokio::task::spawn_blocking(move || {
+            ensure_ctrl_ring()?;
+            killer.kill_dev().map(drop)
+        })
+        .await;
+        match stopped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("blockwire ublk: cannot stop the device: {e}"),
+            Err(e) => eprintln!("blockwire ublk: cannot stop the device: {e}"),
         }
-        let _ = killer.kill_dev();
     });
 
     let rt = Handle::current();
@@ -314,11 +322,23 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
     .context("ublk thread")?
     .map_err(|e| anyhow::anyhow!("ublk device: {e}"))?;
     signals.abort();
-    session.synchronize_cache(lun).await.ok();
-    if let Ok(s) = Arc::try_unwrap(session) {
-        s.logout().await.context("logout")?;
+    // What the device acknowledged is on the target's medium only after
+    // this: a failure is the command's, not something to pass over.
+    let flushed = session.synchronize_cache(lun).await;
+    // A logout the target leaves unanswered loses nothing: it is said, and
+    // the flush alone decides the exit status.
+    let logged_out: Result<(), String> = match Arc::try_unwrap(session) {
+        Ok(s) => s
+            .logout()
+            .await
+            .map_err(|e| format!("logout: {e} (the target ends the session itself)")),
+        Err(_) => Err("the session is still in use, so it was not logged out".into()),
+    };
+    flushed.with_context(|| format!("the final SYNCHRONIZE CACHE of LUN {lun}"))?;
+    match logged_out {
+        Ok(()) => eprintln!("blockwire ublk: device deleted, logged out"),
+        Err(why) => eprintln!("blockwire ublk: device deleted; {why}"),
     }
-    eprintln!("blockwire ublk: device deleted, logged out");
     Ok(())
 }
 

@@ -367,6 +367,10 @@ async fn task_management(host: &Host, ev: Event) -> bool {
                         r.lun,
                         r.ended.clone(),
                     ),
+                    // An older command still runs in the slot: the one the
+                    // request names never started here, and the slot is not
+                    // free, since the older one will still answer into it.
+                    Some(r) if !*r.ended.borrow() => return false,
                     // Not ours (any more): it ended before the request.
                     _ => return true,
                 }
