@@ -75,6 +75,11 @@ impl Chunk {
         }
     }
 
+    /// No sector holds written data: the chunk's bytes are all zero.
+    fn holds_nothing(&self) -> bool {
+        self.written.iter().all(|&w| w == 0)
+    }
+
     fn is_written(&self, sector: usize) -> bool {
         self.written[sector / 64] & (1 << (sector % 64)) != 0
     }
@@ -391,6 +396,12 @@ impl Backstore for RamBackstore {
             } else if let Some(store) = chunk.as_mut() {
                 store.data[at..at + range.len()].fill(0);
                 store.clear(at, range.len());
+                // Pieces discarded one UNMAP descriptor at a time can leave a
+                // chunk with no written sector: every byte is zero, so it
+                // gives its memory back like a chunk discarded whole.
+                if store.holds_nothing() {
+                    *chunk = None;
+                }
             }
         });
         Ok(())
@@ -613,6 +624,38 @@ mod tests {
         assert_eq!((allocated(&s), budget.held()), (1, CHUNK));
         drop(s);
         assert_eq!(budget.held(), 0);
+    }
+
+    /// A chunk discarded in pieces (an UNMAP list whose descriptors each
+    /// cover part of it) gives its memory back once no written sector is
+    /// left; a piece still written keeps it, and its data.
+    #[test]
+    fn a_chunk_discarded_piece_by_piece_gives_its_memory_back() {
+        let budget = RamBudget::with_limit(4 * CHUNK);
+        let s = RamBackstore::with_budget(4 * CHUNK, budget.clone());
+        s.write_at(CHUNK, &vec![7u8; CHUNK as usize]).unwrap();
+        let half = CHUNK / 2;
+        s.discard(CHUNK, half).unwrap();
+        assert_eq!(
+            (allocated(&s), budget.held()),
+            (1, CHUNK),
+            "half still written"
+        );
+        let mut back = vec![0u8; 4096];
+        s.read_at(CHUNK + half, &mut back).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 7),
+            "the written half keeps its data"
+        );
+        // A discard reaching across the chunk's end into an unwritten one.
+        s.discard(CHUNK + half, CHUNK).unwrap();
+        assert_eq!(
+            (allocated(&s), budget.held()),
+            (0, 0),
+            "a chunk with nothing written left still holds memory"
+        );
+        s.read_at(CHUNK + half, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
     }
 
     /// Writers racing into one new chunk with room for exactly that chunk:

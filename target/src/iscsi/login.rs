@@ -664,27 +664,33 @@ impl LoginMachine {
         text: Vec<u8>,
         fresh: Option<(bool, Stage)>,
     ) -> LoginStep {
-        let mut out = match fresh {
-            Some((transit, nsg)) => Outgoing {
-                remaining: text,
-                transit,
-                nsg,
-            },
-            None => match self.outgoing.take() {
-                // The target moves on only in a response to a request that
-                // asks to, to no later stage than it asks for (RFC 7143
-                // §6.3): each request pulling a long response asks afresh,
-                // and one that does not (T=0, or another NSG) holds the
-                // stage; the initiator asks again when it wants to move.
-                Some(mut o) => {
-                    o.transit &= req.transit && req.nsg == o.nsg;
-                    o
-                }
-                None => Outgoing {
-                    remaining: Vec::new(),
-                    transit: false,
-                    nsg: req.nsg,
+        // The target moves on only in a response to a request that asks
+        // to, to no later stage than it asks for (RFC 7143 §6.3): each
+        // request pulling a long response asks afresh. One that does not
+        // (T=0, or another NSG) holds the stage for its own piece only; the
+        // decision made when the text was built stands for the next pull.
+        let (mut out, asked) = match fresh {
+            Some((transit, nsg)) => (
+                Outgoing {
+                    remaining: text,
+                    transit,
+                    nsg,
                 },
+                true,
+            ),
+            None => match self.outgoing.take() {
+                Some(o) => {
+                    let asked = req.transit && req.nsg == o.nsg;
+                    (o, asked)
+                }
+                None => (
+                    Outgoing {
+                        remaining: Vec::new(),
+                        transit: false,
+                        nsg: req.nsg,
+                    },
+                    false,
+                ),
             },
         };
         if out.remaining.len() > LOGIN_MAX_DATA_SEGMENT {
@@ -694,10 +700,11 @@ impl LoginMachine {
             self.outgoing = Some(out);
             return self.respond(req, false, true, nsg, piece);
         }
-        if out.transit && out.nsg == Stage::FullFeature {
+        let transit = out.transit && asked;
+        if transit && out.nsg == Stage::FullFeature {
             return self.complete(req, out.remaining);
         }
-        self.respond(req, out.transit, false, out.nsg, out.remaining)
+        self.respond(req, transit, false, out.nsg, out.remaining)
     }
 
     fn complete(&mut self, req: &LoginRequest, text: Vec<u8>) -> LoginStep {

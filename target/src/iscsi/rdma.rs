@@ -625,13 +625,13 @@ impl Slot {
     }
 }
 
-/// Bytes `offset..offset + len` of the space `chunks` describe (in order, as
-/// one contiguous buffer), as remote pieces; None when the range does not
-/// fit inside it.
 /// Most bytes one RDMA transfer moves through the pool at once (see
 /// `RdmaService::piece_len`).
 const MAX_PIECE: usize = 4 << 20;
 
+/// Bytes `offset..offset + len` of the space `chunks` describe (in order, as
+/// one contiguous buffer), as remote pieces; None when the range does not
+/// fit inside it.
 fn sub_range(chunks: &[RemoteBuf], mut offset: u64, mut len: u64) -> Option<Vec<RemoteBuf>> {
     let total: u64 = chunks.iter().map(|c| c.len).sum();
     if offset.checked_add(len)? > total {

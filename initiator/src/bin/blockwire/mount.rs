@@ -714,7 +714,8 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
     // final flush: one that fails, or never runs, fails the command.
     let finished = match session {
         None => Err(anyhow::anyhow!(
-            "requests still held the session 30 s after the unmount: no final SYNCHRONIZE              CACHE, no logout"
+            "requests still held the session 30 s after the unmount: no final SYNCHRONIZE \
+             CACHE, no logout"
         )),
         Some(s) => {
             // Bounded: with the target gone, recovery would retry for a while.

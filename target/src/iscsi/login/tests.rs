@@ -909,6 +909,38 @@ fn a_long_response_moves_on_only_when_its_last_pull_asks_to() {
     assert!(matches!(done, LoginStep::Complete(_)), "{done:?}");
 }
 
+/// A pull with T=0 holds the stage for its own piece only: when the request
+/// pulling the last piece asks to move on, the login completes with it.
+#[test]
+fn a_long_response_moves_on_when_its_last_pull_asks_after_one_that_did_not() {
+    let mut m = machine(catalog(), 1);
+    let mut pairs = vec![
+        ("InitiatorName".to_owned(), HOST1.to_owned()),
+        ("TargetName".to_owned(), OPEN.to_owned()),
+    ];
+    // Short keys answered NotUnderstood: a request within 8192 bytes whose
+    // answer needs three pieces.
+    pairs.extend((0..750).map(|i| (format!("X-k{i:04}"), "v".into())));
+    let text = encode_text(&pairs).unwrap();
+    let asks = |t| login_request(t, false, Stage::Operational, Stage::FullFeature, 0, 0);
+    let mut step = m.on_request(&asks(true), &text);
+    let mut pulls = 0;
+    while let LoginStep::Respond(p) = &step {
+        assert!(
+            resp(p).continue_bit,
+            "pull {pulls} ended the text without moving on: {p:?}"
+        );
+        // The first pull asks to stay; every later one asks to move on.
+        step = m.on_request(&asks(pulls > 0), &[]);
+        pulls += 1;
+    }
+    assert!(
+        pulls > 1,
+        "the response came in more than two pieces: {step:?}"
+    );
+    assert!(matches!(step, LoginStep::Complete(_)), "{step:?}");
+}
+
 #[test]
 fn chap_required_refuses_auth_none_and_skipped_security() {
     assert_eq!(
