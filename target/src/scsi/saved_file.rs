@@ -72,3 +72,47 @@ pub(crate) fn save_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A saved-state file is read whole only up to the bound: one past it is
+    /// damage (a state file never grows that large), said as such, where it
+    /// used to be read into memory whatever its size.
+    #[test]
+    fn a_saved_file_past_the_bound_is_refused_not_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let at_bound = "x".repeat(MAX_SAVED_BYTES as usize);
+        std::fs::write(&path, &at_bound).unwrap();
+        assert_eq!(
+            read_saved(&path).unwrap().map(|t| t.len()),
+            Some(at_bound.len())
+        );
+        std::fs::write(&path, format!("{at_bound}x")).unwrap();
+        // A device endlessly giving bytes ends at the bound too.
+        for path in [path.as_path(), Path::new("/dev/zero")] {
+            match read_saved(path) {
+                Err(e) => assert!(e.contains("larger than"), "{e}"),
+                Ok(t) => panic!(
+                    "{} bytes of {} read whole",
+                    t.map_or(0, |t| t.len()),
+                    path.display()
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_saved_file_is_no_state_and_removing_it_is_fine() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        assert_eq!(read_saved(&path), Ok(None));
+        save_atomically(&path, "saved\n").unwrap();
+        assert_eq!(read_saved(&path), Ok(Some("saved\n".to_owned())));
+        remove_durably(&path).unwrap();
+        assert_eq!(read_saved(&path), Ok(None));
+        remove_durably(&path).expect("removing a file already gone");
+    }
+}
