@@ -115,6 +115,22 @@ impl Session {
         Vpd::decode(&buf).map_err(|e| bad_data("VPD", e))
     }
 
+    /// The MAXIMUM TRANSFER LENGTH of the Block Limits VPD page (B0h), in
+    /// blocks: the most one READ or WRITE may ask for (SBC-4 6.6.4); a
+    /// longer one the device server refuses with ILLEGAL REQUEST. None when
+    /// the unit sets no limit (0) or has no such page (the command ends in
+    /// CHECK CONDITION, as tgtd's and older targets' do).
+    pub async fn max_transfer_blocks(&self, lun: u16) -> Result<Option<std::num::NonZeroU32>> {
+        match self.vpd(lun, 0xb0).await {
+            Ok(Vpd {
+                page: VpdPage::BlockLimits(limits),
+                ..
+            }) => Ok(std::num::NonZeroU32::new(limits.max_transfer_length)),
+            Ok(_) | Err(Error::Scsi(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// READ CAPACITY(16), falling back to READ CAPACITY(10).
     pub async fn read_capacity(&self, lun: u16) -> Result<Capacity> {
         let mut buf = vec![0u8; 32];

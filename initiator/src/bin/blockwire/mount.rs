@@ -99,6 +99,10 @@ struct LunFile {
     name: String,
     ino: u64,
     cap: Capacity,
+    /// The most blocks one READ or WRITE may ask for (the unit's MAXIMUM
+    /// TRANSFER LENGTH; u32::MAX without one): longer requests go out as
+    /// several commands.
+    max_blocks: u32,
     /// Shared by aligned writes, exclusive for a read-modify-write.
     rmw: RwLock<()>,
 }
@@ -177,13 +181,63 @@ impl LunFs {
 /// covering blocks.
 async fn read_at(s: &Session, f: &LunFile, off: u64, len: usize) -> Result<Vec<u8>, IscsiError> {
     let sp = Span::of(off, len, f.cap.block_size);
-    let mut buf = vec![0u8; sp.bytes(f.cap.block_size)];
-    s.read(f.lun, sp.lba, sp.blocks, &mut buf).await?;
+    let mut buf = read_blocks(s, f, sp.lba, sp.blocks).await?;
     if !sp.aligned(len, f.cap.block_size) {
         buf.drain(..sp.skip);
         buf.truncate(len);
     }
     Ok(buf)
+}
+
+/// READs `blocks` blocks from `lba`, in commands of at most the unit's
+/// MAXIMUM TRANSFER LENGTH (SBC-4 6.6.4): a longer one it would refuse
+/// with ILLEGAL REQUEST, and the read fail.
+async fn read_blocks(
+    s: &Session,
+    f: &LunFile,
+    lba: u64,
+    blocks: u32,
+) -> Result<Vec<u8>, IscsiError> {
+    let bs = f.cap.block_size as usize;
+    let mut out = Vec::new();
+    let (mut at, mut left) = (lba, blocks);
+    while left > 0 {
+        let n = left.min(f.max_blocks);
+        let mut piece = vec![0u8; n as usize * bs];
+        s.read(f.lun, at, n, &mut piece).await?;
+        if n == blocks {
+            return Ok(piece);
+        }
+        out.extend_from_slice(&piece);
+        at += u64::from(n);
+        left -= n;
+    }
+    Ok(out)
+}
+
+/// WRITEs `data` to the blocks from `lba`, in commands of at most the
+/// unit's MAXIMUM TRANSFER LENGTH, each with FUA when `fua`.
+async fn write_blocks(
+    s: &Session,
+    f: &LunFile,
+    lba: u64,
+    data: &[u8],
+    fua: bool,
+) -> Result<(), IscsiError> {
+    let bs = f.cap.block_size as usize;
+    let mut at = lba;
+    for piece in data.chunks(piece_bytes(f)) {
+        let blocks = (piece.len() / bs) as u32;
+        s.write_blocks(f.lun, &rw16(true, at, blocks, fua), piece)
+            .await?;
+        at += u64::from(blocks);
+    }
+    Ok(())
+}
+
+/// Bytes of one READ or WRITE of `f` at most.
+fn piece_bytes(f: &LunFile) -> usize {
+    (f.max_blocks as usize).saturating_mul(f.cap.block_size as usize)
 }
 
 /// The whole blocks that cover `len` bytes at byte offset `off`.
@@ -233,18 +287,13 @@ async fn write_at(
     let sp = Span::of(off, data.len(), bsz);
     if sp.aligned(data.len(), bsz) {
         let _shared = f.rmw.read().await;
-        let cdb = rw16(true, sp.lba, sp.blocks, fua);
-        s.write_blocks(f.lun, &cdb, data).await?;
-        return Ok(());
+        return write_blocks(s, f, sp.lba, data, fua).await;
     }
     stats.rmw_writes.fetch_add(1, Ordering::Relaxed);
     let _exclusive = f.rmw.write().await;
-    let mut buf = vec![0u8; sp.bytes(bsz)];
-    s.read(f.lun, sp.lba, sp.blocks, &mut buf).await?;
+    let mut buf = read_blocks(s, f, sp.lba, sp.blocks).await?;
     buf[sp.skip..sp.skip + data.len()].copy_from_slice(data);
-    let cdb = rw16(true, sp.lba, sp.blocks, fua);
-    s.write_blocks(f.lun, &cdb, &buf).await?;
-    Ok(())
+    write_blocks(s, f, sp.lba, &buf, fua).await
 }
 
 impl Filesystem for LunFs {
@@ -560,11 +609,17 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
             .read_capacity(lun)
             .await
             .with_context(|| format!("READ CAPACITY of LUN {lun}"))?;
+        let max_blocks = session
+            .max_transfer_blocks(lun)
+            .await
+            .with_context(|| format!("Block Limits VPD page of LUN {lun}"))?
+            .map_or(u32::MAX, |m| m.get());
         files.push(Arc::new(LunFile {
             lun,
             name: format!("lun{lun}"),
             ino: 2 + u64::from(lun),
             cap,
+            max_blocks,
             rmw: RwLock::new(()),
         }));
     }

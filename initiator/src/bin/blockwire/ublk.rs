@@ -247,6 +247,13 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
             cap.block_size
         );
     }
+    // The kernel cuts requests to the device's max_sectors: no longer than
+    // the unit's MAXIMUM TRANSFER LENGTH, which it would refuse past.
+    let max_sectors = session
+        .max_transfer_blocks(lun)
+        .await
+        .with_context(|| format!("Block Limits VPD page of LUN {lun}"))?
+        .map(|m| sectors_of(m.get(), cap.block_size));
     let session = Arc::new(session);
     let ctrl = Arc::new(
         libublk::ctrl::UblkCtrlBuilder::default()
@@ -303,6 +310,9 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
                 p.physical_bs_shift = shift.max(12);
                 p.io_min_shift = shift.max(12);
                 p.io_opt_shift = shift.max(12);
+                if let Some(m) = max_sectors {
+                    p.max_sectors = p.max_sectors.min(m);
+                }
                 Ok(())
             },
             move |qid: u16, dev: &UblkDev| queue(qid, dev, rt, s, lun, cap.block_size),
@@ -370,4 +380,11 @@ fn queue(qid: u16, dev: &UblkDev, rt: Handle, s: Arc<Session>, lun: u16, block_s
             eprintln!("blockwire ublk: queue {qid}: {e}");
         }
     }));
+}
+
+/// `blocks` of `block_size` bytes in 512-byte sectors (ublk's max_sectors
+/// unit), at least one block's worth.
+fn sectors_of(blocks: u32, block_size: u32) -> u32 {
+    let per_block = (block_size / 512).max(1);
+    blocks.max(1).saturating_mul(per_block)
 }
