@@ -747,7 +747,12 @@ impl Inner {
                 Event::LogoutRequested { within } => {
                     let handle = tokio::spawn(self.clone().log_out_on_request(generation, within))
                         .abort_handle();
-                    lock(&self.background).push(handle);
+                    // A target repeating the request gets tasks that end at
+                    // once (the first claimed the connection): their handles
+                    // go, so a flood of them holds no memory.
+                    let mut bg = lock(&self.background);
+                    bg.retain(|h| !h.is_finished());
+                    bg.push(handle);
                 }
             }
         }
