@@ -891,6 +891,16 @@ impl Control {
                 Value::Null,
                 &RpcError::new(code::INVALID_REQUEST, "empty batch"),
             )),
+            Ok(Value::Array(batch)) if batch.len() > MAX_BATCH => Some(error_reply(
+                Value::Null,
+                &RpcError::new(
+                    code::INVALID_REQUEST,
+                    format!(
+                        "a batch of {} requests; one holds at most {MAX_BATCH}: send the rest in further lines",
+                        batch.len()
+                    ),
+                ),
+            )),
             Ok(Value::Array(batch)) => {
                 let mut out = Vec::new();
                 for req in batch {
@@ -1005,6 +1015,11 @@ fn parse<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RpcError
 
 /// Longest request line accepted (a request is a few hundred bytes).
 const MAX_LINE: u64 = 1 << 20;
+
+/// Most requests one batch holds. Their replies are built whole before the
+/// line goes out: a line of tens of thousands of `session.list` calls, each
+/// answered with every session, would otherwise take memory without bound.
+const MAX_BATCH: usize = 256;
 
 /// The largest configuration file `target.restore` reads: a path naming a
 /// device, /dev/zero or a huge file would otherwise fill the daemon's memory.
@@ -1464,6 +1479,19 @@ mod tests {
         assert_eq!(ids, [json!(1), json!(2)]);
         assert_eq!(v[0]["result"], json!({"sessions": []}));
         assert_eq!(v[1]["result"], json!({"portals": []}));
+        // A batch past the bound is refused whole, saying the bound.
+        let batch = |n: usize| {
+            let reqs: Vec<String> = (0..n)
+                .map(|i| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"portal.list"}}"#))
+                .collect();
+            format!("[{}]", reqs.join(","))
+        };
+        let v = rpc(&c, &batch(MAX_BATCH)).await;
+        assert_eq!(v.as_array().map(Vec::len), Some(MAX_BATCH));
+        let v = rpc(&c, &batch(MAX_BATCH + 1)).await;
+        let (code, message) = error_of(&v);
+        assert_eq!(code, code::INVALID_REQUEST, "{v}");
+        assert!(message.contains("at most 256"), "{message}");
     }
 
     #[tokio::test]
