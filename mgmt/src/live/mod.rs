@@ -484,6 +484,11 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<Saved> {
         std::fs::create_dir_all(&bdir)?;
         let b = bdir.join(format!("{name}.{}", utc_stamp(SystemTime::now(), 'T')));
         std::fs::copy(path, &b)?;
+        // On the disk before the new file replaces the old: a crash right
+        // after the rename must not leave the only copy of the old
+        // configuration as an empty or torn backup.
+        std::fs::File::open(&b)?.sync_all()?;
+        std::fs::File::open(&bdir)?.sync_all()?;
         prune_backups(&bdir, &name)?;
         Some(b)
     } else {
