@@ -29,6 +29,9 @@ pub(super) fn build_lun(
     l: &LunDef,
     lspan: std::ops::Range<usize>,
 ) -> Result<(Arc<LogicalUnit>, Option<DataPathPolicy>, QosLimits), ConfigError> {
+    if let Some(why) = l.serial.as_deref().and_then(serial_refusal) {
+        return Err(ctx.err(lspan, "target.lun.serial", why));
+    }
     let limits = qos_limits(ctx, l)?;
     let size = match &l.size {
         Some(s) => Some(parse_size(s.get_ref()).filter(|&n| n > 0).ok_or_else(|| {
@@ -809,4 +812,30 @@ fn stand_in(
         FileMode::Cached => "cached",
     };
     NullBackstore::stand_in(size, format!("{} ({} MiB, {mode})", what(), size >> 20))
+}
+
+/// Most bytes of a unit serial number: VPD 83h carries it in a T10 vendor ID
+/// designator after the 8-byte vendor, and a designator holds 255 bytes.
+const MAX_SERIAL_BYTES: usize = 255 - 8;
+
+/// Why `serial` cannot be a unit serial number, if it cannot. Past the
+/// bound it would be cut on the wire, where two serials alike in their
+/// first 247 bytes would name one unit to multipath; and VPD 80h is ASCII
+/// (SPC-4 4.3.1), printable.
+fn serial_refusal(serial: &str) -> Option<String> {
+    if serial.is_empty() {
+        return Some("an empty serial number: remove serial to derive one (from uuid, or the target and LUN)".into());
+    }
+    if serial.len() > MAX_SERIAL_BYTES {
+        return Some(format!(
+            "a serial number of {} bytes; one takes at most {MAX_SERIAL_BYTES} (VPD 83h holds it after the 8-byte vendor in 255 bytes)",
+            serial.len()
+        ));
+    }
+    serial
+        .char_indices()
+        .find(|(_, c)| !(' '..='~').contains(c))
+        .map(|(i, c)| {
+            format!("{c:?} at byte {i} of the serial number: serial numbers are printable ASCII (SPC-4 4.3.1)")
+        })
 }

@@ -1828,6 +1828,43 @@ fn a_path_on_a_ram_or_null_lun_is_refused() {
     }
 }
 
+/// A serial number the wire cannot carry whole, or that is not printable
+/// ASCII, is refused: past 247 bytes it was cut in VPD 83h, so two serials
+/// alike in their first 247 bytes named one unit.
+#[test]
+fn a_serial_number_the_wire_cannot_carry_is_refused() {
+    let long = "s".repeat(248);
+    for (serial, said) in [
+        (long.as_str(), "248 bytes"),
+        ("", "empty serial"),
+        ("disk\u{e9}", "printable ASCII"),
+        ("disk\t7", "printable ASCII"),
+    ] {
+        let text = one_lun(&format!(
+            "backstore = \"ram\"\nsize = \"1M\"\nserial = \"{serial}\"\n"
+        ));
+        let r = check(&text);
+        assert_eq!(
+            r.errors
+                .iter()
+                .map(|e| e.field.as_str())
+                .collect::<Vec<_>>(),
+            ["target.lun.serial"],
+            "{serial:?}: {r:?}"
+        );
+        assert!(
+            r.errors[0].message.contains(said),
+            "{}",
+            r.errors[0].message
+        );
+    }
+    let fits = one_lun(&format!(
+        "backstore = \"ram\"\nsize = \"1M\"\nserial = \"{}\"\n",
+        &long[..247]
+    ));
+    assert!(check(&fits).errors.is_empty(), "247 bytes fit");
+}
+
 /// nop_timeout_secs = 0 is not "never" (it was made 1 s without a word), and
 /// timers past a day are refused before they can overflow the clock.
 #[test]
