@@ -106,7 +106,11 @@ pub struct InitiatorConfig {
     /// command without a word: a LOGICAL UNIT RESET from another initiator
     /// aborts it silently (SAM-5 5.6, TAS=0). Other commands (FORMAT UNIT,
     /// SANITIZE, WRITE SAME, EXTENDED COPY, ...) may rightly run long and
-    /// are never aborted.
+    /// are never aborted. Over iSER, and for an RDMA-assisted session's
+    /// offloaded commands, a command past its deadline is not aborted but
+    /// gives its connection up (its buffers are the target's until it
+    /// ends): an iSER session then fails; an RDMA-assisted one logs in again
+    /// and sends the command again over TCP.
     pub command_timeout: Option<Duration>,
     /// How long the connection may take to accept one PDU sequence (a
     /// command with its immediate and unsolicited data, a burst of

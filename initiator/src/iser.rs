@@ -98,6 +98,9 @@ struct Inner {
     params: SessionParams,
     tsih: u16,
     lost: AtomicBool,
+    /// [`InitiatorConfig::command_timeout`]: a READ, WRITE or SYNCHRONIZE
+    /// CACHE unanswered past its deadline gives the connection up.
+    command_timeout: Option<Duration>,
     counters: Counters,
     /// Answers to the target's NOP-In pings on their way out (bounded as
     /// on TCP).
@@ -239,6 +242,7 @@ impl IserSession {
             params: outcome.params.clone(),
             tsih: outcome.tsih,
             lost: AtomicBool::new(false),
+            command_timeout: config.command_timeout,
             counters: Counters::default(),
             ping_answers: Default::default(),
             _provider: provider,
@@ -422,7 +426,25 @@ impl IserSession {
                 }
                 let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
             }
-            let result = rx.await.map_err(|_| Error::Closed)?;
+            let deadline = inner
+                .command_timeout
+                .and_then(|t| crate::session::deadline_of(cdb[0], t));
+            let result = match deadline {
+                Some(d) => match tokio::time::timeout(d, rx).await {
+                    Ok(answer) => answer.map_err(|_| Error::Closed)?,
+                    // Unlike on TCP, the command is not aborted and sent
+                    // again on the same connection: until it ends, its
+                    // buffer is the target's to RDMA Write or Read. The
+                    // connection goes down first, so none can reach it
+                    // once the caller has it back.
+                    Err(_) => {
+                        let why = format!("no answer to SCSI command {:#04x} within {d:?}", cdb[0]);
+                        inner.connection_lost(&why);
+                        return Err(Error::Timeout(why));
+                    }
+                },
+                None => rx.await.map_err(|_| Error::Closed)?,
+            };
             let mut none = None;
             let mut c = scsi_completion(lun, cdb[0], 0, write_len, result, &mut none)?;
             if read_len > 0 {

@@ -527,6 +527,9 @@ fn is_transfer_failure(e: &Error) -> bool {
             .as_ref()
             .is_some_and(|s| s.key == SenseKey::AbortedCommand && s.asc == 0x4b),
         Error::Protocol(m) => m.contains("RDMA binding is stale"),
+        // Unanswered past its deadline: the TCP connection is being
+        // recovered, and the RDMA one must go before the buffers do.
+        Error::Timeout(m) => m.contains("offloaded SCSI command"),
         _ => false,
     }
 }

@@ -1329,26 +1329,52 @@ impl Inner {
             }
             break;
         }
-        while let Some(msg) = rx.recv().await {
-            match msg {
-                Msg::R2t(_) => {} // refused by the engine (offloaded writes take none)
-                Msg::Done(result) => {
-                    let mut none = None;
-                    let mut c = self.complete(lun, cdb16[0], 0, write_len, result, &mut none)?;
-                    if read_len > 0 {
-                        c.transferred = match c.residual {
-                            Residual::Underflow(n) => read_len.saturating_sub(n as usize),
-                            _ => read_len,
-                        };
-                    }
-                    return Ok(c);
+        let answered = async {
+            loop {
+                match rx.recv().await {
+                    Some(Msg::R2t(_)) => {} // refused by the engine (offloaded writes take none)
+                    Some(Msg::Done(result)) => return Some(result),
+                    Some(Msg::Lost(_)) | None => return None,
                 }
-                Msg::Lost(_) => break,
             }
+        };
+        let deadline = self
+            .config
+            .command_timeout
+            .and_then(|t| deadline_of(cdb16[0], t));
+        let answer = match deadline {
+            Some(d) => match tokio::time::timeout(d, answered).await {
+                Ok(answer) => answer,
+                // Not aborted and sent again as a TCP command is: its
+                // buffers are the target's to RDMA Write or Read until it
+                // ends. The connection is recovered, which makes the RDMA
+                // binding stale; the caller takes its RDMA connection down
+                // and sends the command again over TCP.
+                Err(_) => {
+                    let why = format!(
+                        "no answer to the offloaded SCSI command {:#04x} within {d:?}",
+                        cdb16[0]
+                    );
+                    self.connection_lost(gen, why.clone());
+                    return Err(Error::Timeout(why));
+                }
+            },
+            None => answered.await,
+        };
+        let Some(result) = answer else {
+            return Err(Error::Protocol(
+                "connection lost during an offloaded command".into(),
+            ));
+        };
+        let mut none = None;
+        let mut c = self.complete(lun, cdb16[0], 0, write_len, result, &mut none)?;
+        if read_len > 0 {
+            c.transferred = match c.residual {
+                Residual::Underflow(n) => read_len.saturating_sub(n as usize),
+                _ => read_len,
+            };
         }
-        Err(Error::Protocol(
-            "connection lost during an offloaded command".into(),
-        ))
+        Ok(c)
     }
 
     async fn send_solicited(
@@ -1416,7 +1442,7 @@ pub const COMMAND_TRIES: u32 = 3;
 /// that (as the Linux disk driver allows a flush); none for the commands
 /// that may rightly run for minutes (see
 /// [`InitiatorConfig::command_timeout`]).
-fn deadline_of(opcode: u8, command_timeout: Duration) -> Option<Duration> {
+pub(crate) fn deadline_of(opcode: u8, command_timeout: Duration) -> Option<Duration> {
     use blockwire_pdu::scsi::opcode as op;
     match opcode {
         op::READ_6

@@ -771,3 +771,50 @@ async fn an_offloaded_command_larger_than_the_target_pool_moves_in_pieces() {
     assert_eq!(s.mode().await, Mode::Offloaded, "still offloading");
     s.logout().await.unwrap();
 }
+
+/// An offloaded command the target does not answer within the command timeout gives
+/// its connection up: its buffers are the target's to RDMA Write or Read until it
+/// ends, so it is not aborted and sent again on that connection as a TCP command is.
+/// The session logs in again and the command runs again over TCP. Before, it waited
+/// for as long as the target held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offloaded_command_unanswered_past_its_deadline_runs_again_over_tcp() {
+    let t = start(true).await;
+    let config = cfg("late-offload").with_command_timeout(Some(std::time::Duration::from_secs(1)));
+    let s = AssistedSession::connect(config, RdmaConfig::default(), &t.addr.to_string(), TARGET)
+        .await
+        .unwrap();
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let data = random(64 << 10, 23);
+    let blocks = (data.len() / BS) as u32;
+    let mut w = s.alloc(data.len()).unwrap();
+    w.write_at(0, &data).unwrap();
+    s.write(0, 0, blocks, &w).await.expect("an offloaded WRITE");
+    // Media commands of LUN 0 wait, unanswered, for two seconds.
+    let luns = t.fabric.catalog().targets[0].luns.clone();
+    luns.set_stalled(0, true).unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        luns.set_stalled(0, false).unwrap();
+    });
+    let mut r = s.alloc(data.len()).unwrap();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        s.read(0, 0, blocks, &mut r),
+    )
+    .await
+    .expect("the READ ends");
+    release.await.unwrap();
+    read.expect("the READ, sent again over TCP");
+    assert!(r.to_vec() == data, "the data read back differs");
+    let st = s.stats();
+    assert!(
+        st.failed_transfers >= 1,
+        "the offloaded READ waited past its deadline: {st:?}"
+    );
+    assert!(
+        s.session().recoveries() >= 1,
+        "the connection was given up and recovered"
+    );
+    s.logout().await.unwrap();
+}
