@@ -944,6 +944,18 @@ impl<T: Clone> Engine<T> {
                     .data
                     .get(16..20)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                // A rejected Data-Out (or SNACK) belongs to a command the
+                // target already holds: it ends that command itself, with a
+                // SCSI Response, once the rest of its data is in (RFC 7143
+                // §11.17.1), so the task stays to take that answer and to go
+                // on answering R2Ts. Only a rejected request ends its task.
+                let of_a_running_command = pdu.data.first().map(|b| b & 0x3f).is_some_and(|op| {
+                    op == blockwire_pdu::Opcode::DataOut as u8
+                        || op == blockwire_pdu::Opcode::SnackRequest as u8
+                });
+                if of_a_running_command {
+                    return events;
+                }
                 if let Some(task) = itt.and_then(|itt| self.tasks.remove(&itt)) {
                     events
                         .push(task.failed(format!("target rejected the PDU: {}", r.reason.name())));
@@ -1549,6 +1561,84 @@ mod tests {
             r.status = 2;
         }
         assert!(outcome(&e.receive(failed)).is_ok());
+    }
+
+    /// A Reject of one of a WRITE's Data-Out PDUs (a data digest error)
+    /// does not end the WRITE: the target ends it with a SCSI Response once
+    /// the rest of its data is in (RFC 7143 §11.17.1), so the task goes on
+    /// answering R2Ts and takes that response. A Reject of a request (the
+    /// command itself, a NOP-Out) ends its task: no other answer comes.
+    #[test]
+    fn a_rejected_data_out_leaves_its_write_to_the_targets_response() {
+        use blockwire_pdu::pdu::codes::RejectReason;
+        use blockwire_pdu::pdu::Reject;
+        use blockwire_pdu::Digests;
+        let mut e = engine();
+        let reject = |rejected: Pdu| {
+            let header = rejected.encode(Digests::NONE)[..48].to_vec();
+            Pdu::with_data(
+                Bhs::Reject(Reject {
+                    reason: RejectReason::DataDigestError,
+                    stat_sn: 100,
+                    exp_cmd_sn: 11,
+                    max_cmd_sn: 20,
+                    data_sn_or_r2t_sn: 0,
+                }),
+                header,
+            )
+        };
+        let len = 300_000usize;
+        let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 1);
+        let data_out = Pdu::with_data(
+            Bhs::DataOut(DataOut {
+                final_bit: false,
+                lun: Lun::from_index(0),
+                itt,
+                ttt: RESERVED_TAG,
+                exp_stat_sn: 100,
+                data_sn: 0,
+                buffer_offset: 0,
+            }),
+            vec![0; 8192],
+        );
+        assert!(
+            e.receive(reject(data_out)).is_empty(),
+            "a rejected Data-Out ended its WRITE"
+        );
+        assert_eq!(
+            e.receive(r2t(itt, 65536, 234_464)).len(),
+            1,
+            "the WRITE still answers R2Ts"
+        );
+        let mut failed = Pdu::new(Bhs::ScsiResponse(ScsiResponse {
+            bidi_read_overflow: false,
+            bidi_read_underflow: false,
+            overflow: false,
+            underflow: false,
+            response: ServiceResponse::CommandCompleted,
+            status: 2,
+            itt,
+            snack_tag: 0,
+            stat_sn: 101,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+            exp_data_sn: 1,
+            bidi_read_residual_count: 0,
+            residual_count: 0,
+        }));
+        let ended = e.receive(failed.clone());
+        assert!(
+            matches!(&ended[..], [Event::Complete { result: TaskResult::Scsi(o), .. }] if o.status == 2),
+            "{ended:?}"
+        );
+        // A rejected command ends its task at once.
+        let (itt, header, ..) = e.start_scsi(0, &[0; 16], None, 0, 2);
+        let events = e.receive(reject(Pdu::new(Bhs::ScsiCommand(header))));
+        assert!(outcome(&events).is_err(), "a rejected command still waits");
+        if let Bhs::ScsiResponse(r) = &mut failed.bhs {
+            r.itt = itt;
+        }
+        assert!(e.receive(failed).is_empty(), "the task was still there");
     }
 
     /// A status in a Data-In for a command that reads nothing (a WRITE) does

@@ -171,6 +171,9 @@ enum Op {
     Reject {
         itt: Tag,
         reason: u8,
+        /// The rejected PDU's opcode (low 6 bits): a request ends its task,
+        /// a Data-Out or SNACK leaves it to the target's own answer.
+        opcode: u8,
         stat_sn: StatSn,
     },
     Text {
@@ -773,10 +776,12 @@ fuzz_target!(|input: Input| {
             Op::Reject {
                 itt,
                 reason,
+                opcode,
                 stat_sn,
             } => {
                 // The rejected header, naming the task by its ITT.
                 let mut header = vec![0u8; 48];
+                header[0] = opcode & 0x3f;
                 header[16..20].copy_from_slice(&m.tag(itt).to_be_bytes());
                 let pdu = Pdu::with_data(
                     Bhs::Reject(Reject {
