@@ -119,6 +119,17 @@ struct Link {
     qp: AnyQp,
 }
 
+impl Drop for Link {
+    /// Down before anything else happens: a link is let go when a command
+    /// on it failed or went unanswered, or its login is gone, and the
+    /// buffers of those commands go back to their callers next. A target
+    /// still running one must not RDMA Write into a buffer once it is
+    /// reused (an arena's or a cached registration's rkey stays valid).
+    fn drop(&mut self) {
+        self.qp.disconnect();
+    }
+}
+
 /// A session whose data moves by RDMA when the target agrees.
 pub struct AssistedSession {
     session: Session,
@@ -488,7 +499,9 @@ impl AssistedSession {
             .await;
         if let Err(e) = &r {
             if is_transfer_failure(e) {
-                // The target's queue pair is in the error state now.
+                // The target's queue pair is in the error state, or the
+                // target may still be running the command: the link goes
+                // down before its buffers go back.
                 self.drop_link().await;
             }
         }
@@ -526,7 +539,12 @@ fn is_transfer_failure(e: &Error) -> bool {
             .sense
             .as_ref()
             .is_some_and(|s| s.key == SenseKey::AbortedCommand && s.asc == 0x4b),
-        Error::Protocol(m) => m.contains("RDMA binding is stale"),
+        // The login the binding belongs to is gone or going: the command
+        // runs again over TCP once the session has logged in again.
+        Error::Protocol(m) => {
+            m.contains("RDMA binding is stale")
+                || m.contains("connection lost during an offloaded command")
+        }
         // Unanswered past its deadline: the TCP connection is being
         // recovered, and the RDMA one must go before the buffers do.
         Error::Timeout(m) => m.contains("offloaded SCSI command"),

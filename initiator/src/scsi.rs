@@ -9,6 +9,7 @@ use blockwire_pdu::scsi::{
 
 use crate::error::{Error, Result};
 use crate::session::{DataDir, Session};
+use blockwire_pdu::scsi::SenseKey;
 
 /// READ(16) or WRITE(16) CDB bytes.
 pub fn rw16(write: bool, lba: u64, blocks: u32, fua: bool) -> Vec<u8> {
@@ -126,7 +127,17 @@ impl Session {
                 page: VpdPage::BlockLimits(limits),
                 ..
             }) => Ok(std::num::NonZeroU32::new(limits.max_transfer_length)),
-            Ok(_) | Err(Error::Scsi(_)) => Ok(None),
+            Ok(_) => Ok(None),
+            // No such page: ILLEGAL REQUEST. Any other failure (BUSY past
+            // its retries, an ABORTED COMMAND, a lost connection) says
+            // nothing about the limit, and is the caller's to see.
+            Err(Error::Scsi(s))
+                if s.sense
+                    .as_ref()
+                    .is_some_and(|k| k.key == SenseKey::IllegalRequest) =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }

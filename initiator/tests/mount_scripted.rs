@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use blockwire_pdu::pdu::ScsiCommand;
+use blockwire_pdu::pdu::{NopIn, ScsiCommand, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Digests, Pdu};
 
 mod scripted;
@@ -86,6 +86,24 @@ fn target(listener: TcpListener, script: Script) -> Seen {
                     s.write_all(&reply.encode(Digests::NONE)).unwrap();
                 }
                 return seen;
+            }
+            // A keepalive ping: answered, or the initiator would give the
+            // connection up on a slow machine.
+            Bhs::NopOut(n) if n.itt != RESERVED_TAG => {
+                let pong = Pdu::with_data(
+                    Bhs::NopIn(NopIn {
+                        lun: n.lun,
+                        itt: n.itt,
+                        ttt: RESERVED_TAG,
+                        stat_sn,
+                        exp_cmd_sn: cmd_sn,
+                        max_cmd_sn: cmd_sn.wrapping_add(8),
+                    }),
+                    pdu.data.clone(),
+                );
+                s.write_all(&pong.encode(Digests::NONE)).unwrap();
+                stat_sn += 1;
+                continue;
             }
             Bhs::NopOut(_) | Bhs::DataOut(_) => continue,
             other => panic!("unexpected {other:?}"),
@@ -338,9 +356,10 @@ fn requests_longer_than_the_units_maximum_transfer_length_go_out_in_pieces() {
         ending: Ending::Clean,
         max_transfer: Some(MAX),
     };
-    // 64 KiB, then 3000 bytes at an unaligned offset (a read-modify-write).
+    // 64 KiB, then 5000 bytes at an unaligned offset (a read-modify-write
+    // of 10 blocks, itself more than one command).
     let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 251) as u8).collect();
-    let tail: Vec<u8> = (0..3000u32).map(|i| (i % 13) as u8 + 1).collect();
+    let tail: Vec<u8> = (0..5000u32).map(|i| (i % 13) as u8 + 1).collect();
     let (ok, stderr, seen) = mount_and_stop("max-transfer", script, |file| {
         let mut f = std::fs::OpenOptions::new()
             .read(true)

@@ -254,6 +254,18 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
         .await
         .with_context(|| format!("Block Limits VPD page of LUN {lun}"))?
         .map(|m| sectors_of(m.get(), cap.block_size));
+    // The kernel takes no device whose requests may not span a page (it
+    // refuses the limits, or raises them past what the unit takes).
+    let page_sectors = (page_size() / 512) as u32;
+    if let Some(m) = max_sectors.filter(|&m| m < page_sectors) {
+        bail!(
+            "LUN {lun} takes at most {} bytes per READ or WRITE (its MAXIMUM TRANSFER LENGTH), \
+             less than a {}-byte page, the least a ublk device's request may span; \
+             use `blockwire mount`, which cuts requests to that length",
+            u64::from(m) * 512,
+            page_size()
+        );
+    }
     let session = Arc::new(session);
     let ctrl = Arc::new(
         libublk::ctrl::UblkCtrlBuilder::default()
@@ -387,4 +399,9 @@ fn queue(qid: u16, dev: &UblkDev, rt: Handle, s: Arc<Session>, lun: u16, block_s
 fn sectors_of(blocks: u32, block_size: u32) -> u32 {
     let per_block = (block_size / 512).max(1);
     blocks.max(1).saturating_mul(per_block)
+}
+
+/// The kernel's page size.
+fn page_size() -> u64 {
+    rustix::param::page_size() as u64
 }
