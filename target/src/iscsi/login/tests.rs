@@ -877,6 +877,17 @@ fn long_login_response_is_split_at_8192_bytes() {
     );
 }
 
+/// A normal login's first request to the open target with `keys`, each
+/// set to `value`: keys no target knows, each answered NotUnderstood.
+fn with_unknown_keys(keys: impl Iterator<Item = String>, value: &str) -> Vec<u8> {
+    let mut pairs = vec![
+        ("InitiatorName".to_owned(), HOST1.to_owned()),
+        ("TargetName".to_owned(), OPEN.to_owned()),
+    ];
+    pairs.extend(keys.map(|k| (k, value.to_owned())));
+    encode_text(&pairs).unwrap()
+}
+
 /// The last piece of a long response moves to full feature phase only when
 /// the request that pulls it asks to (T=1): a pull with T=0 gets the rest of
 /// the text and the stage held, and the login completes when the initiator
@@ -884,12 +895,10 @@ fn long_login_response_is_split_at_8192_bytes() {
 #[test]
 fn a_long_response_moves_on_only_when_its_last_pull_asks_to() {
     let mut m = machine(catalog(), 1);
-    let mut pairs = vec![
-        ("InitiatorName".to_owned(), HOST1.to_owned()),
-        ("TargetName".to_owned(), OPEN.to_owned()),
-    ];
-    pairs.extend((0..200).map(|i| (format!("X-com.example.key-number-{i:04}"), "value".into())));
-    let text = encode_text(&pairs).unwrap();
+    let text = with_unknown_keys(
+        (0..200).map(|i| format!("X-com.example.key-number-{i:04}")),
+        "value",
+    );
     let asks = |t| login_request(t, false, Stage::Operational, Stage::FullFeature, 0, 0);
     let mut step = m.on_request(&asks(true), &text);
     let mut pieces = 0;
@@ -914,14 +923,9 @@ fn a_long_response_moves_on_only_when_its_last_pull_asks_to() {
 #[test]
 fn a_long_response_moves_on_when_its_last_pull_asks_after_one_that_did_not() {
     let mut m = machine(catalog(), 1);
-    let mut pairs = vec![
-        ("InitiatorName".to_owned(), HOST1.to_owned()),
-        ("TargetName".to_owned(), OPEN.to_owned()),
-    ];
     // Short keys answered NotUnderstood: a request within 8192 bytes whose
     // answer needs three pieces.
-    pairs.extend((0..750).map(|i| (format!("X-k{i:04}"), "v".into())));
-    let text = encode_text(&pairs).unwrap();
+    let text = with_unknown_keys((0..750).map(|i| format!("X-k{i:04}")), "v");
     let asks = |t| login_request(t, false, Stage::Operational, Stage::FullFeature, 0, 0);
     let mut step = m.on_request(&asks(true), &text);
     let mut pulls = 0;
