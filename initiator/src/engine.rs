@@ -1482,28 +1482,13 @@ mod tests {
         // Half the data, then a SCSI Response with GOOD and no residual.
         let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 3);
         assert!(feed(&mut e, itt, 0, 0, 2048, None, 7).unwrap().is_empty());
-        let resp = |itt: u32, underflow: Option<u32>| ScsiResponse {
-            bidi_read_overflow: false,
-            bidi_read_underflow: false,
-            overflow: false,
-            underflow: underflow.is_some(),
-            response: ServiceResponse::CommandCompleted,
-            status: 0,
-            itt,
-            snack_tag: 0,
-            stat_sn: 100,
-            exp_cmd_sn: 11,
-            max_cmd_sn: 20,
-            exp_data_sn: 1,
-            bidi_read_residual_count: 0,
-            residual_count: underflow.unwrap_or(0),
-        };
-        let ev = e.receive(Pdu::new(Bhs::ScsiResponse(resp(itt, None))));
+        let resp = |itt: u32, underflow: Option<u32>| scsi_response(itt, 0, underflow, 1);
+        let ev = e.receive(resp(itt, None));
         assert!(outcome(&ev).unwrap_err().contains("where 4096 were owed"));
         // The same with the residual said: a good, shorter READ.
         let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 4);
         assert!(feed(&mut e, itt, 0, 0, 2048, None, 7).unwrap().is_empty());
-        let ev = e.receive(Pdu::new(Bhs::ScsiResponse(resp(itt, Some(2048)))));
+        let ev = e.receive(resp(itt, Some(2048)));
         assert_eq!(outcome(&ev), Ok(2048));
         // A failed command's partial data is no one's business.
         let (itt, ..) = e.start_scsi(0, &[0; 16], Some(vec![0; 4096]), 0, 5);
@@ -1517,24 +1502,7 @@ mod tests {
     #[test]
     fn a_good_write_claims_no_more_than_it_was_sent_or_asked_for() {
         let mut e = engine();
-        let resp = |itt: u32, underflow: Option<u32>| {
-            Pdu::new(Bhs::ScsiResponse(ScsiResponse {
-                bidi_read_overflow: false,
-                bidi_read_underflow: false,
-                overflow: false,
-                underflow: underflow.is_some(),
-                response: ServiceResponse::CommandCompleted,
-                status: 0,
-                itt,
-                snack_tag: 0,
-                stat_sn: 100,
-                exp_cmd_sn: 11,
-                max_cmd_sn: 20,
-                exp_data_sn: 0,
-                bidi_read_residual_count: 0,
-                residual_count: underflow.unwrap_or(0),
-            }))
-        };
+        let resp = |itt: u32, underflow: Option<u32>| scsi_response(itt, 0, underflow, 0);
         let len = 300_000usize;
         // GOOD with only the 65536 unsolicited bytes sent and no R2T.
         let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 1);
@@ -1556,11 +1524,7 @@ mod tests {
         assert!(outcome(&e.receive(resp(itt, None))).is_ok());
         // A failed WRITE claims nothing.
         let (itt, ..) = e.start_scsi(0, &[0; 16], None, len, 5);
-        let mut failed = resp(itt, None);
-        if let Bhs::ScsiResponse(r) = &mut failed.bhs {
-            r.status = 2;
-        }
-        assert!(outcome(&e.receive(failed)).is_ok());
+        assert!(outcome(&e.receive(scsi_response(itt, 2, None, 0))).is_ok());
     }
 
     /// A Reject of one of a WRITE's Data-Out PDUs (a data digest error)
@@ -1610,23 +1574,7 @@ mod tests {
             1,
             "the WRITE still answers R2Ts"
         );
-        let mut failed = Pdu::new(Bhs::ScsiResponse(ScsiResponse {
-            bidi_read_overflow: false,
-            bidi_read_underflow: false,
-            overflow: false,
-            underflow: false,
-            response: ServiceResponse::CommandCompleted,
-            status: 2,
-            itt,
-            snack_tag: 0,
-            stat_sn: 101,
-            exp_cmd_sn: 11,
-            max_cmd_sn: 20,
-            exp_data_sn: 1,
-            bidi_read_residual_count: 0,
-            residual_count: 0,
-        }));
-        let ended = e.receive(failed.clone());
+        let ended = e.receive(scsi_response(itt, 2, None, 1));
         assert!(
             matches!(&ended[..], [Event::Complete { result: TaskResult::Scsi(o), .. }] if o.status == 2),
             "{ended:?}"
@@ -1635,10 +1583,10 @@ mod tests {
         let (itt, header, ..) = e.start_scsi(0, &[0; 16], None, 0, 2);
         let events = e.receive(reject(Pdu::new(Bhs::ScsiCommand(header))));
         assert!(outcome(&events).is_err(), "a rejected command still waits");
-        if let Bhs::ScsiResponse(r) = &mut failed.bhs {
-            r.itt = itt;
-        }
-        assert!(e.receive(failed).is_empty(), "the task was still there");
+        assert!(
+            e.receive(scsi_response(itt, 2, None, 1)).is_empty(),
+            "the task was still there"
+        );
     }
 
     /// A status in a Data-In for a command that reads nothing (a WRITE) does
@@ -1707,6 +1655,27 @@ mod tests {
                 "{name}: the later command's own answer ends it"
             );
         }
+    }
+
+    /// A SCSI Response ending the command `itt` with `status`, an
+    /// `underflow` residual if any, after `exp_data_sn` data PDUs.
+    fn scsi_response(itt: u32, status: u8, underflow: Option<u32>, exp_data_sn: u32) -> Pdu {
+        Pdu::new(Bhs::ScsiResponse(ScsiResponse {
+            bidi_read_overflow: false,
+            bidi_read_underflow: false,
+            overflow: false,
+            underflow: underflow.is_some(),
+            response: ServiceResponse::CommandCompleted,
+            status,
+            itt,
+            snack_tag: 0,
+            stat_sn: 100,
+            exp_cmd_sn: 11,
+            max_cmd_sn: 20,
+            exp_data_sn,
+            bidi_read_residual_count: 0,
+            residual_count: underflow.unwrap_or(0),
+        }))
     }
 
     /// A SCSI Response of GOOD, no data, for the command `itt`.
