@@ -54,6 +54,19 @@ async fn start(
     t.serve()
 }
 
+/// [`start`] of an 8 MiB page-cached LUN written through the default engine.
+async fn start_cached(lun_file: &Path, engine_file: &Path) -> TestTarget {
+    let pool = BufferPool::with_defaults();
+    start(
+        lun_file,
+        8 << 20,
+        FileMode::Cached,
+        engine_file,
+        engine(pool),
+    )
+    .await
+}
+
 fn engine(pool: BufferPool) -> Arc<dyn Engine> {
     open_engine(pool, EnginePref::Auto).unwrap().0
 }
@@ -382,14 +395,7 @@ async fn until(what: &str, f: impl Fn() -> bool) {
 async fn chunk_goes_to_disk_while_the_rest_is_still_arriving() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("lun.img");
-    let t = start(
-        &img,
-        8 << 20,
-        FileMode::Cached,
-        &img,
-        engine(BufferPool::with_defaults()),
-    )
-    .await;
+    let t = start_cached(&img, &img).await;
     let mut c = Client::login(t.addr, 1).await;
     let data = pattern(256 << 10, 9);
     let (cmd, r, sn) = half_sent_write(&mut c, &data, CHUNK).await;
@@ -432,14 +438,7 @@ async fn a_failing_chunk_write_answers_the_cores_sense() {
     // with the LBA (a thin file that could not grow).
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("lun.img");
-    let t = start(
-        &img,
-        8 << 20,
-        FileMode::Cached,
-        Path::new("/dev/full"),
-        engine(BufferPool::with_defaults()),
-    )
-    .await;
+    let t = start_cached(&img, Path::new("/dev/full")).await;
     let mut c = Client::login(t.addr, 2).await;
     let data = pattern(512 << 10, 3);
     let (status, sense) = c.write(2048, &data).await;
@@ -467,14 +466,7 @@ async fn a_failing_chunk_write_answers_the_cores_sense() {
 async fn a_pipelined_write_its_data_out_breaks_counts_its_r2ts_in_exp_data_sn() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("lun.img");
-    let t = start(
-        &img,
-        8 << 20,
-        FileMode::Cached,
-        &img,
-        engine(BufferPool::with_defaults()),
-    )
-    .await;
+    let t = start_cached(&img, &img).await;
     let mut c = Client::login(t.addr, 3).await;
     let data = pattern(256 << 10, 4);
     let cmd = c.command(
