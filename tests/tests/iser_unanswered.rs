@@ -253,6 +253,15 @@ impl StallableHost {
 
 /// A SCSI command on LUN 0: READ(10) of block 0 when `read`, else TEST UNIT
 /// READY.
+/// A target with a 1 MiB RAM LUN 0 under `settings`, serving iSER on the
+/// soft provider: the target, and its iSER portal.
+async fn iser_target(settings: FabricSettings) -> (support::TestTarget, std::net::SocketAddr) {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let t = bind_target(TARGET, lu, settings).await.serve(false).await;
+    let portal = t.start_iser().await;
+    (t, portal)
+}
+
 fn command(itt: u32, cmd_sn: u32, exp_stat_sn: u32, read: bool) -> Pdu {
     let mut cdb = [0u8; 16];
     if read {
@@ -275,13 +284,11 @@ fn command(itt: u32, cmd_sn: u32, exp_stat_sn: u32, read: bool) -> Pdu {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
-    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
     let settings = FabricSettings {
         queue_depth: QUEUE_DEPTH,
         ..FabricSettings::default()
     };
-    let t = bind_target(TARGET, lu, settings).await.serve(false).await;
-    let portal = t.start_iser().await;
+    let (t, portal) = iser_target(settings).await;
     let raw = RawIser::connect(portal).await;
 
     let (cmd_sn, stat_sn) = raw.log_in("unanswered").await;
@@ -345,13 +352,11 @@ async fn unanswered_commands_do_not_grow_the_advertised_buffer_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_work_request_a_stalled_initiator_never_completes_ends_the_connection() {
     let nop_timeout = Duration::from_secs(2);
-    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
     let settings = FabricSettings {
         nop_timeout,
         ..FabricSettings::default()
     };
-    let t = bind_target(TARGET, lu, settings).await.serve(false).await;
-    let portal = t.start_iser().await;
+    let (_target, portal) = iser_target(settings).await;
 
     // The initiator's queue pair runs on a host runtime of its own: a task of
     // it that blocks stalls all of it.
@@ -423,14 +428,12 @@ async fn a_connection_that_ends_during_an_rdma_read_keeps_its_staging_buffer() {
     // Longer than the connection's end takes (the writer's last sends are
     // waited for 5 s): the Read's own timeout does not end it first.
     let nop_timeout = Duration::from_secs(6);
-    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
     let settings = FabricSettings {
         nop_timeout,
         logout_grace: Duration::from_millis(200),
         ..FabricSettings::default()
     };
-    let t = bind_target(TARGET, lu, settings).await.serve(false).await;
-    let portal = t.start_iser().await;
+    let (t, portal) = iser_target(settings).await;
     // The initiator's queue pair runs on a host runtime of its own, which
     // stalls below: the target's RDMA Read then gets no answer.
     let host = StallableHost::start();
