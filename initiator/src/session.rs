@@ -155,6 +155,9 @@ struct Inner {
     params: Mutex<SessionParams>,
     tsih: Mutex<u16>,
     recoveries: AtomicU32,
+    /// UNIT ATTENTIONs saying CAPACITY DATA HAS CHANGED (SBC-4 4.6), which
+    /// the command retries take away from the caller.
+    capacity_changes: AtomicU64,
     background: Mutex<Vec<AbortHandle>>,
     epoch: Instant,
     last_rx_ms: AtomicU64,
@@ -254,6 +257,7 @@ impl Session {
             params: Mutex::new(conn.outcome.params.clone()),
             tsih: Mutex::new(0),
             recoveries: AtomicU32::new(0),
+            capacity_changes: AtomicU64::new(0),
             background: Mutex::new(Vec::new()),
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
@@ -339,10 +343,24 @@ impl Session {
         let mut retries = Retries::default();
         loop {
             match self.inner.execute_once(lun, cdb, &mut dir).await {
-                Err(e) if retries.again_after(&e).await => {}
+                Err(e) => {
+                    self.inner.note_capacity_change(lun, &e);
+                    if !retries.again_after(&e).await {
+                        return Err(e);
+                    }
+                }
                 r => return r,
             }
         }
+    }
+
+    /// How many times the target said a LUN's capacity changed (UNIT
+    /// ATTENTION, CAPACITY DATA HAS CHANGED) on this session. [`Session::execute`]
+    /// retries the command past it, as the SCSI midlayer does; a caller that
+    /// sized something by READ CAPACITY (a block device, a mounted file)
+    /// reads this to learn that the size it holds is stale.
+    pub fn capacity_changes(&self) -> u64 {
+        self.inner.capacity_changes.load(Ordering::Relaxed)
     }
 
     /// READ(16) of `blocks` blocks at `lba` into `buf`, whose length is the
@@ -627,6 +645,15 @@ impl Inner {
             _ => "the target asked for a logout, which went unanswered".to_string(),
         };
         self.connection_lost(generation, reason);
+    }
+
+    /// Counts a UNIT ATTENTION saying CAPACITY DATA HAS CHANGED (2Ah/09h).
+    fn note_capacity_change(&self, lun: u16, e: &Error) {
+        let Error::Scsi(s) = e else { return };
+        if s.sense_code() == Some((blockwire_pdu::scsi::SenseKey::UnitAttention, 0x2a, 0x09)) {
+            self.capacity_changes.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target = %self.target, lun, "the target says the LUN's capacity changed");
+        }
     }
 
     async fn recover(self: Arc<Self>, generation: u64, reason: String) {

@@ -21,15 +21,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use blockwire_pdu::pdu::{NopIn, ScsiCommand, RESERVED_TAG};
+use blockwire_pdu::pdu::{NopIn, RESERVED_TAG};
 use blockwire_pdu::{Bhs, Digests, Pdu};
 
 mod scripted;
 use scripted::read_pdu;
 
 const TARGET: &str = "iqn.2026-12.io.blockwire:scripted";
-/// SCSI status CHECK CONDITION.
-const CHECK_CONDITION: u8 = 0x02;
 /// The LUN: 1 MiB of 512-byte blocks.
 const BLOCKS: u64 = 2048;
 
@@ -52,6 +50,8 @@ struct Script {
     /// MAXIMUM TRANSFER LENGTH of its Block Limits page; None: no such page
     /// (INQUIRY for it ends in CHECK CONDITION, as tgtd's older versions do).
     max_transfer: Option<u32>,
+    /// The first READ is answered UNIT ATTENTION, CAPACITY DATA HAS CHANGED.
+    resized: bool,
 }
 
 /// What the target saw.
@@ -62,6 +62,8 @@ struct Seen {
     too_long: u32,
     /// READs and WRITEs served.
     transfers: u32,
+    /// CAPACITY DATA HAS CHANGED was answered.
+    resize_said: bool,
 }
 
 /// Logs the initiator in and serves LUN 0 from memory: READ CAPACITY(16),
@@ -140,15 +142,20 @@ fn target(listener: TcpListener, script: Script) -> Seen {
                     page[8..12].copy_from_slice(&max.to_be_bytes());
                     good(page)
                 }
-                None => check_condition(&c, stat_sn, cmd_sn, ILLEGAL_REQUEST_INVALID_FIELD),
+                None => {
+                    scripted::check_condition(&c, stat_sn, cmd_sn, ILLEGAL_REQUEST_INVALID_FIELD)
+                }
             },
             0x88 | 0x8a => {
                 let lba = u64::from_be_bytes(c.cdb[2..10].try_into().unwrap());
                 let blocks = u32::from_be_bytes(c.cdb[10..14].try_into().unwrap());
                 let range = (lba * 512) as usize..((lba + u64::from(blocks)) * 512) as usize;
-                if script.max_transfer.is_some_and(|m| blocks > m) {
+                if script.resized && seen.transfers == 0 && !seen.resize_said {
+                    seen.resize_said = true;
+                    scripted::check_condition(&c, stat_sn, cmd_sn, CAPACITY_CHANGED)
+                } else if script.max_transfer.is_some_and(|m| blocks > m) {
                     seen.too_long += 1;
-                    check_condition(&c, stat_sn, cmd_sn, ILLEGAL_REQUEST_INVALID_FIELD)
+                    scripted::check_condition(&c, stat_sn, cmd_sn, ILLEGAL_REQUEST_INVALID_FIELD)
                 } else if c.cdb[0] == 0x88 {
                     seen.transfers += 1;
                     good(disk[range].to_vec())
@@ -162,7 +169,7 @@ fn target(listener: TcpListener, script: Script) -> Seen {
             0x35 | 0x91 => {
                 seen.flushes += 1;
                 if script.ending == Ending::FlushFails {
-                    check_condition(&c, stat_sn, cmd_sn, MEDIUM_ERROR_WRITE_ERROR)
+                    scripted::check_condition(&c, stat_sn, cmd_sn, MEDIUM_ERROR_WRITE_ERROR)
                 } else {
                     scripted::response(&c, 0, None, 0, stat_sn, cmd_sn)
                 }
@@ -176,30 +183,12 @@ fn target(listener: TcpListener, script: Script) -> Seen {
     panic!("the initiator left without logging out: {seen:?}")
 }
 
-/// Sense key, ASC and ASCQ.
-type Sense = (u8, u8, u8);
 /// ILLEGAL REQUEST, INVALID FIELD IN CDB.
-const ILLEGAL_REQUEST_INVALID_FIELD: Sense = (0x05, 0x24, 0x00);
+const ILLEGAL_REQUEST_INVALID_FIELD: scripted::Sense = (0x05, 0x24, 0x00);
 /// MEDIUM ERROR, WRITE ERROR.
-const MEDIUM_ERROR_WRITE_ERROR: Sense = (0x03, 0x0c, 0x00);
-
-/// A SCSI Response ending `c` in CHECK CONDITION with fixed-format sense
-/// data (SPC-4 4.5.3), after the two-byte SenseLength the iSCSI data
-/// segment carries (RFC 7143 §11.4.7.2).
-fn check_condition(c: &ScsiCommand, stat_sn: u32, cmd_sn: u32, (key, asc, ascq): Sense) -> Pdu {
-    let mut sense = vec![0u8; 18];
-    sense[0] = 0x70;
-    sense[2] = key;
-    sense[7] = 10;
-    sense[12] = asc;
-    sense[13] = ascq;
-    let mut data = (sense.len() as u16).to_be_bytes().to_vec();
-    data.extend(sense);
-    Pdu::with_data(
-        scripted::response(c, CHECK_CONDITION, None, 0, stat_sn, cmd_sn).bhs,
-        data,
-    )
-}
+const MEDIUM_ERROR_WRITE_ERROR: scripted::Sense = (0x03, 0x0c, 0x00);
+/// UNIT ATTENTION, CAPACITY DATA HAS CHANGED.
+const CAPACITY_CHANGED: scripted::Sense = (0x06, 0x2a, 0x09);
 
 /// A scratch mount point, unmounted (lazily, in case the test failed with
 /// the mount up) and removed when dropped.
@@ -311,6 +300,7 @@ fn a_final_flush_the_target_fails_fails_the_mount() {
     let script = Script {
         ending: Ending::FlushFails,
         max_transfer: None,
+        resized: false,
     };
     let (ok, stderr, seen) = mount_and_stop("flush-fails", script, |file| {
         let _ = write_and_sync(file);
@@ -334,6 +324,7 @@ fn a_logout_left_unanswered_after_a_good_flush_still_succeeds() {
     let script = Script {
         ending: Ending::LogoutUnanswered,
         max_transfer: None,
+        resized: false,
     };
     let (ok, stderr, seen) = mount_and_stop("logout-unanswered", script, |file| {
         write_and_sync(file).expect("a write and fsync through the mount");
@@ -355,6 +346,7 @@ fn requests_longer_than_the_units_maximum_transfer_length_go_out_in_pieces() {
     let script = Script {
         ending: Ending::Clean,
         max_transfer: Some(MAX),
+        resized: false,
     };
     // 64 KiB, then 5000 bytes at an unaligned offset (a read-modify-write
     // of 10 blocks, itself more than one command).
@@ -388,5 +380,30 @@ fn requests_longer_than_the_units_maximum_transfer_length_go_out_in_pieces() {
         "commands longer than the unit's {MAX} blocks went out: {seen:?}"
     );
     assert!(seen.transfers >= 2 * 65536 / (MAX * 512), "{seen:?}");
+    assert!(ok, "{stderr}");
+}
+
+/// A capacity change the target reports (UNIT ATTENTION, CAPACITY DATA HAS
+/// CHANGED, retried past by the session) is said on stderr: the mounted
+/// file keeps the size it started with until the mount is started again.
+#[test]
+fn a_capacity_change_the_target_reports_is_said() {
+    let script = Script {
+        ending: Ending::Clean,
+        max_transfer: None,
+        resized: true,
+    };
+    let (ok, stderr, seen) = mount_and_stop("resized", script, |file| {
+        let mut f = std::fs::File::open(file).unwrap();
+        let mut block = vec![0u8; 512];
+        f.read_exact(&mut block).expect("a read through the mount");
+        // The watch looks once a second.
+        std::thread::sleep(Duration::from_millis(2500));
+    });
+    assert!(seen.resize_said, "{seen:?}");
+    assert!(
+        stderr.contains("the target says a LUN's capacity changed"),
+        "{stderr}"
+    );
     assert!(ok, "{stderr}");
 }

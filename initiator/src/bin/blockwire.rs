@@ -53,6 +53,8 @@ use rand::{Rng, SeedableRng};
 
 #[path = "blockwire/bench.rs"]
 mod bench;
+#[path = "blockwire/capacity_watch.rs"]
+mod capacity_watch;
 #[path = "blockwire/data_path.rs"]
 mod data_path;
 #[path = "blockwire/dd.rs"]

@@ -198,3 +198,21 @@ pub fn tmf_answer(r: &TaskMgmtRequest, response: TmfResponse, stat_sn: u32, cmd_
         max_cmd_sn: cmd_sn.wrapping_add(8),
     }))
 }
+
+/// Sense key, ASC and ASCQ.
+pub type Sense = (u8, u8, u8);
+
+/// A SCSI Response ending `c` in CHECK CONDITION with fixed-format sense
+/// data (SPC-4 4.5.3), after the two-byte SenseLength the iSCSI data
+/// segment carries (RFC 7143 §11.4.7.2).
+pub fn check_condition(c: &ScsiCommand, stat_sn: u32, cmd_sn: u32, (key, asc, ascq): Sense) -> Pdu {
+    let mut sense = vec![0u8; 18];
+    sense[0] = 0x70;
+    sense[2] = key;
+    sense[7] = 10;
+    sense[12] = asc;
+    sense[13] = ascq;
+    let mut data = (sense.len() as u16).to_be_bytes().to_vec();
+    data.extend(sense);
+    Pdu::with_data(response(c, 0x02, None, 0, stat_sn, cmd_sn).bhs, data)
+}

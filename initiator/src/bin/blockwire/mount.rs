@@ -626,6 +626,7 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
     if files.is_empty() {
         bail!("the target has no disk LUNs");
     }
+    let _resizes = crate::capacity_watch::spawn(Arc::downgrade(&session), "mount");
     let meta = std::fs::metadata(&opts.mountpoint)
         .with_context(|| format!("mount point {}", opts.mountpoint.display()))?;
     if !meta.is_dir() {

@@ -267,6 +267,7 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
         );
     }
     let session = Arc::new(session);
+    let _resizes = crate::capacity_watch::spawn(Arc::downgrade(&session), "ublk");
     let ctrl = Arc::new(
         libublk::ctrl::UblkCtrlBuilder::default()
             .name("blockwire")
