@@ -626,7 +626,11 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
     if files.is_empty() {
         bail!("the target has no disk LUNs");
     }
-    let _resizes = crate::capacity_watch::spawn(Arc::downgrade(&session), "mount");
+    let resizes = crate::capacity_watch::spawn(
+        Arc::downgrade(&session),
+        "mount",
+        session.capacity_changes(),
+    );
     let meta = std::fs::metadata(&opts.mountpoint)
         .with_context(|| format!("mount point {}", opts.mountpoint.display()))?;
     if !meta.is_dir() {
@@ -753,6 +757,7 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
         Err(_) => Err(anyhow::anyhow!("the FUSE thread ended without a result")),
     };
     // Tasks answering the last requests hold the session; wait for them.
+    resizes.stop().await;
     let mut session = session;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let session = loop {

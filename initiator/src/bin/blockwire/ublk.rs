@@ -267,7 +267,8 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
         );
     }
     let session = Arc::new(session);
-    let _resizes = crate::capacity_watch::spawn(Arc::downgrade(&session), "ublk");
+    let resizes =
+        crate::capacity_watch::spawn(Arc::downgrade(&session), "ublk", session.capacity_changes());
     let ctrl = Arc::new(
         libublk::ctrl::UblkCtrlBuilder::default()
             .name("blockwire")
@@ -350,6 +351,7 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
     let flushed = session.synchronize_cache(lun).await;
     // A logout the target leaves unanswered loses nothing: it is said, and
     // the flush alone decides the exit status.
+    resizes.stop().await;
     let logged_out: Result<(), String> = match Arc::try_unwrap(session) {
         Ok(s) => s
             .logout()
