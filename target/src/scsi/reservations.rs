@@ -432,8 +432,15 @@ impl Reservations {
         let Some(p) = path else { return r };
         let why = match read_saved(p) {
             Ok(Some(text)) => match PrState::from_text(&text) {
-                Some(st) => {
+                Some(mut st) => {
                     info!(path = %p.display(), registrations = st.regs.len(), "persistent reservations restored");
+                    // A start of the unit is its power on: the registrations
+                    // and the reservation persist through it (APTPL), but
+                    // "regardless of the APTPL bit value the PRgeneration
+                    // value shall be set to zero by a power on" (SPC-4
+                    // 6.16.2). The saved generation is kept in the file only
+                    // so that files stay in one format.
+                    st.generation = 0;
                     r.pr = st;
                     return r;
                 }

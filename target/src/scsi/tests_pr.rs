@@ -837,6 +837,10 @@ fn aptpl_survives_restart() {
     assert_eq!(can_read(&t, &a), GOOD);
     let d = prin(&t, &b, PrInAction::ReportCapabilities);
     assert_eq!(d[3] & 1, 1, "PTPL_A");
+    // The registration and the reservation came back; the generation,
+    // set to zero by a power on whatever APTPL says (SPC-4 6.16.2), did not.
+    let generation_of = |t: &LunTable| u32::from_be_bytes(prin(t, &b, PrInAction::ReadKeys)[0..4].try_into().unwrap());
+    assert_eq!(generation_of(&t), 0, "PRgeneration after a restart");
     // Registering without APTPL drops the file.
     let r = prout(
         &t,
@@ -1243,6 +1247,7 @@ proptest! {
                 let after = full_status(&t, &ns[0]);
                 let expected = if kept { before.registrations } else { vec![] };
                 prop_assert_eq!(after.registrations, expected, "after a restart (PTPL_A {})", kept);
+                prop_assert_eq!(after.generation, 0, "PRgeneration after a restart (power on)");
                 continue;
             }
             let sa = [PrOutAction::Register, PrOutAction::RegisterAndIgnoreExistingKey, PrOutAction::Reserve,
