@@ -577,8 +577,8 @@ async fn run(job: WriteJob, lease: BufLease, mut rx: mpsc::UnboundedReceiver<Msg
     finish(p, plan, input).await;
 }
 
-/// A WRITE whose data phase failed: its plan, once there, counts it as an
-/// error with no bytes, and is let go.
+/// A WRITE whose data phase failed, or that was aborted: its plan, once
+/// there, counts it as an error with no bytes, and is let go.
 fn fail_plan(plan: PlanState) {
     match plan {
         PlanState::Write(w) => w.hold.fail(),
@@ -604,6 +604,10 @@ async fn finish(mut p: Pipe, plan: PlanState, input: Input) {
     };
     let pdus = if aborted {
         debug!(itt, written = p.fill.written(), "pipelined write aborted");
+        // Ended by ABORT TASK (or its connection's loss) part way through
+        // its data: it did not complete, and its statistics say so (an
+        // error, no bytes), where dropping its plan counted it GOOD.
+        fail_plan(plan);
         None
     } else if matches!(input, Input::Failed(_)) {
         // Its plan counts it once, as an error, and lets its range and
