@@ -16,6 +16,32 @@ pub(super) fn writable(path: &Path, dir: bool) -> bool {
     rustix::fs::access(path, how).is_ok()
 }
 
+/// Whether two listen addresses (port 0 aside: each listing of it binds a
+/// port of its own) claim the same port for some connection: the same
+/// address, or one under a wildcard of its family. An IPv4-mapped IPv6
+/// address (`[::ffff:a.b.c.d]`) is that IPv4 address, and with
+/// `dual_stack` (see [`ipv6_wildcard_takes_ipv4`]) the IPv6 wildcard `[::]`
+/// also takes every IPv4 address of its port.
+pub(super) fn listen_overlap(a: SocketAddr, b: SocketAddr, dual_stack: bool) -> bool {
+    if a.port() != b.port() || a.port() == 0 {
+        return false;
+    }
+    let (ia, ib) = (a.ip().to_canonical(), b.ip().to_canonical());
+    if ia.is_ipv4() == ib.is_ipv4() {
+        return ia == ib || ia.is_unspecified() || ib.is_unspecified();
+    }
+    let v6_wildcard = |ip: std::net::IpAddr| ip.is_ipv6() && ip.is_unspecified();
+    dual_stack && (v6_wildcard(ia) || v6_wildcard(ib))
+}
+
+/// Whether a listener on the IPv6 wildcard also accepts IPv4 connections
+/// here: Linux's `net.ipv6.bindv6only` is 0 unless set otherwise, and the
+/// portals are bound without IPV6_V6ONLY, so `[::]:3260` then claims
+/// `0.0.0.0:3260` too.
+fn ipv6_wildcard_takes_ipv4() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").map_or(true, |v| v.trim() == "0")
+}
+
 /// The size and state of one backing file, checked by metadata and
 /// access(2) only; errors and notices go to `report`.
 fn check_backing_file(
@@ -212,7 +238,8 @@ impl TargetConfig {
             }
         }
         // Each listen address is bound once: a repeat, or an address under
-        // a wildcard of the same family and port, fails the start.
+        // a wildcard of the same port, fails the start.
+        let dual_stack = ipv6_wildcard_takes_ipv4();
         let mut seen: Vec<(SocketAddr, u16)> = Vec::new();
         for g in &self.portal_groups {
             let tag = g.get_ref().tag;
@@ -224,12 +251,7 @@ impl TargetConfig {
                 // groups, each getting its own, but once per group.
                 let clash = seen.iter().find(|(other, other_tag)| {
                     (*other == addr && *other_tag == tag)
-                        || other.port() == addr.port()
-                            && addr.port() != 0
-                            && other.is_ipv4() == addr.is_ipv4()
-                            && (other.ip() == addr.ip()
-                                || other.ip().is_unspecified()
-                                || addr.ip().is_unspecified())
+                        || listen_overlap(*other, addr, dual_stack)
                 });
                 if let Some((_, other_tag)) = clash.filter(|_| addr.port() == 0) {
                     report.errors.push(ctx.err(
@@ -242,6 +264,15 @@ impl TargetConfig {
                 } else if let Some((other, other_tag)) = clash {
                     let what = if *other == addr {
                         format!("{addr} is listed already")
+                    } else if other.is_ipv4() != addr.is_ipv4()
+                        && (other.ip().is_unspecified() || addr.ip().is_unspecified())
+                    {
+                        format!(
+                            "{addr} overlaps {other}: on this host an IPv6 wildcard also takes \
+                             IPv4 connections (net.ipv6.bindv6only = 0), so [::]:{port} alone \
+                             serves both",
+                            port = addr.port()
+                        )
                     } else {
                         format!("{addr} overlaps {other}")
                     };

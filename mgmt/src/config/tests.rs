@@ -1141,6 +1141,82 @@ fn check_refuses_a_listen_address_bound_twice() {
     assert!(TargetConfig::from_str("t.toml", text).is_err());
 }
 
+/// Whether two listen addresses claim one port: an IPv4-mapped IPv6
+/// address is its IPv4 address, and where the IPv6 wildcard is bound
+/// dual-stack (Linux's default) `[::]` takes IPv4 too, so a start with both
+/// `[::]:3260` and `0.0.0.0:3260` failed on the second bind, blaming
+/// "another target".
+#[test]
+fn listen_addresses_overlap_across_families_where_the_host_binds_dual_stack() {
+    use super::check::listen_overlap;
+    let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+    for dual in [false, true] {
+        assert!(listen_overlap(a("127.0.0.1:3260"), a("0.0.0.0:3260"), dual));
+        assert!(listen_overlap(a("[::1]:3260"), a("[::]:3260"), dual));
+        assert!(listen_overlap(
+            a("[::ffff:127.0.0.1]:3260"),
+            a("127.0.0.1:3260"),
+            dual
+        ));
+        assert!(listen_overlap(
+            a("[::ffff:10.0.0.1]:3260"),
+            a("0.0.0.0:3260"),
+            dual
+        ));
+        assert!(!listen_overlap(
+            a("127.0.0.1:3260"),
+            a("127.0.0.2:3260"),
+            dual
+        ));
+        assert!(!listen_overlap(a("0.0.0.0:3260"), a("0.0.0.0:3261"), dual));
+        assert!(!listen_overlap(a("[::1]:3260"), a("127.0.0.1:3260"), dual));
+        assert!(!listen_overlap(a("0.0.0.0:0"), a("0.0.0.0:0"), dual));
+        for v4 in ["0.0.0.0:3260", "127.0.0.1:3260"] {
+            assert_eq!(
+                listen_overlap(a("[::]:3260"), a(v4), dual),
+                dual,
+                "{v4}, dual-stack {dual}"
+            );
+            assert_eq!(
+                listen_overlap(a(v4), a("[::]:3260"), dual),
+                dual,
+                "{v4}, dual-stack {dual}"
+            );
+        }
+    }
+    // The configuration check says which two, and how to serve both families.
+    let text =
+        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\", \"[::ffff:127.0.0.1]:3260\"]\n\n\
+                [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
+                [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+    let r = check(text);
+    assert_eq!(fields(&r), [(3, "portal_group.listen")], "{:?}", r.errors);
+    assert!(
+        r.errors[0]
+            .message
+            .contains("[::ffff:127.0.0.1]:3260 overlaps 127.0.0.1:3260"),
+        "{}",
+        r.errors[0]
+    );
+    let dual =
+        std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").map_or(true, |v| v.trim() == "0");
+    let text = "[[portal_group]]\ntag = 1\nlisten = [\"0.0.0.0:3260\", \"[::]:3260\"]\n\n\
+                [[target]]\nname = \"iqn.2026-11.io.blockwire:t\"\n\n\
+                [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+    let r = check(text);
+    if dual {
+        assert_eq!(fields(&r), [(3, "portal_group.listen")], "{:?}", r.errors);
+        assert!(
+            r.errors[0].message.contains("bindv6only = 0")
+                && r.errors[0].message.contains("[::]:3260 alone serves both"),
+            "{}",
+            r.errors[0]
+        );
+    } else {
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+    }
+}
+
 #[test]
 fn check_chap_secret_lengths_and_mutual_secret_reuse() {
     let lun = "\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
