@@ -574,9 +574,5 @@ async fn abort_during_a_pipelined_write_sends_no_status_and_frees_everything() {
     assert_eq!(stats.pipelined.load(Ordering::Relaxed), 4);
     // The aborted WRITE did not complete: it counts as an error without
     // its bytes, not as a good 1 MiB.
-    assert_eq!(
-        write_counts(&t),
-        (4, 1, 3 << 20),
-        "commands, errors, bytes"
-    );
+    assert_eq!(write_counts(&t), (4, 1, 3 << 20), "commands, errors, bytes");
 }

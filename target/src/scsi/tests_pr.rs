@@ -839,7 +839,9 @@ fn aptpl_survives_restart() {
     assert_eq!(d[3] & 1, 1, "PTPL_A");
     // The registration and the reservation came back; the generation,
     // set to zero by a power on whatever APTPL says (SPC-4 6.16.2), did not.
-    let generation_of = |t: &LunTable| u32::from_be_bytes(prin(t, &b, PrInAction::ReadKeys)[0..4].try_into().unwrap());
+    let generation_of = |t: &LunTable| {
+        u32::from_be_bytes(prin(t, &b, PrInAction::ReadKeys)[0..4].try_into().unwrap())
+    };
     assert_eq!(generation_of(&t), 0, "PRgeneration after a restart");
     // Registering without APTPL drops the file.
     let r = prout(
