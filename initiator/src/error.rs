@@ -143,6 +143,13 @@ pub enum Error {
         /// The last failure.
         reason: String,
     },
+    /// An offloaded (RDMA-assisted) command ended without an answer on the
+    /// login it was sent for: the session logged in again (its RDMA binding
+    /// is stale), its connection was lost, or it went unanswered past its
+    /// deadline and the connection was given up. Its buffers were the
+    /// target's until then; the command may run again over TCP.
+    #[error("offloaded command interrupted: {0}")]
+    OffloadInterrupted(String),
     /// The session was logged out or closed.
     #[error("session is closed")]
     Closed,
@@ -188,7 +195,11 @@ impl Error {
     /// timeouts, target temporarily unavailable).
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Io { .. } | Error::Timeout(_) | Error::Decode(_) | Error::Protocol(_) => true,
+            Error::Io { .. }
+            | Error::Timeout(_)
+            | Error::Decode(_)
+            | Error::Protocol(_)
+            | Error::OffloadInterrupted(_) => true,
             Error::LoginRejected { status, .. } => status.class == 3 || status.class == 1,
             _ => false,
         }

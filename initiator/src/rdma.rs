@@ -539,15 +539,12 @@ fn is_transfer_failure(e: &Error) -> bool {
             .sense
             .as_ref()
             .is_some_and(|s| s.key == SenseKey::AbortedCommand && s.asc == 0x4b),
-        // The login the binding belongs to is gone or going: the command
-        // runs again over TCP once the session has logged in again.
-        Error::Protocol(m) => {
-            m.contains("RDMA binding is stale")
-                || m.contains("connection lost during an offloaded command")
-        }
-        // Unanswered past its deadline: the TCP connection is being
-        // recovered, and the RDMA one must go before the buffers do.
-        Error::Timeout(m) => m.contains("offloaded SCSI command"),
+        // The login the binding belongs to is gone or going (also when the
+        // command went unanswered past its deadline and the TCP connection
+        // is being recovered): the RDMA connection goes before the buffers
+        // do, and the command runs again over TCP once the session has
+        // logged in again.
+        Error::OffloadInterrupted(_) => true,
         _ => false,
     }
 }

@@ -1305,7 +1305,9 @@ impl Inner {
         }
         let mut cdb16 = [0u8; 16];
         cdb16[..cdb.len()].copy_from_slice(cdb);
-        let stale = || Error::Protocol("the session logged in again: RDMA binding is stale".into());
+        let stale = || {
+            Error::OffloadInterrupted("the session logged in again: RDMA binding is stale".into())
+        };
         let _permit = self.slots.acquire().await.map_err(|_| Error::Closed)?;
         let gen = self.wait_up().await?;
         if gen != generation {
@@ -1383,13 +1385,13 @@ impl Inner {
                         cdb16[0]
                     );
                     self.connection_lost(gen, why.clone());
-                    return Err(Error::Timeout(why));
+                    return Err(Error::OffloadInterrupted(why));
                 }
             },
             None => answered.await,
         };
         let Some(result) = answer else {
-            return Err(Error::Protocol(
+            return Err(Error::OffloadInterrupted(
                 "connection lost during an offloaded command".into(),
             ));
         };
