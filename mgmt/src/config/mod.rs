@@ -1871,12 +1871,20 @@ const ISNS_PERIOD_SECS: std::ops::RangeInclusive<u32> = 30..=86_400;
 
 fn isns_settings(i: &IsnsConfig, ctx: &Ctx<'_>) -> Result<Option<IsnsSettings>, ConfigError> {
     let Some(server) = &i.server else {
-        if let Some(e) = &i.entity {
-            return Err(ctx.err(
-                e.span(),
-                "isns.entity",
+        // Settings of a registration that never happens are a mistake to
+        // say, not to run without: most likely the server line was lost.
+        let without_server = |span, field| {
+            Err(ctx.err(
+                span,
+                field,
                 "is set but isns.server is not: name the iSNS server to register with",
-            ));
+            ))
+        };
+        if let Some(e) = &i.entity {
+            return without_server(e.span(), "isns.entity");
+        }
+        if let Some(p) = &i.registration_period_secs {
+            return without_server(p.span(), "isns.registration_period_secs");
         }
         return Ok(None);
     };

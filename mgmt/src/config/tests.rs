@@ -883,6 +883,11 @@ fn isns_registration_is_opt_in_and_checked() {
     for (isns, field, line) in [
         ("server = \"host:0\"\n", "isns.server", "t.toml:2"),
         ("entity = \"x\"\n", "isns.entity", "t.toml:2"),
+        (
+            "registration_period_secs = 60\n",
+            "isns.registration_period_secs",
+            "t.toml:2",
+        ),
         ("server = \"h\"\nentity = \"\"\n", "isns.entity", "t.toml:3"),
         (
             "server = \"h\"\nregistration_period_secs = 5\n",
