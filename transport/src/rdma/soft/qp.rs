@@ -561,7 +561,20 @@ async fn serve_requests(
                 a.status = if refused {
                     WcStatus::RemoteAccessError
                 } else {
-                    shared.keys.remote_write(h.rkey, h.addr, &payload)
+                    // Placed with the state locked, as READ responses and
+                    // SENDs are: `disconnect` aborts this task, but an abort
+                    // lands at its next await, not within a copy; the error
+                    // state it enters under this lock is what ensures that
+                    // once it returns no byte of this connection lands in
+                    // memory the caller may reuse (an arena, a registration
+                    // cache). A queue pair in the error state places nothing,
+                    // as an RC adapter's drops what arrives.
+                    let st = shared.state.lock().unwrap();
+                    if st.error {
+                        WcStatus::RemoteOperationError
+                    } else {
+                        shared.keys.remote_write(h.rkey, h.addr, &payload)
+                    }
                 };
                 wire::frame(a, &[])
             }
