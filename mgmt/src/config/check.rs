@@ -157,8 +157,9 @@ fn check_backing_file(
 
 /// The CHAP credentials of one section checked together: each secret's
 /// length, each initiator's name, and no mutual secret equal to a one-way
-/// one (RFC 7143 §12.1.3: a secret used to authenticate initiators must
-/// not authenticate the target).
+/// one (RFC 7143 §9.2.1: a secret used to authenticate initiators must
+/// not authenticate the target). [`check_secret_roles`] does the same
+/// across sections.
 fn check_auth(ctx: &Ctx<'_>, report: &mut CheckReport, a: &AuthConfig, section: &str) {
     let mut one_way = Vec::new();
     for c in &a.chap {
@@ -188,7 +189,49 @@ fn check_auth(ctx: &Ctx<'_>, report: &mut CheckReport, a: &AuthConfig, section: 
             report.errors.push(ctx.err(
                 m.secret.span(),
                 &format!("{section}.mutual_chap.secret"),
-                "the mutual CHAP secret equals a one-way CHAP secret of the same section; RFC 7143 (12.1.3) forbids using one secret in both directions: choose another",
+                "the mutual CHAP secret equals a one-way CHAP secret of the same section; RFC 7143 (9.2.1) forbids using one secret in both directions: choose another",
+            ));
+        }
+    }
+}
+
+/// No section's mutual CHAP secret (the target authenticating itself) is
+/// another section's one-way secret (initiators authenticating), RFC 7143
+/// §9.2.1. Across sections it is no safer than within one: an initiator
+/// allowed into the first target sends the second target's challenge as its
+/// own mutual challenge to the first, which answers it with the shared
+/// secret, and that answer logs the initiator in to the second as an
+/// account it does not know the secret of. Each login checks only its own
+/// section, so this is the one place the pair is seen. `sections` are
+/// each section's name and credentials.
+fn check_secret_roles(ctx: &Ctx<'_>, report: &mut CheckReport, sections: &[(String, &AuthConfig)]) {
+    for (name, a) in sections {
+        let Some(m) = &a.mutual_chap else { continue };
+        let mutual = m.secret.get_ref();
+        let reused = sections.iter().find(|(other, o)| {
+            other != name
+                && (o.chap.iter().any(|c| c.secret.get_ref() == mutual)
+                    || o.initiator_chap
+                        .iter()
+                        .any(|c| c.secret.get_ref() == mutual))
+        });
+        if let Some((other, _)) = reused {
+            report.errors.push(ctx.err(
+                m.secret.span(),
+                &format!(
+                    "{}.mutual_chap.secret",
+                    if name == "[discovery]" {
+                        "discovery"
+                    } else {
+                        "target"
+                    }
+                ),
+                format!(
+                    "the mutual CHAP secret of {name} is a one-way CHAP secret of {other}: \
+                     an initiator of {name} could have it answer {other}'s challenges and \
+                     log in there without that secret; RFC 7143 (9.2.1) forbids a secret \
+                     in both roles: choose another"
+                ),
             ));
         }
     }
@@ -288,6 +331,8 @@ impl TargetConfig {
             }
         }
         let mut claims = Claims::default();
+        // Each target's credentials, for the check across sections.
+        let mut sections: Vec<(String, AuthConfig)> = Vec::new();
         for t in &self.targets {
             let t = t.get_ref();
             if let Err(why) = check_iscsi_name(t.name.get_ref().trim()) {
@@ -311,6 +356,7 @@ impl TargetConfig {
                 chap_algorithms: None,
             };
             check_auth(ctx, &mut report, &auth, "target");
+            sections.push((format!("target {}", t.name.get_ref().trim()), auth));
             claim_units(
                 ctx,
                 &mut report,
@@ -385,6 +431,10 @@ impl TargetConfig {
             }
         }
         check_auth(ctx, &mut report, &self.discovery, "discovery");
+        let mut roles: Vec<(String, &AuthConfig)> =
+            sections.iter().map(|(n, a)| (n.clone(), a)).collect();
+        roles.push(("[discovery]".to_owned(), &self.discovery));
+        check_secret_roles(ctx, &mut report, &roles);
         report
     }
 }

@@ -1258,6 +1258,82 @@ fn check_chap_secret_lengths_and_mutual_secret_reuse() {
     assert_eq!(fields(&check(&reuse)), [(8, "target.mutual_chap.secret")]);
 }
 
+/// A target's mutual CHAP secret that another target (or discovery) takes
+/// from initiators is refused as within one section: an initiator allowed
+/// into the first could send the second's challenge as its mutual challenge
+/// and log in to the second with the first's answer (RFC 7143 §9.2.1).
+/// Each section alone was checked, so this passed.
+#[test]
+fn a_mutual_chap_secret_is_no_other_sections_one_way_secret() {
+    let lun = "\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
+    let pg = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n";
+    let target = |name: &str, auth: &str| {
+        format!("\n[[target]]\nname = \"iqn.2026-11.io.blockwire:{name}\"\n{auth}{lun}")
+    };
+    // Mutual CHAP needs one-way CHAP beside it (line 7); line 8: A's mutual
+    // secret, which B takes from initiators.
+    let a_mutual = |secret: &str| {
+        format!("chap = [{{ user = \"ua\", secret = \"a-own-secret\" }}]\nmutual_chap = {{ user = \"ta\", secret = \"{secret}\" }}\n")
+    };
+    let text = format!(
+        "{pg}{}{}",
+        target("a", &a_mutual("shared-secret-1")),
+        target(
+            "b",
+            "chap = [{ user = \"u\", secret = \"shared-secret-1\" }]\n"
+        )
+    );
+    let r = check(&text);
+    assert_eq!(
+        fields(&r),
+        [(8, "target.mutual_chap.secret")],
+        "{:?}",
+        r.errors
+    );
+    assert!(
+        r.errors[0].message.contains("of target iqn.2026-11.io.blockwire:a is a one-way CHAP secret of target iqn.2026-11.io.blockwire:b"),
+        "{}",
+        r.errors[0]
+    );
+    // Discovery's one-way secret, or a per-initiator one, counts too; and
+    // discovery's mutual secret against a target's.
+    let text = format!(
+        "{pg}{}\n[discovery]\nchap = [{{ user = \"d\", secret = \"shared-secret-1\" }}]\n",
+        target("a", &a_mutual("shared-secret-1"))
+    );
+    let r = check(&text);
+    assert_eq!(
+        fields(&r),
+        [(8, "target.mutual_chap.secret")],
+        "{:?}",
+        r.errors
+    );
+    assert!(
+        r.errors[0].message.contains("of [discovery]"),
+        "{}",
+        r.errors[0]
+    );
+    let text = format!(
+        "{pg}{}\n[discovery]\nchap = [{{ user = \"d\", secret = \"discovery-secret\" }}]\nmutual_chap = {{ user = \"td\", secret = \"shared-secret-2\" }}\n",
+        target("a", "initiator_chap = [{ initiator = \"iqn.2026-01.org.example:i\", user = \"u\", secret = \"shared-secret-2\" }]\n")
+    );
+    let r = check(&text);
+    assert_eq!(
+        fields(&r),
+        [(16, "discovery.mutual_chap.secret")],
+        "{:?}",
+        r.errors
+    );
+    // One mutual secret for two targets, and a one-way secret two targets
+    // share, are each in one role only: allowed.
+    let text = format!(
+        "{pg}{}{}",
+        target("a", "chap = [{ user = \"u\", secret = \"one-way-secret\" }]\nmutual_chap = { user = \"t\", secret = \"mutual-secret-1\" }\n"),
+        target("b", "chap = [{ user = \"u\", secret = \"one-way-secret\" }]\nmutual_chap = { user = \"t\", secret = \"mutual-secret-1\" }\n")
+    );
+    assert!(check(&text).is_valid(), "{:?}", check(&text).errors);
+}
+
 #[test]
 fn fabric_errors_name_their_line_and_all_are_reported() {
     let text = format!(
