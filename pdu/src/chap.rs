@@ -238,6 +238,15 @@ pub enum ChapError {
     /// The peer sent back our own challenge (reflection attack).
     #[error("the peer's CHAP challenge repeats ours (reflection refused)")]
     Reflection,
+    /// The target's mutual CHAP response is the one this side would give
+    /// for the same challenge with its own secret (RFC 7143 §9.2.1): one
+    /// secret in both directions, or our own answer played back.
+    #[error(
+        "the target's CHAP response is the one our own secret gives (one secret in both \
+         directions, or our answer played back): refused; give the target's mutual CHAP \
+         its own secret"
+    )]
+    OwnResponse,
     /// No credential is configured for this CHAP_N.
     #[error("unknown CHAP user `{user}`")]
     UnknownUser {
@@ -764,6 +773,14 @@ impl ChapInitiator {
                         got: name.to_owned(),
                     });
                 }
+                // RFC 7143 §9.2.1: a response this side would have
+                // generated itself for the same challenge is a failure;
+                // otherwise a target holding no secret could answer with
+                // ours, taken from another login of ours it challenged.
+                let own = chap_response(alg, id, self.credential.secret.expose(), &challenge);
+                if ct_eq(&own, &response) {
+                    return Err(ChapError::OwnResponse);
+                }
                 let expected = chap_response(alg, id, mutual.secret.expose(), &challenge);
                 if !ct_eq(&expected, &response) {
                     return Err(ChapError::WrongTargetResponse);
@@ -1011,6 +1028,42 @@ mod tests {
                 Err(ChapError::WrongTargetName { .. })
             ));
         }
+    }
+
+    /// RFC 7143 §9.2.1: the target's mutual response must not be the one
+    /// the initiator's own secret gives for that challenge. A rogue target
+    /// that holds no secret can get exactly that answer by sending the
+    /// initiator's challenge, from another login of the same initiator, as
+    /// its own challenge there; with one secret in both directions the
+    /// initiator took it as proof.
+    #[test]
+    fn chap_initiator_refuses_its_own_response_from_the_target() {
+        let secret = "one-secret-both-ways";
+        let mut i = ChapInitiator::new(
+            Credential::new("alice", secret),
+            vec![ChapAlgorithm::Md5],
+            Some(Credential::new("target", secret)),
+        );
+        let _ = i.offer();
+        let theirs = p(&[
+            ("CHAP_A", "5"),
+            ("CHAP_I", "7"),
+            ("CHAP_C", &encode_hex(&[0x5a; 16])),
+        ]);
+        let Ok(InitiatorStep::Respond(out)) = i.receive(&theirs, &mut counter(40)) else {
+            panic!("expected a response")
+        };
+        let value = |k: &str| out.iter().find(|(key, _)| key == k).unwrap().1.clone();
+        let my_id: u8 = value("CHAP_I").parse().unwrap();
+        let my_challenge = decode_binary(&value("CHAP_C")).unwrap();
+        let own = chap_response(ChapAlgorithm::Md5, my_id, secret.as_bytes(), &my_challenge);
+        assert_eq!(
+            i.receive(
+                &p(&[("CHAP_N", "target"), ("CHAP_R", &encode_hex(&own))]),
+                &mut counter(0)
+            ),
+            Err(ChapError::OwnResponse)
+        );
     }
 
     fn challenged(alg: &str) -> (ChapResponder, u8, Vec<u8>) {

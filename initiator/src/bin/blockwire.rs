@@ -476,6 +476,13 @@ fn chap_of(a: &AuthArgs) -> Result<Option<ChapConfig>> {
             .mutual_secret
             .as_deref()
             .ok_or_else(|| anyhow!("--mutual-user needs --mutual-secret"))?;
+        if ms == secret {
+            bail!(
+                "--mutual-secret equals --chap-secret: RFC 7143 (9.2.1) forbids one CHAP \
+                 secret in both directions, and such a login fails; give the target's \
+                 mutual CHAP its own secret"
+            );
+        }
         c = c.with_mutual(mu.clone(), ms);
     }
     let mut algs = Vec::new();
