@@ -60,10 +60,13 @@ pub struct SendTargetsList {
     pub refused: Vec<String>,
 }
 
-/// Parses `host:port,tpgt`, `[v6]:port,tpgt`, `host,tpgt` or `host`
-/// (defaults from `default`). The host must be a domain name or an address
-/// (see [`check_portal_host`]); says what is wrong.
+/// Parses `host:port,tpgt`, `[v6]:port,tpgt`, `host,tpgt` or `host`. A
+/// missing port is iSCSI's IANA port, 3260 (RFC 7143 §13.8), whatever port
+/// the answer came through; a missing tag is `default`'s. The host must be
+/// a domain name or an address (see [`check_portal_host`]); says what is
+/// wrong.
 pub fn parse_target_address(value: &str, default: &Portal) -> Result<Portal, String> {
+    const IANA_PORT: u16 = 3260;
     let number = |what: &str, n: &str| {
         n.trim()
             .parse()
@@ -79,14 +82,14 @@ pub fn parse_target_address(value: &str, default: &Portal) -> Result<Portal, Str
             .ok_or_else(|| format!("{value:?} opens '[' and never closes it"))?;
         let port = match after.strip_prefix(':') {
             Some(p) => number("port", p)?,
-            None if after.is_empty() => default.port,
+            None if after.is_empty() => IANA_PORT,
             None => return Err(format!("{value:?} has {after:?} after ']'")),
         };
         (h.to_owned(), port)
     } else {
         match addr.rsplit_once(':') {
             Some((h, p)) if !h.contains(':') => (h.to_owned(), number("port", p)?),
-            _ => (addr.to_owned(), default.port),
+            _ => (addr.to_owned(), IANA_PORT),
         }
     };
     check_portal_host(&host)?;
@@ -261,6 +264,22 @@ mod tests {
             "host:3260,1"
         );
         assert!(parse_target_address("h:notaport,1", &dp()).is_err());
+        // Without a port, iSCSI's port (RFC 7143 §13.8), not the port the
+        // answer came through: discovery on 3261 listing 10.0.0.5,1 sent
+        // the login to 10.0.0.5:3261.
+        let on_3261 = Portal { port: 3261, ..dp() };
+        for (value, parsed) in [
+            ("10.0.0.5,1", "10.0.0.5:3260,1"),
+            ("[fe80::1],2", "[fe80::1]:3260,2"),
+            ("host", "host:3260,1"),
+            ("10.0.0.5:3262,1", "10.0.0.5:3262,1"),
+        ] {
+            assert_eq!(
+                parse_target_address(value, &on_3261).unwrap().to_string(),
+                parsed,
+                "{value}"
+            );
+        }
     }
 
     /// A discovery target's answer ends up in file names and records (the node
