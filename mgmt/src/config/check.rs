@@ -20,7 +20,8 @@ pub(super) fn writable(path: &Path, dir: bool) -> bool {
 /// port of its own) claim the same port for some connection: the same
 /// address, or one under a wildcard of its family. An IPv4-mapped IPv6
 /// address (`[::ffff:a.b.c.d]`) is that IPv4 address, and with
-/// `dual_stack` (see [`ipv6_wildcard_takes_ipv4`]) the IPv6 wildcard `[::]`
+/// `dual_stack` (see
+/// [`blockwire_target::iscsi::portal::ipv6_wildcard_takes_ipv4`]) the IPv6 wildcard `[::]`
 /// also takes every IPv4 address of its port.
 pub(super) fn listen_overlap(a: SocketAddr, b: SocketAddr, dual_stack: bool) -> bool {
     if a.port() != b.port() || a.port() == 0 {
@@ -32,14 +33,6 @@ pub(super) fn listen_overlap(a: SocketAddr, b: SocketAddr, dual_stack: bool) -> 
     }
     let v6_wildcard = |ip: std::net::IpAddr| ip.is_ipv6() && ip.is_unspecified();
     dual_stack && (v6_wildcard(ia) || v6_wildcard(ib))
-}
-
-/// Whether a listener on the IPv6 wildcard also accepts IPv4 connections
-/// here: Linux's `net.ipv6.bindv6only` is 0 unless set otherwise, and the
-/// portals are bound without IPV6_V6ONLY, so `[::]:3260` then claims
-/// `0.0.0.0:3260` too.
-fn ipv6_wildcard_takes_ipv4() -> bool {
-    std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").map_or(true, |v| v.trim() == "0")
 }
 
 /// The size and state of one backing file, checked by metadata and
@@ -282,7 +275,7 @@ impl TargetConfig {
         }
         // Each listen address is bound once: a repeat, or an address under
         // a wildcard of the same port, fails the start.
-        let dual_stack = ipv6_wildcard_takes_ipv4();
+        let dual_stack = blockwire_target::iscsi::portal::ipv6_wildcard_takes_ipv4();
         let mut seen: Vec<(SocketAddr, u16)> = Vec::new();
         for g in &self.portal_groups {
             let tag = g.get_ref().tag;

@@ -30,26 +30,38 @@ const MAX_REQUEST_TEXT: usize = 64 * 1024;
 
 /// One `TargetAddress` value: `addr:port,tpgt`, IPv6 in brackets, a
 /// wildcard portal reported as the address the initiator connected to.
-pub fn target_address(portal: SocketAddr, tag: u16, local_addr: SocketAddr) -> String {
-    let ip = if portal.ip().is_unspecified() {
-        local_addr.ip()
-    } else {
-        portal.ip()
-    };
-    // A dual-stack socket reports IPv4 peers as IPv4-mapped IPv6.
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
+/// None for a wildcard that address does not reach: an IPv4 wildcard asked
+/// about over IPv6, or an IPv6 wildcard over IPv4 where it is bound IPv6
+/// only (`dual_stack` false, see
+/// [`super::portal::ipv6_wildcard_takes_ipv4`]). Naming the connection's
+/// address there sent initiators to a port nothing of that family listens
+/// on, or to another portal group's portal.
+pub fn target_address(
+    portal: SocketAddr,
+    tag: u16,
+    local_addr: SocketAddr,
+    dual_stack: bool,
+) -> Option<String> {
+    // A dual-stack socket reports IPv4 peers as IPv4-mapped IPv6: then
+    // IPv6 wildcards are evidently dual-stack here.
+    let local = local_addr.ip().to_canonical();
+    let came_mapped = local_addr.ip().is_ipv6() && local.is_ipv4();
+    let ip = match portal.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => local.is_ipv4().then_some(local)?,
+        IpAddr::V6(a) if a.is_unspecified() => {
+            (local.is_ipv6() || dual_stack || came_mapped).then_some(local)?
+        }
+        ip => ip.to_canonical(),
     };
     let port = if portal.port() == 0 {
         local_addr.port()
     } else {
         portal.port()
     };
-    match ip {
+    Some(match ip {
         IpAddr::V4(a) => format!("{a}:{port},{tag}"),
         IpAddr::V6(a) => format!("[{a}]:{port},{tag}"),
-    }
+    })
 }
 
 fn push_target(
@@ -60,12 +72,15 @@ fn push_target(
 ) {
     out.push(("TargetName".to_owned(), target.name.clone()));
     let mut seen: Vec<String> = Vec::new();
+    let dual_stack = super::portal::ipv6_wildcard_takes_ipv4();
     for &tag in &target.portal_groups {
         let Some(group) = catalog.portal_group(tag) else {
             continue;
         };
         for &portal in &group.addresses {
-            let addr = target_address(portal, tag, local_addr);
+            let Some(addr) = target_address(portal, tag, local_addr, dual_stack) else {
+                continue;
+            };
             if !seen.contains(&addr) {
                 seen.push(addr.clone());
                 out.push(("TargetAddress".to_owned(), addr));

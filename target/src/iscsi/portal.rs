@@ -16,6 +16,17 @@ use tracing::{info, warn};
 
 use super::{connection, Fabric};
 
+/// Whether a portal on the IPv6 wildcard (`[::]`) also accepts IPv4
+/// connections on this host. Portals are bound without IPV6_V6ONLY, so
+/// Linux's `net.ipv6.bindv6only` decides: 0 (its default) makes `[::]:P`
+/// take IPv4 too, and claim `0.0.0.0:P`. Read once.
+pub fn ipv6_wildcard_takes_ipv4() -> bool {
+    static DUAL_STACK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DUAL_STACK.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").map_or(true, |v| v.trim() == "0")
+    })
+}
+
 /// A bound listener of one portal group.
 #[derive(Debug)]
 pub struct Portal {

@@ -25,28 +25,48 @@ fn pairs(list: &[(&str, &str)]) -> TextPairs {
 #[test]
 fn target_address_formats() {
     let local = local_addr();
+    let at = |portal: &str, tag, local, dual_stack| {
+        target_address(portal.parse().unwrap(), tag, local, dual_stack)
+    };
+    for dual_stack in [false, true] {
+        assert_eq!(
+            at("127.0.0.1:3260", 1, local, dual_stack).as_deref(),
+            Some("127.0.0.1:3260,1")
+        );
+        assert_eq!(
+            at("0.0.0.0:3261", 2, local, dual_stack).as_deref(),
+            Some("192.0.2.10:3261,2")
+        );
+        assert_eq!(
+            at("[2001:db8::1]:3260", 3, local, dual_stack).as_deref(),
+            Some("[2001:db8::1]:3260,3")
+        );
+        let v6local = "[2001:db8::9]:3260".parse().unwrap();
+        assert_eq!(
+            at("[::]:3262", 4, v6local, dual_stack).as_deref(),
+            Some("[2001:db8::9]:3262,4")
+        );
+        let mapped = "[::ffff:198.51.100.7]:3260".parse().unwrap();
+        assert_eq!(
+            at("[::]:3260", 1, mapped, dual_stack).as_deref(),
+            Some("198.51.100.7:3260,1")
+        );
+        // An IPv4 wildcard asked about over IPv6 has no address to give:
+        // the connection's own (IPv6) one reaches no IPv4-only socket.
+        assert_eq!(at("0.0.0.0:3260", 1, v6local, dual_stack), None);
+        // An IPv4-mapped portal address is its IPv4 address.
+        assert_eq!(
+            at("[::ffff:192.0.2.20]:3260", 1, local, dual_stack).as_deref(),
+            Some("192.0.2.20:3260,1")
+        );
+    }
+    // An IPv6 wildcard asked about over IPv4 reaches it only where it is
+    // bound dual-stack.
     assert_eq!(
-        target_address("127.0.0.1:3260".parse().unwrap(), 1, local),
-        "127.0.0.1:3260,1"
+        at("[::]:3263", 5, local, true).as_deref(),
+        Some("192.0.2.10:3263,5")
     );
-    assert_eq!(
-        target_address("0.0.0.0:3261".parse().unwrap(), 2, local),
-        "192.0.2.10:3261,2"
-    );
-    assert_eq!(
-        target_address("[2001:db8::1]:3260".parse().unwrap(), 3, local),
-        "[2001:db8::1]:3260,3"
-    );
-    let v6local = "[2001:db8::9]:3260".parse().unwrap();
-    assert_eq!(
-        target_address("[::]:3262".parse().unwrap(), 4, v6local),
-        "[2001:db8::9]:3262,4"
-    );
-    let mapped = "[::ffff:198.51.100.7]:3260".parse().unwrap();
-    assert_eq!(
-        target_address("[::]:3260".parse().unwrap(), 1, mapped),
-        "198.51.100.7:3260,1"
-    );
+    assert_eq!(at("[::]:3263", 5, local, false), None);
 }
 
 #[test]
