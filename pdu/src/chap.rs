@@ -198,6 +198,23 @@ impl Credential {
     }
 }
 
+/// A CHAP_N the peer sent, as an error message shows it: escaped (a line
+/// break or an escape sequence in it cannot forge a log line or drive a
+/// terminal) and cut at 64 characters (it may be as long as the login's
+/// text).
+fn shown(name: &str) -> String {
+    const SHOWN: usize = 64;
+    let mut out: String = name
+        .chars()
+        .take(SHOWN)
+        .flat_map(char::escape_debug)
+        .collect();
+    if name.chars().nth(SHOWN).is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
 /// Why a CHAP exchange failed. Never carries a secret; values received from
 /// the peer are only named by key.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -248,13 +265,13 @@ pub enum ChapError {
     )]
     OwnResponse,
     /// No credential is configured for this CHAP_N.
-    #[error("unknown CHAP user `{user}`")]
+    #[error("unknown CHAP user `{}`", shown(user))]
     UnknownUser {
         /// The CHAP_N received.
         user: String,
     },
     /// The response does not prove knowledge of the secret.
-    #[error("wrong CHAP response for user `{user}`")]
+    #[error("wrong CHAP response for user `{}`", shown(user))]
     WrongResponse {
         /// The CHAP_N received.
         user: String,
@@ -271,7 +288,10 @@ pub enum ChapError {
     #[error("target did not answer the mutual CHAP challenge")]
     MutualMissing,
     /// The target answered mutual CHAP with a different user name.
-    #[error("target answered mutual CHAP as `{got}`, expected `{expected}`")]
+    #[error(
+        "target answered mutual CHAP as `{}`, expected `{expected}`",
+        shown(got)
+    )]
     WrongTargetName {
         /// The name configured.
         expected: String,
@@ -1162,6 +1182,26 @@ mod tests {
         assert_eq!(
             r.receive(&msg, &mut counter(0)),
             Err(ChapError::MutualNotConfigured)
+        );
+    }
+
+    /// A CHAP_N is the peer's text: an error that names it (logged by the
+    /// target for every failed login) shows it escaped and bounded.
+    #[test]
+    fn a_peers_chap_name_is_shown_escaped_and_bounded() {
+        let forged = ChapError::UnknownUser {
+            user: "bob\n2026-12-06T00:00:00Z INFO login succeeded\u{1b}[2J".into(),
+        };
+        let text = forged.to_string();
+        assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text}");
+        assert!(text.contains("bob\\n2026"), "{text}");
+        let long = ChapError::WrongResponse {
+            user: "u".repeat(8000),
+        };
+        assert!(long.to_string().len() < 120, "{}", long.to_string().len());
+        assert_eq!(
+            ChapError::UnknownUser { user: "bob".into() }.to_string(),
+            "unknown CHAP user `bob`"
         );
     }
 
