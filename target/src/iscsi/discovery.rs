@@ -183,6 +183,15 @@ impl TextExchange {
         }
     }
 
+    /// Answers later SendTargets requests from `catalog`, what is served
+    /// now: an initiator may keep a discovery session open and ask again
+    /// to find new targets (RFC 7143 appendix C), and a target it may no
+    /// longer see must not be listed. An answer already being pulled in
+    /// pieces is not changed.
+    pub fn use_catalog(&mut self, catalog: Arc<Catalog>) {
+        self.catalog = catalog;
+    }
+
     /// The machine for the connection a login produced.
     pub fn from_outcome(
         catalog: Arc<Catalog>,

@@ -126,8 +126,9 @@ impl Default for FabricSettings {
 /// The shared state of every connection.
 #[derive(Debug)]
 pub struct Fabric {
-    /// What is served: logins and discovery read the snapshot current when
-    /// they start; the management plane swaps in a new one.
+    /// What is served: logins read the snapshot current when they start,
+    /// SendTargets the one current when it is asked; the management plane
+    /// swaps in a new one.
     catalog: std::sync::RwLock<Arc<Catalog>>,
     /// Live sessions.
     pub sessions: SessionTable,

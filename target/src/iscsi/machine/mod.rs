@@ -650,6 +650,7 @@ impl ConnMachine {
                     unreachable!("admitted as a Text Request")
                 };
                 let before = self.data_in_limits();
+                self.text.use_catalog(self.fabric.catalog());
                 let step = self.text.on_request(&req, &pdu.data);
                 let after = self.data_in_limits();
                 if after != before {

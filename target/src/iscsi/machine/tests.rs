@@ -2067,6 +2067,70 @@ fn text_request(c: &mut Conn, itt: u32, pairs: &[(&str, &str)]) -> Pdu {
     )
 }
 
+/// A discovery session kept open answers each SendTargets from what is
+/// served when it is asked (RFC 7143 appendix C: an initiator may keep it
+/// open to find new targets): a target added since the login is listed, and
+/// one whose access list no longer admits the initiator is not. Before, the
+/// session answered from the targets of its login for as long as it lasted.
+#[tokio::test]
+async fn send_targets_answers_from_what_is_served_when_asked() {
+    let fabric = fabric();
+    let mut c = Conn::open_on(fabric.clone(), None, &[]);
+    let listed = |c: &mut Conn| {
+        let itt = c.itt();
+        let req = text_request(c, itt, &[("SendTargets", "All")]);
+        (itt, req)
+    };
+    let names = |sent: Vec<Pdu>| -> Vec<String> {
+        let [Pdu {
+            bhs: Bhs::TextResponse(_),
+            data,
+            ..
+        }] = &sent[..]
+        else {
+            panic!("{sent:?}")
+        };
+        blockwire_pdu::keys::parse_text(data)
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k == "TargetName")
+            .map(|(_, v)| v)
+            .collect()
+    };
+    let (_, req) = listed(&mut c);
+    assert_eq!(c.feed(req).await, None);
+    assert_eq!(names(c.sent()), [TARGET]);
+    // A live change: the first target now admits another initiator only,
+    // and a second target is served.
+    let old = fabric.catalog();
+    let entry = |name: &str, acl: Acl| {
+        Arc::new(crate::iscsi::catalog::TargetEntry {
+            name: name.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl,
+            auth: Default::default(),
+            luns: old.targets[0].luns.clone(),
+            data_paths: Vec::new(),
+            qos: Vec::new(),
+        })
+    };
+    fabric.replace_catalog(Arc::new(Catalog {
+        portal_groups: old.portal_groups.clone(),
+        targets: vec![
+            entry(
+                TARGET,
+                Acl::Only(vec!["iqn.2026-11.test:another-host".into()]),
+            ),
+            entry("iqn.2026-11.test:added", Acl::Any),
+        ],
+        discovery_auth: Default::default(),
+    }));
+    let (_, req) = listed(&mut c);
+    assert_eq!(c.feed(req).await, None);
+    assert_eq!(names(c.sent()), ["iqn.2026-11.test:added"]);
+}
+
 /// On iSER a Text Response lands in one of the initiator's receive buffers,
 /// InitiatorRecvDataSegmentLength bytes (RFC 7145 §6.3), which
 /// MaxRecvDataSegmentLength does not bound: a longer answer goes in pieces
