@@ -628,6 +628,120 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
     );
 }
 
+/// A backstore whose writes hang until released, counting the writes that
+/// reached it: a slow disk with a WRITE on it.
+#[derive(Debug)]
+struct SlowWrites {
+    inner: RamBackstore,
+    released: std::sync::Mutex<bool>,
+    wake: std::sync::Condvar,
+    entered: std::sync::atomic::AtomicUsize,
+}
+
+impl SlowWrites {
+    fn release(&self) {
+        *self.released.lock().unwrap() = true;
+        self.wake.notify_all();
+    }
+}
+
+/// Releases the writes when dropped: a failed assertion must not leave a
+/// blocking thread waiting for ever, and the test's runtime with it.
+struct ReleaseOnDrop(Arc<SlowWrites>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl Backstore for SlowWrites {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.entered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut released = self.released.lock().unwrap();
+        while !*released {
+            released = self.wake.wait(released).unwrap();
+        }
+        drop(released);
+        self.inner.write_at(offset, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "slow writes".into()
+    }
+}
+
+/// An ABORT TASK of a WRITE the backstore is already writing is answered
+/// only once that write has returned (SAM-5: an aborted command changes
+/// nothing after the task management function completes). It was answered
+/// at once, so a WRITE of the same blocks sent after "Function complete"
+/// could be overtaken by the aborted one, whose data then stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_of_a_write_being_written_is_answered_after_it() {
+    let store = Arc::new(SlowWrites {
+        inner: RamBackstore::new(1 << 20),
+        released: std::sync::Mutex::new(false),
+        wake: std::sync::Condvar::new(),
+        entered: Default::default(),
+    });
+    let t = start_with(FabricSettings::default(), store.clone()).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 9], Digests::NONE).await;
+    // Dropped first, also when an assertion fails.
+    let _release = ReleaseOnDrop(store.clone());
+    let _ = c.test_unit_ready().await;
+    assert!(
+        c.params.immediate_data,
+        "the WRITE goes whole with its command"
+    );
+    let write = c.command(&rw10(0x2a, 0, 8), false, true, 4096, true);
+    c.send(Pdu::with_data(Bhs::ScsiCommand(write), vec![0xabu8; 4096]))
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the WRITE never reached the backstore"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    c.itt += 1;
+    let abort = TaskMgmtRequest {
+        immediate: true,
+        function: TmfFunction::AbortTask,
+        lun: Lun::from_index(0),
+        itt: c.itt,
+        referenced_task_tag: write.itt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: write.cmd_sn,
+        exp_data_sn: 0,
+    };
+    c.send(Pdu::new(Bhs::TaskMgmtRequest(abort))).await;
+    if let Some(pdu) = c.recv_within(Duration::from_millis(500)).await {
+        panic!("answered while the aborted WRITE was still being written: {pdu:?}");
+    }
+    store.release();
+    let pdu = c
+        .recv_within(Duration::from_secs(5))
+        .await
+        .expect("the abort is answered once the write returned");
+    let Bhs::TaskMgmtResponse(r) = pdu.bhs else {
+        panic!("expected the TMF response, got {pdu:?}")
+    };
+    assert_eq!(r.response, TmfResponse::FunctionComplete);
+    // Nothing of the aborted WRITE follows; the session goes on.
+    assert_eq!(c.test_unit_ready().await, Some(0));
+}
+
 /// The data-integrity check with both digests on (libiscsi never offers
 /// DataDigest, so this client does it): 256 MiB of a pseudo-random pattern
 /// written in 1 MiB commands and read back, checksums compared.

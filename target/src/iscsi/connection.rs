@@ -564,7 +564,12 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
             Action::AwaitAborted {
                 aborted,
                 completing,
-            } => launcher.await_aborted(&aborted, &completing).await,
+                changing_medium,
+            } => {
+                launcher
+                    .await_aborted(&aborted, &completing, &changing_medium)
+                    .await
+            }
             Action::AwaitSettled(settling) => launcher.settle(settling).await,
             Action::SendWhenSettled(settling, pdu) => launcher.answer_when_settled(settling, pdu),
             Action::End(reason) => {

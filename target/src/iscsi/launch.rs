@@ -277,14 +277,40 @@ impl Launcher {
     /// Waits, at most 5 s, until the aborted pipelined WRITEs among
     /// `aborted` ended their chunk writes (so none lands after the
     /// initiator hears of the abort) and the `completing` tasks queued
-    /// their answers (so the task management response follows them).
-    pub async fn await_aborted(&self, aborted: &[u32], completing: &[u32]) {
+    /// their answers (so the task management response follows them), and
+    /// the aborted commands the core was running when the abort came that
+    /// may change the medium (`changing_medium`, see
+    /// [`super::task::CommandContext::in_core`]) returned, as the pipelined
+    /// ones' chunk writes do. The connection reads nothing meanwhile, so
+    /// the bound is short; past it the abort is answered, and logged.
+    pub async fn await_aborted(
+        &self,
+        aborted: &[u32],
+        completing: &[u32],
+        changing_medium: &[Arc<std::sync::atomic::AtomicUsize>],
+    ) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         self.sync_writes.wait_drained(aborted, deadline).await;
         for itt in completing {
             while self.session.tasks.contains(*itt) && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
+        }
+        let running = || {
+            changing_medium
+                .iter()
+                .filter(|n| n.load(std::sync::atomic::Ordering::SeqCst) > 0)
+                .count()
+        };
+        while running() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if running() > 0 {
+            tracing::warn!(
+                tsih = self.session.tsih,
+                commands = running(),
+                "abort answered with aborted commands still in the backstore after 5s"
+            );
         }
     }
 }

@@ -9,7 +9,7 @@
 //! connection takes over the session and its CmdSN window.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use blockwire_pdu::keys::SessionParams;
@@ -40,18 +40,27 @@ pub struct TaskInfo {
     pub lun: u16,
     /// Set when the task is aborted: its result is then discarded.
     pub aborted: Arc<AtomicBool>,
+    /// How many of the task's calls into the SCSI core that may change the
+    /// medium are running ([`super::task::CommandContext::in_core`]): an
+    /// abort's answer waits for them.
+    pub changing_medium: Arc<AtomicUsize>,
     /// The task finished and its response is being queued: too late to
     /// abort. Task management waits for the response to be queued.
     pub completing: bool,
 }
 
 /// What an abort found.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Aborted {
     /// Tasks aborted: they will send no response.
     pub aborted: Vec<u32>,
     /// Tasks whose responses are already on their way.
     pub completing: Vec<u32>,
+    /// The aborted tasks' counts of core calls that may change the medium
+    /// (see [`TaskInfo::changing_medium`]): once an abort is answered,
+    /// none of them may still be writing (SAM-5: an aborted command
+    /// changes nothing after the task management function completes).
+    pub changing_medium: Vec<Arc<AtomicUsize>>,
 }
 
 /// The tasks of one session, by Initiator Task Tag.
@@ -71,18 +80,21 @@ impl TaskSet {
         self.tasks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers a new task and returns its abort flag.
-    pub fn insert(&self, itt: u32, lun: u16) -> Arc<AtomicBool> {
+    /// Registers a new task and returns its abort flag and its count of
+    /// core calls that may change the medium.
+    pub fn insert(&self, itt: u32, lun: u16) -> (Arc<AtomicBool>, Arc<AtomicUsize>) {
         let aborted = Arc::new(AtomicBool::new(false));
+        let changing_medium = Arc::new(AtomicUsize::new(0));
         self.lock().insert(
             itt,
             TaskInfo {
                 lun,
                 aborted: aborted.clone(),
+                changing_medium: changing_medium.clone(),
                 completing: false,
             },
         );
-        aborted
+        (aborted, changing_medium)
     }
 
     /// The abort flag of a registered task; None if it was aborted.
@@ -163,7 +175,11 @@ impl TaskSet {
         }
         for itt in &out.aborted {
             if let Some(t) = tasks.remove(itt) {
+                // Set before the count is read (in `await_aborted`), as a
+                // core call raises the count before it reads the flag: one
+                // of the two sees the other.
                 t.aborted.store(true, Ordering::SeqCst);
+                out.changing_medium.push(t.changing_medium);
             }
         }
         out

@@ -30,7 +30,7 @@
 //! [`CommandContext::answer`] does both. Abort checks between PDUs sent
 //! before the end use [`TaskSet::while_live`](super::session::TaskSet::while_live).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use blockwire_pdu::pdu::ScsiCommand;
@@ -78,7 +78,33 @@ impl CommandContext {
     /// thread), under the task's abort flag: a media command held by a
     /// stalled LUN gives up as soon as the task is aborted, so it never
     /// reaches the backstore (see [`crate::scsi::stall`]).
+    ///
+    /// A command that may change the medium (anything but READ, VERIFY,
+    /// PRE-FETCH, GET LBA STATUS) is counted in its task's entry while `f`
+    /// runs, and the count is raised before `f` looks at the abort flag: an
+    /// abort that came too late to stop it waits for it before it is
+    /// answered (see [`super::launch::Launcher::await_aborted`]). A WRITE
+    /// the core was writing when its ABORT TASK was answered "Function
+    /// complete" could otherwise land after a later WRITE of the same
+    /// blocks, the aborted data winning.
     pub fn in_core<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Leaving<'a>(Option<&'a AtomicUsize>);
+        impl Drop for Leaving<'_> {
+            fn drop(&mut self) {
+                if let Some(n) = self.0 {
+                    n.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+        let counted = self
+            .slot
+            .changing_medium()
+            .filter(|_| !crate::scsi::stall::only_reads_the_medium(&self.cdb))
+            .map(|n| {
+                n.fetch_add(1, Ordering::SeqCst);
+                &**n
+            });
+        let _leaving = Leaving(counted);
         crate::scsi::abortable(&self.aborted, f)
     }
 
@@ -168,6 +194,7 @@ struct TaskEntry {
     session: Arc<Session>,
     itt: u32,
     aborted: Arc<AtomicBool>,
+    changing_medium: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for CommandSlot {
@@ -193,13 +220,20 @@ impl CommandSlot {
     /// Registers the command as task `itt` on `lun` in `session`'s task
     /// set; returns its abort flag.
     pub fn register(&mut self, session: &Arc<Session>, itt: u32, lun: u16) -> Arc<AtomicBool> {
-        let aborted = session.tasks.insert(itt, lun);
+        let (aborted, changing_medium) = session.tasks.insert(itt, lun);
         self.task = Some(TaskEntry {
             session: session.clone(),
             itt,
             aborted: aborted.clone(),
+            changing_medium,
         });
         aborted
+    }
+
+    /// The registered task's count of core calls that may change the
+    /// medium (see [`CommandContext::in_core`]).
+    fn changing_medium(&self) -> Option<&Arc<AtomicUsize>> {
+        self.task.as_ref().map(|t| &t.changing_medium)
     }
 
     /// The registered task's abort flag.

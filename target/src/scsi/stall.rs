@@ -132,6 +132,29 @@ pub fn is_media_command(cdb: &[u8]) -> bool {
     }
 }
 
+/// Whether the command with this CDB only reads the medium or its state
+/// (READ, VERIFY, PRE-FETCH, GET LBA STATUS): an abort of it need not wait
+/// for it to leave the backstore, since nothing it does shows afterwards.
+/// Every other command may change what a later one finds.
+pub fn only_reads_the_medium(cdb: &[u8]) -> bool {
+    let Some(&opcode) = cdb.first() else {
+        return false;
+    };
+    match opcode {
+        op::SERVICE_ACTION_IN_16 => cdb.get(1).is_some_and(|sa| sa & 0x1f == 0x12),
+        op::READ_6
+        | op::READ_10
+        | op::READ_12
+        | op::READ_16
+        | op::VERIFY_10
+        | op::VERIFY_12
+        | op::VERIFY_16
+        | op::PRE_FETCH_10
+        | op::PRE_FETCH_16 => true,
+        _ => false,
+    }
+}
+
 /// The gate had to let a command go without running it: its task was
 /// aborted while it waited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

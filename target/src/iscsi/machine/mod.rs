@@ -269,14 +269,16 @@ pub(super) enum Action {
     DataInLimits(DataInLimits),
     /// Start this double-buffered WRITE's task.
     StartPipedWrite(PipedWrite),
-    /// Task management aborted `aborted` (not started, or pipelined WRITEs
-    /// whose chunk writes must end first) and let `completing` finish:
-    /// wait (bounded) until all are gone, so the task management response
-    /// queued next follows their answers on the wire and no aborted WRITE
-    /// reaches the medium after it.
+    /// Task management aborted `aborted` (not started, pipelined WRITEs
+    /// whose chunk writes must end first, or commands the core is running,
+    /// counted in `changing_medium` while they may change the medium) and
+    /// let `completing` finish: wait (bounded) until all are gone, so the
+    /// task management response queued next follows their answers on the
+    /// wire and no aborted WRITE reaches the medium after it.
     AwaitAborted {
         aborted: Vec<u32>,
         completing: Vec<u32>,
+        changing_medium: Vec<Arc<std::sync::atomic::AtomicUsize>>,
     },
     /// A cold reset: wait (bounded) until the commands of every session
     /// that were running on the reset units have ended, so the task
@@ -301,6 +303,7 @@ impl std::fmt::Debug for Action {
             Action::AwaitAborted {
                 aborted,
                 completing,
+                ..
             } => write!(f, "AwaitAborted({aborted:?}, {completing:?})"),
             Action::AwaitSettled(_) => write!(f, "AwaitSettled"),
             Action::SendWhenSettled(_, p) => write!(f, "SendWhenSettled({:?})", p.bhs.opcode()),

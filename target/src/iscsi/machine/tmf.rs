@@ -110,6 +110,7 @@ impl ConnMachine {
             self.out.push(Action::AwaitAborted {
                 aborted: outcome.aborted,
                 completing: outcome.completing,
+                changing_medium: outcome.changing_medium,
             });
         }
         n
