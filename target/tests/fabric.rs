@@ -505,6 +505,54 @@ async fn unknown_opcodes_are_rejected_and_tmf_answers() {
     assert_eq!(c.test_unit_ready().await, Some(0));
 }
 
+/// TARGET COLD RESET drops "all of its TCP connections to all initiators"
+/// (RFC 7143 §11.5.1): another initiator's session ends too, where only the
+/// connection that asked for the reset was closed and the others went on
+/// after a unit attention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_cold_reset_ends_every_session_of_the_target() {
+    let t = start(FabricSettings::default()).await;
+    let mut a = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x21], Digests::NONE).await;
+    let mut b = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x22], Digests::NONE).await;
+    assert!(a.test_unit_ready().await.is_some());
+    assert!(b.test_unit_ready().await.is_some());
+    assert_eq!(t.fabric.sessions.all().len(), 2);
+    a.itt += 1;
+    a.send(Pdu::new(Bhs::TaskMgmtRequest(TaskMgmtRequest {
+        immediate: true,
+        function: TmfFunction::TargetColdReset,
+        lun: Lun::from_index(0),
+        itt: a.itt,
+        referenced_task_tag: RESERVED_TAG,
+        cmd_sn: a.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: a.cmd_sn,
+        exp_data_sn: 0,
+    })))
+    .await;
+    let pdu = a.recv().await.expect("the cold reset is answered");
+    let Bhs::TaskMgmtResponse(r) = pdu.bhs else {
+        panic!("expected the TMF response, got {pdu:?}")
+    };
+    assert_eq!(r.response, TmfResponse::FunctionComplete);
+    // The other initiator's connection closes: its reads end well before
+    // the wait does.
+    let started = tokio::time::Instant::now();
+    while b.recv_within(Duration::from_secs(10)).await.is_some() {}
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the other session's connection stayed open"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !t.fabric.sessions.all().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sessions left after a cold reset"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A backstore whose reads hang until released: a disk that stopped answering.
 #[derive(Debug)]
 struct StuckStore {

@@ -549,18 +549,28 @@ impl SessionTable {
             .sum()
     }
 
+    /// Ends every session of `target` but `keep` (see [`Self::close`]): a
+    /// TARGET COLD RESET drops the target's connections to all initiators
+    /// (RFC 7143 §11.5.1); `keep`, the session that asked, ends once its
+    /// answer is sent. Returns how many ended.
+    pub fn close_target_sessions(&self, target: &Arc<TargetEntry>, keep: &Arc<Session>) -> usize {
+        let others: Vec<Arc<Session>> = self
+            .all()
+            .into_iter()
+            .filter(|s| !Arc::ptr_eq(s, keep) && of_target(s, target))
+            .collect();
+        for s in &others {
+            self.close(s);
+        }
+        others.len()
+    }
+
     /// Aborts the tasks of every session of `target` on `lun` (`None`: all
     /// LUNs): LUN and target resets affect all initiators (SAM-5 §6.3).
     pub fn abort_target_tasks(&self, target: &Arc<TargetEntry>, lun: Option<u16>) -> usize {
         self.all()
             .iter()
-            // By name: a live change gives later sessions a new entry for
-            // the same target (same LUN table).
-            .filter(|s| {
-                s.target
-                    .as_ref()
-                    .is_some_and(|t| t.name.eq_ignore_ascii_case(&target.name))
-            })
+            .filter(|s| of_target(s, target))
             .map(|s| {
                 s.tasks
                     .abort_where(|_, task_lun| lun.is_none_or(|l| l == task_lun))
@@ -569,6 +579,15 @@ impl SessionTable {
             })
             .sum()
     }
+}
+
+/// Whether `session` is a session of `target`: by name, as a live change
+/// gives later sessions a new entry for the same target (same LUN table).
+fn of_target(session: &Session, target: &TargetEntry) -> bool {
+    session
+        .target
+        .as_ref()
+        .is_some_and(|t| t.name.eq_ignore_ascii_case(&target.name))
 }
 
 #[cfg(test)]

@@ -58,8 +58,14 @@ impl ConnMachine {
                 if let Some(nexus) = &self.session.nexus {
                     settling = Some(t.luns.reset_target(nexus));
                 }
-                // A cold reset also drops the connections (RFC 7143 §11.5.1).
+                // A cold reset also drops the connections, "all of its TCP
+                // connections to all initiators" (RFC 7143 §11.5.1): this
+                // one after its answer, the other sessions of the target
+                // now (their tasks were aborted above).
                 close_after = req.function == TmfFunction::TargetColdReset;
+                if close_after {
+                    self.fabric.sessions.close_target_sessions(t, &self.session);
+                }
                 TmfResponse::FunctionComplete
             }
             (Some(_), TmfFunction::ClearAca) => TmfResponse::FunctionComplete,
