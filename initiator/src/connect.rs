@@ -50,23 +50,50 @@ pub(crate) fn digests_of(outcome: &LoginOutcome) -> Digests {
     }
 }
 
+/// How many login redirections one login follows: storage arrays redirect
+/// once, from a group portal to a member's; more is a loop.
+const MAX_REDIRECTS: usize = 4;
+
 /// Connects to `portal` and logs in (target None: discovery), bounded by
-/// the configured login timeout.
+/// the configured login timeout. A target that moved (login status 0101h or
+/// 0102h with a TargetAddress, RFC 7143 §11.13.5) is followed there, up to
+/// [`MAX_REDIRECTS`] times; each later login asks at `portal` again, which
+/// is what a temporary move wants and costs a permanent one a round trip.
 pub(crate) async fn connect_login(
     config: &InitiatorConfig,
     portal: &str,
     target: Option<&str>,
     tsih: u16,
 ) -> Result<Connection> {
-    let fut = connect_login_inner(config, portal, target, tsih);
-    match tokio::time::timeout(config.login_timeout, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(Error::Timeout(format!(
-            "login to {} at {portal} took longer than {:?}",
-            target.unwrap_or("discovery"),
-            config.login_timeout
-        ))),
+    let mut at = portal.to_owned();
+    for _ in 0..=MAX_REDIRECTS {
+        let fut = connect_login_inner(config, &at, target, tsih);
+        match tokio::time::timeout(config.login_timeout, fut).await {
+            Ok(Err(Error::Redirected { to, permanent, .. })) => {
+                tracing::info!(
+                    target = target.unwrap_or("discovery"),
+                    from = %at,
+                    %to,
+                    permanent,
+                    "login redirected"
+                );
+                at = to;
+            }
+            Ok(r) => return r,
+            Err(_) => {
+                return Err(Error::Timeout(format!(
+                    "login to {} at {at} took longer than {:?}",
+                    target.unwrap_or("discovery"),
+                    config.login_timeout
+                )))
+            }
+        }
     }
+    Err(Error::Protocol(format!(
+        "login to {} at {portal} was redirected more than {MAX_REDIRECTS} times (last to {at}): \
+         a redirection loop between portals",
+        target.unwrap_or("discovery")
+    )))
 }
 
 async fn connect_login_inner(
@@ -104,6 +131,19 @@ async fn connect_login_inner(
                     target,
                     portal: portal.to_owned(),
                     status,
+                })
+            }
+            Err(Error::Redirected {
+                target,
+                to,
+                permanent,
+                ..
+            }) => {
+                return Err(Error::Redirected {
+                    target,
+                    portal: portal.to_owned(),
+                    to,
+                    permanent,
                 })
             }
             Err(e) => return Err(e),

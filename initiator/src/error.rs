@@ -84,6 +84,23 @@ pub enum Error {
         /// Status class and detail from the Login Response.
         status: LoginStatus,
     },
+    /// The target moved (login status class 1, RFC 7143 §11.13.5): log in
+    /// at `to` instead. [`crate::Session::connect`] and discovery follow it
+    /// themselves, a few times at most.
+    #[error(
+        "login to {target} at {portal} redirected to {to} ({})",
+        if *permanent { "moved permanently" } else { "moved temporarily" }
+    )]
+    Redirected {
+        /// Target name (or "discovery").
+        target: String,
+        /// The portal that answered.
+        portal: String,
+        /// `host:port` the target named in its TargetAddress.
+        to: String,
+        /// 0102h (moved permanently) rather than 0101h (temporarily).
+        permanent: bool,
+    },
     /// Login key negotiation failed.
     #[error("login negotiation with {target} failed: {cause}")]
     Negotiation {

@@ -11,7 +11,8 @@
 
 use blockwire_pdu::chap::{ChapInitiator, InitiatorStep};
 use blockwire_pdu::keys::{
-    encode_text, AuthMethod, Negotiator, Phase, Role, SessionParams, TextAssembler, TextPairs,
+    encode_text, parse_text, AuthMethod, Negotiator, Phase, Role, SessionParams, TextAssembler,
+    TextPairs,
 };
 use blockwire_pdu::pdu::{LoginRequest, LoginResponse};
 use blockwire_pdu::{Bhs, Pdu, Stage};
@@ -238,6 +239,27 @@ impl LoginMachine {
                 pdu.bhs.opcode()
             )));
         };
+        if r.status.class == 1 {
+            // Redirection (RFC 7143 §11.13.5): the response carries the
+            // TargetAddress to log in at; without one it is only a refusal.
+            let to = parse_text(&pdu.data).ok().and_then(|pairs| {
+                let (_, value) = pairs.into_iter().find(|(k, _)| k == "TargetAddress")?;
+                let here = crate::discovery::Portal {
+                    host: String::new(),
+                    port: 3260,
+                    tpgt: 1,
+                };
+                crate::discovery::parse_target_address(&value, &here).ok()
+            });
+            if let Some(to) = to {
+                return Err(Error::Redirected {
+                    target: self.label.clone(),
+                    portal: String::new(),
+                    to: to.address(),
+                    permanent: r.status.detail == 2,
+                });
+            }
+        }
         if !r.status.is_success() {
             return Err(Error::LoginRejected {
                 target: self.label.clone(),

@@ -1,0 +1,119 @@
+//! A target that answers the login with "target moved" (status 0101h or
+//! 0102h) and a TargetAddress (RFC 7143 §11.13.5), as a storage array's group
+//! portal sends initiators on to the member holding the volume. The session
+//! logs in where it was sent. Before, the redirection was a refused login,
+//! its TargetAddress unread, and recovery asked the same portal again.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use blockwire_initiator::{InitiatorConfig, Session};
+use blockwire_pdu::keys::encode_text;
+use blockwire_pdu::pdu::LoginResponse;
+use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu};
+
+mod scripted;
+use scripted::read_pdu;
+
+const TARGET: &str = "iqn.2026-12.io.blockwire:scripted";
+
+/// Answers each of `logins` connections' first Login Request with `status`
+/// and `TargetAddress=to`; returns how many it answered.
+fn redirector(listener: TcpListener, logins: usize, status: LoginStatus, to: String) -> usize {
+    let mut answered = 0;
+    for _ in 0..logins {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let pdu = read_pdu(&mut s).expect("a login request");
+        let Bhs::LoginRequest(r) = pdu.bhs else {
+            panic!("expected a login request, got {:?}", pdu.bhs)
+        };
+        let reply = Pdu::with_data(
+            Bhs::LoginResponse(LoginResponse {
+                transit: false,
+                continue_bit: false,
+                csg: r.csg,
+                nsg: r.csg,
+                version_max: 0,
+                version_active: 0,
+                isid: r.isid,
+                tsih: 0,
+                itt: r.itt,
+                stat_sn: 0,
+                exp_cmd_sn: r.cmd_sn,
+                max_cmd_sn: r.cmd_sn,
+                status,
+            }),
+            encode_text(&[("TargetAddress".to_owned(), to.clone())]).unwrap(),
+        );
+        s.write_all(&reply.encode(Digests::NONE)).unwrap();
+        answered += 1;
+    }
+    answered
+}
+
+/// The target the redirection names: logs the initiator in and answers its
+/// logout.
+fn member(listener: TcpListener) {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (stat_sn, _) = scripted::log_in(&mut s);
+    while let Some(pdu) = read_pdu(&mut s) {
+        if let Bhs::LogoutRequest(r) = pdu.bhs {
+            let reply = scripted::agree_to_logout(&r, stat_sn);
+            s.write_all(&reply.encode(Digests::NONE)).unwrap();
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_target_is_logged_in_to_where_it_moved() {
+    for status in [
+        LoginStatus::TARGET_MOVED_TEMPORARILY,
+        LoginStatus::TARGET_MOVED_PERMANENTLY,
+    ] {
+        let member_listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = format!("{},1", member_listener.local_addr().unwrap());
+        let group = TcpListener::bind("127.0.0.1:0").unwrap();
+        let portal = group.local_addr().unwrap().to_string();
+        let member = std::thread::spawn(move || member(member_listener));
+        let redirector = std::thread::spawn(move || redirector(group, 1, status, to));
+        let session = Session::connect(
+            InitiatorConfig::new("iqn.2026-12.io.blockwire:redirected"),
+            &portal,
+            TARGET,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{status:?}: {e}"));
+        session.logout().await.expect("logout at the member");
+        assert_eq!(redirector.join().unwrap(), 1);
+        member.join().unwrap();
+    }
+}
+
+/// Portals that send the login round in a circle: the login gives up after a
+/// few hops, saying so, rather than going round for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirection_loop_ends_the_login() {
+    let group = TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = group.local_addr().unwrap().to_string();
+    let to = format!("{portal},1");
+    // The first login and four redirections, all to itself.
+    let redirector =
+        std::thread::spawn(move || redirector(group, 5, LoginStatus::TARGET_MOVED_TEMPORARILY, to));
+    let e = Session::connect(
+        InitiatorConfig::new("iqn.2026-12.io.blockwire:redirected"),
+        &portal,
+        TARGET,
+    )
+    .await
+    .err()
+    .expect("a redirection loop fails the login");
+    assert!(
+        e.to_string().contains("redirected more than 4 times"),
+        "{e}"
+    );
+    assert_eq!(redirector.join().unwrap(), 5);
+}
