@@ -589,6 +589,21 @@ impl Conn {
                         status,
                     })
                 }
+                // Not followed: the address it names is a TCP portal's or
+                // an iSER one's, which the response does not say.
+                Err(Error::Redirected {
+                    target,
+                    to,
+                    permanent,
+                    ..
+                }) => {
+                    return Err(Error::Redirected {
+                        target,
+                        portal: portal.to_string(),
+                        to,
+                        permanent,
+                    })
+                }
                 Err(e) => return Err(e),
             }
         }
