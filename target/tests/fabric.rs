@@ -110,6 +110,23 @@ impl Client {
         }
     }
 
+    /// An immediate task management request for LUN 0, under the next ITT
+    /// (`referenced`: the task it names, with its CmdSN).
+    fn tmf(&mut self, function: TmfFunction, referenced: (u32, u32)) -> TaskMgmtRequest {
+        self.itt += 1;
+        TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: Lun::from_index(0),
+            itt: self.itt,
+            referenced_task_tag: referenced.0,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: referenced.1,
+            exp_data_sn: 0,
+        }
+    }
+
     async fn test_unit_ready(&mut self) -> Option<u8> {
         let cmd = self.command(&[0; 6], false, false, 0, true);
         self.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
@@ -481,18 +498,7 @@ async fn unknown_opcodes_are_rejected_and_tmf_answers() {
             TmfResponse::FunctionComplete,
         ),
     ] {
-        c.itt += 1;
-        let req = TaskMgmtRequest {
-            immediate: true,
-            function,
-            lun: Lun::from_index(0),
-            itt: c.itt,
-            referenced_task_tag: referenced,
-            cmd_sn: c.cmd_sn,
-            exp_stat_sn: 0,
-            ref_cmd_sn: c.cmd_sn + 5,
-            exp_data_sn: 0,
-        };
+        let req = c.tmf(function, (referenced, c.cmd_sn + 5));
         c.send(Pdu::new(Bhs::TaskMgmtRequest(req))).await;
         let pdu = c.recv().await.expect("a TMF response");
         let Bhs::TaskMgmtResponse(r) = pdu.bhs else {
@@ -517,19 +523,8 @@ async fn target_cold_reset_ends_every_session_of_the_target() {
     assert!(a.test_unit_ready().await.is_some());
     assert!(b.test_unit_ready().await.is_some());
     assert_eq!(t.fabric.sessions.all().len(), 2);
-    a.itt += 1;
-    a.send(Pdu::new(Bhs::TaskMgmtRequest(TaskMgmtRequest {
-        immediate: true,
-        function: TmfFunction::TargetColdReset,
-        lun: Lun::from_index(0),
-        itt: a.itt,
-        referenced_task_tag: RESERVED_TAG,
-        cmd_sn: a.cmd_sn,
-        exp_stat_sn: 0,
-        ref_cmd_sn: a.cmd_sn,
-        exp_data_sn: 0,
-    })))
-    .await;
+    let reset = a.tmf(TmfFunction::TargetColdReset, (RESERVED_TAG, a.cmd_sn));
+    a.send(Pdu::new(Bhs::TaskMgmtRequest(reset))).await;
     let pdu = a.recv().await.expect("the cold reset is answered");
     let Bhs::TaskMgmtResponse(r) = pdu.bhs else {
         panic!("expected the TMF response, got {pdu:?}")
@@ -603,18 +598,7 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
     let read = c.command(&rw10(0x28, 0, 8), true, false, 4096, true);
     c.send(Pdu::new(Bhs::ScsiCommand(read))).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    c.itt += 1;
-    let abort = TaskMgmtRequest {
-        immediate: true,
-        function: TmfFunction::AbortTask,
-        lun: Lun::from_index(0),
-        itt: c.itt,
-        referenced_task_tag: read.itt,
-        cmd_sn: c.cmd_sn,
-        exp_stat_sn: 0,
-        ref_cmd_sn: read.cmd_sn,
-        exp_data_sn: 0,
-    };
+    let abort = c.tmf(TmfFunction::AbortTask, (read.itt, read.cmd_sn));
     c.send(Pdu::new(Bhs::TaskMgmtRequest(abort))).await;
     let pdu = c
         .recv_within(Duration::from_secs(1))
@@ -761,18 +745,7 @@ async fn abort_task_of_a_write_being_written_is_answered_after_it() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    c.itt += 1;
-    let abort = TaskMgmtRequest {
-        immediate: true,
-        function: TmfFunction::AbortTask,
-        lun: Lun::from_index(0),
-        itt: c.itt,
-        referenced_task_tag: write.itt,
-        cmd_sn: c.cmd_sn,
-        exp_stat_sn: 0,
-        ref_cmd_sn: write.cmd_sn,
-        exp_data_sn: 0,
-    };
+    let abort = c.tmf(TmfFunction::AbortTask, (write.itt, write.cmd_sn));
     c.send(Pdu::new(Bhs::TaskMgmtRequest(abort))).await;
     if let Some(pdu) = c.recv_within(Duration::from_millis(500)).await {
         panic!("answered while the aborted WRITE was still being written: {pdu:?}");
