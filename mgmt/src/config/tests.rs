@@ -1265,6 +1265,11 @@ fn check_chap_secret_lengths_and_mutual_secret_reuse() {
 /// Each section alone was checked, so this passed.
 #[test]
 fn a_mutual_chap_secret_is_no_other_sections_one_way_secret() {
+    let refused = |text: &str, at: (usize, &str), says: &str| {
+        let r = check(text);
+        assert_eq!(fields(&r), [at], "{:?}", r.errors);
+        assert!(r.errors[0].message.contains(says), "{}", r.errors[0]);
+    };
     let lun = "\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n";
     let pg = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n";
     let target = |name: &str, auth: &str| {
@@ -1283,17 +1288,10 @@ fn a_mutual_chap_secret_is_no_other_sections_one_way_secret() {
             "chap = [{ user = \"u\", secret = \"shared-secret-1\" }]\n"
         )
     );
-    let r = check(&text);
-    assert_eq!(
-        fields(&r),
-        [(8, "target.mutual_chap.secret")],
-        "{:?}",
-        r.errors
-    );
-    assert!(
-        r.errors[0].message.contains("of target iqn.2026-11.io.blockwire:a is a one-way CHAP secret of target iqn.2026-11.io.blockwire:b"),
-        "{}",
-        r.errors[0]
+    refused(
+        &text,
+        (8, "target.mutual_chap.secret"),
+        "of target iqn.2026-11.io.blockwire:a is a one-way CHAP secret of target iqn.2026-11.io.blockwire:b",
     );
     // Discovery's one-way secret, or a per-initiator one, counts too; and
     // discovery's mutual secret against a target's.
@@ -1301,31 +1299,17 @@ fn a_mutual_chap_secret_is_no_other_sections_one_way_secret() {
         "{pg}{}\n[discovery]\nchap = [{{ user = \"d\", secret = \"shared-secret-1\" }}]\n",
         target("a", &a_mutual("shared-secret-1"))
     );
-    let r = check(&text);
-    assert_eq!(
-        fields(&r),
-        [(8, "target.mutual_chap.secret")],
-        "{:?}",
-        r.errors
-    );
-    assert!(
-        r.errors[0].message.contains("of [discovery]"),
-        "{}",
-        r.errors[0]
-    );
+    refused(&text, (8, "target.mutual_chap.secret"), "of [discovery]");
     let text = format!(
         "{pg}{}\n[discovery]\nchap = [{{ user = \"d\", secret = \"discovery-secret\" }}]\nmutual_chap = {{ user = \"td\", secret = \"shared-secret-2\" }}\n",
         target("a", "initiator_chap = [{ initiator = \"iqn.2026-01.org.example:i\", user = \"u\", secret = \"shared-secret-2\" }]\n")
     );
-    let r = check(&text);
-    assert_eq!(
-        fields(&r),
-        [(16, "discovery.mutual_chap.secret")],
-        "{:?}",
-        r.errors
-    );
-    // One mutual secret for two targets, and a one-way secret two targets
-    // share, are each in one role only: allowed.
+    refused(
+        &text,
+        (16, "discovery.mutual_chap.secret"),
+        "of target iqn.2026-11.io.blockwire:a",
+    ); // One mutual secret for two targets, and a one-way secret two targets
+       // share, are each in one role only: allowed.
     let text = format!(
         "{pg}{}{}",
         target("a", "chap = [{ user = \"u\", secret = \"one-way-secret\" }]\nmutual_chap = { user = \"t\", secret = \"mutual-secret-1\" }\n"),
