@@ -660,6 +660,65 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
     );
 }
 
+/// CLEAR TASK SET clears the unit's one task set, every initiator's commands
+/// in it (SAM-5 7.4, TST=000b): another initiator's READ then in the
+/// backstore gets no answer, and that initiator hears of it by a unit
+/// attention, COMMANDS CLEARED BY ANOTHER INITIATOR (TAS=0). It was handled
+/// as ABORT TASK SET: the other READ was answered GOOD and nothing was said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_task_set_clears_other_initiators_commands_and_tells_them() {
+    let store = Arc::new(StuckStore {
+        inner: RamBackstore::new(1 << 20),
+        released: std::sync::Mutex::new(false),
+        wake: std::sync::Condvar::new(),
+        served: Default::default(),
+    });
+    let t = start_with(FabricSettings::default(), store.clone()).await;
+    let mut a = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x31], Digests::NONE).await;
+    let mut b = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x32], Digests::NONE).await;
+    assert!(a.test_unit_ready().await.is_some());
+    assert!(b.test_unit_ready().await.is_some());
+    assert_eq!(b.test_unit_ready().await, Some(0));
+    let read = b.command(&rw10(0x28, 0, 8), true, false, 4096, true);
+    b.send(Pdu::new(Bhs::ScsiCommand(read))).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let clear = a.tmf(TmfFunction::ClearTaskSet, (RESERVED_TAG, a.cmd_sn));
+    a.send(Pdu::new(Bhs::TaskMgmtRequest(clear))).await;
+    let pdu = a.recv().await.expect("the clear is answered");
+    let Bhs::TaskMgmtResponse(r) = pdu.bhs else {
+        panic!("expected the TMF response, got {pdu:?}")
+    };
+    assert_eq!(r.response, TmfResponse::FunctionComplete);
+    // The disk wakes: B's READ was cleared and is never answered.
+    *store.released.lock().unwrap() = true;
+    store.wake.notify_all();
+    let tur = b.command(&[0; 6], false, false, 0, true);
+    b.send(Pdu::new(Bhs::ScsiCommand(tur))).await;
+    let mut tur_answer = None;
+    while let Some(pdu) = b.recv_within(Duration::from_secs(2)).await {
+        match pdu.bhs {
+            Bhs::DataIn(d) if d.itt == read.itt => panic!("the cleared READ sent data"),
+            Bhs::ScsiResponse(r) if r.itt == read.itt => panic!("the cleared READ was answered"),
+            Bhs::ScsiResponse(r) if r.itt == tur.itt => {
+                tur_answer = Some((r.status, pdu.data.clone()));
+                break;
+            }
+            _ => {}
+        }
+    }
+    let (status, sense) = tur_answer.expect("B's TEST UNIT READY is answered");
+    assert_eq!(status, 2, "CHECK CONDITION with the unit attention");
+    // Sense data after its 2-byte length, fixed format: the sense key in
+    // byte 2, ASC and ASCQ in bytes 12 and 13.
+    assert_eq!(
+        (sense[2 + 2] & 0x0f, sense[2 + 12], sense[2 + 13]),
+        (0x06, 0x2f, 0x00),
+        "UNIT ATTENTION, COMMANDS CLEARED BY ANOTHER INITIATOR"
+    );
+    // A, which asked, hears nothing of it.
+    assert_eq!(a.test_unit_ready().await, Some(0));
+}
+
 /// A backstore whose writes hang until released, counting the writes that
 /// reached it: a slow disk with a WRITE on it.
 #[derive(Debug)]

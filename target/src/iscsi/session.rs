@@ -549,6 +549,36 @@ impl SessionTable {
             .sum()
     }
 
+    /// CLEAR TASK SET of `lun` from `by`'s session: the tasks of the
+    /// target's other sessions on `lun` are aborted too (the unit's task set
+    /// is shared, TST=000b), and each nexus that lost one gets a unit
+    /// attention, COMMANDS CLEARED BY ANOTHER INITIATOR (SAM-5 7.4, TAS=0).
+    /// Returns the counts of those tasks' core calls that may change the
+    /// medium, for the answer to wait for.
+    pub fn clear_task_set(
+        &self,
+        target: &Arc<TargetEntry>,
+        lun: u16,
+        by: &Arc<Session>,
+    ) -> Vec<Arc<AtomicUsize>> {
+        let mut changing = Vec::new();
+        let unit = target.luns.get(lun);
+        for s in self.all() {
+            if Arc::ptr_eq(&s, by) || !of_target(&s, target) {
+                continue;
+            }
+            let out = s.tasks.abort_where(|_, task_lun| task_lun == lun);
+            if out.aborted.is_empty() {
+                continue;
+            }
+            if let (Some(lu), Some(nexus)) = (&unit, &s.nexus) {
+                lu.commands_cleared(nexus);
+            }
+            changing.extend(out.changing_medium);
+        }
+        changing
+    }
+
     /// Ends every session of `target` but `keep` (see [`Self::close`]): a
     /// TARGET COLD RESET drops the target's connections to all initiators
     /// (RFC 7143 §11.5.1); `keep`, the session that asked, ends once its

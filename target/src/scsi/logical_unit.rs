@@ -871,6 +871,15 @@ impl LogicalUnit {
         st.ua.reset_all(code);
     }
 
+    /// Another initiator's CLEAR TASK SET aborted commands of `nexus`
+    /// (TAS=0): it hears so by a unit attention, COMMANDS CLEARED BY
+    /// ANOTHER INITIATOR (SAM-5 7.4).
+    pub fn commands_cleared(&self, nexus: &ItNexus) {
+        self.lock()
+            .ua
+            .push(nexus, Asc::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR);
+    }
+
     /// I_T nexus loss: its SPC-2 reservation and PREVENT state are
     /// released and its unit attentions forgotten. Persistent reservations
     /// and registrations are kept (that is their point), and a sanitize

@@ -32,11 +32,29 @@ impl ConnMachine {
                     TmfResponse::TaskDoesNotExist
                 }
             }
-            (Some(t), TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet) => {
+            (Some(t), TmfFunction::AbortTaskSet) => {
                 if !t.luns.has_lun(lun) {
                     TmfResponse::LunDoesNotExist
                 } else {
                     self.abort_where(|_, task_lun| task_lun == lun);
+                    TmfResponse::FunctionComplete
+                }
+            }
+            (Some(t), TmfFunction::ClearTaskSet) => {
+                if !t.luns.has_lun(lun) {
+                    TmfResponse::LunDoesNotExist
+                } else {
+                    // Every initiator's commands on the unit, not only
+                    // this session's (SAM-5 7.4: one task set per unit).
+                    let others = self.fabric.sessions.clear_task_set(t, lun, &self.session);
+                    self.abort_where(|_, task_lun| task_lun == lun);
+                    if !others.is_empty() {
+                        self.out.push(Action::AwaitAborted {
+                            aborted: Vec::new(),
+                            completing: Vec::new(),
+                            changing_medium: others,
+                        });
+                    }
                     TmfResponse::FunctionComplete
                 }
             }
