@@ -330,3 +330,41 @@ fn dd_operands_and_a_closed_stdout() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+/// A CHAP secret shorter than RFC 7143's 96 bits is said on stderr (the
+/// login still goes ahead: the target decides); one of 12 bytes is not.
+#[test]
+fn a_short_chap_secret_is_warned_of() {
+    let run = |secret: &str| {
+        Command::new(env!("CARGO_BIN_EXE_blockwire"))
+            .args([
+                "discover",
+                "-p",
+                "127.0.0.1:1",
+                "--chap-user",
+                "u",
+                "--chap-secret",
+                secret,
+            ])
+            .env(
+                "BLOCKWIRE_INITIATOR_NAME",
+                "iqn.2026-11.io.blockwire.test:cli",
+            )
+            .output()
+            .expect("run blockwire")
+    };
+    let short = run("short");
+    let said = String::from_utf8_lossy(&short.stderr);
+    assert!(
+        said.contains("--chap-secret is 5 bytes; RFC 7143 asks for at least 12"),
+        "{said}"
+    );
+    assert_eq!(
+        short.status.code(),
+        Some(4),
+        "the portal is unreachable: {said}"
+    );
+    let long = run("twelve-bytes");
+    let said = String::from_utf8_lossy(&long.stderr);
+    assert!(!said.contains("warning"), "{said}");
+}

@@ -459,6 +459,21 @@ fn default_initiator_name() -> String {
     format!("iqn.2026-11.io.blockwire:{host}")
 }
 
+/// Says on stderr that a CHAP secret is shorter than the 12 bytes (96 bits)
+/// RFC 7143 (9.2.1) asks for without IPsec: a login's challenge and answer
+/// let an eavesdropper guess a short one offline. Not refused: the target
+/// decides, and some take short ones.
+fn warn_if_short(option: &str, secret: &str) {
+    if secret.len() < 12 {
+        eprintln!(
+            "blockwire: warning: {option} is {} bytes; RFC 7143 asks for at least 12 \
+             (96 bits) without IPsec, as one overheard login lets a short secret be \
+             guessed offline",
+            secret.len()
+        );
+    }
+}
+
 fn chap_of(a: &AuthArgs) -> Result<Option<ChapConfig>> {
     let Some(user) = &a.chap_user else {
         if a.chap_secret.is_some() || a.mutual_user.is_some() {
@@ -470,6 +485,7 @@ fn chap_of(a: &AuthArgs) -> Result<Option<ChapConfig>> {
         .chap_secret
         .as_deref()
         .ok_or_else(|| anyhow!("--chap-user needs --chap-secret (or BLOCKWIRE_CHAP_SECRET)"))?;
+    warn_if_short("--chap-secret", secret);
     let mut c = ChapConfig::new(user.clone(), secret);
     if let Some(mu) = &a.mutual_user {
         let ms = a
@@ -483,6 +499,7 @@ fn chap_of(a: &AuthArgs) -> Result<Option<ChapConfig>> {
                  mutual CHAP its own secret"
             );
         }
+        warn_if_short("--mutual-secret", ms);
         c = c.with_mutual(mu.clone(), ms);
     }
     let mut algs = Vec::new();
