@@ -78,6 +78,9 @@ pub struct LoginMachine {
     fill: Fill,
     vendor_offers: TextPairs,
     vendor_answers: TextPairs,
+    /// HeaderDigest and DataDigest offered as CRC32C alone: the login
+    /// fails rather than run without them (see [`Self::finish`]).
+    insisted_digests: (bool, bool),
 }
 
 impl std::fmt::Debug for LoginMachine {
@@ -151,6 +154,13 @@ impl LoginMachine {
     ) -> Result<LoginMachine> {
         let label = target.unwrap_or("discovery").to_owned();
         let chap_cfg = Self::chap_of(config, target);
+        let only_crc = |offered: &[blockwire_pdu::keys::Digest]| {
+            !offered.is_empty() && !offered.contains(&blockwire_pdu::keys::Digest::None)
+        };
+        let insisted_digests = (
+            only_crc(&local.header_digests),
+            only_crc(&local.data_digests),
+        );
         let negotiator =
             Negotiator::new(Role::Initiator, local).map_err(|cause| Error::Negotiation {
                 target: label.clone(),
@@ -182,6 +192,7 @@ impl LoginMachine {
                 Vec::new()
             },
             vendor_answers: Vec::new(),
+            insisted_digests,
         })
     }
 
@@ -402,6 +413,26 @@ impl LoginMachine {
 
     fn finish(&mut self, r: LoginResponse) -> Result<LoginStep> {
         self.negotiator.finish().map_err(|e| self.neg_err(e))?;
+        // A digest offered alone that the target answered Reject or
+        // NotUnderstood leaves its default, None (RFC 7143 §13.1): the
+        // user asked for digests, so the session does not run without.
+        let params = self.negotiator.params();
+        for (insisted, key, got) in [
+            (
+                self.insisted_digests.0,
+                "HeaderDigest",
+                params.header_digest,
+            ),
+            (self.insisted_digests.1, "DataDigest", params.data_digest),
+        ] {
+            if insisted && got == blockwire_pdu::keys::Digest::None {
+                return Err(Error::Protocol(format!(
+                    "{} did not take {key}=CRC32C, which this login insists on: \
+                     enable digests on the target, or log in without them",
+                    self.label
+                )));
+            }
+        }
         if let Some((_, true)) = &self.chap {
             if !self.target_verified {
                 return Err(Error::Chap {

@@ -1,15 +1,19 @@
-//! A target that answers the login with "target moved" (status 0101h or
-//! 0102h) and a TargetAddress (RFC 7143 §11.13.5), as a storage array's group
-//! portal sends initiators on to the member holding the volume. The session
-//! logs in where it was sent. Before, the redirection was a refused login,
-//! its TargetAddress unread, and recovery asked the same portal again.
+//! Login answers a scripted target gives that the initiator must act on.
+//!
+//! - "Target moved" (status 0101h or 0102h) with a TargetAddress (RFC 7143
+//!   §11.13.5), as a storage array's group portal sends initiators on to the
+//!   member holding the volume: the session logs in where it was sent.
+//!   Before, the redirection was a refused login, its TargetAddress unread,
+//!   and recovery asked the same portal again.
+//! - HeaderDigest=Reject to a login that offered CRC32C alone: the login
+//!   fails, naming the key, where the session ran without digests.
 
 use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
 use blockwire_initiator::{InitiatorConfig, Session};
-use blockwire_pdu::keys::encode_text;
+use blockwire_pdu::keys::{encode_text, parse_text};
 use blockwire_pdu::pdu::LoginResponse;
 use blockwire_pdu::{Bhs, Digests, LoginStatus, Pdu};
 
@@ -116,4 +120,51 @@ async fn a_redirection_loop_ends_the_login() {
         "{e}"
     );
     assert_eq!(redirector.join().unwrap(), 5);
+}
+
+/// Logs the initiator in as [`scripted::log_in`] does, but answers
+/// HeaderDigest=Reject.
+fn refuses_header_digests(listener: TcpListener) {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut stat_sn = 0;
+    while let Some(pdu) = read_pdu(&mut s) {
+        let Bhs::LoginRequest(r) = pdu.bhs else {
+            return;
+        };
+        let mut reply = scripted::agree_to_login(&r, &pdu.data, stat_sn);
+        stat_sn += 1;
+        let answers: Vec<(String, String)> = parse_text(&reply.data)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| {
+                if k == "HeaderDigest" {
+                    (k, "Reject".to_owned())
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        reply.data = encode_text(&answers).unwrap().into();
+        if s.write_all(&reply.encode(Digests::NONE)).is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digests_insisted_on_and_refused_fail_the_login() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = listener.local_addr().unwrap().to_string();
+    let target = std::thread::spawn(move || refuses_header_digests(listener));
+    let config = InitiatorConfig::new("iqn.2026-12.io.blockwire:digests").with_digests(true, false);
+    let e = Session::connect(config, &portal, TARGET)
+        .await
+        .err()
+        .expect("a login whose digests were refused fails");
+    assert!(
+        e.to_string().contains("did not take HeaderDigest=CRC32C"),
+        "{e}"
+    );
+    target.join().unwrap();
 }
