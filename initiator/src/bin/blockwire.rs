@@ -164,10 +164,10 @@ struct SessionArgs {
     target: Option<String>,
     #[command(flatten)]
     auth: AuthArgs,
-    /// Use CRC32C header digests.
+    /// Use CRC32C header digests (the login fails if the target does not take them).
     #[arg(long)]
     header_digest: bool,
-    /// Use CRC32C data digests.
+    /// Use CRC32C data digests (the login fails if the target does not take them).
     #[arg(long)]
     data_digest: bool,
 }
