@@ -1562,6 +1562,19 @@ impl TargetConfig {
             }
             let groups = match &t.portal_groups {
                 None => portal_groups.iter().map(|g| g.tag).collect(),
+                // An empty list would serve the target through no portal,
+                // yet the login admits a target without groups through any
+                // (and SendTargets lists no address for it): refused.
+                Some(tags) if tags.is_empty() => {
+                    return Err(ctx.err(
+                        t.name.span(),
+                        "target.portal_groups",
+                        format!(
+                            "target {name} lists no portal group: list the tags it is served \
+                             through, or leave portal_groups out to serve it through all"
+                        ),
+                    ));
+                }
                 Some(tags) => {
                     let mut v = Vec::new();
                     for tag in tags {

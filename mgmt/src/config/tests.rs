@@ -768,6 +768,10 @@ fn alua_and_portal_group_errors() {
     let e =
         TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = [2, 2]\n")).unwrap_err();
     assert_eq!(e.message, "portal group 2 is listed twice", "{e}");
+    // No group at all: the login took that for every group.
+    let e = TargetConfig::from_str("t.toml", &two_groups("", "portal_groups = []\n")).unwrap_err();
+    assert_eq!(e.field, "target.portal_groups", "{e}");
+    assert!(e.message.contains("lists no portal group"), "{e}");
     let e = TargetConfig::from_str("t.toml", &two_groups("alua = 1\n", "")).unwrap_err();
     assert!(e.message.contains("unknown field `alua`"), "{e}");
 }
