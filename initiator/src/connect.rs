@@ -126,27 +126,7 @@ async fn connect_login_inner(
         match machine.receive(resp) {
             Ok(LoginStep::Send(next)) => pdu = next,
             Ok(LoginStep::Done(o)) => break *o,
-            Err(Error::LoginRejected { target, status, .. }) => {
-                return Err(Error::LoginRejected {
-                    target,
-                    portal: portal.to_owned(),
-                    status,
-                })
-            }
-            Err(Error::Redirected {
-                target,
-                to,
-                permanent,
-                ..
-            }) => {
-                return Err(Error::Redirected {
-                    target,
-                    portal: portal.to_owned(),
-                    to,
-                    permanent,
-                })
-            }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.at_portal(portal)),
         }
     };
     let digests = digests_of(&outcome);

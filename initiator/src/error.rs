@@ -190,6 +190,30 @@ impl Error {
         }
     }
 
+    /// A login error of [`crate::login::LoginMachine`], which knows no
+    /// portal, with the portal that answered filled in.
+    pub(crate) fn at_portal(self, at: &str) -> Error {
+        match self {
+            Error::LoginRejected { target, status, .. } => Error::LoginRejected {
+                target,
+                portal: at.to_owned(),
+                status,
+            },
+            Error::Redirected {
+                target,
+                to,
+                permanent,
+                ..
+            } => Error::Redirected {
+                target,
+                portal: at.to_owned(),
+                to,
+                permanent,
+            },
+            other => other,
+        }
+    }
+
     /// The errno a block device reports for this failure, as Linux's
     /// block layer maps a SCSI disk's (`blk_status_to_errno`): a thin LUN
     /// out of space (DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT)

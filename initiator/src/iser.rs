@@ -582,29 +582,9 @@ impl Conn {
                         sends,
                     });
                 }
-                Err(Error::LoginRejected { target, status, .. }) => {
-                    return Err(Error::LoginRejected {
-                        target,
-                        portal: portal.to_string(),
-                        status,
-                    })
-                }
-                // Not followed: the address it names is a TCP portal's or
-                // an iSER one's, which the response does not say.
-                Err(Error::Redirected {
-                    target,
-                    to,
-                    permanent,
-                    ..
-                }) => {
-                    return Err(Error::Redirected {
-                        target,
-                        portal: portal.to_string(),
-                        to,
-                        permanent,
-                    })
-                }
-                Err(e) => return Err(e),
+                // A redirection is not followed here: the response does
+                // not say whether the address is a TCP or an iSER portal.
+                Err(e) => return Err(e.at_portal(&portal.to_string())),
             }
         }
     }
