@@ -548,50 +548,96 @@ async fn target_cold_reset_ends_every_session_of_the_target() {
     }
 }
 
-/// A backstore whose reads hang until released: a disk that stopped answering.
-#[derive(Debug)]
-struct StuckStore {
-    inner: RamBackstore,
-    released: std::sync::Mutex<bool>,
-    wake: std::sync::Condvar,
-    /// Reads that returned after the release.
-    served: std::sync::atomic::AtomicUsize,
+/// Which of a [`HeldStore`]'s operations hang until it is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Reads: a disk that stopped answering.
+    Reads,
+    /// Writes: a slow disk with a WRITE on it.
+    Writes,
 }
 
-impl Backstore for StuckStore {
-    fn size(&self) -> u64 {
-        self.inner.size()
+/// A RAM backstore whose reads or writes hang until released.
+#[derive(Debug)]
+struct HeldStore {
+    inner: RamBackstore,
+    held: Held,
+    released: std::sync::Mutex<bool>,
+    wake: std::sync::Condvar,
+    /// Held reads that returned after the release.
+    served: std::sync::atomic::AtomicUsize,
+    /// Held writes that reached the store.
+    entered: std::sync::atomic::AtomicUsize,
+}
+
+impl HeldStore {
+    fn new(held: Held) -> Arc<HeldStore> {
+        Arc::new(HeldStore {
+            inner: RamBackstore::new(1 << 20),
+            held,
+            released: std::sync::Mutex::new(false),
+            wake: std::sync::Condvar::new(),
+            served: Default::default(),
+            entered: Default::default(),
+        })
     }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+
+    fn release(&self) {
+        *self.released.lock().unwrap() = true;
+        self.wake.notify_all();
+    }
+
+    fn wait_for_release(&self) {
         let mut released = self.released.lock().unwrap();
         while !*released {
             released = self.wake.wait(released).unwrap();
         }
-        drop(released);
+    }
+}
+
+/// Releases the store when dropped: a failed assertion must not leave a
+/// blocking thread waiting for ever, and the test's runtime with it.
+struct ReleaseOnDrop(Arc<HeldStore>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl Backstore for HeldStore {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        if self.held != Held::Reads {
+            return self.inner.read_at(offset, buf);
+        }
+        self.wait_for_release();
         let r = self.inner.read_at(offset, buf);
         self.served
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         r
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if self.held == Held::Writes {
+            self.entered
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.wait_for_release();
+        }
         self.inner.write_at(offset, data)
     }
     fn flush(&self) -> std::io::Result<()> {
         Ok(())
     }
     fn describe(&self) -> String {
-        "stuck".into()
+        format!("held {:?}", self.held)
     }
 }
 
 #[tokio::test]
 async fn abort_task_answers_while_the_backstore_is_stuck() {
-    let store = Arc::new(StuckStore {
-        inner: RamBackstore::new(1 << 20),
-        released: std::sync::Mutex::new(false),
-        wake: std::sync::Condvar::new(),
-        served: Default::default(),
-    });
+    let store = HeldStore::new(Held::Reads);
     let t = start_with(FabricSettings::default(), store.clone()).await;
     let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 8], Digests::NONE).await;
     let _ = c.test_unit_ready().await;
@@ -612,8 +658,7 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
     // let the backstore finish the read, give a late answer time to go
     // out, then inspect every PDU that arrives up to the TUR's response and
     // for a while after it.
-    *store.released.lock().unwrap() = true;
-    store.wake.notify_all();
+    store.release();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while store.served.load(std::sync::atomic::Ordering::SeqCst) == 0 {
         assert!(
@@ -667,12 +712,7 @@ async fn abort_task_answers_while_the_backstore_is_stuck() {
 /// as ABORT TASK SET: the other READ was answered GOOD and nothing was said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clear_task_set_clears_other_initiators_commands_and_tells_them() {
-    let store = Arc::new(StuckStore {
-        inner: RamBackstore::new(1 << 20),
-        released: std::sync::Mutex::new(false),
-        wake: std::sync::Condvar::new(),
-        served: Default::default(),
-    });
+    let store = HeldStore::new(Held::Reads);
     let t = start_with(FabricSettings::default(), store.clone()).await;
     let mut a = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x31], Digests::NONE).await;
     let mut b = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x32], Digests::NONE).await;
@@ -690,8 +730,7 @@ async fn clear_task_set_clears_other_initiators_commands_and_tells_them() {
     };
     assert_eq!(r.response, TmfResponse::FunctionComplete);
     // The disk wakes: B's READ was cleared and is never answered.
-    *store.released.lock().unwrap() = true;
-    store.wake.notify_all();
+    store.release();
     let tur = b.command(&[0; 6], false, false, 0, true);
     b.send(Pdu::new(Bhs::ScsiCommand(tur))).await;
     let mut tur_answer = None;
@@ -719,58 +758,6 @@ async fn clear_task_set_clears_other_initiators_commands_and_tells_them() {
     assert_eq!(a.test_unit_ready().await, Some(0));
 }
 
-/// A backstore whose writes hang until released, counting the writes that
-/// reached it: a slow disk with a WRITE on it.
-#[derive(Debug)]
-struct SlowWrites {
-    inner: RamBackstore,
-    released: std::sync::Mutex<bool>,
-    wake: std::sync::Condvar,
-    entered: std::sync::atomic::AtomicUsize,
-}
-
-impl SlowWrites {
-    fn release(&self) {
-        *self.released.lock().unwrap() = true;
-        self.wake.notify_all();
-    }
-}
-
-/// Releases the writes when dropped: a failed assertion must not leave a
-/// blocking thread waiting for ever, and the test's runtime with it.
-struct ReleaseOnDrop(Arc<SlowWrites>);
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        self.0.release();
-    }
-}
-
-impl Backstore for SlowWrites {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.entered
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let mut released = self.released.lock().unwrap();
-        while !*released {
-            released = self.wake.wait(released).unwrap();
-        }
-        drop(released);
-        self.inner.write_at(offset, data)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        "slow writes".into()
-    }
-}
-
 /// An ABORT TASK of a WRITE the backstore is already writing is answered
 /// only once that write has returned (SAM-5: an aborted command changes
 /// nothing after the task management function completes). It was answered
@@ -778,12 +765,7 @@ impl Backstore for SlowWrites {
 /// could be overtaken by the aborted one, whose data then stayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_task_of_a_write_being_written_is_answered_after_it() {
-    let store = Arc::new(SlowWrites {
-        inner: RamBackstore::new(1 << 20),
-        released: std::sync::Mutex::new(false),
-        wake: std::sync::Condvar::new(),
-        entered: Default::default(),
-    });
+    let store = HeldStore::new(Held::Writes);
     let t = start_with(FabricSettings::default(), store.clone()).await;
     let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 9], Digests::NONE).await;
     // Dropped first, also when an assertion fails.
