@@ -35,6 +35,29 @@ pub(super) fn listen_overlap(a: SocketAddr, b: SocketAddr, dual_stack: bool) -> 
     dual_stack && (v6_wildcard(ia) || v6_wildcard(ib))
 }
 
+/// Why two listen addresses of different spellings claim one port, for
+/// the error: the IPv6 wildcard bound dual-stack takes IPv4 too, and an
+/// IPv4-mapped IPv6 address (RFC 4291 2.5.5.2) is its IPv4 address.
+pub(super) fn overlap_reason(a: SocketAddr, b: SocketAddr) -> String {
+    let v6_wildcard = |s: SocketAddr| match s.ip() {
+        std::net::IpAddr::V6(ip) => ip.is_unspecified(),
+        std::net::IpAddr::V4(_) => false,
+    };
+    let takes_v4 = |s: SocketAddr| s.ip().to_canonical().is_ipv4();
+    let mapped = |s: SocketAddr| s.is_ipv6() && takes_v4(s);
+    if (v6_wildcard(a) && takes_v4(b)) || (v6_wildcard(b) && takes_v4(a)) {
+        format!(
+            ": on this host an IPv6 wildcard also takes IPv4 connections \
+             (net.ipv6.bindv6only = 0), so [::]:{} alone serves both",
+            a.port()
+        )
+    } else if mapped(a) || mapped(b) {
+        ": an IPv4-mapped IPv6 address (::ffff:a.b.c.d) is that IPv4 address".to_string()
+    } else {
+        String::new()
+    }
+}
+
 /// The size and state of one backing file, checked by metadata and
 /// access(2) only; errors and notices go to `report`.
 fn check_backing_file(
@@ -300,17 +323,8 @@ impl TargetConfig {
                 } else if let Some((other, other_tag)) = clash {
                     let what = if *other == addr {
                         format!("{addr} is listed already")
-                    } else if other.is_ipv4() != addr.is_ipv4()
-                        && (other.ip().is_unspecified() || addr.ip().is_unspecified())
-                    {
-                        format!(
-                            "{addr} overlaps {other}: on this host an IPv6 wildcard also takes \
-                             IPv4 connections (net.ipv6.bindv6only = 0), so [::]:{port} alone \
-                             serves both",
-                            port = addr.port()
-                        )
                     } else {
-                        format!("{addr} overlaps {other}")
+                        format!("{addr} overlaps {other}{}", overlap_reason(*other, addr))
                     };
                     report.errors.push(ctx.err(
                         a.span(),

@@ -1207,6 +1207,22 @@ fn listen_addresses_overlap_across_families_where_the_host_binds_dual_stack() {
         "{}",
         r.errors[0]
     );
+    // An IPv4-mapped address beside the IPv4 wildcard is named as mapped,
+    // not as the dual-stack IPv6 wildcard, which neither is.
+    use super::check::overlap_reason;
+    let mapped = overlap_reason(a("0.0.0.0:3260"), a("[::ffff:10.0.0.1]:3260"));
+    assert!(
+        mapped.contains("IPv4-mapped") && !mapped.contains("wildcard"),
+        "{mapped}"
+    );
+    assert!(overlap_reason(a("[::]:3260"), a("0.0.0.0:3260")).contains("bindv6only"));
+    assert!(overlap_reason(a("127.0.0.1:3260"), a("[::]:3260")).contains("bindv6only"));
+    assert_eq!(overlap_reason(a("[::1]:3260"), a("[::]:3260")), "");
+    assert!(
+        r.errors[0].message.contains("IPv4-mapped"),
+        "{}",
+        r.errors[0]
+    );
     let dual =
         std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").map_or(true, |v| v.trim() == "0");
     let text = "[[portal_group]]\ntag = 1\nlisten = [\"0.0.0.0:3260\", \"[::]:3260\"]\n\n\
