@@ -566,7 +566,7 @@ struct HeldStore {
     wake: std::sync::Condvar,
     /// Held reads that returned after the release.
     served: std::sync::atomic::AtomicUsize,
-    /// Held writes that reached the store.
+    /// Held reads or writes that reached the store.
     entered: std::sync::atomic::AtomicUsize,
 }
 
@@ -585,6 +585,19 @@ impl HeldStore {
     fn release(&self) {
         *self.released.lock().unwrap() = true;
         self.wake.notify_all();
+    }
+
+    /// Waits until a held read or write has reached the store, so the
+    /// command is in the task set rather than on its way.
+    async fn wait_entered(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no command reached the backstore"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     fn wait_for_release(&self) {
@@ -613,6 +626,8 @@ impl Backstore for HeldStore {
         if self.held != Held::Reads {
             return self.inner.read_at(offset, buf);
         }
+        self.entered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.wait_for_release();
         let r = self.inner.read_at(offset, buf);
         self.served
@@ -716,12 +731,14 @@ async fn clear_task_set_clears_other_initiators_commands_and_tells_them() {
     let t = start_with(FabricSettings::default(), store.clone()).await;
     let mut a = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x31], Digests::NONE).await;
     let mut b = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x32], Digests::NONE).await;
+    // Dropped first, also when an assertion fails.
+    let _release = ReleaseOnDrop(store.clone());
     assert!(a.test_unit_ready().await.is_some());
     assert!(b.test_unit_ready().await.is_some());
     assert_eq!(b.test_unit_ready().await, Some(0));
     let read = b.command(&rw10(0x28, 0, 8), true, false, 4096, true);
     b.send(Pdu::new(Bhs::ScsiCommand(read))).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.wait_entered().await;
     let clear = a.tmf(TmfFunction::ClearTaskSet, (RESERVED_TAG, a.cmd_sn));
     a.send(Pdu::new(Bhs::TaskMgmtRequest(clear))).await;
     let pdu = a.recv().await.expect("the clear is answered");
@@ -778,14 +795,7 @@ async fn abort_task_of_a_write_being_written_is_answered_after_it() {
     let write = c.command(&rw10(0x2a, 0, 8), false, true, 4096, true);
     c.send(Pdu::with_data(Bhs::ScsiCommand(write), vec![0xabu8; 4096]))
         .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the WRITE never reached the backstore"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    store.wait_entered().await;
     let abort = c.tmf(TmfFunction::AbortTask, (write.itt, write.cmd_sn));
     c.send(Pdu::new(Bhs::TaskMgmtRequest(abort))).await;
     if let Some(pdu) = c.recv_within(Duration::from_millis(500)).await {
