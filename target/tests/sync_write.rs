@@ -14,7 +14,9 @@ use blockwire_pdu::pdu::{DataOut, R2t, ScsiCommand, TaskMgmtRequest, RESERVED_TA
 use blockwire_pdu::scsi::{Asc, Sense, SenseKey};
 use blockwire_pdu::{Bhs, Digests, Pdu};
 use blockwire_target::backstore::{FileBackstore, FileMode};
-use blockwire_target::datapath::{open_engine, BufferPool, Engine, EnginePref};
+use blockwire_target::datapath::{
+    open_engine, BufferPool, Completion, CompletionTx, Engine, EngineKind, EnginePref, IoOp, OpKind,
+};
 use blockwire_target::iscsi::catalog::Acl;
 use blockwire_target::iscsi::FabricSettings;
 use blockwire_target::scsi::stats::Direction;
@@ -575,4 +577,135 @@ async fn abort_during_a_pipelined_write_sends_no_status_and_frees_everything() {
     // The aborted WRITE did not complete: it counts as an error without
     // its bytes, not as a good 1 MiB.
     assert_eq!(write_counts(&t), (4, 1, 3 << 20), "commands, errors, bytes");
+}
+
+/// An engine whose batches of WRITE ops wait until released before they
+/// go to the real engine, so a pipelined WRITE's chunk writes stay in
+/// flight as long as a test wants.
+struct HeldWrites {
+    inner: Arc<dyn Engine>,
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    /// WRITE ops submitted.
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl HeldWrites {
+    fn new(inner: Arc<dyn Engine>) -> Arc<HeldWrites> {
+        Arc::new(HeldWrites {
+            inner,
+            gate: Arc::default(),
+            held: Default::default(),
+        })
+    }
+
+    fn release(&self) {
+        *self.gate.0.lock().unwrap() = true;
+        self.gate.1.notify_all();
+    }
+}
+
+/// Releases the held writes when dropped, also when an assertion fails.
+struct ReleaseOnDrop(Arc<HeldWrites>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl Engine for HeldWrites {
+    fn kind(&self) -> EngineKind {
+        self.inner.kind()
+    }
+    fn describe(&self) -> String {
+        format!("{} (writes held)", self.inner.describe())
+    }
+    fn pool(&self) -> &BufferPool {
+        self.inner.pool()
+    }
+    fn submit(&self, ops: Vec<IoOp>, done: &CompletionTx) -> std::io::Result<()> {
+        if ops.iter().all(|op| op.kind != OpKind::Write) {
+            return self.inner.submit(ops, done);
+        }
+        self.held.fetch_add(ops.len(), Ordering::SeqCst);
+        let (inner, gate, done) = (self.inner.clone(), self.gate.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut released = gate.0.lock().unwrap();
+            while !*released {
+                released = gate.1.wait(released).unwrap();
+            }
+            drop(released);
+            let tags: Vec<u64> = ops.iter().map(|op| op.tag).collect();
+            if let Err(e) = inner.submit(ops, &done) {
+                // Every op completes exactly once (the engine's contract).
+                for tag in tags {
+                    let result = Err(std::io::Error::new(e.kind(), e.to_string()));
+                    let _ = done.send(Completion { tag, result });
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// CLEAR TASK SET from another initiator clears a pipelined WRITE (one
+/// task set per unit, SAM-5 7.4) and is answered only once that WRITE's
+/// chunk writes ended: none of its data may reach the medium after
+/// "Function complete". The other session cannot see this connection's
+/// table of running pipelined WRITEs; it was answered while the chunks
+/// were still being written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_task_set_from_another_initiator_waits_for_a_pipelined_writes_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("lun.img");
+    let held = HeldWrites::new(engine(BufferPool::new(&[(1 << 20, 1)])));
+    let t = start(&img, 8 << 20, FileMode::Cached, &img, held.clone()).await;
+    let _release = ReleaseOnDrop(held.clone());
+    let mut a = Client::login(t.addr, 3).await;
+    let mut b = Client::login(t.addr, 4).await;
+    let data = pattern(1 << 20, 5);
+    let (cmd, _, _) = half_sent_write(&mut b, &data, 2 * CHUNK).await;
+    until("chunk writes submitted", || {
+        held.held.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    a.itt += 1;
+    let clear = TaskMgmtRequest {
+        immediate: true,
+        function: TmfFunction::ClearTaskSet,
+        lun: cmd.lun,
+        itt: a.itt,
+        referenced_task_tag: RESERVED_TAG,
+        cmd_sn: a.cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    };
+    a.conn.send(Pdu::new(Bhs::TaskMgmtRequest(clear))).await;
+    if let Some(pdu) = a.conn.recv_within(Duration::from_millis(500)).await {
+        panic!("answered while the cleared WRITE's chunks were being written: {pdu:?}");
+    }
+    held.release();
+    match a.recv().await.bhs {
+        Bhs::TaskMgmtResponse(m) => assert_eq!(m.response, TmfResponse::FunctionComplete),
+        other => panic!("expected the TMF response, got {other:?}"),
+    }
+    // B hears nothing of its WRITE, and of the clear by a unit attention,
+    // COMMANDS CLEARED BY ANOTHER INITIATOR.
+    let tur = b.command(&[0; 6], false, false, 0, true);
+    b.conn.send(Pdu::new(Bhs::ScsiCommand(tur))).await;
+    let sense = loop {
+        let pdu = b.recv().await;
+        match pdu.bhs {
+            Bhs::ScsiResponse(r) if r.itt == cmd.itt => panic!("the cleared WRITE was answered"),
+            Bhs::ScsiResponse(r) if r.itt == tur.itt => {
+                assert_eq!(r.status, 2, "CHECK CONDITION with the unit attention");
+                break Sense::decode(&pdu.data[2..]).unwrap();
+            }
+            Bhs::R2t(_) | Bhs::NopIn(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(sense.key, SenseKey::UnitAttention);
+    assert_eq!((sense.asc, sense.ascq), (0x2f, 0x00));
 }

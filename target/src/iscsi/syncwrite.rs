@@ -48,8 +48,10 @@
 //!   further chunk is submitted, in-flight chunk writes are waited for
 //!   before the buffer and the hold are released, and no status is sent.
 //!   Task management waits (boundedly) for that drain before it answers
-//!   ([`Running::wait_drained`]), so no chunk of an aborted WRITE reaches the
-//!   disk after the initiator learnt it was aborted.
+//!   ([`Running::wait_drained`] on this connection; the task's count of
+//!   work that may change the medium, held until the drain, for a CLEAR
+//!   TASK SET from another session), so no chunk of an aborted WRITE
+//!   reaches the disk after the initiator learnt it was aborted.
 //!
 //! Memory: the buffer is the command's share of the connection's write
 //! budget (reserved as for a gathered WRITE, released with the buffer) and
@@ -341,6 +343,10 @@ pub(super) fn spawn(
     let drained = Arc::new(AtomicBool::new(false));
     running.lock().insert(job.ctx.itt(), drained.clone());
     let running = running.clone();
+    // Counted before the task first reads its abort flag, as a core call
+    // is: an abort of this WRITE by another session, which cannot see this
+    // connection's running table, waits on the count instead.
+    let changing_medium = job.ctx.changing_medium();
     tokio::spawn(async move {
         let itt = job.ctx.itt();
         // Held by the LUN's QoS ceilings: no chunk is written before the
@@ -348,6 +354,7 @@ pub(super) fn spawn(
         let aborted = job.ctx.aborted.clone();
         super::throttle::after_wait(throttle, aborted, run(job, lease, rx)).await;
         // Only now: every chunk write ended and the hold is released.
+        drop(changing_medium);
         drained.store(true, Ordering::Release);
         let mut map = running.lock();
         if map.get(&itt).is_some_and(|f| Arc::ptr_eq(f, &drained)) {

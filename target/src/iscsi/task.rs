@@ -88,24 +88,23 @@ impl CommandContext {
     /// complete" could otherwise land after a later WRITE of the same
     /// blocks, the aborted data winning.
     pub fn in_core<T>(&self, f: impl FnOnce() -> T) -> T {
-        struct Leaving<'a>(Option<&'a AtomicUsize>);
-        impl Drop for Leaving<'_> {
-            fn drop(&mut self) {
-                if let Some(n) = self.0 {
-                    n.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-        }
-        let counted = self
-            .slot
-            .changing_medium()
-            .filter(|_| !crate::scsi::stall::only_reads_the_medium(&self.cdb))
-            .map(|n| {
-                n.fetch_add(1, Ordering::SeqCst);
-                &**n
-            });
-        let _leaving = Leaving(counted);
+        let _counted = ChangingMedium::enter(
+            self.slot
+                .changing_medium()
+                .filter(|_| !crate::scsi::stall::only_reads_the_medium(&self.cdb))
+                .map(|n| &**n),
+        );
         crate::scsi::abortable(&self.aborted, f)
+    }
+
+    /// Counts this command as one that may change the medium for as long
+    /// as the returned guard lives, as [`Self::in_core`] does for one core
+    /// call: a pipelined WRITE holds it from before it first looks at its
+    /// abort flag until its last chunk write ended, so an abort from any
+    /// session (CLEAR TASK SET from another initiator) waits for those
+    /// writes before it is answered.
+    pub fn changing_medium(&self) -> ChangingMedium<Arc<AtomicUsize>> {
+        ChangingMedium::enter(self.slot.changing_medium().cloned())
     }
 
     /// The core's request for this command, with the WRITE data
@@ -187,6 +186,27 @@ pub(super) struct CommandSlot {
     /// The window slot was freed.
     freed: AtomicBool,
     task: Option<TaskEntry>,
+}
+
+/// One count in a task's entry of work that may change the medium (see
+/// [`CommandContext::in_core`]), taken when made, given back when dropped.
+pub(super) struct ChangingMedium<N: std::ops::Deref<Target = AtomicUsize>>(Option<N>);
+
+impl<N: std::ops::Deref<Target = AtomicUsize>> ChangingMedium<N> {
+    fn enter(count: Option<N>) -> Self {
+        if let Some(n) = &count {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+        ChangingMedium(count)
+    }
+}
+
+impl<N: std::ops::Deref<Target = AtomicUsize>> Drop for ChangingMedium<N> {
+    fn drop(&mut self) {
+        if let Some(n) = &self.0 {
+            n.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// A registered task: which entry of which task set is this command's.
