@@ -81,6 +81,9 @@ pub struct LoginMachine {
     /// HeaderDigest and DataDigest offered as CRC32C alone: the login
     /// fails rather than run without them (see [`Self::finish`]).
     insisted_digests: (bool, bool),
+    /// The T bit of the last Login Request, which the response may not
+    /// set unless it was (RFC 7143 §11.13.1).
+    sent_transit: bool,
 }
 
 impl std::fmt::Debug for LoginMachine {
@@ -193,6 +196,7 @@ impl LoginMachine {
             },
             vendor_answers: Vec::new(),
             insisted_digests,
+            sent_transit: false,
         })
     }
 
@@ -203,7 +207,8 @@ impl LoginMachine {
         }
     }
 
-    fn request(&self, transit: bool, nsg: Stage, pairs: &TextPairs) -> Result<Pdu> {
+    fn request(&mut self, transit: bool, nsg: Stage, pairs: &TextPairs) -> Result<Pdu> {
+        self.sent_transit = transit;
         let data = encode_text(pairs)?;
         if data.len() > 8192 {
             return Err(Error::Protocol(format!(
@@ -278,6 +283,7 @@ impl LoginMachine {
                 status: r.status,
             });
         }
+        self.check_response(&r)?;
         self.exp_stat_sn = r.stat_sn.wrapping_add(1);
         if r.tsih != 0 {
             self.tsih = r.tsih;
@@ -295,6 +301,49 @@ impl LoginMachine {
                 "login response after the login ended".into(),
             )),
         }
+    }
+
+    /// What a successful Login Response must keep of the request it
+    /// answers (RFC 7143 §11.13): the ISID and the Initiator Task Tag
+    /// echoed, the current stage ours, no T bit unless we set it, and the
+    /// session's TSIH, once known, never another. A target that breaks
+    /// them has lost track of this login; going on could join the wrong
+    /// session or skip a stage's negotiation.
+    fn check_response(&self, r: &LoginResponse) -> Result<()> {
+        let broke = |what: String| {
+            Err(Error::Protocol(format!(
+                "{}'s Login Response breaks RFC 7143 (11.13): {what}",
+                self.label
+            )))
+        };
+        if r.isid != self.isid {
+            return broke(format!(
+                "it names ISID {:02x?} where the request named {:02x?}",
+                r.isid, self.isid
+            ));
+        }
+        if r.itt != self.itt {
+            return broke(format!(
+                "it answers task tag {:#x}, not the request's {:#x}",
+                r.itt, self.itt
+            ));
+        }
+        if r.csg != self.stage {
+            return broke(format!(
+                "its current stage is {:?} where the request's was {:?}",
+                r.csg, self.stage
+            ));
+        }
+        if r.transit && !self.sent_transit {
+            return broke("it sets the T bit answering a request without it".into());
+        }
+        if r.tsih != 0 && self.tsih != 0 && r.tsih != self.tsih {
+            return broke(format!(
+                "it gives TSIH {:#06x} to a session whose TSIH is {:#06x}",
+                r.tsih, self.tsih
+            ));
+        }
+        Ok(())
     }
 
     fn security(&mut self, r: LoginResponse, pairs: TextPairs) -> Result<LoginStep> {
@@ -449,5 +498,133 @@ impl LoginMachine {
             max_cmd_sn: r.max_cmd_sn,
             vendor: std::mem::take(&mut self.vendor_answers),
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockwire_pdu::LoginStatus;
+
+    const TARGET: &str = "iqn.2026-12.io.blockwire:t";
+    const ISID: [u8; 6] = [0x80, 0, 0, 0, 0, 1];
+
+    /// A login of a plain (or, `chap`, CHAP) initiator with TSIH `tsih`,
+    /// and its first Login Request.
+    fn started(chap: bool, tsih: u16) -> (LoginMachine, LoginRequest) {
+        let mut config = InitiatorConfig::new("iqn.2026-12.io.blockwire:i");
+        if chap {
+            config.chap = Some(ChapConfig::new("user", "a secret of sixteen"));
+        }
+        let mut m = LoginMachine::new(
+            &config,
+            Some(TARGET),
+            ISID,
+            tsih,
+            1,
+            Box::new(|b| b.fill(7)),
+        )
+        .unwrap();
+        let Bhs::LoginRequest(r) = m.start().unwrap().bhs else {
+            panic!("the login starts with a Login Request")
+        };
+        (m, r)
+    }
+
+    /// A successful answer to `r` that moves on as it asks, changed by
+    /// `bend`.
+    fn answer(r: &LoginRequest, bend: impl FnOnce(&mut LoginResponse)) -> Pdu {
+        let mut resp = LoginResponse {
+            transit: r.transit,
+            continue_bit: false,
+            csg: r.csg,
+            nsg: if r.transit { r.nsg } else { r.csg },
+            version_max: 0,
+            version_active: 0,
+            isid: r.isid,
+            tsih: r.tsih,
+            itt: r.itt,
+            stat_sn: 1,
+            exp_cmd_sn: r.cmd_sn,
+            max_cmd_sn: r.cmd_sn.wrapping_add(8),
+            status: LoginStatus::SUCCESS,
+        };
+        bend(&mut resp);
+        Pdu::new(Bhs::LoginResponse(resp))
+    }
+
+    fn refusal(m: &mut LoginMachine, pdu: Pdu) -> String {
+        match m.receive(pdu) {
+            Err(Error::Protocol(why)) => why,
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_response_that_keeps_the_rules_moves_the_login_on() {
+        let (mut m, r) = started(false, 0);
+        assert!(matches!(
+            m.receive(answer(&r, |_| {})),
+            Ok(LoginStep::Send(_))
+        ));
+        // Joining a session: the target answers with its TSIH.
+        let (mut m, r) = started(false, 0x1234);
+        assert!(matches!(
+            m.receive(answer(&r, |a| a.tsih = 0x1234)),
+            Ok(LoginStep::Send(_))
+        ));
+    }
+
+    /// A Login Response that does not answer the request it follows (RFC
+    /// 7143 §11.13) ends the login, saying what it broke; each was taken
+    /// as if it did.
+    #[test]
+    fn a_response_that_breaks_the_rules_ends_the_login() {
+        let (mut m, r) = started(false, 0);
+        let why = refusal(&mut m, answer(&r, |a| a.isid[5] = 2));
+        assert!(why.contains("ISID"), "{why}");
+
+        let (mut m, r) = started(false, 0);
+        let why = refusal(&mut m, answer(&r, |a| a.itt = r.itt.wrapping_add(1)));
+        assert!(why.contains("task tag"), "{why}");
+
+        let (mut m, r) = started(false, 0);
+        let why = refusal(&mut m, answer(&r, |a| a.csg = Stage::Operational));
+        assert!(why.contains("current stage"), "{why}");
+
+        // CHAP starts without the T bit: the target may not set it.
+        let (mut m, r) = started(true, 0);
+        assert!(!r.transit);
+        let why = refusal(
+            &mut m,
+            answer(&r, |a| {
+                a.transit = true;
+                a.nsg = Stage::Operational;
+            }),
+        );
+        assert!(why.contains("T bit"), "{why}");
+
+        let (mut m, r) = started(false, 0x1234);
+        let why = refusal(&mut m, answer(&r, |a| a.tsih = 0x4321));
+        assert!(
+            why.contains("TSIH 0x4321") && why.contains("0x1234"),
+            "{why}"
+        );
+    }
+
+    /// A new session learns its TSIH from a response; a later response of
+    /// the same login may not give another.
+    #[test]
+    fn a_tsih_once_given_stays() {
+        let (mut m, r) = started(false, 0);
+        let Ok(LoginStep::Send(next)) = m.receive(answer(&r, |a| a.tsih = 7)) else {
+            panic!("the login goes on")
+        };
+        let Bhs::LoginRequest(r2) = next.bhs else {
+            panic!("a Login Request follows")
+        };
+        assert_eq!(r2.tsih, 7);
+        let why = refusal(&mut m, answer(&r2, |a| a.tsih = 8));
+        assert!(why.contains("TSIH 0x0008"), "{why}");
     }
 }
