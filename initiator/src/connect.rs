@@ -59,6 +59,7 @@ const MAX_REDIRECTS: usize = 4;
 /// 0102h with a TargetAddress, RFC 7143 §11.13.5) is followed there, up to
 /// [`MAX_REDIRECTS`] times; each later login asks at `portal` again, which
 /// is what a temporary move wants and costs a permanent one a round trip.
+/// The login timeout bounds the whole, redirections included.
 pub(crate) async fn connect_login(
     config: &InitiatorConfig,
     portal: &str,
@@ -66,9 +67,10 @@ pub(crate) async fn connect_login(
     tsih: u16,
 ) -> Result<Connection> {
     let mut at = portal.to_owned();
-    for _ in 0..=MAX_REDIRECTS {
+    let deadline = tokio::time::Instant::now() + config.login_timeout;
+    for hop in 0..=MAX_REDIRECTS {
         let fut = connect_login_inner(config, &at, target, tsih);
-        match tokio::time::timeout(config.login_timeout, fut).await {
+        match tokio::time::timeout_at(deadline, fut).await {
             Ok(Err(Error::Redirected { to, permanent, .. })) => {
                 tracing::info!(
                     target = target.unwrap_or("discovery"),
@@ -81,11 +83,15 @@ pub(crate) async fn connect_login(
             }
             Ok(r) => return r,
             Err(_) => {
+                let redirected = match hop {
+                    0 => String::new(),
+                    n => format!(" (redirected from {portal}, {n} hop(s))"),
+                };
                 return Err(Error::Timeout(format!(
-                    "login to {} at {at} took longer than {:?}",
+                    "login to {} at {at}{redirected} took longer than {:?}",
                     target.unwrap_or("discovery"),
                     config.login_timeout
-                )))
+                )));
             }
         }
     }

@@ -25,6 +25,17 @@ const TARGET: &str = "iqn.2026-12.io.blockwire:scripted";
 /// Answers each of `logins` connections' first Login Request with `status`
 /// and `TargetAddress=to`; returns how many it answered.
 fn redirector(listener: TcpListener, logins: usize, status: LoginStatus, to: String) -> usize {
+    slow_redirector(listener, logins, status, to, Duration::ZERO)
+}
+
+/// [`redirector`], answering each login `delay` after its request came.
+fn slow_redirector(
+    listener: TcpListener,
+    logins: usize,
+    status: LoginStatus,
+    to: String,
+    delay: Duration,
+) -> usize {
     let mut answered = 0;
     for _ in 0..logins {
         let (mut s, _) = listener.accept().unwrap();
@@ -51,7 +62,9 @@ fn redirector(listener: TcpListener, logins: usize, status: LoginStatus, to: Str
             }),
             encode_text(&[("TargetAddress".to_owned(), to.clone())]).unwrap(),
         );
-        s.write_all(&reply.encode(Digests::NONE)).unwrap();
+        std::thread::sleep(delay);
+        // The initiator may have given up meanwhile.
+        let _ = s.write_all(&reply.encode(Digests::NONE));
         answered += 1;
     }
     answered
@@ -120,6 +133,39 @@ async fn a_redirection_loop_ends_the_login() {
         "{e}"
     );
     assert_eq!(redirector.join().unwrap(), 5);
+}
+
+/// The login timeout bounds a login with its redirections, not each hop:
+/// portals that each take most of it to redirect end the login when it
+/// runs out, saying where it was sent. Each hop had the whole timeout, so
+/// such a login could take five times as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_login_timeout_bounds_all_the_redirections() {
+    let group = TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = group.local_addr().unwrap().to_string();
+    let to = format!("{portal},1");
+    // 0.4 s per hop against a 1 s timeout: the third answer comes too late.
+    let redirector = std::thread::spawn(move || {
+        slow_redirector(
+            group,
+            3,
+            LoginStatus::TARGET_MOVED_TEMPORARILY,
+            to,
+            Duration::from_millis(400),
+        )
+    });
+    let mut config = InitiatorConfig::new("iqn.2026-12.io.blockwire:redirected");
+    config.login_timeout = Duration::from_secs(1);
+    let e = Session::connect(config, &portal, TARGET)
+        .await
+        .err()
+        .expect("the login runs out of time");
+    let shown = e.to_string();
+    assert!(
+        shown.contains("took longer than 1s") && shown.contains("2 hop(s)"),
+        "{shown}"
+    );
+    assert_eq!(redirector.join().unwrap(), 3);
 }
 
 /// Logs the initiator in as [`scripted::log_in`] does, but answers
