@@ -214,6 +214,10 @@ impl InitiatorConfig {
             max_recv_data_segment_length: self.max_recv_data_segment_length,
             // Only normal sessions carry data.
             data_pdu_in_order: self.data_pdu_in_order || target.is_none(),
+            // The wait before a login after a lost connection is the
+            // target's to ask for (the key's result is the larger value,
+            // RFC 7143 §13.15); we need none of our own.
+            default_time2wait: 0,
             vendor_keys: if target.is_some() {
                 self.vendor_offers.iter().map(|(k, _)| k.clone()).collect()
             } else {

@@ -180,9 +180,16 @@ pub enum Event<T> {
     },
     /// Send this PDU (a NOP-Out answering a target ping).
     Send(Pdu),
-    /// The target asked for the connection or session to end (Async
-    /// Message): the shell should recover or log out.
-    Drop(String),
+    /// The connection must end (the target asked for it by an Async
+    /// Message, or broke the protocol): the shell should recover or log out.
+    Drop {
+        /// Why, for the log and the callers.
+        reason: String,
+        /// How long the target asked the initiator to wait before it logs
+        /// in again (AsyncEvent 2 and 3, Parameter2, RFC 7143 §11.9.1);
+        /// None: the session's DefaultTime2Wait.
+        time2wait: Option<Duration>,
+    },
     /// The target asks the initiator to log out within `within` (Async
     /// Message, AsyncEvent 1, RFC 7143 §11.9.1; Parameter3): the shell lets
     /// the commands in flight finish, sends no new ones, logs out, and
@@ -929,10 +936,10 @@ impl<T: Clone> Engine<T> {
                         within: Duration::from_secs(u64::from(a.parameter3)),
                     }),
                     AsyncEvent::ConnectionDrop | AsyncEvent::SessionDrop => {
-                        events.push(Event::Drop(format!(
-                            "target sent async event: {}",
-                            a.event.name()
-                        )));
+                        events.push(Event::Drop {
+                            reason: format!("target sent async event: {}", a.event.name()),
+                            time2wait: Some(Duration::from_secs(u64::from(a.parameter2))),
+                        });
                     }
                     _ => {}
                 }
@@ -965,10 +972,13 @@ impl<T: Clone> Engine<T> {
                 self.update_sn(Some(t.stat_sn), t.exp_cmd_sn, t.max_cmd_sn);
             }
             other => {
-                events.push(Event::Drop(format!(
-                    "unexpected {:?} PDU from the target in full feature phase",
-                    other.opcode()
-                )));
+                events.push(Event::Drop {
+                    reason: format!(
+                        "unexpected {:?} PDU from the target in full feature phase",
+                        other.opcode()
+                    ),
+                    time2wait: None,
+                });
             }
         }
         events

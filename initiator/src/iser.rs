@@ -854,7 +854,7 @@ async fn receive_loop(inner: Arc<Inner>, cq: AnyCq) {
                 // RFC 7145 §7.3.4: the target turns R2Ts into RDMA Reads; one on the wire
                 // is a protocol error for this command, which the engine already refused.
                 Event::R2t { .. } => {}
-                Event::Drop(why) => return inner.connection_lost(&why),
+                Event::Drop { reason, .. } => return inner.connection_lost(&reason),
                 // Over iSER the connection is recovered at once, as on a
                 // loss (no drain and Logout exchange there): commands in
                 // flight are issued again on the new connection.

@@ -165,6 +165,9 @@ struct Inner {
     vendor: Mutex<(u64, Vec<(String, String)>)>,
     /// Answers to the target's NOP-In pings on their way out.
     ping_answers: PingAnswers,
+    /// The wait before the next login the target asked for by an Async
+    /// Message that ended the connection; None: DefaultTime2Wait.
+    time2wait: Mutex<Option<Duration>>,
 }
 
 /// How many answers to the target's NOP-In pings may wait to be sent at
@@ -258,6 +261,7 @@ impl Session {
             tsih: Mutex::new(0),
             recoveries: AtomicU32::new(0),
             capacity_changes: AtomicU64::new(0),
+            time2wait: Mutex::new(None),
             background: Mutex::new(Vec::new()),
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
@@ -547,14 +551,18 @@ impl Inner {
         *lock(&self.tsih) = outcome.tsih;
         *lock(&self.vendor) = (generation, outcome.vendor.clone());
         self.touch();
+        // Up before the reader runs: a connection the target ends at once
+        // (right after the login) is lost only from Up, so the reader must
+        // find it so. The background list stays locked until the reader's
+        // handle is in it, for that loss to abort it with the rest.
         let mut bg = lock(&self.background);
         bg.clear();
+        self.state.send_replace(ConnState::Up(generation));
         bg.push(tokio::spawn(self.clone().reader_loop(generation, reader)).abort_handle());
         if let Some(interval) = self.config.nop_interval {
             bg.push(tokio::spawn(self.clone().keepalive(generation, interval)).abort_handle());
         }
         drop(bg);
-        self.state.send_replace(ConnState::Up(generation));
         self.window.notify_waiters();
     }
 
@@ -662,11 +670,22 @@ impl Inner {
         }
         let policy = self.config.recovery;
         let mut delay = policy.initial_backoff;
+        // A new login with our ISID ends the old session on the target (an
+        // implicit logout), which waits at least DefaultTime2Wait after a
+        // connection ends, or the Time2Wait the target's Async Message
+        // gave (RFC 7143 §13.15, §11.9.1); only the first login waits it.
+        let time2wait = lock(&self.time2wait).take().unwrap_or_else(|| {
+            Duration::from_secs(u64::from(lock(&self.params).default_time2wait))
+        });
+        if time2wait > delay {
+            tracing::info!(target = %self.target, ?time2wait, "waiting the target's Time2Wait before logging in again");
+        }
+        let mut first_wait = time2wait;
         let mut last = reason;
         let mut attempts = 0;
         while attempts < policy.max_attempts {
             attempts += 1;
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(delay.max(std::mem::take(&mut first_wait))).await;
             match connect_login(&self.config, &self.portal, Some(&self.target), 0).await {
                 Ok(conn) => {
                     self.recoveries.fetch_add(1, Ordering::Relaxed);
@@ -770,7 +789,12 @@ impl Inner {
                         drop(answer);
                     });
                 }
-                Event::Drop(reason) => drop_reason = Some(reason),
+                Event::Drop { reason, time2wait } => {
+                    if time2wait.is_some() {
+                        *lock(&self.time2wait) = time2wait;
+                    }
+                    drop_reason = Some(reason);
+                }
                 Event::LogoutRequested { within } => {
                     let handle = tokio::spawn(self.clone().log_out_on_request(generation, within))
                         .abort_handle();

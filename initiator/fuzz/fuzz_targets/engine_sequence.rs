@@ -296,7 +296,7 @@ impl Model {
                     }
                     other => panic!("the engine sends {:?} by itself", other.opcode()),
                 },
-                Event::Drop(_) | Event::LogoutRequested { .. } => {}
+                Event::Drop { .. } | Event::LogoutRequested { .. } => {}
             }
         }
     }
