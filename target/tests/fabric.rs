@@ -9,7 +9,7 @@ use std::time::Duration;
 use blockwire_pdu::keys::{encode_text, Digest, SessionParams};
 use blockwire_pdu::pdu::codes::{AsyncEvent, RejectReason, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{
-    DataOut, LoginRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
+    DataOut, LoginRequest, LogoutRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
 };
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 use blockwire_target::backstore::{Backstore, RamBackstore};
@@ -812,6 +812,47 @@ async fn abort_task_of_a_write_being_written_is_answered_after_it() {
     assert_eq!(r.response, TmfResponse::FunctionComplete);
     // Nothing of the aborted WRITE follows; the session goes on.
     assert_eq!(c.test_unit_ready().await, Some(0));
+}
+
+/// A Logout closing the session is answered only once a WRITE the
+/// backstore is writing has returned: the response tells the initiator the
+/// session's commands are terminated (RFC 7143 §11.14, §11.15), so nothing
+/// of them may land after it, over what the initiator writes next through
+/// another session. It was answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logout_is_answered_after_a_write_being_written() {
+    let store = HeldStore::new(Held::Writes);
+    let t = start_with(FabricSettings::default(), store.clone()).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 0, 0x0b], Digests::NONE).await;
+    // Dropped first, also when an assertion fails.
+    let _release = ReleaseOnDrop(store.clone());
+    let _ = c.test_unit_ready().await;
+    let write = c.command(&rw10(0x2a, 0, 8), false, true, 4096, true);
+    c.send(Pdu::with_data(Bhs::ScsiCommand(write), vec![0xabu8; 4096]))
+        .await;
+    store.wait_entered().await;
+    c.itt += 1;
+    let logout = LogoutRequest {
+        immediate: true,
+        reason: blockwire_pdu::pdu::codes::LogoutReason::CloseSession,
+        itt: c.itt,
+        cid: 0,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: 0,
+    };
+    c.send(Pdu::new(Bhs::LogoutRequest(logout))).await;
+    if let Some(pdu) = c.recv_within(Duration::from_millis(500)).await {
+        panic!("answered while the session's WRITE was still being written: {pdu:?}");
+    }
+    store.release();
+    let pdu = c
+        .recv_within(Duration::from_secs(5))
+        .await
+        .expect("the logout is answered once the write returned");
+    assert!(
+        matches!(pdu.bhs, Bhs::LogoutResponse(_)),
+        "expected the Logout Response, got {pdu:?}"
+    );
 }
 
 /// The data-integrity check with both digests on (libiscsi never offers

@@ -702,7 +702,10 @@ impl ConnMachine {
             // terminated (§11.14) and then the I_T nexus is lost, before
             // it leaves, so a command the initiator sends on another
             // session right after it no longer meets this one's RESERVE(6).
-            self.session.tasks.abort_where(|_, _| true);
+            // As for an abort, the response waits until none of them can
+            // still change the medium: a WRITE the backstore was writing
+            // could otherwise land over what the initiator writes next.
+            self.abort_where(|_, _| true);
             self.fabric.sessions.end(&self.session, self.generation);
         }
         self.send(Pdu::new(Bhs::LogoutResponse(LogoutResponse {

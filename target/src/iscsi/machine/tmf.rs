@@ -126,7 +126,7 @@ impl ConnMachine {
     /// Aborts this session's tasks `pick` selects (by ITT and LUN); returns
     /// how many were aborted. WRITEs still collecting data are dropped
     /// unrun; the driver waits for the rest before the next action.
-    fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
+    pub(super) fn abort_where(&mut self, pick: impl Fn(u32, u16) -> bool) -> usize {
         let outcome = self.session.tasks.abort_where(pick);
         self.drop_collectors(&outcome.aborted);
         let n = outcome.aborted.len();
