@@ -286,7 +286,10 @@ impl TextExchange {
                 }
                 true
             }
-            Some(c) => c.itt == req.itt && c.receiving,
+            // TTT 0xffffffff is a new request, also under the ITT of one
+            // whose text was still coming (RFC 7143 §11.10.4): its state
+            // goes, so the new text is not appended to the old.
+            Some(_) => false,
             None if req.ttt != RESERVED_TAG => {
                 return self.reject(req, data, RejectReason::InvalidPduField)
             }

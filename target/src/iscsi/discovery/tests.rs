@@ -307,6 +307,25 @@ fn abandoned_long_answer_and_bad_ttt() {
     ));
 }
 
+/// A request under the ITT of one whose text was still coming (C bit),
+/// with TTT 0xffffffff, is a new request (RFC 7143 §11.10.4): its text is
+/// not appended to the abandoned piece. It was, and `SendTargets=A` then
+/// `SendTargets=All` asked for a target named `ASendTargets=All`.
+#[test]
+fn a_new_request_under_the_itt_of_a_continued_one_starts_afresh() {
+    let (c, d) = discovery_session(catalog(), HOST1, 8192);
+    let mut x = TextExchange::from_outcome(c, &d.outcome, local_addr());
+    let s = x.on_request(&text_req(7, RESERVED_TAG, false, true), b"SendTargets=A");
+    let (r, _) = text_resp(&s);
+    assert_ne!(r.ttt, RESERVED_TAG, "a continued request is acknowledged");
+    let (answer, _) = exchange(&mut x, 7, &[("SendTargets", OPEN)], 8192, 8192);
+    assert_eq!(
+        answer.first().map(|p| p.1.as_str()),
+        Some(OPEN),
+        "{answer:?}"
+    );
+}
+
 #[test]
 fn normal_session_send_targets_and_other_keys() {
     let c = Arc::new(catalog());
