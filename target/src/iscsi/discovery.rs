@@ -377,10 +377,17 @@ impl TextExchange {
     /// The answer to a whole request's pairs.
     fn answer(&mut self, pairs: &[(String, String)]) -> Result<TextPairs, RejectReason> {
         self.negotiator.start_text_exchange();
-        let responses = self
-            .negotiator
-            .receive(Phase::FullFeature, pairs)
-            .map_err(|_| RejectReason::ProtocolError)?;
+        // The negotiator takes keys one by one and stops at a bad one: a
+        // rejected request must change nothing (RFC 7143 §11.17), so the
+        // keys taken before it are undone.
+        let before = self.negotiator.clone();
+        let responses = match self.negotiator.receive(Phase::FullFeature, pairs) {
+            Ok(r) => r,
+            Err(_) => {
+                self.negotiator = before;
+                return Err(RejectReason::ProtocolError);
+            }
+        };
         let mut out = responses.answers;
         let mut listing = TextPairs::new();
         for (key, value) in responses.passthrough {

@@ -368,6 +368,32 @@ fn normal_session_send_targets_and_other_keys() {
     assert!(answer.is_empty());
 }
 
+/// A Text Request the target rejects changes nothing (RFC 7143 §11.17): a
+/// MaxRecvDataSegmentLength before the key that failed it was taken all the
+/// same, and Data-In went out in segments the initiator never agreed to.
+#[test]
+fn a_rejected_request_changes_no_parameter() {
+    let c = Arc::new(catalog());
+    let mut m = crate::iscsi::login::LoginMachine::new(
+        Arc::clone(&c),
+        1,
+        local_addr(),
+        rand::rngs::mock::StepRng::new(3, 7),
+    );
+    let d = run_login(&mut m, &opts(HOST1, Some(OPEN))).expect("login");
+    let mut x = TextExchange::from_outcome(c, &d.outcome, local_addr());
+    let before = x.params().initiator_max_recv_data_segment_length;
+    let text = encode_text(&pairs(&[
+        ("MaxRecvDataSegmentLength", "1024"),
+        ("HeaderDigest", "Reject"),
+    ]))
+    .unwrap();
+    let step = x.on_request(&text_req(1, RESERVED_TAG, true, false), &text);
+    assert!(matches!(step, TextStep::Reject(_)), "{step:?}");
+    assert_ne!(before, 1024);
+    assert_eq!(x.params().initiator_max_recv_data_segment_length, before);
+}
+
 #[test]
 fn a_request_saying_more_follows_is_not_answered_final() {
     let (c, d) = discovery_session(catalog(), HOST2, 8192);
