@@ -427,14 +427,27 @@ impl ConnMachine {
     /// When [`Self::on_timeout`] must next be called.
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
         let held = self.held.first().map(|&(due, _)| due);
-        [self.next_ping, self.logout_deadline, held]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.next_ping,
+            self.ping_deadline(),
+            self.logout_deadline,
+            held,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn take(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.out)
+    }
+
+    /// When the ping on its way times out: `nop_timeout` after it went,
+    /// whatever the interval between pings.
+    fn ping_deadline(&self) -> Option<Instant> {
+        let (_, sent) = self.ping?;
+        self.fabric.settings.nop_interval?;
+        Some(sent + self.fabric.settings.nop_timeout)
     }
 
     fn send(&mut self, pdu: Pdu) {
@@ -468,17 +481,16 @@ impl ConnMachine {
             self.out.push(Action::End(EndReason::LogoutTimeout));
             return self.take();
         }
-        let settings = &self.fabric.settings;
-        if let (Some(due), Some(interval)) = (self.next_ping, settings.nop_interval) {
+        if self.ping_deadline().is_some_and(|d| now >= d) {
+            warn!(tsih = self.session.tsih, initiator = %self.session.initiator_name, "no answer to NOP-In: dropping the connection");
+            self.out.push(Action::End(EndReason::NopTimeout));
+            return self.take();
+        }
+        if let (Some(due), Some(interval)) = (self.next_ping, self.fabric.settings.nop_interval) {
             if now >= due {
                 self.next_ping = Some(now + interval);
-                match self.ping {
-                    Some((_, sent)) if now.duration_since(sent) >= settings.nop_timeout => {
-                        warn!(tsih = self.session.tsih, initiator = %self.session.initiator_name, "no answer to NOP-In: dropping the connection");
-                        self.out.push(Action::End(EndReason::NopTimeout));
-                    }
-                    Some(_) => {}
-                    None => self.send_ping(now),
+                if self.ping.is_none() {
+                    self.send_ping(now);
                 }
             }
         }

@@ -47,12 +47,18 @@ fn local() -> std::net::SocketAddr {
 
 /// A fabric serving one target with a 1 MiB RAM LUN 0.
 fn fabric() -> Arc<Fabric> {
+    fabric_pinging(NOP_INTERVAL, NOP_TIMEOUT)
+}
+
+/// [`fabric`], pinging every `interval`, each ping timing out after
+/// `timeout`.
+fn fabric_pinging(interval: Duration, timeout: Duration) -> Arc<Fabric> {
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
     let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
     let settings = FabricSettings {
         queue_depth: 16,
-        nop_interval: Some(NOP_INTERVAL),
-        nop_timeout: NOP_TIMEOUT,
+        nop_interval: Some(interval),
+        nop_timeout: timeout,
         logout_grace: LOGOUT_GRACE,
         ..FabricSettings::default()
     };
@@ -1307,6 +1313,34 @@ async fn discovery_sessions_refuse_task_management_and_scsi_commands() {
 }
 
 // ---- NOP pings, shutdown and logout, with injected time ------------------------
+
+/// A ping times out `nop_timeout` after it went, not at the next ping's
+/// tick: with pings every 60 s and a 10 s timeout, a gone initiator was
+/// dropped 60 s after the unanswered ping, and with a timeout just past an
+/// interval, two intervals after it.
+#[tokio::test]
+async fn an_unanswered_ping_times_out_when_its_timeout_ends() {
+    let (interval, timeout) = (Duration::from_secs(60), Duration::from_secs(10));
+    let mut c = Conn::open_on(fabric_pinging(interval, timeout), Some(TARGET), &[]);
+    assert_eq!(c.advance(interval).await, None);
+    assert!(
+        matches!(
+            c.sent()[..],
+            [Pdu {
+                bhs: Bhs::NopIn(_),
+                ..
+            }]
+        ),
+        "the ping is due"
+    );
+    assert_eq!(c.machine.poll_timeout(), Some(c.now + timeout));
+    assert_eq!(
+        c.advance(timeout - Duration::from_millis(1)).await,
+        None,
+        "not timed out yet"
+    );
+    assert_eq!(c.advance(Duration::from_millis(1)).await, Some(Stop::Close));
+}
 
 #[tokio::test]
 async fn unanswered_nop_in_times_out_and_an_answered_one_does_not() {
