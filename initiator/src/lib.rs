@@ -63,4 +63,4 @@ pub use engine::TaskInfo;
 pub use error::{Error, Result, ScsiError};
 pub use isid::isid_for;
 pub use scsi::{rw16, serial_of, Capacity};
-pub use session::{Completion, DataDir, RawCompletion, Residual, Session};
+pub use session::{Completion, DataDir, RawCompletion, Residual, Session, COMMAND_LOSSES};

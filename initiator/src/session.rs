@@ -1052,7 +1052,23 @@ impl Inner {
         itt_sink: Option<&AtomicU32>,
     ) -> Result<TaskResult> {
         let mut timeouts = 0;
+        let mut losses = 0;
         loop {
+            if losses >= COMMAND_LOSSES {
+                let name =
+                    blockwire_pdu::scsi::opcode::opcode_name(cdb[0], None).unwrap_or("a command");
+                return Err(Error::io(
+                    format!("sending {name} to LUN {lun}"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        format!(
+                            "the connection was lost {losses} times with it in flight; given up \
+                             (does {} drop the connection on this command?)",
+                            self.target
+                        ),
+                    ),
+                ));
+            }
             let gen = self.wait_up().await?;
             let (tx, mut rx) = mpsc::unbounded_channel();
             let read_buf = (read_len > 0).then(|| buf.take().unwrap_or_else(|| vec![0; read_len]));
@@ -1086,8 +1102,13 @@ impl Inner {
                                 .await?
                             {
                                 Unanswered::Answered(result) => return Ok(result),
-                                Unanswered::Gone(back) | Unanswered::Lost(back) => {
+                                Unanswered::Gone(back) => {
                                     buf = back;
+                                    break;
+                                }
+                                Unanswered::Lost(back) => {
+                                    buf = back;
+                                    losses += 1;
                                     break;
                                 }
                             }
@@ -1099,7 +1120,8 @@ impl Inner {
                     Some(Msg::Done(result)) => return Ok(result),
                     Some(Msg::Lost(back)) => {
                         buf = back;
-                        tracing::debug!(target = %self.target, lun, itt, "re-issuing a command after the connection was lost");
+                        losses += 1;
+                        tracing::debug!(target = %self.target, lun, itt, losses, "re-issuing a command after the connection was lost");
                         break;
                     }
                     None => break,
@@ -1488,6 +1510,13 @@ impl Inner {
 /// How many times a READ, WRITE or SYNCHRONIZE CACHE is sent when its
 /// answer does not come in time ([`InitiatorConfig::command_timeout`]).
 pub const COMMAND_TRIES: u32 = 3;
+
+/// How many connections a command may be in flight on when they are lost
+/// before it fails: each loss sends it again on the next connection, and a
+/// target that drops the connection whenever it gets this command (a CDB
+/// its parser cannot take) would have it sent for good, its caller never
+/// answered. Linux's disk driver likewise gives a command five tries.
+pub const COMMAND_LOSSES: u32 = 5;
 
 /// How long a command may wait for its answer, given the command timeout:
 /// the reads and writes of blocks, which a target answers within seconds,

@@ -1,0 +1,69 @@
+//! A command whose every connection the target drops as it arrives (a CDB
+//! its parser cannot take, say) fails after a few connections, saying so.
+//! It was sent again on each new connection for good, and its caller never
+//! answered.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use blockwire_initiator::COMMAND_LOSSES;
+use blockwire_pdu::{Bhs, Digests};
+
+mod scripted;
+use scripted::read_pdu;
+
+/// Drops each connection as a SCSI command arrives on it, `drops` times;
+/// then takes one more login and its logout. Returns the commands seen.
+fn dropping_target(listener: TcpListener, drops: u32) -> u32 {
+    let mut seen = 0;
+    for _ in 0..drops {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        scripted::log_in(&mut s);
+        loop {
+            match read_pdu(&mut s).map(|p| p.bhs) {
+                Some(Bhs::ScsiCommand(_)) => {
+                    seen += 1;
+                    break;
+                }
+                Some(Bhs::NopOut(_)) => {}
+                other => panic!("expected a SCSI command, got {other:?}"),
+            }
+        }
+    }
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (stat_sn, _) = scripted::log_in(&mut s);
+    loop {
+        match read_pdu(&mut s).map(|p| p.bhs) {
+            Some(Bhs::LogoutRequest(r)) => {
+                let reply = scripted::agree_to_logout(&r, stat_sn);
+                s.write_all(&reply.encode(Digests::NONE)).unwrap();
+                return seen;
+            }
+            Some(Bhs::NopOut(_)) => {}
+            Some(Bhs::ScsiCommand(_)) => panic!("the command was sent again after it failed"),
+            other => panic!("unexpected {other:?} on the last connection"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_the_target_drops_the_connection_on_fails_after_a_few_connections() {
+    let (session, target) = scripted::session_with("iqn.2026-12.io.blockwire:dropped", |l| {
+        dropping_target(l, COMMAND_LOSSES)
+    })
+    .await;
+    let mut buf = vec![0u8; 8 * 512];
+    let e = tokio::time::timeout(Duration::from_secs(60), session.read(0, 0, 8, &mut buf))
+        .await
+        .expect("the READ ends")
+        .expect_err("a READ never answered fails");
+    assert!(
+        e.to_string().contains("lost 5 times with it in flight"),
+        "{e}"
+    );
+    session.logout().await.expect("logout");
+    assert_eq!(target.join().unwrap(), COMMAND_LOSSES);
+}
