@@ -146,7 +146,8 @@ pub enum TaskResult {
     /// A NOP-Out ping answered.
     Nop,
     /// The logout answered.
-    Logout(LogoutResponseCode),
+    /// The Logout Response's code and Time2Wait (seconds).
+    Logout(LogoutResponseCode, u16),
     /// The command was aborted by a task management function.
     Aborted {
         /// The read buffer, handed back.
@@ -924,7 +925,7 @@ impl<T: Clone> Engine<T> {
                 if let Some(task) = self.answered(l.itt, "Logout Response", logout, &mut events) {
                     events.push(Event::Complete {
                         owner: task.owner,
-                        result: TaskResult::Logout(l.response),
+                        result: TaskResult::Logout(l.response, l.time2wait),
                     });
                 }
             }

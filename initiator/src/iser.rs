@@ -498,7 +498,7 @@ impl IserSession {
         };
         self.close();
         match outcome {
-            (Ok(Ok(TaskResult::Logout(LogoutResponseCode::Closed))), _) => Ok(()),
+            (Ok(Ok(TaskResult::Logout(LogoutResponseCode::Closed, _))), _) => Ok(()),
             (_, Err(e)) => Err(e),
             (Ok(Ok(other)), Ok(())) => Err(Error::Protocol(format!("logout answered {other:?}"))),
             (Ok(Err(_)), Ok(())) => Err(Error::Closed),

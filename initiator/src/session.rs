@@ -484,8 +484,8 @@ impl Session {
             let _ = h.shutdown().await;
         }
         match answer {
-            Ok(Some(Msg::Done(TaskResult::Logout(LogoutResponseCode::Closed)))) => Ok(()),
-            Ok(Some(Msg::Done(TaskResult::Logout(code)))) => Err(Error::Protocol(format!(
+            Ok(Some(Msg::Done(TaskResult::Logout(LogoutResponseCode::Closed, _)))) => Ok(()),
+            Ok(Some(Msg::Done(TaskResult::Logout(code, _)))) => Err(Error::Protocol(format!(
                 "logout from {} answered: {}",
                 inner.target,
                 code.name()
@@ -647,12 +647,27 @@ impl Inner {
             Err(_) => None,
         };
         let reason = match answer {
-            Some(Msg::Done(TaskResult::Logout(code))) => {
+            Some(Msg::Done(TaskResult::Logout(code, _))) => {
                 format!("logged out at the target's request ({})", code.name())
             }
             _ => "the target asked for a logout, which went unanswered".to_string(),
         };
         self.connection_lost(generation, reason);
+    }
+
+    /// The wait before the next login a Logout Response sets. Closed: the
+    /// session ended cleanly, so that login implies no logout and need not
+    /// wait (at ERL 0 the Time2Wait is for task reassignment). Cleanup
+    /// failed, or recovery not supported: the target gives the least wait
+    /// before a new, implicit, logout (RFC 7143 §11.15.4).
+    fn after_logout(&self, code: LogoutResponseCode, time2wait: u16) {
+        let wait = match code {
+            LogoutResponseCode::RecoveryNotSupported | LogoutResponseCode::CleanupFailed => {
+                u64::from(time2wait)
+            }
+            _ => 0,
+        };
+        *lock(&self.time2wait) = Some(Duration::from_secs(wait));
     }
 
     /// Counts a UNIT ATTENTION saying CAPACITY DATA HAS CHANGED (2Ah/09h).
@@ -771,6 +786,11 @@ impl Inner {
                     let _ = owner.send(Msg::R2t(r2t));
                 }
                 Event::Complete { owner, result } => {
+                    if let TaskResult::Logout(code, time2wait) = &result {
+                        // Taken here, by the reader, before it can see the
+                        // connection end after the response.
+                        self.after_logout(*code, *time2wait);
+                    }
                     let _ = owner.send(Msg::Done(result));
                 }
                 Event::Send(pdu) => {

@@ -2,7 +2,8 @@
 //! with the session's ISID ends the old session on the target (an implicit
 //! logout), which RFC 7143 makes wait at least DefaultTime2Wait after the
 //! connection ended (§13.15), or the Time2Wait of the Async Message that
-//! ended it (§11.9.1, Parameter2). The initiator logged in again after
+//! ended it (§11.9.1, Parameter2), or the Time2Wait of a Logout Response
+//! saying the cleanup failed (§11.15.4). The initiator logged in again after
 //! 100 ms whatever the target had asked.
 //!
 //! Both tests also see a connection the target ends right after the login
@@ -16,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use blockwire_initiator::InitiatorConfig;
 use blockwire_pdu::keys::{encode_text, parse_text};
-use blockwire_pdu::pdu::codes::AsyncEvent;
-use blockwire_pdu::pdu::AsyncMessage;
+use blockwire_pdu::pdu::codes::{AsyncEvent, LogoutResponseCode};
+use blockwire_pdu::pdu::{AsyncMessage, LogoutResponse};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 
 mod scripted;
@@ -30,6 +31,9 @@ enum Ending {
     DefaultTime2Wait,
     /// An Async Message, "connection dropped", Time2Wait 1 s.
     AsyncDrop,
+    /// An Async Message asking for a logout, answered "cleanup failed"
+    /// with Time2Wait 1 s (RFC 7143 §11.15.4).
+    LogoutCleanupFailed,
 }
 
 /// Logs the initiator in as [`scripted::log_in`] does, answering
@@ -83,6 +87,38 @@ fn ending_target(listener: TcpListener, ending: Ending) -> Duration {
                 parameter3: 0,
             }));
             s.write_all(&drop_it.encode(Digests::NONE)).unwrap();
+        }
+        Ending::LogoutCleanupFailed => {
+            let (stat_sn, cmd_sn) = scripted::log_in(&mut s);
+            let ask = Pdu::new(Bhs::AsyncMessage(AsyncMessage {
+                lun: Lun::default(),
+                stat_sn,
+                exp_cmd_sn: cmd_sn,
+                max_cmd_sn: cmd_sn.wrapping_add(8),
+                event: AsyncEvent::LogoutRequest,
+                vcode: 0,
+                parameter1: 0,
+                parameter2: 0,
+                parameter3: 5,
+            }));
+            s.write_all(&ask.encode(Digests::NONE)).unwrap();
+            let r = loop {
+                match read_pdu(&mut s).map(|p| p.bhs) {
+                    Some(Bhs::LogoutRequest(r)) => break r,
+                    Some(Bhs::NopOut(_)) => {}
+                    other => panic!("expected the Logout Request, got {other:?}"),
+                }
+            };
+            let failed = Pdu::new(Bhs::LogoutResponse(LogoutResponse {
+                response: LogoutResponseCode::CleanupFailed,
+                itt: r.itt,
+                stat_sn: stat_sn + 1,
+                exp_cmd_sn: r.cmd_sn,
+                max_cmd_sn: r.cmd_sn.wrapping_add(8),
+                time2wait: 1,
+                time2retain: 0,
+            }));
+            s.write_all(&failed.encode(Digests::NONE)).unwrap();
         }
     }
     let ended = Instant::now();
@@ -138,5 +174,14 @@ async fn the_next_login_waits_the_time2wait_of_the_async_message() {
     assert!(
         waited >= Duration::from_secs(1),
         "logged in again {waited:?} after the target dropped the connection asking for Time2Wait 1 s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_login_waits_the_time2wait_of_a_failed_logout() {
+    let waited = waited_before_the_next_login(Ending::LogoutCleanupFailed).await;
+    assert!(
+        waited >= Duration::from_secs(1),
+        "logged in again {waited:?} after a logout answered \"cleanup failed\" with Time2Wait 1 s"
     );
 }

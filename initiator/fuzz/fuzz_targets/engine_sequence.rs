@@ -323,7 +323,7 @@ impl Model {
                 o.buf
             }
             TaskResult::Aborted { buf } | TaskResult::Failed { buf, .. } => buf,
-            TaskResult::Tmf(_) | TaskResult::Nop | TaskResult::Logout(_) => None,
+            TaskResult::Tmf(_) | TaskResult::Nop | TaskResult::Logout(..) => None,
         };
         match buf {
             Some(b) => {
