@@ -114,6 +114,9 @@ struct WriterSlot {
     generation: u64,
     half: Option<OwnedWriteHalf>,
     digests: Digests,
+    /// A Logout Request went on this connection: nothing more may follow
+    /// it there (RFC 7143 §11.14), not a keepalive ping, not an ABORT TASK.
+    logging_out: bool,
 }
 
 /// Why a connection whose write half is gone while it is up is recovered:
@@ -254,6 +257,7 @@ impl Session {
                 generation: 0,
                 half: None,
                 digests: Digests::NONE,
+                logging_out: false,
             }),
             state,
             window: Notify::new(),
@@ -533,6 +537,7 @@ impl Inner {
             w.generation = generation;
             w.half = Some(writer);
             w.digests = digests;
+            w.logging_out = false;
         }
         {
             let mut engine = lock(&self.engine);
@@ -742,6 +747,9 @@ impl Inner {
         let mut w = self.writer.lock().await;
         let digests = w.digests;
         let current = w.generation == generation;
+        if current && w.logging_out {
+            return Err(Error::Closed);
+        }
         match w.half.take_if(|_| current) {
             Some(mut half) => {
                 let pdu = match build() {
@@ -751,6 +759,7 @@ impl Inner {
                         return Err(e);
                     }
                 };
+                w.logging_out = matches!(pdu.bhs, Bhs::LogoutRequest(_));
                 let sent = send_whole(
                     self.config.send_timeout,
                     write_whole(&mut half, &pdu, digests),
