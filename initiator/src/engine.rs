@@ -201,6 +201,10 @@ pub enum Event<T> {
     },
 }
 
+/// How long the commands in flight may take to finish when the target asks
+/// to negotiate again (AsyncEvent 4), before the logout that answers it.
+pub const NEGOTIATION_DRAIN: Duration = Duration::from_secs(2);
+
 /// Where the data of a Data-In PDU goes.
 #[derive(Debug)]
 pub enum Placement {
@@ -936,6 +940,13 @@ impl<T: Clone> Engine<T> {
                     AsyncEvent::LogoutRequest => events.push(Event::LogoutRequested {
                         within: Duration::from_secs(u64::from(a.parameter3)),
                     }),
+                    // The target wants to negotiate again: the initiator
+                    // MUST answer by a Text Request or by a Logout Request
+                    // (RFC 7143 §11.9.1). The logout, after a short drain,
+                    // and the new login negotiate everything afresh.
+                    AsyncEvent::NegotiationRequest => events.push(Event::LogoutRequested {
+                        within: NEGOTIATION_DRAIN,
+                    }),
                     AsyncEvent::ConnectionDrop | AsyncEvent::SessionDrop => {
                         events.push(Event::Drop {
                             reason: format!("target sent async event: {}", a.event.name()),
@@ -1163,6 +1174,51 @@ mod tests {
             immediate_data: true,
             initial_r2t: false,
             data_pdu_in_order: true,
+        }
+    }
+
+    /// An Async Message of `event` with Parameter2 and Parameter3.
+    fn async_message(
+        event: blockwire_pdu::pdu::codes::AsyncEvent,
+        parameter2: u16,
+        parameter3: u16,
+    ) -> Pdu {
+        Pdu::new(Bhs::AsyncMessage(blockwire_pdu::pdu::AsyncMessage {
+            lun: Lun::default(),
+            stat_sn: 0,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 8,
+            event,
+            vcode: 0,
+            parameter1: 0,
+            parameter2,
+            parameter3,
+        }))
+    }
+
+    /// What the initiator must do for each Async Message that asks
+    /// something of it (RFC 7143 §11.9.1): a negotiation request is
+    /// answered by a logout (and a new login), where it went unanswered.
+    #[test]
+    fn async_messages_that_ask_something_are_acted_on() {
+        use blockwire_pdu::pdu::codes::AsyncEvent;
+        let mut e = engine();
+        let ev = e.receive(async_message(AsyncEvent::LogoutRequest, 0, 7));
+        assert!(
+            matches!(ev[..], [Event::LogoutRequested { within }] if within == Duration::from_secs(7)),
+            "{ev:?}"
+        );
+        let ev = e.receive(async_message(AsyncEvent::NegotiationRequest, 0, 0));
+        assert!(
+            matches!(ev[..], [Event::LogoutRequested { within }] if within == NEGOTIATION_DRAIN),
+            "{ev:?}"
+        );
+        for event in [AsyncEvent::ConnectionDrop, AsyncEvent::SessionDrop] {
+            let ev = e.receive(async_message(event, 3, 20));
+            assert!(
+                matches!(&ev[..], [Event::Drop { time2wait: Some(t), .. }] if *t == Duration::from_secs(3)),
+                "{ev:?}"
+            );
         }
     }
 
