@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use blockwire_initiator::InitiatorConfig;
-use blockwire_pdu::{Bhs, Digests};
+use blockwire_pdu::Digests;
 
 mod scripted;
 use scripted::read_pdu;
@@ -17,13 +17,7 @@ fn slow_to_log_out(listener: TcpListener, quiet: Duration) -> Vec<String> {
     let (mut s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let (stat_sn, _) = scripted::log_in(&mut s);
-    let logout = loop {
-        match read_pdu(&mut s).map(|p| p.bhs) {
-            Some(Bhs::LogoutRequest(r)) => break r,
-            Some(Bhs::NopOut(_)) => {}
-            other => panic!("expected the Logout Request, got {other:?}"),
-        }
-    };
+    let logout = scripted::next_logout(&mut s);
     let mut after = Vec::new();
     let until = Instant::now() + quiet;
     while let Some(left) = until.checked_duration_since(Instant::now()) {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use blockwire_initiator::InitiatorConfig;
 use blockwire_pdu::keys::{encode_text, parse_text};
 use blockwire_pdu::pdu::codes::{AsyncEvent, LogoutResponseCode};
-use blockwire_pdu::pdu::{AsyncMessage, LogoutResponse};
-use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
+use blockwire_pdu::pdu::LogoutResponse;
+use blockwire_pdu::{Bhs, Digests, Pdu, Stage};
 
 mod scripted;
 use scripted::read_pdu;
@@ -75,40 +75,15 @@ fn ending_target(listener: TcpListener, ending: Ending) -> Duration {
         }
         Ending::AsyncDrop => {
             let (stat_sn, cmd_sn) = scripted::log_in(&mut s);
-            let drop_it = Pdu::new(Bhs::AsyncMessage(AsyncMessage {
-                lun: Lun::default(),
-                stat_sn,
-                exp_cmd_sn: cmd_sn,
-                max_cmd_sn: cmd_sn.wrapping_add(8),
-                event: AsyncEvent::ConnectionDrop,
-                vcode: 0,
-                parameter1: 0,
-                parameter2: 1,
-                parameter3: 0,
-            }));
+            let drop_it =
+                scripted::async_message(AsyncEvent::ConnectionDrop, stat_sn, cmd_sn, 1, 0);
             s.write_all(&drop_it.encode(Digests::NONE)).unwrap();
         }
         Ending::LogoutCleanupFailed => {
             let (stat_sn, cmd_sn) = scripted::log_in(&mut s);
-            let ask = Pdu::new(Bhs::AsyncMessage(AsyncMessage {
-                lun: Lun::default(),
-                stat_sn,
-                exp_cmd_sn: cmd_sn,
-                max_cmd_sn: cmd_sn.wrapping_add(8),
-                event: AsyncEvent::LogoutRequest,
-                vcode: 0,
-                parameter1: 0,
-                parameter2: 0,
-                parameter3: 5,
-            }));
+            let ask = scripted::async_message(AsyncEvent::LogoutRequest, stat_sn, cmd_sn, 0, 5);
             s.write_all(&ask.encode(Digests::NONE)).unwrap();
-            let r = loop {
-                match read_pdu(&mut s).map(|p| p.bhs) {
-                    Some(Bhs::LogoutRequest(r)) => break r,
-                    Some(Bhs::NopOut(_)) => {}
-                    other => panic!("expected the Logout Request, got {other:?}"),
-                }
-            };
+            let r = scripted::next_logout(&mut s);
             let failed = Pdu::new(Bhs::LogoutResponse(LogoutResponse {
                 response: LogoutResponseCode::CleanupFailed,
                 itt: r.itt,
@@ -127,17 +102,8 @@ fn ending_target(listener: TcpListener, ending: Ending) -> Duration {
     let waited = ended.elapsed();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let (stat_sn, _) = scripted::log_in(&mut s);
-    loop {
-        match read_pdu(&mut s).map(|p| p.bhs) {
-            Some(Bhs::LogoutRequest(r)) => {
-                let reply = scripted::agree_to_logout(&r, stat_sn);
-                s.write_all(&reply.encode(Digests::NONE)).unwrap();
-                return waited;
-            }
-            Some(Bhs::NopOut(_)) => {}
-            other => panic!("unexpected {other:?} on the second connection"),
-        }
-    }
+    scripted::agree_to_next_logout(&mut s, stat_sn);
+    waited
 }
 
 async fn waited_before_the_next_login(ending: Ending) -> Duration {

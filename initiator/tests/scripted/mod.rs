@@ -63,6 +63,48 @@ pub fn agree_to_login(r: &LoginRequest, data: &[u8], stat_sn: u32) -> Pdu {
     )
 }
 
+/// The initiator's next Logout Request on `s`, NOP-Outs passed over;
+/// panics on any other PDU, or when the stream ends first.
+pub fn next_logout(s: &mut TcpStream) -> LogoutRequest {
+    loop {
+        match read_pdu(s).map(|p| p.bhs) {
+            Some(Bhs::LogoutRequest(r)) => return r,
+            Some(Bhs::NopOut(_)) => {}
+            other => panic!("expected a Logout Request, got {other:?}"),
+        }
+    }
+}
+
+/// Takes the initiator's next Logout Request on `s` ([`next_logout`]) and
+/// closes the session as it asks.
+pub fn agree_to_next_logout(s: &mut TcpStream, stat_sn: u32) {
+    let r = next_logout(s);
+    s.write_all(&agree_to_logout(&r, stat_sn).encode(Digests::NONE))
+        .unwrap();
+}
+
+/// An Async Message of `event` with Parameter2 and Parameter3, numbered
+/// with `stat_sn` and opening the window from `cmd_sn`.
+pub fn async_message(
+    event: blockwire_pdu::pdu::codes::AsyncEvent,
+    stat_sn: u32,
+    cmd_sn: u32,
+    parameter2: u16,
+    parameter3: u16,
+) -> Pdu {
+    Pdu::new(Bhs::AsyncMessage(blockwire_pdu::pdu::AsyncMessage {
+        lun: blockwire_pdu::Lun::default(),
+        stat_sn,
+        exp_cmd_sn: cmd_sn,
+        max_cmd_sn: cmd_sn.wrapping_add(8),
+        event,
+        vcode: 0,
+        parameter1: 0,
+        parameter2,
+        parameter3,
+    }))
+}
+
 /// Closes the session as `r` asks.
 pub fn agree_to_logout(r: &LogoutRequest, stat_sn: u32) -> Pdu {
     Pdu::new(Bhs::LogoutResponse(LogoutResponse {

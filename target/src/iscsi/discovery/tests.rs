@@ -307,6 +307,19 @@ fn abandoned_long_answer_and_bad_ttt() {
     ));
 }
 
+/// The Text exchange of a normal session of HOST1 to OPEN.
+fn normal_session_text() -> TextExchange {
+    let c = Arc::new(catalog());
+    let mut m = crate::iscsi::login::LoginMachine::new(
+        Arc::clone(&c),
+        1,
+        local_addr(),
+        rand::rngs::mock::StepRng::new(3, 7),
+    );
+    let d = run_login(&mut m, &opts(HOST1, Some(OPEN))).expect("login");
+    TextExchange::from_outcome(c, &d.outcome, local_addr())
+}
+
 /// A request under the ITT of one whose text was still coming (C bit),
 /// with TTT 0xffffffff, is a new request (RFC 7143 §11.10.4): its text is
 /// not appended to the abandoned piece. It was, and `SendTargets=A` then
@@ -328,15 +341,7 @@ fn a_new_request_under_the_itt_of_a_continued_one_starts_afresh() {
 
 #[test]
 fn normal_session_send_targets_and_other_keys() {
-    let c = Arc::new(catalog());
-    let mut m = crate::iscsi::login::LoginMachine::new(
-        Arc::clone(&c),
-        1,
-        local_addr(),
-        rand::rngs::mock::StepRng::new(3, 7),
-    );
-    let d = run_login(&mut m, &opts(HOST1, Some(OPEN))).expect("login");
-    let mut x = TextExchange::from_outcome(c, &d.outcome, local_addr());
+    let mut x = normal_session_text();
     let (answer, _) = exchange(&mut x, 1, &[("SendTargets", "")], 8192, 8192);
     assert_eq!(answer[0], ("TargetName".into(), OPEN.into()));
     let (answer, _) = exchange(&mut x, 2, &[("SendTargets", "All")], 8192, 8192);
@@ -373,15 +378,7 @@ fn normal_session_send_targets_and_other_keys() {
 /// same, and Data-In went out in segments the initiator never agreed to.
 #[test]
 fn a_rejected_request_changes_no_parameter() {
-    let c = Arc::new(catalog());
-    let mut m = crate::iscsi::login::LoginMachine::new(
-        Arc::clone(&c),
-        1,
-        local_addr(),
-        rand::rngs::mock::StepRng::new(3, 7),
-    );
-    let d = run_login(&mut m, &opts(HOST1, Some(OPEN))).expect("login");
-    let mut x = TextExchange::from_outcome(c, &d.outcome, local_addr());
+    let mut x = normal_session_text();
     let before = x.params().initiator_max_recv_data_segment_length;
     let text = encode_text(&pairs(&[
         ("MaxRecvDataSegmentLength", "1024"),
