@@ -79,6 +79,15 @@ fn check_backing_file(
             ));
             None
         }
+        Ok(m) if blockwire_target::backstore::unusable_kind(&m.file_type()).is_some() => {
+            let kind = blockwire_target::backstore::unusable_kind(&m.file_type()).unwrap_or("");
+            report.errors.push(ctx.err(
+                line,
+                field,
+                format!("{shown} is {kind}: a LUN is backed by a regular file or a block device"),
+            ));
+            None
+        }
         Ok(m) => {
             if !read_only && !writable(path, false) {
                 report.errors.push(ctx.err(

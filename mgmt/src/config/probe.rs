@@ -16,6 +16,15 @@ use std::path::Path;
 /// error says why it would not open, in the words the change would use.
 pub(super) fn existing_backstore(path: &Path, read_only: bool) -> Result<Option<u64>, String> {
     let cannot = |why: String| format!("cannot open backstore {}: {why}", path.display());
+    // Looked at before the open, which for a FIFO would not return.
+    if let Some(kind) = std::fs::metadata(path)
+        .ok()
+        .and_then(|m| blockwire_target::backstore::unusable_kind(&m.file_type()))
+    {
+        return Err(cannot(format!(
+            "it is {kind}: a LUN is backed by a regular file or a block device"
+        )));
+    }
     let mut file = match OpenOptions::new().read(true).write(!read_only).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),

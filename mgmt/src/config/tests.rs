@@ -1423,6 +1423,26 @@ fn check_backing_files_without_touching_them() {
     assert!(check(&lun(&empty, "")).errors[0]
         .message
         .contains("is empty"));
+    // Nor is a FIFO: opening it read-only waits for a writer, and a live
+    // change or its dry run held every later change behind it for good.
+    let fifo = dir.path().join("lun.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let r = check(&lun(&fifo, "read_only = true\n"));
+    assert!(
+        r.errors.iter().any(|e| e.message.contains("is a FIFO")),
+        "{:?}",
+        r.errors
+    );
+    let probed = super::probe::existing_backstore(&fifo, true).unwrap_err();
+    assert!(probed.contains("is a FIFO"), "{probed}");
+    let opened = blockwire_target::backstore::FileBackstore::open(&fifo, None, true)
+        .err()
+        .expect("a FIFO backs no LUN");
+    assert!(opened.to_string().contains("is a FIFO"), "{opened}");
     // Not writable (unless root, whom access(2) lets write anyway).
     let ro = dir.path().join("ro");
     std::fs::create_dir(&ro).unwrap();

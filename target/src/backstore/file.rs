@@ -163,6 +163,27 @@ fn is_unsupported(e: &Errno) -> bool {
     *e == Errno::OPNOTSUPP || *e == Errno::NOSYS || *e == Errno::INVAL
 }
 
+/// What a file of type `ft` is when it cannot back a LUN (None: a regular
+/// file or a block device, which can). A FIFO opened read-only waits for a
+/// writer, holding whoever opened it (a live change, and every change
+/// after it, behind its lock); a socket or a character device has no
+/// blocks to serve.
+pub fn unusable_kind(ft: &std::fs::FileType) -> Option<&'static str> {
+    if ft.is_file() || ft.is_block_device() {
+        None
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else if ft.is_fifo() {
+        Some("a FIFO")
+    } else if ft.is_socket() {
+        Some("a socket")
+    } else if ft.is_char_device() {
+        Some("a character device")
+    } else {
+        Some("neither a regular file nor a block device")
+    }
+}
+
 impl FileBackstore {
     /// Opens `path` in cached mode; see [`FileBackstore::open_with`].
     pub fn open(path: &Path, size: Option<u64>, read_only: bool) -> io::Result<FileBackstore> {
@@ -186,6 +207,16 @@ impl FileBackstore {
                 format!("cannot open backstore {}: {e}", path.display()),
             )
         };
+        // Looked at before the open, which for a FIFO would not return.
+        if let Some(kind) = std::fs::metadata(path)
+            .ok()
+            .and_then(|m| unusable_kind(&m.file_type()))
+        {
+            return Err(annotate(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("it is {kind}: a LUN is backed by a regular file or a block device"),
+            )));
+        }
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
             o.read(true)

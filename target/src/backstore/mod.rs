@@ -35,7 +35,7 @@ mod ram;
 pub mod ram_budget;
 pub mod striped;
 
-pub use file::{lives_in_memory, FileBackstore, FileMode};
+pub use file::{lives_in_memory, unusable_kind, FileBackstore, FileMode};
 pub use null::NullBackstore;
 pub use ram::{ram_size_refusal, RamBackstore, RAM_MAX_BYTES};
 pub use striped::StripedBackstore;
