@@ -57,14 +57,18 @@ mod tests {
         let fresh = dir.path().join("b.img");
         assert_eq!(existing_backstore(&fresh, false), Ok(None));
         assert!(!fresh.exists(), "the probe made the file");
-        // A directory opens for reading, not for writing: named with why.
-        let e = existing_backstore(dir.path(), false).unwrap_err();
-        assert!(
-            e.starts_with("cannot open backstore") && e.contains("Is a directory"),
-            "{e}"
-        );
-        // /dev/zero is a character device: no size of its own. (A block
-        // device's size: mgmt/tests/control_socket.rs, over a loop device.)
-        assert_eq!(existing_backstore(Path::new("/dev/zero"), true), Ok(None));
+        // A directory, or a character device, backs no LUN: named with why.
+        // (A block device's size: mgmt/tests/control_socket.rs, over a
+        // loop device.)
+        for (path, kind) in [
+            (dir.path(), "it is a directory"),
+            (Path::new("/dev/zero"), "it is a character device"),
+        ] {
+            let e = existing_backstore(path, false).unwrap_err();
+            assert!(
+                e.starts_with("cannot open backstore") && e.contains(kind),
+                "{e}"
+            );
+        }
     }
 }
