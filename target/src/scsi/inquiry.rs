@@ -142,6 +142,14 @@ impl LogicalUnit {
         }
     }
 
+    /// MAXIMUM TRANSFER LENGTH in blocks (VPD B0h), which every READ and
+    /// WRITE is held to: a protected unit's Data-In and Data-Out carry each
+    /// block's tuple too, and a command of this many blocks must fit the
+    /// target's buffers with them.
+    pub(crate) fn max_transfer_blocks(&self) -> u32 {
+        MAX_TRANSFER_BYTES / self.wire_block_bytes()
+    }
+
     /// VPD B0h.
     pub(crate) fn block_limits(&self) -> BlockLimits {
         let bs = self.cfg.block_size;
@@ -153,10 +161,7 @@ impl LogicalUnit {
             wsnz: false,
             max_compare_and_write_length: 255,
             optimal_transfer_length_granularity: per_4k as u16,
-            // A protected unit's Data-In and Data-Out carry each block's
-            // tuple too: a command of this many blocks must fit the
-            // target's buffers with them.
-            max_transfer_length: MAX_TRANSFER_BYTES / self.wire_block_bytes(),
+            max_transfer_length: self.max_transfer_blocks(),
             optimal_transfer_length: (1 << 20) / bs,
             max_prefetch_length: MAX_TRANSFER_BYTES / bs,
             max_unmap_lba_count: if thin {

@@ -32,7 +32,7 @@ use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus};
 use super::logical_unit::finish;
 use super::outcome::{backstore_failure, clamp32};
 use super::stats::{record_command, CommandClock, Direction};
-use super::{LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
+use super::{LogicalUnit, LunTable, ScsiRequest, ScsiResult};
 
 /// A validated READ: what to read and how to answer.
 #[derive(Debug, Clone)]
@@ -137,7 +137,7 @@ impl LunTable {
             return ReadPlan::Answer(first);
         }
         // 2. Length-dependent checks: failures are answered by the real thing.
-        if bytes > u64::from(MAX_TRANSFER_BYTES)
+        if rw.length > lu.max_transfer_blocks()
             || lu.check_range(rw.lba, u64::from(rw.length)).is_err()
         {
             return ReadPlan::Answer(self.execute(req));

@@ -12,7 +12,7 @@ use super::inquiry::MAX_UNMAP_DESCRIPTORS;
 use blockwire_pdu::scsi::protection::TUPLE_BYTES;
 use blockwire_pdu::scsi::PiChecks;
 
-use super::logical_unit::{LogicalUnit, MAX_TRANSFER_BYTES};
+use super::logical_unit::LogicalUnit;
 use super::outcome::{
     backstore_failure, data_protect, illegal, invalid_cdb, invalid_param, lba_out_of_range,
     param_length, CmdResult, Done, Failure,
@@ -50,13 +50,15 @@ impl LogicalUnit {
     }
 
     /// Bytes for `blocks`, or INVALID FIELD IN CDB at the length field when
-    /// over the advertised maximum transfer.
+    /// over the advertised MAXIMUM TRANSFER LENGTH (SBC-4 6.6.4), which a
+    /// protected unit counts with each block's tuple: held to the bytes
+    /// alone, 64 528 blocks of 512 passed where 64 527 were advertised, and
+    /// their Data-In buffer went past the bound.
     fn transfer_bytes(&self, blocks: u32, size: CdbSize) -> Result<usize, Failure> {
-        let bytes = u64::from(blocks) * u64::from(self.cfg.block_size);
-        if bytes > u64::from(MAX_TRANSFER_BYTES) {
+        if blocks > self.max_transfer_blocks() {
             return Err(invalid_cdb(length_byte(size), None));
         }
-        Ok(bytes as usize)
+        Ok(blocks as usize * self.cfg.block_size as usize)
     }
 
     /// DATA PROTECT unless writes are allowed: WRITE PROTECTED for a

@@ -155,6 +155,25 @@ fn a_protected_unit_says_so_where_initiators_look() {
     expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
 }
 
+/// A READ or WRITE longer than the MAXIMUM TRANSFER LENGTH the unit
+/// advertises is refused (SBC-4 6.6.4), counted with the tuples as
+/// advertised: the bound held the bytes without them, so 64 528 blocks of
+/// 512 passed where 64 527 were advertised.
+#[test]
+fn a_transfer_past_the_advertised_maximum_is_refused() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let most = t.get(0).unwrap().block_limits().max_transfer_length;
+    for protect in [0, 1] {
+        let r = read_p(&t, &a, 0, most + 1, protect);
+        expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+    }
+    // Within it, the range decides (this unit is 1 MiB).
+    let r = read_p(&t, &a, 0, most, 1);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+}
+
 #[test]
 fn writes_without_tuples_get_generated_ones_and_unwritten_blocks_read_ff() {
     let (t, _) = protected();

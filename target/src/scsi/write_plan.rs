@@ -45,7 +45,7 @@ use blockwire_pdu::scsi::{Cdb, CdbSize, ScsiStatus, SenseFormat};
 use super::logical_unit::finish;
 use super::outcome::{backstore_failure, clamp32, Done, Failure};
 use super::stats::{record_command, CommandClock, Direction};
-use super::{ItNexus, LogicalUnit, LunTable, ScsiRequest, ScsiResult, MAX_TRANSFER_BYTES};
+use super::{ItNexus, LogicalUnit, LunTable, ScsiRequest, ScsiResult};
 
 /// The range lock and in-flight count a planned WRITE holds until dropped
 /// (see the module docs). Dropping it is the end of the command for the
@@ -219,7 +219,7 @@ impl LunTable {
             return Some(WritePlan::Answer(aborted));
         }
         // 1. Length-dependent failures: the real command answers.
-        if bytes > u64::from(MAX_TRANSFER_BYTES)
+        if rw.length > lu.max_transfer_blocks()
             || lu.check_range(rw.lba, u64::from(rw.length)).is_err()
         {
             return Some(WritePlan::Answer(self.execute(&no_data)));
