@@ -102,6 +102,9 @@ impl LogicalUnit {
                     // 00b where BLOCK ERASE is not offered. CRYPTO ERASE
                     // never is (WACEREQ 00b).
                     wabereq: u8::from(self.offers_block_erase()),
+                    // A VERIFY with BYTCHK compares unmapped blocks as a
+                    // READ returns them (zeros) rather than failing them.
+                    vbuls: true,
                     ..BlockDeviceCharacteristics::default()
                 })
             }

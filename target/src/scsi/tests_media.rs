@@ -116,6 +116,36 @@ fn verify_compares_and_reports_offset() {
     assert_eq!(read(&t, &a, 20, 1).data_in, vec![0x3c; 512]);
 }
 
+/// A VERIFY with BYTCHK of unmapped blocks compares them as a READ returns
+/// them (zeros, LBPRZ=1), and the unit says so by VBULS=1 in the Block
+/// Device Characteristics page (SBC-4 6.6.2, 5.30): with VBULS=0, as it
+/// said, such a VERIFY must end MISCOMPARE VERIFY OF UNMAPPED LBA instead.
+#[test]
+fn verify_of_unmapped_blocks_compares_zeros_as_vbuls_says() {
+    let t = table();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(verify(&t, &a, 100, 2, 1, &[0; 1024]).status, GOOD);
+    let s = expect_check(
+        &verify(&t, &a, 100, 1, 1, &[0xaa; 512]),
+        SenseKey::Miscompare,
+        Asc::MISCOMPARE_DURING_VERIFY,
+    );
+    assert_eq!(s.information, Some(0));
+    let bdc = run(
+        &t,
+        &a,
+        &c(Cdb::Inquiry {
+            evpd: true,
+            page_code: 0xb1,
+            allocation_length: 64,
+        }),
+        &[],
+        64,
+    );
+    assert_eq!(bdc.data_in[8] & 1, 1, "VBULS");
+}
+
 #[test]
 fn compare_and_write_semantics() {
     let t = table();
