@@ -116,7 +116,7 @@ impl LoginPhase {
 
     /// The login succeeded as far as the keys go: check the digest policy
     /// and attach the session.
-    fn hand_off(&mut self, outcome: Box<LoginOutcome>) -> LoginAction {
+    fn hand_off(&mut self, mut outcome: Box<LoginOutcome>) -> LoginAction {
         // A digest the initiator would not agree to is answered Reject and
         // falls back to None (RFC 7143 §6.2); when the target insists on
         // CRC32C, such a login must fail.
@@ -127,6 +127,32 @@ impl LoginPhase {
             info!(initiator = %outcome.initiator_name, "login refused: the target requires CRC32C digests");
             crate::events::login_failed(LoginStatus::INITIATOR_ERROR);
             return LoginAction::Refuse(self.machine.reject(LoginStatus::INITIATOR_ERROR));
+        }
+        // The login was admitted against what was served when its
+        // connection came; a live change since (a target removed, an
+        // initiator taken off its access list) must not let it through
+        // with a session that change never closed. The session takes the
+        // target as served now.
+        if let Some(then) = outcome.target.clone() {
+            let catalog = self.fabric.catalog();
+            let now = catalog
+                .target(&then.name)
+                .filter(|t| t.portal_groups.is_empty() || t.portal_groups.contains(&self.tpgt));
+            let refusal = match now {
+                None => Some(LoginStatus::TARGET_REMOVED),
+                Some(t) if !t.acl.allows(&outcome.initiator_name) => {
+                    Some(LoginStatus::AUTHORIZATION_FAILURE)
+                }
+                Some(t) => {
+                    outcome.target = Some(Arc::clone(t));
+                    None
+                }
+            };
+            if let Some(status) = refusal {
+                info!(initiator = %outcome.initiator_name, target = %then.name, "login refused: a live change during the login took the target or its access away");
+                crate::events::login_failed(status);
+                return LoginAction::Refuse(self.machine.reject(status));
+            }
         }
         let request = SessionRequest {
             initiator_name: outcome.initiator_name.clone(),

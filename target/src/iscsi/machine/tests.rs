@@ -625,6 +625,89 @@ async fn iser_login_answers_none_to_offered_digests() {
     );
 }
 
+/// A live change that lands while a login is under way is held against
+/// it when it ends: the login was admitted against what was served when
+/// its connection came, and went on to a session the change never closed
+/// (one to a removed target still reached that target's LUNs).
+#[tokio::test]
+async fn a_login_under_way_meets_a_live_change_when_it_ends() {
+    let entry = |old: &Catalog, acl: Acl| {
+        Arc::new(crate::iscsi::catalog::TargetEntry {
+            name: TARGET.into(),
+            alias: None,
+            portal_groups: vec![1],
+            acl,
+            auth: Default::default(),
+            luns: old.targets[0].luns.clone(),
+            data_paths: Vec::new(),
+            qos: Vec::new(),
+        })
+    };
+    let served = |targets| {
+        Arc::new(Catalog {
+            portal_groups: fabric().catalog().portal_groups.clone(),
+            targets,
+            discovery_auth: Default::default(),
+        })
+    };
+    for (change, status) in [
+        (
+            "the initiator taken off the access list",
+            LoginStatus::AUTHORIZATION_FAILURE,
+        ),
+        ("the target removed", LoginStatus::TARGET_REMOVED),
+    ] {
+        let fabric = fabric();
+        let mut phase = LoginPhase::new(
+            fabric.clone(),
+            1,
+            local(),
+            rand::rngs::StdRng::seed_from_u64(1),
+        );
+        let security = [
+            ("InitiatorName", INITIATOR),
+            ("AuthMethod", "None"),
+            ("SessionType", "Normal"),
+            ("TargetName", TARGET),
+        ];
+        let first = phase.on_pdu(&login_pdu(Stage::Security, Stage::Operational, &security));
+        assert!(matches!(first, LoginAction::Respond(_)), "{change}");
+        let old = fabric.catalog();
+        let targets = match status {
+            LoginStatus::TARGET_REMOVED => Vec::new(),
+            _ => vec![entry(
+                &old,
+                Acl::Only(vec!["iqn.2026-11.test:other".into()]),
+            )],
+        };
+        fabric.replace_catalog(served(targets));
+        let mut request = login_pdu(Stage::Operational, Stage::FullFeature, &[]);
+        let last = loop {
+            match phase.on_pdu(&request) {
+                // The target's own offers: agreed to, as `login_through` does.
+                LoginAction::Respond(p) => {
+                    let offered = blockwire_pdu::keys::parse_text(&p.data).unwrap();
+                    let pairs: Vec<(&str, &str)> = offered
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    request = login_pdu(Stage::Operational, Stage::FullFeature, &pairs);
+                }
+                other => break other,
+            }
+        };
+        match last {
+            LoginAction::Refuse(p) => match p.bhs {
+                Bhs::LoginResponse(r) => assert_eq!(r.status, status, "{change}"),
+                other => panic!("{change}: {other:?}"),
+            },
+            LoginAction::LoggedIn { .. } => panic!("{change}: logged in all the same"),
+            LoginAction::Respond(p) => panic!("{change}: {p:?}"),
+        }
+        assert!(fabric.sessions.all().is_empty(), "{change}");
+    }
+}
+
 #[tokio::test]
 async fn login_refusals_name_their_status() {
     let fabric = fabric();
