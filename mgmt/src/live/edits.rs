@@ -475,7 +475,9 @@ pub fn portal_add(doc: &mut Table, tag: u16, listen: &str) -> Result<(), LiveErr
 
 /// Removes `listen` from the portal group that has it (group `tag` when
 /// several list it, as with port 0); a group left without addresses goes
-/// too.
+/// too, and with it the targets' `alua_state` entries for it (recorded
+/// there after an initiator's SET TARGET PORT GROUPS, they would name a
+/// group that is no more, and no request could take them away).
 pub fn portal_remove(doc: &mut Table, listen: &str, tag: Option<u16>) -> Result<(), LiveError> {
     let groups = array(doc, "portal_group");
     let tag_of = |g: &Table| g.get("tag").and_then(Value::as_integer);
@@ -517,6 +519,25 @@ pub fn portal_remove(doc: &mut Table, listen: &str, tag: Option<u16>) -> Result<
             .and_then(Value::as_array)
             .is_some_and(|l| !l.is_empty())
     });
+    let gone = !groups
+        .iter()
+        .filter_map(Value::as_table)
+        .any(|g| tag_of(g) == Some(listed[0]));
+    if gone {
+        let key = listed[0].to_string();
+        for t in array(doc, "target")
+            .iter_mut()
+            .filter_map(Value::as_table_mut)
+        {
+            let Some(states) = t.get_mut("alua_state").and_then(Value::as_table_mut) else {
+                continue;
+            };
+            states.remove(&key);
+            if states.is_empty() {
+                t.remove("alua_state");
+            }
+        }
+    }
     Ok(())
 }
 
@@ -732,6 +753,25 @@ size = "64M"
             "127.0.0.1:3261 is in portal groups 1, 4: give the group's tag"
         );
         portal_remove(&mut d, "127.0.0.1:3261", Some(4)).unwrap();
+        // A group that goes takes the ALUA states recorded for it.
+        portal_add(&mut d, 2, "127.0.0.2:3260").unwrap();
+        let t = array(&mut d, "target")[0].as_table_mut().unwrap();
+        t.insert(
+            "alua_state".into(),
+            Value::Table(
+                [("1", "standby"), ("2", "active_optimized")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), Value::String(v.to_owned())))
+                    .collect(),
+            ),
+        );
+        portal_remove(&mut d, "127.0.0.2:3260", None).unwrap();
+        let states = array(&mut d, "target")[0]
+            .get("alua_state")
+            .and_then(Value::as_table)
+            .cloned()
+            .unwrap();
+        assert_eq!(states.keys().collect::<Vec<_>>(), ["1"]);
     }
 
     #[test]
