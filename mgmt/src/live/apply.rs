@@ -57,6 +57,7 @@ impl Live {
         let mut reuse = Reuse::new();
         let mut resizes: Vec<Resize> = Vec::new();
         let mut thresholds: Vec<Threshold> = Vec::new();
+        let mut stalls: Vec<Stall> = Vec::new();
         for (key, def) in lun_defs(&doc) {
             let Some(before) = old_luns.get(&key) else {
                 continue;
@@ -78,6 +79,11 @@ impl Live {
                     // The check below refuses a value that is not a size.
                     let bytes = def.get(LOW_SPACE_KEY).and_then(size_of);
                     thresholds.push((key.clone(), unit.clone(), bytes));
+                }
+                let stalled =
+                    |d: &Table| d.get("stalled").and_then(toml::Value::as_bool) == Some(true);
+                if stalled(before) != stalled(&def) {
+                    stalls.push((key.clone(), unit.clone(), stalled(&def)));
                 }
                 reuse.insert(key, unit);
             }
@@ -159,6 +165,9 @@ impl Live {
         // are those of the configuration that still does.
         let units = resize_units(resizes, dry, &mut applied)
             .and_then(|()| set_thresholds(thresholds, dry, &mut applied));
+        if units.is_ok() {
+            set_stalls(stalls, dry, &mut applied);
+        }
         if let Err(e) = units {
             let lost = self.undo_portals(running, portals).await;
             return Err(match e {
@@ -723,6 +732,24 @@ fn held_in_memory_only(lu: &LogicalUnit) -> Option<String> {
 
 /// A kept unit whose low-space threshold a change sets (or removes).
 type Threshold = ((String, u16), Arc<LogicalUnit>, Option<u64>);
+
+/// A kept unit whose `stalled` switch the change turns, and to what.
+type Stall = ((String, u16), Arc<LogicalUnit>, bool);
+
+/// Turns kept units' stall switches as the change says, as `lun.stall`
+/// does (a dry run only says so).
+fn set_stalls(stalls: Vec<Stall>, dry: bool, applied: &mut Applied) {
+    for ((target, lun), unit, stalled) in stalls {
+        if !dry {
+            unit.set_stalled(stalled);
+        }
+        applied.changes.push(if stalled {
+            format!("LUN {lun} of {target} stalled: its reads and writes wait")
+        } else {
+            format!("LUN {lun} of {target} no longer stalled")
+        });
+    }
+}
 
 /// The portals a change opened, and those it moved between portal groups
 /// (address, old group): what undoing the change takes back.

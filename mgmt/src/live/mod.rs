@@ -292,8 +292,56 @@ impl Live {
     /// The running configuration as TOML.
     pub async fn text(&self) -> String {
         let mut running = self.running.lock().await;
-        self.record_explicit_alua(&mut running.doc);
+        self.record_runtime_state(&mut running.doc);
         toml::to_string(&running.doc).unwrap_or_default()
+    }
+
+    /// Writes into `doc` what changed on the running units without a
+    /// change of the document: the ALUA states initiators set, and the
+    /// stall switches `lun.stall` turned.
+    fn record_runtime_state(&self, doc: &mut Table) {
+        self.record_explicit_alua(doc);
+        self.record_stalls(doc);
+    }
+
+    /// Writes into `doc` each LUN's stall switch as it runs: `lun.stall`
+    /// turns it on the unit alone, so a configuration saved after it said
+    /// `stalled = true` of a unit running free, and the next start stalled
+    /// it (every READ and WRITE waiting).
+    fn record_stalls(&self, doc: &mut Table) {
+        let catalog = self.fabric.catalog();
+        let by_name = catalog.targets_by_name();
+        let Some(targets) = doc.get_mut("target").and_then(Value::as_array_mut) else {
+            return;
+        };
+        for t in targets.iter_mut().filter_map(Value::as_table_mut) {
+            let Some(entry) = t
+                .get("name")
+                .and_then(Value::as_str)
+                .and_then(|n| by_name.get(n))
+                .cloned()
+            else {
+                continue;
+            };
+            let Some(luns) = t.get_mut("lun").and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for l in luns.iter_mut().filter_map(Value::as_table_mut) {
+                let Some(unit) = l
+                    .get("id")
+                    .and_then(Value::as_integer)
+                    .and_then(|id| u16::try_from(id).ok())
+                    .and_then(|id| entry.luns.get(id))
+                else {
+                    continue;
+                };
+                if unit.is_stalled() {
+                    l.insert("stalled".into(), Value::Boolean(true));
+                } else {
+                    l.remove("stalled");
+                }
+            }
+        }
     }
 
     /// Writes into `doc` the ALUA states initiators have set with SET
@@ -374,6 +422,9 @@ impl Live {
         // The file's own text is checked, so that an error names its line in the file.
         let text = apply_listen_override(&mut doc, text, self.source.listen_override);
         let mut running = self.running.lock().await;
+        // Against the stall switches as they run: the file's say what
+        // they are to be.
+        self.record_stalls(&mut running.doc);
         let mode = ChangeMode {
             force: false,
             ..mode
@@ -390,7 +441,7 @@ impl Live {
         edit: impl FnOnce(&mut Table) -> Result<(), LiveError>,
     ) -> Result<Applied, LiveError> {
         let mut running = self.running.lock().await;
-        self.record_explicit_alua(&mut running.doc);
+        self.record_runtime_state(&mut running.doc);
         let mut doc = running.doc.clone();
         edit(&mut doc)?;
         self.apply(&mut running, doc, None, mode, "<control socket change>")
@@ -429,7 +480,7 @@ impl Live {
         // One save or change at a time: the document is read and written
         // under the same lock.
         let mut running = self.running.lock().await;
-        self.record_explicit_alua(&mut running.doc);
+        self.record_runtime_state(&mut running.doc);
         let body = toml::to_string(&running.doc)
             .map_err(|e| LiveError::Failed(format!("cannot write the configuration: {e}")))?;
         let text = format!(
@@ -1016,6 +1067,43 @@ mod tests {
                 .blocks(),
             4096
         );
+    }
+
+    /// A LUN's stall switch is saved as it runs: `lun.stall` turns it on
+    /// the unit alone, and a configuration saved after it still said
+    /// `stalled = true` of a unit running free, so the next start stalled
+    /// it. A reload turns it as the file says (it said nothing, and did
+    /// nothing).
+    #[tokio::test]
+    async fn the_stall_switch_is_saved_as_it_runs_and_a_reload_turns_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        let stalled = ONE_RAM_LUN.replace("size = \"1M\"", "size = \"1M\"\nstalled = true");
+        assert_ne!(stalled, ONE_RAM_LUN);
+        std::fs::write(&file, &stalled).unwrap();
+        let live = live_of(&stalled, &file);
+        let unit = live.fabric.catalog().targets[0].luns.get(0).unwrap();
+        assert!(unit.is_stalled());
+        unit.set_stalled(false);
+        assert!(
+            !live.text().await.contains("stalled"),
+            "{}",
+            live.text().await
+        );
+        live.save(None).await.unwrap();
+        assert!(!std::fs::read_to_string(&file).unwrap().contains("stalled"));
+        // The file stalls it again, and then lets it go.
+        std::fs::write(&file, &stalled).unwrap();
+        let applied = live.reload(ChangeMode::default()).await.unwrap();
+        assert!(unit.is_stalled(), "{:?}", applied.changes);
+        assert!(
+            applied.changes.iter().any(|c| c.contains("stalled")),
+            "{:?}",
+            applied.changes
+        );
+        std::fs::write(&file, ONE_RAM_LUN).unwrap();
+        live.reload(ChangeMode::default()).await.unwrap();
+        assert!(!unit.is_stalled());
     }
 
     /// A RAM LUN's blocks live in memory only: a reload that rebuilds it
