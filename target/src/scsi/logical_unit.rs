@@ -503,12 +503,29 @@ impl LogicalUnit {
         }
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         let decoded = Cdb::decode(req.cdb);
-        let transfer = match &decoded {
-            Ok(c) => c
-                .transfer_length()
-                .map_or(0, |t| t.bytes(self.cfg.block_size)),
+        // A block of a protected unit travels with its tuple when the CDB
+        // asks for them (RDPROTECT, WRPROTECT, VRPROTECT): the residual of
+        // a failed command counts them, as a good one's does.
+        let wire_block = match &decoded {
+            Ok(
+                Cdb::Read { rw, .. }
+                | Cdb::Write(rw)
+                | Cdb::OrWrite16(rw)
+                | Cdb::WriteAndVerify { rw, .. }
+                | Cdb::Verify { rw, .. },
+            ) if rw.protect != 0 && self.protected() => self.protected_block_bytes() as u32,
+            Ok(Cdb::WriteSame { wrprotect, .. }) if *wrprotect != 0 && self.protected() => {
+                self.protected_block_bytes() as u32
+            }
+            _ => self.cfg.block_size,
+        };
+        let transfer_in = |block: u32| match &decoded {
+            Ok(c) => c.transfer_length().map_or(0, |t| t.bytes(block)),
             Err(_) => 0,
         };
+        let transfer = transfer_in(wire_block);
+        // The statistics count the blocks' data, as the data paths do.
+        let data_bytes = transfer_in(self.cfg.block_size);
         let direction = match &decoded {
             Ok(Cdb::Read { .. }) => Some(Direction::Read),
             Ok(Cdb::Write(_) | Cdb::WriteAtomic16 { .. }) => Some(Direction::Write),
@@ -585,7 +602,14 @@ impl LogicalUnit {
         let result = finish(outcome, transfer, format, req.data_in_capacity);
         if let Some(d) = direction.filter(|_| counted) {
             let good = result.status == ScsiStatus::GOOD.0;
-            record_command(&self.stats, req.initiator_stats, d, good, transfer, started);
+            record_command(
+                &self.stats,
+                req.initiator_stats,
+                d,
+                good,
+                data_bytes,
+                started,
+            );
         }
         if result.status != ScsiStatus::GOOD.0 {
             debug!(

@@ -174,6 +174,27 @@ fn a_transfer_past_the_advertised_maximum_is_refused() {
     expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
 }
 
+/// A failed command's transfer length, from which the residual is
+/// reckoned, counts each block's tuple when the CDB asks for them, as a
+/// good command's does: a failed WRITE(10) with WRPROTECT of one block and
+/// an Expected Data Transfer Length of 520 had a residual of 8.
+#[test]
+fn a_failed_commands_transfer_length_counts_the_tuples() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let wire = with_tuples(&[(block(1), PiTuple::decode(&[0; 8]))]);
+    let r = write_p(&t, &a, BLOCKS, 1, &wire);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+    assert_eq!(r.transfer_length, 520);
+    let r = read_p(&t, &a, BLOCKS, 2, 1);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+    assert_eq!(r.transfer_length, 1040);
+    // Without tuples asked for, blocks alone.
+    let r = read_p(&t, &a, BLOCKS, 2, 0);
+    assert_eq!(r.transfer_length, 1024);
+}
+
 #[test]
 fn writes_without_tuples_get_generated_ones_and_unwritten_blocks_read_ff() {
     let (t, _) = protected();
