@@ -648,6 +648,25 @@ impl PduWriter {
         map: &FileMap,
         pdus: &[FilePayload],
     ) -> std::io::Result<()> {
+        // A file cut short within its last page leaves that page mapped
+        // and cached, its tail zeros: the send would not fault but carry
+        // the zeros as data. Its length is looked at first, as sendfile
+        // stops at it.
+        let end = pdus
+            .iter()
+            .map(|p| p.offset + u64::from(p.len))
+            .max()
+            .unwrap_or_default();
+        let size = lun.file.metadata()?.len();
+        if size < end {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: the file ends at byte {size}, before byte {end} (was it truncated?)",
+                    lun.label
+                ),
+            ));
+        }
         if !self.out.is_empty() || !self.gather.is_empty() {
             // MSG_MORE: these PDUs follow at once.
             self.flush_buffer_with(libc::MSG_MORE).await?;

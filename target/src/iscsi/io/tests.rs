@@ -325,6 +325,31 @@ async fn a_cut_writer_resets_the_connection_at_once_and_frees_its_zero_copy_buff
     expect_reset(&mut peer).await;
 }
 
+/// A LUN file cut short within its last page, its pages cached: a mapped
+/// send for an initiator on this host is refused as sendfile's is, where
+/// it faulted only past that page and so carried the cut bytes as zeros,
+/// the READ ending GOOD.
+#[tokio::test]
+async fn a_mapped_send_past_the_end_of_a_shrunk_file_is_refused() {
+    use std::io::Write;
+    let mut f = tempfile::tempfile().unwrap();
+    let content = payload(300_000, 3);
+    f.write_all(&content).unwrap();
+    let lun = SendfileLun::new(f.try_clone().unwrap(), "iqn.x LUN 4".into());
+    assert!(lun.map.is_some(), "the file is mapped");
+    let (mut w, _peer) = pair().await;
+    assert!(w.copy_local_sends());
+    f.set_len(300_000 - 512).unwrap();
+    let h = data_in(0, 0, Bytes::new(), true);
+    let e = w
+        .push_file(&h.bhs, &lun, 200_000, 100_000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    assert!(e.to_string().contains("iqn.x LUN 4"), "{e}");
+    assert_eq!(w.stats.mapped_bytes, 0);
+}
+
 #[tokio::test]
 async fn file_payloads_go_by_sendfile_unless_data_digests_need_the_bytes() {
     use std::io::Write;
