@@ -53,6 +53,20 @@ impl Capacity {
     /// length of zero or above [`MAX_BLOCK_LENGTH`], or a size that does not
     /// fit in 64 bits, is malformed (every reader divides by the block
     /// length and allocates blocks).
+    /// The answer of READ CAPACITY(10): a RETURNED LOGICAL BLOCK ADDRESS of
+    /// FFFFFFFFh says the medium is too large for it (SBC-4 5.16.2), and is
+    /// no size: taken as one, a 3 TiB LUN was served as 2 TiB.
+    pub fn from_answer_10(returned_lba: u32, block_length: u32) -> Result<Capacity> {
+        if returned_lba == u32::MAX {
+            return Err(Error::Protocol(
+                "the LUN is too large for READ CAPACITY(10) (RETURNED LOGICAL BLOCK ADDRESS \
+                 FFFFFFFFh), and the target refused READ CAPACITY(16): its size cannot be known"
+                    .into(),
+            ));
+        }
+        Self::from_answer("READ CAPACITY(10)", u64::from(returned_lba), block_length)
+    }
+
     pub fn from_answer(what: &str, returned_lba: u64, block_length: u32) -> Result<Capacity> {
         if block_length == 0 || block_length > MAX_BLOCK_LENGTH {
             return Err(bad_data(
@@ -142,7 +156,8 @@ impl Session {
         }
     }
 
-    /// READ CAPACITY(16), falling back to READ CAPACITY(10).
+    /// READ CAPACITY(16), falling back to READ CAPACITY(10) where the
+    /// device server does not take it ([`takes_read_capacity_10`]).
     pub async fn read_capacity(&self, lun: u16) -> Result<Capacity> {
         let mut buf = vec![0u8; 32];
         let cdb = Cdb::ReadCapacity16 {
@@ -159,18 +174,14 @@ impl Session {
                     ReadCapacity16::decode(&buf).map_err(|e| bad_data("READ CAPACITY(16)", e))?;
                 Capacity::from_answer("READ CAPACITY(16)", rc.returned_lba, rc.block_length)
             }
-            Err(Error::Scsi(_)) => {
+            Err(e) if takes_read_capacity_10(&e) => {
                 let mut buf = vec![0u8; 8];
                 let cdb = Cdb::ReadCapacity10 { lba: 0, pmi: false };
                 self.execute(lun, &cdb.encode(), DataDir::Read(&mut buf))
                     .await?;
                 let rc =
                     ReadCapacity10::decode(&buf).map_err(|e| bad_data("READ CAPACITY(10)", e))?;
-                Capacity::from_answer(
-                    "READ CAPACITY(10)",
-                    u64::from(rc.returned_lba),
-                    rc.block_length,
-                )
+                Capacity::from_answer_10(rc.returned_lba, rc.block_length)
             }
             Err(e) => Err(e),
         }
@@ -215,9 +226,48 @@ pub fn serial_of(vpd: &Vpd) -> Option<String> {
     }
 }
 
+/// Whether a READ CAPACITY(16) that failed with `e` is asked again as
+/// READ CAPACITY(10): only when the device server refuses the command
+/// (ILLEGAL REQUEST, as Linux's sd falls back), not when it is becoming
+/// ready or busy, whose answer to READ CAPACITY(10) would be no better.
+fn takes_read_capacity_10(e: &Error) -> bool {
+    matches!(e, Error::Scsi(s) if s.sense_code().is_some_and(
+        |(key, _, _)| key == blockwire_pdu::scsi::SenseKey::IllegalRequest
+    ))
+}
+
 #[cfg(test)]
 mod capacity_tests {
     use super::*;
+
+    /// READ CAPACITY(10) is asked only when READ CAPACITY(16) is refused
+    /// as a command (ILLEGAL REQUEST), and its FFFFFFFFh is no size: any
+    /// failure fell back to it (NOT READY just after a target's restart),
+    /// and FFFFFFFFh made a 3 TiB LUN of 512-byte blocks 2 TiB.
+    #[test]
+    fn read_capacity_10_stands_in_only_where_it_can() {
+        use blockwire_pdu::scsi::{Asc, Sense, SenseKey};
+        let failed = |key, asc| {
+            Error::Scsi(crate::ScsiError {
+                lun: 0,
+                opcode: 0x9e,
+                status: blockwire_pdu::scsi::ScsiStatus::CHECK_CONDITION,
+                sense: Some(Sense::new(key, asc)),
+            })
+        };
+        assert!(takes_read_capacity_10(&failed(
+            SenseKey::IllegalRequest,
+            Asc::INVALID_COMMAND_OPERATION_CODE
+        )));
+        assert!(!takes_read_capacity_10(&failed(
+            SenseKey::NotReady,
+            Asc::LU_BECOMING_READY
+        )));
+        assert!(!takes_read_capacity_10(&Error::Timeout("x".into())));
+        assert!(Capacity::from_answer_10(u32::MAX, 512).is_err());
+        let c = Capacity::from_answer_10(2047, 512).unwrap();
+        assert_eq!(c.blocks, 2048);
+    }
 
     /// Every reader divides by the block length and allocates a block at a
     /// time: a zero, a huge length or a size past 64 bits from a target is
