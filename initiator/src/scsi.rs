@@ -48,11 +48,6 @@ impl Capacity {
         self.blocks.saturating_mul(u64::from(self.block_size))
     }
 
-    /// The capacity a READ CAPACITY answer gives: RETURNED LOGICAL BLOCK
-    /// ADDRESS is the last block's, so there is one block more. A block
-    /// length of zero or above [`MAX_BLOCK_LENGTH`], or a size that does not
-    /// fit in 64 bits, is malformed (every reader divides by the block
-    /// length and allocates blocks).
     /// The answer of READ CAPACITY(10): a RETURNED LOGICAL BLOCK ADDRESS of
     /// FFFFFFFFh says the medium is too large for it (SBC-4 5.16.2), and is
     /// no size: taken as one, a 3 TiB LUN was served as 2 TiB.
@@ -67,6 +62,11 @@ impl Capacity {
         Self::from_answer("READ CAPACITY(10)", u64::from(returned_lba), block_length)
     }
 
+    /// The capacity a READ CAPACITY answer gives: RETURNED LOGICAL BLOCK
+    /// ADDRESS is the last block's, so there is one block more. A block
+    /// length of zero or above [`MAX_BLOCK_LENGTH`], or a size that does not
+    /// fit in 64 bits, is malformed (every reader divides by the block
+    /// length and allocates blocks).
     pub fn from_answer(what: &str, returned_lba: u64, block_length: u32) -> Result<Capacity> {
         if block_length == 0 || block_length > MAX_BLOCK_LENGTH {
             return Err(bad_data(
