@@ -156,6 +156,32 @@ impl Session {
         }
     }
 
+    /// Whether LUN `lun` takes the FUA bit of a WRITE: DPOFUA in the mode
+    /// parameter header (SBC-4 6.5.1). A device server without it may
+    /// ignore FUA, so a write that must be durable then needs a
+    /// SYNCHRONIZE CACHE after it; a LUN that does not answer MODE SENSE
+    /// counts as one without.
+    pub async fn takes_fua(&self, lun: u16) -> bool {
+        // The header alone: DBD, the caching page, 4 bytes.
+        let mut buf = vec![0u8; 4];
+        let cdb = Cdb::ModeSense6 {
+            dbd: true,
+            page_control: blockwire_pdu::scsi::PageControl::Current,
+            page_code: 0x08,
+            subpage_code: 0,
+            allocation_length: 4,
+        };
+        match self
+            .execute(lun, &cdb.encode(), DataDir::Read(&mut buf))
+            .await
+        {
+            Ok(_) => {
+                blockwire_pdu::scsi::ModeParameters::decode6(&buf).is_ok_and(|m| m.header.dpofua)
+            }
+            Err(_) => false,
+        }
+    }
+
     /// READ CAPACITY(16), falling back to READ CAPACITY(10) where the
     /// device server does not take it ([`takes_read_capacity_10`]).
     pub async fn read_capacity(&self, lun: u16) -> Result<Capacity> {

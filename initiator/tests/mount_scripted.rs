@@ -52,6 +52,8 @@ struct Script {
     max_transfer: Option<u32>,
     /// The first READ is answered UNIT ATTENTION, CAPACITY DATA HAS CHANGED.
     resized: bool,
+    /// MODE SENSE says DPOFUA=1: the unit takes the FUA bit.
+    dpofua: bool,
 }
 
 /// What the target saw.
@@ -64,6 +66,8 @@ struct Seen {
     transfers: u32,
     /// CAPACITY DATA HAS CHANGED was answered.
     resize_said: bool,
+    /// WRITEs with the FUA bit.
+    fua_writes: u32,
 }
 
 /// Logs the initiator in and serves LUN 0 from memory: READ CAPACITY(16),
@@ -146,6 +150,8 @@ fn target(listener: TcpListener, script: Script) -> Seen {
                     scripted::check_condition(&c, stat_sn, cmd_sn, ILLEGAL_REQUEST_INVALID_FIELD)
                 }
             },
+            // MODE SENSE(6): the header, DPOFUA as the script says.
+            0x1a => good(vec![3, 0, if script.dpofua { 0x10 } else { 0 }, 0]),
             0x88 | 0x8a => {
                 let lba = u64::from_be_bytes(c.cdb[2..10].try_into().unwrap());
                 let blocks = u32::from_be_bytes(c.cdb[10..14].try_into().unwrap());
@@ -162,6 +168,7 @@ fn target(listener: TcpListener, script: Script) -> Seen {
                 } else {
                     assert_eq!(pdu.data.len(), range.len(), "a WRITE's data, all immediate");
                     seen.transfers += 1;
+                    seen.fua_writes += u32::from(c.cdb[1] & 0x08 != 0);
                     disk[range].copy_from_slice(&pdu.data);
                     scripted::response(&c, 0, None, 0, stat_sn, cmd_sn)
                 }
@@ -301,6 +308,7 @@ fn a_final_flush_the_target_fails_fails_the_mount() {
         ending: Ending::FlushFails,
         max_transfer: None,
         resized: false,
+        dpofua: true,
     };
     let (ok, stderr, seen) = mount_and_stop("flush-fails", script, |file| {
         let _ = write_and_sync(file);
@@ -325,6 +333,7 @@ fn a_logout_left_unanswered_after_a_good_flush_still_succeeds() {
         ending: Ending::LogoutUnanswered,
         max_transfer: None,
         resized: false,
+        dpofua: true,
     };
     let (ok, stderr, seen) = mount_and_stop("logout-unanswered", script, |file| {
         write_and_sync(file).expect("a write and fsync through the mount");
@@ -347,6 +356,7 @@ fn requests_longer_than_the_units_maximum_transfer_length_go_out_in_pieces() {
         ending: Ending::Clean,
         max_transfer: Some(MAX),
         resized: false,
+        dpofua: true,
     };
     // 64 KiB, then 5000 bytes at an unaligned offset (a read-modify-write
     // of 10 blocks, itself more than one command).
@@ -392,6 +402,7 @@ fn a_capacity_change_the_target_reports_is_said() {
         ending: Ending::Clean,
         max_transfer: None,
         resized: true,
+        dpofua: true,
     };
     let (ok, stderr, seen) = mount_and_stop("resized", script, |file| {
         let mut f = std::fs::File::open(file).unwrap();
@@ -404,4 +415,45 @@ fn a_capacity_change_the_target_reports_is_said() {
         "{stderr}"
     );
     assert!(ok, "{stderr}");
+}
+
+/// An O_DSYNC write must be durable when it returns. To a unit that takes
+/// the FUA bit (DPOFUA=1 in its mode parameter header) it goes with FUA;
+/// to one that does not, which may ignore the bit, it goes without and a
+/// SYNCHRONIZE CACHE follows it before the write returns. FUA was sent to
+/// every unit, and trusted.
+#[test]
+fn an_o_dsync_write_is_flushed_where_the_unit_does_not_take_fua() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut flushes = Vec::new();
+    for dpofua in [true, false] {
+        let script = Script {
+            ending: Ending::Clean,
+            max_transfer: None,
+            resized: false,
+            dpofua,
+        };
+        let (ok, stderr, seen) = mount_and_stop("dsync", script, |file| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DSYNC)
+                .open(file)
+                .unwrap();
+            f.write_all(&[0x5a; 4096])
+                .expect("an O_DSYNC write through the mount");
+        });
+        assert!(ok, "{stderr}");
+        assert_eq!(
+            seen.fua_writes,
+            u32::from(dpofua),
+            "DPOFUA={dpofua}: {seen:?}"
+        );
+        assert_eq!(stderr.contains("does not take FUA"), !dpofua, "{stderr}");
+        flushes.push(seen.flushes);
+    }
+    assert_eq!(
+        flushes[1],
+        flushes[0] + 1,
+        "the write to the unit without FUA was followed by SYNCHRONIZE CACHE"
+    );
 }

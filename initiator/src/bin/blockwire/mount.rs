@@ -103,6 +103,9 @@ struct LunFile {
     /// TRANSFER LENGTH; u32::MAX without one): longer requests go out as
     /// several commands.
     max_blocks: u32,
+    /// The unit takes the FUA bit (DPOFUA): else a write that must be
+    /// durable is followed by SYNCHRONIZE CACHE, as the unit may ignore it.
+    takes_fua: bool,
     /// Shared by aligned writes, exclusive for a read-modify-write.
     rmw: RwLock<()>,
 }
@@ -442,7 +445,14 @@ impl Filesystem for LunFs {
         let data = data[..len].to_vec();
         let (s, stats) = (self.session.clone(), self.stats.clone());
         self.rt.spawn(async move {
-            match write_at(&s, &f, offset, &data, fua, &stats).await {
+            let written = match write_at(&s, &f, offset, &data, fua && f.takes_fua, &stats).await {
+                Ok(()) if fua && !f.takes_fua => {
+                    stats.syncs.fetch_add(1, Ordering::Relaxed);
+                    s.synchronize_cache(f.lun).await
+                }
+                other => other,
+            };
+            match written {
                 Ok(()) => {
                     stats.writes.fetch_add(1, Ordering::Relaxed);
                     stats.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -614,12 +624,20 @@ pub async fn mount(session: Session, luns: &[u16], opts: MountOptions) -> Result
             .await
             .with_context(|| format!("Block Limits VPD page of LUN {lun}"))?
             .map_or(u32::MAX, |m| m.get());
+        let takes_fua = session.takes_fua(lun).await;
+        if !takes_fua {
+            eprintln!(
+                "blockwire mount: LUN {lun} does not take FUA (DPOFUA=0): each O_DSYNC write is \
+                 followed by SYNCHRONIZE CACHE"
+            );
+        }
         files.push(Arc::new(LunFile {
             lun,
             name: format!("lun{lun}"),
             ino: 2 + u64::from(lun),
             cap,
             max_blocks,
+            takes_fua,
             rmw: RwLock::new(()),
         }));
     }

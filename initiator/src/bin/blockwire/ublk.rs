@@ -254,6 +254,16 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
         .await
         .with_context(|| format!("Block Limits VPD page of LUN {lun}"))?
         .map(|m| sectors_of(m.get(), cap.block_size));
+    // A device that says it takes FUA gets REQ_FUA writes with no flush
+    // after them: only a unit that takes the bit (DPOFUA) may say so; for
+    // the others the kernel follows each such write with a flush.
+    let takes_fua = session.takes_fua(lun).await;
+    if !takes_fua {
+        eprintln!(
+            "blockwire ublk: LUN {lun} does not take FUA (DPOFUA=0): the kernel flushes after \
+             each FUA write instead"
+        );
+    }
     // The kernel takes no device whose requests may not span a page (it
     // refuses the limits, or raises them past what the unit takes).
     let page_sectors = (page_size() / 512) as u32;
@@ -319,7 +329,10 @@ pub async fn serve(session: Session, lun: u16, depth: u16) -> Result<()> {
             move |dev: &mut UblkDev| {
                 dev.set_default_params(size);
                 let p = &mut dev.tgt.params.basic;
-                p.attrs = sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA;
+                p.attrs = sys::UBLK_ATTR_VOLATILE_CACHE;
+                if takes_fua {
+                    p.attrs |= sys::UBLK_ATTR_FUA;
+                }
                 p.logical_bs_shift = shift;
                 p.physical_bs_shift = shift.max(12);
                 p.io_min_shift = shift.max(12);
