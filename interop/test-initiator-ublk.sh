@@ -47,6 +47,21 @@ if [ ! -e /dev/ublk-control ]; then
     grep -q "ublk is not available: /dev/ublk-control is missing" "$tmp/out" ||
         fail "the message does not name /dev/ublk-control"
     ! grep -qi "connect\|login" "$tmp/out" || fail "it tried to log in first"
+    step "blockwire ublk --qd 600 under a hard open-files limit of 300: refused by name"
+    # Each tag holds a pipe; past the limit a tag never fetched and the start hung.
+    rc=0
+    (ulimit -Sn 300 && ulimit -Hn 300 &&
+        exec timeout 20 "$bw" ublk -p 127.0.0.1:1 -T iqn.2026-11.io.blockwire:default --qd 600) \
+        >"$tmp/out" 2>&1 || rc=$?
+    sed 's/^/    /' "$tmp/out"
+    [ "$rc" = 1 ] || fail "expected exit 1, got $rc"
+    grep -q -- "--qd 600 needs about 1264 open files" "$tmp/out" || fail "the message does not name --qd"
+    step "blockwire ublk --qd 200 under a soft limit of 300 (hard $(ulimit -Hn)): the soft limit is raised"
+    rc=0
+    (ulimit -Sn 300 && exec timeout 20 "$bw" ublk -p 127.0.0.1:1 -T iqn.2026-11.io.blockwire:default --qd 200) \
+        >"$tmp/out" 2>&1 || rc=$?
+    sed 's/^/    /' "$tmp/out"
+    grep -q "ublk is not available" "$tmp/out" || fail "it did not get as far as the driver check"
     echo "PASS: test-initiator-ublk (no ublk driver here: clear failure checked)"
     exit 0
 fi

@@ -904,7 +904,9 @@ async fn run(cli: &Cli) -> Result<()> {
         }
         #[cfg(feature = "ublk")]
         Command::Ublk { s, lun, qd } => {
-            // Before the login: no point in one without the driver.
+            // Before the login: no point in one without the driver, or
+            // without the descriptors its queue needs.
+            ublk::open_files_for(*qd)?;
             ublk::check_available()?;
             tcp_only("ublk", cli)?;
             let sess = open(cli, s, usize::from((*qd).max(1))).await?;

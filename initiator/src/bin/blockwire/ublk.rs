@@ -181,6 +181,37 @@ async fn run_op(
     rx.try_recv().unwrap_or((None, -libc::EIO))
 }
 
+/// Makes room for the descriptors a queue of `depth` tags holds: each tag
+/// a pipe (two) as its doorbell, beside the session's, the ublk device's
+/// and the runtime's. A tag that cannot make its pipe never fetches, and
+/// the kernel's START_DEV waits for every tag: past the open-files limit
+/// the command hung, and its device stayed behind. The soft limit is
+/// raised as far as the hard one allows; past that the depth is refused.
+pub fn open_files_for(depth: u16) -> Result<()> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let need = 2 * u64::from(depth.max(1)) + 64;
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_none_or(|soft| soft >= need) {
+        return Ok(());
+    }
+    let hard = limit.maximum;
+    if hard.is_some_and(|h| h < need) {
+        bail!(
+            "--qd {depth} needs about {need} open files, and this process may open at most {} \
+             (ulimit -Hn): lower --qd, or raise the limit",
+            hard.unwrap_or_default()
+        );
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(need),
+            maximum: hard,
+        },
+    )
+    .with_context(|| format!("raising the open-files limit to {need} for --qd {depth}"))
+}
+
 /// One tag's loop: fetch a request, run it, commit the result.
 async fn io_task(
     q: &UblkQueue<'_>,
