@@ -69,6 +69,8 @@ pub struct ReadCommand {
     got: Vec<u64>,
     timers: CommandTimers,
     released_now: Vec<usize>,
+    /// Where in the request the first failed chunk starts.
+    failed_at: Option<u64>,
 }
 
 impl std::fmt::Debug for ReadCommand {
@@ -177,6 +179,7 @@ impl ReadCommand {
             pending,
             timers,
             released_now: Vec::new(),
+            failed_at: None,
         };
         if !ops.is_empty() {
             engine.submit(ops, &tx)?;
@@ -209,12 +212,19 @@ impl ReadCommand {
     /// (the command should end with CHECK CONDITION, MEDIUM ERROR).
     pub fn on_completion(&mut self, c: Completion, now: Instant) -> io::Result<()> {
         let i = c.tag as usize;
-        let n = c.result?;
+        let r = self.seq.plan().range(i);
+        let n = match c.result {
+            Ok(n) => n,
+            Err(e) => {
+                self.failed_at.get_or_insert(r.start);
+                return Err(e);
+            }
+        };
         self.got[i] += n as u64;
         self.pending[i] -= 1;
         if self.pending[i] == 0 {
-            let r = self.seq.plan().range(i);
             if self.got[i] < r.end - r.start {
+                self.failed_at.get_or_insert(r.start);
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     format!(
@@ -228,6 +238,13 @@ impl ReadCommand {
             self.chunk_valid(i, now);
         }
         Ok(())
+    }
+
+    /// Where in the request (bytes from its start) the first chunk whose
+    /// read failed begins: the block a MEDIUM ERROR names (SBC-4 4.18), not
+    /// the command's first.
+    pub fn failed_offset(&self) -> Option<u64> {
+        self.failed_at
     }
 
     /// Units released since the last call, in the order to send them.

@@ -424,6 +424,41 @@ fn read_command_can_be_driven_by_hand() {
     assert!(got == dev);
 }
 
+/// A read that fails part way says where: the start of the first chunk
+/// that failed, from which the fabric names the block in the sense data's
+/// INFORMATION (SBC-4 4.18). It named the command's first block, after the
+/// chunks before had gone out as data.
+#[test]
+fn a_failed_read_says_which_chunk_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    // 10 000 bytes of a 50 000-byte request: chunks from 8192 on are short.
+    let src = Source::File(write_file(dir.path(), "f", &random_bytes(10_000, 5)));
+    let engine = ThreadPoolEngine::new(small_pool(), 2);
+    let cfg = ReadConfig {
+        mode: Mode::Synchronized,
+        chunk: 4096,
+        units: None,
+    };
+    let (mut cmd, mut rx) = ReadCommand::start(
+        &engine,
+        &src,
+        0,
+        50_000,
+        SendOrder::InOrder,
+        &cfg,
+        std::time::Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(cmd.failed_offset(), None);
+    let failed = loop {
+        let c = rx.blocking_recv().expect("a completion");
+        if cmd.on_completion(c, std::time::Instant::now()).is_err() {
+            break cmd.failed_offset().expect("the failed chunk's offset");
+        }
+    };
+    assert!(failed >= 8192 && failed % 4096 == 0, "{failed}");
+}
+
 /// An op that names bytes beyond its buffer (a caller's bug) completes
 /// with an error on either engine, and the engine goes on serving: a panic
 /// there took a thread-pool worker away for good, or, on io_uring, left

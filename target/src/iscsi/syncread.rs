@@ -543,7 +543,10 @@ async fn serve_inner<M: ReadMover>(job: ReadJob, mut m: M) {
             }
             warn!(itt, error = %e, "pipelined read failed");
             p.clock.fail();
-            failure = Some(p.lu.read_failure(p.lba, p.len, &e));
+            // The failed chunk's first block, as INFORMATION says (data
+            // of the chunks before it may have gone already).
+            let into = p.read.failed_offset().unwrap_or(0) / u64::from(p.lu.block_size());
+            failure = Some(p.lu.read_failure(p.lba + into, p.len, &e));
             break;
         }
     }
