@@ -669,6 +669,11 @@ async fn write_loop(
                             // The header left already: the PDU cannot be
                             // completed or taken back.
                             tracing::error!(lun = %lun.label, error = %e, "sendfile READ came up short: dropping the connection");
+                        } else if e.raw_os_error() == Some(libc::EIO) {
+                            // The file, not the socket: a media error found
+                            // after the header left, so no MEDIUM ERROR can
+                            // be answered. Said where an administrator looks.
+                            tracing::error!(lun = %lun.label, error = %e, "reading the LUN's file for a READ failed (a media error?): dropping the connection");
                         } else {
                             debug!(lun = %lun.label, error = %e, "sendfile failed");
                         }
