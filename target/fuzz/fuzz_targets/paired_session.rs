@@ -355,7 +355,7 @@ impl Pair {
             }
             Event::Complete { owner, result } => self.complete(owner, result),
             Event::Send(pdu) => self.send(pdu),
-            Event::Drop(why) => panic!("the target asked to drop the session: {why}"),
+            Event::Drop { reason, .. } => panic!("the target asked to drop the session: {reason}"),
             Event::LogoutRequested { within } => {
                 panic!("the target asked for a logout within {within:?}")
             }
