@@ -309,22 +309,9 @@ impl Live {
     /// `stalled = true` of a unit running free, and the next start stalled
     /// it (every READ and WRITE waiting).
     fn record_stalls(&self, doc: &mut Table) {
-        let catalog = self.fabric.catalog();
-        let by_name = catalog.targets_by_name();
-        let Some(targets) = doc.get_mut("target").and_then(Value::as_array_mut) else {
-            return;
-        };
-        for t in targets.iter_mut().filter_map(Value::as_table_mut) {
-            let Some(entry) = t
-                .get("name")
-                .and_then(Value::as_str)
-                .and_then(|n| by_name.get(n))
-                .cloned()
-            else {
-                continue;
-            };
+        each_served_target(doc, &self.fabric.catalog(), |t, entry| {
             let Some(luns) = t.get_mut("lun").and_then(Value::as_array_mut) else {
-                continue;
+                return;
             };
             for l in luns.iter_mut().filter_map(Value::as_table_mut) {
                 let Some(unit) = l
@@ -341,7 +328,7 @@ impl Live {
                     l.remove("stalled");
                 }
             }
-        }
+        });
     }
 
     /// Writes into `doc` the ALUA states initiators have set with SET
@@ -351,8 +338,6 @@ impl Live {
     /// that `config.show` and `save` say what runs and a control-socket
     /// change does not undo them.
     fn record_explicit_alua(&self, doc: &mut Table) {
-        let catalog = self.fabric.catalog();
-        let by_name = catalog.targets_by_name();
         let group_states: HashMap<i64, String> = doc
             .get("portal_group")
             .and_then(Value::as_array)
@@ -367,19 +352,9 @@ impl Live {
                 Some((tag, state.to_owned()))
             })
             .collect();
-        let Some(targets) = doc.get_mut("target").and_then(Value::as_array_mut) else {
-            return;
-        };
-        for t in targets.iter_mut().filter_map(Value::as_table_mut) {
-            let Some(entry) = t
-                .get("name")
-                .and_then(Value::as_str)
-                .and_then(|n| by_name.get(n))
-            else {
-                continue;
-            };
+        each_served_target(doc, &self.fabric.catalog(), |t, entry| {
             if !entry.luns.explicit_alua() {
-                continue;
+                return;
             }
             for g in entry.luns.target_port_groups() {
                 let key = g.id.to_string();
@@ -401,7 +376,7 @@ impl Live {
                     states.insert(key, Value::String(g.state.name().to_owned()));
                 }
             }
-        }
+        });
     }
 
     /// Reads the configuration file again and applies the difference
@@ -730,6 +705,31 @@ fn size_of(v: &Value) -> Option<u64> {
         Value::String(s) => parse_size(s),
         Value::Integer(i) => u64::try_from(*i).ok(),
         _ => None,
+    }
+}
+
+/// Calls `f` with each `[[target]]` table of `doc` that `catalog` serves,
+/// and the entry serving it (tables of targets it does not serve are
+/// passed over).
+fn each_served_target(
+    doc: &mut Table,
+    catalog: &Catalog,
+    mut f: impl FnMut(&mut Table, &Arc<blockwire_target::iscsi::catalog::TargetEntry>),
+) {
+    let by_name = catalog.targets_by_name();
+    let Some(targets) = doc.get_mut("target").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for t in targets.iter_mut().filter_map(Value::as_table_mut) {
+        let Some(entry) = t
+            .get("name")
+            .and_then(Value::as_str)
+            .and_then(|n| by_name.get(n))
+            .cloned()
+        else {
+            continue;
+        };
+        f(t, &entry);
     }
 }
 
