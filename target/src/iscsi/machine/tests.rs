@@ -625,24 +625,27 @@ async fn iser_login_answers_none_to_offered_digests() {
     );
 }
 
+/// A target `name` of a live change: portal group 1, access as `acl`, the
+/// LUNs of `old`'s first target.
+fn served_as(old: &Catalog, name: &str, acl: Acl) -> Arc<crate::iscsi::catalog::TargetEntry> {
+    Arc::new(crate::iscsi::catalog::TargetEntry {
+        name: name.into(),
+        alias: None,
+        portal_groups: vec![1],
+        acl,
+        auth: Default::default(),
+        luns: old.targets[0].luns.clone(),
+        data_paths: Vec::new(),
+        qos: Vec::new(),
+    })
+}
+
 /// A live change that lands while a login is under way is held against
 /// it when it ends: the login was admitted against what was served when
 /// its connection came, and went on to a session the change never closed
 /// (one to a removed target still reached that target's LUNs).
 #[tokio::test]
 async fn a_login_under_way_meets_a_live_change_when_it_ends() {
-    let entry = |old: &Catalog, acl: Acl| {
-        Arc::new(crate::iscsi::catalog::TargetEntry {
-            name: TARGET.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl,
-            auth: Default::default(),
-            luns: old.targets[0].luns.clone(),
-            data_paths: Vec::new(),
-            qos: Vec::new(),
-        })
-    };
     let served = |targets| {
         Arc::new(Catalog {
             portal_groups: fabric().catalog().portal_groups.clone(),
@@ -675,8 +678,9 @@ async fn a_login_under_way_meets_a_live_change_when_it_ends() {
         let old = fabric.catalog();
         let targets = match status {
             LoginStatus::TARGET_REMOVED => Vec::new(),
-            _ => vec![entry(
+            _ => vec![served_as(
                 &old,
+                TARGET,
                 Acl::Only(vec!["iqn.2026-11.test:other".into()]),
             )],
         };
@@ -2220,18 +2224,7 @@ async fn send_targets_answers_from_what_is_served_when_asked() {
     // A live change: the first target now admits another initiator only,
     // and a second target is served.
     let old = fabric.catalog();
-    let entry = |name: &str, acl: Acl| {
-        Arc::new(crate::iscsi::catalog::TargetEntry {
-            name: name.into(),
-            alias: None,
-            portal_groups: vec![1],
-            acl,
-            auth: Default::default(),
-            luns: old.targets[0].luns.clone(),
-            data_paths: Vec::new(),
-            qos: Vec::new(),
-        })
-    };
+    let entry = |name: &str, acl: Acl| served_as(&old, name, acl);
     fabric.replace_catalog(Arc::new(Catalog {
         portal_groups: old.portal_groups.clone(),
         targets: vec![
