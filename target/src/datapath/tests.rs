@@ -388,6 +388,32 @@ fn a_read_larger_than_any_buffer_is_refused_with_a_reason() {
     assert!(err.to_string().contains("split it"), "{err}");
 }
 
+/// A synchronized read of `len` bytes of `src` in 4 KiB chunks (sent as
+/// `units` say), started as an async fabric starts one: its completions
+/// come on the returned channel.
+fn read_by_hand(
+    engine: &dyn Engine,
+    src: &Source,
+    len: usize,
+    units: Option<Vec<std::ops::Range<u64>>>,
+) -> (ReadCommand, crate::datapath::CompletionRx) {
+    let cfg = ReadConfig {
+        mode: Mode::Synchronized,
+        chunk: 4096,
+        units,
+    };
+    ReadCommand::start(
+        engine,
+        src,
+        0,
+        len,
+        SendOrder::InOrder,
+        &cfg,
+        std::time::Instant::now(),
+    )
+    .unwrap()
+}
+
 #[test]
 fn read_command_can_be_driven_by_hand() {
     // The way an async fabric drives it: completions from a channel.
@@ -396,21 +422,7 @@ fn read_command_can_be_driven_by_hand() {
     let src = Source::File(write_file(dir.path(), "f", &dev));
     let engine = ThreadPoolEngine::new(small_pool(), 2);
     let units = vec![0..8192, 8192..30_000, 30_000..50_000];
-    let cfg = ReadConfig {
-        mode: Mode::Synchronized,
-        chunk: 4096,
-        units: Some(units),
-    };
-    let (mut cmd, mut rx) = ReadCommand::start(
-        &engine,
-        &src,
-        0,
-        50_000,
-        SendOrder::InOrder,
-        &cfg,
-        std::time::Instant::now(),
-    )
-    .unwrap();
+    let (mut cmd, mut rx) = read_by_hand(&engine, &src, 50_000, Some(units));
     let mut got = Vec::new();
     while !cmd.all_released() {
         let c = rx.blocking_recv().unwrap();
@@ -434,21 +446,7 @@ fn a_failed_read_says_which_chunk_failed() {
     // 10 000 bytes of a 50 000-byte request: chunks from 8192 on are short.
     let src = Source::File(write_file(dir.path(), "f", &random_bytes(10_000, 5)));
     let engine = ThreadPoolEngine::new(small_pool(), 2);
-    let cfg = ReadConfig {
-        mode: Mode::Synchronized,
-        chunk: 4096,
-        units: None,
-    };
-    let (mut cmd, mut rx) = ReadCommand::start(
-        &engine,
-        &src,
-        0,
-        50_000,
-        SendOrder::InOrder,
-        &cfg,
-        std::time::Instant::now(),
-    )
-    .unwrap();
+    let (mut cmd, mut rx) = read_by_hand(&engine, &src, 50_000, None);
     assert_eq!(cmd.failed_offset(), None);
     let failed = loop {
         let c = rx.blocking_recv().expect("a completion");
