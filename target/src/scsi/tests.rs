@@ -54,6 +54,16 @@ pub(crate) fn on(
     })
 }
 
+/// INQUIRY of VPD page `page` (64 bytes at most) through `n`.
+pub(crate) fn vpd_page(t: &LunTable, n: &ItNexus, page: u8) -> ScsiResult {
+    let cdb = c(Cdb::Inquiry {
+        evpd: true,
+        page_code: page,
+        allocation_length: 64,
+    });
+    run(t, n, &cdb, &[], 64)
+}
+
 pub(crate) fn c(cdb: Cdb) -> Vec<u8> {
     cdb.encode()
 }

@@ -132,17 +132,7 @@ fn verify_of_unmapped_blocks_compares_zeros_as_vbuls_says() {
         Asc::MISCOMPARE_DURING_VERIFY,
     );
     assert_eq!(s.information, Some(0));
-    let bdc = run(
-        &t,
-        &a,
-        &c(Cdb::Inquiry {
-            evpd: true,
-            page_code: 0xb1,
-            allocation_length: 64,
-        }),
-        &[],
-        64,
-    );
+    let bdc = super::tests::vpd_page(&t, &a, 0xb1);
     assert_eq!(bdc.data_in[8] & 1, 1, "VBULS");
 }
 

@@ -215,17 +215,7 @@ fn block_erase_deallocates_and_reads_zeros() {
     );
     assert_eq!(r.data_in[20] & 0x0f, 1);
     // Block device characteristics: WABEREQ 01b, WACEREQ 00b.
-    let bdc = run(
-        &t,
-        &a,
-        &c(Cdb::Inquiry {
-            evpd: true,
-            page_code: 0xb1,
-            allocation_length: 64,
-        }),
-        &[],
-        64,
-    );
+    let bdc = super::tests::vpd_page(&t, &a, 0xb1);
     assert_eq!(bdc.data_in[7] >> 4, 0b0100);
 }
 
@@ -243,17 +233,7 @@ fn block_erase_is_not_offered_without_thin_provisioning() {
         allocation_length: 64,
     });
     assert_eq!(run(&t, &a, &cdb, &[], 64).data_in, vec![0, 1, 0, 0]);
-    let bdc = run(
-        &t,
-        &a,
-        &c(Cdb::Inquiry {
-            evpd: true,
-            page_code: 0xb1,
-            allocation_length: 64,
-        }),
-        &[],
-        64,
-    );
+    let bdc = super::tests::vpd_page(&t, &a, 0xb1);
     assert_eq!(bdc.data_in[7] >> 4, 0);
 }
 
