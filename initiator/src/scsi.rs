@@ -229,7 +229,9 @@ impl Session {
             .collect())
     }
 
-    /// SYNCHRONIZE CACHE(10) of the whole LUN.
+    /// SYNCHRONIZE CACHE(10) of the whole LUN. A device server that does
+    /// not implement the command has no volatile cache to write back, so
+    /// its refusal of it is success (as Linux's sd takes it).
     pub async fn synchronize_cache(&self, lun: u16) -> Result<()> {
         let cdb = Cdb::SynchronizeCache {
             size: CdbSize::Ten,
@@ -238,10 +240,26 @@ impl Session {
             blocks: 0,
             group: 0,
         };
-        self.execute(lun, &cdb.encode(), DataDir::None)
-            .await
-            .map(|_| ())
+        match self.execute(lun, &cdb.encode(), DataDir::None).await {
+            Ok(_) => Ok(()),
+            Err(e) if lacks_synchronize_cache(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
+}
+
+/// Whether a SYNCHRONIZE CACHE that failed with `e` was refused as a
+/// command the device server does not implement (ILLEGAL REQUEST, INVALID
+/// COMMAND OPERATION CODE): SBC-4 makes the command optional, and a unit
+/// without it writes through, so what it acknowledged is on its medium.
+/// Any other failure (a WRITE ERROR, INVALID FIELD IN CDB, a lost
+/// connection) leaves the cache's state unknown and is the caller's.
+fn lacks_synchronize_cache(e: &Error) -> bool {
+    matches!(e, Error::Scsi(s) if s.sense_code().is_some_and(
+        |(key, asc, ascq)| key == SenseKey::IllegalRequest
+            && blockwire_pdu::scsi::Asc::new(asc, ascq)
+                == blockwire_pdu::scsi::Asc::INVALID_COMMAND_OPERATION_CODE
+    ))
 }
 
 /// The unit serial number (VPD 80h) as text, when the page is there.

@@ -41,6 +41,10 @@ enum Ending {
     LogoutUnanswered,
     /// SYNCHRONIZE CACHE succeeds and the logout is answered.
     Clean,
+    /// SYNCHRONIZE CACHE is refused as a command the unit does not
+    /// implement (ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE); the
+    /// logout is answered.
+    NoSynchronizeCache,
 }
 
 /// What the scripted target plays.
@@ -177,6 +181,8 @@ fn target(listener: TcpListener, script: Script) -> Seen {
                 seen.flushes += 1;
                 if script.ending == Ending::FlushFails {
                     scripted::check_condition(&c, stat_sn, cmd_sn, MEDIUM_ERROR_WRITE_ERROR)
+                } else if script.ending == Ending::NoSynchronizeCache {
+                    scripted::check_condition(&c, stat_sn, cmd_sn, INVALID_COMMAND_OPERATION_CODE)
                 } else {
                     scripted::response(&c, 0, None, 0, stat_sn, cmd_sn)
                 }
@@ -192,6 +198,8 @@ fn target(listener: TcpListener, script: Script) -> Seen {
 
 /// ILLEGAL REQUEST, INVALID FIELD IN CDB.
 const ILLEGAL_REQUEST_INVALID_FIELD: scripted::Sense = (0x05, 0x24, 0x00);
+/// ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE.
+const INVALID_COMMAND_OPERATION_CODE: scripted::Sense = (0x05, 0x20, 0x00);
 /// MEDIUM ERROR, WRITE ERROR.
 const MEDIUM_ERROR_WRITE_ERROR: scripted::Sense = (0x03, 0x0c, 0x00);
 /// UNIT ATTENTION, CAPACITY DATA HAS CHANGED.
@@ -300,6 +308,28 @@ fn write_and_sync(file: &Path) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).open(file)?;
     f.write_all(&[0xa5; 512])?;
     f.sync_all()
+}
+
+/// A unit that does not implement SYNCHRONIZE CACHE (SBC-4 makes it
+/// optional) writes through: an fsync and the final flush succeed on its
+/// refusal, as Linux's sd takes it. Every fsync failed with EINVAL, and the
+/// mount's exit status said its data were lost.
+#[test]
+fn a_unit_without_synchronize_cache_is_flushed_by_its_refusal() {
+    let script = Script {
+        ending: Ending::NoSynchronizeCache,
+        max_transfer: None,
+        resized: false,
+        dpofua: true,
+    };
+    let (ok, stderr, seen) = mount_and_stop("no-sync-cache", script, |file| {
+        write_and_sync(file).expect("an fsync through the mount");
+    });
+    assert!(
+        seen.flushes >= 2,
+        "the fsync's flush and the final one: {seen:?}"
+    );
+    assert!(ok, "{stderr}");
 }
 
 #[test]
