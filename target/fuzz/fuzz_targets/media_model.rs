@@ -10,7 +10,8 @@
 //! not; ORWRITE; WRITE AND VERIFY; VERIFY with BYTCHK 0, 1 and 3; WRITE
 //! ATOMIC; SYNCHRONIZE CACHE; GET LBA STATUS; EXTENDED COPY of block
 //! segments within the unit; POPULATE TOKEN and WRITE USING TOKEN within
-//! the unit, and the block device zero token; SANITIZE (OVERWRITE and BLOCK ERASE); the
+//! the unit, and the block device zero token; SANITIZE (OVERWRITE and BLOCK ERASE); FORMAT
+//! UNIT (deallocating a thin unit, keeping a fully provisioned one's data); the
 //! write cache turned on and off by MODE SELECT; and,
 //! beside the commands, a resize of the unit and, for files, closing the
 //! store and opening it again. Half the units are formatted with T10
@@ -214,6 +215,11 @@ enum Op {
         invert: bool,
         count: u8,
         pattern: Vec<u8>,
+    },
+    /// FORMAT UNIT asking for the unit's own protection, or (`other`)
+    /// for the one it has not.
+    Format {
+        other: bool,
     },
     WriteCache(bool),
     Resize {
@@ -683,6 +689,7 @@ impl Rig {
                 count,
                 ref pattern,
             } => self.sanitize(erase, invert, count, pattern),
+            Op::Format { other } => self.format(other),
             Op::WriteCache(on) => self.write_cache(on),
             Op::ReadWithTuples { at, protect } => self.read_with_tuples(at, protect),
             Op::WriteWithTuples {
@@ -1547,6 +1554,20 @@ impl Rig {
                     *b = *p;
                 }
             }
+        }
+    }
+
+    /// FORMAT UNIT without a parameter list: a thin unit reads as zeros
+    /// afterwards, a fully provisioned one as before; a request for the
+    /// protection the unit has not is refused and changes nothing.
+    fn format(&mut self, other: bool) {
+        let own = if self.pi.is_some() { 0x80 } else { 0 };
+        let fmtpinfo = if other { own ^ 0x80 } else { own };
+        let r = self.run(&[0x04, fmtpinfo, 0, 0, 0, 0], &[], 0);
+        let good = self.good_or_illegal(&r, "FORMAT UNIT");
+        assert_eq!(good, !other, "step {}: FORMAT UNIT {fmtpinfo:#x}", self.step);
+        if good && self.thin {
+            self.model.fill(0);
         }
     }
 

@@ -592,6 +592,14 @@ impl LogicalUnit {
                 ) => self
                     .reservation_check(req.nexus, cdb)
                     .and_then(|()| self.sanitize(req.cdb, req.data_out)),
+                Ok(
+                    ref cdb @ Cdb::Unknown {
+                        opcode: super::format_unit::FORMAT_UNIT,
+                        ..
+                    },
+                ) => self
+                    .reservation_check(req.nexus, cdb)
+                    .and_then(|()| self.format_unit(req.cdb, req.data_out)),
                 Ok(Cdb::Unknown { .. }) => Err(illegal(Asc::INVALID_COMMAND_OPERATION_CODE)),
                 Ok(cdb) => match self.reservation_check(req.nexus, &cdb) {
                     Err(f) => Err(f),

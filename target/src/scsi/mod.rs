@@ -13,6 +13,7 @@ mod alua;
 mod alua_saved;
 mod atomic;
 mod control;
+mod format_unit;
 mod guard_crc;
 mod identity;
 mod in_flight;

@@ -36,6 +36,9 @@ const CTL: u8 = 0x05;
 static COMMANDS: &[Entry] = &[
     e(0x00, &[0x00, 0, 0, 0, 0, CTL]),
     e(0x03, &[0x03, 0x01, 0, 0, 0xff, CTL]),
+    // FORMAT UNIT: FMTPINFO, LONGLIST, FMTDATA, CMPLST, DEFECT LIST
+    // FORMAT; FFMT (refused).
+    e(0x04, &[0x04, 0xff, 0, 0, 0x03, CTL]),
     e(0x08, &[0x08, 0x1f, 0xff, 0xff, 0xff, CTL]),
     e(0x0a, &[0x0a, 0x1f, 0xff, 0xff, 0xff, CTL]),
     e(0x12, &[0x12, 0x01, 0xff, 0xff, 0xff, CTL]),
@@ -128,8 +131,10 @@ fn has_service_actions(opcode: u8) -> bool {
 fn timeouts(opcode: u8) -> [u8; 12] {
     let (nominal, recommended): (u32, u32) = match opcode {
         0x83 | 0x41 | 0x93 | 0x42 => (10, 120),
-        // A sanitize overwrites or deallocates the whole medium.
+        // A sanitize overwrites or deallocates the whole medium; a format
+        // of a thin provisioned unit deallocates it.
         0x48 => (60, 3600),
+        0x04 => (10, 600),
         _ => (1, 30),
     };
     let mut t = [0u8; 12];
@@ -242,7 +247,7 @@ mod tests {
         assert_eq!(rc16.data.len(), 4 + 16 + 12);
         assert!(report_supported_operation_codes(&|_, _| true, false, 1, 0x9e, 0, 64).is_err());
         assert!(report_supported_operation_codes(&|_, _| true, false, 2, 0x28, 0, 64).is_err());
-        let none = report_supported_operation_codes(&|_, _| true, false, 1, 0x04, 0, 64).unwrap();
+        let none = report_supported_operation_codes(&|_, _| true, false, 1, 0x07, 0, 64).unwrap();
         assert_eq!(none.data, vec![0, 1, 0, 0]);
         let san = report_supported_operation_codes(&|_, _| true, false, 2, 0x48, 0x02, 64).unwrap();
         assert_eq!(&san.data[..4], &[0, 3, 0, 10]);

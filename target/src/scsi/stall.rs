@@ -127,7 +127,8 @@ pub fn is_media_command(cdb: &[u8]) -> bool {
         | op::SYNCHRONIZE_CACHE_10
         | op::SYNCHRONIZE_CACHE_16
         | op::EXTENDED_COPY
-        | super::sanitize::SANITIZE => true,
+        | super::sanitize::SANITIZE
+        | super::format_unit::FORMAT_UNIT => true,
         _ => false,
     }
 }

@@ -699,3 +699,100 @@ proptest! {
         }
     }
 }
+
+/// FORMAT UNIT with `byte1` (FMTPINFO, LONGLIST, FMTDATA, CMPLST, DEFECT
+/// LIST FORMAT) and parameter list `params`.
+fn format_unit(t: &LunTable, n: &ItNexus, byte1: u8, params: &[u8]) -> ScsiResult {
+    run(t, n, &[0x04, byte1, 0, 0, 0, 0], params, 0)
+}
+
+/// FORMAT UNIT (SBC-4 5.4, mandatory) formats the unit in the format it
+/// has: a thin provisioned unit deallocates every block, as a disk with
+/// logical block provisioning unmaps its LBAs when formatted; a fully
+/// provisioned one keeps its data. It was refused as an unknown command.
+#[test]
+fn format_unit_deallocates_a_thin_unit_and_keeps_a_full_ones_data() {
+    let a = nexus("iqn.a");
+    let thin = table();
+    ready(&thin, &a);
+    assert_eq!(write(&thin, &a, 7, &[b'f'; 512 * 16]).status, GOOD);
+    assert_eq!(format_unit(&thin, &a, 0, &[]).status, GOOD);
+    assert_eq!(read(&thin, &a, 7, 16).data_in, vec![0; 512 * 16]);
+    let cdb = c(Cdb::GetLbaStatus {
+        lba: 0,
+        allocation_length: 256,
+    });
+    let r = run(&thin, &a, &cdb, &[], 256);
+    assert_eq!((r.status, r.data_in[20] & 0x0f), (GOOD, 1), "deallocated");
+
+    let full = table_with(|c| c.thin_provisioning = false);
+    ready(&full, &a);
+    assert_eq!(write(&full, &a, 7, &[b'f'; 512 * 16]).status, GOOD);
+    // A short parameter list header, no defects, FOV=0.
+    assert_eq!(format_unit(&full, &a, 0x10, &[0, 0, 0, 0]).status, GOOD);
+    assert_eq!(read(&full, &a, 7, 16).data_in, vec![b'f'; 512 * 16]);
+    // Listed among the supported commands (SUPPORT 011b).
+    let cdb = c(Cdb::ReportSupportedOperationCodes {
+        rctd: false,
+        reporting_options: 1,
+        requested_opcode: 0x04,
+        requested_service_action: 0,
+        allocation_length: 64,
+    });
+    let r = run(&full, &a, &cdb, &[], 64);
+    assert_eq!((r.status, r.data_in[1] & 0x07), (GOOD, 3), "{r:?}");
+}
+
+/// A format the unit cannot have is refused, naming the field: another
+/// protection type, a defect list, a header cut short; and a format is a
+/// write of the whole medium to write protection and reservations.
+#[test]
+fn format_unit_refuses_what_the_unit_cannot_be_and_who_may_not_write() {
+    let a = nexus("iqn.a");
+    let t = table();
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 0, &[b'k'; 512]).status, GOOD);
+    // FMTPINFO 10b: Type 1 protection, which this unit has not.
+    let s = expect_check(
+        &format_unit(&t, &a, 0x80, &[]),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_CDB,
+    );
+    assert_eq!(
+        s.sks,
+        Some(SenseKeySpecific::FieldPointer(
+            blockwire_pdu::scsi::FieldPointer::cdb(1, Some(7))
+        ))
+    );
+    // A defect list of one entry (short block format, 8 bytes).
+    expect_check(
+        &format_unit(&t, &a, 0x10, &[0, 0, 0, 8, 0, 0, 0, 9, 0, 0, 0, 0]),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    // LONGLIST with a 4-byte header.
+    expect_check(
+        &format_unit(&t, &a, 0x30, &[0, 0, 0, 0]),
+        SenseKey::IllegalRequest,
+        Asc::PARAMETER_LIST_LENGTH_ERROR,
+    );
+    assert_eq!(
+        read(&t, &a, 0, 1).data_in,
+        vec![b'k'; 512],
+        "refused: nothing formatted"
+    );
+
+    let ro = table_with(|c| c.read_only = true);
+    ready(&ro, &a);
+    expect_check(
+        &format_unit(&ro, &a, 0, &[]),
+        SenseKey::DataProtect,
+        Asc::WRITE_PROTECTED,
+    );
+    let b = nexus("iqn.b");
+    ready(&t, &b);
+    assert_eq!(run(&t, &b, &c(Cdb::Reserve6), &[], 0).status, GOOD);
+    assert_eq!(format_unit(&t, &a, 0, &[]).status, CONFLICT);
+    assert_eq!(read(&t, &b, 0, 1).data_in, vec![b'k'; 512]);
+    assert_eq!(format_unit(&t, &b, 0, &[]).status, GOOD, "the holder may");
+}
