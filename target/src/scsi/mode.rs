@@ -4,8 +4,9 @@
 //! [`super::provisioning`]).
 //!
 //! Changeable: WCE (caching), D_SENSE and SWP (control). Nothing is saved
-//! across restarts, so PS is 0, SP=1 and PC=saved are refused with SAVING
-//! PARAMETERS NOT SUPPORTED as SPC-4 requires.
+//! across restarts, so PS is 0; as SPC-4 requires, MODE SENSE of the saved
+//! values (PC 11b) is refused with SAVING PARAMETERS NOT SUPPORTED, and
+//! MODE SELECT with SP=1 with INVALID FIELD IN CDB (6.13, 6.14).
 
 use blockwire_pdu::scsi::mode::page;
 use blockwire_pdu::scsi::{
@@ -136,6 +137,11 @@ impl LogicalUnit {
         if !known_page {
             return Err(invalid_cdb(2, Some(5)));
         }
+        // SPC-4 table "mode page code usage": 3Fh takes subpage 00h (every
+        // page) or FFh (every page and subpage); 01h-FEh are reserved.
+        if code == page::ALL && sub != 0 && sub != 0xff {
+            return Err(invalid_cdb(3, None));
+        }
         // Subpage 00h: the page itself; FFh: the page and its subpages; any
         // other: that subpage, which must exist.
         let chosen: Vec<ModePage> = all
@@ -193,11 +199,11 @@ impl LogicalUnit {
             } => (true, pf, sp, usize::from(parameter_list_length)),
             _ => return Err(invalid_cdb(0, None)),
         };
+        // SPC-4 6.13: SP=1 where the unit implements no saved pages is an
+        // invalid field (SAVING PARAMETERS NOT SUPPORTED is MODE SENSE's
+        // answer to PC 11b).
         if sp {
-            return Err(Failure::Check(Sense::illegal_request(
-                Asc::SAVING_PARAMETERS_NOT_SUPPORTED,
-                Some(FieldPointer::cdb(1, Some(0))),
-            )));
+            return Err(invalid_cdb(1, Some(0)));
         }
         // Only the page format (SPC) is understood; vendor formats are not.
         if !pf && len > 0 {
