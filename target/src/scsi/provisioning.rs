@@ -181,7 +181,17 @@ impl LogicalUnit {
                 ),
             ));
         }
-        self.lock().low_space.set(bytes);
+        {
+            let mut st = self.lock();
+            let before = st.low_space.count();
+            st.low_space.set(bytes);
+            // The threshold descriptor of the Logical Block Provisioning
+            // mode page changed by other than a MODE SELECT: every nexus
+            // hears MODE PARAMETERS CHANGED (SBC-4 6.5.9.1).
+            if st.low_space.count() != before {
+                st.ua.push_others(None, Asc::MODE_PARAMETERS_CHANGED);
+            }
+        }
         if bytes.is_some() {
             watch(self);
             self.check_space()?;

@@ -125,6 +125,16 @@ fn a_ram_lun_warns_every_initiator_once_as_the_ram_limit_nears() {
     ready(&t, &a);
     ready(&t, &b);
     unit.set_low_space_threshold(Some(8 * MIB)).unwrap();
+    // The threshold descriptor of the mode page changed outside MODE
+    // SELECT: each nexus hears it once (SBC-4 6.5.9.1).
+    for n in [&a, &b] {
+        let r = run(&t, n, &c(Cdb::TestUnitReady), &[], 0);
+        expect_check(&r, SenseKey::UnitAttention, Asc::MODE_PARAMETERS_CHANGED);
+        assert_eq!(run(&t, n, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
+    }
+    // Set again to the same value: nothing changed, nothing to hear.
+    unit.set_low_space_threshold(Some(8 * MIB)).unwrap();
+    assert_eq!(run(&t, &a, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
 
     // What the unit says about its space and its threshold.
     let Vpd {
@@ -382,6 +392,8 @@ fn a_sparse_file_lun_warns_before_its_file_system_fills_and_then_fails_writes_cl
     let a = nexus("iqn.a");
     ready(&t, &a);
     unit.set_low_space_threshold(Some(12 * MIB)).unwrap();
+    let r = run(&t, &a, &c(Cdb::TestUnitReady), &[], 0);
+    expect_check(&r, SenseKey::UnitAttention, Asc::MODE_PARAMETERS_CHANGED);
     assert_eq!(run(&t, &a, &c(Cdb::TestUnitReady), &[], 0).status, GOOD);
 
     assert_eq!(write_mib(&t, &a, 0, 8), 0);
