@@ -164,6 +164,10 @@ fn a_ram_lun_warns_every_initiator_once_as_the_ram_limit_nears() {
     };
     let d = page.thresholds[0];
     assert!(d.enabled && !page.situa);
+    // Page 3Fh with subpage 02h, which this unit has for page 1Ch: a
+    // reserved combination (SPC-4 mode page code usage), refused.
+    let r = run(&t, &a, &[0x1a, 0x08, 0x3f, 0x02, 0xff, 0], &[], 255);
+    expect_check(&r, SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
     assert_eq!(
         (d.threshold_type, d.arming, d.resource, d.count),
         (0, 0, 1, 8)
