@@ -431,6 +431,7 @@ impl AssistedSession {
     ) -> Option<Result<Completion>> {
         let mut retries = Retries::default();
         loop {
+            let managed = self.session.task_management_sent();
             let generation = self.ensure_link().await?;
             let reg = match self.space.register_sg(bufs.iter(), u64::from(u32::MAX)) {
                 Ok(r) => r,
@@ -467,7 +468,9 @@ impl AssistedSession {
                     tracing::warn!(error = %e, "offloaded transfer failed: retrying over TCP");
                     return None;
                 }
-                Err(e) if retries.again_after(&e).await => {}
+                Err(e)
+                    if !self.session.ended_by_own_task_management(&e, managed)
+                        && retries.again_after(&e).await => {}
                 Err(e) => return Some(Err(e)),
             }
         }

@@ -8,6 +8,10 @@
 //! BUSY and TASK SET FULL (SAM-5 5.3) say the target could not take the
 //! command now and did nothing of it: retried after a pause that grows
 //! from 10 ms to 500 ms, for up to [`BUSY_RETRY_FOR`] from the first.
+//! TASK ABORTED (SAM-5 5.3.1: another I_T nexus aborted the command, as a
+//! LOGICAL UNIT RESET or PREEMPT AND ABORT from another cluster node does
+//! where the unit's TAS bit is one) did not complete the command: it is
+//! retried at once, up to four times, as the midlayer retries it.
 
 use std::time::Duration;
 
@@ -22,6 +26,9 @@ pub const BUSY_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// UNIT ATTENTIONs retried per command.
 const ATTENTION_RETRIES: u32 = 4;
+
+/// TASK ABORTED answers retried per command.
+const ABORTED_RETRIES: u32 = 4;
 
 /// What to do after a command failed.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,6 +45,7 @@ pub(crate) enum Next {
 #[derive(Default)]
 pub(crate) struct Retries {
     attentions: u32,
+    aborted: u32,
     // From the first BUSY: time spent before on other answers is not the
     // target's being busy.
     busy: Option<Backoff>,
@@ -52,6 +60,13 @@ impl Retries {
         if e.sense.as_ref().map(|s| s.key) == Some(SenseKey::UnitAttention) {
             if self.attentions < ATTENTION_RETRIES {
                 self.attentions += 1;
+                return Next::Now;
+            }
+            return Next::GiveUp;
+        }
+        if e.status == ScsiStatus::TASK_ABORTED {
+            if self.aborted < ABORTED_RETRIES {
+                self.aborted += 1;
                 return Next::Now;
             }
             return Next::GiveUp;
@@ -147,6 +162,20 @@ mod tests {
         let mut r = Retries::default();
         let ua = failed(ScsiStatus::CHECK_CONDITION, Some(SenseKey::UnitAttention));
         let got: Vec<Next> = (0..5).map(|_| r.after(&ua)).collect();
+        assert_eq!(
+            got,
+            [Next::Now, Next::Now, Next::Now, Next::Now, Next::GiveUp]
+        );
+    }
+
+    /// A command another nexus aborted (TASK ABORTED, TAS=1) is sent again
+    /// at once, four times; the fifth answer is returned. It failed the
+    /// caller's I/O at the first.
+    #[test]
+    fn commands_another_nexus_aborted_are_retried_four_times_at_once() {
+        let mut r = Retries::default();
+        let aborted = failed(ScsiStatus::TASK_ABORTED, None);
+        let got: Vec<Next> = (0..5).map(|_| r.after(&aborted)).collect();
         assert_eq!(
             got,
             [Next::Now, Next::Now, Next::Now, Next::Now, Next::GiveUp]

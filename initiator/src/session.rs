@@ -161,6 +161,9 @@ struct Inner {
     /// UNIT ATTENTIONs saying CAPACITY DATA HAS CHANGED (SBC-4 4.6), which
     /// the command retries take away from the caller.
     capacity_changes: AtomicU64,
+    /// Task management requests this session sent: a TASK ABORTED that
+    /// follows one may be its doing, which a retry would undo.
+    own_task_management: AtomicU64,
     background: Mutex<Vec<AbortHandle>>,
     epoch: Instant,
     last_rx_ms: AtomicU64,
@@ -265,6 +268,7 @@ impl Session {
             tsih: Mutex::new(0),
             recoveries: AtomicU32::new(0),
             capacity_changes: AtomicU64::new(0),
+            own_task_management: AtomicU64::new(0),
             time2wait: Mutex::new(None),
             background: Mutex::new(Vec::new()),
             epoch: Instant::now(),
@@ -343,23 +347,42 @@ impl Session {
 
     /// Runs one SCSI command. CHECK CONDITION and other bad statuses come
     /// back as [`Error::Scsi`] with the decoded sense. As the SCSI
-    /// midlayer does, UNIT ATTENTION is retried (up to 4 times), and BUSY
-    /// and TASK SET FULL (SAM-5 5.3: the target could not take the command
-    /// now, and did nothing of it) after a growing pause, for up to
+    /// midlayer does, UNIT ATTENTION and TASK ABORTED (another nexus's
+    /// abort) are retried (up to 4 times each), and BUSY and TASK SET FULL
+    /// (SAM-5 5.3: the target could not take the command now, and did
+    /// nothing of it) after a growing pause, for up to
     /// [`crate::retry::BUSY_RETRY_FOR`] in all (see [`crate::retry`]).
     pub async fn execute(&self, lun: u16, cdb: &[u8], mut dir: DataDir<'_>) -> Result<Completion> {
         let mut retries = Retries::default();
         loop {
+            let managed = self.task_management_sent();
             match self.inner.execute_once(lun, cdb, &mut dir).await {
                 Err(e) => {
                     self.inner.note_capacity_change(lun, &e);
-                    if !retries.again_after(&e).await {
+                    if self.ended_by_own_task_management(&e, managed)
+                        || !retries.again_after(&e).await
+                    {
                         return Err(e);
                     }
                 }
                 r => return r,
             }
         }
+    }
+
+    /// Task management requests this session sent so far.
+    pub(crate) fn task_management_sent(&self) -> u64 {
+        self.inner.own_task_management.load(Ordering::Relaxed)
+    }
+
+    /// Whether `e`, the failure of a command sent when this session had
+    /// sent `before` task management requests, may be the end one of its
+    /// own since asked for: TASK ABORTED is retried as another nexus's
+    /// doing (see [`crate::retry`]), but not after this session's own
+    /// ABORT TASK or reset, whose end a retry would undo.
+    pub(crate) fn ended_by_own_task_management(&self, e: &Error, before: u64) -> bool {
+        matches!(e, Error::Scsi(s) if s.status == ScsiStatus::TASK_ABORTED)
+            && self.task_management_sent() != before
     }
 
     /// How many times the target said a LUN's capacity changed (UNIT
@@ -952,6 +975,7 @@ impl Inner {
         lun: u16,
         referenced: Option<u32>,
     ) -> Result<TmfResponse> {
+        self.own_task_management.fetch_add(1, Ordering::Relaxed);
         let (tx, mut rx) = mpsc::unbounded_channel();
         // The request takes its CmdSN with the writer held, as a command
         // does. An immediate request carries the CmdSN of the next command
