@@ -368,3 +368,61 @@ fn a_short_chap_secret_is_warned_of() {
     let said = String::from_utf8_lossy(&long.stderr);
     assert!(!said.contains("warning"), "{said}");
 }
+
+/// Two live sessions of one initiator name to one target must differ in
+/// ISID: a login with the ISID of a live session reinstates it, ending the
+/// older (RFC 7143 §6.3.5). A one-shot command (`inq`) beside a held
+/// session of the same name (as `blockwire mount` holds one), and `dd`
+/// between two places of one target, each log in with an ISID of their
+/// own. Both used the held session's: `inq` ended it, and dd's two ends
+/// ended each other until the copy failed.
+#[test]
+fn one_shot_commands_leave_a_held_session_of_the_same_name_alone() {
+    use blockwire_initiator::{ChapConfig, InitiatorConfig, Session};
+    let dir = Scratch::new("isid");
+    let (_t, portal) = start(dir.path());
+    let admitted = name_file(dir.path(), "admitted.iscsi", ADMITTED);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Held as `blockwire mount` holds its session: ISID qualifier 0.
+    let mut cfg = InitiatorConfig::new(ADMITTED);
+    cfg.chap = Some(ChapConfig::new("ops", "ops-secret-123"));
+    let held = rt
+        .block_on(Session::connect(cfg, &portal, IQN))
+        .expect("the held session logs in");
+    let chap = ["--chap-user", "ops", "--chap-secret", "ops-secret-123"];
+    let mut inq = vec!["inq", "-p", &portal, "-T", IQN];
+    inq.extend(chap);
+    assert!(blockwire(&inq, &admitted).status.success(), "inq");
+    // LUN 0's first 16 KiB to its blocks 100..104 (of 4 KiB): an input and
+    // an output session to one target, side by side.
+    let url = format!("iscsi://ops%ops-secret-123@{portal}/{IQN}/0");
+    let (if_, of_) = (format!("if={url}"), format!("of={url}"));
+    let dd = [
+        "dd",
+        &if_,
+        &of_,
+        "bs=4k",
+        "count=4",
+        "seek=100",
+        "status=none",
+    ];
+    let started = Instant::now();
+    assert!(blockwire(&dd, &admitted).status.success(), "dd LUN to LUN");
+    eprintln!("dd took {:?}", started.elapsed());
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), held.test_unit_ready(0))
+            .await
+            .expect("TEST UNIT READY ends")
+            .expect("TEST UNIT READY on the held session");
+    });
+    assert_eq!(
+        held.recoveries(),
+        0,
+        "the held session was ended by a login with its ISID, and logged in again"
+    );
+    rt.block_on(held.logout()).expect("logout");
+}

@@ -527,16 +527,67 @@ fn config(cli: &Cli, auth: &AuthArgs) -> Result<InitiatorConfig> {
     Ok(cfg)
 }
 
-async fn open(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<Session> {
+/// Which session of this host a command's login is (RFC 7143 §10.1.1):
+/// the ISID qualifier it logs in with. Two live sessions of one initiator
+/// name to one target must differ in ISID, or the second login reinstates
+/// (ends) the first (§6.3.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SessionRole {
+    /// A session that serves until stopped (`mount`, `attach`): the same
+    /// ISID every time, so a restart after a crash reinstates the session
+    /// it left behind rather than waiting for the target to time it out.
+    Held,
+    /// `blockwire ublk` of one LUN: held, and one per LUN, so devices of
+    /// several LUNs of one target run side by side.
+    HeldForLun(u16),
+    /// A command that logs in, does its work and logs out (`inq`, `ls`,
+    /// `dd`, `bench`, the iscsiadm login check): an ISID of this process,
+    /// one per `end` (dd's input and output), so it never ends a held
+    /// session of the same name, nor another such command running beside it.
+    OneShot { end: u16 },
+}
+
+impl SessionRole {
+    /// The ISID qualifier: 0 for [`SessionRole::Held`], 4000h plus the LUN
+    /// for one LUN's device, and 8000h up from this process's ID for a
+    /// one-shot command: the three ranges never meet.
+    fn isid_qualifier(self) -> u16 {
+        match self {
+            SessionRole::Held => 0,
+            SessionRole::HeldForLun(lun) => 0x4000 | (lun & 0x3fff),
+            SessionRole::OneShot { end } => {
+                let own = std::process::id()
+                    .wrapping_mul(2)
+                    .wrapping_add(u32::from(end));
+                0x8000 | (own & 0x7fff) as u16
+            }
+        }
+    }
+}
+
+/// `cfg` logging in as `role` (see [`SessionRole`]).
+fn as_role(mut cfg: InitiatorConfig, role: SessionRole) -> InitiatorConfig {
+    cfg.isid_qualifier = role.isid_qualifier();
+    cfg
+}
+
+async fn open(cli: &Cli, s: &SessionArgs, qd: usize, role: SessionRole) -> Result<Session> {
     let (cfg, target) = resolve(cli, s, qd).await?;
-    Session::connect(cfg, &s.portal, &target)
+    Session::connect(as_role(cfg, role), &s.portal, &target)
         .await
         .with_context(|| format!("login to {target} at {}", s.portal))
 }
 
-/// A session for `dd` and `bench`, its data on the path `--data-path` chose.
-async fn open_lun(cli: &Cli, s: &SessionArgs, qd: usize) -> Result<data_path::LunSession> {
+/// A session for `dd` and `bench`, its data on the path `--data-path`
+/// chose: a one-shot session, `end` telling dd's two ends apart.
+async fn open_lun(
+    cli: &Cli,
+    s: &SessionArgs,
+    qd: usize,
+    end: u16,
+) -> Result<data_path::LunSession> {
     let (cfg, target) = resolve(cli, s, qd).await?;
+    let cfg = as_role(cfg, SessionRole::OneShot { end });
     data_path::LunSession::open(cfg, &cli.data, &s.portal, &target).await
 }
 
@@ -763,7 +814,7 @@ async fn run(cli: &Cli) -> Result<()> {
         }
         Command::Iscsiadm(a) => iscsiadm::iscsiadm(cli, a).await?,
         Command::Ls { portal, auth } => {
-            let cfg = config(cli, auth)?;
+            let cfg = as_role(config(cli, auth)?, SessionRole::OneShot { end: 0 });
             let targets = discover(&cfg, portal)
                 .await
                 .with_context(|| format!("SendTargets discovery at {portal}"))?;
@@ -811,7 +862,7 @@ async fn run(cli: &Cli) -> Result<()> {
             }
         }
         Command::Inq { s, lun } => {
-            let sess = open(cli, s, 4).await?;
+            let sess = open(cli, s, 4, SessionRole::OneShot { end: 0 }).await?;
             let i = sess.inquiry(*lun).await?;
             println!("Target:        {}", sess.target());
             println!("LUN:           {lun}");
@@ -831,7 +882,7 @@ async fn run(cli: &Cli) -> Result<()> {
             let _ = sess.logout().await;
         }
         Command::Readcap { s, lun } => {
-            let sess = open(cli, s, 4).await?;
+            let sess = open(cli, s, 4, SessionRole::OneShot { end: 0 }).await?;
             let c = sess.read_capacity(*lun).await?;
             println!("Target:        {}", sess.target());
             println!("LUN:           {lun}");
@@ -884,7 +935,7 @@ async fn run(cli: &Cli) -> Result<()> {
             mountpoint,
         } => {
             tcp_only("mount", cli)?;
-            let sess = open(cli, s, (*qd).max(1)).await?;
+            let sess = open(cli, s, (*qd).max(1), SessionRole::Held).await?;
             let opts = mount::MountOptions {
                 mountpoint: mountpoint.clone(),
                 read_only: *read_only,
@@ -909,7 +960,8 @@ async fn run(cli: &Cli) -> Result<()> {
             ublk::open_files_for(*qd)?;
             ublk::check_available()?;
             tcp_only("ublk", cli)?;
-            let sess = open(cli, s, usize::from((*qd).max(1))).await?;
+            let role = SessionRole::HeldForLun(*lun);
+            let sess = open(cli, s, usize::from((*qd).max(1)), role).await?;
             ublk::serve(sess, *lun, *qd).await?;
         }
         #[cfg(not(feature = "ublk"))]

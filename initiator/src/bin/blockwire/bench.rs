@@ -15,7 +15,7 @@ pub(super) async fn bench(
     time: Duration,
     span: Option<u64>,
 ) -> Result<()> {
-    let sess = Arc::new(open_lun(cli, s, qd).await?);
+    let sess = Arc::new(open_lun(cli, s, qd, 0).await?);
     let cap = sess.read_capacity(lun).await?;
     let block = u64::from(cap.block_size);
     if bs == 0 || bs % block != 0 {

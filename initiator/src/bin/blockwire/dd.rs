@@ -98,7 +98,9 @@ async fn open_end(cli: &Cli, spec: &str, write: bool, qd: usize) -> Result<End> 
             header_digest: false,
             data_digest: false,
         };
-        let sess = open_lun(cli, &s, qd).await?;
+        // Input and output may be LUNs of one target: each end logs in as
+        // a session of its own (its own ISID), or one would end the other.
+        let sess = open_lun(cli, &s, qd, u16::from(write)).await?;
         let cap = sess.read_capacity(lun).await?;
         return Ok(End::Lun(Arc::new(sess), lun, cap.block_size, cap.bytes()));
     }
@@ -230,6 +232,13 @@ pub(super) async fn dd(
         eprintln!();
     }
     result?;
+    // What the output LUN acknowledged is on its medium only after a
+    // SYNCHRONIZE CACHE (SBC-4 5.24): one that fails fails the copy.
+    if let End::Lun(s, lun, ..) = &*dst {
+        s.synchronize_cache(*lun)
+            .await
+            .with_context(|| format!("the final SYNCHRONIZE CACHE of LUN {lun}"))?;
+    }
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
         "{total} bytes ({}) copied, {secs:.3} s, {:.1} MB/s",
@@ -237,8 +246,7 @@ pub(super) async fn dd(
         total as f64 / secs.max(1e-9) / 1e6
     );
     for end in [src, dst] {
-        if let Ok(End::Lun(s, lun, ..)) = Arc::try_unwrap(end) {
-            let _ = s.synchronize_cache(lun).await;
+        if let Ok(End::Lun(s, ..)) = Arc::try_unwrap(end) {
             if let Ok(s) = Arc::try_unwrap(s) {
                 let _ = s.logout().await;
             }

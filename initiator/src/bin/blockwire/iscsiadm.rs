@@ -11,7 +11,12 @@ fn node_config(cli: &Cli, n: &nodedb::Node) -> Result<InitiatorConfig> {
         auth.mutual_user = n.get("node.session.auth.username_in").map(str::to_owned);
         auth.mutual_secret = n.get("node.session.auth.password_in").map(str::to_owned);
     }
-    config(cli, &auth)
+    // The login check logs out at once: a one-shot session, which never
+    // ends a held one (a mount, a ublk device) of the same node.
+    Ok(as_role(
+        config(cli, &auth)?,
+        SessionRole::OneShot { end: 0 },
+    ))
 }
 
 fn same_portal(p: &blockwire_initiator::Portal, spec: &str) -> bool {
