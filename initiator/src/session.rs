@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutResponseCode, TmfFunction, TmfResponse};
-use blockwire_pdu::pdu::{R2t, RESERVED_TAG};
+use blockwire_pdu::pdu::{DataIn, R2t, RESERVED_TAG};
 use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use tokio::io::AsyncWriteExt;
@@ -886,16 +886,16 @@ impl Inner {
                 match placement {
                     Placement::Into { mut buf, range } => {
                         let r = reader.read_data_into(&mut buf[range]).await;
-                        let ok = r.is_ok();
-                        let events = lock(&self.engine).data_in_end(
-                            &d,
-                            Some(buf),
-                            if ok { h.data_len } else { 0 },
-                        );
                         if let Err(e) = r {
+                            // The payload never arrived whole: the buffer
+                            // goes back to its task, whose status is not
+                            // taken, so the task stays for the connection's
+                            // loss to report it Lost, and counted.
+                            let unread = DataIn { status: None, ..d };
+                            lock(&self.engine).data_in_end(&unread, Some(buf), 0);
                             break e.to_string();
                         }
-                        events
+                        lock(&self.engine).data_in_end(&d, Some(buf), h.data_len)
                     }
                     Placement::Discard => {
                         if let Err(e) = reader.skip_data(h.data_len).await {
@@ -1177,7 +1177,12 @@ impl Inner {
                         tracing::debug!(target = %self.target, lun, itt, losses, "re-issuing a command after the connection was lost");
                         break;
                     }
-                    None => break,
+                    // The task's end went unsaid: a loss all the same, or
+                    // a command that keeps meeting it is sent for good.
+                    None => {
+                        losses += 1;
+                        break;
+                    }
                 }
             }
         }
