@@ -12,6 +12,10 @@
 //! LOGICAL UNIT RESET or PREEMPT AND ABORT from another cluster node does
 //! where the unit's TAS bit is one) did not complete the command: it is
 //! retried at once, up to four times, as the midlayer retries it.
+//! A deferred error (sense response code 71h/73h, SPC-4 4.5.5) is an
+//! earlier command's failure reported on this one, which the device server
+//! did not process: it is logged as an error naming the unit, and the
+//! command retried at once, up to four times, as the midlayer does.
 
 use std::time::Duration;
 
@@ -30,6 +34,9 @@ const ATTENTION_RETRIES: u32 = 4;
 /// TASK ABORTED answers retried per command.
 const ABORTED_RETRIES: u32 = 4;
 
+/// Deferred errors retried per command.
+const DEFERRED_RETRIES: u32 = 4;
+
 /// What to do after a command failed.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Next {
@@ -46,6 +53,7 @@ pub(crate) enum Next {
 pub(crate) struct Retries {
     attentions: u32,
     aborted: u32,
+    deferred: u32,
     // From the first BUSY: time spent before on other answers is not the
     // target's being busy.
     busy: Option<Backoff>,
@@ -57,6 +65,19 @@ impl Retries {
         let Error::Scsi(e) = e else {
             return Next::GiveUp;
         };
+        if let Some(sense) = e.sense.as_ref().filter(|s| s.deferred) {
+            tracing::error!(
+                lun = e.lun,
+                %sense,
+                "deferred error: an earlier command to this LUN failed after it was answered \
+                 (data it wrote may be lost); the command that heard of it is sent again"
+            );
+            if self.deferred < DEFERRED_RETRIES {
+                self.deferred += 1;
+                return Next::Now;
+            }
+            return Next::GiveUp;
+        }
         if e.sense.as_ref().map(|s| s.key) == Some(SenseKey::UnitAttention) {
             if self.attentions < ATTENTION_RETRIES {
                 self.attentions += 1;
@@ -176,6 +197,25 @@ mod tests {
         let mut r = Retries::default();
         let aborted = failed(ScsiStatus::TASK_ABORTED, None);
         let got: Vec<Next> = (0..5).map(|_| r.after(&aborted)).collect();
+        assert_eq!(
+            got,
+            [Next::Now, Next::Now, Next::Now, Next::Now, Next::GiveUp]
+        );
+    }
+
+    /// A deferred error (an earlier command's, SPC-4 4.5.5) is not this
+    /// command's: it is sent again at once, four times at most. It failed
+    /// the command that heard of it, though that command never ran.
+    #[test]
+    fn deferred_errors_are_not_the_commands_own() {
+        let mut r = Retries::default();
+        let Error::Scsi(mut e) = failed(ScsiStatus::CHECK_CONDITION, Some(SenseKey::MediumError))
+        else {
+            unreachable!()
+        };
+        e.sense.as_mut().unwrap().deferred = true;
+        let deferred = Error::Scsi(e);
+        let got: Vec<Next> = (0..5).map(|_| r.after(&deferred)).collect();
         assert_eq!(
             got,
             [Next::Now, Next::Now, Next::Now, Next::Now, Next::GiveUp]

@@ -539,6 +539,7 @@ enum SessionRole {
     Held,
     /// `blockwire ublk` of one LUN: held, and one per LUN, so devices of
     /// several LUNs of one target run side by side.
+    #[cfg_attr(not(feature = "ublk"), allow(dead_code))]
     HeldForLun(u16),
     /// A command that logs in, does its work and logs out (`inq`, `ls`,
     /// `dd`, `bench`, the iscsiadm login check): an ISID of this process,

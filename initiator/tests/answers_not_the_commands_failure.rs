@@ -1,0 +1,187 @@
+//! Answers a scripted target gives that are not the failure of the
+//! command they end:
+//!
+//! - TASK ABORTED, as a target whose unit has TAS=1 answers the commands of
+//!   one nexus that another nexus's LOGICAL UNIT RESET or PREEMPT AND ABORT
+//!   ended (SAM-5 5.3.1). The command did not complete: as the SCSI midlayer
+//!   does, the initiator sends it again, four times at most. Before, the
+//!   first TASK ABORTED came back as an error (EIO under ublk or FUSE).
+//! - CHECK CONDITION with a deferred error (sense response code 71h, SPC-4
+//!   4.5.5): an earlier command's failure; this one was not processed, and
+//!   is sent again.
+//! - CHECK CONDITION with RECOVERED ERROR (SPC-4 4.5.6): the command
+//!   completed; its data are the caller's. Both failed the command.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use blockwire_pdu::{Bhs, Digests};
+
+mod scripted;
+use scripted::read_pdu;
+
+/// TASK ABORTED.
+const TASK_ABORTED: u8 = 0x40;
+
+/// How the scripted target ends a READ it does not simply answer.
+#[derive(Clone, Copy)]
+enum Refusal {
+    /// TASK ABORTED.
+    Aborted,
+    /// CHECK CONDITION, a deferred MEDIUM ERROR, WRITE ERROR.
+    Deferred,
+}
+
+/// Logs the initiator in, answers the first `aborted` READs TASK ABORTED
+/// and the next with data; then answers the logout. Returns how many READs
+/// came.
+fn aborting_target(listener: TcpListener, aborted: usize) -> usize {
+    refusing_target(listener, aborted, Refusal::Aborted)
+}
+
+/// Logs the initiator in, ends the first `refused` READs as `how` says and
+/// answers the next with data; then answers the logout. Returns how many
+/// READs came.
+fn refusing_target(listener: TcpListener, refused: usize, how: Refusal) -> usize {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (mut stat_sn, mut cmd_sn) = scripted::log_in(&mut s);
+    let mut reads = 0;
+    while let Some(pdu) = read_pdu(&mut s) {
+        match pdu.bhs {
+            Bhs::ScsiCommand(c) => {
+                cmd_sn = cmd_sn.wrapping_add(1);
+                let answer = if reads < refused {
+                    match how {
+                        Refusal::Aborted => {
+                            scripted::response(&c, TASK_ABORTED, None, 0, stat_sn, cmd_sn)
+                        }
+                        Refusal::Deferred => {
+                            let pdu =
+                                scripted::check_condition(&c, stat_sn, cmd_sn, (0x03, 0x0c, 0x00));
+                            // Response code 71h: deferred, fixed format
+                            // (after the two-byte SenseLength).
+                            let mut data = pdu.data.to_vec();
+                            data[2] = 0x71;
+                            blockwire_pdu::Pdu::with_data(pdu.bhs, data)
+                        }
+                    }
+                } else {
+                    let data = vec![0x5e; c.expected_data_transfer_length as usize];
+                    scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data)
+                };
+                reads += 1;
+                s.write_all(&answer.encode(Digests::NONE)).unwrap();
+                stat_sn += 1;
+            }
+            Bhs::LogoutRequest(r) => {
+                let reply = scripted::agree_to_logout(&r, stat_sn);
+                s.write_all(&reply.encode(Digests::NONE)).unwrap();
+                return reads;
+            }
+            Bhs::NopOut(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    reads
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_another_nexus_aborted_is_sent_again() {
+    let (session, target) = scripted::session_with("iqn.2026-12.io.blockwire:aborted-once", |l| {
+        aborting_target(l, 1)
+    })
+    .await;
+    let mut buf = vec![0u8; 8 * 512];
+    tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+        .await
+        .expect("the READ ends")
+        .expect("the READ succeeds when sent again");
+    assert!(buf.iter().all(|&b| b == 0x5e), "the target's data");
+    session.logout().await.expect("logout");
+    assert_eq!(target.join().unwrap(), 2, "READs sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_aborted_every_time_fails_after_four_retries() {
+    let (session, target) =
+        scripted::session_with("iqn.2026-12.io.blockwire:aborted-always", |l| {
+            aborting_target(l, usize::MAX)
+        })
+        .await;
+    let mut buf = vec![0u8; 8 * 512];
+    let e = tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+        .await
+        .expect("the READ ends")
+        .expect_err("a READ aborted every time fails");
+    assert!(
+        matches!(&e, blockwire_initiator::Error::Scsi(s) if s.status.0 == TASK_ABORTED),
+        "{e}"
+    );
+    session.logout().await.expect("logout");
+    assert_eq!(target.join().unwrap(), 5, "READs sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_hears_of_an_earlier_commands_failure_is_sent_again() {
+    let (session, target) = scripted::session_with("iqn.2026-12.io.blockwire:deferred", |l| {
+        refusing_target(l, 1, Refusal::Deferred)
+    })
+    .await;
+    let mut buf = vec![0u8; 8 * 512];
+    tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+        .await
+        .expect("the READ ends")
+        .expect("the READ succeeds when sent again");
+    assert!(buf.iter().all(|&b| b == 0x5e), "the target's data");
+    session.logout().await.expect("logout");
+    assert_eq!(target.join().unwrap(), 2, "READs sent");
+}
+
+/// Answers one READ with its data and then CHECK CONDITION, RECOVERED
+/// ERROR, RECOVERED DATA WITH RETRIES (17h/01h); then the logout.
+fn recovering_target(listener: TcpListener) -> usize {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (mut stat_sn, mut cmd_sn) = scripted::log_in(&mut s);
+    let mut reads = 0;
+    while let Some(pdu) = read_pdu(&mut s) {
+        match pdu.bhs {
+            Bhs::ScsiCommand(c) => {
+                cmd_sn = cmd_sn.wrapping_add(1);
+                reads += 1;
+                let data = vec![0x6a; c.expected_data_transfer_length as usize];
+                let data_in = scripted::single_data_in(&c, None, stat_sn, cmd_sn, data);
+                s.write_all(&data_in.encode(Digests::NONE)).unwrap();
+                let answer = scripted::check_condition(&c, stat_sn, cmd_sn, (0x01, 0x17, 0x01));
+                s.write_all(&answer.encode(Digests::NONE)).unwrap();
+                stat_sn += 1;
+            }
+            Bhs::LogoutRequest(r) => {
+                let reply = scripted::agree_to_logout(&r, stat_sn);
+                s.write_all(&reply.encode(Digests::NONE)).unwrap();
+                return reads;
+            }
+            Bhs::NopOut(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    reads
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_the_target_recovered_on_its_own_completes() {
+    let (session, target) =
+        scripted::session_with("iqn.2026-12.io.blockwire:recovered", recovering_target).await;
+    let mut buf = vec![0u8; 8 * 512];
+    let done = tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+        .await
+        .expect("the READ ends")
+        .expect("a READ with RECOVERED ERROR completed");
+    assert!(buf.iter().all(|&b| b == 0x6a), "the target's data");
+    let sense = done.sense.expect("the sense data reach the caller");
+    assert_eq!((sense.asc, sense.ascq), (0x17, 0x01));
+    session.logout().await.expect("logout");
+    assert_eq!(target.join().unwrap(), 1, "READs sent");
+}
