@@ -33,7 +33,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Alignment of `O_DIRECT` transfers: offsets, lengths and memory. 4 KiB
 /// satisfies every device with logical blocks up to 4 KiB.
@@ -901,6 +901,13 @@ impl Backstore for FileBackstore {
                     self.forget_known_data();
                     return Ok(());
                 }
+                // A block device refuses (EINVAL) a range its logical block
+                // size does not divide, an UNMAP of one 512-byte block on a
+                // 4Kn disk: that range is written as zeros, and the next
+                // is punched again.
+                Err(Errno::INVAL) if !self.regular => {
+                    debug!(path = %self.path.display(), offset, len, "the device refused to discard a range its logical blocks do not divide: zeros written instead");
+                }
                 Err(e) if is_unsupported(&e) => {
                     warn!(path = %self.path.display(), error = %e, "cannot punch holes here: UNMAP writes zeros instead");
                     self.can_punch.store(false, Ordering::Relaxed);
@@ -1321,6 +1328,41 @@ mod tests {
         let e = s.resize(5 << 20).unwrap_err().to_string();
         assert!(e.contains("of 4194304 bytes"), "{e}");
         assert!(s.resize(1 << 20).is_err(), "never shrinks");
+    }
+
+    /// An UNMAP of a range a 4Kn device's logical blocks do not divide
+    /// (one 512-byte LUN block) is written as zeros, and the next aligned
+    /// one is still discarded by the device. The device's EINVAL turned
+    /// discards off for good: every later UNMAP wrote its whole range.
+    #[test]
+    fn a_misaligned_discard_leaves_discards_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let backing = dir.path().join("4kn.img");
+        std::fs::File::create(&backing)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let dev = LoopDevice::with_sector_size(&backing, 4096);
+        let s = FileBackstore::open_with(&dev.0, None, false, FileMode::Direct).unwrap();
+        s.write_at(0, &[0x5a; 16384]).unwrap();
+        s.discard(512, 512).unwrap();
+        let mut back = vec![0u8; 2048];
+        s.read_at(0, &mut back).unwrap();
+        assert!(back[..512].iter().all(|&b| b == 0x5a));
+        assert!(
+            back[512..1024].iter().all(|&b| b == 0),
+            "the range reads as zeros"
+        );
+        assert!(back[1024..].iter().all(|&b| b == 0x5a));
+        assert!(
+            s.can_punch.load(Ordering::Relaxed),
+            "one misaligned range turned discards off"
+        );
+        s.discard(8192, 8192).unwrap();
+        let mut back = vec![1u8; 8192];
+        s.read_at(8192, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        assert!(s.can_punch.load(Ordering::Relaxed));
     }
 
     /// Direct mode (or its announced fallback) reads and writes unaligned

@@ -12,8 +12,14 @@ impl LoopDevice {
     /// Needs root and util-linux's losetup (as CI runs): without them the
     /// test fails, saying so.
     pub fn over(file: &Path) -> LoopDevice {
+        LoopDevice::with_sector_size(file, 512)
+    }
+
+    /// [`LoopDevice::over`] with logical blocks of `bytes` (`losetup -b`):
+    /// 4096 makes a 4Kn disk.
+    pub fn with_sector_size(file: &Path, bytes: u32) -> LoopDevice {
         let out = std::process::Command::new("losetup")
-            .args(["-f", "--show"])
+            .args(["-f", "--show", "-b", &bytes.to_string()])
             .arg(file)
             .output()
             .expect("losetup (util-linux) runs");
