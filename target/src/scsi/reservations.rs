@@ -835,24 +835,51 @@ impl LogicalUnit {
             // Commands of the preempted nexuses already past their
             // reservation check (a write inside the backstore, say) finish
             // before this PREEMPT AND ABORT reports GOOD, whether or not
-            // their connection still stands (see `in_flight`).
-            for n in self
-                .in_flight
-                .wait_before(epoch, preempted, PREEMPT_DRAIN_LIMIT)
-            {
-                tracing::warn!(
-                    preempted = %n.initiator_port,
-                    "commands of the preempted nexus still running after {PREEMPT_DRAIN_LIMIT:?}"
-                );
+            // their connection still stands (see `in_flight`), however long
+            // that takes (SPC-4 5.12.11.2.6): a GOOD before it would let the
+            // fenced node's write land on the fencing node's data. Said
+            // every PREEMPT_DRAIN_REPORT; the fencing initiator may give up
+            // by aborting this command.
+            let started = std::time::Instant::now();
+            let mut said = std::time::Duration::ZERO;
+            loop {
+                let still = self
+                    .in_flight
+                    .wait_before(epoch, preempted, PREEMPT_DRAIN_STEP);
+                if still.is_empty() {
+                    break;
+                }
+                if super::stall::task_aborted() {
+                    return Ok(Done {
+                        status: blockwire_pdu::scsi::ScsiStatus::TASK_ABORTED.0,
+                        ..Done::default()
+                    });
+                }
+                let waited = started.elapsed();
+                if waited >= said + PREEMPT_DRAIN_REPORT {
+                    said = waited;
+                    for n in &still {
+                        tracing::warn!(
+                            preempted = %n.initiator_port,
+                            waited_s = waited.as_secs(),
+                            "PREEMPT AND ABORT waits for commands of the preempted nexus still \
+                             running in the backstore: it answers once they end"
+                        );
+                    }
+                }
             }
         }
         Ok(Done::out(len as u64))
     }
 }
 
-/// How long PREEMPT AND ABORT waits for the preempted nexuses' running
-/// commands to leave the unit (a stuck backstore must not hang it forever).
-const PREEMPT_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often PREEMPT AND ABORT, waiting for the preempted nexuses' running
+/// commands, looks whether its own task was aborted.
+const PREEMPT_DRAIN_STEP: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How often PREEMPT AND ABORT says which preempted nexuses it still waits
+/// for (a stuck backstore holds it as long as it holds their commands).
+const PREEMPT_DRAIN_REPORT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One PERSISTENT RESERVE OUT action being applied to a copy of the state.
 struct PrCtx<'a> {
