@@ -562,13 +562,7 @@ impl LogicalUnit {
             // other one conflicts with the registrations, as SPC-2 5.5.1
             // has it. (A RESERVE granted here would shut the registrants'
             // PREEMPT out: fencing would stop working.)
-            let exempt = pr.is_holder(nexus)
-                || (pr.find(nexus).is_some()
-                    && pr
-                        .resv
-                        .as_ref()
-                        .is_some_and(|r| registrants_only(r.ty) || all_registrants(r.ty)));
-            return if exempt {
+            return if crh_exempt(pr, nexus) {
                 Ok(())
             } else {
                 Err(Failure::Conflict)
@@ -599,10 +593,17 @@ impl LogicalUnit {
 
     pub(crate) fn reserve_spc2(&self, nexus: &ItNexus) -> CmdResult {
         let mut st = self.lock();
-        if st.res.pr.resv.is_some() {
-            // Only the PR holder gets here (see reservation_check); CRH=1
-            // makes its RESERVE a successful no-op.
-            return Ok(Done::none());
+        let pr = &st.res.pr;
+        if pr.resv.is_some() || !pr.regs.is_empty() {
+            // Decided again under the lock `reservation_check` let go of: a
+            // registration made since conflicts as one made before (CRH=1,
+            // SPC-4 5.9.3), or the RESERVE would shut the registrants'
+            // PREEMPT out. The holder's is a successful no-op.
+            return if crh_exempt(pr, nexus) {
+                Ok(Done::none())
+            } else {
+                Err(Failure::Conflict)
+            };
         }
         match &st.res.spc2 {
             Some(h) if h != nexus => Err(Failure::Conflict),
@@ -742,6 +743,12 @@ impl LogicalUnit {
         }
 
         let mut st = self.lock();
+        // An SPC-2 reservation taken since `reservation_check` let go of the
+        // lock conflicts as one taken before: a registration beside it
+        // could never preempt it.
+        if st.res.spc2.as_ref().is_some_and(|h| h != nexus) {
+            return Err(Failure::Conflict);
+        }
         let mut next = st.res.pr.clone();
         let mut uas: Vec<(ItNexus, Asc)> = Vec::new();
         let mut aborted: Vec<Registration> = Vec::new();
@@ -880,6 +887,19 @@ const PREEMPT_DRAIN_STEP: std::time::Duration = std::time::Duration::from_millis
 /// How often PREEMPT AND ABORT says which preempted nexuses it still waits
 /// for (a stuck backstore holds it as long as it holds their commands).
 const PREEMPT_DRAIN_REPORT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether an SPC-2 RESERVE or RELEASE from `nexus` is a successful no-op
+/// beside persistent registrations (CRH=1, SPC-4 5.9.3): from the holder,
+/// or from a registered nexus under a registrants-only or all-registrants
+/// reservation. Any other conflicts.
+fn crh_exempt(pr: &PrState, nexus: &ItNexus) -> bool {
+    pr.is_holder(nexus)
+        || (pr.find(nexus).is_some()
+            && pr
+                .resv
+                .as_ref()
+                .is_some_and(|r| registrants_only(r.ty) || all_registrants(r.ty)))
+}
 
 /// One PERSISTENT RESERVE OUT action being applied to a copy of the state.
 struct PrCtx<'a> {

@@ -1378,3 +1378,50 @@ fn a_reservation_file_cut_short_keeps_the_unit_not_ready() {
     ready(&t, &b);
     assert_eq!(can_read(&t, &b), CONFLICT);
 }
+
+/// An SPC-2 RESERVE and a persistent REGISTER racing from two nexuses end
+/// with one of them refused, whichever order their checks and their work
+/// interleave in: the check lets go of the unit's lock before the work
+/// takes it again. Both succeeded, and from then on the registrant's
+/// PREEMPT met RESERVATION CONFLICT: fencing stopped working.
+#[test]
+fn a_reserve_and_a_registration_racing_cannot_both_stand() {
+    let (t, a, b, _) = three();
+    let lu = t.get(0).unwrap();
+    // A's RESERVE(6) passed its check; B registers before A's RESERVE runs.
+    assert!(lu.reservation_check(&a, &Cdb::Reserve6).is_ok());
+    register(&t, &b, 0xb);
+    assert!(
+        matches!(lu.reserve_spc2(&a), Err(super::outcome::Failure::Conflict)),
+        "a RESERVE granted beside a registration"
+    );
+    // Nothing SPC-2 stands in the registrant's way.
+    let r = prout(
+        &t,
+        &b,
+        PrOutAction::Reserve,
+        PrType::WriteExclusive,
+        keys(0xb, 0),
+    );
+    assert_eq!(r.status, GOOD);
+
+    // B's REGISTER passed its check; A reserves before B's REGISTER runs.
+    let (t, a, b, _) = three();
+    let lu = t.get(0).unwrap();
+    let register_b = Cdb::PersistentReserveOut {
+        service_action: PrOutAction::Register,
+        scope: 0,
+        pr_type: 0,
+        parameter_list_length: 24,
+    };
+    assert!(lu.reservation_check(&b, &register_b).is_ok());
+    assert_eq!(run(&t, &a, &c(Cdb::Reserve6), &[], 0).status, GOOD);
+    let data = PrOutData::Basic(keys(0, 0xb)).encode();
+    let r = lu.pr_out(&b, &[1], PrOutAction::Register, 0, 0, 24, &data);
+    assert!(
+        matches!(r, Err(super::outcome::Failure::Conflict)),
+        "a registration made beside an SPC-2 reservation"
+    );
+    // READ KEYS (from A, the holder): no key registered.
+    assert_eq!(&prin(&t, &a, PrInAction::ReadKeys)[4..8], &[0, 0, 0, 0]);
+}
