@@ -706,6 +706,14 @@ impl LogicalUnit {
         }
         let len = parameter_list_length as usize;
         let buf = data_out.get(..len).ok_or_else(param_length)?;
+        // SPEC_I_PT with any action but REGISTER is an invalid field (SPC-4
+        // 6.16.3), before its list is read as TransportIDs that are not
+        // there (which would say PARAMETER LIST LENGTH ERROR).
+        let spec_i_pt =
+            sa != PrOutAction::RegisterAndMove && buf.get(20).is_some_and(|b| b & 0x08 != 0);
+        if spec_i_pt && sa != PrOutAction::Register {
+            return Err(invalid_param(20, Some(3)));
+        }
         let params = PrOutData::decode(sa, buf).map_err(|e| Failure::Check(e.to_sense()))?;
         // Only actions that use the type check it (and LU_SCOPE). A PREEMPT
         // uses them only when it makes a reservation: one that only removes
@@ -737,9 +745,6 @@ impl LogicalUnit {
             };
         if aptpl_req && self.cfg.pr_state_path.is_none() {
             return Err(invalid_param(20, Some(0)));
-        }
-        if matches!(&params, PrOutData::Basic(p) if p.spec_i_pt) && sa != PrOutAction::Register {
-            return Err(invalid_param(20, Some(3)));
         }
 
         let mut st = self.lock();

@@ -729,6 +729,28 @@ fn aptpl_and_spec_i_pt_belong_to_the_registering_actions() {
         );
         assert_eq!(full_status(&t, &a), before, "{sa:?}");
     }
+    // The bit set in a plain 24-byte list, with no TransportIDs after it:
+    // still the invalid field, not PARAMETER LIST LENGTH ERROR.
+    let mut data = PrOutData::Basic(keys(0xa, 0)).encode();
+    data.truncate(24);
+    data[20] |= 0x08;
+    let cdb = c(Cdb::PersistentReserveOut {
+        service_action: PrOutAction::Reserve,
+        scope: 0,
+        pr_type: PrType::WriteExclusive.code(),
+        parameter_list_length: 24,
+    });
+    let s = expect_check(
+        &run(&t, &a, &cdb, &data, 0),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    assert_eq!(
+        s.sks,
+        Some(blockwire_pdu::scsi::SenseKeySpecific::FieldPointer(
+            blockwire_pdu::scsi::FieldPointer::parameter(20, Some(3))
+        ))
+    );
 }
 
 /// An unregistered I_T nexus's REGISTER with SERVICE ACTION RESERVATION KEY
