@@ -12,14 +12,10 @@
 //! - CHECK CONDITION with RECOVERED ERROR (SPC-4 4.5.6): the command
 //!   completed; its data are the caller's. Both failed the command.
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use blockwire_pdu::{Bhs, Digests};
-
 mod scripted;
-use scripted::read_pdu;
 
 /// TASK ABORTED.
 const TASK_ABORTED: u8 = 0x40;
@@ -44,47 +40,25 @@ fn aborting_target(listener: TcpListener, aborted: usize) -> usize {
 /// answers the next with data; then answers the logout. Returns how many
 /// READs came.
 fn refusing_target(listener: TcpListener, refused: usize, how: Refusal) -> usize {
-    let (mut s, _) = listener.accept().unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let (mut stat_sn, mut cmd_sn) = scripted::log_in(&mut s);
-    let mut reads = 0;
-    while let Some(pdu) = read_pdu(&mut s) {
-        match pdu.bhs {
-            Bhs::ScsiCommand(c) => {
-                cmd_sn = cmd_sn.wrapping_add(1);
-                let answer = if reads < refused {
-                    match how {
-                        Refusal::Aborted => {
-                            scripted::response(&c, TASK_ABORTED, None, 0, stat_sn, cmd_sn)
-                        }
-                        Refusal::Deferred => {
-                            let pdu =
-                                scripted::check_condition(&c, stat_sn, cmd_sn, (0x03, 0x0c, 0x00));
-                            // Response code 71h: deferred, fixed format
-                            // (after the two-byte SenseLength).
-                            let mut data = pdu.data.to_vec();
-                            data[2] = 0x71;
-                            blockwire_pdu::Pdu::with_data(pdu.bhs, data)
-                        }
-                    }
-                } else {
-                    let data = vec![0x5e; c.expected_data_transfer_length as usize];
-                    scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data)
-                };
-                reads += 1;
-                s.write_all(&answer.encode(Digests::NONE)).unwrap();
-                stat_sn += 1;
+    scripted::serve_commands(listener, |c, stat_sn, cmd_sn, before| {
+        let answer = if before >= refused {
+            let data = vec![0x5e; c.expected_data_transfer_length as usize];
+            scripted::single_data_in(c, Some(0), stat_sn, cmd_sn, data)
+        } else {
+            match how {
+                Refusal::Aborted => scripted::response(c, TASK_ABORTED, None, 0, stat_sn, cmd_sn),
+                Refusal::Deferred => {
+                    let pdu = scripted::check_condition(c, stat_sn, cmd_sn, (0x03, 0x0c, 0x00));
+                    // Response code 71h: deferred, fixed format (after the
+                    // two-byte SenseLength).
+                    let mut data = pdu.data.to_vec();
+                    data[2] = 0x71;
+                    blockwire_pdu::Pdu::with_data(pdu.bhs, data)
+                }
             }
-            Bhs::LogoutRequest(r) => {
-                let reply = scripted::agree_to_logout(&r, stat_sn);
-                s.write_all(&reply.encode(Digests::NONE)).unwrap();
-                return reads;
-            }
-            Bhs::NopOut(_) => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    reads
+        };
+        vec![answer]
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,35 +113,16 @@ async fn a_read_that_hears_of_an_earlier_commands_failure_is_sent_again() {
     assert_eq!(target.join().unwrap(), 2, "READs sent");
 }
 
-/// Answers one READ with its data and then CHECK CONDITION, RECOVERED
+/// Answers each READ with its data and then CHECK CONDITION, RECOVERED
 /// ERROR, RECOVERED DATA WITH RETRIES (17h/01h); then the logout.
 fn recovering_target(listener: TcpListener) -> usize {
-    let (mut s, _) = listener.accept().unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let (mut stat_sn, mut cmd_sn) = scripted::log_in(&mut s);
-    let mut reads = 0;
-    while let Some(pdu) = read_pdu(&mut s) {
-        match pdu.bhs {
-            Bhs::ScsiCommand(c) => {
-                cmd_sn = cmd_sn.wrapping_add(1);
-                reads += 1;
-                let data = vec![0x6a; c.expected_data_transfer_length as usize];
-                let data_in = scripted::single_data_in(&c, None, stat_sn, cmd_sn, data);
-                s.write_all(&data_in.encode(Digests::NONE)).unwrap();
-                let answer = scripted::check_condition(&c, stat_sn, cmd_sn, (0x01, 0x17, 0x01));
-                s.write_all(&answer.encode(Digests::NONE)).unwrap();
-                stat_sn += 1;
-            }
-            Bhs::LogoutRequest(r) => {
-                let reply = scripted::agree_to_logout(&r, stat_sn);
-                s.write_all(&reply.encode(Digests::NONE)).unwrap();
-                return reads;
-            }
-            Bhs::NopOut(_) => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    reads
+    scripted::serve_commands(listener, |c, stat_sn, cmd_sn, _| {
+        let data = vec![0x6a; c.expected_data_transfer_length as usize];
+        vec![
+            scripted::single_data_in(c, None, stat_sn, cmd_sn, data),
+            scripted::check_condition(c, stat_sn, cmd_sn, (0x01, 0x17, 0x01)),
+        ]
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,14 +4,10 @@
 //! after a pause, and the caller gets the data. Before, the first TASK SET
 //! FULL came back as an error (EIO under ublk or FUSE).
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use blockwire_pdu::{Bhs, Digests};
-
 mod scripted;
-use scripted::read_pdu;
 
 /// The statuses the target answers the READs with before it takes one.
 const REFUSALS: [u8; 3] = [0x28, 0x28, 0x08];
@@ -20,35 +16,15 @@ const REFUSALS: [u8; 3] = [0x28, 0x28, 0x08];
 /// the next with its data; then answers the logout. Returns how many READs
 /// came.
 fn refusing_target(listener: TcpListener) -> usize {
-    let (mut s, _) = listener.accept().unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let (mut stat_sn, mut cmd_sn) = scripted::log_in(&mut s);
-    let mut reads = 0;
-    while let Some(pdu) = read_pdu(&mut s) {
-        match pdu.bhs {
-            Bhs::ScsiCommand(c) => {
-                cmd_sn = cmd_sn.wrapping_add(1);
-                let answer = match REFUSALS.get(reads) {
-                    Some(&status) => scripted::response(&c, status, None, 0, stat_sn, cmd_sn),
-                    None => {
-                        let data = vec![0x3c; c.expected_data_transfer_length as usize];
-                        scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn, data)
-                    }
-                };
-                reads += 1;
-                s.write_all(&answer.encode(Digests::NONE)).unwrap();
-                stat_sn += 1;
+    scripted::serve_commands(listener, |c, stat_sn, cmd_sn, before| {
+        vec![match REFUSALS.get(before) {
+            Some(&status) => scripted::response(c, status, None, 0, stat_sn, cmd_sn),
+            None => {
+                let data = vec![0x3c; c.expected_data_transfer_length as usize];
+                scripted::single_data_in(c, Some(0), stat_sn, cmd_sn, data)
             }
-            Bhs::LogoutRequest(r) => {
-                let reply = scripted::agree_to_logout(&r, stat_sn);
-                s.write_all(&reply.encode(Digests::NONE)).unwrap();
-                return reads;
-            }
-            Bhs::NopOut(_) => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    reads
+        }]
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,27 +5,37 @@
 //! never arrives whole: that loss went uncounted, the command being sent
 //! again for good.
 
-use std::net::TcpListener;
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use blockwire_initiator::COMMAND_LOSSES;
+use blockwire_pdu::pdu::ScsiCommand;
 use blockwire_pdu::{Bhs, Digests};
 
 mod scripted;
 use scripted::read_pdu;
 
-/// Drops each connection as a SCSI command arrives on it, `drops` times;
-/// then takes one more login and its logout. Returns the commands seen.
-fn dropping_target(listener: TcpListener, drops: u32) -> u32 {
+/// On each of `drops` connections: logs the initiator in, hands the first
+/// SCSI command to `last_words` (the stream, the command, the StatSN and
+/// CmdSN to go on with) and drops the connection. Then takes one more login
+/// and its logout: a command sent again after it failed would come there
+/// instead. Returns the commands seen.
+fn dropping_connections(
+    listener: TcpListener,
+    drops: u32,
+    mut last_words: impl FnMut(&mut TcpStream, &ScsiCommand, u32, u32),
+) -> u32 {
     let mut seen = 0;
     for _ in 0..drops {
         let (mut s, _) = listener.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        scripted::log_in(&mut s);
+        let (stat_sn, cmd_sn) = scripted::log_in(&mut s);
         loop {
             match read_pdu(&mut s).map(|p| p.bhs) {
-                Some(Bhs::ScsiCommand(_)) => {
+                Some(Bhs::ScsiCommand(c)) => {
                     seen += 1;
+                    last_words(&mut s, &c, stat_sn, cmd_sn);
                     break;
                 }
                 Some(Bhs::NopOut(_)) => {}
@@ -36,9 +46,14 @@ fn dropping_target(listener: TcpListener, drops: u32) -> u32 {
     let (mut s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let (stat_sn, _) = scripted::log_in(&mut s);
-    // A command sent again after it failed would come here instead.
     scripted::agree_to_next_logout(&mut s, stat_sn);
     seen
+}
+
+/// Drops each connection as a SCSI command arrives on it, `drops` times;
+/// then takes one more login and its logout. Returns the commands seen.
+fn dropping_target(listener: TcpListener, drops: u32) -> u32 {
+    dropping_connections(listener, drops, |_, _, _, _| {})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,32 +80,12 @@ async fn a_command_the_target_drops_the_connection_on_fails_after_a_few_connecti
 /// connection, `drops` times; then takes one more login and its logout.
 /// Returns the commands seen.
 fn cut_answer_target(listener: TcpListener, drops: u32) -> u32 {
-    use std::io::Write;
-    let mut seen = 0;
-    for _ in 0..drops {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let (stat_sn, cmd_sn) = scripted::log_in(&mut s);
-        loop {
-            match read_pdu(&mut s).map(|p| p.bhs) {
-                Some(Bhs::ScsiCommand(c)) => {
-                    seen += 1;
-                    let data = vec![0x77; c.expected_data_transfer_length as usize];
-                    let pdu = scripted::single_data_in(&c, Some(0), stat_sn, cmd_sn + 1, data);
-                    let bytes = pdu.encode(Digests::NONE);
-                    s.write_all(&bytes[..48 + 100]).unwrap();
-                    break;
-                }
-                Some(Bhs::NopOut(_)) => {}
-                other => panic!("expected a SCSI command, got {other:?}"),
-            }
-        }
-    }
-    let (mut s, _) = listener.accept().unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let (stat_sn, _) = scripted::log_in(&mut s);
-    scripted::agree_to_next_logout(&mut s, stat_sn);
-    seen
+    dropping_connections(listener, drops, |s, c, stat_sn, cmd_sn| {
+        let data = vec![0x77; c.expected_data_transfer_length as usize];
+        let pdu = scripted::single_data_in(c, Some(0), stat_sn, cmd_sn + 1, data);
+        let bytes = pdu.encode(Digests::NONE);
+        s.write_all(&bytes[..48 + 100]).unwrap();
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -149,6 +149,42 @@ pub fn log_in(s: &mut TcpStream) -> (u32, u32) {
     }
 }
 
+/// Takes one connection on `listener`, logs the initiator in, and answers
+/// each SCSI command with the PDUs `answer` makes of it: the command, its
+/// StatSN and the CmdSN to acknowledge, and how many commands came before
+/// it. Keepalive NOP-Outs go unanswered; the logout is agreed to. Returns
+/// how many commands came.
+pub fn serve_commands(
+    listener: TcpListener,
+    mut answer: impl FnMut(&ScsiCommand, u32, u32, usize) -> Vec<Pdu>,
+) -> usize {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let (mut stat_sn, mut cmd_sn) = log_in(&mut s);
+    let mut commands = 0;
+    while let Some(pdu) = read_pdu(&mut s) {
+        match pdu.bhs {
+            Bhs::ScsiCommand(c) => {
+                cmd_sn = cmd_sn.wrapping_add(1);
+                for reply in answer(&c, stat_sn, cmd_sn, commands) {
+                    s.write_all(&reply.encode(Digests::NONE)).unwrap();
+                }
+                commands += 1;
+                stat_sn += 1;
+            }
+            Bhs::LogoutRequest(r) => {
+                let reply = agree_to_logout(&r, stat_sn);
+                s.write_all(&reply.encode(Digests::NONE)).unwrap();
+                return commands;
+            }
+            Bhs::NopOut(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    commands
+}
+
 /// Plays `script` on a thread as the target of a loopback portal and logs
 /// a session of `initiator` in to it: the session, and the script's thread.
 pub async fn session_with<T: Send + 'static>(
