@@ -744,7 +744,14 @@ impl LogicalUnit {
                 PrOutData::RegisterAndMove(p) => p.aptpl,
             };
         if aptpl_req && self.cfg.pr_state_path.is_none() {
-            return Err(invalid_param(20, Some(0)));
+            // APTPL: byte 20 bit 0, or byte 17 bit 0 in REGISTER AND MOVE's
+            // list (SPC-4 6.16.4).
+            let byte = if sa == PrOutAction::RegisterAndMove {
+                17
+            } else {
+                20
+            };
+            return Err(invalid_param(byte, Some(0)));
         }
 
         let mut st = self.lock();

@@ -729,6 +729,40 @@ fn aptpl_and_spec_i_pt_belong_to_the_registering_actions() {
         );
         assert_eq!(full_status(&t, &a), before, "{sa:?}");
     }
+    // APTPL of REGISTER AND MOVE is byte 17 bit 0 of its list.
+    let (t2, a2, b2, _) = three();
+    register(&t2, &a2, 0xa);
+    assert_eq!(reserve(&t2, &a2, 0xa, PrType::WriteExclusive).status, GOOD);
+    let (name, isid) = b2.initiator_port.split_once(",i,0x").unwrap();
+    let data = PrOutData::RegisterAndMove(RegisterAndMoveParameters {
+        reservation_key: 0xa,
+        service_action_key: 0xb,
+        unreg: false,
+        aptpl: true,
+        relative_target_port: 1,
+        transport_id: TransportId::Iscsi {
+            name: name.into(),
+            isid: Some(isid.into()),
+        },
+    })
+    .encode();
+    let cdb = c(Cdb::PersistentReserveOut {
+        service_action: PrOutAction::RegisterAndMove,
+        scope: 0,
+        pr_type: PrType::WriteExclusive.code(),
+        parameter_list_length: data.len() as u32,
+    });
+    let s = expect_check(
+        &run(&t2, &a2, &cdb, &data, 0),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    assert_eq!(
+        s.sks,
+        Some(blockwire_pdu::scsi::SenseKeySpecific::FieldPointer(
+            blockwire_pdu::scsi::FieldPointer::parameter(17, Some(0))
+        ))
+    );
     // The bit set in a plain 24-byte list, with no TransportIDs after it:
     // still the invalid field, not PARAMETER LIST LENGTH ERROR.
     let mut data = PrOutData::Basic(keys(0xa, 0)).encode();
