@@ -822,8 +822,22 @@ impl LogicalUnit {
                     Ok(())
                 };
                 if let Err(e) = res {
-                    warn!(path = %path.display(), error = %e, "cannot persist reservations");
-                    return Err(internal_failure());
+                    // A step after the rename or the unlink may have failed
+                    // (its directory's sync): the file then holds the new
+                    // state already, and memory must follow it, or a restart
+                    // would bring back what the initiators were told failed.
+                    // What the file says decides.
+                    let on_disk = read_saved(path).ok().flatten();
+                    let took = if next.aptpl {
+                        on_disk.as_deref() == Some(next.to_text().as_str())
+                    } else {
+                        on_disk.is_none()
+                    };
+                    if !took {
+                        warn!(path = %path.display(), error = %e, "cannot persist reservations");
+                        return Err(internal_failure());
+                    }
+                    tracing::error!(path = %path.display(), error = %e, "the reservations were saved, but syncing their directory failed: they may not survive a power loss");
                 }
             }
             st.res.pr = next;
