@@ -339,7 +339,12 @@ impl LogicalUnit {
             None => wire,
         };
         let diff = if bytchk == 1 {
-            first_difference(expect, &medium)
+            // INFORMATION is an offset into the Data-Out Buffer (SBC-4 5.31),
+            // which carries each block's tuple after it.
+            first_difference(expect, &medium).map(|off| match checks {
+                Some(_) => off / bs as u64 * (bs as u64 + 8) + off % bs as u64,
+                None => off,
+            })
         } else {
             medium
                 .chunks(bs)

@@ -422,7 +422,11 @@ fn verify_with_tuples_checks_the_sent_ones_and_compares_the_data() {
     other[520 + 7] ^= 1;
     let r = verify_p(&t, &a, 60, 2, 3, 1, &other);
     assert_eq!(r.status, CHECK);
-    assert_eq!(super::tests::sense(&r).key, SenseKey::Miscompare);
+    let s = super::tests::sense(&r);
+    assert_eq!(s.key, SenseKey::Miscompare);
+    // The offset of the differing byte in the Data-Out Buffer, tuples
+    // counted (it was 519, as if they were not there).
+    assert_eq!(s.information, Some(527));
 }
 
 #[test]
