@@ -2365,7 +2365,22 @@ async fn a_lun_low_on_space_warns_its_initiators_and_a_reload_moves_the_threshol
         )),
         "{changes}"
     );
-    wait_for_soft_threshold(&mut c, "after the threshold rose above the RAM left").await;
+    // The threshold's descriptor is in a mode page that changed (SBC-4
+    // 6.5.9.1): MODE PARAMETERS CHANGED first; then, 7 MiB left, the
+    // warning.
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        seen.extend(unit_attentions(&mut c).await);
+        if seen.contains(&(0x38, 0x07)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        seen,
+        [(0x2a, 0x01), (0x38, 0x07)],
+        "after the threshold rose above the RAM left"
+    );
     let mut back = vec![0u8; 1 << 20];
     writer
         .read(0, 0, 2048, &mut back)

@@ -217,6 +217,12 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn volatile_cache(&self) -> bool {
         true
     }
+    /// Whether a range [`Backstore::discard`] took reads as zeros after it,
+    /// as a thin provisioned unit promises its initiators (LBPRZ=1): a unit
+    /// on a store that cannot is fully provisioned.
+    fn reads_zeros_where_discarded(&self) -> bool {
+        true
+    }
     /// Refuses a write of `[offset, offset+len)` the store's own rules
     /// forbid before any byte moves, for a writer that puts the bytes on
     /// the medium without this store (the fabric's pipelined WRITEs, which

@@ -90,6 +90,11 @@ impl Backstore for NullBackstore {
         }
     }
 
+    /// The no-disk pattern reads the same after a discard as before.
+    fn reads_zeros_where_discarded(&self) -> bool {
+        self.fill == Fill::Zeros
+    }
+
     fn engine_source(&self) -> io::Result<Option<(crate::datapath::Source, bool)>> {
         Ok((self.fill == Fill::Pattern).then_some((crate::datapath::Source::Pattern, false)))
     }

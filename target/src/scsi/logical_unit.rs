@@ -98,10 +98,13 @@ pub struct LuConfig {
 
 impl LuConfig {
     /// Defaults: 512-byte blocks, writable, "BLOCKWIR" / "VIRTUAL-DISK",
-    /// write cache on, thin provisioning on, a fixed placeholder identity
-    /// (callers set `serial` and `naa_id` from [`super::stable_identity`]).
+    /// write cache on, thin provisioning on where the store reads a
+    /// discarded range as zeros, a fixed placeholder identity (callers set
+    /// `serial` and `naa_id` from [`super::stable_identity`]).
     pub fn new(backstore: Arc<dyn Backstore>) -> LuConfig {
         let (serial, naa_id) = super::stable_identity("blockwire", 0);
+        // LBPRZ=1 is promised of every thin unit.
+        let thin_provisioning = backstore.reads_zeros_where_discarded();
         LuConfig {
             write_cache: backstore.volatile_cache(),
             backstore,
@@ -115,7 +118,7 @@ impl LuConfig {
             naa_id,
             company_id: DEFAULT_COMPANY_ID,
             physical_block_exponent: 0,
-            thin_provisioning: true,
+            thin_provisioning,
             pr_state_path: None,
             removable: false,
             sanitize_min_duration: Duration::ZERO,

@@ -12,7 +12,7 @@ use blockwire_pdu::scsi::{
     ResourceScope, SenseKey, Vpd, VpdPage,
 };
 
-use super::tests::{c, expect_check, nexus, ready, run, rw, CHECK, GOOD};
+use super::tests::{c, expect_check, nexus, ready, run, rw, unmap, CHECK, GOOD};
 use super::ScsiResult;
 use super::*;
 use crate::backstore::ram_budget::RamBudget;
@@ -436,4 +436,40 @@ fn a_sparse_file_lun_warns_before_its_file_system_fills_and_then_fails_writes_cl
         SenseKey::DataProtect,
         Asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT,
     );
+}
+
+/// A unit on the no-disk pattern store is fully provisioned: a discarded
+/// range would read as the pattern still, not as the zeros a thin unit
+/// promises (LBPRZ=1). It said LBPME=1, LBPRZ=1, took UNMAP with GOOD and
+/// went on returning the pattern. A unit on the null store (zeros) stays
+/// thin.
+#[test]
+fn a_unit_whose_store_reads_discarded_ranges_as_data_is_not_thin() {
+    let a = nexus("iqn.a");
+    for (store, thin) in [
+        (NullBackstore::pattern(1 << 20), false),
+        (NullBackstore::new(1 << 20), true),
+    ] {
+        let (t, _) = unit_on(Arc::new(store));
+        ready(&t, &a);
+        let cdb = c(Cdb::ReadCapacity16 {
+            lba: 0,
+            pmi: false,
+            allocation_length: 32,
+        });
+        let r = run(&t, &a, &cdb, &[], 32);
+        assert_eq!(r.status, GOOD);
+        let rc = blockwire_pdu::scsi::ReadCapacity16::decode(&r.data_in).unwrap();
+        assert_eq!((rc.lbpme, rc.lbprz), (thin, thin));
+        let r = unmap(&t, &a, 0, 8);
+        if thin {
+            assert_eq!(r.status, GOOD);
+        } else {
+            expect_check(
+                &r,
+                SenseKey::IllegalRequest,
+                Asc::INVALID_COMMAND_OPERATION_CODE,
+            );
+        }
+    }
 }
