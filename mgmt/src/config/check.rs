@@ -397,7 +397,7 @@ impl TargetConfig {
                 match l.backstore.get_ref().as_str() {
                     "file" => {
                         if let Some(p) = &l.path {
-                            check_backing_file(
+                            let len = check_backing_file(
                                 ctx,
                                 &mut report,
                                 p.span(),
@@ -406,6 +406,25 @@ impl TargetConfig {
                                 size,
                                 l.read_only,
                             );
+                            // Served at `size`, a longer file would hide its
+                            // end from initiators whose file systems span it:
+                            // what a LUN grown by `lun.resize` comes back as
+                            // when its new size was never saved.
+                            if let (Some(len), Some(want)) = (len, size) {
+                                if len > want {
+                                    report.errors.push(ctx.err(
+                                        l.size.as_ref().map_or(p.span(), |s| s.span()),
+                                        "target.lun.size",
+                                        format!(
+                                            "{} is {len} bytes, more than size ({want}): the LUN would \
+                                             be served short of the data past {want} bytes (grown by \
+                                             lun.resize, and the size not saved?); set size = \"{len}\" \
+                                             or leave size out to serve the whole file",
+                                            p.get_ref().display()
+                                        ),
+                                    ));
+                                }
+                            }
                         }
                     }
                     "striped" => {

@@ -1411,6 +1411,24 @@ fn check_backing_files_without_touching_them() {
         r.notices[0]
     );
     assert_eq!(std::fs::metadata(&small).unwrap().len(), 4096);
+    // Larger than size (a LUN grown by lun.resize whose size was not
+    // saved): refused, naming both sizes. It was served short of its end,
+    // under a file system that spans it.
+    let large = dir.path().join("large.img");
+    std::fs::write(&large, vec![0u8; 2 << 20]).unwrap();
+    let r = check(&lun(&large, "size = \"1M\"\n"));
+    assert_eq!(fields(&r), [(12, "target.lun.size")], "{:?}", r.errors);
+    assert!(
+        r.errors[0]
+            .message
+            .contains("is 2097152 bytes, more than size (1048576)"),
+        "{}",
+        r.errors[0]
+    );
+    assert!(
+        check(&lun(&large, "")).is_valid(),
+        "no size: the whole file"
+    );
     // A directory is not a backing file; an empty file needs a size.
     let r = check(&lun(dir.path(), "size = \"1M\"\n"));
     assert!(
