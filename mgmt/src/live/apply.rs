@@ -177,7 +177,13 @@ impl Live {
             });
         }
 
-        let targets = self.merge_targets(&new, &old_by_name, dry, &mut applied);
+        let mut removed = Vec::new();
+        let targets = self.merge_targets(&new, &old_by_name, dry, &mut applied, &mut removed);
+        for (what, lu) in removed {
+            if let Some(failed) = final_flush(lu).await {
+                applied.changes.push(format!("{what}: {failed}"));
+            }
+        }
         if old.discovery_auth != new.discovery_auth {
             applied
                 .changes
@@ -228,13 +234,22 @@ impl Live {
             .iter()
             .filter(|t| catalog_by_name.get(&t.name).is_none())
         {
+            let mut flushes = Vec::new();
             if !dry {
                 for id in t.luns.lun_ids() {
                     self.fabric.lun_paths.remove(&t.name, id);
+                    flushes.extend(t.luns.get(id).map(|lu| (id, lu)));
                 }
                 t.luns.forget_alua_states();
             }
             applied.changes.push(format!("target {} removed", t.name));
+            for (id, lu) in flushes {
+                if let Some(failed) = final_flush(lu).await {
+                    applied
+                        .changes
+                        .push(format!("LUN {id} of {}: {failed}", t.name));
+                }
+            }
         }
         self.close_portals(running, leaving, &new_portals, dry, &mut applied)
             .await;
@@ -431,6 +446,7 @@ impl Live {
         old_by_name: &TargetsByName<'_>,
         dry: bool,
         applied: &mut Applied,
+        removed: &mut Vec<(String, Arc<blockwire_target::scsi::LogicalUnit>)>,
     ) -> Vec<Arc<TargetEntry>> {
         let mut targets = Vec::new();
         for nt in &new.targets {
@@ -450,7 +466,9 @@ impl Live {
             let table = ot.luns.clone();
             for id in leaving {
                 if !dry {
-                    let _ = table.remove(id);
+                    if let Ok(lu) = table.remove(id) {
+                        removed.push((format!("LUN {id} of {}", ot.name), lu));
+                    }
                     self.fabric.lun_paths.remove(&ot.name, id);
                 }
                 applied
@@ -891,4 +909,21 @@ fn restart_needed(old: &Table, new: &Table) -> Vec<String> {
         needed.push("iSER portals (iser, iser_listen)".into());
     }
     needed
+}
+
+/// Writes back what a unit taken out of service acknowledged (its write
+/// cache, WCE=1 by default): no initiator can send it SYNCHRONIZE CACHE
+/// any more, and the shutdown flushes only the units still served. None
+/// when that held; else what failed, for the change's report.
+async fn final_flush(lu: Arc<blockwire_target::scsi::LogicalUnit>) -> Option<String> {
+    match tokio::task::spawn_blocking(move || lu.flush()).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => {
+            warn!(error = %e, "the final flush of a removed LUN failed");
+            Some(format!(
+                "its final flush failed ({e}): writes it acknowledged may be lost"
+            ))
+        }
+        Err(e) => Some(format!("its final flush did not run ({e})")),
+    }
 }
