@@ -1101,6 +1101,38 @@ async fn immediate_commands_past_the_depth_are_told_task_set_full() {
     assert_eq!(c.machine.shared().in_flight(), 0);
 }
 
+/// With an Expected Data Transfer Length, R or W must say which way the
+/// data go (RFC 7143 §11.3.1): a WRITE sent with neither was answered GOOD
+/// with nothing written, and a command with both (bidirectional, not
+/// served) was answered as one way. Both are rejected now; nothing is
+/// written.
+#[tokio::test]
+async fn a_command_with_data_and_neither_or_both_directions_is_rejected() {
+    let mut c = Conn::open(&[]).await;
+    for (read, write) in [(false, false), (true, true)] {
+        let (_, mut pdu) = c.rw(true, 0, 1, vec![0xab; BLOCK as usize]);
+        let Bhs::ScsiCommand(cmd) = &mut pdu.bhs else {
+            unreachable!("rw makes a SCSI Command")
+        };
+        (cmd.read, cmd.write) = (read, write);
+        c.feed(pdu).await;
+        let sent = c.sent();
+        assert!(
+            matches!(&sent[..], [Pdu { bhs: Bhs::Reject(r), .. }] if r.reason == RejectReason::ProtocolError),
+            "R={read} W={write}: {sent:?}"
+        );
+    }
+    let (itt, pdu) = c.rw(false, 0, 1, Vec::new());
+    c.feed(pdu).await;
+    let sent = c.sent_until_quiet(Duration::from_millis(300)).await;
+    let data: Vec<u8> = sent
+        .iter()
+        .filter(|p| matches!(&p.bhs, Bhs::DataIn(d) if d.itt == itt))
+        .flat_map(|p| p.data.iter().copied())
+        .collect();
+    assert_eq!(data, vec![0; BLOCK as usize], "nothing was written");
+}
+
 /// A task is known by its Initiator Task Tag session-wide (RFC 7143
 /// §11.2.1.8): a command naming the reserved tag, or the tag of a task
 /// still running, is rejected, and the running task still answers.

@@ -89,6 +89,23 @@ impl ConnMachine {
             self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
             return;
         }
+        // With an Expected Data Transfer Length, R or W says which way the
+        // data go (RFC 7143 §11.3.1). Neither would answer a WRITE GOOD
+        // with nothing written; both ask for a bidirectional command, which
+        // this target does not serve (as LIO does not).
+        if edtl > 0 && cmd.read == cmd.write {
+            warn!(
+                tsih = self.session.tsih,
+                itt = cmd.itt,
+                edtl,
+                read = cmd.read,
+                write = cmd.write,
+                "SCSI command with a data length and neither or both of R and W: rejected"
+            );
+            drop(slot);
+            self.reject(RejectReason::ProtocolError, pdu.bhs.encode(0, 0).to_vec());
+            return;
+        }
         // The Initiator Task Tag names the task session-wide while it lives,
         // and 0xffffffff is never a task's (RFC 7143 §11.2.1.8): such a
         // command would take over the running task's place in the task set
