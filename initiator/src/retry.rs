@@ -28,14 +28,20 @@ use crate::Error;
 /// default command timeout.
 pub const BUSY_RETRY_FOR: Duration = Duration::from_secs(30);
 
-/// UNIT ATTENTIONs retried per command.
-const ATTENTION_RETRIES: u32 = 4;
+/// UNIT ATTENTIONs, TASK ABORTED answers and deferred errors each retried
+/// per command.
+const AT_ONCE_RETRIES: u32 = 4;
 
-/// TASK ABORTED answers retried per command.
-const ABORTED_RETRIES: u32 = 4;
-
-/// Deferred errors retried per command.
-const DEFERRED_RETRIES: u32 = 4;
+/// [`Next::Now`] while `count` (one kind of answer's retries so far) is
+/// below [`AT_ONCE_RETRIES`], counting this one; [`Next::GiveUp`] after.
+fn at_once(count: &mut u32) -> Next {
+    if *count < AT_ONCE_RETRIES {
+        *count += 1;
+        Next::Now
+    } else {
+        Next::GiveUp
+    }
+}
 
 /// What to do after a command failed.
 #[derive(Debug, PartialEq, Eq)]
@@ -72,25 +78,13 @@ impl Retries {
                 "deferred error: an earlier command to this LUN failed after it was answered \
                  (data it wrote may be lost); the command that heard of it is sent again"
             );
-            if self.deferred < DEFERRED_RETRIES {
-                self.deferred += 1;
-                return Next::Now;
-            }
-            return Next::GiveUp;
+            return at_once(&mut self.deferred);
         }
         if e.sense.as_ref().map(|s| s.key) == Some(SenseKey::UnitAttention) {
-            if self.attentions < ATTENTION_RETRIES {
-                self.attentions += 1;
-                return Next::Now;
-            }
-            return Next::GiveUp;
+            return at_once(&mut self.attentions);
         }
         if e.status == ScsiStatus::TASK_ABORTED {
-            if self.aborted < ABORTED_RETRIES {
-                self.aborted += 1;
-                return Next::Now;
-            }
-            return Next::GiveUp;
+            return at_once(&mut self.aborted);
         }
         if matches!(e.status, ScsiStatus::BUSY | ScsiStatus::TASK_SET_FULL) {
             let backoff = self

@@ -114,25 +114,20 @@ impl LogicalUnit {
         }
         self.check_writable()?;
         let _whole = self.ranges.exclusive(0, u64::MAX);
-        if self.offers_block_erase() {
-            let store = &self.cfg.backstore;
-            let bs = u64::from(self.cfg.block_size);
-            let size = store.size() / bs * bs;
-            store
-                .discard(0, size)
-                .and_then(|()| store.erase_copies())
+        let deallocate = self.offers_block_erase();
+        if deallocate {
+            super::sanitize::deallocate_all(
+                &*self.cfg.backstore,
+                self.cfg.pi_store.as_ref(),
+                self.cfg.block_size,
+            )?;
+        } else {
+            self.cfg
+                .backstore
+                .flush()
                 .map_err(|e| backstore_failure(&e, true, 0))?;
-            if let Some(pi) = &self.cfg.pi_store {
-                pi.discard(0, pi.size())
-                    .and_then(|()| pi.flush())
-                    .map_err(|e| backstore_failure(&e, true, 0))?;
-            }
         }
-        self.cfg
-            .backstore
-            .flush()
-            .map_err(|e| backstore_failure(&e, true, 0))?;
-        tracing::info!(deallocated = self.offers_block_erase(), "FORMAT UNIT done");
+        tracing::info!(deallocated = deallocate, "FORMAT UNIT done");
         Ok(Done::none())
     }
 }

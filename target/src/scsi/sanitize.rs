@@ -306,6 +306,33 @@ fn run(
     Ok(())
 }
 
+/// Protection information of a medium erased or overwritten: every tuple
+/// deallocated, FFh, so the new contents are never checked against tuples
+/// of the old; durably.
+fn discard_tuples(pi_store: Option<&Arc<dyn Backstore>>) -> Result<(), Failure> {
+    match pi_store {
+        Some(pi) => pi
+            .discard(0, pi.size())
+            .and_then(|()| pi.flush())
+            .map_err(|e| backstore_failure(&e, true, 0)),
+        None => Ok(()),
+    }
+}
+
+/// BLOCK ERASE's work for a command that reports no progress (FORMAT
+/// UNIT of a thin unit): every block of `store` and every tuple
+/// deallocated, durably. The caller holds the whole medium.
+pub(super) fn deallocate_all(
+    store: &dyn Backstore,
+    pi_store: Option<&Arc<dyn Backstore>>,
+    block_size: u32,
+) -> Result<(), Failure> {
+    let size = store.size() / u64::from(block_size) * u64::from(block_size);
+    let unwatched = SanitizeJob::new(false, Duration::ZERO);
+    run(&unwatched, store, size, block_size, &Operation::BlockErase)?;
+    discard_tuples(pi_store)
+}
+
 /// The worker: holds the whole medium in the range lock, does the work,
 /// stretches it to the minimum duration, then publishes the result.
 fn worker(
@@ -321,15 +348,7 @@ fn worker(
     // A panic in the backstore must not leave the unit NOT READY forever.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         run(&job, &*store, size, block_size, &op)?;
-        // Protection information of a sanitized medium: every tuple
-        // deallocated, FFh, so the new contents are never checked against
-        // tuples of the old.
-        if let Some(pi) = &pi_store {
-            pi.discard(0, pi.size())
-                .and_then(|()| pi.flush())
-                .map_err(|e| backstore_failure(&e, true, 0))?;
-        }
-        Ok(())
+        discard_tuples(pi_store.as_ref())
     }))
     .unwrap_or_else(|_| Err(super::outcome::internal_failure()));
     ranges.unlock_id(hold);

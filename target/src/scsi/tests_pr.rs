@@ -502,12 +502,26 @@ fn register_and_move(
     rtpi: u16,
     unreg: bool,
 ) -> ScsiResult {
+    register_and_move_aptpl(t, n, (rk, sak), dest, rtpi, unreg, false)
+}
+
+/// [`register_and_move`] with its APTPL bit `aptpl`; `(rk, sak)` the
+/// RESERVATION KEY and SERVICE ACTION RESERVATION KEY.
+fn register_and_move_aptpl(
+    t: &LunTable,
+    n: &ItNexus,
+    (rk, sak): (u64, u64),
+    dest: &ItNexus,
+    rtpi: u16,
+    unreg: bool,
+    aptpl: bool,
+) -> ScsiResult {
     let (name, isid) = dest.initiator_port.split_once(",i,0x").unwrap();
     let data = PrOutData::RegisterAndMove(RegisterAndMoveParameters {
         reservation_key: rk,
         service_action_key: sak,
         unreg,
-        aptpl: false,
+        aptpl,
         relative_target_port: rtpi,
         transport_id: TransportId::Iscsi {
             name: name.into(),
@@ -733,27 +747,8 @@ fn aptpl_and_spec_i_pt_belong_to_the_registering_actions() {
     let (t2, a2, b2, _) = three();
     register(&t2, &a2, 0xa);
     assert_eq!(reserve(&t2, &a2, 0xa, PrType::WriteExclusive).status, GOOD);
-    let (name, isid) = b2.initiator_port.split_once(",i,0x").unwrap();
-    let data = PrOutData::RegisterAndMove(RegisterAndMoveParameters {
-        reservation_key: 0xa,
-        service_action_key: 0xb,
-        unreg: false,
-        aptpl: true,
-        relative_target_port: 1,
-        transport_id: TransportId::Iscsi {
-            name: name.into(),
-            isid: Some(isid.into()),
-        },
-    })
-    .encode();
-    let cdb = c(Cdb::PersistentReserveOut {
-        service_action: PrOutAction::RegisterAndMove,
-        scope: 0,
-        pr_type: PrType::WriteExclusive.code(),
-        parameter_list_length: data.len() as u32,
-    });
     let s = expect_check(
-        &run(&t2, &a2, &cdb, &data, 0),
+        &register_and_move_aptpl(&t2, &a2, (0xa, 0xb), &b2, 1, false, true),
         SenseKey::IllegalRequest,
         Asc::INVALID_FIELD_IN_PARAMETER_LIST,
     );
