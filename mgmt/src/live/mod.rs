@@ -1374,4 +1374,88 @@ mod tests {
         assert!(same_unit(&a, &b));
         assert!(!same_unit(&a, &c));
     }
+
+    /// A RAM store that counts its flushes and fails each with EIO.
+    #[derive(Debug)]
+    struct FailsFlushes {
+        ram: blockwire_target::backstore::RamBackstore,
+        flushes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl blockwire_target::backstore::Backstore for FailsFlushes {
+        fn size(&self) -> u64 {
+            self.ram.size()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.ram.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.ram.write_at(offset, data)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            self.flushes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err(std::io::Error::other("the disk went away"))
+        }
+        fn describe(&self) -> String {
+            "fails flushes".into()
+        }
+    }
+
+    /// A unit taken out of service (a LUN removed from a target that
+    /// stays, or every LUN of a removed target) has its write cache
+    /// written back: no initiator can send it SYNCHRONIZE CACHE any more.
+    /// A flush that fails is named in the change's report, with the unit.
+    #[tokio::test]
+    async fn units_taken_out_of_service_are_flushed_and_a_failure_is_reported() {
+        let two_targets = format!(
+            "{ONE_RAM_LUN}\n[[target.lun]]\nid = 1\nbackstore = \"ram\"\nsize = \"1M\"\n\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:other\"\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, &two_targets).unwrap();
+        let live = live_of(&two_targets, &file);
+        let stores: Vec<Arc<FailsFlushes>> = (0..2)
+            .map(|_| {
+                Arc::new(FailsFlushes {
+                    ram: blockwire_target::backstore::RamBackstore::new(1 << 20),
+                    flushes: Default::default(),
+                })
+            })
+            .collect();
+        let catalog = live.fabric.catalog();
+        let by_name = catalog.targets_by_name();
+        for (store, (target, lun)) in stores.iter().zip([
+            ("iqn.2026-11.io.blockwire:disk", 1),
+            ("iqn.2026-11.io.blockwire:other", 0),
+        ]) {
+            let table = &by_name.get(target).unwrap().luns;
+            table.remove(lun).unwrap();
+            let cfg = blockwire_target::scsi::LuConfig::new(store.clone());
+            table
+                .add(lun, Arc::new(blockwire_target::scsi::LogicalUnit::new(cfg)))
+                .unwrap();
+        }
+        std::fs::write(&file, ONE_RAM_LUN).unwrap();
+        let applied = live.reload(ChangeMode::default()).await.unwrap();
+        for store in &stores {
+            assert_eq!(
+                store.flushes.load(std::sync::atomic::Ordering::SeqCst),
+                1,
+                "{applied:?}"
+            );
+        }
+        for unit in [
+            "LUN 1 of iqn.2026-11.io.blockwire:disk",
+            "LUN 0 of iqn.2026-11.io.blockwire:other",
+        ] {
+            let said = format!("{unit}: its final flush failed (the disk went away)");
+            assert!(
+                applied.changes.iter().any(|c| c.starts_with(&said)),
+                "{said} in {applied:?}"
+            );
+        }
+    }
 }
