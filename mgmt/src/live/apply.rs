@@ -723,12 +723,36 @@ fn busy_units(
     }
     for (key, unit, size) in resizes {
         if *size < unit.config().backstore.size() {
-            if let Some(why) = in_use(&unit.activity()) {
+            let why = in_use(&unit.activity()).or_else(|| written_past(unit, *size));
+            if let Some(why) = why {
                 busy.push(format!("shrinking LUN {} of {}: {why}", key.1, key.0));
             }
         }
     }
     busy
+}
+
+/// Why shrinking `lu` to `size` bytes would lose data, if it would: a
+/// store whose blocks live in this process's memory only (a RAM LUN) with
+/// blocks written past the new end, which the shrink drops for good (a
+/// file LUN's unit refuses to shrink at all).
+fn written_past(lu: &LogicalUnit, size: u64) -> Option<String> {
+    let store = &lu.config().backstore;
+    if !store.in_memory() {
+        return None;
+    }
+    let end = store.size();
+    let written: u64 = match store.allocation(size, end - size) {
+        Ok(Some(map)) => map.iter().filter(|e| e.mapped).map(|e| e.len).sum(),
+        // A store that keeps no map may hold anything there.
+        Ok(None) | Err(_) => end - size,
+    };
+    (written > 0).then(|| {
+        format!(
+            "it holds {written} bytes of data past the new end ({size} bytes) in memory only, \
+             which the shrink discards"
+        )
+    })
 }
 
 /// Why replacing `lu` would lose data, if it would: a store whose blocks

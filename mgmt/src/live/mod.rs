@@ -1458,4 +1458,59 @@ mod tests {
             );
         }
     }
+
+    /// A RAM LUN's blocks live in this process alone: a reload that shrinks
+    /// one holding data past the new end is refused (it would drop them for
+    /// good), naming the bytes; forced, or with nothing written there, the
+    /// shrink goes ahead.
+    #[tokio::test]
+    async fn shrinking_a_ram_lun_with_data_past_the_new_end_needs_force() {
+        let four = ONE_RAM_LUN.replace("size = \"1M\"", "size = \"4M\"");
+        let two = ONE_RAM_LUN.replace("size = \"1M\"", "size = \"2M\"");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, &four).unwrap();
+        let live = live_of(&four, &file);
+        let unit = live.fabric.catalog().targets[0].luns.get(0).unwrap();
+        let store = unit.config().backstore.clone();
+        store.write_at(3 << 20, &[0x5a; 512]).unwrap();
+        std::fs::write(&file, &two).unwrap();
+        let e = live
+            .reload(ChangeMode::default())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "shrinking LUN 0 of iqn.2026-11.io.blockwire:disk: it holds 512 bytes \
+                        of data past the new end (2097152 bytes)"
+            ) && e.contains("nothing was changed"),
+            "{e}"
+        );
+        assert_eq!(store.size(), 4 << 20);
+        // Written below the new end only: the shrink goes ahead.
+        store.discard(3 << 20, 512).unwrap();
+        store.write_at(1 << 20, &[0x5a; 512]).unwrap();
+        live.reload(ChangeMode::default()).await.unwrap();
+        assert_eq!(store.size(), 2 << 20);
+        // Forced, a shrink over written blocks goes ahead too.
+        store.write_at((2 << 20) - 512, &[0x5a; 512]).unwrap();
+        let one = ONE_RAM_LUN;
+        std::fs::write(&file, one).unwrap();
+        assert!(live.reload(ChangeMode::default()).await.is_err());
+        let applied = live
+            .edit(
+                ChangeMode {
+                    force: true,
+                    ..ChangeMode::default()
+                },
+                |doc| {
+                    *doc = parse_doc("t.toml", one).unwrap();
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.size(), 1 << 20, "{applied:?}");
+    }
 }
