@@ -1081,6 +1081,24 @@ mod scsi {
             prop_assert_eq!(PrOutData::decode(PrOutAction::RegisterAndMove, &mv.encode()), Ok(mv));
         }
 
+        /// Each TransportID of a SPEC_I_PT list is found where it was put.
+        #[test]
+        fn transport_id_offsets_follow_the_list(tids in vec(transport_id(), 0..6)) {
+            let list = PrOutData::Basic(PrOutParameters {
+                spec_i_pt: true, transport_ids: tids.clone(), ..Default::default()
+            }).encode();
+            let mut at = 28;
+            let mut expected = Vec::new();
+            for t in &tids {
+                expected.push(at);
+                let mut b = Vec::new();
+                t.encode_into(&mut b);
+                prop_assert_eq!(TransportId::decode(&list[at..]), Ok((t.clone(), b.len())));
+                at += b.len();
+            }
+            prop_assert_eq!(PrOutParameters::transport_id_offsets(&list), expected);
+        }
+
         #[test]
         fn data_decoders_never_panic(b in vec(any::<u8>(), 0..300), sa in 0u8..9) {
             let _ = StandardInquiry::decode(&b);
@@ -1092,6 +1110,7 @@ mod scsi {
             let _ = ModeParameters::decode6(&b);
             let _ = ModeParameters::decode10(&b);
             let _ = UnmapList::decode(&b);
+            let _ = PrOutParameters::transport_id_offsets(&b);
             if let Some(a) = PrOutAction::from_code(sa) {
                 if let Err(e) = PrOutData::decode(a, &b) {
                     let _ = e.to_sense();

@@ -35,5 +35,6 @@ fuzz_target!(|bytes: &[u8]| {
         if let Some(action) = PrOutAction::from_code(action & 0x1f) {
             let _ = PrOutData::decode(action, rest);
         }
+        let _ = PrOutParameters::transport_id_offsets(rest);
     }
 });

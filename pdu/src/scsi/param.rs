@@ -238,6 +238,26 @@ fn tids(b: &[u8], base: usize) -> Result<Vec<TransportId>, DataError> {
     Ok(out)
 }
 
+impl PrOutParameters {
+    /// Where each TransportID of a basic parameter list with SPEC_I_PT
+    /// starts, in bytes from the list's start: what a sense-key-specific
+    /// field pointer names for a listed port the target refuses (SPC-4
+    /// 6.16.3; TransportIDs differ in length, an iSCSI one by its name).
+    /// Stops at the first TransportID that does not decode.
+    pub fn transport_id_offsets(list: &[u8]) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut off = 28;
+        while let Some(rest) = list.get(off..).filter(|r| !r.is_empty()) {
+            let Ok((_, n)) = TransportId::decode(rest) else {
+                break;
+            };
+            out.push(off);
+            off += n;
+        }
+        out
+    }
+}
+
 impl PrOutData {
     /// Wire form.
     pub fn encode(&self) -> Vec<u8> {

@@ -777,10 +777,10 @@ impl LogicalUnit {
             };
             match (&params, sa) {
                 (PrOutData::Basic(p), PrOutAction::Register) => {
-                    registered = ctx.register(p, false)?
+                    registered = ctx.register(p, buf, false)?
                 }
                 (PrOutData::Basic(p), PrOutAction::RegisterAndIgnoreExistingKey) => {
-                    registered = ctx.register(p, true)?
+                    registered = ctx.register(p, buf, true)?
                 }
                 (PrOutData::Basic(p), PrOutAction::Reserve) => {
                     ctx.reserve(p, pr_type.unwrap_or(PrType::WriteExclusive))?
@@ -956,7 +956,14 @@ impl PrCtx<'_> {
 
     /// REGISTER and REGISTER AND IGNORE EXISTING KEY; false when the
     /// command does nothing (an unregistered nexus registering key zero).
-    fn register(&mut self, p: &PrOutParameters, ignore: bool) -> Result<bool, Failure> {
+    /// `list` is the parameter list `p` was decoded from: a refused
+    /// listed port is named by where its TransportID starts in it.
+    fn register(
+        &mut self,
+        p: &PrOutParameters,
+        list: &[u8],
+        ignore: bool,
+    ) -> Result<bool, Failure> {
         match self.st.find(self.nexus) {
             None => {
                 if !ignore && p.reservation_key != 0 {
@@ -994,9 +1001,14 @@ impl PrCtx<'_> {
                     return Err(illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
                 }
                 let mut new = vec![mine];
+                let offsets = PrOutParameters::transport_id_offsets(list);
                 for (i, t) in p.transport_ids.iter().enumerate() {
+                    let at = offsets.get(i).copied().unwrap_or(28);
+                    let at = u16::try_from(at).unwrap_or(u16::MAX);
                     let TransportId::Iscsi { name, isid } = t else {
-                        return Err(invalid_param(28, None));
+                        // Another protocol's port cannot be on this
+                        // iSCSI target's I_T nexuses.
+                        return Err(invalid_param(at, None));
                     };
                     let (initiator, name_only) = match isid {
                         Some(i) => (format!("{name},i,0x{}", i.to_ascii_lowercase()), false),
@@ -1012,7 +1024,7 @@ impl PrCtx<'_> {
                     };
                     // A listed port already registered (or listed twice).
                     if self.st.regs.iter().chain(&new).any(|o| o.overlaps(&r)) {
-                        return Err(invalid_param((28 + i) as u16, None));
+                        return Err(invalid_param(at, None));
                     }
                     new.push(r);
                 }

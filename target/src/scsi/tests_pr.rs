@@ -1476,3 +1476,43 @@ fn a_reserve_and_a_registration_racing_cannot_both_stand() {
     // READ KEYS (from A, the holder): no key registered.
     assert_eq!(&prin(&t, &a, PrInAction::ReadKeys)[4..8], &[0, 0, 0, 0]);
 }
+
+/// A SPEC_I_PT list's TransportIDs differ in length (an iSCSI one by its
+/// name): a listed port the target refuses, already registered or of
+/// another protocol, is named by the byte where its TransportID starts in
+/// the parameter list (SPC-4 6.16.3), where it was 28 plus its index.
+#[test]
+fn a_refused_listed_port_is_named_where_its_transport_id_starts() {
+    let long = TransportId::Iscsi {
+        name: "iqn.2024-01.listed:a-name-long-enough-for-sixty-four-bytes-of-id".into(),
+        isid: None,
+    };
+    let mut first = Vec::new();
+    long.encode_into(&mut first);
+    assert_eq!(first.len(), 72);
+    let fc = TransportId::Other {
+        protocol_identifier: 0,
+        bytes: vec![0; 24],
+    };
+    for (second, what) in [(long.clone(), "listed twice"), (fc, "a Fibre Channel port")] {
+        let (t, a, _, _) = three();
+        let p = PrOutParameters {
+            spec_i_pt: true,
+            transport_ids: vec![long.clone(), second],
+            ..keys(0, 5)
+        };
+        let s = expect_check(
+            &prout(&t, &a, PrOutAction::Register, PrType::WriteExclusive, p),
+            SenseKey::IllegalRequest,
+            Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+        );
+        assert_eq!(
+            s.sks,
+            Some(blockwire_pdu::scsi::SenseKeySpecific::FieldPointer(
+                blockwire_pdu::scsi::FieldPointer::parameter(28 + 72, None)
+            )),
+            "{what}"
+        );
+        assert_eq!(full_status(&t, &a).registrations.len(), 0, "{what}");
+    }
+}
