@@ -223,13 +223,15 @@ impl LogicalUnit {
         .map_err(|e| Failure::Check(e.to_sense()))?;
         let hlen: usize = if ten { 8 } else { 4 };
         let bd_unit: usize = if params.long_lba { 16 } else { 8 };
-        for d in &params.block_descriptors {
+        for (i, d) in params.block_descriptors.iter().enumerate() {
             // The block length cannot change. The count is ignored: SBC-4
             // §6.5.2 has a unit whose capacity MODE SELECT cannot change
             // ignore it, and a descriptor sent back as MODE SENSE gave it
-            // holds FFFFFFFFh for a capacity past 2^32 blocks.
+            // holds FFFFFFFFh for a capacity past 2^32 blocks. The pointer
+            // names the LOGICAL BLOCK LENGTH of the descriptor at fault.
             if d.block_length != self.cfg.block_size {
-                let at = if params.long_lba { hlen + 12 } else { hlen + 5 };
+                let field = if params.long_lba { 12 } else { 5 };
+                let at = hlen + i * bd_unit + field;
                 return Err(invalid_param(at as u16, None));
             }
         }

@@ -924,3 +924,34 @@ fn report_luns_and_sync_cache() {
     expect_check(&r, SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
     assert!(t.flush_all().is_ok());
 }
+
+/// A MODE SELECT whose second block descriptor asks for another block
+/// length is refused with the field pointer on that descriptor's LOGICAL
+/// BLOCK LENGTH (SPC-4 4.5.2.4.2: the byte in error), where it named the
+/// first descriptor's, which was right.
+#[test]
+fn a_wrong_block_length_is_named_in_its_own_descriptor() {
+    let t = table_with(|_| {});
+    let a = nexus("iqn.2024-01.test:a");
+    ready(&t, &a);
+    let descriptor = |block_length| blockwire_pdu::scsi::BlockDescriptor {
+        number_of_blocks: 0,
+        block_length,
+    };
+    let m = ModeParameters {
+        block_descriptors: vec![descriptor(512), descriptor(1024)],
+        ..Default::default()
+    };
+    let s = expect_check(
+        &mode_select6(&t, &a, &m),
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    // A 4-byte header, then 8-byte descriptors with the length at byte 5.
+    assert_eq!(
+        s.sks,
+        Some(blockwire_pdu::scsi::SenseKeySpecific::FieldPointer(
+            blockwire_pdu::scsi::FieldPointer::parameter(4 + 8 + 5, None)
+        ))
+    );
+}
