@@ -955,3 +955,46 @@ fn a_wrong_block_length_is_named_in_its_own_descriptor() {
         ))
     );
 }
+
+/// RECEIVE COPY OPERATING PARAMETERS and the third-party copy VPD page's
+/// General Copy Operations descriptor (8001h) say the same DATA SEGMENT
+/// GRANULARITY: the unit's block, 2^12 on a 4096-byte unit, where the
+/// former said 2^9 on every unit.
+#[test]
+fn both_copy_parameter_reports_give_the_blocks_granularity() {
+    for (block_size, log2) in [(512u32, 9u8), (4096, 12)] {
+        let t = table_with(|c| c.block_size = block_size);
+        let a = nexus("iqn.2024-01.test:a");
+        ready(&t, &a);
+        let cdb = c(Cdb::ReceiveCopyResults {
+            service_action: 0x03,
+            list_identifier: 0,
+            allocation_length: 64,
+        });
+        let r = run(&t, &a, &cdb, &[], 64);
+        assert_eq!(r.status, GOOD);
+        assert_eq!(r.data_in[37], log2, "RECEIVE COPY OPERATING PARAMETERS");
+        let cdb = c(Cdb::Inquiry {
+            evpd: true,
+            page_code: 0x8f,
+            allocation_length: 4096,
+        });
+        let page = run(&t, &a, &cdb, &[], 4096).data_in;
+        let mut at = 4;
+        let general = loop {
+            assert!(
+                at + 4 <= page.len(),
+                "no General Copy Operations descriptor"
+            );
+            let kind = u16::from_be_bytes([page[at], page[at + 1]]);
+            let len = usize::from(u16::from_be_bytes([page[at + 2], page[at + 3]]));
+            if kind == 0x8001 {
+                break &page[at + 4..at + 4 + len];
+            }
+            at += 4 + len;
+        };
+        // TOTAL and MAXIMUM IDENTIFIED CONCURRENT COPIES, MAXIMUM SEGMENT
+        // LENGTH, then DATA SEGMENT GRANULARITY.
+        assert_eq!(general[12], log2, "VPD 8Fh, block size {block_size}");
+    }
+}

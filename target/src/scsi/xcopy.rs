@@ -279,7 +279,9 @@ impl LogicalUnit {
                 d.extend_from_slice(&[0, 0]);
                 d.extend_from_slice(&1u16.to_be_bytes()); // total concurrent copies
                 d.push(1); // maximum concurrent copies
-                d.push(9); // data segment granularity 2^9
+                           // DATA SEGMENT GRANULARITY: a block of this unit, as the
+                           // third-party copy VPD page's General Copy Operations say.
+                d.push(self.cfg.block_size.trailing_zeros() as u8);
                 d.push(0);
                 d.push(0);
                 d.extend_from_slice(&[0, 0, 0]);
