@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The longest TargetAlias a login can carry: a text value (RFC 7143 §6.1).
+const MAX_ALIAS_BYTES: usize = 255;
+
 /// Whether this process may write in (`dir = true`: create entries in)
 /// `path`, by access(2): nothing is opened or created.
 pub(super) fn writable(path: &Path, dir: bool) -> bool {
@@ -355,6 +358,24 @@ impl TargetConfig {
                 report
                     .errors
                     .push(ctx.err(t.name.span(), "target.name", why));
+            }
+            // TargetAlias goes out in every normal login's first answer: a
+            // value past 255 bytes, or with a NUL, cannot be sent (RFC 7143
+            // §6.1), and each such login would fail with TARGET ERROR.
+            if let Some(alias) = t.alias.as_deref() {
+                if alias.len() > MAX_ALIAS_BYTES || alias.contains('\0') {
+                    report.errors.push(ctx.err(
+                        t.name.span(),
+                        "target.alias",
+                        format!(
+                            "an alias of {} bytes{}: TargetAlias is a text value of at most \
+                             {MAX_ALIAS_BYTES} bytes without NUL (RFC 7143 §6.1), sent in every login; \
+                             shorten it",
+                            alias.len(),
+                            if alias.contains('\0') { " with a NUL" } else { "" }
+                        ),
+                    ));
+                }
             }
             for a in t.allow.iter().flatten() {
                 if let Err(why) = check_iscsi_name(a.get_ref().trim()) {

@@ -2087,3 +2087,29 @@ fn fabric_timers_out_of_range_are_refused() {
     ));
     assert!(r.errors.is_empty(), "{r:?}");
 }
+
+/// A TargetAlias the login could not carry (past 255 bytes, or with a
+/// NUL) is refused by the check, naming the target's line; before, the
+/// configuration loaded and every normal login to the target ended with
+/// TARGET ERROR.
+#[test]
+fn an_alias_a_login_cannot_carry_is_refused() {
+    let with_alias = |alias: &str| {
+        format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+             [[target]]\nname = \"iqn.2026-11.io.blockwire:disk\"\nalias = {}\n\n\
+             [[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = \"1M\"\n",
+            toml::Value::String(alias.to_owned())
+        )
+    };
+    TargetConfig::from_str("t.toml", &with_alias(&"a".repeat(255)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (alias, said) in [
+        ("a".repeat(256), "an alias of 256 bytes: "),
+        ("a\0b".to_owned(), "an alias of 3 bytes with a NUL: "),
+    ] {
+        let e = TargetConfig::from_str("t.toml", &with_alias(&alias)).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (6, "target.alias"), "{e}");
+        assert!(e.message.starts_with(said), "{e}");
+    }
+}
