@@ -533,10 +533,15 @@ fn config(cli: &Cli, auth: &AuthArgs) -> Result<InitiatorConfig> {
 /// (ends) the first (§6.3.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SessionRole {
-    /// A session that serves until stopped (`mount`, `attach`): the same
-    /// ISID every time, so a restart after a crash reinstates the session
-    /// it left behind rather than waiting for the target to time it out.
+    /// A session that serves until stopped (`attach`, which serves the
+    /// whole target): the same ISID every time, so a restart after a crash
+    /// reinstates the session it left behind rather than waiting for the
+    /// target to time it out.
     Held,
+    /// `blockwire mount` of a set of LUNs (empty: all): held, and one per
+    /// set, so mounts of different LUNs of one target run side by side
+    /// where each login ended the other's session, over and over.
+    HeldForMount(u16),
     /// `blockwire ublk` of one LUN: held, and one per LUN, so devices of
     /// several LUNs of one target run side by side.
     #[cfg_attr(not(feature = "ublk"), allow(dead_code))]
@@ -549,12 +554,28 @@ enum SessionRole {
 }
 
 impl SessionRole {
-    /// The ISID qualifier: 0 for [`SessionRole::Held`], 4000h plus the LUN
-    /// for one LUN's device, and 8000h up from this process's ID for a
-    /// one-shot command: the three ranges never meet.
+    /// `mount`'s role for `luns` (in any order, repeated or not).
+    fn mount_of(luns: &[u16]) -> SessionRole {
+        let mut set = luns.to_vec();
+        set.sort_unstable();
+        set.dedup();
+        // FNV-1a: stable across runs and builds, as the ISID must be.
+        let hash = set.iter().fold(0x811c_9dc5u32, |h, lun| {
+            lun.to_be_bytes()
+                .iter()
+                .fold(h, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+        });
+        SessionRole::HeldForMount((hash & 0x1fff) as u16)
+    }
+
+    /// The ISID qualifier: 0 for [`SessionRole::Held`], 2000h up for a
+    /// mount (by its LUNs), 4000h plus the LUN for one LUN's device, and
+    /// 8000h up from this process's ID for a one-shot command: the ranges
+    /// never meet.
     fn isid_qualifier(self) -> u16 {
         match self {
             SessionRole::Held => 0,
+            SessionRole::HeldForMount(set) => 0x2000 | (set & 0x1fff),
             SessionRole::HeldForLun(lun) => 0x4000 | (lun & 0x3fff),
             SessionRole::OneShot { end } => {
                 let own = std::process::id()
@@ -936,7 +957,8 @@ async fn run(cli: &Cli) -> Result<()> {
             mountpoint,
         } => {
             tcp_only("mount", cli)?;
-            let sess = open(cli, s, (*qd).max(1), SessionRole::Held).await?;
+            let role = SessionRole::mount_of(luns);
+            let sess = open(cli, s, (*qd).max(1), role).await?;
             let opts = mount::MountOptions {
                 mountpoint: mountpoint.clone(),
                 read_only: *read_only,
@@ -947,6 +969,7 @@ async fn run(cli: &Cli) -> Result<()> {
         }
         Command::Attach { s, qd, max_io_kib } => {
             let (cfg, target) = resolve(cli, s, (*qd).max(1) as usize).await?;
+            let cfg = as_role(cfg, SessionRole::Held);
             let sess = kernel_host::PassSession::open(cfg, &cli.data, &s.portal, &target).await?;
             let opts = kernel_host::AttachOptions {
                 queue_depth: *qd,
