@@ -469,8 +469,10 @@ impl AssistedSession {
                     return None;
                 }
                 Err(e)
-                    if !self.session.ended_by_own_task_management(&e, managed)
-                        && retries.again_after(&e).await => {}
+                    if {
+                        self.session.note_deferred_error(&e);
+                        !self.session.ended_by_own_task_management(&e, managed)
+                    } && retries.again_after(&e).await => {}
                 Err(e) => return Some(Err(e)),
             }
         }

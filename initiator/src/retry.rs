@@ -15,13 +15,17 @@
 //! A deferred error (sense response code 71h/73h, SPC-4 4.5.5) is an
 //! earlier command's failure reported on this one, which the device server
 //! did not process: it is logged as an error naming the unit, and the
-//! command retried at once, up to four times, as the midlayer does.
+//! command retried at once, up to four times, as the midlayer does; the
+//! next SYNCHRONIZE CACHE of the unit fails with it ([`DeferredErrors`]),
+//! where the midlayer lets it go.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use blockwire_pdu::scsi::{ScsiStatus, SenseKey};
 
-use crate::Error;
+use crate::{Error, ScsiError};
 
 /// How long a command is retried while the target answers BUSY or TASK
 /// SET FULL, counted from the first such answer: the Linux SCSI disk's
@@ -106,6 +110,38 @@ impl Retries {
             }
             Next::GiveUp => false,
         }
+    }
+}
+
+/// The deferred errors a session heard, per LUN, that no SYNCHRONIZE
+/// CACHE has reported yet. A deferred error says an earlier command,
+/// already answered GOOD, failed (SPC-4 4.5.5): a WRITE the cache took and
+/// could not write back. The command that heard of it is sent again, and
+/// its caller is not the one to tell; the next flush of the LUN is, since
+/// a flush is how a caller asks whether what it wrote is on the medium.
+#[derive(Default)]
+pub(crate) struct DeferredErrors(Mutex<HashMap<u16, ScsiError>>);
+
+impl DeferredErrors {
+    /// Keeps `e` when it is a deferred error (the first of its LUN until a
+    /// flush takes it).
+    pub(crate) fn note(&self, e: &Error) {
+        let Error::Scsi(s) = e else { return };
+        if s.sense.as_ref().is_some_and(|sense| sense.deferred) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(s.lun)
+                .or_insert_with(|| s.clone());
+        }
+    }
+
+    /// The deferred error of `lun` not yet reported, taken.
+    pub(crate) fn take(&self, lun: u16) -> Option<ScsiError> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lun)
     }
 }
 

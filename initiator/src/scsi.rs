@@ -231,7 +231,10 @@ impl Session {
 
     /// SYNCHRONIZE CACHE(10) of the whole LUN. A device server that does
     /// not implement the command has no volatile cache to write back, so
-    /// its refusal of it is success (as Linux's sd takes it).
+    /// its refusal of it is success (as Linux's sd takes it). A flush that
+    /// held still fails with a deferred error the session heard from the
+    /// unit since the last flush (an acknowledged WRITE that failed
+    /// later), once: what the caller wrote is not all on the medium.
     pub async fn synchronize_cache(&self, lun: u16) -> Result<()> {
         let cdb = Cdb::SynchronizeCache {
             size: CdbSize::Ten,
@@ -241,9 +244,13 @@ impl Session {
             group: 0,
         };
         match self.execute(lun, &cdb.encode(), DataDir::None).await {
-            Ok(_) => Ok(()),
-            Err(e) if lacks_synchronize_cache(&e) => Ok(()),
-            Err(e) => Err(e),
+            Ok(_) => {}
+            Err(e) if lacks_synchronize_cache(&e) => {}
+            Err(e) => return Err(e),
+        }
+        match self.take_deferred_error(lun) {
+            Some(deferred) => Err(Error::Scsi(deferred)),
+            None => Ok(()),
         }
     }
 }

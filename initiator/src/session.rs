@@ -164,6 +164,8 @@ struct Inner {
     /// Task management requests this session sent: a TASK ABORTED that
     /// follows one may be its doing, which a retry would undo.
     own_task_management: AtomicU64,
+    /// Deferred errors the next SYNCHRONIZE CACHE of their LUN reports.
+    deferred: crate::retry::DeferredErrors,
     background: Mutex<Vec<AbortHandle>>,
     epoch: Instant,
     last_rx_ms: AtomicU64,
@@ -269,6 +271,7 @@ impl Session {
             recoveries: AtomicU32::new(0),
             capacity_changes: AtomicU64::new(0),
             own_task_management: AtomicU64::new(0),
+            deferred: Default::default(),
             time2wait: Mutex::new(None),
             background: Mutex::new(Vec::new()),
             epoch: Instant::now(),
@@ -359,6 +362,7 @@ impl Session {
             match self.inner.execute_once(lun, cdb, &mut dir).await {
                 Err(e) => {
                     self.inner.note_capacity_change(lun, &e);
+                    self.note_deferred_error(&e);
                     if self.ended_by_own_task_management(&e, managed)
                         || !retries.again_after(&e).await
                     {
@@ -368,6 +372,17 @@ impl Session {
                 r => return r,
             }
         }
+    }
+
+    /// Keeps `e`, when it is a deferred error, for the next SYNCHRONIZE
+    /// CACHE of its LUN to report (see [`crate::retry::DeferredErrors`]).
+    pub(crate) fn note_deferred_error(&self, e: &Error) {
+        self.inner.deferred.note(e);
+    }
+
+    /// The deferred error of `lun` no flush has reported yet, taken.
+    pub(crate) fn take_deferred_error(&self, lun: u16) -> Option<crate::ScsiError> {
+        self.inner.deferred.take(lun)
     }
 
     /// Task management requests this session sent so far.

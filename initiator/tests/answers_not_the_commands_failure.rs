@@ -8,7 +8,7 @@
 //!   first TASK ABORTED came back as an error (EIO under ublk or FUSE).
 //! - CHECK CONDITION with a deferred error (sense response code 71h, SPC-4
 //!   4.5.5): an earlier command's failure; this one was not processed, and
-//!   is sent again.
+//!   is sent again. The unit's next SYNCHRONIZE CACHE fails with it.
 //! - CHECK CONDITION with RECOVERED ERROR (SPC-4 4.5.6): the command
 //!   completed; its data are the caller's. Both failed the command.
 
@@ -37,11 +37,15 @@ fn aborting_target(listener: TcpListener, aborted: usize) -> usize {
 }
 
 /// Logs the initiator in, ends the first `refused` READs as `how` says and
-/// answers the next with data; then answers the logout. Returns how many
+/// answers the next with data (and commands without data GOOD); then
+/// answers the logout. Returns how many
 /// READs came.
 fn refusing_target(listener: TcpListener, refused: usize, how: Refusal) -> usize {
     scripted::serve_commands(listener, |c, stat_sn, cmd_sn, before| {
-        let answer = if before >= refused {
+        let answer = if before >= refused && c.expected_data_transfer_length == 0 {
+            // A command without data (SYNCHRONIZE CACHE): GOOD.
+            scripted::response(c, 0, None, 0, stat_sn, cmd_sn)
+        } else if before >= refused {
             let data = vec![0x5e; c.expected_data_transfer_length as usize];
             scripted::single_data_in(c, Some(0), stat_sn, cmd_sn, data)
         } else {
@@ -111,6 +115,43 @@ async fn a_read_that_hears_of_an_earlier_commands_failure_is_sent_again() {
     assert!(buf.iter().all(|&b| b == 0x5e), "the target's data");
     session.logout().await.expect("logout");
     assert_eq!(target.join().unwrap(), 2, "READs sent");
+}
+
+/// A deferred error says a WRITE already answered GOOD failed later: the
+/// command that hears of it is sent again, and the next SYNCHRONIZE CACHE
+/// of the unit, which asks whether what was written is on the medium,
+/// fails with it, once. Before, the flush succeeded and the loss was only
+/// logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_flush_fails_with_a_deferred_error() {
+    let (session, target) =
+        scripted::session_with("iqn.2026-12.io.blockwire:deferred-flush", |l| {
+            // The READ hears of the error, is answered when sent again;
+            // both SYNCHRONIZE CACHEs are GOOD.
+            refusing_target(l, 1, Refusal::Deferred)
+        })
+        .await;
+    let mut buf = vec![0u8; 8 * 512];
+    tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+        .await
+        .expect("the READ ends")
+        .expect("the READ succeeds when sent again");
+    let e = tokio::time::timeout(Duration::from_secs(20), session.synchronize_cache(0))
+        .await
+        .expect("the flush ends")
+        .expect_err("the flush reports the deferred error");
+    let blockwire_initiator::Error::Scsi(s) = &e else {
+        panic!("not the deferred error: {e}")
+    };
+    let sense = s.sense.as_ref().expect("its sense data");
+    assert!(sense.deferred, "{e}");
+    assert_eq!((sense.asc, sense.ascq), (0x0c, 0x00), "{e}");
+    tokio::time::timeout(Duration::from_secs(20), session.synchronize_cache(0))
+        .await
+        .expect("the second flush ends")
+        .expect("the error was reported once");
+    session.logout().await.expect("logout");
+    assert_eq!(target.join().unwrap(), 4, "two READs, two flushes");
 }
 
 /// Answers each READ with its data and then CHECK CONDITION, RECOVERED
