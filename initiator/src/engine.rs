@@ -21,6 +21,7 @@ use blockwire_pdu::pdu::{
     DataIn, DataOut, LogoutRequest, NopIn, NopOut, R2t, ScsiCommand, ScsiResponse, TaskMgmtRequest,
     RESERVED_TAG,
 };
+use blockwire_pdu::scsi::{parse_sense_segment, Sense, SenseKey};
 use blockwire_pdu::serial::{sn_gt, sn_le, sn_lt};
 use blockwire_pdu::{Bhs, Lun, Pdu};
 
@@ -247,14 +248,28 @@ fn is_scsi(kind: &Kind) -> bool {
     matches!(kind, Kind::Scsi { .. })
 }
 
-/// The bytes a command that moves `expected` bytes one way owes that way
-/// when the target ends it with `status`: none to check (None) unless the
-/// status is good, otherwise all of them less an underflow
-/// (RFC 7143 §11.4.5.2).
-fn owed_by_good_status(expected: usize, status: u8, underflow: Option<u32>) -> Option<usize> {
+/// Whether a command the target ends with `status` and `sense` completed:
+/// a good status, or CHECK CONDITION with RECOVERED ERROR (SPC-4 4.5.6:
+/// the device server recovered on its own; not a deferred one, which is
+/// an earlier command's). Its data are then the caller's, as Linux's sd
+/// completes it, and so must be all there.
+pub(crate) fn completes_command(status: u8, sense: Option<&Sense>) -> bool {
     const GOOD: u8 = 0x00;
+    const CHECK_CONDITION: u8 = 0x02;
     const CONDITION_MET: u8 = 0x04;
-    (expected > 0 && matches!(status, GOOD | CONDITION_MET))
+    match status {
+        GOOD | CONDITION_MET => true,
+        CHECK_CONDITION => sense.is_some_and(|s| s.key == SenseKey::RecoveredError && !s.deferred),
+        _ => false,
+    }
+}
+
+/// The bytes a command that moves `expected` bytes one way owes that way
+/// when the target ends it: none to check (None) unless it `completed`
+/// ([`completes_command`]), otherwise all of them less an underflow
+/// (RFC 7143 §11.4.5.2).
+fn owed_by_good_status(expected: usize, completed: bool, underflow: Option<u32>) -> Option<usize> {
+    (expected > 0 && completed)
         .then(|| expected.saturating_sub(underflow.map_or(0, |n| n as usize)))
 }
 
@@ -265,7 +280,13 @@ fn owed_by_good_status(expected: usize, status: u8, underflow: Option<u32>) -> O
 /// run from offset 0, or the buffer handed back would carry bytes the
 /// target never sent (zeros, or an earlier attempt's) as data. (A failed
 /// command's data counts for nothing anyway.)
-fn read_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) -> Option<String> {
+fn read_data_missing(
+    itt: u32,
+    kind: &Kind,
+    status: u8,
+    completed: bool,
+    underflow: Option<u32>,
+) -> Option<String> {
     let Kind::Scsi {
         expected_in,
         received,
@@ -275,7 +296,7 @@ fn read_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) 
     else {
         return None;
     };
-    let owed = owed_by_good_status(*expected_in, status, underflow)?;
+    let owed = owed_by_good_status(*expected_in, completed, underflow)?;
     let filled = placed.contiguous_end();
     if filled == owed && *received == owed as u64 {
         return None;
@@ -294,7 +315,13 @@ fn read_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) 
 /// the residual (RFC 7143 §11.4.5.2); the target can only have what went as
 /// immediate or unsolicited data or what its R2Ts asked for, and a good
 /// status claiming more would have blocks never sent taken as written.
-fn write_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>) -> Option<String> {
+fn write_data_missing(
+    itt: u32,
+    kind: &Kind,
+    status: u8,
+    completed: bool,
+    underflow: Option<u32>,
+) -> Option<String> {
     let Kind::Scsi {
         expected_out,
         asked_out,
@@ -303,7 +330,7 @@ fn write_data_missing(itt: u32, kind: &Kind, status: u8, underflow: Option<u32>)
     else {
         return None;
     };
-    let owed = owed_by_good_status(*expected_out, status, underflow)? as u64;
+    let owed = owed_by_good_status(*expected_out, completed, underflow)? as u64;
     if *asked_out >= owed {
         return None;
     }
@@ -817,7 +844,9 @@ impl<T: Clone> Engine<T> {
                 return events;
             };
             let underflow = d.underflow.then_some(d.residual_count);
-            if let Some(gap) = read_data_missing(d.itt, &task.kind, status, underflow) {
+            // A status in Data-In comes without sense data (RFC 7143 §11.7.4).
+            let completed = completes_command(status, None);
+            if let Some(gap) = read_data_missing(d.itt, &task.kind, status, completed, underflow) {
                 events.push(task.failed(gap));
                 return events;
             }
@@ -1020,8 +1049,10 @@ impl<T: Clone> Engine<T> {
             return;
         };
         let underflow = r.underflow.then_some(r.residual_count);
-        if let Some(gap) = read_data_missing(r.itt, &task.kind, r.status, underflow)
-            .or_else(|| write_data_missing(r.itt, &task.kind, r.status, underflow))
+        let sense = parse_sense_segment(&data).ok().flatten();
+        let completed = completes_command(r.status, sense.as_ref());
+        if let Some(gap) = read_data_missing(r.itt, &task.kind, r.status, completed, underflow)
+            .or_else(|| write_data_missing(r.itt, &task.kind, r.status, completed, underflow))
         {
             events.push(task.failed(gap));
             return;

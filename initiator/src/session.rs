@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutResponseCode, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{DataIn, R2t, RESERVED_TAG};
-use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense, SenseKey};
+use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -1738,11 +1738,7 @@ pub(crate) fn scsi_completion(
                 // RECOVERED ERROR (SPC-4 4.5.6): the command completed, the
                 // device server having recovered on its own; its data and
                 // sense are the caller's, as Linux's sd completes it.
-                let recovered = status == ScsiStatus::CHECK_CONDITION
-                    && sense
-                        .as_ref()
-                        .is_some_and(|s| s.key == SenseKey::RecoveredError && !s.deferred);
-                if !status.is_success() && !recovered {
+                if !crate::engine::completes_command(o.status, sense.as_ref()) {
                     return Err(Error::Scsi(ScsiError {
                         lun,
                         opcode,

@@ -10,7 +10,8 @@
 //!   4.5.5): an earlier command's failure; this one was not processed, and
 //!   is sent again. The unit's next SYNCHRONIZE CACHE fails with it.
 //! - CHECK CONDITION with RECOVERED ERROR (SPC-4 4.5.6): the command
-//!   completed; its data are the caller's. Both failed the command.
+//!   completed; its data are the caller's. Both failed the command. As a
+//!   completed command it owes all its data, as a GOOD one does.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -180,4 +181,74 @@ async fn a_read_the_target_recovered_on_its_own_completes() {
     assert_eq!((sense.asc, sense.ascq), (0x17, 0x01));
     session.logout().await.expect("logout");
     assert_eq!(target.join().unwrap(), 1, "READs sent");
+}
+
+/// Answers each READ with half its data, then CHECK CONDITION, RECOVERED
+/// ERROR with no residual: a completion claiming bytes never sent.
+fn recovering_in_part_target(listener: TcpListener) -> usize {
+    scripted::serve_commands(listener, |c, stat_sn, cmd_sn, _| {
+        let data = vec![0x6a; c.expected_data_transfer_length as usize / 2];
+        vec![
+            scripted::single_data_in(c, None, stat_sn, cmd_sn, data),
+            scripted::check_condition(c, stat_sn, cmd_sn, (0x01, 0x17, 0x01)),
+        ]
+    })
+}
+
+/// A command the target ends with RECOVERED ERROR completed, so it owes
+/// all its data as a GOOD one does (RFC 7143 §11.4.5.2): a READ given half
+/// of it fails, where the other half's stale bytes went back as data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_read_missing_data_fails() {
+    let (session, target) = scripted::session_with(
+        "iqn.2026-12.io.blockwire:recovered-in-part",
+        recovering_in_part_target,
+    )
+    .await;
+    let mut buf = vec![0u8; 8 * 512];
+    let e = tokio::time::timeout(Duration::from_secs(20), session.read(0, 0, 8, &mut buf))
+        .await
+        .expect("the READ ends")
+        .expect_err("a READ given half its data fails");
+    assert!(e.to_string().contains("2048 bytes of Data-In"), "{e}");
+    drop(session);
+    let _ = target.join();
+}
+
+/// A WRITE the target ends with RECOVERED ERROR before asking for its data
+/// (no R2T) claims, with no residual, that all of it was taken: the WRITE
+/// fails, where its blocks never sent were taken as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_write_whose_data_was_never_asked_for_fails() {
+    let (session, target) =
+        scripted::session_with("iqn.2026-12.io.blockwire:recovered-unasked", |l| {
+            scripted::serve_commands(l, |c, stat_sn, cmd_sn, _| {
+                vec![scripted::check_condition(
+                    c,
+                    stat_sn,
+                    cmd_sn,
+                    (0x01, 0x17, 0x01),
+                )]
+            })
+        })
+        .await;
+    // 1 MiB: past any first burst, so most of it waits for R2Ts.
+    let data = vec![0x3c; 1 << 20];
+    let e = tokio::time::timeout(
+        Duration::from_secs(20),
+        session.write(0, 0, (data.len() / 512) as u32, &data),
+    )
+    .await
+    .expect("the WRITE ends")
+    .expect_err("a WRITE whose data was never asked for fails");
+    assert!(
+        e.to_string()
+            .contains("were sent unsolicited or asked for by R2T"),
+        "{e}"
+    );
+    drop(session);
+    // The scripted target takes no Data-Out: its thread may end on the
+    // unsolicited data that follow the command. The initiator's verdict
+    // is what this shows.
+    let _ = target.join();
 }
