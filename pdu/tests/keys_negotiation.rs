@@ -243,6 +243,49 @@ fn first_burst_length_irrelevant_and_bounded() {
     );
 }
 
+/// A target whose FirstBurstLength preference (256 KiB) is above the
+/// MaxBurstLength an initiator asked for (128 KiB) offers no more than
+/// that as FirstBurstLength when the initiator left it out: an initiator
+/// that prefers more answers the offer, and the login then broke
+/// FirstBurstLength <= MaxBurstLength (RFC 7143 §13.14) and failed.
+#[test]
+fn a_first_burst_offer_stays_within_the_max_burst_agreed() {
+    let tcfg = LocalConfig {
+        first_burst_length: 256 * 1024,
+        max_burst_length: 1 << 20,
+        ..LocalConfig::target(1)
+    };
+    let mut t = target(tcfg);
+    let r = t
+        .receive(
+            Phase::Operational,
+            &pairs(&[
+                ("MaxBurstLength", "131072"),
+                ("InitialR2T", "No"),
+                ("ImmediateData", "Yes"),
+            ]),
+        )
+        .unwrap();
+    assert!(r
+        .answers
+        .contains(&("MaxBurstLength".into(), "131072".into())));
+    let offers = t.offer(Phase::Operational).unwrap();
+    let first = offers
+        .iter()
+        .find(|(k, _)| k == "FirstBurstLength")
+        .map(|(_, v)| v.as_str());
+    assert_eq!(first, Some("131072"), "{offers:?}");
+    // The initiator, preferring 256 KiB, answers the smaller of the two;
+    // the login finishes.
+    t.receive(
+        Phase::Operational,
+        &pairs(&[("FirstBurstLength", "131072")]),
+    )
+    .unwrap();
+    t.finish().expect("FirstBurstLength within MaxBurstLength");
+    assert_eq!(t.params().first_burst_length, 131072);
+}
+
 // ---- boolean keys ---------------------------------------------------------
 
 #[test]

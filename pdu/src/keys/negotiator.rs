@@ -605,6 +605,14 @@ impl Negotiator {
         let value = match def.kind {
             Kind::List => self.local_list(id).join(","),
             Kind::And | Kind::Or => format_bool(self.local_bool(id)).to_owned(),
+            // FirstBurstLength must not exceed MaxBurstLength (RFC 7143
+            // §13.14): an offer above the MaxBurstLength agreed (or, before
+            // that, above our own) would have the peer's answer break it.
+            Kind::Min | Kind::Max if id == KeyId::FirstBurstLength => self
+                .local_num(id)
+                .min(self.local_num(KeyId::MaxBurstLength))
+                .min(self.params.max_burst_length.into())
+                .to_string(),
             Kind::Min | Kind::Max => self.local_num(id).to_string(),
             _ => return,
         };
