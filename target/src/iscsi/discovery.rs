@@ -296,9 +296,12 @@ impl TextExchange {
             None => false,
         };
         if !continuing {
-            // A new request (TTT 0xffffffff) abandons any earlier one.
+            // A new request (TTT 0xffffffff) abandons any earlier one, and
+            // starts a negotiation: a key may come once in it, across all
+            // the requests that continue it (RFC 7143 §6.2).
             self.current = None;
             self.assembler.reset();
+            self.negotiator.start_text_exchange();
         }
         if let Some(c) = &self.current {
             if !c.receiving {
@@ -376,7 +379,6 @@ impl TextExchange {
 
     /// The answer to a whole request's pairs.
     fn answer(&mut self, pairs: &[(String, String)]) -> Result<TextPairs, RejectReason> {
-        self.negotiator.start_text_exchange();
         // The negotiator takes keys one by one and stops at a bad one: a
         // rejected request must change nothing (RFC 7143 §11.17), so the
         // keys taken before it are undone.

@@ -424,6 +424,35 @@ fn a_request_saying_more_follows_is_not_answered_final() {
     assert_eq!((n, &answer[0]), (1, &("TargetName".into(), OPEN.into())));
 }
 
+/// A key may be negotiated once in a negotiation (RFC 7143 §6.2), which
+/// runs over all the requests of one exchange (F=0 answered F=0, the next
+/// request echoing the tag): the same key again in the request that
+/// continues it is rejected and changes nothing, where each request was
+/// taken as a fresh negotiation and the second value silently won.
+#[test]
+fn a_key_given_again_in_a_continuing_request_is_rejected() {
+    let mut x = normal_session_text();
+    let first = encode_text(&pairs(&[("MaxRecvDataSegmentLength", "65536")])).unwrap();
+    let s = x.on_request(&text_req(9, RESERVED_TAG, false, false), &first);
+    let (r, _) = text_resp(&s);
+    assert!(!r.final_bit);
+    assert_eq!(x.params().initiator_max_recv_data_segment_length, 65536);
+    let again = encode_text(&pairs(&[("MaxRecvDataSegmentLength", "4096")])).unwrap();
+    let s = x.on_request(&text_req(9, r.ttt, true, false), &again);
+    assert!(matches!(s, TextStep::Reject(_)), "{s:?}");
+    assert_eq!(x.params().initiator_max_recv_data_segment_length, 65536);
+    // A new exchange may name it again.
+    let (answer, _) = exchange(
+        &mut x,
+        10,
+        &[("MaxRecvDataSegmentLength", "4096")],
+        8192,
+        8192,
+    );
+    assert!(answer.is_empty(), "{answer:?}");
+    assert_eq!(x.params().initiator_max_recv_data_segment_length, 4096);
+}
+
 #[test]
 fn text_exchange_without_login_outcome() {
     let neg = Negotiator::new(
