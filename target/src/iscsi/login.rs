@@ -582,7 +582,11 @@ impl LoginMachine {
         let responses = negotiator
             .receive(phase, &pairs)
             .map_err(|e| refuse(LoginStatus::INITIATOR_ERROR, format!("negotiation: {e}")))?;
-        if responses.rejected().any(|k| k == "AuthMethod") {
+        // In the security stage a rejected AuthMethod is a failed
+        // authentication; in the operational stage, where the key has no
+        // place (RFC 7143 §6.3), its Reject answer goes back and the
+        // stage goes on (a target that requires CHAP refused above).
+        if phase == Phase::Security && responses.rejected().any(|k| k == "AuthMethod") {
             return Err(refuse(
                 LoginStatus::AUTHENTICATION_FAILURE,
                 "no acceptable AuthMethod (CHAP required, or CHAP offered without credentials)",

@@ -487,6 +487,33 @@ fn skip_security_and_security_straight_to_ffp() {
     assert_eq!((last.csg, last.nsg), (Stage::Security, Stage::FullFeature));
 }
 
+/// AuthMethod in a login that starts in the operational stage, where the
+/// key has no place (RFC 7143 §6.3), is answered Reject and the login
+/// goes on to a target that requires no authentication, where it was
+/// refused as an AUTHENTICATION FAILURE; a target that requires CHAP
+/// still refuses a login that skipped the security stage.
+#[test]
+fn auth_method_in_the_operational_stage_is_answered_reject() {
+    let mut m = machine(catalog(), 1);
+    let req = login_request(true, false, Stage::Operational, Stage::FullFeature, 0, 0);
+    let step = one(
+        &mut m,
+        &req,
+        &[
+            ("InitiatorName", HOST1),
+            ("TargetName", OPEN),
+            ("SessionType", "Normal"),
+            ("AuthMethod", "None"),
+        ],
+    );
+    let LoginStep::Complete(_) = step else {
+        panic!("{step:?}")
+    };
+    let p = m.final_response(1, 100, 200);
+    let pairs = parse_text(&p.data).unwrap();
+    assert!(has(&pairs, "AuthMethod", "Reject"), "{pairs:?}");
+}
+
 #[test]
 fn discovery_login_has_no_tpgt() {
     let d = login(&opts(HOST1, None)).expect("discovery");
