@@ -2,7 +2,6 @@
 //! Skipped (with a message) when no blockwire-target binary is built.
 
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,25 +14,11 @@ impl Drop for Target {
     }
 }
 
-fn target_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("BLOCKWIRE_TARGET_BIN") {
-        return Some(p.into());
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let build = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("build"));
-    ["release", "debug"]
-        .iter()
-        .map(|p| build.join(p).join("blockwire-target"))
-        .find(|p| p.exists())
-}
+mod target_binary;
+use target_binary::target_bin;
 
 fn start() -> (Target, u16) {
-    let bin = target_bin().expect(
-        "no blockwire-target binary: run `cargo build -p blockwire-mgmt` (scripts/test.sh builds \
-         the workspace first)",
-    );
+    let bin = target_bin();
     let port = (20000..32000)
         .map(|_| 20000 + (rand_u16() % 12000))
         .find(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())

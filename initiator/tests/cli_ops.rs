@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod target_binary;
+use target_binary::target_bin;
+
 const IQN: &str = "iqn.2026-11.io.blockwire:ops";
 const ADMITTED: &str = "iqn.2026-11.io.blockwire.test:admitted";
 
@@ -49,24 +52,6 @@ impl Drop for Target {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn target_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("BLOCKWIRE_TARGET_BIN") {
-        return p.into();
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let build = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("build"));
-    ["release", "debug"]
-        .iter()
-        .map(|p| build.join(p).join("blockwire-target"))
-        .find(|p| p.exists())
-        .expect(
-            "no blockwire-target binary: run `cargo build -p blockwire-mgmt` (scripts/test.sh \
-             builds the workspace first)",
-        )
 }
 
 fn free_port() -> u16 {

@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod target_binary;
+use target_binary::target_bin;
+
 const IQN: &str = "iqn.2026-12.io.blockwire:two-mounts";
 
 /// A child process killed when dropped (a failed test leaves nothing running).
@@ -40,24 +43,6 @@ impl Drop for Scratch {
         }
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn target_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("BLOCKWIRE_TARGET_BIN") {
-        return p.into();
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let build = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("build"));
-    ["release", "debug"]
-        .iter()
-        .map(|p| build.join(p).join("blockwire-target"))
-        .find(|p| p.exists())
-        .expect(
-            "no blockwire-target binary: run `cargo build -p blockwire-mgmt` (scripts/test.sh \
-             builds the workspace first)",
-        )
 }
 
 /// Starts a target of two RAM LUNs logging to `log`; returns it and its portal.
