@@ -503,10 +503,13 @@ impl AssistedSession {
             )
             .await;
         if let Err(e) = &r {
-            if is_transfer_failure(e) {
-                // The target's queue pair is in the error state, or the
-                // target may still be running the command: the link goes
-                // down before its buffers go back.
+            // A SCSI Response says the target is done with the buffers;
+            // any other end (a failed transfer, the command aborted by a
+            // task management function, a protocol error, a lost
+            // connection) leaves RDMA operations of the target possibly
+            // queued behind it, unordered against the TCP connection: the
+            // link goes down before the buffers go back.
+            if is_transfer_failure(e) || !matches!(e, Error::Scsi(_)) {
                 self.drop_link().await;
             }
         }

@@ -818,3 +818,53 @@ async fn an_offloaded_command_unanswered_past_its_deadline_runs_again_over_tcp()
     );
     s.logout().await.unwrap();
 }
+
+/// An offloaded command that ends without a SCSI Response (here aborted by
+/// this session's own LOGICAL UNIT RESET) takes its RDMA connection down
+/// before its buffers go back: RDMA Writes the target queued before the
+/// reset could still land in them once reused (the queue pair is not
+/// ordered against the TCP connection that carried the reset's answer). The
+/// next offloaded command binds a new connection. Before, only a failed
+/// transfer took the connection down, and the buffer went back with it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offloaded_command_ended_without_a_response_takes_its_connection_down() {
+    let t = start(true).await;
+    let s = assisted(&t, "reset-offload", RdmaConfig::default()).await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let data = random(64 << 10, 29);
+    let blocks = (data.len() / BS) as u32;
+    let mut w = s.alloc(data.len()).unwrap();
+    w.write_at(0, &data).unwrap();
+    s.write(0, 0, blocks, &w).await.expect("an offloaded WRITE");
+    assert_eq!(s.stats().binds, 1);
+    // The READ waits at the stalled unit until the reset aborts it.
+    let luns = t.fabric.catalog().targets[0].luns.clone();
+    luns.set_stalled(0, true).unwrap();
+    let mut r = s.alloc(data.len()).unwrap();
+    let read = s.read(0, 0, blocks, &mut r);
+    let reset = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        s.session().lun_reset(0).await
+    };
+    let (read, reset) = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        tokio::join!(read, reset)
+    })
+    .await
+    .expect("the READ and the reset end");
+    reset.expect("LOGICAL UNIT RESET");
+    let e = read.expect_err("the READ the reset aborted");
+    assert!(matches!(e, Error::Aborted { .. }), "{e}");
+    luns.set_stalled(0, false).unwrap();
+    // The next offloaded command binds a new RDMA connection.
+    let mut again = s.alloc(data.len()).unwrap();
+    s.read(0, 0, blocks, &mut again)
+        .await
+        .expect("an offloaded READ after the reset");
+    assert!(again.to_vec() == data, "the data read back differs");
+    let st = s.stats();
+    assert_eq!(
+        st.binds, 2,
+        "the aborted command's connection was let go: {st:?}"
+    );
+    s.logout().await.unwrap();
+}
