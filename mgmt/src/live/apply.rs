@@ -194,9 +194,16 @@ impl Live {
             targets,
             discovery_auth: new.discovery_auth.clone(),
         });
-        if !dry {
-            self.fabric.replace_catalog(catalog.clone());
-        }
+        // The sessions the change looks at are those once the new catalog
+        // serves: a login checked against the old one while the change ran
+        // has attached by then (see `Fabric::admission_gate`).
+        let sessions = {
+            let _gate = self.fabric.admission_gate();
+            if !dry {
+                self.fabric.replace_catalog(catalog.clone());
+            }
+            self.fabric.sessions.all()
+        };
         let catalog_by_name = catalog.targets_by_name();
 
         // Sessions the change concerns: of removed targets, of initiators

@@ -1519,4 +1519,65 @@ mod tests {
             .unwrap();
         assert_eq!(store.size(), 1 << 20, "{applied:?}");
     }
+
+    /// A login that passed its last check against the catalog when a
+    /// change taking its initiator off the access list began is attached
+    /// before that change lists the sessions to close, and is closed by
+    /// it. Before, the change listed sessions as it started: a login
+    /// attaching meanwhile kept its session under the new access list.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_login_admitted_while_a_change_revokes_it_is_closed_by_that_change() {
+        const A: &str = "iqn.2026-11.io.blockwire.test:a";
+        const B: &str = "iqn.2026-11.io.blockwire.test:b";
+        let allow = |names: &str| {
+            ONE_RAM_LUN.replace(
+                "name = \"iqn.2026-11.io.blockwire:disk\"\n",
+                &format!("name = \"iqn.2026-11.io.blockwire:disk\"\nallow = [{names}]\n"),
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        let both = allow(&format!("\"{A}\", \"{B}\""));
+        std::fs::write(&file, &both).unwrap();
+        let live = Arc::new(live_of(&both, &file));
+        std::fs::write(&file, allow(&format!("\"{B}\""))).unwrap();
+        // A's login has passed its check: it holds the gate until attached.
+        let gate = live.fabric.admission_gate();
+        let target = live.fabric.catalog().targets[0].clone();
+        assert!(target.acl.allows(A));
+        let change = tokio::spawn({
+            let live = live.clone();
+            async move { live.reload(ChangeMode::default()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let session = live
+            .fabric
+            .sessions
+            .attach(blockwire_target::iscsi::session::SessionRequest {
+                initiator_name: A.into(),
+                isid: [0x80, 0, 0, 0, 0, 1],
+                tsih: 0,
+                cid: 1,
+                target: Some(target),
+                tpgt: 1,
+                portal: "127.0.0.1:3260".parse().unwrap(),
+                params: Default::default(),
+            })
+            .unwrap();
+        drop(gate);
+        let applied = tokio::time::timeout(Duration::from_secs(10), change)
+            .await
+            .expect("the change ends")
+            .unwrap()
+            .unwrap();
+        let closed = format!(
+            "session {A} (TSIH {}) closed: {A} is no longer in the access list",
+            session.tsih
+        );
+        assert!(
+            applied.changes.iter().any(|c| c.starts_with(&closed)),
+            "{closed} in {applied:?}"
+        );
+        assert!(live.fabric.sessions.all().is_empty(), "A's session stayed");
+    }
 }

@@ -132,6 +132,11 @@ pub struct Fabric {
     catalog: std::sync::RwLock<Arc<Catalog>>,
     /// Live sessions.
     pub sessions: SessionTable,
+    /// Held by a login from its last look at the catalog until its session
+    /// is attached, and by a live change from its catalog replacement until
+    /// it has listed the sessions it may close (see
+    /// [`Fabric::admission_gate`]).
+    admissions: std::sync::Mutex<()>,
     /// Tunables.
     pub settings: FabricSettings,
     /// Turns true when the daemon shuts down.
@@ -173,6 +178,7 @@ impl Fabric {
         let fabric = Arc::new(Fabric {
             catalog: std::sync::RwLock::new(catalog),
             sessions: SessionTable::default(),
+            admissions: std::sync::Mutex::new(()),
             settings,
             shutdown,
             rdma: OnceLock::new(),
@@ -196,6 +202,18 @@ impl Fabric {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The gate between logins and live changes. A login holds it from its
+    /// last check against the catalog (the target still served, the
+    /// initiator still in its access list) until its session is attached;
+    /// a change holds it from replacing the catalog until it has listed the
+    /// sessions it is to close. So a login admitted under the old catalog
+    /// is attached before the change lists sessions (and is closed by it),
+    /// or it checks against the new catalog (and is refused): a revoked
+    /// initiator never keeps a session the change did not see.
+    pub fn admission_gate(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.admissions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Serves `catalog` from now on: new logins and discovery see it;

@@ -132,7 +132,9 @@ impl LoginPhase {
         // connection came; a live change since (a target removed, an
         // initiator taken off its access list) must not let it through
         // with a session that change never closed. The session takes the
-        // target as served now.
+        // target as served now. The gate keeps a change from listing the
+        // sessions to close between this look and the attach below.
+        let gate = self.fabric.admission_gate();
         if let Some(then) = outcome.target.clone() {
             let catalog = self.fabric.catalog();
             let now = catalog
@@ -164,7 +166,9 @@ impl LoginPhase {
             portal: self.local,
             params: outcome.params.clone(),
         };
-        match self.fabric.sessions.attach(request) {
+        let attached = self.fabric.sessions.attach(request);
+        drop(gate);
+        match attached {
             Ok(session) => {
                 let window = self.fabric.settings.queue_depth;
                 let response = self.machine.final_response(
