@@ -16,7 +16,7 @@
 //! transfer the target reports as failed (its RDMA connection broke) is retried over
 //! TCP, and the next command sets up a new RDMA connection.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use blockwire_pdu::keys::Digest;
@@ -32,7 +32,7 @@ use blockwire_transport::reg::{IoBuf, IoSpace};
 use crate::config::InitiatorConfig;
 use crate::error::{Error, Result};
 use crate::retry::Retries;
-use crate::session::{all_blocks_moved, Completion, DataDir, Session};
+use crate::session::{all_blocks_moved, Completion, DataDir, RawCompletion, Session};
 
 /// A buffer the target can reach by RDMA (allocate with [`AssistedSession::alloc`]).
 pub type RdmaBuf = IoBuf<AnyPd>;
@@ -380,7 +380,7 @@ impl AssistedSession {
     pub async fn read_cdb(&self, lun: u16, cdb: &[u8], bufs: &mut [RdmaBuf]) -> Result<Completion> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if total > 0 && total <= self.cfg.max_offload {
-            if let Some(r) = self.offload(lun, cdb, Direction::Read, bufs).await {
+            if let Some(r) = self.offload(lun, cdb, Direction::Read, bufs, true).await {
                 return r;
             }
         }
@@ -403,7 +403,7 @@ impl AssistedSession {
     pub async fn write_cdb(&self, lun: u16, cdb: &[u8], bufs: &[RdmaBuf]) -> Result<Completion> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if total > self.cfg.inline_threshold && total <= self.cfg.max_offload {
-            if let Some(r) = self.offload(lun, cdb, Direction::Write, bufs).await {
+            if let Some(r) = self.offload(lun, cdb, Direction::Write, bufs, true).await {
                 return r;
             }
         }
@@ -419,15 +419,80 @@ impl AssistedSession {
         self.session.execute(lun, cdb, DataDir::Write(&v)).await
     }
 
-    /// One offloaded command; `None`: not possible now (use TCP). UNIT ATTENTION,
-    /// BUSY and TASK SET FULL are retried as [`Session::execute`] retries them
-    /// ([`crate::retry`]).
+    /// [`AssistedSession::read_cdb`] for a caller that does its own error
+    /// handling, as the kernel's SCSI mid-layer does behind `blockwire
+    /// attach`: nothing is retried (a UNIT ATTENTION such as CAPACITY DATA
+    /// HAS CHANGED, BUSY and the rest reach the caller), and every status
+    /// comes back as the target gave it. A command that goes over TCP is
+    /// named by `itt` for ABORT TASK, as [`Session::pass_through`] names it.
+    pub async fn read_cdb_as_sent(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        bufs: &mut [RdmaBuf],
+        itt: &AtomicU32,
+    ) -> Result<RawCompletion> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total > 0 && total <= self.cfg.max_offload {
+            if let Some(r) = self.offload(lun, cdb, Direction::Read, bufs, false).await {
+                return RawCompletion::of(r);
+            }
+        }
+        self.counters.plain_commands.fetch_add(1, Ordering::Relaxed);
+        let mut v = vec![0u8; total];
+        let c = self
+            .session
+            .pass_through(lun, cdb, DataDir::Read(&mut v), itt)
+            .await?;
+        let mut off = 0;
+        for b in bufs.iter_mut() {
+            let n = b.len().min(c.transferred.min(v.len()).saturating_sub(off));
+            b.write_at(0, &v[off..off + n]).map_err(rdma_err)?;
+            off += n;
+        }
+        Ok(c)
+    }
+
+    /// [`AssistedSession::write_cdb`] as [`AssistedSession::read_cdb_as_sent`]
+    /// runs a READ: nothing retried, every status as the target gave it.
+    pub async fn write_cdb_as_sent(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        bufs: &[RdmaBuf],
+        itt: &AtomicU32,
+    ) -> Result<RawCompletion> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total > self.cfg.inline_threshold && total <= self.cfg.max_offload {
+            if let Some(r) = self.offload(lun, cdb, Direction::Write, bufs, false).await {
+                return RawCompletion::of(r);
+            }
+        }
+        if total <= self.cfg.inline_threshold {
+            self.counters.inline_writes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.plain_commands.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut v = Vec::with_capacity(total);
+        for b in bufs {
+            v.extend_from_slice(&b.to_vec());
+        }
+        self.session
+            .pass_through(lun, cdb, DataDir::Write(&v), itt)
+            .await
+    }
+
+    /// One offloaded command; `None`: not possible now (use TCP). With
+    /// `retry`, UNIT ATTENTION, BUSY and TASK SET FULL are retried as
+    /// [`Session::execute`] retries them ([`crate::retry`]); without, the
+    /// first answer is the caller's.
     async fn offload(
         &self,
         lun: u16,
         cdb: &[u8],
         dir: Direction,
         bufs: &[RdmaBuf],
+        retry: bool,
     ) -> Option<Result<Completion>> {
         let mut retries = Retries::default();
         loop {
@@ -469,10 +534,12 @@ impl AssistedSession {
                     return None;
                 }
                 Err(e)
-                    if {
-                        self.session.note_deferred_error(&e);
-                        !self.session.ended_by_own_task_management(&e, managed)
-                    } && retries.again_after(&e).await => {}
+                    if retry
+                        && {
+                            self.session.note_deferred_error(&e);
+                            !self.session.ended_by_own_task_management(&e, managed)
+                        }
+                        && retries.again_after(&e).await => {}
                 Err(e) => return Some(Err(e)),
             }
         }

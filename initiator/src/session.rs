@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutResponseCode, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{DataIn, R2t, RESERVED_TAG};
-use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense};
+use blockwire_pdu::scsi::{
+    parse_sense_segment, split_sense_segment, ScsiStatus, Sense, SenseFormat,
+};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -88,6 +90,36 @@ pub struct RawCompletion {
     pub residual: Residual,
     /// Bytes transferred (Data-In received or Data-Out accepted).
     pub transferred: usize,
+}
+
+impl RawCompletion {
+    /// A decoded command's end as the target gave it: a failed SCSI status
+    /// (CHECK CONDITION, BUSY, RESERVATION CONFLICT, ...) is a completion
+    /// with its sense bytes (fixed format, SPC-5 4.4.3), not an error;
+    /// anything else that failed stays an error.
+    pub fn of(r: Result<Completion>) -> Result<RawCompletion> {
+        match r {
+            Ok(c) => Ok(RawCompletion {
+                status: c.status,
+                sense: c
+                    .sense
+                    .map(|s| s.encode(SenseFormat::Fixed))
+                    .unwrap_or_default(),
+                residual: c.residual,
+                transferred: c.transferred,
+            }),
+            Err(Error::Scsi(e)) => Ok(RawCompletion {
+                status: e.status,
+                sense: e
+                    .sense
+                    .map(|s| s.encode(SenseFormat::Fixed))
+                    .unwrap_or_default(),
+                residual: Residual::None,
+                transferred: 0,
+            }),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -868,3 +868,62 @@ async fn an_offloaded_command_ended_without_a_response_takes_its_connection_down
     );
     s.logout().await.unwrap();
 }
+
+/// Commands run "as sent" (the kernel's through `blockwire attach`) leave
+/// every status to the caller: a UNIT ATTENTION such as CAPACITY DATA HAS
+/// CHANGED comes back as the target gave it, offloaded or not, for the
+/// SCSI mid-layer to act on (sd reads the new capacity). The session's own
+/// commands retry past it. Before, the RDMA-assisted path retried it for
+/// the kernel too, which never heard of the resize.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_run_as_sent_leave_unit_attentions_to_the_caller() {
+    use std::sync::atomic::AtomicU32;
+    let t = start(true).await;
+    let s = assisted(&t, "as-sent", RdmaConfig::default()).await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let unit = t.fabric.catalog().targets[0].luns.get(0).unwrap();
+    let len = 64 << 10;
+    let read = blockwire_initiator::rw16(false, 0, (len / BS) as u32, false);
+    let write = blockwire_initiator::rw16(true, 0, (len / BS) as u32, false);
+    let mut buf = s.alloc(len).unwrap();
+    buf.write_at(0, &random(len, 31)).unwrap();
+    // Whatever the login left pending is retried away here.
+    s.read_cdb(0, &read, std::slice::from_mut(&mut buf))
+        .await
+        .expect("a READ");
+    let itt = AtomicU32::new(0);
+    let capacity_changed = |sense: &[u8]| (sense[2] & 0x0f, sense[12], sense[13]);
+    for (step, size) in [("READ", 64u64 << 20), ("WRITE", 96 << 20)] {
+        unit.resize(size).unwrap();
+        let r = if step == "READ" {
+            s.read_cdb_as_sent(0, &read, std::slice::from_mut(&mut buf), &itt)
+                .await
+        } else {
+            s.write_cdb_as_sent(0, &write, std::slice::from_ref(&buf), &itt)
+                .await
+        }
+        .expect("an answer");
+        assert_eq!(r.status, ScsiStatus::CHECK_CONDITION, "{step}: {r:?}");
+        assert_eq!(
+            capacity_changed(&r.sense),
+            (0x06, 0x2a, 0x09),
+            "{step}: {r:?}"
+        );
+        let r = s
+            .read_cdb_as_sent(0, &read, std::slice::from_mut(&mut buf), &itt)
+            .await
+            .expect("an answer");
+        assert_eq!(
+            (r.status, r.transferred),
+            (ScsiStatus::GOOD, len),
+            "{step}, again"
+        );
+    }
+    // The session's own commands go on past one.
+    unit.resize(128 << 20).unwrap();
+    s.read_cdb(0, &read, std::slice::from_mut(&mut buf))
+        .await
+        .expect("a READ retried past CAPACITY DATA HAS CHANGED");
+    assert!(s.stats().offloaded_reads >= 4, "{:?}", s.stats());
+    s.logout().await.unwrap();
+}

@@ -7,12 +7,9 @@ use std::sync::atomic::AtomicU32;
 
 use blockwire_initiator::kernel_host::Direction;
 use blockwire_initiator::rdma::{AssistedSession, Mode};
-use blockwire_initiator::{
-    Completion, DataDir, Error, InitiatorConfig, RawCompletion, Residual, Session,
-};
+use blockwire_initiator::{DataDir, Error, InitiatorConfig, RawCompletion, Session};
 
 use crate::data_path::{DataPath, DataPathArgs, LunSession};
-use blockwire_pdu::scsi::SenseFormat;
 
 /// A logged-in session of either kind.
 pub enum PassSession {
@@ -96,15 +93,20 @@ impl PassSession {
             (PassSession::Tcp(s), Direction::FromDevice) => {
                 s.pass_through(lun, cdb, DataDir::Read(data_in), itt).await
             }
+            // As sent: the mid-layer sees every status (UNIT ATTENTION,
+            // BUSY) and retries as it chooses, as on plain iSCSI.
             (PassSession::Rdma(s), Direction::ToDevice) => {
                 let mut buf = s.alloc(data_out.len())?;
                 buf.write_at(0, data_out)
                     .map_err(|e| Error::Protocol(format!("RDMA buffer: {e}")))?;
-                raw_of(s.write_cdb(lun, cdb, std::slice::from_ref(&buf)).await)
+                s.write_cdb_as_sent(lun, cdb, std::slice::from_ref(&buf), itt)
+                    .await
             }
             (PassSession::Rdma(s), Direction::FromDevice) => {
                 let mut buf = s.alloc(data_in.len())?;
-                let r = raw_of(s.read_cdb(lun, cdb, std::slice::from_mut(&mut buf)).await);
+                let r = s
+                    .read_cdb_as_sent(lun, cdb, std::slice::from_mut(&mut buf), itt)
+                    .await;
                 if let Ok(c) = &r {
                     let n = c.transferred.min(data_in.len());
                     buf.read_at(0, &mut data_in[..n])
@@ -122,32 +124,5 @@ impl PassSession {
             PassSession::Tcp(s) => s.logout().await,
             PassSession::Rdma(s) => s.logout().await,
         }
-    }
-}
-
-/// The RDMA-assisted session decodes what the target said; the kernel
-/// wants status and sense bytes back (fixed format, SPC-5 4.4.3, which sd
-/// reads as well as descriptor format).
-fn raw_of(r: Result<Completion, Error>) -> Result<RawCompletion, Error> {
-    match r {
-        Ok(c) => Ok(RawCompletion {
-            status: c.status,
-            sense: c
-                .sense
-                .map(|s| s.encode(SenseFormat::Fixed))
-                .unwrap_or_default(),
-            residual: c.residual,
-            transferred: c.transferred,
-        }),
-        Err(Error::Scsi(e)) => Ok(RawCompletion {
-            status: e.status,
-            sense: e
-                .sense
-                .map(|s| s.encode(SenseFormat::Fixed))
-                .unwrap_or_default(),
-            residual: Residual::None,
-            transferred: 0,
-        }),
-        Err(e) => Err(e),
     }
 }
