@@ -31,7 +31,6 @@ use blockwire_transport::reg::{IoBuf, IoSpace};
 
 use crate::config::InitiatorConfig;
 use crate::error::{Error, Result};
-use crate::retry::Retries;
 use crate::session::{all_blocks_moved, Completion, DataDir, RawCompletion, Session};
 
 /// A buffer the target can reach by RDMA (allocate with [`AssistedSession::alloc`]).
@@ -494,7 +493,7 @@ impl AssistedSession {
         bufs: &[RdmaBuf],
         retry: bool,
     ) -> Option<Result<Completion>> {
-        let mut retries = Retries::default();
+        let mut retries = self.session.retries();
         loop {
             let managed = self.session.task_management_sent();
             let generation = self.ensure_link().await?;
@@ -535,10 +534,7 @@ impl AssistedSession {
                 }
                 Err(e)
                     if retry
-                        && {
-                            self.session.note_deferred_error(&e);
-                            !self.session.ended_by_own_task_management(&e, managed)
-                        }
+                        && !self.session.ended_by_own_task_management(&e, managed)
                         && retries.again_after(&e).await => {}
                 Err(e) => return Some(Err(e)),
             }

@@ -20,7 +20,7 @@
 //! where the midlayer lets it go.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blockwire_pdu::scsi::{ScsiStatus, SenseKey};
@@ -64,18 +64,32 @@ pub(crate) struct Retries {
     attentions: u32,
     aborted: u32,
     deferred: u32,
+    /// Where a deferred error heard is kept for the unit's next flush
+    /// (the session's; none for sessions without one).
+    keep_deferred: Option<Arc<DeferredErrors>>,
     // From the first BUSY: time spent before on other answers is not the
     // target's being busy.
     busy: Option<Backoff>,
 }
 
 impl Retries {
+    /// Retries whose deferred errors go to `kept` (see [`DeferredErrors`]).
+    pub(crate) fn keeping_deferred_errors_in(kept: Arc<DeferredErrors>) -> Retries {
+        Retries {
+            keep_deferred: Some(kept),
+            ..Retries::default()
+        }
+    }
+
     /// Whether, and when, to send the command again after `e`.
     pub(crate) fn after(&mut self, e: &Error) -> Next {
         let Error::Scsi(e) = e else {
             return Next::GiveUp;
         };
         if let Some(sense) = e.sense.as_ref().filter(|s| s.deferred) {
+            if let Some(kept) = &self.keep_deferred {
+                kept.note(e);
+            }
             tracing::error!(
                 lun = e.lun,
                 %sense,
@@ -123,17 +137,14 @@ impl Retries {
 pub(crate) struct DeferredErrors(Mutex<HashMap<u16, ScsiError>>);
 
 impl DeferredErrors {
-    /// Keeps `e` when it is a deferred error (the first of its LUN until a
-    /// flush takes it).
-    pub(crate) fn note(&self, e: &Error) {
-        let Error::Scsi(s) = e else { return };
-        if s.sense.as_ref().is_some_and(|sense| sense.deferred) {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(s.lun)
-                .or_insert_with(|| s.clone());
-        }
+    /// Keeps `e`, a deferred error (the first of its LUN until a flush
+    /// takes it).
+    fn note(&self, e: &ScsiError) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(e.lun)
+            .or_insert_with(|| e.clone());
     }
 
     /// The deferred error of `lun` not yet reported, taken.

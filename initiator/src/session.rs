@@ -197,7 +197,7 @@ struct Inner {
     /// follows one may be its doing, which a retry would undo.
     own_task_management: AtomicU64,
     /// Deferred errors the next SYNCHRONIZE CACHE of their LUN reports.
-    deferred: crate::retry::DeferredErrors,
+    deferred: Arc<crate::retry::DeferredErrors>,
     background: Mutex<Vec<AbortHandle>>,
     epoch: Instant,
     last_rx_ms: AtomicU64,
@@ -388,13 +388,12 @@ impl Session {
     /// nothing of it) after a growing pause, for up to
     /// [`crate::retry::BUSY_RETRY_FOR`] in all (see [`crate::retry`]).
     pub async fn execute(&self, lun: u16, cdb: &[u8], mut dir: DataDir<'_>) -> Result<Completion> {
-        let mut retries = Retries::default();
+        let mut retries = self.retries();
         loop {
             let managed = self.task_management_sent();
             match self.inner.execute_once(lun, cdb, &mut dir).await {
                 Err(e) => {
                     self.inner.note_capacity_change(lun, &e);
-                    self.note_deferred_error(&e);
                     if self.ended_by_own_task_management(&e, managed)
                         || !retries.again_after(&e).await
                     {
@@ -406,10 +405,11 @@ impl Session {
         }
     }
 
-    /// Keeps `e`, when it is a deferred error, for the next SYNCHRONIZE
-    /// CACHE of its LUN to report (see [`crate::retry::DeferredErrors`]).
-    pub(crate) fn note_deferred_error(&self, e: &Error) {
-        self.inner.deferred.note(e);
+    /// A command's retries, keeping the deferred errors they hear for the
+    /// next SYNCHRONIZE CACHE of their LUN to report (see
+    /// [`crate::retry::DeferredErrors`]).
+    pub(crate) fn retries(&self) -> Retries {
+        Retries::keeping_deferred_errors_in(self.inner.deferred.clone())
     }
 
     /// The deferred error of `lun` no flush has reported yet, taken.

@@ -1001,14 +1001,20 @@ impl PrCtx<'_> {
                     return Err(illegal(Asc::INSUFFICIENT_REGISTRATION_RESOURCES));
                 }
                 let mut new = vec![mine];
-                let offsets = PrOutParameters::transport_id_offsets(list);
+                // The listed port refused: named where its TransportID
+                // starts (the list is walked again only then).
+                let refused = |i: usize| {
+                    let at = PrOutParameters::transport_id_offsets(list)
+                        .get(i)
+                        .copied()
+                        .unwrap_or(28);
+                    invalid_param(u16::try_from(at).unwrap_or(u16::MAX), None)
+                };
                 for (i, t) in p.transport_ids.iter().enumerate() {
-                    let at = offsets.get(i).copied().unwrap_or(28);
-                    let at = u16::try_from(at).unwrap_or(u16::MAX);
                     let TransportId::Iscsi { name, isid } = t else {
                         // Another protocol's port cannot be on this
                         // iSCSI target's I_T nexuses.
-                        return Err(invalid_param(at, None));
+                        return Err(refused(i));
                     };
                     let (initiator, name_only) = match isid {
                         Some(i) => (format!("{name},i,0x{}", i.to_ascii_lowercase()), false),
@@ -1024,7 +1030,7 @@ impl PrCtx<'_> {
                     };
                     // A listed port already registered (or listed twice).
                     if self.st.regs.iter().chain(&new).any(|o| o.overlaps(&r)) {
-                        return Err(invalid_param(at, None));
+                        return Err(refused(i));
                     }
                     new.push(r);
                 }
