@@ -52,12 +52,15 @@
 #   KL_SUITES="initiator eh ..."   run only these suites (default: all)
 #   KL_FIO_MIB=N                   fio size per LUN kind (default 256)
 #   KL_LINK_PORT=N                 host port of the ocfs2 suite's private link (default 41016)
+#   KL_SILENCE=S                   a one-guest suite's guest that prints nothing for S seconds
+#                                  is frozen and stopped (default 420; see silence_guard)
 # Each suite's logs (the guest's output, daemon logs, fio logs, dmesg) land in
 # build/kernel-lab/SUITE/, with console.log: the guest kernel's console (warnings and worse),
 # sent by netconsole over a user-mode NIC that has no address or route for anything else, so a
 # guest whose kernel panics leaves its last words (interop/kernel/lib.sh). A guest that dies
-# mid-suite (exit 255, no summary) has them printed and is booted once more; its first run's
-# logs stay in build/kernel-lab/SUITE.died. A guest script that prints no line for 240 s
+# mid-suite (exit 255, no summary), or freezes (no line at all for KL_SILENCE seconds, its stall
+# watchdog's included: see silence_guard), has them printed and is booted once more; its first
+# run's logs stay in build/kernel-lab/SUITE.died. A guest script that prints no line for 240 s
 # prints, as `watch| ` lines, every process's state and the kernel stacks of its own
 # (interop/kernel/lib.sh), so that a suite stopped by the timeout shows where it waited.
 set -euo pipefail
@@ -124,6 +127,33 @@ console_tail() {
     fi
 }
 
+# silence_guard DIR PIDFILE: stops a frozen guest. A living guest never stays quiet for long:
+# its script prints a line per step, and its stall watchdog (interop/kernel/lib.sh) prints
+# `watch| ` lines after 240 s without one. A guest whose DIR/guest.log gains no line for
+# KL_SILENCE seconds (420) therefore has stopped as a whole (its kernel or its QEMU no longer
+# runs the script or the watchdog), and waiting out the suite's --timeout (1500 s) would only
+# delay the verdict. The guard writes DIR/froze and signals the process group of the guest's
+# `timeout` (PIDFILE, which run.sh execs into): TERM, then KILL after 10 s, since a QEMU that
+# does not run does not handle TERM either.
+silence_guard() {
+    local dir=$1 pidfile=$2 bound=${KL_SILENCE:-420} pid= quiet
+    while sleep 5; do
+        [ -n "$pid" ] || pid=$(cat "$pidfile" 2>/dev/null) || continue
+        [ -n "$pid" ] || continue
+        kill -0 "$pid" 2>/dev/null || return 0
+        quiet=$(($(date +%s) - $(stat -c %Y "$dir/guest.log" 2>/dev/null || date +%s)))
+        [ "$quiet" -ge "$bound" ] || continue
+        echo "$quiet" >"$dir/froze"
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+        for _ in 1 2 3 4 5 6 7 8 9 10; do
+            kill -0 "$pid" 2>/dev/null || return 0
+            sleep 1
+        done
+        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+        return 0
+    done
+}
+
 # run_ocfs2 OUT: the two-guest suite. node1 (target and cluster node 1) listens on the private
 # link, node2 connects to it; they meet through OUT/sync. Each guest prints its own summary
 # line; the suite's line adds them up, so a guest that died early (no summary) fails the suite.
@@ -188,26 +218,48 @@ for s in $suites; do
         run_ocfs2 "$out" 2>&1 | tee "$out/guest.log" || rc=$?
     else
         run_guest() {
+            local guard
             rc=0
+            rm -f "$out/froze" "$out/guest.pid"
             kernel_console "$out" || { rc=1; return; }
-            KLAB_CWD=$repo "$lab/run.sh" --cpus 2 --mem 4G --net --rw "$out" --timeout "${KL_TIMEOUT:-1500}" -- \
+            : >"$out/guest.log"
+            silence_guard "$out" "$out/guest.pid" &
+            guard=$!
+            # The wrapper leaves the PID that run.sh execs into `timeout` for the guard.
+            KLAB_CWD=$repo bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$out/guest.pid" \
+                "$lab/run.sh" --cpus 2 --mem 4G --net --rw "$out" --timeout "${KL_TIMEOUT:-1500}" -- \
                 env KL_OUT="$out" KL_FIO_MIB="${KL_FIO_MIB:-256}" BLOCKWIRE_BUILD="$build" \
-                KL_CONSOLE_PORT="$KC_PORT" "$here/kernel/guest-$s.sh" 2>&1 | tee "$out/guest.log" || rc=$?
+                KL_CONSOLE_PORT="$KC_PORT" "$here/kernel/guest-$s.sh" 2>&1 | tee -a "$out/guest.log" || rc=$?
+            kill "$guard" 2>/dev/null || true
+            wait "$guard" 2>/dev/null || true
             console_stop "$KC_PID"
+            if [ -e "$out/froze" ]; then
+                echo "kernel-lab: the guest for suite $s printed nothing for $(cat "$out/froze") s" \
+                    "(KL_SILENCE ${KL_SILENCE:-420}): stopped"
+            fi
         }
         run_guest
         # A guest that printed nothing at all never reached the suite's script (virtme-ng
         # exits 255 when the guest does not come up): that is the lab failing to boot, not a
         # test result, so it gets one more boot. Any output means the suite ran, and its
         # verdict stands, with one exception: a guest that vanished mid-suite (exit 255, no
-        # summary line: its kernel panicked or QEMU ended) gets one more boot, after its
+        # summary line: its kernel panicked or QEMU ended) or froze (see silence_guard) before
+        # its summary line gets one more boot, after its
         # kernel's last console lines are printed here and its logs moved to $out.died. A
         # second death, like any failure of the second run, fails the suite.
         if [ "$rc" != 0 ] && ! [ -s "$out/guest.log" ]; then
             echo "kernel-lab: the guest for suite $s printed nothing (exit $rc): booting it once more"
             run_guest
-        elif [ "$rc" = 255 ] && ! grep -q "^==== $s: [0-9]* passed" "$out/guest.log"; then
-            echo "kernel-lab: the guest for suite $s DIED mid-suite (exit 255, no summary line)"
+        elif { [ "$rc" = 255 ] || { [ -e "$out/froze" ] && ! grep -q '^watch|' "$out/guest.log"; }; } &&
+            ! grep -q "^==== $s: [0-9]* passed" "$out/guest.log"; then
+            # A guest stopped for silence whose stall watchdog never spoke froze as a whole,
+            # like one whose kernel panicked; one whose watchdog spoke was stuck in a step of
+            # the suite, and its failure stands (its watch| lines say where it waited).
+            if [ "$rc" = 255 ]; then
+                echo "kernel-lab: the guest for suite $s DIED mid-suite (exit 255, no summary line)"
+            else
+                echo "kernel-lab: the guest for suite $s FROZE (no line, not even from its stall watchdog)"
+            fi
             console_tail "$out"
             mv "$out" "$out.died"
             mkdir -p "$out"
@@ -236,7 +288,7 @@ for s in $suites; do
     fi
 done
 if [ ${#died[@]} -gt 0 ]; then
-    echo "NOTE: kernel-lab guests that died mid-suite and were booted once more: ${died[*]} (first run's logs in $build/kernel-lab/SUITE.died)"
+    echo "NOTE: kernel-lab guests that died or froze mid-suite and were booted once more: ${died[*]} (first run's logs in $build/kernel-lab/SUITE.died)"
 fi
 if [ ${#failed[@]} -gt 0 ]; then
     # A CI log is often read from its end: each failed suite once more, in a few lines (its

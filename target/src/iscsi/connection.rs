@@ -132,11 +132,27 @@ async fn drive<R: AsyncRead + Unpin>(
             None
         }
     };
-    let Some((session, outcome, rdma)) = logged_in else {
+    let Some((session, generation, outcome, rdma)) = logged_in else {
         let _ = writer.shutdown().await;
         return;
     };
-    let generation = session.generation();
+    // Subscribed before the look below: a stop that comes after it wakes
+    // the full feature loop, one that came before (between the attach and
+    // here) shows in the value.
+    let stop = session.stop_signal();
+    if *stop.borrow() != generation {
+        info!(
+            tsih = session.tsih,
+            initiator = %session.initiator_name,
+            ?peer,
+            "session closed or taken over before its full feature phase began: closing"
+        );
+        if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
+            svc.unregister(token);
+        }
+        let _ = writer.shutdown().await;
+        return;
+    }
     info!(
         tsih = session.tsih,
         initiator = %session.initiator_name,
@@ -153,7 +169,7 @@ async fn drive<R: AsyncRead + Unpin>(
         std::time::Instant::now(),
     );
     full_feature(
-        &fabric, &session, machine, reader, writer, &outcome, local, cut,
+        &fabric, &session, generation, stop, machine, reader, writer, &outcome, local, cut,
     )
     .await;
     if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
@@ -174,7 +190,7 @@ async fn login<R: AsyncRead + Unpin>(
     tpgt: u16,
     local: SocketAddr,
     peer: Option<SocketAddr>,
-) -> Option<(Arc<Session>, Box<LoginOutcome>, Option<RdmaGrant>)> {
+) -> Option<(Arc<Session>, u64, Box<LoginOutcome>, Option<RdmaGrant>)> {
     use rand::SeedableRng;
     let mut phase = LoginPhase::new(
         fabric.clone(),
@@ -209,6 +225,7 @@ async fn login<R: AsyncRead + Unpin>(
             LoginAction::LoggedIn {
                 response,
                 session,
+                generation,
                 outcome,
             } => {
                 // The token is bound to the session before the final Login Response
@@ -225,7 +242,7 @@ async fn login<R: AsyncRead + Unpin>(
                     }
                     return None;
                 }
-                return Some((session, outcome, rdma));
+                return Some((session, generation, outcome, rdma));
             }
         }
     }
@@ -268,6 +285,8 @@ pub(super) enum Stop {
 async fn full_feature<R: AsyncRead + Unpin>(
     fabric: &Arc<Fabric>,
     session: &Arc<Session>,
+    my_generation: u64,
+    mut stop: tokio::sync::watch::Receiver<u64>,
     mut machine: ConnMachine,
     mut reader: PduReader<R>,
     mut writer: PduWriter,
@@ -324,8 +343,6 @@ async fn full_feature<R: AsyncRead + Unpin>(
     let mut writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
     let mut launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
-    let mut stop = session.stop_signal();
-    let my_generation = session.generation();
     let mut shutdown = fabric.shutdown.clone();
     let mut actions = Vec::new();
     // PDUs the last socket read brought, for busy polling and early responses.

@@ -420,7 +420,7 @@ async fn run(
         rand::rngs::StdRng::from_entropy(),
     );
     let qp = wire.qp.clone();
-    let (session, outcome) = loop {
+    let (session, generation, outcome) = loop {
         let msg = tokio::time::timeout(fabric.settings.login_timeout, receive(recvs, &qp, recv_cq))
             .await
             .map_err(|_| "login timed out".to_string())??
@@ -435,15 +435,22 @@ async fn run(
             LoginAction::LoggedIn {
                 response,
                 session,
+                generation,
                 outcome,
             } => {
                 wire.send(&response).await?;
-                break (session, outcome);
+                break (session, generation, outcome);
             }
         }
     };
+    // Subscribed before the look below: a close, reinstatement or joining
+    // connection that came between the attach and here shows in the value.
+    let mut stop = session.stop_signal();
+    if *stop.borrow() != generation {
+        info!(tsih = session.tsih, initiator = %session.initiator_name, "session closed or taken over before its iSER full feature phase began: closing");
+        return Ok(());
+    }
     info!(tsih = session.tsih, initiator = %session.initiator_name, "iSER login complete: full feature phase");
-    let generation = session.generation();
     let mut machine = ConnMachine::new(
         fabric.clone(),
         session.clone(),
@@ -465,7 +472,6 @@ async fn run(
     ));
     let mut launcher = Launcher::new(fabric, &session, &machine, tx.clone());
     launcher.send_data_in_by_rdma();
-    let mut stop = session.stop_signal();
     let mut shutdown = fabric.shutdown.clone();
     let mut shutting_down = *shutdown.borrow();
     let mut actions = if shutting_down {

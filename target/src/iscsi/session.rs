@@ -239,7 +239,10 @@ impl Session {
     pub fn stop_connection(&self) {
         let mut g = self.generation.lock().unwrap_or_else(|e| e.into_inner());
         *g += 1;
-        let _ = self.stop.send(*g);
+        // Kept even with no connection subscribed yet (`send` would drop
+        // it): the connection that attached before this stop subscribes
+        // later and must find it.
+        self.stop.send_replace(*g);
     }
 
     /// I_T nexus loss on every LUN of the session's target (none for a
@@ -342,7 +345,32 @@ impl SessionTable {
     /// Creates a session, reinstating any with the same initiator, ISID and
     /// target, or joins an existing one (connection reinstatement).
     pub fn attach(&self, req: SessionRequest) -> Result<Arc<Session>, SessionError> {
+        self.attach_connection(req).map(|(session, _)| session)
+    }
+
+    /// [`attach`](Self::attach) for the connection that will carry the
+    /// session: with the generation that connection owns, read under the
+    /// table's lock. A close, a reinstatement or a joining connection that
+    /// comes before the connection starts its full feature phase (its final
+    /// Login Response still on the way) moves the generation on, and the
+    /// connection must see that it lost the session before it serves a
+    /// command; reading the generation only then would take the new one as
+    /// its own.
+    pub fn attach_connection(
+        &self,
+        req: SessionRequest,
+    ) -> Result<(Arc<Session>, u64), SessionError> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let session = Self::attach_locked(&mut inner, req)?;
+        let generation = session.generation();
+        drop(inner);
+        Ok((session, generation))
+    }
+
+    fn attach_locked(
+        inner: &mut TableInner,
+        req: SessionRequest,
+    ) -> Result<Arc<Session>, SessionError> {
         if req.tsih != 0 {
             let s = inner
                 .by_tsih
@@ -390,7 +418,7 @@ impl SessionTable {
                 s.stop_connection();
             }
         }
-        let tsih = Self::free_tsih(&mut inner).ok_or(SessionError::OutOfResources)?;
+        let tsih = Self::free_tsih(inner).ok_or(SessionError::OutOfResources)?;
         let nexus = req
             .target
             .as_ref()
@@ -398,7 +426,7 @@ impl SessionTable {
         let initiator_io = req
             .target
             .as_ref()
-            .map(|t| Self::initiator_io(&mut inner, &t.name, &req.initiator_name));
+            .map(|t| Self::initiator_io(inner, &t.name, &req.initiator_name));
         let (stop, _) = watch::channel(0);
         let s = Arc::new(Session {
             tsih,

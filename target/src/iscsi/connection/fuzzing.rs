@@ -398,6 +398,7 @@ impl Harness {
                 response,
                 session,
                 outcome,
+                ..
             } => {
                 self.log.push(Wire::FromTarget(response));
                 self.login = None;

@@ -27,6 +27,9 @@ pub(in crate::iscsi) enum LoginAction {
     LoggedIn {
         response: Pdu,
         session: Arc<Session>,
+        /// The generation of `session` this connection owns
+        /// ([`SessionTable::attach_connection`](crate::iscsi::session::SessionTable::attach_connection)).
+        generation: u64,
         outcome: Box<LoginOutcome>,
     },
 }
@@ -166,10 +169,10 @@ impl LoginPhase {
             portal: self.local,
             params: outcome.params.clone(),
         };
-        let attached = self.fabric.sessions.attach(request);
+        let attached = self.fabric.sessions.attach_connection(request);
         drop(gate);
         match attached {
-            Ok(session) => {
+            Ok((session, generation)) => {
                 let window = self.fabric.settings.queue_depth;
                 let response = self.machine.final_response(
                     session.tsih,
@@ -179,6 +182,7 @@ impl LoginPhase {
                 LoginAction::LoggedIn {
                     response,
                     session,
+                    generation,
                     outcome,
                 }
             }

@@ -124,6 +124,7 @@ fn login_through(
                 response,
                 session,
                 outcome,
+                ..
             } => return Ok((response, session, outcome)),
             LoginAction::Refuse(p) => return Err(p),
             LoginAction::Respond(p) => {
@@ -1669,8 +1670,26 @@ async fn log_in_over_a_pipe(
     blockwire_pdu::pdu::LoginResponse,
     watch::Sender<bool>,
 ) {
+    log_in_over_a_pipe_of(fabric, 1 << 20, |_| {}).await
+}
+
+/// [`log_in_over_a_pipe`] over a pipe of `pipe_bytes` each way; `at_attach`
+/// runs once the target has attached the session, before the initiator
+/// reads the final Login Response (which a pipe smaller than it leaves the
+/// target still sending).
+async fn log_in_over_a_pipe_of(
+    fabric: &Arc<Fabric>,
+    pipe_bytes: usize,
+    at_attach: impl FnOnce(&Arc<crate::iscsi::session::Session>),
+) -> (
+    tokio::task::JoinHandle<()>,
+    PipeReader,
+    crate::iscsi::io::PduWriter,
+    blockwire_pdu::pdu::LoginResponse,
+    watch::Sender<bool>,
+) {
     use crate::iscsi::io::{PduReader, PduWriter};
-    let (client, server) = tokio::io::duplex(1 << 20);
+    let (client, server) = tokio::io::duplex(pipe_bytes);
     let (keep, cut) = watch::channel(false);
     let served = tokio::spawn(crate::iscsi::connection::serve_stream(
         fabric.clone(),
@@ -1697,31 +1716,75 @@ async fn log_in_over_a_pipe(
     )
     .await;
     assert!(matches!(r.bhs, Bhs::LoginResponse(l) if l.status == LoginStatus::SUCCESS));
-    let mut r = exchange(
-        &mut writer,
-        &mut reader,
-        login_pdu(Stage::Operational, Stage::FullFeature, &[]),
-    )
-    .await;
-    if matches!(r.bhs, Bhs::LoginResponse(l) if !l.transit) {
+    let mut at_attach = Some(at_attach);
+    let mut request = login_pdu(Stage::Operational, Stage::FullFeature, &[]);
+    let r = loop {
+        writer.push(&request).await.unwrap();
+        writer.flush().await.unwrap();
+        // The target takes the request in; the final one attaches the
+        // session before its answer leaves.
+        for _ in 0..1000 {
+            if !fabric.sessions.all().is_empty() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        if let Some(session) = fabric.sessions.all().first() {
+            if let Some(hook) = at_attach.take() {
+                hook(session);
+            }
+        }
+        let r = tokio::time::timeout(Duration::from_secs(10), reader.next())
+            .await
+            .expect("an answer in time")
+            .expect("a PDU")
+            .expect("the stream is open");
+        if !matches!(r.bhs, Bhs::LoginResponse(l) if !l.transit) {
+            break r;
+        }
         // Accept what the target offered.
         let offered = blockwire_pdu::keys::parse_text(&r.data).unwrap();
         let pairs: Vec<(&str, &str)> = offered
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        r = exchange(
-            &mut writer,
-            &mut reader,
-            login_pdu(Stage::Operational, Stage::FullFeature, &pairs),
-        )
-        .await;
-    }
+        request = login_pdu(Stage::Operational, Stage::FullFeature, &pairs);
+    };
+    assert!(at_attach.is_none(), "the session was never attached");
     let Bhs::LoginResponse(fin) = r.bhs else {
         panic!("{r:?}")
     };
     assert!(fin.transit && fin.nsg == Stage::FullFeature && fin.tsih != 0);
     (served, reader, writer, fin, keep)
+}
+
+/// A session closed (by an operator, a live change or a reinstatement)
+/// after the login attached it but while its final Login Response was still
+/// being sent: the connection must not take the session's next generation
+/// for its own and serve commands on a session no longer in the table.
+#[tokio::test]
+async fn a_session_closed_before_its_full_feature_phase_serves_nothing() {
+    let fabric = fabric();
+    // Smaller than a Login Response's header: the target is still sending
+    // the final one when the session is closed.
+    let closer = fabric.clone();
+    let (served, mut reader, mut writer, fin, _keep) =
+        log_in_over_a_pipe_of(&fabric, 16, move |session| closer.sessions.close(session)).await;
+    assert!(fabric.sessions.all().is_empty());
+    let tur = no_data_command(9, fin.exp_cmd_sn, fin.stat_sn + 1, &[0; 6]);
+    writer.push(&Pdu::new(Bhs::ScsiCommand(tur))).await.unwrap();
+    let _ = writer.flush().await;
+    let next = tokio::time::timeout(Duration::from_secs(10), reader.next())
+        .await
+        .expect("the connection ends in time");
+    assert!(
+        matches!(next, Ok(None) | Err(_)),
+        "a closed session answered a command: {next:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the driver ends")
+        .unwrap();
 }
 
 #[tokio::test]
