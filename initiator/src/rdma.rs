@@ -422,7 +422,9 @@ impl AssistedSession {
     /// handling, as the kernel's SCSI mid-layer does behind `blockwire
     /// attach`: nothing is retried (a UNIT ATTENTION such as CAPACITY DATA
     /// HAS CHANGED, BUSY and the rest reach the caller), and every status
-    /// comes back as the target gave it. A command that goes over TCP is
+    /// comes back as the target gave it. The caller times commands out, as
+    /// it does over TCP: the session's command timeout does not give the
+    /// connection up under an offloaded one. A command that goes over TCP is
     /// named by `itt` for ABORT TASK, as [`Session::pass_through`] names it.
     pub async fn read_cdb_as_sent(
         &self,
@@ -511,7 +513,9 @@ impl AssistedSession {
             self.counters
                 .chunks
                 .fetch_add(desc.chunks.len() as u64, Ordering::Relaxed);
-            let r = self.send_descriptor(generation, lun, cdb, &desc).await;
+            let r = self
+                .send_descriptor(generation, lun, cdb, &desc, !retry)
+                .await;
             // The command is over: its rkeys stop working.
             if let Err(e) = reg.release() {
                 return Some(Err(rdma_err(e)));
@@ -547,6 +551,7 @@ impl AssistedSession {
         lun: u16,
         cdb: &[u8],
         desc: &Descriptor,
+        as_sent: bool,
     ) -> Result<Completion> {
         *self.last.lock().unwrap() = Some(desc.clone());
         let len = desc.len() as usize;
@@ -554,17 +559,16 @@ impl AssistedSession {
             Direction::Read => (len, 0),
             Direction::Write => (0, len),
         };
-        let r = self
-            .session
-            .execute_offloaded(
-                generation,
-                lun,
-                cdb,
-                read_len,
-                write_len,
-                vec![desc.to_ahs()],
-            )
-            .await;
+        let ahs = vec![desc.to_ahs()];
+        let r = if as_sent {
+            self.session
+                .execute_offloaded_as_sent(generation, lun, cdb, read_len, write_len, ahs)
+                .await
+        } else {
+            self.session
+                .execute_offloaded(generation, lun, cdb, read_len, write_len, ahs)
+                .await
+        };
         if let Err(e) = &r {
             // A SCSI Response says the target is done with the buffers;
             // any other end (a failed transfer, the command aborted by a
@@ -592,7 +596,8 @@ impl AssistedSession {
             .ensure_link()
             .await
             .ok_or_else(|| Error::Protocol("no RDMA offload on this session".into()))?;
-        self.send_descriptor(generation, lun, cdb, desc).await
+        self.send_descriptor(generation, lun, cdb, desc, false)
+            .await
     }
 
     /// Logs out.

@@ -366,7 +366,26 @@ impl Session {
         ahs: Vec<blockwire_pdu::Ahs>,
     ) -> Result<Completion> {
         self.inner
-            .run_offloaded(generation, lun, cdb, read_len, write_len, ahs)
+            .run_offloaded(generation, lun, cdb, read_len, write_len, ahs, true)
+            .await
+    }
+
+    /// [`Session::execute_offloaded`] for a command another SCSI stack
+    /// runs (the kernel's, behind `blockwire attach`): that stack times it
+    /// out and aborts it, as [`Session::pass_through`] leaves it to, so the
+    /// session's command timeout does not give the connection up under it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn execute_offloaded_as_sent(
+        &self,
+        generation: u64,
+        lun: u16,
+        cdb: &[u8],
+        read_len: usize,
+        write_len: usize,
+        ahs: Vec<blockwire_pdu::Ahs>,
+    ) -> Result<Completion> {
+        self.inner
+            .run_offloaded(generation, lun, cdb, read_len, write_len, ahs, false)
             .await
     }
 
@@ -1450,6 +1469,7 @@ impl Inner {
         read_len: usize,
         write_len: usize,
         ahs: Vec<blockwire_pdu::Ahs>,
+        timed: bool,
     ) -> Result<Completion> {
         if cdb.is_empty() || cdb.len() > 16 {
             return Err(Error::Config(format!("CDB of {} bytes", cdb.len())));
@@ -1521,6 +1541,7 @@ impl Inner {
         let deadline = self
             .config
             .command_timeout
+            .filter(|_| timed)
             .and_then(|t| deadline_of(cdb16[0], t));
         let answer = match deadline {
             Some(d) => match tokio::time::timeout(d, answered).await {

@@ -819,6 +819,60 @@ async fn an_offloaded_command_unanswered_past_its_deadline_runs_again_over_tcp()
     s.logout().await.unwrap();
 }
 
+/// A command run as sent (the kernel's, behind `blockwire attach`) is the
+/// caller's to time out, offloaded as over TCP: a target slower than the
+/// session's own command timeout does not have the session give its
+/// connection up and send the command again over TCP, which the caller
+/// never asked for. Before, the offloaded path timed it out like one of
+/// the session's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_run_as_sent_is_not_timed_out_by_the_session() {
+    use std::sync::atomic::AtomicU32;
+    let t = start(true).await;
+    let config = cfg("as-sent-late").with_command_timeout(Some(std::time::Duration::from_secs(1)));
+    let s = AssistedSession::connect(config, RdmaConfig::default(), &t.addr.to_string(), TARGET)
+        .await
+        .unwrap();
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let data = random(64 << 10, 37);
+    let blocks = (data.len() / BS) as u32;
+    let mut w = s.alloc(data.len()).unwrap();
+    w.write_at(0, &data).unwrap();
+    s.write(0, 0, blocks, &w).await.expect("an offloaded WRITE");
+    // Media commands of LUN 0 wait, unanswered, for two seconds.
+    let luns = t.fabric.catalog().targets[0].luns.clone();
+    luns.set_stalled(0, true).unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        luns.set_stalled(0, false).unwrap();
+    });
+    let read = blockwire_initiator::rw16(false, 0, blocks, false);
+    let itt = AtomicU32::new(0);
+    let mut r = s.alloc(data.len()).unwrap();
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        s.read_cdb_as_sent(0, &read, std::slice::from_mut(&mut r), &itt),
+    )
+    .await
+    .expect("the READ ends");
+    release.await.unwrap();
+    let answer = answer.expect("the READ");
+    assert_eq!(
+        (answer.status, answer.transferred),
+        (ScsiStatus::GOOD, data.len())
+    );
+    assert!(r.to_vec() == data, "the data read back differs");
+    let st = s.stats();
+    assert_eq!(st.failed_transfers, 0, "the READ was given up: {st:?}");
+    assert_eq!(
+        s.session().recoveries(),
+        0,
+        "the session gave its connection up under the caller's command"
+    );
+    assert!(st.offloaded_reads >= 1, "{st:?}");
+    s.logout().await.unwrap();
+}
+
 /// An offloaded command that ends without a SCSI Response (here aborted by
 /// this session's own LOGICAL UNIT RESET) takes its RDMA connection down
 /// before its buffers go back: RDMA Writes the target queued before the
