@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use blockwire_pdu::keys::Digest;
-use blockwire_pdu::scsi::SenseKey;
+use blockwire_pdu::scsi::{ScsiStatus, Sense, SenseKey};
 use blockwire_transport::assist::{
     offer_value, BindRequest, Descriptor, Direction, Grant, MAX_CHUNKS, OFFLOAD_KEY,
 };
@@ -380,7 +380,7 @@ impl AssistedSession {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if total > 0 && total <= self.cfg.max_offload {
             if let Some(r) = self.offload(lun, cdb, Direction::Read, bufs, true).await {
-                return r;
+                return r?.decoded(lun, cdb.first().copied().unwrap_or_default());
             }
         }
         self.counters.plain_commands.fetch_add(1, Ordering::Relaxed);
@@ -403,7 +403,7 @@ impl AssistedSession {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if total > self.cfg.inline_threshold && total <= self.cfg.max_offload {
             if let Some(r) = self.offload(lun, cdb, Direction::Write, bufs, true).await {
-                return r;
+                return r?.decoded(lun, cdb.first().copied().unwrap_or_default());
             }
         }
         if total <= self.cfg.inline_threshold {
@@ -436,7 +436,7 @@ impl AssistedSession {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if total > 0 && total <= self.cfg.max_offload {
             if let Some(r) = self.offload(lun, cdb, Direction::Read, bufs, false).await {
-                return RawCompletion::of(r);
+                return r;
             }
         }
         self.counters.plain_commands.fetch_add(1, Ordering::Relaxed);
@@ -466,7 +466,7 @@ impl AssistedSession {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if total > self.cfg.inline_threshold && total <= self.cfg.max_offload {
             if let Some(r) = self.offload(lun, cdb, Direction::Write, bufs, false).await {
-                return RawCompletion::of(r);
+                return r;
             }
         }
         if total <= self.cfg.inline_threshold {
@@ -494,7 +494,8 @@ impl AssistedSession {
         dir: Direction,
         bufs: &[RdmaBuf],
         retry: bool,
-    ) -> Option<Result<Completion>> {
+    ) -> Option<Result<RawCompletion>> {
+        let opcode = cdb.first().copied().unwrap_or_default();
         let mut retries = self.session.retries();
         loop {
             let managed = self.session.task_management_sent();
@@ -520,28 +521,35 @@ impl AssistedSession {
             if let Err(e) = reg.release() {
                 return Some(Err(rdma_err(e)));
             }
-            match r {
-                Ok(c) => {
-                    let counter = match dir {
-                        Direction::Read => &self.counters.offloaded_reads,
-                        Direction::Write => &self.counters.offloaded_writes,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    return Some(Ok(c));
-                }
-                Err(e) if is_transfer_failure(&e) => {
-                    self.counters
-                        .failed_transfers
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "offloaded transfer failed: retrying over TCP");
+            let (e, answered) = match r {
+                Ok(raw) if failed_in_transfer(&raw) => {
+                    self.transfer_failed("the target could not move the data (DATA PHASE ERROR)");
                     return None;
                 }
-                Err(e)
-                    if retry
-                        && !self.session.ended_by_own_task_management(&e, managed)
-                        && retries.again_after(&e).await => {}
-                Err(e) => return Some(Err(e)),
+                Err(e) if is_transfer_failure(&e) => {
+                    self.transfer_failed(&e.to_string());
+                    return None;
+                }
+                Ok(raw) => match raw.clone().decoded(lun, opcode) {
+                    Ok(_) => {
+                        let counter = match dir {
+                            Direction::Read => &self.counters.offloaded_reads,
+                            Direction::Write => &self.counters.offloaded_writes,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        return Some(Ok(raw));
+                    }
+                    Err(e) => (e, Some(raw)),
+                },
+                Err(e) => (e, None),
+            };
+            if retry
+                && !self.session.ended_by_own_task_management(&e, managed)
+                && retries.again_after(&e).await
+            {
+                continue;
             }
+            return Some(answered.ok_or(e));
         }
     }
 
@@ -552,7 +560,7 @@ impl AssistedSession {
         cdb: &[u8],
         desc: &Descriptor,
         as_sent: bool,
-    ) -> Result<Completion> {
+    ) -> Result<RawCompletion> {
         *self.last.lock().unwrap() = Some(desc.clone());
         let len = desc.len() as usize;
         let (read_len, write_len) = match desc.dir {
@@ -560,27 +568,27 @@ impl AssistedSession {
             Direction::Write => (0, len),
         };
         let ahs = vec![desc.to_ahs()];
-        let r = if as_sent {
-            self.session
-                .execute_offloaded_as_sent(generation, lun, cdb, read_len, write_len, ahs)
-                .await
-        } else {
-            self.session
-                .execute_offloaded(generation, lun, cdb, read_len, write_len, ahs)
-                .await
-        };
-        if let Err(e) = &r {
-            // A SCSI Response says the target is done with the buffers;
-            // any other end (a failed transfer, the command aborted by a
-            // task management function, a protocol error, a lost
-            // connection) leaves RDMA operations of the target possibly
-            // queued behind it, unordered against the TCP connection: the
-            // link goes down before the buffers go back.
-            if is_transfer_failure(e) || !matches!(e, Error::Scsi(_)) {
-                self.drop_link().await;
-            }
+        let r = self
+            .session
+            .offloaded_as_given(generation, lun, cdb, read_len, write_len, ahs, !as_sent)
+            .await;
+        // A SCSI Response says the target is done with the buffers; any
+        // other end (a failed transfer, the command aborted by a task
+        // management function, a protocol error, a lost connection) leaves
+        // RDMA operations of the target possibly queued behind it,
+        // unordered against the TCP connection: the link goes down before
+        // the buffers go back.
+        if r.as_ref().map_or(true, failed_in_transfer) {
+            self.drop_link().await;
         }
         r
+    }
+
+    fn transfer_failed(&self, why: &str) {
+        self.counters
+            .failed_transfers
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %why, "offloaded transfer failed: retrying over TCP");
     }
 
     /// Sends a command with a caller-made descriptor (diagnostics and tests: forged
@@ -597,7 +605,8 @@ impl AssistedSession {
             .await
             .ok_or_else(|| Error::Protocol("no RDMA offload on this session".into()))?;
         self.send_descriptor(generation, lun, cdb, desc, false)
-            .await
+            .await?
+            .decoded(lun, cdb.first().copied().unwrap_or_default())
     }
 
     /// Logs out.
@@ -610,17 +619,19 @@ impl AssistedSession {
 /// The target could not move the data (ABORTED COMMAND, DATA PHASE ERROR), or the
 /// RDMA binding belongs to an old login.
 fn is_transfer_failure(e: &Error) -> bool {
-    match e {
-        Error::Scsi(s) => s
-            .sense
-            .as_ref()
-            .is_some_and(|s| s.key == SenseKey::AbortedCommand && s.asc == 0x4b),
-        // The login the binding belongs to is gone or going (also when the
-        // command went unanswered past its deadline and the TCP connection
-        // is being recovered): the RDMA connection goes before the buffers
-        // do, and the command runs again over TCP once the session has
-        // logged in again.
-        Error::OffloadInterrupted(_) => true,
-        _ => false,
-    }
+    // The login the binding belongs to is gone or going (also when the
+    // command went unanswered past its deadline and the TCP connection is
+    // being recovered): the RDMA connection goes before the buffers do,
+    // and the command runs again over TCP once the session has logged in
+    // again.
+    matches!(e, Error::OffloadInterrupted(_))
+}
+
+/// A SCSI Response by which the target says it could not move the
+/// command's data by RDMA: ABORTED COMMAND with ASC 4Bh (DATA PHASE ERROR
+/// and its kin, SPC-5 Table 49).
+fn failed_in_transfer(raw: &RawCompletion) -> bool {
+    raw.status == ScsiStatus::CHECK_CONDITION
+        && Sense::decode(&raw.sense)
+            .is_ok_and(|s| s.key == SenseKey::AbortedCommand && s.asc == 0x4b)
 }

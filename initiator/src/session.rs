@@ -20,9 +20,7 @@ use std::time::{Duration, Instant};
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutResponseCode, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{DataIn, R2t, RESERVED_TAG};
-use blockwire_pdu::scsi::{
-    parse_sense_segment, split_sense_segment, ScsiStatus, Sense, SenseFormat,
-};
+use blockwire_pdu::scsi::{parse_sense_segment, split_sense_segment, ScsiStatus, Sense};
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -93,32 +91,58 @@ pub struct RawCompletion {
 }
 
 impl RawCompletion {
-    /// A decoded command's end as the target gave it: a failed SCSI status
-    /// (CHECK CONDITION, BUSY, RESERVATION CONFLICT, ...) is a completion
-    /// with its sense bytes (fixed format, SPC-5 4.4.3), not an error;
-    /// anything else that failed stays an error.
-    pub fn of(r: Result<Completion>) -> Result<RawCompletion> {
-        match r {
-            Ok(c) => Ok(RawCompletion {
-                status: c.status,
-                sense: c
-                    .sense
-                    .map(|s| s.encode(SenseFormat::Fixed))
-                    .unwrap_or_default(),
-                residual: c.residual,
-                transferred: c.transferred,
-            }),
-            Err(Error::Scsi(e)) => Ok(RawCompletion {
-                status: e.status,
-                sense: e
-                    .sense
-                    .map(|s| s.encode(SenseFormat::Fixed))
-                    .unwrap_or_default(),
-                residual: Residual::None,
-                transferred: 0,
-            }),
-            Err(e) => Err(e),
+    /// The completion a caller with a retry policy of its own takes (the
+    /// session's own commands): a status that did not complete the command
+    /// (CHECK CONDITION other than RECOVERED ERROR, BUSY, RESERVATION
+    /// CONFLICT, ...) is an error, with its sense decoded.
+    pub fn decoded(self, lun: u16, opcode: u8) -> Result<Completion> {
+        let sense = if self.sense.is_empty() {
+            None
+        } else {
+            Sense::decode(&self.sense).ok()
+        };
+        if !crate::engine::completes_command(self.status.0, sense.as_ref()) {
+            return Err(Error::Scsi(ScsiError {
+                lun,
+                opcode,
+                status: self.status,
+                sense,
+            }));
         }
+        Ok(Completion {
+            status: self.status,
+            residual: self.residual,
+            transferred: self.transferred,
+            sense,
+        })
+    }
+
+    /// A SCSI Response as the target gave it (a response other than
+    /// Command Completed at Target is an error): its sense bytes out of the
+    /// sense segment (RFC 7143 §11.4.7), its residual, and what moved of
+    /// `read_len` bytes in (by Data-In) or `write_len` bytes out.
+    fn of_outcome(
+        lun: u16,
+        o: &ScsiOutcome,
+        read_len: usize,
+        write_len: usize,
+    ) -> Result<RawCompletion> {
+        if o.response != 0 {
+            return Err(Error::TargetFailure {
+                lun,
+                response: o.response,
+            });
+        }
+        let sense = split_sense_segment(&o.sense_segment)
+            .map(|(sense, _)| sense.to_vec())
+            .map_err(|e| Error::Protocol(format!("SCSI Response sense segment: {e}")))?;
+        let (residual, transferred) = transfer_of(o, read_len, write_len);
+        Ok(RawCompletion {
+            status: ScsiStatus(o.status),
+            sense,
+            residual,
+            transferred,
+        })
     }
 }
 
@@ -365,16 +389,17 @@ impl Session {
         write_len: usize,
         ahs: Vec<blockwire_pdu::Ahs>,
     ) -> Result<Completion> {
-        self.inner
-            .run_offloaded(generation, lun, cdb, read_len, write_len, ahs, true)
-            .await
+        self.offloaded_as_given(generation, lun, cdb, read_len, write_len, ahs, true)
+            .await?
+            .decoded(lun, cdb.first().copied().unwrap_or_default())
     }
 
     /// [`Session::execute_offloaded`] for a command another SCSI stack
-    /// runs (the kernel's, behind `blockwire attach`): that stack times it
-    /// out and aborts it, as [`Session::pass_through`] leaves it to, so the
-    /// session's command timeout does not give the connection up under it.
-    #[allow(clippy::too_many_arguments)]
+    /// runs (the kernel's, behind `blockwire attach`): its end comes back
+    /// as the target gave it (every status, the sense bytes and residual
+    /// unchanged, as [`Session::pass_through`] gives them), and that stack
+    /// times it out and aborts it, so the session's command timeout does
+    /// not give the connection up under it.
     pub async fn execute_offloaded_as_sent(
         &self,
         generation: u64,
@@ -383,9 +408,26 @@ impl Session {
         read_len: usize,
         write_len: usize,
         ahs: Vec<blockwire_pdu::Ahs>,
-    ) -> Result<Completion> {
+    ) -> Result<RawCompletion> {
+        self.offloaded_as_given(generation, lun, cdb, read_len, write_len, ahs, false)
+            .await
+    }
+
+    /// An offloaded command's end as the target gave it; `timed`: under
+    /// the session's command timeout.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn offloaded_as_given(
+        &self,
+        generation: u64,
+        lun: u16,
+        cdb: &[u8],
+        read_len: usize,
+        write_len: usize,
+        ahs: Vec<blockwire_pdu::Ahs>,
+        timed: bool,
+    ) -> Result<RawCompletion> {
         self.inner
-            .run_offloaded(generation, lun, cdb, read_len, write_len, ahs, false)
+            .run_offloaded(generation, lun, cdb, read_len, write_len, ahs, timed)
             .await
     }
 
@@ -1106,23 +1148,7 @@ impl Inner {
         if let Some(b) = read_into {
             *b = back.unwrap_or_default();
         }
-        let o = outcome?;
-        if o.response != 0 {
-            return Err(Error::TargetFailure {
-                lun,
-                response: o.response,
-            });
-        }
-        let sense = split_sense_segment(&o.sense_segment)
-            .map(|(sense, _)| sense.to_vec())
-            .map_err(|e| Error::Protocol(format!("SCSI Response sense segment: {e}")))?;
-        let (residual, transferred) = transfer_of(&o, read_len, write.len());
-        Ok(RawCompletion {
-            status: ScsiStatus(o.status),
-            sense,
-            residual,
-            transferred,
-        })
+        RawCompletion::of_outcome(lun, &outcome?, read_len, write.len())
     }
 
     async fn execute_once(
@@ -1470,7 +1496,7 @@ impl Inner {
         write_len: usize,
         ahs: Vec<blockwire_pdu::Ahs>,
         timed: bool,
-    ) -> Result<Completion> {
+    ) -> Result<RawCompletion> {
         if cdb.is_empty() || cdb.len() > 16 {
             return Err(Error::Config(format!("CDB of {} bytes", cdb.len())));
         }
@@ -1567,15 +1593,16 @@ impl Inner {
                 "connection lost during an offloaded command".into(),
             ));
         };
-        let mut none = None;
-        let mut c = self.complete(lun, cdb16[0], 0, write_len, result, &mut none)?;
-        if read_len > 0 {
-            c.transferred = match c.residual {
-                Residual::Underflow(n) => read_len.saturating_sub(n as usize),
-                _ => read_len,
-            };
+        match result {
+            // No data travelled on the connection: what moved either way
+            // is what the residual leaves of the buffers.
+            TaskResult::Scsi(o) => RawCompletion::of_outcome(lun, &o, 0, read_len + write_len),
+            TaskResult::Aborted { .. } => Err(Error::Aborted { lun }),
+            TaskResult::Failed { reason, .. } => Err(Error::Protocol(reason)),
+            other => Err(Error::Protocol(format!(
+                "unexpected completion {other:?} for an offloaded SCSI command"
+            ))),
         }
-        Ok(c)
     }
 
     async fn send_solicited(

@@ -873,6 +873,70 @@ async fn a_command_run_as_sent_is_not_timed_out_by_the_session() {
     s.logout().await.unwrap();
 }
 
+/// A command run as sent comes back as the target gave it when its data
+/// move by RDMA, as over TCP: here descriptor-format sense (the unit's
+/// D_SENSE set, SPC-5 4.4.2) for a READ past the end, byte for byte what
+/// the same command passed through over TCP gets. Before, the offloaded
+/// path decoded the sense and sent it on re-encoded in fixed format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_run_as_sent_and_offloaded_keeps_the_targets_sense_bytes() {
+    use blockwire_initiator::DataDir;
+    use std::sync::atomic::AtomicU32;
+    let t = start(true).await;
+    let s = assisted(&t, "as-sent-sense", RdmaConfig::default()).await;
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    // MODE SENSE(6) of the Control page (DBD), D_SENSE set, MODE SELECT(6).
+    let mut page = vec![0u8; 255];
+    let c = s
+        .session()
+        .execute(0, &[0x1a, 0x08, 0x0a, 0, 255, 0], DataDir::Read(&mut page))
+        .await
+        .expect("MODE SENSE of the Control page");
+    page.truncate(c.transferred);
+    assert_eq!(page[4] & 0x3f, 0x0a, "{page:?}");
+    page[0] = 0; // MODE DATA LENGTH is reserved in MODE SELECT
+    page[2] = 0;
+    page[4] &= 0x3f; // PS
+    page[4 + 2] |= 0x04; // D_SENSE
+    s.session()
+        .execute(
+            0,
+            &[0x15, 0x10, 0, 0, page.len() as u8, 0],
+            DataDir::Write(&page),
+        )
+        .await
+        .expect("MODE SELECT with D_SENSE");
+    let len = 64 << 10;
+    let past_the_end = blockwire_initiator::rw16(false, 1 << 40, (len / BS) as u32, false);
+    let itt = AtomicU32::new(0);
+    let mut buf = s.alloc(len).unwrap();
+    let offloaded = s
+        .read_cdb_as_sent(0, &past_the_end, std::slice::from_mut(&mut buf), &itt)
+        .await
+        .expect("an answer");
+    assert!(s.stats().failed_transfers == 0 && s.stats().binds >= 1);
+    let mut v = vec![0u8; len];
+    let over_tcp = s
+        .session()
+        .pass_through(0, &past_the_end, DataDir::Read(&mut v), &itt)
+        .await
+        .expect("an answer over TCP");
+    assert_eq!(over_tcp.status, ScsiStatus::CHECK_CONDITION, "{over_tcp:?}");
+    assert_eq!(
+        over_tcp.sense[0] & 0x7f,
+        0x72,
+        "descriptor format: {over_tcp:?}"
+    );
+    assert_eq!(
+        (over_tcp.sense[1] & 0x0f, over_tcp.sense[2]),
+        (0x05, 0x21),
+        "ILLEGAL REQUEST, LBA OUT OF RANGE: {over_tcp:?}"
+    );
+    assert_eq!(offloaded.status, over_tcp.status);
+    assert_eq!(offloaded.sense, over_tcp.sense, "offloaded {offloaded:?}");
+    s.logout().await.unwrap();
+}
+
 /// An offloaded command that ends without a SCSI Response (here aborted by
 /// this session's own LOGICAL UNIT RESET) takes its RDMA connection down
 /// before its buffers go back: RDMA Writes the target queued before the
