@@ -772,6 +772,34 @@ async fn an_offloaded_command_larger_than_the_target_pool_moves_in_pieces() {
     s.logout().await.unwrap();
 }
 
+/// An RDMA-assisted session whose command timeout is one second, a 64 KiB
+/// block of `seed` written at LBA 0 by an offloaded WRITE, then LUN 0's
+/// media commands held unanswered for two seconds (the task that ends the
+/// hold returned).
+async fn written_then_stalled_for_two_seconds(
+    t: &TestTarget,
+    name: &str,
+    seed: u64,
+) -> (AssistedSession, Vec<u8>, tokio::task::JoinHandle<()>) {
+    let config = cfg(name).with_command_timeout(Some(std::time::Duration::from_secs(1)));
+    let s = AssistedSession::connect(config, RdmaConfig::default(), &t.addr.to_string(), TARGET)
+        .await
+        .unwrap();
+    assert_eq!(s.mode().await, Mode::Offloaded);
+    let data = random(64 << 10, seed);
+    let blocks = (data.len() / BS) as u32;
+    let mut w = s.alloc(data.len()).unwrap();
+    w.write_at(0, &data).unwrap();
+    s.write(0, 0, blocks, &w).await.expect("an offloaded WRITE");
+    let luns = t.fabric.catalog().targets[0].luns.clone();
+    luns.set_stalled(0, true).unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        luns.set_stalled(0, false).unwrap();
+    });
+    (s, data, release)
+}
+
 /// An offloaded command the target does not answer within the command timeout gives
 /// its connection up: its buffers are the target's to RDMA Write or Read until it
 /// ends, so it is not aborted and sent again on that connection as a TCP command is.
@@ -780,23 +808,8 @@ async fn an_offloaded_command_larger_than_the_target_pool_moves_in_pieces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offloaded_command_unanswered_past_its_deadline_runs_again_over_tcp() {
     let t = start(true).await;
-    let config = cfg("late-offload").with_command_timeout(Some(std::time::Duration::from_secs(1)));
-    let s = AssistedSession::connect(config, RdmaConfig::default(), &t.addr.to_string(), TARGET)
-        .await
-        .unwrap();
-    assert_eq!(s.mode().await, Mode::Offloaded);
-    let data = random(64 << 10, 23);
+    let (s, data, release) = written_then_stalled_for_two_seconds(&t, "late-offload", 23).await;
     let blocks = (data.len() / BS) as u32;
-    let mut w = s.alloc(data.len()).unwrap();
-    w.write_at(0, &data).unwrap();
-    s.write(0, 0, blocks, &w).await.expect("an offloaded WRITE");
-    // Media commands of LUN 0 wait, unanswered, for two seconds.
-    let luns = t.fabric.catalog().targets[0].luns.clone();
-    luns.set_stalled(0, true).unwrap();
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-        luns.set_stalled(0, false).unwrap();
-    });
     let mut r = s.alloc(data.len()).unwrap();
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(60),
@@ -829,23 +842,8 @@ async fn an_offloaded_command_unanswered_past_its_deadline_runs_again_over_tcp()
 async fn a_command_run_as_sent_is_not_timed_out_by_the_session() {
     use std::sync::atomic::AtomicU32;
     let t = start(true).await;
-    let config = cfg("as-sent-late").with_command_timeout(Some(std::time::Duration::from_secs(1)));
-    let s = AssistedSession::connect(config, RdmaConfig::default(), &t.addr.to_string(), TARGET)
-        .await
-        .unwrap();
-    assert_eq!(s.mode().await, Mode::Offloaded);
-    let data = random(64 << 10, 37);
+    let (s, data, release) = written_then_stalled_for_two_seconds(&t, "as-sent-late", 37).await;
     let blocks = (data.len() / BS) as u32;
-    let mut w = s.alloc(data.len()).unwrap();
-    w.write_at(0, &data).unwrap();
-    s.write(0, 0, blocks, &w).await.expect("an offloaded WRITE");
-    // Media commands of LUN 0 wait, unanswered, for two seconds.
-    let luns = t.fabric.catalog().targets[0].luns.clone();
-    luns.set_stalled(0, true).unwrap();
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-        luns.set_stalled(0, false).unwrap();
-    });
     let read = blockwire_initiator::rw16(false, 0, blocks, false);
     let itt = AtomicU32::new(0);
     let mut r = s.alloc(data.len()).unwrap();
