@@ -28,7 +28,7 @@ use super::io::{
 use super::launch::Launcher;
 use super::login::LoginOutcome;
 use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
-use super::session::Session;
+use super::session::{PendingSession, Session};
 use super::Fabric;
 
 /// An in-memory driver of this connection for the stateful fuzz targets.
@@ -228,10 +228,11 @@ async fn login<R: AsyncRead + Unpin>(
                 generation,
                 outcome,
             } => {
+                let pending = PendingSession::new(&fabric.sessions, session, generation);
                 // The token is bound to the session before the final Login Response
                 // carries it: an initiator may open its RDMA connection the moment
                 // it reads the grant.
-                let rdma = grant_rdma_offload(fabric, &session, &outcome);
+                let rdma = grant_rdma_offload(fabric, pending.session(), &outcome);
                 let sent = match writer.push(&response).await {
                     Ok(()) => writer.flush().await,
                     Err(e) => Err(e),
@@ -242,6 +243,7 @@ async fn login<R: AsyncRead + Unpin>(
                     }
                     return None;
                 }
+                let (session, generation) = pending.begin();
                 return Some((session, generation, outcome, rdma));
             }
         }

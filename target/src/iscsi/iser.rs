@@ -44,6 +44,7 @@ use super::connection::{carry_out, turns_true, Outgoing};
 use super::io::{advances_stat_sn, stamp};
 use super::launch::Launcher;
 use super::machine::{ConnMachine, LoginAction, LoginPhase, Shared};
+use super::session::PendingSession;
 use super::Fabric;
 
 mod buffers;
@@ -438,7 +439,9 @@ async fn run(
                 generation,
                 outcome,
             } => {
+                let pending = PendingSession::new(&fabric.sessions, session, generation);
                 wire.send(&response).await?;
+                let (session, generation) = pending.begin();
                 break (session, generation, outcome);
             }
         }

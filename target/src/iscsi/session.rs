@@ -341,6 +341,47 @@ impl SessionRequest {
     }
 }
 
+/// A session attached for a connection that has not begun its full feature
+/// phase yet. Should the connection go first (its final Login Response
+/// could not be sent, its portal was cut meanwhile, its task dropped), the
+/// session ends with it when this is dropped: at ErrorRecoveryLevel 0 no
+/// other connection will, and it would stay in the table, its TSIH and
+/// its I_T nexus taken, for good.
+pub struct PendingSession<'a> {
+    table: &'a SessionTable,
+    attached: Option<(Arc<Session>, u64)>,
+}
+
+impl<'a> PendingSession<'a> {
+    /// `session`, attached in `table` for the connection of `generation`.
+    pub fn new(table: &'a SessionTable, session: Arc<Session>, generation: u64) -> Self {
+        PendingSession {
+            table,
+            attached: Some((session, generation)),
+        }
+    }
+
+    /// The session.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.attached.as_ref().expect("until begun").0
+    }
+
+    /// The connection begins its full feature phase: the session and the
+    /// generation it owns are its to end from now on.
+    pub fn begin(mut self) -> (Arc<Session>, u64) {
+        self.attached.take().expect("taken only here")
+    }
+}
+
+impl Drop for PendingSession<'_> {
+    fn drop(&mut self) {
+        if let Some((session, generation)) = self.attached.take() {
+            tracing::info!(tsih = session.tsih, initiator = %session.initiator_name, "connection gone before its full feature phase: the session ends");
+            self.table.end(&session, generation);
+        }
+    }
+}
+
 impl SessionTable {
     /// Creates a session, reinstating any with the same initiator, ISID and
     /// target, or joins an existing one (connection reinstatement).

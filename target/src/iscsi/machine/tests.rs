@@ -1670,24 +1670,36 @@ async fn log_in_over_a_pipe(
     blockwire_pdu::pdu::LoginResponse,
     watch::Sender<bool>,
 ) {
-    log_in_over_a_pipe_of(fabric, 1 << 20, |_| {}).await
+    log_in_over_a_pipe_of(fabric, 1 << 20, |_, _| AtAttach::GoOn)
+        .await
+        .expect("logged in")
+}
+
+/// What the initiator of [`log_in_over_a_pipe_of`] does once the target
+/// attached its session.
+enum AtAttach {
+    /// Reads the final Login Response.
+    GoOn,
+    /// Hangs up: the pipe is dropped, and the driver waited for.
+    HangUp,
 }
 
 /// [`log_in_over_a_pipe`] over a pipe of `pipe_bytes` each way; `at_attach`
 /// runs once the target has attached the session, before the initiator
 /// reads the final Login Response (which a pipe smaller than it leaves the
-/// target still sending).
+/// target still sending), with the portal's cut switch. None: the
+/// initiator hung up there, and the driver has ended.
 async fn log_in_over_a_pipe_of(
     fabric: &Arc<Fabric>,
     pipe_bytes: usize,
-    at_attach: impl FnOnce(&Arc<crate::iscsi::session::Session>),
-) -> (
+    at_attach: impl FnOnce(&Arc<crate::iscsi::session::Session>, &watch::Sender<bool>) -> AtAttach,
+) -> Option<(
     tokio::task::JoinHandle<()>,
     PipeReader,
     crate::iscsi::io::PduWriter,
     blockwire_pdu::pdu::LoginResponse,
     watch::Sender<bool>,
-) {
+)> {
     use crate::iscsi::io::{PduReader, PduWriter};
     let (client, server) = tokio::io::duplex(pipe_bytes);
     let (keep, cut) = watch::channel(false);
@@ -1731,7 +1743,14 @@ async fn log_in_over_a_pipe_of(
         }
         if let Some(session) = fabric.sessions.all().first() {
             if let Some(hook) = at_attach.take() {
-                hook(session);
+                if let AtAttach::HangUp = hook(session, &keep) {
+                    drop((reader, writer));
+                    tokio::time::timeout(Duration::from_secs(10), served)
+                        .await
+                        .expect("the driver ends")
+                        .unwrap();
+                    return None;
+                }
             }
         }
         let r = tokio::time::timeout(Duration::from_secs(10), reader.next())
@@ -1755,7 +1774,7 @@ async fn log_in_over_a_pipe_of(
         panic!("{r:?}")
     };
     assert!(fin.transit && fin.nsg == Stage::FullFeature && fin.tsih != 0);
-    (served, reader, writer, fin, keep)
+    Some((served, reader, writer, fin, keep))
 }
 
 /// A session closed (by an operator, a live change or a reinstatement)
@@ -1769,7 +1788,12 @@ async fn a_session_closed_before_its_full_feature_phase_serves_nothing() {
     // the final one when the session is closed.
     let closer = fabric.clone();
     let (served, mut reader, mut writer, fin, _keep) =
-        log_in_over_a_pipe_of(&fabric, 16, move |session| closer.sessions.close(session)).await;
+        log_in_over_a_pipe_of(&fabric, 16, |session, _| {
+            closer.sessions.close(session);
+            AtAttach::GoOn
+        })
+        .await
+        .expect("logged in");
     assert!(fabric.sessions.all().is_empty());
     let tur = no_data_command(9, fin.exp_cmd_sn, fin.stat_sn + 1, &[0; 6]);
     writer.push(&Pdu::new(Bhs::ScsiCommand(tur))).await.unwrap();
@@ -1785,6 +1809,32 @@ async fn a_session_closed_before_its_full_feature_phase_serves_nothing() {
         .await
         .expect("the driver ends")
         .unwrap();
+}
+
+/// A connection that goes after its login attached the session but before
+/// its full feature phase began (the initiator hung up while the final
+/// Login Response was on its way, the portal cut meanwhile or not) ends that
+/// session: at ErrorRecoveryLevel 0 no other connection will. Before, the
+/// session stayed in the table for good, its TSIH and I_T nexus taken, one
+/// more for each such login.
+#[tokio::test]
+async fn a_connection_gone_before_its_full_feature_phase_ends_its_session() {
+    for cut in [false, true] {
+        let fabric = fabric();
+        let hung_up = log_in_over_a_pipe_of(&fabric, 16, |_, keep| {
+            if cut {
+                keep.send_replace(true);
+            }
+            AtAttach::HangUp
+        })
+        .await;
+        assert!(hung_up.is_none());
+        let left: Vec<u16> = fabric.sessions.all().iter().map(|s| s.tsih).collect();
+        assert!(
+            left.is_empty(),
+            "cut {cut}: sessions left in the table: {left:?}"
+        );
+    }
 }
 
 #[tokio::test]
