@@ -163,6 +163,7 @@ async fn drive<R: AsyncRead + Unpin>(
     let machine = ConnMachine::new(
         fabric.clone(),
         session.clone(),
+        generation,
         &outcome,
         local,
         rdma.as_ref().map(|r| r.1.clone()),
@@ -369,6 +370,15 @@ async fn full_feature<R: AsyncRead + Unpin>(
     let timer = tokio::time::sleep_until(no_deadline);
     tokio::pin!(timer);
     let why = loop {
+        // Stopped (the session closed, reinstated or joined by another
+        // connection): no command read on this connection runs any more,
+        // not even those already read (ErrorRecoveryLevel 0); a command
+        // started now would act for a nexus already released or a session
+        // another connection owns.
+        if stop.has_changed().unwrap_or(true) && *stop.borrow() != my_generation {
+            info!(tsih = session.tsih, "connection replaced or reset: closing");
+            break Stop::Close;
+        }
         if let Some(stop) = carry_out(&mut launcher, std::mem::take(&mut actions)).await {
             break stop;
         }
@@ -469,8 +479,10 @@ async fn full_feature<R: AsyncRead + Unpin>(
     };
     // Abort whatever is still running: its responses have nowhere to go.
     // A connection that was replaced leaves the session's tasks alone: they
-    // belong to the session, which lives on.
-    if session.generation() == my_generation {
+    // belong to the session, which lives on; a session no longer in the
+    // table (closed, reinstated) has no one else to end what this
+    // connection started.
+    if !session.abort_tasks_if_owned_by(my_generation) && !fabric.sessions.holds(session) {
         session.tasks.abort_where(|_, _| true);
     }
     // WRITEs still collecting data go with the machine (never executed).

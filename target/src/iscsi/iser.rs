@@ -457,6 +457,7 @@ async fn run(
     let mut machine = ConnMachine::new(
         fabric.clone(),
         session.clone(),
+        generation,
         &outcome,
         local,
         None,
@@ -483,6 +484,10 @@ async fn run(
         Vec::new()
     };
     let why: Result<(), String> = loop {
+        // As over TCP: once stopped, no command read here runs any more.
+        if stop.has_changed().unwrap_or(true) && *stop.borrow() != generation {
+            break Ok(());
+        }
         if carry_out(&mut launcher, std::mem::take(&mut actions))
             .await
             .is_some()
@@ -530,7 +535,7 @@ async fn run(
             _ = tokio::time::sleep_until(timer) => actions = machine.on_timeout(std::time::Instant::now()),
         }
     };
-    if session.generation() == generation {
+    if !session.abort_tasks_if_owned_by(generation) && !fabric.sessions.holds(&session) {
         session.tasks.abort_where(|_, _| true);
     }
     drop(machine);

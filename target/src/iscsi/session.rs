@@ -235,6 +235,21 @@ impl Session {
         *self.generation.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Aborts every task of the session when the connection of
+    /// `generation` still owns it, and says whether it did. Checked and
+    /// done under the generation's lock: a connection that joins the
+    /// session meanwhile (connection reinstatement) takes it over either
+    /// before, its old tasks already aborted by the join, or after, its own
+    /// tasks untouched.
+    pub fn abort_tasks_if_owned_by(&self, generation: u64) -> bool {
+        let g = self.generation.lock().unwrap_or_else(|e| e.into_inner());
+        let owned = *g == generation;
+        if owned {
+            self.tasks.abort_where(|_, _| true);
+        }
+        owned
+    }
+
     /// Tells the current connection to stop.
     pub fn stop_connection(&self) {
         let mut g = self.generation.lock().unwrap_or_else(|e| e.into_inner());
@@ -500,25 +515,35 @@ impl SessionTable {
     /// the table, a new session may already hold the same I_T nexus
     /// (initiator, ISID, target) and what it took must stay.
     pub fn end(&self, session: &Arc<Session>, generation: u64) {
-        if self.take_out(session, Some(generation)) {
-            session.release_nexus();
-        }
+        self.take_out(session, Some(generation));
     }
 
     /// Ends `session` from the target's side (an operator closed it, or a
     /// live change took away its target or its place in the access list):
-    /// it leaves the table at once, its I_T nexus is lost on every LUN (SPC-2
-    /// reservations go, persistent ones stay), and its connection stops.
+    /// it leaves the table at once, its tasks are aborted and its I_T nexus
+    /// is lost on every LUN (SPC-2 reservations go, persistent ones stay),
+    /// and its connection stops.
     pub fn close(&self, session: &Arc<Session>) {
-        let removed = self.take_out(session, None);
+        self.take_out(session, None);
         session.stop_connection();
-        if removed {
-            session.release_nexus();
-        }
+    }
+
+    /// Whether `session` is in the table (not ended, closed or reinstated).
+    pub fn holds(&self, session: &Arc<Session>) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .by_tsih
+            .get(&session.tsih)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
     }
 
     /// Takes `session` out of the table if it is still there (and, with
-    /// `generation`, still owned by that connection); whether it did.
+    /// `generation`, still owned by that connection); whether it did. The
+    /// one call that takes it out aborts its tasks and releases its I_T
+    /// nexus, under the table's lock as a reinstatement does: a new login of
+    /// the same nexus, which may attach the moment the session is out,
+    /// keeps what it takes (a RESERVE, a unit attention taken) from this
+    /// session's late release.
     fn take_out(&self, session: &Arc<Session>, generation: Option<u64>) -> bool {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let present = generation.is_none_or(|g| session.generation() == g)
@@ -528,6 +553,8 @@ impl SessionTable {
                 .is_some_and(|s| Arc::ptr_eq(s, session));
         if present {
             inner.by_tsih.remove(&session.tsih);
+            session.tasks.abort_where(|_, _| true);
+            session.release_nexus();
         }
         present
     }

@@ -397,12 +397,12 @@ impl Harness {
             LoginAction::LoggedIn {
                 response,
                 session,
+                generation,
                 outcome,
-                ..
             } => {
                 self.log.push(Wire::FromTarget(response));
                 self.login = None;
-                self.start_full_feature(session, &outcome);
+                self.start_full_feature(session, generation, &outcome);
             }
         }
     }
@@ -412,11 +412,13 @@ impl Harness {
     fn start_full_feature(
         &mut self,
         session: Arc<Session>,
+        generation: u64,
         outcome: &crate::iscsi::login::LoginOutcome,
     ) {
         let machine = ConnMachine::new(
             self.fabric.clone(),
             session.clone(),
+            generation,
             outcome,
             local(),
             None,

@@ -361,10 +361,12 @@ impl ConnMachine {
     }
 
     /// The full feature phase after `outcome`'s login, on the connection
-    /// whose local address is `local`, starting at `now`.
+    /// whose local address is `local`, starting at `now`; the connection
+    /// owns `generation` of `session` (read when the login attached it).
     pub(super) fn new(
         fabric: Arc<Fabric>,
         session: Arc<Session>,
+        generation: u64,
         outcome: &LoginOutcome,
         local: SocketAddr,
         rdma: Option<Arc<Slot>>,
@@ -398,7 +400,7 @@ impl ConnMachine {
             logout_deadline: None,
             rdma,
             out: Vec::new(),
-            generation: session.generation(),
+            generation,
             session,
             fabric,
         }

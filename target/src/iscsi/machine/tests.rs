@@ -220,6 +220,7 @@ impl Conn {
         let machine = ConnMachine::new(
             fabric.clone(),
             session.clone(),
+            session.generation(),
             &outcome,
             local(),
             None,
@@ -538,9 +539,11 @@ async fn login_hands_off_a_session_to_the_full_feature_phase() {
     );
 
     // Full feature phase: a NOP-Out ping comes back with its data.
+    let generation = session.generation();
     let mut machine = ConnMachine::new(
         fabric.clone(),
         session,
+        generation,
         &outcome,
         local(),
         None,
@@ -1834,6 +1837,136 @@ async fn a_connection_gone_before_its_full_feature_phase_ends_its_session() {
             left.is_empty(),
             "cut {cut}: sessions left in the table: {left:?}"
         );
+    }
+}
+
+/// A session closed (`ctl session.close`, a live change) while its WRITE
+/// waits at a stalled unit: the close aborts the WRITE (its task leaves the
+/// session's task set, and the unit's gate drops it), and nothing lands
+/// once the unit goes on. Before, the close left the session's tasks
+/// running: its connection, the generation moved on, took itself for
+/// replaced and left them to a session nobody served any more, and the
+/// WRITE went on into the unit after the session's I_T nexus was released
+/// (where the unit, no longer knowing the nexus, took it for a new one).
+#[tokio::test]
+async fn a_closed_sessions_write_waiting_at_a_stalled_unit_never_lands() {
+    let fabric = fabric();
+    let (served, mut reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
+    let tur = no_data_command(9, fin.exp_cmd_sn, fin.stat_sn + 1, &[0; 6]);
+    let r = exchange(&mut writer, &mut reader, Pdu::new(Bhs::ScsiCommand(tur))).await;
+    assert!(
+        matches!(r.bhs, Bhs::ScsiResponse(s) if s.status == 2),
+        "{r:?}"
+    );
+    let luns = fabric.catalog().targets[0].luns.clone();
+    luns.set_stalled(0, true).unwrap();
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x2a;
+    cdb[5] = 4;
+    cdb[8] = 1;
+    let write = ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: true,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt: 1,
+        expected_data_transfer_length: BLOCK,
+        cmd_sn: fin.exp_cmd_sn + 1,
+        exp_stat_sn: fin.stat_sn + 1,
+        cdb,
+    };
+    let data = pattern(BLOCK as usize, 91);
+    writer
+        .push(&Pdu::with_data(Bhs::ScsiCommand(write), data.clone()))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    let unit = fabric.catalog().targets[0].luns.get(0).unwrap();
+    for _ in 0..500 {
+        if unit.held_commands() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        unit.held_commands(),
+        1,
+        "the WRITE waits at the stalled unit"
+    );
+    let session = fabric.sessions.all()[0].clone();
+    fabric.sessions.close(&session);
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the closed session's driver ends")
+        .unwrap();
+    // Asserted once the unit goes on: a failing test must not leave the
+    // WRITE's thread held at the gate, which the runtime waits for.
+    let still_a_task = session.tasks.contains(1);
+    luns.set_stalled(0, false).unwrap();
+    assert!(
+        !still_a_task,
+        "the closed session's WRITE is still a task of it"
+    );
+    for _ in 0..500 {
+        if unit.held_commands() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Another session reads block 4 back.
+    let (_served, mut reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
+    let tur = no_data_command(9, fin.exp_cmd_sn, fin.stat_sn + 1, &[0; 6]);
+    let r = exchange(&mut writer, &mut reader, Pdu::new(Bhs::ScsiCommand(tur))).await;
+    assert!(matches!(r.bhs, Bhs::ScsiResponse(s) if s.itt == 9), "{r:?}");
+    let mut read = write;
+    read.cdb[0] = 0x28;
+    read.write = false;
+    read.read = true;
+    read.itt = 2;
+    read.cmd_sn = fin.exp_cmd_sn + 1;
+    read.exp_stat_sn = fin.stat_sn + 2;
+    let r = exchange(&mut writer, &mut reader, Pdu::new(Bhs::ScsiCommand(read))).await;
+    assert!(
+        matches!(r.bhs, Bhs::DataIn(d) if d.itt == 2 && d.status == Some(0)),
+        "{r:?}"
+    );
+    assert!(r.data[..] != data[..], "the closed session's WRITE landed");
+}
+
+/// Commands already read when the session is closed (or taken over by
+/// another connection) do not run: the connection stops before carrying
+/// out anything more. Before, the connection ran what it had read and
+/// waited on its select for the stop, which picks among ready branches at
+/// random, so a command read in the same wake-up as the close still ran
+/// for a nexus already released.
+#[tokio::test]
+async fn commands_read_when_the_session_is_closed_do_not_run() {
+    for round in 0..20 {
+        let fabric = fabric();
+        let (served, mut reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
+        let session = fabric.sessions.all()[0].clone();
+        for (i, itt) in [9, 10].into_iter().enumerate() {
+            let tur = no_data_command(itt, fin.exp_cmd_sn + i as u32, fin.stat_sn + 1, &[0; 6]);
+            writer.push(&Pdu::new(Bhs::ScsiCommand(tur))).await.unwrap();
+        }
+        // On this one-thread runtime the target reads nothing until this
+        // task waits below: it finds both commands and the close at once.
+        writer.flush().await.unwrap();
+        fabric.sessions.close(&session);
+        let next = tokio::time::timeout(Duration::from_secs(10), reader.next())
+            .await
+            .expect("the connection ends in time");
+        assert!(
+            matches!(next, Ok(None) | Err(_)),
+            "round {round}: a closed session answered a command: {next:?}"
+        );
+        tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .expect("the driver ends")
+            .unwrap();
     }
 }
 
