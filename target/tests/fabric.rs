@@ -855,6 +855,44 @@ async fn a_logout_is_answered_after_a_write_being_written() {
     );
 }
 
+/// A login that reinstates a session (the same initiator and ISID) is
+/// answered only once the old session's WRITE that the backstore is writing
+/// has returned: the old session's tasks end before the new one serves
+/// (RFC 7143 §6.3.5), so none of them may land over what the initiator
+/// writes on the new session, as after an abort or a logout. It was
+/// answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reinstating_login_is_answered_after_the_old_sessions_write_being_written() {
+    let store = HeldStore::new(Held::Writes);
+    let t = start_with(FabricSettings::default(), store.clone()).await;
+    let isid = [0x80, 0, 0, 0, 0, 0x0c];
+    let mut c = Client::login(t.addr, isid, Digests::NONE).await;
+    // Dropped first, also when an assertion fails.
+    let _release = ReleaseOnDrop(store.clone());
+    let _ = c.test_unit_ready().await;
+    let write = c.command(&rw10(0x2a, 0, 8), false, true, 4096, true);
+    c.send(Pdu::with_data(Bhs::ScsiCommand(write), vec![0xabu8; 4096]))
+        .await;
+    store.wait_entered().await;
+    let addr = t.addr;
+    let mut again = tokio::spawn(async move { Client::login(addr, isid, Digests::NONE).await });
+    if tokio::time::timeout(Duration::from_millis(500), &mut again)
+        .await
+        .is_ok()
+    {
+        panic!(
+            "the reinstating login was answered while the old session's WRITE was being written"
+        );
+    }
+    store.release();
+    let mut fresh = tokio::time::timeout(Duration::from_secs(5), again)
+        .await
+        .expect("the login is answered once the write returned")
+        .unwrap();
+    assert!(fresh.test_unit_ready().await.is_some());
+    drop(c);
+}
+
 /// The data-integrity check with both digests on (libiscsi never offers
 /// DataDigest, so this client does it): 256 MiB of a pseudo-random pattern
 /// written in 1 MiB commands and read back, checksums compared.

@@ -227,9 +227,11 @@ async fn login<R: AsyncRead + Unpin>(
                 response,
                 session,
                 generation,
+                still_changing_medium,
                 outcome,
             } => {
                 let pending = PendingSession::new(&fabric.sessions, session, generation);
+                medium_settled_before_login_ends(&still_changing_medium, pending.session()).await;
                 // The token is bound to the session before the final Login Response
                 // carries it: an initiator may open its RDMA connection the moment
                 // it reads the grant.
@@ -248,6 +250,30 @@ async fn login<R: AsyncRead + Unpin>(
                 return Some((session, generation, outcome, rdma));
             }
         }
+    }
+}
+
+/// Waits, at most 5 s as an abort's answer does, until the commands the
+/// login aborted (those of the session it reinstated, or of the connection
+/// it replaced) that may still change the medium have left it, so that
+/// none lands over what the initiator writes once it has its final Login
+/// Response (RFC 7143 §6.3.5: the old session's tasks end before the new
+/// one serves).
+pub(super) async fn medium_settled_before_login_ends(
+    still_changing_medium: &[Arc<std::sync::atomic::AtomicUsize>],
+    session: &Session,
+) {
+    if still_changing_medium.is_empty() {
+        return;
+    }
+    let running =
+        super::session::await_medium_settled(still_changing_medium, Duration::from_secs(5)).await;
+    if running > 0 {
+        warn!(
+            tsih = session.tsih,
+            commands = running,
+            "login answered with the replaced commands still in the backstore after 5s"
+        );
     }
 }
 

@@ -437,9 +437,15 @@ async fn run(
                 response,
                 session,
                 generation,
+                still_changing_medium,
                 outcome,
             } => {
                 let pending = PendingSession::new(&fabric.sessions, session, generation);
+                super::connection::medium_settled_before_login_ends(
+                    &still_changing_medium,
+                    pending.session(),
+                )
+                .await;
                 wire.send(&response).await?;
                 let (session, generation) = pending.begin();
                 break (session, generation, outcome);

@@ -296,19 +296,12 @@ impl Launcher {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
-        let running = || {
-            changing_medium
-                .iter()
-                .filter(|n| n.load(std::sync::atomic::Ordering::SeqCst) > 0)
-                .count()
-        };
-        while running() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        if running() > 0 {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let running = super::session::await_medium_settled(changing_medium, left).await;
+        if running > 0 {
             tracing::warn!(
                 tsih = self.session.tsih,
-                commands = running(),
+                commands = running,
                 "abort answered with aborted commands still in the backstore after 5s"
             );
         }

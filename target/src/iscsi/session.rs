@@ -356,6 +356,41 @@ impl SessionRequest {
     }
 }
 
+/// A session attached for a connection
+/// ([`SessionTable::attach_connection`]).
+pub struct Attached {
+    /// The session.
+    pub session: Arc<Session>,
+    /// The generation of `session` the connection owns.
+    pub generation: u64,
+    /// The core calls of the tasks the attach aborted (those of the session
+    /// it reinstated, or of the connection it replaced) that may still
+    /// change the medium: the final Login Response waits for them, as an
+    /// abort's answer does, so that none lands over what the initiator
+    /// writes on its new connection.
+    pub still_changing_medium: Vec<Arc<AtomicUsize>>,
+}
+
+/// Waits, at most `bound`, until none of `counters` (core calls of aborted
+/// tasks that may change the medium, see [`Aborted::changing_medium`])
+/// runs; how many still do.
+pub async fn await_medium_settled(
+    counters: &[Arc<AtomicUsize>],
+    bound: std::time::Duration,
+) -> usize {
+    let deadline = tokio::time::Instant::now() + bound;
+    let running = || {
+        counters
+            .iter()
+            .filter(|n| n.load(Ordering::SeqCst) > 0)
+            .count()
+    };
+    while running() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    running()
+}
+
 /// A session attached for a connection that has not begun its full feature
 /// phase yet. Should the connection go first (its final Login Response
 /// could not be sent, its portal was cut meanwhile, its task dropped), the
@@ -401,7 +436,7 @@ impl SessionTable {
     /// Creates a session, reinstating any with the same initiator, ISID and
     /// target, or joins an existing one (connection reinstatement).
     pub fn attach(&self, req: SessionRequest) -> Result<Arc<Session>, SessionError> {
-        self.attach_connection(req).map(|(session, _)| session)
+        self.attach_connection(req).map(|a| a.session)
     }
 
     /// [`attach`](Self::attach) for the connection that will carry the
@@ -412,20 +447,26 @@ impl SessionTable {
     /// connection must see that it lost the session before it serves a
     /// command; reading the generation only then would take the new one as
     /// its own.
-    pub fn attach_connection(
-        &self,
-        req: SessionRequest,
-    ) -> Result<(Arc<Session>, u64), SessionError> {
+    pub fn attach_connection(&self, req: SessionRequest) -> Result<Attached, SessionError> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let session = Self::attach_locked(&mut inner, req)?;
+        let mut still_changing_medium = Vec::new();
+        let session = Self::attach_locked(&mut inner, req, &mut still_changing_medium)?;
         let generation = session.generation();
         drop(inner);
-        Ok((session, generation))
+        Ok(Attached {
+            session,
+            generation,
+            still_changing_medium,
+        })
     }
 
+    /// Attaches under the table's lock; the tasks it aborts (of a session
+    /// reinstated, of a connection replaced) that may still change the
+    /// medium are added to `still_changing_medium`.
     fn attach_locked(
         inner: &mut TableInner,
         req: SessionRequest,
+        still_changing_medium: &mut Vec<Arc<AtomicUsize>>,
     ) -> Result<Arc<Session>, SessionError> {
         if req.tsih != 0 {
             let s = inner
@@ -451,7 +492,7 @@ impl SessionTable {
             *s.portal.lock().unwrap_or_else(|e| e.into_inner()) = req.portal;
             // ErrorRecoveryLevel 0 has no task reassignment: the old
             // connection's tasks end with it.
-            s.tasks.abort_where(|_, _| true);
+            still_changing_medium.extend(s.tasks.abort_where(|_, _| true).changing_medium);
             s.stop_connection();
             return Ok(s);
         }
@@ -469,7 +510,7 @@ impl SessionTable {
                 tracing::info!(tsih, initiator = %s.initiator_name, "session reinstated: stopping the old connection");
                 // The old I_T nexus is lost before the new one exists: its
                 // tasks are aborted and its non-persistent state released.
-                s.tasks.abort_where(|_, _| true);
+                still_changing_medium.extend(s.tasks.abort_where(|_, _| true).changing_medium);
                 s.release_nexus();
                 s.stop_connection();
             }

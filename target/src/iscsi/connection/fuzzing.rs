@@ -399,6 +399,7 @@ impl Harness {
                 session,
                 generation,
                 outcome,
+                ..
             } => {
                 self.log.push(Wire::FromTarget(response));
                 self.login = None;

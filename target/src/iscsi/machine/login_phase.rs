@@ -30,6 +30,9 @@ pub(in crate::iscsi) enum LoginAction {
         /// The generation of `session` this connection owns
         /// ([`SessionTable::attach_connection`](crate::iscsi::session::SessionTable::attach_connection)).
         generation: u64,
+        /// What the response waits for
+        /// ([`Attached::still_changing_medium`](crate::iscsi::session::Attached::still_changing_medium)).
+        still_changing_medium: Vec<Arc<std::sync::atomic::AtomicUsize>>,
         outcome: Box<LoginOutcome>,
     },
 }
@@ -172,7 +175,11 @@ impl LoginPhase {
         let attached = self.fabric.sessions.attach_connection(request);
         drop(gate);
         match attached {
-            Ok((session, generation)) => {
+            Ok(crate::iscsi::session::Attached {
+                session,
+                generation,
+                still_changing_medium,
+            }) => {
                 let window = self.fabric.settings.queue_depth;
                 let response = self.machine.final_response(
                     session.tsih,
@@ -183,6 +190,7 @@ impl LoginPhase {
                     response,
                     session,
                     generation,
+                    still_changing_medium,
                     outcome,
                 }
             }
