@@ -1840,6 +1840,28 @@ async fn a_connection_gone_before_its_full_feature_phase_ends_its_session() {
     }
 }
 
+/// WRITE(10) of one block at LBA 4 on LUN 0, tag 1, the first command
+/// after a TEST UNIT READY of the session `fin` logged in.
+fn write_of_block_4(fin: &blockwire_pdu::pdu::LoginResponse) -> ScsiCommand {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x2a;
+    cdb[5] = 4;
+    cdb[8] = 1;
+    ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: false,
+        write: true,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt: 1,
+        expected_data_transfer_length: BLOCK,
+        cmd_sn: fin.exp_cmd_sn + 1,
+        exp_stat_sn: fin.stat_sn + 1,
+        cdb,
+    }
+}
+
 /// A session closed (`ctl session.close`, a live change) while its WRITE
 /// waits at a stalled unit: the close aborts the WRITE (its task leaves the
 /// session's task set, and the unit's gate drops it), and nothing lands
@@ -1860,23 +1882,7 @@ async fn a_closed_sessions_write_waiting_at_a_stalled_unit_never_lands() {
     );
     let luns = fabric.catalog().targets[0].luns.clone();
     luns.set_stalled(0, true).unwrap();
-    let mut cdb = [0u8; 16];
-    cdb[0] = 0x2a;
-    cdb[5] = 4;
-    cdb[8] = 1;
-    let write = ScsiCommand {
-        immediate: false,
-        final_bit: true,
-        read: false,
-        write: true,
-        attr: TaskAttr::Simple,
-        lun: Lun::from_index(0),
-        itt: 1,
-        expected_data_transfer_length: BLOCK,
-        cmd_sn: fin.exp_cmd_sn + 1,
-        exp_stat_sn: fin.stat_sn + 1,
-        cdb,
-    };
+    let write = write_of_block_4(&fin);
     let data = pattern(BLOCK as usize, 91);
     writer
         .push(&Pdu::with_data(Bhs::ScsiCommand(write), data.clone()))
@@ -1983,23 +1989,7 @@ async fn the_driver_serves_an_in_memory_byte_pipe() {
         "{r:?}"
     );
     let data = pattern(BLOCK as usize, 77);
-    let mut cdb = [0u8; 16];
-    cdb[0] = 0x2a;
-    cdb[5] = 4;
-    cdb[8] = 1;
-    let mut cmd = ScsiCommand {
-        immediate: false,
-        final_bit: true,
-        read: false,
-        write: true,
-        attr: TaskAttr::Simple,
-        lun: Lun::from_index(0),
-        itt: 1,
-        expected_data_transfer_length: BLOCK,
-        cmd_sn: fin.exp_cmd_sn + 1,
-        exp_stat_sn: fin.stat_sn + 1,
-        cdb,
-    };
+    let mut cmd = write_of_block_4(&fin);
     let r = exchange(
         &mut writer,
         &mut reader,
