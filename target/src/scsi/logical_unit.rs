@@ -663,7 +663,7 @@ impl LogicalUnit {
             ModeSense6 { .. } | ModeSense10 { .. } => self.mode_sense(cdb),
             ModeSelect6 { .. } | ModeSelect10 { .. } => self.mode_select(req, cdb),
             LogSense { .. } => self.log_sense(cdb),
-            Read { rw, .. } => self.read(rw),
+            Read { rw, .. } => self.read(rw, req.data_in_capacity),
             Write(rw) => self.write(rw, req.data_out),
             WriteAndVerify { rw, bytchk } => self.write_and_verify(rw, *bytchk, req.data_out),
             Verify { rw, bytchk } => self.verify(rw, *bytchk, req.data_out),

@@ -212,21 +212,43 @@ impl LogicalUnit {
         Ok(self.media_checks(rw)?.0)
     }
 
-    pub(crate) fn read(&self, rw: &Rw) -> CmdResult {
+    /// READ of `rw` for an initiator that takes at most `capacity` bytes
+    /// (its Expected Data Transfer Length). Only the blocks it takes are
+    /// read: the rest of what the CDB asks would be cut before it is sent
+    /// (RFC 7143 §11.4.5.2, residual overflow), and reading it would let a
+    /// READ of one byte hold a buffer of the largest transfer outside the
+    /// fabric's READ budget, which counts what the initiator takes. The
+    /// transfer length stays the CDB's, for the residual.
+    pub(crate) fn read(&self, rw: &Rw, capacity: u32) -> CmdResult {
         let (bytes, checks) = self.media_checks(rw)?;
         if rw.length == 0 {
             // Nothing to read, nothing to hold: the fabric's planning probe
             // (see read_plan) runs here on a thread that must not wait.
             return Ok(Done::media(Vec::new()));
         }
-        let _hold = self.hold_for_read(rw.lba, rw.lba + u64::from(rw.length));
-        if let Some(checks) = checks {
-            let data = self.read_with_pi(rw.lba, rw.length as usize, checks)?;
-            return Ok(Done::media(data));
+        let per_block = (bytes / rw.length as usize).max(1);
+        let blocks = (capacity as usize)
+            .div_ceil(per_block)
+            .min(rw.length as usize);
+        let transfer_length = super::outcome::clamp32(bytes as u64);
+        if blocks == 0 {
+            return Ok(Done {
+                transfer_length,
+                ..Done::media(Vec::new())
+            });
         }
-        let buf = self.read_unchecked_to_vec(rw.lba, bytes)?;
-        self.check_stored_pi(rw.lba, &buf)?;
-        Ok(Done::media(buf))
+        let _hold = self.hold_for_read(rw.lba, rw.lba + blocks as u64);
+        let data = if let Some(checks) = checks {
+            self.read_with_pi(rw.lba, blocks, checks)?
+        } else {
+            let buf = self.read_unchecked_to_vec(rw.lba, blocks * per_block)?;
+            self.check_stored_pi(rw.lba, &buf)?;
+            buf
+        };
+        Ok(Done {
+            transfer_length,
+            ..Done::media(data)
+        })
     }
 
     /// The whole blocks of `data_out` a write may use. libiscsi's residual

@@ -998,3 +998,68 @@ fn both_copy_parameter_reports_give_the_blocks_granularity() {
         assert_eq!(general[12], log2, "VPD 8Fh, block size {block_size}");
     }
 }
+
+/// A RAM store that counts the bytes read from it.
+#[derive(Debug)]
+struct CountedReads {
+    ram: RamBackstore,
+    read: std::sync::atomic::AtomicU64,
+}
+
+impl crate::backstore::Backstore for CountedReads {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.read
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::SeqCst);
+        self.ram.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.ram.write_at(offset, data)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "counted ram".into()
+    }
+}
+
+/// A READ whose initiator takes less than its CDB asks (an Expected Data
+/// Transfer Length below the transfer length) reads only the blocks it
+/// takes, and the residual still counts the CDB's whole transfer. Before,
+/// the core read and held the whole transfer, up to the largest a READ may
+/// ask, for a READ whose initiator takes one byte.
+#[test]
+fn a_read_reads_only_the_blocks_its_initiator_takes() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = Arc::new(CountedReads {
+        ram: RamBackstore::new(1 << 20),
+        read: Default::default(),
+    });
+    let t = LunTable::new(vec![(
+        0,
+        Arc::new(LogicalUnit::new(LuConfig::new(store.clone()))),
+    )]);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    assert_eq!(write(&t, &a, 0, &[7u8; 2048]).status, GOOD);
+    for (taken, blocks_read) in [(1u32, 1u64), (512, 1), (513, 2), (0, 0), (1 << 20, 1024)] {
+        let before = store.read.load(SeqCst);
+        let cdb = c(Cdb::Read {
+            rw: rw(CdbSize::Sixteen, 0, 1024),
+            rarc: false,
+        });
+        let r = run(&t, &a, &cdb, &[], taken);
+        assert_eq!(r.status, GOOD, "{taken}: {r:?}");
+        assert_eq!(r.transfer_length, 1024 * 512, "{taken}: the CDB's transfer");
+        assert_eq!(r.data_in.len(), (taken as usize).min(1024 * 512));
+        assert!(r.data_in.iter().take(2048).all(|&b| b == 7));
+        assert_eq!(
+            store.read.load(SeqCst) - before,
+            blocks_read * 512,
+            "{taken} bytes taken"
+        );
+    }
+}
