@@ -373,40 +373,65 @@ impl WriteCollector {
 }
 
 /// Which byte ranges of a buffer have been filled, to refuse overlaps.
+///
+/// With DataPDUInOrder=No a Data-Out may land anywhere in its sequence, so
+/// an initiator chooses how the filled ranges fragment: one-byte PDUs at
+/// every other offset leave one range per PDU. The ranges are kept in a
+/// map (each PDU costs a logarithm of their number, not a shift of all of
+/// them), the filled total is counted as they come, and a command whose
+/// data lies in more than [`MAX_PIECES`] separate ranges is refused.
 #[derive(Debug, Default)]
 struct Coverage {
-    /// Sorted, non-overlapping, non-adjacent ranges.
-    ranges: Vec<(u32, u32)>,
+    /// Start to end of each filled range: non-overlapping, non-adjacent.
+    ranges: std::collections::BTreeMap<u32, u32>,
+    /// Bytes filled.
+    filled: u32,
 }
 
+/// The most separate filled ranges one command's data may lie in at once:
+/// far more than an initiator sending whole PDUs in any order makes (its
+/// bursts over MaxRecvDataSegmentLength), far fewer than a hostile one's
+/// byte-sized pieces of a 32 MiB WRITE would.
+const MAX_PIECES: usize = 1 << 16;
+
 impl Coverage {
-    /// Marks `[start, start+len)`; false if it overlaps a filled range.
+    /// Marks `[start, start+len)`; false if it overlaps a filled range or
+    /// would leave the data in more than [`MAX_PIECES`] pieces.
     fn insert(&mut self, start: u32, len: u32) -> bool {
         if len == 0 {
             return true;
         }
         let end = start + len;
-        let i = self.ranges.partition_point(|&(_, e)| e <= start);
-        if let Some(&(s, _)) = self.ranges.get(i) {
-            if s < end {
-                return false;
-            }
+        let before = self
+            .ranges
+            .range(..=start)
+            .next_back()
+            .map(|(&s, &e)| (s, e));
+        if before.is_some_and(|(_, e)| e > start) {
+            return false;
         }
-        self.ranges.insert(i, (start, end));
-        // Merge with neighbours that touch, keeping the list short.
-        if i + 1 < self.ranges.len() && self.ranges[i + 1].0 == end {
-            self.ranges[i].1 = self.ranges[i + 1].1;
-            self.ranges.remove(i + 1);
+        let after = self.ranges.range(start..).next().map(|(&s, &e)| (s, e));
+        if after.is_some_and(|(s, _)| s < end) {
+            return false;
         }
-        if i > 0 && self.ranges[i - 1].1 == start {
-            self.ranges[i - 1].1 = self.ranges[i].1;
-            self.ranges.remove(i);
+        // Merged with neighbours that touch, keeping the map short.
+        let joins_before = before.filter(|&(_, e)| e == start);
+        let joins_after = after.filter(|&(s, _)| s == end);
+        if joins_before.is_none() && joins_after.is_none() && self.ranges.len() >= MAX_PIECES {
+            return false;
         }
+        let new_start = joins_before.map_or(start, |(s, _)| s);
+        let new_end = joins_after.map_or(end, |(_, e)| e);
+        if let Some((s, _)) = joins_after {
+            self.ranges.remove(&s);
+        }
+        self.ranges.insert(new_start, new_end);
+        self.filled += len;
         true
     }
 
     fn total(&self) -> u32 {
-        self.ranges.iter().map(|(s, e)| e - s).sum()
+        self.filled
     }
 }
 
@@ -594,6 +619,48 @@ mod tests {
             }
             prop_assert!(c.is_complete());
             prop_assert_eq!(c.into_data(), data);
+        }
+    }
+
+    /// One-byte pieces at every other offset, from the end down (the
+    /// pattern that fragments most): past [`MAX_PIECES`] separate ranges
+    /// the next piece is refused; one that joins a range still goes in.
+    #[test]
+    fn data_in_too_many_pieces_is_refused() {
+        let mut c = Coverage::default();
+        let top = 2 * MAX_PIECES as u32;
+        for k in 0..MAX_PIECES as u32 {
+            assert!(c.insert(top - 2 * k, 1), "piece {k}");
+        }
+        assert_eq!(c.ranges.len(), MAX_PIECES);
+        assert!(!c.insert(0, 1), "a piece past the limit went in");
+        assert!(c.insert(top - 1, 1), "a piece joining two ranges");
+        assert_eq!(c.total(), MAX_PIECES as u32 + 1);
+    }
+
+    proptest! {
+        /// Against a byte map: an insert goes in exactly when none of its
+        /// bytes is filled, and the total counts the filled bytes.
+        #[test]
+        fn coverage_follows_a_byte_map(pieces in prop::collection::vec((0u32..256, 0u32..24), 0..64)) {
+            let mut c = Coverage::default();
+            let mut filled = [false; 280];
+            for (start, len) in pieces {
+                let free = (start..start + len).all(|b| !filled[b as usize]);
+                prop_assert_eq!(c.insert(start, len), free, "{} +{}", start, len);
+                if free {
+                    for b in start..start + len {
+                        filled[b as usize] = true;
+                    }
+                }
+                prop_assert_eq!(c.total() as usize, filled.iter().filter(|&&f| f).count());
+                let mut prev_end = None;
+                for (&s, &e) in &c.ranges {
+                    prop_assert!(s < e);
+                    prop_assert!(prev_end.is_none_or(|p| p < s), "ranges touch or overlap");
+                    prev_end = Some(e);
+                }
+            }
         }
     }
 }
