@@ -35,6 +35,13 @@ pub enum DataError {
         /// Left-most bit of the field, when not a whole byte.
         bit: Option<u8>,
     },
+    /// A PERSISTENT RESERVE OUT list names more initiator ports than the
+    /// device server can register.
+    #[error("more than {limit} TransportIDs listed")]
+    TooManyTransportIds {
+        /// The most the device server registers.
+        limit: usize,
+    },
 }
 
 impl DataError {
@@ -45,6 +52,11 @@ impl DataError {
         match *self {
             Self::Truncated { .. } | Self::Length { .. } => {
                 Sense::illegal_request(Asc::PARAMETER_LIST_LENGTH_ERROR, None)
+            }
+            // SPC-4 5.12.7: a list the device server has no room to
+            // register.
+            Self::TooManyTransportIds { .. } => {
+                Sense::illegal_request(Asc::INSUFFICIENT_REGISTRATION_RESOURCES, None)
             }
             Self::InvalidField { byte, bit } => Sense::illegal_request(
                 Asc::INVALID_FIELD_IN_PARAMETER_LIST,

@@ -216,10 +216,17 @@ pub enum PrOutData {
     RegisterAndMove(RegisterAndMoveParameters),
 }
 
-fn tids(b: &[u8], base: usize) -> Result<Vec<TransportId>, DataError> {
+/// The TransportIDs of `b` (at `base` in its parameter list), at most
+/// `max` of them; whether more follow is the second value, and they are
+/// not decoded: a list is refused for its length before it costs memory in
+/// proportion to what its sender chose.
+fn tids(b: &[u8], base: usize, max: usize) -> Result<(Vec<TransportId>, bool), DataError> {
     let mut out = Vec::new();
     let mut off = 0;
     while off < b.len() {
+        if out.len() == max {
+            return Ok((out, true));
+        }
         let (t, n) =
             TransportId::decode(b.get(off..).unwrap_or_default()).map_err(|e| match e {
                 DataError::InvalidField { byte, bit } => DataError::InvalidField {
@@ -235,7 +242,7 @@ fn tids(b: &[u8], base: usize) -> Result<Vec<TransportId>, DataError> {
         out.push(t);
         off += n;
     }
-    Ok(out)
+    Ok((out, false))
 }
 
 impl PrOutParameters {
@@ -302,6 +309,18 @@ impl PrOutData {
     /// with it, 28 bytes plus TRANSPORTID PARAMETER DATA LENGTH; otherwise
     /// PARAMETER LIST LENGTH ERROR.
     pub fn decode(action: PrOutAction, buf: &[u8]) -> Result<Self, DataError> {
+        Self::decode_listing_at_most(action, buf, usize::MAX)
+    }
+
+    /// [`PrOutData::decode`] for a device server that registers at most
+    /// `max_ports` I_T nexuses: a SPEC_I_PT list of more TransportIDs is
+    /// refused ([`DataError::TooManyTransportIds`]) once the one past it
+    /// is found, without decoding the rest.
+    pub fn decode_listing_at_most(
+        action: PrOutAction,
+        buf: &[u8],
+        max_ports: usize,
+    ) -> Result<Self, DataError> {
         let h = need(buf, 24)?;
         let reservation_key = be64(h, 0).unwrap_or(0);
         let service_action_key = be64(h, 8).unwrap_or(0);
@@ -315,8 +334,8 @@ impl PrOutData {
                     got: buf.len(),
                 });
             }
-            let mut t = tids(buf.get(24..).unwrap_or_default(), 24)?;
-            if t.len() != 1 {
+            let (mut t, more) = tids(buf.get(24..).unwrap_or_default(), 24, 1)?;
+            if more || t.len() != 1 {
                 return Err(DataError::InvalidField {
                     byte: 20,
                     bit: None,
@@ -342,7 +361,11 @@ impl PrOutData {
                     got: buf.len(),
                 });
             }
-            tids(buf.get(28..).unwrap_or_default(), 28)?
+            let (listed, more) = tids(buf.get(28..).unwrap_or_default(), 28, max_ports)?;
+            if more {
+                return Err(DataError::TooManyTransportIds { limit: max_ports });
+            }
+            listed
         } else {
             if buf.len() != 24 {
                 return Err(DataError::Length {
@@ -391,6 +414,50 @@ mod tests {
         // Partial trailing descriptor ignored.
         let one = UnmapList::decode(b.get(..30).unwrap()).unwrap();
         assert_eq!(one.descriptors.len(), 1);
+    }
+
+    /// A SPEC_I_PT list of more ports than the device server registers is
+    /// refused once the first port past that many is found: what follows
+    /// (here bytes that are no TransportID) is never decoded, so a list's
+    /// cost stops at the limit whatever its length.
+    #[test]
+    fn a_listing_past_the_limit_is_refused_before_the_rest_is_decoded() {
+        let port = |n: usize| TransportId::Iscsi {
+            name: format!("iqn.2026-01.test:{n}"),
+            isid: None,
+        };
+        let listing = |ports: usize| {
+            PrOutData::Basic(PrOutParameters {
+                service_action_key: 1,
+                spec_i_pt: true,
+                transport_ids: (0..ports).map(port).collect(),
+                ..Default::default()
+            })
+            .encode()
+        };
+        let register = PrOutAction::Register;
+        let four = listing(4);
+        assert!(PrOutData::decode_listing_at_most(register, &four, 4).is_ok());
+        // Five ports, then four bytes of an unknown protocol, the list's
+        // length grown to cover them.
+        let mut five = listing(5);
+        five.extend_from_slice(&[0x0f, 0, 0, 0]);
+        let tlen = u32::from_be_bytes(five[24..28].try_into().unwrap()) + 4;
+        five[24..28].copy_from_slice(&tlen.to_be_bytes());
+        assert_eq!(
+            PrOutData::decode_listing_at_most(register, &five, 4),
+            Err(DataError::TooManyTransportIds { limit: 4 })
+        );
+        assert!(matches!(
+            PrOutData::decode(register, &five),
+            Err(DataError::InvalidField { .. })
+        ));
+        assert_eq!(
+            DataError::TooManyTransportIds { limit: 4 }
+                .to_sense()
+                .code(),
+            Asc::INSUFFICIENT_REGISTRATION_RESOURCES
+        );
     }
 
     #[test]

@@ -876,6 +876,7 @@ fn shift(e: DataError, base: usize) -> DataError {
             byte: byte + base,
             bit,
         },
+        e @ DataError::TooManyTransportIds { .. } => e,
     }
 }
 

@@ -714,7 +714,10 @@ impl LogicalUnit {
         if spec_i_pt && sa != PrOutAction::Register {
             return Err(invalid_param(20, Some(3)));
         }
-        let params = PrOutData::decode(sa, buf).map_err(|e| Failure::Check(e.to_sense()))?;
+        // A list of more ports than a unit registers is refused before it
+        // is decoded whole (its length is the sender's choice).
+        let params = PrOutData::decode_listing_at_most(sa, buf, MAX_REGISTRATIONS)
+            .map_err(|e| Failure::Check(e.to_sense()))?;
         // Only actions that use the type check it (and LU_SCOPE). A PREEMPT
         // uses them only when it makes a reservation: one that only removes
         // registrations ignores both (SPC-4 5.12.11.2.2, 5.12.11.2.3).
