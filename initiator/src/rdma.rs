@@ -530,17 +530,22 @@ impl AssistedSession {
                     self.transfer_failed(&e.to_string());
                     return None;
                 }
-                Ok(raw) => match raw.clone().decoded(lun, opcode) {
-                    Ok(_) => {
+                Ok(raw) => {
+                    // Decoded here only when it failed (not on the data
+                    // path's GOOD answers): the retry policy reads errors.
+                    let failed = (raw.status != ScsiStatus::GOOD)
+                        .then(|| raw.clone().decoded(lun, opcode).err())
+                        .flatten();
+                    let Some(e) = failed else {
                         let counter = match dir {
                             Direction::Read => &self.counters.offloaded_reads,
                             Direction::Write => &self.counters.offloaded_writes,
                         };
                         counter.fetch_add(1, Ordering::Relaxed);
                         return Some(Ok(raw));
-                    }
-                    Err(e) => (e, Some(raw)),
-                },
+                    };
+                    (e, Some(raw))
+                }
                 Err(e) => (e, None),
             };
             if retry

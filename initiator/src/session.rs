@@ -394,27 +394,12 @@ impl Session {
             .decoded(lun, cdb.first().copied().unwrap_or_default())
     }
 
-    /// [`Session::execute_offloaded`] for a command another SCSI stack
-    /// runs (the kernel's, behind `blockwire attach`): its end comes back
-    /// as the target gave it (every status, the sense bytes and residual
-    /// unchanged, as [`Session::pass_through`] gives them), and that stack
-    /// times it out and aborts it, so the session's command timeout does
-    /// not give the connection up under it.
-    pub async fn execute_offloaded_as_sent(
-        &self,
-        generation: u64,
-        lun: u16,
-        cdb: &[u8],
-        read_len: usize,
-        write_len: usize,
-        ahs: Vec<blockwire_pdu::Ahs>,
-    ) -> Result<RawCompletion> {
-        self.offloaded_as_given(generation, lun, cdb, read_len, write_len, ahs, false)
-            .await
-    }
-
     /// An offloaded command's end as the target gave it; `timed`: under
-    /// the session's command timeout.
+    /// the session's command timeout. Untimed, for a command another SCSI
+    /// stack runs (the kernel's, behind `blockwire attach`), which that
+    /// stack times out and aborts as [`Session::pass_through`] leaves it
+    /// to: the session's command timeout then does not give the connection
+    /// up under it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn offloaded_as_given(
         &self,
