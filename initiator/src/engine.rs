@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Duration;
 
+use blockwire_pdu::coverage::Coverage;
 use blockwire_pdu::keys::SessionParams;
 use blockwire_pdu::pdu::codes::{LogoutReason, LogoutResponseCode};
 use blockwire_pdu::pdu::codes::{TaskAttr, TmfFunction, TmfResponse};
@@ -44,6 +45,9 @@ pub struct Limits {
     /// increasing offsets; with No, in any order (each placed by its
     /// BufferOffset, overlaps refused).
     pub data_pdu_in_order: bool,
+    /// MaxOutstandingR2T: how many R2Ts of one command the target may have
+    /// asked for whose data is not yet all sent (RFC 7143 §13.17).
+    pub max_outstanding_r2t: u32,
 }
 
 impl Limits {
@@ -57,6 +61,7 @@ impl Limits {
             immediate_data: p.immediate_data,
             initial_r2t: p.initial_r2t,
             data_pdu_in_order: p.data_pdu_in_order,
+            max_outstanding_r2t: p.max_outstanding_r2t.max(1),
         }
     }
 
@@ -228,7 +233,13 @@ enum Kind {
         /// Write data the target has had or asked for: the unsolicited part
         /// and each R2T's Desired Data Transfer Length.
         asked_out: u64,
+        /// R2Ts taken whose data is not yet all sent: at most
+        /// MaxOutstandingR2T, which bounds what the owner has queued.
+        unanswered_r2ts: u32,
         received: u64,
+        /// The DataSN of the next Data-In and the R2TSN of the next R2T:
+        /// both count from 0 per command, and a bidirectional command's
+        /// R2Ts and Data-Ins share the one numbering (RFC 7143 §11.7.5).
         next_data_sn: u32,
         buf: Option<Vec<u8>>,
         lent: bool,
@@ -298,7 +309,7 @@ fn read_data_missing(
     };
     let owed = owed_by_good_status(*expected_in, completed, underflow)?;
     let filled = placed.contiguous_end();
-    if filled == owed && *received == owed as u64 {
+    if filled == owed as u64 && *received == owed as u64 {
         return None;
     }
     Some(format!(
@@ -437,6 +448,22 @@ impl<T: Clone> Engine<T> {
         self.generation
     }
 
+    /// The owner of write `itt` is about to send the final Data-Out of its
+    /// answer to one R2T: that R2T is no longer outstanding. Said before
+    /// that PDU goes, so the target's next R2T, which may follow it at
+    /// once, finds it counted off.
+    pub fn r2t_answered(&mut self, itt: u32) {
+        if let Some(Task {
+            kind: Kind::Scsi {
+                unanswered_r2ts, ..
+            },
+            ..
+        }) = self.tasks.get_mut(&itt)
+        {
+            *unanswered_r2ts = unanswered_r2ts.saturating_sub(1);
+        }
+    }
+
     /// The negotiated limits.
     pub fn limits(&self) -> Limits {
         self.limits
@@ -541,6 +568,7 @@ impl<T: Clone> Engine<T> {
                     expected_in,
                     expected_out: write_len,
                     asked_out: unsolicited_end as u64,
+                    unanswered_r2ts: 0,
                     received: 0,
                     next_data_sn: 0,
                     buf: read_buf,
@@ -591,6 +619,7 @@ impl<T: Clone> Engine<T> {
                     // R2Ts for an offloaded write are refused as out of range.
                     expected_out: 0,
                     asked_out: 0,
+                    unanswered_r2ts: 0,
                     received: 0,
                     next_data_sn: 0,
                     buf: None,
@@ -773,15 +802,15 @@ impl<T: Clone> Engine<T> {
                 "Data-In at offset {start} with {len} bytes overruns the {expected_in}-byte read buffer (ITT {:#x})",
                 d.itt
             ))
-        } else if in_order && len > 0 && start != placed.contiguous_end() {
+        } else if in_order && len > 0 && start as u64 != placed.contiguous_end() {
             Some(format!(
                 "Data-In at offset {start} where {} was expected: DataPDUInOrder=Yes was negotiated (ITT {:#x})",
                 placed.contiguous_end(),
                 d.itt
             ))
-        } else if !placed.insert(start, len) {
+        } else if let Err(refused) = placed.insert(start as u64, len as u64) {
             Some(format!(
-                "Data-In at offset {start} with {len} bytes overlaps data already received (ITT {:#x})",
+                "Data-In at offset {start} with {len} bytes {refused} (ITT {:#x})",
                 d.itt
             ))
         } else {
@@ -888,6 +917,8 @@ impl<T: Clone> Engine<T> {
                         Kind::Scsi {
                             expected_out,
                             asked_out,
+                            unanswered_r2ts,
+                            next_data_sn,
                             ..
                         },
                     owner,
@@ -895,26 +926,48 @@ impl<T: Clone> Engine<T> {
                 }) = self.tasks.get_mut(&r.itt)
                 {
                     let end = r.buffer_offset as u64 + u64::from(r.desired_data_transfer_length);
+                    let max_outstanding = self.limits.max_outstanding_r2t;
                     // RFC 7143 §11.8.4: the Desired Data Transfer Length is
                     // neither 0 nor above MaxBurstLength. An empty R2T asks
                     // for nothing (a read, whose write length is 0, would
                     // otherwise take it as one of its own).
-                    if end > *expected_out as u64
+                    let fail = if end > *expected_out as u64
                         || r.desired_data_transfer_length == 0
                         || r.desired_data_transfer_length > self.limits.max_burst
                     {
-                        let reason = format!(
-                                "R2T for {} bytes at offset {} is empty, outside the {}-byte write or above MaxBurstLength {}",
-                                r.desired_data_transfer_length,
-                                r.buffer_offset,
-                                expected_out,
-                                self.limits.max_burst
-                            );
+                        Some(format!(
+                            "R2T for {} bytes at offset {} is empty, outside the {}-byte write or above MaxBurstLength {}",
+                            r.desired_data_transfer_length,
+                            r.buffer_offset,
+                            expected_out,
+                            self.limits.max_burst
+                        ))
+                    } else if r.r2t_sn != *next_data_sn {
+                        // At ErrorRecoveryLevel 0 an R2T is never sent
+                        // again: each carries the next R2TSN (§11.8.3).
+                        Some(format!(
+                            "R2T with R2TSN {} where {} was next (ITT {:#x})",
+                            r.r2t_sn, next_data_sn, r.itt
+                        ))
+                    } else if *unanswered_r2ts >= max_outstanding {
+                        // Every R2T waits for its owner to send its data:
+                        // a target past the limit it agreed to would make
+                        // that queue as long as it liked.
+                        Some(format!(
+                            "R2T while {} of the write's R2Ts are not yet answered, MaxOutstandingR2T being {} (ITT {:#x})",
+                            unanswered_r2ts, max_outstanding, r.itt
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some(reason) = fail {
                         let task = self.tasks.remove(&r.itt).expect("present");
                         // A read's buffer goes back to its owner with the failure.
                         events.push(task.failed(reason));
                     } else {
                         *asked_out += u64::from(r.desired_data_transfer_length);
+                        *unanswered_r2ts += 1;
+                        *next_data_sn = next_data_sn.wrapping_add(1);
                         events.push(Event::R2t {
                             owner: owner.clone(),
                             r2t: r,
@@ -1149,48 +1202,6 @@ impl<T: Clone> Engine<T> {
     }
 }
 
-/// Which byte ranges of a read buffer Data-In has filled (to refuse
-/// overlaps when PDUs may arrive in any order). At most one range per
-/// PDU received, merged as they touch.
-#[derive(Debug, Default)]
-struct Coverage {
-    /// Sorted, non-overlapping, non-touching ranges.
-    ranges: Vec<Range<usize>>,
-}
-
-impl Coverage {
-    /// Marks `start..start + len`; false (and nothing marked) if it
-    /// overlaps a filled range.
-    fn insert(&mut self, start: usize, len: usize) -> bool {
-        if len == 0 {
-            return true;
-        }
-        let end = start + len;
-        let i = self.ranges.partition_point(|r| r.end <= start);
-        if self.ranges.get(i).is_some_and(|r| r.start < end) {
-            return false;
-        }
-        self.ranges.insert(i, start..end);
-        if i + 1 < self.ranges.len() && self.ranges[i + 1].start == end {
-            self.ranges[i].end = self.ranges[i + 1].end;
-            self.ranges.remove(i + 1);
-        }
-        if i > 0 && self.ranges[i - 1].end == start {
-            self.ranges[i - 1].end = self.ranges[i].end;
-            self.ranges.remove(i);
-        }
-        true
-    }
-
-    /// End of the filled prefix (0 when byte 0 is not filled yet).
-    fn contiguous_end(&self) -> usize {
-        match self.ranges.first() {
-            Some(r) if r.start == 0 => r.end,
-            _ => 0,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1205,6 +1216,7 @@ mod tests {
             immediate_data: true,
             initial_r2t: false,
             data_pdu_in_order: true,
+            max_outstanding_r2t: 1,
         }
     }
 
@@ -1271,6 +1283,15 @@ mod tests {
     }
 
     fn r2t(itt: u32, buffer_offset: u32, desired_data_transfer_length: u32) -> Pdu {
+        numbered_r2t(itt, 0, buffer_offset, desired_data_transfer_length)
+    }
+
+    fn numbered_r2t(
+        itt: u32,
+        r2t_sn: u32,
+        buffer_offset: u32,
+        desired_data_transfer_length: u32,
+    ) -> Pdu {
         Pdu::new(Bhs::R2t(R2t {
             lun: Lun::from_index(0),
             itt,
@@ -1278,7 +1299,7 @@ mod tests {
             stat_sn: 100,
             exp_cmd_sn: 10,
             max_cmd_sn: 12,
-            r2t_sn: 0,
+            r2t_sn,
             buffer_offset,
             desired_data_transfer_length,
         }))
@@ -1321,6 +1342,69 @@ mod tests {
         assert!(
             matches!(&events[..], [Event::R2t { owner: 3, .. }]),
             "{events:?}"
+        );
+    }
+
+    /// Each R2T a write takes waits in its owner's queue until the owner
+    /// has sent its data: a target may have at most MaxOutstandingR2T of
+    /// them unanswered (RFC 7143 §13.17), each with the next R2TSN
+    /// (§11.8.3), or it could queue as many as it liked. One past either
+    /// fails the write; answering an R2T makes room for the next.
+    #[test]
+    fn a_write_takes_r2ts_in_order_and_no_more_than_max_outstanding_r2t() {
+        let cdb = [0u8; 16];
+        let failed = |events: &[Event<u32>], why: &str| match events {
+            [Event::Complete {
+                result: TaskResult::Failed { reason, .. },
+                ..
+            }] => assert!(reason.contains(why), "{reason}"),
+            other => panic!("the R2T was taken: {other:?}"),
+        };
+        let taken = |events: &[Event<u32>]| {
+            assert!(matches!(events, [Event::R2t { .. }]), "{events:?}");
+        };
+        // MaxOutstandingR2T 1: a second R2T before the first is answered.
+        let mut e = engine();
+        let (itt, ..) = e.start_scsi(0, &cdb, None, 300_000, 1);
+        taken(&e.receive(numbered_r2t(itt, 0, 65536, 65536)));
+        failed(
+            &e.receive(numbered_r2t(itt, 1, 131_072, 65536)),
+            "MaxOutstandingR2T being 1",
+        );
+        // Answered, the next R2T is taken; the same R2TSN again is not.
+        let (itt, ..) = e.start_scsi(0, &cdb, None, 300_000, 2);
+        taken(&e.receive(numbered_r2t(itt, 0, 65536, 65536)));
+        e.r2t_answered(itt);
+        taken(&e.receive(numbered_r2t(itt, 1, 131_072, 65536)));
+        e.r2t_answered(itt);
+        failed(
+            &e.receive(numbered_r2t(itt, 1, 131_072, 65536)),
+            "R2TSN 1 where 2 was next",
+        );
+        // A first R2T that does not start the numbering.
+        let (itt, ..) = e.start_scsi(0, &cdb, None, 300_000, 3);
+        failed(
+            &e.receive(numbered_r2t(itt, 5, 65536, 65536)),
+            "R2TSN 5 where 0 was next",
+        );
+        // MaxOutstandingR2T 2: two at once, not three.
+        let mut e = Engine::new(
+            1,
+            Limits {
+                max_outstanding_r2t: 2,
+                ..limits()
+            },
+            10,
+            10,
+            12,
+            99,
+        );
+        let (itt, ..) = e.start_scsi(0, &cdb, None, 300_000, 4);
+        taken(&e.receive(numbered_r2t(itt, 0, 65536, 65536)));
+        taken(&e.receive(numbered_r2t(itt, 1, 131_072, 65536)));
+        failed(
+            &e.receive(numbered_r2t(itt, 2, 196_608, 65536)),
+            "2 of the write's R2Ts are not yet answered",
         );
     }
 
@@ -1528,22 +1612,6 @@ mod tests {
         assert!(feed(&mut e, itt, 0, 0, 1000, None, 1).unwrap().is_empty());
         let why = feed(&mut e, itt, 1, 2000, 1000, None, 1).unwrap_err();
         assert!(why.contains("DataPDUInOrder=Yes"), "{why}");
-    }
-
-    #[test]
-    fn coverage_merges_and_refuses_overlaps() {
-        let mut c = Coverage::default();
-        assert!(c.insert(10, 10));
-        assert!(c.insert(30, 10));
-        assert_eq!(c.contiguous_end(), 0);
-        assert!(!c.insert(15, 1));
-        assert!(!c.insert(5, 6));
-        assert!(!c.insert(19, 12));
-        assert!(c.insert(20, 10));
-        assert_eq!(c.ranges, vec![10..40]);
-        assert!(c.insert(0, 10));
-        assert_eq!(c.contiguous_end(), 40);
-        assert!(c.insert(0, 0), "empty PDUs fill nothing");
     }
 
     /// The outcome a completion event carries: the bytes of Data-In for a

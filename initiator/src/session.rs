@@ -1616,6 +1616,11 @@ impl Inner {
         let end = start + r2t.desired_data_transfer_length as usize;
         let res = send_whole(self.config.send_timeout, async {
             for p in data_out_sequence(itt, Lun::from_index(lun), r2t.ttt, start..end, mrdsl, exp) {
+                if p.header.final_bit {
+                    // Counted off before the last PDU goes: the target
+                    // may send its next R2T as soon as that PDU is in.
+                    lock(&self.engine).r2t_answered(itt);
+                }
                 write_pdu(&mut half, &Bhs::DataOut(p.header), &write[p.range], digests).await?;
             }
             Ok(())

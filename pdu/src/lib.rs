@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chap;
+pub mod coverage;
 pub mod digest;
 mod error;
 pub(crate) mod framing;

@@ -14,7 +14,8 @@
 //!   Data-In placed;
 //! - a completed read never counts more Data-In bytes than it expected;
 //! - an R2T reaches only a write, within its length and MaxBurstLength
-//!   (RFC 7143 §11.8);
+//!   (RFC 7143 §11.8), in R2TSN order, and never while MaxOutstandingR2T
+//!   of the write's R2Ts are unanswered (§13.17);
 //! - the engine only ever sends NOP-Outs answering a target ping (§11.18);
 //! - `in_flight` lists exactly the live SCSI tasks, `drain` every live task.
 #![no_main]
@@ -53,6 +54,7 @@ struct InLimits {
     immediate_data: bool,
     initial_r2t: bool,
     data_pdu_in_order: bool,
+    max_outstanding_r2t: u8,
 }
 
 const SIZES: [u32; 6] = [512, 4096, 8192, 65536, 262_144, 1 << 20];
@@ -68,6 +70,7 @@ impl InLimits {
             immediate_data: self.immediate_data,
             initial_r2t: self.initial_r2t,
             data_pdu_in_order: self.data_pdu_in_order,
+            max_outstanding_r2t: u32::from(self.max_outstanding_r2t % 4) + 1,
         }
     }
 }
@@ -142,7 +145,8 @@ enum Op {
     R2t {
         itt: Tag,
         ttt: u32,
-        r2t_sn: u32,
+        /// None: the R2TSN the task's next R2T carries.
+        r2t_sn: Option<u32>,
         offset: u32,
         len: u32,
         window: (u32, u32),
@@ -182,6 +186,9 @@ enum Op {
         data: Vec<u8>,
     },
     Raw(Vec<u8>),
+    /// The owner of a live task has sent the last Data-Out answering one
+    /// of its R2Ts.
+    AnswerR2t(Tag),
     Drain,
 }
 
@@ -198,6 +205,10 @@ struct Task {
     /// Where the next well-shaped Data-In goes, and its DataSN.
     next_offset: usize,
     next_data_sn: u32,
+    /// R2Ts handed to the owner (the next R2TSN of a write), and those
+    /// not yet answered.
+    r2ts: u32,
+    unanswered_r2ts: u32,
 }
 
 struct Model {
@@ -272,8 +283,16 @@ impl Model {
                         .owners
                         .get(&owner)
                         .expect("R2T for a task that is not live");
-                    let t = &self.live[&itt];
+                    let max_outstanding = self.limits.max_outstanding_r2t;
+                    let t = self.live.get_mut(&itt).expect("live");
                     assert_eq!(r2t.itt, itt, "R2T handed to another task's owner");
+                    assert_eq!(r2t.r2t_sn, t.r2ts, "R2T handed out of R2TSN order");
+                    assert!(
+                        t.unanswered_r2ts < max_outstanding,
+                        "R2T handed past MaxOutstandingR2T"
+                    );
+                    t.r2ts += 1;
+                    t.unanswered_r2ts += 1;
                     assert!(
                         t.scsi && t.write_len > 0,
                         "R2T handed to a task that writes nothing"
@@ -446,6 +465,8 @@ fuzz_target!(|input: Input| {
                         placed: Vec::new(),
                         next_offset: 0,
                         next_data_sn: 0,
+                        r2ts: 0,
+                        unanswered_r2ts: 0,
                     },
                 );
             }
@@ -483,6 +504,8 @@ fuzz_target!(|input: Input| {
                         placed: Vec::new(),
                         next_offset: 0,
                         next_data_sn: 0,
+                        r2ts: 0,
+                        unanswered_r2ts: 0,
                     },
                 );
             }
@@ -505,6 +528,8 @@ fuzz_target!(|input: Input| {
                         placed: Vec::new(),
                         next_offset: 0,
                         next_data_sn: 0,
+                        r2ts: 0,
+                        unanswered_r2ts: 0,
                     },
                 );
             }
@@ -531,6 +556,8 @@ fuzz_target!(|input: Input| {
                         placed: Vec::new(),
                         next_offset: 0,
                         next_data_sn: 0,
+                        r2ts: 0,
+                        unanswered_r2ts: 0,
                     },
                 );
             }
@@ -547,6 +574,8 @@ fuzz_target!(|input: Input| {
                         placed: Vec::new(),
                         next_offset: 0,
                         next_data_sn: 0,
+                        r2ts: 0,
+                        unanswered_r2ts: 0,
                     },
                 );
             }
@@ -563,6 +592,8 @@ fuzz_target!(|input: Input| {
                         placed: Vec::new(),
                         next_offset: 0,
                         next_data_sn: 0,
+                        r2ts: 0,
+                        unanswered_r2ts: 0,
                     },
                 );
             }
@@ -691,9 +722,11 @@ fuzz_target!(|input: Input| {
                 window: w,
             } => {
                 let (exp, max) = window(w);
+                let itt = m.tag(itt);
+                let r2t_sn = r2t_sn.unwrap_or_else(|| m.live.get(&itt).map_or(0, |t| t.r2ts));
                 let pdu = Pdu::new(Bhs::R2t(R2t {
                     lun: Lun::default(),
-                    itt: m.tag(itt),
+                    itt,
                     ttt,
                     stat_sn: m.stat_sn,
                     exp_cmd_sn: exp,
@@ -819,6 +852,13 @@ fuzz_target!(|input: Input| {
                 if let Ok((pdu, _)) = Pdu::decode(bytes, Digests::default()) {
                     m.receive(pdu);
                 }
+            }
+            Op::AnswerR2t(tag) => {
+                let itt = m.tag(tag);
+                if let Some(t) = m.live.get_mut(&itt) {
+                    t.unanswered_r2ts = t.unanswered_r2ts.saturating_sub(1);
+                }
+                m.engine.r2t_answered(itt);
             }
             Op::Drain => {
                 let drained = m.engine.drain();

@@ -16,6 +16,8 @@
 //! every placed range is inside the command and overlaps nothing placed
 //! before.
 
+use blockwire_pdu::coverage::Coverage;
+
 /// Bytes of a WRITE gathered so far, and what still has to be asked for.
 #[derive(Debug)]
 pub struct WriteCollector {
@@ -189,7 +191,9 @@ impl WriteCollector {
             next_r2t_sn: 0,
             open: Vec::new(),
         };
-        c.covered.insert(0, imm);
+        c.covered
+            .insert(0, u64::from(imm))
+            .expect("nothing has arrived yet for the immediate data to overlap");
         if Self::unsolicited_follow(imm, expected_len, final_bit, limits) {
             c.unsolicited = Some(Sequence {
                 ttt: blockwire_pdu::pdu::RESERVED_TAG,
@@ -246,7 +250,7 @@ impl WriteCollector {
 
     /// Whether every byte has arrived.
     pub fn is_complete(&self) -> bool {
-        self.covered.total() == self.expected_len()
+        self.covered.filled() == u64::from(self.expected_len())
     }
 
     /// The gathered data (empty when only validating).
@@ -337,7 +341,12 @@ impl WriteCollector {
         if offset < seq.start || end > seq.end || (in_order && offset != seq.next_offset) {
             return Err(bad);
         }
-        if !self.covered.insert(offset, len) {
+        // Overlapping data, or data in too many pieces (DataPDUInOrder=No).
+        if self
+            .covered
+            .insert(u64::from(offset), u64::from(len))
+            .is_err()
+        {
             return Err(bad);
         }
         if self.gather {
@@ -369,69 +378,6 @@ impl WriteCollector {
             }
         }
         Ok(())
-    }
-}
-
-/// Which byte ranges of a buffer have been filled, to refuse overlaps.
-///
-/// With DataPDUInOrder=No a Data-Out may land anywhere in its sequence, so
-/// an initiator chooses how the filled ranges fragment: one-byte PDUs at
-/// every other offset leave one range per PDU. The ranges are kept in a
-/// map (each PDU costs a logarithm of their number, not a shift of all of
-/// them), the filled total is counted as they come, and a command whose
-/// data lies in more than [`MAX_PIECES`] separate ranges is refused.
-#[derive(Debug, Default)]
-struct Coverage {
-    /// Start to end of each filled range: non-overlapping, non-adjacent.
-    ranges: std::collections::BTreeMap<u32, u32>,
-    /// Bytes filled.
-    filled: u32,
-}
-
-/// The most separate filled ranges one command's data may lie in at once:
-/// far more than an initiator sending whole PDUs in any order makes (its
-/// bursts over MaxRecvDataSegmentLength), far fewer than a hostile one's
-/// byte-sized pieces of a 32 MiB WRITE would.
-const MAX_PIECES: usize = 1 << 16;
-
-impl Coverage {
-    /// Marks `[start, start+len)`; false if it overlaps a filled range or
-    /// would leave the data in more than [`MAX_PIECES`] pieces.
-    fn insert(&mut self, start: u32, len: u32) -> bool {
-        if len == 0 {
-            return true;
-        }
-        let end = start + len;
-        let before = self
-            .ranges
-            .range(..=start)
-            .next_back()
-            .map(|(&s, &e)| (s, e));
-        if before.is_some_and(|(_, e)| e > start) {
-            return false;
-        }
-        let after = self.ranges.range(start..).next().map(|(&s, &e)| (s, e));
-        if after.is_some_and(|(s, _)| s < end) {
-            return false;
-        }
-        // Merged with neighbours that touch, keeping the map short.
-        let joins_before = before.filter(|&(_, e)| e == start);
-        let joins_after = after.filter(|&(s, _)| s == end);
-        if joins_before.is_none() && joins_after.is_none() && self.ranges.len() >= MAX_PIECES {
-            return false;
-        }
-        let new_start = joins_before.map_or(start, |(s, _)| s);
-        let new_end = joins_after.map_or(end, |(_, e)| e);
-        if let Some((s, _)) = joins_after {
-            self.ranges.remove(&s);
-        }
-        self.ranges.insert(new_start, new_end);
-        self.filled += len;
-        true
-    }
-
-    fn total(&self) -> u32 {
-        self.filled
     }
 }
 
@@ -619,48 +565,6 @@ mod tests {
             }
             prop_assert!(c.is_complete());
             prop_assert_eq!(c.into_data(), data);
-        }
-    }
-
-    /// One-byte pieces at every other offset, from the end down (the
-    /// pattern that fragments most): past [`MAX_PIECES`] separate ranges
-    /// the next piece is refused; one that joins a range still goes in.
-    #[test]
-    fn data_in_too_many_pieces_is_refused() {
-        let mut c = Coverage::default();
-        let top = 2 * MAX_PIECES as u32;
-        for k in 0..MAX_PIECES as u32 {
-            assert!(c.insert(top - 2 * k, 1), "piece {k}");
-        }
-        assert_eq!(c.ranges.len(), MAX_PIECES);
-        assert!(!c.insert(0, 1), "a piece past the limit went in");
-        assert!(c.insert(top - 1, 1), "a piece joining two ranges");
-        assert_eq!(c.total(), MAX_PIECES as u32 + 1);
-    }
-
-    proptest! {
-        /// Against a byte map: an insert goes in exactly when none of its
-        /// bytes is filled, and the total counts the filled bytes.
-        #[test]
-        fn coverage_follows_a_byte_map(pieces in prop::collection::vec((0u32..256, 0u32..24), 0..64)) {
-            let mut c = Coverage::default();
-            let mut filled = [false; 280];
-            for (start, len) in pieces {
-                let free = (start..start + len).all(|b| !filled[b as usize]);
-                prop_assert_eq!(c.insert(start, len), free, "{} +{}", start, len);
-                if free {
-                    for b in start..start + len {
-                        filled[b as usize] = true;
-                    }
-                }
-                prop_assert_eq!(c.total() as usize, filled.iter().filter(|&&f| f).count());
-                let mut prev_end = None;
-                for (&s, &e) in &c.ranges {
-                    prop_assert!(s < e);
-                    prop_assert!(prev_end.is_none_or(|p| p < s), "ranges touch or overlap");
-                    prev_end = Some(e);
-                }
-            }
         }
     }
 }
