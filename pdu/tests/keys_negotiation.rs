@@ -3,7 +3,7 @@
 
 use blockwire_pdu::keys::{
     encode_text, AuthMethod, Digest, LocalConfig, NegotiationError, Negotiator, Phase, Responses,
-    Role, SessionParams, SessionType, TextAssembler, TextPairs,
+    Role, SessionParams, SessionType, TextAssembler, TextPairs, MAX_DISTINCT_KEYS,
 };
 
 fn pairs(list: &[(&str, &str)]) -> TextPairs {
@@ -945,6 +945,49 @@ fn duplicate_keys_are_protocol_errors() {
     )
     .unwrap();
     assert_eq!(t.params().initiator_max_recv_data_segment_length, 32768);
+}
+
+/// Every distinct key a peer sends is remembered for the negotiation (no
+/// key may come twice): past MAX_DISTINCT_KEYS made-up ones, spread over
+/// requests as a login's continued text is, the negotiation fails, where
+/// each was kept for the connection's life. A new text exchange starts
+/// counting afresh, and a SendTargets answer's repeated TargetName and
+/// TargetAddress keys are not counted.
+#[test]
+fn a_negotiation_holds_no_more_than_max_distinct_keys() {
+    let made_up: Vec<(String, String)> = (0..MAX_DISTINCT_KEYS + 1)
+        .map(|k| (format!("X-made.up.{k}"), "Reject".to_owned()))
+        .collect();
+    let mut t = target(LocalConfig::target(1));
+    t.receive(Phase::Operational, &made_up[..MAX_DISTINCT_KEYS / 2])
+        .unwrap();
+    t.receive(
+        Phase::Operational,
+        &made_up[MAX_DISTINCT_KEYS / 2..MAX_DISTINCT_KEYS],
+    )
+    .unwrap();
+    assert_eq!(
+        t.receive(Phase::Operational, &made_up[MAX_DISTINCT_KEYS..]),
+        Err(NegotiationError::TooManyKeys {
+            limit: MAX_DISTINCT_KEYS
+        })
+    );
+    t.start_text_exchange();
+    t.receive(Phase::FullFeature, &made_up[..MAX_DISTINCT_KEYS])
+        .unwrap();
+    // An initiator reading a SendTargets answer of many targets.
+    let mut i = initiator(LocalConfig::initiator("iqn.i", "iqn.t"));
+    i.offer(Phase::Operational).unwrap();
+    i.start_text_exchange();
+    let listing: Vec<(String, String)> = (0..2 * MAX_DISTINCT_KEYS)
+        .flat_map(|k| {
+            [
+                ("TargetName".to_owned(), format!("iqn.2026-12.test:t{k}")),
+                ("TargetAddress".to_owned(), format!("127.0.0.1:3260,{k}")),
+            ]
+        })
+        .collect();
+    i.receive(Phase::FullFeature, &listing).unwrap();
 }
 
 #[test]

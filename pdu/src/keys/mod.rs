@@ -18,7 +18,9 @@ pub(crate) mod text;
 pub(crate) mod value;
 
 pub use names::{check_iscsi_name, check_peer_name, check_portal_host};
-pub use negotiator::{LocalConfig, NegotiationError, Negotiator, Phase, Responses, Role};
+pub use negotiator::{
+    LocalConfig, NegotiationError, Negotiator, Phase, Responses, Role, MAX_DISTINCT_KEYS,
+};
 pub use params::{AuthMethod, Digest, SessionParams, SessionType, TaskReporting};
 pub use text::{encode_text, parse_text, TextAssembler, TextError, TextPairs};
 pub use value::ValueError;

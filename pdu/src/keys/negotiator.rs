@@ -29,6 +29,14 @@ pub const REJECT: &str = "Reject";
 /// Longest iSCSI name (RFC 7143 4.2.7.1: 223 bytes).
 const MAX_ISCSI_NAME_LEN: usize = 223;
 
+/// The most distinct keys a peer may send in one negotiation (a login, or
+/// one Text request/response sequence). RFC 7143 and RFC 7145 define about
+/// 40 and initiators add a few X- keys of their own; each is remembered
+/// for the negotiation (no key may come twice), so thousands of made-up
+/// keys, each answered NotUnderstood or not at all, would otherwise be held
+/// for the connection's life.
+pub const MAX_DISTINCT_KEYS: usize = 256;
+
 /// Which end of the session this negotiator speaks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -67,6 +75,12 @@ pub enum NegotiationError {
     Duplicate {
         /// The key.
         key: String,
+    },
+    /// The peer sent more distinct keys than one negotiation may hold.
+    #[error("more than {limit} distinct keys in one negotiation")]
+    TooManyKeys {
+        /// [`MAX_DISTINCT_KEYS`].
+        limit: usize,
     },
     /// The peer answered a key we never offered, or sent an answer constant
     /// (NotUnderstood, Irrelevant, Reject) as an offer.
@@ -649,9 +663,18 @@ impl Negotiator {
     ) -> Result<Responses, NegotiationError> {
         self.enter(phase)?;
         for (key, _) in pairs {
-            if !self.may_repeat(key, phase) && !self.received.insert(key.clone()) {
+            if self.may_repeat(key, phase) {
+                continue;
+            }
+            if self.received.contains(key) {
                 return Err(NegotiationError::Duplicate { key: key.clone() });
             }
+            if self.received.len() >= MAX_DISTINCT_KEYS {
+                return Err(NegotiationError::TooManyKeys {
+                    limit: MAX_DISTINCT_KEYS,
+                });
+            }
+            self.received.insert(key.clone());
         }
         // Keys others depend on go first (SessionType decides relevance,
         // InitialR2T/ImmediateData decide FirstBurstLength, MaxBurstLength

@@ -133,7 +133,7 @@ async fn drive<R: AsyncRead + Unpin>(
         }
     };
     let Some((session, generation, outcome, rdma)) = logged_in else {
-        let _ = writer.shutdown().await;
+        close_after_login(&mut writer).await;
         return;
     };
     // Subscribed before the look below: a stop that comes after it wakes
@@ -150,7 +150,7 @@ async fn drive<R: AsyncRead + Unpin>(
         if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
             svc.unregister(token);
         }
-        let _ = writer.shutdown().await;
+        close_after_login(&mut writer).await;
         return;
     }
     info!(
@@ -199,8 +199,24 @@ async fn login<R: AsyncRead + Unpin>(
         local,
         rand::rngs::StdRng::from_entropy(),
     );
+    let deadline = tokio::time::Instant::now() + fabric.settings.login_deadline;
+    let past_deadline = || {
+        info!(
+            ?peer,
+            deadline = ?fabric.settings.login_deadline,
+            "login not done within its deadline: closed"
+        );
+    };
     loop {
-        let pdu = match tokio::time::timeout(fabric.settings.login_timeout, reader.next()).await {
+        let wait = fabric
+            .settings
+            .login_timeout
+            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let pdu = match tokio::time::timeout(wait, reader.next()).await {
+            Err(_) if tokio::time::Instant::now() >= deadline => {
+                past_deadline();
+                return None;
+            }
             Err(_) => {
                 info!(?peer, "login timed out");
                 return None;
@@ -214,13 +230,14 @@ async fn login<R: AsyncRead + Unpin>(
         };
         match phase.on_pdu(&pdu) {
             LoginAction::Respond(resp) => {
-                writer.push(&resp).await.ok()?;
-                writer.flush().await.ok()?;
+                if let Err(e) = send_login_response(writer, &resp, deadline).await {
+                    info!(?peer, error = %e, "Login Response not sent: login ended");
+                    return None;
+                }
             }
             LoginAction::Refuse(resp) => {
                 info!(?peer, "login refused");
-                let _ = writer.push(&resp).await;
-                let _ = writer.flush().await;
+                let _ = send_login_response(writer, &resp, deadline).await;
                 return None;
             }
             LoginAction::LoggedIn {
@@ -236,11 +253,8 @@ async fn login<R: AsyncRead + Unpin>(
                 // carries it: an initiator may open its RDMA connection the moment
                 // it reads the grant.
                 let rdma = grant_rdma_offload(fabric, pending.session(), &outcome);
-                let sent = match writer.push(&response).await {
-                    Ok(()) => writer.flush().await,
-                    Err(e) => Err(e),
-                };
-                if sent.is_err() {
+                if let Err(e) = send_login_response(writer, &response, deadline).await {
+                    info!(?peer, error = %e, "final Login Response not sent: the session ends");
                     if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
                         svc.unregister(token);
                     }
@@ -251,6 +265,38 @@ async fn login<R: AsyncRead + Unpin>(
             }
         }
     }
+}
+
+/// How long a connection that ends in its login phase has to flush what
+/// it queued (a refusal's Login Response) before it closes.
+const LOGIN_LINGER: Duration = Duration::from_secs(5);
+
+/// Closes a connection whose login ended: its last Login Response flushed
+/// if the peer takes it within [`LOGIN_LINGER`], for a peer that stopped
+/// reading would hold the flush, and the connection, for good.
+async fn close_after_login(writer: &mut PduWriter) {
+    let _ = tokio::time::timeout(LOGIN_LINGER, writer.shutdown()).await;
+}
+
+/// Sends one Login Response, by the login's `deadline`: a peer that stops
+/// reading cannot hold the connection in its login phase for good.
+async fn send_login_response(
+    writer: &mut PduWriter,
+    response: &Pdu,
+    deadline: tokio::time::Instant,
+) -> std::io::Result<()> {
+    let send = async {
+        writer.push(response).await?;
+        writer.flush().await
+    };
+    tokio::time::timeout_at(deadline, send)
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the login's deadline passed while its peer was not reading",
+            ))
+        })
 }
 
 /// Waits, at most 5 s as an abort's answer does, until the commands the

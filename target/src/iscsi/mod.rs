@@ -62,6 +62,11 @@ pub struct FabricSettings {
     pub nop_timeout: Duration,
     /// Time a login may take between PDUs.
     pub login_timeout: Duration,
+    /// Time the whole login phase may take, from the connection's accept
+    /// to its final Login Response sent: bounds a peer that trickles login
+    /// PDUs within `login_timeout` of each other, and one that stops
+    /// reading the target's Login Responses.
+    pub login_deadline: Duration,
     /// Time initiators get to log out when the target shuts down.
     pub logout_grace: Duration,
     /// The target's MaxRecvDataSegmentLength.
@@ -109,6 +114,7 @@ impl Default for FabricSettings {
             nop_interval: Some(Duration::from_secs(15)),
             nop_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),
+            login_deadline: Duration::from_secs(60),
             logout_grace: Duration::from_secs(5),
             max_recv_data_segment_length: 262_144,
             require_header_digest: false,

@@ -2113,6 +2113,7 @@ async fn decode_errors_reject_and_end_unless_skippable() {
 // ---- stateful fuzzing: random initiator behaviour against the machine --------------
 
 mod held_writes;
+mod login_deadline;
 
 mod stateful {
     use super::*;

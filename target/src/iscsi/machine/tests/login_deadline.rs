@@ -1,0 +1,129 @@
+//! The login phase as a whole is bounded (`FabricSettings::login_deadline`),
+//! not only the wait for each Login Request: a peer that trickles its
+//! login, or stops reading the target's Login Responses, loses its
+//! connection once the deadline passes. Time is tokio's paused clock, so
+//! the deadline is a minute that takes no real time.
+
+use super::*;
+use crate::iscsi::io::{PduReader, PduWriter};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The test fabric with the default per-PDU login timeout (15 s) and a
+/// whole-login deadline of [`DEADLINE`].
+fn fabric_with_deadline() -> Arc<Fabric> {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
+    let settings = FabricSettings {
+        login_deadline: DEADLINE,
+        ..FabricSettings::default()
+    };
+    let (_, shutdown) = watch::channel(false);
+    Fabric::new(Arc::new(catalog), settings, shutdown)
+}
+
+/// One connection's driver over a pipe of `pipe_bytes` each way, and the
+/// initiator's ends of it.
+fn connect(
+    pipe_bytes: usize,
+) -> (
+    tokio::task::JoinHandle<()>,
+    PduReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+    PduWriter,
+    watch::Sender<bool>,
+) {
+    let (client, server) = tokio::io::duplex(pipe_bytes);
+    let (keep, cut) = watch::channel(false);
+    let served = tokio::spawn(crate::iscsi::connection::serve_stream(
+        fabric_with_deadline(),
+        server,
+        1,
+        local(),
+        None,
+        cut,
+    ));
+    let (rd, wr) = tokio::io::split(client);
+    (served, PduReader::new(rd), PduWriter::over_stream(wr), keep)
+}
+
+/// A security-stage Login Request carrying `text`, continued (C bit) when
+/// more of its text follows, never asking to move on (T bit clear).
+fn request(text: Vec<u8>, continued: bool) -> Pdu {
+    let mut pdu = login_pdu(Stage::Security, Stage::Security, &[]);
+    if let Bhs::LoginRequest(l) = &mut pdu.bhs {
+        l.transit = false;
+        l.continue_bit = continued;
+    }
+    pdu.data = text.into();
+    pdu
+}
+
+/// A login whose text comes 7 bytes at a time, each piece 10 s after the
+/// last answer, well within the 15 s allowed between PDUs: it never ends
+/// by itself (256 pieces would take 43 minutes), and the target closes
+/// the connection once the login has taken [`DEADLINE`].
+#[tokio::test(start_paused = true)]
+async fn a_login_trickled_within_its_timeout_ends_at_its_deadline() {
+    let (served, mut reader, mut writer, _keep) = connect(64 << 10);
+    let began = tokio::time::Instant::now();
+    let mut pieces = 0;
+    let closed_after = loop {
+        writer
+            .push(&request(b"X-trick".to_vec(), true))
+            .await
+            .unwrap();
+        writer.flush().await.unwrap();
+        pieces += 1;
+        let answer = reader
+            .next()
+            .await
+            .unwrap()
+            .expect("an answer to each piece");
+        assert!(
+            matches!(answer.bhs, Bhs::LoginResponse(ref l) if l.status == LoginStatus::SUCCESS),
+            "{:?}",
+            answer.bhs
+        );
+        assert!(pieces < 100, "the login went on past {pieces} pieces");
+        // The next piece in 10 s, unless the target closes meanwhile.
+        match tokio::time::timeout(Duration::from_secs(10), reader.next()).await {
+            Err(_) => continue,
+            Ok(Ok(None)) | Ok(Err(_)) => break began.elapsed(),
+            Ok(Ok(Some(p))) => panic!("unasked for: {:?}", p.bhs),
+        }
+    };
+    assert!(
+        closed_after >= DEADLINE && closed_after < DEADLINE + Duration::from_secs(15),
+        "closed after {closed_after:?}, the deadline being {DEADLINE:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(30), served)
+        .await
+        .expect("the connection's driver ended")
+        .unwrap();
+}
+
+/// A first Login Request of 250 made-up keys, each answered NotUnderstood:
+/// about 6 KB of Login Response into a 256-byte pipe its peer never reads.
+/// The target's send waits, and the login's deadline ends it (and the
+/// connection), where it waited for good.
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_stops_reading_login_responses_is_closed_at_the_deadline() {
+    let (served, _reader, mut writer, _keep) = connect(256);
+    let mut keys: Vec<(String, String)> = vec![
+        ("InitiatorName".into(), INITIATOR.into()),
+        ("SessionType".into(), "Discovery".into()),
+        ("AuthMethod".into(), "None".into()),
+    ];
+    keys.extend((0..250).map(|k| (format!("X-unread.key.{k}"), "1".to_owned())));
+    let pairs: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let text = encode_text(&pairs).unwrap();
+    assert!(text.len() <= 8192, "one request: {} bytes", text.len());
+    writer.push(&request(text, false)).await.unwrap();
+    writer.flush().await.unwrap();
+    let began = tokio::time::Instant::now();
+    tokio::time::timeout(DEADLINE + Duration::from_secs(30), served)
+        .await
+        .expect("the connection's driver still waits on its unread Login Response")
+        .unwrap();
+    assert!(began.elapsed() >= DEADLINE - Duration::from_secs(1));
+}
