@@ -226,11 +226,19 @@ impl LogicalUnit {
             // (see read_plan) runs here on a thread that must not wait.
             return Ok(Done::media(Vec::new()));
         }
-        let per_block = (bytes / rw.length as usize).max(1);
+        // A READ with RDPROTECT carries each block's 8-byte tuple after it
+        // (SBC-4 4.22.2): those bytes count in what the initiator takes and
+        // in the transfer, as they did when the whole READ was read.
+        let per_block = if checks.is_some() {
+            self.protected_block_bytes()
+        } else {
+            bytes / rw.length as usize
+        }
+        .max(1);
         let blocks = (capacity as usize)
             .div_ceil(per_block)
             .min(rw.length as usize);
-        let transfer_length = super::outcome::clamp32(bytes as u64);
+        let transfer_length = super::outcome::clamp32(per_block as u64 * u64::from(rw.length));
         if blocks == 0 {
             return Ok(Done {
                 transfer_length,

@@ -323,6 +323,36 @@ fn written_tuples_are_checked_first_then_kept_as_sent() {
     );
 }
 
+/// A READ with RDPROTECT moves 520 bytes a block, the tuple after the
+/// data (SBC-4 4.22.2): its transfer length counts them, whether the
+/// initiator takes all of it or part, and the blocks it takes are read
+/// whole with their tuples. Counted at 512 bytes a block, the transfer
+/// was cut 8 bytes a block short, the last block's tuple lost.
+#[test]
+fn a_protected_reads_transfer_counts_each_blocks_tuple() {
+    let (t, _) = protected();
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = [block(1), block(2), block(3)].concat();
+    assert_eq!(write(&t, &a, 20, &data).status, GOOD);
+    let whole = read_p(&t, &a, 20, 3, 1);
+    assert_eq!(whole.status, GOOD, "{whole:?}");
+    assert_eq!(whole.transfer_length, 3 * 520);
+    assert_eq!(whole.data_in.len(), 3 * 520);
+    let cdb = c(Cdb::Read {
+        rw: Rw {
+            protect: 1,
+            ..rw(CdbSize::Sixteen, 20, 3)
+        },
+        rarc: false,
+    });
+    let part = run(&t, &a, &cdb, &[], 520 + 1);
+    assert_eq!(part.status, GOOD, "{part:?}");
+    assert_eq!(part.transfer_length, 3 * 520, "the CDB's whole transfer");
+    assert_eq!(part.data_in.len(), 520 + 1);
+    assert_eq!(part.data_in[..520], whole.data_in[..520]);
+}
+
 #[test]
 fn a_block_changed_behind_the_unit_fails_its_guard_check_on_read() {
     let (t, store) = protected();
