@@ -35,7 +35,7 @@ const MAX_ISCSI_NAME_LEN: usize = 223;
 /// for the negotiation (no key may come twice), so thousands of made-up
 /// keys, each answered NotUnderstood or not at all, would otherwise be held
 /// for the connection's life.
-pub const MAX_DISTINCT_KEYS: usize = 256;
+pub const MAX_DISTINCT_KEYS: usize = 1024;
 
 /// Which end of the session this negotiator speaks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
