@@ -341,6 +341,9 @@ impl Pair {
     fn carry_out(&mut self, e: Event<u32>) {
         match e {
             Event::R2t { r2t, .. } => {
+                // The whole sequence goes into the pipe at once, its final
+                // Data-Out with it: the R2T is answered (MaxOutstandingR2T).
+                self.engine.r2t_answered(r2t.itt);
                 let start = r2t.buffer_offset as usize;
                 let end = start + r2t.desired_data_transfer_length as usize;
                 let seq = data_out_sequence(
