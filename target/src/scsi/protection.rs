@@ -27,6 +27,7 @@ use super::logical_unit::{finish, LogicalUnit};
 use super::outcome::{backstore_failure, invalid_cdb, Done, Failure};
 use super::range_lock::RangeGuard;
 use super::read_plan::PlannedRead;
+use super::read_write::blocks_taken;
 use super::ScsiResult;
 use crate::backstore::Backstore;
 
@@ -313,22 +314,38 @@ impl LogicalUnit {
         capacity: u32,
         wait: bool,
     ) -> Option<ScsiResult> {
-        let blocks = plan.len / u64::from(plan.block_size);
-        let end = plan.lba + blocks;
-        let checked = if wait {
+        // As the core's READ does, only the blocks the initiator takes are
+        // read: the plan's READ budget share counts those, not the CDB's.
+        let bs = plan.block_size as usize;
+        let blocks = blocks_taken(
+            capacity,
+            bs,
+            (plan.len / u64::from(plan.block_size)) as usize,
+        );
+        let len = blocks * bs;
+        let end = plan.lba + blocks as u64;
+        let checked = if blocks == 0 {
+            Ok(Vec::new())
+        } else if wait {
             // The core's own READ: blocks, then their stored tuples.
             let _hold = self.hold_for_read(plan.lba, end);
-            self.read_unchecked_to_vec(plan.lba, plan.len as usize)
+            self.read_unchecked_to_vec(plan.lba, len)
                 .and_then(|data| self.check_stored_pi(plan.lba, &data).map(|()| data))
         } else {
             // A WRITE of these blocks is under way: read them where
             // waiting for it is allowed.
             let _hold = self.ranges.try_shared(plan.lba, end)?;
-            self.read_checked_in_memory(plan.lba, plan.len as usize)?
+            self.read_checked_in_memory(plan.lba, len)?
         };
         let format = self.sense_format();
         Some(match checked {
-            Ok(data) => finish(Ok(Done::media(data)), plan.len, format, capacity),
+            Ok(data) => {
+                let done = Done {
+                    transfer_length: super::outcome::clamp32(plan.len),
+                    ..Done::media(data)
+                };
+                finish(Ok(done), plan.len, format, capacity)
+            }
             Err(f) => {
                 plan.clock.fail();
                 finish(Err(f), plan.len, format, capacity)

@@ -40,6 +40,12 @@ fn partial_block() -> Failure {
 /// content, so the scan is bounded to keep the command short).
 const LBA_STATUS_SCAN_BYTES: u64 = 8 << 20;
 
+/// The most of a VERIFY's range read at once: the medium is read and
+/// compared a piece at a time, so that a VERIFY of the largest transfer
+/// (which for BYTCHK 0 or 3 brings little or no Data-Out, and so nothing
+/// a budget counts) holds no buffer of that size.
+pub(crate) const VERIFY_PIECE: usize = 1 << 20;
+
 impl LogicalUnit {
     /// LBA OUT OF RANGE unless `[lba, lba+blocks)` lies within the medium.
     pub(crate) fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Failure> {
@@ -235,9 +241,7 @@ impl LogicalUnit {
             bytes / rw.length as usize
         }
         .max(1);
-        let blocks = (capacity as usize)
-            .div_ceil(per_block)
-            .min(rw.length as usize);
+        let blocks = blocks_taken(capacity, per_block, rw.length as usize);
         let transfer_length = super::outcome::clamp32(per_block as u64 * u64::from(rw.length));
         if blocks == 0 {
             return Ok(Done {
@@ -341,48 +345,66 @@ impl LogicalUnit {
             _ => usize::from(bytes > 0),
         };
         let sent = sent_blocks * unit;
-        let mut medium = vec![0u8; bytes];
+        // The Data-Out is taken and its tuples checked before the medium
+        // is read: a short one fails without reading the range.
+        let expect = if bytchk == 0 {
+            None
+        } else {
+            let wire = data_out.get(..sent).ok_or_else(partial_block)?;
+            Some(match checks {
+                Some(checks) => {
+                    let (data, tuples) = split_protected(wire, bs);
+                    // A single block (BYTCHK 3) stands for every LBA of the
+                    // range; its reference tag is that of the first.
+                    self.check_tuples(data.chunks(bs), &tuples, rw.lba, checks)?;
+                    std::borrow::Cow::Owned(data)
+                }
+                None => std::borrow::Cow::Borrowed(wire),
+            })
+        };
+        let compare = |first_block: usize, medium: &[u8]| -> Option<u64> {
+            let expect = expect.as_deref()?;
+            if bytchk == 1 {
+                let at = first_block * bs;
+                let off = first_difference(&expect[at..at + medium.len()], medium)? + at as u64;
+                // INFORMATION is an offset into the Data-Out Buffer (SBC-4
+                // 5.31), which carries each block's tuple after it.
+                Some(match checks {
+                    Some(_) => off / bs as u64 * (bs as u64 + 8) + off % bs as u64,
+                    None => off,
+                })
+            } else {
+                medium.chunks(bs).enumerate().find_map(|(i, blk)| {
+                    first_difference(expect, blk).map(|o| o + ((first_block + i) * bs) as u64)
+                })
+            }
+        };
         if bytes > 0 {
             let _hold = self.hold_for_read(rw.lba, rw.lba + u64::from(rw.length));
-            match (checks, bytchk) {
-                (Some(checks), 0) => {
-                    self.read_unchecked(rw.lba, &mut medium)?;
-                    let tuples = self.load_pi(rw.lba, bytes / bs)?;
-                    self.check_tuples(medium.chunks(bs), &tuples, rw.lba, checks)?;
+            let blocks = bytes / bs;
+            let piece_blocks = (VERIFY_PIECE / bs).max(1);
+            let mut medium = vec![0u8; piece_blocks.min(blocks) * bs];
+            let mut done = 0;
+            while done < blocks {
+                let n = piece_blocks.min(blocks - done);
+                let piece = &mut medium[..n * bs];
+                let lba = rw.lba + done as u64;
+                match (checks, bytchk) {
+                    (Some(checks), 0) => {
+                        self.read_unchecked(lba, piece)?;
+                        let tuples = self.load_pi(lba, n)?;
+                        self.check_tuples(piece.chunks(bs), &tuples, lba, checks)?;
+                    }
+                    _ => self.read_blocks(lba, piece)?,
                 }
-                _ => self.read_blocks(rw.lba, &mut medium)?,
+                if let Some(off) = compare(done, piece) {
+                    return Err(Failure::Check(Sense::miscompare(off)));
+                }
+                done += n;
             }
         }
         if bytchk == 0 {
             return Ok(Done::none());
-        }
-        let wire = data_out.get(..sent).ok_or_else(partial_block)?;
-        let split;
-        let expect = match checks {
-            Some(checks) => {
-                split = split_protected(wire, bs);
-                // A single block (BYTCHK 3) stands for every LBA of the
-                // range; its reference tag is that of the first.
-                self.check_tuples(split.0.chunks(bs), &split.1, rw.lba, checks)?;
-                &split.0[..]
-            }
-            None => wire,
-        };
-        let diff = if bytchk == 1 {
-            // INFORMATION is an offset into the Data-Out Buffer (SBC-4 5.31),
-            // which carries each block's tuple after it.
-            first_difference(expect, &medium).map(|off| match checks {
-                Some(_) => off / bs as u64 * (bs as u64 + 8) + off % bs as u64,
-                None => off,
-            })
-        } else {
-            medium
-                .chunks(bs)
-                .enumerate()
-                .find_map(|(i, blk)| first_difference(expect, blk).map(|o| o + (i * bs) as u64))
-        };
-        if let Some(off) = diff {
-            return Err(Failure::Check(Sense::miscompare(off)));
         }
         Ok(Done::out(sent as u64))
     }
@@ -779,6 +801,14 @@ impl LogicalUnit {
         }
         Ok(Done::out(bytes as u64))
     }
+}
+
+/// How many of a READ's `blocks` an initiator that takes `capacity` bytes
+/// (its Expected Data Transfer Length) receives in part or whole, each block
+/// moving `per_block` bytes: only those need be read, the rest being cut
+/// before it is sent (RFC 7143 §11.4.5.2, residual overflow).
+pub(crate) fn blocks_taken(capacity: u32, per_block: usize, blocks: usize) -> usize {
+    (capacity as usize).div_ceil(per_block.max(1)).min(blocks)
 }
 
 /// Offset of the first byte where `a` and `b` differ.

@@ -999,11 +999,24 @@ fn both_copy_parameter_reports_give_the_blocks_granularity() {
     }
 }
 
-/// A RAM store that counts the bytes read from it.
+/// A RAM store that counts the bytes read from it, and the largest read.
 #[derive(Debug)]
-struct CountedReads {
+pub(super) struct CountedReads {
     ram: RamBackstore,
-    read: std::sync::atomic::AtomicU64,
+    /// Bytes read so far.
+    pub(super) read: std::sync::atomic::AtomicU64,
+    /// The most bytes one read has asked for.
+    pub(super) largest: std::sync::atomic::AtomicU64,
+}
+
+impl CountedReads {
+    pub(super) fn new(size: u64) -> CountedReads {
+        CountedReads {
+            ram: RamBackstore::new(size),
+            read: Default::default(),
+            largest: Default::default(),
+        }
+    }
 }
 
 impl crate::backstore::Backstore for CountedReads {
@@ -1011,8 +1024,9 @@ impl crate::backstore::Backstore for CountedReads {
         self.ram.size()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.read
-            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::SeqCst);
+        use std::sync::atomic::Ordering::SeqCst;
+        self.read.fetch_add(buf.len() as u64, SeqCst);
+        self.largest.fetch_max(buf.len() as u64, SeqCst);
         self.ram.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
@@ -1034,10 +1048,7 @@ impl crate::backstore::Backstore for CountedReads {
 #[test]
 fn a_read_reads_only_the_blocks_its_initiator_takes() {
     use std::sync::atomic::Ordering::SeqCst;
-    let store = Arc::new(CountedReads {
-        ram: RamBackstore::new(1 << 20),
-        read: Default::default(),
-    });
+    let store = Arc::new(CountedReads::new(1 << 20));
     let t = LunTable::new(vec![(
         0,
         Arc::new(LogicalUnit::new(LuConfig::new(store.clone()))),

@@ -11,6 +11,7 @@ use blockwire_pdu::scsi::{
 };
 use proptest::prelude::*;
 
+use super::read_write::VERIFY_PIECE;
 use super::tests::*;
 use super::*;
 
@@ -114,6 +115,73 @@ fn verify_compares_and_reports_offset() {
     });
     assert_eq!(run(&t, &a, &cdb, &[0x3c; 512], 0).status, GOOD);
     assert_eq!(read(&t, &a, 20, 1).data_in, vec![0x3c; 512]);
+}
+
+/// A VERIFY reads and compares its range a piece at a time: for BYTCHK 0
+/// (no Data-Out) and 3 (one block of it) the largest VERIFY brings nothing
+/// a budget counts, and its whole range was read into one buffer. A
+/// miscompare in a later piece still names its byte in the whole range,
+/// and a short BYTCHK 1 Data-Out is refused before the medium is read.
+#[test]
+fn a_verify_reads_its_range_a_piece_at_a_time() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let whole = MAX_TRANSFER_BYTES as usize;
+    let blocks = (whole / 512) as u32;
+    let store = Arc::new(CountedReads::new(whole as u64 + (1 << 20)));
+    let t = LunTable::new(vec![(
+        0,
+        Arc::new(LogicalUnit::new(LuConfig::new(store.clone()))),
+    )]);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let verify16 = |bytchk: u8, length: u32, out: &[u8]| {
+        let cdb = c(Cdb::Verify {
+            rw: rw(CdbSize::Sixteen, 0, length),
+            bytchk,
+        });
+        run(&t, &a, &cdb, out, 0)
+    };
+    let reads = |f: &dyn Fn() -> ScsiResult| {
+        let before = store.read.load(SeqCst);
+        store.largest.store(0, SeqCst);
+        let r = f();
+        (
+            r,
+            store.read.load(SeqCst) - before,
+            store.largest.load(SeqCst),
+        )
+    };
+    for (bytchk, out) in [(0u8, vec![]), (3, vec![0u8; 512])] {
+        let (r, read, largest) = reads(&|| verify16(bytchk, blocks, &out));
+        assert_eq!(r.status, GOOD, "BYTCHK {bytchk}: {r:?}");
+        assert_eq!(
+            (read, largest),
+            (whole as u64, VERIFY_PIECE as u64),
+            "BYTCHK {bytchk}"
+        );
+    }
+    // A block three pieces in differs: its byte in the range is reported.
+    let at = 3 * VERIFY_PIECE + 5 * 512;
+    assert_eq!(write(&t, &a, (at / 512) as u64, &[9; 512]).status, GOOD);
+    let (r, _, largest) = reads(&|| verify16(3, blocks, &[0u8; 512]));
+    let s = expect_check(&r, SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY);
+    assert_eq!(
+        (s.information, largest),
+        (Some(at as u64), VERIFY_PIECE as u64)
+    );
+    let mut out = vec![0u8; 4 * VERIFY_PIECE];
+    out[at..at + 512].fill(9);
+    out[at + 700] = 1;
+    let (r, _, _) = reads(&|| verify16(1, (out.len() / 512) as u32, &out));
+    let s = expect_check(&r, SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY);
+    assert_eq!(s.information, Some(at as u64 + 700));
+    // A Data-Out one block short is refused before any block is read.
+    let (r, read, _) = reads(&|| verify16(1, blocks, &vec![0u8; whole - 512]));
+    assert_ne!(r.status, GOOD);
+    assert_eq!(
+        read, 0,
+        "blocks read for a VERIFY whose Data-Out came short"
+    );
 }
 
 /// A VERIFY with BYTCHK of unmapped blocks compares them as a READ returns

@@ -601,6 +601,40 @@ fn the_fabric_gets_a_protected_units_reads_only_to_have_the_core_check_them() {
     assert_eq!(t.get(0).unwrap().pi_check_failures().guard, before + 2);
 }
 
+/// A planned READ of a protected unit, answered by the core's check,
+/// reads only the blocks its initiator takes, as the core's own READ does:
+/// the fabric's READ budget share for it counts those bytes, and the rest
+/// of the CDB's transfer would be cut before it is sent.
+#[test]
+fn a_planned_protected_read_reads_only_the_blocks_its_initiator_takes() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = Arc::new(super::tests::CountedReads::new(BLOCKS * 512));
+    let mut cfg = LuConfig::new(store.clone());
+    cfg.pi_store = Some(Arc::new(RamBackstore::new(BLOCKS * 8)));
+    let t = LunTable::new(vec![(0, Arc::new(LogicalUnit::new(cfg)))]);
+    let a = nexus("iqn.a");
+    ready(&t, &a);
+    let data: Vec<u8> = (0..4u8).flat_map(block).collect();
+    assert_eq!(write(&t, &a, 0, &data).status, GOOD);
+    for (taken, blocks_read) in [(1u32, 1u64), (512, 1), (513, 2), (0, 0), (1024 * 512, 1024)] {
+        let ReadPlan::Checked(p) = plan(&t, &a, 0, 1024, 0) else {
+            panic!("a protected unit's READ is planned as checked");
+        };
+        let before = store.read.load(SeqCst);
+        let r = p.lu.read_checked(&p, taken);
+        assert_eq!(r.status, GOOD, "{taken}: {r:?}");
+        assert_eq!(r.transfer_length, 1024 * 512, "{taken}: the CDB's transfer");
+        assert_eq!(r.data_in.len(), taken as usize);
+        let written = (taken as usize).min(data.len());
+        assert_eq!(r.data_in[..written], data[..written]);
+        assert_eq!(
+            store.read.load(SeqCst) - before,
+            blocks_read * 512,
+            "{taken} bytes taken"
+        );
+    }
+}
+
 #[test]
 fn a_ram_units_reads_are_answered_from_memory_with_their_checks() {
     let (t, store) = protected();
