@@ -27,6 +27,7 @@ use super::io::{
 };
 use super::launch::Launcher;
 use super::login::LoginOutcome;
+use super::login_slots::NoSlot;
 use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
 use super::session::{PendingSession, Session};
 use super::Fabric;
@@ -125,6 +126,25 @@ async fn drive<R: AsyncRead + Unpin>(
     peer: Option<SocketAddr>,
     mut cut: tokio::sync::watch::Receiver<bool>,
 ) {
+    // A connection past the bound on logins in progress is closed before
+    // it is read: it holds nothing but its socket, and only for a moment.
+    let slot = match fabric.login_slots.take(peer.map(|p| p.ip())) {
+        Ok(slot) => slot,
+        Err(no_slot) => {
+            let (setting, limit) = match no_slot {
+                NoSlot::Total(n) => ("max_logins_in_progress", n),
+                NoSlot::Address(n) => ("max_logins_in_progress_per_address", n),
+            };
+            warn!(
+                ?peer,
+                setting,
+                limit,
+                "connection closed at once: {limit} connections are already in their login phase; \
+                 raise {setting} if that many initiators log in at once"
+            );
+            return;
+        }
+    };
     let logged_in = tokio::select! {
         l = login(&fabric, &mut reader, &mut writer, tpgt, local, peer) => l,
         _ = turns_true(&mut cut) => {
@@ -132,6 +152,7 @@ async fn drive<R: AsyncRead + Unpin>(
             None
         }
     };
+    drop(slot);
     let Some((session, generation, outcome, rdma)) = logged_in else {
         close_after_login(&mut writer).await;
         return;

@@ -17,6 +17,7 @@ pub mod io;
 pub mod iser;
 mod launch;
 pub mod login;
+pub mod login_slots;
 pub mod lun_paths;
 mod machine;
 pub(crate) mod mover;
@@ -67,6 +68,15 @@ pub struct FabricSettings {
     /// PDUs within `login_timeout` of each other, and one that stops
     /// reading the target's Login Responses.
     pub login_deadline: Duration,
+    /// Connections that may be in their login phase at once; one more is
+    /// closed as soon as it is accepted (see [`login_slots`]).
+    pub max_logins_in_progress: usize,
+    /// Of those, the most from one peer address, so that one host cannot
+    /// take every slot.
+    pub max_logins_in_progress_per_address: usize,
+    /// Discovery sessions that may be open at once; a discovery login past
+    /// it is refused OUT OF RESOURCES. Normal sessions are not counted.
+    pub max_discovery_sessions: usize,
     /// Time initiators get to log out when the target shuts down.
     pub logout_grace: Duration,
     /// The target's MaxRecvDataSegmentLength.
@@ -115,6 +125,9 @@ impl Default for FabricSettings {
             nop_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),
             login_deadline: Duration::from_secs(60),
+            max_logins_in_progress: 1024,
+            max_logins_in_progress_per_address: 256,
+            max_discovery_sessions: 256,
             logout_grace: Duration::from_secs(5),
             max_recv_data_segment_length: 262_144,
             require_header_digest: false,
@@ -145,6 +158,8 @@ pub struct Fabric {
     admissions: std::sync::Mutex<()>,
     /// Tunables.
     pub settings: FabricSettings,
+    /// Connections in their login phase (see [`login_slots`]).
+    pub login_slots: Arc<login_slots::LoginSlots>,
     /// Turns true when the daemon shuts down.
     pub shutdown: watch::Receiver<bool>,
     /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
@@ -181,9 +196,16 @@ impl Fabric {
                 settings.connection_threads,
             ))
         });
+        let login_slots = login_slots::LoginSlots::new(
+            settings.max_logins_in_progress,
+            settings.max_logins_in_progress_per_address,
+        );
+        let sessions = SessionTable::default();
+        sessions.limit_discovery_sessions(settings.max_discovery_sessions);
         let fabric = Arc::new(Fabric {
             catalog: std::sync::RwLock::new(catalog),
-            sessions: SessionTable::default(),
+            sessions,
+            login_slots,
             admissions: std::sync::Mutex::new(()),
             settings,
             shutdown,

@@ -31,6 +31,9 @@ pub enum SessionError {
     /// Every TSIH is in use.
     #[error("out of sessions")]
     OutOfResources,
+    /// This many discovery sessions are open already.
+    #[error("{0} discovery sessions are open already; raise max_discovery_sessions if that many initiators discover at once")]
+    TooManyDiscoverySessions(usize),
 }
 
 /// A SCSI task the session is running, as task management sees it.
@@ -295,6 +298,10 @@ struct TableInner {
     /// and counts again from 0 when the initiator comes back after all had
     /// gone. Keyed by the two names as iSCSI compares them (case ignored).
     initiators: HashMap<(String, String), InitiatorEntry>,
+    /// The most discovery sessions open at once (None: no bound). Each
+    /// holds a connection and its task; a host opening them without end
+    /// would otherwise hold memory without end, and every TSIH.
+    discovery_limit: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -433,6 +440,15 @@ impl Drop for PendingSession<'_> {
 }
 
 impl SessionTable {
+    /// At most `limit` discovery sessions at once from now on; a discovery
+    /// login past it is refused ([`SessionError::TooManyDiscoverySessions`]).
+    pub fn limit_discovery_sessions(&self, limit: usize) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .discovery_limit = Some(limit);
+    }
+
     /// Creates a session, reinstating any with the same initiator, ISID and
     /// target, or joins an existing one (connection reinstatement).
     pub fn attach(&self, req: SessionRequest) -> Result<Arc<Session>, SessionError> {
@@ -513,6 +529,18 @@ impl SessionTable {
                 still_changing_medium.extend(s.tasks.abort_where(|_, _| true).changing_medium);
                 s.release_nexus();
                 s.stop_connection();
+            }
+        }
+        if let (None, Some(limit)) = (&req.target, inner.discovery_limit) {
+            // Counted after the reinstatement above: a discovery login that
+            // takes over its own session still opens.
+            let open = inner
+                .by_tsih
+                .values()
+                .filter(|s| s.target.is_none())
+                .count();
+            if open >= limit {
+                return Err(SessionError::TooManyDiscoverySessions(limit));
             }
         }
         let tsih = Self::free_tsih(inner).ok_or(SessionError::OutOfResources)?;
@@ -805,6 +833,38 @@ mod tests {
             .into_iter()
             .map(|i| (i.target, i.initiator))
             .collect()
+    }
+
+    /// Discovery sessions past the limit are refused, whoever asks; normal
+    /// sessions are not counted, a discovery login that reinstates its own
+    /// session still opens, and one closing makes room.
+    #[test]
+    fn discovery_sessions_past_the_limit_are_refused() {
+        let table = SessionTable::default();
+        table.limit_discovery_sessions(2);
+        let t = target(
+            "iqn.2026-11.test:one",
+            Acl::Any,
+            AuthPolicy::default(),
+            vec![1],
+        );
+        let a = login(&table, "iqn.2026-11.test:host-a", 1, None);
+        let _b = login(&table, "iqn.2026-11.test:host-b", 1, None);
+        assert_eq!(
+            table
+                .attach(request("iqn.2026-11.test:host-c", 1, 0, None, 1))
+                .unwrap_err(),
+            SessionError::TooManyDiscoverySessions(2)
+        );
+        let _normal = login(&table, "iqn.2026-11.test:host-c", 1, Some(&t));
+        // The same nexus as `a`: the old session goes first.
+        let a_again = login(&table, "iqn.2026-11.test:host-a", 1, None);
+        assert_ne!(a_again.tsih, a.tsih);
+        table.end(&a_again, a_again.generation());
+        let _c = login(&table, "iqn.2026-11.test:host-c", 1, None);
+        assert!(table
+            .attach(request("iqn.2026-11.test:host-d", 1, 0, None, 1))
+            .is_err());
     }
 
     #[test]

@@ -199,7 +199,9 @@ impl LoginPhase {
                 let status = match e {
                     SessionError::DoesNotExist(_) => LoginStatus::SESSION_DOES_NOT_EXIST,
                     SessionError::TooManyConnections => LoginStatus::TOO_MANY_CONNECTIONS,
-                    SessionError::OutOfResources => LoginStatus::OUT_OF_RESOURCES,
+                    SessionError::OutOfResources | SessionError::TooManyDiscoverySessions(_) => {
+                        LoginStatus::OUT_OF_RESOURCES
+                    }
                 };
                 crate::events::login_failed(status);
                 LoginAction::Refuse(self.machine.reject(status))

@@ -12,34 +12,42 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// The test fabric with the default per-PDU login timeout (15 s) and a
 /// whole-login deadline of [`DEADLINE`].
 fn fabric_with_deadline() -> Arc<Fabric> {
-    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
-    let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
-    let settings = FabricSettings {
+    fabric_with(FabricSettings {
         login_deadline: DEADLINE,
         ..FabricSettings::default()
-    };
+    })
+}
+
+fn fabric_with(settings: FabricSettings) -> Arc<Fabric> {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
     let (_, shutdown) = watch::channel(false);
     Fabric::new(Arc::new(catalog), settings, shutdown)
 }
 
-/// One connection's driver over a pipe of `pipe_bytes` each way, and the
-/// initiator's ends of it.
-fn connect(
-    pipe_bytes: usize,
-) -> (
+type Ends = (
     tokio::task::JoinHandle<()>,
     PduReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
     PduWriter,
     watch::Sender<bool>,
-) {
+);
+
+/// One connection's driver over a pipe of `pipe_bytes` each way, and the
+/// initiator's ends of it.
+fn connect(pipe_bytes: usize) -> Ends {
+    connect_to(fabric_with_deadline(), pipe_bytes, None)
+}
+
+/// [`connect`] to `fabric`, as if from `peer`.
+fn connect_to(fabric: Arc<Fabric>, pipe_bytes: usize, peer: Option<std::net::SocketAddr>) -> Ends {
     let (client, server) = tokio::io::duplex(pipe_bytes);
     let (keep, cut) = watch::channel(false);
     let served = tokio::spawn(crate::iscsi::connection::serve_stream(
-        fabric_with_deadline(),
+        fabric,
         server,
         1,
         local(),
-        None,
+        peer,
         cut,
     ));
     let (rd, wr) = tokio::io::split(client);
@@ -126,4 +134,54 @@ async fn a_peer_that_stops_reading_login_responses_is_closed_at_the_deadline() {
         .expect("the connection's driver still waits on its unread Login Response")
         .unwrap();
     assert!(began.elapsed() >= DEADLINE - Duration::from_secs(1));
+}
+
+/// With room for one login in progress, a second connection is closed as
+/// soon as it is accepted, before it has sent anything, while the first
+/// stays in its login; once the first hangs up, a third is answered.
+#[tokio::test(start_paused = true)]
+async fn a_connection_past_the_logins_in_progress_is_closed_at_once() {
+    let fabric = fabric_with(FabricSettings {
+        max_logins_in_progress: 1,
+        ..FabricSettings::default()
+    });
+    let from = |last: u8| Some(std::net::SocketAddr::from(([127, 0, 0, last], 50000)));
+    let (first, first_reader, first_writer, _k1) = connect_to(fabric.clone(), 64 << 10, from(1));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(fabric.login_slots.held(), (1, 1), "the first login's slot");
+    let (second, mut second_reader, _w2, _k2) = connect_to(fabric.clone(), 64 << 10, from(2));
+    tokio::time::timeout(Duration::from_secs(1), second)
+        .await
+        .expect("the second connection was kept")
+        .unwrap();
+    assert!(matches!(second_reader.next().await, Ok(None) | Err(_)));
+    assert!(
+        !first.is_finished(),
+        "the first connection is still in its login"
+    );
+    drop((first_reader, first_writer));
+    tokio::time::timeout(Duration::from_secs(1), first)
+        .await
+        .expect("the first connection ended when its peer hung up")
+        .unwrap();
+    assert_eq!(fabric.login_slots.held(), (0, 0));
+    let (_third, mut reader, mut writer, _k3) = connect_to(fabric.clone(), 64 << 10, from(3));
+    let text = encode_text(&[
+        ("InitiatorName", INITIATOR),
+        ("SessionType", "Discovery"),
+        ("AuthMethod", "None"),
+    ])
+    .unwrap();
+    writer.push(&request(text, false)).await.unwrap();
+    writer.flush().await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(1), reader.next())
+        .await
+        .expect("the third connection is answered")
+        .unwrap()
+        .expect("a Login Response");
+    assert!(
+        matches!(answer.bhs, Bhs::LoginResponse(ref l) if l.status == LoginStatus::SUCCESS),
+        "{:?}",
+        answer.bhs
+    );
 }
