@@ -121,6 +121,14 @@ pub struct ControlConfig {
     pub socket: Option<PathBuf>,
 }
 
+/// The longest `[fabric] login_timeout_secs`: an hour between two login
+/// PDUs is already far past any initiator's own login timeout.
+const LOGIN_TIMEOUT_MAX_SECS: u64 = 3_600;
+
+/// The most `[fabric] max_logins_in_progress`: each login in progress holds
+/// a task and its buffers, some kilobytes.
+const LOGINS_IN_PROGRESS_MAX: usize = 1 << 20;
+
 /// `[fabric]`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -133,6 +141,20 @@ pub struct FabricConfig {
     pub nop_timeout_secs: u64,
     /// Seconds initiators get to log out at shutdown.
     pub logout_grace_secs: u64,
+    /// Seconds an initiator may take to send its next login PDU.
+    pub login_timeout_secs: u64,
+    /// Seconds the whole login phase may take, from the connection's accept
+    /// to its final Login Response sent.
+    pub login_deadline_secs: u64,
+    /// Connections that may be in their login phase at once; one more is
+    /// closed as soon as it is accepted.
+    pub max_logins_in_progress: usize,
+    /// Of those, the most from one address, so that one host cannot take
+    /// every place.
+    pub max_logins_in_progress_per_address: usize,
+    /// Discovery sessions open at once; one more login is refused OUT OF
+    /// RESOURCES (normal sessions are not counted).
+    pub max_discovery_sessions: usize,
     /// The target's MaxRecvDataSegmentLength.
     pub max_recv_data_segment_length: u32,
     /// HeaderDigest policy: "allow" (the initiator chooses) or "require" (CRC32C only).
@@ -207,6 +229,11 @@ impl Default for FabricConfig {
             nop_interval_secs: d.nop_interval.map_or(0, |i| i.as_secs()),
             nop_timeout_secs: d.nop_timeout.as_secs(),
             logout_grace_secs: d.logout_grace.as_secs(),
+            login_timeout_secs: d.login_timeout.as_secs(),
+            login_deadline_secs: d.login_deadline.as_secs(),
+            max_logins_in_progress: d.max_logins_in_progress,
+            max_logins_in_progress_per_address: d.max_logins_in_progress_per_address,
+            max_discovery_sessions: d.max_discovery_sessions,
             max_recv_data_segment_length: 262_144,
             header_digest: "allow".into(),
             data_digest: "allow".into(),
@@ -1818,6 +1845,49 @@ fn fabric_settings(
                 .push(ctx.fabric_err(key, format!("{secs} is more than {TIMER_MAX_SECS} (a day)")));
         }
     }
+    if !(1..=LOGIN_TIMEOUT_MAX_SECS).contains(&f.login_timeout_secs) {
+        errors.push(ctx.fabric_err(
+            "login_timeout_secs",
+            format!(
+                "{} is not between 1 and {LOGIN_TIMEOUT_MAX_SECS}: it is how long an initiator \
+                 may take to send its next login PDU",
+                f.login_timeout_secs
+            ),
+        ));
+    }
+    if !(1..=TIMER_MAX_SECS).contains(&f.login_deadline_secs) {
+        errors.push(ctx.fabric_err(
+            "login_deadline_secs",
+            format!(
+                "{} is not between 1 and {TIMER_MAX_SECS}: it is how long a whole login may take",
+                f.login_deadline_secs
+            ),
+        ));
+    }
+    if !(1..=LOGINS_IN_PROGRESS_MAX).contains(&f.max_logins_in_progress) {
+        errors.push(ctx.fabric_err(
+            "max_logins_in_progress",
+            format!(
+                "{} is not between 1 and {LOGINS_IN_PROGRESS_MAX}",
+                f.max_logins_in_progress
+            ),
+        ));
+    } else if !(1..=f.max_logins_in_progress).contains(&f.max_logins_in_progress_per_address) {
+        errors.push(ctx.fabric_err(
+            "max_logins_in_progress_per_address",
+            format!(
+                "{} is not between 1 and max_logins_in_progress ({})",
+                f.max_logins_in_progress_per_address, f.max_logins_in_progress
+            ),
+        ));
+    }
+    // A session is named by a TSIH of 16 bits, 0 being none.
+    if !(1..=65_535).contains(&f.max_discovery_sessions) {
+        errors.push(ctx.fabric_err(
+            "max_discovery_sessions",
+            format!("{} is not between 1 and 65535", f.max_discovery_sessions),
+        ));
+    }
     if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
         errors.push(ctx.fabric_err(
             "max_recv_data_segment_length",
@@ -1863,6 +1933,11 @@ fn fabric_settings(
             .then(|| std::time::Duration::from_secs(f.nop_interval_secs)),
         nop_timeout: std::time::Duration::from_secs(f.nop_timeout_secs),
         logout_grace: std::time::Duration::from_secs(f.logout_grace_secs),
+        login_timeout: std::time::Duration::from_secs(f.login_timeout_secs),
+        login_deadline: std::time::Duration::from_secs(f.login_deadline_secs),
+        max_logins_in_progress: f.max_logins_in_progress,
+        max_logins_in_progress_per_address: f.max_logins_in_progress_per_address,
+        max_discovery_sessions: f.max_discovery_sessions,
         zero_copy_send: f.zero_copy_send,
         local_copy_sends: f.local_copy_sends,
         busy_poll: (f.busy_poll_us > 0).then(|| std::time::Duration::from_micros(f.busy_poll_us)),

@@ -2113,3 +2113,64 @@ fn an_alias_a_login_cannot_carry_is_refused() {
         assert!(e.message.starts_with(said), "{e}");
     }
 }
+
+/// The login phase's bounds are set in `[fabric]`: defaults as the target's
+/// own, each key taken, and values that would turn a bound off, or a share
+/// larger than the whole, refused naming the key.
+#[test]
+fn the_login_bounds_are_set_in_the_fabric_section() {
+    use std::time::Duration;
+    let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
+    let d = blockwire_target::iscsi::FabricSettings::default();
+    assert_eq!(
+        (
+            b.settings.login_timeout,
+            b.settings.login_deadline,
+            b.settings.max_logins_in_progress,
+            b.settings.max_logins_in_progress_per_address,
+            b.settings.max_discovery_sessions
+        ),
+        (
+            d.login_timeout,
+            d.login_deadline,
+            d.max_logins_in_progress,
+            d.max_logins_in_progress_per_address,
+            d.max_discovery_sessions
+        )
+    );
+    let b = with_fabric(
+        "[fabric]\nlogin_timeout_secs = 5\nlogin_deadline_secs = 20\nmax_logins_in_progress = 64\n\
+         max_logins_in_progress_per_address = 8\nmax_discovery_sessions = 16\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            b.settings.login_timeout,
+            b.settings.login_deadline,
+            b.settings.max_logins_in_progress,
+            b.settings.max_logins_in_progress_per_address,
+            b.settings.max_discovery_sessions
+        ),
+        (Duration::from_secs(5), Duration::from_secs(20), 64, 8, 16)
+    );
+    for (fabric, field) in [
+        ("login_timeout_secs = 0", "login_timeout_secs"),
+        ("login_timeout_secs = 3601", "login_timeout_secs"),
+        ("login_deadline_secs = 0", "login_deadline_secs"),
+        ("login_deadline_secs = 86401", "login_deadline_secs"),
+        ("max_logins_in_progress = 0", "max_logins_in_progress"),
+        (
+            "max_logins_in_progress = 4\nmax_logins_in_progress_per_address = 5",
+            "max_logins_in_progress_per_address",
+        ),
+        (
+            "max_logins_in_progress_per_address = 0",
+            "max_logins_in_progress_per_address",
+        ),
+        ("max_discovery_sessions = 0", "max_discovery_sessions"),
+        ("max_discovery_sessions = 65536", "max_discovery_sessions"),
+    ] {
+        let e = with_fabric(&format!("[fabric]\n{fabric}\n")).unwrap_err();
+        assert_eq!(e.field, format!("fabric.{field}"), "{fabric}: {e}");
+    }
+}
