@@ -448,20 +448,36 @@ impl<T: Clone> Engine<T> {
         self.generation
     }
 
-    /// The owner of write `itt` is about to send the final Data-Out of its
-    /// answer to one R2T: that R2T is no longer outstanding. Said before
-    /// that PDU goes, so the target's next R2T, which may follow it at
-    /// once, finds it counted off.
-    pub fn r2t_answered(&mut self, itt: u32) {
-        if let Some(Task {
+    /// The Data-Out sequence that answers `r2t` (RFC 7143 §11.7), for the
+    /// owner of its write to send at once, whole: PDUs of at most the
+    /// target's MaxRecvDataSegmentLength over the range the R2T asks for,
+    /// under the write's LUN and the R2T's Target Transfer Tag. From here
+    /// on the R2T is no longer outstanding: the target's next R2T, which
+    /// may follow the sequence's final PDU at once, finds it counted off,
+    /// and an owner can send no R2T's data without counting it off. None
+    /// for a write that is over (nothing is owed for it).
+    pub fn answer_r2t(&mut self, r2t: &R2t) -> Option<Vec<DataOutPdu>> {
+        let Some(Task {
+            lun,
             kind: Kind::Scsi {
                 unanswered_r2ts, ..
             },
             ..
-        }) = self.tasks.get_mut(&itt)
-        {
-            *unanswered_r2ts = unanswered_r2ts.saturating_sub(1);
-        }
+        }) = self.tasks.get_mut(&r2t.itt)
+        else {
+            return None;
+        };
+        *unanswered_r2ts = unanswered_r2ts.saturating_sub(1);
+        let start = r2t.buffer_offset as usize;
+        let end = start + r2t.desired_data_transfer_length as usize;
+        Some(data_out_sequence(
+            r2t.itt,
+            Lun::from_index(*lun),
+            r2t.ttt,
+            start..end,
+            self.limits.target_mrdsl,
+            self.exp_stat_sn,
+        ))
     }
 
     /// The negotiated limits.
@@ -1360,8 +1376,9 @@ mod tests {
             }] => assert!(reason.contains(why), "{reason}"),
             other => panic!("the R2T was taken: {other:?}"),
         };
-        let taken = |events: &[Event<u32>]| {
-            assert!(matches!(events, [Event::R2t { .. }]), "{events:?}");
+        let taken = |events: &[Event<u32>]| match events {
+            [Event::R2t { r2t, .. }] => r2t.clone(),
+            other => panic!("the R2T was not taken: {other:?}"),
         };
         // MaxOutstandingR2T 1: a second R2T before the first is answered.
         let mut e = engine();
@@ -1373,14 +1390,26 @@ mod tests {
         );
         // Answered, the next R2T is taken; the same R2TSN again is not.
         let (itt, ..) = e.start_scsi(0, &cdb, None, 300_000, 2);
-        taken(&e.receive(numbered_r2t(itt, 0, 65536, 65536)));
-        e.r2t_answered(itt);
-        taken(&e.receive(numbered_r2t(itt, 1, 131_072, 65536)));
-        e.r2t_answered(itt);
+        let first = taken(&e.receive(numbered_r2t(itt, 0, 65536, 65536)));
+        // Its answer: the range it asks for, in PDUs of the target's
+        // MaxRecvDataSegmentLength (8192), under the R2T's TTT, the last
+        // one final.
+        let pdus = e.answer_r2t(&first).expect("a live write");
+        assert_eq!(pdus.len(), 8);
+        assert_eq!((pdus[0].range.start, pdus[7].range.end), (65536, 131_072));
+        assert!(pdus
+            .iter()
+            .all(|p| p.header.ttt == 0x55 && p.header.itt == itt));
+        assert!(pdus[7].header.final_bit && !pdus[6].header.final_bit);
+        assert_eq!(pdus[0].header.exp_stat_sn, e.exp_stat_sn());
+        let second = taken(&e.receive(numbered_r2t(itt, 1, 131_072, 65536)));
+        e.answer_r2t(&second).expect("a live write");
         failed(
             &e.receive(numbered_r2t(itt, 1, 131_072, 65536)),
             "R2TSN 1 where 2 was next",
         );
+        // Nothing is owed for a write that is over.
+        assert!(e.answer_r2t(&second).is_none());
         // A first R2T that does not start the numbering.
         let (itt, ..) = e.start_scsi(0, &cdb, None, 300_000, 3);
         failed(

@@ -1246,7 +1246,7 @@ impl Inner {
                     },
                 };
                 match msg {
-                    Some(Msg::R2t(r2t)) => self.send_solicited(gen, itt, lun, &r2t, write).await,
+                    Some(Msg::R2t(r2t)) => self.send_solicited(gen, &r2t, write).await,
                     Some(Msg::Done(result)) => return Ok(result),
                     Some(Msg::Lost(back)) => {
                         buf = back;
@@ -1590,14 +1590,7 @@ impl Inner {
         }
     }
 
-    async fn send_solicited(
-        self: &Arc<Self>,
-        gen: u64,
-        itt: u32,
-        lun: u16,
-        r2t: &R2t,
-        write: &[u8],
-    ) {
+    async fn send_solicited(self: &Arc<Self>, gen: u64, r2t: &R2t, write: &[u8]) {
         let mut w = self.writer.lock().await;
         if w.generation != gen {
             return;
@@ -1608,19 +1601,11 @@ impl Inner {
             self.connection_lost(gen, CUT_SHORT.into());
             return;
         };
-        let (exp, mrdsl) = {
-            let e = lock(&self.engine);
-            (e.exp_stat_sn(), e.limits().target_mrdsl)
-        };
-        let start = r2t.buffer_offset as usize;
-        let end = start + r2t.desired_data_transfer_length as usize;
+        // Built, and the R2T counted off, with the writer held: sent whole
+        // from here, so no other R2T's answer is counted off before it.
+        let pdus = lock(&self.engine).answer_r2t(r2t).unwrap_or_default();
         let res = send_whole(self.config.send_timeout, async {
-            for p in data_out_sequence(itt, Lun::from_index(lun), r2t.ttt, start..end, mrdsl, exp) {
-                if p.header.final_bit {
-                    // Counted off before the last PDU goes: the target
-                    // may send its next R2T as soon as that PDU is in.
-                    lock(&self.engine).r2t_answered(itt);
-                }
+            for p in pdus {
                 write_pdu(&mut half, &Bhs::DataOut(p.header), &write[p.range], digests).await?;
             }
             Ok(())

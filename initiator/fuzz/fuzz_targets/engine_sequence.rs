@@ -20,7 +20,7 @@
 //! - `in_flight` lists exactly the live SCSI tasks, `drain` every live task.
 #![no_main]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
 use blockwire_initiator::engine::{Engine, Event, Limits, Placement, TaskResult};
@@ -206,9 +206,9 @@ struct Task {
     next_offset: usize,
     next_data_sn: u32,
     /// R2Ts handed to the owner (the next R2TSN of a write), and those
-    /// not yet answered.
+    /// not yet answered, oldest first.
     r2ts: u32,
-    unanswered_r2ts: u32,
+    unanswered: VecDeque<R2t>,
 }
 
 struct Model {
@@ -288,11 +288,11 @@ impl Model {
                     assert_eq!(r2t.itt, itt, "R2T handed to another task's owner");
                     assert_eq!(r2t.r2t_sn, t.r2ts, "R2T handed out of R2TSN order");
                     assert!(
-                        t.unanswered_r2ts < max_outstanding,
+                        (t.unanswered.len() as u32) < max_outstanding,
                         "R2T handed past MaxOutstandingR2T"
                     );
                     t.r2ts += 1;
-                    t.unanswered_r2ts += 1;
+                    t.unanswered.push_back(r2t.clone());
                     assert!(
                         t.scsi && t.write_len > 0,
                         "R2T handed to a task that writes nothing"
@@ -466,7 +466,7 @@ fuzz_target!(|input: Input| {
                         next_offset: 0,
                         next_data_sn: 0,
                         r2ts: 0,
-                        unanswered_r2ts: 0,
+                        unanswered: VecDeque::new(),
                     },
                 );
             }
@@ -505,7 +505,7 @@ fuzz_target!(|input: Input| {
                         next_offset: 0,
                         next_data_sn: 0,
                         r2ts: 0,
-                        unanswered_r2ts: 0,
+                        unanswered: VecDeque::new(),
                     },
                 );
             }
@@ -529,7 +529,7 @@ fuzz_target!(|input: Input| {
                         next_offset: 0,
                         next_data_sn: 0,
                         r2ts: 0,
-                        unanswered_r2ts: 0,
+                        unanswered: VecDeque::new(),
                     },
                 );
             }
@@ -557,7 +557,7 @@ fuzz_target!(|input: Input| {
                         next_offset: 0,
                         next_data_sn: 0,
                         r2ts: 0,
-                        unanswered_r2ts: 0,
+                        unanswered: VecDeque::new(),
                     },
                 );
             }
@@ -575,7 +575,7 @@ fuzz_target!(|input: Input| {
                         next_offset: 0,
                         next_data_sn: 0,
                         r2ts: 0,
-                        unanswered_r2ts: 0,
+                        unanswered: VecDeque::new(),
                     },
                 );
             }
@@ -593,7 +593,7 @@ fuzz_target!(|input: Input| {
                         next_offset: 0,
                         next_data_sn: 0,
                         r2ts: 0,
-                        unanswered_r2ts: 0,
+                        unanswered: VecDeque::new(),
                     },
                 );
             }
@@ -855,10 +855,37 @@ fuzz_target!(|input: Input| {
             }
             Op::AnswerR2t(tag) => {
                 let itt = m.tag(tag);
-                if let Some(t) = m.live.get_mut(&itt) {
-                    t.unanswered_r2ts = t.unanswered_r2ts.saturating_sub(1);
+                let Some(r2t) = m.live.get_mut(&itt).and_then(|t| t.unanswered.pop_front()) else {
+                    continue;
+                };
+                let exp_stat_sn = m.engine.exp_stat_sn();
+                let pdus = m
+                    .engine
+                    .answer_r2t(&r2t)
+                    .expect("no answer for an R2T of a live write");
+                // The sequence covers the R2T's range in order, DataSN from
+                // 0, each PDU within the target's MaxRecvDataSegmentLength,
+                // only the last one final (RFC 7143 §11.7).
+                let mut at = r2t.buffer_offset as usize;
+                for (i, p) in pdus.iter().enumerate() {
+                    let h = &p.header;
+                    assert_eq!((h.itt, h.ttt), (itt, r2t.ttt), "Data-Out tags");
+                    assert_eq!(h.data_sn, i as u32, "Data-Out DataSN");
+                    assert_eq!((h.buffer_offset as usize, p.range.start), (at, at));
+                    assert!(p.range.end > at, "an empty Data-Out");
+                    assert!(
+                        p.range.len() <= (m.limits.target_mrdsl as usize).max(512),
+                        "a Data-Out above the target's MaxRecvDataSegmentLength"
+                    );
+                    assert_eq!(h.final_bit, i + 1 == pdus.len(), "the F bit");
+                    assert_eq!(h.exp_stat_sn, exp_stat_sn);
+                    at = p.range.end;
                 }
-                m.engine.r2t_answered(itt);
+                assert_eq!(
+                    at,
+                    r2t.buffer_offset as usize + r2t.desired_data_transfer_length as usize,
+                    "the Data-Out sequence ends where the R2T's range does"
+                );
             }
             Op::Drain => {
                 let drained = m.engine.drain();

@@ -341,20 +341,11 @@ impl Pair {
     fn carry_out(&mut self, e: Event<u32>) {
         match e {
             Event::R2t { r2t, .. } => {
-                // The whole sequence goes into the pipe at once, its final
-                // Data-Out with it: the R2T is answered (MaxOutstandingR2T).
-                self.engine.r2t_answered(r2t.itt);
-                let start = r2t.buffer_offset as usize;
-                let end = start + r2t.desired_data_transfer_length as usize;
-                let seq = data_out_sequence(
-                    r2t.itt,
-                    self.lun,
-                    r2t.ttt,
-                    start..end,
-                    self.engine.limits().target_mrdsl,
-                    self.engine.exp_stat_sn(),
-                );
-                self.send_sequence(seq);
+                // The whole sequence goes into the pipe at once, as the
+                // session sends it under its writer.
+                if let Some(seq) = self.engine.answer_r2t(&r2t) {
+                    self.send_sequence(seq);
+                }
             }
             Event::Complete { owner, result } => self.complete(owner, result),
             Event::Send(pdu) => self.send(pdu),
