@@ -39,10 +39,23 @@ pub mod fuzzing;
 
 /// An RDMA offload grant bound to a session: its token and its slot in the
 /// target's RDMA service.
-type RdmaGrant = (
-    [u8; blockwire_transport::assist::TOKEN_LEN],
-    Arc<super::rdma::Slot>,
-);
+/// A session's RDMA offload grant: its token, registered with the RDMA
+/// service from just before the final Login Response carries it, stops
+/// working when the grant is dropped. That is at the connection's end, or
+/// with the login itself when it fails, times out or is cut (its portal
+/// closed) before that response is sent: a token no initiator was told
+/// must not stay bound to the session's TSIH.
+struct RdmaGrant {
+    token: [u8; blockwire_transport::assist::TOKEN_LEN],
+    slot: Arc<super::rdma::Slot>,
+    service: Arc<super::rdma::RdmaService>,
+}
+
+impl Drop for RdmaGrant {
+    fn drop(&mut self) {
+        self.service.unregister(&self.token);
+    }
+}
 
 /// A PDU or an instruction for the writer task.
 #[derive(Debug)]
@@ -148,8 +161,10 @@ async fn drive<R: AsyncRead + Unpin>(
     let logged_in = tokio::select! {
         l = login(&fabric, &mut reader, &mut writer, tpgt, local, peer) => l,
         _ = turns_true(&mut cut) => {
+            // Dropped at once, as a cut connection is: nothing queued is
+            // flushed to a peer that may not be reading.
             info!(?peer, "portal closed: connection cut during login");
-            None
+            return;
         }
     };
     drop(slot);
@@ -168,9 +183,7 @@ async fn drive<R: AsyncRead + Unpin>(
             ?peer,
             "session closed or taken over before its full feature phase began: closing"
         );
-        if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
-            svc.unregister(token);
-        }
+        drop(rdma);
         close_after_login(&mut writer).await;
         return;
     }
@@ -187,16 +200,14 @@ async fn drive<R: AsyncRead + Unpin>(
         generation,
         &outcome,
         local,
-        rdma.as_ref().map(|r| r.1.clone()),
+        rdma.as_ref().map(|r| r.slot.clone()),
         std::time::Instant::now(),
     );
     full_feature(
         &fabric, &session, generation, stop, machine, reader, writer, &outcome, local, cut,
     )
     .await;
-    if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
-        svc.unregister(token);
-    }
+    drop(rdma);
     // The session ends with its only connection (ErrorRecoveryLevel 0),
     // unless a logout ended it already.
     fabric.sessions.end(&session, generation);
@@ -276,9 +287,6 @@ async fn login<R: AsyncRead + Unpin>(
                 let rdma = grant_rdma_offload(fabric, pending.session(), &outcome);
                 if let Err(e) = send_login_response(writer, &response, deadline).await {
                     info!(?peer, error = %e, "final Login Response not sent: the session ends");
-                    if let (Some((token, _)), Some(svc)) = (&rdma, fabric.rdma.get()) {
-                        svc.unregister(token);
-                    }
                     return None;
                 }
                 let (session, generation) = pending.begin();
@@ -355,7 +363,11 @@ fn grant_rdma_offload(
     match (outcome.rdma_token, fabric.rdma.get()) {
         (Some(token), Some(svc)) if outcome.params.data_digest != Digest::Crc32c => {
             info!(tsih = session.tsih, "RDMA offload granted");
-            Some((token, svc.register(token, session.tsih)))
+            Some(RdmaGrant {
+                token,
+                slot: svc.register(token, session.tsih),
+                service: svc.clone(),
+            })
         }
         _ => None,
     }

@@ -177,6 +177,12 @@ impl RdmaService {
         slot
     }
 
+    /// Tokens registered now: one per session granted offload whose
+    /// connection has not ended.
+    pub fn registered_tokens(&self) -> usize {
+        self.slots.lock().unwrap().len()
+    }
+
     /// The session ended: its token stops working and its RDMA connection closes.
     pub fn unregister(&self, token: &[u8; TOKEN_LEN]) {
         if let Some(slot) = self.slots.lock().unwrap().remove(token) {

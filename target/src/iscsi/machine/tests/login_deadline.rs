@@ -185,3 +185,82 @@ async fn a_connection_past_the_logins_in_progress_is_closed_at_once() {
         answer.bhs
     );
 }
+
+/// A portal closed while a login's final Login Response, which carries an
+/// RDMA offload grant, waits on a peer that does not read: the grant's
+/// token, registered just before that response, stops working with the
+/// login, where it stayed bound to the session's TSIH for the target's
+/// life.
+#[tokio::test]
+async fn a_login_cut_during_its_final_response_leaves_no_rdma_token() {
+    let fabric = fabric_with(FabricSettings::default());
+    fabric
+        .start_rdma("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let svc = fabric.rdma.get().unwrap().clone();
+    let (served, mut reader, mut writer, keep) = connect_to(fabric.clone(), 64, None);
+    let security = [
+        ("InitiatorName", INITIATOR),
+        ("AuthMethod", "None"),
+        ("SessionType", "Normal"),
+        ("TargetName", TARGET),
+    ];
+    writer
+        .push(&login_pdu(Stage::Security, Stage::Operational, &security))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    let answer = reader.next().await.unwrap().expect("a Login Response");
+    assert!(
+        matches!(answer.bhs, Bhs::LoginResponse(ref l) if l.status == LoginStatus::SUCCESS),
+        "{:?}",
+        answer.bhs
+    );
+    let operational = [
+        (blockwire_transport::assist::OFFLOAD_KEY, "soft"),
+        ("HeaderDigest", "None"),
+        ("DataDigest", "None"),
+        ("MaxRecvDataSegmentLength", "262144"),
+        ("InitialR2T", "No"),
+        ("ImmediateData", "Yes"),
+        ("MaxBurstLength", "262144"),
+        ("FirstBurstLength", "65536"),
+        ("MaxConnections", "1"),
+        ("MaxOutstandingR2T", "1"),
+        ("DefaultTime2Wait", "2"),
+        ("DefaultTime2Retain", "0"),
+        ("DataPDUInOrder", "Yes"),
+        ("DataSequenceInOrder", "Yes"),
+        ("ErrorRecoveryLevel", "0"),
+    ];
+    writer
+        .push(&login_pdu(
+            Stage::Operational,
+            Stage::FullFeature,
+            &operational,
+        ))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    // The final response is larger than the pipe, which is not read.
+    let began = std::time::Instant::now();
+    while svc.registered_tokens() == 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "no grant was registered"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!served.is_finished(), "the final response was sent");
+    keep.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the cut connection ended")
+        .unwrap();
+    assert_eq!(
+        svc.registered_tokens(),
+        0,
+        "the cut login's token still works"
+    );
+}
