@@ -52,6 +52,15 @@ struct RawIser {
 
 impl RawIser {
     async fn connect(portal: std::net::SocketAddr) -> RawIser {
+        RawIser::try_connect(portal)
+            .await
+            .expect("the target accepts the connection")
+    }
+
+    /// [`RawIser::connect`], or the target's refusal.
+    async fn try_connect(
+        portal: std::net::SocketAddr,
+    ) -> Result<RawIser, blockwire_transport::rdma::RdmaError> {
         let p = SoftProvider::default();
         let pd = p.alloc_pd().unwrap();
         let (send_cq, recv_cq) = (p.create_cq(16).unwrap(), p.create_cq(16).unwrap());
@@ -75,7 +84,7 @@ impl RawIser {
             .register(AlignedBuf::new(512), local | AccessFlags::REMOTE_READ)
             .unwrap();
         // RFC 7145 §9.2: no zero-based virtual addresses, no Send with Invalidate.
-        let qp = p.connect(portal, init, &[0xc0, 0, 0, 0]).await.unwrap();
+        let qp = p.connect(portal, init, &[0xc0, 0, 0, 0]).await?;
         let raw = RawIser {
             qp,
             send_cq,
@@ -88,7 +97,21 @@ impl RawIser {
         for i in 0..RECVS {
             raw.post_recv(i);
         }
-        raw
+        Ok(raw)
+    }
+
+    /// Whether the target has closed the connection within `within`: a
+    /// posted receive then completes flushed. The initiator must not be
+    /// expecting a message.
+    async fn closed_within(&self, within: Duration) -> bool {
+        match tokio::time::timeout(within, self.recv_cq.next()).await {
+            Err(_) => false,
+            Ok(c) => {
+                let c = c.unwrap();
+                assert_ne!(c.status, WcStatus::Success, "an unasked-for message");
+                true
+            }
+        }
     }
 
     fn post_recv(&self, i: usize) {
@@ -497,4 +520,42 @@ async fn a_connection_that_ends_during_an_rdma_read_keeps_its_staging_buffer() {
     done.store(true, Ordering::Relaxed);
     assert_eq!(given_up, 0, "staging bytes given up for good");
     host.driver.join().unwrap();
+}
+
+/// The iSER login phase is bounded as a whole, as over TCP: a connection
+/// that sends no login is closed at `login_deadline` (here 1 s), not only
+/// once the wait for one message (`login_timeout`, here a minute) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_iser_login_is_closed_at_its_deadline() {
+    let (_t, portal) = iser_target(FabricSettings {
+        login_timeout: Duration::from_secs(60),
+        login_deadline: Duration::from_secs(1),
+        ..FabricSettings::default()
+    })
+    .await;
+    let raw = RawIser::connect(portal).await;
+    assert!(
+        raw.closed_within(Duration::from_secs(20)).await,
+        "a silent iSER connection was kept past its login deadline"
+    );
+}
+
+/// With room for one iSER login in progress, a second connection is
+/// refused when it asks to connect, before the target registers anything
+/// for it; once the first has logged in, a third is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_iser_connection_past_the_logins_in_progress_is_refused() {
+    let (_t, portal) = iser_target(FabricSettings {
+        max_logins_in_progress: 1,
+        ..FabricSettings::default()
+    })
+    .await;
+    let first = RawIser::connect(portal).await;
+    assert!(
+        RawIser::try_connect(portal).await.is_err(),
+        "a second connection was accepted while the first logs in"
+    );
+    first.log_in("first").await;
+    let third = RawIser::connect(portal).await;
+    third.log_in("third").await;
 }

@@ -27,7 +27,6 @@ use super::io::{
 };
 use super::launch::Launcher;
 use super::login::LoginOutcome;
-use super::login_slots::NoSlot;
 use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
 use super::session::{PendingSession, Session};
 use super::Fabric;
@@ -144,16 +143,9 @@ async fn drive<R: AsyncRead + Unpin>(
     let slot = match fabric.login_slots.take(peer.map(|p| p.ip())) {
         Ok(slot) => slot,
         Err(no_slot) => {
-            let (setting, limit) = match no_slot {
-                NoSlot::Total(n) => ("max_logins_in_progress", n),
-                NoSlot::Address(n) => ("max_logins_in_progress_per_address", n),
-            };
             warn!(
                 ?peer,
-                setting,
-                limit,
-                "connection closed at once: {limit} connections are already in their login phase; \
-                 raise {setting} if that many initiators log in at once"
+                "connection closed at once: {no_slot}; raise that setting if so many initiators log in at once"
             );
             return;
         }
@@ -269,6 +261,8 @@ async fn login<R: AsyncRead + Unpin>(
             }
             LoginAction::Refuse(resp) => {
                 info!(?peer, "login refused");
+                let told = tokio::time::Instant::now() + refusal_delay(&resp);
+                tokio::time::sleep_until(told.min(deadline)).await;
                 let _ = send_login_response(writer, &resp, deadline).await;
                 return None;
             }
@@ -293,6 +287,24 @@ async fn login<R: AsyncRead + Unpin>(
                 return Some((session, generation, outcome, rdma));
             }
         }
+    }
+}
+
+/// How long a login that failed authentication waits before its Login
+/// Response tells it so: each guess at a CHAP secret costs that long on one
+/// connection, and its login slot, rather than one round trip. An
+/// initiator with the right secret never waits.
+pub(super) const AUTHENTICATION_FAILURE_DELAY: Duration = Duration::from_secs(2);
+
+/// How long the refusal `response` waits before it is sent: the
+/// [`AUTHENTICATION_FAILURE_DELAY`] for an authentication failure, else
+/// nothing.
+pub(super) fn refusal_delay(response: &Pdu) -> Duration {
+    match &response.bhs {
+        Bhs::LoginResponse(l) if l.status == blockwire_pdu::LoginStatus::AUTHENTICATION_FAILURE => {
+            AUTHENTICATION_FAILURE_DELAY
+        }
+        _ => Duration::ZERO,
     }
 }
 

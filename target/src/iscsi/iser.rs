@@ -342,6 +342,18 @@ async fn serve(
 ) -> Result<(), String> {
     let peer = req.peer_addr();
     let e = |e: blockwire_transport::rdma::RdmaError| e.to_string();
+    // As over TCP, a connection past the bound on logins in progress is
+    // refused before anything is set up for it (its receive buffers alone
+    // are a registered region of RECVS messages).
+    let slot = match fabric.login_slots.take(Some(peer.ip())) {
+        Ok(slot) => slot,
+        Err(no_slot) => {
+            let _ = req.reject(&[]).await;
+            return Err(format!(
+                "refused: {no_slot}, raise the setting if that many initiators log in at once"
+            ));
+        }
+    };
     let send_cq = provider.create_cq(1024).map_err(e)?;
     let recv_cq = provider.create_cq(RECVS * 2).map_err(e)?;
     let init = QpInit::<AnyProvider> {
@@ -379,7 +391,7 @@ async fn serve(
         waiters,
         next_wr: AtomicU64::new(1),
     });
-    let result = run(&fabric, &wire, &recvs, &recv_cq, local, tpgt).await;
+    let result = run(&fabric, &wire, &recvs, &recv_cq, local, tpgt, slot).await;
     qp.disconnect();
     // What is still posted (a detached RDMA Read, the writer's last Sends)
     // completes now, flushed: the pump must hand those completions over,
@@ -412,6 +424,7 @@ async fn run(
     recv_cq: &AnyCq,
     local: SocketAddr,
     tpgt: u16,
+    login_slot: super::login_slots::LoginSlot,
 ) -> Result<(), String> {
     use rand::SeedableRng;
     let mut phase = LoginPhase::new_iser(
@@ -421,37 +434,58 @@ async fn run(
         rand::rngs::StdRng::from_entropy(),
     );
     let qp = wire.qp.clone();
-    let (session, generation, outcome) = loop {
-        let msg = tokio::time::timeout(fabric.settings.login_timeout, receive(recvs, &qp, recv_cq))
-            .await
-            .map_err(|_| "login timed out".to_string())??
-            .ok_or("connection lost during login")?;
-        let (_, pdu) = parse(&msg)?;
-        match phase.on_pdu(&pdu) {
-            LoginAction::Respond(p) => wire.send(&p).await?,
-            LoginAction::Refuse(p) => {
-                wire.send(&p).await?;
-                return Err("login refused".into());
-            }
-            LoginAction::LoggedIn {
-                response,
-                session,
-                generation,
-                still_changing_medium,
-                outcome,
-            } => {
-                let pending = PendingSession::new(&fabric.sessions, session, generation);
-                super::connection::medium_settled_before_login_ends(
-                    &still_changing_medium,
-                    pending.session(),
-                )
-                .await;
-                wire.send(&response).await?;
-                let (session, generation) = pending.begin();
-                break (session, generation, outcome);
+    // The whole login phase is bounded as over TCP: besides the wait for
+    // each message, a login trickled within it, or whose responses the
+    // peer never completes, ends at the deadline.
+    let deadline = tokio::time::Instant::now() + fabric.settings.login_deadline;
+    let login = async {
+        loop {
+            let wait = fabric
+                .settings
+                .login_timeout
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let msg = tokio::time::timeout(wait, receive(recvs, &qp, recv_cq))
+                .await
+                .map_err(|_| "login timed out".to_string())??
+                .ok_or("connection lost during login")?;
+            let (_, pdu) = parse(&msg)?;
+            match phase.on_pdu(&pdu) {
+                LoginAction::Respond(p) => wire.send(&p).await?,
+                LoginAction::Refuse(p) => {
+                    tokio::time::sleep(super::connection::refusal_delay(&p)).await;
+                    wire.send(&p).await?;
+                    return Err("login refused".into());
+                }
+                LoginAction::LoggedIn {
+                    response,
+                    session,
+                    generation,
+                    still_changing_medium,
+                    outcome,
+                } => {
+                    let pending = PendingSession::new(&fabric.sessions, session, generation);
+                    super::connection::medium_settled_before_login_ends(
+                        &still_changing_medium,
+                        pending.session(),
+                    )
+                    .await;
+                    wire.send(&response).await?;
+                    let (session, generation) = pending.begin();
+                    break Ok::<_, String>((session, generation, outcome));
+                }
             }
         }
     };
+    let (session, generation, outcome) =
+        tokio::time::timeout_at(deadline, login)
+            .await
+            .map_err(|_| {
+                format!(
+                    "login not done within its deadline ({:?}): closed",
+                    fabric.settings.login_deadline
+                )
+            })??;
+    drop(login_slot);
     // Subscribed before the look below: a close, reinstatement or joining
     // connection that came between the attach and here shows in the value.
     let mut stop = session.stop_signal();

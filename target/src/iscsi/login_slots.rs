@@ -37,12 +37,14 @@ pub struct LoginSlot {
 }
 
 /// Why no slot was given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NoSlot {
     /// `max_logins_in_progress` connections of all addresses are logging in.
+    #[error("{0} connections are already in their login phase (max_logins_in_progress)")]
     Total(usize),
     /// `max_logins_in_progress_per_address` connections from this address
     /// are logging in.
+    #[error("{0} connections from this address are already in their login phase (max_logins_in_progress_per_address)")]
     Address(usize),
 }
 

@@ -264,3 +264,44 @@ async fn a_login_cut_during_its_final_response_leaves_no_rdma_token() {
         "the cut login's token still works"
     );
 }
+
+/// A login that fails authentication (here a discovery login offering
+/// AuthMethod=None where discovery requires CHAP) is told so only after
+/// the authentication failure delay, so that guessing a CHAP secret costs
+/// that long a guess; the connection then closes.
+#[tokio::test(start_paused = true)]
+async fn an_authentication_failure_is_answered_after_its_delay() {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let mut catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
+    catalog.discovery_auth.incoming = vec![crate::iscsi::catalog::ChapSecret {
+        user: "discoverer".into(),
+        secret: "discovery-secret".into(),
+    }];
+    let (_, shutdown) = watch::channel(false);
+    let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
+    let (served, mut reader, mut writer, _keep) = connect_to(fabric, 64 << 10, None);
+    let text = encode_text(&[
+        ("InitiatorName", INITIATOR),
+        ("SessionType", "Discovery"),
+        ("AuthMethod", "None"),
+    ])
+    .unwrap();
+    writer.push(&request(text, false)).await.unwrap();
+    writer.flush().await.unwrap();
+    let asked = tokio::time::Instant::now();
+    let answer = reader.next().await.unwrap().expect("a Login Response");
+    assert!(
+        matches!(answer.bhs, Bhs::LoginResponse(ref l) if l.status == LoginStatus::AUTHENTICATION_FAILURE),
+        "{:?}",
+        answer.bhs
+    );
+    assert!(
+        asked.elapsed() >= crate::iscsi::connection::AUTHENTICATION_FAILURE_DELAY,
+        "answered after {:?}",
+        asked.elapsed()
+    );
+    tokio::time::timeout(Duration::from_secs(30), served)
+        .await
+        .expect("the refused connection closed")
+        .unwrap();
+}
