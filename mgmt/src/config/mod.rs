@@ -155,6 +155,8 @@ pub struct FabricConfig {
     /// Discovery sessions open at once; one more login is refused OUT OF
     /// RESOURCES (normal sessions are not counted).
     pub max_discovery_sessions: usize,
+    /// Of those, the most from one initiator address.
+    pub max_discovery_sessions_per_address: usize,
     /// The target's MaxRecvDataSegmentLength.
     pub max_recv_data_segment_length: u32,
     /// HeaderDigest policy: "allow" (the initiator chooses) or "require" (CRC32C only).
@@ -234,6 +236,7 @@ impl Default for FabricConfig {
             max_logins_in_progress: d.max_logins_in_progress,
             max_logins_in_progress_per_address: d.max_logins_in_progress_per_address,
             max_discovery_sessions: d.max_discovery_sessions,
+            max_discovery_sessions_per_address: d.max_discovery_sessions_per_address,
             max_recv_data_segment_length: 262_144,
             header_digest: "allow".into(),
             data_digest: "allow".into(),
@@ -1887,6 +1890,14 @@ fn fabric_settings(
             "max_discovery_sessions",
             format!("{} is not between 1 and 65535", f.max_discovery_sessions),
         ));
+    } else if !(1..=f.max_discovery_sessions).contains(&f.max_discovery_sessions_per_address) {
+        errors.push(ctx.fabric_err(
+            "max_discovery_sessions_per_address",
+            format!(
+                "{} is not between 1 and max_discovery_sessions ({})",
+                f.max_discovery_sessions_per_address, f.max_discovery_sessions
+            ),
+        ));
     }
     if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
         errors.push(ctx.fabric_err(
@@ -1938,6 +1949,7 @@ fn fabric_settings(
         max_logins_in_progress: f.max_logins_in_progress,
         max_logins_in_progress_per_address: f.max_logins_in_progress_per_address,
         max_discovery_sessions: f.max_discovery_sessions,
+        max_discovery_sessions_per_address: f.max_discovery_sessions_per_address,
         zero_copy_send: f.zero_copy_send,
         local_copy_sends: f.local_copy_sends,
         busy_poll: (f.busy_poll_us > 0).then(|| std::time::Duration::from_micros(f.busy_poll_us)),

@@ -2128,19 +2128,22 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
             b.settings.login_deadline,
             b.settings.max_logins_in_progress,
             b.settings.max_logins_in_progress_per_address,
-            b.settings.max_discovery_sessions
+            b.settings.max_discovery_sessions,
+            b.settings.max_discovery_sessions_per_address
         ),
         (
             d.login_timeout,
             d.login_deadline,
             d.max_logins_in_progress,
             d.max_logins_in_progress_per_address,
-            d.max_discovery_sessions
+            d.max_discovery_sessions,
+            d.max_discovery_sessions_per_address
         )
     );
     let b = with_fabric(
         "[fabric]\nlogin_timeout_secs = 5\nlogin_deadline_secs = 20\nmax_logins_in_progress = 64\n\
-         max_logins_in_progress_per_address = 8\nmax_discovery_sessions = 16\n",
+         max_logins_in_progress_per_address = 8\nmax_discovery_sessions = 16\n\
+         max_discovery_sessions_per_address = 4\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -2149,9 +2152,17 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
             b.settings.login_deadline,
             b.settings.max_logins_in_progress,
             b.settings.max_logins_in_progress_per_address,
-            b.settings.max_discovery_sessions
+            b.settings.max_discovery_sessions,
+            b.settings.max_discovery_sessions_per_address
         ),
-        (Duration::from_secs(5), Duration::from_secs(20), 64, 8, 16)
+        (
+            Duration::from_secs(5),
+            Duration::from_secs(20),
+            64,
+            8,
+            16,
+            4
+        )
     );
     for (fabric, field) in [
         ("login_timeout_secs = 0", "login_timeout_secs"),
@@ -2169,6 +2180,10 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
         ),
         ("max_discovery_sessions = 0", "max_discovery_sessions"),
         ("max_discovery_sessions = 65536", "max_discovery_sessions"),
+        (
+            "max_discovery_sessions = 4\nmax_discovery_sessions_per_address = 5",
+            "max_discovery_sessions_per_address",
+        ),
     ] {
         let e = with_fabric(&format!("[fabric]\n{fabric}\n")).unwrap_err();
         assert_eq!(e.field, format!("fabric.{field}"), "{fabric}: {e}");

@@ -1561,6 +1561,7 @@ mod tests {
                 target: Some(target),
                 tpgt: 1,
                 portal: "127.0.0.1:3260".parse().unwrap(),
+                peer: None,
                 params: Default::default(),
             })
             .unwrap();

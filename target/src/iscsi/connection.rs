@@ -222,7 +222,8 @@ async fn login<R: AsyncRead + Unpin>(
         tpgt,
         local,
         rand::rngs::StdRng::from_entropy(),
-    );
+    )
+    .from_peer(peer.map(|p| p.ip()));
     let deadline = tokio::time::Instant::now() + fabric.settings.login_deadline;
     let past_deadline = || {
         info!(

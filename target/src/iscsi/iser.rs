@@ -432,7 +432,8 @@ async fn run(
         tpgt,
         local,
         rand::rngs::StdRng::from_entropy(),
-    );
+    )
+    .from_peer(Some(wire.qp.peer_addr().ip()));
     let qp = wire.qp.clone();
     // The whole login phase is bounded as over TCP: besides the wait for
     // each message, a login trickled within it, or whose responses the

@@ -77,6 +77,9 @@ pub struct FabricSettings {
     /// Discovery sessions that may be open at once; a discovery login past
     /// it is refused OUT OF RESOURCES. Normal sessions are not counted.
     pub max_discovery_sessions: usize,
+    /// Of those, the most from one initiator address, so that one host
+    /// cannot take them all.
+    pub max_discovery_sessions_per_address: usize,
     /// Time initiators get to log out when the target shuts down.
     pub logout_grace: Duration,
     /// The target's MaxRecvDataSegmentLength.
@@ -128,6 +131,7 @@ impl Default for FabricSettings {
             max_logins_in_progress: 1024,
             max_logins_in_progress_per_address: 256,
             max_discovery_sessions: 256,
+            max_discovery_sessions_per_address: 16,
             logout_grace: Duration::from_secs(5),
             max_recv_data_segment_length: 262_144,
             require_header_digest: false,
@@ -201,7 +205,10 @@ impl Fabric {
             settings.max_logins_in_progress_per_address,
         );
         let sessions = SessionTable::default();
-        sessions.limit_discovery_sessions(settings.max_discovery_sessions);
+        sessions.limit_discovery_sessions(
+            settings.max_discovery_sessions,
+            settings.max_discovery_sessions_per_address,
+        );
         let fabric = Arc::new(Fabric {
             catalog: std::sync::RwLock::new(catalog),
             sessions,

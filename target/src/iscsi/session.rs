@@ -34,6 +34,9 @@ pub enum SessionError {
     /// This many discovery sessions are open already.
     #[error("{0} discovery sessions are open already; raise max_discovery_sessions if that many initiators discover at once")]
     TooManyDiscoverySessions(usize),
+    /// This many discovery sessions of the login's address are open already.
+    #[error("{0} discovery sessions from this address are open already; raise max_discovery_sessions_per_address if one host discovers that often at once")]
+    TooManyDiscoverySessionsFromAddress(usize),
 }
 
 /// A SCSI task the session is running, as task management sees it.
@@ -206,6 +209,8 @@ pub struct Session {
     pub params: SessionParams,
     /// Portal group tag of the connection's portal.
     pub tpgt: u16,
+    /// The initiator's address at login, where the connection had one.
+    pub peer: Option<std::net::IpAddr>,
     /// The portal (local address) of the current connection.
     portal: Mutex<std::net::SocketAddr>,
     /// CID of the current connection.
@@ -301,7 +306,14 @@ struct TableInner {
     /// The most discovery sessions open at once (None: no bound). Each
     /// holds a connection and its task; a host opening them without end
     /// would otherwise hold memory without end, and every TSIH.
-    discovery_limit: Option<usize>,
+    discovery_limit: Option<DiscoveryLimit>,
+}
+
+/// The most discovery sessions open at once: in all, and from one address.
+#[derive(Debug, Clone, Copy)]
+struct DiscoveryLimit {
+    total: usize,
+    per_address: usize,
 }
 
 #[derive(Debug)]
@@ -342,6 +354,8 @@ pub struct SessionRequest {
     pub tpgt: u16,
     /// The local address (portal) the login came through.
     pub portal: std::net::SocketAddr,
+    /// The initiator's address, where the connection has one.
+    pub peer: Option<std::net::IpAddr>,
     /// Negotiated parameters.
     pub params: SessionParams,
 }
@@ -440,13 +454,16 @@ impl Drop for PendingSession<'_> {
 }
 
 impl SessionTable {
-    /// At most `limit` discovery sessions at once from now on; a discovery
-    /// login past it is refused ([`SessionError::TooManyDiscoverySessions`]).
-    pub fn limit_discovery_sessions(&self, limit: usize) {
+    /// At most `total` discovery sessions at once from now on, and
+    /// `per_address` of them from one initiator address; a discovery login
+    /// past either is refused ([`SessionError::TooManyDiscoverySessions`],
+    /// [`SessionError::TooManyDiscoverySessionsFromAddress`]). The share
+    /// keeps one host from taking every discovery session there is.
+    pub fn limit_discovery_sessions(&self, total: usize, per_address: usize) {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .discovery_limit = Some(limit);
+            .discovery_limit = Some(DiscoveryLimit { total, per_address });
     }
 
     /// Creates a session, reinstating any with the same initiator, ISID and
@@ -534,13 +551,18 @@ impl SessionTable {
         if let (None, Some(limit)) = (&req.target, inner.discovery_limit) {
             // Counted after the reinstatement above: a discovery login that
             // takes over its own session still opens.
-            let open = inner
-                .by_tsih
-                .values()
-                .filter(|s| s.target.is_none())
-                .count();
-            if open >= limit {
-                return Err(SessionError::TooManyDiscoverySessions(limit));
+            let (mut open, mut from_peer) = (0, 0);
+            for s in inner.by_tsih.values().filter(|s| s.target.is_none()) {
+                open += 1;
+                from_peer += usize::from(req.peer.is_some() && s.peer == req.peer);
+            }
+            if open >= limit.total {
+                return Err(SessionError::TooManyDiscoverySessions(limit.total));
+            }
+            if from_peer >= limit.per_address {
+                return Err(SessionError::TooManyDiscoverySessionsFromAddress(
+                    limit.per_address,
+                ));
             }
         }
         let tsih = Self::free_tsih(inner).ok_or(SessionError::OutOfResources)?;
@@ -561,6 +583,7 @@ impl SessionTable {
             nexus,
             params: req.params,
             tpgt: req.tpgt,
+            peer: req.peer,
             portal: Mutex::new(req.portal),
             cid: Mutex::new(req.cid),
             stop,
@@ -812,6 +835,7 @@ mod tests {
             target: target.cloned(),
             tpgt,
             portal: "127.0.0.1:3260".parse().unwrap(),
+            peer: None,
             params: Default::default(),
         }
     }
@@ -841,7 +865,7 @@ mod tests {
     #[test]
     fn discovery_sessions_past_the_limit_are_refused() {
         let table = SessionTable::default();
-        table.limit_discovery_sessions(2);
+        table.limit_discovery_sessions(2, 2);
         let t = target(
             "iqn.2026-11.test:one",
             Acl::Any,
@@ -865,6 +889,35 @@ mod tests {
         assert!(table
             .attach(request("iqn.2026-11.test:host-d", 1, 0, None, 1))
             .is_err());
+    }
+
+    /// One address holds at most its share of the discovery sessions,
+    /// whatever names its logins give; other addresses still find room,
+    /// and a connection without an address counts in the total only.
+    #[test]
+    fn one_address_holds_at_most_its_share_of_discovery_sessions() {
+        let table = SessionTable::default();
+        table.limit_discovery_sessions(5, 2);
+        let from = |initiator: &str, last: u8| {
+            let mut r = request(initiator, 1, 0, None, 1);
+            r.peer = Some(std::net::IpAddr::from([192, 0, 2, last]));
+            table.attach(r)
+        };
+        let _a1 = from("iqn.2026-11.test:a1", 1).unwrap();
+        let a2 = from("iqn.2026-11.test:a2", 1).unwrap();
+        assert_eq!(
+            from("iqn.2026-11.test:a3", 1).unwrap_err(),
+            SessionError::TooManyDiscoverySessionsFromAddress(2)
+        );
+        let _b = from("iqn.2026-11.test:b", 2).unwrap();
+        let _none = login(&table, "iqn.2026-11.test:c", 1, None);
+        table.end(&a2, a2.generation());
+        let _a3 = from("iqn.2026-11.test:a3", 1).unwrap();
+        let _b2 = from("iqn.2026-11.test:b2", 2).unwrap();
+        assert_eq!(
+            from("iqn.2026-11.test:d", 3).unwrap_err(),
+            SessionError::TooManyDiscoverySessions(5)
+        );
     }
 
     #[test]

@@ -352,6 +352,7 @@ mod tests {
                 target: None,
                 tpgt: 1,
                 portal: "127.0.0.1:3260".parse().unwrap(),
+                peer: None,
                 params: Default::default(),
             })
             .unwrap()

@@ -43,9 +43,17 @@ pub(in crate::iscsi) struct LoginPhase {
     machine: LoginMachine,
     tpgt: u16,
     local: SocketAddr,
+    /// The initiator's address, where the connection has one.
+    peer: Option<std::net::IpAddr>,
 }
 
 impl LoginPhase {
+    /// This login phase for a connection from `peer`.
+    pub(in crate::iscsi) fn from_peer(mut self, peer: Option<std::net::IpAddr>) -> LoginPhase {
+        self.peer = peer;
+        self
+    }
+
     /// The login phase of a connection accepted on `local` in portal group
     /// `tpgt`; `rng` makes CHAP challenges.
     pub(in crate::iscsi) fn new<R: RngCore + Send + 'static>(
@@ -98,6 +106,7 @@ impl LoginPhase {
             machine,
             tpgt,
             local,
+            peer: None,
         }
     }
 
@@ -170,6 +179,7 @@ impl LoginPhase {
             target: outcome.target.clone(),
             tpgt: self.tpgt,
             portal: self.local,
+            peer: self.peer,
             params: outcome.params.clone(),
         };
         let attached = self.fabric.sessions.attach_connection(request);
@@ -199,7 +209,9 @@ impl LoginPhase {
                 let status = match e {
                     SessionError::DoesNotExist(_) => LoginStatus::SESSION_DOES_NOT_EXIST,
                     SessionError::TooManyConnections => LoginStatus::TOO_MANY_CONNECTIONS,
-                    SessionError::OutOfResources | SessionError::TooManyDiscoverySessions(_) => {
+                    SessionError::OutOfResources
+                    | SessionError::TooManyDiscoverySessions(_)
+                    | SessionError::TooManyDiscoverySessionsFromAddress(_) => {
                         LoginStatus::OUT_OF_RESOURCES
                     }
                 };

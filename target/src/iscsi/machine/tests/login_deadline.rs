@@ -305,3 +305,66 @@ async fn an_authentication_failure_is_answered_after_its_delay() {
         .expect("the refused connection closed")
         .unwrap();
 }
+
+/// A discovery login of `initiator` over a pipe as if from `peer`: the status of the
+/// Login Response that ends it (SUCCESS once in full feature phase), and
+/// the connection's ends, kept open so that its session stays.
+async fn discovery_login(
+    fabric: &Arc<Fabric>,
+    initiator: &str,
+    peer: std::net::SocketAddr,
+) -> (LoginStatus, Ends) {
+    let mut ends = connect_to(fabric.clone(), 64 << 10, Some(peer));
+    let security = [
+        ("InitiatorName", initiator),
+        ("SessionType", "Discovery"),
+        ("AuthMethod", "None"),
+    ];
+    let operational = [
+        ("HeaderDigest", "None"),
+        ("DataDigest", "None"),
+        ("MaxRecvDataSegmentLength", "8192"),
+    ];
+    for (pdu, last) in [
+        (
+            login_pdu(Stage::Security, Stage::Operational, &security),
+            false,
+        ),
+        (
+            login_pdu(Stage::Operational, Stage::FullFeature, &operational),
+            true,
+        ),
+    ] {
+        ends.2.push(&pdu).await.unwrap();
+        ends.2.flush().await.unwrap();
+        let answer = ends.1.next().await.unwrap().expect("a Login Response");
+        let Bhs::LoginResponse(l) = answer.bhs else {
+            panic!("{:?}", answer.bhs)
+        };
+        if l.status != LoginStatus::SUCCESS || last {
+            assert!(!last || l.status != LoginStatus::SUCCESS || l.transit);
+            return (l.status, ends);
+        }
+    }
+    unreachable!()
+}
+
+/// The address a connection comes from reaches the session table: one
+/// address opens at most its share of discovery sessions, and another
+/// address still opens one.
+#[tokio::test(start_paused = true)]
+async fn a_discovery_login_past_its_addresss_share_is_refused() {
+    let fabric = fabric_with(FabricSettings {
+        max_discovery_sessions_per_address: 1,
+        ..FabricSettings::default()
+    });
+    let from = |last: u8| std::net::SocketAddr::from(([192, 0, 2, last], 50000));
+    // Initiators of other names: the same name and ISID would reinstate
+    // the first session, not open a second.
+    let (first, _kept) = discovery_login(&fabric, "iqn.2026-11.test:one", from(1)).await;
+    assert_eq!(first, LoginStatus::SUCCESS);
+    let (second, _) = discovery_login(&fabric, "iqn.2026-11.test:two", from(1)).await;
+    assert_eq!(second, LoginStatus::OUT_OF_RESOURCES);
+    let (other, _kept_too) = discovery_login(&fabric, "iqn.2026-11.test:three", from(2)).await;
+    assert_eq!(other, LoginStatus::SUCCESS);
+}
