@@ -1867,37 +1867,36 @@ fn fabric_settings(
             ),
         ));
     }
-    if !(1..=LOGINS_IN_PROGRESS_MAX).contains(&f.max_logins_in_progress) {
-        errors.push(ctx.fabric_err(
-            "max_logins_in_progress",
-            format!(
-                "{} is not between 1 and {LOGINS_IN_PROGRESS_MAX}",
-                f.max_logins_in_progress
+    // Each bound with its per-address share. Discovery sessions go up to
+    // 65 535: a session is named by a TSIH of 16 bits, 0 being none.
+    for (total, most, share) in [
+        (
+            ("max_logins_in_progress", f.max_logins_in_progress),
+            LOGINS_IN_PROGRESS_MAX,
+            (
+                "max_logins_in_progress_per_address",
+                f.max_logins_in_progress_per_address,
             ),
-        ));
-    } else if !(1..=f.max_logins_in_progress).contains(&f.max_logins_in_progress_per_address) {
-        errors.push(ctx.fabric_err(
-            "max_logins_in_progress_per_address",
-            format!(
-                "{} is not between 1 and max_logins_in_progress ({})",
-                f.max_logins_in_progress_per_address, f.max_logins_in_progress
+        ),
+        (
+            ("max_discovery_sessions", f.max_discovery_sessions),
+            65_535,
+            (
+                "max_discovery_sessions_per_address",
+                f.max_discovery_sessions_per_address,
             ),
-        ));
-    }
-    // A session is named by a TSIH of 16 bits, 0 being none.
-    if !(1..=65_535).contains(&f.max_discovery_sessions) {
-        errors.push(ctx.fabric_err(
-            "max_discovery_sessions",
-            format!("{} is not between 1 and 65535", f.max_discovery_sessions),
-        ));
-    } else if !(1..=f.max_discovery_sessions).contains(&f.max_discovery_sessions_per_address) {
-        errors.push(ctx.fabric_err(
-            "max_discovery_sessions_per_address",
-            format!(
-                "{} is not between 1 and max_discovery_sessions ({})",
-                f.max_discovery_sessions_per_address, f.max_discovery_sessions
-            ),
-        ));
+        ),
+    ] {
+        // A bound of 0 would refuse everyone; a share is at most the whole.
+        if !(1..=most).contains(&total.1) {
+            errors
+                .push(ctx.fabric_err(total.0, format!("{} is not between 1 and {most}", total.1)));
+        } else if !(1..=total.1).contains(&share.1) {
+            errors.push(ctx.fabric_err(
+                share.0,
+                format!("{} is not between 1 and {} ({})", share.1, total.0, total.1),
+            ));
+        }
     }
     if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
         errors.push(ctx.fabric_err(
