@@ -150,13 +150,16 @@ pub struct FabricConfig {
     /// closed as soon as it is accepted.
     pub max_logins_in_progress: usize,
     /// Of those, the most from one address, so that one host cannot take
-    /// every place.
-    pub max_logins_in_progress_per_address: usize,
+    /// every place. Unset: the target's default, or the total if that is
+    /// lower.
+    pub max_logins_in_progress_per_address: Option<usize>,
     /// Discovery sessions open at once; one more login is refused OUT OF
     /// RESOURCES (normal sessions are not counted).
     pub max_discovery_sessions: usize,
-    /// Of those, the most from one initiator address.
-    pub max_discovery_sessions_per_address: usize,
+    /// Of those, the most from one initiator address (initiators behind
+    /// one NAT address share it). Unset: the target's default, or the
+    /// total if that is lower.
+    pub max_discovery_sessions_per_address: Option<usize>,
     /// The target's MaxRecvDataSegmentLength.
     pub max_recv_data_segment_length: u32,
     /// HeaderDigest policy: "allow" (the initiator chooses) or "require" (CRC32C only).
@@ -234,9 +237,9 @@ impl Default for FabricConfig {
             login_timeout_secs: d.login_timeout.as_secs(),
             login_deadline_secs: d.login_deadline.as_secs(),
             max_logins_in_progress: d.max_logins_in_progress,
-            max_logins_in_progress_per_address: d.max_logins_in_progress_per_address,
+            max_logins_in_progress_per_address: None,
             max_discovery_sessions: d.max_discovery_sessions,
-            max_discovery_sessions_per_address: d.max_discovery_sessions_per_address,
+            max_discovery_sessions_per_address: None,
             max_recv_data_segment_length: 262_144,
             header_digest: "allow".into(),
             data_digest: "allow".into(),
@@ -1869,35 +1872,44 @@ fn fabric_settings(
     }
     // Each bound with its per-address share. Discovery sessions go up to
     // 65 535: a session is named by a TSIH of 16 bits, 0 being none.
-    for (total, most, share) in [
-        (
-            ("max_logins_in_progress", f.max_logins_in_progress),
-            LOGINS_IN_PROGRESS_MAX,
-            (
-                "max_logins_in_progress_per_address",
-                f.max_logins_in_progress_per_address,
-            ),
-        ),
-        (
-            ("max_discovery_sessions", f.max_discovery_sessions),
-            65_535,
-            (
-                "max_discovery_sessions_per_address",
-                f.max_discovery_sessions_per_address,
-            ),
-        ),
-    ] {
-        // A bound of 0 would refuse everyone; a share is at most the whole.
+    let d = FabricSettings::default();
+    let mut share_of = |total: (&str, usize), most: usize, share: (&str, Option<usize>, usize)| {
+        // A bound of 0 would refuse everyone; a share is at most the whole,
+        // and one left unset is the default's, or the whole if that is less.
         if !(1..=most).contains(&total.1) {
             errors
                 .push(ctx.fabric_err(total.0, format!("{} is not between 1 and {most}", total.1)));
-        } else if !(1..=total.1).contains(&share.1) {
-            errors.push(ctx.fabric_err(
-                share.0,
-                format!("{} is not between 1 and {} ({})", share.1, total.0, total.1),
-            ));
         }
-    }
+        match share.1 {
+            Some(n) if !(1..=total.1).contains(&n) => {
+                errors.push(ctx.fabric_err(
+                    share.0,
+                    format!("{n} is not between 1 and {} ({})", total.0, total.1),
+                ));
+                1
+            }
+            Some(n) => n,
+            None => share.2.min(total.1),
+        }
+    };
+    let logins_per_address = share_of(
+        ("max_logins_in_progress", f.max_logins_in_progress),
+        LOGINS_IN_PROGRESS_MAX,
+        (
+            "max_logins_in_progress_per_address",
+            f.max_logins_in_progress_per_address,
+            d.max_logins_in_progress_per_address,
+        ),
+    );
+    let discovery_per_address = share_of(
+        ("max_discovery_sessions", f.max_discovery_sessions),
+        65_535,
+        (
+            "max_discovery_sessions_per_address",
+            f.max_discovery_sessions_per_address,
+            d.max_discovery_sessions_per_address,
+        ),
+    );
     if !(512..=16_777_215).contains(&f.max_recv_data_segment_length) {
         errors.push(ctx.fabric_err(
             "max_recv_data_segment_length",
@@ -1946,9 +1958,9 @@ fn fabric_settings(
         login_timeout: std::time::Duration::from_secs(f.login_timeout_secs),
         login_deadline: std::time::Duration::from_secs(f.login_deadline_secs),
         max_logins_in_progress: f.max_logins_in_progress,
-        max_logins_in_progress_per_address: f.max_logins_in_progress_per_address,
+        max_logins_in_progress_per_address: logins_per_address,
         max_discovery_sessions: f.max_discovery_sessions,
-        max_discovery_sessions_per_address: f.max_discovery_sessions_per_address,
+        max_discovery_sessions_per_address: discovery_per_address,
         zero_copy_send: f.zero_copy_send,
         local_copy_sends: f.local_copy_sends,
         busy_poll: (f.busy_poll_us > 0).then(|| std::time::Duration::from_micros(f.busy_poll_us)),

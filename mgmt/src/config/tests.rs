@@ -2181,6 +2181,10 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
         ("max_discovery_sessions = 0", "max_discovery_sessions"),
         ("max_discovery_sessions = 65536", "max_discovery_sessions"),
         (
+            "max_discovery_sessions = 4\nmax_discovery_sessions_per_address = 0",
+            "max_discovery_sessions_per_address",
+        ),
+        (
             "max_discovery_sessions = 4\nmax_discovery_sessions_per_address = 5",
             "max_discovery_sessions_per_address",
         ),
@@ -2188,4 +2192,15 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
         let e = with_fabric(&format!("[fabric]\n{fabric}\n")).unwrap_err();
         assert_eq!(e.field, format!("fabric.{field}"), "{fabric}: {e}");
     }
+    // A total set below its share's default, the share left unset: the
+    // share is the whole, where the load failed naming a key never set.
+    let b = with_fabric("[fabric]\nmax_logins_in_progress = 100\nmax_discovery_sessions = 8\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            b.settings.max_logins_in_progress_per_address,
+            b.settings.max_discovery_sessions_per_address
+        ),
+        (100, 8)
+    );
 }

@@ -262,7 +262,8 @@ async fn login<R: AsyncRead + Unpin>(
             }
             LoginAction::Refuse(resp) => {
                 info!(?peer, "login refused");
-                let told = tokio::time::Instant::now() + refusal_delay(&resp);
+                let now = tokio::time::Instant::now();
+                let told = now + refusal_delay(fabric, peer.map(|p| p.ip()), &resp, now);
                 tokio::time::sleep_until(told.min(deadline)).await;
                 let _ = send_login_response(writer, &resp, deadline).await;
                 return None;
@@ -291,19 +292,19 @@ async fn login<R: AsyncRead + Unpin>(
     }
 }
 
-/// How long a login that failed authentication waits before its Login
-/// Response tells it so: each guess at a CHAP secret costs that long on one
-/// connection, and its login slot, rather than one round trip. An
-/// initiator with the right secret never waits.
-pub(super) const AUTHENTICATION_FAILURE_DELAY: Duration = Duration::from_secs(2);
-
-/// How long the refusal `response` waits before it is sent: the
-/// [`AUTHENTICATION_FAILURE_DELAY`] for an authentication failure, else
-/// nothing.
-pub(super) fn refusal_delay(response: &Pdu) -> Duration {
+/// How long the refusal `response` to a login from `peer` waits, at `now`,
+/// before it is sent: for an authentication failure, the delay of that
+/// address's failures (see [`super::auth_failures`]), so that guessing a
+/// CHAP secret gets slower with each guess; else nothing.
+pub(super) fn refusal_delay(
+    fabric: &Fabric,
+    peer: Option<std::net::IpAddr>,
+    response: &Pdu,
+    now: tokio::time::Instant,
+) -> Duration {
     match &response.bhs {
         Bhs::LoginResponse(l) if l.status == blockwire_pdu::LoginStatus::AUTHENTICATION_FAILURE => {
-            AUTHENTICATION_FAILURE_DELAY
+            fabric.auth_failures.failed(peer, now)
         }
         _ => Duration::ZERO,
     }

@@ -435,57 +435,61 @@ async fn run(
     )
     .from_peer(Some(wire.qp.peer_addr().ip()));
     let qp = wire.qp.clone();
-    // The whole login phase is bounded as over TCP: besides the wait for
-    // each message, a login trickled within it, or whose responses the
-    // peer never completes, ends at the deadline.
+    // The whole login phase is bounded as over TCP: each wait for the next
+    // message ends at the deadline at the latest, so a login trickled
+    // within the per-message timeout still ends there. Sends are never
+    // cancelled: a Send's staging buffer must not go back to the shared
+    // pool while its work request is posted (see `Wire::post`); each is
+    // bounded by its own completion wait and the teardown.
     let deadline = tokio::time::Instant::now() + fabric.settings.login_deadline;
-    let login = async {
-        loop {
-            let wait = fabric
-                .settings
-                .login_timeout
-                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-            let msg = tokio::time::timeout(wait, receive(recvs, &qp, recv_cq))
-                .await
-                .map_err(|_| "login timed out".to_string())??
-                .ok_or("connection lost during login")?;
-            let (_, pdu) = parse(&msg)?;
-            match phase.on_pdu(&pdu) {
-                LoginAction::Respond(p) => wire.send(&p).await?,
-                LoginAction::Refuse(p) => {
-                    tokio::time::sleep(super::connection::refusal_delay(&p)).await;
-                    wire.send(&p).await?;
-                    return Err("login refused".into());
-                }
-                LoginAction::LoggedIn {
-                    response,
-                    session,
-                    generation,
-                    still_changing_medium,
-                    outcome,
-                } => {
-                    let pending = PendingSession::new(&fabric.sessions, session, generation);
-                    super::connection::medium_settled_before_login_ends(
-                        &still_changing_medium,
-                        pending.session(),
-                    )
-                    .await;
-                    wire.send(&response).await?;
-                    let (session, generation) = pending.begin();
-                    break Ok::<_, String>((session, generation, outcome));
-                }
-            }
-        }
-    };
-    let (session, generation, outcome) =
-        tokio::time::timeout_at(deadline, login)
-            .await
-            .map_err(|_| {
+    let (session, generation, outcome) = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let msg = tokio::time::timeout(
+            fabric.settings.login_timeout.min(left),
+            receive(recvs, &qp, recv_cq),
+        )
+        .await
+        .map_err(|_| {
+            if tokio::time::Instant::now() >= deadline {
                 format!(
                     "login not done within its deadline ({:?}): closed",
                     fabric.settings.login_deadline
                 )
-            })??;
+            } else {
+                "login timed out".to_string()
+            }
+        })??
+        .ok_or("connection lost during login")?;
+        let (_, pdu) = parse(&msg)?;
+        match phase.on_pdu(&pdu) {
+            LoginAction::Respond(p) => wire.send(&p).await?,
+            LoginAction::Refuse(p) => {
+                let now = tokio::time::Instant::now();
+                let peer = Some(wire.qp.peer_addr().ip());
+                let delay = super::connection::refusal_delay(fabric, peer, &p, now);
+                tokio::time::sleep_until((now + delay).min(deadline)).await;
+                wire.send(&p).await?;
+                return Err("login refused".into());
+            }
+            LoginAction::LoggedIn {
+                response,
+                session,
+                generation,
+                still_changing_medium,
+                outcome,
+            } => {
+                let pending = PendingSession::new(&fabric.sessions, session, generation);
+                super::connection::medium_settled_before_login_ends(
+                    &still_changing_medium,
+                    pending.session(),
+                )
+                .await;
+                wire.send(&response).await?;
+                let (session, generation) = pending.begin();
+                break (session, generation, outcome);
+            }
+        }
+    };
     drop(login_slot);
     // Subscribed before the look below: a close, reinstatement or joining
     // connection that came between the attach and here shows in the value.

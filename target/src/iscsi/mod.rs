@@ -1,6 +1,7 @@
 //! The iSCSI fabric: portals, login, authentication, discovery, sessions
 //! and the command lifecycle over TCP.
 
+pub mod auth_failures;
 pub mod batch_nap;
 pub mod budget;
 pub mod busy_poll;
@@ -78,7 +79,7 @@ pub struct FabricSettings {
     /// it is refused OUT OF RESOURCES. Normal sessions are not counted.
     pub max_discovery_sessions: usize,
     /// Of those, the most from one initiator address, so that one host
-    /// cannot take them all.
+    /// cannot take them all (initiators behind one NAT address share it).
     pub max_discovery_sessions_per_address: usize,
     /// Time initiators get to log out when the target shuts down.
     pub logout_grace: Duration,
@@ -131,7 +132,7 @@ impl Default for FabricSettings {
             max_logins_in_progress: 1024,
             max_logins_in_progress_per_address: 256,
             max_discovery_sessions: 256,
-            max_discovery_sessions_per_address: 16,
+            max_discovery_sessions_per_address: 64,
             logout_grace: Duration::from_secs(5),
             max_recv_data_segment_length: 262_144,
             require_header_digest: false,
@@ -164,6 +165,8 @@ pub struct Fabric {
     pub settings: FabricSettings,
     /// Connections in their login phase (see [`login_slots`]).
     pub login_slots: Arc<login_slots::LoginSlots>,
+    /// Failed authentications by address (see [`auth_failures`]).
+    pub auth_failures: auth_failures::AuthFailures,
     /// Turns true when the daemon shuts down.
     pub shutdown: watch::Receiver<bool>,
     /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
@@ -213,6 +216,7 @@ impl Fabric {
             catalog: std::sync::RwLock::new(catalog),
             sessions,
             login_slots,
+            auth_failures: auth_failures::AuthFailures::default(),
             admissions: std::sync::Mutex::new(()),
             settings,
             shutdown,

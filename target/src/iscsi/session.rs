@@ -529,6 +529,28 @@ impl SessionTable {
             s.stop_connection();
             return Ok(s);
         }
+        if let (None, Some(limit)) = (&req.target, inner.discovery_limit) {
+            // Counted before the reinstatement below, leaving out the
+            // sessions it ends: a discovery login that takes over its own
+            // session still opens, and one that is refused ends nothing.
+            let (mut open, mut from_peer) = (0, 0);
+            for s in inner
+                .by_tsih
+                .values()
+                .filter(|s| s.target.is_none() && !req.names_the_nexus_of(s))
+            {
+                open += 1;
+                from_peer += usize::from(req.peer.is_some() && s.peer == req.peer);
+            }
+            if open >= limit.total {
+                return Err(SessionError::TooManyDiscoverySessions(limit.total));
+            }
+            if from_peer >= limit.per_address {
+                return Err(SessionError::TooManyDiscoverySessionsFromAddress(
+                    limit.per_address,
+                ));
+            }
+        }
         // Session reinstatement: the same I_T nexus logs in afresh (RFC 7143
         // §6.3.5). Targets compare by name (a live configuration change
         // builds new entries for the targets it keeps).
@@ -546,23 +568,6 @@ impl SessionTable {
                 still_changing_medium.extend(s.tasks.abort_where(|_, _| true).changing_medium);
                 s.release_nexus();
                 s.stop_connection();
-            }
-        }
-        if let (None, Some(limit)) = (&req.target, inner.discovery_limit) {
-            // Counted after the reinstatement above: a discovery login that
-            // takes over its own session still opens.
-            let (mut open, mut from_peer) = (0, 0);
-            for s in inner.by_tsih.values().filter(|s| s.target.is_none()) {
-                open += 1;
-                from_peer += usize::from(req.peer.is_some() && s.peer == req.peer);
-            }
-            if open >= limit.total {
-                return Err(SessionError::TooManyDiscoverySessions(limit.total));
-            }
-            if from_peer >= limit.per_address {
-                return Err(SessionError::TooManyDiscoverySessionsFromAddress(
-                    limit.per_address,
-                ));
             }
         }
         let tsih = Self::free_tsih(inner).ok_or(SessionError::OutOfResources)?;
@@ -913,11 +918,20 @@ mod tests {
         let _none = login(&table, "iqn.2026-11.test:c", 1, None);
         table.end(&a2, a2.generation());
         let _a3 = from("iqn.2026-11.test:a3", 1).unwrap();
-        let _b2 = from("iqn.2026-11.test:b2", 2).unwrap();
+        let b2 = from("iqn.2026-11.test:b2", 2).unwrap();
         assert_eq!(
             from("iqn.2026-11.test:d", 3).unwrap_err(),
             SessionError::TooManyDiscoverySessions(5)
         );
+        // The nexus of `b2` logging in again from a full address: it
+        // would reinstate `b2`, but is refused, and `b2` goes on.
+        let mut again = request("iqn.2026-11.test:b2", 1, 0, None, 1);
+        again.peer = Some(std::net::IpAddr::from([192, 0, 2, 1]));
+        assert_eq!(
+            table.attach(again).unwrap_err(),
+            SessionError::TooManyDiscoverySessionsFromAddress(2)
+        );
+        assert!(table.holds(&b2), "a refused login ended a session");
     }
 
     #[test]

@@ -266,9 +266,9 @@ async fn a_login_cut_during_its_final_response_leaves_no_rdma_token() {
 }
 
 /// A login that fails authentication (here a discovery login offering
-/// AuthMethod=None where discovery requires CHAP) is told so only after
-/// the authentication failure delay, so that guessing a CHAP secret costs
-/// that long a guess; the connection then closes.
+/// AuthMethod=None where discovery requires CHAP) is told so only after a
+/// delay that doubles with each failure from its address: 2 s, 4 s, 8 s,
+/// while another address starts at 2 s. The connection then closes.
 #[tokio::test(start_paused = true)]
 async fn an_authentication_failure_is_answered_after_its_delay() {
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
@@ -279,31 +279,32 @@ async fn an_authentication_failure_is_answered_after_its_delay() {
     }];
     let (_, shutdown) = watch::channel(false);
     let fabric = Fabric::new(Arc::new(catalog), FabricSettings::default(), shutdown);
-    let (served, mut reader, mut writer, _keep) = connect_to(fabric, 64 << 10, None);
-    let text = encode_text(&[
-        ("InitiatorName", INITIATOR),
-        ("SessionType", "Discovery"),
-        ("AuthMethod", "None"),
-    ])
-    .unwrap();
-    writer.push(&request(text, false)).await.unwrap();
-    writer.flush().await.unwrap();
-    let asked = tokio::time::Instant::now();
-    let answer = reader.next().await.unwrap().expect("a Login Response");
-    assert!(
-        matches!(answer.bhs, Bhs::LoginResponse(ref l) if l.status == LoginStatus::AUTHENTICATION_FAILURE),
-        "{:?}",
-        answer.bhs
-    );
-    assert!(
-        asked.elapsed() >= crate::iscsi::connection::AUTHENTICATION_FAILURE_DELAY,
-        "answered after {:?}",
-        asked.elapsed()
-    );
-    tokio::time::timeout(Duration::from_secs(30), served)
-        .await
-        .expect("the refused connection closed")
+    let from = |last: u8| Some(std::net::SocketAddr::from(([198, 51, 100, last], 50000)));
+    let mut waited = Vec::new();
+    for peer in [from(1), from(1), from(1), from(2)] {
+        let (served, mut reader, mut writer, _keep) = connect_to(fabric.clone(), 64 << 10, peer);
+        let text = encode_text(&[
+            ("InitiatorName", INITIATOR),
+            ("SessionType", "Discovery"),
+            ("AuthMethod", "None"),
+        ])
         .unwrap();
+        writer.push(&request(text, false)).await.unwrap();
+        writer.flush().await.unwrap();
+        let asked = tokio::time::Instant::now();
+        let answer = reader.next().await.unwrap().expect("a Login Response");
+        assert!(
+            matches!(answer.bhs, Bhs::LoginResponse(ref l) if l.status == LoginStatus::AUTHENTICATION_FAILURE),
+            "{:?}",
+            answer.bhs
+        );
+        waited.push(asked.elapsed().as_secs());
+        tokio::time::timeout(Duration::from_secs(30), served)
+            .await
+            .expect("the refused connection closed")
+            .unwrap();
+    }
+    assert_eq!(waited, [2, 4, 8, 2], "seconds before each refusal");
 }
 
 /// A discovery login of `initiator` over a pipe as if from `peer`: the status of the
