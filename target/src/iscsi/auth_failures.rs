@@ -1,19 +1,23 @@
-//! Failed authentications remembered per initiator address, so that
-//! guessing a CHAP secret gets slower with each wrong guess.
+//! Failed authentications answered one at a time per initiator address, so
+//! that guessing a CHAP secret over many connections at once is no faster
+//! than over one.
 //!
 //! A login that fails authentication (Login Response status 0x0201) is told
-//! so only after a delay: 2 s for an address's first failure, doubling with
-//! each further failure from that address, up to a minute, and forgotten
-//! ten minutes after its last failure. The delay holds the guessing
-//! connection and its login slot, so one address, whatever the number of
-//! connections it opens, soon makes only a few guesses a minute. A login
-//! with the right secret is never delayed, and a success does not clear an
-//! address's failures (a host could otherwise clear them with a login to
-//! an open target between guesses).
+//! so [`DELAY`] after the address's previous failure was told, and no
+//! sooner than [`DELAY`] after it failed. An initiator that fails, is told,
+//! and tries again (an administrator with a mistyped secret) waits 2 s each
+//! time, well within every initiator's login timeout (ESXi's is 5 s). A
+//! host that sends many guesses at once gets their answers 2 s apart, each
+//! holding its connection and login slot until then: about one guess per
+//! 2 s, however many connections it opens. A login with the right secret is
+//! never delayed.
 //!
-//! IPv6 addresses count by their /64 prefix, which one host usually holds
-//! whole. The table is bounded: past [`MOST_ADDRESSES`] the entry whose
-//! last failure is oldest goes.
+//! How far ahead an address's answers are queued is capped at [`MOST_AHEAD`]
+//! (past it a connection meets its login deadline first), so an address
+//! that stops guessing is answered promptly again soon after. IPv6
+//! addresses count by their /64 prefix, which one host usually holds whole.
+//! The table keeps at most [`MOST_ADDRESSES`] addresses: those whose queue
+//! has run out go first, then the one that runs out soonest.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -22,25 +26,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The delay of an address's first failure.
-pub const FIRST_DELAY: Duration = Duration::from_secs(2);
-/// The longest delay.
-pub const MOST_DELAY: Duration = Duration::from_secs(60);
-/// An address's failures are forgotten this long after its last one.
-pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+/// The time between an address's failure answers, and the least time
+/// before one.
+pub const DELAY: Duration = Duration::from_secs(2);
+/// How far ahead of now an address's answers may be queued.
+pub const MOST_AHEAD: Duration = Duration::from_secs(60);
 /// The most addresses remembered at once.
 pub const MOST_ADDRESSES: usize = 4096;
 
 /// One fabric's failed authentications.
 #[derive(Debug, Default)]
 pub struct AuthFailures {
-    by_address: Mutex<HashMap<IpAddr, Failures>>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Failures {
-    count: u32,
-    last: Instant,
+    /// When each address's latest failure answer is (or was) released.
+    released_at: Mutex<HashMap<IpAddr, Instant>>,
 }
 
 /// The key an address counts under: itself for IPv4, its /64 for IPv6.
@@ -57,35 +55,30 @@ fn key(address: IpAddr) -> IpAddr {
 impl AuthFailures {
     /// Records a failed authentication from `address` at `now` and returns
     /// how long its Login Response waits. A connection without an address
-    /// gets [`FIRST_DELAY`] and is not remembered.
+    /// waits [`DELAY`] and is not queued.
     pub fn failed(&self, address: Option<IpAddr>, now: Instant) -> Duration {
         let Some(address) = address.map(key) else {
-            return FIRST_DELAY;
+            return DELAY;
         };
-        let mut table = self.by_address.lock().unwrap_or_else(|e| e.into_inner());
-        let earlier = table
-            .get(&address)
-            .filter(|f| now.saturating_duration_since(f.last) < FORGET_AFTER)
-            .map_or(0, |f| f.count);
+        let mut table = self.released_at.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = table.get(&address).copied().unwrap_or(now);
         if !table.contains_key(&address) && table.len() >= MOST_ADDRESSES {
-            table.retain(|_, f| now.saturating_duration_since(f.last) < FORGET_AFTER);
+            table.retain(|_, at| *at > now);
             if table.len() >= MOST_ADDRESSES {
-                let oldest = table.iter().min_by_key(|(_, f)| f.last).map(|(a, _)| *a);
-                if let Some(a) = oldest {
+                let soonest = table.iter().min_by_key(|(_, at)| **at).map(|(a, _)| *a);
+                if let Some(a) = soonest {
                     table.remove(&a);
                 }
             }
         }
-        let count = earlier.saturating_add(1);
-        table.insert(address, Failures { count, last: now });
-        // 2 s, 4 s, 8 s, ... up to MOST_DELAY.
-        let doublings = (count - 1).min(16);
-        (FIRST_DELAY * (1u32 << doublings)).min(MOST_DELAY)
+        let release = (previous.max(now) + DELAY).min(now + MOST_AHEAD);
+        table.insert(address, release);
+        release - now
     }
 
     /// Addresses remembered now.
     pub fn remembered(&self) -> usize {
-        self.by_address
+        self.released_at
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .len()
@@ -100,33 +93,36 @@ mod tests {
         Some(IpAddr::from([198, 51, 100, last]))
     }
 
-    /// Each failure from one address doubles its delay up to a minute;
-    /// another address starts at 2 s; ten minutes after its last failure
-    /// an address starts again.
+    /// Failures one after another, each told before the next: 2 s each.
+    /// Failures at once from one address: 2 s apart, up to a minute ahead.
+    /// Another address is not held up by them.
     #[test]
-    fn an_addresss_delay_doubles_with_each_failure_and_is_forgotten() {
+    fn an_addresss_failures_are_answered_two_seconds_apart() {
         let f = AuthFailures::default();
         let t = Instant::now();
-        let delays: Vec<u64> = (0..8).map(|_| f.failed(v4(1), t).as_secs()).collect();
-        assert_eq!(delays, [2, 4, 8, 16, 32, 60, 60, 60]);
-        assert_eq!(f.failed(v4(2), t).as_secs(), 2);
+        let mut now = t;
+        for _ in 0..4 {
+            let d = f.failed(v4(1), now);
+            assert_eq!(d, DELAY, "a failure after the last was told");
+            now += d + Duration::from_millis(100);
+        }
+        let at_once: Vec<u64> = (0..40).map(|_| f.failed(v4(2), t).as_secs()).collect();
+        assert_eq!(at_once[..4], [2, 4, 6, 8]);
+        assert!(at_once[29..].iter().all(|&s| s == 60), "{at_once:?}");
+        assert_eq!(f.failed(v4(3), t).as_secs(), 2);
         assert_eq!(f.failed(None, t).as_secs(), 2);
         assert_eq!(
             f.remembered(),
-            2,
+            3,
             "no entry for a connection without an address"
         );
-        assert_eq!(
-            f.failed(v4(1), t + FORGET_AFTER - Duration::from_secs(1))
-                .as_secs(),
-            60
-        );
-        let later = t + FORGET_AFTER * 2;
-        assert_eq!(f.failed(v4(1), later).as_secs(), 2);
+        // Once its queue has run out, an address waits 2 s again.
+        assert_eq!(f.failed(v4(2), t + MOST_AHEAD).as_secs(), 2);
     }
 
-    /// The addresses of one IPv6 /64 count as one; the table keeps at most
-    /// [`MOST_ADDRESSES`], the one whose last failure is oldest going.
+    /// The addresses of one IPv6 /64 share one queue; the table keeps at
+    /// most [`MOST_ADDRESSES`], the address whose queue runs out soonest
+    /// going first.
     #[test]
     fn ipv6_counts_by_its_64_and_the_table_is_bounded() {
         let f = AuthFailures::default();
@@ -139,22 +135,20 @@ mod tests {
         assert_eq!(f.failed(Some(other), t).as_secs(), 2);
         let f = AuthFailures::default();
         for i in 0..MOST_ADDRESSES as u32 + 10 {
-            let at = t + Duration::from_millis(u64::from(i));
+            // 0.1 ms apart: none of their queues runs out meanwhile.
+            let at = t + Duration::from_micros(100 * u64::from(i));
             f.failed(Some(IpAddr::from(i.to_be_bytes())), at);
         }
         assert_eq!(f.remembered(), MOST_ADDRESSES);
-        // The oldest went; the newest are remembered.
-        let at = t + Duration::from_secs(60);
+        // The first went; the last is still queued.
+        let at = t + Duration::from_secs(1);
         assert_eq!(
             f.failed(Some(IpAddr::from(0u32.to_be_bytes())), at)
                 .as_secs(),
             2
         );
-        let newest = MOST_ADDRESSES as u32 + 9;
-        assert_eq!(
-            f.failed(Some(IpAddr::from(newest.to_be_bytes())), at)
-                .as_secs(),
-            4
-        );
+        let last = MOST_ADDRESSES as u32 + 9;
+        let d = f.failed(Some(IpAddr::from(last.to_be_bytes())), at);
+        assert!(d > DELAY, "the newest address's queue was forgotten: {d:?}");
     }
 }
