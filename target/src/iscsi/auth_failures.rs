@@ -8,9 +8,11 @@
 //! and tries again (an administrator with a mistyped secret) waits 2 s each
 //! time, well within every initiator's login timeout (ESXi's is 5 s). A
 //! host that sends many guesses at once gets their answers 2 s apart, each
-//! holding its connection and login slot until then: about one guess per
-//! 2 s, however many connections it opens. A login with the right secret is
-//! never delayed.
+//! holding its connection and login slot until then, until its answers are
+//! queued [`MOST_AHEAD`]; past that each waits that long, so the host makes
+//! at most as many guesses a minute as it has login slots (256 by default,
+//! about 4 a second), where it made one a round trip on each connection. A
+//! login with the right secret is never delayed.
 //!
 //! How far ahead an address's answers are queued is capped at [`MOST_AHEAD`]
 //! (past it a connection meets its login deadline first), so an address
@@ -42,9 +44,12 @@ pub struct AuthFailures {
 }
 
 /// The key an address counts under: itself for IPv4, its /64 for IPv6.
+/// An IPv4 initiator on a dual-stack portal (`[::]`) arrives as an
+/// IPv4-mapped IPv6 address, whose /64 every IPv4 address shares: it is
+/// counted as the IPv4 address it is.
 fn key(address: IpAddr) -> IpAddr {
-    match address {
-        IpAddr::V4(_) => address,
+    match address.to_canonical() {
+        v4 @ IpAddr::V4(_) => v4,
         IpAddr::V6(a) => {
             let prefix = u128::from(a) & !((1u128 << 64) - 1);
             IpAddr::V6(prefix.into())
@@ -133,6 +138,21 @@ mod tests {
         assert_eq!(f.failed(Some(a), t).as_secs(), 2);
         assert_eq!(f.failed(Some(b), t).as_secs(), 4);
         assert_eq!(f.failed(Some(other), t).as_secs(), 2);
+        // IPv4 initiators on a dual-stack portal come as IPv4-mapped
+        // addresses: each its own, not all of ::ffff:0:0/96's one /64.
+        let mapped = |last: u8| -> Option<IpAddr> {
+            Some(
+                std::net::Ipv4Addr::new(198, 51, 100, last)
+                    .to_ipv6_mapped()
+                    .into(),
+            )
+        };
+        assert_eq!(f.failed(mapped(1), t).as_secs(), 2);
+        assert_eq!(f.failed(mapped(2), t).as_secs(), 2);
+        assert_eq!(
+            f.failed(Some(IpAddr::from([198, 51, 100, 1])), t).as_secs(),
+            4
+        );
         let f = AuthFailures::default();
         for i in 0..MOST_ADDRESSES as u32 + 10 {
             // 0.1 ms apart: none of their queues runs out meanwhile.

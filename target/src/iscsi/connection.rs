@@ -293,9 +293,10 @@ async fn login<R: AsyncRead + Unpin>(
 }
 
 /// How long the refusal `response` to a login from `peer` waits, at `now`,
-/// before it is sent: for an authentication failure, the delay of that
-/// address's failures (see [`super::auth_failures`]), so that guessing a
-/// CHAP secret gets slower with each guess; else nothing.
+/// before it is sent: for an authentication failure, its place in that
+/// address's queue of failure answers (see [`super::auth_failures`]), so
+/// that guessing a CHAP secret over many connections at once is slow; else
+/// nothing.
 pub(super) fn refusal_delay(
     fabric: &Fabric,
     peer: Option<std::net::IpAddr>,

@@ -191,6 +191,19 @@ impl Wire {
 
     /// Sends one iSER message: the control header, then `pdu`.
     async fn send(&self, pdu: &Pdu) -> Result<(), String> {
+        self.send_by(pdu, None).await
+    }
+
+    /// [`Wire::send`], its wait for staging buffers given up at `deadline`
+    /// (a login's: the shared pool may be drained by other connections).
+    /// Only that wait: once posted, a Send is waited for, bounded by its
+    /// own completion timeout, since its buffers must not go back to the
+    /// pool while it may still be read.
+    async fn send_by(
+        &self,
+        pdu: &Pdu,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), String> {
         let mut msg = IserHeader::Control {
             write: None,
             read: None,
@@ -198,7 +211,12 @@ impl Wire {
         .encode()
         .to_vec();
         pdu.encode_into(&mut msg, Digests::NONE);
-        let mut bufs = self.staging(msg.len()).await?;
+        let mut bufs = match deadline {
+            None => self.staging(msg.len()).await?,
+            Some(d) => tokio::time::timeout_at(d, self.staging(msg.len()))
+                .await
+                .map_err(|_| "no staging buffer before the login's deadline".to_string())??,
+        };
         let mut at = 0;
         for b in &bufs {
             b.write_at(0, &msg[at..at + b.len()])
@@ -442,7 +460,19 @@ async fn run(
     // pool while its work request is posted (see `Wire::post`); each is
     // bounded by its own completion wait and the teardown.
     let deadline = tokio::time::Instant::now() + fabric.settings.login_deadline;
+    let past_deadline = || {
+        format!(
+            "login not done within its deadline ({:?}): closed",
+            fabric.settings.login_deadline
+        )
+    };
     let (session, generation, outcome) = loop {
+        // Checked before each message: a receive whose message is already
+        // there completes even with no time left, and a peer that keeps
+        // sending would otherwise go on past the deadline.
+        if tokio::time::Instant::now() >= deadline {
+            return Err(past_deadline());
+        }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let msg = tokio::time::timeout(
             fabric.settings.login_timeout.min(left),
@@ -451,10 +481,7 @@ async fn run(
         .await
         .map_err(|_| {
             if tokio::time::Instant::now() >= deadline {
-                format!(
-                    "login not done within its deadline ({:?}): closed",
-                    fabric.settings.login_deadline
-                )
+                past_deadline()
             } else {
                 "login timed out".to_string()
             }
@@ -462,13 +489,13 @@ async fn run(
         .ok_or("connection lost during login")?;
         let (_, pdu) = parse(&msg)?;
         match phase.on_pdu(&pdu) {
-            LoginAction::Respond(p) => wire.send(&p).await?,
+            LoginAction::Respond(p) => wire.send_by(&p, Some(deadline)).await?,
             LoginAction::Refuse(p) => {
                 let now = tokio::time::Instant::now();
                 let peer = Some(wire.qp.peer_addr().ip());
                 let delay = super::connection::refusal_delay(fabric, peer, &p, now);
                 tokio::time::sleep_until((now + delay).min(deadline)).await;
-                wire.send(&p).await?;
+                wire.send_by(&p, Some(deadline)).await?;
                 return Err("login refused".into());
             }
             LoginAction::LoggedIn {
@@ -484,7 +511,7 @@ async fn run(
                     pending.session(),
                 )
                 .await;
-                wire.send(&response).await?;
+                wire.send_by(&response, Some(deadline)).await?;
                 let (session, generation) = pending.begin();
                 break (session, generation, outcome);
             }
