@@ -2120,26 +2120,19 @@ fn an_alias_a_login_cannot_carry_is_refused() {
 #[test]
 fn the_login_bounds_are_set_in_the_fabric_section() {
     use std::time::Duration;
+    let bounds = |s: &blockwire_target::iscsi::FabricSettings| {
+        (
+            s.login_timeout,
+            s.login_deadline,
+            s.max_logins_in_progress,
+            s.max_logins_in_progress_per_address,
+            s.max_discovery_sessions,
+            s.max_discovery_sessions_per_address,
+        )
+    };
     let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
     let d = blockwire_target::iscsi::FabricSettings::default();
-    assert_eq!(
-        (
-            b.settings.login_timeout,
-            b.settings.login_deadline,
-            b.settings.max_logins_in_progress,
-            b.settings.max_logins_in_progress_per_address,
-            b.settings.max_discovery_sessions,
-            b.settings.max_discovery_sessions_per_address
-        ),
-        (
-            d.login_timeout,
-            d.login_deadline,
-            d.max_logins_in_progress,
-            d.max_logins_in_progress_per_address,
-            d.max_discovery_sessions,
-            d.max_discovery_sessions_per_address
-        )
-    );
+    assert_eq!(bounds(&b.settings), bounds(&d));
     let b = with_fabric(
         "[fabric]\nlogin_timeout_secs = 5\nlogin_deadline_secs = 20\nmax_logins_in_progress = 64\n\
          max_logins_in_progress_per_address = 8\nmax_discovery_sessions = 16\n\
@@ -2147,14 +2140,7 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        (
-            b.settings.login_timeout,
-            b.settings.login_deadline,
-            b.settings.max_logins_in_progress,
-            b.settings.max_logins_in_progress_per_address,
-            b.settings.max_discovery_sessions,
-            b.settings.max_discovery_sessions_per_address
-        ),
+        bounds(&b.settings),
         (
             Duration::from_secs(5),
             Duration::from_secs(20),

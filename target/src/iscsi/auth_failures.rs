@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use blockwire_pdu::{Bhs, LoginStatus, Pdu};
 use tokio::time::Instant;
 
 /// The time between an address's failure answers, and the least time
@@ -79,6 +80,18 @@ impl AuthFailures {
         let release = (previous.max(now) + DELAY).min(now + MOST_AHEAD);
         table.insert(address, release);
         release - now
+    }
+
+    /// How long the refusal `response` to a login from `address` waits, at
+    /// `now`, before it is sent: for an authentication failure its place in
+    /// the address's queue ([`AuthFailures::failed`]); else nothing.
+    pub fn refusal_delay(&self, address: Option<IpAddr>, response: &Pdu, now: Instant) -> Duration {
+        match &response.bhs {
+            Bhs::LoginResponse(l) if l.status == LoginStatus::AUTHENTICATION_FAILURE => {
+                self.failed(address, now)
+            }
+            _ => Duration::ZERO,
+        }
     }
 
     /// Addresses remembered now.

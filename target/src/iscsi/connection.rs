@@ -263,7 +263,10 @@ async fn login<R: AsyncRead + Unpin>(
             LoginAction::Refuse(resp) => {
                 info!(?peer, "login refused");
                 let now = tokio::time::Instant::now();
-                let told = now + refusal_delay(fabric, peer.map(|p| p.ip()), &resp, now);
+                let told = now
+                    + fabric
+                        .auth_failures
+                        .refusal_delay(peer.map(|p| p.ip()), &resp, now);
                 tokio::time::sleep_until(told.min(deadline)).await;
                 let _ = send_login_response(writer, &resp, deadline).await;
                 return None;
@@ -289,25 +292,6 @@ async fn login<R: AsyncRead + Unpin>(
                 return Some((session, generation, outcome, rdma));
             }
         }
-    }
-}
-
-/// How long the refusal `response` to a login from `peer` waits, at `now`,
-/// before it is sent: for an authentication failure, its place in that
-/// address's queue of failure answers (see [`super::auth_failures`]), so
-/// that guessing a CHAP secret over many connections at once is slow; else
-/// nothing.
-pub(super) fn refusal_delay(
-    fabric: &Fabric,
-    peer: Option<std::net::IpAddr>,
-    response: &Pdu,
-    now: tokio::time::Instant,
-) -> Duration {
-    match &response.bhs {
-        Bhs::LoginResponse(l) if l.status == blockwire_pdu::LoginStatus::AUTHENTICATION_FAILURE => {
-            fabric.auth_failures.failed(peer, now)
-        }
-        _ => Duration::ZERO,
     }
 }
 

@@ -493,7 +493,7 @@ async fn run(
             LoginAction::Refuse(p) => {
                 let now = tokio::time::Instant::now();
                 let peer = Some(wire.qp.peer_addr().ip());
-                let delay = super::connection::refusal_delay(fabric, peer, &p, now);
+                let delay = fabric.auth_failures.refusal_delay(peer, &p, now);
                 tokio::time::sleep_until((now + delay).min(deadline)).await;
                 wire.send_by(&p, Some(deadline)).await?;
                 return Err("login refused".into());

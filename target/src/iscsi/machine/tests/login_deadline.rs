@@ -66,6 +66,18 @@ fn request(text: Vec<u8>, continued: bool) -> Pdu {
     pdu
 }
 
+/// A first Login Request of a discovery session offering AuthMethod=None,
+/// asking to stay in the security stage.
+fn discovery_without_chap() -> Pdu {
+    let text = encode_text(&[
+        ("InitiatorName", INITIATOR),
+        ("SessionType", "Discovery"),
+        ("AuthMethod", "None"),
+    ])
+    .unwrap();
+    request(text, false)
+}
+
 /// A login whose text comes 7 bytes at a time, each piece 10 s after the
 /// last answer, well within the 15 s allowed between PDUs: it never ends
 /// by itself (256 pieces would take 43 minutes), and the target closes
@@ -166,13 +178,7 @@ async fn a_connection_past_the_logins_in_progress_is_closed_at_once() {
         .unwrap();
     assert_eq!(fabric.login_slots.held(), (0, 0));
     let (_third, mut reader, mut writer, _k3) = connect_to(fabric.clone(), 64 << 10, from(3));
-    let text = encode_text(&[
-        ("InitiatorName", INITIATOR),
-        ("SessionType", "Discovery"),
-        ("AuthMethod", "None"),
-    ])
-    .unwrap();
-    writer.push(&request(text, false)).await.unwrap();
+    writer.push(&discovery_without_chap()).await.unwrap();
     writer.flush().await.unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(1), reader.next())
         .await
@@ -289,13 +295,7 @@ async fn an_authentication_failure_is_answered_after_its_delay() {
             let mut logins = Vec::new();
             for peer in peers {
                 let (served, reader, mut writer, keep) = connect_to(fabric.clone(), 64 << 10, peer);
-                let text = encode_text(&[
-                    ("InitiatorName", INITIATOR),
-                    ("SessionType", "Discovery"),
-                    ("AuthMethod", "None"),
-                ])
-                .unwrap();
-                writer.push(&request(text, false)).await.unwrap();
+                writer.push(&discovery_without_chap()).await.unwrap();
                 writer.flush().await.unwrap();
                 logins.push((served, reader, writer, keep));
             }
