@@ -237,7 +237,7 @@ async fn login<R: AsyncRead + Unpin>(
             .settings
             .login_timeout
             .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        let pdu = match tokio::time::timeout(wait, reader.next()).await {
+        let action = match tokio::time::timeout(wait, reader.next()).await {
             Err(_) if tokio::time::Instant::now() >= deadline => {
                 past_deadline();
                 return None;
@@ -246,14 +246,18 @@ async fn login<R: AsyncRead + Unpin>(
                 info!(?peer, "login timed out");
                 return None;
             }
-            Ok(Ok(Some(p))) => p,
+            Ok(Ok(Some(p))) => phase.on_pdu(&p),
             Ok(Ok(None)) => return None,
+            Ok(Err(ReadError::Decode { error, header, .. })) => {
+                info!(?peer, %error, "undecodable PDU during login");
+                phase.on_undecodable(header.as_ref(), &error.to_string())
+            }
             Ok(Err(e)) => {
                 info!(?peer, error = %e, "login aborted");
                 return None;
             }
         };
-        match phase.on_pdu(&pdu) {
+        match action {
             LoginAction::Respond(resp) => {
                 if let Err(e) = send_login_response(writer, &resp, deadline).await {
                     info!(?peer, error = %e, "Login Response not sent: login ended");

@@ -487,8 +487,16 @@ async fn run(
             }
         })??
         .ok_or("connection lost during login")?;
-        let (_, pdu) = parse(&msg)?;
-        match phase.on_pdu(&pdu) {
+        let action = match parse(&msg) {
+            Ok((_, pdu)) => phase.on_pdu(&pdu),
+            Err(why) => {
+                let header = msg
+                    .get(ISER_HEADER_LEN..ISER_HEADER_LEN + 48)
+                    .and_then(|h| <&[u8; 48]>::try_from(h).ok());
+                phase.on_undecodable(header, &why)
+            }
+        };
+        match action {
             LoginAction::Respond(p) => wire.send_by(&p, Some(deadline)).await?,
             LoginAction::Refuse(p) => {
                 let now = tokio::time::Instant::now();

@@ -370,6 +370,34 @@ impl LoginMachine {
         self.fail_pdu(&req, refuse(status, "refused by the session layer"))
     }
 
+    /// A login reject for bytes that did not decode as a PDU (a data
+    /// segment past the login phase's 8192 bytes, a reserved opcode, a bad
+    /// field): the initiator hears why before the connection closes
+    /// instead of seeing it drop. A Login Request that did not decode is an
+    /// initiator error (RFC 7143 §11.13.5, status 0200h), answered with its
+    /// own ISID, TSIH, ITT and CmdSN from `header`; any other PDU is
+    /// invalid during login (020Bh, §6.2). Send it and close the
+    /// connection: the stream's framing can no longer be trusted.
+    pub fn refuse_undecodable(&mut self, header: Option<&[u8; 48]>, why: &str) -> Pdu {
+        let mut req = self.first.unwrap_or_else(|| empty_request(self.last_itt));
+        req.itt = self.last_itt;
+        req.csg = self.stage;
+        let login_request = blockwire_pdu::pdu::Opcode::LoginRequest as u8;
+        let status = match header {
+            Some(h) if h[0] & 0x3f != login_request => LoginStatus::INVALID_DURING_LOGIN,
+            Some(h) => {
+                let word = |at: usize| u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+                req.isid.copy_from_slice(&h[8..14]);
+                req.tsih = u16::from_be_bytes([h[14], h[15]]);
+                req.itt = word(16);
+                req.cmd_sn = word(24);
+                LoginStatus::INITIATOR_ERROR
+            }
+            None => LoginStatus::INITIATOR_ERROR,
+        };
+        self.fail_pdu(&req, refuse(status, format!("undecodable PDU: {why}")))
+    }
+
     fn names(&self) -> (String, String) {
         match &self.ctx {
             Some(c) => (

@@ -14,6 +14,7 @@ pub mod dataout;
 pub mod discovery;
 pub mod early_responses;
 pub mod file_map;
+pub mod host_key;
 pub mod io;
 pub mod iser;
 mod launch;

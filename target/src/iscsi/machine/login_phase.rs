@@ -129,6 +129,21 @@ impl LoginPhase {
         }
     }
 
+    /// Bytes from the initiator that did not decode as a PDU (`header` is
+    /// their first 48 when there were that many): refused with a Login
+    /// Response that says so.
+    pub(in crate::iscsi) fn on_undecodable(
+        &mut self,
+        header: Option<&[u8; 48]>,
+        why: &str,
+    ) -> LoginAction {
+        let response = self.machine.refuse_undecodable(header, why);
+        if let Bhs::LoginResponse(r) = &response.bhs {
+            crate::events::login_failed(r.status);
+        }
+        LoginAction::Refuse(response)
+    }
+
     /// The login succeeded as far as the keys go: check the digest policy
     /// and attach the session.
     fn hand_off(&mut self, mut outcome: Box<LoginOutcome>) -> LoginAction {

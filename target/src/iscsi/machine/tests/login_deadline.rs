@@ -273,9 +273,10 @@ async fn a_login_cut_during_its_final_response_leaves_no_rdma_token() {
 
 /// A login that fails authentication (here a discovery login offering
 /// AuthMethod=None where discovery requires CHAP) is told so 2 s later;
-/// failures from one address, sent one after another, each wait 2 s, and
-/// two at once are answered 2 s apart, while another address is not held
-/// up. The connection then closes.
+/// failures from one address, sent one after another, each wait 2 s;
+/// five at once are answered four after 2 s (a burst, as logins over
+/// several paths are) and the fifth 2 s later, while another address is
+/// not held up. The connection then closes.
 #[tokio::test(start_paused = true)]
 async fn an_authentication_failure_is_answered_after_its_delay() {
     let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
@@ -334,10 +335,10 @@ async fn an_authentication_failure_is_answered_after_its_delay() {
             "one failure after another"
         );
     }
-    let mut waited = refused(vec![from(1), from(1), from(2)]).await;
+    let mut waited = refused(vec![from(1), from(1), from(1), from(1), from(1), from(2)]).await;
     assert_eq!(waited.pop(), Some(2), "another address, beside them");
     waited.sort_unstable();
-    assert_eq!(waited, [2, 4], "two at once from one address");
+    assert_eq!(waited, [2, 2, 2, 2, 4], "five at once from one address");
 }
 
 /// A discovery login of `initiator` over a pipe as if from `peer`: the status of the
@@ -401,4 +402,68 @@ async fn a_discovery_login_past_its_addresss_share_is_refused() {
     assert_eq!(second, LoginStatus::OUT_OF_RESOURCES);
     let (other, _kept_too) = discovery_login(&fabric, "iqn.2026-11.test:three", from(2)).await;
     assert_eq!(other, LoginStatus::SUCCESS);
+}
+
+/// Bytes that do not decode as a PDU during login are answered with a
+/// Login Response that says why before the connection closes, not by a
+/// bare close the initiator must guess at: a Login Request whose data
+/// segment is past the login phase's 8192 bytes is an initiator error
+/// (0200h) answered with its own ITT and ISID; a reserved opcode is
+/// invalid during login (020Bh).
+#[tokio::test(start_paused = true)]
+async fn an_undecodable_pdu_during_login_is_answered_before_the_close() {
+    let mut oversized = login_pdu(Stage::Security, Stage::Security, &[]);
+    if let Bhs::LoginRequest(l) = &mut oversized.bhs {
+        l.transit = false;
+        l.itt = 0x1234_5678;
+        l.cmd_sn = 7;
+    }
+    oversized.data = vec![b'x'; 9000].into();
+    let mut reserved_opcode = discovery_without_chap().encode(Digests::NONE);
+    reserved_opcode[0] = 0x0f;
+    let cases = [
+        (
+            oversized.encode(Digests::NONE),
+            LoginStatus::INITIATOR_ERROR,
+        ),
+        (reserved_opcode, LoginStatus::INVALID_DURING_LOGIN),
+    ];
+    for (bytes, status) in cases {
+        let (client, server) = tokio::io::duplex(64 << 10);
+        let (_keep, cut) = watch::channel(false);
+        let served = tokio::spawn(crate::iscsi::connection::serve_stream(
+            fabric_with_deadline(),
+            server,
+            1,
+            local(),
+            None,
+            cut,
+        ));
+        let (rd, mut wr) = tokio::io::split(client);
+        let mut reader = PduReader::new(rd);
+        tokio::io::AsyncWriteExt::write_all(&mut wr, &bytes)
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), reader.next())
+            .await
+            .expect("an answer within 5 s")
+            .unwrap()
+            .expect("a Login Response before the close");
+        let Bhs::LoginResponse(r) = answer.bhs else {
+            panic!("not a Login Response: {:?}", answer.bhs);
+        };
+        assert_eq!(r.status, status, "{r:?}");
+        if status == LoginStatus::INITIATOR_ERROR {
+            assert_eq!((r.itt, r.isid, r.exp_cmd_sn), (0x1234_5678, ISID, 7));
+        }
+        let closed = tokio::time::timeout(Duration::from_secs(10), reader.next()).await;
+        assert!(
+            matches!(closed, Ok(Ok(None)) | Ok(Err(_))),
+            "the connection was kept after the refusal"
+        );
+        tokio::time::timeout(Duration::from_secs(30), served)
+            .await
+            .expect("the driver ends")
+            .unwrap();
+    }
 }
