@@ -571,3 +571,73 @@ async fn an_iser_connection_past_the_logins_in_progress_is_refused() {
     };
     third.log_in("third").await;
 }
+
+/// A login over iSER that fails authentication (AuthMethod=None offered to
+/// a target that requires CHAP) is told so after the refusal delay, 2 s,
+/// as over TCP: guessing a CHAP secret over iSER is no faster than over
+/// TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_iser_authentication_failure_is_answered_after_its_delay() {
+    use blockwire_target::iscsi::catalog::{Acl, Catalog, ChapSecret};
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+    let unused_portal = "127.0.0.1:3260".parse().unwrap();
+    let mut catalog = Catalog::one_target(TARGET, unused_portal, Acl::Any, Arc::new(lu));
+    let mut entry = Arc::try_unwrap(catalog.targets.pop().unwrap()).unwrap();
+    entry.auth.incoming = vec![ChapSecret {
+        user: "alice".into(),
+        secret: "alice-secret-12".into(),
+    }];
+    catalog.targets.push(Arc::new(entry));
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let fabric = blockwire_target::iscsi::Fabric::new(
+        Arc::new(catalog),
+        FabricSettings::default(),
+        shutdown,
+    );
+    let portal = blockwire_target::iscsi::iser::start(
+        fabric,
+        "127.0.0.1:0".parse().unwrap(),
+        blockwire_transport::rdma::any::Backend::Soft,
+        None,
+        1,
+    )
+    .await
+    .expect("an iSER portal on the soft RDMA provider");
+    let raw = RawIser::connect(portal).await;
+    let keys = [
+        ("InitiatorName", "iqn.2026-11.io.blockwire:no-secret"),
+        ("TargetName", TARGET),
+        ("SessionType", "Normal"),
+        ("AuthMethod", "None"),
+    ];
+    let login = Pdu::with_data(
+        Bhs::LoginRequest(LoginRequest {
+            transit: true,
+            continue_bit: false,
+            csg: Stage::Security,
+            nsg: Stage::Operational,
+            version_max: 0,
+            version_min: 0,
+            isid: [0x80, 0, 0x2a, 0, 0, 2],
+            tsih: 0,
+            itt: 1,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+        }),
+        encode_text(&keys).unwrap(),
+    );
+    let asked = std::time::Instant::now();
+    raw.send(None, &login).await;
+    let answer = raw.receive().await;
+    let waited = asked.elapsed();
+    assert!(
+        matches!(answer.bhs, Bhs::LoginResponse(ref l) if l.status == LoginStatus::AUTHENTICATION_FAILURE),
+        "{:?}",
+        answer.bhs
+    );
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "an iSER authentication failure answered after {waited:?}"
+    );
+}
