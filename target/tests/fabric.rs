@@ -1006,6 +1006,68 @@ async fn write_data_beyond_the_connection_budget_gets_task_set_full() {
     assert_eq!(write(&mut c, 600, &vec![0x33; 128 << 10]).await, 0);
 }
 
+/// The connections' WRITE budgets are drawn from the fabric's
+/// (`write_budget_total_bytes`): with one connection holding all of it, a
+/// WRITE on another connection, which holds none, is answered BUSY (not
+/// TASK SET FULL: none of its own commands fill the task set), and a second
+/// WRITE on the holding connection TASK SET FULL; once the first has its
+/// data, both fit again.
+#[tokio::test]
+async fn write_data_beyond_the_fabrics_budget_gets_busy_on_a_connection_holding_none() {
+    let settings = FabricSettings {
+        write_budget_bytes: 64 << 10,
+        write_budget_total_bytes: 64 << 10,
+        ..FabricSettings::default()
+    };
+    let t = start(settings).await;
+    let mut a = Client::login(t.addr, [0x80, 0, 0, 0, 3, 0], Digests::NONE).await;
+    let mut b = Client::login(t.addr, [0x80, 0, 0, 0, 3, 1], Digests::NONE).await;
+    let _ = a.test_unit_ready().await;
+    let _ = b.test_unit_ready().await;
+    // A 48 KiB write with no data yet holds its share of both budgets.
+    let first = a.command(&rw10(0x2a, 0, 96), false, true, 48 << 10, true);
+    a.send(Pdu::new(Bhs::ScsiCommand(first))).await;
+    let r2t = a.recv().await.expect("an R2T");
+    let Bhs::R2t(r2t) = r2t.bhs else {
+        panic!("expected R2T, got {r2t:?}")
+    };
+    let status = |pdu: Option<Pdu>| {
+        let pdu = pdu.expect("a response");
+        let Bhs::ScsiResponse(r) = pdu.bhs else {
+            panic!("expected a SCSI Response, got {pdu:?}")
+        };
+        (r.itt, r.status)
+    };
+    let other = b.command(&rw10(0x2a, 200, 64), false, true, 32 << 10, true);
+    b.send(Pdu::new(Bhs::ScsiCommand(other))).await;
+    assert_eq!(status(b.recv().await), (other.itt, 0x08), "BUSY");
+    let second = a.command(&rw10(0x2a, 300, 64), false, true, 32 << 10, true);
+    a.send(Pdu::new(Bhs::ScsiCommand(second))).await;
+    assert_eq!(status(a.recv().await), (second.itt, 0x28), "TASK SET FULL");
+    let seg = a.params.target_max_recv_data_segment_length as usize;
+    let data = vec![0x5au8; 48 << 10];
+    let (mut o, mut sn) = (0usize, 0u32);
+    while o < data.len() {
+        let end = (o + seg).min(data.len());
+        let d = DataOut {
+            final_bit: end == data.len(),
+            lun: r2t.lun,
+            itt: r2t.itt,
+            ttt: r2t.ttt,
+            exp_stat_sn: 0,
+            data_sn: sn,
+            buffer_offset: o as u32,
+        };
+        a.send(Pdu::with_data(Bhs::DataOut(d), data[o..end].to_vec()))
+            .await;
+        o = end;
+        sn += 1;
+    }
+    assert_eq!(status(a.recv().await), (first.itt, 0));
+    assert_eq!(write(&mut b, 400, &vec![0x11; 32 << 10]).await, 0);
+    assert_eq!(write(&mut a, 500, &vec![0x22; 32 << 10]).await, 0);
+}
+
 /// READs from an initiator that does not take its data: the core reads each
 /// whole into memory before the writer sends it, so without a bound 120
 /// READs of 4 MiB would hold 480 MiB for one connection (32 MiB READs, the

@@ -183,6 +183,10 @@ pub struct FabricConfig {
     /// WRITE data one connection may hold at once (e.g. "256M"); commands
     /// beyond it are answered TASK SET FULL.
     pub write_budget: String,
+    /// WRITE data all connections together may hold at once (e.g. "2G"; at
+    /// least `write_budget`); commands beyond it are answered TASK SET
+    /// FULL, or BUSY on a connection holding none.
+    pub write_budget_total: String,
     /// READ data one connection may hold before it is sent (e.g. "256M");
     /// READs beyond it wait until the initiator has taken earlier data.
     pub read_budget: String,
@@ -248,6 +252,7 @@ impl Default for FabricConfig {
             rdma_backend: "soft".into(),
             rdma_device: None,
             write_budget: "256M".into(),
+            write_budget_total: "2G".into(),
             read_budget: "256M".into(),
             zero_copy_send: d.zero_copy_send,
             local_copy_sends: d.local_copy_sends,
@@ -1941,12 +1946,24 @@ fn fabric_settings(
             }
         };
     let write_budget_bytes = budget("write_budget", &f.write_budget);
+    let write_budget_total_bytes = budget("write_budget_total", &f.write_budget_total);
     let read_budget_bytes = budget("read_budget", &f.read_budget);
+    if write_budget_total_bytes < write_budget_bytes {
+        errors.push(ctx.fabric_err(
+            "write_budget_total",
+            format!(
+                "{:?} is less than write_budget ({:?}): one connection could never hold its \
+                 budget; raise write_budget_total or lower write_budget",
+                f.write_budget_total, f.write_budget
+            ),
+        ));
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
     let settings = FabricSettings {
         write_budget_bytes,
+        write_budget_total_bytes,
         read_budget_bytes,
         require_header_digest,
         require_data_digest,

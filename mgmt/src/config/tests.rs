@@ -2190,3 +2190,24 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
         (100, 8)
     );
 }
+
+/// `[fabric] write_budget_total` bounds the WRITE data of all connections
+/// together: 2 GiB unset, a size when set, and refused (naming the key)
+/// below one connection's `write_budget`, which no connection could then
+/// hold.
+#[test]
+fn the_fabrics_write_budget_total_is_set_and_checked() {
+    let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.settings.write_budget_total_bytes, 2 << 30);
+    let b =
+        with_fabric("[fabric]\nwrite_budget_total = \"512M\"\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.settings.write_budget_total_bytes, 512 << 20);
+    for fabric in [
+        "write_budget_total = \"128M\"",
+        "write_budget = \"4G\"",
+        "write_budget_total = \"lots\"",
+    ] {
+        let e = with_fabric(&format!("[fabric]\n{fabric}\n")).unwrap_err();
+        assert_eq!(e.field, "fabric.write_budget_total", "{fabric}: {e}");
+    }
+}

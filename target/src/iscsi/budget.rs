@@ -1,26 +1,48 @@
-//! A per-connection bound on the memory WRITE data may pin.
+//! Bounds on the memory WRITE data may pin: one per connection, within
+//! one for the whole fabric.
 //!
 //! Each WRITE gathers its whole Expected Data Transfer Length before it
 //! runs (from Data-Out, or by RDMA Read from an RDMA-assisted initiator's
 //! buffer), so without a bound an initiator could pin window × max transfer
-//! bytes (128 × 32 MiB). A command that would exceed the budget is answered
-//! TASK SET FULL and retried by the initiator later.
+//! bytes (128 × 32 MiB). A command that would exceed its connection's
+//! budget is answered TASK SET FULL and retried by the initiator later.
+//! The connections' budgets together are bounded by the fabric's
+//! (`[fabric] write_budget_total`), or a thousand connections could each
+//! pin their own: a command the fabric's budget cannot take is answered
+//! TASK SET FULL when its connection has WRITEs of its own under way, and
+//! BUSY when it has none (SAM-5 5.3: TASK SET FULL tells an initiator its
+//! own commands fill the task set, which they do not), and retried.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Bytes of WRITE data a connection may hold at once.
+/// Bytes of WRITE data a connection (or the whole fabric) may hold at once.
 #[derive(Debug)]
 pub struct WriteBudget {
     limit: u64,
     used: AtomicU64,
+    /// The budget this one is drawn from as well (the fabric's, for a
+    /// connection's).
+    within: Option<Arc<WriteBudget>>,
 }
 
-/// Bytes held against a budget until dropped.
+/// Bytes held against a budget (and the budget it is within) until
+/// dropped.
 #[derive(Debug)]
 pub struct Reservation {
     budget: Arc<WriteBudget>,
     bytes: u64,
+    /// The same bytes held against the enclosing budget.
+    _within: Option<Box<Reservation>>,
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The budget itself is full.
+    Full,
+    /// The budget it is within is full.
+    EnclosingFull,
 }
 
 impl WriteBudget {
@@ -29,30 +51,57 @@ impl WriteBudget {
         Arc::new(WriteBudget {
             limit,
             used: AtomicU64::new(0),
+            within: None,
         })
     }
 
-    /// Reserves `bytes`, or None when that would exceed the limit. A
-    /// command larger than the whole budget (a `write_budget` below the
-    /// 32 MiB MAXIMUM TRANSFER LENGTH) takes the whole budget, when nothing
-    /// else holds any: refused each time, it would be answered TASK SET
-    /// FULL for good, as the READ budget's largest share is the whole of it.
+    /// A budget of `limit` bytes whose reservations are also drawn from
+    /// `enclosing`.
+    pub fn within(limit: u64, enclosing: Arc<WriteBudget>) -> Arc<WriteBudget> {
+        Arc::new(WriteBudget {
+            limit,
+            used: AtomicU64::new(0),
+            within: Some(enclosing),
+        })
+    }
+
+    /// Reserves `bytes`, or None when that would exceed the limit (this
+    /// one's or the enclosing budget's).
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
+        self.reserve(bytes).ok()
+    }
+
+    /// Reserves `bytes`, or says which budget is full. A command larger
+    /// than the whole budget (a `write_budget` below the 32 MiB MAXIMUM
+    /// TRANSFER LENGTH) takes the whole budget, when nothing else holds
+    /// any: refused each time, it would be answered TASK SET FULL for good,
+    /// as the READ budget's largest share is the whole of it.
+    pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reservation, Refused> {
         let bytes = bytes.min(self.limit);
+        let within = match &self.within {
+            Some(enclosing) => Some(Box::new(
+                enclosing
+                    .reserve(bytes)
+                    .map_err(|_| Refused::EnclosingFull)?,
+            )),
+            None => None,
+        };
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
-            let next = used.checked_add(bytes)?;
+            let next = used.checked_add(bytes).ok_or(Refused::Full)?;
             if next > self.limit {
-                return None;
+                // `within`, dropped here, gives its share back.
+                return Err(Refused::Full);
             }
             match self
                 .used
                 .compare_exchange_weak(used, next, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    return Some(Reservation {
+                    return Ok(Reservation {
                         budget: self.clone(),
                         bytes,
+                        _within: within,
                     })
                 }
                 Err(now) => used = now,
@@ -103,5 +152,38 @@ mod tests {
         drop(big);
         assert_eq!(b.used(), 0);
         assert!(b.try_reserve(u64::MAX).is_some());
+    }
+
+    /// Connection budgets within a fabric's: each connection's reservation
+    /// is drawn from both, a full fabric budget refuses a connection whose
+    /// own budget has room (and says so), and a refusal takes nothing from
+    /// either.
+    #[test]
+    fn connection_budgets_are_drawn_from_the_fabrics() {
+        let fabric = WriteBudget::new(100);
+        let a = WriteBudget::within(80, fabric.clone());
+        let b = WriteBudget::within(80, fabric.clone());
+        let held = a.reserve(70).unwrap();
+        assert_eq!((a.used(), fabric.used()), (70, 70));
+        assert_eq!(a.reserve(20).unwrap_err(), Refused::Full);
+        assert_eq!(fabric.used(), 70, "the fabric's share given back");
+        assert_eq!(b.reserve(40).unwrap_err(), Refused::EnclosingFull);
+        assert_eq!(
+            (b.used(), fabric.used()),
+            (0, 70),
+            "a refusal takes nothing"
+        );
+        let small = b.reserve(30).unwrap();
+        assert_eq!(fabric.used(), 100);
+        drop(held);
+        assert_eq!((a.used(), fabric.used()), (0, 30));
+        // The connection's own limit, with the fabric's room: Full, and
+        // the fabric's share given back.
+        let c = WriteBudget::within(10, fabric.clone());
+        let ten = c.reserve(10).unwrap();
+        assert_eq!(c.reserve(5).unwrap_err(), Refused::Full);
+        assert_eq!(fabric.used(), 40);
+        drop((small, ten));
+        assert_eq!(fabric.used(), 0);
     }
 }

@@ -54,6 +54,10 @@ pub struct FabricSettings {
     /// WRITE data one connection may hold at once; beyond it commands get
     /// TASK SET FULL.
     pub write_budget_bytes: u64,
+    /// WRITE data all connections together may hold at once; beyond it
+    /// commands get TASK SET FULL, or BUSY on a connection holding none
+    /// (see [`budget`]).
+    pub write_budget_total_bytes: u64,
     /// READ data one connection may hold in memory before it is sent; READs
     /// beyond it wait to run until the initiator has taken earlier data, so
     /// an initiator that asks faster than it reads is held back, not served
@@ -125,6 +129,7 @@ impl Default for FabricSettings {
             queue_depth: 128,
             max_io_bytes: 32 << 20,
             write_budget_bytes: 256 << 20,
+            write_budget_total_bytes: 2 << 30,
             read_budget_bytes: 256 << 20,
             nop_interval: Some(Duration::from_secs(15)),
             nop_timeout: Duration::from_secs(30),
@@ -168,6 +173,9 @@ pub struct Fabric {
     pub login_slots: Arc<login_slots::LoginSlots>,
     /// Failed authentications by address (see [`auth_failures`]).
     pub auth_failures: auth_failures::AuthFailures,
+    /// WRITE data held by all connections, each connection's budget
+    /// drawn from it (see [`budget`]).
+    pub write_budget: Arc<budget::WriteBudget>,
     /// Turns true when the daemon shuts down.
     pub shutdown: watch::Receiver<bool>,
     /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
@@ -218,6 +226,7 @@ impl Fabric {
             sessions,
             login_slots,
             auth_failures: auth_failures::AuthFailures::default(),
+            write_budget: budget::WriteBudget::new(settings.write_budget_total_bytes),
             admissions: std::sync::Mutex::new(()),
             settings,
             shutdown,

@@ -391,7 +391,10 @@ impl ConnMachine {
             collectors: HashMap::new(),
             held: BTreeSet::new(),
             held_offloads: HashMap::new(),
-            write_budget: WriteBudget::new(settings.write_budget_bytes),
+            write_budget: WriteBudget::within(
+                settings.write_budget_bytes,
+                fabric.write_budget.clone(),
+            ),
             text: TextExchange::from_outcome(fabric.catalog(), outcome, local),
             write_limits,
             next_ttt: 1,

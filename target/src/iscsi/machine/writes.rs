@@ -22,7 +22,7 @@ use blockwire_transport::assist::{Descriptor, Direction};
 use tracing::{debug, warn};
 
 use super::{Action, ConnMachine, PipedWrite, Ready};
-use crate::iscsi::budget::Reservation;
+use crate::iscsi::budget::{Refused, Reservation};
 use crate::iscsi::dataout::WriteCollector;
 use crate::iscsi::rdma::Slot;
 use crate::iscsi::response::{status_after_r2ts, status_only};
@@ -33,6 +33,8 @@ use crate::iscsi::throttle::Throttle;
 const CHECK_CONDITION: u8 = 0x02;
 /// TASK SET FULL: the initiator retries later.
 const TASK_SET_FULL: u8 = 0x28;
+/// BUSY: the logical unit cannot take the command now; retried later.
+const BUSY: u8 = 0x08;
 
 /// A WRITE waiting for its data.
 pub(super) struct Collecting {
@@ -186,9 +188,12 @@ impl ConnMachine {
             }
             t => t,
         };
-        let Some(budget) = self.write_budget_for(&cmd) else {
-            self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
-            return;
+        let budget = match self.write_budget_for(&cmd) {
+            Ok(b) => b,
+            Err(status) => {
+                self.refuse(slot, status_only(&cmd, status, None));
+                return;
+            }
         };
         let lease = self.sync_write_lease(&cmd, &cdb);
         // A small WRITE's data usually all come in its command PDU: then
@@ -355,9 +360,12 @@ impl ConnMachine {
         if slot.is_aborted() || !self.session.tasks.contains(cmd.itt) {
             return None;
         }
-        let Some(budget) = self.write_budget_for(cmd) else {
-            self.refuse(slot, status_only(cmd, TASK_SET_FULL, None));
-            return None;
+        let budget = match self.write_budget_for(cmd) {
+            Ok(b) => b,
+            Err(status) => {
+                self.refuse(slot, status_only(cmd, status, None));
+                return None;
+            }
         };
         t.settle();
         Some((budget, slot))
@@ -422,9 +430,9 @@ impl ConnMachine {
         // until the command ends, so it counts against the same budget.
         let budget = match desc.dir {
             Direction::Write => match self.write_budget_for(&cmd) {
-                Some(r) => Some(r),
-                None => {
-                    self.refuse(slot, status_only(&cmd, TASK_SET_FULL, None));
+                Ok(r) => Some(r),
+                Err(status) => {
+                    self.refuse(slot, status_only(&cmd, status, None));
                     return;
                 }
             },
@@ -438,20 +446,31 @@ impl ConnMachine {
     }
 
     /// `cmd`'s share of the connection's write budget (its whole Expected
-    /// Data Transfer Length), or None when it does not fit: the command is
-    /// then answered TASK SET FULL, and the initiator retries it later.
-    fn write_budget_for(&self, cmd: &ScsiCommand) -> Option<Reservation> {
+    /// Data Transfer Length), or the status that refuses it when it does
+    /// not fit: TASK SET FULL when the connection's own WRITEs fill its
+    /// budget, or when the fabric's is full while this connection holds
+    /// some; BUSY when the fabric's is full and this connection holds none
+    /// (SAM-5 5.3: no task of this nexus fills the task set). The
+    /// initiator retries the command later either way.
+    fn write_budget_for(&self, cmd: &ScsiCommand) -> Result<Reservation, u8> {
         let edtl = cmd.expected_data_transfer_length;
-        let share = self.write_budget.try_reserve(u64::from(edtl));
-        if share.is_none() {
-            debug!(
-                tsih = self.session.tsih,
-                itt = cmd.itt,
-                edtl,
-                "write data budget full: TASK SET FULL"
-            );
-        }
-        share
+        let refused = match self.write_budget.reserve(u64::from(edtl)) {
+            Ok(share) => return Ok(share),
+            Err(refused) => refused,
+        };
+        let status = match refused {
+            Refused::EnclosingFull if self.write_budget.used() == 0 => BUSY,
+            _ => TASK_SET_FULL,
+        };
+        debug!(
+            tsih = self.session.tsih,
+            itt = cmd.itt,
+            edtl,
+            ?refused,
+            status,
+            "write data budget full"
+        );
+        Err(status)
     }
 
     /// The LUN's double-buffered write path and a buffer for this WRITE,
