@@ -1068,6 +1068,80 @@ async fn write_data_beyond_the_fabrics_budget_gets_busy_on_a_connection_holding_
     assert_eq!(write(&mut a, 500, &vec![0x22; 32 << 10]).await, 0);
 }
 
+/// The connections' READ budgets are taken within the fabric's
+/// (`read_budget_total_bytes`): while one initiator leaves 64 MiB of READ
+/// data unread, filling the fabric's 16 MiB, a READ on another connection
+/// waits (where each connection could hold its own 256 MiB), and it is
+/// answered once the first takes its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_read_data_of_one_connection_holds_back_the_others_past_the_fabrics_budget() {
+    const MIB: usize = 1 << 20;
+    let settings = FabricSettings {
+        read_budget_total_bytes: 16 << 20,
+        read_budget_bytes: 16 << 20,
+        ..FabricSettings::default()
+    };
+    let t = start(settings).await;
+    let mut a = Client::login(t.addr, [0x80, 0, 0, 0, 9, 1], Digests::NONE).await;
+    let mut b = Client::login(t.addr, [0x80, 0, 0, 0, 9, 2], Digests::NONE).await;
+    let _ = a.test_unit_ready().await;
+    let _ = b.test_unit_ready().await;
+    let blocks = (4 * MIB / 512) as u16;
+    let mut itts = Vec::new();
+    for _ in 0..16 {
+        let cmd = a.command(&rw10(0x28, 0, blocks), true, false, 4 * MIB as u32, true);
+        itts.push(cmd.itt);
+        a.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    }
+    // The first connection's READs fill the socket buffers, then the
+    // fabric's budget.
+    let began = std::time::Instant::now();
+    while t.fabric.read_data_held() < 16 << 20 {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the unread READs hold {} bytes",
+            t.fabric.read_data_held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let small = b.command(&rw10(0x28, 0, 2048), true, false, 1 << 20, true);
+    b.send(Pdu::new(Bhs::ScsiCommand(small))).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), b.recv())
+            .await
+            .is_err(),
+        "a READ was answered while another connection's unread data filled the fabric's budget"
+    );
+    let mut ended = 0;
+    while ended < itts.len() {
+        let pdu = a.recv().await.expect("the READs' data and status");
+        match pdu.bhs {
+            Bhs::DataIn(d) => {
+                if let Some(status) = d.status {
+                    assert_eq!(status, 0, "READ {:#x}", d.itt);
+                    ended += 1;
+                }
+            }
+            Bhs::NopIn(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    loop {
+        let pdu = b
+            .recv_within(Duration::from_secs(10))
+            .await
+            .expect("the held READ is answered once the data were taken");
+        let Bhs::DataIn(d) = pdu.bhs else {
+            panic!("expected Data-In, got {:?}", pdu.bhs)
+        };
+        assert_eq!(d.itt, small.itt);
+        if let Some(status) = d.status {
+            assert_eq!(status, 0);
+            break;
+        }
+    }
+}
+
 /// READs from an initiator that does not take its data: the core reads each
 /// whole into memory before the writer sends it, so without a bound 120
 /// READs of 4 MiB would hold 480 MiB for one connection (32 MiB READs, the

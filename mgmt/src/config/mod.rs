@@ -190,6 +190,9 @@ pub struct FabricConfig {
     /// READ data one connection may hold before it is sent (e.g. "256M");
     /// READs beyond it wait until the initiator has taken earlier data.
     pub read_budget: String,
+    /// READ data all connections together may hold before it is sent
+    /// (e.g. "2G"; at least `read_budget`); READs beyond it wait.
+    pub read_budget_total: String,
     /// Send large Data-In payloads with MSG_ZEROCOPY where the kernel
     /// allows it (default true); false: plain copying sends.
     pub zero_copy_send: bool,
@@ -254,6 +257,7 @@ impl Default for FabricConfig {
             write_budget: "256M".into(),
             write_budget_total: "2G".into(),
             read_budget: "256M".into(),
+            read_budget_total: "2G".into(),
             zero_copy_send: d.zero_copy_send,
             local_copy_sends: d.local_copy_sends,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
@@ -1948,15 +1952,33 @@ fn fabric_settings(
     let write_budget_bytes = budget("write_budget", &f.write_budget);
     let write_budget_total_bytes = budget("write_budget_total", &f.write_budget_total);
     let read_budget_bytes = budget("read_budget", &f.read_budget);
-    if write_budget_total_bytes < write_budget_bytes {
-        errors.push(ctx.fabric_err(
+    let read_budget_total_bytes = budget("read_budget_total", &f.read_budget_total);
+    for (key, total, total_text, share, share_text) in [
+        (
             "write_budget_total",
-            format!(
-                "{:?} is less than write_budget ({:?}): one connection could never hold its \
-                 budget; raise write_budget_total or lower write_budget",
-                f.write_budget_total, f.write_budget
-            ),
-        ));
+            write_budget_total_bytes,
+            &f.write_budget_total,
+            write_budget_bytes,
+            &f.write_budget,
+        ),
+        (
+            "read_budget_total",
+            read_budget_total_bytes,
+            &f.read_budget_total,
+            read_budget_bytes,
+            &f.read_budget,
+        ),
+    ] {
+        if total < share {
+            let share_key = key.trim_end_matches("_total");
+            errors.push(ctx.fabric_err(
+                key,
+                format!(
+                    "{total_text:?} is less than {share_key} ({share_text:?}): one connection \
+                     could never hold its budget; raise {key} or lower {share_key}"
+                ),
+            ));
+        }
     }
     if !errors.is_empty() {
         return Err(errors);
@@ -1965,6 +1987,7 @@ fn fabric_settings(
         write_budget_bytes,
         write_budget_total_bytes,
         read_budget_bytes,
+        read_budget_total_bytes,
         require_header_digest,
         require_data_digest,
         queue_depth: f.queue_depth,

@@ -2191,23 +2191,28 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
     );
 }
 
-/// `[fabric] write_budget_total` bounds the WRITE data of all connections
-/// together: 2 GiB unset, a size when set, and refused (naming the key)
-/// below one connection's `write_budget`, which no connection could then
-/// hold.
+/// `[fabric] write_budget_total` and `read_budget_total` bound the WRITE
+/// and READ data of all connections together: 2 GiB unset, a size when
+/// set, and refused (naming the key) below one connection's budget, which
+/// no connection could then hold.
 #[test]
-fn the_fabrics_write_budget_total_is_set_and_checked() {
+fn the_fabrics_budget_totals_are_set_and_checked() {
+    let totals = |s: &blockwire_target::iscsi::FabricSettings| {
+        (s.write_budget_total_bytes, s.read_budget_total_bytes)
+    };
     let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(b.settings.write_budget_total_bytes, 2 << 30);
-    let b =
-        with_fabric("[fabric]\nwrite_budget_total = \"512M\"\n").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(b.settings.write_budget_total_bytes, 512 << 20);
-    for fabric in [
-        "write_budget_total = \"128M\"",
-        "write_budget = \"4G\"",
-        "write_budget_total = \"lots\"",
+    assert_eq!(totals(&b.settings), (2 << 30, 2 << 30));
+    let b = with_fabric("[fabric]\nwrite_budget_total = \"512M\"\nread_budget_total = \"1G\"\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(totals(&b.settings), (512 << 20, 1 << 30));
+    for (fabric, field) in [
+        ("write_budget_total = \"128M\"", "write_budget_total"),
+        ("write_budget = \"4G\"", "write_budget_total"),
+        ("write_budget_total = \"lots\"", "write_budget_total"),
+        ("read_budget_total = \"128M\"", "read_budget_total"),
+        ("read_budget = \"4G\"", "read_budget_total"),
     ] {
         let e = with_fabric(&format!("[fabric]\n{fabric}\n")).unwrap_err();
-        assert_eq!(e.field, "fabric.write_budget_total", "{fabric}: {e}");
+        assert_eq!(e.field, format!("fabric.{field}"), "{fabric}: {e}");
     }
 }

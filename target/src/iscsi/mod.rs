@@ -63,6 +63,9 @@ pub struct FabricSettings {
     /// an initiator that asks faster than it reads is held back, not served
     /// into memory without bound (nothing is refused).
     pub read_budget_bytes: u64,
+    /// READ data all connections together may hold before it is sent;
+    /// READs beyond it wait as those beyond a connection's budget do.
+    pub read_budget_total_bytes: u64,
     /// Interval of NOP-In keepalive pings; None disables them.
     pub nop_interval: Option<Duration>,
     /// A connection whose initiator leaves a ping unanswered this long is dropped.
@@ -131,6 +134,7 @@ impl Default for FabricSettings {
             write_budget_bytes: 256 << 20,
             write_budget_total_bytes: 2 << 30,
             read_budget_bytes: 256 << 20,
+            read_budget_total_bytes: 2 << 30,
             nop_interval: Some(Duration::from_secs(15)),
             nop_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),
@@ -176,6 +180,9 @@ pub struct Fabric {
     /// WRITE data held by all connections, each connection's budget
     /// drawn from it (see [`budget`]).
     pub write_budget: Arc<budget::WriteBudget>,
+    /// READ data held unsent by all connections, each connection's READ
+    /// budget taken within it.
+    pub(crate) read_budget: machine::ReadBudget,
     /// Turns true when the daemon shuts down.
     pub shutdown: watch::Receiver<bool>,
     /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
@@ -227,6 +234,7 @@ impl Fabric {
             login_slots,
             auth_failures: auth_failures::AuthFailures::default(),
             write_budget: budget::WriteBudget::new(settings.write_budget_total_bytes),
+            read_budget: machine::ReadBudget::new(settings.read_budget_total_bytes),
             admissions: std::sync::Mutex::new(()),
             settings,
             shutdown,
@@ -243,6 +251,12 @@ impl Fabric {
             fabric.wire_aborts(&target.luns);
         }
         fabric
+    }
+
+    /// Bytes of READ data all connections hold now, read and not yet sent
+    /// (within `FabricSettings::read_budget_total_bytes`).
+    pub fn read_data_held(&self) -> u64 {
+        self.read_budget.held()
     }
 
     /// What is served now.

@@ -378,7 +378,12 @@ mod tests {
     /// test, so a double free would show (the window's count saturates at
     /// zero).
     fn window_with(other: usize) -> (Arc<Shared>, Vec<CommandSlot>) {
-        let shared = Shared::new(0, 8, 1 << 20);
+        let shared = Shared::new(
+            0,
+            8,
+            1 << 20,
+            crate::iscsi::machine::ReadBudget::new(1 << 20),
+        );
         let held = (0..other).map(|_| admit(&shared)).collect();
         (shared, held)
     }

@@ -64,58 +64,108 @@ pub(super) struct Shared {
     pub(super) copies: Arc<crate::copies::Tracker>,
     /// Bytes of READ data the core may have read and not yet sent
     /// ([`super::FabricSettings::read_budget_bytes`]).
-    pub(super) read_budget: Arc<tokio::sync::Semaphore>,
-    /// The budget's size in bytes (its permits when nothing is held).
-    read_budget_size: usize,
+    read_budget: ReadBudget,
+    /// The same, for all connections together
+    /// ([`super::FabricSettings::read_budget_total_bytes`]).
+    fabric_read_budget: ReadBudget,
+}
+
+/// A READ budget: a semaphore of one permit per byte, and its size.
+#[derive(Clone, Debug)]
+pub(crate) struct ReadBudget {
+    permits: Arc<tokio::sync::Semaphore>,
+    size: u32,
+}
+
+impl ReadBudget {
+    /// A budget of `bytes` (at least one, at most the semaphore's most).
+    pub(crate) fn new(bytes: u64) -> ReadBudget {
+        let permits = usize::try_from(bytes)
+            .unwrap_or(usize::MAX)
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        ReadBudget {
+            permits: Arc::new(tokio::sync::Semaphore::new(permits)),
+            size: u32::try_from(permits).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Bytes held now.
+    pub(crate) fn held(&self) -> u64 {
+        u64::from(self.size).saturating_sub(self.permits.available_permits() as u64)
+    }
+
+    /// `len` bytes of it, at most the whole budget (a READ larger than the
+    /// budget holds all of it, rather than waiting for good), if there is
+    /// room now.
+    fn try_take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.permits
+            .clone()
+            .try_acquire_many_owned(len.min(self.size))
+            .ok()
+    }
+
+    /// `len` bytes of it (at most the whole), once they are free.
+    async fn take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.permits
+            .clone()
+            .acquire_many_owned(len.min(self.size))
+            .await
+            .ok()
+    }
+}
+
+/// A READ's data held in memory until sent: its shares of its connection's
+/// READ budget and the fabric's, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct ReadDataHeld {
+    _connection: tokio::sync::OwnedSemaphorePermit,
+    _fabric: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Shared {
     /// The shared state of a connection whose CmdSN window starts at
     /// `exp_cmd_sn` and holds `depth` commands, and that may hold
-    /// `read_budget` bytes of READ data waiting to be sent.
-    pub(super) fn new(exp_cmd_sn: u32, depth: u32, read_budget: u64) -> Arc<Shared> {
-        let permits = usize::try_from(read_budget)
-            .unwrap_or(usize::MAX)
-            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+    /// `read_budget` bytes of READ data waiting to be sent, within the
+    /// fabric's `fabric_read_budget`.
+    pub(super) fn new(
+        exp_cmd_sn: u32,
+        depth: u32,
+        read_budget: u64,
+        fabric_read_budget: ReadBudget,
+    ) -> Arc<Shared> {
         Arc::new(Shared {
             window: Mutex::new(CmdWindow::new(exp_cmd_sn, depth)),
             copies: Arc::default(),
-            read_budget: Arc::new(tokio::sync::Semaphore::new(permits)),
-            read_budget_size: permits,
+            read_budget: ReadBudget::new(read_budget),
+            fabric_read_budget,
         })
     }
 
-    /// [`Shared::hold_read_data`] if the budget has room now; Err if not
-    /// (Ok(None) only if the budget were closed, which it never is).
-    pub(super) fn try_hold_read_data(
-        &self,
-        len: u32,
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ()> {
-        let whole = u32::try_from(self.read_budget_size).unwrap_or(u32::MAX);
-        match self
-            .read_budget
-            .clone()
-            .try_acquire_many_owned(len.min(whole))
-        {
-            Ok(permit) => Ok(Some(permit)),
-            Err(tokio::sync::TryAcquireError::NoPermits) => Err(()),
-            Err(tokio::sync::TryAcquireError::Closed) => Ok(None),
-        }
+    /// [`Shared::hold_read_data`] if both budgets have room now; Err if
+    /// not.
+    pub(super) fn try_hold_read_data(&self, len: u32) -> Result<Option<ReadDataHeld>, ()> {
+        let connection = self.read_budget.try_take(len).ok_or(())?;
+        // Without room in the fabric's, the connection's share goes back.
+        let fabric = self.fabric_read_budget.try_take(len).ok_or(())?;
+        Ok(Some(ReadDataHeld {
+            _connection: connection,
+            _fabric: fabric,
+        }))
     }
 
-    /// Takes `len` bytes (at most the whole budget) of the READ budget,
-    /// waiting until earlier READ data has been sent (None only if the
-    /// budget were closed, which it never is).
-    pub(super) async fn hold_read_data(
-        &self,
-        len: u32,
-    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let whole = u32::try_from(self.read_budget_size).unwrap_or(u32::MAX);
-        self.read_budget
-            .clone()
-            .acquire_many_owned(len.min(whole))
-            .await
-            .ok()
+    /// Takes `len` bytes (at most the whole budget) of the connection's
+    /// READ budget, then of the fabric's, waiting until earlier READ data
+    /// has been sent (None only if a budget were closed, which it never
+    /// is). The connection's share first: a connection whose own data
+    /// fill its budget waits on its initiator without holding any of the
+    /// fabric's.
+    pub(super) async fn hold_read_data(&self, len: u32) -> Option<ReadDataHeld> {
+        let connection = self.read_budget.take(len).await?;
+        let fabric = self.fabric_read_budget.take(len).await?;
+        Some(ReadDataHeld {
+            _connection: connection,
+            _fabric: fabric,
+        })
     }
 
     fn window(&self) -> std::sync::MutexGuard<'_, CmdWindow<Admitted>> {
@@ -387,6 +437,7 @@ impl ConnMachine {
                 outcome.exp_cmd_sn,
                 settings.queue_depth,
                 settings.read_budget_bytes,
+                fabric.read_budget.clone(),
             ),
             collectors: HashMap::new(),
             held: BTreeSet::new(),
