@@ -9,7 +9,7 @@ use std::time::Duration;
 use blockwire_pdu::keys::{encode_text, Digest, SessionParams};
 use blockwire_pdu::pdu::codes::{AsyncEvent, RejectReason, TmfFunction, TmfResponse};
 use blockwire_pdu::pdu::{
-    DataOut, LoginRequest, LogoutRequest, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
+    DataOut, LoginRequest, LogoutRequest, NopOut, R2t, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
 };
 use blockwire_pdu::{Bhs, Digests, Lun, Pdu, Stage};
 use blockwire_target::backstore::{Backstore, RamBackstore};
@@ -179,32 +179,37 @@ async fn write(c: &mut Client, lba: u32, data: &[u8]) -> u8 {
     loop {
         let pdu = c.recv().await.expect("R2T or response");
         match pdu.bhs {
-            Bhs::R2t(r) => {
-                let (start, stop) = (
-                    r.buffer_offset as usize,
-                    (r.buffer_offset + r.desired_data_transfer_length) as usize,
-                );
-                let (mut o, mut sn) = (start, 0);
-                while o < stop {
-                    let end = (o + seg).min(stop);
-                    let d = DataOut {
-                        final_bit: end == stop,
-                        lun: r.lun,
-                        itt: r.itt,
-                        ttt: r.ttt,
-                        exp_stat_sn: 0,
-                        data_sn: sn,
-                        buffer_offset: o as u32,
-                    };
-                    c.send(Pdu::with_data(Bhs::DataOut(d), data[o..end].to_vec()))
-                        .await;
-                    o = end;
-                    sn += 1;
-                }
-            }
+            Bhs::R2t(r) => answer_r2t(c, &r, data).await,
             Bhs::ScsiResponse(r) if r.itt == cmd.itt => return r.status,
             other => panic!("unexpected {other:?}"),
         }
+    }
+}
+
+/// Sends the Data-Out sequence `r2t` asks for, out of `data` (the whole
+/// command's data).
+async fn answer_r2t(c: &mut Client, r2t: &R2t, data: &[u8]) {
+    let seg = c.params.target_max_recv_data_segment_length as usize;
+    let (start, stop) = (
+        r2t.buffer_offset as usize,
+        (r2t.buffer_offset + r2t.desired_data_transfer_length) as usize,
+    );
+    let (mut o, mut sn) = (start, 0);
+    while o < stop {
+        let end = (o + seg).min(stop);
+        let d = DataOut {
+            final_bit: end == stop,
+            lun: r2t.lun,
+            itt: r2t.itt,
+            ttt: r2t.ttt,
+            exp_stat_sn: 0,
+            data_sn: sn,
+            buffer_offset: o as u32,
+        };
+        c.send(Pdu::with_data(Bhs::DataOut(d), data[o..end].to_vec()))
+            .await;
+        o = end;
+        sn += 1;
     }
 }
 
@@ -975,25 +980,8 @@ async fn write_data_beyond_the_connection_budget_gets_task_set_full() {
     };
     assert_eq!((r.itt, r.status), (second.itt, 0x28));
     // Finishing the first returns its share: the next write fits again.
-    let seg = c.params.target_max_recv_data_segment_length as usize;
     let data = vec![0x5au8; 48 << 10];
-    let (mut o, mut sn) = (0usize, 0u32);
-    while o < data.len() {
-        let end = (o + seg).min(data.len());
-        let d = DataOut {
-            final_bit: end == data.len(),
-            lun: r2t.lun,
-            itt: r2t.itt,
-            ttt: r2t.ttt,
-            exp_stat_sn: 0,
-            data_sn: sn,
-            buffer_offset: o as u32,
-        };
-        c.send(Pdu::with_data(Bhs::DataOut(d), data[o..end].to_vec()))
-            .await;
-        o = end;
-        sn += 1;
-    }
+    answer_r2t(&mut c, &r2t, &data).await;
     let pdu = c.recv().await.expect("the first write's status");
     let Bhs::ScsiResponse(r) = pdu.bhs else {
         panic!("expected a SCSI Response, got {pdu:?}")
@@ -1044,25 +1032,8 @@ async fn write_data_beyond_the_fabrics_budget_gets_busy_on_a_connection_holding_
     let second = a.command(&rw10(0x2a, 300, 64), false, true, 32 << 10, true);
     a.send(Pdu::new(Bhs::ScsiCommand(second))).await;
     assert_eq!(status(a.recv().await), (second.itt, 0x28), "TASK SET FULL");
-    let seg = a.params.target_max_recv_data_segment_length as usize;
     let data = vec![0x5au8; 48 << 10];
-    let (mut o, mut sn) = (0usize, 0u32);
-    while o < data.len() {
-        let end = (o + seg).min(data.len());
-        let d = DataOut {
-            final_bit: end == data.len(),
-            lun: r2t.lun,
-            itt: r2t.itt,
-            ttt: r2t.ttt,
-            exp_stat_sn: 0,
-            data_sn: sn,
-            buffer_offset: o as u32,
-        };
-        a.send(Pdu::with_data(Bhs::DataOut(d), data[o..end].to_vec()))
-            .await;
-        o = end;
-        sn += 1;
-    }
+    answer_r2t(&mut a, &r2t, &data).await;
     assert_eq!(status(a.recv().await), (first.itt, 0));
     assert_eq!(write(&mut b, 400, &vec![0x11; 32 << 10]).await, 0);
     assert_eq!(write(&mut a, 500, &vec![0x22; 32 << 10]).await, 0);

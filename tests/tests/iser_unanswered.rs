@@ -174,23 +174,7 @@ impl RawIser {
         let response = loop {
             assert!(sent.len() < 64, "the login does not end");
             sent.extend(keys.iter().map(|(k, _)| k.clone()));
-            let login = Pdu::with_data(
-                Bhs::LoginRequest(LoginRequest {
-                    transit: true,
-                    continue_bit: false,
-                    csg: Stage::Operational,
-                    nsg: Stage::FullFeature,
-                    version_max: 0,
-                    version_min: 0,
-                    isid: [0x80, 0, 0x2a, 0, 0, 1],
-                    tsih: 0,
-                    itt: 1,
-                    cid: 0,
-                    cmd_sn: 1,
-                    exp_stat_sn: 0,
-                }),
-                encode_text(&keys).unwrap(),
-            );
+            let login = login_request(Stage::Operational, Stage::FullFeature, 1, &keys);
             self.send(None, &login).await;
             let answer = self.receive().await;
             let Bhs::LoginResponse(r) = answer.bhs else {
@@ -227,6 +211,33 @@ impl RawIser {
             .expect("the target sends PDUs")
             .0
     }
+}
+
+/// A first Login Request (ISID ending in `session`) carrying `keys`,
+/// asking to move from `csg` to `nsg`.
+fn login_request<K: AsRef<str>, V: AsRef<str>>(
+    csg: Stage,
+    nsg: Stage,
+    session: u8,
+    keys: &[(K, V)],
+) -> Pdu {
+    Pdu::with_data(
+        Bhs::LoginRequest(LoginRequest {
+            transit: true,
+            continue_bit: false,
+            csg,
+            nsg,
+            version_max: 0,
+            version_min: 0,
+            isid: [0x80, 0, 0x2a, 0, 0, session],
+            tsih: 0,
+            itt: 1,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+        }),
+        encode_text(keys).unwrap(),
+    )
 }
 
 /// The initiator's host: a current-thread runtime driven by a thread of its
@@ -610,23 +621,7 @@ async fn an_iser_authentication_failure_is_answered_after_its_delay() {
         ("SessionType", "Normal"),
         ("AuthMethod", "None"),
     ];
-    let login = Pdu::with_data(
-        Bhs::LoginRequest(LoginRequest {
-            transit: true,
-            continue_bit: false,
-            csg: Stage::Security,
-            nsg: Stage::Operational,
-            version_max: 0,
-            version_min: 0,
-            isid: [0x80, 0, 0x2a, 0, 0, 2],
-            tsih: 0,
-            itt: 1,
-            cid: 0,
-            cmd_sn: 1,
-            exp_stat_sn: 0,
-        }),
-        encode_text(&keys).unwrap(),
-    );
+    let login = login_request(Stage::Security, Stage::Operational, 2, &keys);
     let asked = std::time::Instant::now();
     raw.send(None, &login).await;
     let answer = raw.receive().await;
