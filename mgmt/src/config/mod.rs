@@ -183,16 +183,18 @@ pub struct FabricConfig {
     /// WRITE data one connection may hold at once (e.g. "256M"); commands
     /// beyond it are answered TASK SET FULL.
     pub write_budget: String,
-    /// WRITE data all connections together may hold at once (e.g. "2G"; at
+    /// WRITE data all connections together may hold at once (e.g. "4G"; at
     /// least `write_budget`); commands beyond it are answered TASK SET
-    /// FULL, or BUSY on a connection holding none.
-    pub write_budget_total: String,
+    /// FULL, or BUSY on a session with no other command. Unset: an eighth
+    /// of the daemon's memory, at least `write_budget`.
+    pub write_budget_total: Option<String>,
     /// READ data one connection may hold before it is sent (e.g. "256M");
     /// READs beyond it wait until the initiator has taken earlier data.
     pub read_budget: String,
     /// READ data all connections together may hold before it is sent
-    /// (e.g. "2G"; at least `read_budget`); READs beyond it wait.
-    pub read_budget_total: String,
+    /// (e.g. "4G"; at least `read_budget`); READs beyond it wait. Unset: an
+    /// eighth of the daemon's memory, at least `read_budget`.
+    pub read_budget_total: Option<String>,
     /// Send large Data-In payloads with MSG_ZEROCOPY where the kernel
     /// allows it (default true); false: plain copying sends.
     pub zero_copy_send: bool,
@@ -255,9 +257,9 @@ impl Default for FabricConfig {
             rdma_backend: "soft".into(),
             rdma_device: None,
             write_budget: "256M".into(),
-            write_budget_total: "2G".into(),
+            write_budget_total: None,
             read_budget: "256M".into(),
-            read_budget_total: "2G".into(),
+            read_budget_total: None,
             zero_copy_send: d.zero_copy_send,
             local_copy_sends: d.local_copy_sends,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
@@ -1950,9 +1952,18 @@ fn fabric_settings(
             }
         };
     let write_budget_bytes = budget("write_budget", &f.write_budget);
-    let write_budget_total_bytes = budget("write_budget_total", &f.write_budget_total);
     let read_budget_bytes = budget("read_budget", &f.read_budget);
-    let read_budget_total_bytes = budget("read_budget_total", &f.read_budget_total);
+    let mut total = |key: &'static str, value: &Option<String>, share: u64| match value {
+        Some(v) => budget(key, v),
+        None => blockwire_target::iscsi::default_budget_total(share),
+    };
+    let write_budget_total_bytes = total(
+        "write_budget_total",
+        &f.write_budget_total,
+        write_budget_bytes,
+    );
+    let read_budget_total_bytes =
+        total("read_budget_total", &f.read_budget_total, read_budget_bytes);
     for (key, total, total_text, share, share_text) in [
         (
             "write_budget_total",
@@ -1969,7 +1980,12 @@ fn fabric_settings(
             &f.read_budget,
         ),
     ] {
-        if total < share {
+        // A value that did not parse was reported already.
+        let parsed = |text: &str| parse_size(text).is_some_and(|n| n >= 1 << 20);
+        let Some(total_text) = total_text else {
+            continue;
+        };
+        if total < share && parsed(total_text) && parsed(share_text) {
             let share_key = key.trim_end_matches("_total");
             errors.push(ctx.fabric_err(
                 key,

@@ -2192,25 +2192,37 @@ fn the_login_bounds_are_set_in_the_fabric_section() {
 }
 
 /// `[fabric] write_budget_total` and `read_budget_total` bound the WRITE
-/// and READ data of all connections together: 2 GiB unset, a size when
-/// set, and refused (naming the key) below one connection's budget, which
-/// no connection could then hold.
+/// and READ data of all connections together: unset, an eighth of the
+/// daemon's memory and at least one connection's budget; a size when set,
+/// refused (naming the key) below one connection's budget, which no
+/// connection could then hold, and reported once when it does not parse.
 #[test]
 fn the_fabrics_budget_totals_are_set_and_checked() {
     let totals = |s: &blockwire_target::iscsi::FabricSettings| {
         (s.write_budget_total_bytes, s.read_budget_total_bytes)
     };
     let b = with_fabric("").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(totals(&b.settings), (2 << 30, 2 << 30));
+    let unset = blockwire_target::iscsi::default_budget_total(256 << 20);
+    assert_eq!(totals(&b.settings), (unset, unset));
+    assert!(unset >= 256 << 20);
+    // Unset beside a larger share: the share.
+    let b = with_fabric("[fabric]\nwrite_budget = \"1T\"\n").unwrap_or_else(|e| panic!("{e}"));
+    assert!(b.settings.write_budget_total_bytes >= 1 << 40);
     let b = with_fabric("[fabric]\nwrite_budget_total = \"512M\"\nread_budget_total = \"1G\"\n")
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(totals(&b.settings), (512 << 20, 1 << 30));
     for (fabric, field) in [
         ("write_budget_total = \"128M\"", "write_budget_total"),
-        ("write_budget = \"4G\"", "write_budget_total"),
+        (
+            "write_budget = \"4G\"\nwrite_budget_total = \"2G\"",
+            "write_budget_total",
+        ),
         ("write_budget_total = \"lots\"", "write_budget_total"),
         ("read_budget_total = \"128M\"", "read_budget_total"),
-        ("read_budget = \"4G\"", "read_budget_total"),
+        (
+            "read_budget = \"4G\"\nread_budget_total = \"2G\"",
+            "read_budget_total",
+        ),
     ] {
         let e = with_fabric(&format!("[fabric]\n{fabric}\n")).unwrap_err();
         assert_eq!(e.field, format!("fabric.{field}"), "{fabric}: {e}");

@@ -137,11 +137,19 @@ impl Drop for Charge {
     }
 }
 
-/// Three quarters of the memory this process may use: the machine's
-/// (`MemTotal`), or the lowest limit of its control group and the groups
-/// above it where that is lower (a container, a systemd unit with
-/// MemoryMax=, or the slice it runs in). Unknown: no limit.
+/// Three quarters of the memory this process may use ([`usable_memory`]).
+/// Unknown: no limit.
 pub fn default_limit() -> u64 {
+    usable_memory().map_or(u64::MAX, |memory| {
+        memory / DEFAULT_SHARE_DEN * DEFAULT_SHARE_NUM
+    })
+}
+
+/// The memory this process may use: the machine's (`MemTotal`), or the
+/// lowest limit of its control group and the groups above it where that
+/// is lower (a container, a systemd unit with MemoryMax=, or the slice it
+/// runs in); None when neither is known.
+pub fn usable_memory() -> Option<u64> {
     let machine = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| mem_total(&m));
@@ -149,11 +157,8 @@ pub fn default_limit() -> u64 {
         .ok()
         .and_then(|c| lowest_limit(&group_limit_files(&c)));
     match (machine, group) {
-        (None, None) => u64::MAX,
-        (a, b) => {
-            let memory = a.unwrap_or(u64::MAX).min(b.unwrap_or(u64::MAX));
-            memory / DEFAULT_SHARE_DEN * DEFAULT_SHARE_NUM
-        }
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(u64::MAX).min(b.unwrap_or(u64::MAX))),
     }
 }
 

@@ -9,9 +9,11 @@
 //! The connections' budgets together are bounded by the fabric's
 //! (`[fabric] write_budget_total`), or a thousand connections could each
 //! pin their own: a command the fabric's budget cannot take is answered
-//! TASK SET FULL when its connection has WRITEs of its own under way, and
+//! TASK SET FULL when its session has other commands in the task set, and
 //! BUSY when it has none (SAM-5 5.3: TASK SET FULL tells an initiator its
-//! own commands fill the task set, which they do not), and retried.
+//! own commands fill the task set), and retried. The fabric's budget
+//! bounds memory, not fairness (see
+//! [`default_budget_total`](super::default_budget_total)).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,7 +34,8 @@ pub struct WriteBudget {
 pub struct Reservation {
     budget: Arc<WriteBudget>,
     bytes: u64,
-    /// The same bytes held against the enclosing budget.
+    /// The same bytes held against the enclosing budget (given back when
+    /// this is dropped).
     _within: Option<Box<Reservation>>,
 }
 
@@ -78,35 +81,36 @@ impl WriteBudget {
     /// as the READ budget's largest share is the whole of it.
     pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reservation, Refused> {
         let bytes = bytes.min(self.limit);
-        let within = match &self.within {
-            Some(enclosing) => Some(Box::new(
-                enclosing
-                    .reserve(bytes)
-                    .map_err(|_| Refused::EnclosingFull)?,
-            )),
-            None => None,
-        };
+        // This budget first: a connection at its own limit, retrying,
+        // never takes the enclosing budget's room from other connections,
+        // even for a moment.
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let next = used.checked_add(bytes).ok_or(Refused::Full)?;
             if next > self.limit {
-                // `within`, dropped here, gives its share back.
                 return Err(Refused::Full);
             }
             match self
                 .used
                 .compare_exchange_weak(used, next, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) => {
-                    return Ok(Reservation {
-                        budget: self.clone(),
-                        bytes,
-                        _within: within,
-                    })
-                }
+                Ok(_) => break,
                 Err(now) => used = now,
             }
         }
+        let mut mine = Reservation {
+            budget: self.clone(),
+            bytes,
+            _within: None,
+        };
+        if let Some(enclosing) = &self.within {
+            // Refused there, `mine` is dropped and gives its share back.
+            let outer = enclosing
+                .reserve(bytes)
+                .map_err(|_| Refused::EnclosingFull)?;
+            mine._within = Some(Box::new(outer));
+        }
+        Ok(mine)
     }
 
     /// Bytes reserved now.
@@ -166,7 +170,7 @@ mod tests {
         let held = a.reserve(70).unwrap();
         assert_eq!((a.used(), fabric.used()), (70, 70));
         assert_eq!(a.reserve(20).unwrap_err(), Refused::Full);
-        assert_eq!(fabric.used(), 70, "the fabric's share given back");
+        assert_eq!(fabric.used(), 70, "nothing taken from the fabric's");
         assert_eq!(b.reserve(40).unwrap_err(), Refused::EnclosingFull);
         assert_eq!(
             (b.used(), fabric.used()),

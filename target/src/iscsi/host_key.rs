@@ -5,11 +5,11 @@
 //! - An IPv4-mapped IPv6 address (an IPv4 initiator on a dual-stack portal,
 //!   `[::]`): the IPv4 address it is, for every IPv4 address shares
 //!   `::ffff:0:0/96`'s /64.
-//! - IPv6 link-local (`fe80::/10`): the whole address, for every host on a
-//!   link shares `fe80::/64`.
-//! - Other IPv6: its /64, which one host usually holds whole (SLAAC and
-//!   privacy addresses): a host gains nothing by taking more addresses of
-//!   it. Hosts of one subnet whose /64 they share are counted as one.
+//! - IPv6: its /64, which one host usually holds whole (SLAAC and privacy
+//!   addresses): a host gains nothing by taking more addresses of it.
+//!   Hosts of one subnet whose /64 they share are counted as one; so are
+//!   all hosts using link-local addresses (`fe80::/64`) on the portal's
+//!   links, for anyone on a link may take as many of those as it likes.
 
 use std::net::IpAddr;
 
@@ -17,7 +17,6 @@ use std::net::IpAddr;
 pub fn host_key(address: IpAddr) -> IpAddr {
     match address.to_canonical() {
         v4 @ IpAddr::V4(_) => v4,
-        IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80 => IpAddr::V6(a),
         IpAddr::V6(a) => {
             let prefix = u128::from(a) & !((1u128 << 64) - 1);
             IpAddr::V6(prefix.into())
@@ -39,9 +38,7 @@ mod tests {
         assert_eq!(key("::ffff:198.51.100.7"), "198.51.100.7");
         assert_eq!(key("2001:db8:1:2::1"), "2001:db8:1:2::");
         assert_eq!(key("2001:db8:1:2:ffff::7"), "2001:db8:1:2::");
-        assert_eq!(key("fe80::1"), "fe80::1");
-        assert_ne!(key("fe80::1"), key("fe80::2"));
-        assert_eq!(key("febf::1"), "febf::1");
-        assert_eq!(key("fec0::1"), "fec0::");
+        assert_eq!(key("fe80::1"), "fe80::");
+        assert_eq!(key("fe80::1"), key("fe80::2:3:4:5"));
     }
 }

@@ -55,8 +55,9 @@ pub struct FabricSettings {
     /// TASK SET FULL.
     pub write_budget_bytes: u64,
     /// WRITE data all connections together may hold at once; beyond it
-    /// commands get TASK SET FULL, or BUSY on a connection holding none
-    /// (see [`budget`]).
+    /// commands get TASK SET FULL, or BUSY on a session with no command
+    /// in its task set (see [`budget`]). Default
+    /// [`default_budget_total`].
     pub write_budget_total_bytes: u64,
     /// READ data one connection may hold in memory before it is sent; READs
     /// beyond it wait to run until the initiator has taken earlier data, so
@@ -65,6 +66,7 @@ pub struct FabricSettings {
     pub read_budget_bytes: u64,
     /// READ data all connections together may hold before it is sent;
     /// READs beyond it wait as those beyond a connection's budget do.
+    /// Default [`default_budget_total`].
     pub read_budget_total_bytes: u64,
     /// Interval of NOP-In keepalive pings; None disables them.
     pub nop_interval: Option<Duration>,
@@ -132,9 +134,9 @@ impl Default for FabricSettings {
             queue_depth: 128,
             max_io_bytes: 32 << 20,
             write_budget_bytes: 256 << 20,
-            write_budget_total_bytes: 2 << 30,
+            write_budget_total_bytes: default_budget_total(256 << 20),
             read_budget_bytes: 256 << 20,
-            read_budget_total_bytes: 2 << 30,
+            read_budget_total_bytes: default_budget_total(256 << 20),
             nop_interval: Some(Duration::from_secs(15)),
             nop_timeout: Duration::from_secs(30),
             login_timeout: Duration::from_secs(15),
@@ -155,6 +157,20 @@ impl Default for FabricSettings {
             no_net: false,
         }
     }
+}
+
+/// The default bound on the WRITE (or READ) data all connections together
+/// hold: an eighth of the memory the daemon may use (the machine's, or its
+/// control group's), so that the two together leave three quarters to the
+/// rest, and never less than one connection's `per_connection` budget. It
+/// bounds memory, not fairness: an initiator with several sessions that
+/// fill their budgets (WRITEs whose data it never sends, READ data it
+/// never reads) holds back the others' commands past it, where without it
+/// enough of them would run the daemon out of memory. Unknown memory: no
+/// bound.
+pub fn default_budget_total(per_connection: u64) -> u64 {
+    crate::backstore::ram_budget::usable_memory()
+        .map_or(u64::MAX, |memory| (memory / 8).max(per_connection))
 }
 
 /// The shared state of every connection.

@@ -160,6 +160,12 @@ impl TaskSet {
         self.lock().get(&itt).is_some_and(|t| !t.completing)
     }
 
+    /// Whether a task other than `itt` is registered (running or
+    /// completing): the session has commands in the task set besides it.
+    pub fn any_other_than(&self, itt: u32) -> bool {
+        self.lock().keys().any(|&t| t != itt)
+    }
+
     /// Whether a task is still registered (running or completing).
     pub fn contains(&self, itt: u32) -> bool {
         self.lock().contains_key(&itt)

@@ -74,41 +74,45 @@ pub(super) struct Shared {
 #[derive(Clone, Debug)]
 pub(crate) struct ReadBudget {
     permits: Arc<tokio::sync::Semaphore>,
-    size: u32,
+    size: usize,
 }
 
 impl ReadBudget {
     /// A budget of `bytes` (at least one, at most the semaphore's most).
     pub(crate) fn new(bytes: u64) -> ReadBudget {
-        let permits = usize::try_from(bytes)
+        let size = usize::try_from(bytes)
             .unwrap_or(usize::MAX)
             .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         ReadBudget {
-            permits: Arc::new(tokio::sync::Semaphore::new(permits)),
-            size: u32::try_from(permits).unwrap_or(u32::MAX),
+            permits: Arc::new(tokio::sync::Semaphore::new(size)),
+            size,
         }
     }
 
     /// Bytes held now.
     pub(crate) fn held(&self) -> u64 {
-        u64::from(self.size).saturating_sub(self.permits.available_permits() as u64)
+        self.size.saturating_sub(self.permits.available_permits()) as u64
     }
 
-    /// `len` bytes of it, at most the whole budget (a READ larger than the
-    /// budget holds all of it, rather than waiting for good), if there is
-    /// room now.
+    /// At most the whole budget: a READ larger than the budget holds all
+    /// of it, rather than waiting for good.
+    fn share(&self, len: u32) -> u32 {
+        u32::try_from(self.size).map_or(len, |size| len.min(size))
+    }
+
+    /// `len` bytes of it (see [`Self::share`]), if there is room now.
     fn try_take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
         self.permits
             .clone()
-            .try_acquire_many_owned(len.min(self.size))
+            .try_acquire_many_owned(self.share(len))
             .ok()
     }
 
-    /// `len` bytes of it (at most the whole), once they are free.
+    /// `len` bytes of it (see [`Self::share`]), once they are free.
     async fn take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
         self.permits
             .clone()
-            .acquire_many_owned(len.min(self.size))
+            .acquire_many_owned(self.share(len))
             .await
             .ok()
     }

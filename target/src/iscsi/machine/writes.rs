@@ -448,10 +448,11 @@ impl ConnMachine {
     /// `cmd`'s share of the connection's write budget (its whole Expected
     /// Data Transfer Length), or the status that refuses it when it does
     /// not fit: TASK SET FULL when the connection's own WRITEs fill its
-    /// budget, or when the fabric's is full while this connection holds
-    /// some; BUSY when the fabric's is full and this connection holds none
-    /// (SAM-5 5.3: no task of this nexus fills the task set). The
-    /// initiator retries the command later either way.
+    /// budget, or when the fabric's is full while the session has other
+    /// commands in the task set; BUSY when the fabric's is full and the
+    /// session has none (SAM-5 5.3: TASK SET FULL tells the initiator its
+    /// own commands fill the task set). The initiator retries the command
+    /// later either way.
     fn write_budget_for(&self, cmd: &ScsiCommand) -> Result<Reservation, u8> {
         let edtl = cmd.expected_data_transfer_length;
         let refused = match self.write_budget.reserve(u64::from(edtl)) {
@@ -459,7 +460,7 @@ impl ConnMachine {
             Err(refused) => refused,
         };
         let status = match refused {
-            Refused::EnclosingFull if self.write_budget.used() == 0 => BUSY,
+            Refused::EnclosingFull if !self.session.tasks.any_other_than(cmd.itt) => BUSY,
             _ => TASK_SET_FULL,
         };
         debug!(
