@@ -464,6 +464,64 @@ async fn unknown_tsih_is_refused_with_session_does_not_exist() {
     );
 }
 
+/// A refused login ends with a FIN, not a reset, even when the initiator
+/// sent more than the target read: here a Login Request whose data segment
+/// is past the login phase's 8192 bytes, and 256 KiB pipelined after it.
+/// Closed with those bytes unread, the socket would be reset, and a reset
+/// can cost the initiator the Login Response saying why (a lost segment is
+/// never sent again).
+#[tokio::test]
+async fn a_refused_login_ends_with_a_fin_though_the_initiator_sent_more() {
+    use tokio::io::AsyncReadExt;
+    let t = start(FabricSettings::default()).await;
+    let stream = tokio::net::TcpStream::connect(t.addr).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    let mut bytes = straight_to_full_feature([0x80, 0, 0, 0, 0, 9], 0, vec![b'x'; 9000])
+        .encode(Digests::NONE)
+        .to_vec();
+    bytes.extend(std::iter::repeat(0xa5u8).take(256 << 10));
+    // Written beside the reads: the target reads it only once it has
+    // answered.
+    let sent = tokio::spawn(async move {
+        let _ = wr.write_all(&bytes).await;
+        wr
+    });
+    let mut header = [0u8; 48];
+    tokio::time::timeout(Duration::from_secs(5), rd.read_exact(&mut header))
+        .await
+        .expect("a Login Response within 5 s")
+        .expect("a Login Response before the close");
+    let Ok((Bhs::LoginResponse(r), _)) = Bhs::decode(&header) else {
+        panic!("not a Login Response: {:?}", Bhs::decode(&header));
+    };
+    assert_eq!(r.status, blockwire_pdu::LoginStatus::INITIATOR_ERROR);
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(5), rd.read_to_end(&mut rest))
+        .await
+        .expect("the target closes its end within 5 s");
+    assert!(
+        end.is_ok(),
+        "the refused connection was reset, not closed: {end:?}"
+    );
+    // A reset may still follow the FIN: the target must be reading what
+    // comes until this end closes too.
+    let mut stream = rd.reunite(sent.await.unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        stream.take_error().unwrap().is_none(),
+        "the refused connection was reset after its FIN"
+    );
+    stream
+        .write_all(b"more")
+        .await
+        .expect("the target still takes what this end sends");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        stream.take_error().unwrap().is_none(),
+        "the refused connection was reset after its FIN"
+    );
+}
+
 #[tokio::test]
 async fn shutdown_asks_for_logout() {
     let t = start(FabricSettings::default()).await;

@@ -137,7 +137,8 @@ pub struct FabricConfig {
     pub queue_depth: u32,
     /// Seconds between NOP-In keepalives; 0 disables them.
     pub nop_interval_secs: u64,
-    /// Seconds before an initiator that ignores pings is dropped.
+    /// Seconds before an initiator that ignores pings, takes no data, or
+    /// sends none of a WRITE's awaited Data-Out, is dropped.
     pub nop_timeout_secs: u64,
     /// Seconds initiators get to log out at shutdown.
     pub logout_grace_secs: u64,
@@ -149,15 +150,15 @@ pub struct FabricConfig {
     /// Connections that may be in their login phase at once; one more is
     /// closed as soon as it is accepted.
     pub max_logins_in_progress: usize,
-    /// Of those, the most from one address, so that one host cannot take
-    /// every place. Unset: the target's default, or the total if that is
+    /// Of those, the most from one host (an IPv4 address, an IPv6 /64), so
+    /// that one host cannot take every place. Unset: the target's default, or the total if that is
     /// lower.
     pub max_logins_in_progress_per_address: Option<usize>,
     /// Discovery sessions open at once; one more login is refused OUT OF
     /// RESOURCES (normal sessions are not counted).
     pub max_discovery_sessions: usize,
-    /// Of those, the most from one initiator address (initiators behind
-    /// one NAT address share it). Unset: the target's default, or the
+    /// Of those, the most from one initiator host (an IPv4 address, an IPv6
+    /// /64; initiators behind one NAT address share it). Unset: the target's default, or the
     /// total if that is lower.
     pub max_discovery_sessions_per_address: Option<usize>,
     /// The target's MaxRecvDataSegmentLength.
@@ -1847,7 +1848,8 @@ fn fabric_settings(
             "nop_timeout_secs",
             format!(
                 "{} is not between 1 and {TIMER_MAX_SECS}: it is how long an initiator may take \
-                 no data, or answer no NOP-In, before its connection is cut (it cannot be off; \
+                 no data, send none of a WRITE's awaited data, or answer no NOP-In, before its \
+                 connection is cut (it cannot be off; \
                  nop_interval_secs = 0 turns the pings off)",
                 f.nop_timeout_secs
             ),

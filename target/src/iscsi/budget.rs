@@ -1,5 +1,5 @@
-//! Bounds on the memory WRITE data may pin: one per connection, within
-//! one for the whole fabric.
+//! Bounds on the memory WRITE and READ data may pin: one per connection,
+//! within one for the whole fabric.
 //!
 //! Each WRITE gathers its whole Expected Data Transfer Length before it
 //! runs (from Data-Out, or by RDMA Read from an RDMA-assisted initiator's
@@ -14,6 +14,12 @@
 //! own commands fill the task set), and retried. The fabric's budget
 //! bounds memory, not fairness (see
 //! [`default_budget_total`](super::default_budget_total)).
+//!
+//! READ data the core has read whole wait in memory until the writer sends
+//! them, and an initiator that stops reading its socket would leave them
+//! there: each such READ holds a share of its connection's READ budget and
+//! of the fabric's ([`ReadDataHeld`]) and waits for one when both are
+//! taken, so READs slow to the initiator's pace instead of filling memory.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -70,6 +76,7 @@ impl WriteBudget {
 
     /// Reserves `bytes`, or None when that would exceed the limit (this
     /// one's or the enclosing budget's).
+    #[cfg(test)]
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
         self.reserve(bytes).ok()
     }
@@ -122,6 +129,97 @@ impl WriteBudget {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A READ budget: a semaphore of one permit per byte, and its size.
+#[derive(Clone, Debug)]
+pub(crate) struct ReadBudget {
+    permits: Arc<tokio::sync::Semaphore>,
+    size: usize,
+}
+
+impl ReadBudget {
+    /// A budget of `bytes` (at least one, at most the semaphore's most).
+    pub(crate) fn new(bytes: u64) -> ReadBudget {
+        let size = usize::try_from(bytes)
+            .unwrap_or(usize::MAX)
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        ReadBudget {
+            permits: Arc::new(tokio::sync::Semaphore::new(size)),
+            size,
+        }
+    }
+
+    /// Bytes held now.
+    pub(crate) fn held(&self) -> u64 {
+        self.size.saturating_sub(self.permits.available_permits()) as u64
+    }
+
+    /// At most the whole budget: a READ larger than the budget holds all
+    /// of it, rather than waiting for good.
+    fn share(&self, len: u32) -> u32 {
+        u32::try_from(self.size).map_or(len, |size| len.min(size))
+    }
+
+    /// `len` bytes of it (see [`Self::share`]), if there is room now.
+    fn try_take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.permits
+            .clone()
+            .try_acquire_many_owned(self.share(len))
+            .ok()
+    }
+
+    /// `len` bytes of it (see [`Self::share`]), once they are free.
+    async fn take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.permits
+            .clone()
+            .acquire_many_owned(self.share(len))
+            .await
+            .ok()
+    }
+}
+
+/// A READ's data held in memory until sent: its shares of its connection's
+/// READ budget and the fabric's, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct ReadDataHeld {
+    _connection: tokio::sync::OwnedSemaphorePermit,
+    _fabric: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl ReadDataHeld {
+    /// `len` bytes of `connection`'s budget and of `fabric`'s, if both have
+    /// room now (without room in the fabric's, the connection's share goes
+    /// back).
+    pub(crate) fn try_take(
+        connection: &ReadBudget,
+        fabric: &ReadBudget,
+        len: u32,
+    ) -> Option<ReadDataHeld> {
+        let connection = connection.try_take(len)?;
+        let fabric = fabric.try_take(len)?;
+        Some(ReadDataHeld {
+            _connection: connection,
+            _fabric: fabric,
+        })
+    }
+
+    /// `len` bytes of `connection`'s budget, then of `fabric`'s, once they
+    /// are free (None only if a budget were closed, which it never is).
+    /// The connection's share first: a connection whose own data fill its
+    /// budget waits on its initiator without holding any of the fabric's.
+    pub(crate) async fn take(
+        connection: &ReadBudget,
+        fabric: &ReadBudget,
+        len: u32,
+    ) -> Option<ReadDataHeld> {
+        let connection = connection.take(len).await?;
+        let fabric = fabric.take(len).await?;
+        Some(ReadDataHeld {
+            _connection: connection,
+            _fabric: fabric,
+        })
     }
 }
 

@@ -159,9 +159,12 @@ async fn drive<R: AsyncRead + Unpin>(
             return;
         }
     };
-    drop(slot);
     let Some((session, generation, outcome, rdma)) = logged_in else {
-        close_after_login(&mut writer).await;
+        // The login slot is held until the connection is gone: a peer
+        // that keeps its end open meanwhile still counts against
+        // max_logins_in_progress.
+        close_after_login(&mut writer, &mut reader, &mut cut).await;
+        drop(slot);
         return;
     };
     // Subscribed before the look below: a stop that comes after it wakes
@@ -176,9 +179,11 @@ async fn drive<R: AsyncRead + Unpin>(
             "session closed or taken over before its full feature phase began: closing"
         );
         drop(rdma);
-        close_after_login(&mut writer).await;
+        close_after_login(&mut writer, &mut reader, &mut cut).await;
+        drop(slot);
         return;
     }
+    drop(slot);
     info!(
         tsih = session.tsih,
         initiator = %session.initiator_name,
@@ -300,14 +305,36 @@ async fn login<R: AsyncRead + Unpin>(
 }
 
 /// How long a connection that ends in its login phase has to flush what
-/// it queued (a refusal's Login Response) before it closes.
+/// it queued (a refusal's Login Response) and see its peer close its end
+/// before it closes.
 const LOGIN_LINGER: Duration = Duration::from_secs(5);
 
-/// Closes a connection whose login ended: its last Login Response flushed
-/// if the peer takes it within [`LOGIN_LINGER`], for a peer that stopped
-/// reading would hold the flush, and the connection, for good.
-async fn close_after_login(writer: &mut PduWriter) {
-    let _ = tokio::time::timeout(LOGIN_LINGER, writer.shutdown()).await;
+/// How much a peer may still send, once its login has ended, before the
+/// connection closes without waiting for its end.
+const LOGIN_LINGER_BYTES: usize = 1 << 20;
+
+/// Closes a connection whose login ended, within [`LOGIN_LINGER`] (a peer
+/// that stopped reading would hold the flush, and the connection, for
+/// good) or at once when the portal is cut: its last Login Response
+/// flushed and its sending side shut (a FIN), then what the peer still
+/// sends (the rest of a refused PDU, requests it pipelined) read and
+/// dropped until it closes its end. Closed with those bytes unread, the
+/// socket would end with a reset, which can cost the peer the Login
+/// Response telling it why.
+async fn close_after_login<R: AsyncRead + Unpin>(
+    writer: &mut PduWriter,
+    reader: &mut PduReader<R>,
+    cut: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    let linger = async {
+        if writer.shutdown().await.is_ok() {
+            reader.discard_until_end(LOGIN_LINGER_BYTES).await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(LOGIN_LINGER, linger) => {}
+        _ = turns_true(cut) => {}
+    }
 }
 
 /// Sends one Login Response, by the login's `deadline`: a peer that stops

@@ -1,5 +1,6 @@
 //! Which initiator host a peer address stands for, where a bound is kept
-//! per host rather than per address (authentication failures).
+//! per host rather than per address (authentication failures, logins in
+//! progress, discovery sessions).
 //!
 //! - IPv4: the address itself.
 //! - An IPv4-mapped IPv6 address (an IPv4 initiator on a dual-stack portal,

@@ -73,6 +73,27 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
         }
     }
 
+    /// Reads and drops what the peer still sends until it closes its end,
+    /// at most `max_bytes` of it: true at the peer's end of stream, false
+    /// past the bound or on an error. A TCP socket closed with received
+    /// bytes unread ends with a reset rather than a FIN, and a reset may
+    /// cost the peer the last response sent before it (RFC 1122 4.2.2.13;
+    /// RFC 7143 7.14 wants a connection taken down gracefully).
+    pub async fn discard_until_end(&mut self, max_bytes: usize) -> bool {
+        let mut dropped = 0;
+        while dropped <= max_bytes {
+            dropped += self.buf.len();
+            self.buf.clear();
+            self.buf.reserve(4096);
+            match self.inner.read_buf(&mut self.buf).await {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
     /// A PDU whose bytes were all received already, without reading the
     /// socket: None when the buffer holds no whole PDU. One socket read
     /// often brings several commands; the connection handles them all

@@ -1,17 +1,20 @@
 //! A bound on connections in their login phase: at most
 //! `FabricSettings::max_logins_in_progress` at once, and at most
-//! `FabricSettings::max_logins_in_progress_per_address` from one address.
+//! `FabricSettings::max_logins_in_progress_per_address` from one host (an
+//! IPv4 address, an IPv6 /64: see [`super::host_key`]).
 //!
 //! Each login holds buffers, a negotiation and a task until its final Login
 //! Response or its deadline. Without a bound, a peer opening connections
 //! and sending nothing holds all of that for the whole login deadline, as
-//! many times as it can connect. The per-address share keeps one such host
-//! from taking every slot: other initiators, including those logging in
+//! many times as it can connect. The per-host share keeps one such host
+//! from taking every slot, however many addresses of its /64 it takes: other initiators, including those logging in
 //! again after a network blip, still find room.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+
+use super::host_key::host_key;
 
 /// The slots of one fabric.
 #[derive(Debug)]
@@ -24,8 +27,8 @@ pub struct LoginSlots {
 #[derive(Debug, Default)]
 struct Held {
     total: usize,
-    /// Slots held per peer address; an address holding none has no entry,
-    /// so there are never more entries than slots held.
+    /// Slots held per peer host ([`host_key`]); a host holding none has no
+    /// entry, so there are never more entries than slots held.
     by_address: HashMap<IpAddr, usize>,
 }
 
@@ -42,9 +45,9 @@ pub enum NoSlot {
     /// `max_logins_in_progress` connections of all addresses are logging in.
     #[error("{0} connections are already in their login phase (max_logins_in_progress)")]
     Total(usize),
-    /// `max_logins_in_progress_per_address` connections from this address
-    /// are logging in.
-    #[error("{0} connections from this address are already in their login phase (max_logins_in_progress_per_address)")]
+    /// `max_logins_in_progress_per_address` connections from this host
+    /// (its IPv4 address or IPv6 /64) are logging in.
+    #[error("{0} connections from this host (its IPv4 address or IPv6 /64) are already in their login phase (max_logins_in_progress_per_address)")]
     Address(usize),
 }
 
@@ -62,6 +65,7 @@ impl LoginSlots {
     /// A slot for a connection from `address` (None: a stream with no peer
     /// address, counted in the total only), or why there is none.
     pub fn take(self: &Arc<Self>, address: Option<IpAddr>) -> Result<LoginSlot, NoSlot> {
+        let address = address.map(host_key);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.total >= self.total {
             return Err(NoSlot::Total(self.total));
@@ -79,7 +83,7 @@ impl LoginSlots {
         })
     }
 
-    /// Slots held now: in all, and by how many addresses.
+    /// Slots held now: in all, and by how many hosts.
     pub fn held(&self) -> (usize, usize) {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         (held.total, held.by_address.len())
@@ -130,6 +134,32 @@ mod tests {
         assert_eq!(slots.held(), (3, 2));
         let again: Vec<_> = (0..2).map(|_| slots.take(at(1)).unwrap()).collect();
         drop((again, c, d, none));
+        assert_eq!(slots.held(), (0, 0));
+    }
+
+    /// A host's share counts every address it may take: those of one IPv6
+    /// /64, and an IPv4 address written IPv4-mapped.
+    #[test]
+    fn a_hosts_addresses_share_its_share() {
+        let slots = LoginSlots::new(10, 2);
+        let at = |a: &str| Some(a.parse::<IpAddr>().unwrap());
+        let v6 = [
+            slots.take(at("2001:db8:1:2::1")).unwrap(),
+            slots.take(at("2001:db8:1:2:ffff::9")).unwrap(),
+        ];
+        assert_eq!(
+            slots.take(at("2001:db8:1:2::3")).unwrap_err(),
+            NoSlot::Address(2)
+        );
+        let other = slots.take(at("2001:db8:1:3::1")).unwrap();
+        let v4 = slots.take(at("198.51.100.7")).unwrap();
+        let mapped = slots.take(at("::ffff:198.51.100.7")).unwrap();
+        assert_eq!(
+            slots.take(at("198.51.100.7")).unwrap_err(),
+            NoSlot::Address(2)
+        );
+        assert_eq!(slots.held(), (5, 3));
+        drop((v6, other, v4, mapped));
         assert_eq!(slots.held(), (0, 0));
     }
 }

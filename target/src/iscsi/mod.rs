@@ -70,7 +70,9 @@ pub struct FabricSettings {
     pub read_budget_total_bytes: u64,
     /// Interval of NOP-In keepalive pings; None disables them.
     pub nop_interval: Option<Duration>,
-    /// A connection whose initiator leaves a ping unanswered this long is dropped.
+    /// A connection whose initiator leaves a ping unanswered this long, takes
+    /// no data this long, or sends none of a WRITE's awaited Data-Out this
+    /// long, is dropped.
     pub nop_timeout: Duration,
     /// Time a login may take between PDUs.
     pub login_timeout: Duration,
@@ -82,14 +84,15 @@ pub struct FabricSettings {
     /// Connections that may be in their login phase at once; one more is
     /// closed as soon as it is accepted (see [`login_slots`]).
     pub max_logins_in_progress: usize,
-    /// Of those, the most from one peer address, so that one host cannot
-    /// take every slot.
+    /// Of those, the most from one host (an IPv4 address, an IPv6 /64: see
+    /// [`host_key`]), so that one host cannot take every slot.
     pub max_logins_in_progress_per_address: usize,
     /// Discovery sessions that may be open at once; a discovery login past
     /// it is refused OUT OF RESOURCES. Normal sessions are not counted.
     pub max_discovery_sessions: usize,
-    /// Of those, the most from one initiator address, so that one host
-    /// cannot take them all (initiators behind one NAT address share it).
+    /// Of those, the most from one initiator host (an IPv4 address, an IPv6
+    /// /64: see [`host_key`]), so that one host cannot take them all
+    /// (initiators behind one NAT address share it).
     pub max_discovery_sessions_per_address: usize,
     /// Time initiators get to log out when the target shuts down.
     pub logout_grace: Duration,
@@ -198,7 +201,7 @@ pub struct Fabric {
     pub write_budget: Arc<budget::WriteBudget>,
     /// READ data held unsent by all connections, each connection's READ
     /// budget taken within it.
-    pub(crate) read_budget: machine::ReadBudget,
+    pub(crate) read_budget: budget::ReadBudget,
     /// Turns true when the daemon shuts down.
     pub shutdown: watch::Receiver<bool>,
     /// RDMA offload (RDMA-assisted iSCSI), once started with [`Fabric::start_rdma`].
@@ -250,7 +253,7 @@ impl Fabric {
             login_slots,
             auth_failures: auth_failures::AuthFailures::default(),
             write_budget: budget::WriteBudget::new(settings.write_budget_total_bytes),
-            read_budget: machine::ReadBudget::new(settings.read_budget_total_bytes),
+            read_budget: budget::ReadBudget::new(settings.read_budget_total_bytes),
             admissions: std::sync::Mutex::new(()),
             settings,
             shutdown,

@@ -492,7 +492,7 @@ fn try_read_share(ctx: &CommandContext) -> Result<ReadShare, ()> {
 }
 
 /// A READ's share of the connection's READ budget (see [`read_share`]).
-pub(super) type ReadShare = Option<super::machine::ReadDataHeld>;
+pub(super) type ReadShare = Option<super::budget::ReadDataHeld>;
 
 /// A READ's share of the connection's READ budget, taken before the core
 /// reads its data whole into memory, where they wait for the writer (TCP)

@@ -72,7 +72,7 @@ pub fn response_pdus(
 /// buffer goes back to be read into again (crate::payload_buffers).
 struct HeldData {
     data: crate::payload_buffers::Returning,
-    _share: Option<crate::iscsi::machine::ReadDataHeld>,
+    _share: Option<crate::iscsi::budget::ReadDataHeld>,
 }
 
 impl AsRef<[u8]> for HeldData {
@@ -88,7 +88,7 @@ pub(super) fn response_pdus_holding(
     result: ScsiResult,
     limits: DataInLimits,
     r2t_count: u32,
-    share: Option<crate::iscsi::machine::ReadDataHeld>,
+    share: Option<crate::iscsi::budget::ReadDataHeld>,
 ) -> Vec<Pdu> {
     let expected = cmd.expected_data_transfer_length;
     let residual = Residual::of(expected, result.transfer_length);

@@ -34,8 +34,9 @@ pub enum SessionError {
     /// This many discovery sessions are open already.
     #[error("{0} discovery sessions are open already; raise max_discovery_sessions if that many initiators discover at once")]
     TooManyDiscoverySessions(usize),
-    /// This many discovery sessions of the login's address are open already.
-    #[error("{0} discovery sessions from this address are open already; raise max_discovery_sessions_per_address if one host discovers that often at once")]
+    /// This many discovery sessions of the login's host (its IPv4 address
+    /// or IPv6 /64, see [`super::host_key`]) are open already.
+    #[error("{0} discovery sessions from this host (its IPv4 address or IPv6 /64) are open already; raise max_discovery_sessions_per_address if one host discovers that often at once")]
     TooManyDiscoverySessionsFromAddress(usize),
 }
 
@@ -315,7 +316,7 @@ struct TableInner {
     discovery_limit: Option<DiscoveryLimit>,
 }
 
-/// The most discovery sessions open at once: in all, and from one address.
+/// The most discovery sessions open at once: in all, and from one host.
 #[derive(Debug, Clone, Copy)]
 struct DiscoveryLimit {
     total: usize,
@@ -461,7 +462,8 @@ impl Drop for PendingSession<'_> {
 
 impl SessionTable {
     /// At most `total` discovery sessions at once from now on, and
-    /// `per_address` of them from one initiator address; a discovery login
+    /// `per_address` of them from one initiator host (an IPv4 address, an
+    /// IPv6 /64: see [`super::host_key`]); a discovery login
     /// past either is refused ([`SessionError::TooManyDiscoverySessions`],
     /// [`SessionError::TooManyDiscoverySessionsFromAddress`]). The share
     /// keeps one host from taking every discovery session there is.
@@ -539,6 +541,9 @@ impl SessionTable {
             // Counted before the reinstatement below, leaving out the
             // sessions it ends: a discovery login that takes over its own
             // session still opens, and one that is refused ends nothing.
+            // Per host, not per address: an IPv6 host may take as many
+            // addresses of its /64 as it likes.
+            let host = req.peer.map(super::host_key::host_key);
             let (mut open, mut from_peer) = (0, 0);
             for s in inner
                 .by_tsih
@@ -546,7 +551,8 @@ impl SessionTable {
                 .filter(|s| s.target.is_none() && !req.names_the_nexus_of(s))
             {
                 open += 1;
-                from_peer += usize::from(req.peer.is_some() && s.peer == req.peer);
+                from_peer +=
+                    usize::from(host.is_some() && s.peer.map(super::host_key::host_key) == host);
             }
             if open >= limit.total {
                 return Err(SessionError::TooManyDiscoverySessions(limit.total));
@@ -938,6 +944,32 @@ mod tests {
             SessionError::TooManyDiscoverySessionsFromAddress(2)
         );
         assert!(table.holds(&b2), "a refused login ended a session");
+    }
+
+    /// The share is a host's, not an address's: addresses of one IPv6 /64
+    /// share it, as does an IPv4 address written IPv4-mapped.
+    #[test]
+    fn a_hosts_addresses_share_its_discovery_sessions() {
+        let table = SessionTable::default();
+        table.limit_discovery_sessions(10, 2);
+        let from = |initiator: &str, peer: &str| {
+            let mut r = request(initiator, 1, 0, None, 1);
+            r.peer = Some(peer.parse().unwrap());
+            table.attach(r)
+        };
+        let _a = from("iqn.2026-11.test:a", "2001:db8:1:2::1").unwrap();
+        let _b = from("iqn.2026-11.test:b", "2001:db8:1:2::2").unwrap();
+        assert_eq!(
+            from("iqn.2026-11.test:c", "2001:db8:1:2:ffff::3").unwrap_err(),
+            SessionError::TooManyDiscoverySessionsFromAddress(2)
+        );
+        let _other = from("iqn.2026-11.test:d", "2001:db8:1:3::1").unwrap();
+        let _v4 = from("iqn.2026-11.test:e", "198.51.100.7").unwrap();
+        let _mapped = from("iqn.2026-11.test:f", "::ffff:198.51.100.7").unwrap();
+        assert_eq!(
+            from("iqn.2026-11.test:g", "198.51.100.7").unwrap_err(),
+            SessionError::TooManyDiscoverySessionsFromAddress(2)
+        );
     }
 
     #[test]

@@ -382,7 +382,7 @@ mod tests {
             0,
             8,
             1 << 20,
-            crate::iscsi::machine::ReadBudget::new(1 << 20),
+            crate::iscsi::budget::ReadBudget::new(1 << 20),
         );
         let held = (0..other).map(|_| admit(&shared)).collect();
         (shared, held)

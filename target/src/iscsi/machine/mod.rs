@@ -40,7 +40,7 @@ use blockwire_pdu::{Bhs, DecodeError, Lun, Pdu};
 use blockwire_transport::assist::Descriptor;
 use tracing::{debug, info, warn};
 
-use super::budget::{Reservation, WriteBudget};
+use super::budget::{ReadBudget, ReadDataHeld, Reservation, WriteBudget};
 use super::dataout::WriteLimits;
 use super::discovery::{TextExchange, TextStep};
 use super::login::LoginOutcome;
@@ -70,62 +70,6 @@ pub(super) struct Shared {
     fabric_read_budget: ReadBudget,
 }
 
-/// A READ budget: a semaphore of one permit per byte, and its size.
-#[derive(Clone, Debug)]
-pub(crate) struct ReadBudget {
-    permits: Arc<tokio::sync::Semaphore>,
-    size: usize,
-}
-
-impl ReadBudget {
-    /// A budget of `bytes` (at least one, at most the semaphore's most).
-    pub(crate) fn new(bytes: u64) -> ReadBudget {
-        let size = usize::try_from(bytes)
-            .unwrap_or(usize::MAX)
-            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        ReadBudget {
-            permits: Arc::new(tokio::sync::Semaphore::new(size)),
-            size,
-        }
-    }
-
-    /// Bytes held now.
-    pub(crate) fn held(&self) -> u64 {
-        self.size.saturating_sub(self.permits.available_permits()) as u64
-    }
-
-    /// At most the whole budget: a READ larger than the budget holds all
-    /// of it, rather than waiting for good.
-    fn share(&self, len: u32) -> u32 {
-        u32::try_from(self.size).map_or(len, |size| len.min(size))
-    }
-
-    /// `len` bytes of it (see [`Self::share`]), if there is room now.
-    fn try_take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.permits
-            .clone()
-            .try_acquire_many_owned(self.share(len))
-            .ok()
-    }
-
-    /// `len` bytes of it (see [`Self::share`]), once they are free.
-    async fn take(&self, len: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.permits
-            .clone()
-            .acquire_many_owned(self.share(len))
-            .await
-            .ok()
-    }
-}
-
-/// A READ's data held in memory until sent: its shares of its connection's
-/// READ budget and the fabric's, given back when dropped.
-#[derive(Debug)]
-pub(crate) struct ReadDataHeld {
-    _connection: tokio::sync::OwnedSemaphorePermit,
-    _fabric: tokio::sync::OwnedSemaphorePermit,
-}
-
 impl Shared {
     /// The shared state of a connection whose CmdSN window starts at
     /// `exp_cmd_sn` and holds `depth` commands, and that may hold
@@ -148,13 +92,9 @@ impl Shared {
     /// [`Shared::hold_read_data`] if both budgets have room now; Err if
     /// not.
     pub(super) fn try_hold_read_data(&self, len: u32) -> Result<Option<ReadDataHeld>, ()> {
-        let connection = self.read_budget.try_take(len).ok_or(())?;
-        // Without room in the fabric's, the connection's share goes back.
-        let fabric = self.fabric_read_budget.try_take(len).ok_or(())?;
-        Ok(Some(ReadDataHeld {
-            _connection: connection,
-            _fabric: fabric,
-        }))
+        ReadDataHeld::try_take(&self.read_budget, &self.fabric_read_budget, len)
+            .map(Some)
+            .ok_or(())
     }
 
     /// Takes `len` bytes (at most the whole budget) of the connection's
@@ -164,12 +104,7 @@ impl Shared {
     /// fill its budget waits on its initiator without holding any of the
     /// fabric's.
     pub(super) async fn hold_read_data(&self, len: u32) -> Option<ReadDataHeld> {
-        let connection = self.read_budget.take(len).await?;
-        let fabric = self.fabric_read_budget.take(len).await?;
-        Some(ReadDataHeld {
-            _connection: connection,
-            _fabric: fabric,
-        })
+        ReadDataHeld::take(&self.read_budget, &self.fabric_read_budget, len).await
     }
 
     fn window(&self) -> std::sync::MutexGuard<'_, CmdWindow<Admitted>> {
@@ -307,6 +242,9 @@ pub(super) enum EndReason {
     ProtocolError,
     /// A NOP-In ping went unanswered for the NOP timeout.
     NopTimeout,
+    /// A WRITE waited for Data-Out the initiator never sent, for the NOP
+    /// timeout.
+    DataOutTimeout,
     /// The daemon shuts down and the initiator did not log out in time.
     LogoutTimeout,
 }
@@ -392,6 +330,14 @@ pub(super) struct ConnMachine {
     next_ping: Option<Instant>,
     /// Set once the initiator was asked to log out: when it must be gone.
     logout_deadline: Option<Instant>,
+    /// When to look again for a WRITE whose Data-Out is overdue (at or
+    /// before the earliest `Collecting::data_due`; None: none waits).
+    next_data_out_check: Option<Instant>,
+    /// When a Data-Out last added to a WRITE's data.
+    last_data_out: Instant,
+    /// Whether the last look found a WRITE's Data-Out overdue (the
+    /// connection ends if the next finds it so still).
+    data_out_stall_seen: bool,
     /// The session's RDMA offload, when granted at login.
     rdma: Option<Arc<Slot>>,
     /// Actions produced by the current input.
@@ -456,6 +402,9 @@ impl ConnMachine {
             ping: None,
             next_ping: settings.nop_interval.map(|i| now + i),
             logout_deadline: None,
+            next_data_out_check: None,
+            last_data_out: now,
+            data_out_stall_seen: false,
             rdma,
             out: Vec::new(),
             generation,
@@ -491,6 +440,7 @@ impl ConnMachine {
             self.next_ping,
             self.ping_deadline(),
             self.logout_deadline,
+            self.next_data_out_check,
             held,
         ]
         .into_iter()
@@ -530,9 +480,14 @@ impl ConnMachine {
     }
 
     /// Time passed: a NOP-In ping falls due, or times out, the logout
-    /// grace ran out, or held WRITEs may ask for their data.
+    /// grace ran out, held WRITEs may ask for their data, or a WRITE's
+    /// Data-Out is overdue.
     pub(super) fn on_timeout(&mut self, now: Instant) -> Vec<Action> {
         self.release_held_writes(now);
+        if self.data_out_overdue(now) {
+            self.out.push(Action::End(EndReason::DataOutTimeout));
+            return self.take();
+        }
         if self.logout_deadline.is_some_and(|d| now >= d) {
             info!(
                 tsih = self.session.tsih,
@@ -635,7 +590,7 @@ impl ConnMachine {
             Bhs::TaskMgmtRequest(t) => (t.cmd_sn, t.immediate, Admitted::Tmf(t)),
             Bhs::LogoutRequest(l) => (l.cmd_sn, l.immediate, Admitted::Logout(l)),
             Bhs::DataOut(d) => {
-                self.data_out(d, pdu.data);
+                self.data_out(d, pdu.data, now);
                 return self.take();
             }
             Bhs::SnackRequest(_) => {

@@ -1465,6 +1465,98 @@ async fn an_unanswered_ping_times_out_when_its_timeout_ends() {
     assert_eq!(c.advance(Duration::from_millis(1)).await, Some(Stop::Close));
 }
 
+/// A WRITE whose Data-Out stops coming ends its connection once the NOP
+/// timeout (at least 30 s) has passed since its R2T or its last Data-Out,
+/// and since any Data-Out came on the connection, and a second look a
+/// moment later still finds it so; the write budget it held is given
+/// back. Each Data-Out gives it the whole timeout again. An initiator that
+/// answers pings but never sends a WRITE's data held its buffer and its
+/// share of the budgets for the connection's life.
+#[tokio::test]
+async fn a_write_whose_data_out_stops_ends_its_connection_after_the_nop_timeout() {
+    use super::writes::{DATA_OUT_STALL_CONFIRM, DATA_OUT_TIMEOUT_FLOOR};
+    // Pings far apart, so that only the WRITE's wait can end the
+    // connection; a NOP timeout under the floor.
+    let fabric = fabric_pinging(Duration::from_secs(3600), Duration::from_secs(5));
+    let timeout = DATA_OUT_TIMEOUT_FLOOR;
+    let keys = [
+        ("InitialR2T", "Yes"),
+        ("ImmediateData", "No"),
+        ("MaxBurstLength", "1024"),
+        ("MaxOutstandingR2T", "1"),
+    ];
+    let open = |fabric: &Arc<Fabric>| {
+        let mut c = Conn::open_on(fabric.clone(), Some(TARGET), &keys);
+        async move {
+            let (itt, tur) = c.no_data_command(&[0; 6]);
+            assert_eq!(c.feed(tur).await, None);
+            assert_eq!(c.response(itt).await.0, 0x02, "the power-on");
+            c
+        }
+    };
+    let mut c = open(&fabric).await;
+    let (itt, cmd) = c.rw(true, 300, 4, Vec::new());
+    assert_eq!(c.feed(cmd).await, None);
+    let first = r2ts(&c.sent())[0];
+    assert!(fabric.write_budget.used() > 0, "the WRITE holds its share");
+    assert_eq!(c.machine.poll_timeout(), Some(c.now + timeout));
+    let almost = timeout - Duration::from_millis(1);
+    assert_eq!(c.advance(almost).await, None, "within the timeout");
+    let burst = c.data_out(itt, first.ttt, 0, 0, &pattern(1024, 3), true);
+    assert_eq!(c.feed(burst).await, None);
+    let second = r2ts(&c.sent())[0];
+    assert_eq!(
+        c.advance(almost).await,
+        None,
+        "the Data-Out gave it the whole timeout again"
+    );
+    assert_eq!(
+        c.advance(Duration::from_millis(1)).await,
+        None,
+        "a stall seen once"
+    );
+    // The Data-Out was in the socket while the driver was busy: read
+    // before the second look, it keeps the connection.
+    let burst = c.data_out(itt, second.ttt, 0, 1024, &pattern(1024, 5), true);
+    assert_eq!(c.feed(burst).await, None);
+    assert_eq!(c.response(itt).await.0, 0, "the WRITE done");
+    assert_eq!(c.advance(DATA_OUT_STALL_CONFIRM).await, None);
+    // Another WRITE whose data never come.
+    let (_, cmd) = c.rw(true, 300, 4, Vec::new());
+    assert_eq!(c.feed(cmd).await, None);
+    assert_eq!(c.advance(timeout).await, None, "a stall seen once");
+    assert_eq!(
+        c.advance(DATA_OUT_STALL_CONFIRM).await,
+        Some(Stop::Close),
+        "and seen again"
+    );
+    drop(c);
+    assert_eq!(fabric.write_budget.used(), 0, "its share given back");
+
+    // Two WRITEs, the initiator sending the second's data first, a burst
+    // every 20 s (a slow link): the first's wait is no stall while data
+    // flow, and the connection ends only once none has come for the
+    // timeout.
+    let mut c = open(&fabric).await;
+    let (_, waiting) = c.rw(true, 300, 4, Vec::new());
+    let (sent_first, cmd) = c.rw(true, 400, 16, Vec::new());
+    assert_eq!(c.feed(waiting).await, None);
+    assert_eq!(c.feed(cmd).await, None);
+    let mut asked = r2ts(&c.sent())
+        .into_iter()
+        .find(|r| r.itt == sent_first)
+        .expect("an R2T for the second WRITE");
+    for _ in 0..3 {
+        assert_eq!(c.advance(Duration::from_secs(20)).await, None, "data flow");
+        let at = asked.buffer_offset;
+        let burst = c.data_out(sent_first, asked.ttt, 0, at, &pattern(1024, 4), true);
+        assert_eq!(c.feed(burst).await, None);
+        asked = r2ts(&c.sent())[0];
+    }
+    assert_eq!(c.advance(timeout).await, None);
+    assert_eq!(c.advance(DATA_OUT_STALL_CONFIRM).await, Some(Stop::Close));
+}
+
 #[tokio::test]
 async fn unanswered_nop_in_times_out_and_an_answered_one_does_not() {
     let mut c = Conn::open(&[]).await;

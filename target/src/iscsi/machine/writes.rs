@@ -13,7 +13,7 @@
 //! their data until it is wanted.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use blockwire_pdu::pdu::codes::RejectReason;
 use blockwire_pdu::pdu::{DataOut, R2t, ScsiCommand, RESERVED_TAG};
@@ -45,6 +45,10 @@ pub(super) struct Collecting {
     /// Its place at its LUN's QoS ceilings, when it must still wait for
     /// it (passed on to the command when it runs).
     qos: Option<Throttle>,
+    /// When the initiator must have sent more of its data: the NOP timeout
+    /// after its R2T or its last Data-Out (None while held, asking for
+    /// nothing).
+    data_due: Option<Instant>,
 }
 
 impl Collecting {
@@ -228,13 +232,17 @@ impl ConnMachine {
             None if whole_immediate => WriteDest::Immediate(pdu.data, budget, slot),
             None => WriteDest::Gather(budget, slot),
         };
-        self.advance_write(Collecting {
-            cmd,
-            cdb,
-            collector,
-            dest,
-            qos,
-        });
+        self.advance_write(
+            Collecting {
+                cmd,
+                cdb,
+                collector,
+                dest,
+                qos,
+                data_due: None,
+            },
+            now,
+        );
     }
 
     /// `cmd`'s place at its LUN's QoS ceilings (and the session's
@@ -297,6 +305,7 @@ impl ConnMachine {
                 collector,
                 dest: WriteDest::Held(slot, throttle),
                 qos: None,
+                data_due: None,
             },
         );
     }
@@ -338,7 +347,7 @@ impl ConnMachine {
                         self.collectors.insert(itt, c);
                     } else if let Some((budget, slot)) = self.share_at_turn(&c.cmd, slot, t) {
                         c.dest = WriteDest::Gather(budget, slot);
-                        self.advance_write(c);
+                        self.advance_write(c, now);
                     }
                 }
                 _ => {
@@ -518,8 +527,8 @@ impl ConnMachine {
         }
     }
 
-    /// A Data-Out PDU.
-    pub(super) fn data_out(&mut self, d: DataOut, data: bytes::Bytes) {
+    /// A Data-Out PDU, at `now`.
+    pub(super) fn data_out(&mut self, d: DataOut, data: bytes::Bytes, now: Instant) {
         if !self.session.tasks.contains(d.itt) {
             // Aborted from elsewhere (another initiator's LUN reset or
             // PREEMPT AND ABORT) while its data was arriving: drop the
@@ -565,19 +574,25 @@ impl ConnMachine {
             }
             return;
         }
+        self.last_data_out = now;
         if let WriteDest::Pipe(feed) = &c.dest {
             feed.data(d.buffer_offset, data);
         }
-        self.advance_write(c);
+        self.advance_write(c, now);
     }
 
     /// A WRITE whose data is complete runs; otherwise it asks for more data
-    /// (R2Ts within MaxOutstandingR2T, unless it is held) and waits for it.
-    fn advance_write(&mut self, mut c: Collecting) {
+    /// (R2Ts within MaxOutstandingR2T, unless it is held) and waits for it,
+    /// until the NOP timeout from `now`.
+    fn advance_write(&mut self, mut c: Collecting, now: Instant) {
         let held = matches!(c.dest, WriteDest::Held(..));
         if !c.collector.is_complete() || held {
             if !held {
                 self.send_r2ts(&mut c);
+                let due = now + self.data_out_timeout();
+                c.data_due = Some(due);
+                self.next_data_out_check =
+                    Some(self.next_data_out_check.map_or(due, |d| d.min(due)));
             }
             self.collectors.insert(c.cmd.itt, c);
             return;
@@ -619,12 +634,79 @@ impl ConnMachine {
         }
     }
 
+    /// How long a WRITE may wait for Data-Out while none comes on its
+    /// connection: the NOP timeout, at least [`DATA_OUT_TIMEOUT_FLOOR`].
+    fn data_out_timeout(&self) -> Duration {
+        self.fabric.settings.nop_timeout.max(DATA_OUT_TIMEOUT_FLOOR)
+    }
+
+    /// Whether a WRITE's Data-Out is overdue at `now`: the initiator sent
+    /// none of the data its R2T asked for (or its unsolicited data
+    /// promised) for [`Self::data_out_timeout`], and no Data-Out of any
+    /// WRITE came on the connection meanwhile either (a slow link's
+    /// initiator sending the earlier WRITEs' data first is not stalled).
+    /// At ErrorRecoveryLevel 0 there is no recovery R2T to send (RFC 7143
+    /// §7.1.4.1, §7.11), so the connection ends, as LIO's Data-Out timer
+    /// ends it: the WRITEs' buffers and their shares of the write budgets
+    /// are given back, and the initiator logs in again and retries.
+    /// Without this, an initiator that answers pings but never sends the
+    /// data held both for the connection's life.
+    ///
+    /// A stall is seen twice, [`DATA_OUT_STALL_CONFIRM`] apart, before the
+    /// connection ends: the driver may have been busy past the deadline
+    /// (waiting for aborted commands, a full writer queue) with Data-Out
+    /// unread in the socket, and it reads that before the second look.
+    pub(super) fn data_out_overdue(&mut self, now: Instant) -> bool {
+        if self.next_data_out_check.is_none_or(|at| at > now) {
+            return false;
+        }
+        let waiting = self
+            .collectors
+            .values()
+            .filter_map(|c| Some((c.data_due?, c.cmd.itt)))
+            .min();
+        let Some((due, itt)) = waiting else {
+            self.next_data_out_check = None;
+            self.data_out_stall_seen = false;
+            return false;
+        };
+        let overdue_at = due.max(self.last_data_out + self.data_out_timeout());
+        if overdue_at > now {
+            self.next_data_out_check = Some(overdue_at);
+            self.data_out_stall_seen = false;
+            return false;
+        }
+        if !self.data_out_stall_seen {
+            self.data_out_stall_seen = true;
+            self.next_data_out_check = Some(now + DATA_OUT_STALL_CONFIRM);
+            return false;
+        }
+        warn!(
+            tsih = self.session.tsih,
+            initiator = %self.session.initiator_name,
+            itt,
+            waited = ?self.data_out_timeout(),
+            "no Data-Out for a WRITE waiting for its data within the NOP timeout (nop_timeout_secs, at least 30 s): dropping the connection"
+        );
+        true
+    }
+
     /// WRITEs waiting for data.
     #[cfg(test)]
     pub(super) fn collecting(&self) -> usize {
         self.collectors.len()
     }
 }
+
+/// The least time a WRITE may wait for Data-Out while none comes on its
+/// connection, whatever the NOP timeout: a short NOP timeout finds a dead
+/// peer sooner, but a WRITE's data wait behind the earlier WRITEs' on the
+/// initiator's side and behind the Data-In ahead of its R2T on the target's.
+pub(super) const DATA_OUT_TIMEOUT_FLOOR: Duration = Duration::from_secs(30);
+
+/// How long after a Data-Out stall is first seen it is looked at again
+/// before the connection ends (see [`ConnMachine::data_out_overdue`]).
+pub(super) const DATA_OUT_STALL_CONFIRM: Duration = Duration::from_secs(1);
 
 /// How a WRITE's collector is made: gathering its bytes, or only checking
 /// them ([`WriteCollector::new`], [`WriteCollector::validating`]).

@@ -50,7 +50,7 @@ pub(in crate::iscsi) struct DataIn {
     engine: Option<Arc<SyncReadLun>>,
     /// The share of the connection's READ budget a core answer's data hold
     /// until sent ([`DataIn::holding`]).
-    share: Option<crate::iscsi::machine::ReadDataHeld>,
+    share: Option<crate::iscsi::budget::ReadDataHeld>,
 }
 
 /// What [`DataIn::push`] did.
@@ -82,7 +82,7 @@ impl DataIn {
     /// connection's READ budget until the last of them is sent.
     pub(in crate::iscsi) fn holding(
         self,
-        share: Option<crate::iscsi::machine::ReadDataHeld>,
+        share: Option<crate::iscsi::budget::ReadDataHeld>,
     ) -> DataIn {
         DataIn { share, ..self }
     }
