@@ -469,7 +469,8 @@ async fn unknown_tsih_is_refused_with_session_does_not_exist() {
 /// is past the login phase's 8192 bytes, and 256 KiB pipelined after it.
 /// Closed with those bytes unread, the socket would be reset, and a reset
 /// can cost the initiator the Login Response saying why (a lost segment is
-/// never sent again).
+/// never sent again). Meanwhile the connection keeps its login slot, and
+/// gives it back once the initiator closes its end.
 #[tokio::test]
 async fn a_refused_login_ends_with_a_fin_though_the_initiator_sent_more() {
     use tokio::io::AsyncReadExt;
@@ -520,6 +521,20 @@ async fn a_refused_login_ends_with_a_fin_though_the_initiator_sent_more() {
         stream.take_error().unwrap().is_none(),
         "the refused connection was reset after its FIN"
     );
+    assert_eq!(
+        t.fabric.login_slots.held(),
+        (1, 1),
+        "the connection holds its login slot while it lingers"
+    );
+    drop(stream);
+    let released = async {
+        while t.fabric.login_slots.held() != (0, 0) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), released)
+        .await
+        .expect("the login slot given back once this end closed");
 }
 
 #[tokio::test]

@@ -159,13 +159,17 @@ async fn drive<R: AsyncRead + Unpin>(
             return;
         }
     };
-    let Some((session, generation, outcome, rdma)) = logged_in else {
-        // The login slot is held until the connection is gone: a peer
-        // that keeps its end open meanwhile still counts against
-        // max_logins_in_progress.
-        close_after_login(&mut writer, &mut reader, &mut cut).await;
-        drop(slot);
-        return;
+    let (session, generation, outcome, rdma) = match logged_in {
+        Ok(logged_in) => logged_in,
+        Err(ended) => {
+            // The login slot is held until the connection is gone: a peer
+            // that keeps its end open meanwhile still counts against
+            // max_logins_in_progress.
+            let linger = ended == LoginEnded::Answered;
+            close_after_login(&mut writer, &mut reader, &mut cut, linger).await;
+            drop(slot);
+            return;
+        }
     };
     // Subscribed before the look below: a stop that comes after it wakes
     // the full feature loop, one that came before (between the attach and
@@ -179,7 +183,7 @@ async fn drive<R: AsyncRead + Unpin>(
             "session closed or taken over before its full feature phase began: closing"
         );
         drop(rdma);
-        close_after_login(&mut writer, &mut reader, &mut cut).await;
+        close_after_login(&mut writer, &mut reader, &mut cut, true).await;
         drop(slot);
         return;
     }
@@ -211,8 +215,9 @@ async fn drive<R: AsyncRead + Unpin>(
     info!(tsih = session.tsih, initiator = %session.initiator_name, "connection closed");
 }
 
-/// Runs the login phase: the session and the login's outcome, or None
-/// (refused, timed out or gone; what the initiator must hear was sent).
+/// Runs the login phase: the session and the login's outcome, or how it
+/// ended without one (refused, timed out or gone; what the initiator must
+/// hear was sent).
 async fn login<R: AsyncRead + Unpin>(
     fabric: &Arc<Fabric>,
     reader: &mut PduReader<R>,
@@ -220,7 +225,7 @@ async fn login<R: AsyncRead + Unpin>(
     tpgt: u16,
     local: SocketAddr,
     peer: Option<SocketAddr>,
-) -> Option<(Arc<Session>, u64, Box<LoginOutcome>, Option<RdmaGrant>)> {
+) -> Result<(Arc<Session>, u64, Box<LoginOutcome>, Option<RdmaGrant>), LoginEnded> {
     use rand::SeedableRng;
     let mut phase = LoginPhase::new(
         fabric.clone(),
@@ -245,28 +250,28 @@ async fn login<R: AsyncRead + Unpin>(
         let action = match tokio::time::timeout(wait, reader.next()).await {
             Err(_) if tokio::time::Instant::now() >= deadline => {
                 past_deadline();
-                return None;
+                return Err(LoginEnded::Silently);
             }
             Err(_) => {
                 info!(?peer, "login timed out");
-                return None;
+                return Err(LoginEnded::Silently);
             }
             Ok(Ok(Some(p))) => phase.on_pdu(&p),
-            Ok(Ok(None)) => return None,
+            Ok(Ok(None)) => return Err(LoginEnded::Silently),
             Ok(Err(ReadError::Decode { error, header, .. })) => {
                 info!(?peer, %error, "undecodable PDU during login");
                 phase.on_undecodable(header.as_ref(), &error.to_string())
             }
             Ok(Err(e)) => {
                 info!(?peer, error = %e, "login aborted");
-                return None;
+                return Err(LoginEnded::Silently);
             }
         };
         match action {
             LoginAction::Respond(resp) => {
                 if let Err(e) = send_login_response(writer, &resp, deadline).await {
                     info!(?peer, error = %e, "Login Response not sent: login ended");
-                    return None;
+                    return Err(LoginEnded::Silently);
                 }
             }
             LoginAction::Refuse(resp) => {
@@ -277,8 +282,10 @@ async fn login<R: AsyncRead + Unpin>(
                         .auth_failures
                         .refusal_delay(peer.map(|p| p.ip()), &resp, now);
                 tokio::time::sleep_until(told.min(deadline)).await;
-                let _ = send_login_response(writer, &resp, deadline).await;
-                return None;
+                return Err(match send_login_response(writer, &resp, deadline).await {
+                    Ok(()) => LoginEnded::Answered,
+                    Err(_) => LoginEnded::Silently,
+                });
             }
             LoginAction::LoggedIn {
                 response,
@@ -295,10 +302,10 @@ async fn login<R: AsyncRead + Unpin>(
                 let rdma = grant_rdma_offload(fabric, pending.session(), &outcome);
                 if let Err(e) = send_login_response(writer, &response, deadline).await {
                     info!(?peer, error = %e, "final Login Response not sent: the session ends");
-                    return None;
+                    return Err(LoginEnded::Silently);
                 }
                 let (session, generation) = pending.begin();
-                return Some((session, generation, outcome, rdma));
+                return Ok((session, generation, outcome, rdma));
             }
         }
     }
@@ -313,21 +320,34 @@ const LOGIN_LINGER: Duration = Duration::from_secs(5);
 /// connection closes without waiting for its end.
 const LOGIN_LINGER_BYTES: usize = 1 << 20;
 
+/// How a login phase ended without a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoginEnded {
+    /// A Login Response told the initiator why (a refusal).
+    Answered,
+    /// Nothing could be told: the login timed out, or its peer left or
+    /// stopped reading.
+    Silently,
+}
+
 /// Closes a connection whose login ended, within [`LOGIN_LINGER`] (a peer
 /// that stopped reading would hold the flush, and the connection, for
 /// good) or at once when the portal is cut: its last Login Response
-/// flushed and its sending side shut (a FIN), then what the peer still
-/// sends (the rest of a refused PDU, requests it pipelined) read and
-/// dropped until it closes its end. Closed with those bytes unread, the
-/// socket would end with a reset, which can cost the peer the Login
-/// Response telling it why.
+/// flushed and its sending side shut (a FIN), then, when `linger` (a
+/// response the peer must read was sent), what the peer still sends (the
+/// rest of a refused PDU, requests it pipelined) read and dropped until it
+/// closes its end. Closed with those bytes unread, the socket would end
+/// with a reset, which can cost the peer the Login Response telling it
+/// why. A login that timed out has nothing to tell, and its silent peer
+/// would hold the connection for the whole linger.
 async fn close_after_login<R: AsyncRead + Unpin>(
     writer: &mut PduWriter,
     reader: &mut PduReader<R>,
     cut: &mut tokio::sync::watch::Receiver<bool>,
+    linger: bool,
 ) {
     let linger = async {
-        if writer.shutdown().await.is_ok() {
+        if writer.shutdown().await.is_ok() && linger {
             reader.discard_until_end(LOGIN_LINGER_BYTES).await;
         }
     };
@@ -478,7 +498,13 @@ async fn full_feature<R: AsyncRead + Unpin>(
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let writer_cut = writer.cut_flag();
-    let mut writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
+    let mut writer_task = tokio::spawn(write_loop(
+        writer,
+        rx,
+        shared.clone(),
+        next_stat_sn,
+        fabric.settings.nop_timeout,
+    ));
     let mut launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
     let mut shutdown = fabric.shutdown.clone();
@@ -588,6 +614,13 @@ async fn full_feature<R: AsyncRead + Unpin>(
             }
             _ = turns_true(&mut cut) => {
                 warn!(tsih = session.tsih, initiator = %session.initiator_name, portal = %local, "portal closed: cutting the connection");
+                break Stop::Cut;
+            }
+            _ = tx.closed() => {
+                // The writer gave up (the initiator took no data for the
+                // NOP timeout) or its socket failed: nothing more can be
+                // answered.
+                info!(tsih = session.tsih, initiator = %session.initiator_name, "the connection's writer ended: closing");
                 break Stop::Cut;
             }
             changed = stop.changed() => {
@@ -758,6 +791,16 @@ fn number(bhs: &mut Bhs, stat_sn: &NextStatSn, shared: &Shared) {
     }
 }
 
+/// Ends a writer's connection in both directions, as the driver's cut
+/// does: its zero-copy buffers are let go of at once, not after a grace
+/// for a peer still reading.
+fn cut_writer(writer: &PduWriter) {
+    writer
+        .cut_flag()
+        .store(true, std::sync::atomic::Ordering::Release);
+    writer.abort();
+}
+
 /// Sends PDUs in order, stamping sequence numbers as they leave; `stat_sn`
 /// holds the StatSN of the next response.
 async fn write_loop(
@@ -765,7 +808,17 @@ async fn write_loop(
     mut rx: mpsc::Receiver<Outgoing>,
     shared: Arc<Shared>,
     stat_sn: NextStatSn,
+    stall_limit: Duration,
 ) {
+    // An initiator that takes none of what is sent for as long as it may
+    // leave a NOP-In unanswered is as gone as one that does not answer
+    // (see carry_out): the writer gives up, and its end (the queue closed)
+    // ends the connection, even with pings off, where the READ data it
+    // holds would stay for good.
+    let stalled = |writer: &PduWriter| {
+        warn!("one write to the initiator waited {stall_limit:?} (nop_timeout_secs): it takes no data; cutting the connection");
+        cut_writer(writer);
+    };
     loop {
         // While zero-copy sends await the kernel's notification, an idle
         // writer reaps them so their buffers return to the pool.
@@ -798,8 +851,10 @@ async fn write_loop(
                 }
                 Outgoing::Pdu(mut pdu) => {
                     number(&mut pdu.bhs, &stat_sn, &shared);
-                    if writer.push(&pdu).await.is_err() {
-                        return;
+                    match tokio::time::timeout(stall_limit, writer.push(&pdu)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return,
+                        Err(_) => return stalled(&writer),
                     }
                 }
                 Outgoing::FileData {
@@ -830,7 +885,12 @@ async fn write_loop(
                             Err(_) => break,
                         }
                     }
-                    if let Err(e) = writer.push_files(&lun, &pdus).await {
+                    let sent =
+                        tokio::time::timeout(stall_limit, writer.push_files(&lun, &pdus)).await;
+                    let Ok(sent) = sent else {
+                        return stalled(&writer);
+                    };
+                    if let Err(e) = sent {
                         if e.kind() == std::io::ErrorKind::UnexpectedEof {
                             // The header left already: the PDU cannot be
                             // completed or taken back.
@@ -843,15 +903,17 @@ async fn write_loop(
                         } else {
                             debug!(lun = %lun.label, error = %e, "sendfile failed");
                         }
-                        writer.abort();
+                        cut_writer(&writer);
                         return;
                     }
                 }
             }
             next = held.take().or_else(|| rx.try_recv().ok());
         }
-        if writer.flush().await.is_err() {
-            return;
+        match tokio::time::timeout(stall_limit, writer.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => return stalled(&writer),
         }
     }
     let _ = writer.shutdown().await;

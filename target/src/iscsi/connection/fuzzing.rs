@@ -442,6 +442,7 @@ impl Harness {
                 rx,
                 shared,
                 NextStatSn::new(first_stat_sn),
+                self.fabric.settings.nop_timeout,
             ))
         };
         let launcher = Launcher::new(&self.fabric, &session, &machine, tx);

@@ -1469,7 +1469,8 @@ async fn an_unanswered_ping_times_out_when_its_timeout_ends() {
 /// timeout (at least 30 s) has passed since its R2T or its last Data-Out,
 /// and since any Data-Out came on the connection, and a second look a
 /// moment later still finds it so; the write budget it held is given
-/// back. Each Data-Out gives it the whole timeout again. An initiator that
+/// back. Each Data-Out that brings data gives it the whole timeout again;
+/// an empty one does not. An initiator that
 /// answers pings but never sends a WRITE's data held its buffer and its
 /// share of the budgets for the connection's life.
 #[tokio::test]
@@ -1521,10 +1522,20 @@ async fn a_write_whose_data_out_stops_ends_its_connection_after_the_nop_timeout(
     assert_eq!(c.feed(burst).await, None);
     assert_eq!(c.response(itt).await.0, 0, "the WRITE done");
     assert_eq!(c.advance(DATA_OUT_STALL_CONFIRM).await, None);
-    // Another WRITE whose data never come.
-    let (_, cmd) = c.rw(true, 300, 4, Vec::new());
+    // Another WRITE whose data never come: an empty Data-Out brings
+    // nothing, and does not restart its wait.
+    let (itt, cmd) = c.rw(true, 300, 4, Vec::new());
     assert_eq!(c.feed(cmd).await, None);
-    assert_eq!(c.advance(timeout).await, None, "a stall seen once");
+    let asked = r2ts(&c.sent())[0];
+    assert_eq!(c.advance(almost).await, None);
+    let empty = c.data_out(itt, asked.ttt, 0, 0, &[], false);
+    assert_eq!(c.feed(empty).await, None);
+    assert!(c.sent().is_empty(), "the empty Data-Out is taken");
+    assert_eq!(
+        c.advance(Duration::from_millis(1)).await,
+        None,
+        "a stall seen once"
+    );
     assert_eq!(
         c.advance(DATA_OUT_STALL_CONFIRM).await,
         Some(Stop::Close),
@@ -2126,14 +2137,10 @@ async fn the_driver_serves_an_in_memory_byte_pipe() {
     );
 }
 
-/// An initiator that sends and never reads fills the socket, then the
-/// writer's queue; the connection's reader then waited on that queue for
-/// good, hearing neither its NOP-In timer nor a shutdown, and the session
-/// and all it held stayed. Now one that takes no data for the NOP-In
-/// timeout is cut.
-#[tokio::test]
-async fn an_initiator_that_never_reads_is_cut_after_the_nop_timeout() {
-    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(1 << 20))));
+/// A fabric serving a RAM LUN 0 of `lun_bytes`, with NOP-In pings off and
+/// a NOP timeout of 500 ms.
+fn fabric_without_pings(lun_bytes: u64) -> Arc<Fabric> {
+    let lu = LogicalUnit::new(LuConfig::new(Arc::new(RamBackstore::new(lun_bytes))));
     let catalog = Catalog::one_target(TARGET, local(), Acl::Any, Arc::new(lu));
     let settings = FabricSettings {
         queue_depth: 16,
@@ -2143,7 +2150,17 @@ async fn an_initiator_that_never_reads_is_cut_after_the_nop_timeout() {
         ..FabricSettings::default()
     };
     let (_, shutdown) = watch::channel(false);
-    let fabric = Fabric::new(Arc::new(catalog), settings, shutdown);
+    Fabric::new(Arc::new(catalog), settings, shutdown)
+}
+
+/// An initiator that sends and never reads fills the socket, then the
+/// writer's queue; the connection's reader then waited on that queue for
+/// good, hearing neither its NOP-In timer nor a shutdown, and the session
+/// and all it held stayed. Now one that takes no data for the NOP-In
+/// timeout is cut.
+#[tokio::test]
+async fn an_initiator_that_never_reads_is_cut_after_the_nop_timeout() {
+    let fabric = fabric_without_pings(1 << 20);
     let (served, reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
     // Pings with 8 KiB of data, each echoed: 3000 of them are 24 MiB back,
     // far more than the pipe and the writer's queue hold.
@@ -2175,6 +2192,56 @@ async fn an_initiator_that_never_reads_is_cut_after_the_nop_timeout() {
     );
     drop(reader);
     sender.abort();
+}
+
+/// With NOP-In pings off, an initiator that sends READs and then takes
+/// none of their data is still cut once the writer has waited the NOP
+/// timeout on it, and the READ data held for it are given back: nothing
+/// else would have noticed, and the connection, its READ budget shares and
+/// the data read held for good.
+#[tokio::test]
+async fn an_initiator_that_stops_reading_is_cut_with_pings_off() {
+    let fabric = fabric_without_pings(8 << 20);
+    let (served, reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
+    // Eight READs of 1 MiB: far more than the 1 MiB pipe.
+    for i in 0..8u32 {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        cdb[2..6].copy_from_slice(&(i * 2048).to_be_bytes());
+        cdb[7..9].copy_from_slice(&2048u16.to_be_bytes());
+        let read = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: true,
+            write: false,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt: 0x200 + i,
+            expected_data_transfer_length: 1 << 20,
+            cmd_sn: fin.exp_cmd_sn + i,
+            exp_stat_sn: fin.stat_sn + 1,
+            cdb,
+        }));
+        writer.push(&read).await.unwrap();
+    }
+    writer.flush().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), served)
+        .await
+        .expect("the driver returns once the initiator took nothing for the NOP timeout")
+        .unwrap();
+    assert!(
+        fabric.sessions.all().is_empty(),
+        "the session ended with its connection"
+    );
+    let released = async {
+        while fabric.read_data_held() != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), released)
+        .await
+        .expect("the READ data held given back");
+    drop((reader, writer));
 }
 
 #[tokio::test]

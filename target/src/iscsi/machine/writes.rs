@@ -242,6 +242,7 @@ impl ConnMachine {
                 data_due: None,
             },
             now,
+            true,
         );
     }
 
@@ -347,7 +348,7 @@ impl ConnMachine {
                         self.collectors.insert(itt, c);
                     } else if let Some((budget, slot)) = self.share_at_turn(&c.cmd, slot, t) {
                         c.dest = WriteDest::Gather(budget, slot);
-                        self.advance_write(c, now);
+                        self.advance_write(c, now, true);
                     }
                 }
                 _ => {
@@ -574,21 +575,29 @@ impl ConnMachine {
             }
             return;
         }
-        self.last_data_out = now;
+        // An empty Data-Out brings nothing: it does not restart the wait,
+        // or one every 29 s would hold a WRITE's buffer for good.
+        let brought_data = !data.is_empty();
+        if brought_data {
+            self.last_data_out = now;
+        }
         if let WriteDest::Pipe(feed) = &c.dest {
             feed.data(d.buffer_offset, data);
         }
-        self.advance_write(c, now);
+        self.advance_write(c, now, brought_data);
     }
 
     /// A WRITE whose data is complete runs; otherwise it asks for more data
     /// (R2Ts within MaxOutstandingR2T, unless it is held) and waits for it,
-    /// until the NOP timeout from `now`.
-    fn advance_write(&mut self, mut c: Collecting, now: Instant) {
+    /// until [`Self::data_out_timeout`] from `now` when `fresh` (it began
+    /// waiting, or data came) or it had no due yet.
+    fn advance_write(&mut self, mut c: Collecting, now: Instant, fresh: bool) {
         let held = matches!(c.dest, WriteDest::Held(..));
         if !c.collector.is_complete() || held {
             if !held {
                 self.send_r2ts(&mut c);
+            }
+            if !held && (fresh || c.data_due.is_none()) {
                 let due = now + self.data_out_timeout();
                 c.data_due = Some(due);
                 self.next_data_out_check =

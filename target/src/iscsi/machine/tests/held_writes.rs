@@ -103,6 +103,59 @@ async fn a_held_write_asks_for_its_data_when_its_place_comes_and_holds_no_budget
     assert_eq!(read_back(&mut c, 8, 4).await, b_data);
 }
 
+/// A WRITE its LUN's ceiling holds for longer than the Data-Out timeout
+/// asks for nothing meanwhile, so it waits no Data-Out: its connection is
+/// not ended for the data it has not asked for yet, and its wait for them
+/// begins when its place comes.
+#[tokio::test]
+async fn a_write_held_past_the_data_out_timeout_is_not_ended_for_its_data() {
+    use crate::iscsi::machine::writes::DATA_OUT_TIMEOUT_FLOOR;
+    // 2 KiB at 32 bytes a second: the second WRITE's place is 64 s on.
+    let mut c = open_with(QosLimits {
+        bytes_per_sec: Some(32),
+        ..Default::default()
+    })
+    .await;
+    let data = pattern(4 * BLOCK as usize, 6);
+    let a = send_write(&mut c, 0, &data).await;
+    let ra = r2t_of(&c.sent(), a).expect("the first WRITE asks at once");
+    answer(&mut c, a, &ra, &data).await;
+    assert_eq!(c.response(a).await.0, 0);
+    let b = send_write(&mut c, 8, &data).await;
+    assert!(r2t_of(&c.sent(), b).is_none(), "held");
+    let mut waited = Duration::ZERO;
+    let rb = loop {
+        assert_eq!(
+            c.advance(Duration::from_secs(1)).await,
+            None,
+            "ended after {waited:?} of a held WRITE's wait"
+        );
+        waited += Duration::from_secs(1);
+        let sent = c.sent();
+        // The target's pings answered: only a wait for data could end it.
+        for p in &sent {
+            if let Bhs::NopIn(n) = p.bhs {
+                let answer = Pdu::new(Bhs::NopOut(NopOut {
+                    immediate: true,
+                    lun: Lun::default(),
+                    itt: RESERVED_TAG,
+                    ttt: n.ttt,
+                    cmd_sn: c.cmd_sn,
+                    exp_stat_sn: 0,
+                }));
+                assert_eq!(c.feed(answer).await, None);
+            }
+        }
+        if let Some(r) = r2t_of(&sent, b) {
+            break r;
+        }
+        assert!(waited < Duration::from_secs(120), "never asked for");
+    };
+    assert!(waited > 2 * DATA_OUT_TIMEOUT_FLOOR, "held for {waited:?}");
+    answer(&mut c, b, &rb, &data).await;
+    assert_eq!(c.response(b).await.0, 0, "B GOOD");
+}
+
 #[tokio::test]
 async fn a_held_write_that_finds_the_budget_full_when_its_place_comes_is_told_task_set_full() {
     let mut c = open_at_10_iops().await;

@@ -120,6 +120,14 @@ async fn a_login_trickled_within_its_timeout_ends_at_its_deadline() {
         .await
         .expect("the connection's driver ended")
         .unwrap();
+    // Nothing was told, so nothing lingers for the peer to read: the
+    // connection (and its login slot) is gone with the close, though this
+    // end is still open.
+    let lingered = began.elapsed() - closed_after;
+    assert!(
+        lingered < Duration::from_secs(1),
+        "a login that timed out lingered {lingered:?} after its close"
+    );
 }
 
 /// A first Login Request of 250 made-up keys, each answered NotUnderstood:
