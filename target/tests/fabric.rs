@@ -1244,3 +1244,38 @@ async fn unread_read_data_stays_within_the_read_budget() {
         assert!(got == data, "READ {itt:#x} returned other data");
     }
 }
+
+/// With NOP-In pings off, an initiator on TCP that sends READs and then
+/// takes none of their data: once the socket is full, the writer's wait for
+/// room in it runs out after the NOP timeout, the connection is cut, and
+/// the READ data held for it are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiator_on_tcp_that_stops_reading_is_cut_with_pings_off() {
+    const MIB: usize = 1 << 20;
+    let settings = FabricSettings {
+        nop_interval: None,
+        nop_timeout: Duration::from_secs(1),
+        read_budget_bytes: 16 << 20,
+        ..FabricSettings::default()
+    };
+    let t = start(settings).await;
+    let mut c = Client::login(t.addr, [0x80, 0, 0, 0, 9, 3], Digests::NONE).await;
+    let _ = c.test_unit_ready().await;
+    // 64 MiB of READs: far more than the socket buffers and the budget.
+    let blocks = (4 * MIB / 512) as u16;
+    for _ in 0..16 {
+        let cmd = c.command(&rw10(0x28, 0, blocks), true, false, 4 * MIB as u32, true);
+        c.send(Pdu::new(Bhs::ScsiCommand(cmd))).await;
+    }
+    let began = std::time::Instant::now();
+    while !t.fabric.sessions.all().is_empty() || t.fabric.read_data_held() != 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "an initiator taking nothing still has its session ({}) and {} bytes of READ data held",
+            t.fabric.sessions.all().len(),
+            t.fabric.read_data_held()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(c);
+}

@@ -809,3 +809,37 @@ async fn reads_a_road_hands_to_the_core_stay_within_the_read_budget() {
     }
     let _ = t.stop.send(true);
 }
+
+/// An initiator that sends READs and then takes none of their data is cut
+/// once a send has waited the NOP timeout for room in the socket, on every
+/// way READ data leave (pings off, so nothing else would notice): by
+/// `sendfile(2)`, by copying sends from the file's mapping, and by
+/// zero-copy sends of data the SCSI core read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiator_that_stops_reading_is_cut_on_every_send_path() {
+    for (lun0, zero_copy_send) in [
+        (Lun0::Sendfile, false),
+        (Lun0::Mapped, false),
+        (Lun0::Serial, true),
+    ] {
+        let settings = FabricSettings {
+            nop_timeout: Duration::from_secs(1),
+            ..settings(zero_copy_send, false)
+        };
+        let (t, _dir) = start(16 * MIB, lun0, settings).await;
+        let mut c = Client::login(t.addr, Digests::NONE).await;
+        // 128 MiB of READs: far more than the socket buffers hold.
+        for i in 0..32 {
+            c.send_read((i % 4) * 4 * MIB, 4 * MIB).await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !t.fabric.sessions.all().is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{lun0:?}: an initiator taking nothing still has its session"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(c);
+    }
+}

@@ -498,13 +498,13 @@ async fn full_feature<R: AsyncRead + Unpin>(
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let writer_cut = writer.cut_flag();
-    let mut writer_task = tokio::spawn(write_loop(
-        writer,
-        rx,
-        shared.clone(),
-        next_stat_sn,
-        fabric.settings.nop_timeout,
-    ));
+    // An initiator that takes none of what is sent for as long as it may
+    // leave a NOP-In unanswered is as gone as one that does not answer
+    // (see carry_out): the writer gives up, and its end (the queue closed)
+    // ends the connection, even with pings off, where the READ data it
+    // holds would stay for good.
+    writer.limit_stalls(fabric.settings.nop_timeout);
+    let mut writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
     let mut launcher = Launcher::new(fabric, session, &machine, tx.clone());
 
     let mut shutdown = fabric.shutdown.clone();
@@ -802,22 +802,20 @@ fn cut_writer(writer: &PduWriter) {
 }
 
 /// Sends PDUs in order, stamping sequence numbers as they leave; `stat_sn`
-/// holds the StatSN of the next response.
+/// holds the StatSN of the next response. A send that failed ends the
+/// loop; one that timed out (the writer's stall limit: the initiator took
+/// nothing) also cuts the connection.
 async fn write_loop(
     mut writer: PduWriter,
     mut rx: mpsc::Receiver<Outgoing>,
     shared: Arc<Shared>,
     stat_sn: NextStatSn,
-    stall_limit: Duration,
 ) {
-    // An initiator that takes none of what is sent for as long as it may
-    // leave a NOP-In unanswered is as gone as one that does not answer
-    // (see carry_out): the writer gives up, and its end (the queue closed)
-    // ends the connection, even with pings off, where the READ data it
-    // holds would stay for good.
-    let stalled = |writer: &PduWriter| {
-        warn!("one write to the initiator waited {stall_limit:?} (nop_timeout_secs): it takes no data; cutting the connection");
-        cut_writer(writer);
+    let failed = |writer: &PduWriter, e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            warn!(error = %e, "the initiator takes no data (nop_timeout_secs): cutting the connection");
+            cut_writer(writer);
+        }
     };
     loop {
         // While zero-copy sends await the kernel's notification, an idle
@@ -851,10 +849,8 @@ async fn write_loop(
                 }
                 Outgoing::Pdu(mut pdu) => {
                     number(&mut pdu.bhs, &stat_sn, &shared);
-                    match tokio::time::timeout(stall_limit, writer.push(&pdu)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => return,
-                        Err(_) => return stalled(&writer),
+                    if let Err(e) = writer.push(&pdu).await {
+                        return failed(&writer, e);
                     }
                 }
                 Outgoing::FileData {
@@ -885,13 +881,10 @@ async fn write_loop(
                             Err(_) => break,
                         }
                     }
-                    let sent =
-                        tokio::time::timeout(stall_limit, writer.push_files(&lun, &pdus)).await;
-                    let Ok(sent) = sent else {
-                        return stalled(&writer);
-                    };
-                    if let Err(e) = sent {
-                        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    if let Err(e) = writer.push_files(&lun, &pdus).await {
+                        if e.kind() == std::io::ErrorKind::TimedOut {
+                            return failed(&writer, e);
+                        } else if e.kind() == std::io::ErrorKind::UnexpectedEof {
                             // The header left already: the PDU cannot be
                             // completed or taken back.
                             tracing::error!(lun = %lun.label, error = %e, "sendfile READ came up short: dropping the connection");
@@ -910,10 +903,8 @@ async fn write_loop(
             }
             next = held.take().or_else(|| rx.try_recv().ok());
         }
-        match tokio::time::timeout(stall_limit, writer.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return,
-            Err(_) => return stalled(&writer),
+        if let Err(e) = writer.flush().await {
+            return failed(&writer, e);
         }
     }
     let _ = writer.shutdown().await;

@@ -53,6 +53,14 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
         }
     }
 
+    /// The stream, for a test that reads the bytes after the PDUs read so
+    /// far at its own pace; none may be left buffered.
+    #[cfg(test)]
+    pub(crate) fn into_stream(self) -> R {
+        assert!(self.buf.is_empty(), "bytes read ahead would be lost");
+        self.inner
+    }
+
     /// The next PDU, or `None` at a clean end of stream. Cancel-safe: bytes
     /// already read stay buffered.
     pub async fn next(&mut self) -> Result<Option<Pdu>, ReadError> {
@@ -210,6 +218,43 @@ pub struct PduWriter {
     /// connection at once rather than let the initiator take what the
     /// kernel still holds of its zero-copy sends.
     cut: Arc<std::sync::atomic::AtomicBool>,
+    /// How long a send may wait for the socket to take bytes.
+    stall: StallLimit,
+}
+
+/// How long the writer waits for room in the socket before it gives up on
+/// an initiator that stopped taking data, as a `TimedOut` error. Each wait
+/// is limited, not each PDU or flush: a send that takes bytes starts the
+/// next wait afresh, so a slow link that keeps taking bytes is never cut
+/// however long a large READ's Data-In take.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StallLimit(Option<std::time::Duration>);
+
+impl StallLimit {
+    /// Runs `wait` (a wait for the socket and the send after it), failing
+    /// with `TimedOut` when it takes longer than the limit.
+    pub async fn wait<T>(
+        self,
+        wait: impl std::future::Future<Output = std::io::Result<T>>,
+    ) -> std::io::Result<T> {
+        let Some(limit) = self.0 else {
+            return wait.await;
+        };
+        // Most sends find room at once: they are spared the timer (a clock
+        // read and a handle to the runtime's timer).
+        let mut wait = std::pin::pin!(wait);
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(wait.as_mut().poll(cx))).await;
+        if let std::task::Poll::Ready(r) = first {
+            return r;
+        }
+        match tokio::time::timeout(limit, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the initiator took no data for {limit:?}"),
+            )),
+        }
+    }
 }
 
 /// Counts of a writer's system calls.
@@ -246,32 +291,43 @@ impl Sink {
         }
     }
 
-    async fn flush(&mut self) -> std::io::Result<()> {
+    async fn flush(&mut self, stall: StallLimit) -> std::io::Result<()> {
         match self {
             Sink::Tcp(w) => w.flush().await,
-            Sink::Stream(w) => w.flush().await,
+            Sink::Stream(w) => stall.wait(w.flush()).await,
         }
     }
 
     /// Writes `parts` in order: one gathered `sendmsg` with `flags` on a
     /// TCP socket when it takes them all, plain writes on any other stream.
     /// Returns the number of calls that wrote.
-    async fn write_parts(&mut self, parts: &[&[u8]], flags: libc::c_int) -> std::io::Result<u64> {
+    async fn write_parts(
+        &mut self,
+        parts: &[&[u8]],
+        flags: libc::c_int,
+        stall: StallLimit,
+    ) -> std::io::Result<u64> {
         match self {
-            Sink::Tcp(w) => write_gathered(w.as_ref(), parts, flags).await,
+            Sink::Tcp(w) => write_gathered(w.as_ref(), parts, flags, stall).await,
             Sink::Stream(w) => {
                 for part in parts {
-                    w.write_all(part).await?;
+                    let mut done = 0;
+                    while done < part.len() {
+                        match stall.wait(w.write(&part[done..])).await? {
+                            0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                            n => done += n,
+                        }
+                    }
                 }
                 Ok(1)
             }
         }
     }
 
-    async fn shutdown(&mut self) -> std::io::Result<()> {
+    async fn shutdown(&mut self, stall: StallLimit) -> std::io::Result<()> {
         match self {
             Sink::Tcp(w) => w.shutdown().await,
-            Sink::Stream(w) => w.shutdown().await,
+            Sink::Stream(w) => stall.wait(w.shutdown()).await,
         }
     }
 }
@@ -346,7 +402,15 @@ impl PduWriter {
             mapped_sends: false,
             stats: WriterStats::default(),
             cut: Arc::default(),
+            stall: StallLimit::default(),
         }
+    }
+
+    /// Has every send that waits `limit` for the socket to take any bytes
+    /// fail with `TimedOut` (see [`StallLimit`]); by default sends wait as
+    /// long as it takes.
+    pub fn limit_stalls(&mut self, limit: std::time::Duration) {
+        self.stall = StallLimit(Some(limit));
     }
 
     /// A flag that, once set, has this writer reset the connection at once
@@ -480,7 +544,7 @@ impl PduWriter {
             tail: tail[..tail_len].to_vec(),
         });
         let zc = self.zc.as_mut().expect("zero-copy is on");
-        let (zc_bytes, copied, calls) = zc.send(stream, fd, held, path).await?;
+        let (zc_bytes, copied, calls) = zc.send(stream, fd, held, path, self.stall).await?;
         self.stats.zc_calls += calls;
         self.stats.gathered_calls += calls;
         self.note(itt, |c| {
@@ -617,12 +681,13 @@ impl PduWriter {
         let end = offset + u64::from(len);
         while at < end {
             let want = (end - at) as usize;
-            let n = stream
-                .async_io(tokio::io::Interest::WRITABLE, || {
+            let n = self
+                .stall
+                .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
                     let mut off = at;
                     rustix::fs::sendfile(stream, file, Some(&mut off), want)
                         .map_err(std::io::Error::from)
-                })
+                }))
                 .await?;
             if n == 0 {
                 return Err(std::io::Error::new(
@@ -710,10 +775,11 @@ impl PduWriter {
         let total: usize = parts.iter().map(|p| p.head.len() + p.len).sum();
         let mut done = 0;
         while done < total {
-            done += stream
-                .async_io(tokio::io::Interest::WRITABLE, || {
+            done += self
+                .stall
+                .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
                     map.send_parts(fd, &parts, done)
-                })
+                }))
                 .await
                 .map_err(|e| {
                     if e.raw_os_error() == Some(libc::EFAULT) {
@@ -809,7 +875,7 @@ impl PduWriter {
         let calls = if parts.is_empty() {
             0
         } else {
-            self.inner.write_parts(&parts, flags).await?
+            self.inner.write_parts(&parts, flags, self.stall).await?
         };
         self.gather.clear();
         self.out.clear();
@@ -819,7 +885,7 @@ impl PduWriter {
     /// Sends everything queued.
     pub async fn flush(&mut self) -> std::io::Result<()> {
         self.flush_buffer().await?;
-        self.inner.flush().await
+        self.inner.flush(self.stall).await
     }
 
     /// Shuts the write side down after flushing, after waiting (boundedly)
@@ -827,7 +893,7 @@ impl PduWriter {
     pub async fn shutdown(&mut self) -> std::io::Result<()> {
         self.flush().await?;
         self.release_zero_copy().await;
-        self.inner.shutdown().await
+        self.inner.shutdown(self.stall).await
     }
 
     /// Whether zero-copy buffers wait for the kernel's notification.
@@ -897,12 +963,13 @@ async fn write_gathered(
     stream: &TcpStream,
     parts: &[&[u8]],
     flags: libc::c_int,
+    stall: StallLimit,
 ) -> std::io::Result<u64> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let fd = stream.as_raw_fd();
     let (mut done, mut calls) = (0usize, 0u64);
     while done < total {
-        stream.writable().await?;
+        stall.wait(stream.writable()).await?;
         let iov = zerocopy::slices_from(parts, done);
         match stream.try_io(tokio::io::Interest::WRITABLE, || {
             zerocopy::sendmsg(fd, &iov, flags)

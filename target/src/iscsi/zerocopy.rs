@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::copies::{self, CopyPath, Counts};
+use crate::iscsi::io::StallLimit;
 
 /// `SO_ZEROCOPY` (asm-generic/socket.h; not in the libc crate).
 const SO_ZEROCOPY: libc::c_int = 60;
@@ -350,6 +351,7 @@ impl ZeroCopy {
         fd: RawFd,
         held: Arc<Held>,
         path: Option<CopyPath>,
+        stall: StallLimit,
     ) -> io::Result<(u64, u64, u64)> {
         let parts = [&held.head[..], &held.payload[..], &held.tail[..]];
         let total: usize = parts.iter().map(|p| p.len()).sum();
@@ -359,10 +361,10 @@ impl ZeroCopy {
             if self.inflight.len() >= MAX_INFLIGHT {
                 self.wait_below(stream, fd, MAX_INFLIGHT / 2).await?;
             }
-            let r = stream
-                .async_io(tokio::io::Interest::WRITABLE, || {
+            let r = stall
+                .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
                     sendmsg(fd, &slices_from(&parts, done), libc::MSG_ZEROCOPY)
-                })
+                }))
                 .await;
             calls += 1;
             let in_payload = |n: usize| overlap(done..done + n, payload_at.clone()) as u64;
@@ -376,10 +378,10 @@ impl ZeroCopy {
                     // Out of option memory for notifications: this call
                     // goes the copying way.
                     tracing::debug!("MSG_ZEROCOPY: ENOBUFS, copying send");
-                    let n = stream
-                        .async_io(tokio::io::Interest::WRITABLE, || {
+                    let n = stall
+                        .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
                             sendmsg(fd, &slices_from(&parts, done), 0)
-                        })
+                        }))
                         .await?;
                     copied_bytes += in_payload(n);
                     done += n;

@@ -2205,23 +2205,7 @@ async fn an_initiator_that_stops_reading_is_cut_with_pings_off() {
     let (served, reader, mut writer, fin, _keep) = log_in_over_a_pipe(&fabric).await;
     // Eight READs of 1 MiB: far more than the 1 MiB pipe.
     for i in 0..8u32 {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x28;
-        cdb[2..6].copy_from_slice(&(i * 2048).to_be_bytes());
-        cdb[7..9].copy_from_slice(&2048u16.to_be_bytes());
-        let read = Pdu::new(Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_bit: true,
-            read: true,
-            write: false,
-            attr: TaskAttr::Simple,
-            lun: Lun::from_index(0),
-            itt: 0x200 + i,
-            expected_data_transfer_length: 1 << 20,
-            cmd_sn: fin.exp_cmd_sn + i,
-            exp_stat_sn: fin.stat_sn + 1,
-            cdb,
-        }));
+        let read = read10_over_a_pipe(&fin, i, i * 2048, 2048);
         writer.push(&read).await.unwrap();
     }
     writer.flush().await.unwrap();
@@ -2242,6 +2226,107 @@ async fn an_initiator_that_stops_reading_is_cut_with_pings_off() {
         .await
         .expect("the READ data held given back");
     drop((reader, writer));
+}
+
+/// The writer's limit is on the initiator taking nothing, not on how long
+/// a send takes: an initiator that reads a large READ's Data-In slowly but
+/// steadily (a slow link), so that sending it takes several NOP timeouts,
+/// gets all of it and keeps its connection.
+#[tokio::test]
+async fn an_initiator_reading_slowly_keeps_its_connection_however_long_a_read_takes() {
+    let fabric = fabric_without_pings(1 << 20);
+    // A pipe of 16 KiB: the writer waits on the reader from the start.
+    let (served, mut reader, mut writer, fin, _keep) =
+        log_in_over_a_pipe_of(&fabric, 16 << 10, |_, _| AtAttach::GoOn)
+            .await
+            .expect("logged in");
+    // 512 KiB taken 8 KiB each 40 ms: about 200 KB/s, so sending it all
+    // takes about five NOP timeouts (500 ms), each wait of the writer less
+    // than one.
+    // The session's first command is answered with its UNIT ATTENTION.
+    writer
+        .push(&read10_over_a_pipe(&fin, 0, 0, 1))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    let ua = reader.next().await.unwrap().unwrap();
+    assert!(
+        matches!(ua.bhs, Bhs::ScsiResponse(r) if r.status == 2),
+        "{ua:?}"
+    );
+    writer
+        .push(&read10_over_a_pipe(&fin, 1, 0, 1024))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    use tokio::io::AsyncReadExt;
+    let mut pipe = reader.into_stream();
+    let framer = blockwire_pdu::FrameDecoder::new(1 << 20, Digests::NONE);
+    let started = std::time::Instant::now();
+    let (mut bytes, mut got, mut chunk) = (Vec::new(), 0usize, [0u8; 8192]);
+    let status = 'read: loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), pipe.read(&mut chunk))
+            .await
+            .expect("Data-In keep coming")
+            .unwrap();
+        assert_ne!(
+            n, 0,
+            "the connection is not cut while its initiator takes data"
+        );
+        bytes.extend_from_slice(&chunk[..n]);
+        while let blockwire_pdu::Frame::Pdu { pdu, consumed } = framer.decode(&bytes).unwrap() {
+            bytes.drain(..consumed);
+            let Bhs::DataIn(d) = pdu.bhs else {
+                panic!("{:?}", pdu.bhs);
+            };
+            assert_eq!(d.buffer_offset as usize, got, "Data-In in order");
+            got += pdu.data.len();
+            if let Some(status) = d.status {
+                break 'read status;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    };
+    assert_eq!((got, status), (512 << 10, 0), "the whole READ, GOOD");
+    assert!(
+        started.elapsed() > Duration::from_secs(1),
+        "sending took longer than the NOP timeout ({:?}), as the test needs",
+        started.elapsed()
+    );
+    assert!(!served.is_finished(), "the connection is still served");
+    assert_eq!(fabric.sessions.all().len(), 1, "and its session stays");
+    drop((pipe, writer));
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the driver ends once the initiator hung up")
+        .unwrap();
+}
+
+/// A READ(10) of `blocks` 512-byte blocks at `lba`, the `n`th command of a
+/// session logged in over a pipe with `fin`.
+fn read10_over_a_pipe(
+    fin: &blockwire_pdu::pdu::LoginResponse,
+    n: u32,
+    lba: u32,
+    blocks: u16,
+) -> Pdu {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x28;
+    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+    Pdu::new(Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: true,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt: 0x200 + n,
+        expected_data_transfer_length: u32::from(blocks) * 512,
+        cmd_sn: fin.exp_cmd_sn + n,
+        exp_stat_sn: fin.stat_sn + 1,
+        cdb,
+    }))
 }
 
 #[tokio::test]
