@@ -814,20 +814,34 @@ async fn reads_a_road_hands_to_the_core_stay_within_the_read_budget() {
 /// once a send has waited the NOP timeout for room in the socket, on every
 /// way READ data leave (pings off, so nothing else would notice): by
 /// `sendfile(2)`, by copying sends from the file's mapping, and by
-/// zero-copy sends of data the SCSI core read.
+/// zero-copy sends of data the SCSI core read. A READ taken first shows
+/// the path the connection's READs take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_initiator_that_stops_reading_is_cut_on_every_send_path() {
-    for (lun0, zero_copy_send) in [
-        (Lun0::Sendfile, false),
-        (Lun0::Mapped, false),
-        (Lun0::Serial, true),
+    let m = MIB as u64;
+    for (lun0, zero_copy_send, path) in [
+        (Lun0::Sendfile, false, CopyPath::Sendfile),
+        (Lun0::Mapped, false, CopyPath::Sendfile),
+        (Lun0::Serial, true, CopyPath::Copy),
     ] {
         let settings = FabricSettings {
             nop_timeout: Duration::from_secs(1),
+            local_copy_sends: matches!(lun0, Lun0::Mapped),
             ..settings(zero_copy_send, false)
         };
         let (t, _dir) = start(16 * MIB, lun0, settings).await;
         let mut c = Client::login(t.addr, Digests::NONE).await;
+        let before = totals(path);
+        let (status, data, _, _) = c.read(MIB, MIB).await;
+        assert_eq!(status, 0, "{lun0:?}");
+        assert!(data == pattern(2 * MIB)[MIB..], "{lun0:?}: data differ");
+        let d = delta(path, &before, 1).await;
+        let went = match lun0 {
+            Lun0::Sendfile => (d.sendfile, d.sent_from_user) == (m, 0),
+            Lun0::Mapped => (d.sendfile, d.sent_from_user) == (0, m),
+            _ => d.zc_sent > 0,
+        };
+        assert!(went, "{lun0:?}: the READ went another way: {d:?}");
         // 128 MiB of READs: far more than the socket buffers hold.
         for i in 0..32 {
             c.send_read((i % 4) * 4 * MIB, 4 * MIB).await;
@@ -836,10 +850,12 @@ async fn an_initiator_that_stops_reading_is_cut_on_every_send_path() {
         while !t.fabric.sessions.all().is_empty() {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{lun0:?}: an initiator taking nothing still has its session"
+                "{lun0:?}: an initiator taking nothing still has its session ({} bytes of READ data held)",
+                t.fabric.read_data_held()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         drop(c);
+        let _ = t.stop.send(true);
     }
 }

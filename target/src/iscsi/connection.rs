@@ -8,6 +8,7 @@
 //! sendfile sends.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use super::io::{
 use super::launch::Launcher;
 use super::login::LoginOutcome;
 use super::machine::{Action, ConnMachine, LoginAction, LoginPhase, Shared};
+use super::send_stall::is_stall;
 use super::session::{PendingSession, Session};
 use super::Fabric;
 
@@ -498,14 +500,15 @@ async fn full_feature<R: AsyncRead + Unpin>(
     // Room for a full window of responses plus their Data-In PDUs.
     let (tx, rx) = mpsc::channel::<Outgoing>(1024);
     let writer_cut = writer.cut_flag();
-    // An initiator that takes none of what is sent for as long as it may
-    // leave a NOP-In unanswered is as gone as one that does not answer
-    // (see carry_out): the writer gives up, and its end (the queue closed)
-    // ends the connection, even with pings off, where the READ data it
-    // holds would stay for good.
+    // An initiator that takes no data for as long as it may leave a NOP-In
+    // unanswered is as gone as one that does not answer (see
+    // `send_stall`): the writer gives up, and its end (the queue closed)
+    // ends the connection.
     writer.limit_stalls(fabric.settings.nop_timeout);
+    let writer_progress = writer.progress();
     let mut writer_task = tokio::spawn(write_loop(writer, rx, shared.clone(), next_stat_sn));
     let mut launcher = Launcher::new(fabric, session, &machine, tx.clone());
+    launcher.writer_progress = writer_progress;
 
     let mut shutdown = fabric.shutdown.clone();
     let mut actions = Vec::new();
@@ -734,27 +737,35 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
                 if matches!(pdu.bhs, Bhs::LogoutResponse(_)) {
                     launcher.answers_queued().await;
                 }
-                // The queue stays full only while the writer cannot hand
-                // PDUs to the socket: the initiator takes no data (its
-                // receive window is shut). One that takes none for as long
-                // as it may leave a NOP-In unanswered is as gone as one that
-                // does not answer; waiting on, this reader would hear
+                // The queue stays full while the writer waits on the
+                // socket: a slow link, or an initiator that takes no data
+                // (its receive window shut). One that takes none for as
+                // long as it may leave a NOP-In unanswered is as gone as one
+                // that does not answer; waiting on, this reader would hear
                 // neither its timers nor a shutdown, and the connection and
-                // all it holds would stay for good.
+                // all it holds would stay for good. While the writer's
+                // bytes move, the wait goes on.
                 // (A queue with room takes it at once, without a timer.)
-                let item = match launcher.tx.try_send(Outgoing::Pdu(pdu)) {
+                let mut item = match launcher.tx.try_send(Outgoing::Pdu(pdu)) {
                     Err(mpsc::error::TrySendError::Full(item)) => item,
                     _ => continue,
                 };
                 let limit = launcher.fabric.settings.nop_timeout;
-                let sent = launcher.tx.send_timeout(item, limit).await;
-                if let Err(mpsc::error::SendTimeoutError::Timeout(_)) = sent {
-                    warn!(
-                        tsih = launcher.session.tsih,
-                        initiator = %launcher.session.initiator_name,
-                        "the initiator took no data for {limit:?}: cutting the connection"
-                    );
-                    return Some(Stop::Cut);
+                let progress = || launcher.writer_progress.load(Ordering::Relaxed);
+                let mut sent_before = progress();
+                while let Err(mpsc::error::SendTimeoutError::Timeout(back)) =
+                    launcher.tx.send_timeout(item, limit).await
+                {
+                    if progress() == sent_before {
+                        warn!(
+                            tsih = launcher.session.tsih,
+                            initiator = %launcher.session.initiator_name,
+                            "the initiator took no data for {limit:?}: cutting the connection"
+                        );
+                        return Some(Stop::Cut);
+                    }
+                    sent_before = progress();
+                    item = back;
                 }
             }
             Action::Run(ready) => launcher.run(ready),
@@ -812,8 +823,8 @@ async fn write_loop(
     stat_sn: NextStatSn,
 ) {
     let failed = |writer: &PduWriter, e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::TimedOut {
-            warn!(error = %e, "the initiator takes no data (nop_timeout_secs): cutting the connection");
+        if is_stall(&e) {
+            warn!(error = %e, "nop_timeout_secs passed: cutting the connection");
             cut_writer(writer);
         }
     };
@@ -824,8 +835,8 @@ async fn write_loop(
             tokio::select! {
                 m = rx.recv() => m,
                 r = writer.reap_zero_copy() => {
-                    if r.is_err() {
-                        return;
+                    if let Err(e) = r {
+                        return failed(&writer, e);
                     }
                     continue;
                 }
@@ -844,7 +855,9 @@ async fn write_loop(
         while let Some(item) = next.take() {
             match item {
                 Outgoing::Close => {
-                    let _ = writer.shutdown().await;
+                    if let Err(e) = writer.shutdown().await {
+                        failed(&writer, e);
+                    }
                     return;
                 }
                 Outgoing::Pdu(mut pdu) => {
@@ -882,7 +895,7 @@ async fn write_loop(
                         }
                     }
                     if let Err(e) = writer.push_files(&lun, &pdus).await {
-                        if e.kind() == std::io::ErrorKind::TimedOut {
+                        if is_stall(&e) {
                             return failed(&writer, e);
                         } else if e.kind() == std::io::ErrorKind::UnexpectedEof {
                             // The header left already: the PDU cannot be
@@ -907,5 +920,7 @@ async fn write_loop(
             return failed(&writer, e);
         }
     }
-    let _ = writer.shutdown().await;
+    if let Err(e) = writer.shutdown().await {
+        failed(&writer, e);
+    }
 }

@@ -13,7 +13,9 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
 use super::file_map::{FileMap, MappedPart, MAX_PARTS};
+use super::send_stall::StallLimit;
 use super::sendfile::SendfileLun;
+use super::socket_room::{send_when_room, SocketRoom};
 use super::zerocopy::{self, Held, ZeroCopy, ZC_MIN};
 use crate::copies::{CopyPath, Counts, Tracker};
 
@@ -220,41 +222,9 @@ pub struct PduWriter {
     cut: Arc<std::sync::atomic::AtomicBool>,
     /// How long a send may wait for the socket to take bytes.
     stall: StallLimit,
-}
-
-/// How long the writer waits for room in the socket before it gives up on
-/// an initiator that stopped taking data, as a `TimedOut` error. Each wait
-/// is limited, not each PDU or flush: a send that takes bytes starts the
-/// next wait afresh, so a slow link that keeps taking bytes is never cut
-/// however long a large READ's Data-In take.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StallLimit(Option<std::time::Duration>);
-
-impl StallLimit {
-    /// Runs `wait` (a wait for the socket and the send after it), failing
-    /// with `TimedOut` when it takes longer than the limit.
-    pub async fn wait<T>(
-        self,
-        wait: impl std::future::Future<Output = std::io::Result<T>>,
-    ) -> std::io::Result<T> {
-        let Some(limit) = self.0 else {
-            return wait.await;
-        };
-        // Most sends find room at once: they are spared the timer (a clock
-        // read and a handle to the runtime's timer).
-        let mut wait = std::pin::pin!(wait);
-        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(wait.as_mut().poll(cx))).await;
-        if let std::task::Poll::Ready(r) = first {
-            return r;
-        }
-        match tokio::time::timeout(limit, wait).await {
-            Ok(r) => r,
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the initiator took no data for {limit:?}"),
-            )),
-        }
-    }
+    /// Where a socket that sends with `MSG_ZEROCOPY` is waited on for room
+    /// (see [`super::socket_room`]).
+    room: Option<SocketRoom>,
 }
 
 /// Counts of a writer's system calls.
@@ -291,7 +261,7 @@ impl Sink {
         }
     }
 
-    async fn flush(&mut self, stall: StallLimit) -> std::io::Result<()> {
+    async fn flush(&mut self, stall: &StallLimit) -> std::io::Result<()> {
         match self {
             Sink::Tcp(w) => w.flush().await,
             Sink::Stream(w) => stall.wait(w.flush()).await,
@@ -305,15 +275,16 @@ impl Sink {
         &mut self,
         parts: &[&[u8]],
         flags: libc::c_int,
-        stall: StallLimit,
+        stall: &StallLimit,
+        room: Option<&SocketRoom>,
     ) -> std::io::Result<u64> {
         match self {
-            Sink::Tcp(w) => write_gathered(w.as_ref(), parts, flags, stall).await,
+            Sink::Tcp(w) => write_gathered(w.as_ref(), parts, flags, stall, room).await,
             Sink::Stream(w) => {
                 for part in parts {
                     let mut done = 0;
                     while done < part.len() {
-                        match stall.wait(w.write(&part[done..])).await? {
+                        match stall.send(w.write(&part[done..])).await? {
                             0 => return Err(std::io::ErrorKind::WriteZero.into()),
                             n => done += n,
                         }
@@ -324,7 +295,7 @@ impl Sink {
         }
     }
 
-    async fn shutdown(&mut self, stall: StallLimit) -> std::io::Result<()> {
+    async fn shutdown(&mut self, stall: &StallLimit) -> std::io::Result<()> {
         match self {
             Sink::Tcp(w) => w.shutdown().await,
             Sink::Stream(w) => stall.wait(w.shutdown()).await,
@@ -403,6 +374,7 @@ impl PduWriter {
             stats: WriterStats::default(),
             cut: Arc::default(),
             stall: StallLimit::default(),
+            room: None,
         }
     }
 
@@ -410,7 +382,13 @@ impl PduWriter {
     /// fail with `TimedOut` (see [`StallLimit`]); by default sends wait as
     /// long as it takes.
     pub fn limit_stalls(&mut self, limit: std::time::Duration) {
-        self.stall = StallLimit(Some(limit));
+        self.stall.set(limit);
+    }
+
+    /// The count of bytes this writer has sent, shared: it moves while the
+    /// initiator takes data.
+    pub fn progress(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.stall.progress()
     }
 
     /// A flag that, once set, has this writer reset the connection at once
@@ -432,8 +410,18 @@ impl PduWriter {
     /// Turns zero-copy sends on for large payloads; false (logged once)
     /// when the kernel refuses, and sends stay plain.
     pub fn enable_zero_copy(&mut self) -> bool {
-        if let (None, Some(fd)) = (&self.zc, self.fd()) {
-            self.zc = ZeroCopy::enable(fd);
+        if let (None, Some(stream)) = (&self.zc, self.inner.tcp()) {
+            // Without a room waiter the writer would spin on a full socket
+            // once the first completion came (see super::socket_room).
+            match SocketRoom::watch(stream) {
+                Ok(room) => {
+                    self.zc = ZeroCopy::enable(stream.as_raw_fd());
+                    self.room = self.zc.is_some().then_some(room);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no epoll instance to wait for room in the socket: zero-copy sends off");
+                }
+            }
         }
         self.zc.is_some()
     }
@@ -544,7 +532,9 @@ impl PduWriter {
             tail: tail[..tail_len].to_vec(),
         });
         let zc = self.zc.as_mut().expect("zero-copy is on");
-        let (zc_bytes, copied, calls) = zc.send(stream, fd, held, path, self.stall).await?;
+        let (zc_bytes, copied, calls) = zc
+            .send(stream, fd, held, path, &self.stall, self.room.as_ref())
+            .await?;
         self.stats.zc_calls += calls;
         self.stats.gathered_calls += calls;
         self.note(itt, |c| {
@@ -683,7 +673,7 @@ impl PduWriter {
             let want = (end - at) as usize;
             let n = self
                 .stall
-                .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
+                .send(send_when_room(stream, self.room.as_ref(), || {
                     let mut off = at;
                     rustix::fs::sendfile(stream, file, Some(&mut off), want)
                         .map_err(std::io::Error::from)
@@ -777,7 +767,7 @@ impl PduWriter {
         while done < total {
             done += self
                 .stall
-                .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
+                .send(send_when_room(stream, self.room.as_ref(), || {
                     map.send_parts(fd, &parts, done)
                 }))
                 .await
@@ -875,7 +865,9 @@ impl PduWriter {
         let calls = if parts.is_empty() {
             0
         } else {
-            self.inner.write_parts(&parts, flags, self.stall).await?
+            self.inner
+                .write_parts(&parts, flags, &self.stall, self.room.as_ref())
+                .await?
         };
         self.gather.clear();
         self.out.clear();
@@ -885,7 +877,7 @@ impl PduWriter {
     /// Sends everything queued.
     pub async fn flush(&mut self) -> std::io::Result<()> {
         self.flush_buffer().await?;
-        self.inner.flush(self.stall).await
+        self.inner.flush(&self.stall).await
     }
 
     /// Shuts the write side down after flushing, after waiting (boundedly)
@@ -893,7 +885,7 @@ impl PduWriter {
     pub async fn shutdown(&mut self) -> std::io::Result<()> {
         self.flush().await?;
         self.release_zero_copy().await;
-        self.inner.shutdown(self.stall).await
+        self.inner.shutdown(&self.stall).await
     }
 
     /// Whether zero-copy buffers wait for the kernel's notification.
@@ -903,11 +895,13 @@ impl PduWriter {
 
     /// Waits for a zero-copy completion and releases the buffers it covers
     /// (for an idle writer, so buffers go back to their pool without
-    /// waiting for the next send). Cancel-safe.
+    /// waiting for the next send). Cancel-safe. A completion comes once the
+    /// initiator has taken the data: none for the stall limit is a stall,
+    /// as the READ data it holds back would otherwise stay for good.
     pub async fn reap_zero_copy(&mut self) -> std::io::Result<()> {
         match (self.zc.as_mut(), self.inner.tcp()) {
             (Some(zc), Some(stream)) if zc.inflight() > 0 => {
-                zc.reap(stream, stream.as_raw_fd()).await
+                self.stall.wait(zc.reap(stream, stream.as_raw_fd())).await
             }
             _ => std::future::pending().await,
         }
@@ -920,7 +914,7 @@ impl PduWriter {
             if zc.inflight() > 0 {
                 let _ = tokio::time::timeout(
                     std::time::Duration::from_secs(5),
-                    zc.wait_below(stream, stream.as_raw_fd(), 1),
+                    zc.wait_below(stream, stream.as_raw_fd(), 1, &self.stall),
                 )
                 .await;
             }
@@ -963,24 +957,21 @@ async fn write_gathered(
     stream: &TcpStream,
     parts: &[&[u8]],
     flags: libc::c_int,
-    stall: StallLimit,
+    stall: &StallLimit,
+    room: Option<&SocketRoom>,
 ) -> std::io::Result<u64> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let fd = stream.as_raw_fd();
     let (mut done, mut calls) = (0usize, 0u64);
     while done < total {
-        stall.wait(stream.writable()).await?;
         let iov = zerocopy::slices_from(parts, done);
-        match stream.try_io(tokio::io::Interest::WRITABLE, || {
-            zerocopy::sendmsg(fd, &iov, flags)
-        }) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
+        let sent = send_when_room(stream, room, || zerocopy::sendmsg(fd, &iov, flags));
+        match stall.send(sent).await? {
+            0 => return Err(std::io::ErrorKind::WriteZero.into()),
+            n => {
                 done += n;
                 calls += 1;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
         }
     }
     Ok(calls)

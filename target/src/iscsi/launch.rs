@@ -46,6 +46,10 @@ pub(super) struct Launcher {
     /// Reset answers waiting for other sessions' commands, to be queued
     /// beside the connection (see [`Launcher::answer_when_settled`]).
     answers_pending: Arc<tokio::sync::watch::Sender<usize>>,
+    /// Bytes the connection's writer has sent (see
+    /// [`super::send_stall`]): while they move, a full queue is a slow
+    /// link, not a stalled initiator. Never moves where nothing counts it.
+    pub writer_progress: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Launcher {
@@ -66,6 +70,7 @@ impl Launcher {
             data_pdu_in_order: machine.data_pdu_in_order(),
             sync_writes: Default::default(),
             answers_pending: Arc::new(tokio::sync::watch::Sender::new(0)),
+            writer_progress: Arc::default(),
         }
     }
 

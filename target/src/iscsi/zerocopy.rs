@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::copies::{self, CopyPath, Counts};
-use crate::iscsi::io::StallLimit;
+use crate::iscsi::send_stall::StallLimit;
+use crate::iscsi::socket_room::{send_when_room, SocketRoom};
 
 /// `SO_ZEROCOPY` (asm-generic/socket.h; not in the libc crate).
 const SO_ZEROCOPY: libc::c_int = 60;
@@ -312,16 +313,20 @@ impl ZeroCopy {
             .map(|_| ())
     }
 
-    /// Waits until fewer than `below` calls are in flight.
+    /// Waits until fewer than `below` calls are in flight: at most
+    /// [`WAIT_LIMIT`] in all, and each wait for a notification at most the
+    /// writer's stall limit (a notification comes once the initiator has
+    /// taken the data).
     pub async fn wait_below(
         &mut self,
         stream: &tokio::net::TcpStream,
         fd: RawFd,
         below: usize,
+        stall: &StallLimit,
     ) -> io::Result<()> {
         let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
         while self.inflight.len() >= below.max(1) {
-            let wait = stream.async_io(tokio::io::Interest::ERROR, || self.drain(fd));
+            let wait = stall.wait(stream.async_io(tokio::io::Interest::ERROR, || self.drain(fd)));
             match tokio::time::timeout_at(deadline, wait).await {
                 Ok(r) => {
                     r?;
@@ -351,7 +356,8 @@ impl ZeroCopy {
         fd: RawFd,
         held: Arc<Held>,
         path: Option<CopyPath>,
-        stall: StallLimit,
+        stall: &StallLimit,
+        room: Option<&SocketRoom>,
     ) -> io::Result<(u64, u64, u64)> {
         let parts = [&held.head[..], &held.payload[..], &held.tail[..]];
         let total: usize = parts.iter().map(|p| p.len()).sum();
@@ -359,10 +365,10 @@ impl ZeroCopy {
         let (mut done, mut zc_bytes, mut copied_bytes, mut calls) = (0usize, 0u64, 0u64, 0u64);
         while done < total {
             if self.inflight.len() >= MAX_INFLIGHT {
-                self.wait_below(stream, fd, MAX_INFLIGHT / 2).await?;
+                self.wait_below(stream, fd, MAX_INFLIGHT / 2, stall).await?;
             }
             let r = stall
-                .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
+                .send(send_when_room(stream, room, || {
                     sendmsg(fd, &slices_from(&parts, done), libc::MSG_ZEROCOPY)
                 }))
                 .await;
@@ -379,7 +385,7 @@ impl ZeroCopy {
                     // goes the copying way.
                     tracing::debug!("MSG_ZEROCOPY: ENOBUFS, copying send");
                     let n = stall
-                        .wait(stream.async_io(tokio::io::Interest::WRITABLE, || {
+                        .send(send_when_room(stream, room, || {
                             sendmsg(fd, &slices_from(&parts, done), 0)
                         }))
                         .await?;

@@ -2232,7 +2232,7 @@ async fn an_initiator_that_stops_reading_is_cut_with_pings_off() {
 /// a send takes: an initiator that reads a large READ's Data-In slowly but
 /// steadily (a slow link), so that sending it takes several NOP timeouts,
 /// gets all of it and keeps its connection.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_initiator_reading_slowly_keeps_its_connection_however_long_a_read_takes() {
     let fabric = fabric_without_pings(1 << 20);
     // A pipe of 16 KiB: the writer waits on the reader from the start.
@@ -2262,7 +2262,7 @@ async fn an_initiator_reading_slowly_keeps_its_connection_however_long_a_read_ta
     use tokio::io::AsyncReadExt;
     let mut pipe = reader.into_stream();
     let framer = blockwire_pdu::FrameDecoder::new(1 << 20, Digests::NONE);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (mut bytes, mut got, mut chunk) = (Vec::new(), 0usize, [0u8; 8192]);
     let status = 'read: loop {
         let n = tokio::time::timeout(Duration::from_secs(5), pipe.read(&mut chunk))
