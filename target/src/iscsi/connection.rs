@@ -728,6 +728,11 @@ fn on_read(
     }
 }
 
+/// The least a writer must send in a NOP timeout for the connection's
+/// reader to go on waiting on its full queue: far below any link an
+/// initiator would run on (4 kbit/s at the default NOP timeout of 30 s).
+const MIN_WRITER_PROGRESS: u64 = 16 << 10;
+
 /// Carries out the machine's actions in order; Some once the connection
 /// must end.
 pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> Option<Stop> {
@@ -744,7 +749,9 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
                 // that does not answer; waiting on, this reader would hear
                 // neither its timers nor a shutdown, and the connection and
                 // all it holds would stay for good. While the writer's
-                // bytes move, the wait goes on.
+                // bytes move (at least MIN_WRITER_PROGRESS a NOP timeout,
+                // so one taking a byte now and then cannot hold the reader
+                // for good), the wait goes on.
                 // (A queue with room takes it at once, without a timer.)
                 let mut item = match launcher.tx.try_send(Outgoing::Pdu(pdu)) {
                     Err(mpsc::error::TrySendError::Full(item)) => item,
@@ -756,7 +763,7 @@ pub(super) async fn carry_out(launcher: &mut Launcher, actions: Vec<Action>) -> 
                 while let Err(mpsc::error::SendTimeoutError::Timeout(back)) =
                     launcher.tx.send_timeout(item, limit).await
                 {
-                    if progress() == sent_before {
+                    if progress().wrapping_sub(sent_before) < MIN_WRITER_PROGRESS {
                         warn!(
                             tsih = launcher.session.tsih,
                             initiator = %launcher.session.initiator_name,

@@ -901,7 +901,7 @@ impl PduWriter {
     pub async fn reap_zero_copy(&mut self) -> std::io::Result<()> {
         match (self.zc.as_mut(), self.inner.tcp()) {
             (Some(zc), Some(stream)) if zc.inflight() > 0 => {
-                self.stall.wait(zc.reap(stream, stream.as_raw_fd())).await
+                zc.reap(stream, stream.as_raw_fd(), &self.stall).await
             }
             _ => std::future::pending().await,
         }

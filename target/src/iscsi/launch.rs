@@ -48,7 +48,8 @@ pub(super) struct Launcher {
     answers_pending: Arc<tokio::sync::watch::Sender<usize>>,
     /// Bytes the connection's writer has sent (see
     /// [`super::send_stall`]): while they move, a full queue is a slow
-    /// link, not a stalled initiator. Never moves where nothing counts it.
+    /// link, not a stalled initiator. Nothing counts them over iSER, whose
+    /// full queue therefore ends the connection after one NOP timeout.
     pub writer_progress: Arc<std::sync::atomic::AtomicU64>,
 }
 

@@ -8,9 +8,11 @@
 //! What is limited is each wait for room in the socket, never a PDU or a
 //! flush as a whole: a send that moves bytes starts the next wait afresh,
 //! so a slow link that keeps taking bytes is never cut however long a large
-//! READ's Data-In take. The bytes sent are counted, so that whoever waits
-//! on the writer (the connection's reader, on a full queue) can tell a
-//! slow writer from a stalled one.
+//! READ's Data-In take. The bytes sent (and those of zero-copy sends the
+//! initiator acknowledged) are counted, so that whoever waits on the writer
+//! (the connection's reader, on a full queue) can tell a slow writer from a
+//! stalled one. (A writer over an in-memory stream, in tests, has its
+//! flush and shutdown limited whole.)
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +51,17 @@ impl StallLimit {
     /// data.
     pub fn progress(&self) -> Arc<AtomicU64> {
         self.sent.clone()
+    }
+
+    /// Whether waits are limited.
+    pub fn is_limited(&self) -> bool {
+        self.limit.is_some()
+    }
+
+    /// Counts `bytes` the initiator took without a send of the writer's:
+    /// zero-copy sends it acknowledged, whose buffers came back.
+    pub fn count(&self, bytes: u64) {
+        self.sent.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Runs `send` (a wait for room in the socket and the send after it),

@@ -87,6 +87,8 @@ pub struct ZeroCopy {
     pub copied_calls: u64,
     /// Send calls the kernel reported it did not copy.
     pub zero_calls: u64,
+    /// Payload bytes of completed calls.
+    pub completed_bytes: u64,
 }
 
 static SETSOCKOPT_FAILED: AtomicBool = AtomicBool::new(false);
@@ -262,6 +264,7 @@ impl ZeroCopy {
             let Some(f) = self.inflight.remove(&id) else {
                 continue;
             };
+            self.completed_bytes += f.payload;
             if copied {
                 self.copied_calls += 1;
             } else {
@@ -303,20 +306,27 @@ impl ZeroCopy {
         }
     }
 
-    /// Waits for the next completion notification and releases what it
-    /// covers. Cancel-safe (a notification is consumed only inside the
-    /// synchronous drain).
-    pub async fn reap(&mut self, stream: &tokio::net::TcpStream, fd: RawFd) -> io::Result<()> {
-        stream
-            .async_io(tokio::io::Interest::ERROR, || self.drain(fd))
-            .await
-            .map(|_| ())
+    /// Waits for the next completion notification, at most the writer's
+    /// stall limit (one comes once the initiator has taken the data), and
+    /// releases what it covers, counting it as the initiator's progress.
+    /// Cancel-safe (a notification is consumed only inside the synchronous
+    /// drain).
+    pub async fn reap(
+        &mut self,
+        stream: &tokio::net::TcpStream,
+        fd: RawFd,
+        stall: &StallLimit,
+    ) -> io::Result<()> {
+        let before = self.completed_bytes;
+        let reaped = stall.wait(stream.async_io(tokio::io::Interest::ERROR, || self.drain(fd)));
+        reaped.await?;
+        stall.count(self.completed_bytes - before);
+        Ok(())
     }
 
-    /// Waits until fewer than `below` calls are in flight: at most
-    /// [`WAIT_LIMIT`] in all, and each wait for a notification at most the
-    /// writer's stall limit (a notification comes once the initiator has
-    /// taken the data).
+    /// Waits until fewer than `below` calls are in flight, each wait for a
+    /// notification as [`ZeroCopy::reap`]'s; with no stall limit, at most
+    /// [`WAIT_LIMIT`] in all.
     pub async fn wait_below(
         &mut self,
         stream: &tokio::net::TcpStream,
@@ -324,9 +334,14 @@ impl ZeroCopy {
         below: usize,
         stall: &StallLimit,
     ) -> io::Result<()> {
-        let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
+        let deadline = tokio::time::Instant::now()
+            + if stall.is_limited() {
+                Duration::from_secs(365 * 86_400)
+            } else {
+                WAIT_LIMIT
+            };
         while self.inflight.len() >= below.max(1) {
-            let wait = stall.wait(stream.async_io(tokio::io::Interest::ERROR, || self.drain(fd)));
+            let wait = self.reap(stream, fd, stall);
             match tokio::time::timeout_at(deadline, wait).await {
                 Ok(r) => {
                     r?;

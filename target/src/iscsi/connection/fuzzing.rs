@@ -431,6 +431,8 @@ impl Harness {
         self.out_digests = digests;
         let mut writer = self.writer.take().expect("writer unused until now");
         writer.digests = digests;
+        writer.limit_stalls(self.fabric.settings.nop_timeout);
+        let writer_progress = writer.progress();
         let shared = machine.shared().clone();
         writer.track_copies(shared.copies.clone());
         let (tx, rx) = mpsc::channel::<Outgoing>(1024);
@@ -442,10 +444,10 @@ impl Harness {
                 rx,
                 shared,
                 NextStatSn::new(first_stat_sn),
-                self.fabric.settings.nop_timeout,
             ))
         };
-        let launcher = Launcher::new(&self.fabric, &session, &machine, tx);
+        let mut launcher = Launcher::new(&self.fabric, &session, &machine, tx);
+        launcher.writer_progress = writer_progress;
         self.params = Some(params);
         self.full = Some(Full {
             generation: session.generation(),

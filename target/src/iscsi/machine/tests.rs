@@ -2302,6 +2302,106 @@ async fn an_initiator_reading_slowly_keeps_its_connection_however_long_a_read_ta
         .unwrap();
 }
 
+/// The connection's reader queues its own answers (here NOP-In echoes)
+/// behind the writer; while the writer spends several NOP timeouts sending
+/// one large Data-In to a slow but steady initiator, the queue fills and
+/// the reader waits on it. That wait ends the connection only when the
+/// writer's bytes stop moving, not when the queue has stayed full for the
+/// NOP timeout.
+#[tokio::test(start_paused = true)]
+async fn a_reader_waiting_on_a_slow_writer_keeps_the_connection() {
+    let fabric = fabric_without_pings(1 << 20);
+    let (served, reader, mut writer, fin, _keep) =
+        log_in_over_a_pipe_of(&fabric, 16 << 10, |_, _| AtAttach::GoOn)
+            .await
+            .expect("logged in");
+    let mut reader = reader;
+    // The session's first command is answered with its UNIT ATTENTION.
+    writer
+        .push(&read10_over_a_pipe(&fin, 0, 0, 1))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    let ua = reader.next().await.unwrap().unwrap();
+    assert!(
+        matches!(ua.bhs, Bhs::ScsiResponse(r) if r.status == 2),
+        "{ua:?}"
+    );
+    // One READ of 512 KiB (one Data-In PDU), then 1100 pings: more echoes
+    // than the writer's queue holds (1024) while it sends the READ's data.
+    writer
+        .push(&read10_over_a_pipe(&fin, 1, 0, 1024))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    const PINGS: u32 = 1100;
+    let sender = tokio::spawn(async move {
+        for itt in 0..PINGS {
+            let ping = Pdu::new(Bhs::NopOut(NopOut {
+                immediate: true,
+                lun: Lun::from_index(0),
+                itt: 0x1000 + itt,
+                ttt: RESERVED_TAG,
+                cmd_sn: fin.exp_cmd_sn + 2,
+                exp_stat_sn: fin.stat_sn + 1,
+            }));
+            writer.push(&ping).await.unwrap();
+        }
+        writer.flush().await.unwrap();
+        writer
+    });
+    // Taken 8 KiB each 40 ms: the READ's data alone take about five NOP
+    // timeouts (500 ms).
+    use tokio::io::AsyncReadExt;
+    let mut pipe = reader.into_stream();
+    let framer = blockwire_pdu::FrameDecoder::new(1 << 20, Digests::NONE);
+    let started = tokio::time::Instant::now();
+    let (mut bytes, mut chunk) = (Vec::new(), [0u8; 8192]);
+    let (mut got, mut echoes) = (0usize, 0u32);
+    while echoes < PINGS {
+        let n = tokio::time::timeout(Duration::from_secs(5), pipe.read(&mut chunk))
+            .await
+            .expect("answers keep coming")
+            .unwrap();
+        assert_ne!(
+            n, 0,
+            "the connection is not cut while its initiator takes data"
+        );
+        bytes.extend_from_slice(&chunk[..n]);
+        while let blockwire_pdu::Frame::Pdu { pdu, consumed } = framer.decode(&bytes).unwrap() {
+            bytes.drain(..consumed);
+            match pdu.bhs {
+                Bhs::DataIn(d) => {
+                    got += pdu.data.len();
+                    if d.status.is_some() {
+                        assert_eq!(got, 512 << 10, "the whole READ");
+                    }
+                }
+                Bhs::NopIn(n) => {
+                    assert_eq!(n.itt, 0x1000 + echoes, "echoes in order");
+                    echoes += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert_eq!(got, 512 << 10);
+    assert!(
+        started.elapsed() > Duration::from_secs(1),
+        "sending took longer than the NOP timeout ({:?}), as the test needs",
+        started.elapsed()
+    );
+    assert!(!served.is_finished(), "the connection is still served");
+    let writer = sender.await.unwrap();
+    drop((pipe, writer));
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("the driver ends once the initiator hung up")
+        .unwrap();
+}
+
 /// A READ(10) of `blocks` 512-byte blocks at `lba`, the `n`th command of a
 /// session logged in over a pipe with `fin`.
 fn read10_over_a_pipe(
